@@ -1,0 +1,1 @@
+"""Test support: tiny random-weight models saved as Hugging Face folders and GGUF files."""

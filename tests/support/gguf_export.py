@@ -1,0 +1,297 @@
+"""Write a tiny HF folder as GGUF the way llama.cpp's convert_hf_to_gguf.py does, plus broken variants.
+
+Mirrors the converter's per-arch choices: which header keys each arch gets, the Q/K row permutation
+for 'llama' only, the +1 folded into Gemma norms, llama3 rope as a `rope_freqs` tensor, and the
+"gpt2" (byte-level BPE) vocab with merges, special ids and chat template from gguf.SpecialVocab.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import gguf
+from gguf import GGMLQuantizationType as QType, GGUFWriter, LlamaFileType, MODEL_ARCH, TokenType
+from safetensors.numpy import load_file
+
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
+                "gemma3": MODEL_ARCH.GEMMA3}
+TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
+TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
+                "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
+UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
+
+
+def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32") -> Path:
+    """Convert the HF folder at `hf_dir` to a GGUF at `out_path` ("F32", "F16", "BF16" or "Q8_0")."""
+    hf_dir, out_path = Path(hf_dir), Path(out_path)
+    cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    arch = GGUF_ARCH[cfg["model_type"]]
+    qtype, ftype = TENSOR_TYPES[tensor_type]
+    writer = GGUFWriter(out_path, arch)
+    writer.add_type(gguf.GGUFType.MODEL)
+    writer.add_name(hf_dir.name)
+    _write_hparams(writer, arch, cfg)
+    writer.add_file_type(ftype)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    n_vocab = _write_vocab(writer, hf_dir, arch)
+    for name, data in _converted_tensors(hf_dir, arch, cfg, n_vocab):
+        _add_tensor(writer, name, data, qtype)
+    _finish(writer)
+    return out_path
+
+
+def _finish(writer: GGUFWriter) -> None:
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+# -- header
+
+
+def _rope(cfg: dict, layer_type: str = "full_attention") -> dict:
+    # v5 configs keep rope in rope_parameters (per layer type for Gemma 3); older ones use rope_theta/rope_scaling.
+    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    params = params.get(layer_type, params)
+    if "rope_theta" not in params and "rope_theta" in cfg:
+        params = {**params, "rope_theta": cfg["rope_theta"]}
+    return params
+
+
+def _head_dim(cfg: dict) -> int:
+    return cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+
+
+def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
+    if arch == "gemma3":
+        _write_gemma3_hparams(w, cfg)
+        return
+    # TextModel.set_gguf_parameters: shared by llama, qwen2 and qwen3.
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    w.add_rope_freq_base(_rope(cfg).get("rope_theta", 10000.0))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if cfg.get("head_dim") is not None:
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if arch == "llama":
+        # LlamaModel.set_gguf_parameters adds these; llama3 rope goes into the rope_freqs tensor instead.
+        w.add_vocab_size(cfg["vocab_size"])
+        w.add_rope_dimension_count(_head_dim(cfg))
+        if _rope(cfg).get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(_rope(cfg)["factor"])
+
+
+def _write_gemma3_hparams(w: GGUFWriter, cfg: dict) -> None:
+    # Gemma3Model.set_gguf_parameters; llama.cpp hard-codes the 5:1 sliding pattern, the local rope
+    # base (10000) and 1/sqrt(head_dim) query scaling, so none of those are written.
+    w.add_context_length(cfg.get("max_position_embeddings", 131072))
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg.get("num_attention_heads", 8))
+    w.add_layer_norm_rms_eps(cfg.get("rms_norm_eps", 1e-6))
+    w.add_key_length(cfg.get("head_dim", 256))
+    w.add_value_length(cfg.get("head_dim", 256))
+    w.add_rope_freq_base(_rope(cfg).get("rope_theta", 1_000_000.0))
+    if cfg.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if cfg.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", 4))
+    if _rope(cfg).get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(_rope(cfg)["factor"])
+
+
+# -- vocab
+
+
+def _write_vocab(w: GGUFWriter, hf_dir: Path, arch: str) -> int:
+    tokens, toktypes = _vocab_tokens(hf_dir)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(TOKENIZER_PRE[arch])
+    w.add_token_list(tokens)
+    w.add_token_types(toktypes)
+    # The converter's own reader for merges, bos/eos/pad ids, add_bos_token and chat_template.
+    gguf.SpecialVocab(hf_dir, load_merges=True, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+    return len(tokens)
+
+
+def _vocab_tokens(hf_dir: Path) -> tuple[list[str], list[int]]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(hf_dir / "tokenizer.json"))
+    reverse = {i: t for t, i in tok.get_vocab(with_added_tokens=True).items()}
+    added = tok.get_added_tokens_decoder()
+    tokens, types = [], []
+    for i in range(max(reverse) + 1):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            types.append(TokenType.CONTROL if added[i].special else TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(TokenType.NORMAL)
+    return tokens, [int(t) for t in types]
+
+
+# -- tensors
+
+
+def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
+    """Yield (gguf_name, float32 array) in the converter's conventions (float32 safetensors only)."""
+    if arch == "llama" and _rope(cfg).get("rope_type") == "llama3":
+        yield "rope_freqs.weight", llama3_rope_factors(cfg)
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg["num_hidden_layers"])
+    for hf_name in sorted(weights, key=_layer_order):
+        data = weights[hf_name].astype(np.float32)
+        if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"cannot map HF tensor {hf_name!r} for {arch}")
+        yield gguf_name, _transform(arch, cfg, hf_name, data, n_vocab)
+
+
+def _layer_order(name: str) -> tuple[int, str]:
+    parts = name.split(".")
+    layer = int(parts[2]) if len(parts) > 2 and parts[1] == "layers" else (-1 if "embed" in name else 10**6)
+    return layer, name
+
+
+def _transform(arch: str, cfg: dict, hf_name: str, data: np.ndarray, n_vocab: int) -> np.ndarray:
+    if arch == "llama" and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+        return permute_qk(data, cfg["num_attention_heads"], cfg["num_attention_heads"])
+    if arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+        return permute_qk(data, cfg["num_attention_heads"], cfg.get("num_key_value_heads"))
+    if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        return data + 1.0  # Gemma3RMSNorm computes x * (1 + w)
+    if arch == "gemma3" and hf_name.endswith("embed_tokens.weight"):
+        return data[:n_vocab]  # the converter drops embedding rows past the tokenizer's vocab
+    return data
+
+
+def permute_qk(weights: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: HF's half-split rope rows -> GGML's interleaved (adjacent pair) rows."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    shape = weights.shape
+    return weights.reshape(n_head, 2, shape[0] // n_head // 2, *shape[1:]).swapaxes(1, 2).reshape(shape)
+
+
+def llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """The per-frequency divisors llama.cpp stores as rope_freqs.weight for llama3 rope scaling."""
+    rope, dim = _rope(cfg), _head_dim(cfg)
+    base = rope.get("rope_theta", 10000.0)
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor = rope.get("factor", 8.0)
+    low, high = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old_ctx = rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def _storage_type(name: str, data: np.ndarray, qtype: QType) -> QType:
+    # Converter rule: 1-D tensors, norms and anything not a ".weight" (biases, rope_freqs) stay F32.
+    if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+        return QType.F32
+    return qtype
+
+
+def _add_tensor(w: GGUFWriter, name: str, data: np.ndarray, qtype: QType) -> None:
+    qtype = _storage_type(name, data, qtype)
+    try:
+        stored = gguf.quants.quantize(data, qtype)
+    except gguf.QuantError:
+        qtype = QType.F16  # the converter's fallback for rows not divisible by the block size
+        stored = gguf.quants.quantize(data, qtype)
+    if qtype in (QType.F32, QType.F16):
+        w.add_tensor(name, stored)
+    else:
+        w.add_tensor(name, stored, raw_dtype=qtype)
+
+
+# -- broken files for error-path tests
+
+
+def write_corrupt_variants(good_gguf: Path, out_dir: Path) -> dict[str, Path]:
+    """Damaged or unsupported copies of `good_gguf`, keyed by what is wrong with them."""
+    good_gguf, out_dir = Path(good_gguf), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    blob = good_gguf.read_bytes()
+    reader = gguf.GGUFReader(good_gguf)
+    paths = {
+        "truncated": _write_bytes(out_dir / "truncated.gguf", blob[: (reader.data_offset + len(blob)) // 2]),
+        "header_only": _write_bytes(out_dir / "header_only.gguf", blob[: _mid_metadata_offset(reader)]),
+        "bad_magic": _write_bytes(out_dir / "bad_magic.gguf", b"GGUX" + blob[4:]),
+        "empty": _write_bytes(out_dir / "empty.gguf", b""),
+    }
+    paths["unsupported_arch"] = _rewrite(reader, out_dir / "unsupported_arch.gguf", arch="mamba9000")
+    paths["unsupported_tensor_type"] = _rewrite(reader, out_dir / "unsupported_tensor_type.gguf",
+                                                retype="blk.0.attn_q.weight")
+    return paths
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
+    # Halfway through the token list: the key/value section is cut, no tensor info survives.
+    field = reader.fields["tokenizer.ggml.tokens"]
+    size = sum(part.nbytes for part in field.parts)
+    return field.offset + size // 2
+
+
+def _rewrite(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None) -> Path:
+    """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch or retyping one tensor."""
+    old_arch = reader.fields["general.architecture"].contents()
+    new_arch = arch or old_arch
+    writer = GGUFWriter(path, new_arch)
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        new_key = new_arch + key[len(old_arch):] if key.startswith(old_arch + ".") else key
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub_type)
+    for t in reader.tensors:
+        _copy_tensor(writer, t, unsupported=(t.name == retype))
+    _finish(writer)
+    return path
+
+
+def _copy_tensor(writer: GGUFWriter, t, unsupported: bool) -> None:
+    shape = [int(n) for n in reversed(t.shape)]  # GGUF lists dims fastest-first; numpy wants them last
+    if unsupported:
+        block, type_size = gguf.GGML_QUANT_SIZES[UNSUPPORTED_QTYPE]
+        raw = np.zeros((*shape[:-1], shape[-1] // block * type_size), dtype=np.uint8)
+        writer.add_tensor(t.name, raw, raw_dtype=UNSUPPORTED_QTYPE)
+    elif t.tensor_type in (QType.F32, QType.F16):
+        writer.add_tensor(t.name, np.asarray(t.data).reshape(shape))
+    else:
+        writer.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+

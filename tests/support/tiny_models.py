@@ -1,0 +1,306 @@
+"""Tiny random-weight transformers models (llama, qwen2, qwen3, gemma3) saved as Hugging Face folders.
+
+Every weight, norms and biases included, is random with a fixed seed: default init leaves norms at
+1 (or 0 for Gemma) and biases at 0, which would let a loader that drops them still pass.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+
+BPE_VOCAB_SIZE = 400  # byte alphabet (256) + ~140 merges; specials come on top for llama/qwen
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+LLAMA3_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim"
+    " + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+CHATML_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{%- set first_user_prefix = messages[0]['content'] | trim + '\\n\\n' %}"
+    "{%- set loop_messages = messages[1:] %}"
+    "{%- else %}{%- set first_user_prefix = '' %}{%- set loop_messages = messages %}{%- endif %}"
+    "{%- for message in loop_messages %}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '')"
+    " + message['content'] | trim + '<end_of_turn>\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}"
+)
+
+CORPUS = """\
+The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore.
+It was the best of times, it was the worst of times; it was the age of wisdom.
+Local language models run on your own computer, so your conversations never leave it.
+A chat app batches every live conversation into one forward pass per step.
+Don't panic! We'll see what they've done, and I'm sure you'd agree it's fine.
+
+def fibonacci(n: int) -> list[int]:
+    a, b = 0, 1
+    out = []
+    for _ in range(n):
+        out.append(a)
+        a, b = b, a + b
+    return out
+
+class Cache:
+    def __init__(self, slots):
+        self.slots = {i: None for i in range(slots)}
+    def free(self):
+        return [k for k, v in self.slots.items() if v is None]
+
+if (x > 0 && y < 10) { printf("%d\\n", x * y); } else { return -1; }
+SELECT name, count(*) FROM users WHERE age >= 18 GROUP BY name ORDER BY 2 DESC;
+{"role": "user", "content": "hello"} [1, 2, 3] <div class="msg">Hi</div>
+
+Numbers: 0 1 2 3 4 5 6 7 8 9 10 42 100 256 1024 2048 65536 3.14159 2.71828 -17 1e-6 0x1F 1,000,000
+Dates: 2024-01-15, 1999-12-31 23:59:59, 12/05/2023. Phone: +1 (555) 123-4567.
+Unicode: café naïve résumé façade Zürich Ålesund Øresund straße. Ελληνικά λέξεις. Русский текст.
+日本語のテキスト。中文文本。한국어 텍스트. Emoji: 🙂 🚀 ✨ ❤️ 👍🏽. Math: ∑ ∫ √ ∞ ≤ ≥ ≠ π → ←.
+Tabs\tand   multiple   spaces, trailing spaces   
+and blank lines.
+
+
+Mixed: naïve_café = résumé + 42; # comment ✓
+"""
+
+
+@dataclass(slots=True)
+class TinyModel:
+    hf_dir: Path
+    gguf_path: Path
+
+
+@dataclass(frozen=True, slots=True)
+class _TokSpec:
+    specials: tuple[str, ...]
+    specials_first: bool  # Gemma puts its specials at ids 0..n, Llama/Qwen after the BPE vocab
+    bos: str | None
+    eos: str
+    pad: str | None
+    add_bos: bool
+    split: str | None  # None: GPT-2 style ByteLevel regex
+    chat_template: str
+    gen_eos: tuple[str, ...]
+
+
+TOK_SPECS: dict[str, _TokSpec] = {
+    "llama": _TokSpec(
+        ("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>", "<|start_header_id|>",
+         "<|end_header_id|>", "<|eot_id|>"),
+        False, "<|begin_of_text|>", "<|eot_id|>", None, True, LLAMA3_SPLIT, LLAMA3_TEMPLATE,
+        ("<|end_of_text|>", "<|eot_id|>"),
+    ),
+    "qwen2": _TokSpec(
+        ("<|endoftext|>", "<|im_start|>", "<|im_end|>"),
+        False, None, "<|im_end|>", "<|endoftext|>", False, QWEN2_SPLIT, CHATML_TEMPLATE,
+        ("<|im_end|>", "<|endoftext|>"),
+    ),
+    "gemma3": _TokSpec(
+        ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+        True, "<bos>", "<eos>", "<pad>", True, None, GEMMA3_TEMPLATE,
+        ("<eos>", "<end_of_turn>"),
+    ),
+}
+TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
+
+DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True}
+
+
+def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
+    if split is None:
+        return pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+    ])
+
+
+def _post_processor(spec: _TokSpec, tok: Tokenizer) -> processors.PostProcessor:
+    if not spec.add_bos:
+        return processors.ByteLevel(trim_offsets=False)
+    bos_id = tok.token_to_id(spec.bos)
+    return processors.TemplateProcessing(
+        single=f"{spec.bos}:0 $A:0", pair=f"{spec.bos}:0 $A:0 {spec.bos}:1 $B:1", special_tokens=[(spec.bos, bos_id)]
+    )
+
+
+@lru_cache(maxsize=None)
+def _tokenizer_json(arch: str) -> str:
+    # Training is deterministic; caching the JSON keeps repeated fixture builds fast.
+    spec = TOK_SPECS[arch]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = _pre_tokenizer(spec.split)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB_SIZE + (len(spec.specials) if spec.specials_first else 0),
+        special_tokens=list(spec.specials) if spec.specials_first else [],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True) * 2, trainer=trainer)
+    tok.add_special_tokens(list(spec.specials))
+    tok.post_processor = _post_processor(spec, tok)
+    return tok.to_str()
+
+
+def build_tokenizer(arch: str) -> Tokenizer:
+    """The arch's tiny byte-level BPE tokenizer (a `tokenizers.Tokenizer`)."""
+    return Tokenizer.from_str(_tokenizer_json(arch))
+
+
+def _save_tokenizer(arch: str, out_dir: Path) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    spec = TOK_SPECS[arch]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=build_tokenizer(arch), bos_token=spec.bos, eos_token=spec.eos, pad_token=spec.pad,
+        unk_token="<unk>" if "<unk>" in spec.specials else None, model_max_length=512,
+    )
+    fast.save_pretrained(out_dir)
+    _finish_tokenizer_config(out_dir, spec)
+
+
+def _finish_tokenizer_config(out_dir: Path, spec: _TokSpec) -> None:
+    # Hub repos keep chat_template and add_bos_token in tokenizer_config.json; readers look there first.
+    path = out_dir / "tokenizer_config.json"
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    cfg.update(chat_template=spec.chat_template, add_bos_token=spec.add_bos, add_eos_token=False)
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+    (out_dir / "chat_template.jinja").unlink(missing_ok=True)
+
+
+def _token_ids(arch: str) -> dict[str, int | list[int] | None]:
+    spec, tok = TOK_SPECS[arch], build_tokenizer(arch)
+    tid = tok.token_to_id
+    return {
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "bos_token_id": tid(spec.bos) if spec.bos else None,
+        "eos_token_id": tid(spec.eos),
+        "pad_token_id": tid(spec.pad) if spec.pad else None,
+        "gen_eos": [tid(t) for t in spec.gen_eos],
+    }
+
+
+def _config(arch: str, tied: bool):
+    ids = _token_ids(arch)
+    common = dict(
+        vocab_size=ids["vocab_size"], hidden_size=64, intermediate_size=128, max_position_embeddings=512,
+        bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"],
+        tie_word_embeddings=tied, dtype="float32",
+    )
+    if arch == "llama":
+        from transformers import LlamaConfig
+
+        # original_max_position_embeddings=64 puts the head_dim-16 frequencies in all three llama3 bands.
+        rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        return LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                           rms_norm_eps=1e-5, rope_parameters=rope, **common)
+    if arch == "qwen2":
+        from transformers import Qwen2Config
+
+        return Qwen2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **common)
+    if arch == "qwen3":
+        from transformers import Qwen3Config
+
+        # head_dim * heads (128) != hidden (64), as in the real Qwen3 checkpoints.
+        return Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                           rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                           **common)
+    return _gemma3_config(common)
+
+
+def _gemma3_config(common: dict):
+    from transformers import Gemma3TextConfig
+
+    n_layers = 7  # 5 sliding, 1 global, then one more sliding layer
+    layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n_layers)]
+    rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}
+    # query_pre_attn_scalar == head_dim as in every Gemma 3 but 27B: llama.cpp hard-codes 1/sqrt(head_dim).
+    return Gemma3TextConfig(num_hidden_layers=n_layers, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                            rms_norm_eps=1e-6, sliding_window=8, layer_types=layer_types, rope_parameters=rope,
+                            query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh", **common)
+
+
+def _model_class(arch: str):
+    import transformers
+
+    name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+            "gemma3": "Gemma3ForCausalLM"}[arch]
+    return getattr(transformers, name)
+
+
+@torch.no_grad()
+def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
+        if name.endswith("norm.weight"):
+            # Gemma scales by (1 + w), the others by w: both get a visibly non-trivial scale.
+            p.copy_(0.3 * noise if arch == "gemma3" else 1.0 + 0.3 * noise)
+        elif name.endswith(".bias"):
+            p.copy_(0.2 * noise)
+        elif name.endswith("embed_tokens.weight"):
+            p.copy_((0.125 if arch == "gemma3" else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
+        else:
+            p.copy_(noise / p.shape[-1] ** 0.5)
+
+
+def make_tiny_hf(arch: str, out_dir: Path, seed: int = 0, tie_embeddings: bool | None = None) -> Path:
+    """Build a tiny random model of `arch` and save it (safetensors, config, tokenizer) to `out_dir`."""
+    if arch not in ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+    out_dir = Path(out_dir)
+    tied = DEFAULT_TIED[arch] if tie_embeddings is None else tie_embeddings
+    config = _config(arch, tied)
+    model = _model_class(arch)(config).to(torch.float32).eval()
+    _randomize(model, arch, seed)
+    _set_generation_config(model, arch)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    _save_tokenizer(arch, out_dir)
+    return out_dir
+
+
+def _set_generation_config(model: torch.nn.Module, arch: str) -> None:
+    ids = _token_ids(arch)
+    gen = model.generation_config
+    gen.bos_token_id, gen.pad_token_id = ids["bos_token_id"], ids["pad_token_id"]
+    gen.eos_token_id = ids["gen_eos"]
+
+
+def load_hf_reference(hf_dir: Path):
+    """The saved model reloaded with transformers, float32, eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(Path(hf_dir), dtype=torch.float32)
+    return model.eval()
