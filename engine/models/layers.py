@@ -1,0 +1,168 @@
+"""Building blocks shared by every architecture file: linear, norms, rotary embedding, MLP, attention."""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.models.args import ModelArgs, RopeArgs
+
+
+class AttentionCache(Protocol):
+    """What a layer needs from the KV cache: write this step's K/V and attend with the cache's mask."""
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        ...  # q (T, H, D), k/v (T, Hkv, D) -> (T, H, D)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu" or x.dim() != 2:
+            return F.linear(x, self.weight, self.bias)
+        y = torch.mm(self.weight, x.t()).t()
+        return y + self.bias if self.bias is not None else y
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm over the last axis; `gemma` computes in fp32 and scales by the (+1-folded) weight in fp32."""
+
+    def __init__(self, dim: int, eps: float, gemma: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.gemma = gemma
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (xf * self.weight.float()).type_as(x)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Half-split rotary embedding (HF layout); GGUF Llama weights are un-permuted to match at load."""
+
+    def __init__(self, head_dim: int, rope: RopeArgs):
+        super().__init__()
+        inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        if rope.factors is not None:
+            inv = inv / torch.tensor(rope.factors, dtype=torch.float32)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, act: str):
+        super().__init__()
+        self.gate_proj = Linear(hidden, inter, bias=False)
+        self.up_proj = Linear(hidden, inter, bias=False)
+        self.down_proj = Linear(inter, hidden, bias=False)
+        self.act = _activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _activation(name: str):
+    if name == "silu":
+        return F.silu
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "gelu":
+        return F.gelu
+    from engine.errors import UnsupportedModelError
+
+    raise UnsupportedModelError(f"Activation {name!r} is not supported.")
+
+
+class Attention(nn.Module):
+    """Projections, optional per-head q/k norms and rope; the cache owns K/V storage and the mask."""
+
+    def __init__(self, args: ModelArgs, layer_id: int, gemma_norm: bool = False):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.scale = args.attn_scale
+        bias = args.attention_bias
+        self.q_proj = Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps, gemma=gemma_norm)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, gemma=gemma_norm)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: AttentionCache) -> torch.Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
+        return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+
+
+class CausalLM(nn.Module):
+    """The shared top: embed, run the blocks, then norm and LM head on the sampled rows only."""
+
+    embed_scale: float | None = None
+
+    def __init__(self, args: ModelArgs, blocks: list[nn.Module], gemma_norm: bool = False):
+        super().__init__()
+        self.args = args
+        self.model = nn.Module()
+        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.model.layers = nn.ModuleList(blocks)
+        self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, gemma=gemma_norm)
+        self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.rotary = nn.ModuleDict({kind: Rotary(args.head_dim, r) for kind, r in args.rope.items()})
+
+    def reset_buffers(self, device: torch.device | str) -> None:
+        """Recomputes the rope tables on `device` (the model may have been built on the meta device)."""
+        self.rotary = nn.ModuleDict({k: Rotary(self.args.head_dim, r) for k, r in self.args.rope.items()}).to(device)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: AttentionCache, logit_rows: torch.Tensor
+    ) -> torch.Tensor:
+        """tokens/positions (T,), logit_rows (R,) -> fp32 logits (R, V) for the selected rows only."""
+        h = self.model.embed_tokens(tokens)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        ropes = {kind: rot(positions, h.dtype) for kind, rot in self.rotary.items()}
+        for layer in self.model.layers:
+            h = layer(h, ropes[layer.kind], cache)
+        h = self.model.norm(h.index_select(0, logit_rows))
+        logits = _head(h, self.head_weight()).float()
+        cap = self.args.final_logit_softcapping
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if h.device.type != "cpu":
+        return F.linear(h, weight)
+    if h.shape[0] == 1:  # MKL's gemv is half as fast as its two-row gemm on this layout
+        return torch.mm(weight, h.expand(2, -1).t()).t()[:1]
+    return torch.mm(weight, h.t()).t()

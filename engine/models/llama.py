@@ -1,0 +1,147 @@
+"""Llama (Llama 2/3.x, SmolLM2): pre-norm blocks, SiLU gated MLP, GQA, optional llama3 rope scaling."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.models.args import (
+    GLOBAL,
+    ModelArgs,
+    RopeArgs,
+    hf_layer_types,
+    hf_rope_params,
+    require,
+    rope_from_hf,
+)
+from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm
+
+ARCH = "llama"
+
+# GGUF block tensor suffix -> HF module path inside model.layers.N
+GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_id]
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer_id)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+
+    def forward(self, h: torch.Tensor, rope, cache) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Model(CausalLM):
+    def __init__(self, args: ModelArgs):
+        super().__init__(args, [Block(args, i) for i in range(args.num_layers)])
+
+
+def args_from_hf(config: dict[str, Any], model_type: str = ARCH, **overrides: Any) -> ModelArgs:
+    where = f"config.json ({model_type})"
+    hidden = require(config, "hidden_size", where)
+    heads = require(config, "num_attention_heads", where)
+    head_dim = config.get("head_dim") or hidden // heads
+    n_layers = require(config, "num_hidden_layers", where)
+    kw: dict[str, Any] = dict(
+        model_type=model_type,
+        vocab_size=require(config, "vocab_size", where),
+        hidden_size=hidden,
+        intermediate_size=require(config, "intermediate_size", where),
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=config.get("num_key_value_heads") or heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        rope={GLOBAL: rope_from_hf(hf_rope_params(config), head_dim)},
+        layer_types=[GLOBAL] * n_layers,
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        attention_bias=bool(config.get("attention_bias", False)),
+        hidden_act=config.get("hidden_act", "silu"),
+    )
+    kw.update(overrides)
+    if "layer_types" not in overrides and config.get("use_sliding_window") and config.get("sliding_window"):
+        types = hf_layer_types(config, n_layers)
+        if "sliding" in types:
+            kw.update(layer_types=types, sliding_window=int(config["sliding_window"]))
+            kw["rope"] = {**kw["rope"], "sliding": kw["rope"][GLOBAL]}
+    return ModelArgs(**kw)
+
+
+def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str = ARCH, **overrides: Any) -> ModelArgs:
+    def get(key: str, default: Any = None) -> Any:
+        full = f"{arch}.{key}"
+        if default is None:
+            return require(meta, full, "The GGUF metadata")
+        return meta.get(full, default)
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    n_layers = int(get("block_count"))
+    kv = get("attention.head_count_kv", heads)
+    rope = RopeArgs(float(get("rope.freq_base", 10000.0)))
+    if "rope_freqs.weight" in shapes:
+        rope.factors = []  # filled from the rope_freqs tensor by the loader
+    elif meta.get(f"{arch}.rope.scaling.type") == "linear":
+        rope.factors = [float(meta[f"{arch}.rope.scaling.factor"])] * (head_dim // 2)
+    kw: dict[str, Any] = dict(
+        model_type=arch,
+        vocab_size=int(shapes["token_embd.weight"][0]),
+        hidden_size=hidden,
+        intermediate_size=int(get("feed_forward_length")),
+        num_layers=n_layers,
+        num_heads=heads,
+        num_kv_heads=int(kv[0] if isinstance(kv, list) else kv),
+        head_dim=head_dim,
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-5)),
+        rope={GLOBAL: rope},
+        layer_types=[GLOBAL] * n_layers,
+        max_position_embeddings=int(get("context_length", 4096)),
+        tie_word_embeddings="output.weight" not in shapes,
+        attention_bias="blk.0.attn_q.bias" in shapes,
+        qk_norm="blk.0.attn_q_norm.weight" in shapes,
+        name=str(meta.get("general.name", "")),
+    )
+    kw.update(overrides)
+    return ModelArgs(**kw)
+
+
+def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """HF checkpoint names -> this module's names (they match; drop what the model does not own)."""
+    out = {k: v for k, v in weights.items() if "rotary_emb" not in k}
+    if args.tie_word_embeddings:
+        out.pop("lm_head.weight", None)
+    return out
+
+
+def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
+    """llama.cpp permutes Q/K rows for its interleaved rope; undo it to get HF's half-split layout."""
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return _unpermute(tensor, args.num_heads)
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return _unpermute(tensor, args.num_kv_heads)
+    return tensor
+
+
+def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    shape = w.shape
+    return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
