@@ -47,3 +47,8 @@ class CacheConfig:
     def ring_rows(self, window: int) -> int:
         """Rows a sliding-window layer keeps: the window plus what one step may write before reading."""
         return min(self.max_seq_len, window + self.max_step_tokens - 1)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the name CacheConfig takes."""
+    return next(name for name, dt in STORAGE_DTYPES.items() if dt == dtype)

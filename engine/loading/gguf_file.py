@@ -80,7 +80,7 @@ def _dequantize(path: Path, t: Any) -> torch.Tensor:
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
     try:
         if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            arr = np.asarray(t.data, dtype=np.float32)
+            arr = np.array(t.data, dtype=np.float32)  # a copy: the memmap is read-only
         elif qtype == gguf.GGMLQuantizationType.BF16:
             raw = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16
             arr = raw.view(np.float32)

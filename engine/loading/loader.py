@@ -53,13 +53,13 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     options = options or LoadOptions()
     source = Path(source).expanduser()
     start = time.perf_counter()
+    if not source.exists():
+        raise ModelLoadError(f"Model not found: {source}")
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress)
         kind = "hf"
-    elif source.is_file() or not source.exists() and source.suffix == ".gguf":
-        args, weights, tok, kind = _read_gguf_cached(source, options.cache_dir, progress)
     else:
-        raise ModelLoadError(f"Model not found: {source}")
+        args, weights, tok, kind = _read_gguf_cached(source, options.cache_dir, progress)
     read_s = time.perf_counter() - start
     model = build_model(args, weights, options.torch_dtype, options.device)
     name = args.name or source.stem

@@ -1,0 +1,83 @@
+"""Scheduler: continuous batching with a per-step token budget and fixed-size prefill chunks."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine.cache import KVCache
+from engine.errors import CacheConfigError
+from engine.sequence import Sequence, Status
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    step_tokens: int = 512  # token budget of one forward
+    chunk_tokens: int = 256  # prefill chunk; chunk boundaries depend only on the sequence itself
+    max_sampled_rows: int = 64  # logit rows per step: buffers are sized to this, not to the budget
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.chunk_tokens <= self.step_tokens:
+            raise CacheConfigError("chunk_tokens must be between 1 and step_tokens.")
+        if self.max_sampled_rows < 1:
+            raise CacheConfigError("max_sampled_rows must be at least 1.")
+
+
+class Scheduler:
+    """Admits waiting sequences into free cache slots; each step, decodes first, then prefill chunks."""
+
+    def __init__(self, config: SchedulerConfig, cache: KVCache):
+        self.config, self.cache = config, cache
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._turn = 0  # rotates who goes first, so no sequence starves under a tight budget
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        self._admit()
+        if not self.running:
+            return []
+        k = self._turn % len(self.running)
+        order = self.running[k:] + self.running[:k]
+        self._turn += 1
+        budget, rows = self.config.step_tokens, 0
+        out: list[tuple[Sequence, int]] = []
+        for seq in order:
+            if seq.num_uncached == 1 and budget and rows < self.config.max_sampled_rows:
+                out.append((seq, 1))
+                budget, rows = budget - 1, rows + 1
+        for seq in order:
+            n = min(self.config.chunk_tokens, seq.num_uncached)
+            last = n == seq.num_uncached
+            if seq.num_uncached > 1 and n <= budget and (not last or rows < self.config.max_sampled_rows):
+                out.append((seq, n))
+                budget, rows = budget - n, rows + last
+        return out
+
+    def adopt(self, seq: Sequence) -> None:
+        """Runs a sequence that already holds a cache slot (a fork)."""
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+
+    def _admit(self) -> None:
+        while self.waiting and self.cache.book.free_slots:
+            seq = self.waiting.popleft()
+            seq.slot = self.cache.seq_new()
+            seq.num_cached = 0
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """Ends a sequence and frees its cache slot."""
+        seq.status, seq.finish_reason = Status.FINISHED, reason
+        if seq in self.running:
+            self.running.remove(seq)
+            self.cache.seq_rm(seq.slot)
+            seq.slot = None
+        elif seq in self.waiting:
+            self.waiting.remove(seq)

@@ -1,0 +1,39 @@
+"""Sequence: one generation's tokens and cache slot, flowing scheduler -> runner -> sampler."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from engine.sampling import SamplerState
+
+
+class Status(Enum):
+    WAITING = "waiting"  # not yet holding a cache slot
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    seq_id: int
+    token_ids: list[int]  # everything the cache should hold: history, prompt, generated so far
+    sampler: SamplerState
+    stop_ids: frozenset[int] = frozenset()
+    max_len: int = 1 << 30  # the cache's context limit for this sequence
+    slot: int | None = None
+    num_cached: int = 0  # tokens already in the cache
+    num_prompt: int = 0  # tokens that were there before this turn's generation
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    generated: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.num_prompt = len(self.token_ids)
+
+    @property
+    def num_uncached(self) -> int:
+        return len(self.token_ids) - self.num_cached
+
+    def append(self, token: int) -> None:
+        self.token_ids.append(token)
+        self.generated.append(token)

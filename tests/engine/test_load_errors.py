@@ -1,0 +1,89 @@
+"""Bad model input: one clear ParleyError naming the problem, and no traceback from the CLI."""
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from app.cli import main
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.loading.loader import load_model
+
+
+@pytest.mark.parametrize(
+    "variant, words",
+    [
+        ("truncated", "truncated"),
+        ("header_only", "damaged"),
+        ("bad_magic", "not a GGUF"),
+        ("empty", "not a GGUF"),
+        ("unsupported_arch", "mamba9000"),
+        ("unsupported_tensor_type", "Q8_1"),
+    ],
+)
+def test_corrupt_gguf(corrupt_ggufs, variant, words):
+    with pytest.raises(ModelLoadError) as err:
+        load_model(corrupt_ggufs[variant])
+    assert words in str(err.value)
+
+
+def test_unsupported_kinds_are_unsupported_errors(corrupt_ggufs):
+    for variant in ("unsupported_arch", "unsupported_tensor_type"):
+        with pytest.raises(UnsupportedModelError):
+            load_model(corrupt_ggufs[variant])
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ModelLoadError, match="not found"):
+        load_model(tmp_path / "nope.gguf")
+
+
+def test_folder_without_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_model(tmp_path)
+
+
+def test_folder_with_unknown_architecture(tiny_models, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["llama"].hf_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "mamba9000"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="mamba9000"):
+        load_model(folder)
+
+
+def test_folder_without_weights(tiny_models, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["llama"].hf_dir, folder)
+    for f in folder.glob("*.safetensors"):
+        f.unlink()
+    with pytest.raises(ModelLoadError, match="safetensors"):
+        load_model(folder)
+
+
+def test_damaged_safetensors(tiny_models, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["qwen3"].hf_dir, folder)
+    weights = next(folder.glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(ModelLoadError, match="could not be read"):
+        load_model(folder)
+
+
+def test_cli_reports_one_line_without_traceback(corrupt_ggufs, tmp_path, capsys):
+    code = main(["--data-dir", str(tmp_path), "generate", "--model", str(corrupt_ggufs["truncated"]), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("parley: ") and "truncated" in err
+    assert "Traceback" not in err
+
+
+def test_cli_subprocess_missing_model(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli", "--data-dir", str(tmp_path), "generate", "--model", str(tmp_path / "x.gguf"), "--prompt", "hi"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "not found" in proc.stderr and "Traceback" not in proc.stderr

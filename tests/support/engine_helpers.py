@@ -1,0 +1,44 @@
+"""Helpers for engine tests: full-logit forwards and staggered batched generation."""
+from __future__ import annotations
+
+import torch
+
+from engine.batcher import Batcher
+from engine.generate import RunConfig, make_batcher
+from engine.loading.loader import LoadedModel
+from engine.sampling import SamplerState, SamplingParams
+from engine.sequence import Sequence
+
+
+def full_logits(lm: LoadedModel, ids: list[int], layout: str = "sequence", chunk: int = 8) -> torch.Tensor:
+    """Logits at every position of `ids`, prefilled chunk by chunk through the cache."""
+    b = make_batcher(lm, 1, RunConfig(kv_layout=layout, max_seq_len=len(ids) + 8, step_tokens=chunk, chunk_tokens=chunk))
+    cache, slot, out = b.cache, b.cache.seq_new(), []
+    for start in range(0, len(ids), chunk):
+        n = min(chunk, len(ids) - start)
+        cache.declare_step([(slot, n)])
+        cache.prepare_step()
+        with torch.inference_mode():
+            out.append(lm.model(torch.tensor(ids[start : start + n]), torch.arange(start, start + n), cache, torch.arange(n)))
+        cache.commit_step()
+    return torch.cat(out)
+
+
+def run_staggered(
+    batcher: Batcher, prompts: list[list[int]], arrivals: list[int], params: SamplingParams, stop_ids=frozenset()
+) -> list[list[int]]:
+    """Adds prompt i at step arrivals[i]; runs until all finish; returns each one's generated ids."""
+    seqs = [Sequence(i, list(p), SamplerState(params), stop_ids) for i, p in enumerate(prompts)]
+    step = 0
+    while step <= max(arrivals) or batcher.scheduler.has_work():
+        for i, at in enumerate(arrivals):
+            if at == step:
+                batcher.add(seqs[i])
+        batcher.step()
+        step += 1
+    return [s.generated for s in seqs]
+
+
+def alone(lm: LoadedModel, prompt: list[int], params: SamplingParams, run: RunConfig) -> list[int]:
+    b = make_batcher(lm, 1, run)
+    return run_staggered(b, [prompt], [0], params)[0]
