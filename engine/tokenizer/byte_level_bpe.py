@@ -1,0 +1,75 @@
+"""GGUF `gpt2` vocabularies (byte-level BPE with merges), pre-tokenised by `tokenizer.ggml.pre`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tokenizers import Regex, Tokenizer as Backend, decoders, normalizers, pre_tokenizers
+from tokenizers.models import BPE
+
+from engine.errors import TokenizerError
+from engine.tokenizer.gguf_vocab import GGUFVocab
+
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# Llama 3 and Qwen 2 differ only in how many digits one piece may hold.
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+
+
+@dataclass(slots=True)
+class PreTokenizerStyle:
+    """How one `tokenizer.ggml.pre` family cuts text before byte-level BPE."""
+
+    split: str
+    single_digits: bool = False
+    nfc: bool = False
+    ignore_merges: bool = False  # a whole piece found in the vocab is taken as is (tiktoken vocabularies)
+
+
+def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
+    """The style for a `tokenizer.ggml.pre` name; unknown names get GPT-2's."""
+    if pre in ("llama-bpe", "llama3", "llama-v3"):
+        return PreTokenizerStyle(LLAMA3_SPLIT, ignore_merges=True)
+    if pre in ("qwen2", "qwen3"):
+        return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
+    if pre == "smollm":
+        return PreTokenizerStyle(GPT2_SPLIT, single_digits=True)
+    return PreTokenizerStyle(GPT2_SPLIT)
+
+
+def build_byte_level_bpe(vocab: GGUFVocab) -> Backend:
+    """A byte-level BPE from the stored vocabulary and merges."""
+    if not vocab.merges:
+        raise TokenizerError("The model's byte-level BPE tokenizer has no merges (tokenizer.ggml.merges is missing).")
+    style = pre_tokenizer_style(vocab.pre)
+    ids: dict[str, int] = {}
+    for i, token in enumerate(vocab.tokens):
+        ids.setdefault(token, i)
+    backend = Backend(BPE(vocab=ids, merges=_split_merges(vocab.merges), ignore_merges=style.ignore_merges))
+    if style.nfc:
+        backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = _pre_tokenizer(style)
+    backend.decoder = decoders.ByteLevel()
+    added = vocab.added_tokens()
+    backend.add_special_tokens([t for t in added if t.special])
+    backend.add_tokens([t for t in added if not t.special])
+    return backend
+
+
+def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
+    pairs = []
+    for merge in merges:
+        left, sep, right = merge.partition(" ")
+        if not sep:
+            raise TokenizerError(f"Malformed tokenizer merge {merge!r} (expected two pieces separated by a space).")
+        pairs.append((left, right))
+    return pairs
+
+
+def _pre_tokenizer(style: PreTokenizerStyle) -> pre_tokenizers.PreTokenizer:
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if style.single_digits else []
+    steps.append(pre_tokenizers.Split(Regex(style.split), behavior="isolated", invert=False))
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False))
+    return pre_tokenizers.Sequence(steps)

@@ -1,0 +1,84 @@
+"""GGUF `llama` vocabularies (SentencePiece BPE: scores, no merges) as a `tokenizers` BPE."""
+from __future__ import annotations
+
+from tokenizers import Tokenizer as Backend, decoders, normalizers
+from tokenizers.models import BPE
+
+from engine.tokenizer.gguf_vocab import GGUFVocab, TokenType
+
+SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
+
+
+def build_sentencepiece_bpe(vocab: GGUFVocab) -> Backend:
+    """A byte-fallback BPE whose merge order follows the SentencePiece scores."""
+    space_runs = _space_runs(vocab)
+    pieces = _pieces(vocab, space_runs)
+    mergeable = [i for i, kind in enumerate(vocab.types) if kind == TokenType.NORMAL or i in space_runs]
+    model = BPE(
+        vocab=_piece_ids(pieces),
+        merges=_merges_from_scores(pieces, mergeable, vocab),
+        unk_token=pieces[vocab.unk_id] if vocab.unk_id is not None else None,
+        byte_fallback=True,
+        fuse_unk=True,
+    )
+    backend = Backend(model)
+    # The dummy-prefix space (add_space_prefix) is added by Tokenizer.encode, once per text, as
+    # SentencePiece does; a normaliser would add it after every special token instead.
+    backend.normalizer = normalizers.Replace(" ", SPACE_MARK)
+    backend.decoder = _decoder(vocab.add_space_prefix)
+    added = vocab.added_tokens(skip=space_runs)
+    backend.add_special_tokens([t for t in added if t.special])
+    backend.add_tokens([t for t in added if not t.special])
+    return backend
+
+
+def _space_runs(vocab: GGUFVocab) -> set[int]:
+    """User-defined pieces made only of spaces (Gemma ids 138-167)."""
+    return {
+        i
+        for i, (text, kind) in enumerate(zip(vocab.tokens, vocab.types))
+        if kind == TokenType.USER_DEFINED and text and not text.strip(" ")
+    }
+
+
+def _pieces(vocab: GGUFVocab, space_runs: set[int]) -> list[str]:
+    # Space runs are stored with real spaces but BPE only ever sees normalised text ("▁").
+    pieces = list(vocab.tokens)
+    for i in space_runs:
+        pieces[i] = pieces[i].replace(" ", SPACE_MARK)
+    return pieces
+
+
+def _piece_ids(pieces: list[str]) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for i, piece in enumerate(pieces):
+        ids.setdefault(piece, i)  # a duplicate keeps its first id, as SentencePiece does
+    return ids
+
+
+def _merges_from_scores(pieces: list[str], mergeable: list[int], vocab: GGUFVocab) -> list[tuple[str, str]]:
+    """Every split of a mergeable piece (normal or space run; never control, user-defined text or
+    bytes, which are matched whole) into two mergeable pieces, best-scored result first.
+
+    SentencePiece merges the pair whose result scores highest; BPE ranks merges, so the rank is
+    the result's score. Whitespace runs come first because SentencePiece matches user-defined
+    pieces before merging; among splits of one piece the longer left part goes first.
+    """
+    known = {pieces[i] for i in mergeable}
+    ranked = []
+    for i in mergeable:
+        piece = pieces[i]
+        first = 0 if vocab.types[i] == TokenType.USER_DEFINED else 1
+        for cut in range(len(piece) - 1, 0, -1):
+            left, right = piece[:cut], piece[cut:]
+            if left in known and right in known:
+                ranked.append((first, -vocab.scores[i], i, -cut, left, right))
+    ranked.sort()
+    return [(left, right) for *_, left, right in ranked]
+
+
+def _decoder(strip_prefix: bool) -> decoders.Decoder:
+    steps = [decoders.Replace(SPACE_MARK, " "), decoders.ByteFallback(), decoders.Fuse()]
+    if strip_prefix:
+        steps.append(decoders.Strip(content=" ", left=1, right=0))
+    return decoders.Sequence(steps)

@@ -1,0 +1,142 @@
+"""The Tokenizer: text <-> ids, chat prompts and streaming text, backed by a `tokenizers` model."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tokenizers import Tokenizer as Backend
+
+from engine.errors import TokenizerError
+from engine.tokenizer.chat_template import ChatTemplate
+from engine.tokenizer.detokenizer import IncrementalDetokenizer
+
+BACKEND_FILE = "tokenizer.json"
+INFO_FILE = "parley_tokenizer.json"
+INFO_VERSION = 1
+
+
+@dataclass(slots=True)
+class TokenizerInfo:
+    """What a `tokenizers` model does not record: special ids, flags and the chat template."""
+
+    vocab_size: int
+    bos_id: int | None
+    eos_id: int | None
+    add_bos: bool
+    stop_ids: frozenset[int]
+    chat_template: str
+    bos_token: str = ""
+    eos_token: str = ""
+    space_prefix: bool = False  # SentencePiece's dummy prefix: one space before the whole text
+    version: int = field(default=INFO_VERSION)
+
+    def __post_init__(self) -> None:
+        if self.vocab_size <= 0:
+            raise TokenizerError(f"A tokenizer needs a positive vocabulary size, not {self.vocab_size}.")
+        if self.add_bos and self.bos_id is None:
+            raise TokenizerError("The tokenizer asks for a beginning-of-sequence token but defines none.")
+        self.stop_ids = frozenset(self.stop_ids)
+
+    def to_json(self) -> str:
+        data = asdict(self)
+        data["stop_ids"] = sorted(self.stop_ids)
+        return json.dumps(data, ensure_ascii=False, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "TokenizerInfo":
+        data = json.loads(text)
+        if data.get("version") != INFO_VERSION:
+            raise TokenizerError(f"Saved tokenizer has format version {data.get('version')}, expected {INFO_VERSION}.")
+        data["stop_ids"] = frozenset(data["stop_ids"])
+        return cls(**data)
+
+
+class Tokenizer:
+    """Encodes and decodes text for one model and renders its chat prompts.
+
+    Special tokens written in text (e.g. "<start_of_turn>") encode to their single ids.
+    Built by `tokenizer_from_gguf` or `tokenizer_from_hf_dir`; `save`/`load` cache a built one.
+    """
+
+    def __init__(self, backend: Backend, info: TokenizerInfo) -> None:
+        self._backend = backend
+        self._info = info
+        self.vocab_size = info.vocab_size
+        self.bos_id = info.bos_id
+        self.eos_id = info.eos_id
+        self.add_bos = info.add_bos
+        self.stop_ids = info.stop_ids
+        self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
+
+    @property
+    def backend(self) -> Backend:
+        """The underlying `tokenizers.Tokenizer` (for batch encoding or inspection)."""
+        return self._backend
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Token ids for `text`; `add_bos=None` follows the model's default."""
+        if self._info.space_prefix and text:
+            text = " " + text
+        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            return [self.bos_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special: bool = False) -> str:
+        """Text for `ids`; with `skip_special`, control tokens such as <bos> are left out."""
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+
+    def token_to_id(self, token: str) -> int | None:
+        """The id of a vocabulary entry written as stored (e.g. "▁Hello", "<eos>"), or None."""
+        return self._backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary entry for an id as stored, or None when out of range."""
+        return self._backend.id_to_token(token_id)
+
+    def detokenizer(self, skip_special: bool = True) -> IncrementalDetokenizer:
+        """A fresh streaming decoder for one answer."""
+        return IncrementalDetokenizer(self.decode, skip_special)
+
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
+        """Renders the conversation with the chat template and encodes it, with one bos at most."""
+        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        bos = self.chat_template.bos_token
+        writes_bos = bool(bos) and text.startswith(bos)
+        return self.encode(text, add_bos=False if writes_bos else None)
+
+    def save(self, directory: Path) -> None:
+        """Writes tokenizer.json and parley_tokenizer.json so `load` skips rebuilding."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / BACKEND_FILE).write_text(_compact_json(self._backend), encoding="utf-8")
+        (directory / INFO_FILE).write_text(self._info.to_json(), encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: Path) -> "Tokenizer":
+        """Loads a tokenizer written by `save`."""
+        directory = Path(directory)
+        try:
+            backend = Backend.from_file(str(directory / BACKEND_FILE))
+            info = TokenizerInfo.from_json((directory / INFO_FILE).read_text(encoding="utf-8"))
+        except TokenizerError:
+            raise
+        except Exception as exc:  # missing, truncated or foreign files all mean "rebuild"
+            raise TokenizerError(f"No usable saved tokenizer in {directory}: {exc}") from exc
+        return cls(backend, info)
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
+
+
+def _compact_json(backend: Backend) -> str:
+    """tokenizer.json with merges as "a b" strings, which `from_file` reads about twice as fast.
+
+    The string form cannot hold a piece containing a space, so such vocabularies keep pairs.
+    """
+    data = json.loads(backend.to_str())
+    merges = data.get("model", {}).get("merges")
+    if merges and all(isinstance(m, list) and " " not in m[0] + m[1] for m in merges):
+        data["model"]["merges"] = [f"{left} {right}" for left, right in merges]
+    return json.dumps(data, ensure_ascii=False)

@@ -1,0 +1,106 @@
+"""Chat templates: the built-in Gemma format, templates in the style of Qwen and Llama 3, and the sandbox."""
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import TemplateError
+from engine.tokenizer import ChatTemplate, gemma_chat_template, plain_chat_template, tokenizer_from_gguf
+
+# The support module is also loaded as a plugin, so its session fixtures (the Gemma GGUF, the
+# oracle) are built once for all modules; rewriting must be registered before the import below.
+pytest.register_assert_rewrite("tests.support.gemma")
+pytest_plugins = ["tests.support.gemma"]
+
+from tests.support.gemma import CHATML_TEMPLATE, LLAMA3_TEMPLATE, sentencepiece_metadata, train_sentencepiece  # noqa: E402
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Hi!"},
+    {"role": "assistant", "content": "Hello."},
+    {"role": "user", "content": "What is 2+2?"},
+]
+
+
+def test_gemma_full_conversation() -> None:
+    expected = (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi!<end_of_turn>\n"
+        "<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nWhat is 2+2?<end_of_turn>\n"
+        "<start_of_turn>model\n"
+    )
+    assert gemma_chat_template().render(CONVERSATION) == expected
+
+
+def test_gemma_without_system_or_generation_prompt() -> None:
+    text = gemma_chat_template().render([{"role": "user", "content": "Hi"}], add_generation_prompt=False)
+    assert text == "<bos><start_of_turn>user\nHi<end_of_turn>\n"
+
+
+def test_gemma_rejects_unknown_role() -> None:
+    with pytest.raises(TemplateError, match="tool"):
+        gemma_chat_template().render([{"role": "tool", "content": "{}"}])
+
+
+def test_chatml() -> None:
+    text = ChatTemplate(CHATML_TEMPLATE).render(CONVERSATION[:2])
+    assert text == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_llama3() -> None:
+    text = ChatTemplate(LLAMA3_TEMPLATE, bos_token="<|begin_of_text|>").render([{"role": "user", "content": " Hi \n"}])
+    assert text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+
+
+def test_plain_fallback() -> None:
+    text = plain_chat_template().render(CONVERSATION)
+    assert text == "Be brief.\n\nUser: Hi!\nAssistant: Hello.\nUser: What is 2+2?\nAssistant:"
+
+
+def test_extra_variables_and_helpers() -> None:
+    template = ChatTemplate("{{ tools | tojson }} {{ strftime_now('%Y') | length }} {{ bos_token }}", bos_token="<s>")
+    assert template.render([], tools=[{"name": "a<b>"}]) == '[{"name": "a<b>"}] 4 <s>'
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "{{ cycler.__init__.__globals__.os }}",
+        "{{ messages.append(1) }}",  # the immutable sandbox forbids mutating the conversation
+        "{% for m in messages %}{{ m.__class__.__mro__ }}{% endfor %}",
+    ],
+)
+def test_hostile_templates_are_stopped(source: str) -> None:
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render([{"role": "user", "content": "x"}])
+
+
+def test_raise_exception_keeps_the_message() -> None:
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        ChatTemplate("{{ raise_exception('roles must alternate') }}").render([])
+
+
+@pytest.mark.parametrize("source", ["{% for %}", "{{ 1 / 0 }}", "{{ messages[5]['content'].upper() }}"])
+def test_broken_templates(source: str) -> None:
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render([])
+
+
+def test_gguf_without_template_on_gemma_gets_builtin() -> None:
+    metadata = sentencepiece_metadata(train_sentencepiece(add_dummy_prefix=False), False)
+    metadata["general.architecture"] = "gemma3"
+    assert tokenizer_from_gguf(metadata).chat_template.source == gemma_chat_template().source
+    metadata["general.architecture"] = "llama"
+    assert tokenizer_from_gguf(metadata).chat_template.source == plain_chat_template().source
+
+
+@pytest.mark.parametrize("writes_bos", [True, False])
+def test_apply_chat_template_adds_bos_once(writes_bos: bool) -> None:
+    metadata = sentencepiece_metadata(train_sentencepiece(add_dummy_prefix=False), False)
+    metadata["tokenizer.chat_template"] = ("{{ bos_token }}" if writes_bos else "") + "{{ messages[0]['content'] }}"
+    tok = tokenizer_from_gguf(metadata)
+    ids = tok.apply_chat_template([{"role": "user", "content": "hello"}])
+    assert ids == tok.encode("hello") and ids.count(tok.bos_id) == 1
