@@ -6,6 +6,10 @@ from pathlib import Path
 
 import pytest
 
+# Session fixtures shared by many modules: the embedded Gemma (file, tokenizer, model, oracles).
+pytest.register_assert_rewrite("tests.support.gemma", "tests.support.gemma_model")
+pytest_plugins = ["tests.support.gemma", "tests.support.gemma_model"]
+
 from tests.support.gguf_export import write_corrupt_variants, write_gguf
 from tests.support.tiny_models import ARCHS, TinyModel, make_tiny_hf
 

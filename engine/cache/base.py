@@ -30,15 +30,18 @@ class KVCache:
     def seq_new(self) -> int:
         return self.book.seq_new()
 
+    @torch.inference_mode()
     def seq_clone(self, src: int) -> int:
         dst = self.book.seq_clone(src)
         self._copy_sequence(src, dst)
         return dst
 
+    @torch.inference_mode()
     def seq_rm(self, slot: int) -> None:
         self.book.seq_rm(slot)
         self._drop_from(slot, 0)
 
+    @torch.inference_mode()
     def rewind(self, slot: int, pos: int) -> None:
         self.book.rewind(slot, pos)
         self._drop_from(slot, pos)
@@ -52,6 +55,7 @@ class KVCache:
         self.segments = self.book.declare(writes)
         return self.segments
 
+    @torch.inference_mode()
     def prepare_step(self, num_tokens: int | None = None) -> None:
         """Builds this step's device-side indices and masks; rows past the segments are padding."""
         used = sum(s.q_len for s in self.segments)
@@ -63,6 +67,7 @@ class KVCache:
         self.book.commit()
         self.segments = []
 
+    @torch.inference_mode()
     def abort_step(self) -> None:
         self._abort()
         self.book.abort()

@@ -93,13 +93,11 @@ class CellKVCache(KVCache):
 
     # -- step
     def _prepare(self) -> None:
+        self._new_cells = [(s.slot, self._take(s.q_len)) for s in self.segments]  # may grow the pool
         write = torch.full((self.num_tokens,), self.cells, dtype=torch.long)  # padding -> scratch cell
         q_seq = torch.full((self.num_tokens,), -2, dtype=torch.long)
         q_pos = torch.zeros(self.num_tokens, dtype=torch.long)
-        self._new_cells = []
-        for s in self.segments:
-            cells = self._take(s.q_len)
-            self._new_cells.append((s.slot, cells))
+        for s, (_, cells) in zip(self.segments, self._new_cells):
             self._cells_of[s.slot].extend(cells)
             rows = slice(s.q_start, s.q_start + s.q_len)
             write[rows] = torch.tensor(cells)

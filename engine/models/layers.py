@@ -164,5 +164,5 @@ def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if h.device.type != "cpu":
         return F.linear(h, weight)
     if h.shape[0] == 1:  # MKL's gemv is half as fast as its two-row gemm on this layout
-        return torch.mm(weight, h.expand(2, -1).t()).t()[:1]
+        return torch.mm(weight, torch.cat((h, h)).t()).t()[:1]
     return torch.mm(weight, h.t()).t()

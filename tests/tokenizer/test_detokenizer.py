@@ -6,10 +6,6 @@ from hypothesis import given, settings, strategies as st
 
 from engine.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf
 
-# The support module is also loaded as a plugin, so its session fixtures (the Gemma GGUF, the
-# oracle) are built once for all modules; rewriting must be registered before the import below.
-pytest.register_assert_rewrite("tests.support.gemma")
-pytest_plugins = ["tests.support.gemma"]
 
 from tests.support.gemma import (  # noqa: E402
     CORPUS,

@@ -6,10 +6,6 @@ import pytest
 from engine.errors import TemplateError
 from engine.tokenizer import ChatTemplate, gemma_chat_template, plain_chat_template, tokenizer_from_gguf
 
-# The support module is also loaded as a plugin, so its session fixtures (the Gemma GGUF, the
-# oracle) are built once for all modules; rewriting must be registered before the import below.
-pytest.register_assert_rewrite("tests.support.gemma")
-pytest_plugins = ["tests.support.gemma"]
 
 from tests.support.gemma import CHATML_TEMPLATE, LLAMA3_TEMPLATE, sentencepiece_metadata, train_sentencepiece  # noqa: E402
 

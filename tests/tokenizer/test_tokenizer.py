@@ -10,10 +10,6 @@ import pytest
 from engine.errors import TokenizerError
 from engine.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 
-# The support module is also loaded as a plugin, so its session fixtures (the Gemma GGUF, the
-# oracle) are built once for all modules; rewriting must be registered before the import below.
-pytest.register_assert_rewrite("tests.support.gemma")
-pytest_plugins = ["tests.support.gemma"]
 
 from tests.support.gemma import (  # noqa: E402
     CHATML_TEMPLATE,

@@ -1,0 +1,153 @@
+"""Property tests of the cache: random new/clone/rm/rewind/step interleavings against a list-of-values oracle.
+
+Every K is zero and every query is zero, so attention is the plain mean of the visible V values: any
+value from another sequence, a stale ring row or a wrong window changes the mean and fails the check.
+"""
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from engine.cache import CacheConfig, make_cache
+from engine.errors import CacheConfigError, CacheError
+
+MAX_SEQS, MAX_LEN, STEP = 4, 24, 4
+WINDOWS = [None, 3]  # layer 0 global, layer 1 sliding window 3 (a ring of 6 rows in the sequence layout)
+
+
+class CacheMachine(RuleBasedStateMachine):
+    layout = "sequence"
+
+    @initialize()
+    def setup(self):
+        cfg = CacheConfig(self.layout, MAX_SEQS, MAX_LEN, MAX_SEQS * MAX_LEN, "float32", STEP, initial_capacity=8)
+        self.cache = make_cache(cfg, WINDOWS, kv_heads=1, head_dim=2)
+        self.values: dict[int, list[float]] = {}  # oracle: slot -> value at each position
+        self.counter = 0.0
+
+    def _fresh(self) -> float:
+        self.counter += 1.0
+        return self.counter
+
+    @rule()
+    def new(self):
+        if len(self.values) == MAX_SEQS:
+            with pytest.raises(CacheError):
+                self.cache.seq_new()
+            return
+        slot = self.cache.seq_new()
+        assert slot not in self.values
+        self.values[slot] = []
+
+    @precondition(lambda self: self.values)
+    @rule(data=st.data())
+    def clone(self, data):
+        if len(self.values) == MAX_SEQS:
+            return
+        src = data.draw(st.sampled_from(sorted(self.values)))
+        dst = self.cache.seq_clone(src)
+        assert dst not in self.values
+        self.values[dst] = list(self.values[src])
+
+    @precondition(lambda self: self.values)
+    @rule(data=st.data())
+    def remove(self, data):
+        slot = data.draw(st.sampled_from(sorted(self.values)))
+        self.cache.seq_rm(slot)
+        del self.values[slot]
+
+    @precondition(lambda self: self.values)
+    @rule(data=st.data())
+    def rewind(self, data):
+        slot = data.draw(st.sampled_from(sorted(self.values)))
+        pos = data.draw(st.integers(0, len(self.values[slot])))
+        floor = self.cache.book.floor(slot)
+        if pos < floor:
+            with pytest.raises(CacheError, match="ring"):
+                self.cache.rewind(slot, pos)
+        else:
+            self.cache.rewind(slot, pos)
+            del self.values[slot][pos:]
+
+    @precondition(lambda self: self.values)
+    @rule(data=st.data(), pad=st.integers(0, 2))
+    def step(self, data, pad):
+        live = sorted(self.values)
+        chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+        writes = []
+        for slot in chosen:
+            room = MAX_LEN - len(self.values[slot])
+            if room:
+                writes.append((slot, data.draw(st.integers(1, min(STEP, room)))))
+        if not writes:
+            return
+        segments = self.cache.declare_step(writes)
+        total = sum(n for _, n in writes)
+        self.cache.prepare_step(total + pad)
+        new_vals = torch.tensor([self._fresh() for _ in range(total + pad)])
+        kv = torch.zeros(total + pad, 1, 2)
+        v = new_vals[:, None, None].expand(-1, 1, 2).contiguous()
+        q = torch.zeros(total + pad, 2, 2)  # 2 query heads over 1 KV head: grouped-query
+        outs = [self.cache.attend(layer, q, kv, v, scale=1.0) for layer in range(len(WINDOWS))]
+        for seg in segments:
+            self.values[seg.slot] += new_vals[seg.q_start : seg.q_start + seg.q_len].tolist()
+        for layer, window in enumerate(WINDOWS):
+            for seg in segments:
+                vals = self.values[seg.slot]
+                for i in range(seg.q_len):
+                    p = seg.start + i
+                    lo = max(0, p - window + 1) if window else 0
+                    want = sum(vals[lo : p + 1]) / (p + 1 - lo)
+                    got = outs[layer][seg.q_start + i]
+                    assert torch.allclose(got, torch.full_like(got, want)), (layer, seg, i)
+            assert torch.all(outs[layer][total:] == 0)  # padding rows: no segment covers them
+        self.cache.commit_step()
+
+    @invariant()
+    def bookkeeping(self):
+        if not hasattr(self, "cache"):
+            return
+        book = self.cache.book
+        assert sorted(book.live_slots()) == sorted(self.values)
+        assert book.free_slots + len(self.values) == MAX_SEQS
+        for slot, vals in self.values.items():
+            assert self.cache.pos(slot) == len(vals)
+        if self.layout == "cell":
+            owned = [c for cells in self.cache._cells_of.values() for c in cells]
+            assert len(owned) == len(set(owned)), "a cell belongs to two sequences"
+            assert not set(owned) & set(self.cache._free), "a used cell is on the free list"
+            assert len(owned) == sum(len(v) for v in self.values.values()) <= self.cache.config.capacity
+        else:
+            assert all(t.shape[0] <= MAX_LEN for t in self.cache.k)
+
+
+class CellCacheMachine(CacheMachine):
+    layout = "cell"
+
+
+SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck))
+TestSequenceCache = CacheMachine.TestCase
+TestSequenceCache.settings = SETTINGS
+TestCellCache = CellCacheMachine.TestCase
+TestCellCache.settings = SETTINGS
+
+
+def test_capacity_below_sessions_times_context_is_rejected():
+    with pytest.raises(CacheConfigError, match="exceeds the cache capacity"):
+        CacheConfig("sequence", max_seqs=8, max_seq_len=4096, capacity=8 * 4096 - 1, dtype="float32")
+
+
+def test_storage_dtype_is_required():
+    with pytest.raises(CacheConfigError, match="storage dtype"):
+        CacheConfig("cell", 1, 16, 16, dtype=None)
+
+
+def test_context_limit_is_a_clear_error():
+    cache = make_cache(CacheConfig("sequence", 1, 8, 8, "float32", 4), [None], 1, 2)
+    slot = cache.seq_new()
+    for _ in range(2):
+        cache.declare_step([(slot, 4)])
+        cache.commit_step()
+    with pytest.raises(CacheError, match="context limit is 8"):
+        cache.declare_step([(slot, 1)])
