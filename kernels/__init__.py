@@ -1,0 +1,12 @@
+"""Attention kernels for the batched-sequence KV store: Triton on CUDA, PyTorch elsewhere."""
+
+from kernels.attention import kv_write, sdpa_varlen, triton_available
+from kernels.reference import kv_write_reference, sdpa_varlen_reference
+
+__all__ = [
+    "kv_write",
+    "kv_write_reference",
+    "sdpa_varlen",
+    "sdpa_varlen_reference",
+    "triton_available",
+]

@@ -1,0 +1,295 @@
+"""Triton varlen attention over the batched-sequence KV store (DESIGN.md §4-§5).
+
+One program owns (segment, query tile, KV head, kv split). Its M axis holds the G query
+heads of one KV head times BLOCK_Q query rows (m -> query m // G, head m % G), so each K/V
+tile is loaded once for the whole group. Lengths come from the device segment table; the
+grid comes from host ints (S, max_q_len, max_kv_len), so one captured CUDA graph serves
+any mix of lengths. Split-K: the kv range of a tile is cut into NUM_SPLITS pieces on the
+device; each piece writes a normalised partial output and its log-sum-exp, and a second
+small kernel merges them.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in merge than it saves
+MAX_SPLITS = 128
+
+
+@triton.jit
+def _tile_rows(seq_info_ptr, pid_sq, q_tiles, G: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr):
+    # -- read this program's segment and lay out its M rows as (query row, head in group)
+    seg = pid_sq // q_tiles
+    qt = pid_sq % q_tiles
+    q_start = tl.load(seq_info_ptr + seg * 4 + 0)
+    q_len = tl.load(seq_info_ptr + seg * 4 + 1)
+    column = tl.load(seq_info_ptr + seg * 4 + 2)
+    kv_end = tl.load(seq_info_ptr + seg * 4 + 3)
+    offs_m = tl.arange(0, BLOCK_M)
+    qi = qt * BLOCK_Q + offs_m // G  # query index inside the segment
+    row_valid = (offs_m < BLOCK_Q * G) & (qi < q_len)
+    return q_start, q_len, column, kv_end, qt, qi, offs_m % G, row_valid
+
+
+@triton.jit
+def _sdpa_varlen_fwd(
+    Q, K, V, SeqInfo, Out, OPart, LsePart,
+    stride_qt, stride_qh,
+    stride_kr, stride_kc, stride_kh,
+    stride_vr, stride_vc, stride_vh,
+    stride_ot, stride_oh,
+    stride_ps, stride_pt, stride_ph,
+    stride_ls, stride_lt, stride_lh,
+    q_tiles, rows, window, qk_scale,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+):
+    pid_sq = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    q_start, q_len, column, kv_end, qt, qi, hg, row_valid = _tile_rows(
+        SeqInfo, pid_sq, q_tiles, G, BLOCK_Q, BLOCK_M
+    )
+    head = kvh * G + hg
+    qpos = kv_end - q_len + qi  # absolute position of each row's query
+    offs_d = tl.arange(0, HEAD_DIM)
+    offs_n = tl.arange(0, BLOCK_N)
+
+    # -- the tile's kv range [kv_lo, kv_hi): union of its rows' masks
+    first_q = qt * BLOCK_Q
+    last_q = tl.minimum(first_q + BLOCK_Q, q_len) - 1
+    if CAUSAL:
+        kv_hi = kv_end - q_len + last_q + 1
+    else:
+        kv_hi = kv_end
+    if WINDOWED:
+        kv_lo = tl.maximum(kv_end - q_len + first_q - window + 1, 0)
+    else:
+        kv_lo = kv_end * 0
+    kv_hi = tl.where(first_q < q_len, kv_hi, kv_lo)  # tiles past q_len do nothing
+
+    # -- this split's share, sized on the device from the real length
+    n_keys = tl.maximum(kv_hi - kv_lo, 0)
+    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    s_lo = kv_lo + split * per_split
+    s_hi = tl.minimum(s_lo + per_split, kv_hi)
+
+    # -- per-row key bounds (inclusive)
+    if WINDOWED:
+        lo_row = tl.maximum(qpos - window + 1, 0)
+    else:
+        lo_row = qpos * 0
+    if CAUSAL:
+        hi_row = qpos
+    else:
+        hi_row = qpos * 0 + kv_end - 1
+
+    q_ptrs = Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
+    if DOT_FP32:
+        q = q.to(tl.float32)
+    k_base = K + column.to(tl.int64) * stride_kc + kvh * stride_kh
+    v_base = V + column.to(tl.int64) * stride_vc + kvh * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    for start in range(s_lo, s_hi, BLOCK_N):
+        # -- load a K/V tile; ring storage keeps position p at row p % rows
+        pos = start + offs_n
+        pos_valid = pos < s_hi
+        if RING:
+            r = (pos % rows).to(tl.int64)
+        else:
+            r = pos.to(tl.int64)
+        kT = tl.load(k_base + r[None, :] * stride_kr + offs_d[:, None], mask=pos_valid[None, :], other=0.0)
+        v = tl.load(v_base + r[:, None] * stride_vr + offs_d[None, :], mask=pos_valid[:, None], other=0.0)
+        if DOT_FP32:
+            kT = kT.to(tl.float32)
+            v = v.to(tl.float32)
+        # -- scores in the log2 domain, masked
+        if IEEE:
+            s = tl.dot(q, kT, input_precision="ieee")
+        else:
+            s = tl.dot(q, kT)
+        s = s * qk_scale
+        keep = pos_valid[None, :] & (pos[None, :] >= lo_row[:, None]) & (pos[None, :] <= hi_row[:, None])
+        s = tl.where(keep, s, float("-inf"))
+        # -- update m_i and l_i (a row with no key yet keeps m = -inf; use 0 as its pivot)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_pivot = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_pivot)
+        p = tl.exp2(s - m_pivot[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # -- update the accumulator
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+
+    # -- write the output, or this split's normalised partial and its log2-sum-exp
+    l_safe = tl.where(l_i == 0.0, 1.0, l_i)
+    o = acc / l_safe[:, None]
+    t = q_start + qi
+    if NUM_SPLITS == 1:
+        o_ptrs = Out + t[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None])
+    else:
+        lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
+        p_ptrs = OPart + split * stride_ps + t[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
+        tl.store(p_ptrs, o, mask=row_valid[:, None])
+        tl.store(LsePart + split * stride_ls + t * stride_lt + head * stride_lh, lse, mask=row_valid)
+
+
+@triton.jit
+def _sdpa_varlen_merge(
+    SeqInfo, Out, OPart, LsePart,
+    stride_ot, stride_oh,
+    stride_ps, stride_pt, stride_ph,
+    stride_ls, stride_lt, stride_lh,
+    num_segments,
+    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SEGS_P2: tl.constexpr,
+):
+    # One program per (packed row, head, d-block): all splits load at once, so the merge
+    # is one round of memory latency however many splits there are.
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    # -- is row t covered by a segment? (rows no segment covers are written as zeros)
+    offs_s = tl.arange(0, SEGS_P2)
+    seg_ok = offs_s < num_segments
+    q_start = tl.load(SeqInfo + offs_s * 4 + 0, mask=seg_ok, other=0)
+    q_len = tl.load(SeqInfo + offs_s * 4 + 1, mask=seg_ok, other=0)
+    n_cover = tl.sum(((t >= q_start) & (t < q_start + q_len)).to(tl.int32), 0)
+    # -- weigh each split's normalised partial by 2^(lse - max lse)
+    offs_sp = tl.arange(0, SPLITS_P2)
+    sp_ok = (offs_sp < NUM_SPLITS) & (offs_sp * 0 + n_cover > 0)  # broadcast first: the interpreter rejects scalar & vector masks
+    lse = tl.load(LsePart + offs_sp * stride_ls + t * stride_lt + h * stride_lh, mask=sp_ok, other=float("-inf"))
+    m = tl.max(lse, 0)
+    m = tl.where(m == float("-inf"), 0.0, m)
+    w = tl.exp2(lse - m)
+    o = tl.load(
+        OPart + offs_sp[:, None] * stride_ps + t * stride_pt + h * stride_ph + offs_d[None, :],
+        mask=sp_ok[:, None], other=0.0,
+    )
+    l_sum = tl.sum(w, 0)
+    out = tl.sum(w[:, None] * o, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
+    tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+
+
+@functools.lru_cache(maxsize=8)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def plan_tiles(*, G: int, max_q_len: int, head_dim: int, interpret: bool) -> tuple[int, int, int]:
+    """(BLOCK_Q, BLOCK_M, BLOCK_N) from host ints only."""
+    max_rows = 64 if head_dim >= 256 else 128  # M rows of a tile: registers hold (M, D) fp32
+    if interpret:
+        max_rows = 32
+    block_q = max(1, min(_next_pow2(max(max_q_len, 1)), max(1, max_rows // G)))
+    block_m = max(16, _next_pow2(block_q * G))  # tl.dot wants M >= 16
+    block_n = 16 if interpret else (64 if head_dim >= 256 else 128)
+    return block_q, block_m, block_n
+
+
+def plan_splits(*, programs: int, span: int, device: torch.device) -> int:
+    """Split the kv range when (segment, tile, head) programs alone would leave SMs idle."""
+    if device.type != "cuda":
+        return 1 if span < 64 else 2  # the interpreter: exercise the split path cheaply
+    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    return max(1, min(math.ceil(target / max(programs, 1)), math.ceil(span / MIN_KEYS_PER_SPLIT), MAX_SPLITS))
+
+
+def sdpa_varlen_triton(
+    q: torch.Tensor,  # (T, H, D)
+    k_cache: torch.Tensor,  # (rows, C, Hkv, D)
+    v_cache: torch.Tensor,  # (rows, C, Hkv, D)
+    seq_info: torch.Tensor,  # (S, 4) int32: q_start, q_len, column, kv_end
+    *,
+    scale: float,
+    max_q_len: int,
+    max_kv_len: int,
+    causal: bool = True,
+    window: int | None = None,
+    rows_are_ring: bool | None = None,
+    num_splits: int | None = None,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+) -> torch.Tensor:  # (T, H, D), q's dtype
+    T, H, D = q.shape
+    rows, C, Hkv, Dk = k_cache.shape
+    S = seq_info.shape[0]
+    assert v_cache.shape == k_cache.shape and Dk == D, (q.shape, k_cache.shape, v_cache.shape)
+    assert H % Hkv == 0, "query heads must be a multiple of KV heads"
+    assert D & (D - 1) == 0 and 16 <= D <= 256, "head dim must be a power of two in 16..256"
+    assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head dim must be contiguous"
+    assert k_cache.dtype == v_cache.dtype == q.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
+    assert seq_info.dtype == torch.int32 and seq_info.shape == (S, 4) and seq_info.is_contiguous()
+    assert q.device == k_cache.device == v_cache.device == seq_info.device
+    assert max_q_len >= 0 and max_kv_len >= 0
+    G = H // Hkv
+    interpret = q.device.type == "cpu"
+    windowed = bool(window)
+    ring = windowed if rows_are_ring is None else rows_are_ring
+
+    block_q, block_m, bn = plan_tiles(G=G, max_q_len=max_q_len, head_dim=D, interpret=interpret)
+    bn = block_n or bn
+    q_tiles = max(1, triton.cdiv(max(max_q_len, 1), block_q))
+    span = min(max_kv_len, window + max_q_len - 1) if windowed else max_kv_len
+    splits = num_splits or plan_splits(programs=S * q_tiles * Hkv, span=span, device=q.device)
+    if S == 0 or T == 0 or max_q_len == 0:
+        return torch.zeros_like(q)
+    if splits > 1:
+        out = torch.empty_like(q)  # the merge writes every row, zeros where uncovered
+        o_part = torch.empty(splits, T, H, D, dtype=torch.float32, device=q.device)
+        lse_part = torch.empty(splits, T, H, dtype=torch.float32, device=q.device)
+    else:
+        out = torch.zeros_like(q)  # rows no segment covers stay zero
+        o_part = lse_part = out  # unused; any tensor keeps the signature
+
+    warps = num_warps or (4 if block_m * D <= 16 * 256 else 8)
+    stages = num_stages or 2
+    grid = (S * q_tiles, Hkv, splits)
+    _sdpa_varlen_fwd[grid](
+        q, k_cache, v_cache, seq_info, out, o_part, lse_part,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        out.stride(0), out.stride(1),
+        o_part.stride(0), o_part.stride(1), o_part.stride(2),
+        lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+        q_tiles, rows, window or 0, scale * LOG2E,
+        G=G, HEAD_DIM=D, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
+        CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits,
+        DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=stages,
+    )
+    if splits > 1:
+        splits_p2 = triton.next_power_of_2(splits)
+        block_d = min(D, max(16, 8192 // splits_p2))  # keep the (splits, BLOCK_D) tile in registers
+        _sdpa_varlen_merge[(T, H, D // block_d)](
+            seq_info, out, o_part, lse_part,
+            out.stride(0), out.stride(1),
+            o_part.stride(0), o_part.stride(1), o_part.stride(2),
+            lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
+            S,
+            BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_P2=splits_p2,
+            SEGS_P2=triton.next_power_of_2(S), num_warps=4,
+        )
+    return out
