@@ -13,8 +13,17 @@ from engine.step import build_step
 
 
 class Batcher:
-    def __init__(self, model: CausalLM, cache: KVCache, config: SchedulerConfig, device: torch.device | str):
+    def __init__(
+        self,
+        model: CausalLM,
+        cache: KVCache,
+        config: SchedulerConfig,
+        device: torch.device | str,
+        release_on_finish: bool = True,
+    ):
         self.cache, self.device = cache, device
+        self.release_on_finish = release_on_finish  # sessions keep their cache between turns
+        self.in_flight: list[Sequence] = []  # the sequences of the step being run (for error reports)
         self.scheduler = Scheduler(config, cache)
         self.runner = ModelRunner(model, cache, config.max_sampled_rows)
         self.steps = 0
@@ -46,9 +55,15 @@ class Batcher:
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return []
-        batch = build_step(scheduled, self.cache, self.device)
-        logits = self.runner.run(batch)
-        tokens = sample(logits, [s.sampler for s in batch.samplers], [s.token_ids for s in batch.samplers])
+        self.in_flight = [seq for seq, _ in scheduled]
+        try:
+            batch = build_step(scheduled, self.cache, self.device)
+            logits = self.runner.run(batch)
+            tokens = sample(logits, [s.sampler for s in batch.samplers], [s.token_ids for s in batch.samplers])
+        except BaseException:
+            if self.cache.book.pending is not None:
+                self.cache.abort_step()
+            raise
         self.cache.commit_step()
         self.steps += 1
         for seq, n in scheduled:
@@ -57,7 +72,8 @@ class Batcher:
             seq.append(token)
             reason = finish_reason(seq, token)
             if reason:
-                self.scheduler.finish(seq, reason)
+                self.scheduler.finish(seq, reason, self.release_on_finish)
+        self.in_flight = []
         return list(zip(batch.samplers, tokens))
 
 

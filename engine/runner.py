@@ -19,10 +19,6 @@ class ModelRunner:
         """Logits (R, V) in fp32 for the batch's sampled rows only."""
         assert len(batch.logit_rows) <= self.max_sampled_rows, "the scheduler bounds sampled rows per step"
         self.cache.prepare_step()
-        try:
-            logits = self.model(batch.tokens, batch.positions, self.cache, batch.logit_rows)
-        except BaseException:
-            self.cache.abort_step()
-            raise
+        logits = self.model(batch.tokens, batch.positions, self.cache, batch.logit_rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits

@@ -72,12 +72,24 @@ class Scheduler:
             seq.status = Status.RUNNING
             self.running.append(seq)
 
-    def finish(self, seq: Sequence, reason: str) -> None:
-        """Ends a sequence and frees its cache slot."""
+    def finish(self, seq: Sequence, reason: str, release: bool = True) -> None:
+        """Ends a sequence's generation; `release` frees its cache slot, else the cache keeps its tokens."""
         seq.status, seq.finish_reason = Status.FINISHED, reason
         if seq in self.running:
             self.running.remove(seq)
-            self.cache.seq_rm(seq.slot)
-            seq.slot = None
+            if release:
+                self.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+
+    def release(self, seq: Sequence) -> None:
+        if seq.slot is not None:
+            self.cache.seq_rm(seq.slot)
+            seq.slot, seq.num_cached = None, 0
+
+    def resume(self, seq: Sequence) -> None:
+        """Schedules a sequence again: at once if it still holds a slot, else through admission."""
+        if seq.slot is None:
+            self.add(seq)
+        else:
+            self.adopt(seq)

@@ -1,0 +1,51 @@
+"""A turn's text as it streams: detokenised, with stop strings found and held back until they cannot match."""
+from __future__ import annotations
+
+from engine.tokenizer import Tokenizer
+
+
+class TextStream:
+    def __init__(self, tokenizer: Tokenizer, stop: list[str]):
+        self.detok = tokenizer.detokenizer(skip_special=True)
+        self.stop = [s for s in stop if s]
+        self.text = ""  # everything released so far
+        self._held = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Returns the newly releasable text; sets `stopped` when a stop string completes."""
+        return self._feed(self.detok.push(token_id))
+
+    def finish(self) -> str:
+        out = self._feed(self.detok.flush())
+        if not self.stopped:
+            out += self._held
+            self.text += self._held
+            self._held = ""
+        return out
+
+    def _feed(self, piece: str) -> str:
+        if self.stopped or not piece and not self._held:
+            return ""
+        pending = self._held + piece
+        cut = min((i for i in (pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self._held = True, ""
+            return self._release(pending[:cut])
+        keep = self._partial_suffix(pending)
+        self._held = pending[len(pending) - keep :] if keep else ""
+        return self._release(pending[: len(pending) - keep])
+
+    def _partial_suffix(self, text: str) -> int:
+        """Length of the longest suffix of `text` that begins some stop string."""
+        best = 0
+        for s in self.stop:
+            for n in range(min(len(s) - 1, len(text)), best, -1):
+                if s.startswith(text[-n:]):
+                    best = n
+                    break
+        return best
+
+    def _release(self, text: str) -> str:
+        self.text += text
+        return text
