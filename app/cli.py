@@ -6,6 +6,7 @@ import json
 import sys
 import time
 
+from engine import events as ev
 from engine.errors import ParleyError
 
 
@@ -54,18 +55,22 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
-def load(args: argparse.Namespace):
-    """Loads the chosen model with a progress bar on stderr."""
+def open_engine(args: argparse.Namespace, max_sessions: int = 8):
+    """Starts the engine thread and loads the chosen model on it, with a progress bar on stderr."""
     from tqdm import tqdm
 
+    from app.engine_cli import EngineCLI
     from app.paths import Paths
     from engine.loading.default_model import resolve_model
-    from engine.loading.loader import LoadOptions, load_model
+    from engine.runtime import EngineConfig
 
     paths = Paths.resolve(getattr(args, "data_dir", None))
     source = resolve_model(args.model, paths.models)
+    config = EngineConfig(
+        kv_layout=args.kv_layout, max_sessions=max_sessions, device=args.device, dtype=args.dtype, cache_dir=paths.cache
+    )
+    cli = EngineCLI(config)
     bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
-
     shown = {"stage": None, "percent": -1}
 
     def progress(stage: str, fraction: float) -> None:
@@ -77,9 +82,13 @@ def load(args: argparse.Namespace):
             bar.refresh()
 
     try:
-        return load_model(source, LoadOptions(args.device, args.dtype, paths.cache), progress)
+        model_id, loaded = cli.load(source, progress)
+    except BaseException:
+        cli.close()
+        raise
     finally:
         bar.close()
+    return cli, model_id, loaded
 
 
 def _sampling(args: argparse.Namespace):
@@ -91,76 +100,66 @@ def _sampling(args: argparse.Namespace):
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from engine.generate import RunConfig, generate
-
-    lm = load(args)
-    tok = lm.tokenizer
-    prompts = [tok.encode(p, add_bos=True) if args.raw else tok.apply_chat_template([{"role": "user", "content": p}]) for p in args.prompt]
-    params, run = _sampling(args), RunConfig(kv_layout=args.kv_layout)
-    stream = None if args.json or (len(prompts) > 1 and not args.sequential) else _Streamer(tok)
-    on_token = stream.push if stream else None
-    if args.sequential:
-        seqs = [s for p in prompts for s in generate(lm, [p], params, run, on_token)]
-        for i, s in enumerate(seqs):
-            s.seq_id = i
-    else:
-        seqs = generate(lm, prompts, params, run, on_token)
-    for s in seqs:
-        text = tok.decode([t for t in s.generated if t not in tok.stop_ids])
-        if args.json:
-            print(json.dumps({"prompt": s.seq_id, "token_ids": s.generated, "text": text}, ensure_ascii=False))
-        elif not stream:
-            print(f"--- prompt {s.seq_id} ({s.finish_reason})\n{text}")
+    cli, model_id, _ = open_engine(args, max_sessions=max(1, len(args.prompt)))
+    try:
+        params = _sampling(args)
+        sessions = [cli.engine.open_session(model_id, params=params, raw=args.raw) for _ in args.prompt]
+        stream = not args.json and (len(args.prompt) == 1 or args.sequential)
+        on_text = (lambda _turn, text: (sys.stdout.write(text), sys.stdout.flush())) if stream else None
+        turns = []
+        for sid, prompt in zip(sessions, args.prompt):
+            turns.append(cli.engine.submit(sid, prompt))
+            if args.sequential:
+                cli.run(turns[-1:], on_text)
+                if stream:
+                    print()
+        cli.run(turns, on_text)
+        if stream and not args.sequential:
+            print()
+        for i, turn in enumerate(turns):
+            end = cli.result(turn)
+            if args.json:
+                print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text}, ensure_ascii=False))
+            elif not stream:
+                print(f"--- prompt {i} ({end.reason})\n{end.text}")
+    finally:
+        cli.close()
     return 0
 
 
-class _Streamer:
-    """Prints each token's text as it arrives; a new prompt starts on a new line."""
-
-    def __init__(self, tok):
-        self.tok, self.current, self.detok = tok, None, None
-
-    def push(self, index: int, token: int) -> None:
-        if index != self.current:
-            if self.detok is not None:
-                print(self.detok.flush(), flush=True)
-            self.current, self.detok = index, self.tok.detokenizer()
-        sys.stdout.write(self.detok.push(token))
-        sys.stdout.flush()
-
-    def close(self) -> None:
-        if self.detok is not None:
-            print(self.detok.flush(), flush=True)
-
-
 def _chat_default(args: argparse.Namespace) -> int:
-    args = build_parser().parse_args(["chat"] + (["--data-dir", args.data_dir] if args.data_dir else []))
+    args = build_parser().parse_args((["--data-dir", args.data_dir] if args.data_dir else []) + ["chat"])
     return _chat(args)
 
 
 def _chat(args: argparse.Namespace) -> int:
-    from engine.generate import RunConfig, generate
-
-    lm = load(args)
-    tok = lm.tokenizer
-    messages = [{"role": "system", "content": args.system}] if args.system else []
-    print(f"Parley — {lm.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
-    while True:
-        try:
-            line = input("> ").strip()
-        except EOFError:
-            return 0
-        if not line:
-            return 0
-        messages.append({"role": "user", "content": line})
-        stream = _Streamer(tok)
-        started = time.perf_counter()
-        seq = generate(lm, [tok.apply_chat_template(messages)], _sampling(args), RunConfig(args.kv_layout), stream.push)[0]
-        stream.close()
-        answer = tok.decode([t for t in seq.generated if t not in tok.stop_ids], skip_special=True)
-        messages.append({"role": "assistant", "content": answer})
-        rate = len(seq.generated) / (time.perf_counter() - started)
-        print(f"[{len(seq.generated)} tokens, {rate:.1f} tok/s]", file=sys.stderr)
+    cli, model_id, loaded = open_engine(args, max_sessions=1)
+    try:
+        sid = cli.engine.open_session(model_id, system_prompt=args.system, params=_sampling(args), overflow="truncate")
+        print(f"Parley — {loaded.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+        while True:
+            try:
+                line = input("> ").strip()
+            except EOFError:
+                return 0
+            if not line:
+                return 0
+            turn = cli.engine.submit(sid, line)
+            try:
+                cli.run([turn], lambda _t, text: (sys.stdout.write(text), sys.stdout.flush()))
+            except KeyboardInterrupt:
+                cli.engine.cancel(sid)
+                cli.run([turn])
+            print()
+            end = cli.ended[turn]
+            if isinstance(end, ev.Error):
+                print(f"parley: {end.message}", file=sys.stderr)
+                continue
+            s = end.stats
+            rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else ""
+            print(f"[{s.completion_tokens} tokens{rate}, context {s.context_used}/{s.context_limit}]", file=sys.stderr)
+    finally:
+        cli.close()
 
 
 if __name__ == "__main__":

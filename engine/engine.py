@@ -69,11 +69,13 @@ class Engine:
         system_prompt: str | None = None,
         params: SamplingParams | None = None,
         overflow: str = "stop",
+        raw: bool = False,
     ) -> int:
+        """A new conversation; `raw` makes it a plain-text completion (BOS + text, no chat template)."""
         if overflow not in OVERFLOW_POLICIES:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}")
         sid = self._new_id()
-        self._put(self._open, sid, model_id, system_prompt, params or SamplingParams(), overflow)
+        self._put(self._open, sid, model_id, system_prompt, params or SamplingParams(), overflow, raw)
         return sid
 
     def submit(self, session_id: int, text: str) -> int:
@@ -179,10 +181,10 @@ class Engine:
         self._models[model_id] = rt
         self._emit(ev.ModelLoaded(None, model_id, lm.name, rt.info()))
 
-    def _open(self, sid: int, model_id: int, system: str | None, params: SamplingParams, overflow: str) -> None:
+    def _open(self, sid: int, model_id: int, system: str | None, params: SamplingParams, overflow: str, raw: bool) -> None:
         rt = self._runtime(model_id)
         sampler = SamplerState(params, next(rt.lm.model.parameters()).device)
-        self._sessions[sid] = Session(sid, model_id, params, sampler, system, overflow)
+        self._sessions[sid] = Session(sid, model_id, params, sampler, system, overflow, raw)
 
     def _submit(self, sid: int, turn_id: int, text: str) -> None:
         session = self._idle_session(sid, turn_id)
@@ -212,7 +214,7 @@ class Engine:
         src = self._session(sid)
         rt = self._runtime(src.model_id)
         msgs = src.messages[: len(src.messages) if at is None else at]
-        child = Session(new_sid, src.model_id, src.params, src.sampler.fork(), src.system_prompt, src.overflow, list(msgs))
+        child = Session(new_sid, src.model_id, src.params, src.sampler.fork(), src.system_prompt, src.overflow, src.raw, list(msgs))
         if src.seq is not None and src.seq.slot is not None and rt.cache.book.free_slots:
             cached = src.cached_ids()
             child.seq = Sequence(new_sid, list(cached), child.sampler, rt.lm.tokenizer.stop_ids, rt.limit)

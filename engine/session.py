@@ -33,6 +33,7 @@ class Session:
     sampler: SamplerState
     system_prompt: str | None = None
     overflow: str = "stop"
+    raw: bool = False  # a plain-text document (BOS + text), no chat template
     messages: list[dict[str, str]] = field(default_factory=list)  # user/assistant turns, no system message
     seq: Sequence | None = None  # its slot and cached tokens survive between turns
     turn: Turn | None = None
@@ -53,10 +54,13 @@ def render_turn(session: Session, tok: Tokenizer, limit: int) -> tuple[list[int]
 
     Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`.
     """
-    ids = tok.apply_chat_template(session.conversation())
+    if session.raw:
+        ids = tok.encode("".join(m["content"] for m in session.messages), add_bos=True)
+    else:
+        ids = tok.apply_chat_template(session.conversation())
     if len(ids) < limit:
         return ids, 0
-    if session.overflow == "truncate":
+    if session.overflow == "truncate" and not session.raw:
         for skip in range(1, len(session.messages)):
             if session.messages[skip]["role"] != "user":
                 continue  # a conversation resumes at a user turn

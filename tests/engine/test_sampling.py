@@ -1,0 +1,77 @@
+"""Sampler distributions: temperature, top-k, top-p, min-p and penalties, drawn many times."""
+import pytest
+import torch
+
+from engine.errors import ParleyError
+from engine.sampling import SamplerState, SamplingParams, sample
+
+PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
+LOGITS = PROBS.log()
+
+
+def _freqs(params: SamplingParams, n: int = 4000, history=None) -> torch.Tensor:
+    state = SamplerState(params)
+    counts = torch.zeros(len(PROBS))
+    for _ in range(n // 100):
+        states = [state] * 100  # one generator, many rows: each draw advances it
+        ids = sample(LOGITS.expand(100, -1).clone(), states, [history or []] * 100)
+        counts += torch.bincount(torch.tensor(ids), minlength=len(PROBS))
+    return counts / counts.sum()
+
+
+def test_temperature_one_follows_the_distribution():
+    f = _freqs(SamplingParams(temperature=1.0, seed=0))
+    assert torch.allclose(f, PROBS, atol=0.03)
+
+
+def test_top_k_keeps_k_renormalised():
+    f = _freqs(SamplingParams(temperature=1.0, top_k=2, seed=1))
+    assert f[2:].sum() == 0
+    assert torch.allclose(f[:2], PROBS[:2] / PROBS[:2].sum(), atol=0.03)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    f = _freqs(SamplingParams(temperature=1.0, top_p=0.7, seed=2))  # 0.4 + 0.3 reaches 0.7
+    assert f[2:].sum() == 0
+    f = _freqs(SamplingParams(temperature=1.0, top_p=0.75, seed=3))
+    assert f[2] > 0 and f[3:].sum() == 0
+
+
+def test_min_p_drops_tokens_below_a_share_of_the_top():
+    f = _freqs(SamplingParams(temperature=1.0, min_p=0.3, seed=4))  # threshold 0.12
+    assert f[3:].sum() == 0 and f[2] > 0
+
+
+def test_low_temperature_sharpens():
+    f = _freqs(SamplingParams(temperature=0.2, seed=5))
+    assert f[0] > 0.75
+
+
+def test_greedy_ignores_the_generator():
+    assert set(_freqs(SamplingParams(temperature=0.0), n=300).nonzero().flatten().tolist()) == {0}
+
+
+def test_repetition_penalty_lowers_seen_tokens():
+    f = _freqs(SamplingParams(temperature=1.0, repetition_penalty=3.0, seed=6), history=[0])
+    assert f[0] < 0.2  # 0.4 before: its logit (negative) was multiplied by 3
+
+
+def test_presence_and_frequency_penalties():
+    f = _freqs(SamplingParams(temperature=1.0, presence_penalty=2.0, seed=7), history=[0, 1])
+    assert f[0] < 0.15 and f[1] < 0.12
+    g = _freqs(SamplingParams(temperature=1.0, frequency_penalty=1.0, seed=8), history=[0, 0, 0])
+    assert g[0] < 0.05
+
+
+def test_seed_reproduces_and_generator_continues():
+    a, b = SamplerState(SamplingParams(temperature=1.0, seed=42)), SamplerState(SamplingParams(temperature=1.0, seed=42))
+    rows = LOGITS.expand(1, -1)
+    first = [sample(rows.clone(), [a], [[]])[0] for _ in range(20)]
+    assert first == [sample(rows.clone(), [b], [[]])[0] for _ in range(20)]
+    assert len(set(first)) > 1  # the generator moved on between draws
+
+
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=1), dict(max_tokens=0), dict(top_k=-1)])
+def test_invalid_params_are_clear_errors(bad):
+    with pytest.raises(ParleyError, match="Invalid sampling setting"):
+        SamplingParams(**bad)
