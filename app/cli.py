@@ -1,4 +1,4 @@
-"""The `parley` command: generate, chat (terminal), and the app itself."""
+"""The `parley` command: the desktop app (no subcommand), generate, chat (terminal)."""
 from __future__ import annotations
 
 import argparse
@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Chat with local language models.")
     p.add_argument("--data-dir", help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
-    p.set_defaults(func=_chat_default)
+    p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
+    p.add_argument("--theme", choices=["system", "light", "dark"], default=None, help="the GUI's colours (default: the saved setting)")
+    p.set_defaults(func=_gui)
     sub = p.add_subparsers(dest="command")
     g = sub.add_parser("generate", help="complete one or more prompts")
     _model_options(g)
@@ -40,6 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--max-tokens", type=int, default=512)
     c.add_argument("--system", default=None, help="system prompt")
     c.set_defaults(func=_chat)
+    from server.cli import add_serve_parser  # `parley serve`: its options and handler live in server/
+
+    add_serve_parser(sub)
     return p
 
 
@@ -127,9 +132,15 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _chat_default(args: argparse.Namespace) -> int:
-    args = build_parser().parse_args((["--data-dir", args.data_dir] if args.data_dir else []) + ["chat"])
-    return _chat(args)
+def _gui(args: argparse.Namespace) -> int:
+    """No subcommand: the desktop app on the embedded default model (or its headless self-test)."""
+    if args.self_test:
+        from app.self_test import run
+
+        return run(args.data_dir)
+    from app.main import run_gui
+
+    return run_gui(args.data_dir, args.theme)
 
 
 def _chat(args: argparse.Namespace) -> int:

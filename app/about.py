@@ -1,0 +1,24 @@
+"""The About box: Parley's licence and the licences of the bundled model."""
+from __future__ import annotations
+
+from PySide6.QtWidgets import QMessageBox, QWidget
+
+from engine.loading.default_model import LICENSE_NOTE
+
+
+def about_html(models=None) -> str:
+    loaded = ""
+    if models is not None:
+        names = [s.name for s in models.states.values() if s.status == "loaded"]
+        loaded = f"<p>Loaded now: {', '.join(names) or 'none'}</p>"
+    return (
+        "<h3>Parley</h3><p>A desktop chat app for local language models: every live chat is batched into one "
+        "forward per step.</p><p>Parley's code: Apache-2.0.</p>"
+        "<p><b>Bundled model.</b> " + LICENSE_NOTE + "</p>"
+        "<p>Qt for Python (PySide6): LGPLv3 · markdown-it-py: MIT · Pygments: BSD-2-Clause · PyTorch: BSD-3-Clause</p>"
+        + loaded
+    )
+
+
+def show_about(parent: QWidget, models=None) -> None:
+    QMessageBox.about(parent, "About Parley", about_html(models))

@@ -1,0 +1,34 @@
+"""App-wide settings (theme, defaults for new chats, compare mode), kept as JSON in the data folder."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from app.chat_settings import ChatSettings
+
+
+@dataclass(slots=True)
+class AppSettings:
+    theme: str = "system"  # system, light, dark
+    defaults: ChatSettings = field(default_factory=ChatSettings)
+    one_at_a_time: bool = False  # compare view: columns answer in turn (small machines)
+    file: Path | None = None
+
+    @classmethod
+    def load(cls, file: Path) -> "AppSettings":
+        if not file.is_file():
+            return cls(file=file)
+        try:
+            data = json.loads(file.read_text(encoding="utf-8"))
+            return cls(data.get("theme", "system"), ChatSettings.from_dict(data.get("defaults", {})),
+                       bool(data.get("one_at_a_time", False)), file)
+        except (ValueError, TypeError):
+            return cls(file=file)  # a damaged file falls back to defaults rather than blocking the start
+
+    def save(self) -> None:
+        if self.file is None:
+            return
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time}
+        self.file.write_text(json.dumps(data, indent=1), encoding="utf-8")

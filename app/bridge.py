@@ -1,0 +1,123 @@
+"""EngineBridge: the one hop from engine events (engine thread) to Qt signals (GUI thread).
+
+The engine thread only appends to a locked list and, when the list was empty, emits `_wake` (a queued
+connection, since the bridge lives on the GUI thread). The GUI thread drains the list at most
+`max_fps` times a second and merges consecutive token deltas per turn, so a burst of tokens from eight
+chats costs one repaint each frame, not one per token.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from engine import events as ev
+from engine.engine import Engine
+from engine.runtime import EngineConfig
+
+
+class EngineBridge(QObject):
+    text_arrived = Signal(int, int, str, int)  # session, turn, text, tokens
+    turn_started = Signal(int, int)
+    turn_queued = Signal(int, int, int)  # session, turn, position
+    turn_finished = Signal(int, int, str, str, object)  # session, turn, reason, text, TurnStats
+    turn_failed = Signal(int, object, str)  # session, turn or None, message
+    context_usage = Signal(int, int, int, int)  # session, used, limit, dropped messages
+    model_progress = Signal(int, str, float)
+    model_loaded = Signal(int, str, object)
+    model_failed = Signal(int, str)
+    _wake = Signal()
+
+    def __init__(self, config: EngineConfig, max_fps: int = 60, parent: QObject | None = None):
+        super().__init__(parent)
+        self._lock = threading.Lock()
+        self._pending: list[ev.Event] = []
+        self._frame_s = 1.0 / max_fps
+        self._last_flush = 0.0
+        self.flushes = 0  # how many times the GUI thread drained events (tests and benchmarks read it)
+        self._timer = QTimer(self, singleShot=True)
+        self._timer.timeout.connect(self._flush)
+        self._wake.connect(self._on_wake)
+        self.engine = Engine(config, on_event=self._on_engine_event)
+
+    def start(self) -> "EngineBridge":
+        self.engine.start()
+        return self
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+        self._flush()
+
+    def set_messages(self, session_id: int, messages: list[dict[str, str]]) -> None:
+        """Replaces an idle session's conversation (switching to another branch, or a new model).
+
+        The engine has no public command for this; `call` queues `fn` in command order, and a zero
+        timeout keeps the GUI thread from waiting for it.
+        """
+        def apply(engine: Engine) -> None:
+            engine._sessions[session_id].messages[:] = [dict(m) for m in messages]
+
+        try:
+            self.engine.call(apply, timeout=0)
+        except concurrent.futures.TimeoutError:
+            pass
+
+    # -- engine thread
+    def _on_engine_event(self, event: ev.Event) -> None:
+        with self._lock:
+            was_empty = not self._pending
+            self._pending.append(event)
+        if was_empty:
+            self._wake.emit()
+
+    # -- GUI thread
+    def _on_wake(self) -> None:
+        wait = self._last_flush + self._frame_s - time.perf_counter()
+        if wait <= 0:
+            self._flush()
+        elif not self._timer.isActive():
+            self._timer.start(max(1, int(wait * 1000)))
+
+    def _flush(self) -> None:
+        with self._lock:
+            events, self._pending = self._pending, []
+        self._last_flush = time.perf_counter()
+        if not events:
+            return
+        self.flushes += 1
+        deltas: dict[tuple[int, int], list] = {}  # (session, turn) -> [text, tokens], in arrival order
+        for e in events:
+            if isinstance(e, ev.TokenDelta):
+                acc = deltas.setdefault((e.session_id, e.turn_id), ["", 0])
+                acc[0] += e.text
+                acc[1] += len(e.token_ids)
+                continue
+            self._emit_deltas(deltas, e.session_id)
+            self._emit(e)
+        self._emit_deltas(deltas, None)
+
+    def _emit_deltas(self, deltas: dict, session_id: int | None) -> None:
+        for key in [k for k in deltas if session_id is None or k[0] == session_id]:
+            text, tokens = deltas.pop(key)
+            self.text_arrived.emit(key[0], key[1], text, tokens)
+
+    def _emit(self, e: ev.Event) -> None:
+        match e:
+            case ev.Started():
+                self.turn_started.emit(e.session_id, e.turn_id)
+            case ev.Queued():
+                self.turn_queued.emit(e.session_id, e.turn_id, e.position)
+            case ev.Finished():
+                self.turn_finished.emit(e.session_id, e.turn_id, e.reason, e.text, e.stats)
+            case ev.Error():
+                self.turn_failed.emit(e.session_id if e.session_id is not None else -1, e.turn_id, e.message)
+            case ev.ContextUsage():
+                self.context_usage.emit(e.session_id, e.used, e.limit, e.dropped_messages)
+            case ev.ModelProgress():
+                self.model_progress.emit(e.model_id, e.stage, e.fraction)
+            case ev.ModelLoaded():
+                self.model_loaded.emit(e.model_id, e.name, e.info)
+            case ev.ModelFailed():
+                self.model_failed.emit(e.model_id, e.message)

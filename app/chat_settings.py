@@ -1,0 +1,44 @@
+"""Per-chat settings (model, system prompt, sampling, overflow policy) and their mapping to the engine's types."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from engine.sampling import SamplingParams
+
+OVERFLOW_CHOICES = ("stop", "truncate")
+
+
+@dataclass(slots=True)
+class ChatSettings:
+    model: str = "default"  # a key of the model registry
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    min_p: float = 0.0
+    repetition_penalty: float = 1.1
+    seed: int | None = None
+    max_tokens: int = 512
+    overflow: str = "truncate"
+
+    def __post_init__(self) -> None:
+        if self.overflow not in OVERFLOW_CHOICES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_CHOICES}")
+        self.sampling()  # validates the sampling values once, with the engine's own checks
+
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=self.max_tokens,
+        )
+
+    def copy(self, **changes) -> "ChatSettings":
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ChatSettings":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -1,0 +1,267 @@
+"""The chat view: a list model over the branch shown and a delegate that paints each message as a text document.
+
+Only the rows on screen are rendered (others get a cheap size estimate until they scroll into view), so a
+1,000-message chat opens at once; a streaming message is re-rendered only when its text changed.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QGuiApplication, QPainter, QPalette, QTextDocument
+from PySide6.QtWidgets import QAbstractItemView, QListView, QStyledItemDelegate, QStyleOptionViewItem
+
+from app.chats import ChatService
+from app.markdown_render import MarkdownRenderer
+from app.message_html import message_html
+from app.store import Message
+
+MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
+MARGIN, PAD = 10, 10
+CACHE_SIZE = 300
+
+
+class ChatModel(QAbstractListModel):
+    def __init__(self, service: ChatService, parent=None):
+        super().__init__(parent)
+        self.service = service
+        self.conv_id: int | None = None
+        self._ids: list[int] = []
+        self._rows: dict[int, int] = {}
+        service.path_changed.connect(self._on_path_changed)
+        service.message_changed.connect(self._on_message_changed)
+
+    def set_conversation(self, conv_id: int | None) -> None:
+        self.beginResetModel()
+        self.conv_id = conv_id
+        self._set_ids(self._path_ids())
+        self.endResetModel()
+
+    def rowCount(self, parent=QModelIndex()) -> int:
+        return 0 if parent.isValid() else len(self._ids)
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid() or index.row() >= len(self._ids):
+            return None
+        msg = self.service.store.message(self._ids[index.row()])
+        if role == MESSAGE_ROLE:
+            return msg
+        if role == Qt.ItemDataRole.DisplayRole:
+            return msg.content
+        return None
+
+    def message_at(self, row: int) -> Message:
+        return self.service.store.message(self._ids[row])
+
+    def _path_ids(self) -> list[int]:
+        if self.conv_id is None or not self.service.store.has(self.conv_id):
+            return []
+        return [m.id for m in self.service.store.path(self.conv_id)]
+
+    def _set_ids(self, ids: list[int]) -> None:
+        self._ids = ids
+        self._rows = {mid: i for i, mid in enumerate(ids)}
+
+    def _on_path_changed(self, conv_id: int) -> None:
+        if conv_id != self.conv_id:
+            return
+        new, old = self._path_ids(), self._ids
+        if new[: len(old)] == old and len(new) > len(old):  # messages appended: no reset, no re-render
+            self.beginInsertRows(QModelIndex(), len(old), len(new) - 1)
+            self._set_ids(new)
+            self.endInsertRows()
+        elif new != old:
+            self.beginResetModel()
+            self._set_ids(new)
+            self.endResetModel()
+        elif new:
+            self.dataChanged.emit(self.index(0), self.index(len(new) - 1))  # version counters may have changed
+
+    def _on_message_changed(self, conv_id: int, msg_id: int) -> None:
+        row = self._rows.get(msg_id) if conv_id == self.conv_id else None
+        if row is not None:
+            self.dataChanged.emit(self.index(row), self.index(row))
+
+
+class MessageDelegate(QStyledItemDelegate):
+    """Paints messages as QTextDocuments cached per (content, state, width, theme)."""
+
+    def __init__(self, service: ChatService, view: QListView):
+        super().__init__(view)
+        self.service, self.view = service, view
+        self.renderer = MarkdownRenderer(dark=False)
+        self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
+        self._reported: dict[int, int] = {}  # height last given to the view per message
+        self._recheck: dict[int, QPersistentModelIndex] = {}
+        self.renders = 0  # documents built (tests and benchmarks read it)
+
+    def set_dark(self, dark: bool) -> None:
+        self.renderer = MarkdownRenderer(dark=dark)
+        self._docs.clear()
+
+    def text_width(self) -> int:
+        return max(120, self.view.viewport().width() - 2 * (MARGIN + PAD))
+
+    def _key(self, msg: Message, width: int) -> tuple:
+        versions = self.service.store.versions(msg)
+        return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), width, self.renderer.dark)
+
+    def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
+        width = self.text_width()
+        key = self._key(msg, width)
+        hit = self._docs.get(msg.id)
+        if hit is not None and hit[0] == key:
+            self._docs.move_to_end(msg.id)
+            return hit[1], hit[2]
+        versions = self.service.store.versions(msg)
+        rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False)
+        doc = QTextDocument()
+        doc.setDocumentMargin(0)
+        doc.setDefaultFont(self.view.font())
+        doc.setDefaultStyleSheet(_stylesheet(self.view.palette()))
+        doc.setHtml(rendered.html)
+        doc.setTextWidth(width)
+        self.renders += 1
+        self._docs[msg.id] = (key, doc, rendered.code_blocks)
+        while len(self._docs) > CACHE_SIZE:
+            self._docs.popitem(last=False)
+        return doc, rendered.code_blocks
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
+        msg = index.data(MESSAGE_ROLE)
+        width = self.text_width()
+        hit = self._docs.get(msg.id)
+        if hit is not None and hit[0] == self._key(msg, width):
+            height = int(hit[1].size().height())
+        else:
+            height = _estimate(msg.content, width)
+        self._reported[msg.id] = height
+        return QSize(width, height + 2 * PAD + MARGIN)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
+        msg = index.data(MESSAGE_ROLE)
+        doc, _ = self.document(msg)
+        box = option.rect.adjusted(MARGIN, MARGIN // 2, -MARGIN, -MARGIN // 2)
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(_bubble(self.view.palette(), msg.role))
+        painter.drawRoundedRect(box, 8, 8)
+        painter.translate(box.left() + PAD, box.top() + PAD)
+        ctx = QAbstractTextDocumentLayout.PaintContext()
+        ctx.palette = self.view.palette()
+        ctx.clip = QRect(0, 0, box.width(), box.height())
+        painter.setClipRect(ctx.clip)
+        doc.documentLayout().draw(painter, ctx)
+        painter.restore()
+        if int(doc.size().height()) != self._reported.get(msg.id):
+            self._recheck[msg.id] = QPersistentModelIndex(index)
+            QTimer.singleShot(0, self._apply_rechecks)
+
+    def _apply_rechecks(self) -> None:
+        pending, self._recheck = self._recheck, {}
+        for pindex in pending.values():
+            if pindex.isValid():
+                self.sizeHintChanged.emit(QModelIndex(pindex))
+
+    def anchor_at(self, index: QModelIndex, pos: QPoint) -> tuple[str, list[str]]:
+        """The link under `pos` (view coordinates), and the message's code blocks."""
+        msg = index.data(MESSAGE_ROLE)
+        doc, blocks = self.document(msg)
+        rect = self.view.visualRect(index)
+        local = pos - rect.topLeft() - QPoint(MARGIN + PAD, MARGIN // 2 + PAD)
+        return doc.documentLayout().anchorAt(local.toPointF()), blocks
+
+
+class ChatView(QListView):
+    """Links in messages: versions, edit, regenerate, copy. Keeps to the bottom while the answer streams."""
+
+    edit_requested = Signal(int)  # user message id
+
+    def __init__(self, service: ChatService, parent=None):
+        super().__init__(parent)
+        self.service = service
+        self.chat_model = ChatModel(service, self)
+        self.setModel(self.chat_model)
+        self.delegate = MessageDelegate(service, self)
+        self.setItemDelegate(self.delegate)
+        self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.verticalScrollBar().setSingleStep(24)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setMouseTracking(True)
+        self.setResizeMode(QListView.ResizeMode.Adjust)
+        self.setUniformItemSizes(False)
+        self.setObjectName("chatView")
+        self._stick = True
+        bar = self.verticalScrollBar()
+        bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
+        bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
+
+    def set_conversation(self, conv_id: int | None) -> None:
+        self._stick = True
+        self.chat_model.set_conversation(conv_id)
+        self.scrollToBottom()
+
+    def set_dark(self, dark: bool) -> None:
+        self.delegate.set_dark(dark)
+        self.chat_model.set_conversation(self.chat_model.conv_id)
+
+    def mouseMoveEvent(self, event) -> None:
+        href = self._href(event.position().toPoint())[0]
+        self.viewport().setCursor(Qt.CursorShape.PointingHandCursor if href else Qt.CursorShape.ArrowCursor)
+        super().mouseMoveEvent(event)
+
+    def mouseReleaseEvent(self, event) -> None:
+        href, msg, blocks = self._href(event.position().toPoint())
+        if href and event.button() == Qt.MouseButton.LeftButton:
+            self.activate(msg, href, blocks)
+            return
+        super().mouseReleaseEvent(event)
+
+    def _href(self, pos: QPoint) -> tuple[str, Message | None, list[str]]:
+        index = self.indexAt(pos)
+        if not index.isValid():
+            return "", None, []
+        href, blocks = self.delegate.anchor_at(index, pos)
+        return href, index.data(MESSAGE_ROLE), blocks
+
+    def activate(self, msg: Message, href: str, blocks: list[str] | None = None) -> None:
+        """Carries out a message link (also what tests call)."""
+        verb, _, arg = href.partition(":")
+        if verb in ("prev", "next"):
+            self.service.switch_version(msg.id, -1 if verb == "prev" else 1)
+        elif verb == "regen":
+            self.service.regenerate(msg.conversation_id, msg.id)
+        elif verb == "edit":
+            self.edit_requested.emit(msg.id)
+        elif verb == "copymsg":
+            QGuiApplication.clipboard().setText(msg.content)
+        elif verb == "copy" and blocks is not None and arg.isdigit() and int(arg) < len(blocks):
+            QGuiApplication.clipboard().setText(blocks[int(arg)])
+
+
+def _estimate(text: str, width: int) -> int:
+    per_line = max(20, width // 8)
+    lines = sum(1 + len(line) // per_line for line in text.split("\n")) if text else 1
+    return 22 + lines * 19
+
+
+def _bubble(palette: QPalette, role: str) -> QColor:
+    base = palette.color(QPalette.ColorRole.Base)
+    accent = palette.color(QPalette.ColorRole.Highlight)
+    if role != "user":
+        return base
+    mixed = QColor(
+        int(base.red() * 0.88 + accent.red() * 0.12),
+        int(base.green() * 0.88 + accent.green() * 0.12),
+        int(base.blue() * 0.88 + accent.blue() * 0.12),
+    )
+    return mixed
+
+
+def _stylesheet(palette: QPalette) -> str:
+    link = palette.color(QPalette.ColorRole.Link).name()
+    return (f"a {{ color: {link}; text-decoration: none; }} "
+            "pre, code { font-family: 'DejaVu Sans Mono', monospace; } "
+            "h1 { font-size: large; } h2 { font-size: medium; } p { margin-top: 4px; margin-bottom: 4px; }")

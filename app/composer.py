@@ -1,0 +1,77 @@
+"""The composer: Enter sends, Shift+Enter starts a new line; Send turns into Stop while the chat answers."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
+
+from app.theme import icon
+
+
+class PromptEdit(QPlainTextEdit):
+    submitted = Signal()
+    escaped = Signal()
+
+    def keyPressEvent(self, event) -> None:
+        key, mods = event.key(), event.modifiers()
+        if key in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not mods & Qt.KeyboardModifier.ShiftModifier:
+            self.submitted.emit()
+            return
+        if key == Qt.Key.Key_Escape:
+            self.escaped.emit()
+            return
+        super().keyPressEvent(event)
+
+
+class Composer(QWidget):
+    send_requested = Signal(str)
+    stop_requested = Signal()
+    edit_cancelled = Signal()
+
+    def __init__(self, placeholder: str = "Message — Enter sends, Shift+Enter for a new line", parent=None):
+        super().__init__(parent)
+        self.banner = QLabel(objectName="editBanner")
+        self.banner.hide()
+        self.edit = PromptEdit(objectName="prompt")
+        self.edit.setPlaceholderText(placeholder)
+        self.edit.setFixedHeight(72)
+        self.send_button = QPushButton(icon("send", "#ffffff"), "Send", objectName="sendButton")
+        self.stop_button = QPushButton(icon("stop", "#ffffff"), "Stop", objectName="stopButton")
+        self.stop_button.hide()
+        row = QHBoxLayout()
+        row.addWidget(self.edit, 1)
+        row.addWidget(self.send_button)
+        row.addWidget(self.stop_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.banner)
+        layout.addLayout(row)
+        self.edit.submitted.connect(self._send)
+        self.edit.escaped.connect(self._escape)
+        self.send_button.clicked.connect(self._send)
+        self.stop_button.clicked.connect(self.stop_requested)
+
+    def set_busy(self, busy: bool) -> None:
+        self.send_button.setVisible(not busy)
+        self.stop_button.setVisible(busy)
+
+    def begin_edit(self, text: str) -> None:
+        self.banner.setText("Editing an earlier message: sending makes a new branch (the old one stays). Esc cancels.")
+        self.banner.show()
+        self.edit.setPlainText(text)
+        self.edit.setFocus()
+
+    def end_edit(self) -> None:
+        self.banner.hide()
+
+    def _send(self) -> None:
+        text = self.edit.toPlainText()
+        if text.strip():
+            self.send_requested.emit(text)
+
+    def _escape(self) -> None:
+        if self.banner.isVisible():
+            self.banner.hide()
+            self.edit.clear()
+            self.edit_cancelled.emit()
+        else:
+            self.stop_requested.emit()

@@ -1,0 +1,68 @@
+"""What the app tracks per chat while it talks to the engine: its session, what that session holds, the running turn."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from app.store import Message
+
+
+@dataclass(slots=True)
+class TurnInfo:
+    turn_id: int | None  # None while waiting for the model to load
+    message_id: int  # the assistant message being written
+    submitted_at: float = field(default_factory=time.perf_counter)
+    first_token_at: float | None = None
+    tokens: int = 0
+
+
+@dataclass(slots=True)
+class ChatStatus:
+    """The per-chat status line: model, speed, time to first token, context meter."""
+
+    model: str = ""
+    tokens_per_s: float | None = None
+    ttft_s: float | None = None
+    context_used: int = 0
+    context_limit: int = 0
+    dropped_messages: int = 0
+    state: str = "idle"  # idle, loading, queued, streaming
+
+
+@dataclass(slots=True)
+class LiveChat:
+    conv_id: int
+    session_id: int | None = None
+    model_key: str = ""
+    overflow: str = ""
+    held: list[int] = field(default_factory=list)  # store ids of the messages the engine session holds, in order
+    turn: TurnInfo | None = None
+    pending: Callable[[], None] | None = None  # a turn waiting for its model to load
+    status: ChatStatus = field(default_factory=ChatStatus)
+    context_base: int = 0  # prompt tokens of the running turn, for the live context meter
+
+    @property
+    def busy(self) -> bool:
+        return self.turn is not None
+
+    def live_rate(self) -> float | None:
+        t = self.turn
+        if t is None or t.first_token_at is None or t.tokens < 2:
+            return None
+        elapsed = time.perf_counter() - t.first_token_at
+        return (t.tokens - 1) / elapsed if elapsed > 0 else None
+
+
+def engine_view(path: list[Message]) -> list[Message]:
+    """The messages the engine keeps for a branch: it drops failed answers and stopped ones with no text."""
+    return [m for m in path if not (m.role == "assistant" and (m.state == "error" or (m.state == "stopped" and not m.content)))]
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,85 @@
+"""Builds the GUI app (store, engine bridge, models, chat service, window) and runs it on a qasync loop."""
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+
+from PySide6.QtWidgets import QApplication
+
+from app.app_settings import AppSettings
+from app.bridge import EngineBridge
+from app.chats import ChatService
+from app.model_registry import ModelRegistry
+from app.models import ModelManager
+from app.paths import Paths
+from app.store import ConversationStore
+from engine.loading.default_model import DEFAULT_NAME
+from engine.runtime import EngineConfig
+
+GUI_ENGINE = dict(max_sessions=8, max_session_tokens=4096)
+
+
+@dataclass
+class Parley:
+    """Everything one running app holds; `close()` ends the engine thread."""
+
+    paths: Paths
+    settings: AppSettings
+    bridge: EngineBridge
+    models: ModelManager
+    store: ConversationStore
+    service: ChatService
+    window: object = None
+    extra: dict = field(default_factory=dict)
+
+    def close(self) -> None:
+        if self.window is not None:
+            self.window.close()
+        self.bridge.shutdown()
+
+
+def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine: EngineConfig | None = None,
+          theme: str | None = None, show: bool = True) -> Parley:
+    """Needs a QApplication. `default_model` is 'default' (the embedded Gemma) or a model path (tests)."""
+    from app.window import MainWindow
+
+    paths = Paths.resolve(data_dir)
+    settings = AppSettings.load(paths.data / "settings.json")
+    if theme is not None:
+        settings.theme = theme
+    config = engine or EngineConfig(cache_dir=paths.cache, **GUI_ENGINE)
+    bridge = EngineBridge(config).start()
+    registry = ModelRegistry(paths.data / "models.json", default_spec=default_model)
+    models = ModelManager(bridge, registry, paths.models)
+    store = ConversationStore()
+    service = ChatService(store, bridge, models, settings.defaults)
+    app = Parley(paths, settings, bridge, models, store, service)
+    app.window = MainWindow(service, models, settings)
+    app.window.new_chat()
+    if show:
+        app.window.show()
+    return app
+
+
+def qt_app(argv: list[str] | None = None) -> QApplication:
+    app = QApplication.instance() or QApplication(argv or sys.argv[:1])
+    app.setApplicationName("Parley")
+    return app
+
+
+def run_gui(data_dir: str | None = None, theme: str | None = None) -> int:
+    import qasync
+
+    qapp = qt_app()
+    loop = qasync.QEventLoop(qapp)
+    asyncio.set_event_loop(loop)
+    parley = build(data_dir, theme=theme)
+    closed = asyncio.Event()
+    qapp.aboutToQuit.connect(closed.set)
+    try:
+        with loop:
+            loop.run_until_complete(closed.wait())
+    finally:
+        parley.bridge.shutdown()
+    return 0

@@ -1,0 +1,71 @@
+"""ModelRegistry: the models the user can pick — the embedded default plus models imported from disk.
+
+Kept as a JSON file for now; a SQLite registry replaces it behind the same small interface.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from engine.loading.default_model import DEFAULT_NAME
+
+EMBEDDED_LABEL = "Gemma 3 270M (embedded, base model)"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    key: str  # "default" or the imported path
+    name: str
+    path: str  # "default" for the embedded model
+    kind: str  # "embedded", "gguf" or "hf"
+
+
+def kind_of(path: Path) -> str | None:
+    """'gguf' for a .gguf file, 'hf' for a folder with config.json, None otherwise (checked before loading)."""
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return "gguf"
+    if path.is_dir() and (path / "config.json").is_file():
+        return "hf"
+    return None
+
+
+class ModelRegistry:
+    def __init__(self, file: Path | None = None, default_spec: str = DEFAULT_NAME):
+        self.file = file
+        self.default = ModelEntry(DEFAULT_NAME, EMBEDDED_LABEL if default_spec == DEFAULT_NAME else Path(default_spec).name,
+                                  default_spec, "embedded")
+        self._imported: dict[str, ModelEntry] = {}
+        if file is not None and file.is_file():
+            for row in json.loads(file.read_text(encoding="utf-8")):
+                entry = ModelEntry(**row)
+                self._imported[entry.key] = entry
+
+    def entries(self) -> list[ModelEntry]:
+        return [self.default, *self._imported.values()]
+
+    def get(self, key: str) -> ModelEntry | None:
+        return self.default if key == DEFAULT_NAME else self._imported.get(key)
+
+    def candidate(self, path: str | Path, name: str | None = None) -> ModelEntry:
+        """An entry for a path not yet added; raises ValueError when it is neither a GGUF file nor a HF folder."""
+        p = Path(path).expanduser().resolve()
+        kind = kind_of(p)
+        if kind is None:
+            raise ValueError(f"{p} is neither a .gguf file nor a Hugging Face folder with config.json.")
+        return ModelEntry(str(p), name or p.stem if kind == "gguf" else name or p.name, str(p), kind)
+
+    def add(self, entry: ModelEntry) -> None:
+        """Adds an entry that has been validated (loaded by the engine)."""
+        self._imported[entry.key] = entry
+        self._save()
+
+    def remove(self, key: str) -> None:
+        self._imported.pop(key, None)
+        self._save()
+
+    def _save(self) -> None:
+        if self.file is None:
+            return
+        self.file.parent.mkdir(parents=True, exist_ok=True)
+        self.file.write_text(json.dumps([asdict(e) for e in self._imported.values()], indent=1), encoding="utf-8")

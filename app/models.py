@@ -1,0 +1,129 @@
+"""ModelManager: which registry models are loaded in the engine, loading on demand, importing from disk."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QObject, Signal
+
+from app.bridge import EngineBridge
+from app.model_registry import ModelEntry, ModelRegistry
+from engine.loading.default_model import DEFAULT_NAME, resolve_model
+
+
+@dataclass(slots=True)
+class ModelState:
+    entry: ModelEntry
+    status: str = "loading"  # loading, loaded, failed
+    model_id: int | None = None
+    name: str = ""
+    stage: str = ""
+    fraction: float = 0.0
+    message: str = ""
+    info: dict | None = None
+
+
+class ModelManager(QObject):
+    changed = Signal(str)  # a model key whose state changed (progress included)
+    loaded = Signal(str)
+    failed = Signal(str, str)  # key, message
+    imported = Signal(str)
+    import_failed = Signal(str, str)  # path, message
+    _resolved = Signal(str, str)  # key, path: the embedded file is assembled off the GUI thread
+
+    def __init__(self, bridge: EngineBridge, registry: ModelRegistry, models_dir: Path, parent: QObject | None = None):
+        super().__init__(parent)
+        self.bridge, self.registry, self.models_dir = bridge, registry, models_dir
+        self.states: dict[str, ModelState] = {}
+        self._by_id: dict[int, str] = {}
+        self._importing: set[str] = set()
+        bridge.model_progress.connect(self._on_progress)
+        bridge.model_loaded.connect(self._on_loaded)
+        bridge.model_failed.connect(self._on_failed)
+        self._resolved.connect(self._load_path)
+
+    def model_id(self, key: str) -> int | None:
+        state = self.states.get(key)
+        return state.model_id if state is not None and state.status == "loaded" else None
+
+    def state(self, key: str) -> ModelState | None:
+        return self.states.get(key)
+
+    def ensure(self, key: str) -> None:
+        """Starts loading `key` unless it is loaded or loading; a failed model is tried again."""
+        state = self.states.get(key)
+        if state is not None and state.status != "failed":
+            return
+        entry = self.registry.get(key)
+        if entry is None:
+            self.failed.emit(key, f"Unknown model {key!r}.")
+            return
+        self.states[key] = ModelState(entry, stage="Preparing")
+        self.changed.emit(key)
+        if entry.path == DEFAULT_NAME:
+            threading.Thread(target=self._resolve_default, args=(key,), daemon=True, name="parley-resolve").start()
+        else:
+            self._load_path(key, entry.path)
+
+    def import_path(self, path: str | Path) -> str:
+        """Validates a GGUF file or HF folder by loading it; it joins the registry once it loads."""
+        entry = self.registry.candidate(path)  # ValueError for anything that is not a model on disk
+        if self.registry.get(entry.key) is not None:
+            self.imported.emit(entry.key)
+            return entry.key
+        self._importing.add(entry.key)
+        self.states[entry.key] = ModelState(entry, stage="Checking")
+        self._load_path(entry.key, entry.path)
+        return entry.key
+
+    def _resolve_default(self, key: str) -> None:
+        try:
+            path = str(resolve_model(DEFAULT_NAME, self.models_dir))
+        except Exception as exc:  # reported on the GUI thread like any load failure
+            self._resolved.emit(key, f"!{exc}")
+            return
+        self._resolved.emit(key, path)
+
+    def _load_path(self, key: str, path: str) -> None:
+        if path.startswith("!"):
+            self._fail(key, path[1:])
+            return
+        model_id = self.bridge.engine.load_model(path)
+        self.states[key].model_id = model_id
+        self._by_id[model_id] = key
+
+    def _on_progress(self, model_id: int, stage: str, fraction: float) -> None:
+        key = self._by_id.get(model_id)
+        if key is not None:
+            self.states[key].stage, self.states[key].fraction = stage, fraction
+            self.changed.emit(key)
+
+    def _on_loaded(self, model_id: int, name: str, info: object) -> None:
+        key = self._by_id.get(model_id)
+        if key is None:
+            return
+        state = self.states[key]
+        state.status, state.name, state.info, state.fraction = "loaded", name, dict(info or {}), 1.0
+        if key in self._importing:
+            self._importing.discard(key)
+            self.registry.add(state.entry)
+            self.imported.emit(key)
+        self.changed.emit(key)
+        self.loaded.emit(key)
+
+    def _on_failed(self, model_id: int, message: str) -> None:
+        key = self._by_id.get(model_id)
+        if key is not None:
+            self._fail(key, message)
+
+    def _fail(self, key: str, message: str) -> None:
+        state = self.states[key]
+        state.status, state.message, state.model_id = "failed", message, None
+        if key in self._importing:
+            self._importing.discard(key)
+            del self.states[key]
+            self.import_failed.emit(key, message)
+            return
+        self.changed.emit(key)
+        self.failed.emit(key, message)

@@ -1,0 +1,125 @@
+"""Chat settings: model, system prompt, sampling, max tokens, overflow policy; optionally the defaults for new chats."""
+from __future__ import annotations
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QPlainTextEdit,
+    QPushButton, QSpinBox, QVBoxLayout, QWidget,
+)
+
+from app.chat_settings import OVERFLOW_CHOICES, ChatSettings
+from app.model_registry import ModelRegistry
+from app.theme import icon
+
+
+class ModelPicker(QComboBox):
+    """The registry's models; `import_requested` asks the window to import one from disk."""
+
+    def __init__(self, registry: ModelRegistry, parent=None):
+        super().__init__(parent)
+        self.registry = registry
+        self.reload()
+
+    def reload(self, key: str | None = None) -> None:
+        key = key if key is not None else self.currentData()
+        self.blockSignals(True)
+        self.clear()
+        for entry in self.registry.entries():
+            self.addItem(entry.name, entry.key)
+            self.setItemData(self.count() - 1, entry.path, 3)  # tooltip
+        if key is not None and self.findData(key) >= 0:
+            self.setCurrentIndex(self.findData(key))
+        self.blockSignals(False)
+
+    def key(self) -> str:
+        return self.currentData()
+
+
+class SettingsForm(QWidget):
+    import_requested = Signal()
+
+    def __init__(self, registry: ModelRegistry, settings: ChatSettings, parent=None):
+        super().__init__(parent)
+        self.model = ModelPicker(registry)
+        self.import_button = QPushButton(icon("import"), "Import…")
+        self.system = QPlainTextEdit()
+        self.system.setPlaceholderText("Optional instructions for the model")
+        self.system.setFixedHeight(70)
+        self.temperature = _double(0, 5, 0.05, 2)
+        self.top_p = _double(0.01, 1, 0.01, 2)
+        self.top_k = _int(0, 100000)
+        self.min_p = _double(0, 0.99, 0.01, 2)
+        self.repetition = _double(0.5, 2, 0.01, 2)
+        self.seed = _int(-1, 2**31 - 1)
+        self.seed.setSpecialValueText("random")
+        self.max_tokens = _int(1, 32768)
+        self.overflow = QComboBox()
+        for choice, label in zip(OVERFLOW_CHOICES, ("Stop when the context is full", "Drop the oldest turns")):
+            self.overflow.addItem(label, choice)
+        model_row = QHBoxLayout()
+        model_row.addWidget(self.model, 1)
+        model_row.addWidget(self.import_button)
+        form = QFormLayout(self)
+        form.addRow("Model", model_row)
+        form.addRow("System prompt", self.system)
+        for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
+                         ("Min-p", self.min_p), ("Repetition penalty", self.repetition), ("Seed", self.seed),
+                         ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)]:
+            form.addRow(label, w)
+        self.import_button.clicked.connect(self.import_requested)
+        self.set_settings(settings)
+
+    def set_settings(self, s: ChatSettings) -> None:
+        self.model.reload(s.model)
+        self.system.setPlainText(s.system_prompt)
+        self.temperature.setValue(s.temperature)
+        self.top_p.setValue(s.top_p)
+        self.top_k.setValue(s.top_k)
+        self.min_p.setValue(s.min_p)
+        self.repetition.setValue(s.repetition_penalty)
+        self.seed.setValue(-1 if s.seed is None else s.seed)
+        self.max_tokens.setValue(s.max_tokens)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
+
+    def settings(self) -> ChatSettings:
+        return ChatSettings(
+            model=self.model.key(), system_prompt=self.system.toPlainText().strip(),
+            temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
+            min_p=self.min_p.value(), repetition_penalty=self.repetition.value(),
+            seed=None if self.seed.value() < 0 else self.seed.value(), max_tokens=self.max_tokens.value(),
+            overflow=self.overflow.currentData(),
+        )
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, registry: ModelRegistry, settings: ChatSettings, title: str = "Chat settings", parent=None,
+                 offer_default: bool = True):
+        super().__init__(parent)
+        self.setWindowTitle(title)
+        self.form = SettingsForm(registry, settings)
+        self.as_default = QCheckBox("Also use these settings for new chats")
+        self.as_default.setVisible(offer_default)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.form)
+        layout.addWidget(self.as_default)
+        layout.addWidget(buttons)
+
+    def settings(self) -> ChatSettings:
+        return self.form.settings()
+
+
+def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
+    w = QDoubleSpinBox()
+    w.setRange(lo, hi)
+    w.setSingleStep(step)
+    w.setDecimals(decimals)
+    return w
+
+
+def _int(lo: int, hi: int) -> QSpinBox:
+    w = QSpinBox()
+    w.setRange(lo, hi)
+    return w

@@ -1,0 +1,145 @@
+"""ConversationStore: conversations and their message trees, kept in memory for now.
+
+The shapes map onto tables for the SQLite store that replaces this one:
+conversation(id, title, pinned, hidden, created_at, updated_at, leaf_id, settings_json) and
+message(id, conversation_id, parent_id, role, content, state, error, stats_json, model, created_at).
+A branch is the path from a root message to a leaf; versions of a message are its siblings of the same role.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+from app.chat_settings import ChatSettings
+
+STATES = ("done", "waiting", "queued", "streaming", "stopped", "error")
+
+
+@dataclass(eq=False, slots=True)
+class Message:
+    id: int
+    conversation_id: int
+    parent_id: int | None
+    role: str  # "user" or "assistant"
+    content: str = ""
+    state: str = "done"  # one of STATES
+    error: str = ""
+    stats: dict | None = None
+    model: str = ""
+    created_at: float = field(default_factory=time.time)
+
+
+@dataclass(eq=False, slots=True)
+class Conversation:
+    id: int
+    title: str
+    settings: ChatSettings
+    pinned: bool = False
+    hidden: bool = False  # a compare column, not listed in the sidebar until promoted
+    leaf_id: int | None = None
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+class ConversationStore:
+    """In-memory store; every method is cheap and none of them knows about Qt or the engine."""
+
+    def __init__(self) -> None:
+        self._ids = itertools.count(1)
+        self._conversations: dict[int, Conversation] = {}
+        self._messages: dict[int, Message] = {}
+        self._children: dict[tuple[int, int | None], list[int]] = {}  # (conversation, parent) -> ids, oldest first
+
+    # -- conversations
+    def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
+        conv = Conversation(next(self._ids), title, settings or ChatSettings(), hidden=hidden)
+        self._conversations[conv.id] = conv
+        return conv
+
+    def get(self, conv_id: int) -> Conversation:
+        return self._conversations[conv_id]
+
+    def has(self, conv_id: int) -> bool:
+        return conv_id in self._conversations
+
+    def conversations(self, include_hidden: bool = False) -> list[Conversation]:
+        """Pinned first, then the most recently active."""
+        convs = [c for c in self._conversations.values() if include_hidden or not c.hidden]
+        return sorted(convs, key=lambda c: (not c.pinned, -c.updated_at, -c.id))
+
+    def update(self, conv_id: int, **changes) -> Conversation:
+        conv = self._conversations[conv_id]
+        for name, value in changes.items():
+            setattr(conv, name, value)
+        return conv
+
+    def delete(self, conv_id: int) -> None:
+        self._conversations.pop(conv_id)
+        for mid in [m.id for m in self._messages.values() if m.conversation_id == conv_id]:
+            del self._messages[mid]
+        for key in [k for k in self._children if k[0] == conv_id]:
+            del self._children[key]
+
+    def search(self, text: str) -> list[Conversation]:
+        """Conversations whose title or any message contains `text` (case-insensitive)."""
+        needle = text.strip().casefold()
+        if not needle:
+            return self.conversations()
+        hits = {m.conversation_id for m in self._messages.values() if needle in m.content.casefold()}
+        return [c for c in self.conversations() if c.id in hits or needle in c.title.casefold()]
+
+    # -- messages
+    def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str = "", state: str = "done") -> Message:
+        """Appends a child of `parent_id` and makes it the conversation's leaf (the branch shown)."""
+        msg = Message(next(self._ids), conv_id, parent_id, role, content, state)
+        self._messages[msg.id] = msg
+        self._children.setdefault((conv_id, parent_id), []).append(msg.id)
+        conv = self._conversations[conv_id]
+        conv.leaf_id, conv.updated_at = msg.id, time.time()
+        return msg
+
+    def message(self, msg_id: int) -> Message:
+        return self._messages[msg_id]
+
+    def update_message(self, msg_id: int, **changes) -> Message:
+        msg = self._messages[msg_id]
+        for name, value in changes.items():
+            setattr(msg, name, value)
+        return msg
+
+    def append_text(self, msg_id: int, text: str) -> Message:
+        msg = self._messages[msg_id]
+        msg.content += text
+        return msg
+
+    def children(self, conv_id: int, parent_id: int | None) -> list[Message]:
+        return [self._messages[i] for i in self._children.get((conv_id, parent_id), [])]
+
+    def path(self, conv_id: int) -> list[Message]:
+        """The branch shown: root -> leaf."""
+        out = []
+        mid = self._conversations[conv_id].leaf_id
+        while mid is not None:
+            msg = self._messages[mid]
+            out.append(msg)
+            mid = msg.parent_id
+        out.reverse()
+        return out
+
+    def versions(self, msg: Message) -> list[Message]:
+        """The message and its alternatives (regenerated answers, edited prompts), oldest first."""
+        return [m for m in self.children(msg.conversation_id, msg.parent_id) if m.role == msg.role]
+
+    def select(self, msg_id: int) -> None:
+        """Shows the branch through `msg_id`, following the newest child below it."""
+        msg = self._messages[msg_id]
+        while True:
+            kids = self.children(msg.conversation_id, msg.id)
+            if not kids:
+                break
+            msg = kids[-1]
+        self._conversations[msg.conversation_id].leaf_id = msg.id
+
+    def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
+        self._conversations[conv_id].leaf_id = msg_id

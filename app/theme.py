@@ -1,0 +1,64 @@
+"""Light and dark themes: a Fusion palette, a style sheet from resources/, and SVG icons tinted to match."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
+from PySide6.QtSvg import QSvgRenderer
+from PySide6.QtWidgets import QApplication
+
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+THEMES = ("system", "light", "dark")
+
+_COLORS = {
+    False: {"window": "#f7f7f9", "base": "#ffffff", "alt": "#f0f1f4", "text": "#1f2328", "button": "#eceef2",
+            "highlight": "#3b82f6", "link": "#2563eb", "mid": "#c9ced6", "placeholder": "#8a9099"},
+    True: {"window": "#1f2127", "base": "#1b1d22", "alt": "#23262d", "text": "#e6e7ea", "button": "#2b2f37",
+           "highlight": "#3b82f6", "link": "#7cb4ff", "mid": "#3a3f4a", "placeholder": "#7b818c"},
+}
+
+
+def is_dark(mode: str) -> bool:
+    """`mode` is system, light or dark; system follows the platform's colour scheme."""
+    if mode == "dark":
+        return True
+    if mode == "light":
+        return False
+    return QGuiApplication.styleHints().colorScheme() == Qt.ColorScheme.Dark
+
+
+def apply_theme(app: QApplication, mode: str) -> bool:
+    dark = is_dark(mode)
+    app.setStyle("Fusion")
+    app.setPalette(palette(dark))
+    app.setStyleSheet((RESOURCES / ("dark.qss" if dark else "light.qss")).read_text(encoding="utf-8"))
+    return dark
+
+
+def palette(dark: bool) -> QPalette:
+    c = {k: QColor(v) for k, v in _COLORS[dark].items()}
+    p = QPalette()
+    R = QPalette.ColorRole
+    for role, key in [(R.Window, "window"), (R.Base, "base"), (R.AlternateBase, "alt"), (R.Text, "text"),
+                      (R.WindowText, "text"), (R.ButtonText, "text"), (R.Button, "button"), (R.Highlight, "highlight"),
+                      (R.Link, "link"), (R.Mid, "mid"), (R.PlaceholderText, "placeholder"), (R.ToolTipBase, "base"),
+                      (R.ToolTipText, "text")]:
+        p.setColor(role, c[key])
+    p.setColor(R.HighlightedText, QColor("#ffffff"))
+    return p
+
+
+def icon(name: str, color: QColor | str | None = None, size: int = 24) -> QIcon:
+    """An icon from resources/icons, its `currentColor` painted in `color` (the palette's text colour by default)."""
+    svg = (RESOURCES / "icons" / f"{name}.svg").read_text(encoding="utf-8")
+    if color is None:
+        color = QGuiApplication.palette().color(QPalette.ColorRole.WindowText)
+    svg = svg.replace("currentColor", QColor(color).name())
+    renderer = QSvgRenderer(QByteArray(svg.encode()))
+    pixmap = QPixmap(size * 2, size * 2)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    renderer.render(painter)
+    painter.end()
+    return QIcon(pixmap)

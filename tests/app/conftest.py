@@ -1,0 +1,34 @@
+"""GUI tests: the real window on the real engine thread, offscreen, with a tmp data dir and tiny models."""
+from __future__ import annotations
+
+import os
+
+os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before any Qt import
+
+import pytest
+
+from engine.runtime import EngineConfig
+
+TINY_ENGINE = dict(max_sessions=4, max_session_tokens=512, step_tokens=64, chunk_tokens=32)
+
+
+@pytest.fixture
+def parley(qtbot, qapp, tiny_models, tmp_path):
+    """The app on the tiny Qwen3 (as its default model), ready to chat."""
+    from app.main import build
+
+    app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path),
+                engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)
+    qtbot.addWidget(app.window)
+    app.window.show()
+    qtbot.waitUntil(lambda: app.models.model_id("default") is not None, timeout=60_000)
+    yield app
+    app.bridge.shutdown()
+
+
+@pytest.fixture
+def imported_llama(parley, qtbot, tiny_models) -> str:
+    """The tiny Llama imported from disk: a second model in the registry."""
+    key = parley.models.import_path(tiny_models["llama"].gguf_path)
+    qtbot.waitUntil(lambda: parley.models.registry.get(key) is not None, timeout=60_000)
+    return key

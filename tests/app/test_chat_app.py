@@ -1,0 +1,231 @@
+"""The main window on the engine thread (tiny Qwen3): streaming, concurrency, stop, versions, branches, settings."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+
+from tests.app.helpers import configure, engine_messages, engine_session, last, wait_idle
+
+
+def test_two_chats_stream_at_once(parley, qtbot):
+    w, service = parley.window, parley.service
+    a = w.current()
+    b = w.new_chat()
+    for conv in (a, b):
+        configure(parley, conv, temperature=0.0, max_tokens=24)
+    streaming: set[int] = set()
+    overlap = []
+
+    def on_status(conv_id: int) -> None:
+        if service.status(conv_id).state == "streaming":
+            streaming.add(conv_id)
+        else:
+            streaming.discard(conv_id)
+        if {a, b} <= streaming:
+            overlap.append(True)
+
+    service.status_changed.connect(on_status)
+    w.open_chat(a)
+    assert w.chat.send("hello from a")
+    w.open_chat(b)  # switching while a streams
+    assert w.chat.send("hello from b")
+    w.open_chat(a)
+    assert w.chat.view.model().rowCount() == 2
+    wait_idle(parley, qtbot, a, b)
+    assert overlap, "the two chats never streamed at the same time"
+    for conv in (a, b):
+        answer = last(parley, conv)
+        assert answer.role == "assistant" and answer.state == "done" and answer.content
+        assert answer.stats["completion_tokens"] > 0
+        status = service.status(conv)
+        assert status.context_limit == 512 and 0 < status.context_used <= 512
+        assert status.ttft_s is not None
+    assert "TTFT" in w.chat.status.text.text() and "qwen3" in w.chat.status.text.text()
+    assert w.chat.status.meter.format().endswith("/ 512")
+    assert w.chat.status.meter.value() == service.status(a).context_used
+
+
+def test_stop_keeps_partial_answer_and_chat_goes_on(parley, qtbot):
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=400)
+    w.chat.composer.edit.setPlainText("tell me everything")
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: len(last(parley, conv).content) > 0, timeout=60_000)
+    assert w.chat.composer.stop_button.isVisibleTo(w) and not w.chat.composer.send_button.isVisibleTo(w)
+    qtbot.mouseClick(w.chat.composer.stop_button, Qt.MouseButton.LeftButton)
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    assert answer.state == "stopped" and answer.stats["reason"] == "cancelled"
+    assert answer.stats["completion_tokens"] < 400
+    assert w.chat.composer.send_button.isVisibleTo(w)
+    configure(parley, conv, max_tokens=6)
+    assert w.chat.send("and then?")
+    wait_idle(parley, qtbot, conv)
+    assert last(parley, conv).state == "done"
+    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+
+
+def test_regenerate_keeps_versions_and_switches(parley, qtbot):
+    w, store = parley.window, parley.store
+    conv = w.current()
+    configure(parley, conv, temperature=1.5, top_k=0, top_p=1.0, max_tokens=8)
+    w.chat.send("a question")
+    wait_idle(parley, qtbot, conv)
+    first = last(parley, conv)
+    w.chat.view.activate(first, "regen:")
+    wait_idle(parley, qtbot, conv)
+    second = last(parley, conv)
+    assert second is not first and second.parent_id == first.parent_id
+    assert store.versions(second) == [first, second]
+    doc, _ = w.chat.view.delegate.document(second)
+    assert "2/2" in doc.toPlainText()
+    w.chat.view.activate(second, "prev:")
+    assert last(parley, conv) is first
+    assert w.chat.view.model().message_at(1) is first
+    assert "1/2" in w.chat.view.delegate.document(first)[0].toPlainText()
+    w.chat.view.activate(first, "next:")
+    assert last(parley, conv) is second
+    # A follow-up on version 1 reaches the engine with version 1 in its history.
+    w.chat.view.activate(second, "prev:")
+    w.chat.send("follow-up")
+    wait_idle(parley, qtbot, conv)
+    assert [m["content"] for m in engine_messages(parley, conv)][:2] == ["a question", first.content]
+
+
+def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
+    w, store = parley.window, parley.store
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=6)
+    for text in ("first", "second"):
+        w.chat.send(text)
+        wait_idle(parley, qtbot, conv)
+    old_path = store.path(conv)
+    assert [m.content for m in old_path][::2] == ["first", "second"]
+    w.chat.view.activate(old_path[0], "edit:")
+    assert w.chat.composer.banner.isVisibleTo(w) and w.chat.composer.edit.toPlainText() == "first"
+    w.chat.composer.edit.setPlainText("first, edited")
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    wait_idle(parley, qtbot, conv)
+    new_path = store.path(conv)
+    assert [m.role for m in new_path] == ["user", "assistant"] and new_path[0].content == "first, edited"
+    assert store.versions(new_path[0]) == [old_path[0], new_path[0]]
+    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in new_path]
+    # Back to the old branch: the whole old conversation is there, and it can go on.
+    w.chat.view.activate(new_path[0], "prev:")
+    assert store.path(conv) == old_path
+    w.chat.send("third")
+    wait_idle(parley, qtbot, conv)
+    path = store.path(conv)
+    assert path[:4] == old_path and path[4].content == "third" and path[5].state == "done"
+    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in path]
+
+
+def test_settings_take_effect_on_the_next_turn(parley, qtbot):
+    from app.settings_dialog import SettingsDialog
+
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=40, repetition_penalty=1.0)
+    w.chat.send("one")
+    wait_idle(parley, qtbot, conv)
+    dialog = SettingsDialog(parley.models.registry, parley.store.get(conv).settings, parent=w)
+    dialog.form.max_tokens.setValue(3)
+    dialog.form.system.setPlainText("Answer in three tokens.")
+    dialog.form.temperature.setValue(0.5)
+    dialog.form.seed.setValue(7)
+    dialog.form.overflow.setCurrentIndex(dialog.form.overflow.findData("stop"))
+    w.apply_settings(conv, dialog.settings())
+    w.chat.send("two")
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    assert answer.stats["completion_tokens"] <= 3
+    session = engine_session(parley, conv)
+    assert session.params.max_tokens == 3 and session.params.temperature == 0.5 and session.params.seed == 7
+    assert session.system_prompt == "Answer in three tokens." and session.overflow == "stop"
+    assert [m["content"] for m in session.messages][:1] == ["one"]
+
+
+def test_model_change_takes_effect_on_the_next_turn(parley, qtbot, imported_llama):
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=5)
+    w.chat.send("on qwen")
+    wait_idle(parley, qtbot, conv)
+    assert last(parley, conv).model == "qwen3"
+    w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
+    assert parley.store.get(conv).settings.model == imported_llama
+    w.chat.send("on llama")
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    assert answer.state == "done" and answer.model == "llama"
+    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+
+
+def test_token_updates_are_coalesced(parley, qtbot):
+    import time
+
+    w = parley.window
+    convs = [w.current()] + [w.new_chat() for _ in range(3)]
+    flushes = parley.bridge.flushes
+    start = time.perf_counter()
+    for conv in convs:
+        configure(parley, conv, temperature=0.0, max_tokens=20)
+        w.open_chat(conv)
+        w.chat.send("stream")
+    wait_idle(parley, qtbot, *convs)
+    elapsed = time.perf_counter() - start
+    tokens = sum(last(parley, c).stats["completion_tokens"] for c in convs)
+    assert parley.bridge.flushes - flushes <= 60 * elapsed + 5
+    assert parley.bridge.flushes - flushes < tokens + len(convs) * 4
+
+
+def test_sidebar_rename_pin_delete_search(parley, qtbot):
+    w, service = parley.window, parley.service
+    a = w.current()
+    configure(parley, a, max_tokens=4)
+    w.chat.send("about penguins")
+    wait_idle(parley, qtbot, a)
+    b = w.new_chat()
+    service.rename(b, "Groceries")
+    service.set_pinned(b, True)
+    assert w.sidebar.ids()[0] == b and w.sidebar.list.item(0).text().startswith("📌")
+    w.sidebar.search.setText("PENGUIN")  # message text
+    assert w.sidebar.ids() == [a]
+    w.sidebar.search.setText("grocer")  # title
+    assert w.sidebar.ids() == [b]
+    w.sidebar.search.clear()
+    w.open_chat(b)
+    service.delete(b)
+    assert b not in w.sidebar.ids() and w.current() == a
+
+
+def test_shortcuts_new_next_previous_compare(parley, qtbot):
+    w = parley.window
+    first = w.current()
+    w.shortcuts["Ctrl+N"].activated.emit()
+    second = w.current()
+    assert second != first and w.sidebar.ids()[0] == second
+    w.shortcuts["Ctrl+Tab"].activated.emit()
+    assert w.current() == first
+    w.shortcuts["Ctrl+Shift+Tab"].activated.emit()
+    assert w.current() == second
+    w.shortcuts["Ctrl+K"].activated.emit()
+    assert w.stack.currentWidget() is w.compare
+    w.shortcuts["Ctrl+L"].activated.emit()
+    w.open_chat(first)
+    assert w.stack.currentWidget() is w.chat
+
+
+def test_composer_enter_sends_shift_enter_breaks_line(parley, qtbot):
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, max_tokens=3)
+    edit = w.chat.composer.edit
+    qtbot.keyClicks(edit, "line one")
+    qtbot.keyClick(edit, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    qtbot.keyClicks(edit, "line two")
+    assert edit.toPlainText() == "line one\nline two"
+    qtbot.keyClick(edit, Qt.Key.Key_Return)
+    assert edit.toPlainText() == ""
+    assert parley.store.path(conv)[0].content == "line one\nline two"
+    wait_idle(parley, qtbot, conv)
