@@ -7,6 +7,20 @@ from typing import Any
 
 from engine.errors import UnsupportedModelError
 
+# GGUF block tensor suffix -> HF module path inside model.layers.N, shared by every architecture
+GGUF_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
 GLOBAL = "global"
 SLIDING = "sliding"
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from engine.models.args import (
+    GGUF_BLOCK_NAMES,
     GLOBAL,
     SLIDING,
     ModelArgs,
@@ -22,19 +23,10 @@ SLIDING_PATTERN = 6  # not stored in GGUF: every 6th layer is global
 LOCAL_ROPE_THETA = 10000.0  # not stored in GGUF
 
 GGUF_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
+    **GGUF_BLOCK_NAMES,
     "post_attention_norm": "post_attention_layernorm",
     "ffn_norm": "pre_feedforward_layernorm",
     "post_ffw_norm": "post_feedforward_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
 }
 
 

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from engine.models.args import (
+    GGUF_BLOCK_NAMES,
     GLOBAL,
     ModelArgs,
     RopeArgs,
@@ -19,20 +20,7 @@ from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm
 
 ARCH = "llama"
 
-# GGUF block tensor suffix -> HF module path inside model.layers.N
-GGUF_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
+GGUF_BLOCK_NAMES = {**GGUF_BLOCK_NAMES, "ffn_norm": "post_attention_layernorm"}
 
 
 class Block(nn.Module):
