@@ -17,6 +17,7 @@ from typing import Any, Callable
 from engine import events as ev
 from engine.errors import CacheError, ParleyError
 from engine.loading.loader import LoadOptions, load_model
+from engine.remote import RemoteModel, RemoteModels
 from engine.runtime import EngineConfig, ModelRuntime
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence, Status
@@ -36,6 +37,7 @@ class Engine:
         self._id_lock = threading.Lock()
         self._models: dict[int, ModelRuntime] = {}
         self._sessions: dict[int, Session] = {}
+        self._remote = RemoteModels(self._sessions, self._put, self._emit)  # models behind an HTTP endpoint
         self._thread: threading.Thread | None = None
         self._stopping = False
 
@@ -61,6 +63,14 @@ class Engine:
     def load_model(self, source: str | Path) -> int:
         model_id = self._new_id()
         self._put(self._load, model_id, Path(source))
+        return model_id
+
+    def add_remote_model(self, base_url: str, model: str | None = None, api_key: str | None = None,
+                         timeout: float = 60.0) -> int:
+        """A model on an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp...): sessions on it use the same
+        commands and events (TokenDelta without token ids). Ends with ModelLoaded(info["remote"]=True) or ModelFailed."""
+        model_id = self._new_id()
+        self._remote.add(model_id, RemoteModel(base_url, model, api_key, timeout))
         return model_id
 
     def open_session(
@@ -108,6 +118,10 @@ class Engine:
 
     def set_system_prompt(self, session_id: int, text: str | None) -> None:
         self._put(self._set_system, session_id, text)
+
+    def set_messages(self, session_id: int, messages: list[dict[str, str]]) -> None:
+        """Replaces an idle session's conversation (user/assistant messages, no system message)."""
+        self._put(self._set_messages, session_id, [dict(m) for m in messages])
 
     def close(self, session_id: int) -> None:
         self._put(self._close, session_id)
@@ -182,8 +196,8 @@ class Engine:
         self._emit(ev.ModelLoaded(None, model_id, lm.name, rt.info()))
 
     def _open(self, sid: int, model_id: int, system: str | None, params: SamplingParams, overflow: str, raw: bool) -> None:
-        rt = self._runtime(model_id)
-        sampler = SamplerState(params, next(rt.lm.model.parameters()).device)
+        device = "cpu" if self._remote.has(model_id) else next(self._runtime(model_id).lm.model.parameters()).device
+        sampler = SamplerState(params, device)
         self._sessions[sid] = Session(sid, model_id, params, sampler, system, overflow, raw)
 
     def _submit(self, sid: int, turn_id: int, text: str) -> None:
@@ -206,16 +220,18 @@ class Engine:
 
     def _cancel(self, sid: int) -> None:
         session = self._session(sid)
-        if session.turn is not None:
+        if session.turn is not None and self._remote.has(session.model_id):
+            self._remote.end_turn(session, "cancelled")
+        elif session.turn is not None:
             self._runtime(session.model_id).scheduler.finish(session.seq, "cancelled", release=False)
             self._end_turn(session, "cancelled")
 
     def _fork(self, new_sid: int, sid: int, at: int | None) -> None:
         src = self._session(sid)
-        rt = self._runtime(src.model_id)
         msgs = src.messages[: len(src.messages) if at is None else at]
         child = Session(new_sid, src.model_id, src.params, src.sampler.fork(), src.system_prompt, src.overflow, src.raw, list(msgs))
-        if src.seq is not None and src.seq.slot is not None and rt.cache.book.free_slots:
+        rt = self._models.get(src.model_id)  # None for a remote model
+        if rt is not None and src.seq is not None and src.seq.slot is not None and rt.cache.book.free_slots:
             cached = src.cached_ids()
             child.seq = Sequence(new_sid, list(cached), child.sampler, rt.lm.tokenizer.stop_ids, rt.limit)
             child.seq.slot = rt.cache.seq_clone(src.seq.slot)
@@ -239,11 +255,21 @@ class Engine:
     def _set_system(self, sid: int, text: str | None) -> None:
         self._session(sid).system_prompt = text
 
+    def _set_messages(self, sid: int, messages: list[dict[str, str]]) -> None:
+        session = self._session(sid)
+        if session.turn is not None:
+            raise ParleyError("This chat is still answering; stop it or wait for it to finish.")
+        if any(m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str) for m in messages):
+            raise ParleyError("Chat messages must be user or assistant messages with text content.")
+        session.messages = messages
+
     def _close(self, sid: int) -> None:
         session = self._sessions.get(sid)
         if session is None:
             return
         rt = self._models.get(session.model_id)
+        if session.turn is not None and self._remote.has(session.model_id):
+            self._remote.end_turn(session, "closed")
         if session.turn is not None and rt is not None:
             rt.scheduler.finish(session.seq, "closed", release=False)
             self._end_turn(session, "closed")
@@ -258,6 +284,9 @@ class Engine:
 
     # -- turns
     def _start_turn(self, session: Session, turn_id: int) -> None:
+        if self._remote.has(session.model_id):
+            self._remote.start_turn(session, turn_id)
+            return
         rt = self._runtime(session.model_id)
         tok = rt.lm.tokenizer
         try:
@@ -401,6 +430,6 @@ def _session_arg(fn: Callable, args: tuple) -> int | None:
     name = getattr(fn, "__name__", "")
     if name in ("_open", "_fork"):
         return args[0]
-    if name in ("_submit", "_regenerate", "_cancel", "_rewind", "_set_params", "_set_system", "_close"):
+    if name in ("_submit", "_regenerate", "_cancel", "_rewind", "_set_params", "_set_system", "_set_messages", "_close"):
         return args[0]
     return None

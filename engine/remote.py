@@ -1,0 +1,298 @@
+"""Remote models: an OpenAI-compatible endpoint (vLLM, SGLang, llama.cpp, Parley's own server) behind the Engine API.
+
+HTTP never runs on the engine thread: probing the model list and every turn run on small worker threads
+that post their results back through the engine's command queue, so events still come from the engine
+thread and session state is only touched there.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+from urllib.parse import urlsplit
+
+import httpx
+
+from engine import events as ev
+from engine.errors import ParleyError
+from engine.sampling import SamplingParams
+from engine.session import Session, Turn
+
+Post = Callable[..., None]  # engine._put: runs fn(*args) on the engine thread
+
+
+class RemoteError(ParleyError):
+    """An endpoint that cannot be reached, refuses the request or answers something unreadable."""
+
+
+def api_base(url: str) -> str:
+    """'http://host:8000' -> 'http://host:8000/v1'; a URL that already has a path is kept as given."""
+    url = url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RemoteError(f"'{url}' is not an http(s) URL of an OpenAI-compatible server.")
+    return url if parts.path not in ("", "/") else url + "/v1"
+
+
+@dataclass(slots=True)
+class RemoteModel:
+    base_url: str
+    model: str | None  # None: the endpoint's only model
+    api_key: str | None = None
+    timeout: float = 60.0  # connect, and the longest wait between two streamed chunks
+    info: dict = field(default_factory=dict)  # filled by probe()
+
+    def __post_init__(self) -> None:
+        self.base_url = api_base(self.base_url)
+
+    def _client(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(self.timeout))
+
+    # -- blocking calls (worker threads only)
+    def probe(self) -> dict:
+        """Checks that the endpoint answers and serves the model; returns ModelLoaded.info."""
+        models = list_models(self.base_url, self.api_key, self.timeout)
+        ids = [m.get("id") for m in models]
+        if self.model is None:
+            if len(ids) != 1:
+                raise RemoteError(f"{self.base_url} serves {len(ids)} models ({_names(ids)}); name the one to use.")
+            self.model = ids[0]
+        if self.model not in ids:
+            raise RemoteError(f"{self.base_url} has no model '{self.model}'; it serves {_names(ids)}.")
+        entry = models[ids.index(self.model)]
+        context = entry.get("max_model_len") or entry.get("context_length")
+        self.info = {"remote": True, "base_url": self.base_url, "model": self.model,
+                     "context": context if isinstance(context, int) else None, "owned_by": entry.get("owned_by")}
+        return self.info
+
+    def stream_chat(self, messages: list[dict], params: SamplingParams, cancelled: threading.Event) -> Iterator[tuple]:
+        """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError."""
+        body = {"model": self.model, "messages": messages, "stream": True,
+                "stream_options": {"include_usage": True}, **request_params(params)}
+        try:
+            with self._client() as client, client.stream("POST", "/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise RemoteError(http_error(self.base_url, response, self.model))
+                yield from _read_stream(response, cancelled)
+        except httpx.HTTPError as exc:
+            raise RemoteError(transport_error(self.base_url, exc, self.timeout)) from exc
+
+
+def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> list[dict]:
+    """The endpoint's `/v1/models` entries (blocking: call it off the GUI and engine threads)."""
+    base = api_base(base_url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(base + "/models", headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise RemoteError(transport_error(base, exc, timeout)) from exc
+    if response.status_code >= 400:
+        raise RemoteError(http_error(base, response))
+    try:
+        data = response.json()["data"]
+        assert isinstance(data, list) and all(isinstance(m, dict) for m in data)
+    except Exception:
+        raise RemoteError(f"{base}/models did not answer with an OpenAI model list.") from None
+    return data
+
+
+def request_params(p: SamplingParams) -> dict:
+    """SamplingParams as OpenAI fields; top_k, min_p and repetition_penalty go as the usual extensions."""
+    out = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens}
+    if p.stop:
+        out["stop"] = list(p.stop)
+    if p.seed is not None:
+        out["seed"] = p.seed
+    if p.presence_penalty:
+        out["presence_penalty"] = p.presence_penalty
+    if p.frequency_penalty:
+        out["frequency_penalty"] = p.frequency_penalty
+    if p.top_k:
+        out["top_k"] = p.top_k
+    if p.min_p:
+        out["min_p"] = p.min_p
+    if p.repetition_penalty != 1.0:
+        out["repetition_penalty"] = p.repetition_penalty
+    return out
+
+
+def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterator[tuple]:
+    reason, usage = None, None
+    for line in response.iter_lines():
+        if cancelled.is_set():
+            return  # leaving the `with` closes the connection, which stops the server's generation
+        if not line.startswith("data:"):
+            continue
+        data = line[5:].strip()
+        if data == "[DONE]":
+            break
+        try:
+            chunk = json.loads(data)
+        except json.JSONDecodeError:
+            raise RemoteError(f"{response.url} sent a stream Parley cannot read: {data[:80]!r}") from None
+        if "error" in chunk:
+            raise RemoteError(f"{response.url} failed mid-answer: {_message(chunk)}")
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+            if text:
+                yield ("delta", text)
+            reason = choice.get("finish_reason") or reason
+    yield ("done", reason or "stop", usage)
+
+
+def http_error(base: str, response: httpx.Response, model: str | None = None) -> str:
+    status, detail = response.status_code, _message(_json(response)) or response.text[:200].strip()
+    if status in (401, 403):
+        return f"{base} refused the request ({status}): check the API key. {detail}".strip()
+    if status == 404 and model is not None:
+        return f"{base} answered 404 for model '{model}': {detail}".strip()
+    return f"{base} answered {status}: {detail}".strip()
+
+
+def transport_error(base: str, exc: httpx.HTTPError, timeout: float) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"{base} did not answer within {timeout:g} s."
+    if isinstance(exc, httpx.ConnectError):
+        return f"Cannot reach {base}: {exc or 'connection refused'}. Is the server running?"
+    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+        return f"The connection to {base} was lost mid-answer ({exc})."
+    return f"Request to {base} failed: {exc!r}"
+
+
+def _json(response: httpx.Response):
+    try:
+        return response.json()
+    except Exception:
+        return None
+
+
+def _message(body) -> str:
+    if not isinstance(body, dict):
+        return ""
+    err = body.get("error", body.get("detail"))
+    if isinstance(err, dict):
+        return str(err.get("message", ""))
+    return str(err or body.get("message", ""))
+
+
+def _names(ids: list) -> str:
+    return ", ".join(map(str, ids[:8])) + (" …" if len(ids) > 8 else "") if ids else "none"
+
+
+@dataclass(eq=False, slots=True)
+class _Running:
+    turn_id: int
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    parts: list[str] = field(default_factory=list)
+    chunks: int = 0
+
+
+class RemoteModels:
+    """The engine's remote side: registered endpoints and their running turns. Engine-thread methods
+    are called by Engine; worker threads only ever reach it through `post`."""
+
+    def __init__(self, sessions: dict[int, Session], post: Post, emit: Callable[[ev.Event], None]):
+        self._sessions, self._post, self._emit = sessions, post, emit
+        self._models: dict[int, RemoteModel] = {}
+        self._running: dict[int, _Running] = {}  # session id -> its turn
+
+    def has(self, model_id: int) -> bool:
+        return model_id in self._models
+
+    # -- registering (caller's thread, then a worker, then the engine thread)
+    def add(self, model_id: int, remote: RemoteModel) -> None:
+        threading.Thread(target=self._probe, args=(model_id, remote), name="parley-remote-probe", daemon=True).start()
+
+    def _probe(self, model_id: int, remote: RemoteModel) -> None:
+        try:
+            info = remote.probe()
+        except ParleyError as exc:
+            self._post(self._emit, ev.ModelFailed(None, model_id, str(exc)))
+            return
+        except Exception as exc:
+            self._post(self._emit, ev.ModelFailed(None, model_id, f"Could not use {remote.base_url}: {exc!r}"))
+            return
+        self._post(self._registered, model_id, remote, info)
+
+    def _registered(self, model_id: int, remote: RemoteModel, info: dict) -> None:
+        self._models[model_id] = remote
+        self._emit(ev.ModelLoaded(None, model_id, remote.model, dict(info)))
+
+    # -- turns (engine thread)
+    def start_turn(self, session: Session, turn_id: int) -> None:
+        remote = self._models[session.model_id]
+        session.turn = Turn(turn_id, stream=None)
+        session.last_used = time.monotonic()
+        run = self._running[session.session_id] = _Running(turn_id)
+        messages = session.conversation()
+        if session.raw:  # no template on our side: the document goes as one user message
+            messages = [{"role": "user", "content": "".join(m["content"] for m in session.messages)}]
+        self._emit(ev.Started(session.session_id, turn_id))
+        args = (remote, session.session_id, run, messages, session.params)
+        threading.Thread(target=self._work, args=args, name="parley-remote-turn", daemon=True).start()
+
+    def end_turn(self, session: Session, reason: str, usage: dict | None = None) -> None:
+        """Ends the running turn now (cancel, close or the stream's end); a cancelled worker stops at its next chunk."""
+        run = self._running.pop(session.session_id)
+        run.cancelled.set()
+        text = "".join(run.parts)
+        if text or reason not in ("cancelled", "closed"):
+            session.messages.append({"role": "assistant", "content": text})
+        stats = self._stats(session, run, usage)
+        session.turn = None
+        session.last_used = time.monotonic()
+        self._emit(ev.Finished(session.session_id, run.turn_id, reason, text, stats))
+
+    def _stats(self, session: Session, run: _Running, usage: dict | None) -> ev.TurnStats:
+        turn, now = session.turn, time.perf_counter()
+        usage = usage or {}
+        prompt = usage.get("prompt_tokens") or 0
+        n = usage.get("completion_tokens") or run.chunks  # servers stream about one token per chunk
+        first = turn.first_token_at
+        rate = (n - 1) / (now - first) if first is not None and n > 1 and now > first else None
+        limit = self._models[session.model_id].info.get("context") or 0
+        return ev.TurnStats(prompt_tokens=prompt, prefilled_tokens=prompt, completion_tokens=n,
+                            ttft_s=None if first is None else first - turn.submitted_at, tokens_per_s=rate,
+                            context_used=prompt + n, context_limit=limit)
+
+    # -- the worker thread of one turn
+    def _work(self, remote: RemoteModel, sid: int, run: _Running, messages: list[dict], params: SamplingParams) -> None:
+        try:
+            for item in remote.stream_chat(messages, params, run.cancelled):
+                self._post(self._on_item, sid, run, item)
+        except ParleyError as exc:
+            self._post(self._on_error, sid, run, str(exc))
+        except Exception as exc:
+            self._post(self._on_error, sid, run, f"Remote generation failed: {exc!r}")
+
+    # -- worker results, back on the engine thread; a turn that already ended ignores them
+    def _current(self, sid: int, run: _Running) -> Session | None:
+        session = self._sessions.get(sid)
+        return session if session is not None and self._running.get(sid) is run else None
+
+    def _on_item(self, sid: int, run: _Running, item: tuple) -> None:
+        session = self._current(sid, run)
+        if session is None:
+            return
+        if item[0] == "delta":
+            if session.turn.first_token_at is None:
+                session.turn.first_token_at = time.perf_counter()
+            run.parts.append(item[1])
+            run.chunks += 1
+            self._emit(ev.TokenDelta(sid, run.turn_id, [], item[1]))
+        else:
+            _, reason, usage = item
+            self.end_turn(session, {"stop": "stop", "length": "length"}.get(reason, reason), usage)
+
+    def _on_error(self, sid: int, run: _Running, message: str) -> None:
+        session = self._current(sid, run)
+        if session is None:
+            return
+        del self._running[sid]
+        session.turn = None
+        self._emit(ev.Error(sid, run.turn_id, message))

@@ -1,0 +1,1 @@
+"""`parley serve`: an OpenAI-compatible HTTP API on the engine (Starlette + uvicorn)."""

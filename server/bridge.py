@@ -1,0 +1,95 @@
+"""The one Engine behind the server: loads its models and routes each session's events to an asyncio queue."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine import events as ev
+from engine.engine import Engine
+from engine.errors import ModelLoadError
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+
+
+@dataclass(slots=True)
+class ServedModel:
+    id: str  # what clients put in "model"
+    model_id: int  # the engine's id
+    context: int  # tokens one request may use (prompt + answer)
+    created: int = field(default_factory=lambda: int(time.time()))
+    aliases: tuple[str, ...] = ()
+    info: dict = field(default_factory=dict)
+
+
+class EngineBridge:
+    def __init__(self, config: EngineConfig | None = None):
+        self.engine = Engine(config or EngineConfig(), on_event=self._on_event)
+        self.models: list[ServedModel] = []
+        self._lock = threading.Lock()  # guards _routes: a session's events wait until its route exists
+        self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._model_events: dict[int, ev.Event] = {}
+        self._model_cond = threading.Condition()
+
+    def start(self) -> "EngineBridge":
+        self.engine.start()
+        return self
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    # -- models (blocking: at start-up)
+    def load(self, source: str | Path, alias: str | None = None, timeout: float = 600.0) -> ServedModel:
+        return self._register(self.engine.load_model(source), alias, timeout)
+
+    def add_remote(self, base_url: str, model: str | None = None, api_key: str | None = None,
+                   timeout: float = 60.0) -> ServedModel:
+        return self._register(self.engine.add_remote_model(base_url, model, api_key, timeout), None, timeout + 5)
+
+    def _register(self, model_id: int, alias: str | None, timeout: float) -> ServedModel:
+        with self._model_cond:
+            if not self._model_cond.wait_for(lambda: model_id in self._model_events, timeout):
+                raise ModelLoadError(f"The model did not load within {timeout:g} s.")
+            e = self._model_events.pop(model_id)
+        if isinstance(e, ev.ModelFailed):
+            raise ModelLoadError(e.message)
+        context = e.info.get("context") or 4096  # a remote endpoint that does not say: its own limit applies
+        served = ServedModel(e.name, model_id, context, aliases=(alias,) if alias and alias != e.name else (), info=e.info)
+        self.models.append(served)
+        return served
+
+    def find(self, name: str) -> ServedModel | None:
+        return next((m for m in self.models if name == m.id or name in m.aliases), None)
+
+    # -- sessions (the event loop's thread)
+    def open(self, model: ServedModel, system: str | None, params: SamplingParams, raw: bool) -> tuple[int, asyncio.Queue]:
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            sid = self.engine.open_session(model.model_id, system, params, overflow="stop", raw=raw)
+            self._routes[sid] = (asyncio.get_running_loop(), queue)
+        return sid, queue
+
+    def close(self, sid: int) -> None:
+        """Ends the session's turn if one is still running (a client that went away) and frees its cache."""
+        self.engine.cancel(sid)
+        self.engine.close(sid)
+        with self._lock:
+            self._routes.pop(sid, None)
+
+    # -- the engine thread
+    def _on_event(self, e: ev.Event) -> None:
+        if isinstance(e, (ev.ModelLoaded, ev.ModelFailed)):
+            with self._model_cond:
+                self._model_events[e.model_id] = e
+                self._model_cond.notify_all()
+            return
+        with self._lock:
+            route = self._routes.get(e.session_id)
+        if route is not None:
+            loop, queue = route
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            except RuntimeError:
+                pass  # the loop closed (server shutting down)

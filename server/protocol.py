@@ -1,0 +1,228 @@
+"""OpenAI request validation and response shapes: plain data in, plain dicts out (no HTTP here)."""
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from engine.errors import ParleyError
+from engine.sampling import SamplingParams
+
+FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
+MAX_STOP_STRINGS = 16
+
+
+class APIError(Exception):
+    """An error answered to the client in OpenAI's JSON shape."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+@dataclass(slots=True)
+class TurnRequest:
+    """What one HTTP request asks the engine for: a conversation (or a raw document) and sampling settings."""
+
+    model: str
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    raw: bool  # /v1/completions: BOS + prompt, no chat template
+    system: str | None = None
+    history: list[dict[str, str]] = field(default_factory=list)  # user/assistant messages before the last one
+    prompt: str = ""  # the last user message, or the raw document
+
+
+def parse_json(body: bytes) -> dict:
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"The request body is not valid JSON: {exc}.") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    return data
+
+
+def parse_chat(data: dict, context_limit: int) -> TurnRequest:
+    _reject_unsupported(data, chat=True)
+    messages = data.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError(400, "'messages' must be a non-empty array of messages.", "messages")
+    system, turns = [], []
+    for i, m in enumerate(messages):
+        role, content = _message(m, i)
+        if role in ("system", "developer"):
+            system.append(content)
+        else:
+            turns.append({"role": role, "content": content})
+    if not turns or turns[-1]["role"] != "user":
+        raise APIError(400, "The last message must come from the user.", "messages")
+    req = _common(data, context_limit, raw=False)
+    req.system = "\n\n".join(system) or None
+    req.history, req.prompt = turns[:-1], turns[-1]["content"]
+    return req
+
+
+def parse_completion(data: dict, context_limit: int) -> TurnRequest:
+    _reject_unsupported(data, chat=False)
+    prompt = data.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise APIError(400, "'prompt' must be a string (token-id prompts and prompt batches are not supported).", "prompt")
+    req = _common(data, context_limit, raw=True)
+    req.prompt = prompt
+    return req
+
+
+def _message(m, i: int) -> tuple[str, str]:
+    if not isinstance(m, dict):
+        raise APIError(400, f"messages[{i}] must be an object with 'role' and 'content'.", f"messages[{i}]")
+    role, content = m.get("role"), m.get("content")
+    if role not in ("system", "developer", "user", "assistant"):
+        raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, not {role!r}.",
+                       f"messages[{i}].role")
+    if isinstance(content, list):  # content parts: only text is supported
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise APIError(400, f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise APIError(400, f"messages[{i}].content must be a string or an array of text parts.",
+                       f"messages[{i}].content")
+    return role, content
+
+
+def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError(400, "'model' must be the id of a served model (see GET /v1/models).", "model")
+    stream = _typed(data, "stream", bool, False)
+    options = _typed(data, "stream_options", dict, {})
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise APIError(400, "'stream_options.include_usage' must be a boolean.", "stream_options")
+    return TurnRequest(model, sampling(data, context_limit), stream, include_usage, raw)
+
+
+def sampling(data: dict, context_limit: int) -> SamplingParams:
+    """OpenAI sampling fields (plus top_k, min_p, repetition_penalty) -> SamplingParams."""
+    max_tokens = _number(data, "max_completion_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = _number(data, "max_tokens", int, None)
+    if max_tokens is None:
+        max_tokens = context_limit  # as OpenAI: up to the context; the engine stops when it is full
+    if not 1 <= max_tokens <= context_limit:
+        raise APIError(400, f"max_tokens must be between 1 and this model's context of {context_limit} tokens, "
+                            f"not {max_tokens}.", "max_tokens")
+    stop = data.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
+    top_k = _number(data, "top_k", int, 0)
+    fields = dict(
+        temperature=_ranged(data, "temperature", 1.0, 0.0, 2.0),
+        top_p=_ranged(data, "top_p", 1.0, 0.0, 1.0),
+        min_p=_ranged(data, "min_p", 0.0, 0.0, 1.0),
+        repetition_penalty=_ranged(data, "repetition_penalty", 1.0, 0.01, 10.0),
+        presence_penalty=_ranged(data, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=_ranged(data, "frequency_penalty", 0.0, -2.0, 2.0),
+        top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1
+        seed=_number(data, "seed", int, None),
+        max_tokens=max_tokens,
+        stop=stop,
+    )
+    if fields["top_p"] == 0:
+        fields["top_p"], fields["temperature"] = 1.0, 0.0  # "only the most likely token"
+    try:
+        return SamplingParams(**fields)
+    except ParleyError as exc:
+        raise APIError(400, str(exc)) from None
+
+
+def _reject_unsupported(data: dict, chat: bool) -> None:
+    if data.get("n", 1) != 1:
+        raise APIError(400, "Only n=1 is supported.", "n")
+    for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs"):
+        if data.get(name) not in (None, False, [], 0, 1 if name == "best_of" else 0):
+            raise APIError(400, f"'{name}' is not supported by this server.", name)
+    fmt = data.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        raise APIError(400, "Only response_format {'type': 'text'} is supported.", "response_format")
+
+
+def _typed(data: dict, name: str, kind: type, default):
+    value = data.get(name, default)
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        what = {bool: "a boolean", dict: "an object"}.get(kind, kind.__name__)
+        raise APIError(400, f"'{name}' must be {what}, not {type(value).__name__}.", name)
+    return value
+
+
+def _number(data: dict, name: str, kind: type, default):
+    value = data.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise APIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, not {value!r}.", name)
+    return kind(value)
+
+
+def _ranged(data: dict, name: str, default: float, lo: float, hi: float) -> float:
+    value = _number(data, name, float, default)
+    if not lo <= value <= hi:
+        raise APIError(400, f"'{name}' must be between {lo:g} and {hi:g}, not {value:g}.", name)
+    return value
+
+
+# -- responses
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(stats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+
+
+def finish_reason(reason: str) -> str:
+    return FINISH_REASONS.get(reason, "stop")
+
+
+def chat_response(rid: str, model: str, text: str, reason: str, stats) -> dict:
+    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+              "finish_reason": finish_reason(reason)}
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage(stats)}
+
+
+def chat_chunk(rid: str, model: str, delta: dict, reason: str | None = None, stats=None) -> dict:
+    choices = [] if stats is not None else [
+        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
+    chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+             "choices": choices}
+    if stats is not None:
+        chunk["usage"] = usage(stats)
+    return chunk
+
+
+def completion_response(rid: str, model: str, text: str, reason: str, stats) -> dict:
+    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [choice], "usage": usage(stats)}
+
+
+def completion_chunk(rid: str, model: str, text: str, reason: str | None = None, stats=None) -> dict:
+    choices = [] if stats is not None else [
+        {"index": 0, "text": text, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
+    chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": choices}
+    if stats is not None:
+        chunk["usage"] = usage(stats)
+    return chunk

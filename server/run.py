@@ -1,0 +1,69 @@
+"""Starting the server: in the foreground (`parley serve`) or on a background thread (tests, embedding)."""
+from __future__ import annotations
+
+import socket
+import sys
+import threading
+import time
+from ipaddress import ip_address
+
+import uvicorn
+
+from server.app import build_app
+from server.bridge import EngineBridge
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def make_server(bridge: EngineBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                log_level: str = "warning") -> uvicorn.Server:
+    config = uvicorn.Config(build_app(bridge, api_key), host=host, port=port, log_level=log_level,
+                            timeout_graceful_shutdown=5, lifespan="off")
+    return uvicorn.Server(config)
+
+
+def serve_forever(bridge: EngineBridge, host: str, port: int, api_key: str | None) -> None:
+    if not is_loopback(host) and api_key is None:
+        print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
+    server = make_server(bridge, host, port, api_key, log_level="info")
+    server.run()
+
+
+class BackgroundServer:
+    """A server on a daemon thread, for tests and embedding: `with BackgroundServer(bridge) as s: s.url`."""
+
+    def __init__(self, bridge: EngineBridge, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
+        self.port = port or free_port(host)
+        self.host = host
+        self.server = make_server(bridge, host, self.port, api_key)
+        self.thread = threading.Thread(target=self.server.run, name="parley-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}/v1"
+
+    def __enter__(self) -> "BackgroundServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"The server did not start on {self.host}:{self.port}.")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

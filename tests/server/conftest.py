@@ -1,0 +1,46 @@
+"""A Parley server on a tiny model, in-process on a free loopback port, shared by the server tests."""
+from __future__ import annotations
+
+import pytest
+
+from engine import events as ev
+from engine.runtime import EngineConfig
+from server.bridge import EngineBridge
+from server.run import BackgroundServer
+
+API_KEY = "sk-test-parley"
+
+
+class RecordingBridge(EngineBridge):
+    """Keeps every engine event so tests can see how each session's turn ended."""
+
+    def __init__(self, config: EngineConfig):
+        self.seen: list[ev.Event] = []
+        super().__init__(config)
+
+    def _on_event(self, e: ev.Event) -> None:
+        self.seen.append(e)
+        super()._on_event(e)
+
+    def open_sessions(self) -> int:
+        return self.engine.call(lambda eng: len(eng._sessions))
+
+
+@pytest.fixture(scope="module")
+def bridge(tiny_models):
+    b = RecordingBridge(EngineConfig(max_sessions=8, max_session_tokens=256, step_tokens=64, chunk_tokens=32)).start()
+    b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
+    yield b
+    b.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(bridge):
+    with BackgroundServer(bridge) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def keyed_server(bridge):
+    with BackgroundServer(bridge, api_key=API_KEY) as s:
+        yield s

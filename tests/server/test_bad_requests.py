@@ -1,0 +1,80 @@
+"""Bad requests get clear 4xx answers in OpenAI's error shape, and the server keeps serving."""
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
+
+
+def post(server, path: str, body=None, content: bytes | None = None) -> httpx.Response:
+    if content is not None:
+        return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"}, timeout=30)
+    return httpx.post(server.url + path, json=body, timeout=30)
+
+
+BAD = [
+    ("malformed json", "/chat/completions", b'{"model": "tiny", "messages": [', 400, None, "not valid JSON"),
+    ("json array", "/chat/completions", [1, 2], 400, None, "JSON object"),
+    ("unknown model", "/chat/completions", CHAT | {"model": "gpt-9"}, 404, "model", "does not exist"),
+    ("missing model", "/chat/completions", {"messages": CHAT["messages"]}, 400, "model", "model"),
+    ("absurd max_tokens", "/chat/completions", CHAT | {"max_tokens": 10**12}, 400, "max_tokens", "between 1 and"),
+    ("zero max_tokens", "/chat/completions", CHAT | {"max_completion_tokens": 0}, 400, "max_tokens", "between 1 and"),
+    ("max_tokens string", "/chat/completions", CHAT | {"max_tokens": "ten"}, 400, "max_tokens", "integer"),
+    ("temperature string", "/chat/completions", CHAT | {"temperature": "hot"}, 400, "temperature", "number"),
+    ("temperature range", "/chat/completions", CHAT | {"temperature": 7}, 400, "temperature", "between"),
+    ("top_p bool", "/chat/completions", CHAT | {"top_p": True}, 400, "top_p", "number"),
+    ("stream not bool", "/chat/completions", CHAT | {"stream": "yes"}, 400, "stream", "boolean"),
+    ("messages not list", "/chat/completions", CHAT | {"messages": "hello"}, 400, "messages", "non-empty array"),
+    ("empty messages", "/chat/completions", CHAT | {"messages": []}, 400, "messages", "non-empty array"),
+    ("bad role", "/chat/completions", CHAT | {"messages": [{"role": "wizard", "content": "x"}]}, 400,
+     "messages[0].role", "role"),
+    ("content number", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": 5}]}, 400,
+     "messages[0].content", "string"),
+    ("image part", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content", "text parts"),
+    ("last is assistant", "/chat/completions", CHAT | {"messages": [{"role": "assistant", "content": "x"}]}, 400,
+     "messages", "last message"),
+    ("stop wrong type", "/chat/completions", CHAT | {"stop": [1, 2]}, 400, "stop", "stop"),
+    ("n=2", "/chat/completions", CHAT | {"n": 2}, 400, "n", "n=1"),
+    ("tools", "/chat/completions", CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
+     "not supported"),
+    ("prompt over context", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": "word " * 2000}]},
+     400, "messages", "context"),
+    ("completion prompt ids", "/completions", {"model": "tiny", "prompt": [1, 2, 3]}, 400, "prompt", "string"),
+    ("completion over context", "/completions", {"model": "tiny", "prompt": "word " * 2000, "max_tokens": 4}, 400,
+     "prompt", "context"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, param, words", [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_bad_request_gets_a_clear_4xx_and_the_server_keeps_serving(server, bridge, path, body, status, param, words):
+    r = post(server, path, content=body) if isinstance(body, bytes) else post(server, path, body)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    assert err["param"] == param and words in err["message"], err
+    ok = post(server, "/chat/completions", CHAT)
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"] is not None
+    assert bridge.open_sessions() == 0
+
+
+def test_over_context_has_the_openai_code(server):
+    r = post(server, "/chat/completions", CHAT | {"messages": [{"role": "user", "content": "word " * 2000}]})
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_unknown_route_and_method_answer_json(server):
+    r = httpx.get(server.url + "/nope", timeout=10)
+    assert r.status_code == 404 and "error" in r.json()
+    r = httpx.get(server.url + "/chat/completions", timeout=10)
+    assert r.status_code == 405 and "error" in r.json()
+
+
+def test_openai_client_raises_its_own_errors(server):
+    c = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=-5)
