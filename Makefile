@@ -4,6 +4,9 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch; a GPU user installs the CUDA build of torch before `pip install .`.
 TORCH ?= torch==2.13.0
+# llama-cpp-python (a peer server in tests/server) builds llama.cpp from source; AMX off: these CPUs trap on it.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+	-DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: run test setup setup-test clean
 
@@ -17,7 +20,7 @@ $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	$(BIN)/pip install -q -e ".[test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
