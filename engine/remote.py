@@ -121,7 +121,7 @@ def request_params(p: SamplingParams) -> dict:
 
 
 def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterator[tuple]:
-    reason, usage = None, None
+    reason, usage, done = None, None, False
     for line in response.iter_lines():
         if cancelled.is_set():
             return  # leaving the `with` closes the connection, which stops the server's generation
@@ -129,6 +129,7 @@ def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterat
             continue
         data = line[5:].strip()
         if data == "[DONE]":
+            done = True
             break
         try:
             chunk = json.loads(data)
@@ -142,7 +143,9 @@ def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterat
             if text:
                 yield ("delta", text)
             reason = choice.get("finish_reason") or reason
-    yield ("done", reason or "stop", usage)
+    if not done and reason is None:
+        raise RemoteError(f"The connection to {response.url} was lost mid-answer.")
+    yield ("done", reason, usage)
 
 
 def http_error(base: str, response: httpx.Response, model: str | None = None) -> str:

@@ -1,0 +1,127 @@
+"""Remote models through the Engine API: the same commands and events as local ones, over HTTP.
+
+The endpoint here is Parley's own server on a tiny model (fast, always available), so a remote session
+can be checked turn by turn against a local session on the same model; test_remote_llama_cpp.py runs
+the backend against llama.cpp's server, which no one here wrote.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine import events as ev
+from engine.errors import ParleyError
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+from server.run import free_port
+from tests.server.conftest import API_KEY
+from tests.server.stall_server import MODEL, StallServer
+from tests.support.engine_client import Client
+
+GREEDY = SamplingParams(max_tokens=10)
+
+
+@pytest.fixture
+def remote_client():
+    c = Client(EngineConfig(max_sessions=2, max_session_tokens=256))
+    c.engine.start()
+    yield c
+    c.engine.shutdown()
+
+
+def add_remote(c: Client, url: str, model: str | None, key: str | None = None, timeout: float = 30) -> ev.Event:
+    mid = c.engine.add_remote_model(url, model, key, timeout)
+    return c.wait_for(lambda e: isinstance(e, (ev.ModelLoaded, ev.ModelFailed)) and e.model_id == mid, timeout=60)
+
+
+def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge, server):
+    served = bridge.models[0].id  # what /v1/models lists
+    loaded = add_remote(remote_client, server.url, served)
+    assert isinstance(loaded, ev.ModelLoaded), loaded
+    assert loaded.info["remote"] is True and loaded.name == served and loaded.info["context"] == 256
+    local = Client(EngineConfig(max_sessions=2, max_session_tokens=256))
+    local.engine.start()
+    try:
+        local_model = local.load(bridge.models[0].info["source"])
+        lsid = local.engine.open_session(local_model, "Be brief.", GREEDY)
+        rsid = remote_client.engine.open_session(loaded.model_id, "Be brief.", GREEDY)
+        for text in ["Hello there", "Tell me more", "And finally?"]:
+            want = local.ask(lsid, text)
+            got = remote_client.ask(rsid, text)
+            assert got.text == want.text and got.reason == want.reason
+            events = remote_client.by_turn[got.turn_id]
+            assert isinstance(events[0], ev.Started) and isinstance(events[-1], ev.Finished)
+            deltas = [e for e in events if isinstance(e, ev.TokenDelta)]
+            assert "".join(e.text for e in deltas) == got.text and all(e.token_ids == [] for e in deltas)
+            s = got.stats
+            assert s.prompt_tokens == want.stats.prompt_tokens and s.completion_tokens == want.stats.completion_tokens
+            assert s.ttft_s > 0 and s.context_limit == 256
+        again = remote_client.wait(remote_client.engine.regenerate(rsid))
+        assert again.text == got.text  # greedy: the same answer to the last message
+    finally:
+        local.engine.shutdown()
+
+
+def test_remote_cancel_and_close(remote_client, bridge, server):
+    loaded = add_remote(remote_client, server.url, None)  # the endpoint's only model
+    assert isinstance(loaded, ev.ModelLoaded) and loaded.name == bridge.models[0].id
+    sid = remote_client.engine.open_session(loaded.model_id, params=SamplingParams(max_tokens=200, stop=["\u2603\u2603"]))
+    turn = remote_client.engine.submit(sid, "go on")
+    remote_client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn)
+    remote_client.engine.cancel(sid)
+    end = remote_client.wait(turn, timeout=5)
+    assert isinstance(end, ev.Finished) and end.reason == "cancelled"
+    turn2 = remote_client.engine.submit(sid, "again")
+    remote_client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn2)
+    remote_client.engine.close(sid)
+    end2 = remote_client.wait(turn2, timeout=5)
+    assert isinstance(end2, ev.Finished) and end2.reason == "closed"
+
+
+def test_unreachable_endpoint_fails_to_load(remote_client):
+    failed = add_remote(remote_client, f"http://127.0.0.1:{free_port()}", "m", timeout=5)
+    assert isinstance(failed, ev.ModelFailed) and "Cannot reach http://127.0.0.1" in failed.message
+
+
+def test_wrong_key_and_unknown_model(remote_client, bridge, keyed_server):
+    failed = add_remote(remote_client, keyed_server.url, bridge.models[0].id, key="wrong")
+    assert isinstance(failed, ev.ModelFailed) and "refused the request (401)" in failed.message
+    failed = add_remote(remote_client, keyed_server.url, "no-such-model", key=API_KEY)
+    assert isinstance(failed, ev.ModelFailed) and "has no model 'no-such-model'" in failed.message
+    ok = add_remote(remote_client, keyed_server.url, bridge.models[0].id, key=API_KEY)
+    assert isinstance(ok, ev.ModelLoaded)
+
+
+def test_a_stalled_answer_times_out_with_an_error(remote_client):
+    with StallServer("stall") as stall:
+        loaded = add_remote(remote_client, stall.url, MODEL, timeout=0.5)
+        assert isinstance(loaded, ev.ModelLoaded) and loaded.info["context"] is None
+        sid = remote_client.engine.open_session(loaded.model_id, params=GREEDY)
+        t0 = time.monotonic()
+        end = remote_client.wait(remote_client.engine.submit(sid, "hello"), timeout=10)
+        assert isinstance(end, ev.Error) and "did not answer within 0.5 s" in end.message
+        assert time.monotonic() - t0 < 5
+        again = remote_client.wait(remote_client.engine.submit(sid, "hello"), timeout=10)  # the session still works
+        assert isinstance(again, ev.Error)
+
+
+def test_a_stalled_model_list_times_out(remote_client):
+    with StallServer("slow-models") as stall:
+        failed = add_remote(remote_client, stall.url, MODEL, timeout=0.5)
+        assert isinstance(failed, ev.ModelFailed) and "did not answer within 0.5 s" in failed.message
+
+
+def test_a_dropped_connection_mid_answer_is_an_error(remote_client):
+    with StallServer("drop") as drop:
+        loaded = add_remote(remote_client, drop.url, MODEL, timeout=5)
+        sid = remote_client.engine.open_session(loaded.model_id, params=GREEDY)
+        turn = remote_client.engine.submit(sid, "hello")
+        end = remote_client.wait(turn, timeout=10)
+        texts = [e.text for e in remote_client.by_turn[turn] if isinstance(e, ev.TokenDelta)]
+        assert texts == ["Hel"] and isinstance(end, ev.Error) and "lost mid-answer" in end.message
+
+
+def test_bad_url_is_refused_at_once(remote_client):
+    with pytest.raises(ParleyError, match="not an http"):
+        remote_client.engine.add_remote_model("ftp://example", "m")
