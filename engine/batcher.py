@@ -20,12 +20,14 @@ class Batcher:
         config: SchedulerConfig,
         device: torch.device | str,
         release_on_finish: bool = True,
+        runner=None,
     ):
         self.cache, self.device = cache, device
         self.release_on_finish = release_on_finish  # sessions keep their cache between turns
         self.in_flight: list[Sequence] = []  # the sequences of the step being run (for error reports)
         self.scheduler = Scheduler(config, cache)
-        self.runner = ModelRunner(model, cache, config.max_sampled_rows)
+        # Another backend (MLX) brings its own runner; everything else here is backend-neutral.
+        self.runner = runner or ModelRunner(model, cache, config.max_sampled_rows)
         self.steps = 0
 
     def add(self, seq: Sequence) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from engine.backend import mlx_batcher, resolve_backend
 from engine.batcher import Batcher
 from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
@@ -23,6 +24,7 @@ class RunConfig:
     step_tokens: int = 512
     chunk_tokens: int = 256
     max_sampled_rows: int = 64
+    backend: str = "torch"  # or "mlx"
 
 
 def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
@@ -38,9 +40,11 @@ def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
         dtype=dtype,
         max_step_tokens=run.chunk_tokens,
     )
+    sched = SchedulerConfig(run.step_tokens, run.chunk_tokens, run.max_sampled_rows)
+    if resolve_backend(run.backend, "cpu") == "mlx":
+        return mlx_batcher(lm, config, sched)
     device = next(lm.model.parameters()).device
     cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
-    sched = SchedulerConfig(run.step_tokens, run.chunk_tokens, run.max_sampled_rows)
     return Batcher(lm.model, cache, sched, device)
 
 

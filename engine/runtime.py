@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
+from engine.backend import mlx_batcher, resolve_backend
 from engine.batcher import Batcher
 from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
@@ -21,6 +24,7 @@ class EngineConfig:
     max_sampled_rows: int = 64
     device: str = "cpu"
     dtype: str = "float32"
+    backend: str = "auto"  # auto: CUDA torch, else MLX on Apple silicon, else CPU torch
     cache_dir: Path | None = None  # converted GGUF weights
 
     def __post_init__(self) -> None:
@@ -40,9 +44,14 @@ class ModelRuntime:
             dtype=dtype_name(next(lm.model.parameters()).dtype),
             max_step_tokens=config.chunk_tokens,
         )
-        device = next(lm.model.parameters()).device
-        cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
         sched = SchedulerConfig(config.step_tokens, config.chunk_tokens, config.max_sampled_rows)
+        self.backend = resolve_backend(config.backend, config.device)
+        if self.backend == "mlx":
+            self.batcher = mlx_batcher(lm, cache_config, sched, release_on_finish=False)
+            self.device = torch.device("cpu")  # samplers run in torch on the host
+            return
+        device = self.device = next(lm.model.parameters()).device
+        cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
         self.batcher = Batcher(lm.model, cache, sched, device, release_on_finish=False)
 
     @property
@@ -58,5 +67,5 @@ class ModelRuntime:
 
     def info(self) -> dict:
         a = self.lm.args
-        return {"architecture": a.model_type, "context": self.limit, "vocab": a.vocab_size, "layers": a.num_layers,
+        return {"architecture": a.model_type, "backend": self.backend, "context": self.limit, "vocab": a.vocab_size, "layers": a.num_layers,
                 "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2)}

@@ -1,0 +1,42 @@
+"""Which backend runs a model: CUDA PyTorch, then MLX on Apple silicon, then CPU PyTorch."""
+from __future__ import annotations
+
+import platform
+import sys
+
+import torch
+
+from engine.errors import ParleyError
+
+BACKENDS = ("auto", "torch", "mlx")
+
+
+def resolve_backend(name: str, device: str) -> str:
+    """'torch' or 'mlx' for a requested backend ('auto' picks) and device."""
+    if name not in BACKENDS:
+        raise ParleyError(f"Unknown backend {name!r}; choose one of {', '.join(BACKENDS)}.")
+    from engine.mlx_backend import mlx_available
+
+    if name == "mlx":
+        if not mlx_available():
+            raise ParleyError("The MLX backend needs the `mlx` package (pip install mlx; on Linux: mlx[cpu]).")
+        return "mlx"
+    if name == "torch" or device.startswith("cuda") or torch.cuda.is_available():
+        return "torch"
+    apple = sys.platform == "darwin" and platform.machine() == "arm64"
+    return "mlx" if apple and mlx_available() else "torch"
+
+
+def mlx_batcher(lm, cache_config, scheduler_config, release_on_finish: bool = True):
+    """A Batcher whose model, cache and runner are MLX (weights converted from the loaded model)."""
+    from engine.batcher import Batcher
+    from engine.mlx_backend.cache import MLXSequenceKVCache
+    from engine.mlx_backend.model import from_torch
+    from engine.mlx_backend.runner import MLXRunner
+
+    args = lm.args
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+    model = from_torch(args, lm.model.state_dict(), dtype)
+    cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
+    runner = MLXRunner(model, cache, scheduler_config.max_sampled_rows)
+    return Batcher(model, cache, scheduler_config, "cpu", release_on_finish, runner=runner)

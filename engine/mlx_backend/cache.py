@@ -1,0 +1,117 @@
+"""The `sequence` layout in MLX: per layer a flat [rows * (max_seqs + 1), kv_heads, head_dim] pool.
+
+Row r of column c is flat index r * C + c, so growing appends rows without moving anything. Positions
+and lengths come from the host-side plan (the same CacheBook as PyTorch): no eval or host read inside
+an op. Fork copies a column; rewind only moves the book (stale rows lie beyond the length).
+"""
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from engine.cache.base import KVCache
+from engine.cache.config import CacheConfig
+from engine.errors import CacheConfigError
+
+MIN_ROWS = 16
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+class MLXSequenceKVCache(KVCache):
+    def __init__(self, config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int):
+        if config.layout != "sequence":
+            raise CacheConfigError("The MLX backend implements the `sequence` KV layout only.")
+        super().__init__(config, windows, kv_heads, head_dim, "cpu")
+        self.columns, self.scratch = config.max_seqs + 1, config.max_seqs
+        self.rows = min(config.max_seq_len, max(MIN_ROWS, -(-config.initial_capacity // config.max_seqs)))
+        self.k = [self._alloc(self._layer_rows(w)) for w in windows]
+        self.v = [self._alloc(self._layer_rows(w)) for w in windows]
+        self._step: dict = {}
+
+    def _rings(self) -> dict[int, int]:
+        rings = {}
+        for w in set(self.windows) - {None}:
+            rows = self.config.ring_rows(w)
+            if rows < self.config.max_seq_len:
+                rings[w] = rows
+        return rings
+
+    def _ring(self, window: int | None) -> int | None:
+        return self.book.rings.get(window) if window else None
+
+    def _layer_rows(self, window: int | None) -> int:
+        ring = self._ring(window)
+        return self.rows if ring is None else min(self.rows, ring)
+
+    def _alloc(self, rows: int) -> mx.array:
+        return mx.zeros((rows * self.columns, self.kv_heads, self.head_dim), dtype=DTYPES[self.config.dtype])
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k + self.v)
+
+    def _grow(self, needed: int) -> None:
+        rows = self.rows
+        while rows < needed:
+            rows = min(self.config.max_seq_len, rows * 2)
+        if rows == self.rows:
+            return
+        self.rows = rows
+        for i, w in enumerate(self.windows):
+            extra = self._layer_rows(w) * self.columns - self.k[i].shape[0]
+            if extra > 0:
+                pad = mx.zeros((extra, self.kv_heads, self.head_dim), dtype=self.k[i].dtype)
+                self.k[i] = mx.concatenate([self.k[i], pad])
+                self.v[i] = mx.concatenate([self.v[i], pad])
+
+    def _row(self, pos: np.ndarray, window: int | None) -> np.ndarray:
+        ring = self._ring(window)
+        return pos if ring is None else pos % ring
+
+    def _prepare(self) -> None:
+        self._grow(max((s.start + s.q_len for s in self.segments), default=0))
+        pos = np.zeros(self.num_tokens, dtype=np.int64)
+        col = np.full(self.num_tokens, self.scratch, dtype=np.int64)
+        for s in self.segments:
+            pos[s.q_start : s.q_start + s.q_len] = np.arange(s.start, s.start + s.q_len)
+            col[s.q_start : s.q_start + s.q_len] = s.slot
+        self._step = {
+            w: (mx.array((self._row(pos, w) * self.columns + col).astype(np.int32)), [self._plan(s, w) for s in self.segments])
+            for w in set(self.windows)
+        }
+
+    def _plan(self, s, window: int | None):
+        qpos = np.arange(s.start, s.start + s.q_len)
+        lo = max(0, s.start - window + 1) if window else 0
+        kpos = np.arange(lo, s.start + s.q_len)
+        gather = (self._row(kpos, window) * self.columns + s.slot).astype(np.int32)
+        mask = kpos[None, :] <= qpos[:, None]
+        if window:
+            mask &= kpos[None, :] > qpos[:, None] - window
+        return s.q_start, s.q_len, mx.array(gather), mx.array(mask)
+
+    def attend(self, layer_id: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+        write, segments = self._step[self.windows[layer_id]]
+        kc, vc = self.k[layer_id], self.v[layer_id]
+        kc[write] = k.astype(kc.dtype)
+        vc[write] = v.astype(vc.dtype)
+        parts, covered = [], 0
+        for q_start, q_len, gather, mask in segments:
+            qs = q[q_start : q_start + q_len].transpose(1, 0, 2)[None]  # (1, H, L, D)
+            ks = kc[gather].astype(q.dtype).transpose(1, 0, 2)[None]  # (1, Hkv, S, D)
+            vs = vc[gather].astype(q.dtype).transpose(1, 0, 2)[None]
+            out = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=mask)
+            parts.append(out[0].transpose(1, 0, 2))
+            covered = q_start + q_len
+        if covered < q.shape[0]:  # padding rows: no segment covers them
+            parts.append(mx.zeros((q.shape[0] - covered,) + q.shape[1:], dtype=q.dtype))
+        return mx.concatenate(parts) if len(parts) > 1 else parts[0]
+
+    def _copy_sequence(self, src: int, dst: int) -> None:
+        for lst in (self.k, self.v):
+            for i, t in enumerate(lst):
+                rows = t.shape[0] // self.columns
+                base = np.arange(rows) * self.columns
+                t[mx.array((base + dst).astype(np.int32))] = t[mx.array((base + src).astype(np.int32))]
+
+    def arrays(self) -> list[mx.array]:
+        return self.k + self.v

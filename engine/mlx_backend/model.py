@@ -1,0 +1,161 @@
+"""MLX versions of the model template: same module names as engine/models, so one state dict fits both."""
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from engine.models.args import ModelArgs
+
+DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dim,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.rms_norm(x, self.weight, self.eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.layer_id = layer_id
+        self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
+        self.scale = args.attn_scale
+        bias = args.attention_bias
+        self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        if args.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+        self.qk_norm = args.qk_norm
+
+    def __call__(self, x: mx.array, rope: tuple[mx.array, mx.array], cache) -> mx.array:
+        t = x.shape[0]
+        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
+        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
+        v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
+        return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+
+
+def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
+    half = x.shape[-1] // 2
+    rotated = mx.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, act: str):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, inter, bias=False)
+        self.up_proj = nn.Linear(hidden, inter, bias=False)
+        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.act = nn.silu if act == "silu" else nn.gelu_approx
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class LlamaBlock(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_id]
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer_id)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+
+    def __call__(self, h: mx.array, rope, cache) -> mx.array:
+        h = h + self.self_attn(self.input_layernorm(h), rope, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Gemma3Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_id]
+        dim, eps = args.hidden_size, args.rms_norm_eps
+        self.input_layernorm = RMSNorm(dim, eps)
+        self.self_attn = Attention(args, layer_id)
+        self.post_attention_layernorm = RMSNorm(dim, eps)
+        self.pre_feedforward_layernorm = RMSNorm(dim, eps)
+        self.mlp = MLP(dim, args.intermediate_size, args.hidden_act)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps)
+
+    def __call__(self, h: mx.array, rope, cache) -> mx.array:
+        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), rope, cache))
+        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+
+
+class Body(nn.Module):
+    def __init__(self, args: ModelArgs, block):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [block(args, i) for i in range(args.num_layers)]
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """forward(tokens (T,), positions (T,), cache, logit_rows (R,)) -> fp32 logits (R, V), as in PyTorch."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        gemma = args.model_type.startswith("gemma")
+        self.model = Body(args, Gemma3Block if gemma else LlamaBlock)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.embed_scale = math.sqrt(args.hidden_size) if gemma else None
+        self._inv_freq = {kind: _inv_freq(args.head_dim, r) for kind, r in args.rope.items()}
+
+    def __call__(self, tokens: mx.array, positions: mx.array, cache, logit_rows: mx.array) -> mx.array:
+        h = self.model.embed_tokens(tokens)
+        if self.embed_scale is not None:
+            h = h * mx.array(self.embed_scale, dtype=h.dtype)
+        ropes = {kind: _rope_tables(positions, inv, h.dtype) for kind, inv in self._inv_freq.items()}
+        for layer in self.model.layers:
+            h = layer(h, ropes[layer.kind], cache)
+        h = self.model.norm(h[logit_rows])
+        if self.args.tie_word_embeddings:
+            logits = self.model.embed_tokens.as_linear(h)
+        else:
+            logits = self.lm_head(h)
+        logits = logits.astype(mx.float32)
+        cap = self.args.final_logit_softcapping
+        return mx.tanh(logits / cap) * cap if cap else logits
+
+
+def _inv_freq(head_dim: int, rope) -> mx.array:
+    inv = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    if rope.factors is not None:
+        inv = inv / np.asarray(rope.factors, dtype=np.float32)
+    return mx.array(inv.astype(np.float32))
+
+
+def _rope_tables(positions: mx.array, inv: mx.array, dtype) -> tuple[mx.array, mx.array]:
+    freqs = positions.astype(mx.float32)[:, None] * inv[None, :]
+    emb = mx.concatenate([freqs, freqs], axis=-1)[:, None, :]  # (T, 1, D)
+    return mx.cos(emb).astype(dtype), mx.sin(emb).astype(dtype)
+
+
+def from_torch(args: ModelArgs, state: dict, dtype: str = "float32") -> CausalLM:
+    """The MLX model holding the weights of a loaded PyTorch model (same names)."""
+    model = CausalLM(args)
+    target = DTYPES[dtype]
+    weights = [(name, mx.array(t.float().numpy()).astype(target)) for name, t in state.items()]
+    model.load_weights(weights, strict=True)
+    mx.eval(model.parameters())
+    return model
