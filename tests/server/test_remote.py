@@ -125,3 +125,25 @@ def test_a_dropped_connection_mid_answer_is_an_error(remote_client):
 def test_bad_url_is_refused_at_once(remote_client):
     with pytest.raises(ParleyError, match="not an http"):
         remote_client.engine.add_remote_model("ftp://example", "m")
+
+
+def test_parley_serve_re_serves_a_remote_model(bridge, server):
+    """`parley serve --remote URL#MODEL`: a second server whose model lives behind the first one."""
+    import openai
+
+    from server.bridge import EngineBridge
+    from server.run import BackgroundServer
+
+    front = EngineBridge(EngineConfig(max_sessions=2)).start()
+    try:
+        served = front.add_remote(server.url, bridge.models[0].id, timeout=30)
+        assert served.context == 256 and served.info["remote"] is True
+        with BackgroundServer(front) as s:
+            c = openai.OpenAI(base_url=s.url, api_key="x", max_retries=0)
+            direct = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
+            kw = dict(model=served.id, messages=[{"role": "user", "content": "relay me"}], temperature=0, max_tokens=8)
+            relayed = c.chat.completions.create(**kw)
+            assert relayed.choices[0].message.content == direct.chat.completions.create(**kw).choices[0].message.content
+            assert relayed.usage.completion_tokens >= 1
+    finally:
+        front.shutdown()
