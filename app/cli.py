@@ -54,6 +54,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -72,7 +73,12 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     paths = Paths.resolve(getattr(args, "data_dir", None))
     source = resolve_model(args.model, paths.models)
     config = EngineConfig(
-        kv_layout=args.kv_layout, max_sessions=max_sessions, device=args.device, dtype=args.dtype, cache_dir=paths.cache
+        kv_layout=args.kv_layout,
+        max_sessions=max_sessions,
+        device=args.device,
+        dtype=args.dtype,
+        backend=args.backend,
+        cache_dir=paths.cache,
     )
     cli = EngineCLI(config)
     bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())

@@ -147,6 +147,9 @@ class Engine:
             for rt in list(self._models.values()):
                 if rt.has_work() and not self._stopping:
                     self._step(rt)
+        for rt in self._models.values():
+            rt.close()  # device state is released by the thread that owns it
+        self._models.clear()
 
     def _drain(self, block: bool) -> None:
         try:

@@ -62,6 +62,15 @@ class ModelRuntime:
     def cache(self):
         return self.batcher.cache
 
+    def close(self) -> None:
+        """Waits for queued device work and drops the model and cache (on the engine thread)."""
+        if self.backend == "mlx":
+            import mlx.core as mx
+
+            mx.synchronize()
+        self.batcher = None
+        self.lm.model = None
+
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
