@@ -4,9 +4,10 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU wheel of torch; a GPU user installs the CUDA build of torch before `pip install .`.
 TORCH ?= torch==2.13.0
-# llama-cpp-python (a peer server in tests/server) builds llama.cpp from source; AMX off: these CPUs trap on it.
-LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
-	-DGGML_AVX512_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+# llama-cpp-python (a peer server in tests/server) builds llama.cpp from source. A native build enables AMX,
+# which traps on some of these machines, and others lack AVX-512 (SIGILL): build for the AVX2 baseline.
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
+	-DGGML_AVX512_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: run test setup setup-test clean
 
