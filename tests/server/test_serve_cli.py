@@ -1,0 +1,40 @@
+"""`parley serve` as a real process: the subcommand's wiring, from argv to a listening server."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import openai
+
+from server.run import free_port
+
+
+def test_parley_serve_subprocess(tiny_models, tmp_path):
+    port, key = free_port(), "sk-cli"
+    cmd = [sys.executable, "-m", "app.cli", "--data-dir", str(tmp_path), "serve", "--model",
+           str(tiny_models["llama"].gguf_path), "--port", str(port), "--api-key", key, "--context", "256"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read() if proc.poll() else "timeout"
+            time.sleep(0.2)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=0)
+        model = c.models.list().data[0]
+        assert model.model_extra["max_model_len"] == 256
+        r = c.chat.completions.create(model=str(tiny_models["llama"].gguf_path), temperature=0, max_tokens=5,
+                                      messages=[{"role": "user", "content": "hi"}])  # the --model spec is an alias
+        assert r.usage.completion_tokens >= 1 and r.model == model.id
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode in (0, 130), out
+    assert f"serving {model.id}" in out
