@@ -3,22 +3,35 @@ from __future__ import annotations
 
 import torch
 
-from engine.cache import KVCache
+from engine.cache import KVCache, SequenceKVCache
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int):
+    """Eager forwards; on CUDA with the `sequence` layout, decode-only steps replay CUDA graphs."""
+
+    def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int, graphs: bool | None = None,
+                 compile_decode: bool = False):
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
+        if graphs is None:
+            graphs = cache.device.type == "cuda" and isinstance(cache, SequenceKVCache) and cache.uses_kernels
+        self.graphs = None
+        if graphs:
+            from engine.cuda_graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, cache, compile_model=compile_decode)
 
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> torch.Tensor:
         """Logits (R, V) in fp32 for the batch's sampled rows only."""
         assert len(batch.logit_rows) <= self.max_sampled_rows, "the scheduler bounds sampled rows per step"
-        self.cache.prepare_step()
-        logits = self.model(batch.tokens, batch.positions, self.cache, batch.logit_rows)
+        if self.graphs is not None and self.graphs.accepts(batch):
+            logits = self.graphs.run(batch)
+        else:
+            self.cache.prepare_step()
+            logits = self.model(batch.tokens, batch.positions, self.cache, batch.logit_rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits

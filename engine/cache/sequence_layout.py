@@ -1,5 +1,14 @@
-"""Layout `sequence`: per layer [rows, max_seqs + 1, kv_heads, head_dim]; a column per sequence, the last one scratch."""
+"""Layout `sequence`: per layer [rows, max_seqs + 1, kv_heads, head_dim]; a column per sequence, the last one scratch.
+
+Two attention paths share the storage. On CPU (attention_impl "auto") a per-segment PyTorch loop, the
+reference. On CUDA (or when forced) the kernels of `kernels/`: `prepare_step` plans a device segment
+table `seq_info` and flat write slots as host ints, sends them in one non-blocking copy from pinned
+memory, and each layer runs `kv_write` + `sdpa_varlen`. The table's buffers keep their addresses
+between steps, so a captured CUDA graph reads each step's table as data.
+"""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -7,18 +16,54 @@ from engine.cache.base import KVCache, attention, visible
 from engine.cache.config import CacheConfig
 
 MIN_ROWS = 16
+ATTENTION_IMPLS = ("auto", "reference", "triton")  # "auto": the loop on CPU, the Triton kernels on CUDA
+MIN_KV_BUCKET = 256  # max_kv_len is planned in powers of two from here, so graphs and kernels are reused
+
+
+def pow2_bucket(n: int, least: int = 1) -> int:
+    return 1 << (max(n, least) - 1).bit_length()
+
+
+@dataclass(slots=True)
+class KernelPlan:
+    """One step's kernel inputs: device views of the step buffer plus host-int bounds."""
+
+    seq_info: torch.Tensor  # (S, 4) int32: q_start, q_len, column, kv_end
+    layer_slots: list[torch.Tensor]  # per layer (T,) int64 flat write slots: row * C + column
+    max_q_len: int
+    max_kv_len: int
 
 
 class SequenceKVCache(KVCache):
-    def __init__(self, config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int, device="cpu"):
+    def __init__(
+        self,
+        config: CacheConfig,
+        windows: list[int | None],
+        kv_heads: int,
+        head_dim: int,
+        device="cpu",
+        attention_impl: str = "auto",
+    ):
         super().__init__(config, windows, kv_heads, head_dim, device)
+        if attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"attention_impl must be one of {ATTENTION_IMPLS}, not {attention_impl!r}")
+        self.attention_impl = attention_impl
         self.columns = config.max_seqs + 1
         self.scratch = config.max_seqs
         self.rows = max(MIN_ROWS, -(-config.initial_capacity // config.max_seqs))
         self.rows = min(self.rows, config.max_seq_len)
         self.k = [self._alloc(self._layer_rows(w)) for w in windows]
         self.v = [self._alloc(self._layer_rows(w)) for w in windows]
+        self.storage_version = 0  # bumped whenever a tensor a captured graph reads is reallocated
+        self.plan: KernelPlan | None = None
         self._step: dict = {}
+        self._kinds = sorted(set(windows), key=lambda w: w or 0)  # distinct windows: one slot list each
+        self._buffers: _StepBuffers | None = None
+        self._pad_segments = 0
+
+    @property
+    def uses_kernels(self) -> bool:
+        return self.device.type == "cuda" or self.attention_impl != "auto"
 
     def _rings(self) -> dict[int, int]:
         rings = {}
@@ -55,10 +100,16 @@ class SequenceKVCache(KVCache):
             if new_rows != self.k[i].shape[0]:
                 self.k[i] = self._regrow(self.k[i], new_rows)
                 self.v[i] = self._regrow(self.v[i], new_rows)
+                self.storage_version += 1
+
+    def reserve(self, tokens: int) -> None:
+        """Allocates every layer for `tokens` per sequence now, so decode graphs never see a regrow."""
+        self._grow(min(tokens, self.config.max_seq_len))
 
     def _regrow(self, old: torch.Tensor, rows: int) -> torch.Tensor:
-        new = self._alloc(rows)
-        new[: old.shape[0]] = old
+        with torch.inference_mode(False):  # storage stays a normal tensor: callers may write it outside inference
+            new = self._alloc(rows)
+            new[: old.shape[0]] = old
         return new
 
     def _row(self, pos: torch.Tensor, window: int | None) -> torch.Tensor:
@@ -66,8 +117,17 @@ class SequenceKVCache(KVCache):
         return pos if ring is None else pos % ring
 
     # -- step
+    @torch.inference_mode()
+    def prepare_step(self, num_tokens: int | None = None, num_segments: int | None = None) -> None:
+        """As KVCache.prepare_step; `num_segments` pads the segment table with empty segments (graphs)."""
+        self._pad_segments = num_segments or 0
+        super().prepare_step(num_tokens)
+
     def _prepare(self) -> None:
         self._grow(max((s.start + s.q_len for s in self.segments), default=0))
+        if self.uses_kernels:
+            self._plan_kernels()
+            return
         dev = self.device
         pos = torch.zeros(self.num_tokens, dtype=torch.long)
         col = torch.full((self.num_tokens,), self.scratch, dtype=torch.long)
@@ -88,7 +148,47 @@ class SequenceKVCache(KVCache):
         gather = self._row(kpos, window) * self.columns + s.slot
         return s.q_start, s.q_len, gather.to(self.device), visible(kpos, qpos, window).to(self.device)
 
+    def _plan_kernels(self) -> None:
+        """Host ints -> one pinned buffer -> one non-blocking copy; the plan holds device views of it."""
+        T, segs = self.num_tokens, self.segments
+        S = max(len(segs), self._pad_segments)
+        bufs = self._buffers
+        if bufs is None or not bufs.fits(T, S):
+            self._buffers = bufs = _StepBuffers(len(self._kinds), max(T, 512), max(S, 64), self.device)
+            self.storage_version += 1
+        host = bufs.host_for_write()
+        C = self.columns
+        for i, w in enumerate(self._kinds):
+            ring = self.ring_rows(w)
+            slots = [self.scratch] * T  # padding rows write row 0 of the scratch column
+            for s in segs:
+                for j in range(s.q_len):
+                    p = s.start + j
+                    slots[s.q_start + j] = (p % ring if ring else p) * C + s.slot
+            host[i * bufs.tokens : i * bufs.tokens + T] = slots
+        # the table is int32 (q_start, q_len, column, kv_end), packed two to an int64 (little endian)
+        table = [s.q_start | (s.q_len << 32) for s in segs], [s.slot | ((s.start + s.q_len) << 32) for s in segs]
+        pad = [0, self.scratch] * (S - len(segs))
+        off = bufs.table_offset
+        host[off : off + 2 * S] = [x for pair in zip(*table) for x in pair] + pad
+        dev = bufs.send(off + 2 * S)
+        seq_info = dev[off : off + 2 * S].view(torch.int32).view(S, 4)
+        kind_slots = [dev[i * bufs.tokens : i * bufs.tokens + T] for i in range(len(self._kinds))]
+        self.plan = KernelPlan(
+            seq_info=seq_info,
+            layer_slots=[kind_slots[self._kinds.index(w)] for w in self.windows],
+            max_q_len=pow2_bucket(max((s.q_len for s in segs), default=1)),
+            max_kv_len=pow2_bucket(max((s.start + s.q_len for s in segs), default=1), MIN_KV_BUCKET),
+        )
+
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        if self.uses_kernels:
+            p = self.plan
+            args = (q, k, v, self.k[layer_id], self.v[layer_id], p.seq_info, p.layer_slots[layer_id], scale,
+                    p.max_q_len, p.max_kv_len, self.windows[layer_id] or 0, self.attention_impl)
+            if torch.compiler.is_compiling():  # one opaque op: torch.compile fuses around it
+                return torch.ops.parley.sequence_attend(*args)
+            return sequence_attend(*args)
         write, segments = self._step[self.windows[layer_id]]
         kf = self.k[layer_id].view(-1, self.kv_heads, self.head_dim)
         vf = self.v[layer_id].view(-1, self.kv_heads, self.head_dim)
@@ -103,3 +203,69 @@ class SequenceKVCache(KVCache):
     def _copy_sequence(self, src: int, dst: int) -> None:
         for t in self.k + self.v:
             t[:, dst] = t[:, src]
+
+
+class _StepBuffers:
+    """Pinned host staging and its device twin, int64: per window kind `tokens` slots, then the table."""
+
+    def __init__(self, kinds: int, tokens: int, segments: int, device: torch.device):
+        self.tokens, self.segments = tokens, segments
+        self.table_offset = kinds * tokens
+        n = self.table_offset + 2 * segments
+        pin = device.type == "cuda"
+        self._host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
+        self._host_np = self._host.numpy()
+        self.device = torch.zeros(n, dtype=torch.int64, device=device)
+        self._sent = torch.cuda.Event() if pin else None
+
+    def fits(self, tokens: int, segments: int) -> bool:
+        return tokens <= self.tokens and segments <= self.segments
+
+    def host_for_write(self):
+        if self._sent is not None:
+            self._sent.synchronize()  # the previous step's copy must have left the staging buffer
+        return self._host_np
+
+    def send(self, n: int) -> torch.Tensor:
+        self.device[:n].copy_(self._host[:n], non_blocking=True)
+        if self._sent is not None:
+            self._sent.record()
+        return self.device
+
+
+def sequence_attend(
+    q: torch.Tensor,  # (T, H, D)
+    k: torch.Tensor,  # (T, Hkv, D)
+    v: torch.Tensor,
+    k_cache: torch.Tensor,  # (rows, C, Hkv, D)
+    v_cache: torch.Tensor,
+    seq_info: torch.Tensor,  # (S, 4) int32
+    slots: torch.Tensor,  # (T,) int64
+    scale: float,
+    max_q_len: int,
+    max_kv_len: int,
+    window: int,  # 0: global
+    impl: str,
+) -> torch.Tensor:  # (T, H, D) in q's dtype
+    from kernels import kv_write, sdpa_varlen
+
+    # compiled graphs may hand over strided views; the kernels want a contiguous head dim
+    kv_write(k_cache, v_cache, k.contiguous(), v.contiguous(), slots, impl=impl)
+    out = sdpa_varlen(
+        q.to(k_cache.dtype).contiguous(), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
+        max_kv_len=max_kv_len, window=window or None, impl=impl,
+    )
+    return out.to(q.dtype).contiguous()
+
+
+@torch.library.custom_op("parley::sequence_attend", mutates_args=("k_cache", "v_cache"))
+def _sequence_attend_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    seq_info: torch.Tensor, slots: torch.Tensor, scale: float, max_q_len: int, max_kv_len: int, window: int, impl: str,
+) -> torch.Tensor:
+    return sequence_attend(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl)
+
+
+@_sequence_attend_op.register_fake
+def _(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl):
+    return q.new_empty(q.shape)  # contiguous, like the real output

@@ -1,0 +1,262 @@
+"""Decode speed on one GPU: Parley (CUDA graphs, optionally compiled) vs transformers' static cache.
+
+A Gemma-3-270M-shaped model with random bf16 weights (speed does not depend on weight values), the
+same weights in both. Per session count: prompt 128, 128 new tokens, greedy. Prints JSON lines:
+impl, sessions, ms_per_step (median decode step, host to host), tok_s, floor_ms (weights + KV bytes
+over the measured device copy bandwidth), fraction_of_floor, speedup_vs_hf_static.
+
+    python -m bench.decode_gpu --sessions 1 8 64 --out results.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from engine.models import gemma3
+from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs
+
+PROMPT, NEW = 128, 128
+
+
+def gemma270m_args(max_len: int = 32768, **shape) -> ModelArgs:
+    """Gemma 3 270M's shape; `shape` overrides sizes (tests use a smaller copy on CPU)."""
+    d = dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_layers=18, num_heads=4,
+             num_kv_heads=1, head_dim=256, sliding_window=512)
+    d.update(shape)
+    n = d.pop("num_layers")
+    return ModelArgs(
+        model_type="gemma3", num_layers=n, rms_norm_eps=1e-6,
+        rope={GLOBAL: RopeArgs(1_000_000.0), SLIDING: RopeArgs(10_000.0)},
+        layer_types=[GLOBAL if (i + 1) % 6 == 0 else SLIDING for i in range(n)],
+        max_position_embeddings=max_len, tie_word_embeddings=True, qk_norm=True,
+        query_pre_attn_scalar=float(d["head_dim"]), hidden_act="gelu_pytorch_tanh", **d,
+    )
+
+
+def random_hf_weights(args: ModelArgs, seed: int = 0) -> dict[str, torch.Tensor]:
+    """HF-named fp32 weights; norms are HF's `w` of a (1 + w) scale, random too."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in gemma3.Model(args).state_dict().items()}
+    out = {}
+    for name, shape in shapes.items():
+        std = 0.1 if name.endswith("norm.weight") else 0.02
+        out[name] = torch.randn(shape, generator=g) * std
+    return out
+
+
+def parley_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.dtype, device) -> gemma3.Model:
+    weights = gemma3.sanitize(hf_weights, args)
+    with torch.device("meta"):
+        model = gemma3.Model(args)
+    model.load_state_dict({k: v.to(device=device, dtype=dtype) for k, v in weights.items()}, strict=True, assign=True)
+    model.reset_buffers(device)
+    return model.eval().requires_grad_(False)
+
+
+def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.dtype, device):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(
+        vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+        num_hidden_layers=args.num_layers, num_attention_heads=args.num_heads,
+        num_key_value_heads=args.num_kv_heads, head_dim=args.head_dim, sliding_window=args.sliding_window,
+        layer_types=["full_attention" if t == GLOBAL else "sliding_attention" for t in args.layer_types],
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": args.rope[GLOBAL].theta},
+                         "sliding_attention": {"rope_type": "default", "rope_theta": args.rope[SLIDING].theta}},
+        query_pre_attn_scalar=int(args.query_pre_attn_scalar), max_position_embeddings=args.max_position_embeddings,
+        tie_word_embeddings=True, final_logit_softcapping=None, attn_logit_softcapping=None,
+        rms_norm_eps=args.rms_norm_eps, hidden_activation="gelu_pytorch_tanh",
+    )
+    model = Gemma3ForCausalLM(config)
+    state = dict(hf_weights)
+    state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("rotary" in m or m == "lm_head.weight" for m in missing), (missing, unexpected)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+# -- Parley
+def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
+                 attention_impl: str = "auto"):
+    from engine.batcher import Batcher
+    from engine.cache import CacheConfig, make_cache
+    from engine.runner import ModelRunner
+    from engine.scheduler import SchedulerConfig
+
+    dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[next(model.parameters()).dtype]
+    device = next(model.parameters()).device
+    config = CacheConfig(layout="sequence", max_seqs=sessions, max_seq_len=max_len, capacity=sessions * max_len,
+                         dtype=dtype, max_step_tokens=256, initial_capacity=sessions * max_len)
+    cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
+    cache.attention_impl = attention_impl
+    sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
+    batcher = Batcher(model, cache, sched, device)
+    batcher.runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode)
+    return batcher
+
+
+def prompts(args: ModelArgs, sessions: int, length: int = PROMPT, seed: int = 1) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, args.vocab_size, (length,), generator=g).tolist() for _ in range(sessions)]
+
+
+def run_parley(batcher, prompt_ids: list[list[int]], new: int = NEW) -> tuple[list[list[int]], list[float]]:
+    """Generates greedily; returns each session's tokens and the wall time of every decode-only step."""
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=new))) for i, p in enumerate(prompt_ids)]
+    for s in seqs:
+        batcher.add(s)
+    decode_times = []
+    while batcher.scheduler.has_work():
+        decode = all(s.num_uncached == 1 for s in batcher.scheduler.running) and not batcher.scheduler.waiting
+        start = time.perf_counter()
+        batcher.step()
+        if decode:
+            decode_times.append(time.perf_counter() - start)
+    return [s.generated for s in seqs], decode_times
+
+
+def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
+    """GPU time of one decode step: replays of the largest captured graph, timed with events."""
+    graphs = batcher.runner.graphs
+    if graphs is None or not graphs.graphs:
+        return None
+    graph, _ = graphs.graphs[max(graphs.graphs)]
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / repeats
+
+
+def profile_step(batcher, label: str) -> None:
+    """Per-kernel GPU time of one decode forward (outside the graph) at the last captured bucket."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = batcher.runner.graphs
+    if g is None or not g.graphs:
+        return
+    b = max(g.graphs)[0]
+    args = (g.tokens[:b], g.positions[:b], g.cache, g.rows[:b])
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.forward(*args)
+        torch.cuda.synchronize()
+    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60)
+    print(f"== profile {label}: {sum(e.count for e in prof.key_averages())} events\n{table}", flush=True)
+
+
+# -- transformers, static cache
+def hf_ms_per_step(model, prompt_ids: list[list[int]], new: int) -> float:
+    ids = torch.tensor(prompt_ids, device=model.device)
+
+    def gen(n: int) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                       cache_implementation="static", pad_token_id=0, disable_compile=True)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    gen(2)  # warm-up
+    return (gen(new + 1) - gen(1)) / new * 1e3
+
+
+# -- the floor
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy, bytes read + written per second."""
+    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        y.copy_(x)
+    end.record()
+    end.synchronize()
+    return 2 * x.numel() * 20 / (start.elapsed_time(end) / 1e3)
+
+
+def floor_ms(model, args: ModelArgs, sessions: int, bandwidth: float, context: int = PROMPT + NEW // 2) -> float:
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    per_token = 2 * args.num_kv_heads * args.head_dim * 2  # K and V, bf16
+    keys = sum(min(context, w) if w else context for w in args.layer_windows())
+    return (weights + sessions * keys * per_token) / bandwidth * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"])
+    ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
+    ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
+    ap.add_argument("--profile", action="store_true", help="kernel table of one decode forward per run")
+    ap.add_argument("--out", default=None)
+    opts = ap.parse_args()
+    device = torch.device("cuda")
+    args = gemma270m_args()
+    weights = random_hf_weights(args)
+    model = parley_model(args, weights, torch.bfloat16, device)
+    bw = copy_bandwidth(device)
+    hf_ms: dict[int, float] = {}
+    out = open(opts.out, "a") if opts.out else None
+
+    def emit(row: dict) -> None:
+        print(json.dumps(row), flush=True)
+        if out:
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+
+    def finish(r: dict) -> None:
+        n, ms = r["sessions"], r["ms_per_step"]
+        r["tok_s"] = n / ms * 1e3
+        r["floor_ms"] = floor_ms(model, args, n, bw)
+        r["fraction_of_floor"] = r["floor_ms"] / ms
+        if n in hf_ms:
+            r["speedup_vs_hf_static"] = hf_ms[n] / ms
+        emit({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
+
+    emit({"impl": "device", "copy_bandwidth_tb_s": round(bw / 1e12, 3), "gpu": torch.cuda.get_device_name(),
+          "torch": torch.__version__})
+    if "hf-static" in opts.impls:
+        try:
+            hf = hf_model(args, weights, torch.bfloat16, device)
+            for n in opts.hf_sessions if opts.hf_sessions is not None else opts.sessions:
+                new = opts.hf_new_at_1 if n == 1 else NEW
+                ms = hf_ms_per_step(hf, prompts(args, n), new)
+                hf_ms[n] = ms
+                finish({"impl": "hf-static", "sessions": n, "ms_per_step": ms, "steps_timed": new})
+            del hf
+        except Exception as exc:  # the baseline's failure must not hide Parley's numbers
+            emit({"impl": "hf-static", "error": repr(exc)[:300]})
+        torch.cuda.empty_cache()
+    for impl in [i for i in opts.impls if i.startswith("parley")]:
+        for n in opts.sessions:
+            b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=impl != "parley-eager",
+                             compile_decode=impl == "parley-compiled")
+            t0 = time.perf_counter()
+            _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
+            warm_s = time.perf_counter() - t0
+            _, times = run_parley(b, prompts(args, n, seed=2))
+            finish({"impl": impl, "sessions": n, "ms_per_step": statistics.median(times) * 1e3,
+                    "mean_ms_per_step": statistics.fmean(times) * 1e3, "steps_timed": len(times),
+                    "gpu_ms_per_step": graph_replay_ms(b), "first_run_s": round(warm_s, 2)})
+            if opts.profile:
+                try:
+                    profile_step(b, f"{impl} x{n}")
+                except Exception as exc:  # a diagnostic must not end the run
+                    print(f"profile {impl} x{n} failed: {exc!r}"[:300], flush=True)
+
+
+
+if __name__ == "__main__":
+    main()

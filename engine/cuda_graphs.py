@@ -1,0 +1,92 @@
+"""DecodeGraphs: decode-only steps replayed from CUDA graphs captured per batch-size bucket.
+
+A graph is captured for (batch bucket, kv-length bucket, storage version). Its inputs live in static
+buffers: tokens and positions here, the segment table and write slots in the cache's step buffer (whose
+addresses do not move), so one graph serves any mix of sequence lengths. Padding rows write the scratch
+column and padding segments are empty. A cache reallocation bumps the storage version: stale graphs go.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.cache.sequence_layout import SequenceKVCache
+from engine.models.layers import CausalLM
+from engine.step import StepBatch
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+log = logging.getLogger(__name__)
+
+
+class DecodeGraphs:
+    def __init__(self, model: CausalLM, cache: SequenceKVCache, buckets: tuple[int, ...] = BATCH_BUCKETS,
+                 compile_model: bool = False):
+        self.model, self.cache = model, cache
+        self.buckets = tuple(sorted(buckets))
+        self.forward = _compiled(model) if compile_model else model
+        self.compiled = compile_model
+        dev, n = cache.device, self.buckets[-1]
+        self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+        self.rows = torch.arange(n, device=dev)  # a decode step samples every row, in order
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._version = cache.storage_version
+        self._pool = None
+        self.captures = self.replays = 0
+
+    def accepts(self, batch: StepBatch) -> bool:
+        segs = batch.segments
+        return (
+            0 < len(segs) <= self.buckets[-1]
+            and all(s.q_len == 1 for s in segs)
+            and len(batch.samplers) == len(segs)
+            and self.cache.attention_impl != "reference"  # the reference reads the table on the host
+        )
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """Logits (R, V) fp32 of a decode-only step; a view of the graph's output buffer."""
+        n = len(batch.segments)
+        b = next(x for x in self.buckets if x >= n)
+        self.cache.prepare_step(num_tokens=b, num_segments=b)
+        if self.cache.storage_version != self._version:
+            self.graphs.clear()  # they read tensors that no longer exist
+            self._version = self.cache.storage_version
+        self.tokens[:n].copy_(batch.tokens, non_blocking=True)
+        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        key = (b, self.cache.plan.max_kv_len)
+        if key not in self.graphs:
+            self.graphs[key] = self._capture(b)
+        graph, logits = self.graphs[key]
+        graph.replay()
+        self.replays += 1
+        return logits[:n]
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        args = (self.tokens[:b], self.positions[:b], self.cache, self.rows[:b])
+        # Warm up on a side stream (Triton/inductor compile here, not during capture); it runs this
+        # very step, so what it writes into the cache is what the replay writes again.
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.forward(*args)
+        torch.cuda.current_stream().wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = self.forward(*args)
+        self.captures += 1
+        log.debug("captured decode graph: batch %d, kv bucket %d", b, self.cache.plan.max_kv_len)
+        return graph, logits
+
+
+def _compiled(model: CausalLM):
+    """torch.compile of the forward (fuses norms, rope, activations); attention stays one opaque op."""
+    import torch._dynamo as dynamo
+
+    for name in ("recompile_limit", "cache_size_limit"):  # one compile per bucket
+        if hasattr(dynamo.config, name):
+            setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
+    return torch.compile(model, dynamic=False)
