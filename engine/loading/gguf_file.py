@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.loading.gguf_header import scan_header
 
 GGUF_MAGIC = b"GGUF"
 
@@ -46,6 +47,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
+    scan_header(path)  # refuses impossible counts and shapes before GGUFReader allocates for them
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on damaged files

@@ -1,0 +1,94 @@
+"""The model registry kept in the chat database, and the checks a model passes before it is imported.
+
+Same interface as app.model_registry.ModelRegistry; the embedded default is never stored, so it is always there.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.model_registry import ModelEntry, ModelRegistry
+from app.persist.store import SqliteConversationStore
+from engine.errors import ParleyError
+from engine.loading.default_model import DEFAULT_NAME
+
+SUPPORTED = ("gemma3", "gemma3_text", "llama", "qwen2", "qwen3")
+HF_TOKENIZER_FILES = ("tokenizer.json",)
+MAX_CONFIG_BYTES = 1 << 20
+
+
+def check_model(path: str | Path) -> str:
+    """'gguf' or 'hf' for a model Parley can run; ValueError saying what is wrong otherwise.
+
+    Reads only headers and small JSON files, so it is quick enough for the GUI thread.
+    """
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix.lower() == ".gguf":
+        return _check_gguf(p)
+    if p.is_dir() and (p / "config.json").is_file():
+        return _check_hf(p)
+    raise ValueError(f"{p} is neither a .gguf file nor a Hugging Face folder with config.json.")
+
+
+def _check_gguf(p: Path) -> str:
+    from engine.loading.gguf_header import scan_header
+
+    try:
+        header = scan_header(p)
+    except ParleyError as exc:
+        raise ValueError(str(exc)) from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{p.name} cannot be read: {exc}") from None
+    arch = str(header.scalars.get("general.architecture", ""))
+    if arch not in SUPPORTED:
+        raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. Parley runs: gemma3, llama, qwen2, qwen3.")
+    if "tokenizer.ggml.model" not in header.scalars or not header.array_lengths.get("tokenizer.ggml.tokens"):
+        raise ValueError(f"{p.name} has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens are missing).")
+    if header.n_tensors == 0:
+        raise ValueError(f"{p.name} holds no weights.")
+    return "gguf"
+
+
+def _check_hf(p: Path) -> str:
+    cfg_path = p / "config.json"
+    if cfg_path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"{cfg_path} is too large to be a model config.")
+    try:
+        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{cfg_path} is not valid JSON: {exc}") from None
+    kind = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if kind not in SUPPORTED:
+        raise ValueError(f"{p.name}: architecture {kind!r} is not supported. Parley runs: gemma3, llama, qwen2, qwen3.")
+    if not any((p / name).is_file() for name in HF_TOKENIZER_FILES):
+        raise ValueError(f"{p.name} has no tokenizer.json.")
+    if not any(p.glob("*.safetensors")):
+        raise ValueError(f"{p.name} has no .safetensors weights.")
+    return "hf"
+
+
+class SqliteModelRegistry(ModelRegistry):
+    """Imported models live in the store's `model` table; `legacy_file` (the old models.json) is read once."""
+
+    def __init__(self, store: SqliteConversationStore, default_spec: str = DEFAULT_NAME, legacy_file: Path | None = None):
+        super().__init__(None, default_spec)
+        self.store = store
+        if not store.models and legacy_file is not None and legacy_file.is_file():
+            old = ModelRegistry(legacy_file, default_spec)
+            for entry in old.entries()[1:]:
+                store.save_model(entry.key, entry.name, entry.path, entry.kind)
+        for row in store.models.values():
+            if row["key"] != DEFAULT_NAME:
+                self._imported[row["key"]] = ModelEntry(row["key"], row["name"], row["path"], row["kind"])
+
+    def candidate(self, path: str | Path, name: str | None = None) -> ModelEntry:
+        check_model(path)
+        return super().candidate(path, name)
+
+    def _save(self) -> None:
+        stored = set(self.store.models)
+        for key in stored - self._imported.keys():
+            self.store.remove_model(key)
+        for key, e in self._imported.items():
+            if key not in stored:
+                self.store.save_model(e.key, e.name, e.path, e.kind)

@@ -1,0 +1,154 @@
+"""The database file: connection settings, the versioned schema and its migrations, the search index.
+
+`PRAGMA user_version` holds how many of MIGRATIONS have run; a new version appends a function, never edits one.
+"""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Callable
+
+BUSY_TIMEOUT_MS = 2000
+
+
+def run_script(db: sqlite3.Connection, sql: str) -> None:
+    """Runs each statement inside the caller's transaction (executescript would commit it first)."""
+    statement = ""
+    for piece in sql.split(";"):
+        statement += piece + ";"
+        if sqlite3.complete_statement(statement):
+            if statement.strip(" \n;"):
+                db.execute(statement)
+            statement = ""
+
+
+def _v1_core(db: sqlite3.Connection) -> None:
+    run_script(db, """
+        CREATE TABLE conversation (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            pinned INTEGER NOT NULL DEFAULT 0,
+            hidden INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            leaf_id INTEGER,
+            settings_json TEXT NOT NULL
+        );
+        CREATE TABLE message (
+            id INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL REFERENCES conversation(id) ON DELETE CASCADE,
+            parent_id INTEGER REFERENCES message(id) ON DELETE CASCADE,
+            role TEXT NOT NULL,
+            content TEXT NOT NULL DEFAULT '',
+            state TEXT NOT NULL DEFAULT 'done',
+            error TEXT NOT NULL DEFAULT '',
+            stats_json TEXT,
+            model TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX message_tree ON message(conversation_id, parent_id, id);
+    """)
+
+
+def _v2_compare_and_models(db: sqlite3.Connection) -> None:
+    run_script(db, """
+        CREATE TABLE compare_group (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL DEFAULT '',
+            created_at REAL NOT NULL
+        );
+        CREATE TABLE compare_member (
+            group_id INTEGER NOT NULL REFERENCES compare_group(id) ON DELETE CASCADE,
+            conversation_id INTEGER NOT NULL REFERENCES conversation(id) ON DELETE CASCADE,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (group_id, position)
+        );
+        CREATE TABLE model (
+            key TEXT PRIMARY KEY,
+            name TEXT NOT NULL,
+            path TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            added_at REAL NOT NULL
+        );
+    """)
+
+
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_v1_core, _v2_compare_and_models]
+VERSION = len(MIGRATIONS)
+
+
+class SchemaTooNewError(sqlite3.DatabaseError):
+    """The file was written by a newer Parley: opening it read-write could damage it."""
+
+
+def connect(path: Path, read_only: bool = False) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL journal, foreign keys on.
+
+    Read-only falls back to `immutable=1`: a WAL file in a read-only folder cannot be opened otherwise.
+    """
+    if read_only:
+        try:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
+            db.execute("PRAGMA user_version").fetchone()
+        except sqlite3.OperationalError:
+            db = sqlite3.connect(f"{path.resolve().as_uri()}?immutable=1", uri=True, isolation_level=None)
+    else:
+        db = sqlite3.connect(path, isolation_level=None)
+    db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    db.execute("PRAGMA foreign_keys = ON")
+    if not read_only:
+        db.execute("PRAGMA journal_mode = WAL")
+        db.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a commit survives a process crash
+    return db
+
+
+def migrate(db: sqlite3.Connection) -> int:
+    """Runs the migrations this file has not seen yet, each in its own transaction; returns the version."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version > VERSION:
+        raise SchemaTooNewError(f"the chat database has schema version {version}; this Parley knows up to {VERSION}")
+    for number in range(version + 1, VERSION + 1):
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            MIGRATIONS[number - 1](db)
+            db.execute(f"PRAGMA user_version = {number}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+    return VERSION
+
+
+def ensure_search_index(db: sqlite3.Connection) -> bool:
+    """A trigram FTS5 index over message text (substring search, like the in-memory store); False without FTS5.
+
+    Kept outside the versioned migrations: a build without FTS5 gets none, and a later build with it adds it.
+    """
+    exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_fts'").fetchone()
+    if exists:
+        return True
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        run_script(db, """
+            CREATE VIRTUAL TABLE message_fts USING fts5(
+                content, content='message', content_rowid='id', tokenize='trigram');
+            CREATE TRIGGER message_fts_insert AFTER INSERT ON message BEGIN
+                INSERT INTO message_fts(rowid, content) VALUES (new.id, new.content);
+            END;
+            CREATE TRIGGER message_fts_delete AFTER DELETE ON message BEGIN
+                INSERT INTO message_fts(message_fts, rowid, content) VALUES ('delete', old.id, old.content);
+            END;
+            CREATE TRIGGER message_fts_update AFTER UPDATE OF content ON message BEGIN
+                INSERT INTO message_fts(message_fts, rowid, content) VALUES ('delete', old.id, old.content);
+                INSERT INTO message_fts(rowid, content) VALUES (new.id, new.content);
+            END;
+            INSERT INTO message_fts(message_fts) VALUES ('rebuild');
+        """)
+        db.execute("COMMIT")
+        return True
+    except sqlite3.OperationalError as exc:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        if "fts5" in str(exc).lower() or "tokenizer" in str(exc).lower():
+            return False
+        raise

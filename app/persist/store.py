@@ -1,0 +1,362 @@
+"""SqliteConversationStore: the ConversationStore kept in memory and written through to SQLite as it changes.
+
+Structural changes (a chat, a message, a branch switch, a state change) are committed at once; streamed
+text is committed at most every `flush_interval_s` and whenever the message's state changes. The store
+belongs to one thread (the GUI's): sqlite3's same-thread check refuses a write from any other. When the
+file cannot be written (read-only folder, full disk, damaged file) the store keeps working in memory and
+sets `warning`, which the GUI shows.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sqlite3
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from app.chat_settings import ChatSettings
+from app.persist import schema
+from app.store import Conversation, ConversationStore, Message
+
+INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
+UNFINISHED = ("waiting", "queued", "streaming")
+FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+
+CONV_COLUMNS = "id, title, pinned, hidden, created_at, updated_at, leaf_id, settings_json"
+MSG_COLUMNS = "id, conversation_id, parent_id, role, content, state, error, stats_json, model, created_at"
+
+
+class SqliteConversationStore(ConversationStore):
+    def __init__(self, path: str | Path, flush_interval_s: float = 0.5, clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.file = Path(path)
+        self.flush_interval_s = flush_interval_s
+        self.warning = ""  # set once the store cannot write its file; chats still work in memory
+        self.on_warning: Callable[[str], None] | None = None
+        self.on_commit: Callable[[list[Message]], None] | None = None  # messages just committed (tests, crash reports)
+        self.recovered: list[int] = []  # answers found unfinished at open, now INTERRUPTED
+        self.has_fts = False
+        self._clock = clock
+        self._last_flush = clock()
+        self._dirty: set[int] = set()
+        self._batch = 0
+        self._compare: dict[int, list[int]] = {}
+        self.models: dict[str, dict] = {}  # the model registry's rows (see app/persist/registry.py)
+        self._db: sqlite3.Connection | None = None
+        self._open()
+
+    # -- opening
+    def _open(self) -> None:
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            db = schema.connect(self.file)
+            schema.migrate(db)
+            self.has_fts = schema.ensure_search_index(db)
+            self._load(db)
+            self._db = db
+            self._recover()
+        except schema.SchemaTooNewError as exc:
+            self._load_read_only(f"{exc}. Chats are shown but changes will not be saved.")
+        except sqlite3.DatabaseError as exc:
+            if _is_damaged(exc):
+                self._set_aside(exc)
+            else:
+                self._load_read_only(_why(exc, self.file))
+        except OSError as exc:
+            self._load_read_only(_why(exc, self.file))
+
+    def _load_read_only(self, warning: str) -> None:
+        """Shows what the file holds (when it can be read at all) and keeps every change in memory."""
+        if self.file.is_file():
+            try:
+                db = schema.connect(self.file, read_only=True)
+                if db.execute("PRAGMA user_version").fetchone()[0] >= 1:
+                    self._load(db)
+                db.close()
+            except (sqlite3.Error, OSError):
+                pass
+        self._set_warning(warning)
+
+    def _set_aside(self, exc: Exception) -> None:
+        """A damaged file is renamed (never deleted) and a fresh one started."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside = self.file.with_name(f"{self.file.name}.damaged-{stamp}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.file) + suffix)
+                if src.exists():
+                    src.rename(Path(str(aside) + suffix))
+            db = schema.connect(self.file)
+            schema.migrate(db)
+            self.has_fts = schema.ensure_search_index(db)
+            self._db = db
+        except (sqlite3.Error, OSError) as exc2:
+            self._set_warning(_why(exc2, self.file))
+            return
+        self._set_warning(f"The chat database was damaged ({exc}); it was kept as {aside.name} and a new one started.")
+
+    def _load(self, db: sqlite3.Connection) -> None:
+        top = 0
+        for row in db.execute(f"SELECT {CONV_COLUMNS} FROM conversation ORDER BY id"):
+            conv = _conversation(row)
+            self._conversations[conv.id] = conv
+            top = max(top, conv.id)
+        for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message ORDER BY id"):
+            msg = _message(row)
+            if msg.conversation_id not in self._conversations or (msg.parent_id is not None and msg.parent_id not in self._messages):
+                continue  # cannot happen with foreign keys on; skipped rather than shown detached
+            self._messages[msg.id] = msg
+            self._children.setdefault((msg.conversation_id, msg.parent_id), []).append(msg.id)
+            top = max(top, msg.id)
+        for conv in self._conversations.values():
+            if conv.leaf_id is not None and conv.leaf_id not in self._messages:
+                conv.leaf_id = None
+        if _has_table(db, "compare_member"):
+            for gid, cid in db.execute("SELECT group_id, conversation_id FROM compare_member ORDER BY group_id, position"):
+                self._compare.setdefault(gid, []).append(cid)
+            for key, name, path, kind in db.execute("SELECT key, name, path, kind FROM model ORDER BY added_at, key"):
+                self.models[key] = {"key": key, "name": name, "path": path, "kind": kind}
+            top = max([top, *self._compare])
+        self._ids = itertools.count(top + 1)
+
+    def _recover(self) -> None:
+        """Answers that were being generated when the app died: kept, marked interrupted."""
+        cut = [m for m in self._messages.values() if m.state in UNFINISHED]
+        for msg in cut:
+            msg.state = INTERRUPTED
+            if msg.error.startswith("Queued"):
+                msg.error = ""
+        self.recovered = [m.id for m in cut]
+        if cut:
+            self._write([_update_msg(m) for m in cut], cut)
+
+    # -- writing
+    def _write(self, statements: list[tuple[str, tuple]], committed: list[Message] = ()) -> None:
+        if self._db is None:
+            return
+        try:
+            if self._batch == 0:
+                self._db.execute("BEGIN IMMEDIATE")
+            for sql, params in statements:
+                self._db.execute(sql, params)
+            if self._batch == 0:
+                self._db.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            self._degrade(exc)
+            return
+        if self.on_commit is not None and committed and self._batch == 0:
+            self.on_commit(list(committed))
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Groups many changes (an import) into one transaction."""
+        if self._db is not None and self._batch == 0:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except (sqlite3.Error, OSError) as exc:
+                self._degrade(exc)
+        self._batch += 1
+        try:
+            yield
+        finally:
+            self._batch -= 1
+            if self._db is not None and self._batch == 0:
+                try:
+                    self._db.execute("COMMIT")
+                except (sqlite3.Error, OSError) as exc:
+                    self._degrade(exc)
+
+    def _degrade(self, exc: Exception) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.close()
+            except (sqlite3.Error, OSError):
+                pass
+        self._set_warning(_why(exc, self.file))
+
+    def _set_warning(self, text: str) -> None:
+        self.warning = text
+        if self.on_warning is not None:
+            self.on_warning(text)
+
+    @property
+    def persistent(self) -> bool:
+        return self._db is not None
+
+    def flush(self) -> None:
+        """Commits the text streamed since the last flush (the GUI also calls this on a timer)."""
+        self._last_flush = self._clock()
+        if not self._dirty:
+            return
+        msgs = [self._messages[i] for i in sorted(self._dirty) if i in self._messages]
+        self._dirty.clear()
+        self._write([_update_msg(m) for m in msgs], msgs)
+
+    def close(self) -> None:
+        """Commits everything and closes the file; the store keeps working in memory afterwards."""
+        self.flush()
+        self._write([_update_conv(c) for c in self._conversations.values()])
+        db, self._db = self._db, None
+        if db is not None:
+            try:
+                db.execute("PRAGMA optimize")
+                db.close()
+            except (sqlite3.Error, OSError):
+                pass
+
+    # -- conversations
+    def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
+        conv = super().create(title, settings, hidden)
+        self._write([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(conv))])
+        return conv
+
+    def update(self, conv_id: int, **changes) -> Conversation:
+        conv = super().update(conv_id, **changes)
+        self._write([_update_conv(conv)])
+        return conv
+
+    def delete(self, conv_id: int) -> None:
+        self._dirty = {i for i in self._dirty if self._messages[i].conversation_id != conv_id}
+        super().delete(conv_id)
+        for gid in [g for g, members in self._compare.items() if conv_id in members]:
+            self._compare[gid].remove(conv_id)
+        self._write([("DELETE FROM message WHERE conversation_id = ?", (conv_id,)),
+                     ("DELETE FROM conversation WHERE id = ?", (conv_id,))])
+
+    def search(self, text: str) -> list[Conversation]:
+        """Title or message text contains `text`, case-insensitive: FTS5 (trigram) when it can, memory otherwise."""
+        needle = text.strip()
+        if self._db is None or not self.has_fts or len(needle) < FTS_MIN_CHARS:
+            return super().search(text)
+        self.flush()
+        query = '"' + needle.replace('"', '""') + '"'
+        try:
+            rows = self._db.execute(
+                "SELECT DISTINCT m.conversation_id FROM message_fts f JOIN message m ON m.id = f.rowid "
+                "WHERE message_fts MATCH ?", (query,)).fetchall()
+        except sqlite3.Error:
+            return super().search(text)
+        hits = {r[0] for r in rows}
+        folded = needle.casefold()
+        return [c for c in self.conversations() if c.id in hits or folded in c.title.casefold()]
+
+    # -- messages
+    def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str = "", state: str = "done") -> Message:
+        msg = super().add_message(conv_id, parent_id, role, content, state)
+        self._dirty.discard(msg.id)
+        self._write([(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(msg)),
+                     _update_conv(self._conversations[conv_id])], [msg])
+        return msg
+
+    def update_message(self, msg_id: int, **changes) -> Message:
+        msg = super().update_message(msg_id, **changes)
+        self._dirty.add(msg_id)
+        self.flush()
+        return msg
+
+    def append_text(self, msg_id: int, text: str) -> Message:
+        msg = super().append_text(msg_id, text)
+        self._dirty.add(msg_id)
+        if self._clock() - self._last_flush >= self.flush_interval_s:
+            self.flush()
+        return msg
+
+    def select(self, msg_id: int) -> None:
+        super().select(msg_id)
+        self._write([_update_conv(self._conversations[self._messages[msg_id].conversation_id])])
+
+    def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
+        super().set_leaf(conv_id, msg_id)
+        self._write([_update_conv(self._conversations[conv_id])])
+
+    # -- compare groups: the columns of one side-by-side comparison, in order
+    def add_compare_group(self, conv_ids: list[int], title: str = "") -> int:
+        gid = next(self._ids)
+        self._compare[gid] = list(conv_ids)
+        self._write([("INSERT INTO compare_group (id, title, created_at) VALUES (?, ?, ?)", (gid, title, time.time())),
+                     *[("INSERT INTO compare_member (group_id, conversation_id, position) VALUES (?, ?, ?)", (gid, c, i))
+                       for i, c in enumerate(conv_ids)]])
+        return gid
+
+    def compare_groups(self) -> dict[int, list[int]]:
+        return {g: list(m) for g, m in self._compare.items() if m}
+
+    def delete_compare_group(self, group_id: int) -> None:
+        self._compare.pop(group_id, None)
+        self._write([("DELETE FROM compare_group WHERE id = ?", (group_id,))])
+
+    # -- model registry rows
+    def save_model(self, key: str, name: str, path: str, kind: str) -> None:
+        self.models[key] = {"key": key, "name": name, "path": path, "kind": kind}
+        self._write([("INSERT OR REPLACE INTO model (key, name, path, kind, added_at) VALUES (?, ?, ?, ?, ?)",
+                      (key, name, path, kind, time.time()))])
+
+    def remove_model(self, key: str) -> None:
+        self.models.pop(key, None)
+        self._write([("DELETE FROM model WHERE key = ?", (key,))])
+
+
+# -- rows <-> objects
+def _conv_row(c: Conversation) -> tuple:
+    return (c.id, c.title, int(c.pinned), int(c.hidden), c.created_at, c.updated_at, c.leaf_id,
+            json.dumps(c.settings.to_dict()))
+
+
+def _update_conv(c: Conversation) -> tuple[str, tuple]:
+    row = _conv_row(c)
+    return ("UPDATE conversation SET title = ?, pinned = ?, hidden = ?, created_at = ?, updated_at = ?, leaf_id = ?, "
+            "settings_json = ? WHERE id = ?", (*row[1:], row[0]))
+
+
+def _msg_row(m: Message) -> tuple:
+    stats = json.dumps(m.stats) if m.stats is not None else None
+    return (m.id, m.conversation_id, m.parent_id, m.role, m.content, m.state, m.error, stats, m.model, m.created_at)
+
+
+def _update_msg(m: Message) -> tuple[str, tuple]:
+    stats = json.dumps(m.stats) if m.stats is not None else None
+    return ("UPDATE message SET content = ?, state = ?, error = ?, stats_json = ?, model = ? WHERE id = ?",
+            (m.content, m.state, m.error, stats, m.model, m.id))
+
+
+def _conversation(row: tuple) -> Conversation:
+    cid, title, pinned, hidden, created, updated, leaf, settings_json = row
+    try:
+        settings = ChatSettings.from_dict(json.loads(settings_json))
+    except (ValueError, TypeError):
+        settings = ChatSettings()  # settings this version cannot read fall back to the defaults
+    return Conversation(cid, title, settings, bool(pinned), bool(hidden), leaf, created, updated)
+
+
+def _message(row: tuple) -> Message:
+    mid, cid, parent, role, content, state, error, stats_json, model, created = row
+    try:
+        stats = json.loads(stats_json) if stats_json else None
+    except ValueError:
+        stats = None
+    return Message(mid, cid, parent, role, content, state, error, stats, model, created)
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _is_damaged(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "not a database" in text or "malformed" in text or "corrupt" in text
+
+
+def _why(exc: Exception, path: Path) -> str:
+    text = str(exc).lower()
+    if "full" in text or getattr(exc, "errno", None) == 28:
+        reason = "the disk is full"
+    elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
+        reason = "the data folder is read-only"
+    else:
+        reason = str(exc)
+    return f"Chats cannot be saved to {path} ({reason}); they are kept in memory until Parley quits."

@@ -1,0 +1,143 @@
+"""A bounds check of a GGUF header before anything parses it for real.
+
+gguf.GGUFReader trusts the counts it reads: an array length of 2**62 makes it loop (and allocate) per
+element, and absurd tensor shapes overflow its size arithmetic. This scan walks the same layout with
+every count checked against the bytes that are actually left and against fixed caps, and returns the
+scalar metadata (cheap model validation reads it without loading anything).
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.errors import ModelLoadError
+
+MAX_STRING_BYTES = 16 << 20  # chat templates are tens of KB; nothing in a header needs more
+MAX_ARRAY_ITEMS = 2_000_000  # the largest vocabularies (and merge lists) stay well below
+MAX_TOTAL_ITEMS = 8_000_000
+MAX_ARRAY_DEPTH = 2
+MAX_TENSORS = 100_000
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ELEMENTS = 1 << 40
+
+SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+STRING, ARRAY = 8, 9
+
+
+@dataclass(slots=True)
+class GGUFHeader:
+    version: int
+    scalars: dict[str, object] = field(default_factory=dict)  # every non-array field
+    array_lengths: dict[str, int] = field(default_factory=dict)
+    n_tensors: int = 0
+
+
+class _Cursor:
+    def __init__(self, buf, name: str):
+        self.buf, self.pos, self.name, self.items = buf, 0, name, 0
+
+    def fail(self, why: str) -> ModelLoadError:
+        return ModelLoadError(f"{self.name} is damaged or truncated: {why} (header byte {self.pos:,}).")
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        if size > self.left():
+            raise self.fail("it ends in the middle of the header")
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += size
+        return value
+
+    def string(self, what: str) -> str:
+        n = self.take("<Q")
+        if n > min(self.left(), MAX_STRING_BYTES):
+            raise self.fail(f"{what} claims {n:,} bytes")
+        raw = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not UTF-8") from None
+
+    def value(self, vtype: int, key: str, depth: int = 0):
+        if vtype in SCALARS:
+            return self.take(SCALARS[vtype])
+        if vtype == STRING:
+            return self.string(f"the value of {key!r}")
+        if vtype != ARRAY:
+            raise self.fail(f"{key!r} has unknown value type {vtype}")
+        if depth >= MAX_ARRAY_DEPTH:
+            raise self.fail(f"{key!r} nests arrays too deeply")
+        itype, n = self.take("<I"), self.take("<Q")
+        least = struct.calcsize(SCALARS[itype]) if itype in SCALARS else 8 if itype == STRING else 12
+        if n > MAX_ARRAY_ITEMS or n * least > self.left():
+            raise self.fail(f"array {key!r} claims {n:,} items")
+        self.items += n
+        if self.items > MAX_TOTAL_ITEMS:
+            raise self.fail("its arrays hold too many items in total")
+        if itype in SCALARS:
+            self.pos += n * least  # fixed-size items: no need to read them one by one
+        else:
+            for _ in range(n):
+                self.value(itype, key, depth + 1)
+        return n
+
+
+def scan_header(path: str | Path) -> GGUFHeader:
+    """Raises ModelLoadError when any count, length, shape or offset in the header is impossible."""
+    import gguf
+
+    path = Path(path)
+    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        c = _Cursor(buf, path.name)
+        if c.take("<4s") != b"GGUF":
+            raise c.fail("wrong magic bytes")
+        header = GGUFHeader(version=c.take("<I"))
+        if header.version not in (2, 3):
+            raise c.fail(f"unsupported GGUF version {header.version}")
+        n_tensors, n_kv = c.take("<Q"), c.take("<Q")
+        if n_kv * 13 > c.left():
+            raise c.fail(f"it claims {n_kv:,} metadata fields")
+        if n_tensors > MAX_TENSORS or n_tensors * 24 > c.left():
+            raise c.fail(f"it claims {n_tensors:,} tensors")
+        for _ in range(n_kv):
+            key = c.string("a metadata key")
+            vtype = c.take("<I")
+            value = c.value(vtype, key)
+            if vtype == ARRAY:
+                header.array_lengths[key] = value
+            else:
+                header.scalars[key] = value
+        alignment = header.scalars.get("general.alignment", 32)
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 20:
+            raise c.fail(f"alignment {alignment} is not a power of two")
+        tensors = [_tensor_info(c, gguf) for _ in range(n_tensors)]
+        data_start = -(-c.pos // alignment) * alignment
+        for name, n_bytes, offset in tensors:
+            if offset > len(buf) or data_start + offset + n_bytes > len(buf):
+                raise c.fail(f"tensor {name} lies outside the file (offset {offset:,}, {n_bytes:,} bytes)")
+        header.n_tensors = n_tensors
+        return header
+
+
+def _tensor_info(c: _Cursor, gguf) -> tuple[str, int, int]:
+    name = c.string("a tensor name")
+    n_dims = c.take("<I")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise c.fail(f"tensor {name} has {n_dims:,} dimensions")
+    dims = [c.take("<Q") for _ in range(n_dims)]
+    qtype, offset = c.take("<I"), c.take("<Q")
+    try:
+        block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
+    except (ValueError, KeyError):
+        raise c.fail(f"tensor {name} has unknown type {qtype}") from None
+    n = 1
+    for d in dims:
+        n *= d
+    if any(d == 0 for d in dims) or n > MAX_ELEMENTS or n % block:
+        raise c.fail(f"tensor {name} has impossible shape {dims}")
+    return name, n * type_size // block, offset

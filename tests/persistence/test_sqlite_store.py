@@ -1,0 +1,196 @@
+"""SqliteConversationStore: same behaviour as the in-memory store, survives a reopen, degrades to memory."""
+from __future__ import annotations
+
+import inspect
+import sqlite3
+
+import pytest
+
+from app.chat_settings import ChatSettings
+from app.persist import schema
+from app.persist.store import INTERRUPTED, SqliteConversationStore
+from app.store import ConversationStore
+
+READ_ONLY_METHODS = {"get", "has", "conversations", "has_message", "message", "children", "path", "versions", "search"}
+
+
+def _chat(store):
+    conv = store.create()
+    u1 = store.add_message(conv.id, None, "user", "hi")
+    a1 = store.add_message(conv.id, u1.id, "assistant", "hello")
+    u2 = store.add_message(conv.id, a1.id, "user", "more")
+    a2 = store.add_message(conv.id, u2.id, "assistant", "sure")
+    return conv, u1, a1, u2, a2
+
+
+def _snapshot(store) -> list:
+    out = []
+    for conv in store.conversations(include_hidden=True):
+        msgs = sorted((m for m in store._messages.values() if m.conversation_id == conv.id), key=lambda m: m.id)
+        out.append((conv.id, conv.title, conv.pinned, conv.hidden, conv.leaf_id, conv.settings, conv.created_at,
+                    conv.updated_at, [(m.id, m.parent_id, m.role, m.content, m.state, m.error, m.stats, m.model,
+                                       m.created_at) for m in msgs]))
+    return out
+
+
+def test_every_changing_method_is_written_through():
+    """A method added to ConversationStore that changes state must be overridden here too."""
+    public = {n for n, f in inspect.getmembers(ConversationStore, inspect.isfunction) if not n.startswith("_")}
+    own = {n for n in vars(SqliteConversationStore) if not n.startswith("_")}
+    assert public - READ_ONLY_METHODS <= own, public - READ_ONLY_METHODS - own
+
+
+def test_tree_branches_and_reopen(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db")
+    conv, u1, a1, u2, a2 = _chat(store)
+    a1b = store.add_message(conv.id, u1.id, "assistant", "hey")
+    assert store.path(conv.id) == [u1, a1b] and store.versions(a1b) == [a1, a1b]
+    store.select(a1.id)
+    assert store.path(conv.id) == [u1, a1, u2, a2]
+    store.update(conv.id, title="Greetings", pinned=True, settings=ChatSettings(temperature=0.2, seed=3))
+    store.update_message(a2.id, stats={"reason": "stop", "tokens_per_s": 12.5}, model="tiny")
+    other = store.create("Shopping list", hidden=True)
+    store.add_message(other.id, None, "user", "eggs")
+    before = _snapshot(store)
+    store.close()
+
+    again = SqliteConversationStore(tmp_path / "p.db")
+    assert _snapshot(again) == before
+    assert [m.content for m in again.path(conv.id)] == ["hi", "hello", "more", "sure"]
+    new = again.create()
+    assert new.id > max(m[0] for c in before for m in c[8])  # ids never collide with stored ones
+    again.delete(conv.id)
+    again.close()
+    assert sorted(c[0] for c in _snapshot(SqliteConversationStore(tmp_path / "p.db"))) == [other.id, new.id]
+    db = sqlite3.connect(tmp_path / "p.db")
+    assert db.execute("SELECT count(*) FROM message WHERE conversation_id = ?", (conv.id,)).fetchone() == (0,)
+
+
+def test_streamed_text_is_flushed_on_a_clock_and_on_state_changes(tmp_path):
+    now = [0.0]
+    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0.5, clock=lambda: now[0])
+    conv = store.create()
+    u = store.add_message(conv.id, None, "user", "hi")
+    a = store.add_message(conv.id, u.id, "assistant", state="streaming")
+    raw = sqlite3.connect(tmp_path / "p.db")
+    stored = lambda: raw.execute("SELECT content, state FROM message WHERE id = ?", (a.id,)).fetchone()
+    store.append_text(a.id, "Hel")
+    assert stored() == ("", "streaming")  # not yet: less than the interval
+    now[0] = 0.6
+    store.append_text(a.id, "lo")
+    assert stored() == ("Hello", "streaming")
+    store.append_text(a.id, "!")
+    store.update_message(a.id, state="done")
+    assert stored() == ("Hello!", "done")
+
+
+def test_unfinished_answers_come_back_interrupted(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0)
+    conv = store.create()
+    u = store.add_message(conv.id, None, "user", "hi")
+    a = store.add_message(conv.id, u.id, "assistant", state="streaming")
+    store.append_text(a.id, "partial ans")
+    waiting = store.add_message(conv.id, u.id, "assistant", state="waiting")
+    del store  # no close: as if the process died
+    again = SqliteConversationStore(tmp_path / "p.db")
+    assert sorted(again.recovered) == [a.id, waiting.id]
+    assert again.message(a.id).state == INTERRUPTED and again.message(a.id).content == "partial ans"
+    assert again.path(conv.id)[-1].id == waiting.id
+
+
+def test_search_uses_fts_and_short_needles_fall_back(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db")
+    assert store.has_fts
+    conv, *_ = _chat(store)
+    other = store.create("Shopping list")
+    store.add_message(other.id, None, "user", 'Größe "quoted" 100%_x')
+    assert store.search("SURE") == [conv] and store.search("shop") == [other]
+    assert store.search('"quoted"') == [other] and store.search("100%_") == [other]
+    assert store.search("hi") == [conv]  # two characters: below the trigram index, searched in memory
+    assert store.search("nothing like it") == []
+    store.delete(conv.id)
+    assert store.search("sure") == []
+
+
+def test_migrations_run_in_order_and_a_newer_file_is_not_written(tmp_path):
+    path = tmp_path / "p.db"
+    db = schema.connect(path)
+    schema.MIGRATIONS[0](db)
+    db.execute("PRAGMA user_version = 1")
+    db.execute("INSERT INTO conversation VALUES (7, 'old', 0, 0, 1.0, 1.0, NULL, '{}')")
+    db.close()
+    store = SqliteConversationStore(path)
+    assert store.get(7).title == "old" and store.persistent
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == schema.VERSION
+    store.close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {schema.VERSION + 1}")
+    db.close()
+    newer = SqliteConversationStore(path)
+    assert not newer.persistent and "schema version" in newer.warning and newer.get(7).title == "old"
+
+
+def test_read_only_file_keeps_chats_in_memory(tmp_path, monkeypatch):
+    path = tmp_path / "p.db"
+    store = SqliteConversationStore(path)
+    conv, *_ = _chat(store)
+    store.close()
+    real = schema.connect
+    monkeypatch.setattr(schema, "connect", lambda p, read_only=False: real(p, read_only=True))
+    store = SqliteConversationStore(path)
+    warnings = []
+    store.on_warning = warnings.append
+    assert [m.content for m in store.path(conv.id)][-1] == "sure"
+    new = store.create("kept in memory")
+    store.add_message(new.id, None, "user", "still works")
+    assert not store.persistent and "read-only" in store.warning and warnings == [store.warning]
+    assert store.path(new.id)[0].content == "still works"
+
+
+def test_data_folder_that_cannot_exist(tmp_path):
+    blocker = tmp_path / "data"
+    blocker.write_text("a file where the folder should be")
+    store = SqliteConversationStore(blocker / "parley.db")
+    assert not store.persistent and "cannot be saved" in store.warning
+    conv = store.create()
+    store.add_message(conv.id, None, "user", "hi")
+    assert store.search("hi") == [conv]
+
+
+def test_full_disk_mid_answer(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0)
+    conv = store.create()
+    a = store.add_message(conv.id, None, "assistant", state="streaming")
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # what a full disk looks like to SQLite
+    for _ in range(200):
+        store.append_text(a.id, "x" * 1000)
+    assert not store.persistent and "disk is full" in store.warning
+    assert len(store.message(a.id).content) == 200_000
+    store.update_message(a.id, state="done")  # keeps working in memory
+    reopened = SqliteConversationStore(tmp_path / "p.db")
+    assert reopened.persistent and reopened.has(conv.id)
+
+
+def test_damaged_file_is_kept_aside(tmp_path):
+    path = tmp_path / "p.db"
+    path.write_bytes(b"this is not a database" * 100)
+    store = SqliteConversationStore(path)
+    assert store.persistent and "damaged" in store.warning
+    assert list(tmp_path.glob("p.db.damaged-*"))
+    store.create()
+    store.close()
+    assert len(SqliteConversationStore(path).conversations()) == 1
+
+
+def test_compare_groups_persist(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db")
+    a, b = store.create(hidden=True), store.create(hidden=True)
+    gid = store.add_compare_group([a.id, b.id], "temps")
+    store.close()
+    again = SqliteConversationStore(tmp_path / "p.db")
+    assert again.compare_groups() == {gid: [a.id, b.id]}
+    again.delete(a.id)
+    assert again.compare_groups() == {gid: [b.id]}
+    again.delete_compare_group(gid)
+    assert again.compare_groups() == {}
