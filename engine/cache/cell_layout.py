@@ -50,16 +50,14 @@ class CellKVCache(KVCache):
         cells = self.cells
         while cells < needed:
             cells = min(self.config.capacity, cells * 2)
-        for lst in (self.k, self.v):
-            for i, t in enumerate(lst):
-                new = self._alloc(cells + 1)
-                new[: self.cells] = t[: self.cells]
-                lst[i] = new
-        for name in ("tag_seq", "tag_pos"):
-            old = getattr(self, name)
-            new = torch.full((cells + 1,), FREE, dtype=torch.long) if name == "tag_seq" else torch.zeros(cells + 1, dtype=torch.long)
-            new[: self.cells] = old[: self.cells]
-            setattr(self, name, new)
+        with torch.inference_mode(False):  # storage stays a normal tensor: callers may write it outside inference
+            for lst in (self.k, self.v):
+                for i, t in enumerate(lst):
+                    new = self._alloc(cells + 1)
+                    new[: self.cells] = t[: self.cells]
+                    lst[i] = new
+            self.tag_seq = _extend(self.tag_seq, cells + 1, FREE)
+            self.tag_pos = _extend(self.tag_pos, cells + 1, 0)
         for c in range(self.cells, cells):
             heapq.heappush(self._free, c)
         self.cells = cells
@@ -141,3 +139,9 @@ class CellKVCache(KVCache):
             del self._cells_of[slot][-len(cells):]
             self._release(cells)
         self._new_cells = []
+
+
+def _extend(old: torch.Tensor, n: int, fill: int) -> torch.Tensor:
+    new = torch.full((n,), fill, dtype=old.dtype)
+    new[: old.shape[0] - 1] = old[:-1]  # the old scratch cell is not carried over
+    return new
