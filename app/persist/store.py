@@ -302,9 +302,18 @@ class SqliteConversationStore(ConversationStore):
 
 
 # -- rows <-> objects
+def _clean(text: str) -> str:
+    """SQLite stores UTF-8: a lone surrogate (from a paste or a bad import) is saved as '?'."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def _conv_row(c: Conversation) -> tuple:
-    return (c.id, c.title, int(c.pinned), int(c.hidden), c.created_at, c.updated_at, c.leaf_id,
-            json.dumps(c.settings.to_dict()))
+    return (c.id, _clean(c.title), int(c.pinned), int(c.hidden), c.created_at, c.updated_at, c.leaf_id,
+            _clean(json.dumps(c.settings.to_dict())))
 
 
 def _update_conv(c: Conversation) -> tuple[str, tuple]:
@@ -314,14 +323,19 @@ def _update_conv(c: Conversation) -> tuple[str, tuple]:
 
 
 def _msg_row(m: Message) -> tuple:
-    stats = json.dumps(m.stats) if m.stats is not None else None
-    return (m.id, m.conversation_id, m.parent_id, m.role, m.content, m.state, m.error, stats, m.model, m.created_at)
+    stats = _json(m.stats)
+    return (m.id, m.conversation_id, m.parent_id, m.role, _clean(m.content), m.state, _clean(m.error), stats,
+            _clean(m.model), m.created_at)
 
 
 def _update_msg(m: Message) -> tuple[str, tuple]:
-    stats = json.dumps(m.stats) if m.stats is not None else None
-    return ("UPDATE message SET content = ?, state = ?, error = ?, stats_json = ?, model = ? WHERE id = ?",
-            (m.content, m.state, m.error, stats, m.model, m.id))
+    stats = _json(m.stats)
+    return ("UPDATE message SET content = ?, state = ?, error = ?, stats_json = ?, model = ?, created_at = ? WHERE id = ?",
+            (_clean(m.content), m.state, _clean(m.error), stats, _clean(m.model), m.created_at, m.id))
+
+
+def _json(value) -> str | None:
+    return None if value is None else json.dumps(value, default=str)
 
 
 def _conversation(row: tuple) -> Conversation:

@@ -1,0 +1,285 @@
+"""Export and import chats: JSON (the whole message tree, round-trips exactly) and Markdown (the branch shown).
+
+Imports are untrusted: size and nesting are capped before parsing, every field is checked after, and
+nothing is written to the store until the whole file has passed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+
+from app.chat_settings import ChatSettings
+from app.store import ConversationStore
+from engine.errors import ParleyError
+
+FORMAT = "parley-chats"
+VERSION = 1
+MAX_IMPORT_BYTES = 32 << 20
+MAX_DEPTH = 16  # the format itself needs 5
+MAX_MESSAGES = 200_000  # in one file
+MAX_TEXT = 4 << 20  # characters in one message or title
+ROLES = ("user", "assistant", "system")
+STATES = ("done", "stopped", "error", "interrupted")
+UNFINISHED = ("waiting", "queued", "streaming")  # saved mid-answer: comes back interrupted
+MD_MARK = re.compile(r"^<!-- parley:(user|assistant|system)(?: model=(.*?))? -->$", re.M)
+
+
+class ImportFormatError(ParleyError):
+    """A file that is not a Parley export, or one that breaks its limits."""
+
+
+# -- export
+def chat_dict(store: ConversationStore, conv_id: int) -> dict:
+    conv = store.get(conv_id)
+    msgs = _tree(store, conv_id)
+    local = {m.id: i for i, m in enumerate(msgs)}
+    return {
+        "title": conv.title, "pinned": conv.pinned, "hidden": conv.hidden,
+        "created_at": conv.created_at, "updated_at": conv.updated_at,
+        "settings": conv.settings.to_dict(), "leaf": local.get(conv.leaf_id),
+        "messages": [{"id": local[m.id], "parent": local.get(m.parent_id), "role": m.role, "content": m.content,
+                      "state": m.state, "error": m.error, "stats": m.stats, "model": m.model,
+                      "created_at": m.created_at} for m in msgs],
+    }
+
+
+def export_json(store: ConversationStore, conv_ids: list[int] | None = None) -> str:
+    """One chat, several, or every chat in the sidebar (None)."""
+    ids = conv_ids if conv_ids is not None else [c.id for c in store.conversations()]
+    return json.dumps({"format": FORMAT, "version": VERSION, "conversations": [chat_dict(store, i) for i in ids]},
+                      ensure_ascii=False, indent=1)
+
+
+def export_markdown(store: ConversationStore, conv_ids: list[int] | None = None) -> str:
+    ids = conv_ids if conv_ids is not None else [c.id for c in store.conversations()]
+    return "\n\n---\n\n".join(_chat_markdown(store, i) for i in ids) + "\n"
+
+
+def _chat_markdown(store: ConversationStore, conv_id: int) -> str:
+    conv = store.get(conv_id)
+    parts = [f"# {_one_line(conv.title)}"]
+    if conv.settings.system_prompt:
+        parts.append(f"<!-- parley:system -->\n> **System:** {conv.settings.system_prompt}")
+    for m in store.path(conv_id):
+        versions = store.versions(m)
+        note = f" (version {versions.index(m) + 1} of {len(versions)})" if len(versions) > 1 else ""
+        model = f" model={_one_line(m.model)}" if m.model else ""
+        who = "You" if m.role == "user" else (m.model or "Assistant")
+        cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m.state, "")
+        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{m.content}")
+    return "\n\n".join(parts)
+
+
+def _tree(store: ConversationStore, conv_id: int) -> list:
+    """Every message of the chat, parents before children (ids grow)."""
+    out, todo = [], [None]
+    while todo:
+        kids = store.children(conv_id, todo.pop())
+        out += kids
+        todo += [k.id for k in kids]
+    return sorted(out, key=lambda m: m.id)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+# -- import
+def read_import(path: str | Path) -> str:
+    """The file's text, refusing anything over MAX_IMPORT_BYTES before reading it."""
+    path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_IMPORT_BYTES:
+        raise ImportFormatError(f"{path.name} is {size / 2**20:.0f} MiB; imports are limited to {MAX_IMPORT_BYTES >> 20} MiB.")
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ImportFormatError(f"{path.name} is not UTF-8 text ({exc.reason} at byte {exc.start}).") from None
+
+
+def import_file(store: ConversationStore, path: str | Path) -> list[int]:
+    text = read_import(path)
+    return import_markdown(store, text) if Path(path).suffix.lower() in (".md", ".markdown") else import_json(store, text)
+
+
+def import_json(store: ConversationStore, text: str | bytes) -> list[int]:
+    """Adds every chat in a JSON export as new chats; returns their ids. ImportFormatError says what is wrong."""
+    data = _parse(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ImportFormatError("This is not a Parley chat export (no \"format\": \"parley-chats\").")
+    if not isinstance(data.get("version"), int) or data["version"] > VERSION:
+        raise ImportFormatError(f"This export has format version {data.get('version')!r}; this Parley reads up to {VERSION}.")
+    convs = data.get("conversations")
+    if not isinstance(convs, list):
+        raise ImportFormatError("\"conversations\" must be a list.")
+    chats = [_check_chat(c, i) for i, c in enumerate(convs)]
+    if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
+        raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")
+    with getattr(store, "batch", nullcontext)():
+        return [_add_chat(store, c) for c in chats]
+
+
+def import_markdown(store: ConversationStore, text: str) -> list[int]:
+    """Chats exported as Markdown come back as one branch each (Markdown keeps no versions)."""
+    if len(text) > MAX_IMPORT_BYTES:
+        raise ImportFormatError("The text is too large to import.")
+    ids = []
+    for block in re.split(r"\n\n---\n\n(?=# )", text.strip()):
+        title_line, _, body = block.partition("\n")
+        if not title_line.startswith("# "):
+            raise ImportFormatError("A chat in Markdown starts with a '# title' line.")
+        marks = list(MD_MARK.finditer(body))
+        if not marks:
+            raise ImportFormatError(f"{title_line[2:]!r} has no Parley message markers (<!-- parley:user -->).")
+        conv = store.create(title_line[2:].strip()[:200] or "Imported chat")
+        parent = None
+        for mark, nxt in zip(marks, marks[1:] + [None]):
+            chunk = body[mark.end(): nxt.start() if nxt else len(body)].strip("\n")
+            heading, _, content = chunk.partition("\n\n")
+            if mark.group(1) == "system":
+                prompt = chunk.removeprefix("> **System:** ")
+                store.update(conv.id, settings=conv.settings.copy(system_prompt=prompt))
+                continue
+            msg = store.add_message(conv.id, parent, mark.group(1), content.rstrip("\n"))
+            if mark.group(2):
+                store.update_message(msg.id, model=mark.group(2))
+            parent = msg.id
+        ids.append(conv.id)
+    return ids
+
+
+def _parse(text: str | bytes):
+    if isinstance(text, str):
+        text = text.encode("utf-8", "replace")  # lone surrogates (invalid UTF-8) become '?'
+    if len(text) > MAX_IMPORT_BYTES:
+        raise ImportFormatError(f"The file is larger than {MAX_IMPORT_BYTES >> 20} MiB.")
+    if _depth(text) > MAX_DEPTH:
+        raise ImportFormatError(f"The JSON nests deeper than {MAX_DEPTH} levels; a Parley export never does.")
+    try:
+        return json.loads(text.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise ImportFormatError(f"The file is not valid JSON: {exc}") from None
+
+
+def _depth(raw: bytes, chunk: int = 1 << 20) -> int:
+    """Deepest bracket nesting outside strings, without parsing: numpy over 1 MiB chunks, linear time.
+
+    A quote is a string boundary unless an odd run of backslashes precedes it.
+    """
+    depth = deepest = bs_run = 0
+    in_str = 0
+    for start in range(0, len(raw), chunk):
+        a = np.frombuffer(raw, np.uint8, count=min(chunk, len(raw) - start), offset=start)
+        idx = np.arange(len(a), dtype=np.int32)
+        last_plain = np.maximum.accumulate(np.where(a == 92, -1, idx))  # last non-backslash at or before i
+        before = np.concatenate(([-1], last_plain[:-1]))
+        run = idx - 1 - before + np.where(before == -1, bs_run, 0)  # backslashes right before i
+        quote = (a == 34) & (run % 2 == 0)
+        inside = (np.cumsum(quote, dtype=np.int32) + in_str) % 2
+        step = ((a == 91) | (a == 123)).astype(np.int32) - ((a == 93) | (a == 125))
+        levels = depth + np.cumsum(np.where(inside == 0, step, 0))
+        deepest = max(deepest, int(levels.max()))
+        depth, in_str = int(levels[-1]), int(inside[-1])
+        bs_run = len(a) - 1 - int(last_plain[-1]) if last_plain[-1] >= 0 else bs_run + len(a)
+    return deepest
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")
+
+
+def _check_chat(c, i: int) -> dict:
+    where = f"Chat {i + 1}"
+    if not isinstance(c, dict):
+        raise ImportFormatError(f"{where} is not an object.")
+    title = _text(c.get("title", "Imported chat"), f"{where}: title")
+    settings = _check_settings(c.get("settings") or {}, where)
+    msgs = c.get("messages")
+    if not isinstance(msgs, list) or len(msgs) > MAX_MESSAGES:
+        raise ImportFormatError(f"{where}: \"messages\" must be a list of at most {MAX_MESSAGES:,}.")
+    checked = [_check_message(m, j, len(msgs), f"{where}, message {j + 1}") for j, m in enumerate(msgs)]
+    leaf = c.get("leaf")
+    if leaf is not None and not (type(leaf) is int and 0 <= leaf < len(msgs)):
+        raise ImportFormatError(f"{where}: \"leaf\" names no message.")
+    return {"title": title, "settings": settings, "pinned": bool(c.get("pinned", False)),
+            "hidden": bool(c.get("hidden", False)), "created_at": _time(c.get("created_at"), where),
+            "updated_at": _time(c.get("updated_at"), where), "leaf": leaf, "messages": checked}
+
+
+def _check_settings(data, where: str) -> ChatSettings:
+    defaults = ChatSettings().to_dict()
+    if not isinstance(data, dict):
+        raise ImportFormatError(f"{where}: settings must be an object.")
+    for key, value in data.items():
+        want = type(defaults.get(key, value))
+        if key == "seed":
+            want = int if value is not None else type(None)
+        ok = type(value) is want or (want is float and type(value) is int)
+        if not ok or (isinstance(value, str) and len(value) > MAX_TEXT):
+            raise ImportFormatError(f"{where}: setting {str(key)[:40]!r} has the wrong type.")
+    try:
+        return ChatSettings.from_dict(data)
+    except (TypeError, ValueError, ParleyError) as exc:
+        raise ImportFormatError(f"{where}: invalid settings ({exc}).") from None
+
+
+def _check_message(m, j: int, n: int, where: str) -> dict:
+    if not isinstance(m, dict):
+        raise ImportFormatError(f"{where} is not an object.")
+    if m.get("id") != j:
+        raise ImportFormatError(f"{where}: ids must count 0, 1, 2, … in order.")
+    parent = m.get("parent")
+    if parent is not None and not (type(parent) is int and 0 <= parent < j):
+        raise ImportFormatError(f"{where}: its parent must be an earlier message.")
+    if m.get("role") not in ROLES:
+        raise ImportFormatError(f"{where}: role must be one of {', '.join(ROLES)}.")
+    state = m.get("state", "done")
+    if state in UNFINISHED:
+        state = "interrupted"
+    if state not in STATES:
+        raise ImportFormatError(f"{where}: unknown state {str(state)[:40]!r}.")
+    stats = m.get("stats")
+    if stats is not None and not (isinstance(stats, dict) and len(json.dumps(stats)) < 4096):
+        raise ImportFormatError(f"{where}: stats must be a small object.")
+    return {"parent": parent, "role": m["role"], "content": _text(m.get("content", ""), f"{where}: content"),
+            "state": state, "error": _text(m.get("error", ""), f"{where}: error"), "stats": stats,
+            "model": _text(m.get("model", ""), f"{where}: model"), "created_at": _time(m.get("created_at"), where)}
+
+
+def _text(value, where: str) -> str:
+    if not isinstance(value, str) or len(value) > MAX_TEXT:
+        raise ImportFormatError(f"{where} must be text of at most {MAX_TEXT:,} characters.")
+    return value.encode("utf-8", "replace").decode("utf-8")  # lone surrogates become '?'
+
+
+def _time(value, where: str) -> float | None:
+    if value is None:
+        return None
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise ImportFormatError(f"{where}: times must be numbers.")
+    return float(value)
+
+
+def _add_chat(store: ConversationStore, c: dict) -> int:
+    conv = store.create(c["title"], c["settings"], hidden=c["hidden"])
+    ids: list[int] = []
+    for m in c["messages"]:
+        parent = ids[m["parent"]] if m["parent"] is not None else None
+        msg = store.add_message(conv.id, parent, m["role"], m["content"], m["state"])
+        changes = {k: m[k] for k in ("error", "model") if m[k]}
+        if m["stats"] is not None:
+            changes["stats"] = m["stats"]
+        if m["created_at"] is not None:
+            changes["created_at"] = m["created_at"]
+        if changes:
+            store.update_message(msg.id, **changes)
+        ids.append(msg.id)
+    times = {k: c[k] for k in ("created_at", "updated_at") if c[k] is not None}
+    store.update(conv.id, pinned=c["pinned"], leaf_id=ids[c["leaf"]] if c["leaf"] is not None else None, **times)
+    return conv.id

@@ -1,0 +1,133 @@
+"""Export/import: JSON round-trips the whole tree exactly; Markdown keeps the branch shown; hostile files are refused."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from app.chat_settings import ChatSettings
+from app.export import (MAX_DEPTH, MAX_IMPORT_BYTES, ImportFormatError, chat_dict, export_json, export_markdown,
+                        import_file, import_json, import_markdown, _depth)
+from app.persist.store import SqliteConversationStore
+from app.store import ConversationStore
+
+
+def _branched(store):
+    conv = store.create("Trip ideas", ChatSettings(system_prompt="Be brief.", temperature=0.2, seed=1))
+    u1 = store.add_message(conv.id, None, "user", "Where to go?")
+    a1 = store.add_message(conv.id, u1.id, "assistant", "Lisbon.")
+    store.update_message(a1.id, stats={"reason": "stop", "tokens_per_s": 31.5}, model="tiny-qwen")
+    a1b = store.add_message(conv.id, u1.id, "assistant", "Porto, partly", "interrupted")
+    u2 = store.add_message(conv.id, a1.id, "user", "Why?\n```py\nprint('x')\n```")
+    store.add_message(conv.id, u2.id, "assistant", "", "error")
+    store.update_message(a1b.id, error="cut")
+    u1b = store.add_message(conv.id, None, "user", "Edited first prompt \x00\x1b[31m")
+    store.select(a1.id)
+    store.update(conv.id, pinned=True)
+    return conv, u1b
+
+
+@pytest.mark.parametrize("target", ["memory", "sqlite"])
+def test_json_round_trips_exactly(tmp_path, target):
+    src = ConversationStore()
+    conv, _ = _branched(src)
+    second = src.create("Other")
+    src.add_message(second.id, None, "user", "hello")
+    text = export_json(src)
+    dst = ConversationStore() if target == "memory" else SqliteConversationStore(tmp_path / "p.db")
+    ids = import_json(dst, text)
+    assert export_json(dst, ids) == text
+    if target == "sqlite":  # and it survives a reopen
+        dst.close()
+        assert export_json(SqliteConversationStore(tmp_path / "p.db"), ids) == text
+    single = export_json(src, [conv.id])
+    assert json.loads(single)["conversations"] == [chat_dict(src, conv.id)]
+
+
+def test_markdown_export_and_import(tmp_path):
+    src = ConversationStore()
+    conv, _ = _branched(src)
+    md = export_markdown(src)
+    assert "# Trip ideas" in md and "(version 1 of 2)" in md and "Lisbon." in md and "Be brief." in md
+    (tmp_path / "chats.md").write_text(md, encoding="utf-8")
+    dst = ConversationStore()
+    [cid] = import_file(dst, tmp_path / "chats.md")
+    assert [(m.role, m.content) for m in dst.path(cid)] == [(m.role, m.content) for m in src.path(conv.id)]
+    assert dst.get(cid).settings.system_prompt == "Be brief." and dst.path(cid)[1].model == "tiny-qwen"
+    with pytest.raises(ImportFormatError, match="markers"):
+        import_markdown(dst, "# A title\n\njust text")
+
+
+@pytest.mark.parametrize("text, words", [
+    ("", "not valid JSON"),
+    ("{", "not valid JSON"),
+    ("[]", "not a Parley chat export"),
+    ('{"format": "parley-chats", "version": 99, "conversations": []}', "version"),
+    ('{"format": "parley-chats", "version": 1, "conversations": [{"messages": [{"id": 0, "parent": 3, "role": "user"}]}]}', "earlier"),
+    ('{"format": "parley-chats", "version": 1, "conversations": [{"messages": [{"id": 0, "role": "root"}]}]}', "role"),
+    ('{"format": "parley-chats", "version": 1, "conversations": [{"settings": {"top_p": 0}, "messages": []}]}', "settings"),
+    ('{"format": "parley-chats", "version": 1, "conversations": [{"messages": [], "leaf": 4}]}', "leaf"),
+    ('{"format": "parley-chats", "version": 1, "conversations": [{"messages": [{"id": 0, "role": "user", "created_at": NaN}]}]}', "JSON"),
+    ("[" * 100_000 + "]" * 100_000, "nests deeper"),
+    ('{"a": "' + "[" * 5000 + '"}', "not a Parley"),  # brackets inside a string do not count
+])
+def test_malformed_imports_are_refused_cleanly(text, words):
+    store = ConversationStore()
+    with pytest.raises(ImportFormatError, match=words):
+        import_json(store, text)
+    assert store.conversations() == []  # nothing half-imported
+
+
+def test_huge_file_is_refused_before_reading(tmp_path):
+    big = tmp_path / "big.json"
+    with big.open("wb") as f:
+        f.truncate(MAX_IMPORT_BYTES + 1)  # sparse: no disk used
+    with pytest.raises(ImportFormatError, match="limited"):
+        import_file(ConversationStore(), big)
+    (tmp_path / "latin1.json").write_bytes(b'{"title": "caf\xe9"}')
+    with pytest.raises(ImportFormatError, match="not UTF-8"):
+        import_file(ConversationStore(), tmp_path / "latin1.json")
+
+
+def test_depth_scan_follows_strings_and_escapes():
+    assert _depth(b'{"a": [1, {"b": "]]]]\\"[[["}]}') == 3
+    assert _depth(b'["\\\\", [[]]]') == 3  # an escaped backslash does not escape the quote
+    chunked = b'[' + b'"' + b'\\' * 7 + b'"' + b'x' * 10 + b'"' + b'[' * 3 + b']' * 3 + b']'
+    assert _depth(chunked) == _depth(chunked, chunk=4) == 4
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=30,
+)
+message = st.fixed_dictionaries({"id": st.integers(0, 3), "role": st.sampled_from(["user", "assistant", "x"]),
+                                 "content": st.text(max_size=30)},
+                                optional={"parent": st.none() | st.integers(-1, 3), "stats": json_values,
+                                          "state": st.sampled_from(["done", "streaming", "bad"]), "created_at": json_values})
+chat = st.fixed_dictionaries({"messages": st.lists(message, max_size=4)},
+                             optional={"title": json_values, "leaf": json_values, "settings": json_values})
+export = st.fixed_dictionaries({"format": st.just("parley-chats"), "version": st.just(1),
+                                "conversations": st.lists(chat, max_size=3)})
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(export, json_values))
+def test_fuzzed_imports_either_load_or_say_why(data):
+    store = ConversationStore()
+    try:
+        ids = import_json(store, json.dumps(data))
+    except ImportFormatError as exc:
+        assert str(exc) and store.conversations() == []
+        return
+    assert export_json(store, ids)  # what was accepted is a well-formed tree
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=300))
+def test_fuzzed_bytes_never_crash(raw):
+    try:
+        import_json(ConversationStore(), raw)
+    except ImportFormatError:
+        pass
