@@ -30,6 +30,7 @@ class ChatModel(QAbstractListModel):
         self._rows: dict[int, int] = {}
         service.path_changed.connect(self._on_path_changed)
         service.message_changed.connect(self._on_message_changed)
+        service.conversations_changed.connect(self._on_conversations)
 
     def set_conversation(self, conv_id: int | None) -> None:
         self.beginResetModel()
@@ -41,7 +42,7 @@ class ChatModel(QAbstractListModel):
         return 0 if parent.isValid() else len(self._ids)
 
     def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
-        if not index.isValid() or index.row() >= len(self._ids):
+        if not index.isValid() or index.row() >= len(self._ids) or not self.service.store.has_message(self._ids[index.row()]):
             return None
         msg = self.service.store.message(self._ids[index.row()])
         if role == MESSAGE_ROLE:
@@ -76,6 +77,10 @@ class ChatModel(QAbstractListModel):
             self.endResetModel()
         elif new:
             self.dataChanged.emit(self.index(0), self.index(len(new) - 1))  # version counters may have changed
+
+    def _on_conversations(self) -> None:
+        if self.conv_id is not None and not self.service.store.has(self.conv_id):
+            self.set_conversation(None)
 
     def _on_message_changed(self, conv_id: int, msg_id: int) -> None:
         row = self._rows.get(msg_id) if conv_id == self.conv_id else None
@@ -129,6 +134,8 @@ class MessageDelegate(QStyledItemDelegate):
 
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
         msg = index.data(MESSAGE_ROLE)
+        if msg is None:
+            return QSize(0, 0)
         width = self.text_width()
         hit = self._docs.get(msg.id)
         if hit is not None and hit[0] == self._key(msg, width):
@@ -140,6 +147,8 @@ class MessageDelegate(QStyledItemDelegate):
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
         msg = index.data(MESSAGE_ROLE)
+        if msg is None:
+            return
         doc, _ = self.document(msg)
         box = option.rect.adjusted(MARGIN, MARGIN // 2, -MARGIN, -MARGIN // 2)
         painter.save()
@@ -167,6 +176,8 @@ class MessageDelegate(QStyledItemDelegate):
     def anchor_at(self, index: QModelIndex, pos: QPoint) -> tuple[str, list[str]]:
         """The link under `pos` (view coordinates), and the message's code blocks."""
         msg = index.data(MESSAGE_ROLE)
+        if msg is None:
+            return "", []
         doc, blocks = self.document(msg)
         rect = self.view.visualRect(index)
         local = pos - rect.topLeft() - QPoint(MARGIN + PAD, MARGIN // 2 + PAD)

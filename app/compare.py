@@ -116,6 +116,7 @@ class CompareView(QWidget):
             self.row.addWidget(column, 1)
         while len(self.columns) > n:
             column = self.columns.pop()
+            column.view.set_conversation(None)
             self.service.delete(column.conv_id)
             column.deleteLater()
         if self.count.value() != n:
@@ -147,9 +148,9 @@ class CompareView(QWidget):
         """Fresh, empty columns with the same settings."""
         self.stop()
         for column in self.columns:
-            settings = self.service.store.get(column.conv_id).settings
-            self.service.delete(column.conv_id)
-            column.attach(self.service.new_conversation(settings, hidden=True))
+            old = column.conv_id
+            column.attach(self.service.new_conversation(self.service.store.get(old).settings, hidden=True))
+            self.service.delete(old)
 
     def promote(self, column: CompareColumn) -> None:
         conv_id = column.conv_id

@@ -99,6 +99,9 @@ class ConversationStore:
         conv.leaf_id, conv.updated_at = msg.id, time.time()
         return msg
 
+    def has_message(self, msg_id: int) -> bool:
+        return msg_id in self._messages
+
     def message(self, msg_id: int) -> Message:
         return self._messages[msg_id]
 

@@ -176,7 +176,11 @@ class MainWindow(QMainWindow):
                 self.new_chat()
 
     def _warn(self, title: str, text: str) -> None:
-        QMessageBox.warning(self, title, text)
+        """Window-modal but not blocking: the event loop (and every streaming chat) keeps going."""
+        box = QMessageBox(QMessageBox.Icon.Warning, title, text, QMessageBox.StandardButton.Ok, self)
+        box.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        box.open()
+        self.last_warning = box
 
     def _menus(self) -> None:
         bar = self.menuBar()

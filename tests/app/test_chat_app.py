@@ -169,7 +169,7 @@ def test_token_updates_are_coalesced(parley, qtbot):
     flushes = parley.bridge.flushes
     start = time.perf_counter()
     for conv in convs:
-        configure(parley, conv, temperature=0.0, max_tokens=20)
+        configure(parley, conv, temperature=0.0, max_tokens=10)
         w.open_chat(conv)
         w.chat.send("stream")
     wait_idle(parley, qtbot, *convs)

@@ -1,0 +1,125 @@
+"""Rendering, long chats, model import, About box and themes."""
+from __future__ import annotations
+
+import json
+import time
+
+from PySide6.QtGui import QGuiApplication
+
+from tests.app.helpers import configure, wait_idle
+
+
+def test_thousand_message_chat_opens_and_scrolls_smoothly(parley, qtbot):
+    store, w = parley.store, parley.window
+    conv = parley.service.new_conversation()
+    parent = None
+    for i in range(1000):
+        role = "user" if i % 2 == 0 else "assistant"
+        text = f"Message {i}\n\n```python\nprint({i})\n```" if i % 10 == 1 else f"Message {i}: " + "word " * (i % 40)
+        parent = store.add_message(conv, parent, role, text).id
+    delegate = w.chat.view.delegate
+    renders = delegate.renders
+    start = time.perf_counter()
+    w.open_chat(conv)
+    qtbot.wait(1)
+    opened = time.perf_counter() - start
+    assert w.chat.view.model().rowCount() == 1000
+    assert opened < 2.0, f"opening took {opened:.2f} s"
+    assert delegate.renders - renders < 60  # only what is on screen
+    bar = w.chat.view.verticalScrollBar()
+    assert bar.value() == bar.maximum() > 0
+    worst = 0.0
+    for value in range(bar.maximum(), 0, -bar.maximum() // 20):
+        t = time.perf_counter()
+        bar.setValue(value)
+        w.chat.view.viewport().repaint()
+        worst = max(worst, time.perf_counter() - t)
+    assert worst < 0.5, f"a scroll step took {worst * 1000:.0f} ms"
+
+
+def test_markdown_code_block_and_copy_link(parley, qtbot):
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "show code")
+    answer = store.add_message(conv, user.id, "assistant", "Here:\n\n```python\ndef f(x):\n    return x\n```\n\n**done**")
+    w.open_chat(conv)
+    doc, blocks = w.chat.view.delegate.document(answer)
+    assert blocks == ["def f(x):\n    return x\n"]
+    assert "def f(x):" in doc.toPlainText() and "done" in doc.toPlainText()
+    assert "```" not in doc.toPlainText()
+    w.chat.view.activate(answer, "copy:0", blocks)
+    assert QGuiApplication.clipboard().text() == blocks[0]
+    w.chat.view.activate(answer, "copymsg:")
+    assert QGuiApplication.clipboard().text() == answer.content
+
+
+def test_raw_html_from_the_model_is_shown_not_run(parley):
+    store, w = parley.store, parley.window
+    conv = w.current()
+    msg = store.add_message(conv, None, "user", "<b>bold?</b> <img src=x>")
+    doc, _ = w.chat.view.delegate.document(msg)
+    assert "<b>bold?</b>" in doc.toPlainText()
+
+
+def test_queued_and_error_states_are_shown(parley, qtbot):
+    w, service = parley.window, parley.service
+    convs = [w.current()] + [w.new_chat() for _ in range(4)]  # 4 cache slots: the fifth chat queues
+    for conv in convs:
+        configure(parley, conv, temperature=0.0, max_tokens=12)
+    seen = set()
+    service.message_changed.connect(lambda _c, m: seen.add(parley.store.message(m).state))
+    for conv in convs:
+        w.open_chat(conv)
+        w.chat.send("all at once")
+    wait_idle(parley, qtbot, *convs)
+    assert "queued" in seen
+    # An error ends the turn in the message: a prompt too long for the 512-token context with overflow=stop.
+    conv = convs[0]
+    configure(parley, conv, overflow="stop")
+    w.open_chat(conv)
+    w.chat.send("word " * 600)
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    assert answer.state == "error" and "context" in answer.error
+    assert "Error" in w.chat.view.delegate.document(answer)[0].toPlainText()
+
+
+def test_import_validates_models(parley, qtbot, tmp_path, corrupt_ggufs, tiny_models):
+    models = parley.models
+    failures = []
+    models.import_failed.connect(lambda path, msg: failures.append(msg))
+    try:
+        models.import_path(tmp_path)
+        raise AssertionError("an empty folder was accepted")
+    except ValueError as exc:
+        assert "neither" in str(exc)
+    bad = next(iter(corrupt_ggufs.values()))
+    models.import_path(bad)
+    qtbot.waitUntil(lambda: bool(failures), timeout=30_000)
+    assert models.registry.get(str(bad.resolve())) is None
+    assert parley.window.last_warning.isVisible() and "Import failed" in parley.window.last_warning.windowTitle()
+    parley.window.last_warning.close()
+    key = models.import_path(tiny_models["gemma3"].hf_dir)
+    qtbot.waitUntil(lambda: models.registry.get(key) is not None, timeout=60_000)
+    assert models.registry.get(key).kind == "hf"
+    assert [row["key"] for row in json.loads((parley.paths.data / "models.json").read_text())] == [key]
+    assert parley.window.chat.picker.findData(key) >= 0
+
+
+def test_about_box_names_the_gemma_terms(parley):
+    from app.about import about_html
+
+    html = about_html(parley.models)
+    assert "Gemma 3 270M is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms" in html
+
+
+def test_themes_switch_and_persist(parley):
+    from PySide6.QtGui import QPalette
+
+    w = parley.window
+    w._save_theme("dark")
+    assert w.dark and QGuiApplication.palette().color(QPalette.ColorRole.Base).lightness() < 80
+    assert w.chat.view.delegate.renderer.dark
+    w._save_theme("light")
+    assert not w.dark
+    assert '"theme": "light"' in (parley.paths.data / "settings.json").read_text()
