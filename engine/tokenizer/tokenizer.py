@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from engine.tokenizer.detokenizer import IncrementalDetokenizer
 BACKEND_FILE = "tokenizer.json"
 INFO_FILE = "parley_tokenizer.json"
 INFO_VERSION = 1
+SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UTF-8): `tokenizers` refuses them
 
 
 @dataclass(slots=True)
@@ -76,6 +78,7 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids for `text`; `add_bos=None` follows the model's default."""
+        text = SURROGATES.sub("\ufffd", text)
         if self._info.space_prefix and text:
             text = " " + text
         ids = self._backend.encode(text, add_special_tokens=False).ids
