@@ -6,6 +6,7 @@ Prints JSON lines; the last one is the ratio parley / transformers (decode token
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -14,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench.common import embedded_model, emit, median_time  # noqa: E402
+from bench.common import embedded_model, emit  # noqa: E402
 
 PROMPT = "The history of the printing press begins"
 
@@ -61,8 +62,11 @@ def main() -> None:
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype="float32").eval()
     ids = lm.tokenizer.encode(PROMPT, add_bos=True)
     parley_decode(lm, ids, 4), hf_decode(hf, ids, 4)  # warm-up
-    ours = a.tokens / median_time(lambda: parley_decode(lm, ids, a.tokens), a.repeats)
-    theirs = a.tokens / median_time(lambda: hf_decode(hf, ids, a.tokens), a.repeats)
+    ours_s, theirs_s = [], []
+    for _ in range(a.repeats):  # interleaved, so a busy machine slows both alike
+        ours_s.append(parley_decode(lm, ids, a.tokens))
+        theirs_s.append(hf_decode(hf, ids, a.tokens))
+    ours, theirs = a.tokens / statistics.median(ours_s), a.tokens / statistics.median(theirs_s)
     common = dict(threads=torch.get_num_threads(), tokens=a.tokens, dtype="float32", device="cpu")
     emit(impl="parley", tok_s=round(ours, 2), **common)
     emit(impl="transformers", tok_s=round(theirs, 2), **common)
