@@ -56,7 +56,7 @@ class LiveChat:
 
 def engine_view(path: list[Message]) -> list[Message]:
     """The messages the engine keeps for a branch: it drops failed answers and stopped ones with no text."""
-    return [m for m in path if not (m.role == "assistant" and (m.state == "error" or (m.state == "stopped" and not m.content)))]
+    return [m for m in path if not (m.role == "assistant" and (m.state == "error" or (m.state in ("stopped", "interrupted") and not m.content)))]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

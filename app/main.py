@@ -10,9 +10,10 @@ from PySide6.QtWidgets import QApplication
 from app.app_settings import AppSettings
 from app.bridge import EngineBridge
 from app.chats import ChatService
-from app.model_registry import ModelRegistry
 from app.models import ModelManager
 from app.paths import Paths
+from app.persist.registry import SqliteModelRegistry
+from app.persist.store import SqliteConversationStore
 from app.store import ConversationStore
 from engine.loading.default_model import DEFAULT_NAME
 from engine.runtime import EngineConfig
@@ -37,11 +38,13 @@ class Parley:
         if self.window is not None:
             self.window.close()
         self.bridge.shutdown()
+        self.store.close()  # after the engine: the last streamed text is in memory by then
 
 
 def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine: EngineConfig | None = None,
           theme: str | None = None, show: bool = True) -> Parley:
     """Needs a QApplication. `default_model` is 'default' (the embedded Gemma) or a model path (tests)."""
+    from app.persist_ui import PersistenceUI
     from app.window import MainWindow
 
     paths = Paths.resolve(data_dir)
@@ -50,13 +53,18 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
         settings.theme = theme
     config = engine or EngineConfig(cache_dir=paths.cache, **GUI_ENGINE)
     bridge = EngineBridge(config).start()
-    registry = ModelRegistry(paths.data / "models.json", default_spec=default_model)
+    store = SqliteConversationStore(paths.data / "parley.db")
+    registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
-    store = ConversationStore()
     service = ChatService(store, bridge, models, settings.defaults)
     app = Parley(paths, settings, bridge, models, store, service)
     app.window = MainWindow(service, models, settings)
-    app.window.new_chat()
+    app.extra["persistence"] = PersistenceUI(app.window, service)
+    chats = store.conversations()
+    if chats:
+        app.window.open_chat(chats[0].id)
+    else:
+        app.window.new_chat()
     if show:
         app.window.show()
     return app
@@ -82,4 +90,5 @@ def run_gui(data_dir: str | None = None, theme: str | None = None) -> int:
             loop.run_until_complete(closed.wait())
     finally:
         parley.bridge.shutdown()
+        parley.store.close()
     return 0

@@ -14,7 +14,9 @@ STATE_NOTES = {
     "waiting": "Loading the model…",
     "queued": "Queued — waiting for a free slot",
     "stopped": "Stopped",
+    "interrupted": "Interrupted — Parley closed before this answer finished",
 }
+CONTINUE_PROMPT = "Continue."  # what Continue sends under an interrupted answer
 CURSOR = "▍"
 
 
@@ -42,6 +44,8 @@ def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
         links.append(f"{prev} {version}/{versions} {nxt}")
     if not busy:
         links.append('<a href="edit:">Edit</a>' if msg.role == "user" else '<a href="regen:">Regenerate</a>')
+        if msg.state == "interrupted":
+            links.append('<a href="continue:">Continue</a>')
     if msg.content:
         links.append('<a href="copymsg:">Copy</a>')
     actions = " &nbsp; ".join(links)

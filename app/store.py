@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from app.chat_settings import ChatSettings
 
-STATES = ("done", "waiting", "queued", "streaming", "stopped", "error")
+STATES = ("done", "waiting", "queued", "streaming", "stopped", "error", "interrupted")  # interrupted: cut off by a crash
 
 
 @dataclass(eq=False, slots=True)

@@ -1,0 +1,102 @@
+"""The app on the SQLite store: chats survive a restart, interrupted answers offer Continue, warnings, export/import."""
+from __future__ import annotations
+
+import os
+
+os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before any Qt import
+
+import pytest
+
+from app.message_html import message_html
+from app.persist.store import SqliteConversationStore
+from engine.runtime import EngineConfig
+from tests.app.helpers import configure, wait_idle
+
+TINY_ENGINE = dict(max_sessions=4, max_session_tokens=512, step_tokens=64, chunk_tokens=32)
+
+
+@pytest.fixture
+def start(qtbot, qapp, tiny_models):
+    apps = []
+
+    def start(data_dir):
+        from app.main import build
+
+        app = build(str(data_dir), default_model=str(tiny_models["qwen3"].gguf_path),
+                    engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)
+        qtbot.addWidget(app.window)
+        qtbot.waitUntil(lambda: app.models.model_id("default") is not None, timeout=60_000)
+        apps.append(app)
+        return app
+
+    yield start
+    for app in apps:
+        app.bridge.shutdown()
+        app.store.close()
+
+
+def test_chats_survive_a_restart_and_search_finds_them(start, qtbot, tmp_path):
+    app = start(tmp_path)
+    conv = app.window.current()
+    configure(app, conv, max_tokens=6, temperature=0.0)
+    assert app.service.send(conv, "Remember the word pelican")
+    wait_idle(app, qtbot, conv)
+    before = [(m.role, m.content, m.state) for m in app.store.path(conv)]
+    app.close()
+
+    again = start(tmp_path)
+    assert again.window.current() == conv  # the latest chat opens
+    assert [(m.role, m.content, m.state) for m in again.store.path(conv)] == before
+    again.window.sidebar.search.setText("pelican")
+    assert again.window.sidebar.ids() == [conv]
+    assert not again.extra["persistence"].warning.isVisible()
+
+
+def test_interrupted_answer_offers_continue_and_regenerate(start, qtbot, tmp_path):
+    store = SqliteConversationStore(tmp_path / "parley.db")
+    conv = store.create("Cut off")
+    user = store.add_message(conv.id, None, "user", "Tell me a story")
+    store.add_message(conv.id, user.id, "assistant", "Once upon a", state="streaming")
+    del store  # the app died here
+
+    app = start(tmp_path)
+    answer = app.store.path(conv.id)[-1]
+    assert answer.state == "interrupted" and answer.content == "Once upon a"
+    html = message_html(answer, 1, 1, app.window.chat.view.delegate.renderer, busy=False).html
+    assert "Interrupted" in html and 'href="continue:"' in html and 'href="regen:"' in html
+    configure(app, conv.id, max_tokens=4, temperature=0.0)
+    app.window.chat.view.activate(answer, "continue:")
+    wait_idle(app, qtbot, conv.id)
+    path = app.store.path(conv.id)
+    assert [m.role for m in path] == ["user", "assistant", "user", "assistant"] and path[-1].state == "done"
+    app.window.chat.view.activate(answer, "regen:")
+    wait_idle(app, qtbot, conv.id)
+    assert len(app.store.versions(answer)) == 2
+
+
+def test_unwritable_database_is_reported_and_chat_still_works(start, qtbot, tmp_path):
+    (tmp_path / "parley.db").mkdir()  # something that is not a database file stands in the way
+    app = start(tmp_path)
+    ui = app.extra["persistence"]
+    assert not app.store.persistent and not ui.warning.isHidden() and "cannot be saved" in ui.warning.toolTip()
+    conv = app.window.current()
+    configure(app, conv, max_tokens=3, temperature=0.0)
+    assert app.service.send(conv, "hi")
+    wait_idle(app, qtbot, conv)
+    assert app.store.path(conv)[-1].state == "done"
+
+
+def test_export_and_import_from_the_window(start, tmp_path):
+    app = start(tmp_path / "data")
+    conv = app.window.current()
+    user = app.store.add_message(conv, None, "user", "hello there")
+    app.store.add_message(conv, user.id, "assistant", "general")
+    ui = app.extra["persistence"]
+    assert ui.export_to(tmp_path / "all.json", None, "json") and ui.export_to(tmp_path / "one.md", [conv], "md")
+    assert "hello there" in (tmp_path / "one.md").read_text()
+    ids = ui.import_from(tmp_path / "all.json")
+    assert len(ids) == 1 and [m.content for m in app.store.path(ids[0])] == ["hello there", "general"]
+    assert ids[0] in app.window.sidebar.ids()
+    (tmp_path / "bad.json").write_text("[" * 10_000)
+    assert ui.import_from(tmp_path / "bad.json") == [] and "Import failed" in app.window.last_warning.windowTitle()
+    assert [a.text() for a in ui.menu.actions()] == ["Export this chat…", "Export all chats…", "Import chats…"]
