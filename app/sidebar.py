@@ -21,6 +21,8 @@ class Sidebar(QWidget):
         self.search = QLineEdit(placeholderText="Search chats…", clearButtonEnabled=True)
         self.list = QListWidget(objectName="sidebarList")
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
         layout.addWidget(self.new_button)

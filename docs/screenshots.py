@@ -1,0 +1,129 @@
+"""Makes the README screenshots offscreen on the embedded model: python docs/screenshots.py [--data-dir DIR]
+
+main.png (three chats, two streaming), compare.png (two columns), settings.png, dark.png.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from PySide6.QtCore import QCoreApplication  # noqa: E402
+
+OUT = Path(__file__).resolve().parent / "screenshots"
+
+
+
+def fresh_data_dir(shared: str) -> str:
+    """A new, empty data folder whose models/ and cache/ point into `shared`, so the converted model is reused."""
+    root = Path(tempfile.mkdtemp(prefix="parley-"))
+    for name in ("models", "cache"):
+        (Path(shared) / name).mkdir(parents=True, exist_ok=True)
+        (root / name).symlink_to(Path(shared) / name)
+    return str(root)
+
+
+def pump_until(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        QCoreApplication.processEvents()
+        time.sleep(0.005)
+    return True
+
+
+def settle(seconds: float = 0.3) -> None:
+    pump_until(lambda: False, seconds)
+
+
+def ask(app, conv: int, prompt: str, **settings) -> None:
+    app.window.apply_settings(conv, app.store.get(conv).settings.copy(**settings))
+    app.window.open_chat(conv)
+    app.window.chat.send(prompt)
+
+
+def main_window(app) -> list[int]:
+    svc, w = app.service, app.window
+    first = w.current()
+    ask(app, first, "Write a Python function that reverses a string.\n\n```python", max_tokens=60, temperature=0.0)
+    pump_until(lambda: not svc.busy(first), 600)
+    streaming = [w.new_chat(), w.new_chat()]
+    ask(app, streaming[0], "Tell me a story about a lighthouse keeper.", max_tokens=400, temperature=0.7, seed=3)
+    ask(app, streaming[1], "What are good habits for learning a language?", max_tokens=400, temperature=0.7, seed=5)
+    pump_until(lambda: all(len(svc.store.path(c)[-1].content) > 160 for c in streaming), 600)
+    w.open_chat(streaming[0])
+    settle()
+    w.grab().save(str(OUT / "main.png"))
+    return [first, *streaming]
+
+
+def compare(app) -> None:
+    svc, w = app.service, app.window
+    w.show_compare()
+    view = w.compare
+    for column, (temp, seed) in zip(view.columns, [(0.0, None), (1.0, 11)]):
+        s = svc.store.get(column.conv_id).settings
+        svc.set_settings(column.conv_id, s.copy(temperature=temp, seed=seed, max_tokens=48))
+    view.send("Give me three tips for a rainy weekend.")
+    pump_until(lambda: not view.busy(), 600)
+    settle()
+    w.grab().save(str(OUT / "compare.png"))
+
+
+def settings(app) -> None:
+    from app.settings_dialog import SettingsDialog
+
+    w = app.window
+    dialog = SettingsDialog(app.models.registry, app.store.get(w.current()).settings, parent=w)
+    dialog.form.system.setPlainText("You are a concise assistant.")
+    dialog.show()
+    settle()
+    dialog.grab().save(str(OUT / "settings.png"))
+    dialog.close()
+
+
+def dark(app, conv: int) -> None:
+    w = app.window
+    w.set_theme("dark")
+    w.open_chat(conv)
+    settle()
+    w.grab().save(str(OUT / "dark.png"))
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "parley-bench"),
+                   help="keeps the assembled and converted model between runs; chats start empty every run")
+    args = p.parse_args()
+    from app.main import build, qt_app
+
+    qt_app()
+    app = build(fresh_data_dir(args.model_cache), theme="light")
+    app.window.resize(1280, 820)
+    OUT.mkdir(parents=True, exist_ok=True)
+    try:
+        if not pump_until(lambda: app.models.model_id("default") is not None, 300):
+            print("the embedded model did not load", file=sys.stderr)
+            return 1
+        chats = main_window(app)
+        for c in chats:
+            app.service.stop(c)
+        pump_until(lambda: not any(app.service.busy(c) for c in chats), 60)
+        settings(app)
+        compare(app)
+        dark(app, chats[0])
+    finally:
+        app.close()
+    print("\n".join(str(p) for p in sorted(OUT.glob("*.png"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

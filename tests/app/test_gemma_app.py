@@ -1,0 +1,25 @@
+"""The app on the embedded Gemma 3 270M: the self-test's two chats stream at once and both answer."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+
+@pytest.mark.slow
+def test_two_chats_on_the_embedded_model(qtbot, qapp, tmp_path):
+    import qasync
+
+    from app.main import build
+    from app.self_test import check
+
+    app = build(str(tmp_path / "data"), theme="light", show=False)
+    qtbot.addWidget(app.window)
+    loop = qasync.QEventLoop(qapp, already_running=False)
+    try:
+        result = loop.run_until_complete(check(app, timeout=300))
+    finally:
+        app.bridge.shutdown()
+        loop.close()
+    assert result["ok"] and all(a.strip() for a in result["answers"])
+    assert app.models.state("default").name  # the embedded model's name from its GGUF
