@@ -208,7 +208,8 @@ class Engine:
         if session is None:
             return
         session.messages.append({"role": "user", "content": text})
-        self._start_turn(session, turn_id)
+        if not self._try_start_turn(session, turn_id):
+            session.messages.pop()  # the failed message is not left in the conversation
 
     def _regenerate(self, sid: int, turn_id: int) -> None:
         session = self._idle_session(sid, turn_id)
@@ -219,7 +220,17 @@ class Engine:
         if not session.messages:
             self._emit(ev.Error(sid, turn_id, "There is no message to answer."))
             return
-        self._start_turn(session, turn_id)
+        self._try_start_turn(session, turn_id)
+
+    def _try_start_turn(self, session: Session, turn_id: int) -> bool:
+        """Starts a turn; any failure ends it with an Error event instead of leaving the chat busy."""
+        try:
+            return self._start_turn(session, turn_id)
+        except Exception as exc:
+            session.turn = None
+            message = str(exc) if isinstance(exc, ParleyError) else f"Could not start the answer: {exc!r}"
+            self._emit(ev.Error(session.session_id, turn_id, message))
+            return False
 
     def _cancel(self, sid: int) -> None:
         session = self._session(sid)
@@ -286,17 +297,14 @@ class Engine:
         self._stopping = True
 
     # -- turns
-    def _start_turn(self, session: Session, turn_id: int) -> None:
+    def _start_turn(self, session: Session, turn_id: int) -> bool:
+        """Raises (ParleyError with the reason) when the turn cannot start; _try_start_turn reports it."""
         if self._remote.has(session.model_id):
             self._remote.start_turn(session, turn_id)
-            return
+            return True
         rt = self._runtime(session.model_id)
         tok = rt.lm.tokenizer
-        try:
-            ids, dropped = render_turn(session, tok, rt.limit)
-        except ParleyError as exc:
-            self._emit(ev.Error(session.session_id, turn_id, str(exc)))
-            return
+        ids, dropped = render_turn(session, tok, rt.limit)
         seq = self._prepare_sequence(session, rt, ids)
         session.turn = Turn(turn_id, TextStream(tok, session.params.stop))
         session.turn.prompt_tokens = len(ids)
@@ -306,6 +314,7 @@ class Engine:
         rt.scheduler.resume(seq)
         self._emit(ev.Started(session.session_id, turn_id))
         self._emit(ev.ContextUsage(session.session_id, len(ids), rt.limit, dropped))
+        return True
 
     def _prepare_sequence(self, session: Session, rt: ModelRuntime, ids: list[int]) -> Sequence:
         """Reuses the cached prefix: only tokens after the common prefix are prefilled."""

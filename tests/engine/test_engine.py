@@ -121,6 +121,21 @@ def test_context_overflow_policies(client):
     sid = client.engine.open_session(client.model, params=GREEDY)
     err = client.wait(client.engine.submit(sid, long))
     assert isinstance(err, ev.Error) and "context" in err.message
+    assert client.ask(sid, "short").reason in ("stop", "length")  # the refused message was not kept
+
+
+def test_unexpected_failure_starting_a_turn_ends_it(client):
+    sid = client.engine.open_session(client.model, params=GREEDY)
+    rt = client.engine.call(lambda eng: eng._models[client.model])
+    real = rt.lm.tokenizer.apply_chat_template
+    rt.lm.tokenizer.apply_chat_template = lambda *a, **k: 1 / 0
+    try:
+        err = client.wait(client.engine.submit(sid, "hi"))
+    finally:
+        rt.lm.tokenizer.apply_chat_template = real
+    assert isinstance(err, ev.Error) and "ZeroDivisionError" in err.message
+    assert client.ask(sid, "hi again").reason in ("stop", "length")
+    assert client.engine.call(lambda eng: eng._sessions[sid].messages[0]["content"]) == "hi again"
     sid2 = client.engine.open_session(client.model, params=GREEDY, overflow="truncate")
     for i in range(6):
         client.ask(sid2, f"message {i} " + "pad " * 30)
