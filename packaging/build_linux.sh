@@ -42,7 +42,7 @@ t0=$(date +%s)
 if [ "$BUILD" = 1 ]; then
     "$PY" -c 'import PyInstaller' 2>/dev/null || { echo "PyInstaller is missing: pip install -e '.[package]'" >&2; exit 1; }
     "$PY" packaging/make_icons.py "$WORK/icons" 16 32 48 64 128 256 512 >/dev/null
-    PARLEY_ICON="$WORK/icons/parley-256.png" PARLEY_BUILD_DIR="$WORK" \
+    PARLEY_BUILD_DIR="$WORK" \
         "$PY" -m PyInstaller --noconfirm --log-level WARN \
         --workpath "$WORK/pyinstaller" --distpath "$DIST" packaging/parley.spec
     # AppDir furniture: launcher, desktop entry, icon.
@@ -90,7 +90,8 @@ Version: $VERSION
 Architecture: $DEB_ARCH
 Maintainer: Parley developers <parley@localhost>
 Installed-Size: $SIZE_KB
-Depends: libc6 (>= 2.31), libfontconfig1, libglib2.0-0, libxkbcommon0, libegl1
+Depends: libc6 (>= 2.31), libfontconfig1, libglib2.0-0, libegl1, libxkbcommon0, libxkbcommon-x11-0,
+ libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1
 Section: utils
 Priority: optional
 Description: Desktop chat app for local language models

@@ -43,6 +43,21 @@ EXCLUDES = [
 if sys.platform != "darwin":
     EXCLUDES.append("mlx")  # the MLX backend is for Apple silicon only
 
+# Files of the torch wheel that a running app never touches: C++ tests, headers, CMake files, build tools.
+DROP_PREFIXES = ("torch/test/", "torch/bin/", "torch/include/", "torch/share/")
+DROP_NAMES = ("libjitbackend_test.so", "libtorchbind_test.so", "libbackend_with_compiler.so", "libaoti_custom_ops.so")
+KEEP_NAMES = ("torch_shm_manager",)  # torch.multiprocessing's shared-memory helper
+
+
+def keep(dest: str) -> bool:
+    """Whether a file at `dest` (relative to the bundle's _internal/) stays in the bundle."""
+    dest = dest.replace("\\", "/")
+    name = dest.rsplit("/", 1)[-1]
+    if name in KEEP_NAMES:
+        return True
+    return not (dest.startswith(DROP_PREFIXES) or name in DROP_NAMES)
+
+
 # (source relative to ROOT, destination inside the bundle): app/theme.py looks for ../resources.
 DATAS = [("resources", "resources")]
 

@@ -10,13 +10,16 @@ def _version() -> str:
     try:
         with open(os.path.join(here, "parley_version.txt"), encoding="utf-8") as f:
             return f.read().strip()
-    except OSError:
-        from importlib.metadata import version
+    except OSError:  # running from a source checkout: pyproject.toml is the source of truth
+        sys.path.insert(0, here)
+        import config
 
-        return version("parley")
+        return config.version()
 
 
 def main() -> int:
+    if not any(os.environ.get(k) for k in ("LC_ALL", "LC_CTYPE", "LANG")):
+        os.environ["LC_CTYPE"] = "C.UTF-8"  # a bare environment (env -i, some launchers): Qt wants UTF-8
     if sys.argv[1:] == ["--version"]:
         print(f"Parley {_version()}")
         return 0

