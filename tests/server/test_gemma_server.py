@@ -12,7 +12,7 @@ from server.run import BackgroundServer
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time", "The three primary colours are"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def gemma_server(gemma_gguf_path):
 
 
 def complete(c: openai.OpenAI, prompt: str) -> str:
-    stream = c.completions.create(model="default", prompt=prompt, temperature=0, max_tokens=12, stream=True)
+    stream = c.completions.create(model="default", prompt=prompt, temperature=0, max_tokens=8, stream=True)
     return "".join(ch.choices[0].text for ch in stream if ch.choices)
 
 
@@ -43,7 +43,7 @@ def test_gemma_streams_raw_completions_batched_like_alone(gemma_server):
 def test_gemma_chat_completion_streams(gemma_server):
     c = openai.OpenAI(base_url=gemma_server.url, api_key="x", max_retries=0, timeout=120)
     stream = c.chat.completions.create(model="default", messages=[{"role": "user", "content": "Say hello."}],
-                                       temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True})
+                                       temperature=0, max_tokens=8, stream=True, stream_options={"include_usage": True})
     chunks = list(stream)
     text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
-    assert text.strip() and chunks[-1].usage.completion_tokens <= 12
+    assert text.strip() and chunks[-1].usage.completion_tokens <= 8
