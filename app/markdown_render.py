@@ -5,15 +5,17 @@ Raw HTML in model output is escaped, never rendered.
 """
 from __future__ import annotations
 
+import functools
 import html
 
 from markdown_it import MarkdownIt
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
-from pygments.lexers import TextLexer, get_lexer_by_name, guess_lexer
+from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
 CODE_STYLES = {False: "friendly", True: "monokai"}
+COMMON_LANGUAGES = ("python", "bash", "json", "javascript", "c", "cpp", "rust", "html")
 CODE_BACKGROUND = {False: "#f3f4f6", True: "#23241f"}
 
 
@@ -25,6 +27,7 @@ class MarkdownRenderer:
         fence = lambda *args: self._fence(args[-4], args[-3], args[-1])  # noqa: E731 (markdown-it binds rules to its renderer)
         self._md.add_render_rule("fence", fence)
         self._md.add_render_rule("code_block", fence)
+        _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
         """(html, code blocks): the n-th block's copy link is `copy:n`."""
@@ -50,9 +53,16 @@ class MarkdownRenderer:
 
     @staticmethod
     def _lexer(lang: str, code: str):
+        # No guessing for unlabelled blocks: guess_lexer tries every lexer (tens of ms), and a streaming
+        # answer is re-rendered many times a second.
         try:
-            if lang:
-                return get_lexer_by_name(lang)
-            return guess_lexer(code) if len(code) > 40 else TextLexer()
+            return get_lexer_by_name(lang) if lang else TextLexer()
         except ClassNotFound:
             return TextLexer()
+
+
+@functools.cache
+def _warm_lexers() -> None:
+    """Imports the common lexers once, when the window is built, not mid-stream (the first import costs ~50 ms)."""
+    for name in COMMON_LANGUAGES:
+        get_lexer_by_name(name)

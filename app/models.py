@@ -1,6 +1,8 @@
 """ModelManager: which registry models are loaded in the engine, loading on demand, importing from disk."""
 from __future__ import annotations
 
+import atexit
+import gc
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +107,10 @@ class ModelManager(QObject):
             return
         state = self.states[key]
         state.status, state.name, state.info, state.fraction = "loaded", name, dict(info or {}), 1.0
+        # A loaded model leaves hundreds of thousands of long-lived objects (vocabularies, metadata); full
+        # collections walking them paused every thread for 50-500 ms mid-stream. Freezing takes them out of it.
+        gc.freeze()
+        atexit.register(gc.unfreeze)  # let interpreter shutdown collect them as usual
         if key in self._importing:
             self._importing.discard(key)
             self.registry.add(state.entry)
