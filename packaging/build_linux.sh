@@ -120,15 +120,15 @@ if [ "$SELFTEST" = 1 ]; then
     TMP="$(mktemp -d)"
     trap 'rm -rf "$TMP"' EXIT
     if [ "$TARBALL" = 1 ]; then
-        tar -C "$TMP" -xzf "$TARBALL_PATH"
+        tar -C "$TMP" -xzf "$TARBALL_PATH"; FROM="unpacked tarball"
     else
-        cp -a "$APPDIR" "$TMP/Parley"
+        cp -a "$APPDIR" "$TMP/Parley"; FROM="copied bundle"
     fi
     mkdir -p "$TMP/home"
     t1=$(date +%s)
     (cd "$TMP" && env -i HOME="$TMP/home" QT_QPA_PLATFORM=offscreen PATH=/usr/bin:/bin \
         ./Parley/Parley --data-dir "$TMP/home/data" --self-test)
-    echo "self-test (clean env, unpacked tarball): ok in $(( $(date +%s) - t1 )) s"
+    echo "self-test (clean env, $FROM): ok in $(( $(date +%s) - t1 )) s"
 fi
 
 echo "== Parley $VERSION ($ARCH)"
