@@ -7,7 +7,6 @@ chats costs one repaint each frame, not one per token.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 import time
 
@@ -51,18 +50,8 @@ class EngineBridge(QObject):
         self._flush()
 
     def set_messages(self, session_id: int, messages: list[dict[str, str]]) -> None:
-        """Replaces an idle session's conversation (switching to another branch, or a new model).
-
-        The engine has no public command for this; `call` queues `fn` in command order, and a zero
-        timeout keeps the GUI thread from waiting for it.
-        """
-        def apply(engine: Engine) -> None:
-            engine._sessions[session_id].messages[:] = [dict(m) for m in messages]
-
-        try:
-            self.engine.call(apply, timeout=0)
-        except concurrent.futures.TimeoutError:
-            pass
+        """Replaces an idle session's conversation (switching to another branch, or a new model)."""
+        self.engine.set_messages(session_id, messages)
 
     # -- engine thread
     def _on_engine_event(self, event: ev.Event) -> None:
