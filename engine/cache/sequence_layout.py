@@ -14,6 +14,7 @@ import torch
 
 from engine.cache.base import KVCache, attention, visible
 from engine.cache.config import CacheConfig
+from engine.cache.rings import RingedLayout
 
 MIN_ROWS = 16
 ATTENTION_IMPLS = ("auto", "reference", "triton")  # "auto": the loop on CPU, the Triton kernels on CUDA
@@ -34,7 +35,7 @@ class KernelPlan:
     max_kv_len: int
 
 
-class SequenceKVCache(KVCache):
+class SequenceKVCache(RingedLayout, KVCache):
     def __init__(
         self,
         config: CacheConfig,
@@ -65,20 +66,6 @@ class SequenceKVCache(KVCache):
     def uses_kernels(self) -> bool:
         return self.device.type == "cuda" or self.attention_impl != "auto"
 
-    def _rings(self) -> dict[int, int]:
-        rings = {}
-        for w in set(self.windows) - {None}:
-            rows = self.config.ring_rows(w)
-            if rows < self.config.max_seq_len:  # a ring as long as the context never wraps
-                rings[w] = rows
-        return rings
-
-    def ring_rows(self, window: int | None) -> int | None:
-        return self.book.rings.get(window) if window else None
-
-    def _layer_rows(self, window: int | None) -> int:
-        ring = self.ring_rows(window)
-        return self.rows if ring is None else min(self.rows, ring)
 
     def _alloc(self, rows: int) -> torch.Tensor:
         shape = (rows, self.columns, self.kv_heads, self.head_dim)

@@ -11,13 +11,14 @@ import numpy as np
 
 from engine.cache.base import KVCache
 from engine.cache.config import CacheConfig
+from engine.cache.rings import RingedLayout
 from engine.errors import CacheConfigError
 
 MIN_ROWS = 16
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
-class MLXSequenceKVCache(KVCache):
+class MLXSequenceKVCache(RingedLayout, KVCache):
     def __init__(self, config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int):
         if config.layout != "sequence":
             raise CacheConfigError("The MLX backend implements the `sequence` KV layout only.")
@@ -28,20 +29,6 @@ class MLXSequenceKVCache(KVCache):
         self.v = [self._alloc(self._layer_rows(w)) for w in windows]
         self._step: dict = {}
 
-    def _rings(self) -> dict[int, int]:
-        rings = {}
-        for w in set(self.windows) - {None}:
-            rows = self.config.ring_rows(w)
-            if rows < self.config.max_seq_len:
-                rings[w] = rows
-        return rings
-
-    def _ring(self, window: int | None) -> int | None:
-        return self.book.rings.get(window) if window else None
-
-    def _layer_rows(self, window: int | None) -> int:
-        ring = self._ring(window)
-        return self.rows if ring is None else min(self.rows, ring)
 
     def _alloc(self, rows: int) -> mx.array:
         return mx.zeros((rows * self.columns, self.kv_heads, self.head_dim), dtype=DTYPES[self.config.dtype])
@@ -64,7 +51,7 @@ class MLXSequenceKVCache(KVCache):
                 self.v[i] = mx.concatenate([self.v[i], pad])
 
     def _row(self, pos: np.ndarray, window: int | None) -> np.ndarray:
-        ring = self._ring(window)
+        ring = self.ring_rows(window)
         return pos if ring is None else pos % ring
 
     def _prepare(self) -> None:
