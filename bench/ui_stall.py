@@ -18,7 +18,8 @@ from pathlib import Path
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from PySide6.QtCore import QCoreApplication, QElapsedTimer, QTimer  # noqa: E402
+from PySide6.QtCore import QElapsedTimer, QTimer  # noqa: E402
+from bench.gui_harness import fresh_data_dir, pump_until  # noqa: E402
 
 TICK_MS = 5
 TARGET_MS = 50.0
@@ -63,23 +64,6 @@ class StallMeter:
 
 
 
-def fresh_data_dir(shared: str) -> str:
-    """A new, empty data folder whose models/ and cache/ point into `shared`, so the converted model is reused."""
-    root = Path(tempfile.mkdtemp(prefix="parley-"))
-    for name in ("models", "cache"):
-        (Path(shared) / name).mkdir(parents=True, exist_ok=True)
-        (root / name).symlink_to(Path(shared) / name)
-    return str(root)
-
-
-def pump_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        QCoreApplication.processEvents()
-        time.sleep(0.001)
-    return True
 
 
 def pump_for(seconds: float) -> None:

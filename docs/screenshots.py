@@ -8,39 +8,21 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from PySide6.QtCore import QCoreApplication  # noqa: E402
+from bench.gui_harness import fresh_data_dir, pump_until  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "screenshots"
 
 
 
-def fresh_data_dir(shared: str) -> str:
-    """A new, empty data folder whose models/ and cache/ point into `shared`, so the converted model is reused."""
-    root = Path(tempfile.mkdtemp(prefix="parley-"))
-    for name in ("models", "cache"):
-        (Path(shared) / name).mkdir(parents=True, exist_ok=True)
-        (root / name).symlink_to(Path(shared) / name)
-    return str(root)
-
-
-def pump_until(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        QCoreApplication.processEvents()
-        time.sleep(0.005)
-    return True
 
 
 def settle(seconds: float = 0.3) -> None:
-    pump_until(lambda: False, seconds)
+    pump_until(lambda: False, seconds, nap=0.005)
 
 
 def ask(app, conv: int, prompt: str, **settings) -> None:
