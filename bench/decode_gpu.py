@@ -139,20 +139,43 @@ def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
     return start.elapsed_time(end) / repeats
 
 
-def profile_step(batcher, label: str) -> None:
-    """Per-kernel GPU time of one decode forward (outside the graph) at the last captured bucket."""
+def profile_during(batcher, label: str, at_replay: int = 20) -> None:
+    """Per-kernel GPU time of one decode forward, run eagerly (outside the graph) right after the
+    `at_replay`-th next replay with that step's inputs (it rewrites the same K/V)."""
     from torch.profiler import ProfilerActivity, profile
 
     g = batcher.runner.graphs
-    if g is None or not g.graphs:
+    if g is None:
         return
-    b = max(g.graphs)[0]
-    args = (g.tokens[:b], g.positions[:b], g.cache, g.rows[:b])
-    with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-        g.forward(*args)
-        torch.cuda.synchronize()
-    table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=12, max_name_column_width=60)
-    print(f"== profile {label}: {sum(e.count for e in prof.key_averages())} events\n{table}", flush=True)
+    replay, target = g.run, g.replays + at_replay
+
+    def run(batch):
+        logits = replay(batch)
+        if g.replays == target:
+            b = next(x for x in g.buckets if x >= len(batch.segments))
+            args = (g.tokens[:b], g.positions[:b], g.cache, g.rows[:b])
+            with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                g.forward(*args)
+                torch.cuda.synchronize()
+            events = prof.key_averages()
+            table = events.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
+            print(f"== profile {label}: {sum(e.count for e in events)} kernels\n{table}", flush=True)
+        return logits
+
+    g.run = run
+
+
+def host_profile(fn, label: str) -> None:
+    """cProfile of the host side of the timed run: where a step's Python and launch time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(fn)
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+    print(f"== host profile {label}\n{text.getvalue()}", flush=True)
 
 
 # -- transformers, static cache
@@ -169,6 +192,15 @@ def hf_ms_per_step(model, prompt_ids: list[list[int]], new: int) -> float:
 
     gen(2)  # warm-up
     return (gen(new + 1) - gen(1)) / new * 1e3
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
 
 
 # -- the floor
@@ -200,6 +232,7 @@ def main() -> None:
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
     ap.add_argument("--profile", action="store_true", help="kernel table of one decode forward per run")
+    ap.add_argument("--host-profile", action="store_true", help="cProfile of an extra run per case (after timing)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
     device = torch.device("cuda")
@@ -226,7 +259,7 @@ def main() -> None:
         emit({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
 
     emit({"impl": "device", "copy_bandwidth_tb_s": round(bw / 1e12, 3), "gpu": torch.cuda.get_device_name(),
-          "torch": torch.__version__})
+          "torch": torch.__version__, "transformers": _version("transformers")})
     if "hf-static" in opts.impls:
         try:
             hf = hf_model(args, weights, torch.bfloat16, device)
@@ -251,10 +284,9 @@ def main() -> None:
                     "mean_ms_per_step": statistics.fmean(times) * 1e3, "steps_timed": len(times),
                     "gpu_ms_per_step": graph_replay_ms(b), "first_run_s": round(warm_s, 2)})
             if opts.profile:
-                try:
-                    profile_step(b, f"{impl} x{n}")
-                except Exception as exc:  # a diagnostic must not end the run
-                    print(f"profile {impl} x{n} failed: {exc!r}"[:300], flush=True)
+                profile_during(b, f"{impl} x{n}")
+            if opts.profile or opts.host_profile:
+                host_profile(lambda: run_parley(b, prompts(args, n, seed=3)), f"{impl} x{n}")
 
 
 

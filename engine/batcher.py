@@ -59,7 +59,7 @@ class Batcher:
             return []
         self.in_flight = [seq for seq, _ in scheduled]
         try:
-            batch = build_step(scheduled, self.cache, self.device)
+            batch = build_step(scheduled, self.cache)
             logits = self.runner.run(batch)
             tokens = sample(logits, [s.sampler for s in batch.samplers], [s.token_ids for s in batch.samplers])
         except BaseException:

@@ -27,8 +27,11 @@ class DecodeGraphs:
         self.forward = _compiled(model) if compile_model else model
         self.compiled = compile_model
         dev, n = cache.device, self.buckets[-1]
-        self.tokens = torch.zeros(n, dtype=torch.long, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.long, device=dev)
+        # tokens and positions side by side: one pinned host row pair, one copy per step
+        self._inputs = torch.zeros(2, n, dtype=torch.long, device=dev)
+        self._staging = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
+        self._sent = torch.cuda.Event()
+        self.tokens, self.positions = self._inputs[0], self._inputs[1]
         self.rows = torch.arange(n, device=dev)  # a decode step samples every row, in order
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._version = cache.storage_version
@@ -53,8 +56,11 @@ class DecodeGraphs:
         if self.cache.storage_version != self._version:
             self.graphs.clear()  # they read tensors that no longer exist
             self._version = self.cache.storage_version
-        self.tokens[:n].copy_(batch.tokens, non_blocking=True)
-        self.positions[:n].copy_(batch.positions, non_blocking=True)
+        self._sent.synchronize()  # the previous step's copy has left the staging rows
+        self._staging[0, :n] = batch.tokens
+        self._staging[1, :n] = batch.positions
+        self._inputs.copy_(self._staging, non_blocking=True)  # whole rows: one contiguous copy
+        self._sent.record()
         key = (b, self.cache.plan.max_kv_len)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)

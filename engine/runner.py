@@ -16,6 +16,8 @@ class ModelRunner:
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
+        if cache.device.type == "cuda":
+            model.fuse_projections()  # decode on a GPU is launch-bound: one GEMM for q/k/v, one for gate/up
         if graphs is None:
             graphs = cache.device.type == "cuda" and isinstance(cache, SequenceKVCache) and cache.uses_kernels
         self.graphs = None
@@ -32,6 +34,8 @@ class ModelRunner:
             logits = self.graphs.run(batch)
         else:
             self.cache.prepare_step()
-            logits = self.model(batch.tokens, batch.positions, self.cache, batch.logit_rows)
+            dev = self.cache.device
+            tokens, positions, rows = (x.to(dev) for x in (batch.tokens, batch.positions, batch.logit_rows))
+            logits = self.model(tokens, positions, self.cache, rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits

@@ -236,13 +236,17 @@ def sequence_attend(
 ) -> torch.Tensor:  # (T, H, D) in q's dtype
     from kernels import kv_write, sdpa_varlen
 
-    # compiled graphs may hand over strided views; the kernels want a contiguous head dim
-    kv_write(k_cache, v_cache, k.contiguous(), v.contiguous(), slots, impl=impl)
+    kv_write(k_cache, v_cache, _unit_stride(k), _unit_stride(v), slots, impl=impl)
     out = sdpa_varlen(
-        q.to(k_cache.dtype).contiguous(), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
+        _unit_stride(q.to(k_cache.dtype)), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
         max_kv_len=max_kv_len, window=window or None, impl=impl,
     )
     return out.to(q.dtype).contiguous()
+
+
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    """The kernels take any row and head strides (views of a fused QKV) but want a contiguous head dim."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 @torch.library.custom_op("parley::sequence_attend", mutates_args=("k_cache", "v_cache"))

@@ -66,16 +66,38 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
+def fused_linear(parts: list[Linear]) -> Linear:
+    """One Linear whose output is the parts' outputs side by side: one GEMM launch instead of several."""
+    first = parts[0]
+    bias = first.bias is not None
+    with torch.device("meta"):
+        out = Linear(first.in_features, sum(p.out_features for p in parts), bias=bias)
+    out.weight = nn.Parameter(torch.cat([p.weight for p in parts]), requires_grad=False)
+    if bias:
+        out.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
+    return out
+
+
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, inter: int, act: str):
         super().__init__()
         self.gate_proj = Linear(hidden, inter, bias=False)
         self.up_proj = Linear(hidden, inter, bias=False)
         self.down_proj = Linear(inter, hidden, bias=False)
+        self.gate_up_proj: Linear | None = None
         self.act = _activation(act)
 
+    def fuse_projections(self) -> None:
+        if self.gate_up_proj is None:
+            self.gate_up_proj = fused_linear([self.gate_proj, self.up_proj])
+            self.gate_proj = self.up_proj = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 def _activation(name: str):
@@ -108,12 +130,25 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, gemma=gemma_norm)
         else:
             self.q_norm = self.k_norm = None
+        self.qkv_proj: Linear | None = None
+
+    def fuse_projections(self) -> None:
+        if self.qkv_proj is None:
+            self.qkv_proj = fused_linear([self.q_proj, self.k_proj, self.v_proj])
+            self.q_proj = self.k_proj = self.v_proj = None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.qkv_proj is None:
+            return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        kv = self.n_kv * self.head_dim
+        return self.qkv_proj(x).split([self.n_heads * self.head_dim, kv, kv], dim=-1)
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: AttentionCache) -> torch.Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
-        v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
+        q, k, v = self._qkv(x)
+        q = q.reshape(t, self.n_heads, self.head_dim)
+        k = k.reshape(t, self.n_kv, self.head_dim)
+        v = v.reshape(t, self.n_kv, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
@@ -140,6 +175,12 @@ class CausalLM(nn.Module):
     def reset_buffers(self, device: torch.device | str) -> None:
         """Recomputes the rope tables on `device` (the model may have been built on the meta device)."""
         self.rotary = nn.ModuleDict({k: Rotary(self.args.head_dim, r) for k, r in self.args.rope.items()}).to(device)
+
+    def fuse_projections(self) -> None:
+        """Merges q/k/v and gate/up into one GEMM each (GPU decode is launch-bound). Drops the parts."""
+        for module in list(self.modules()):
+            if module is not self and hasattr(module, "fuse_projections"):
+                module.fuse_projections()
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -37,8 +37,8 @@ def _logits(lm, ids: list[int], backend: str) -> torch.Tensor:
     for start in range(0, len(ids), 8):
         n = min(8, len(ids) - start)
         segs = b.cache.declare_step([(slot, n)])
-        batch = StepBatch(torch.tensor(ids[start : start + n]), torch.arange(start, start + n), torch.full((n,), slot),
-                          segs, torch.arange(n), [], [])
+        batch = StepBatch(torch.tensor(ids[start : start + n]), torch.arange(start, start + n), segs, torch.arange(n),
+                          [], [])
         b.runner.max_sampled_rows = n
         out.append(b.runner.run(batch))
         b.cache.commit_step()
