@@ -31,7 +31,7 @@ def parley_decode(lm, ids: list[int], n: int) -> float:
     batcher.add(seq)
     batcher.step()  # prefill + first token
     start = time.perf_counter()
-    while batcher.scheduler.has_work():
+    while batcher.has_work():
         batcher.step()
     return time.perf_counter() - start
 

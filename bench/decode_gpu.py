@@ -82,7 +82,7 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
-                 attention_impl: str = "auto"):
+                 attention_impl: str = "auto", lookahead: bool = True):
     from engine.batcher import Batcher
     from engine.cache import CacheConfig, make_cache
     from engine.runner import ModelRunner
@@ -95,9 +95,8 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
     cache.attention_impl = attention_impl
     sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
-    batcher = Batcher(model, cache, sched, device)
-    batcher.runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode)
-    return batcher
+    runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode)
+    return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
 
 
 def prompts(args: ModelArgs, sessions: int, length: int = PROMPT, seed: int = 1) -> list[list[int]]:
@@ -114,8 +113,8 @@ def run_parley(batcher, prompt_ids: list[list[int]], new: int = NEW) -> tuple[li
     for s in seqs:
         batcher.add(s)
     decode_times = []
-    while batcher.scheduler.has_work():
-        decode = all(s.num_uncached == 1 for s in batcher.scheduler.running) and not batcher.scheduler.waiting
+    while batcher.has_work():
+        decode = all(s.num_uncached <= 1 for s in batcher.scheduler.running) and not batcher.scheduler.waiting
         start = time.perf_counter()
         batcher.step()
         if decode:
@@ -179,14 +178,15 @@ def host_profile(fn, label: str) -> None:
 
 
 # -- transformers, static cache
-def hf_ms_per_step(model, prompt_ids: list[list[int]], new: int) -> float:
+def hf_ms_per_step(model, prompt_ids: list[list[int]], new: int, compiled: bool = False) -> float:
+    """generate() with a static cache; `compiled` lets transformers compile its decode step as it does by default."""
     ids = torch.tensor(prompt_ids, device=model.device)
 
     def gen(n: int) -> float:
         torch.cuda.synchronize()
         start = time.perf_counter()
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       cache_implementation="static", pad_token_id=0, disable_compile=True)
+                       cache_implementation="static", pad_token_id=0, disable_compile=not compiled)
         torch.cuda.synchronize()
         return time.perf_counter() - start
 
@@ -228,7 +228,9 @@ def floor_ms(model, args: ModelArgs, sessions: int, bandwidth: float, context: i
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"])
+    ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"],
+                    help="parley-eager | parley-graphs | parley-compiled, '-sync' suffix: no look-ahead; hf-static, "
+                         "hf-static-compiled (transformers' own compile of the static cache)")
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
     ap.add_argument("--profile", action="store_true", help="kernel table of one decode forward per run")
@@ -240,7 +242,7 @@ def main() -> None:
     weights = random_hf_weights(args)
     model = parley_model(args, weights, torch.bfloat16, device)
     bw = copy_bandwidth(device)
-    hf_ms: dict[int, float] = {}
+    hf_ms: dict[str, dict[int, float]] = {}  # baseline impl -> sessions -> ms per step
     out = open(opts.out, "a") if opts.out else None
 
     def emit(row: dict) -> None:
@@ -254,28 +256,29 @@ def main() -> None:
         r["tok_s"] = n / ms * 1e3
         r["floor_ms"] = floor_ms(model, args, n, bw)
         r["fraction_of_floor"] = r["floor_ms"] / ms
-        if n in hf_ms:
-            r["speedup_vs_hf_static"] = hf_ms[n] / ms
+        for base, by_n in hf_ms.items():
+            if n in by_n:
+                r[f"speedup_vs_{base.replace('-', '_')}"] = by_n[n] / ms
         emit({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
 
     emit({"impl": "device", "copy_bandwidth_tb_s": round(bw / 1e12, 3), "gpu": torch.cuda.get_device_name(),
           "torch": torch.__version__, "transformers": _version("transformers")})
-    if "hf-static" in opts.impls:
+    for base in [i for i in opts.impls if i.startswith("hf-static")]:
         try:
             hf = hf_model(args, weights, torch.bfloat16, device)
             for n in opts.hf_sessions if opts.hf_sessions is not None else opts.sessions:
                 new = opts.hf_new_at_1 if n == 1 else NEW
-                ms = hf_ms_per_step(hf, prompts(args, n), new)
-                hf_ms[n] = ms
-                finish({"impl": "hf-static", "sessions": n, "ms_per_step": ms, "steps_timed": new})
+                ms = hf_ms_per_step(hf, prompts(args, n), new, compiled=base == "hf-static-compiled")
+                finish({"impl": base, "sessions": n, "ms_per_step": ms, "steps_timed": new})
+                hf_ms.setdefault(base, {})[n] = ms
             del hf
         except Exception as exc:  # the baseline's failure must not hide Parley's numbers
-            emit({"impl": "hf-static", "error": repr(exc)[:300]})
+            emit({"impl": base, "error": repr(exc)[:300]})
         torch.cuda.empty_cache()
     for impl in [i for i in opts.impls if i.startswith("parley")]:
         for n in opts.sessions:
             b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=impl != "parley-eager",
-                             compile_decode=impl == "parley-compiled")
+                             compile_decode=impl.startswith("parley-compiled"), lookahead=not impl.endswith("-sync"))
             t0 = time.perf_counter()
             _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
             warm_s = time.perf_counter() - t0

@@ -1,15 +1,55 @@
-"""Batcher: schedule -> build the step -> run one forward -> sample -> commit. No threads here."""
+"""Batcher: schedule -> build the step -> run one forward -> sample -> commit. No threads here.
+
+Look-ahead: when a decode step's sequences all go on decoding, the next step is launched from the
+sampled ids still on the device, before the host reads them; the host then does its bookkeeping
+while the GPU runs. A token sampled for a sequence that meanwhile finished (a stop token, a stop
+string) is dropped, and its sampler's random state is put back. The cache then holds one token more
+than a plain run would have cached, a token of the history, so what it holds stays true.
+"""
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
 
 import torch
 
 from engine.cache import KVCache
 from engine.models.layers import CausalLM
 from engine.runner import ModelRunner
-from engine.sampling import sample
+from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
-from engine.sequence import Sequence
-from engine.step import build_step
+from engine.sequence import Sequence, Status
+from engine.step import StepBatch, build_step
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Launched:
+    """A step whose forward and sampling are queued; its ids are not read yet."""
+
+    samplers: list[Sequence]  # in row order of `ids`
+    ids: torch.Tensor  # (R,) sampled ids, on the device
+    host_ids: torch.Tensor  # their copy on the host; pinned and filled by then when `ready` has passed
+    ready: torch.cuda.Event | None  # None: the device is the host
+    decode: bool  # every scheduled sequence wrote one token and samples: a look-ahead may follow
+    rng_before: dict[int, torch.Tensor] | None = None  # look-ahead: seq_id -> sampler state before the draw
+
+    def tokens(self) -> list[int]:
+        if self.ready is not None:
+            self.ready.synchronize()  # this step's copy only: a step queued after it keeps running
+        return self.host_ids.tolist()
+
+
+def _to_host(ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """Queues the ids' copy to the host now, before any later step: reading them then waits for no more."""
+    if ids.device.type != "cuda":
+        return ids, None
+    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+    host.copy_(ids, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 class Batcher:
@@ -21,20 +61,32 @@ class Batcher:
         device: torch.device | str,
         release_on_finish: bool = True,
         runner=None,
+        lookahead: bool | None = None,
     ):
         self.cache, self.device = cache, device
         self.release_on_finish = release_on_finish  # sessions keep their cache between turns
-        self.in_flight: list[Sequence] = []  # the sequences of the step being run (for error reports)
+        self.in_flight: list[Sequence] = []  # the sequences of the steps being run (for error reports)
         self.scheduler = Scheduler(config, cache)
         # Another backend (MLX) brings its own runner; everything else here is backend-neutral.
         self.runner = runner or ModelRunner(model, cache, config.max_sampled_rows)
-        self.steps = 0
+        if lookahead is None:  # it pays where the device runs asynchronously: replayed CUDA graphs
+            lookahead = getattr(self.runner, "graphs", None) is not None
+        self.lookahead = lookahead
+        self._ahead: Launched | None = None
+        self.steps = self.lookahead_steps = 0
 
     def add(self, seq: Sequence) -> None:
         self.scheduler.add(seq)
 
+    def has_work(self) -> bool:
+        return self._ahead is not None or self.scheduler.has_work()
+
+    def has_ahead(self) -> bool:
+        return self._ahead is not None
+
     def fork(self, seq: Sequence, seq_id: int) -> Sequence:
         """A new running sequence sharing `seq`'s history and cached prefix (the cache copies it)."""
+        assert self._ahead is None, "settle() before changing sequences"
         child = Sequence(seq_id, list(seq.token_ids), seq.sampler.fork(), seq.stop_ids, seq.max_len)
         child.slot = self.cache.seq_clone(seq.slot)
         child.num_cached, child.num_prompt = seq.num_cached, seq.num_prompt
@@ -44,6 +96,7 @@ class Batcher:
 
     def rewind(self, seq: Sequence, pos: int) -> None:
         """Drops everything from token `pos` on, in the cache and in the history (edit / regenerate)."""
+        assert self._ahead is None, "settle() before changing sequences"
         cached = min(pos, seq.num_cached)
         self.cache.rewind(seq.slot, cached)
         seq.num_cached = cached
@@ -53,30 +106,110 @@ class Batcher:
             del seq.generated[max(0, len(seq.generated) - dropped) :]
 
     def step(self) -> list[tuple[Sequence, int]]:
-        """One forward over every scheduled sequence; returns the (sequence, token) pairs sampled."""
+        """Runs one step and returns the (sequence, token) pairs it sampled.
+
+        With look-ahead the step returned may be the one launched by the previous call, and the
+        next one is already queued on the device when this returns.
+        """
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            launched = self._launch_scheduled()
+            if launched is None:
+                return []
+        if self.lookahead and self._can_look_ahead(launched):
+            try:
+                self._ahead = self._launch_ahead(launched)
+            except Exception:  # noqa: BLE001 - the plain next step meets (and reports) the same fault
+                log.debug("look-ahead step not launched", exc_info=True)
+        self.in_flight = launched.samplers + (self._ahead.samplers if self._ahead else [])
+        results = self._resolve(launched)
+        self.in_flight = self._ahead.samplers if self._ahead else []
+        return results
+
+    def settle(self) -> list[tuple[Sequence, int]]:
+        """Reads the step queued ahead, if any, so that sequences can be changed from outside."""
+        launched, self._ahead = self._ahead, None
+        if launched is None:
+            return []
+        results = self._resolve(launched)
+        self.in_flight = []
+        return results
+
+    # -- launching
+    def _launch_scheduled(self) -> Launched | None:
         scheduled = self.scheduler.schedule()
         if not scheduled:
-            return []
+            return None
         self.in_flight = [seq for seq, _ in scheduled]
+        batch = build_step(scheduled, self.cache)
+        ids = self._forward(batch)
+        decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
+        return Launched(batch.samplers, ids, *_to_host(ids), decode)
+
+    def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple:
+        """Forward and sampling queued; the cache step is committed (its writes are queued before any later read)."""
         try:
-            batch = build_step(scheduled, self.cache)
             logits = self.runner.run(batch)
-            tokens = sample(logits, [s.sampler for s in batch.samplers], [s.token_ids for s in batch.samplers])
+            seqs = batch.samplers
+            rng = {s.seq_id: s.sampler.generator.get_state() for s in seqs if not s.sampler.params.greedy} \
+                if snapshot else None
+            ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs])
         except BaseException:
             if self.cache.book.pending is not None:
                 self.cache.abort_step()
             raise
         self.cache.commit_step()
         self.steps += 1
-        for seq, n in scheduled:
+        for seq, n in batch.scheduled:
             seq.num_cached += n
-        for seq, token in zip(batch.samplers, tokens):
+        return (ids, rng) if snapshot else ids
+
+    def _can_look_ahead(self, prev: Launched) -> bool:
+        """The next step would schedule exactly `prev`'s sequences, one token each, none finishing by length."""
+        if not prev.decode or self.scheduler.waiting or len(self.scheduler.running) != len(prev.samplers):
+            return False
+        accepts = getattr(self.runner, "accepts_device_tokens", None)
+        if accepts is None or not accepts(len(prev.samplers)):
+            return False
+        for seq in prev.samplers:
+            if seq.status is not Status.RUNNING or seq.num_uncached != 0 or penalised(seq.sampler.params):
+                return False
+            if len(seq.generated) + 2 > seq.sampler.params.max_tokens or len(seq.token_ids) + 2 > seq.max_len:
+                return False  # prev's token may end it by length: leave that step to the scheduler
+        return True
+
+    def _launch_ahead(self, prev: Launched) -> Launched | None:
+        seqs = prev.samplers
+        segments = self.cache.declare_step([(seq.slot, 1) for seq in seqs])
+        positions = torch.tensor([s.start for s in segments], dtype=torch.long)
+        batch = StepBatch(
+            tokens=torch.zeros(len(seqs), dtype=torch.long),  # unknown yet: the device holds them
+            positions=positions,
+            segments=segments,
+            logit_rows=torch.arange(len(seqs)),
+            scheduled=[(seq, 1) for seq in seqs],
+            samplers=list(seqs),
+            device_tokens=prev.ids,
+        )
+        ids, rng = self._forward(batch, snapshot=True)
+        self.lookahead_steps += 1
+        return Launched(list(seqs), ids, *_to_host(ids), True, rng)
+
+    # -- reading the ids
+    def _resolve(self, launched: Launched) -> list[tuple[Sequence, int]]:
+        tokens = launched.tokens()  # the one wait for the device
+        out = []
+        for seq, token in zip(launched.samplers, tokens):
+            if seq.status is not Status.RUNNING:  # finished after this step was queued: drop its token
+                if launched.rng_before and seq.seq_id in launched.rng_before:
+                    seq.sampler.generator.set_state(launched.rng_before[seq.seq_id])
+                continue
             seq.append(token)
+            out.append((seq, token))
             reason = finish_reason(seq, token)
             if reason:
                 self.scheduler.finish(seq, reason, self.release_on_finish)
-        self.in_flight = []
-        return list(zip(batch.samplers, tokens))
+        return out
 
 
 def finish_reason(seq: Sequence, token: int) -> str | None:

@@ -60,6 +60,8 @@ class DecodeGraphs:
         self._staging[0, :n] = batch.tokens
         self._staging[1, :n] = batch.positions
         self._inputs.copy_(self._staging, non_blocking=True)  # whole rows: one contiguous copy
+        if batch.device_tokens is not None:  # a look-ahead step: last step's ids, never through the host
+            self.tokens[:n].copy_(batch.device_tokens, non_blocking=True)
         self._sent.record()
         key = (b, self.cache.plan.max_kv_len)
         if key not in self.graphs:

@@ -156,6 +156,7 @@ class Engine:
             item = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
         except queue.Empty:
             return
+        self._settle()  # commands change sequences: no step may be queued ahead of them
         while True:
             fn, args = item
             self._run_command(fn, args)
@@ -335,14 +336,23 @@ class Engine:
 
     def _step(self, rt: ModelRuntime) -> None:
         self._make_room(rt)
+        self._deliver(rt, rt.batcher.step)
+        self._report_queue(rt)
+
+    def _settle(self) -> None:
+        """Reads every step launched ahead (look-ahead decoding) and streams its tokens."""
+        for rt in list(self._models.values()):
+            if rt.batcher is not None and rt.batcher.has_ahead():
+                self._deliver(rt, rt.batcher.settle)
+
+    def _deliver(self, rt: ModelRuntime, run: Callable[[], list]) -> None:
         try:
-            results = rt.batcher.step()
+            results = run()
         except Exception as exc:
             self._fail_step(rt, exc)
             return
         for seq, token in results:
             self._on_token(rt, self._sessions[seq.seq_id], seq, token)
-        self._report_queue(rt)
 
     def _on_token(self, rt: ModelRuntime, session: Session, seq: Sequence, token: int) -> None:
         turn = session.turn

@@ -25,6 +25,7 @@ class RunConfig:
     chunk_tokens: int = 256
     max_sampled_rows: int = 64
     backend: str = "torch"  # or "mlx"
+    lookahead: bool | None = None  # None: on where CUDA graphs run (tests force it on CPU)
 
 
 def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
@@ -45,7 +46,7 @@ def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
         return mlx_batcher(lm, config, sched)
     device = next(lm.model.parameters()).device
     cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
-    return Batcher(lm.model, cache, sched, device)
+    return Batcher(lm.model, cache, sched, device, lookahead=run.lookahead)
 
 
 def generate(
@@ -67,7 +68,7 @@ def generate(
         seq = Sequence(i, list(ids), SamplerState(params), lm.tokenizer.stop_ids, max_len=limit)
         seqs.append(seq)
         batcher.add(seq)
-    while batcher.scheduler.has_work():
+    while batcher.has_work():
         for seq, token in batcher.step():
             if on_token:
                 on_token(seq.seq_id, token)

@@ -26,6 +26,10 @@ class ModelRunner:
 
             self.graphs = DecodeGraphs(model, cache, compile_model=compile_decode)
 
+    def accepts_device_tokens(self, num_seqs: int) -> bool:
+        """Whether a decode step of `num_seqs` may take its tokens from the last step's device ids."""
+        return self.graphs is None or num_seqs <= self.graphs.buckets[-1]
+
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> torch.Tensor:
         """Logits (R, V) in fp32 for the batch's sampled rows only."""
@@ -36,6 +40,8 @@ class ModelRunner:
             self.cache.prepare_step()
             dev = self.cache.device
             tokens, positions, rows = (x.to(dev) for x in (batch.tokens, batch.positions, batch.logit_rows))
+            if batch.device_tokens is not None:
+                tokens = batch.device_tokens
             logits = self.model(tokens, positions, self.cache, rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits

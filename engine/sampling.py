@@ -61,11 +61,16 @@ class SamplerState:
 
 def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> list[int]:
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (one host copy)."""
+    return sample_ids(logits, states, histories).tolist()
+
+
+def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
+    """As `sample`, but the ids stay on the logits' device: nothing waits for the GPU here."""
     logits = _apply_penalties(logits, states, histories)
     greedy_ids = logits.argmax(dim=-1)
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
-        return greedy_ids.tolist()
+        return greedy_ids
     picked = [states[i] for i in drawing]
     rows = logits[drawing]
     temps = torch.tensor([s.params.temperature for s in picked], device=logits.device)
@@ -73,11 +78,11 @@ def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[lis
     noise = torch.stack([torch.empty_like(probs[0]).exponential_(generator=s.generator) for s in picked])
     drawn = (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
     greedy_ids[drawing] = drawn
-    return greedy_ids.tolist()
+    return greedy_ids
 
 
 def _apply_penalties(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
-    rows = [i for i, s in enumerate(states) if _penalised(s.params) and histories[i]]
+    rows = [i for i, s in enumerate(states) if penalised(s.params) and histories[i]]
     if not rows:
         return logits
     logits = logits.clone()
@@ -93,7 +98,7 @@ def _apply_penalties(logits: torch.Tensor, states: list[SamplerState], histories
     return logits
 
 
-def _penalised(p: SamplingParams) -> bool:
+def penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
 
 

@@ -17,6 +17,7 @@ class StepBatch:
     logit_rows: torch.Tensor  # (R,) host int64: rows whose logits are sampled, each sampler's last token
     scheduled: list[tuple[Sequence, int]]
     samplers: list[Sequence]  # the sequences that sample this step, in logit_rows order
+    device_tokens: torch.Tensor | None = None  # a look-ahead step: its tokens are the last step's ids, on the device
 
 
 def build_step(scheduled: list[tuple[Sequence, int]], cache: KVCache) -> StepBatch:

@@ -24,6 +24,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     s.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     s.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
+    s.add_argument("--compile", action="store_true", help="CUDA: compile the decode step (faster; 15-60 s once per batch size)")
     s.set_defaults(func=serve)
     return s
 
@@ -37,7 +38,7 @@ def serve(args: argparse.Namespace) -> int:
 
     paths = Paths.resolve(getattr(args, "data_dir", None))
     config = EngineConfig(kv_layout=args.kv_layout, max_sessions=args.max_sessions, max_session_tokens=args.context,
-                          device=args.device, dtype=args.dtype, cache_dir=paths.cache)
+                          device=args.device, dtype=args.dtype, compile_decode=args.compile, cache_dir=paths.cache)
     bridge = EngineBridge(config).start()
     try:
         for spec in args.model or ([] if args.remote else ["default"]):

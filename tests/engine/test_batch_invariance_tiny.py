@@ -71,7 +71,7 @@ def test_fork_mid_answer(models, layout):
     child = b.fork(a, 1)
     forced = (a.generated[-1] + 1) % lm.args.vocab_size  # the user edits the branch: a different token
     child.token_ids.append(forced)
-    while b.scheduler.has_work():
+    while b.has_work():
         b.step()
     assert a.generated == alone(lm, prompt, params, _run(layout))
     tail = alone(lm, fork_point + [forced], SamplingParams(max_tokens=12), _run(layout))
@@ -93,7 +93,7 @@ def test_rewind_and_regenerate(models, layout):
     a.token_ids.append(edited)
     prefix = list(a.token_ids)
     start = len(a.generated)
-    while b.scheduler.has_work():
+    while b.has_work():
         b.step()
     fresh = alone(lm, prefix, SamplingParams(max_tokens=30 - start), _run(layout))
     assert a.generated[start:] == fresh

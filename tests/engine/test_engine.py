@@ -13,9 +13,11 @@ from tests.support.engine_client import Client
 GREEDY = SamplingParams(max_tokens=12)
 
 
-@pytest.fixture
-def client(tiny_models):
-    c = Client(EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16))
+@pytest.fixture(params=[None, True], ids=["plain", "lookahead"])
+def client(tiny_models, request):
+    config = EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16, lookahead=request.param)
+    c = Client(config)
+    c.lookahead = bool(request.param)
     c.engine.start()
     c.model = c.load(tiny_models["qwen3"].gguf_path)
     yield c
@@ -47,6 +49,8 @@ def test_batched_sessions_equal_alone(client):
         assert isinstance(client.wait(t), ev.Finished)
     assert [client.tokens(t) for t in turns] == alone
     assert any(isinstance(e, ev.Queued) for e in client.all)
+    ran_ahead = client.engine.call(lambda eng: eng._models[client.model].batcher.lookahead_steps)
+    assert (ran_ahead > 0) == client.lookahead
 
 
 def test_seeded_sampling_is_reproducible_alone_or_batched(client):

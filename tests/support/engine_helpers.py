@@ -30,7 +30,7 @@ def run_staggered(
     """Adds prompt i at step arrivals[i]; runs until all finish; returns each one's generated ids."""
     seqs = [Sequence(i, list(p), SamplerState(params), stop_ids) for i, p in enumerate(prompts)]
     step = 0
-    while step <= max(arrivals) or batcher.scheduler.has_work():
+    while step <= max(arrivals) or batcher.has_work():
         for i, at in enumerate(arrivals):
             if at == step:
                 batcher.add(seqs[i])
