@@ -82,7 +82,7 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
-                 attention_impl: str = "auto", lookahead: bool = True):
+                 attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False):
     from engine.batcher import Batcher
     from engine.cache import CacheConfig, make_cache
     from engine.runner import ModelRunner
@@ -95,7 +95,8 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
     cache.attention_impl = attention_impl
     sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
-    runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode)
+    runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode,
+                         decode_gemm=decode_gemm)
     return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
 
 
@@ -229,7 +230,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"],
-                    help="parley-eager | parley-graphs | parley-compiled, '-sync' suffix: no look-ahead; hf-static, "
+                    help="parley-eager | parley-graphs | parley-compiled, suffixes '-sync' (no look-ahead) and "
+                         "'-tgemm' (Triton decode GEMMs); hf-static, "
                          "hf-static-compiled (transformers' own compile of the static cache)")
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
@@ -277,8 +279,10 @@ def main() -> None:
         torch.cuda.empty_cache()
     for impl in [i for i in opts.impls if i.startswith("parley")]:
         for n in opts.sessions:
-            b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=impl != "parley-eager",
-                             compile_decode=impl.startswith("parley-compiled"), lookahead=not impl.endswith("-sync"))
+            flags = set(impl.split("-")[1:])
+            b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs="eager" not in flags,
+                             compile_decode="compiled" in flags, lookahead="sync" not in flags,
+                             decode_gemm="tgemm" in flags)
             t0 = time.perf_counter()
             _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
             warm_s = time.perf_counter() - t0

@@ -9,6 +9,8 @@ from torch import nn
 
 from engine.models.args import ModelArgs, RopeArgs
 
+DECODE_ROWS = 64  # steps of up to this many tokens may take the Triton decode GEMM
+
 
 class AttentionCache(Protocol):
     """What a layer needs from the KV cache: write this step's K/V and attend with the cache's mask."""
@@ -18,10 +20,20 @@ class AttentionCache(Protocol):
 
 
 class Linear(nn.Linear):
-    """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round."""
+    """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round.
+
+    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/.
+    """
+
+    decode_kernel = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dim() != 2:
+            if self.decode_kernel and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
+                from kernels.linear import decode_linear
+
+                y = decode_linear(x, self.weight)
+                return y if self.bias is None else y + self.bias
             return F.linear(x, self.weight, self.bias)
         y = torch.mm(self.weight, x.t()).t()
         return y + self.bias if self.bias is not None else y
@@ -181,6 +193,12 @@ class CausalLM(nn.Module):
         for module in list(self.modules()):
             if module is not self and hasattr(module, "fuse_projections"):
                 module.fuse_projections()
+
+    def use_decode_kernels(self, on: bool = True) -> None:
+        """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module is not self.lm_head:
+                module.decode_kernel = on
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

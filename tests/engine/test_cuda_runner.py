@@ -169,6 +169,16 @@ def test_lookahead_equals_sync_through_graphs(gpu_model):
 
 
 @needs_cuda
+def test_triton_decode_gemm_agrees_with_cublas(gpu_model):
+    args, model = gpu_model
+    ids = [p[:n] for p, n in zip(prompts(args, 6, length=300, seed=4), [5, 40, 64, 100, 200, 300])]
+    cublas = generate(make_batcher(model, args, 6, 400, graphs=True), ids, [0] * 6, new=24)
+    triton = generate(make_batcher(model, args, 6, 400, graphs=True, decode_gemm=True), ids, [0] * 6, new=24)
+    model.use_decode_kernels(False)
+    report("decode_gemm_vs_cublas", compare(*triton, *cublas) | {"tokens_equal": triton[0] == cublas[0]})
+
+
+@needs_cuda
 def test_triton_equals_reference_attention(gpu_model):
     """Teacher-forced: the same tokens through both attention implementations, logits compared."""
     args, model = gpu_model

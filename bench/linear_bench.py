@@ -1,0 +1,75 @@
+"""Decode GEMMs on CUDA: cuBLAS (F.linear) vs the Triton skinny GEMM, per call inside a CUDA graph.
+
+Gemma-3-270M's decode GEMMs (fused qkv, fused gate/up, o, down) at 1, 8 and 64 rows, bf16. Each case
+replays a graph of 18 calls over 18 different weight copies (one per layer, as in a step, so L2 holds
+none of them). Prints JSON lines: shape, rows, microseconds per call for each, and the ratio; with
+--sweep also the best Triton block/warp/stage setting per case.
+
+    python bench/linear_bench.py [--sweep] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.attention_bench import time_graph  # noqa: E402
+from kernels.skinny_linear_triton import skinny_linear_triton  # noqa: E402
+
+SHAPES = {"qkv": (1536, 640), "gate_up": (4096, 640), "o": (640, 1024), "down": (640, 2048)}
+LAYERS = 18
+
+
+def case(name: str, m: int, sweep: bool) -> dict:
+    n, k = SHAPES[name]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(LAYERS)]
+    cublas = time_graph([lambda w=w: F.linear(x, w) for w in ws]) * 1e3
+    triton_us = time_graph([lambda w=w: skinny_linear_triton(x, w) for w in ws]) * 1e3
+    err = (skinny_linear_triton(x, ws[0]).float() - F.linear(x, ws[0]).float()).abs().max().item()
+    rec = {"gemm": name, "n": n, "k": k, "rows": m, "cublas_us": round(cublas, 2), "triton_us": round(triton_us, 2),
+           "speedup": round(cublas / triton_us, 2), "max_abs_diff": err,
+           "floor_us": round(n * k * 2 / 4.2e12 * 1e6, 2)}
+    if sweep:
+        best = None
+        for bn in (16, 32, 64):
+            for bk in (64, 128, 256):
+                for warps in (2, 4, 8):
+                    for stages in (2, 3, 4):
+                        try:
+                            t = time_graph([lambda w=w: skinny_linear_triton(
+                                x, w, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages) for w in ws]) * 1e3
+                        except Exception:  # noqa: BLE001 - out of shared memory and the like
+                            continue
+                        if best is None or t < best[0]:
+                            best = (t, bn, bk, warps, stages)
+        if best:
+            rec["best"] = {"us": round(best[0], 2), "block_n": best[1], "block_k": best[2], "num_warps": best[3],
+                           "num_stages": best[4]}
+    return rec
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    lines = []
+    for name in SHAPES:
+        for m in (1, 8, 64):
+            rec = case(name, m, args.sweep)
+            print(json.dumps(rec), flush=True)
+            lines.append(rec)
+    if args.out:
+        args.out.write_text("".join(json.dumps(r) + "\n" for r in lines))
+
+
+if __name__ == "__main__":
+    main()

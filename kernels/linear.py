@@ -1,0 +1,44 @@
+"""`linear(x, w)` for decode steps, with the same implementation switch as the attention ops.
+
+`impl="triton"` runs the skinny-M Triton GEMM (at most 64 rows; CUDA, or the CPU interpreter),
+`impl="reference"` is `F.linear`.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from kernels.attention import IMPLS
+
+MAX_ROWS = 64
+
+
+def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, weight)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, *, impl: str = "triton") -> torch.Tensor:
+    """x (M, K) @ weightᵀ (K, N) -> (M, N); the Triton path takes M <= 64."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and not x.is_cuda):
+        return linear_reference(x, weight)
+    from kernels.skinny_linear_triton import skinny_linear_triton
+
+    return skinny_linear_triton(x, weight)
+
+
+@torch.library.custom_op("parley::skinny_linear", mutates_args=())
+def _skinny_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return linear(x if x.stride(-1) == 1 else x.contiguous(), weight, impl="triton")
+
+
+@_skinny_linear_op.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def decode_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The Triton GEMM as one opaque op (torch.compile fuses around it, not into it); M <= 64."""
+    return torch.ops.parley.skinny_linear(x, weight)

@@ -1,0 +1,57 @@
+"""skinny_linear (Triton) against F.linear; and a row's result does not depend on the row count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import triton_available
+from kernels.linear import linear, linear_reference
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+MAX_M = 64 if ON_GPU else 16
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+# Gemma-3-270M's decode GEMMs on the GPU (fused qkv, fused gate/up, o, down); odd sizes on both.
+SHAPES = [(1536, 640), (4096, 640), (640, 1024), (640, 2048), (100, 200)] if ON_GPU else [(48, 64), (20, 40), (33, 96)]
+
+
+def _data(m: int, n: int, k: int, dtype: torch.dtype):
+    g = torch.Generator().manual_seed(m * 1000 + n + k)
+    x = torch.randn(m, k, generator=g).to(dtype).to(DEVICE)
+    w = (torch.randn(n, k, generator=g) / k**0.5).to(dtype).to(DEVICE)
+    return x, w
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 3, 8, MAX_M])
+def test_matches_reference(dtype, n, k, m):
+    x, w = _data(m, n, k, dtype)
+    got = linear(x, w, impl="triton")
+    ref = linear_reference(x.double(), w.double())
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert got.shape == (m, n) and got.dtype == dtype
+    assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter's tl.dot is numpy BLAS, whose order changes with the shape")
+@pytest.mark.parametrize("n,k", SHAPES[:2])
+def test_row_result_independent_of_row_count(n, k):
+    """The same row alone, among 7 others or among MAX_M - 1 gives the same bits."""
+    x, w = _data(MAX_M, n, k, torch.bfloat16)
+    full = linear(x, w, impl="triton")
+    for m in (1, 8, MAX_M // 2):
+        assert torch.equal(linear(x[:m], w, impl="triton"), full[:m])
+        assert torch.equal(linear(x[m - 1 : m], w, impl="triton")[0], full[m - 1])
+
+
+def test_bad_impl_and_too_many_rows():
+    x, w = _data(4, 8, 16, torch.float32)
+    with pytest.raises(ValueError):
+        linear(x, w, impl="fast")
+    if triton_available():
+        with pytest.raises(AssertionError, match="rows"):
+            linear(torch.zeros(MAX_M + 1, 16, device=DEVICE), w, impl="triton")
