@@ -21,6 +21,7 @@ def _skinny_linear(
     X, W, Y, M, N, K,
     stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     offs_m = tl.arange(0, BLOCK_M)
@@ -39,7 +40,10 @@ def _skinny_linear(
         if DOT_FP32:
             x = x.to(tl.float32)
             w = w.to(tl.float32)
-        acc += tl.dot(x, tl.trans(w))
+        if IEEE:  # fp32 weights: full fp32 products, not TF32
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
     tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -70,7 +74,7 @@ def skinny_linear_triton(
         x, weight, y, M, N, K,
         x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk,
-        DOT_FP32=interpret and x.dtype == torch.bfloat16,
+        DOT_FP32=interpret and x.dtype == torch.bfloat16, IEEE=x.dtype == torch.float32,
         num_warps=num_warps or 4, num_stages=num_stages or 3,
     )
     return y
