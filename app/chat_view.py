@@ -13,7 +13,7 @@ from PySide6.QtWidgets import QAbstractItemView, QListView, QStyledItemDelegate,
 
 from app.chats import ChatService
 from app.markdown_render import MarkdownRenderer
-from app.message_html import CONTINUE_PROMPT, message_html
+from app.message_html import message_html
 from app.store import Message
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -245,7 +245,7 @@ class ChatView(QListView):
         elif verb == "regen":
             self.service.regenerate(msg.conversation_id, msg.id)
         elif verb == "continue":
-            self.service.send(msg.conversation_id, CONTINUE_PROMPT)
+            self.service.continue_answer(msg.conversation_id, msg.id)
         elif verb == "edit":
             self.edit_requested.emit(msg.id)
         elif verb == "copymsg":

@@ -10,7 +10,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.bridge import EngineBridge
 from app.chat_settings import ChatSettings
-from app.live import LiveChat, TurnInfo, common_prefix, engine_view
+from app.live import LiveChat, TurnInfo, can_continue, common_prefix, engine_view
 from app.models import ModelManager
 from app.store import ConversationStore, Message
 
@@ -132,6 +132,27 @@ class ChatService(QObject):
         self._begin(conv_id, base, None, "regenerate", user.id)
         return True
 
+    def continue_answer(self, conv_id: int, msg_id: int) -> bool:
+        """Generates more of the last answer in place (one stopped, cut short by max tokens, or interrupted)."""
+        if self.busy(conv_id):
+            return False
+        path = self.store.path(conv_id)
+        msg = self.store.message(msg_id)
+        if not path or path[-1].id != msg_id or not can_continue(msg):
+            return False
+        live = self.live(conv_id)
+        live.turn = TurnInfo(None, msg_id, previous_state=msg.state)
+        self._set_state(conv_id, msg_id, "waiting")
+        live.pending = lambda: self._submit(conv_id, path, None, "continue")
+        key = self.store.get(conv_id).settings.model
+        self.models.ensure(key)
+        if self.models.model_id(key) is not None:
+            self._run_pending(live)
+        else:
+            live.status.state = "loading"
+            self.status_changed.emit(conv_id)
+        return True
+
     def stop(self, conv_id: int) -> None:
         live = self.live(conv_id)
         if live.turn is None:
@@ -194,6 +215,9 @@ class ChatService(QObject):
         if kind == "submit":
             live.turn.turn_id = engine.submit(sid, user.content)
             live.held = target + [user.id]
+        elif kind == "continue":  # the answer itself is the last message the session holds
+            live.turn.turn_id = engine.continue_answer(sid)
+            live.held = target
         else:
             live.turn.turn_id = engine.regenerate(sid)
             live.held = target
@@ -291,7 +315,7 @@ class ChatService(QObject):
         st.context_used, st.context_limit = stats.context_used, stats.context_limit
         self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats)},
                                   model=st.model, error="")
-        if text or reason not in ("cancelled", "closed"):
+        if (text or reason not in ("cancelled", "closed")) and msg_id not in live.held:
             live.held.append(msg_id)
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
@@ -306,7 +330,8 @@ class ChatService(QObject):
             self.message_changed.emit(conv_id, live.turn.message_id)
             return
         self.store.update_message(live.turn.message_id, error=message)
-        self._end(conv_id, live, "error")
+        # a failed continuation leaves the answer as it was (with the error shown), not failed as a whole
+        self._end(conv_id, live, live.turn.previous_state or "error")
 
     def _on_model_loaded(self, key: str) -> None:
         for live in list(self._live.values()):
@@ -318,7 +343,7 @@ class ChatService(QObject):
             if live.pending is not None and self.store.has(live.conv_id) and self.store.get(live.conv_id).settings.model == key:
                 live.pending = None
                 self.store.update_message(live.turn.message_id, error=f"The model did not load: {message}")
-                self._end(live.conv_id, live, "error")
+                self._end(live.conv_id, live, live.turn.previous_state or "error")
 
     def _end(self, conv_id: int, live: LiveChat, state: str) -> None:
         msg_id = live.turn.message_id

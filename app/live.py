@@ -15,6 +15,7 @@ class TurnInfo:
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     tokens: int = 0
+    previous_state: str | None = None  # continuing an answer: the state it goes back to if the turn fails
 
 
 @dataclass(slots=True)
@@ -52,6 +53,13 @@ class LiveChat:
             return None
         elapsed = time.perf_counter() - t.first_token_at
         return (t.tokens - 1) / elapsed if elapsed > 0 else None
+
+
+def can_continue(msg: Message) -> bool:
+    """An answer with text that ended early: stopped, interrupted, or cut short by max tokens."""
+    if msg.role != "assistant" or not msg.content:
+        return False
+    return msg.state in ("stopped", "interrupted") or (msg.state == "done" and (msg.stats or {}).get("reason") == "length")
 
 
 def engine_view(path: list[Message]) -> list[Message]:

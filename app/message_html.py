@@ -7,6 +7,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from app.live import can_continue
 from app.markdown_render import MarkdownRenderer
 from app.store import Message
 
@@ -16,7 +17,6 @@ STATE_NOTES = {
     "stopped": "Stopped",
     "interrupted": "Interrupted — Parley closed before this answer finished",
 }
-CONTINUE_PROMPT = "Continue."  # what Continue sends under an interrupted answer
 CURSOR = "▍"
 
 
@@ -44,7 +44,7 @@ def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
         links.append(f"{prev} {version}/{versions} {nxt}")
     if not busy:
         links.append('<a href="edit:">Edit</a>' if msg.role == "user" else '<a href="regen:">Regenerate</a>')
-        if msg.state == "interrupted":
+        if can_continue(msg):
             links.append('<a href="continue:">Continue</a>')
     if msg.content:
         links.append('<a href="copymsg:">Copy</a>')

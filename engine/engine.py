@@ -25,6 +25,7 @@ from engine.session import OVERFLOW_POLICIES, Session, Turn, common_prefix, rend
 from engine.text_stream import TextStream
 
 EventSink = Callable[[ev.Event], None]
+CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detokeniser starts from
 
 
 class Engine:
@@ -98,6 +99,13 @@ class Engine:
         """Answers the last user message again (the previous answer is dropped from the conversation)."""
         turn_id = self._new_id()
         self._put(self._regenerate, session_id, turn_id)
+        return turn_id
+
+    def continue_answer(self, session_id: int) -> int:
+        """Generates more of the last answer (one stopped, cut short by its length or by a crash). The new
+        text streams as TokenDelta events; Finished carries the whole answer."""
+        turn_id = self._new_id()
+        self._put(self._continue, session_id, turn_id)
         return turn_id
 
     def cancel(self, session_id: int) -> None:
@@ -223,10 +231,22 @@ class Engine:
             return
         self._try_start_turn(session, turn_id)
 
-    def _try_start_turn(self, session: Session, turn_id: int) -> bool:
+    def _continue(self, sid: int, turn_id: int) -> None:
+        session = self._idle_session(sid, turn_id)
+        if session is None:
+            return
+        last = session.messages[-1] if session.messages else None
+        if last is None or last["role"] != "assistant" or not last["content"]:
+            self._emit(ev.Error(sid, turn_id, "There is no answer to continue."))
+        elif self._remote.has(session.model_id):
+            self._emit(ev.Error(sid, turn_id, "Continuing an answer needs a local model; regenerate it instead."))
+        else:
+            self._try_start_turn(session, turn_id, continues=True)
+
+    def _try_start_turn(self, session: Session, turn_id: int, continues: bool = False) -> bool:
         """Starts a turn; any failure ends it with an Error event instead of leaving the chat busy."""
         try:
-            return self._start_turn(session, turn_id)
+            return self._start_turn(session, turn_id, continues)
         except Exception as exc:
             session.turn = None
             message = str(exc) if isinstance(exc, ParleyError) else f"Could not start the answer: {exc!r}"
@@ -298,16 +318,18 @@ class Engine:
         self._stopping = True
 
     # -- turns
-    def _start_turn(self, session: Session, turn_id: int) -> bool:
+    def _start_turn(self, session: Session, turn_id: int, continues: bool = False) -> bool:
         """Raises (ParleyError with the reason) when the turn cannot start; _try_start_turn reports it."""
         if self._remote.has(session.model_id):
             self._remote.start_turn(session, turn_id)
             return True
         rt = self._runtime(session.model_id)
         tok = rt.lm.tokenizer
-        ids, dropped = render_turn(session, tok, rt.limit)
+        ids, dropped = render_turn(session, tok, rt.limit, continue_final=continues)
         seq = self._prepare_sequence(session, rt, ids)
-        session.turn = Turn(turn_id, TextStream(tok, session.params.stop))
+        context = ids[-CONTINUE_CONTEXT:] if continues else ()  # the new text decodes as it would after the old
+        session.turn = Turn(turn_id, TextStream(tok, session.params.stop, context))
+        session.turn.continues = session.messages[-1]["content"] if continues else None
         session.turn.prompt_tokens = len(ids)
         session.turn.prefilled_tokens = len(ids) - seq.num_cached
         session.turn.dropped_messages = dropped
@@ -371,7 +393,9 @@ class Engine:
         if tail:
             self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [], tail))
         text = turn.stream.text
-        if text or reason not in ("cancelled", "closed"):
+        if turn.continues is not None:  # the answer grows in place; Finished carries all of it
+            text = session.messages[-1]["content"] = turn.continues + text
+        elif text or reason not in ("cancelled", "closed"):
             session.messages.append({"role": "assistant", "content": text})
         rt = self._models[session.model_id]
         self._emit(ev.Finished(session.session_id, turn.turn_id, reason, text, self._stats(turn, seq, rt)))

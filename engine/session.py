@@ -23,6 +23,7 @@ class Turn:
     prefilled_tokens: int = 0
     dropped_messages: int = 0
     queued_position: int | None = None
+    continues: str | None = None  # continuing the last answer: its text so far (the new text is appended)
 
 
 @dataclass(eq=False, slots=True)
@@ -49,22 +50,23 @@ class Session:
         return self.seq.token_ids[: self.seq.num_cached]
 
 
-def render_turn(session: Session, tok: Tokenizer, limit: int) -> tuple[list[int], int]:
+def render_turn(session: Session, tok: Tokenizer, limit: int, continue_final: bool = False) -> tuple[list[int], int]:
     """Token ids of the whole conversation plus the generation prompt, applying the overflow policy.
 
+    `continue_final` leaves the last (assistant) message open instead, to generate more of it.
     Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`.
     """
     if session.raw:
         ids = tok.encode("".join(m["content"] for m in session.messages), add_bos=True)
     else:
-        ids = tok.apply_chat_template(session.conversation())
+        ids = tok.apply_chat_template(session.conversation(), continue_final=continue_final)
     if len(ids) < limit:
         return ids, 0
     if session.overflow == "truncate" and not session.raw:
         for skip in range(1, len(session.messages)):
             if session.messages[skip]["role"] != "user":
                 continue  # a conversation resumes at a user turn
-            ids = tok.apply_chat_template(session.conversation(skip))
+            ids = tok.apply_chat_template(session.conversation(skip), continue_final=continue_final)
             if len(ids) < limit:
                 return ids, skip
     raise ContextOverflowError(

@@ -5,8 +5,8 @@ from engine.tokenizer import Tokenizer
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str]):
-        self.detok = tokenizer.detokenizer(skip_special=True)
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], context: list[int] | tuple[int, ...] = ()):
+        self.detok = tokenizer.detokenizer(skip_special=True, context=context)
         self.stop = [s for s in stop if s]
         self.text = ""  # everything released so far
         self._held = ""

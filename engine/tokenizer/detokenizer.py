@@ -14,12 +14,15 @@ class IncrementalDetokenizer:
     Text that ends in an incomplete UTF-8 sequence is held back until the sequence completes.
     """
 
-    def __init__(self, decode: Callable[[list[int], bool], str], skip_special: bool = True) -> None:
+    def __init__(self, decode: Callable[[list[int], bool], str], skip_special: bool = True,
+                 context: list[int] | tuple[int, ...] = ()) -> None:
+        """`context`: ids already shown (the end of an answer being continued); their text is not emitted,
+        but the first new id decodes as it would after them (a leading space stays a space)."""
         self._decode = decode
         self._skip_special = skip_special
-        self._ids: list[int] = []
+        self._ids: list[int] = list(context)
         self._prefix = 0  # start of the context window; its text up to _read has been emitted
-        self._read = 0  # ids before this index have had their text emitted
+        self._read = len(self._ids)  # ids before this index have had their text emitted
         self.text = ""
 
     def push(self, token_id: int) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer as Backend
 
-from engine.errors import TokenizerError
+from engine.errors import TemplateError, TokenizerError
 from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -98,13 +98,21 @@ class Tokenizer:
         """The vocabulary entry for an id as stored, or None when out of range."""
         return self._backend.id_to_token(token_id)
 
-    def detokenizer(self, skip_special: bool = True) -> IncrementalDetokenizer:
-        """A fresh streaming decoder for one answer."""
-        return IncrementalDetokenizer(self.decode, skip_special)
+    def detokenizer(self, skip_special: bool = True, context: list[int] | tuple[int, ...] = ()) -> IncrementalDetokenizer:
+        """A fresh streaming decoder for one answer (`context`: ids it continues, not emitted again)."""
+        return IncrementalDetokenizer(self.decode, skip_special, context)
 
-    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> list[int]:
-        """Renders the conversation with the chat template and encodes it, with one bos at most."""
-        text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+    def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
+                            continue_final: bool = False) -> list[int]:
+        """Renders the conversation with the chat template and encodes it, with one bos at most.
+
+        `continue_final` leaves the last message open: the text ends right after its content, with no
+        end-of-turn marker, so generation carries on with that message.
+        """
+        if continue_final:
+            text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False), messages)
+        else:
+            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         bos = self.chat_template.bos_token
         writes_bos = bool(bos) and text.startswith(bos)
         return self.encode(text, add_bos=False if writes_bos else None)
@@ -143,3 +151,13 @@ def _compact_json(backend: Backend) -> str:
     if merges and all(isinstance(m, list) and " " not in m[0] + m[1] for m in merges):
         data["model"]["merges"] = [f"{left} {right}" for left, right in merges]
     return json.dumps(data, ensure_ascii=False)
+
+
+def _open_final_message(text: str, messages: list[dict[str, str]]) -> str:
+    """Cuts a rendered conversation right after the last message's content (templates may trim it)."""
+    content = messages[-1]["content"] if messages else ""
+    for needle in (content, content.strip()):
+        at = text.rfind(needle) if needle else -1
+        if at >= 0:
+            return text[: at + len(needle)]
+    raise TemplateError("The chat template does not show the last message's text, so it cannot be continued.")

@@ -68,7 +68,11 @@ def test_interrupted_answer_offers_continue_and_regenerate(start, qtbot, tmp_pat
     app.window.chat.view.activate(answer, "continue:")
     wait_idle(app, qtbot, conv.id)
     path = app.store.path(conv.id)
-    assert [m.role for m in path] == ["user", "assistant", "user", "assistant"] and path[-1].state == "done"
+    assert [m.role for m in path] == ["user", "assistant"] and path[-1].id == answer.id  # grown in place
+    assert path[-1].state == "done" and path[-1].content.startswith("Once upon a")
+    assert len(path[-1].content) > len("Once upon a") and path[-1].stats["completion_tokens"] == 4
+    html = message_html(path[-1], 1, 1, app.window.chat.view.delegate.renderer, busy=False).html
+    assert 'href="continue:"' in html  # cut short by max tokens: it can go on again
     app.window.chat.view.activate(answer, "regen:")
     wait_idle(app, qtbot, conv.id)
     assert len(app.store.versions(answer)) == 2
