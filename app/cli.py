@@ -51,8 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     p.add_argument("--model", default="default", help="'default' (embedded Gemma 3 270M), a .gguf file or a HF folder")
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when there is a GPU")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step (faster; 15-60 s once per batch size)")

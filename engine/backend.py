@@ -27,6 +27,25 @@ def resolve_backend(name: str, device: str) -> str:
     return "mlx" if apple and mlx_available() else "torch"
 
 
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def resolve_device(device: str, dtype: str) -> tuple[str, str]:
+    """('auto' picks) -> the torch device and weight dtype: CUDA in bf16 when a GPU is there, else CPU in fp32."""
+    if device not in DEVICES and not device.startswith("cuda:"):
+        raise ParleyError(f"Unknown device {device!r}; choose one of {', '.join(DEVICES)}.")
+    if dtype not in DTYPES:
+        raise ParleyError(f"Unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}.")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ParleyError("No CUDA device is available; run with --device cpu (or install a CUDA build of torch).")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"  # CPU bf16 matmuls are slow and drift
+    return device, dtype
+
+
 def mlx_batcher(lm, cache_config, scheduler_config, release_on_finish: bool = True):
     """A Batcher whose model, cache and runner are MLX (weights converted from the loaded model)."""
     from engine.batcher import Batcher

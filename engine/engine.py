@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine import events as ev
+from engine.backend import resolve_device
 from engine.errors import CacheError, ParleyError
 from engine.loading.loader import LoadOptions, load_model
 from engine.remote import RemoteModel, RemoteModels
@@ -190,7 +191,12 @@ class Engine:
     # -- command handlers (engine thread)
     def _load(self, model_id: int, source: Path) -> None:
         c = self.config
-        options = LoadOptions(device=c.device, dtype=c.dtype, cache_dir=c.cache_dir)
+        try:
+            device, dtype = resolve_device(c.device, c.dtype)
+        except ParleyError as exc:
+            self._emit(ev.ModelFailed(None, model_id, str(exc)))
+            return
+        options = LoadOptions(device=device, dtype=dtype, cache_dir=c.cache_dir)
 
         def progress(stage: str, fraction: float) -> None:
             self._emit(ev.ModelProgress(None, model_id, stage, fraction))

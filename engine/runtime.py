@@ -23,8 +23,8 @@ class EngineConfig:
     step_tokens: int = 512  # token budget of one forward (chunked prefill keeps other chats moving)
     chunk_tokens: int = 256
     max_sampled_rows: int = 64
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = "auto"  # auto: CUDA when there is a GPU, else CPU (MLX on Apple silicon: see backend)
+    dtype: str = "auto"  # auto: bfloat16 on CUDA, float32 on CPU
     backend: str = "auto"  # auto: CUDA torch, else MLX on Apple silicon, else CPU torch
     lookahead: bool | None = None  # launch the next decode step before reading this one's ids; None: with CUDA graphs
     compile_decode: bool = False  # CUDA: torch.compile the decode graphs (about 3x faster steps; each batch size compiles once, 15-60 s)
@@ -48,7 +48,7 @@ class ModelRuntime:
             max_step_tokens=config.chunk_tokens,
         )
         sched = SchedulerConfig(config.step_tokens, config.chunk_tokens, config.max_sampled_rows)
-        self.backend = resolve_backend(config.backend, config.device)
+        self.backend = resolve_backend(config.backend, str(next(lm.model.parameters()).device))
         if self.backend == "mlx":
             self.batcher = mlx_batcher(lm, cache_config, sched, release_on_finish=False)
             self.device = torch.device("cpu")  # samplers run in torch on the host
