@@ -122,7 +122,11 @@ class Batcher:
             except Exception:  # noqa: BLE001 - the plain next step meets (and reports) the same fault
                 log.debug("look-ahead step not launched", exc_info=True)
         self.in_flight = launched.samplers + (self._ahead.samplers if self._ahead else [])
-        results = self._resolve(launched)
+        try:
+            results = self._resolve(launched)
+        except BaseException:
+            self._ahead = None  # its sequences are in in_flight: the caller fails them with this step's
+            raise
         self.in_flight = self._ahead.samplers if self._ahead else []
         return results
 
