@@ -100,3 +100,23 @@ def test_settle_reads_the_step_queued_ahead(lm):
     assert {s.seq_id: t for s, t in got} == {s.seq_id: s.generated[-1] for s in seqs}
     assert all(s.num_uncached == 1 for s in seqs)  # back to the plain state: one token to feed
     b.rewind(seqs[0], len(seqs[0].token_ids) - 3)  # allowed again once settled
+
+
+def test_a_failed_read_drops_the_step_queued_behind_it(lm, monkeypatch):
+    from engine.batcher import Launched
+
+    b = make_batcher(lm, 2, _run(True))
+    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=40))) for i, p in
+            enumerate(_prompts(lm.args.vocab_size)[:2])]
+    for s in seqs:
+        b.add(s)
+    while not b.has_ahead():
+        b.step()
+
+    def lost(self):
+        raise RuntimeError("device lost")
+
+    monkeypatch.setattr(Launched, "tokens", lost)
+    with pytest.raises(RuntimeError, match="device lost"):
+        b.step()
+    assert not b.has_ahead() and set(b.in_flight) == set(seqs)  # the engine fails exactly these
