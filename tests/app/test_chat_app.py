@@ -229,3 +229,27 @@ def test_composer_enter_sends_shift_enter_breaks_line(parley, qtbot):
     assert edit.toPlainText() == ""
     assert parley.store.path(conv)[0].content == "line one\nline two"
     wait_idle(parley, qtbot, conv)
+
+
+def test_continue_grows_the_answer_and_a_failure_leaves_it(parley, qtbot, monkeypatch):
+    w, service = parley.window, parley.service
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=5)
+    assert w.chat.send("tell me more")
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    first = answer.content
+    assert answer.stats["reason"] == "length"  # cut short by max tokens: Continue is offered
+    w.chat.view.activate(answer, "continue:")
+    wait_idle(parley, qtbot, conv)
+    grown = last(parley, conv)
+    assert grown.id == answer.id and grown.content.startswith(first) and len(grown.content) > len(first)
+    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+    # The engine refuses the next continuation: the answer keeps its text and state, the error is shown.
+    engine = parley.bridge.engine
+    monkeypatch.setattr(engine, "continue_answer", lambda sid: 10**9)
+    assert service.continue_answer(conv, answer.id)
+    service._on_failed(service.live(conv).session_id, 10**9, "no room")
+    after = last(parley, conv)
+    assert after.content == grown.content and after.state == "done" and after.error == "no room"
+    assert not service.busy(conv)
