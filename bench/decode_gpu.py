@@ -82,7 +82,8 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
-                 attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False):
+                 attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False,
+                 fused_kernels: bool = False):
     from engine.batcher import Batcher
     from engine.cache import CacheConfig, make_cache
     from engine.runner import ModelRunner
@@ -96,7 +97,7 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     cache.attention_impl = attention_impl
     sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
     runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode,
-                         decode_gemm=decode_gemm)
+                         decode_gemm=decode_gemm, fused_kernels=fused_kernels)
     return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
 
 
@@ -231,7 +232,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"],
                     help="parley-eager | parley-graphs | parley-compiled, suffixes '-sync' (no look-ahead) and "
-                         "'-tgemm' (Triton decode GEMMs); hf-static, "
+                         "'-tgemm' (Triton decode GEMMs), '-fused' (Triton norm/rope/activation kernels, "
+                         "uncompiled graphs); hf-static, "
                          "hf-static-compiled (transformers' own compile of the static cache)")
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
@@ -282,7 +284,7 @@ def main() -> None:
             flags = set(impl.split("-")[1:])
             b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs="eager" not in flags,
                              compile_decode="compiled" in flags, lookahead="sync" not in flags,
-                             decode_gemm="tgemm" in flags)
+                             decode_gemm="tgemm" in flags, fused_kernels="fused" in flags)
             t0 = time.perf_counter()
             _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
             warm_s = time.perf_counter() - t0

@@ -16,7 +16,7 @@ from engine.models.args import (
     require,
     rope_from_hf,
 )
-from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm
+from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm, add_and_norm
 
 ARCH = "gemma3"
 SLIDING_PATTERN = 6  # not stored in GGUF: every 6th layer is global
@@ -43,8 +43,9 @@ class Block(nn.Module):
         self.post_feedforward_layernorm = RMSNorm(dim, eps, gemma=True)
 
     def forward(self, h: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), rope, cache))
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+        attn = self.self_attn(self.input_layernorm(h), rope, cache)
+        h, x = add_and_norm(h, attn, self.pre_feedforward_layernorm, pre=self.post_attention_layernorm)
+        return add_and_norm(h, self.mlp(x), None, pre=self.post_feedforward_layernorm)[0]
 
 
 class Model(CausalLM):

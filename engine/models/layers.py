@@ -39,8 +39,15 @@ class Linear(nn.Linear):
         return y + self.bias if self.bias is not None else y
 
 
+def _fused(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether `module` runs its fused Triton kernel: switched on, on CUDA, and not inside torch.compile."""
+    return module.fused and x.is_cuda and not torch.compiler.is_compiling()
+
+
 class RMSNorm(nn.Module):
     """RMSNorm over the last axis; `gemma` computes in fp32 and scales by the (+1-folded) weight in fp32."""
+
+    fused = False  # CUDA without torch.compile: one Triton launch (kernels/norms.py) instead of nine
 
     def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
@@ -49,6 +56,10 @@ class RMSNorm(nn.Module):
         self.gemma = gemma
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if _fused(self, x):
+            from kernels.norms import add_norm
+
+            return add_norm(x, self.weight, self.eps, self.gemma)[1]
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -72,6 +83,20 @@ class Rotary(nn.Module):
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
+def add_and_norm(
+    h: torch.Tensor, delta: torch.Tensor, norm: RMSNorm | None, pre: RMSNorm | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """h + pre(delta) (or + delta), and norm of that sum (None without `norm`): a block's residual step."""
+    if _fused(pre or norm, h):
+        from kernels.norms import add_norm
+
+        first = pre or norm
+        return add_norm(delta, norm.weight if norm else None, first.eps, first.gemma, residual=h,
+                        pre_weight=pre.weight if pre else None)
+    h = h + (pre(delta) if pre is not None else delta)
+    return h, (norm(h) if norm is not None else None)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -91,6 +116,8 @@ def fused_linear(parts: list[Linear]) -> Linear:
 
 
 class GatedMLP(nn.Module):
+    fused = False  # with fused gate/up on CUDA: act(gate) * up in one Triton launch
+
     def __init__(self, hidden: int, inter: int, act: str):
         super().__init__()
         self.gate_proj = Linear(hidden, inter, bias=False)
@@ -98,6 +125,7 @@ class GatedMLP(nn.Module):
         self.down_proj = Linear(inter, hidden, bias=False)
         self.gate_up_proj: Linear | None = None
         self.act = _activation(act)
+        self.act_kernel = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
 
     def fuse_projections(self) -> None:
         if self.gate_up_proj is None:
@@ -105,6 +133,10 @@ class GatedMLP(nn.Module):
             self.gate_proj = self.up_proj = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj is not None and self.act_kernel and _fused(self, x):
+            from kernels.norms import act_mul
+
+            return self.down_proj(act_mul(self.gate_up_proj(x), self.act_kernel))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
@@ -126,6 +158,8 @@ def _activation(name: str):
 
 class Attention(nn.Module):
     """Projections, optional per-head q/k norms and rope; the cache owns K/V storage and the mask."""
+
+    fused = False  # CUDA without torch.compile: q/k norm + rope in one Triton launch each
 
     def __init__(self, args: ModelArgs, layer_id: int, gemma_norm: bool = False):
         super().__init__()
@@ -161,10 +195,18 @@ class Attention(nn.Module):
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
         v = v.reshape(t, self.n_kv, self.head_dim)
-        if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if _fused(self, x):
+            from kernels.norms import norm_rope
+
+            qn, kn = self.q_norm, self.k_norm
+            eps, gemma = (qn.eps, qn.gemma) if qn is not None else (0.0, False)
+            q = norm_rope(q, qn.weight if qn is not None else None, eps, gemma, cos, sin)
+            k = norm_rope(k, kn.weight if kn is not None else None, eps, gemma, cos, sin)
+        else:
+            if self.q_norm is not None:
+                q, k = self.q_norm(q), self.k_norm(k)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
 
@@ -193,6 +235,12 @@ class CausalLM(nn.Module):
         for module in list(self.modules()):
             if module is not self and hasattr(module, "fuse_projections"):
                 module.fuse_projections()
+
+    def use_fused_kernels(self, on: bool = True) -> None:
+        """Norms, rope and activations through the fused Triton kernels of kernels/norms.py (CUDA, not compiled)."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
+                module.fused = on
 
     def use_decode_kernels(self, on: bool = True) -> None:
         """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS."""

@@ -16,7 +16,7 @@ from engine.models.args import (
     require,
     rope_from_hf,
 )
-from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm
+from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm, add_and_norm
 
 ARCH = "llama"
 
@@ -33,8 +33,8 @@ class Block(nn.Module):
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
 
     def forward(self, h: torch.Tensor, rope, cache) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), rope, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h, x = add_and_norm(h, self.self_attn(self.input_layernorm(h), rope, cache), self.post_attention_layernorm)
+        return h + self.mlp(x)
 
 
 class Model(CausalLM):

@@ -1,0 +1,164 @@
+"""Triton kernels for the small per-token work around a decode step's GEMMs, fused one launch each.
+
+Without torch.compile each RMSNorm costs about nine launches and each rotary embedding six; at decode
+sizes every launch is latency, so a step spends more time there than in its GEMMs. These do the same
+arithmetic in fp32 (rounding where the PyTorch modules round):
+
+- `add_norm`: optionally normalise `x` (the "pre" norm of Gemma's sandwich), add it to a residual, then
+  normalise the sum: one row per program.
+- `norm_rope`: per-head RMSNorm (q/k norms) then the half-split rotary embedding, one (token, head) per
+  program; reads strided q/k views of a fused QKV output.
+- `act_mul`: act(gate) * up over a fused gate/up output.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+
+
+@triton.jit
+def _rms(x, w, n, eps, GEMMA: tl.constexpr, DT: tl.constexpr):
+    # x, w fp32 (masked lanes are 0); Gemma scales in fp32, the others round first, as the modules do
+    inv = tl.math.rsqrt(tl.sum(x * x, 0) / n + eps)
+    if GEMMA:
+        return (x * inv * w).to(DT).to(tl.float32)
+    return ((x * inv).to(DT).to(tl.float32) * w).to(DT).to(tl.float32)
+
+
+@triton.jit
+def _add_norm(
+    X, RES, W_PRE, W, Y, SUM,
+    stride_x, stride_r, stride_y, stride_s, D, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_PRE: tl.constexpr, HAS_RES: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < D
+    dt = X.dtype.element_ty
+    v = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_PRE:
+        v = _rms(v, tl.load(W_PRE + offs, mask=ok, other=0.0).to(tl.float32), D, eps, GEMMA, dt)
+    if HAS_RES:
+        r = tl.load(RES + row * stride_r + offs, mask=ok, other=0.0).to(tl.float32)
+        v = (v + r).to(dt).to(tl.float32)
+        tl.store(SUM + row * stride_s + offs, v.to(dt), mask=ok)
+    if HAS_NORM:
+        y = _rms(v, tl.load(W + offs, mask=ok, other=0.0).to(tl.float32), D, eps, GEMMA, dt)
+        tl.store(Y + row * stride_y + offs, y.to(dt), mask=ok)
+
+
+@triton.jit
+def _norm_rope(
+    X, W, COS, SIN, Y,
+    stride_xt, stride_xh, stride_yt, stride_yh, stride_ct, stride_st, H, HALF, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    t = (pid // H).to(tl.int64)
+    h = pid % H
+    offs = tl.arange(0, BLOCK)
+    ok = offs < HALF
+    dt = Y.dtype.element_ty
+    src = X + t * stride_xt + h * stride_xh
+    x1 = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_NORM:  # one RMS over both halves of the head
+        inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        w1 = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
+        w2 = tl.load(W + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+        if GEMMA:
+            x1 = (x1 * inv * w1).to(dt).to(tl.float32)
+            x2 = (x2 * inv * w2).to(dt).to(tl.float32)
+        else:
+            x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
+            x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    c1 = tl.load(COS + t * stride_ct + offs, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(COS + t * stride_ct + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(SIN + t * stride_st + offs, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(SIN + t * stride_st + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    dst = Y + t * stride_yt + h * stride_yh
+    tl.store(dst + offs, (x1 * c1 - x2 * s1).to(dt), mask=ok)
+    tl.store(dst + HALF + offs, (x2 * c2 + x1 * s2).to(dt), mask=ok)
+
+
+@triton.jit
+def _act_mul(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, GELU: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < I
+    dt = Y.dtype.element_ty
+    g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(X + row * stride_x + I + cols, mask=ok, other=0.0).to(tl.float32)
+    if GELU:  # tanh form: tanh(z) = 2 sigmoid(2z) - 1
+        z = GELU_TANH_C * (g + 0.044715 * g * g * g)
+        a = 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
+    else:  # SiLU
+        a = g * tl.sigmoid(g)
+    tl.store(Y + row * stride_y + cols, (a.to(dt).to(tl.float32) * u).to(dt), mask=ok)
+
+
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()  # the CPU Linear's output is column-major
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    return _unit_stride(x).reshape(-1, x.shape[-1])
+
+
+def add_norm_triton(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, gemma: bool,
+    residual: torch.Tensor | None = None, pre_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(residual + pre(x) or x, norm of that): either part None when not asked for."""
+    D = x.shape[-1]
+    x2 = _rows(x)
+    n = x2.shape[0]
+    res = _rows(residual) if residual is not None else x2
+    total = torch.empty_like(x2) if residual is not None else x2
+    y = torch.empty_like(x2) if weight is not None else x2
+    if n:
+        _add_norm[(n,)](
+            x2, res, pre_weight if pre_weight is not None else x2, weight if weight is not None else x2, y, total,
+            x2.stride(0), res.stride(0), y.stride(0), total.stride(0), D, eps,
+            BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_PRE=pre_weight is not None,
+            HAS_RES=residual is not None, HAS_NORM=weight is not None,
+            num_warps=4 if D <= 4096 else 8,
+        )
+    shape = x.shape
+    return (total.view(shape) if residual is not None else None), (y.view(shape) if weight is not None else None)
+
+
+def norm_rope_triton(
+    x: torch.Tensor, weight: torch.Tensor | None, eps: float, gemma: bool, cos: torch.Tensor, sin: torch.Tensor,
+) -> torch.Tensor:
+    """x (T, H, D) (any token/head strides), cos/sin (T, 1, D) or (T, D) -> (T, H, D) contiguous."""
+    T, H, D = x.shape
+    assert D % 2 == 0, x.shape
+    x = _unit_stride(x)
+    cos2, sin2 = _unit_stride(cos.reshape(T, D)), _unit_stride(sin.reshape(T, D))
+    y = torch.empty(T, H, D, dtype=x.dtype, device=x.device)
+    if T:
+        _norm_rope[(T * H,)](
+            x, weight if weight is not None else x, cos2, sin2, y,
+            x.stride(0), x.stride(1), y.stride(0), y.stride(1), cos2.stride(0), sin2.stride(0), H, D // 2, eps,
+            BLOCK=triton.next_power_of_2(D // 2), GEMMA=gemma, HAS_NORM=weight is not None, num_warps=1 if D <= 256 else 2,
+        )
+    return y
+
+
+def act_mul_triton(x: torch.Tensor, act: str) -> torch.Tensor:
+    """x (T, 2I) = [gate | up] -> act(gate) * up (T, I); act 'gelu_tanh' or 'silu'."""
+    assert act in ("gelu_tanh", "silu"), act
+    x2 = _rows(x)
+    T, two_i = x2.shape
+    inter = two_i // 2
+    y = torch.empty(T, inter, dtype=x.dtype, device=x.device)
+    block = min(1024, triton.next_power_of_2(inter))
+    if T:
+        _act_mul[(T, triton.cdiv(inter, block))](x2, y, x2.stride(0), y.stride(0), inter, BLOCK=block,
+                                                  GELU=act == "gelu_tanh", num_warps=4)
+    return y.view(*x.shape[:-1], inter)

@@ -1,0 +1,102 @@
+"""The fused per-token kernels (add_norm, norm_rope, act_mul) against their PyTorch references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import triton_available
+from kernels.norms import act_mul, add_norm, norm_rope
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+DTYPES = [torch.float32, torch.bfloat16]
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5  # bf16: one rounding apart at most, relative to the scale
+    assert (a.float() - b.float()).abs().max() <= tol * max(1.0, float(b.float().abs().max()))
+
+
+def _randn(*shape, dtype, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(dtype).to(DEVICE)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("parts", ["norm", "res+norm", "pre+res+norm", "pre+res"])
+@pytest.mark.parametrize("D", [64, 80])
+def test_add_norm(dtype, gemma, parts, D):
+    x, h = _randn(5, D, dtype=dtype, seed=1), _randn(5, D, dtype=dtype, seed=2)
+    w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=3)).to(dtype if not gemma else torch.float32)
+    kw = dict(residual=h if "res" in parts else None, pre_weight=w.flip(0) if "pre" in parts else None)
+    weight = w if parts.endswith("norm") else None
+    got = add_norm(x, weight, 1e-6, gemma, impl="triton", **kw)
+    ref = add_norm(x, weight, 1e-6, gemma, impl="reference", **kw)
+    for g, r in zip(got, ref):
+        assert (g is None) == (r is None)
+        if g is not None:
+            _close(g, r, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [None, "gemma", "plain"])
+@pytest.mark.parametrize("D", [32, 80])
+def test_norm_rope_on_strided_heads(dtype, norm, D):
+    T, H, Hkv = 3, 4, 2
+    fused = _randn(T, (H + 2 * Hkv) * D, dtype=dtype, seed=4)
+    q = fused[:, : H * D].view(T, H, D)  # a strided view, as split from a fused QKV output
+    pos = torch.tensor([0, 5, 17], device=DEVICE).float()
+    inv = 1.0 / (10000 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
+    freqs = torch.cat([pos[:, None] * inv[None, :]] * 2, dim=-1)[:, None, :]
+    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    w = None if norm is None else (1 + 0.1 * _randn(D, dtype=torch.float32, seed=5)).to(
+        torch.float32 if norm == "gemma" else dtype)
+    got = norm_rope(q, w, 1e-6, norm == "gemma", cos, sin, impl="triton")
+    ref = norm_rope(q, w, 1e-6, norm == "gemma", cos, sin, impl="reference")
+    _close(got, ref, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("inter", [48, 1100])
+def test_act_mul(dtype, act, inter):
+    x = _randn(3, 2 * inter, dtype=dtype, seed=6) * 3
+    _close(act_mul(x, act, impl="triton"), act_mul(x, act, impl="reference"), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen3"])
+def test_model_with_fused_kernels_matches_modules(arch, tiny_models, monkeypatch):
+    """Whole forwards with the kernels switched in (forced on here, CPU) equal the module-by-module path."""
+    import engine.models.layers as layers
+    from engine.loading.loader import load_model
+
+    lm = load_model(tiny_models[arch].gguf_path)
+    model, args = lm.model, lm.args
+    model.fuse_projections()
+    tokens = torch.randint(5, args.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(12)
+
+    def logits() -> torch.Tensor:
+        from engine.cache import CacheConfig, make_cache
+
+        cfg = CacheConfig(layout="sequence", max_seqs=1, max_seq_len=32, capacity=32, dtype="float32",
+                          max_step_tokens=16)
+        cache = make_cache(cfg, args.layer_windows(), args.num_kv_heads, args.head_dim, "cpu")
+        cache.declare_step([(cache.seq_new(), 12)])
+        cache.prepare_step()
+        with torch.inference_mode():
+            return model(tokens, positions, cache, torch.arange(12))
+
+    plain = logits()
+    monkeypatch.setattr(layers, "_fused", lambda module, x: module.fused)  # the kernels run in the interpreter
+    model.use_fused_kernels(True)
+    fused = logits()
+    model.use_fused_kernels(False)
+    assert (fused - plain).abs().max() <= 1e-4 * plain.abs().max()
