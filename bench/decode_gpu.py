@@ -232,8 +232,8 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"],
                     help="parley-eager | parley-graphs | parley-compiled, suffixes '-sync' (no look-ahead) and "
-                         "'-tgemm' (Triton decode GEMMs), '-fused' (Triton norm/rope/activation kernels, "
-                         "uncompiled graphs); hf-static, "
+                         "'-tgemm' (Triton decode GEMMs), '-fused' (Triton norm/rope/activation kernels: "
+                         "the engine's default on CUDA without --compile); hf-static, "
                          "hf-static-compiled (transformers' own compile of the static cache)")
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")

@@ -12,14 +12,15 @@ class ModelRunner:
     """Eager forwards; on CUDA with the `sequence` layout, decode-only steps replay CUDA graphs."""
 
     def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int, graphs: bool | None = None,
-                 compile_decode: bool = False, decode_gemm: bool = False, fused_kernels: bool = False):
+                 compile_decode: bool = False, decode_gemm: bool = False, fused_kernels: bool = True):
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
         if cache.device.type == "cuda":
             model.fuse_projections()  # decode on a GPU is launch-bound: one GEMM for q/k/v, one for gate/up
             model.use_decode_kernels(decode_gemm)
-            model.use_fused_kernels(fused_kernels and not compile_decode)  # inductor fuses these itself
+            # norms/rope/activations fused by hand (3.5x faster uncompiled steps on an H200); inductor fuses its own
+            model.use_fused_kernels(fused_kernels and not compile_decode)
         if graphs is None:
             graphs = cache.device.type == "cuda" and isinstance(cache, SequenceKVCache) and cache.uses_kernels
         self.graphs = None

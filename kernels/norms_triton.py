@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-GELU_TANH_C = 0.7978845608028654  # sqrt(2 / pi)
+GELU_TANH_C = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi); jitted code reads only constexpr globals
 
 
 @triton.jit

@@ -169,6 +169,16 @@ def test_lookahead_equals_sync_through_graphs(gpu_model):
 
 
 @needs_cuda
+def test_fused_kernels_agree_with_the_modules(gpu_model):
+    """The engine's uncompiled default (graphs + fused norm/rope/activation kernels) against eager modules."""
+    args, model = gpu_model
+    ids = [p[:n] for p, n in zip(prompts(args, 4, length=300, seed=6), [5, 64, 200, 300])]
+    fused = generate(make_batcher(model, args, 4, 400, graphs=True, fused_kernels=True), ids, [0] * 4, new=24)
+    eager = generate(make_batcher(model, args, 4, 400, graphs=False), ids, [0] * 4, new=24)
+    report("fused_vs_eager", compare(*fused, *eager) | {"tokens_equal": fused[0] == eager[0]})
+
+
+@needs_cuda
 def test_triton_decode_gemm_agrees_with_cublas(gpu_model):
     args, model = gpu_model
     ids = [p[:n] for p, n in zip(prompts(args, 6, length=300, seed=4), [5, 40, 64, 100, 200, 300])]
