@@ -1,4 +1,4 @@
-"""Attention kernels for the batched-sequence KV store: Triton on CUDA, PyTorch elsewhere."""
+"""Triton kernels (attention over the batched-sequence KV store, KV writes, fused norms, decode GEMMs), each beside a PyTorch reference."""
 
 from kernels.attention import kv_write, sdpa_varlen, triton_available
 from kernels.reference import kv_write_reference, sdpa_varlen_reference
