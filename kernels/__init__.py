@@ -1,4 +1,5 @@
-"""Triton kernels (attention over the batched-sequence KV store, KV writes, fused norms, decode GEMMs), each beside a PyTorch reference."""
+"""Triton kernels, each beside a PyTorch reference: attention over the batched-sequence KV store, KV writes,
+fused norms/rope/activations, decode GEMMs."""
 
 from kernels.attention import kv_write, sdpa_varlen, triton_available
 from kernels.reference import kv_write_reference, sdpa_varlen_reference
