@@ -146,12 +146,15 @@ class Batcher:
             return None
         self.in_flight = [seq for seq, _ in scheduled]
         batch = build_step(scheduled, self.cache)
-        ids = self._forward(batch)
+        ids, _ = self._forward(batch)
         decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
         return Launched(batch.samplers, ids, *_to_host(ids), decode)
 
-    def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple:
-        """Forward and sampling queued; the cache step is committed (its writes are queued before any later read)."""
+    def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple[torch.Tensor, dict | None]:
+        """Queues forward and sampling and commits the cache step (its writes precede any later read).
+
+        Returns the sampled ids on the device and, with `snapshot`, each drawing sampler's state before.
+        """
         try:
             logits = self.runner.run(batch)
             seqs = batch.samplers
@@ -166,7 +169,7 @@ class Batcher:
         self.steps += 1
         for seq, n in batch.scheduled:
             seq.num_cached += n
-        return (ids, rng) if snapshot else ids
+        return ids, rng
 
     def _can_look_ahead(self, prev: Launched) -> bool:
         """The next step would schedule exactly `prev`'s sequences, one token each, none finishing by length."""
