@@ -143,14 +143,7 @@ class ChatService(QObject):
         live = self.live(conv_id)
         live.turn = TurnInfo(None, msg_id, previous_state=msg.state)
         self._set_state(conv_id, msg_id, "waiting")
-        live.pending = lambda: self._submit(conv_id, path, None, "continue")
-        key = self.store.get(conv_id).settings.model
-        self.models.ensure(key)
-        if self.models.model_id(key) is not None:
-            self._run_pending(live)
-        else:
-            live.status.state = "loading"
-            self.status_changed.emit(conv_id)
+        self._when_loaded(conv_id, live, lambda: self._submit(conv_id, path, None, "continue"))
         return True
 
     def stop(self, conv_id: int) -> None:
@@ -190,9 +183,13 @@ class ChatService(QObject):
         answer = self.store.add_message(conv_id, user.id if user else parent_id, "assistant", state="waiting")
         live = self.live(conv_id)
         live.turn = TurnInfo(None, answer.id)
-        key = self.store.get(conv_id).settings.model
         self.path_changed.emit(conv_id)
-        live.pending = lambda: self._submit(conv_id, base, user, kind)
+        self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
+
+    def _when_loaded(self, conv_id: int, live: LiveChat, submit) -> None:
+        """Submits now if the chat's model is loaded, else once it is (the chat shows 'loading')."""
+        key = self.store.get(conv_id).settings.model
+        live.pending = submit
         self.models.ensure(key)
         if self.models.model_id(key) is not None:
             self._run_pending(live)

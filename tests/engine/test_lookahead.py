@@ -86,7 +86,8 @@ def test_kept_caches_and_random_state_continue_as_without_lookahead(lm, temperat
     assert ahead == plain
 
 
-def test_settle_reads_the_step_queued_ahead(lm):
+def _with_a_step_ahead(lm):
+    """Two sequences decoding, run until a step is queued ahead of the one being read."""
     b = make_batcher(lm, 2, _run(True))
     seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=40))) for i, p in
             enumerate(_prompts(lm.args.vocab_size)[:2])]
@@ -94,6 +95,11 @@ def test_settle_reads_the_step_queued_ahead(lm):
         b.add(s)
     while not b.has_ahead():
         b.step()
+    return b, seqs
+
+
+def test_settle_reads_the_step_queued_ahead(lm):
+    b, seqs = _with_a_step_ahead(lm)
     before = [len(s.generated) for s in seqs]
     got = b.settle()
     assert not b.has_ahead() and [len(s.generated) for s in seqs] == [n + 1 for n in before]
@@ -105,13 +111,7 @@ def test_settle_reads_the_step_queued_ahead(lm):
 def test_a_failed_read_drops_the_step_queued_behind_it(lm, monkeypatch):
     from engine.batcher import Launched
 
-    b = make_batcher(lm, 2, _run(True))
-    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=40))) for i, p in
-            enumerate(_prompts(lm.args.vocab_size)[:2])]
-    for s in seqs:
-        b.add(s)
-    while not b.has_ahead():
-        b.step()
+    b, seqs = _with_a_step_ahead(lm)
 
     def lost(self):
         raise RuntimeError("device lost")
