@@ -10,14 +10,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, wait_for_previous
+
 
 @triton.jit
 def _kv_write(
     K, V, KCache, VCache, Slots,
     stride_kt, stride_kh, stride_vt, stride_vh,
     stride_cs, stride_ch, stride_vcs, stride_vch,
-    HKV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr,
+    HKV: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     t = tl.program_id(0)
     # -- this token's slot in the flat [rows * C] view
     slot = tl.load(Slots + t).to(tl.int64)
@@ -57,5 +60,5 @@ def kv_write_triton(
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
         HKV=Hkv, HEAD_DIM=D, BLOCK=block,
-        num_warps=4 if block <= 2048 else 8,
+        num_warps=4 if block <= 2048 else 8, **launch_options(k),
     )

@@ -1,7 +1,7 @@
 """`linear(x, w)` for decode steps, with the same implementation switch as the attention ops.
 
 `impl="triton"` runs the skinny-M Triton GEMM (at most 64 rows; CUDA, or the CPU interpreter),
-`impl="reference"` is `F.linear`.
+`impl="reference"` is `F.linear`. `linear_act` is a gated MLP's first half in one GEMM launch.
 """
 
 from __future__ import annotations
@@ -27,6 +27,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, *, impl: str = "triton") -> to
     from kernels.skinny_linear_triton import skinny_linear_triton
 
     return skinny_linear_triton(x, weight)
+
+
+def linear_act(x: torch.Tensor, weight: torch.Tensor, act: str, *, impl: str = "triton") -> torch.Tensor:
+    """act(x @ gateᵀ) * (x @ upᵀ) for a fused [gate | up] weight (2I, K) -> (M, I); act 'gelu_tanh' or 'silu'.
+    The Triton path applies the activation in the GEMM's epilogue (one launch for the MLP's first half)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and not x.is_cuda):
+        from kernels.norms import act_mul
+
+        return act_mul(linear_reference(x, weight), act, impl="reference")
+    from kernels.skinny_linear_triton import skinny_linear_triton
+
+    return skinny_linear_triton(x if x.stride(-1) == 1 else x.contiguous(), weight, act=act)
 
 
 @torch.library.custom_op("parley::skinny_linear", mutates_args=())

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels.attention import IMPLS
+from kernels.reference import kv_write_reference
 
 
 def _check(impl: str) -> bool:
@@ -66,3 +67,32 @@ def act_mul(x: torch.Tensor, act: str, *, impl: str = "triton") -> torch.Tensor:
     gate, up = x.chunk(2, dim=-1)
     a = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
     return a * up
+
+
+def qkv_rope_write(
+    qkv: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+    eps: float, gemma: bool, positions: torch.Tensor, inv_freq: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "triton",
+) -> torch.Tensor:
+    """A fused QKV row's attention prologue in one launch: q and k normed per head and rotated at
+    `positions` by `inv_freq` (the rotary tables made in the kernel), k and v written into the caches at
+    `slots`; returns q (T, H, D). Norm weights both given or both None."""
+    if _check(impl):
+        from kernels.norms_triton import qkv_rope_write_triton
+
+        return qkv_rope_write_triton(qkv, heads, kv_heads, q_weight, k_weight, eps, gemma, positions, inv_freq,
+                                     k_cache, v_cache, slots)
+    cos, sin = rope_tables(positions, inv_freq, qkv.dtype)
+    t, d = qkv.shape[0], k_cache.shape[-1]
+    q, k, v = qkv.view(t, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)
+    q = norm_rope(q, q_weight, eps, gemma, cos, sin, impl="reference")
+    k = norm_rope(k, k_weight, eps, gemma, cos, sin, impl="reference")
+    kv_write_reference(k_cache, v_cache, k, v, slots)
+    return q
+
+
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, 1, D) of the half-split rotary embedding, in `dtype`."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]  # (T, D/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    return emb.cos().to(dtype), emb.sin().to(dtype)

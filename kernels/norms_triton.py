@@ -17,16 +17,23 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, wait_for_previous
+
 GELU_TANH_C = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi); jitted code reads only constexpr globals
 
 
 @triton.jit
-def _rms(x, w, n, eps, GEMMA: tl.constexpr, DT: tl.constexpr):
-    # x, w fp32 (masked lanes are 0); Gemma scales in fp32, the others round first, as the modules do
-    inv = tl.math.rsqrt(tl.sum(x * x, 0) / n + eps)
+def _scale(x, inv, w, GEMMA: tl.constexpr, DT: tl.constexpr):
+    # x * inv * w in fp32 (broadcast shapes); Gemma scales in fp32, the others round first, as the modules do
     if GEMMA:
         return (x * inv * w).to(DT).to(tl.float32)
     return ((x * inv).to(DT).to(tl.float32) * w).to(DT).to(tl.float32)
+
+
+@triton.jit
+def _rms(x, w, n, eps, GEMMA: tl.constexpr, DT: tl.constexpr):
+    # x, w fp32 (masked lanes are 0)
+    return _scale(x, tl.math.rsqrt(tl.sum(x * x, 0) / n + eps), w, GEMMA, DT)
 
 
 @triton.jit
@@ -34,7 +41,9 @@ def _add_norm(
     X, RES, W_PRE, W, Y, SUM,
     stride_x, stride_r, stride_y, stride_s, D, eps,
     BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_PRE: tl.constexpr, HAS_RES: tl.constexpr, HAS_NORM: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < D
@@ -52,53 +61,106 @@ def _add_norm(
 
 
 @triton.jit
+def _head_norm_rope(src, w1, w2, c1, c2, s1, s2, offs, ok, HALF, eps,
+                    DT: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr):
+    # one head's halves: RMS over the whole head, weight, then the half-split rotation (cos/sin fp32 of
+    # each half), rounding where the modules round
+    x1 = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        x1 = _scale(x1, inv, w1, GEMMA, DT)
+        x2 = _scale(x2, inv, w2, GEMMA, DT)
+    return (x1 * c1 - x2 * s1).to(DT), (x2 * c2 + x1 * s2).to(DT)
+
+
+@triton.jit
 def _norm_rope(
     X, W, COS, SIN, Y,
     stride_xt, stride_xh, stride_yt, stride_yh, stride_ct, stride_st, H, HALF, eps,
-    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     pid = tl.program_id(0)
     t = (pid // H).to(tl.int64)
     h = pid % H
     offs = tl.arange(0, BLOCK)
     ok = offs < HALF
     dt = Y.dtype.element_ty
-    src = X + t * stride_xt + h * stride_xh
-    x1 = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + offs, mask=ok, other=0.0).to(tl.float32)
-    if HAS_NORM:  # one RMS over both halves of the head
-        inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-        w1 = tl.load(W + offs, mask=ok, other=0.0).to(tl.float32)
-        w2 = tl.load(W + HALF + offs, mask=ok, other=0.0).to(tl.float32)
-        if GEMMA:
-            x1 = (x1 * inv * w1).to(dt).to(tl.float32)
-            x2 = (x2 * inv * w2).to(dt).to(tl.float32)
-        else:
-            x1 = ((x1 * inv).to(dt).to(tl.float32) * w1).to(dt).to(tl.float32)
-            x2 = ((x2 * inv).to(dt).to(tl.float32) * w2).to(dt).to(tl.float32)
+    w1 = tl.load(W + offs, mask=ok & HAS_NORM, other=0.0).to(tl.float32)
+    w2 = tl.load(W + HALF + offs, mask=ok & HAS_NORM, other=0.0).to(tl.float32)
     c1 = tl.load(COS + t * stride_ct + offs, mask=ok, other=0.0).to(tl.float32)
     c2 = tl.load(COS + t * stride_ct + HALF + offs, mask=ok, other=0.0).to(tl.float32)
     s1 = tl.load(SIN + t * stride_st + offs, mask=ok, other=0.0).to(tl.float32)
     s2 = tl.load(SIN + t * stride_st + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    y1, y2 = _head_norm_rope(X + t * stride_xt + h * stride_xh, w1, w2, c1, c2, s1, s2, offs, ok, HALF, eps, dt,
+                             GEMMA, HAS_NORM)
     dst = Y + t * stride_yt + h * stride_yh
-    tl.store(dst + offs, (x1 * c1 - x2 * s1).to(dt), mask=ok)
-    tl.store(dst + HALF + offs, (x2 * c2 + x1 * s2).to(dt), mask=ok)
+    tl.store(dst + offs, y1, mask=ok)
+    tl.store(dst + HALF + offs, y2, mask=ok)
 
 
 @triton.jit
-def _act_mul(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, GELU: tl.constexpr):
+def _qkv_rope_write(
+    QKV, QW, KW, Pos, InvFreq, QOut, KCache, VCache, Slots,
+    stride_t, stride_ot, stride_oh, stride_ks, stride_kh, stride_vs, stride_vh,
+    H, HKV, HALF, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+):
+    # one (token, head) of q or k per program; a k program also copies its head of v into the cache. The
+    # rotation's cos/sin come from the position and inverse frequencies here, rounded as the Rotary tables are.
+    wait_for_previous(PDL)
+    pid = tl.program_id(0)
+    t = (pid // (H + HKV)).to(tl.int64)
+    h = pid % (H + HKV)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < HALF
+    dt = QOut.dtype.element_ty
+    src = QKV + t * stride_t + h * (2 * HALF)  # q heads, then k heads, then v heads, each 2*HALF wide
+    is_q = (offs * 0 + h) < H  # vector form: the interpreter rejects scalar & vector masks
+    w1 = tl.load(QW + offs, mask=ok & is_q & HAS_NORM, other=0.0).to(tl.float32) + tl.load(
+        KW + offs, mask=ok & ~is_q & HAS_NORM, other=0.0).to(tl.float32)
+    w2 = tl.load(QW + HALF + offs, mask=ok & is_q & HAS_NORM, other=0.0).to(tl.float32) + tl.load(
+        KW + HALF + offs, mask=ok & ~is_q & HAS_NORM, other=0.0).to(tl.float32)
+    angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + offs, mask=ok, other=0.0)
+    c = tl.cos(angle).to(dt).to(tl.float32)
+    sn = tl.sin(angle).to(dt).to(tl.float32)
+    y1, y2 = _head_norm_rope(src, w1, w2, c, c, sn, sn, offs, ok, HALF, eps, dt, GEMMA, HAS_NORM)
+    if h < H:
+        dst = QOut + t * stride_ot + h * stride_oh
+        tl.store(dst + offs, y1, mask=ok)
+        tl.store(dst + HALF + offs, y2, mask=ok)
+    else:
+        slot = tl.load(Slots + t).to(tl.int64)
+        kh = h - H
+        kdst = KCache + slot * stride_ks + kh * stride_kh
+        tl.store(kdst + offs, y1.to(KCache.dtype.element_ty), mask=ok)
+        tl.store(kdst + HALF + offs, y2.to(KCache.dtype.element_ty), mask=ok)
+        vsrc = src + HKV * (2 * HALF)
+        vdst = VCache + slot * stride_vs + kh * stride_vh
+        tl.store(vdst + offs, tl.load(vsrc + offs, mask=ok).to(VCache.dtype.element_ty), mask=ok)
+        tl.store(vdst + HALF + offs, tl.load(vsrc + HALF + offs, mask=ok).to(VCache.dtype.element_ty), mask=ok)
+
+
+@triton.jit
+def activation(g, GELU: tl.constexpr):
+    """GELU (tanh form) or SiLU of fp32 `g`."""
+    if GELU:  # tanh(z) = 2 sigmoid(2z) - 1
+        z = GELU_TANH_C * (g + 0.044715 * g * g * g)
+        return 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
+    return g * tl.sigmoid(g)
+
+
+@triton.jit
+def _act_mul(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr):
+    wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I
     dt = Y.dtype.element_ty
     g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(X + row * stride_x + I + cols, mask=ok, other=0.0).to(tl.float32)
-    if GELU:  # tanh form: tanh(z) = 2 sigmoid(2z) - 1
-        z = GELU_TANH_C * (g + 0.044715 * g * g * g)
-        a = 0.5 * g * (2.0 * tl.sigmoid(2.0 * z))
-    else:  # SiLU
-        a = g * tl.sigmoid(g)
-    tl.store(Y + row * stride_y + cols, (a.to(dt).to(tl.float32) * u).to(dt), mask=ok)
+    tl.store(Y + row * stride_y + cols, (activation(g, GELU).to(dt).to(tl.float32) * u).to(dt), mask=ok)
 
 
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
@@ -126,7 +188,7 @@ def add_norm_triton(
             x2.stride(0), res.stride(0), y.stride(0), total.stride(0), D, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_PRE=pre_weight is not None,
             HAS_RES=residual is not None, HAS_NORM=weight is not None,
-            num_warps=4 if D <= 4096 else 8,
+            num_warps=4 if D <= 4096 else 8, **launch_options(x2),
         )
     shape = x.shape
     return (total.view(shape) if residual is not None else None), (y.view(shape) if weight is not None else None)
@@ -146,6 +208,7 @@ def norm_rope_triton(
             x, weight if weight is not None else x, cos2, sin2, y,
             x.stride(0), x.stride(1), y.stride(0), y.stride(1), cos2.stride(0), sin2.stride(0), H, D // 2, eps,
             BLOCK=triton.next_power_of_2(D // 2), GEMMA=gemma, HAS_NORM=weight is not None, num_warps=1 if D <= 256 else 2,
+            **launch_options(x),
         )
     return y
 
@@ -160,5 +223,35 @@ def act_mul_triton(x: torch.Tensor, act: str) -> torch.Tensor:
     block = min(1024, triton.next_power_of_2(inter))
     if T:
         _act_mul[(T, triton.cdiv(inter, block))](x2, y, x2.stride(0), y.stride(0), inter, BLOCK=block,
-                                                  GELU=act == "gelu_tanh", num_warps=4)
+                                                  GELU=act == "gelu_tanh", num_warps=4, **launch_options(x2))
     return y.view(*x.shape[:-1], inter)
+
+
+def qkv_rope_write_triton(
+    qkv: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
+    eps: float, gemma: bool, positions: torch.Tensor, inv_freq: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+) -> torch.Tensor:
+    """qkv (T, (H + 2 Hkv) D) from the fused projection -> q (T, H, D) normed and rotated at `positions`
+    (T,) by `inv_freq` (D/2,) fp32; k (normed, rotated) and v go straight into the caches (rows, C, Hkv, D)
+    at flat `slots` (T,) int64."""
+    qkv = _unit_stride(qkv)
+    T, width = qkv.shape
+    rows, C, Hkv, D = k_cache.shape
+    assert Hkv == kv_heads and width == (heads + 2 * kv_heads) * D and D % 2 == 0, (qkv.shape, k_cache.shape)
+    assert slots.shape == (T,) and slots.dtype == torch.int64
+    for cache in (k_cache, v_cache):  # the flat slot view needs row stride == C * column stride
+        assert cache.stride(0) == C * cache.stride(1) and cache.stride(3) == 1, cache.stride()
+    assert positions.shape == (T,) and inv_freq.shape == (D // 2,) and inv_freq.dtype == torch.float32
+    q = torch.empty(T, heads, D, dtype=qkv.dtype, device=qkv.device)
+    if T:
+        has_norm = q_weight is not None
+        _qkv_rope_write[(T * (heads + kv_heads),)](
+            qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, positions, inv_freq, q, k_cache, v_cache,
+            slots, qkv.stride(0), q.stride(0), q.stride(1),
+            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
+            heads, kv_heads, D // 2, eps,
+            BLOCK=triton.next_power_of_2(D // 2), GEMMA=gemma, HAS_NORM=has_norm,
+            num_warps=1 if D <= 256 else 2, **launch_options(qkv),
+        )
+    return q

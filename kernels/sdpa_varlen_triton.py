@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.pdl import launch_options, wait_for_previous
+
 LOG2E = 1.4426950408889634
 MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in merge than it saves
 SHORT_SPAN = 512  # decode over at most this many keys is latency-bound: 32-key tiles, one per split
@@ -53,8 +55,9 @@ def _sdpa_varlen_fwd(
     G: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     pid_sq = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -161,7 +164,9 @@ def _sdpa_varlen_merge(
     stride_ls, stride_lt, stride_lh,
     num_segments,
     BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SEGS_P2: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_previous(PDL)
     # One program per (packed row, head, d-block): all splits load at once, so the merge
     # is one round of memory latency however many splits there are.
     t = tl.program_id(0)
@@ -282,7 +287,7 @@ def sdpa_varlen_triton(
         G=G, HEAD_DIM=D, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
         CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits,
         DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
-        num_warps=warps, num_stages=stages,
+        num_warps=warps, num_stages=stages, **launch_options(q),
     )
     if splits > 1:
         splits_p2 = triton.next_power_of_2(splits)
@@ -294,6 +299,6 @@ def sdpa_varlen_triton(
             lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
             S,
             BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_P2=splits_p2,
-            SEGS_P2=triton.next_power_of_2(S), num_warps=4,
+            SEGS_P2=triton.next_power_of_2(S), num_warps=4, **launch_options(q),
         )
     return out

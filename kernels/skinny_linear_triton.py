@@ -1,10 +1,13 @@
 """Triton `x @ wᵀ` for decode-sized row counts (M <= 64): the GEMMs of a decode step.
 
 At one to a few dozen rows a decode step's projections read a few MB of weights each and are bound
-by launch and memory latency; cuBLAS spends 4-5 us on each on an H200. Here one program owns a
+by launch and memory latency; cuBLAS spends 4-6 us on each on an H200. Here one program owns a
 BLOCK_N slice of the output columns for all rows and streams its weight rows once, in BLOCK_K steps.
 The row tile is always ROWS = 64 (unused rows masked, they cost no memory traffic), so a row's result
 never depends on how many other rows the step has: batched == alone, bit for bit, for these GEMMs.
+Launched with PDL (kernels/pdl.py), a program asks L2 for its weight rows before waiting for the
+previous kernel, so they stream in while that kernel runs (H200, in a chain of 18: 2.6-4.9 us vs
+cuBLAS 3.9-6.4). With `act` the weight is a fused [gate | up] and the epilogue writes act(gate) * up.
 """
 
 from __future__ import annotations
@@ -13,7 +16,23 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.norms_triton import activation
+from kernels.pdl import launch_options, prefetch_l2, wait_for_previous
+
 ROWS = 64  # the one row tile: every M <= 64 runs the same code, so reductions never change order
+
+
+@triton.jit
+def _weight_step(x, W, offs_n, n_ok, k0, offs_k, K, stride_wn, acc, DOT_FP32: tl.constexpr, IEEE: tl.constexpr):
+    # acc += x @ W[offs_n, k0 : k0 + BLOCK_K]ᵀ
+    k_ok = (k0 + offs_k) < K
+    w = tl.load(W + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    if DOT_FP32:
+        w = w.to(tl.float32)
+    if IEEE:  # fp32 weights: full fp32 products, not TF32
+        return acc + tl.dot(x, tl.trans(w), input_precision="ieee")
+    return acc + tl.dot(x, tl.trans(w))
 
 
 @triton.jit
@@ -21,31 +40,42 @@ def _skinny_linear(
     X, W, Y, M, N, K,
     stride_xm, stride_wn, stride_ym,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, PDL: tl.constexpr, PREFETCH: tl.constexpr, LANES: tl.constexpr, ACT: tl.constexpr,
 ):
+    # ACT > 0: W is [gate | up] (2N rows) and Y = act(x @ gateᵀ) * (x @ upᵀ), two accumulators side by side
     pid = tl.program_id(0)
+    if PREFETCH:  # this program's weight rows are one contiguous range (two when gated); fetch while the last kernel runs
+        rows = tl.minimum(N - pid * BLOCK_N, BLOCK_N) * K
+        prefetch_l2(W + pid * BLOCK_N * stride_wn, rows, LANES)
+        if ACT:
+            prefetch_l2(W + (N + pid * BLOCK_N) * stride_wn, rows, LANES)
+    wait_for_previous(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_ok = offs_m < M
     n_ok = offs_n < N
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        # -- one K step: the rows' slice of x and this program's weight rows
+        # -- one K step: the rows' slice of x, then this program's weight rows
         k_ok = (k0 + offs_k) < K
         x = tl.load(X + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None] & k_ok[None, :],
                     other=0.0)
-        w = tl.load(W + offs_n[:, None] * stride_wn + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0.0)
         if DOT_FP32:
             x = x.to(tl.float32)
-            w = w.to(tl.float32)
-        if IEEE:  # fp32 weights: full fp32 products, not TF32
-            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(x, tl.trans(w))
-    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(Y.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+        acc = _weight_step(x, W, offs_n, n_ok, k0, offs_k, K, stride_wn, acc, DOT_FP32, IEEE)
+        if ACT:
+            acc_up = _weight_step(x, W, N + offs_n, n_ok, k0, offs_k, K, stride_wn, acc_up, DOT_FP32, IEEE)
+    dt = Y.dtype.element_ty
+    y = acc.to(dt)
+    if ACT:  # rounded where the unfused GEMM + act_mul round: each product, then act(gate)
+        a = activation(y.to(tl.float32), ACT == 1)
+        y = (a.to(dt).to(tl.float32) * acc_up.to(dt).to(tl.float32)).to(dt)
+    tl.store(Y + offs_m[:, None] * stride_ym + offs_n[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+
+
+ACTS = {"gelu_tanh": 1, "silu": 2}
 
 
 def skinny_linear_triton(
@@ -56,10 +86,15 @@ def skinny_linear_triton(
     block_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-) -> torch.Tensor:  # (M, N) in x's dtype
+    act: str | None = None,
+) -> torch.Tensor:  # (M, N) in x's dtype, (M, N / 2) with `act`
+    """x @ weightᵀ; with `act` ('gelu_tanh' or 'silu') the weight is a fused [gate | up] and the result
+    act(x @ gateᵀ) * (x @ upᵀ), the MLP's activation done in the GEMM's epilogue."""
     M, K = x.shape
     N, Kw = weight.shape
     assert K == Kw, (x.shape, weight.shape)
+    assert act is None or (act in ACTS and N % 2 == 0), (act, N)
+    N = N // 2 if act else N  # output columns
     rows = 16 if x.device.type == "cpu" else ROWS  # the interpreter runs a smaller tile (tests only)
     assert M <= rows, f"skinny_linear takes at most {rows} rows here, not {M}"
     assert x.stride(1) == 1 and weight.stride(1) == 1, "the reduction axis must be contiguous"
@@ -68,13 +103,21 @@ def skinny_linear_triton(
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:
         return y
-    bn = block_n or (16 if interpret or N <= 2048 else 32)  # narrow outputs: more programs in flight
-    bk = block_k or (32 if interpret else 128)
+    # narrow outputs: more programs in flight (a gated program reads two 16-row slices)
+    bn = block_n or (16 if interpret or act or N <= 2048 else 32)
+    # H200 sweep in a PDL chain (bench/linear_bench.py --sweep): 4 stages; 256-wide K steps for long 16-bit
+    # rows (4 stages of fp32 tiles that wide would need 240 KB of shared memory, over the H200's 227 KB)
+    bk = block_k or (32 if interpret else (256 if K >= 2048 and x.element_size() <= 2 else 128))
+    warps = num_warps or 4
+    launch = launch_options(x)
+    row_bytes = K * weight.element_size()
+    prefetch = launch["PDL"] and weight.is_contiguous() and weight.data_ptr() % 16 == 0 and row_bytes % 16 == 0
     _skinny_linear[(triton.cdiv(N, bn),)](
         x, weight, y, M, N, K,
         x.stride(0), weight.stride(0), y.stride(0),
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk,
         DOT_FP32=interpret and x.dtype == torch.bfloat16, IEEE=x.dtype == torch.float32,
-        num_warps=num_warps or 4, num_stages=num_stages or 3,
+        PREFETCH=prefetch, LANES=32 * warps, ACT=ACTS[act] if act else 0,
+        num_warps=warps, num_stages=num_stages or 4, **launch,
     )
     return y

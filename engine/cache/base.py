@@ -76,6 +76,11 @@ class KVCache:
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(K store, V store, flat slots) for a kernel that writes this step's K/V itself, then calls
+        `attend` with k = v = None; None where this layout has no such stores."""
+        return None
+
     # -- layout hooks
     def _prepare(self) -> None:
         raise NotImplementedError

@@ -168,7 +168,13 @@ class SequenceKVCache(RingedLayout, KVCache):
             max_kv_len=pow2_bucket(max((s.start + s.q_len for s in segs), default=1), MIN_KV_BUCKET),
         )
 
-    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if not self.uses_kernels or self.plan is None:
+            return None
+        return self.k[layer_id], self.v[layer_id], self.plan.layer_slots[layer_id]
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
         if self.uses_kernels:
             p = self.plan
             args = (q, k, v, self.k[layer_id], self.v[layer_id], p.seq_info, p.layer_slots[layer_id], scale,
@@ -222,8 +228,8 @@ class _StepBuffers:
 
 def sequence_attend(
     q: torch.Tensor,  # (T, H, D)
-    k: torch.Tensor,  # (T, Hkv, D)
-    v: torch.Tensor,
+    k: torch.Tensor | None,  # (T, Hkv, D)
+    v: torch.Tensor | None,
     k_cache: torch.Tensor,  # (rows, C, Hkv, D)
     v_cache: torch.Tensor,
     seq_info: torch.Tensor,  # (S, 4) int32
@@ -236,7 +242,8 @@ def sequence_attend(
 ) -> torch.Tensor:  # (T, H, D) in q's dtype
     from kernels import kv_write, sdpa_varlen
 
-    kv_write(k_cache, v_cache, _unit_stride(k), _unit_stride(v), slots, impl=impl)
+    if k is not None:  # None: the caller's kernel already wrote them (direct_write)
+        kv_write(k_cache, v_cache, _unit_stride(k), _unit_stride(v), slots, impl=impl)
     out = sdpa_varlen(
         _unit_stride(q.to(k_cache.dtype)), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
         max_kv_len=max_kv_len, window=window or None, impl=impl,

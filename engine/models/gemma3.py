@@ -42,10 +42,12 @@ class Block(nn.Module):
         self.mlp = GatedMLP(dim, args.intermediate_size, args.hidden_act)
         self.post_feedforward_layernorm = RMSNorm(dim, eps, gemma=True)
 
-    def forward(self, h: torch.Tensor, rope, cache) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), rope, cache)
+    def forward(self, h: torch.Tensor, rope, cache, x: torch.Tensor | None = None,
+                next_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h, next_norm(h)): `x` is this block's input norm of h when the previous block computed it."""
+        attn = self.self_attn(self.input_layernorm(h) if x is None else x, rope, cache)
         h, x = add_and_norm(h, attn, self.pre_feedforward_layernorm, pre=self.post_attention_layernorm)
-        return add_and_norm(h, self.mlp(x), None, pre=self.post_feedforward_layernorm)[0]
+        return add_and_norm(h, self.mlp(x), next_norm, pre=self.post_feedforward_layernorm)
 
 
 class Model(CausalLM):

@@ -15,8 +15,12 @@ DECODE_ROWS = 64  # steps of up to this many tokens may take the Triton decode G
 class AttentionCache(Protocol):
     """What a layer needs from the KV cache: write this step's K/V and attend with the cache's mask."""
 
-    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        ...  # q (T, H, D), k/v (T, Hkv, D) -> (T, H, D)
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
+        ...  # q (T, H, D), k/v (T, Hkv, D) or None when already written -> (T, H, D)
+
+    def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        ...  # (K store, V store, flat slots) a kernel may write this step's K/V into, or None
 
 
 class Linear(nn.Linear):
@@ -78,19 +82,35 @@ class Rotary(nn.Module):
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float()[:, None] * self.inv_freq[None, :]  # (T, D/2)
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (T, 1, D)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        from kernels.norms import rope_tables
+
+        return rope_tables(positions, self.inv_freq, dtype)  # (T, 1, D) each
+
+
+class RopeInputs:
+    """One step's rotary inputs for a layer kind; the cos/sin tables are made on first use (the fused
+    attention prologue rotates from positions and frequencies itself: no table launches on that path)."""
+
+    def __init__(self, rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype):
+        self.rotary, self.positions, self.dtype = rotary, positions, dtype
+        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._tables is None:
+            self._tables = self.rotary(self.positions, self.dtype)
+        return self._tables
 
 
 def add_and_norm(
     h: torch.Tensor, delta: torch.Tensor, norm: RMSNorm | None, pre: RMSNorm | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """h + pre(delta) (or + delta), and norm of that sum (None without `norm`): a block's residual step."""
-    if _fused(pre or norm, h):
+    first = pre or norm
+    if first is None:
+        return h + delta, None
+    if _fused(first, h):
         from kernels.norms import add_norm
 
-        first = pre or norm
         return add_norm(delta, norm.weight if norm else None, first.eps, first.gemma, residual=h,
                         pre_weight=pre.weight if pre else None)
     h = h + (pre(delta) if pre is not None else delta)
@@ -133,10 +153,15 @@ class GatedMLP(nn.Module):
             self.gate_proj = self.up_proj = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj is not None and self.act_kernel and _fused(self, x):
+        fused_up = self.gate_up_proj
+        if fused_up is not None and self.act_kernel and _fused(self, x):
+            if fused_up.decode_kernel and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
+                from kernels.linear import linear_act
+
+                return self.down_proj(linear_act(x, fused_up.weight, self.act_kernel))  # act in the GEMM epilogue
             from kernels.norms import act_mul
 
-            return self.down_proj(act_mul(self.gate_up_proj(x), self.act_kernel))
+            return self.down_proj(act_mul(fused_up(x), self.act_kernel))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
@@ -189,13 +214,17 @@ class Attention(nn.Module):
         kv = self.n_kv * self.head_dim
         return self.qkv_proj(x).split([self.n_heads * self.head_dim, kv, kv], dim=-1)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], cache: AttentionCache) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: RopeInputs, cache: AttentionCache) -> torch.Tensor:
         t = x.shape[0]
+        if self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
+            q = self._fused_prologue(self.qkv_proj(x), rope, stores)  # norms, rope and the K/V write: one launch
+            out = cache.attend(self.layer_id, q, None, None, self.scale)
+            return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
         v = v.reshape(t, self.n_kv, self.head_dim)
-        cos, sin = rope
+        cos, sin = rope.tables()
         if _fused(self, x):
             from kernels.norms import norm_rope
 
@@ -209,6 +238,14 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+
+    def _fused_prologue(self, qkv: torch.Tensor, rope: RopeInputs, stores) -> torch.Tensor:
+        from kernels.norms import qkv_rope_write
+
+        qn, kn = self.q_norm, self.k_norm
+        eps, gemma = (qn.eps, qn.gemma) if qn is not None else (0.0, False)
+        return qkv_rope_write(qkv, self.n_heads, self.n_kv, qn.weight if qn else None, kn.weight if kn else None,
+                              eps, gemma, rope.positions, rope.rotary.inv_freq, *stores)
 
 
 class CausalLM(nn.Module):
@@ -258,9 +295,12 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
-        ropes = {kind: rot(positions, h.dtype) for kind, rot in self.rotary.items()}
-        for layer in self.model.layers:
-            h = layer(h, ropes[layer.kind], cache)
+        ropes = {kind: RopeInputs(rot, positions, h.dtype) for kind, rot in self.rotary.items()}
+        layers, x = self.model.layers, None
+        for i, layer in enumerate(layers):
+            # each block ends with the next one's input norm: fused, the residual add and that norm are one launch
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+            h, x = layer(h, ropes[layer.kind], cache, x, next_norm)
         h = self.model.norm(h.index_select(0, logit_rows))
         logits = _head(h, self.head_weight()).float()
         cap = self.args.final_logit_softcapping

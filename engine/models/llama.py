@@ -32,9 +32,12 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
 
-    def forward(self, h: torch.Tensor, rope, cache) -> torch.Tensor:
-        h, x = add_and_norm(h, self.self_attn(self.input_layernorm(h), rope, cache), self.post_attention_layernorm)
-        return h + self.mlp(x)
+    def forward(self, h: torch.Tensor, rope, cache, x: torch.Tensor | None = None,
+                next_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h, next_norm(h)): `x` is this block's input norm of h when the previous block computed it."""
+        attn = self.self_attn(self.input_layernorm(h) if x is None else x, rope, cache)
+        h, x = add_and_norm(h, attn, self.post_attention_layernorm)
+        return add_and_norm(h, self.mlp(x), next_norm)
 
 
 class Model(CausalLM):

@@ -136,15 +136,21 @@ def test_graph_path_equals_eager(gpu_model, compiled):
 
 
 @needs_cuda
-def test_batched_equals_alone_through_graphs(gpu_model):
+@pytest.mark.parametrize("kernels", ["cublas", "triton"])
+def test_batched_equals_alone_through_graphs(gpu_model, kernels):
+    """`triton`: the decode GEMMs with their fused norm prologues / activation epilogue and the fused
+    norm/rope/K-V-write kernels, the default on Hopper."""
     args, model = gpu_model
     lengths, arrivals = [3, 30, 129, 250, 7, 64], [0, 0, 1, 2, 4, 9]
     ids = [p[:n] for p, n in zip(prompts(args, 6, length=250, seed=5), lengths)]
-    batched = generate(make_batcher(model, args, 6, 400, graphs=True), ids, arrivals, new=32)
-    singles = [generate(make_batcher(model, args, 1, 400, graphs=True), [p], [0], new=32) for p in ids]
+    opts = dict(graphs=True, decode_gemm=kernels == "triton", fused_kernels=kernels == "triton")
+    batched = generate(make_batcher(model, args, 6, 400, **opts), ids, arrivals, new=32)
+    singles = [generate(make_batcher(model, args, 1, 400, **opts), [p], [0], new=32) for p in ids]
+    model.use_decode_kernels(False)
+    model.use_fused_kernels(False)
     alone = ([s[0][0] for s in singles], [s[1][0] for s in singles])
     row = compare(*batched, *alone)
-    report("batched_vs_alone", row | {"tokens_equal": batched[0] == alone[0]})
+    report(f"batched_vs_alone[{kernels}]", row | {"tokens_equal": batched[0] == alone[0]})
 
 
 @needs_cuda
@@ -170,10 +176,13 @@ def test_lookahead_equals_sync_through_graphs(gpu_model):
 
 @needs_cuda
 def test_fused_kernels_agree_with_the_modules(gpu_model):
-    """The engine's uncompiled default (graphs + fused norm/rope/activation kernels) against eager modules."""
+    """The engine's uncompiled default on Hopper (graphs, PDL, fused norm/rope/K-V-write kernels, Triton decode
+    GEMMs with the activation in gate/up's epilogue) against eager modules."""
     args, model = gpu_model
     ids = [p[:n] for p, n in zip(prompts(args, 4, length=300, seed=6), [5, 64, 200, 300])]
-    fused = generate(make_batcher(model, args, 4, 400, graphs=True, fused_kernels=True), ids, [0] * 4, new=24)
+    fused = generate(make_batcher(model, args, 4, 400, graphs=True, fused_kernels=True, decode_gemm=True), ids,
+                     [0] * 4, new=24)
+    model.use_decode_kernels(False)
     eager = generate(make_batcher(model, args, 4, 400, graphs=False), ids, [0] * 4, new=24)
     report("fused_vs_eager", compare(*fused, *eager) | {"tokens_equal": fused[0] == eager[0]})
 

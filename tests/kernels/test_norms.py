@@ -1,4 +1,4 @@
-"""The fused per-token kernels (add_norm, norm_rope, act_mul) against their PyTorch references."""
+"""The fused per-token kernels (add_norm, norm_rope, qkv_rope_write, act_mul) against their PyTorch references."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import triton_available
-from kernels.norms import act_mul, add_norm, norm_rope
+from kernels.norms import act_mul, add_norm, norm_rope, qkv_rope_write
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -63,6 +63,36 @@ def test_norm_rope_on_strided_heads(dtype, norm, D):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [None, "gemma", "plain"])
+@pytest.mark.parametrize("heads", [(4, 1), (4, 2), (2, 2)])
+def test_qkv_rope_write_matches_norm_rope_and_kv_write(dtype, norm, heads):
+    """q comes back normed and rotated; k (normed, rotated) and v land at their slots; nothing else moves."""
+    H, Hkv = heads
+    T, D, rows, C = 3, 32, 8, 4
+    qkv = _randn(T, (H + 2 * Hkv) * D, dtype=dtype, seed=11)
+    positions = torch.tensor([0, 5, 3000], device=DEVICE)  # a large angle too: the kernel's own cos/sin
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
+    wdt = torch.float32 if norm == "gemma" else dtype
+    qw = None if norm is None else (1 + 0.1 * _randn(D, dtype=torch.float32, seed=12)).to(wdt)
+    kw = None if norm is None else (1 + 0.1 * _randn(D, dtype=torch.float32, seed=13)).to(wdt)
+    slots = torch.tensor([9, 2, 30], dtype=torch.int64, device=DEVICE)  # scattered rows and columns
+    caches = {}
+    for impl in ("triton", "reference"):
+        k_cache = _randn(rows, C, Hkv, D, dtype=dtype, seed=14)
+        v_cache = _randn(rows, C, Hkv, D, dtype=dtype, seed=15)
+        q = qkv_rope_write(qkv, H, Hkv, qw, kw, 1e-6, norm == "gemma", positions, inv_freq, k_cache, v_cache, slots,
+                           impl=impl)
+        caches[impl] = (q, k_cache, v_cache)
+    for got, ref in zip(caches["triton"], caches["reference"]):
+        _close(got, ref, dtype)
+    untouched = torch.ones(rows * C, dtype=torch.bool)
+    untouched[slots.cpu()] = False
+    k_flat = caches["triton"][1].view(rows * C, Hkv, D)[untouched.to(DEVICE)]
+    assert torch.equal(k_flat, _randn(rows, C, Hkv, D, dtype=dtype, seed=14).view(rows * C, Hkv, D)[untouched.to(DEVICE)])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
 @pytest.mark.parametrize("inter", [48, 1100])
 def test_act_mul(dtype, act, inter):
@@ -72,8 +102,12 @@ def test_act_mul(dtype, act, inter):
 
 @needs_triton
 @pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen3"])
-def test_model_with_fused_kernels_matches_modules(arch, tiny_models, monkeypatch):
-    """Whole forwards with the kernels switched in (forced on here, CPU) equal the module-by-module path."""
+@pytest.mark.parametrize("attention", ["auto", "triton"])
+@pytest.mark.parametrize("gemm", [False, True])
+def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_models, monkeypatch):
+    """Whole forwards with the kernels switched in (forced on here, CPU) equal the module-by-module path;
+    with the attention kernels the K/V write is fused into the q/k norm + rope launch (direct_write); with
+    the decode GEMMs the MLP's activation runs in the gate/up GEMM's epilogue."""
     import engine.models.layers as layers
     from engine.loading.loader import load_model
 
@@ -89,6 +123,7 @@ def test_model_with_fused_kernels_matches_modules(arch, tiny_models, monkeypatch
         cfg = CacheConfig(layout="sequence", max_seqs=1, max_seq_len=32, capacity=32, dtype="float32",
                           max_step_tokens=16)
         cache = make_cache(cfg, args.layer_windows(), args.num_kv_heads, args.head_dim, "cpu")
+        cache.attention_impl = attention
         cache.declare_step([(cache.seq_new(), 12)])
         cache.prepare_step()
         with torch.inference_mode():
@@ -97,6 +132,8 @@ def test_model_with_fused_kernels_matches_modules(arch, tiny_models, monkeypatch
     plain = logits()
     monkeypatch.setattr(layers, "_fused", lambda module, x: module.fused)  # the kernels run in the interpreter
     model.use_fused_kernels(True)
+    model.use_decode_kernels(gemm)
     fused = logits()
+    model.use_decode_kernels(False)
     model.use_fused_kernels(False)
     assert (fused - plain).abs().max() <= 1e-4 * plain.abs().max()

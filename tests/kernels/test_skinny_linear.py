@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import triton_available
-from kernels.linear import linear, linear_reference
+from kernels.linear import linear, linear_act, linear_reference
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -39,13 +39,18 @@ def test_matches_reference(dtype, n, k, m):
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter's tl.dot is numpy BLAS, whose order changes with the shape")
 @pytest.mark.parametrize("n,k", SHAPES[:2])
-def test_row_result_independent_of_row_count(n, k):
-    """The same row alone, among 7 others or among MAX_M - 1 gives the same bits."""
+@pytest.mark.parametrize("act", [None, "gelu_tanh"])
+def test_row_result_independent_of_row_count(n, k, act):
+    """The same row alone, among 7 others or among MAX_M - 1 gives the same bits (gated too)."""
     x, w = _data(MAX_M, n, k, torch.bfloat16)
-    full = linear(x, w, impl="triton")
+
+    def run(rows: torch.Tensor) -> torch.Tensor:
+        return linear(rows, w, impl="triton") if act is None else linear_act(rows, w, act, impl="triton")
+
+    full = run(x)
     for m in (1, 8, MAX_M // 2):
-        assert torch.equal(linear(x[:m], w, impl="triton"), full[:m])
-        assert torch.equal(linear(x[m - 1 : m], w, impl="triton")[0], full[m - 1])
+        assert torch.equal(run(x[:m]), full[:m])
+        assert torch.equal(run(x[m - 1 : m])[0], full[m - 1])
 
 
 def test_bad_impl_and_too_many_rows():
@@ -55,3 +60,18 @@ def test_bad_impl_and_too_many_rows():
     if triton_available():
         with pytest.raises(AssertionError, match="rows"):
             linear(torch.zeros(MAX_M + 1, 16, device=DEVICE), w, impl="triton")
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("m", [1, 5, MAX_M])
+def test_gated_epilogue_matches_gemm_then_act_mul(dtype, act, m):
+    """act(x @ gateᵀ) * (x @ upᵀ) from one launch == the GEMM, then act_mul's reference."""
+    n, k = SHAPES[1]  # a fused [gate | up]: n / 2 outputs
+    x, w = _data(m, n, k, dtype)
+    got = linear_act(x, w, act, impl="triton")
+    ref = linear_act(x, w, act, impl="reference")
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert got.shape == (m, n // 2) and got.dtype == dtype
+    assert (got.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
