@@ -166,6 +166,25 @@ def profile_during(batcher, label: str, at_replay: int = 20) -> None:
     g.run = run
 
 
+def profile_replay(batcher, label: str, replays: int = 5) -> None:
+    """Per-kernel GPU time inside replays of the largest captured graph (with PDL, kernels overlap:
+    a kernel's time includes what it spent waiting for the one before)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graphs = batcher.runner.graphs
+    if graphs is None or not graphs.graphs:
+        return
+    graph, _ = graphs.graphs[max(graphs.graphs)]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    table = events.table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60)
+    print(f"== replay profile {label}: {sum(e.count for e in events) // replays} kernels per step\n{table}",
+          flush=True)
+
+
 def host_profile(fn, label: str) -> None:
     """cProfile of the host side of the timed run: where a step's Python and launch time goes."""
     import cProfile
@@ -238,6 +257,7 @@ def main() -> None:
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
     ap.add_argument("--profile", action="store_true", help="kernel table of one decode forward per run")
+    ap.add_argument("--profile-replay", action="store_true", help="kernel table of graph replays per run")
     ap.add_argument("--host-profile", action="store_true", help="cProfile of an extra run per case (after timing)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
@@ -294,6 +314,8 @@ def main() -> None:
                     "gpu_ms_per_step": graph_replay_ms(b), "first_run_s": round(warm_s, 2)})
             if opts.profile:
                 profile_during(b, f"{impl} x{n}")
+            if opts.profile_replay:
+                profile_replay(b, f"{impl} x{n}")
             if opts.profile or opts.host_profile:
                 host_profile(lambda: run_parley(b, prompts(args, n, seed=3)), f"{impl} x{n}")
 

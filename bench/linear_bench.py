@@ -39,7 +39,7 @@ def case(name: str, m: int, sweep: bool) -> dict:
            "floor_us": round(n * k * 2 / 4.2e12 * 1e6, 2)}
     if sweep:
         best = None
-        for bn in (16, 32, 64):
+        for bn in (16, 32):
             for bk in (64, 128, 256):
                 for warps in (2, 4, 8):
                     for stages in (2, 3, 4):
@@ -59,11 +59,12 @@ def case(name: str, m: int, sweep: bool) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     lines = []
     for name in SHAPES:
-        for m in (1, 8, 64):
+        for m in args.rows:
             rec = case(name, m, args.sweep)
             print(json.dumps(rec), flush=True)
             lines.append(rec)
