@@ -52,7 +52,7 @@ def _sdpa_varlen_fwd(
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt, stride_lh,
     q_tiles, rows, window, qk_scale,
-    G: tl.constexpr, HEAD_DIM: tl.constexpr,
+    G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
     NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
@@ -66,7 +66,8 @@ def _sdpa_varlen_fwd(
     )
     head = kvh * G + hg
     qpos = kv_end - q_len + qi  # absolute position of each row's query
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, BLOCK_D)  # the head dim padded to a power of two; lanes past it load zeros
+    d_ok = offs_d < HEAD_DIM
     offs_n = tl.arange(0, BLOCK_N)
 
     # -- the tile's kv range [kv_lo, kv_hi): union of its rows' masks
@@ -99,7 +100,7 @@ def _sdpa_varlen_fwd(
         hi_row = qpos * 0 + kv_end - 1
 
     q_ptrs = Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_valid[:, None], other=0.0)
+    q = tl.load(q_ptrs, mask=row_valid[:, None] & d_ok[None, :], other=0.0)
     if DOT_FP32:
         q = q.to(tl.float32)
     k_base = K + column.to(tl.int64) * stride_kc + kvh * stride_kh
@@ -107,7 +108,7 @@ def _sdpa_varlen_fwd(
 
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     for start in range(s_lo, s_hi, BLOCK_N):
         # -- load a K/V tile; ring storage keeps position p at row p % rows
         pos = start + offs_n
@@ -116,8 +117,10 @@ def _sdpa_varlen_fwd(
             r = (pos % rows).to(tl.int64)
         else:
             r = pos.to(tl.int64)
-        kT = tl.load(k_base + r[None, :] * stride_kr + offs_d[:, None], mask=pos_valid[None, :], other=0.0)
-        v = tl.load(v_base + r[:, None] * stride_vr + offs_d[None, :], mask=pos_valid[:, None], other=0.0)
+        kT = tl.load(k_base + r[None, :] * stride_kr + offs_d[:, None], mask=pos_valid[None, :] & d_ok[:, None],
+                     other=0.0)
+        v = tl.load(v_base + r[:, None] * stride_vr + offs_d[None, :], mask=pos_valid[:, None] & d_ok[None, :],
+                    other=0.0)
         if DOT_FP32:
             kT = kT.to(tl.float32)
             v = v.to(tl.float32)
@@ -148,11 +151,11 @@ def _sdpa_varlen_fwd(
     t = q_start + qi
     if NUM_SPLITS == 1:
         o_ptrs = Out + t[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
-        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None])
+        tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_ok[None, :])
     else:
         lse = tl.where(l_i == 0.0, float("-inf"), m_i + tl.log2(l_safe))
         p_ptrs = OPart + split * stride_ps + t[:, None] * stride_pt + head[:, None] * stride_ph + offs_d[None, :]
-        tl.store(p_ptrs, o, mask=row_valid[:, None])
+        tl.store(p_ptrs, o, mask=row_valid[:, None] & d_ok[None, :])
         tl.store(LsePart + split * stride_ls + t * stride_lt + head * stride_lh, lse, mask=row_valid)
 
 
@@ -162,7 +165,7 @@ def _sdpa_varlen_merge(
     stride_ot, stride_oh,
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt, stride_lh,
-    num_segments,
+    num_segments, D,
     BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SEGS_P2: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -172,6 +175,7 @@ def _sdpa_varlen_merge(
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
     # -- is row t covered by a segment? (rows no segment covers are written as zeros)
     offs_s = tl.arange(0, SEGS_P2)
     seg_ok = offs_s < num_segments
@@ -187,11 +191,11 @@ def _sdpa_varlen_merge(
     w = tl.exp2(lse - m)
     o = tl.load(
         OPart + offs_sp[:, None] * stride_ps + t * stride_pt + h * stride_ph + offs_d[None, :],
-        mask=sp_ok[:, None], other=0.0,
+        mask=sp_ok[:, None] & d_ok[None, :], other=0.0,
     )
     l_sum = tl.sum(w, 0)
     out = tl.sum(w[:, None] * o, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
-    tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty))
+    tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 @functools.lru_cache(maxsize=8)
@@ -244,7 +248,7 @@ def sdpa_varlen_triton(
     S = seq_info.shape[0]
     assert v_cache.shape == k_cache.shape and Dk == D, (q.shape, k_cache.shape, v_cache.shape)
     assert H % Hkv == 0, "query heads must be a multiple of KV heads"
-    assert D & (D - 1) == 0 and 16 <= D <= 256, "head dim must be a power of two in 16..256"
+    assert 1 <= D <= 256, "head dim must be at most 256"
     assert q.stride(2) == 1 and k_cache.stride(3) == 1 and v_cache.stride(3) == 1, "head dim must be contiguous"
     assert k_cache.dtype == v_cache.dtype == q.dtype, (q.dtype, k_cache.dtype, v_cache.dtype)
     assert seq_info.dtype == torch.int32 and seq_info.shape == (S, 4) and seq_info.is_contiguous()
@@ -284,20 +288,20 @@ def sdpa_varlen_triton(
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
         q_tiles, rows, window or 0, scale * LOG2E,
-        G=G, HEAD_DIM=D, BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
+        G=G, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
         CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits,
         DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
         num_warps=warps, num_stages=stages, **launch_options(q),
     )
     if splits > 1:
         splits_p2 = triton.next_power_of_2(splits)
-        block_d = min(D, max(16, 8192 // splits_p2))  # keep the (splits, BLOCK_D) tile in registers
-        _sdpa_varlen_merge[(T, H, D // block_d)](
+        block_d = min(triton.next_power_of_2(D), max(16, 8192 // splits_p2))  # (splits, BLOCK_D) in registers
+        _sdpa_varlen_merge[(T, H, triton.cdiv(D, block_d))](
             seq_info, out, o_part, lse_part,
             out.stride(0), out.stride(1),
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-            S,
+            S, D,
             BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_P2=splits_p2,
             SEGS_P2=triton.next_power_of_2(S), num_warps=4, **launch_options(q),
         )

@@ -132,7 +132,7 @@ MIXED = scaled(
 @needs_triton
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("G", [1, 2, 4, 8])
-@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("D", [64, 128, 256, 80, 96])  # and head dims that are not powers of two
 def test_gqa_ratios_and_head_dims(causal: bool, G: int, D: int) -> None:
     step = make_step(MIXED, Hkv=2 if G <= 2 else 1, G=G, D=D, dtype=torch.float16, seed=G * D)
     check(run_triton(step, causal=causal, window=None), oracle(step, causal=causal, window=None), step)
@@ -214,10 +214,11 @@ def test_many_sequences_of_mixed_lengths(seed: int, num_splits: int | None) -> N
 
 @needs_triton
 @pytest.mark.parametrize("num_splits", [1, 2, 4, 7, 16])
-def test_split_k_widths(num_splits: int) -> None:
+@pytest.mark.parametrize("D", [64, 80])
+def test_split_k_widths(num_splits: int, D: int) -> None:
     # 16 splits over ~40 keys leaves most splits empty: they must merge as nothing.
     step = make_step(scaled([(1, 40), (2, 23), (1, 3)], [(1, 4000), (2, 2300), (1, 3)]),
-                     Hkv=2, G=2, D=64, dtype=torch.float32, seed=num_splits)
+                     Hkv=2, G=2, D=D, dtype=torch.float32, seed=num_splits)
     check(run_triton(step, causal=True, window=None, num_splits=num_splits), oracle(step, causal=True, window=None), step)
 
 
