@@ -37,9 +37,9 @@ def use_pdl(t: torch.Tensor) -> bool:
 
 
 def launch_options(t: torch.Tensor) -> dict:
-    """Keyword arguments for a kernel launch: the kernel's `PDL` constexpr and, on CUDA, `launch_pdl`."""
-    on = use_pdl(t)
-    return {"PDL": on, "launch_pdl": on} if t.is_cuda else {"PDL": False}
+    """Keyword arguments for a kernel launch: the kernel's `PDL` constexpr, and `launch_pdl` only when on
+    (a Triton too old for PDL knows no such option)."""
+    return {"PDL": True, "launch_pdl": True} if use_pdl(t) else {"PDL": False}
 
 
 @triton.jit
