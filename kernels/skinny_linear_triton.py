@@ -12,6 +12,8 @@ cuBLAS 3.9-6.4). With `act` the weight is a fused [gate | up] and the epilogue w
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -105,9 +107,10 @@ def skinny_linear_triton(
         return y
     # narrow outputs: more programs in flight (a gated program reads two 16-row slices)
     bn = block_n or (16 if interpret or act or N <= 2048 else 32)
-    # H200 sweep in a PDL chain (bench/linear_bench.py --sweep): 4 stages; 256-wide K steps for long 16-bit
-    # rows (4 stages of fp32 tiles that wide would need 240 KB of shared memory, over the H200's 227 KB)
-    bk = block_k or (32 if interpret else (256 if K >= 2048 and x.element_size() <= 2 else 128))
+    if interpret:
+        bk, stages = block_k or 32, num_stages or 1
+    else:
+        bk, stages = _pipeline(x.device, bn, K, x.element_size(), bool(act), block_k, num_stages)
     warps = num_warps or 4
     launch = launch_options(x)
     row_bytes = K * weight.element_size()
@@ -118,6 +121,30 @@ def skinny_linear_triton(
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk,
         DOT_FP32=interpret and x.dtype == torch.bfloat16, IEEE=x.dtype == torch.float32,
         PREFETCH=prefetch, LANES=32 * warps, ACT=ACTS[act] if act else 0,
-        num_warps=warps, num_stages=num_stages or 4, **launch,
+        num_warps=warps, num_stages=stages, **launch,
     )
     return y
+
+
+SMEM_SLACK = 8 << 10  # bytes Triton may need beyond the pipelined tiles (barriers, layout changes)
+
+
+def _pipeline(device: torch.device, bn: int, K: int, elem: int, gated: bool, block_k: int | None,
+              num_stages: int | None) -> tuple[int, int]:
+    """(BLOCK_K, stages): the H200 sweep's choice in a PDL chain (bench/linear_bench.py --sweep: 4 stages,
+    256-wide K steps for long rows), cut down until the pipelined tiles fit the GPU's shared memory
+    (227 KB on Hopper data-centre parts, about 99 KB on consumer ones)."""
+    limit = _smem_per_block(device.index if device.index is not None else torch.cuda.current_device())
+    widths = [block_k] if block_k else [256 if K >= 2048 else 128, 128, 64, 32]
+    for stages in [num_stages] if num_stages else [4, 3, 2]:
+        for bk in widths:
+            tile = (ROWS + bn * (2 if gated else 1)) * bk * elem
+            if stages * tile + SMEM_SLACK <= limit:
+                return bk, stages
+    return widths[-1], num_stages or 2
+
+
+@functools.lru_cache(maxsize=8)
+def _smem_per_block(device_index: int) -> int:
+    props = torch.cuda.get_device_properties(device_index)
+    return int(getattr(props, "shared_memory_per_block_optin", 0) or props.shared_memory_per_block)

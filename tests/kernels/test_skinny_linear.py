@@ -75,3 +75,19 @@ def test_gated_epilogue_matches_gemm_then_act_mul(dtype, act, m):
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-4
     assert got.shape == (m, n // 2) and got.dtype == dtype
     assert (got.float() - ref.float()).abs().max() <= tol * ref.float().abs().max()
+
+
+@pytest.mark.parametrize("limit,elem,gated,expect", [
+    (232448, 2, False, (256, 4)),  # H200, bf16: the swept setting
+    (232448, 4, False, (128, 4)),  # fp32 tiles that wide would not fit: narrower K steps
+    (101376, 2, False, (128, 4)),  # a consumer GPU's ~99 KB
+    (101376, 2, True, (64, 4)),    # gate and up tiles side by side
+    (49152, 4, True, (32, 3)),     # then fewer stages
+])
+def test_pipeline_fits_shared_memory(monkeypatch, limit, elem, gated, expect):
+    """The K step and stage count shrink until the pipelined tiles fit the GPU's shared memory."""
+    skinny = pytest.importorskip("kernels.skinny_linear_triton")
+    monkeypatch.setattr(skinny, "_smem_per_block", lambda index: limit)
+    bk, stages = skinny._pipeline(torch.device("cuda", 0), 16, 2048, elem, gated, None, None)
+    assert (bk, stages) == expect
+    assert stages * (skinny.ROWS + 16 * (2 if gated else 1)) * bk * elem + skinny.SMEM_SLACK <= limit
