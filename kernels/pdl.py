@@ -32,14 +32,10 @@ def pdl_supported(device: torch.device) -> bool:
     return _supported(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def use_pdl(t: torch.Tensor) -> bool:
-    return pdl_supported(t.device)
-
-
 def launch_options(t: torch.Tensor) -> dict:
     """Keyword arguments for a kernel launch: the kernel's `PDL` constexpr, and `launch_pdl` only when on
     (a Triton too old for PDL knows no such option)."""
-    return {"PDL": True, "launch_pdl": True} if use_pdl(t) else {"PDL": False}
+    return {"PDL": True, "launch_pdl": True} if pdl_supported(t.device) else {"PDL": False}
 
 
 @triton.jit
