@@ -55,7 +55,7 @@ def _model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
-    p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step (a few %% faster; 15-60 s once per batch size)")
+    p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)

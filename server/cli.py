@@ -24,7 +24,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when there is a GPU")
     s.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     s.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
-    s.add_argument("--compile", action="store_true", help="CUDA: compile the decode step (a few %% faster; 15-60 s once per batch size)")
+    s.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
     s.set_defaults(func=serve)
     return s
 
