@@ -1,6 +1,7 @@
 """Light and dark themes: a Fusion palette, a style sheet from resources/, and SVG icons tinted to match."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt
@@ -8,8 +9,24 @@ from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QP
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 THEMES = ("system", "light", "dark")
+
+
+def resource_dirs() -> list[Path]:
+    """Where resources/ may be: beside the package (a checkout, an editable install, the PyInstaller
+    bundle), or under the environment's share/ (a wheel install, which takes it as data files)."""
+    return [Path(__file__).resolve().parent.parent / "resources", Path(sys.prefix) / "share" / "parley" / "resources"]
+
+
+def find_resources() -> Path:
+    for folder in resource_dirs():
+        if (folder / "light.qss").is_file():
+            return folder
+    raise FileNotFoundError(f"Parley's resources (style sheets, icons) are missing; looked in "
+                            f"{', '.join(map(str, resource_dirs()))}. Reinstall Parley.")
+
+
+RESOURCES = find_resources()
 
 _COLORS = {
     False: {"window": "#f7f7f9", "base": "#ffffff", "alt": "#f0f1f4", "text": "#1f2328", "button": "#eceef2",
