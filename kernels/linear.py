@@ -14,6 +14,10 @@ from kernels.attention import IMPLS
 MAX_ROWS = 64
 
 
+def _unit_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()  # the kernel reads rows along a contiguous K
+
+
 def linear_reference(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
@@ -40,12 +44,12 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, act: str, *, impl: str = "
         return act_mul(linear_reference(x, weight), act, impl="reference")
     from kernels.skinny_linear_triton import skinny_linear_triton
 
-    return skinny_linear_triton(x if x.stride(-1) == 1 else x.contiguous(), weight, act=act)
+    return skinny_linear_triton(_unit_stride(x), weight, act=act)
 
 
 @torch.library.custom_op("parley::skinny_linear", mutates_args=())
 def _skinny_linear_op(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return linear(x if x.stride(-1) == 1 else x.contiguous(), weight, impl="triton")
+    return linear(_unit_stride(x), weight, impl="triton")
 
 
 @_skinny_linear_op.register_fake

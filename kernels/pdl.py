@@ -1,6 +1,6 @@
 """Programmatic dependent launch (Hopper and newer): a kernel may start while the one before it finishes.
 
-A decode step is a chain of ~200 small kernels, and each one's launch used to wait for the previous
+A decode step is a chain of ~170 small kernels, and each one's launch used to wait for the previous
 one to drain. Launched with PDL, a kernel's programs get resident early and block in `wait` (at the top
 of every kernel here, before its first load of anything an earlier kernel writes, and before any store)
 until the previous kernel has finished and its writes are visible; then each one lets the next kernel
