@@ -83,7 +83,7 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
                  attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False,
-                 fused_kernels: bool = False):
+                 fused_kernels: bool = False, decode_splits: int | None = None):
     from engine.batcher import Batcher
     from engine.cache import CacheConfig, make_cache
     from engine.runner import ModelRunner
@@ -97,7 +97,7 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     cache.attention_impl = attention_impl
     sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
     runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode,
-                         decode_gemm=decode_gemm, fused_kernels=fused_kernels)
+                         decode_gemm=decode_gemm, fused_kernels=fused_kernels, decode_splits=decode_splits)
     return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
 
 
@@ -129,7 +129,7 @@ def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
     graphs = batcher.runner.graphs
     if graphs is None or not graphs.graphs:
         return None
-    graph, _ = graphs.graphs[max(graphs.graphs)]
+    graph = graphs.graphs[max(graphs.graphs)][0]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -154,9 +154,8 @@ def profile_during(batcher, label: str, at_replay: int = 20) -> None:
         logits = replay(batch)
         if g.replays == target:
             b = next(x for x in g.buckets if x >= len(batch.segments))
-            args = (g.tokens[:b], g.positions[:b], g.cache, g.rows[:b])
             with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-                g.forward(*args)
+                g.forward_step(b)
                 torch.cuda.synchronize()
             events = prof.key_averages()
             table = events.table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=60)
@@ -174,7 +173,7 @@ def profile_replay(batcher, label: str, replays: int = 5) -> None:
     graphs = batcher.runner.graphs
     if graphs is None or not graphs.graphs:
         return
-    graph, _ = graphs.graphs[max(graphs.graphs)]
+    graph = graphs.graphs[max(graphs.graphs)][0]
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):
             graph.replay()
@@ -182,6 +181,52 @@ def profile_replay(batcher, label: str, replays: int = 5) -> None:
     events = prof.key_averages()
     table = events.table(sort_by="cuda_time_total", row_limit=16, max_name_column_width=60)
     print(f"== replay profile {label}: {sum(e.count for e in events) // replays} kernels per step\n{table}",
+          flush=True)
+
+
+def timeline(batcher, prompt_ids: list[list[int]], label: str, skip: int = 40, steps: int = 4) -> None:
+    """Every GPU operation of `steps` mid-decode engine steps in launch order, graph kernels and the
+    copies and kernels around the graph alike: name, start offset and duration in µs, and the idle gap
+    before each (where a step's time goes that the kernel table does not show)."""
+    import os
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=skip + steps + 8)))
+            for i, p in enumerate(prompt_ids)]
+    for s in seqs:
+        batcher.add(s)
+    for _ in range(skip):
+        batcher.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            batcher.step()
+        torch.cuda.synchronize()
+    while batcher.has_work():
+        batcher.step()
+    path = os.path.join(tempfile.mkdtemp(), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        trace = json.load(f)
+    ops = sorted((e for e in trace["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")),
+                 key=lambda e: e["ts"])
+    if not ops:
+        return
+    t0, end = ops[0]["ts"], ops[0]["ts"]
+    lines, busy = [], 0.0
+    for e in ops:
+        gap = e["ts"] - end
+        busy += e["dur"]
+        lines.append(f"{e['ts'] - t0:9.1f} {e['dur']:7.2f} {gap:7.2f}  {e['name'][:90]}")
+        end = max(end, e["ts"] + e["dur"])
+    span = end - t0
+    print(f"== timeline {label}: {len(ops)} GPU ops in {steps} steps, {span / steps:.1f} us/step, "
+          f"sum of op durations {busy / steps:.1f} us/step\n   start     dur     gap  name\n" + "\n".join(lines),
           flush=True)
 
 
@@ -258,6 +303,9 @@ def main() -> None:
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
     ap.add_argument("--profile", action="store_true", help="kernel table of one decode forward per run")
     ap.add_argument("--profile-replay", action="store_true", help="kernel table of graph replays per run")
+    ap.add_argument("--split-k", type=int, default=None,
+                    help="K slices of the o/down decode GEMMs (1 = whole; default: kernels.linear.decode_splits)")
+    ap.add_argument("--timeline", action="store_true", help="every GPU op of a few engine steps, in order")
     ap.add_argument("--host-profile", action="store_true", help="cProfile of an extra run per case (after timing)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
@@ -304,7 +352,7 @@ def main() -> None:
             flags = set(impl.split("-")[1:])
             b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs="eager" not in flags,
                              compile_decode="compiled" in flags, lookahead="sync" not in flags,
-                             decode_gemm="tgemm" in flags, fused_kernels="fused" in flags)
+                             decode_gemm="tgemm" in flags, fused_kernels="fused" in flags, decode_splits=opts.split_k)
             t0 = time.perf_counter()
             _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
             warm_s = time.perf_counter() - t0
@@ -316,6 +364,8 @@ def main() -> None:
                 profile_during(b, f"{impl} x{n}")
             if opts.profile_replay:
                 profile_replay(b, f"{impl} x{n}")
+            if opts.timeline:
+                timeline(b, prompts(args, n, seed=4), f"{impl} x{n}")
             if opts.profile or opts.host_profile:
                 host_profile(lambda: run_parley(b, prompts(args, n, seed=3)), f"{impl} x{n}")
 

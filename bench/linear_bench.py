@@ -3,9 +3,10 @@
 Gemma-3-270M's decode GEMMs (fused qkv, fused gate/up, o, down) at 1, 8 and 64 rows, bf16. Each case
 replays a graph of 18 calls over 18 different weight copies (one per layer, as in a step, so L2 holds
 none of them). Prints JSON lines: shape, rows, microseconds per call for each, and the ratio; with
---sweep also the best Triton block/warp/stage setting per case.
+--sweep also the best Triton block/warp/stage setting per case; with --splits the split-K variant's
+time per slice count (partials out; the consumer's summing is not in it).
 
-    python bench/linear_bench.py [--sweep] [--out FILE]
+    python bench/linear_bench.py [--sweep] [--splits 2 4 8] [--shapes o down] [--out FILE]
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ SHAPES = {"qkv": (1536, 640), "gate_up": (4096, 640), "o": (640, 1024), "down": 
 LAYERS = 18
 
 
-def case(name: str, m: int, sweep: bool) -> dict:
+def case(name: str, m: int, sweep: bool, splits: list[int]) -> dict:
     n, k = SHAPES[name]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(LAYERS)]
@@ -37,6 +38,9 @@ def case(name: str, m: int, sweep: bool) -> dict:
     rec = {"gemm": name, "n": n, "k": k, "rows": m, "cublas_us": round(cublas, 2), "triton_us": round(triton_us, 2),
            "speedup": round(cublas / triton_us, 2), "max_abs_diff": err,
            "floor_us": round(n * k * 2 / 4.2e12 * 1e6, 2)}
+    if splits:
+        rec["split_k_us"] = {s: round(time_graph([lambda w=w: skinny_linear_triton(x, w, splits=s) for w in ws]) * 1e3, 2)
+                             for s in splits}
     if sweep:
         best = None
         for bn in (16, 32):
@@ -60,12 +64,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--splits", type=int, nargs="*", default=[],
+                    help="also time split-K partial output with these slice counts (o and down)")
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     lines = []
-    for name in SHAPES:
+    for name in args.shapes:
         for m in args.rows:
-            rec = case(name, m, args.sweep)
+            rec = case(name, m, args.sweep, args.splits)
             print(json.dumps(rec), flush=True)
             lines.append(rec)
     if args.out:

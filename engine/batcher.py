@@ -156,11 +156,11 @@ class Batcher:
         Returns the sampled ids on the device and, with `snapshot`, each drawing sampler's state before.
         """
         try:
-            logits = self.runner.run(batch)
+            logits, greedy = self.runner.run(batch)
             seqs = batch.samplers
             rng = {s.seq_id: s.sampler.generator.get_state() for s in seqs if not s.sampler.params.greedy} \
                 if snapshot else None
-            ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs])
+            ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy)
         except BaseException:
             if self.cache.book.pending is not None:
                 self.cache.abort_step()

@@ -4,6 +4,7 @@ A graph is captured for (batch bucket, kv-length bucket, storage version). Its i
 buffers: tokens and positions here, the segment table and write slots in the cache's step buffer (whose
 addresses do not move), so one graph serves any mix of sequence lengths. Padding rows write the scratch
 column and padding segments are empty. A cache reallocation bumps the storage version: stale graphs go.
+The graph ends with the rows' argmax (the greedy ids), so a greedy step needs no launch after it.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import torch
 from engine.cache.sequence_layout import SequenceKVCache
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
+from kernels.argmax import argmax_rows
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 log = logging.getLogger(__name__)
@@ -32,8 +34,9 @@ class DecodeGraphs:
         self._staging = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
         self._sent = torch.cuda.Event()
         self.tokens, self.positions = self._inputs[0], self._inputs[1]
-        self.rows = torch.arange(n, device=dev)  # a decode step samples every row, in order
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self._argmax_impl, self._argmax_scratch = _argmax_kernel(n, dev)
+        # (batch bucket, kv bucket) -> (graph, its logits, its greedy ids)
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._version = cache.storage_version
         self._pool = None
         self.captures = self.replays = 0
@@ -48,8 +51,8 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        """Logits (R, V) fp32 of a decode-only step; a view of the graph's output buffer."""
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (R, V) fp32 of a decode-only step and their argmax (R,): views of the graph's outputs."""
         n = len(batch.segments)
         b = next(x for x in self.buckets if x >= n)
         self.cache.prepare_step(num_tokens=b, num_segments=b)
@@ -66,28 +69,43 @@ class DecodeGraphs:
         key = (b, self.cache.plan.max_kv_len)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)
-        graph, logits = self.graphs[key]
+        graph, logits, ids = self.graphs[key]
         graph.replay()
         self.replays += 1
-        return logits[:n]
+        return logits[:n], ids[:n]
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        args = (self.tokens[:b], self.positions[:b], self.cache, self.rows[:b])
+    def forward_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """What a graph of bucket `b` runs: the forward over the static inputs, every row's logits, and argmax."""
+        logits = self.forward(self.tokens[:b], self.positions[:b], self.cache, None)
+        return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl)
+
+    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         # Warm up on a side stream (Triton/inductor compile here, not during capture); it runs this
         # very step, so what it writes into the cache is what the replay writes again.
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.forward(*args)
+            self.forward_step(b)
         torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            logits = self.forward(*args)
+            logits, ids = self.forward_step(b)
         self.captures += 1
         log.debug("captured decode graph: batch %d, kv bucket %d", b, self.cache.plan.max_kv_len)
-        return graph, logits
+        return graph, logits, ids
+
+
+def _argmax_kernel(rows: int, device: torch.device) -> tuple[str, object]:
+    """The Triton argmax and its scratch where Triton runs, else torch's argmax."""
+    from kernels import triton_available
+
+    if not triton_available():
+        return "reference", None
+    from kernels.argmax_triton import ArgmaxScratch
+
+    return "triton", ArgmaxScratch(rows, device)
 
 
 def _compiled(model: CausalLM):

@@ -12,7 +12,8 @@ class ModelRunner:
     """Eager forwards; on CUDA with the `sequence` layout, decode-only steps replay CUDA graphs."""
 
     def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int, graphs: bool | None = None,
-                 compile_decode: bool = False, decode_gemm: bool | None = None, fused_kernels: bool = True):
+                 compile_decode: bool = False, decode_gemm: bool | None = None, fused_kernels: bool = True,
+                 decode_splits: int | None = None):
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
@@ -20,7 +21,7 @@ class ModelRunner:
             model.fuse_projections()  # decode on a GPU is launch-bound: one GEMM for q/k/v, one for gate/up
             if decode_gemm is None:  # with PDL the Triton GEMMs chain with the kernels around them (H200: 1.28x at 1)
                 decode_gemm = fused_kernels and not compile_decode and _pdl(cache.device)
-            model.use_decode_kernels(decode_gemm)
+            model.use_decode_kernels(decode_gemm, decode_splits)  # splits: None = per K (kernels.linear)
             # norms/rope/activations fused by hand (3.5x faster uncompiled steps on an H200); inductor fuses its own
             model.use_fused_kernels(fused_kernels and not compile_decode)
         if graphs is None:
@@ -36,11 +37,13 @@ class ModelRunner:
         return self.graphs is None or num_seqs <= self.graphs.buckets[-1]
 
     @torch.inference_mode()
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        """Logits (R, V) in fp32 for the batch's sampled rows only."""
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (R, V) in fp32 for the batch's sampled rows only, and their argmax when the step
+        computed it already (replayed graphs), else None."""
         assert len(batch.logit_rows) <= self.max_sampled_rows, "the scheduler bounds sampled rows per step"
+        greedy = None
         if self.graphs is not None and self.graphs.accepts(batch):
-            logits = self.graphs.run(batch)
+            logits, greedy = self.graphs.run(batch)
         else:
             self.cache.prepare_step()
             dev = self.cache.device
@@ -49,7 +52,7 @@ class ModelRunner:
                 tokens = batch.device_tokens
             logits = self.model(tokens, positions, self.cache, rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
-        return logits
+        return logits, greedy
 
 
 def _pdl(device: torch.device) -> bool:

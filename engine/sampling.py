@@ -64,13 +64,18 @@ def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[lis
     return sample_ids(logits, states, histories).tolist()
 
 
-def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
-    """As `sample`, but the ids stay on the logits' device: nothing waits for the GPU here."""
-    logits = _apply_penalties(logits, states, histories)
-    greedy_ids = logits.argmax(dim=-1)
+def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
+               argmax: torch.Tensor | None = None) -> torch.Tensor:
+    """As `sample`, but the ids stay on the logits' device: nothing waits for the GPU here. `argmax`:
+    the logits' row argmax when the step computed it already (used unless penalties change the logits)."""
+    penalised_logits = _apply_penalties(logits, states, histories)
+    if argmax is None or penalised_logits is not logits:
+        argmax = penalised_logits.argmax(dim=-1)
+    logits = penalised_logits
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
-        return greedy_ids
+        return argmax
+    greedy_ids = argmax.clone()  # the graph's output buffer is not ours to write
     picked = [states[i] for i in drawing]
     rows = logits[drawing]
     temps = torch.tensor([s.params.temperature for s in picked], device=logits.device)

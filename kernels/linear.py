@@ -1,7 +1,8 @@
 """`linear(x, w)` for decode steps, with the same implementation switch as the attention ops.
 
 `impl="triton"` runs the skinny-M Triton GEMM (at most 64 rows; CUDA, or the CPU interpreter),
-`impl="reference"` is `F.linear`. `linear_act` is a gated MLP's first half in one GEMM launch.
+`impl="reference"` is `F.linear`. `linear_act` is a gated MLP's first half in one GEMM launch;
+`linear_partials` a long-K GEMM split over K whose partial sums the next kernel adds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ import torch.nn.functional as F
 from kernels.attention import IMPLS
 
 MAX_ROWS = 64
+SPLIT_K_SLICE = 256  # K per program of a split decode GEMM (H200 sweep, bench/linear_bench.py --splits)
+
+
+def decode_splits(k: int) -> int:
+    """How many K slices a decode GEMM with reduction length `k` is cut into when its consumer sums them."""
+    return max(1, k // SPLIT_K_SLICE)
 
 
 def _unit_stride(x: torch.Tensor) -> torch.Tensor:
@@ -45,6 +52,18 @@ def linear_act(x: torch.Tensor, weight: torch.Tensor, act: str, *, impl: str = "
     from kernels.skinny_linear_triton import skinny_linear_triton
 
     return skinny_linear_triton(_unit_stride(x), weight, act=act)
+
+
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int, *, impl: str = "triton") -> torch.Tensor:
+    """x @ weightᵀ as split-K fp32 partials (S, M, N), S <= `splits`, for a consumer that sums them
+    (add_norm); the reference is one fp32 product (S = 1)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and not x.is_cuda):
+        return F.linear(x.float(), weight.float())[None]
+    from kernels.skinny_linear_triton import skinny_linear_triton
+
+    return skinny_linear_triton(_unit_stride(x), weight, splits=splits)
 
 
 @torch.library.custom_op("parley::skinny_linear", mutates_args=())

@@ -29,7 +29,8 @@ def add_norm(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, gemma: bool, *,
     residual: torch.Tensor | None = None, pre_weight: torch.Tensor | None = None, impl: str = "triton",
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(residual + pre_norm(x), norm(that)); without a residual the sum is x (or pre_norm(x)) itself."""
+    """(residual + pre_norm(x), norm(that)); without a residual the sum is x (or pre_norm(x)) itself.
+    With a residual, `x` may be a split-K GEMM's fp32 partials (S, T, D): their sum is the delta."""
     if _check(impl):
         from kernels.norms_triton import add_norm_triton
 
@@ -37,9 +38,19 @@ def add_norm(
         if residual is None:
             total = x if pre_weight is None else None  # the kernel writes no sum without a residual
         return total, y
+    if x.dim() == 3 and residual is not None and residual.dim() == 2:
+        x = sum_partials(x, residual.dtype)
     v = rms_norm_reference(x, pre_weight, eps, gemma) if pre_weight is not None else x
     total = residual + v if residual is not None else v
     return total, (rms_norm_reference(total, weight, eps, gemma) if weight is not None else None)
+
+
+def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A split-K GEMM's (S, T, N) fp32 partials -> (T, N) in `dtype`, summed in split order."""
+    total = partials[0]
+    for part in partials[1:]:
+        total = total + part
+    return total.to(dtype)
 
 
 def norm_rope(

@@ -39,16 +39,21 @@ def _rms(x, w, n, eps, GEMMA: tl.constexpr, DT: tl.constexpr):
 @triton.jit
 def _add_norm(
     X, RES, W_PRE, W, Y, SUM,
-    stride_x, stride_r, stride_y, stride_s, D, eps,
+    stride_x, stride_xs, stride_r, stride_y, stride_s, D, eps,
     BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_PRE: tl.constexpr, HAS_RES: tl.constexpr, HAS_NORM: tl.constexpr,
-    PDL: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
+    # SPLITS > 0: X holds that many fp32 partial sums of a split-K GEMM, added here in order
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     ok = offs < D
-    dt = X.dtype.element_ty
+    dt = SUM.dtype.element_ty
     v = tl.load(X + row * stride_x + offs, mask=ok, other=0.0).to(tl.float32)
+    if SPLITS:
+        for s in tl.static_range(1, SPLITS):
+            v += tl.load(X + s * stride_xs + row * stride_x + offs, mask=ok, other=0.0)
+        v = v.to(dt).to(tl.float32)  # rounded where a whole GEMM's output is
     if HAS_PRE:
         v = _rms(v, tl.load(W_PRE + offs, mask=ok, other=0.0).to(tl.float32), D, eps, GEMMA, dt)
     if HAS_RES:
@@ -175,22 +180,25 @@ def add_norm_triton(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, gemma: bool,
     residual: torch.Tensor | None = None, pre_weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """(residual + pre(x) or x, norm of that): either part None when not asked for."""
+    """(residual + pre(x) or x, norm of that): either part None when not asked for. `x` may be split-K
+    partials (S, T, D) fp32 of `residual`'s (T, D); they are summed first."""
     D = x.shape[-1]
-    x2 = _rows(x)
-    n = x2.shape[0]
+    splits = x.shape[0] if x.dim() == 3 else 0
+    assert not splits or (residual is not None and x.stride(-1) == 1 and x.dtype == torch.float32), x.shape
+    x2 = x if splits else _rows(x)
     res = _rows(residual) if residual is not None else x2
-    total = torch.empty_like(x2) if residual is not None else x2
-    y = torch.empty_like(x2) if weight is not None else x2
+    n = res.shape[0]
+    total = torch.empty_like(res) if residual is not None else x2
+    y = torch.empty_like(res) if weight is not None else x2
     if n:
         _add_norm[(n,)](
             x2, res, pre_weight if pre_weight is not None else x2, weight if weight is not None else x2, y, total,
-            x2.stride(0), res.stride(0), y.stride(0), total.stride(0), D, eps,
+            x2.stride(-2), x2.stride(0) if splits else 0, res.stride(0), y.stride(0), total.stride(0), D, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_PRE=pre_weight is not None,
-            HAS_RES=residual is not None, HAS_NORM=weight is not None,
+            HAS_RES=residual is not None, HAS_NORM=weight is not None, SPLITS=splits,
             num_warps=4 if D <= 4096 else 8, **launch_options(x2),
         )
-    shape = x.shape
+    shape = residual.shape if residual is not None else x.shape
     return (total.view(shape) if residual is not None else None), (y.view(shape) if weight is not None else None)
 
 

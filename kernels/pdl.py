@@ -47,6 +47,15 @@ def wait_for_previous(PDL: tl.constexpr):
 
 
 @triton.jit
+def _bulk_prefetch(addresses, nbytes):
+    # one cp.async.bulk.prefetch.L2 per lane; lanes with nothing to fetch skip it
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [addresses, nbytes], dtype=tl.int32, is_pure=False, pack=1,
+    )
+
+
+@triton.jit
 def prefetch_l2(ptr, n_elements, LANES: tl.constexpr):
     """Asks L2 for [ptr, ptr + n_elements) before `wait_for_previous`: a GEMM's weights do not depend on
     the previous kernel, so they stream in while it runs. Each lane takes one 16-byte-aligned piece
@@ -56,7 +65,18 @@ def prefetch_l2(ptr, n_elements, LANES: tl.constexpr):
     piece = tl.cdiv(n_elements, LANES * align) * align
     start = tl.arange(0, LANES) * piece
     count = tl.minimum(piece, tl.maximum(n_elements - start, 0))
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.u32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr + start, (count * elem).to(tl.uint32)], dtype=tl.int32, is_pure=False, pack=1,
-    )
+    _bulk_prefetch(ptr + start, (count * elem).to(tl.uint32))
+
+
+@triton.jit
+def prefetch_l2_rows(ptr, row_stride, n_rows, row_elements, ROWS: tl.constexpr, LANES: tl.constexpr):
+    """`prefetch_l2` of `n_rows` (<= ROWS) rows of `row_elements` each, `row_stride` apart: a split-K
+    GEMM's slice of its weight rows. LANES / ROWS lanes per row (same alignment rules per row)."""
+    elem: tl.constexpr = ptr.dtype.element_ty.primitive_bitwidth // 8
+    align: tl.constexpr = 16 // elem
+    per_row: tl.constexpr = LANES // ROWS
+    piece = tl.cdiv(row_elements, per_row * align) * align
+    lane = tl.arange(0, LANES)
+    row, start = lane // per_row, (lane % per_row) * piece
+    count = tl.where(row < n_rows, tl.minimum(piece, tl.maximum(row_elements - start, 0)), 0)
+    _bulk_prefetch(ptr + row.to(tl.int64) * row_stride + start, (count * elem).to(tl.uint32))

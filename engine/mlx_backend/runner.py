@@ -16,7 +16,8 @@ class MLXRunner:
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0
 
-    def run(self, batch: StepBatch) -> torch.Tensor:
+    def run(self, batch: StepBatch) -> tuple[torch.Tensor, None]:
+        """As ModelRunner.run: the sampled rows' fp32 logits (the sampler takes their argmax)."""
         assert len(batch.logit_rows) <= self.max_sampled_rows, "the scheduler bounds sampled rows per step"
         self.cache.prepare_step()
         tokens = mx.array(batch.tokens.numpy().astype(np.int32))
@@ -25,4 +26,4 @@ class MLXRunner:
         logits = self.model(tokens, positions, self.cache, rows)
         mx.eval(logits, *self.cache.arrays())  # the cache writes are part of this step's graph
         self.peak_logit_elements = max(self.peak_logit_elements, logits.size)
-        return torch.from_numpy(np.array(logits, copy=True))
+        return torch.from_numpy(np.array(logits, copy=True)), None

@@ -26,15 +26,21 @@ class AttentionCache(Protocol):
 class Linear(nn.Linear):
     """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round.
 
-    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/.
+    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/;
+    with `split_k` > 1 as well, they return split-K fp32 partials (S, T, N) instead, for `add_and_norm`
+    to sum (set only where the output goes straight there: o_proj, down_proj).
     """
 
     decode_kernel = False
+    split_k = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dim() != 2:
             if self.decode_kernel and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
-                from kernels.linear import decode_linear
+                from kernels.linear import decode_linear, linear_partials
+
+                if self.split_k > 1 and self.bias is None and not torch.compiler.is_compiling():
+                    return linear_partials(x, self.weight, self.split_k)
 
                 y = decode_linear(x, self.weight)
                 return y if self.bias is None else y + self.bias
@@ -104,15 +110,18 @@ class RopeInputs:
 def add_and_norm(
     h: torch.Tensor, delta: torch.Tensor, norm: RMSNorm | None, pre: RMSNorm | None = None
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """h + pre(delta) (or + delta), and norm of that sum (None without `norm`): a block's residual step."""
+    """h + pre(delta) (or + delta), and norm of that sum (None without `norm`): a block's residual step.
+    `delta` may be split-K partials (S, T, D) fp32 from a decode GEMM: summed first (in the kernel when fused)."""
     first = pre or norm
-    if first is None:
-        return h + delta, None
-    if _fused(first, h):
+    if first is not None and _fused(first, h):
         from kernels.norms import add_norm
 
         return add_norm(delta, norm.weight if norm else None, first.eps, first.gemma, residual=h,
                         pre_weight=pre.weight if pre else None)
+    if delta.dim() == h.dim() + 1:
+        from kernels.norms import sum_partials
+
+        delta = sum_partials(delta, h.dtype)
     h = h + (pre(delta) if pre is not None else delta)
     return h, (norm(h) if norm is not None else None)
 
@@ -279,35 +288,47 @@ class CausalLM(nn.Module):
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.fused = on
 
-    def use_decode_kernels(self, on: bool = True) -> None:
-        """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS."""
+    def use_decode_kernels(self, on: bool = True, split_k: int | None = None) -> None:
+        """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS. The
+        GEMMs whose output goes into a residual add (o_proj, down_proj) split K in `split_k` slices
+        (default: kernels.linear.decode_splits of their K; 1 = whole) and leave the sum to that add."""
+        from kernels.linear import decode_splits
+
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.decode_kernel = on
+            for name in ("o_proj", "down_proj"):
+                if isinstance(module, (Attention, GatedMLP)) and isinstance(lin := getattr(module, name, None), Linear):
+                    lin.split_k = (split_k or decode_splits(lin.in_features)) if on else 0
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
     def forward(
-        self, tokens: torch.Tensor, positions: torch.Tensor, cache: AttentionCache, logit_rows: torch.Tensor
+        self, tokens: torch.Tensor, positions: torch.Tensor, cache: AttentionCache, logit_rows: torch.Tensor | None
     ) -> torch.Tensor:
-        """tokens/positions (T,), logit_rows (R,) -> fp32 logits (R, V) for the selected rows only."""
+        """tokens/positions (T,), logit_rows (R,) -> fp32 logits (R, V) for the selected rows only
+        (logit_rows None: every row, in order)."""
         h = self.model.embed_tokens(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
         ropes = {kind: RopeInputs(rot, positions, h.dtype) for kind, rot in self.rotary.items()}
         layers, x = self.model.layers, None
         for i, layer in enumerate(layers):
-            # each block ends with the next one's input norm: fused, the residual add and that norm are one launch
-            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else None
+            # each block ends with the next one's input norm (the last: the final norm), a row-wise op:
+            # fused, the residual add and that norm are one launch
+            next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             h, x = layer(h, ropes[layer.kind], cache, x, next_norm)
-        h = self.model.norm(h.index_select(0, logit_rows))
-        logits = _head(h, self.head_weight()).float()
+        if logit_rows is not None:
+            x = x.index_select(0, logit_rows)
+        logits = _head(x, self.head_weight()).float()
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
+        return torch.mm(h, weight.t(), out_dtype=torch.float32)  # fp32 logits straight from the GEMM: no cast launch
     if h.device.type != "cpu":
         return F.linear(h, weight)
     if h.shape[0] == 1:  # MKL's gemv is half as fast as its two-row gemm on this layout

@@ -35,10 +35,10 @@ def generate(batcher, prompt_ids, arrivals, new):
     run = batcher.runner.run
 
     def recording(batch):
-        logits = run(batch)
+        logits, argmax = run(batch)
         for i, seq in enumerate(batch.samplers):
             seen[seq.seq_id].append(logits[i].float().clone())
-        return logits
+        return logits, argmax
 
     batcher.runner.run = recording
     seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=new))) for i, p in enumerate(prompt_ids)]

@@ -40,7 +40,7 @@ def _logits(lm, ids: list[int], backend: str) -> torch.Tensor:
         batch = StepBatch(torch.tensor(ids[start : start + n]), torch.arange(start, start + n), segs, torch.arange(n),
                           [], [])
         b.runner.max_sampled_rows = n
-        out.append(b.runner.run(batch))
+        out.append(b.runner.run(batch)[0])
         b.cache.commit_step()
     return torch.cat(out)
 

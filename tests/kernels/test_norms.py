@@ -44,6 +44,26 @@ def test_add_norm(dtype, gemma, parts, D):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("pre", [True, False])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_add_norm_sums_split_k_partials(dtype, gemma, pre, splits):
+    """A split-K GEMM's fp32 partials in place of its output: summed in order, rounded, then as before."""
+    D = 80
+    parts, h = _randn(splits, 5, D, dtype=torch.float32, seed=4), _randn(5, D, dtype=dtype, seed=5)
+    w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=6)).to(dtype if not gemma else torch.float32)
+    kw = dict(residual=h, pre_weight=w.flip(0) if pre else None)
+    got = add_norm(parts, w, 1e-6, gemma, impl="triton", **kw)
+    ref = add_norm(parts, w, 1e-6, gemma, impl="reference", **kw)
+    whole = add_norm(parts.sum(0).to(dtype), w, 1e-6, gemma, impl="reference", **kw)
+    for g, r, r2 in zip(got, ref, whole):
+        assert g.shape == (5, D) and g.dtype == dtype
+        _close(g, r, dtype)
+        _close(g, r2, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("norm", [None, "gemma", "plain"])
 @pytest.mark.parametrize("D", [32, 80])
 def test_norm_rope_on_strided_heads(dtype, norm, D):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from kernels import triton_available
-from kernels.linear import linear, linear_act, linear_reference
+from kernels.linear import linear, linear_act, linear_partials, linear_reference
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -37,6 +37,23 @@ def test_matches_reference(dtype, n, k, m):
     assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
 
 
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16] if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("splits", [2, 3, 4])
+@pytest.mark.parametrize("m", [1, 5, MAX_M])
+def test_split_k_partials_sum_to_the_product(dtype, n, k, splits, m):
+    """Split over K: at most `splits` fp32 partials, each a whole number of K steps, summing to x @ wᵀ."""
+    x, w = _data(m, n, k, dtype)
+    parts = linear_partials(x, w, splits, impl="triton")
+    ref = linear_reference(x.double(), w.double())
+    assert parts.dtype == torch.float32 and parts.shape[1:] == (m, n) and 1 <= parts.shape[0] <= splits
+    if k >= 64 * splits:
+        assert parts.shape[0] > 1
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (parts.double().sum(0) - ref).abs().max() <= tol * ref.abs().max()
+
+
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter's tl.dot is numpy BLAS, whose order changes with the shape")
 @pytest.mark.parametrize("n,k", SHAPES[:2])
 @pytest.mark.parametrize("act", [None, "gelu_tanh"])
@@ -49,6 +66,8 @@ def test_row_result_independent_of_row_count(n, k, act):
 
     full = run(x)
     for m in (1, 8, MAX_M // 2):
+        if act is None:  # split-K partials too
+            assert torch.equal(linear_partials(x[:m], w, 4), linear_partials(x, w, 4)[:, :m])
         assert torch.equal(run(x[:m]), full[:m])
         assert torch.equal(run(x[m - 1 : m])[0], full[m - 1])
 

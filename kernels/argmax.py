@@ -1,0 +1,20 @@
+"""`argmax_rows(logits)` — greedy ids of a step — with the same implementation switch as the other ops:
+`impl="triton"` is the one-launch kernel of kernels/argmax_triton.py, `impl="reference"` torch.argmax."""
+
+from __future__ import annotations
+
+import torch
+
+from kernels.attention import IMPLS
+
+
+def argmax_rows(logits: torch.Tensor, scratch=None, *, impl: str = "triton") -> torch.Tensor:
+    """logits (R, V) -> (R,) int64, the first index of each row's maximum. `scratch`: a reusable
+    kernels.argmax_triton.ArgmaxScratch of at least R rows (made per call when None)."""
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference" or (impl == "auto" and not logits.is_cuda):
+        return logits.argmax(dim=-1)
+    from kernels.argmax_triton import ArgmaxScratch, argmax_rows_triton
+
+    return argmax_rows_triton(logits, scratch or ArgmaxScratch(logits.shape[0], logits.device))
