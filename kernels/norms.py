@@ -45,6 +45,24 @@ def add_norm(
     return total, (rms_norm_reference(total, weight, eps, gemma) if weight is not None else None)
 
 
+def embed_norm(
+    tokens: torch.Tensor, table: torch.Tensor, scale: float | None, weight: torch.Tensor, eps: float, gemma: bool, *,
+    impl: str = "triton",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h, norm(h)) for h = table[tokens], times `scale` (rounded to the table's dtype first, as a tensor
+    of that dtype would be) when given: a step's embeddings and the first block's input norm, one launch."""
+    if scale is not None:
+        scale = float(torch.tensor(scale, dtype=table.dtype))
+    if _check(impl):
+        from kernels.norms_triton import embed_norm_triton
+
+        return embed_norm_triton(tokens, table, scale, weight, eps, gemma)
+    h = F.embedding(tokens, table)
+    if scale is not None:
+        h = h * torch.tensor(scale, dtype=h.dtype, device=h.device)
+    return h, rms_norm_reference(h, weight, eps, gemma)
+
+
 def sum_partials(partials: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A split-K GEMM's (S, T, N) fp32 partials -> (T, N) in `dtype`, summed in split order."""
     total = partials[0]
@@ -83,16 +101,20 @@ def act_mul(x: torch.Tensor, act: str, *, impl: str = "triton") -> torch.Tensor:
 def qkv_rope_write(
     qkv: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
     eps: float, gemma: bool, positions: torch.Tensor, inv_freq: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, impl: str = "triton",
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, *, dtype: torch.dtype | None = None,
+    impl: str = "triton",
 ) -> torch.Tensor:
     """A fused QKV row's attention prologue in one launch: q and k normed per head and rotated at
     `positions` by `inv_freq` (the rotary tables made in the kernel), k and v written into the caches at
-    `slots`; returns q (T, H, D). Norm weights both given or both None."""
+    `slots`; returns q (T, H, D). Norm weights both given or both None. `qkv` may be a split-K GEMM's fp32
+    partials (S, T, W), summed first; `dtype` is then the model's (default: qkv's)."""
     if _check(impl):
         from kernels.norms_triton import qkv_rope_write_triton
 
         return qkv_rope_write_triton(qkv, heads, kv_heads, q_weight, k_weight, eps, gemma, positions, inv_freq,
-                                     k_cache, v_cache, slots)
+                                     k_cache, v_cache, slots, dtype)
+    if qkv.dim() == 3:
+        qkv = sum_partials(qkv, dtype or qkv.dtype)
     cos, sin = rope_tables(positions, inv_freq, qkv.dtype)
     t, d = qkv.shape[0], k_cache.shape[-1]
     q, k, v = qkv.view(t, heads + 2 * kv_heads, d).split([heads, kv_heads, kv_heads], dim=1)

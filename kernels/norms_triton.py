@@ -9,6 +9,7 @@ arithmetic in fp32 (rounding where the PyTorch modules round):
 - `norm_rope`: per-head RMSNorm (q/k norms) then the half-split rotary embedding, one (token, head) per
   program; reads strided q/k views of a fused QKV output.
 - `act_mul`: act(gate) * up over a fused gate/up output.
+- `embed_norm`: a step's embedding rows (scaled, for Gemma) and the first block's input norm of them.
 """
 
 from __future__ import annotations
@@ -66,12 +67,46 @@ def _add_norm(
 
 
 @triton.jit
+def _load_row(src, offs, ok, stride_split, SPLITS: tl.constexpr, DT: tl.constexpr):
+    # fp32 values at src + offs; SPLITS > 0: the sum of that many split-K partials, rounded to DT as the
+    # whole GEMM's output would be
+    x = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
+    if SPLITS:
+        for s in tl.static_range(1, SPLITS):
+            x += tl.load(src + s * stride_split + offs, mask=ok, other=0.0)
+        x = x.to(DT).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _embed_norm(
+    Tok, E, W, H, Y, stride_e, stride_h, stride_y, D, scale, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
+):
+    # one token per program: its embedding row (times the model's scale, rounded as a tensor product
+    # would be) and that row's RMSNorm, the first block's input
+    wait_for_previous(PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    ok = offs < D
+    dt = H.dtype.element_ty
+    tok = tl.load(Tok + row).to(tl.int64)
+    v = tl.load(E + tok * stride_e + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        v = (v * scale).to(dt).to(tl.float32)
+    tl.store(H + row * stride_h + offs, v.to(dt), mask=ok)
+    y = _rms(v, tl.load(W + offs, mask=ok, other=0.0).to(tl.float32), D, eps, GEMMA, dt)
+    tl.store(Y + row * stride_y + offs, y.to(dt), mask=ok)
+
+
+@triton.jit
 def _head_norm_rope(src, w1, w2, c1, c2, s1, s2, offs, ok, HALF, eps,
-                    DT: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr):
+                    DT: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr, stride_split,
+                    SPLITS: tl.constexpr):
     # one head's halves: RMS over the whole head, weight, then the half-split rotation (cos/sin fp32 of
     # each half), rounding where the modules round
-    x1 = tl.load(src + offs, mask=ok, other=0.0).to(tl.float32)
-    x2 = tl.load(src + HALF + offs, mask=ok, other=0.0).to(tl.float32)
+    x1 = _load_row(src, offs, ok, stride_split, SPLITS, DT)
+    x2 = _load_row(src + HALF, offs, ok, stride_split, SPLITS, DT)
     if HAS_NORM:
         inv = tl.math.rsqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
         x1 = _scale(x1, inv, w1, GEMMA, DT)
@@ -99,7 +134,7 @@ def _norm_rope(
     s1 = tl.load(SIN + t * stride_st + offs, mask=ok, other=0.0).to(tl.float32)
     s2 = tl.load(SIN + t * stride_st + HALF + offs, mask=ok, other=0.0).to(tl.float32)
     y1, y2 = _head_norm_rope(X + t * stride_xt + h * stride_xh, w1, w2, c1, c2, s1, s2, offs, ok, HALF, eps, dt,
-                             GEMMA, HAS_NORM)
+                             GEMMA, HAS_NORM, 0, 0)
     dst = Y + t * stride_yt + h * stride_yh
     tl.store(dst + offs, y1, mask=ok)
     tl.store(dst + HALF + offs, y2, mask=ok)
@@ -108,12 +143,13 @@ def _norm_rope(
 @triton.jit
 def _qkv_rope_write(
     QKV, QW, KW, Pos, InvFreq, QOut, KCache, VCache, Slots,
-    stride_t, stride_ot, stride_oh, stride_ks, stride_kh, stride_vs, stride_vh,
+    stride_t, stride_split, stride_ot, stride_oh, stride_ks, stride_kh, stride_vs, stride_vh,
     H, HKV, HALF, eps,
-    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_NORM: tl.constexpr, SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     # one (token, head) of q or k per program; a k program also copies its head of v into the cache. The
     # rotation's cos/sin come from the position and inverse frequencies here, rounded as the Rotary tables are.
+    # SPLITS > 0: QKV holds a split-K GEMM's fp32 partials, summed here.
     wait_for_previous(PDL)
     pid = tl.program_id(0)
     t = (pid // (H + HKV)).to(tl.int64)
@@ -130,7 +166,8 @@ def _qkv_rope_write(
     angle = tl.load(Pos + t).to(tl.float32) * tl.load(InvFreq + offs, mask=ok, other=0.0)
     c = tl.cos(angle).to(dt).to(tl.float32)
     sn = tl.sin(angle).to(dt).to(tl.float32)
-    y1, y2 = _head_norm_rope(src, w1, w2, c, c, sn, sn, offs, ok, HALF, eps, dt, GEMMA, HAS_NORM)
+    y1, y2 = _head_norm_rope(src, w1, w2, c, c, sn, sn, offs, ok, HALF, eps, dt, GEMMA, HAS_NORM, stride_split,
+                             SPLITS)
     if h < H:
         dst = QOut + t * stride_ot + h * stride_oh
         tl.store(dst + offs, y1, mask=ok)
@@ -143,8 +180,10 @@ def _qkv_rope_write(
         tl.store(kdst + HALF + offs, y2.to(KCache.dtype.element_ty), mask=ok)
         vsrc = src + HKV * (2 * HALF)
         vdst = VCache + slot * stride_vs + kh * stride_vh
-        tl.store(vdst + offs, tl.load(vsrc + offs, mask=ok).to(VCache.dtype.element_ty), mask=ok)
-        tl.store(vdst + HALF + offs, tl.load(vsrc + HALF + offs, mask=ok).to(VCache.dtype.element_ty), mask=ok)
+        v1 = _load_row(vsrc, offs, ok, stride_split, SPLITS, dt)
+        v2 = _load_row(vsrc + HALF, offs, ok, stride_split, SPLITS, dt)
+        tl.store(vdst + offs, v1.to(dt).to(VCache.dtype.element_ty), mask=ok)
+        tl.store(vdst + HALF + offs, v2.to(dt).to(VCache.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -202,6 +241,23 @@ def add_norm_triton(
     return (total.view(shape) if residual is not None else None), (y.view(shape) if weight is not None else None)
 
 
+def embed_norm_triton(
+    tokens: torch.Tensor, table: torch.Tensor, scale: float | None, weight: torch.Tensor, eps: float, gemma: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """tokens (T,) -> (h, norm(h)), h = table[tokens] (* scale, a value already rounded to the table's dtype)."""
+    T, (V, D) = tokens.shape[0], table.shape
+    assert table.stride(1) == 1, table.stride()
+    h = torch.empty(T, D, dtype=table.dtype, device=table.device)
+    y = torch.empty_like(h)
+    if T:
+        _embed_norm[(T,)](
+            tokens, table, weight, h, y, table.stride(0), h.stride(0), y.stride(0), D, scale or 1.0, eps,
+            BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_SCALE=scale is not None,
+            num_warps=4 if D <= 4096 else 8, **launch_options(table),
+        )
+    return h, y
+
+
 def norm_rope_triton(
     x: torch.Tensor, weight: torch.Tensor | None, eps: float, gemma: bool, cos: torch.Tensor, sin: torch.Tensor,
 ) -> torch.Tensor:
@@ -238,28 +294,30 @@ def act_mul_triton(x: torch.Tensor, act: str) -> torch.Tensor:
 def qkv_rope_write_triton(
     qkv: torch.Tensor, heads: int, kv_heads: int, q_weight: torch.Tensor | None, k_weight: torch.Tensor | None,
     eps: float, gemma: bool, positions: torch.Tensor, inv_freq: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     """qkv (T, (H + 2 Hkv) D) from the fused projection -> q (T, H, D) normed and rotated at `positions`
     (T,) by `inv_freq` (D/2,) fp32; k (normed, rotated) and v go straight into the caches (rows, C, Hkv, D)
-    at flat `slots` (T,) int64."""
+    at flat `slots` (T,) int64. qkv may be split-K partials (S, T, width) fp32 of a `dtype` product."""
+    splits = qkv.shape[0] if qkv.dim() == 3 else 0
     qkv = _unit_stride(qkv)
-    T, width = qkv.shape
+    T, width = qkv.shape[-2:]
+    dtype = dtype or qkv.dtype
     rows, C, Hkv, D = k_cache.shape
     assert Hkv == kv_heads and width == (heads + 2 * kv_heads) * D and D % 2 == 0, (qkv.shape, k_cache.shape)
     assert slots.shape == (T,) and slots.dtype == torch.int64
     for cache in (k_cache, v_cache):  # the flat slot view needs row stride == C * column stride
         assert cache.stride(0) == C * cache.stride(1) and cache.stride(3) == 1, cache.stride()
     assert positions.shape == (T,) and inv_freq.shape == (D // 2,) and inv_freq.dtype == torch.float32
-    q = torch.empty(T, heads, D, dtype=qkv.dtype, device=qkv.device)
+    q = torch.empty(T, heads, D, dtype=dtype, device=qkv.device)
     if T:
         has_norm = q_weight is not None
         _qkv_rope_write[(T * (heads + kv_heads),)](
             qkv, q_weight if has_norm else qkv, k_weight if has_norm else qkv, positions, inv_freq, q, k_cache, v_cache,
-            slots, qkv.stride(0), q.stride(0), q.stride(1),
+            slots, qkv.stride(-2), qkv.stride(0) if splits else 0, q.stride(0), q.stride(1),
             k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
             heads, kv_heads, D // 2, eps,
-            BLOCK=triton.next_power_of_2(D // 2), GEMMA=gemma, HAS_NORM=has_norm,
+            BLOCK=triton.next_power_of_2(D // 2), GEMMA=gemma, HAS_NORM=has_norm, SPLITS=splits,
             num_warps=1 if D <= 256 else 2, **launch_options(qkv),
         )
     return q

@@ -130,6 +130,8 @@ def skinny_linear_triton(
     split = splits > 1
     ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk if split else K  # K per program, whole K steps
     s = triton.cdiv(K, ks)
+    if split:  # no deeper pipeline than a slice has steps: its shared memory would cost CTAs per SM
+        stages = max(1, min(stages, ks // bk))
     y = torch.empty(s, M, N, dtype=torch.float32, device=x.device) if split else \
         torch.empty(M, N, dtype=x.dtype, device=x.device)
     if M == 0:

@@ -26,21 +26,27 @@ class AttentionCache(Protocol):
 class Linear(nn.Linear):
     """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round.
 
-    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/;
-    with `split_k` > 1 as well, they return split-K fp32 partials (S, T, N) instead, for `add_and_norm`
-    to sum (set only where the output goes straight there: o_proj, down_proj).
+    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/.
+    `partial_sums` is the same product for a consumer that adds split-K partials itself.
     """
 
     decode_kernel = False
-    split_k = 0
+    split_k = 0  # > 1: partial_sums of a decode step returns this many K slices' partials
+
+    def partial_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ Wᵀ, or for a decode step with `split_k` > 1 its split-K fp32 partials (S, T, N), which the
+        caller's next kernel sums (kernels.norms.add_norm, qkv_rope_write; `sum_partials` otherwise)."""
+        if self.split_k > 1 and self.decode_kernel and self.bias is None and x.is_cuda and x.dim() == 2 \
+                and x.shape[0] <= DECODE_ROWS and not torch.compiler.is_compiling():
+            from kernels.linear import linear_partials
+
+            return linear_partials(x, self.weight, self.split_k)
+        return self(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dim() != 2:
             if self.decode_kernel and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
-                from kernels.linear import decode_linear, linear_partials
-
-                if self.split_k > 1 and self.bias is None and not torch.compiler.is_compiling():
-                    return linear_partials(x, self.weight, self.split_k)
+                from kernels.linear import decode_linear
 
                 y = decode_linear(x, self.weight)
                 return y if self.bias is None else y + self.bias
@@ -167,15 +173,15 @@ class GatedMLP(nn.Module):
             if fused_up.decode_kernel and x.dim() == 2 and x.shape[0] <= DECODE_ROWS:
                 from kernels.linear import linear_act
 
-                return self.down_proj(linear_act(x, fused_up.weight, self.act_kernel))  # act in the GEMM epilogue
+                return self.down_proj.partial_sums(linear_act(x, fused_up.weight, self.act_kernel))  # act in the epilogue
             from kernels.norms import act_mul
 
-            return self.down_proj(act_mul(fused_up(x), self.act_kernel))
+            return self.down_proj.partial_sums(act_mul(fused_up(x), self.act_kernel))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj.partial_sums(self.act(gate) * up)
 
 
 def _activation(name: str):
@@ -226,9 +232,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, rope: RopeInputs, cache: AttentionCache) -> torch.Tensor:
         t = x.shape[0]
         if self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
-            q = self._fused_prologue(self.qkv_proj(x), rope, stores)  # norms, rope and the K/V write: one launch
+            # norms, rope and the K/V write: one launch, which also sums the GEMM's split-K partials
+            q = self._fused_prologue(self.qkv_proj.partial_sums(x), rope, stores)
             out = cache.attend(self.layer_id, q, None, None, self.scale)
-            return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+            return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
@@ -246,7 +253,7 @@ class Attention(nn.Module):
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
-        return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
+        return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
 
     def _fused_prologue(self, qkv: torch.Tensor, rope: RopeInputs, stores) -> torch.Tensor:
         from kernels.norms import qkv_rope_write
@@ -254,7 +261,7 @@ class Attention(nn.Module):
         qn, kn = self.q_norm, self.k_norm
         eps, gemma = (qn.eps, qn.gemma) if qn is not None else (0.0, False)
         return qkv_rope_write(qkv, self.n_heads, self.n_kv, qn.weight if qn else None, kn.weight if kn else None,
-                              eps, gemma, rope.positions, rope.rotary.inv_freq, *stores)
+                              eps, gemma, rope.positions, rope.rotary.inv_freq, *stores, dtype=rope.dtype)
 
 
 class CausalLM(nn.Module):
@@ -290,14 +297,15 @@ class CausalLM(nn.Module):
 
     def use_decode_kernels(self, on: bool = True, split_k: int | None = None) -> None:
         """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS. The
-        GEMMs whose output goes into a residual add (o_proj, down_proj) split K in `split_k` slices
-        (default: kernels.linear.decode_splits of their K; 1 = whole) and leave the sum to that add."""
+        GEMMs whose next kernel can add partials (o_proj and down_proj: the residual add; the fused
+        qkv_proj: the attention prologue) split K in `split_k` slices (default: kernels.linear.decode_splits
+        of their K; 1 = whole)."""
         from kernels.linear import decode_splits
 
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.decode_kernel = on
-            for name in ("o_proj", "down_proj"):
+            for name in ("o_proj", "down_proj", "qkv_proj"):
                 if isinstance(module, (Attention, GatedMLP)) and isinstance(lin := getattr(module, name, None), Linear):
                     lin.split_k = (split_k or decode_splits(lin.in_features)) if on else 0
 
@@ -309,11 +317,9 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """tokens/positions (T,), logit_rows (R,) -> fp32 logits (R, V) for the selected rows only
         (logit_rows None: every row, in order)."""
-        h = self.model.embed_tokens(tokens)
-        if self.embed_scale is not None:
-            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        h, x = self._embed(tokens)
         ropes = {kind: RopeInputs(rot, positions, h.dtype) for kind, rot in self.rotary.items()}
-        layers, x = self.model.layers, None
+        layers = self.model.layers
         for i, layer in enumerate(layers):
             # each block ends with the next one's input norm (the last: the final norm), a row-wise op:
             # fused, the residual add and that norm are one launch
@@ -324,6 +330,20 @@ class CausalLM(nn.Module):
         logits = _head(x, self.head_weight()).float()
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
+
+
+    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(h, the first block's input norm of h or None); fused, one launch for both."""
+        first = self.model.layers[0].input_layernorm
+        table = self.model.embed_tokens.weight
+        if first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
+            from kernels.norms import embed_norm
+
+            return embed_norm(tokens, table, self.embed_scale, first.weight, first.eps, first.gemma)
+        h = self.model.embed_tokens(tokens)
+        if self.embed_scale is not None:
+            h = h * torch.tensor(self.embed_scale, dtype=h.dtype)
+        return h, None
 
 
 def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

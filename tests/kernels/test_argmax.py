@@ -30,7 +30,7 @@ def test_matches_torch_argmax(dtype, rows, width):
 @needs_triton
 def test_ties_take_the_first_index_and_scratch_resets():
     """Equal maxima in different blocks: the lowest index wins; the same scratch serves the next call."""
-    from kernels.argmax_triton import ArgmaxScratch
+    from kernels.argmax_triton import ArgmaxScratch, argmax_rows_triton
 
     scratch = ArgmaxScratch(4, DEVICE)
     x = torch.full((4, 6000), -3.0, device=DEVICE)
@@ -38,8 +38,8 @@ def test_ties_take_the_first_index_and_scratch_resets():
     x[1, [2047, 2048]] = 1.0  # either side of a block edge
     x[2] = float("-inf")  # nothing above -inf: index 0, as torch
     x[3, 3000] = float("nan")  # NaN counts as the maximum, as torch
-    for _ in range(3):
-        got = argmax_rows(x, scratch, impl="triton")
+    for block in (2048, 2048, 1024, 8192):  # several blocks per row; the same scratch each time
+        got = argmax_rows_triton(x, scratch, block=block)
         assert got.tolist() == [17, 2047, 0, 3000] == x.argmax(-1).tolist()
     assert scratch.counts.eq(0).all() and scratch.keys.eq(torch.iinfo(torch.int64).min).all()
 

@@ -1,12 +1,13 @@
-"""The fused per-token kernels (add_norm, norm_rope, qkv_rope_write, act_mul) against their PyTorch references."""
+"""The fused per-token kernels (add_norm, norm_rope, qkv_rope_write, act_mul, embed_norm) against their PyTorch references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kernels import triton_available
-from kernels.norms import act_mul, add_norm, norm_rope, qkv_rope_write
+from kernels.norms import act_mul, add_norm, embed_norm, norm_rope, qkv_rope_write, rms_norm_reference
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -109,6 +110,51 @@ def test_qkv_rope_write_matches_norm_rope_and_kv_write(dtype, norm, heads):
     untouched[slots.cpu()] = False
     k_flat = caches["triton"][1].view(rows * C, Hkv, D)[untouched.to(DEVICE)]
     assert torch.equal(k_flat, _randn(rows, C, Hkv, D, dtype=dtype, seed=14).view(rows * C, Hkv, D)[untouched.to(DEVICE)])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [True, False])
+@pytest.mark.parametrize("scale", [None, 640**0.5])
+def test_embed_norm(dtype, gemma, scale):
+    """Rows gathered (repeats too), scaled as `h * tensor(scale, dtype)` is, then the first input norm."""
+    V, D = 50, 80
+    table = _randn(V, D, dtype=dtype, seed=31)
+    tokens = torch.tensor([3, 49, 0, 3], device=DEVICE)
+    w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=32)).to(dtype if not gemma else torch.float32)
+    h, x = embed_norm(tokens, table, scale, w, 1e-6, gemma, impl="triton")
+    plain = F.embedding(tokens, table)
+    if scale is not None:
+        plain = plain * torch.tensor(scale, dtype=dtype)
+    if ON_GPU or dtype == torch.float32:  # a gather and one rounded product: exact (the interpreter's bf16 casts truncate)
+        assert torch.equal(h, plain)
+    _close(h, plain, dtype)
+    _close(x, rms_norm_reference(plain, w, 1e-6, gemma), dtype)
+    for got, ref in zip((h, x), embed_norm(tokens, table, scale, w, 1e-6, gemma, impl="reference")):
+        _close(got, ref, dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [1, 2, 3])
+def test_qkv_rope_write_sums_split_k_partials(dtype, splits):
+    """The QKV GEMM's fp32 partials in place of its output: the same q and cache writes as their rounded sum."""
+    H, Hkv, T, D, rows, C = 4, 2, 3, 32, 8, 4
+    parts = _randn(splits, T, (H + 2 * Hkv) * D, dtype=torch.float32, seed=21)
+    positions = torch.tensor([1, 7, 300], device=DEVICE)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device=DEVICE).float() / D))
+    w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=22))
+    slots = torch.tensor([9, 2, 30], dtype=torch.int64, device=DEVICE)
+    out = {}
+    for name, qkv, impl in (("parts", parts, "triton"), ("whole", parts.sum(0).to(dtype), "reference")):
+        k_cache = torch.zeros(rows, C, Hkv, D, dtype=dtype, device=DEVICE)
+        v_cache = torch.zeros_like(k_cache)
+        q = qkv_rope_write(qkv, H, Hkv, w, w.flip(0), 1e-6, True, positions, inv_freq, k_cache, v_cache, slots,
+                           dtype=dtype, impl=impl)
+        out[name] = (q, k_cache, v_cache)
+    assert out["parts"][0].dtype == dtype
+    for got, ref in zip(out["parts"], out["whole"]):
+        _close(got, ref, dtype)
 
 
 @needs_triton
