@@ -348,7 +348,10 @@ class CausalLM(nn.Module):
 
 def _head(h: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16):
-        return torch.mm(h, weight.t(), out_dtype=torch.float32)  # fp32 logits straight from the GEMM: no cast launch
+        try:
+            return torch.mm(h, weight.t(), out_dtype=torch.float32)  # fp32 logits from the GEMM: no cast launch
+        except (RuntimeError, NotImplementedError, TypeError):  # a torch or GPU without fp32-out GEMMs
+            return F.linear(h, weight)
     if h.device.type != "cpu":
         return F.linear(h, weight)
     if h.shape[0] == 1:  # MKL's gemv is half as fast as its two-row gemm on this layout

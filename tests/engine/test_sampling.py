@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine.errors import ParleyError
-from engine.sampling import SamplerState, SamplingParams, sample
+from engine.sampling import SamplerState, SamplingParams, sample, sample_ids
 
 PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = PROBS.log()
@@ -49,6 +49,20 @@ def test_low_temperature_sharpens():
 
 def test_greedy_ignores_the_generator():
     assert set(_freqs(SamplingParams(temperature=0.0), n=300).nonzero().flatten().tolist()) == {0}
+
+
+def test_a_step_s_own_argmax_is_used_unless_penalties_change_the_logits():
+    """Greedy rows take the ids the step computed (a decode graph's argmax); a penalty recomputes them; a
+    drawing row is written into a copy, never into the step's buffer."""
+    logits = LOGITS.expand(3, -1).clone()
+    given = torch.tensor([4, 3, 2])  # deliberately not the logits' argmax: shows which one was used
+    greedy = SamplerState(SamplingParams(temperature=0.0))
+    assert sample_ids(logits, [greedy] * 3, [[]] * 3, given) is given
+    penalised = SamplerState(SamplingParams(temperature=0.0, repetition_penalty=50.0))
+    assert sample_ids(logits, [greedy, penalised, greedy], [[], [0], []], given).tolist() == [0, 1, 0]
+    drawing = SamplerState(SamplingParams(temperature=1.0, top_k=1, seed=1))
+    ids = sample_ids(logits, [greedy, drawing, greedy], [[]] * 3, given)
+    assert ids.tolist() == [4, 0, 2] and given.tolist() == [4, 3, 2]
 
 
 def test_repetition_penalty_lowers_seen_tokens():
