@@ -68,10 +68,10 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
                argmax: torch.Tensor | None = None) -> torch.Tensor:
     """As `sample`, but the ids stay on the logits' device: nothing waits for the GPU here. `argmax`:
     the logits' row argmax when the step computed it already (used unless penalties change the logits)."""
-    penalised_logits = _apply_penalties(logits, states, histories)
-    if argmax is None or penalised_logits is not logits:
-        argmax = penalised_logits.argmax(dim=-1)
-    logits = penalised_logits
+    penalised = _apply_penalties(logits, states, histories)
+    if argmax is None or penalised is not logits:
+        argmax = penalised.argmax(dim=-1)
+    logits = penalised
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
         return argmax

@@ -63,7 +63,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int, *, impl:
         return F.linear(x.float(), weight.float())[None]
     from kernels.skinny_linear_triton import skinny_linear_triton
 
-    return skinny_linear_triton(_unit_stride(x), weight, splits=splits)
+    return skinny_linear_triton(_unit_stride(x), weight, splits=splits, partials=True)
 
 
 @torch.library.custom_op("parley::skinny_linear", mutates_args=())

@@ -80,7 +80,7 @@ def _load_row(src, offs, ok, stride_split, SPLITS: tl.constexpr, DT: tl.constexp
 
 @triton.jit
 def _embed_norm(
-    Tok, E, W, H, Y, stride_e, stride_h, stride_y, D, scale, eps,
+    Tok, E, W, H, Y, stride_e, stride_h, stride_y, V, D, scale, eps,
     BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, PDL: tl.constexpr,
 ):
     # one token per program: its embedding row (times the model's scale, rounded as a tensor product
@@ -91,7 +91,9 @@ def _embed_norm(
     ok = offs < D
     dt = H.dtype.element_ty
     tok = tl.load(Tok + row).to(tl.int64)
-    v = tl.load(E + tok * stride_e + offs, mask=ok, other=0.0).to(tl.float32)
+    ids = offs * 0 + tok  # vector form: the interpreter rejects scalar & vector masks
+    known = (ids >= 0) & (ids < V)  # an id outside the table reads zeros, never outside it
+    v = tl.load(E + tok * stride_e + offs, mask=ok & known, other=0.0).to(tl.float32)
     if HAS_SCALE:
         v = (v * scale).to(dt).to(tl.float32)
     tl.store(H + row * stride_h + offs, v.to(dt), mask=ok)
@@ -251,7 +253,7 @@ def embed_norm_triton(
     y = torch.empty_like(h)
     if T:
         _embed_norm[(T,)](
-            tokens, table, weight, h, y, table.stride(0), h.stride(0), y.stride(0), D, scale or 1.0, eps,
+            tokens, table, weight, h, y, table.stride(0), h.stride(0), y.stride(0), V, D, scale or 1.0, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_SCALE=scale is not None,
             num_warps=4 if D <= 4096 else 8, **launch_options(table),
         )

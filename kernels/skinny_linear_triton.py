@@ -105,11 +105,12 @@ def skinny_linear_triton(
     num_stages: int | None = None,
     act: str | None = None,
     splits: int = 1,
+    partials: bool = False,
 ) -> torch.Tensor:  # (M, N) in x's dtype, (M, N / 2) with `act`, (S, M, N) fp32 partials with splits > 1
     """x @ weightᵀ; with `act` ('gelu_tanh' or 'silu') the weight is a fused [gate | up] and the result
     act(x @ gateᵀ) * (x @ upᵀ), the MLP's activation done in the GEMM's epilogue. With `splits` > 1, K is
     cut into that many slices (each a whole number of K steps; fewer if K is short) and the result is
-    their fp32 partial products (S, M, N), to be summed by the consumer."""
+    their fp32 partial products (S, M, N), to be summed by the consumer (`partials`: that form always)."""
     M, K = x.shape
     N, Kw = weight.shape
     assert K == Kw, (x.shape, weight.shape)
@@ -127,7 +128,7 @@ def skinny_linear_triton(
         bk, stages = block_k or 32, num_stages or 1
     else:
         bk, stages = _pipeline(x.device, bn, K, x.element_size(), bool(act), block_k, num_stages)
-    split = splits > 1
+    split = partials or splits > 1  # fp32 partials out, even of one slice
     ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk if split else K  # K per program, whole K steps
     s = triton.cdiv(K, ks)
     if split:  # no deeper pipeline than a slice has steps: its shared memory would cost CTAs per SM

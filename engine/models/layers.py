@@ -305,9 +305,10 @@ class CausalLM(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module is not self.lm_head:
                 module.decode_kernel = on
-            for name in ("o_proj", "down_proj", "qkv_proj"):
-                if isinstance(module, (Attention, GatedMLP)) and isinstance(lin := getattr(module, name, None), Linear):
-                    lin.split_k = (split_k or decode_splits(lin.in_features)) if on else 0
+            if isinstance(module, (Attention, GatedMLP)):
+                for name in ("o_proj", "down_proj", "qkv_proj"):
+                    if isinstance(lin := getattr(module, name, None), Linear):
+                        lin.split_k = (split_k or decode_splits(lin.in_features)) if on else 0
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
@@ -330,7 +331,6 @@ class CausalLM(nn.Module):
         logits = _head(x, self.head_weight()).float()
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
-
 
     def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""

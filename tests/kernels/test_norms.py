@@ -121,6 +121,9 @@ def test_embed_norm(dtype, gemma, scale):
     V, D = 50, 80
     table = _randn(V, D, dtype=dtype, seed=31)
     tokens = torch.tensor([3, 49, 0, 3], device=DEVICE)
+    h_bad, _ = embed_norm(torch.tensor([50, -1, 3], device=DEVICE), table, scale, torch.ones(D, device=DEVICE),
+                          1e-6, gemma, impl="triton")  # ids past the table: zero rows, no stray read
+    assert h_bad[:2].eq(0).all() and h_bad[2].abs().sum() > 0
     w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=32)).to(dtype if not gemma else torch.float32)
     h, x = embed_norm(tokens, table, scale, w, 1e-6, gemma, impl="triton")
     plain = F.embedding(tokens, table)
