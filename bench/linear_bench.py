@@ -6,7 +6,12 @@ none of them). Prints JSON lines: shape, rows, microseconds per call for each, a
 --sweep also the best Triton block/warp/stage setting per case; with --splits the split-K variant's
 time per slice count (partials out; the consumer's summing is not in it).
 
-    python bench/linear_bench.py [--sweep] [--splits 2 4 8] [--shapes o down] [--out FILE]
+With --lm-head: the tied LM head (262144 x 640) at 1, 8 and 64 rows, fp32 logits out, cuBLAS
+(`torch.mm(..., out_dtype=float32)`) against the Triton GEMM's one-slice fp32 partials over block/stage
+settings, each right after the residual add + norm that feeds it (with PDL the Triton head starts
+pulling its weights while that kernel runs).
+
+    python bench/linear_bench.py [--sweep] [--splits 2 4 8] [--shapes o down] [--lm-head] [--out FILE]
 """
 
 from __future__ import annotations
@@ -60,6 +65,49 @@ def case(name: str, m: int, sweep: bool, splits: list[int]) -> dict:
     return rec
 
 
+def lm_head_cases(rows: list[int]) -> list[dict]:
+    from kernels.norms import add_norm
+
+    n, k = 262144, 640
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(2)]
+    norm_w = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    out = []
+    for m in rows:
+        h = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        d = torch.randn(2, m, k, device="cuda", dtype=torch.float32)
+
+        def chain(head):
+            def run(w):
+                _, y = add_norm(d, norm_w, 1e-6, True, residual=h)
+                return head(y, w)
+            return [lambda w=w: run(w) for w in ws * 4]
+
+        cublas = time_graph(chain(lambda y, w: torch.mm(y, w.t(), out_dtype=torch.float32))) * 1e3
+        rec = {"gemm": "lm_head", "n": n, "k": k, "rows": m, "cublas_us": round(cublas, 2),
+               "floor_us": round(n * k * 2 / 4.2e12 * 1e6, 2), "triton": []}
+        for bn in (32, 64, 128):
+            for bk in (64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3, 4):
+                        try:
+                            t = time_graph(chain(lambda y, w: skinny_linear_triton(
+                                y, w, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages, partials=True))) * 1e3
+                        except Exception:  # noqa: BLE001 - out of shared memory and the like
+                            continue
+                        rec["triton"].append((round(t, 2), bn, bk, warps, stages))
+        rec["triton"].sort()
+        y = add_norm(d, norm_w, 1e-6, True, residual=h)[1]
+        t, bn, bk, warps, stages = rec["triton"][0]
+        got = skinny_linear_triton(y, ws[0], block_n=bn, block_k=bk, num_warps=warps, num_stages=stages,
+                                   partials=True)[0]
+        rec["max_abs_diff"] = (got - torch.mm(y, ws[0].t(), out_dtype=torch.float32)).abs().max().item()
+        rec["triton"] = rec["triton"][:6]
+        rec["speedup_best"] = round(cublas / t, 3)
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", action="store_true")
@@ -67,9 +115,13 @@ def main() -> None:
     ap.add_argument("--splits", type=int, nargs="*", default=[],
                     help="also time split-K partial output with these slice counts (o and down)")
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--lm-head", action="store_true", help="only the LM head cases (add + norm, then the head)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     lines = []
+    if args.lm_head:
+        lines = lm_head_cases(args.rows)
+        args.shapes = []
     for name in args.shapes:
         for m in args.rows:
             rec = case(name, m, args.sweep, args.splits)
