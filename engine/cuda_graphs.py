@@ -1,10 +1,11 @@
 """DecodeGraphs: decode-only steps replayed from CUDA graphs captured per batch-size bucket.
 
-A graph is captured for (batch bucket, kv-length bucket, storage version). Its inputs live in static
-buffers: tokens and positions here, the segment table and write slots in the cache's step buffer (whose
-addresses do not move), so one graph serves any mix of sequence lengths. Padding rows write the scratch
-column and padding segments are empty. A cache reallocation bumps the storage version: stale graphs go.
-The graph ends with the rows' argmax (the greedy ids), so a greedy step needs no launch after it.
+A graph is captured for (batch bucket, kv-length bucket, storage version). Its inputs live in the cache's
+step buffer, whose addresses do not move: token ids, positions, the segment table and write slots, all
+sent in one copy per step, so one graph serves any mix of sequence lengths. Padding rows write the
+scratch column and padding segments are empty. A cache reallocation bumps the storage version: stale
+graphs go. The graph ends with the rows' argmax (the greedy ids) written over its own token ids, so a
+look-ahead step that feeds them back needs no copy at all, and a greedy step no launch after the graph.
 """
 from __future__ import annotations
 
@@ -28,13 +29,7 @@ class DecodeGraphs:
         self.buckets = tuple(sorted(buckets))
         self.forward = _compiled(model) if compile_model else model
         self.compiled = compile_model
-        dev, n = cache.device, self.buckets[-1]
-        # tokens and positions side by side: one pinned host row pair, one copy per step
-        self._inputs = torch.zeros(2, n, dtype=torch.long, device=dev)
-        self._staging = torch.zeros(2, n, dtype=torch.long, pin_memory=True)
-        self._sent = torch.cuda.Event()
-        self.tokens, self.positions = self._inputs[0], self._inputs[1]
-        self._argmax_impl, self._argmax_scratch = _argmax_kernel(n, dev)
+        self._argmax_impl, self._argmax_scratch = _argmax_kernel(self.buckets[-1], cache.device)
         # (batch bucket, kv bucket) -> (graph, its logits, its greedy ids)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._version = cache.storage_version
@@ -55,17 +50,14 @@ class DecodeGraphs:
         """Logits (R, V) fp32 of a decode-only step and their argmax (R,): views of the graph's outputs."""
         n = len(batch.segments)
         b = next(x for x in self.buckets if x >= n)
-        self.cache.prepare_step(num_tokens=b, num_segments=b)
+        fed = batch.device_tokens
+        self.cache.prepare_step(num_tokens=b, num_segments=b, tokens=batch.tokens if fed is None else None)
         if self.cache.storage_version != self._version:
             self.graphs.clear()  # they read tensors that no longer exist
             self._version = self.cache.storage_version
-        self._sent.synchronize()  # the previous step's copy has left the staging rows
-        self._staging[0, :n] = batch.tokens
-        self._staging[1, :n] = batch.positions
-        self._inputs.copy_(self._staging, non_blocking=True)  # whole rows: one contiguous copy
-        if batch.device_tokens is not None:  # a look-ahead step: last step's ids, never through the host
-            self.tokens[:n].copy_(batch.device_tokens, non_blocking=True)
-        self._sent.record()
+        tokens = self.cache.plan.tokens
+        if fed is not None and fed.data_ptr() != tokens.data_ptr():  # ids drawn outside the graph: copy them in
+            tokens[:n].copy_(fed, non_blocking=True)
         key = (b, self.cache.plan.max_kv_len)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)
@@ -75,18 +67,24 @@ class DecodeGraphs:
         return logits[:n], ids[:n]
 
     def forward_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """What a graph of bucket `b` runs: the forward over the static inputs, every row's logits, and argmax."""
-        logits = self.forward(self.tokens[:b], self.positions[:b], self.cache, None)
-        return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl)
+        """What a graph of bucket `b` runs: the forward over the step buffer's inputs, every row's logits, and
+        their argmax, written over the token ids it has read (the next look-ahead step's input)."""
+        plan = self.cache.plan
+        tokens = plan.tokens[:b]
+        logits = self.forward(tokens, plan.positions[:b], self.cache, None)
+        return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl, out=tokens)
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         # Warm up on a side stream (Triton/inductor compile here, not during capture); it runs this
         # very step, so what it writes into the cache is what the replay writes again.
+        tokens = self.cache.plan.tokens[:b]
+        fed = tokens.clone()  # the warm-up's argmax overwrites them; the replay must read them again
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             self.forward_step(b)
         torch.cuda.current_stream().wait_stream(side)
+        tokens.copy_(fed)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()

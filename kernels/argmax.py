@@ -8,13 +8,15 @@ import torch
 from kernels.attention import IMPLS
 
 
-def argmax_rows(logits: torch.Tensor, scratch=None, *, impl: str = "triton") -> torch.Tensor:
-    """logits (R, V) -> (R,) int64, the first index of each row's maximum. `scratch`: a reusable
-    kernels.argmax_triton.ArgmaxScratch of at least R rows (made per call when None)."""
+def argmax_rows(logits: torch.Tensor, scratch=None, *, impl: str = "triton",
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """logits (R, V) -> (R,) int64, the first index of each row's maximum (into `out` when given). `scratch`:
+    a reusable kernels.argmax_triton.ArgmaxScratch of at least R rows (made per call when None)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference" or (impl == "auto" and not logits.is_cuda):
-        return logits.argmax(dim=-1)
+        ids = logits.argmax(dim=-1)
+        return ids if out is None else out.copy_(ids)
     from kernels.argmax_triton import ArgmaxScratch, argmax_rows_triton
 
-    return argmax_rows_triton(logits, scratch or ArgmaxScratch(logits.shape[0], logits.device))
+    return argmax_rows_triton(logits, scratch or ArgmaxScratch(logits.shape[0], logits.device), out=out)

@@ -33,6 +33,8 @@ class KernelPlan:
     layer_slots: list[torch.Tensor]  # per layer (T,) int64 flat write slots: row * C + column
     max_q_len: int
     max_kv_len: int
+    positions: torch.Tensor  # (T,) int64: each row's position (0 on padding rows)
+    tokens: torch.Tensor  # (T,) int64: the ids given to prepare_step, else what the buffer held
 
 
 class SequenceKVCache(RingedLayout, KVCache):
@@ -61,6 +63,7 @@ class SequenceKVCache(RingedLayout, KVCache):
         self._kinds = sorted(set(windows), key=lambda w: w or 0)  # distinct windows: one slot list each
         self._buffers: _StepBuffers | None = None
         self._pad_segments = 0
+        self._tokens: torch.Tensor | None = None
 
     @property
     def uses_kernels(self) -> bool:
@@ -105,9 +108,14 @@ class SequenceKVCache(RingedLayout, KVCache):
 
     # -- step
     @torch.inference_mode()
-    def prepare_step(self, num_tokens: int | None = None, num_segments: int | None = None) -> None:
-        """As KVCache.prepare_step; `num_segments` pads the segment table with empty segments (graphs)."""
+    def prepare_step(self, num_tokens: int | None = None, num_segments: int | None = None,
+                     tokens: torch.Tensor | None = None) -> None:
+        """As KVCache.prepare_step; `num_segments` pads the segment table with empty segments (graphs).
+        With the kernels, `tokens` (host ids of the used rows) travel in the same upload as the table and
+        land in `plan.tokens`; without them that part of the buffer is left as it is on the device (a
+        replayed graph's greedy ids, for the step after it)."""
         self._pad_segments = num_segments or 0
+        self._tokens = tokens
         super().prepare_step(num_tokens)
 
     def _prepare(self) -> None:
@@ -143,7 +151,14 @@ class SequenceKVCache(RingedLayout, KVCache):
         if bufs is None or not bufs.fits(T, S):
             self._buffers = bufs = _StepBuffers(len(self._kinds), max(T, 512), max(S, 64), self.device)
             self.storage_version += 1
-        host = bufs.host_for_write()
+        host, n = bufs.host_for_write(), bufs.tokens
+        if self._tokens is not None:
+            ids = self._tokens.tolist()
+            host[: len(ids)] = ids
+        positions = [0] * T  # padding rows: position 0 of the scratch column
+        for s in segs:
+            positions[s.q_start : s.q_start + s.q_len] = range(s.start, s.start + s.q_len)
+        host[bufs.positions_offset : bufs.positions_offset + T] = positions
         C = self.columns
         for i, w in enumerate(self._kinds):
             ring = self.ring_rows(w)
@@ -152,20 +167,22 @@ class SequenceKVCache(RingedLayout, KVCache):
                 for j in range(s.q_len):
                     p = s.start + j
                     slots[s.q_start + j] = (p % ring if ring else p) * C + s.slot
-            host[i * bufs.tokens : i * bufs.tokens + T] = slots
+            host[(i + 2) * n : (i + 2) * n + T] = slots
         # the table is int32 (q_start, q_len, column, kv_end), packed two to an int64 (little endian)
         table = [s.q_start | (s.q_len << 32) for s in segs], [s.slot | ((s.start + s.q_len) << 32) for s in segs]
         pad = [0, self.scratch] * (S - len(segs))
         off = bufs.table_offset
         host[off : off + 2 * S] = [x for pair in zip(*table) for x in pair] + pad
-        dev = bufs.send(off + 2 * S)
+        dev = bufs.send(0 if self._tokens is not None else n, off + 2 * S)
         seq_info = dev[off : off + 2 * S].view(torch.int32).view(S, 4)
-        kind_slots = [dev[i * bufs.tokens : i * bufs.tokens + T] for i in range(len(self._kinds))]
+        kind_slots = [dev[(i + 2) * n : (i + 2) * n + T] for i in range(len(self._kinds))]
         self.plan = KernelPlan(
             seq_info=seq_info,
             layer_slots=[kind_slots[self._kinds.index(w)] for w in self.windows],
             max_q_len=pow2_bucket(max((s.q_len for s in segs), default=1)),
             max_kv_len=pow2_bucket(max((s.start + s.q_len for s in segs), default=1), MIN_KV_BUCKET),
+            positions=dev[bufs.positions_offset : bufs.positions_offset + T],
+            tokens=dev[:T],
         )
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -199,11 +216,13 @@ class SequenceKVCache(RingedLayout, KVCache):
 
 
 class _StepBuffers:
-    """Pinned host staging and its device twin, int64: per window kind `tokens` slots, then the table."""
+    """Pinned host staging and its device twin, int64, `tokens` rows per section: the step's token ids, their
+    positions, per window kind the flat write slots, then the segment table."""
 
     def __init__(self, kinds: int, tokens: int, segments: int, device: torch.device):
         self.tokens, self.segments = tokens, segments
-        self.table_offset = kinds * tokens
+        self.positions_offset = tokens
+        self.table_offset = (kinds + 2) * tokens
         n = self.table_offset + 2 * segments
         pin = device.type == "cuda"
         self._host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
@@ -219,8 +238,9 @@ class _StepBuffers:
             self._sent.synchronize()  # the previous step's copy must have left the staging buffer
         return self._host_np
 
-    def send(self, n: int) -> torch.Tensor:
-        self.device[:n].copy_(self._host[:n], non_blocking=True)
+    def send(self, lo: int, hi: int) -> torch.Tensor:
+        """Copies [lo, hi) of the staging buffer to the device (one copy); returns the whole device buffer."""
+        self.device[lo:hi].copy_(self._host[lo:hi], non_blocking=True)
         if self._sent is not None:
             self._sent.record()
         return self.device

@@ -91,12 +91,19 @@ def test_step_table_pads_and_wraps_rings():
         cache.prepare_step()
         cache.commit_step()
     cache.declare_step([(b, 1), (a, 1)])
-    cache.prepare_step(num_tokens=4, num_segments=4)
+    cache.prepare_step(num_tokens=4, num_segments=4, tokens=torch.tensor([7, 9]))
     plan, C = cache.plan, cache.columns
     assert plan.seq_info.tolist() == [[0, 1, b, 3], [1, 1, a, 14], [0, 0, 3, 0], [0, 0, 3, 0]]
     assert plan.layer_slots[1].tolist() == [2 * C + b, 13 * C + a, 3, 3]  # global: row = position
     assert plan.layer_slots[0].tolist() == [2 * C + b, (13 % 11) * C + a, 3, 3]  # ring: row = position % 11
     assert (plan.max_q_len, plan.max_kv_len) == (1, 256)
+    assert plan.positions.tolist() == [2, 13, 0, 0] and plan.tokens[:2].tolist() == [7, 9]
+    with torch.inference_mode():
+        plan.tokens[:2] = torch.tensor([4, 5])  # what a graph's argmax leaves there
+    cache.abort_step()
+    cache.declare_step([(b, 1), (a, 1)])
+    cache.prepare_step(num_tokens=4, num_segments=4)  # no ids: the look-ahead step reads them in place
+    assert cache.plan.tokens[:2].tolist() == [4, 5] and cache.plan.positions.tolist() == [2, 13, 0, 0]
     cache.abort_step()
 
 
