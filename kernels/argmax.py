@@ -9,14 +9,16 @@ from kernels.attention import IMPLS
 
 
 def argmax_rows(logits: torch.Tensor, scratch=None, *, impl: str = "triton",
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, step=None) -> torch.Tensor:
     """logits (R, V) -> (R,) int64, the first index of each row's maximum (into `out` when given). `scratch`:
-    a reusable kernels.argmax_triton.ArgmaxScratch of at least R rows (made per call when None)."""
+    a reusable kernels.argmax_triton.ArgmaxScratch of at least R rows (made per call when None). `step`: a
+    kernels.step_advance.StepAdvance, Triton only — the ids also go to the host and the step table moves on."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference" or (impl == "auto" and not logits.is_cuda):
+        assert step is None, "the step advance is part of the Triton kernel"
         ids = logits.argmax(dim=-1)
         return ids if out is None else out.copy_(ids)
     from kernels.argmax_triton import ArgmaxScratch, argmax_rows_triton
 
-    return argmax_rows_triton(logits, scratch or ArgmaxScratch(logits.shape[0], logits.device), out=out)
+    return argmax_rows_triton(logits, scratch or ArgmaxScratch(logits.shape[0], logits.device), out=out, step=step)

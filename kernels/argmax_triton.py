@@ -7,6 +7,7 @@ the largest key is the largest value and, among equal values, the lowest index (
 folds it into the row's key with an atomic max. Max is order-independent, so the result is the same
 whatever order programs run in. The program that arrives last (a counter per row) writes the index and
 puts the key and the counter back to their start values, so the scratch needs no reset between steps.
+Given a `StepAdvance`, that program also ends the decode step (kernels/step_advance.py).
 """
 
 from __future__ import annotations
@@ -16,15 +17,21 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, wait_for_previous
+from kernels.step_advance import StepAdvance, advance_args, advance_row, read_row
 
 BLOCK = 8192  # 32 programs for a 262k vocabulary: few atomics on the row's key
 KEY_START = -(2**63)  # below every key
 
 
 @triton.jit
-def _argmax_rows(X, OUT, KEYS, COUNTS, V, stride_x, CHUNKS, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _argmax_rows(X, OUT, KEYS, COUNTS, V, stride_x, CHUNKS,
+                 HostIds, host_stride, SeqInfo, num_segments, Positions, Slots, slot_stride, Rings, columns,
+                 BLOCK: tl.constexpr, PDL: tl.constexpr, ADVANCE: tl.constexpr, KINDS: tl.constexpr,
+                 KINDS_P2: tl.constexpr, RING: tl.constexpr):
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
+    if ADVANCE:
+        live, column, kv_end, pos, rings = read_row(row, SeqInfo, num_segments, Positions, Rings, KINDS, KINDS_P2)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     x = tl.load(X + row * stride_x + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
     bits = x.to(tl.int32, bitcast=True)
@@ -34,7 +41,11 @@ def _argmax_rows(X, OUT, KEYS, COUNTS, V, stride_x, CHUNKS, BLOCK: tl.constexpr,
     if tl.atomic_add(COUNTS + row, 1) == CHUNKS - 1:  # the last program of this row
         best = tl.atomic_xchg(KEYS + row, tl.full([], -9223372036854775807, tl.int64) - 1)  # KEY_START
         tl.store(COUNTS + row, 0)
-        tl.store(OUT + row, 0xFFFFFFFF - (best & 0xFFFFFFFF))
+        token = 0xFFFFFFFF - (best & 0xFFFFFFFF)
+        tl.store(OUT + row, token)
+        if ADVANCE:
+            advance_row(row, token, live, column, kv_end, pos, rings, HostIds, host_stride, SeqInfo, Positions,
+                        Slots, slot_stride, columns, KINDS, KINDS_P2, RING)
 
 
 class ArgmaxScratch:
@@ -46,13 +57,15 @@ class ArgmaxScratch:
 
 
 def argmax_rows_triton(logits: torch.Tensor, scratch: ArgmaxScratch, out: torch.Tensor | None = None,
-                       block: int = BLOCK) -> torch.Tensor:
-    """logits (R, V) float -> (R,) int64 index of each row's maximum (the first one on ties)."""
+                       block: int = BLOCK, step: StepAdvance | None = None) -> torch.Tensor:
+    """logits (R, V) float -> (R,) int64 index of each row's maximum (the first one on ties). With `step`,
+    each row's id also goes to the host and the decode step table moves on (kernels/step_advance.py)."""
     R, V = logits.shape
     assert logits.stride(1) == 1 and R <= scratch.keys.numel() and V < 2**32, (logits.shape, logits.stride())
     out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R:
         chunks = triton.cdiv(V, block)
-        _argmax_rows[(R, chunks)](logits, out, scratch.keys, scratch.counts, V, logits.stride(0), chunks,
-                                  BLOCK=block, num_warps=8 if block >= 4096 else 4, **launch_options(logits))
+        tail, flags = advance_args(step, out)
+        _argmax_rows[(R, chunks)](logits, out, scratch.keys, scratch.counts, V, logits.stride(0), chunks, *tail,
+                                  BLOCK=block, num_warps=8 if block >= 4096 else 4, **flags, **launch_options(logits))
     return out
