@@ -83,7 +83,7 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
                  attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False,
-                 fused_kernels: bool = False, decode_splits: int | None = None):
+                 fused_kernels: bool = False, decode_splits: int | None = None, step_advance: bool = True):
     from engine.batcher import Batcher
     from engine.cache import CacheConfig, make_cache
     from engine.runner import ModelRunner
@@ -97,7 +97,8 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     cache.attention_impl = attention_impl
     sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
     runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode,
-                         decode_gemm=decode_gemm, fused_kernels=fused_kernels, decode_splits=decode_splits)
+                         decode_gemm=decode_gemm, fused_kernels=fused_kernels, decode_splits=decode_splits,
+                         step_advance=step_advance)
     return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
 
 
@@ -125,19 +126,22 @@ def run_parley(batcher, prompt_ids: list[list[int]], new: int = NEW) -> tuple[li
 
 
 def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
-    """GPU time of one decode step: replays of the largest captured graph, timed with events."""
+    """GPU time of one decode step: the largest captured graph replayed, each replay timed with its own events
+    (median). The graph moves its step table on; it is put back between replays, outside the timing."""
     graphs = batcher.runner.graphs
     if graphs is None or not graphs.graphs:
         return None
     graph = graphs.graphs[max(graphs.graphs)][0]
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / repeats
+    times = []
+    for _ in range(repeats + 1):
+        with graphs.cache.step_buffer_kept():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times[1:])
 
 
 def profile_during(batcher, label: str, at_replay: int = 20) -> None:
@@ -154,7 +158,7 @@ def profile_during(batcher, label: str, at_replay: int = 20) -> None:
         logits = replay(batch)
         if g.replays == target:
             b = next(x for x in g.buckets if x >= len(batch.segments))
-            with torch.inference_mode(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with torch.inference_mode(), g.cache.step_buffer_kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
                 g.forward_step(b)
                 torch.cuda.synchronize()
             events = prof.key_averages()
@@ -174,8 +178,8 @@ def profile_replay(batcher, label: str, replays: int = 5) -> None:
     if graphs is None or not graphs.graphs:
         return
     graph = graphs.graphs[max(graphs.graphs)][0]
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(replays):
+    with graphs.cache.step_buffer_kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):  # a few tokens past the step table: the storage has room (max_len + 16)
             graph.replay()
         torch.cuda.synchronize()
     events = prof.key_averages()
@@ -297,7 +301,8 @@ def main() -> None:
     ap.add_argument("--impls", nargs="+", default=["parley-graphs", "parley-compiled", "hf-static"],
                     help="parley-eager | parley-graphs | parley-compiled, suffixes '-sync' (no look-ahead) and "
                          "'-tgemm' (Triton decode GEMMs), '-fused' (Triton norm/rope/activation kernels: "
-                         "the engine's default on CUDA without --compile); hf-static, "
+                         "the engine's default on CUDA without --compile), '-hostcopy' (ids and step table copied "
+                         "around each graph, not written/advanced by it); hf-static, "
                          "hf-static-compiled (transformers' own compile of the static cache)")
     ap.add_argument("--hf-new-at-1", type=int, default=8, help="HF static decodes ~0.3 s/step at batch 1: fewer steps")
     ap.add_argument("--hf-sessions", type=int, nargs="*", default=None, help="default: --sessions")
@@ -352,7 +357,8 @@ def main() -> None:
             flags = set(impl.split("-")[1:])
             b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs="eager" not in flags,
                              compile_decode="compiled" in flags, lookahead="sync" not in flags,
-                             decode_gemm="tgemm" in flags, fused_kernels="fused" in flags, decode_splits=opts.split_k)
+                             decode_gemm="tgemm" in flags, fused_kernels="fused" in flags, decode_splits=opts.split_k,
+                             step_advance="hostcopy" not in flags)
             t0 = time.perf_counter()
             _, times = run_parley(b, prompts(args, n))  # warm-up: captures (and compiles) the graphs; slots free after
             warm_s = time.perf_counter() - t0

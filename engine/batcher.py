@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -30,7 +31,7 @@ class Launched:
 
     samplers: list[Sequence]  # in row order of `ids`
     ids: torch.Tensor  # (R,) sampled ids, on the device
-    host_ids: torch.Tensor  # their copy on the host; pinned and filled by then when `ready` has passed
+    host_ids: Any  # their host twin, `tolist()`-able: filled by then when `ready` has passed
     ready: torch.cuda.Event | None  # None: the device is the host
     decode: bool  # every scheduled sequence wrote one token and samples: a look-ahead may follow
     rng_before: dict[int, torch.Tensor] | None = None  # look-ahead: seq_id -> sampler state before the draw
@@ -41,12 +42,15 @@ class Launched:
         return self.host_ids.tolist()
 
 
-def _to_host(ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-    """Queues the ids' copy to the host now, before any later step: reading them then waits for no more."""
+def _to_host(ids: torch.Tensor, runner) -> tuple[Any, torch.cuda.Event | None]:
+    """Queues the ids' copy to the host now, before any later step: reading them then waits for no more.
+    Ids the step itself wrote to the host (the runner's `host_ids`) need only the event."""
     if ids.device.type != "cuda":
         return ids, None
-    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-    host.copy_(ids, non_blocking=True)
+    host = getattr(runner, "host_ids", lambda _: None)(ids)
+    if host is None:
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
     return host, ready
@@ -148,7 +152,7 @@ class Batcher:
         batch = build_step(scheduled, self.cache)
         ids, _ = self._forward(batch)
         decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
-        return Launched(batch.samplers, ids, *_to_host(ids), decode)
+        return Launched(batch.samplers, ids, *_to_host(ids, self.runner), decode)
 
     def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple[torch.Tensor, dict | None]:
         """Queues forward and sampling and commits the cache step (its writes precede any later read).
@@ -200,7 +204,7 @@ class Batcher:
         )
         ids, rng = self._forward(batch, snapshot=True)
         self.lookahead_steps += 1
-        return Launched(list(seqs), ids, *_to_host(ids), True, rng)
+        return Launched(list(seqs), ids, *_to_host(ids, self.runner), True, rng)
 
     # -- reading the ids
     def _resolve(self, launched: Launched) -> list[tuple[Sequence, int]]:

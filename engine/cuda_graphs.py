@@ -6,6 +6,8 @@ sent in one copy per step, so one graph serves any mix of sequence lengths. Padd
 scratch column and padding segments are empty. A cache reallocation bumps the storage version: stale
 graphs go. The graph ends with the rows' argmax (the greedy ids) written over its own token ids, so a
 look-ahead step that feeds them back needs no copy at all, and a greedy step no launch after the graph.
+That argmax also ends the step (kernels/step_advance.py): the ids go straight into pinned host memory and
+the step table moves on by one token, so steady greedy decoding is graph after graph, no copy between.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from engine.cache.sequence_layout import SequenceKVCache
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
 from kernels.argmax import argmax_rows
+from kernels.step_advance import HOST_RING, host_ring
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 log = logging.getLogger(__name__)
@@ -24,12 +27,16 @@ log = logging.getLogger(__name__)
 
 class DecodeGraphs:
     def __init__(self, model: CausalLM, cache: SequenceKVCache, buckets: tuple[int, ...] = BATCH_BUCKETS,
-                 compile_model: bool = False):
+                 compile_model: bool = False, step_advance: bool = True):
         self.model, self.cache = model, cache
         self.buckets = tuple(sorted(buckets))
         self.forward = _compiled(model) if compile_model else model
         self.compiled = compile_model
         self._argmax_impl, self._argmax_scratch = _argmax_kernel(self.buckets[-1], cache.device)
+        # the argmax ends the step on the device: ids to this pinned ring, the table one token on
+        self.step_advance = step_advance and self._argmax_impl == "triton"
+        self._host_ids = host_ring(self.buckets[-1]) if self.step_advance else None
+        self._last: tuple[torch.Tensor, HostIds] | None = None  # the latest replay's greedy ids and their host twin
         # (batch bucket, kv bucket) -> (graph, its logits, its greedy ids)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._version = cache.storage_version
@@ -64,7 +71,15 @@ class DecodeGraphs:
         graph, logits, ids = self.graphs[key]
         graph.replay()
         self.replays += 1
-        return logits[:n], ids[:n]
+        ids = ids[:n]
+        if self.step_advance:
+            self.cache.advanced()
+            self._last = ids, HostIds(self._host_ids, [s.start for s in batch.segments])
+        return logits[:n], ids
+
+    def host_ids(self, ids: torch.Tensor) -> "HostIds | None":
+        """Where `ids`, the greedy ids of the latest replay, reach the host without a copy; None for others."""
+        return self._last[1] if self._last is not None and self._last[0] is ids else None
 
     def forward_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a graph of bucket `b` runs: the forward over the step buffer's inputs, every row's logits, and
@@ -72,19 +87,19 @@ class DecodeGraphs:
         plan = self.cache.plan
         tokens = plan.tokens[:b]
         logits = self.forward(tokens, plan.positions[:b], self.cache, None)
-        return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl, out=tokens)
+        step = self.cache.step_advance(self._host_ids) if self.step_advance else None
+        return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl, out=tokens, step=step)
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         # Warm up on a side stream (Triton/inductor compile here, not during capture); it runs this
-        # very step, so what it writes into the cache is what the replay writes again.
-        tokens = self.cache.plan.tokens[:b]
-        fed = tokens.clone()  # the warm-up's argmax overwrites them; the replay must read them again
+        # very step, so what it writes into the cache is what the replay writes again. What it writes into
+        # the step buffer (ids over the tokens, the advanced table) is put back: the replay reads them.
         side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.forward_step(b)
-        torch.cuda.current_stream().wait_stream(side)
-        tokens.copy_(fed)
+        with self.cache.step_buffer_kept():
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self.forward_step(b)
+            torch.cuda.current_stream().wait_stream(side)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -93,6 +108,18 @@ class DecodeGraphs:
         self.captures += 1
         log.debug("captured decode graph: batch %d, kv bucket %d", b, self.cache.plan.max_kv_len)
         return graph, logits, ids
+
+
+class HostIds:
+    """A replayed step's greedy ids in the pinned host ring (row r at slot position_r % HOST_RING); read them
+    once the step's event has passed."""
+
+    def __init__(self, ring: torch.Tensor, positions: list[int]):
+        self._ring = ring.numpy()
+        self._slots = [p % HOST_RING for p in positions]
+
+    def tolist(self) -> list[int]:
+        return [int(self._ring[slot, row]) for row, slot in enumerate(self._slots)]
 
 
 def _argmax_kernel(rows: int, device: torch.device) -> tuple[str, object]:

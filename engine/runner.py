@@ -13,7 +13,7 @@ class ModelRunner:
 
     def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int, graphs: bool | None = None,
                  compile_decode: bool = False, decode_gemm: bool | None = None, fused_kernels: bool = True,
-                 decode_splits: int | None = None):
+                 decode_splits: int | None = None, step_advance: bool = True):
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
@@ -30,11 +30,16 @@ class ModelRunner:
         if graphs:
             from engine.cuda_graphs import DecodeGraphs
 
-            self.graphs = DecodeGraphs(model, cache, compile_model=compile_decode)
+            self.graphs = DecodeGraphs(model, cache, compile_model=compile_decode, step_advance=step_advance)
 
     def accepts_device_tokens(self, num_seqs: int) -> bool:
         """Whether a decode step of `num_seqs` may take its tokens from the last step's device ids."""
         return self.graphs is None or num_seqs <= self.graphs.buckets[-1]
+
+    def host_ids(self, ids: torch.Tensor):
+        """The host twin of `ids` when the step wrote them to the host itself (a replayed graph's greedy ids:
+        a `tolist()`-able, valid once the step's event has passed), else None: copy them."""
+        return self.graphs.host_ids(ids) if self.graphs is not None else None
 
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:

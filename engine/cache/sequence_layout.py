@@ -8,6 +8,7 @@ between steps, so a captured CUDA graph reads each step's table as data.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +65,7 @@ class SequenceKVCache(RingedLayout, KVCache):
         self._buffers: _StepBuffers | None = None
         self._pad_segments = 0
         self._tokens: torch.Tensor | None = None
+        self._step_key: tuple | None = None
 
     @property
     def uses_kernels(self) -> bool:
@@ -144,17 +146,44 @@ class SequenceKVCache(RingedLayout, KVCache):
         return s.q_start, s.q_len, gather.to(self.device), visible(kpos, qpos, window).to(self.device)
 
     def _plan_kernels(self) -> None:
-        """Host ints -> one pinned buffer -> one non-blocking copy; the plan holds device views of it."""
+        """Host ints -> one pinned buffer -> one non-blocking copy; the plan holds device views of it. The copy
+        leaves out what the device holds already: the ids of a look-ahead step, and the table of a decode step
+        that the previous replayed graph moved on to (kernels/step_advance.py)."""
         T, segs = self.num_tokens, self.segments
         S = max(len(segs), self._pad_segments)
         bufs = self._buffers
         if bufs is None or not bufs.fits(T, S):
-            self._buffers = bufs = _StepBuffers(len(self._kinds), max(T, 512), max(S, 64), self.device)
+            rings = [self.ring_rows(w) or 0 for w in self._kinds]
+            self._buffers = bufs = _StepBuffers(len(self._kinds), max(T, 512), max(S, 64), rings, self.device)
             self.storage_version += 1
-        host, n = bufs.host_for_write(), bufs.tokens
-        if self._tokens is not None:
-            ids = self._tokens.tolist()
-            host[: len(ids)] = ids
+        n, off = bufs.tokens, bufs.table_offset
+        key = (self.storage_version, T, S, tuple((s.q_start, s.q_len, s.slot, s.start) for s in segs))
+        table = bufs.table_key != key
+        if table or self._tokens is not None:
+            host = bufs.host_for_write()
+            if self._tokens is not None:
+                ids = self._tokens.tolist()
+                host[: len(ids)] = ids
+            if table:
+                self._write_table(host, bufs, T, S)
+                bufs.table_key = key
+            bufs.send(0 if self._tokens is not None else n, off + 2 * S if table else T)
+        self._step_key = key
+        dev = bufs.device
+        seq_info = dev[off : off + 2 * S].view(torch.int32).view(S, 4)
+        kind_slots = [dev[(i + 2) * n : (i + 2) * n + T] for i in range(len(self._kinds))]
+        self.plan = KernelPlan(
+            seq_info=seq_info,
+            layer_slots=[kind_slots[self._kinds.index(w)] for w in self.windows],
+            max_q_len=pow2_bucket(max((s.q_len for s in segs), default=1)),
+            max_kv_len=pow2_bucket(max((s.start + s.q_len for s in segs), default=1), MIN_KV_BUCKET),
+            positions=dev[bufs.positions_offset : bufs.positions_offset + T],
+            tokens=dev[:T],
+        )
+
+    def _write_table(self, host, bufs: "_StepBuffers", T: int, S: int) -> None:
+        """Positions, per window kind the flat write slots, and the segment table, into the staging buffer."""
+        segs, n = self.segments, bufs.tokens
         positions = [0] * T  # padding rows: position 0 of the scratch column
         for s in segs:
             positions[s.q_start : s.q_start + s.q_len] = range(s.start, s.start + s.q_len)
@@ -173,17 +202,40 @@ class SequenceKVCache(RingedLayout, KVCache):
         pad = [0, self.scratch] * (S - len(segs))
         off = bufs.table_offset
         host[off : off + 2 * S] = [x for pair in zip(*table) for x in pair] + pad
-        dev = bufs.send(0 if self._tokens is not None else n, off + 2 * S)
-        seq_info = dev[off : off + 2 * S].view(torch.int32).view(S, 4)
-        kind_slots = [dev[(i + 2) * n : (i + 2) * n + T] for i in range(len(self._kinds))]
-        self.plan = KernelPlan(
-            seq_info=seq_info,
-            layer_slots=[kind_slots[self._kinds.index(w)] for w in self.windows],
-            max_q_len=pow2_bucket(max((s.q_len for s in segs), default=1)),
-            max_kv_len=pow2_bucket(max((s.start + s.q_len for s in segs), default=1), MIN_KV_BUCKET),
-            positions=dev[bufs.positions_offset : bufs.positions_offset + T],
-            tokens=dev[:T],
-        )
+
+    def step_advance(self, host_ids: torch.Tensor):
+        """What a decode graph's argmax moves on after this step (kernels/step_advance.py), with the ids going
+        to `host_ids`; call `advanced` once it has run. None where the kernels do not run."""
+        from kernels.step_advance import StepAdvance
+
+        bufs, plan = self._buffers, self.plan
+        if plan is None or not self.uses_kernels:
+            return None
+        n, kinds = bufs.tokens, len(self._kinds)
+        slots = bufs.device[2 * n : (2 + kinds) * n].view(kinds, n)
+        return StepAdvance(host_ids, plan.seq_info, plan.positions, slots, bufs.rings, self.columns)
+
+    @contextlib.contextmanager
+    def step_buffer_kept(self):
+        """For kernels run outside the engine's order (a graph's warm-up, a profile): what they write into the
+        step buffer (greedy ids, the advanced table) is put back afterwards."""
+        with torch.inference_mode():  # the buffer is an inference tensor
+            saved = self._buffers.device.clone()
+        try:
+            yield
+        finally:
+            with torch.inference_mode():
+                self._buffers.device.copy_(saved)
+
+    def advanced(self) -> None:
+        """The step just queued ran `step_advance`: the device now holds the table of the same sequences'
+        next decode step, one token on (and the next prepare_step sends none)."""
+        version, T, S, segs = self._step_key
+        if all(q_len == 1 and q_start == i for i, (q_start, q_len, _, _) in enumerate(segs)):
+            self._buffers.table_key = (version, T, S, tuple((i, 1, slot, start + 1) for i, (_, _, slot, start)
+                                                            in enumerate(segs)))
+        else:  # the kernel moves on only rows that are their own segment: nothing to rely on
+            self._buffers.table_key = None
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if not self.uses_kernels or self.plan is None:
@@ -219,7 +271,7 @@ class _StepBuffers:
     """Pinned host staging and its device twin, int64, `tokens` rows per section: the step's token ids, their
     positions, per window kind the flat write slots, then the segment table."""
 
-    def __init__(self, kinds: int, tokens: int, segments: int, device: torch.device):
+    def __init__(self, kinds: int, tokens: int, segments: int, rings: list[int], device: torch.device):
         self.tokens, self.segments = tokens, segments
         self.positions_offset = tokens
         self.table_offset = (kinds + 2) * tokens
@@ -228,6 +280,8 @@ class _StepBuffers:
         self._host = torch.zeros(n, dtype=torch.int64, pin_memory=pin)
         self._host_np = self._host.numpy()
         self.device = torch.zeros(n, dtype=torch.int64, device=device)
+        self.rings = torch.tensor(rings, dtype=torch.int64, device=device)  # per window kind, 0: flat storage
+        self.table_key = None  # (storage version, T, S, segments) of the table the device holds, if known
         self._sent = torch.cuda.Event() if pin else None
 
     def fits(self, tokens: int, segments: int) -> bool:

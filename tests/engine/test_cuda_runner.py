@@ -236,3 +236,29 @@ def test_triton_equals_reference_attention(gpu_model):
     report("triton_vs_reference", {"max_gap": gap, "scale": scale,
                                    "argmax_equal": bool((out["triton"].argmax(-1) == out["reference"].argmax(-1)).all())})
     assert gap <= REL_GAP * scale
+
+
+@needs_cuda
+def test_step_advance_equals_host_copies(gpu_model):
+    """Graphs that hand their ids to the host and move the step table on themselves (the default) against
+    graphs framed by copies: bit for bit, while sessions arrive, finish at different lengths, and one samples
+    (its ids are copied in and out; the table still moves on in the graph)."""
+    args, model = gpu_model
+    ids = [p[:n] for p, n in zip(prompts(args, 5, length=200, seed=11), [9, 60, 120, 200, 33])]
+    params = [SamplingParams(max_tokens=m) for m in (40, 12, 33, 40)] + \
+        [SamplingParams(max_tokens=30, temperature=0.9, top_k=40, seed=3)]
+    runs = {}
+    for advance in (True, False):
+        b = make_batcher(model, args, 5, 400, graphs=True, step_advance=advance)
+        seqs = [Sequence(i, list(p), SamplerState(sp, "cuda")) for i, (p, sp) in enumerate(zip(ids, params))]
+        step, arrivals = 0, [0, 0, 2, 5, 7]
+        while step <= max(arrivals) or b.has_work():
+            for i, at in enumerate(arrivals):
+                if at == step:
+                    b.add(seqs[i])
+            b.step()
+            step += 1
+        assert b.runner.graphs.step_advance == advance and b.lookahead_steps > 10
+        runs[advance] = [s.generated for s in seqs]
+    assert runs[True] == runs[False]
+    assert [len(t) for t in runs[True]] == [40, 12, 33, 40, 30]
