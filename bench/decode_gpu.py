@@ -314,6 +314,9 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true", help="cProfile of an extra run per case (after timing)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
+    from engine.runner import prefer_cublas_without_workspace
+
+    prefer_cublas_without_workspace()  # what the engine sets, here before the baseline's first GEMM
     device = torch.device("cuda")
     args = gemma270m_args()
     weights = random_hf_weights(args)

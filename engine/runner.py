@@ -1,6 +1,8 @@
 """ModelRunner: owns the model and the cache tensors; runs one forward for a step."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from engine.cache import KVCache, SequenceKVCache
@@ -18,6 +20,7 @@ class ModelRunner:
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
         if cache.device.type == "cuda":
+            prefer_cublas_without_workspace()
             model.fuse_projections()  # decode on a GPU is launch-bound: one GEMM for q/k/v, one for gate/up
             if decode_gemm is None:  # with PDL the Triton GEMMs chain with the kernels around them (H200: 1.28x at 1)
                 decode_gemm = fused_kernels and not compile_decode and _pdl(cache.device)
@@ -58,6 +61,14 @@ class ModelRunner:
             logits = self.model(tokens, positions, self.cache, rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits, greedy
+
+
+def prefer_cublas_without_workspace() -> None:
+    """cuBLAS without a workspace, unless the user configured one. The decode LM head (1-64 rows by the whole
+    vocabulary) then runs a kernel that needs no zeroed workspace: no memset launch before it (H200, Gemma-3
+    head at 1 row: 82.2 vs 84.0 us; prefill-sized GEMMs unchanged). PyTorch reads this once, at its first
+    cuBLAS call in the process: call it before any GPU matmul."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":0:0")
 
 
 def _pdl(device: torch.device) -> bool:
