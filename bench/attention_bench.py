@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import replay_ms  # noqa: E402
 from kernels import sdpa_varlen, sdpa_varlen_reference  # noqa: E402
 from kernels.sdpa_varlen_triton import plan_splits, plan_tiles, sdpa_varlen_triton  # noqa: E402
 
@@ -58,15 +59,7 @@ def time_graph(fns: list, reps: int = 20) -> float:
             fn()
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times) / len(fns)
+    return statistics.median(replay_ms(graph, reps)) / len(fns)
 
 
 def make_case(seqs: int, ctx: int, layer: str, copies: int):

@@ -1,6 +1,7 @@
-"""Shared pieces of the CPU benchmarks: loading the embedded model once and timing."""
+"""Shared pieces of the benchmarks: loading the embedded model once and timing."""
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -27,3 +28,20 @@ def median_time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def replay_ms(graph, reps: int, around=contextlib.nullcontext) -> list[float]:
+    """GPU ms of each of `reps` replays of a CUDA graph, each between its own events; `around()`, a context
+    manager, wraps each replay outside its events (what must be put back between replays)."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        with around():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graph.replay()
+            end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from bench.common import replay_ms
 from engine.models import gemma3
 from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs
 
@@ -132,16 +133,7 @@ def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
     if graphs is None or not graphs.graphs:
         return None
     graph = graphs.graphs[max(graphs.graphs)][0]
-    times = []
-    for _ in range(repeats + 1):
-        with graphs.cache.step_buffer_kept():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graph.replay()
-            end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times[1:])
+    return statistics.median(replay_ms(graph, repeats + 1, graphs.cache.step_buffer_kept)[1:])
 
 
 def profile_during(batcher, label: str, at_replay: int = 20) -> None:
