@@ -18,6 +18,7 @@ from bench.decode_gpu import gemma270m_args, make_batcher, parley_model, prompts
 from engine.cache import CacheConfig, make_cache
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
+from tests.support.engine_helpers import run_staggered
 
 CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (decode graphs and Triton kernels)")
@@ -250,15 +251,7 @@ def test_step_advance_equals_host_copies(gpu_model):
     runs = {}
     for advance in (True, False):
         b = make_batcher(model, args, 5, 400, graphs=True, step_advance=advance)
-        seqs = [Sequence(i, list(p), SamplerState(sp, "cuda")) for i, (p, sp) in enumerate(zip(ids, params))]
-        step, arrivals = 0, [0, 0, 2, 5, 7]
-        while step <= max(arrivals) or b.has_work():
-            for i, at in enumerate(arrivals):
-                if at == step:
-                    b.add(seqs[i])
-            b.step()
-            step += 1
+        runs[advance] = run_staggered(b, ids, [0, 0, 2, 5, 7], params, device="cuda")
         assert b.runner.graphs.step_advance == advance and b.lookahead_steps > 10
-        runs[advance] = [s.generated for s in seqs]
     assert runs[True] == runs[False]
     assert [len(t) for t in runs[True]] == [40, 12, 33, 40, 30]
