@@ -45,17 +45,3 @@ def resolve_device(device: str, dtype: str) -> tuple[str, str]:
         dtype = "bfloat16" if device.startswith("cuda") else "float32"  # CPU bf16 matmuls are slow and drift
     return device, dtype
 
-
-def mlx_batcher(lm, cache_config, scheduler_config, release_on_finish: bool = True):
-    """A Batcher whose model, cache and runner are MLX (weights converted from the loaded model)."""
-    from engine.batcher import Batcher
-    from engine.mlx_backend.cache import MLXSequenceKVCache
-    from engine.mlx_backend.model import from_torch
-    from engine.mlx_backend.runner import MLXRunner
-
-    args = lm.args
-    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    model = from_torch(args, lm.model.state_dict(), dtype)
-    cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
-    runner = MLXRunner(model, cache, scheduler_config.max_sampled_rows)
-    return Batcher(model, cache, scheduler_config, "cpu", release_on_finish, runner=runner)

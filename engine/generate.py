@@ -4,14 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from engine.backend import mlx_batcher, resolve_backend
 from engine.batcher import Batcher
-from engine.cache import CacheConfig, make_cache
-from engine.cache.config import dtype_name
 from engine.errors import ContextOverflowError
 from engine.loading.loader import LoadedModel
+from engine.runtime import EngineConfig, build_runtime
 from engine.sampling import SamplerState, SamplingParams
-from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence
 
 TokenCallback = Callable[[int, int], None]  # (prompt index, token id)
@@ -30,23 +27,10 @@ class RunConfig:
 
 def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
     """A batcher whose cache holds `max_seqs` sequences of up to the model's (or the given) context."""
-    args = lm.args
-    max_len = run.max_seq_len or args.max_position_embeddings
-    dtype = dtype_name(next(lm.model.parameters()).dtype)
-    config = CacheConfig(
-        layout=run.kv_layout,
-        max_seqs=max_seqs,
-        max_seq_len=max_len,
-        capacity=max_seqs * max_len,
-        dtype=dtype,
-        max_step_tokens=run.chunk_tokens,
-    )
-    sched = SchedulerConfig(run.step_tokens, run.chunk_tokens, run.max_sampled_rows)
-    if resolve_backend(run.backend, "cpu") == "mlx":
-        return mlx_batcher(lm, config, sched)
-    device = next(lm.model.parameters()).device
-    cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
-    return Batcher(lm.model, cache, sched, device, lookahead=run.lookahead)
+    config = EngineConfig(kv_layout=run.kv_layout, max_sessions=max_seqs, max_session_tokens=run.max_seq_len,
+                          step_tokens=run.step_tokens, chunk_tokens=run.chunk_tokens,
+                          max_sampled_rows=run.max_sampled_rows, backend=run.backend, lookahead=run.lookahead)
+    return build_runtime(lm, config, keep_finished=False).batcher
 
 
 def generate(

@@ -2,7 +2,7 @@
 
 HTTP never runs on the engine thread: probing the model list and every turn run on small worker threads
 that post their results back through the engine's command queue, so events still come from the engine
-thread and session state is only touched there.
+thread and session state is only touched there. A RemoteHost is the engine's ModelHost for one endpoint.
 """
 from __future__ import annotations
 
@@ -14,13 +14,14 @@ from typing import Callable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
+import torch
 
 from engine import events as ev
 from engine.errors import ParleyError
 from engine.sampling import SamplingParams
-from engine.session import Session, Turn
+from engine.session import Session, Turn, TurnRequest
 
-Post = Callable[..., None]  # engine._put: runs fn(*args) on the engine thread
+Post = Callable[..., None]  # post(fn, *args): runs fn(*args) on the engine thread
 
 
 class RemoteError(ParleyError):
@@ -195,57 +196,81 @@ class _Running:
     chunks: int = 0
 
 
-class RemoteModels:
-    """The engine's remote side: registered endpoints and their running turns. Engine-thread methods
-    are called by Engine; worker threads only ever reach it through `post`."""
-
-    def __init__(self, sessions: dict[int, Session], post: Post, emit: Callable[[ev.Event], None]):
-        self._sessions, self._post, self._emit = sessions, post, emit
-        self._models: dict[int, RemoteModel] = {}
-        self._running: dict[int, _Running] = {}  # session id -> its turn
-
-    def has(self, model_id: int) -> bool:
-        return model_id in self._models
-
-    # -- registering (caller's thread, then a worker, then the engine thread)
-    def add(self, model_id: int, remote: RemoteModel) -> None:
-        threading.Thread(target=self._probe, args=(model_id, remote), name="parley-remote-probe", daemon=True).start()
-
-    def _probe(self, model_id: int, remote: RemoteModel) -> None:
+def probe_in_background(remote: RemoteModel, on_ready: Callable[[dict], None], on_error: Callable[[str], None]) -> None:
+    """Probes the endpoint on a worker thread; calls on_ready(info) or on_error(message) from that thread."""
+    def work() -> None:
         try:
             info = remote.probe()
         except ParleyError as exc:
-            self._post(self._emit, ev.ModelFailed(None, model_id, str(exc)))
+            on_error(str(exc))
             return
         except Exception as exc:
-            self._post(self._emit, ev.ModelFailed(None, model_id, f"Could not use {remote.base_url}: {exc!r}"))
+            on_error(f"Could not use {remote.base_url}: {exc!r}")
             return
-        self._post(self._registered, model_id, remote, info)
+        on_ready(info)
 
-    def _registered(self, model_id: int, remote: RemoteModel, info: dict) -> None:
-        self._models[model_id] = remote
-        self._emit(ev.ModelLoaded(None, model_id, remote.model, dict(info)))
+    threading.Thread(target=work, name="parley-remote-probe", daemon=True).start()
 
-    # -- turns (engine thread)
-    def start_turn(self, session: Session, turn_id: int) -> None:
-        remote = self._models[session.model_id]
+
+class RemoteHost:
+    """The sessions on one remote model: each turn streams from the endpoint on its own worker thread, whose
+    results come back to the engine thread through `post`. A turn that already ended ignores them."""
+
+    sampler_device = torch.device("cpu")  # the endpoint samples; the session's generator is never drawn from
+
+    def __init__(self, model_id: int, remote: RemoteModel, post: Post, emit: Callable[[ev.Event], None]):
+        self.model_id, self.remote = model_id, remote
+        self._post, self._emit = post, emit
+        self._running: dict[int, tuple[Session, _Running]] = {}  # session id -> the session and its turn
+
+    def info(self) -> dict:
+        return dict(self.remote.info)
+
+    # -- engine thread
+    def start_turn(self, session: Session, turn_id: int, request: TurnRequest) -> None:
+        if request.continue_final:
+            raise ParleyError("Continuing an answer needs a local model; regenerate it instead.")
+        session.begin(request)
         session.turn = Turn(turn_id, stream=None)
         session.last_used = time.monotonic()
-        run = self._running[session.session_id] = _Running(turn_id)
-        messages = session.conversation()
+        run = _Running(turn_id)
+        self._running[session.session_id] = (session, run)
+        messages = request.conversation()
         if session.raw:  # no template on our side: the document goes as one user message
-            messages = [{"role": "user", "content": "".join(m["content"] for m in session.messages)}]
+            messages = [{"role": "user", "content": "".join(m["content"] for m in request.messages)}]
         self._emit(ev.Started(session.session_id, turn_id))
-        args = (remote, session.session_id, run, messages, session.params)
+        args = (session.session_id, run, messages, request.params)
         threading.Thread(target=self._work, args=args, name="parley-remote-turn", daemon=True).start()
 
-    def end_turn(self, session: Session, reason: str, usage: dict | None = None) -> None:
+    def cancel(self, session: Session) -> None:
+        if session.session_id in self._running:
+            self._end_turn(session, "cancelled")
+
+    def close(self, session: Session) -> None:
+        if session.session_id in self._running:
+            self._end_turn(session, "closed")
+
+    def fork(self, source: Session, child: Session) -> None:
+        pass  # the endpoint keeps no state of ours
+
+    def has_work(self) -> bool:
+        return False  # turns run on worker threads
+
+    def step(self) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        for session, _ in list(self._running.values()):
+            self._end_turn(session, "closed")
+
+    def _end_turn(self, session: Session, reason: str, usage: dict | None = None) -> None:
         """Ends the running turn now (cancel, close or the stream's end); a cancelled worker stops at its next chunk."""
-        run = self._running.pop(session.session_id)
+        _, run = self._running.pop(session.session_id)
         run.cancelled.set()
         text = "".join(run.parts)
-        if text or reason not in ("cancelled", "closed"):
-            session.messages.append({"role": "assistant", "content": text})
         stats = self._stats(session, run, usage)
         session.turn = None
         session.last_used = time.monotonic()
@@ -258,25 +283,25 @@ class RemoteModels:
         n = usage.get("completion_tokens") or run.chunks  # servers stream about one token per chunk
         first = turn.first_token_at
         rate = (n - 1) / (now - first) if first is not None and n > 1 and now > first else None
-        limit = self._models[session.model_id].info.get("context") or 0
+        limit = self.remote.info.get("context") or 0
         return ev.TurnStats(prompt_tokens=prompt, prefilled_tokens=prompt, completion_tokens=n,
                             ttft_s=None if first is None else first - turn.submitted_at, tokens_per_s=rate,
                             context_used=prompt + n, context_limit=limit)
 
     # -- the worker thread of one turn
-    def _work(self, remote: RemoteModel, sid: int, run: _Running, messages: list[dict], params: SamplingParams) -> None:
+    def _work(self, sid: int, run: _Running, messages: list[dict], params: SamplingParams) -> None:
         try:
-            for item in remote.stream_chat(messages, params, run.cancelled):
+            for item in self.remote.stream_chat(messages, params, run.cancelled):
                 self._post(self._on_item, sid, run, item)
         except ParleyError as exc:
             self._post(self._on_error, sid, run, str(exc))
         except Exception as exc:
             self._post(self._on_error, sid, run, f"Remote generation failed: {exc!r}")
 
-    # -- worker results, back on the engine thread; a turn that already ended ignores them
+    # -- worker results, back on the engine thread
     def _current(self, sid: int, run: _Running) -> Session | None:
-        session = self._sessions.get(sid)
-        return session if session is not None and self._running.get(sid) is run else None
+        session, current = self._running.get(sid, (None, None))
+        return session if current is run else None
 
     def _on_item(self, sid: int, run: _Running, item: tuple) -> None:
         session = self._current(sid, run)
@@ -290,7 +315,7 @@ class RemoteModels:
             self._emit(ev.TokenDelta(sid, run.turn_id, [], item[1]))
         else:
             _, reason, usage = item
-            self.end_turn(session, {"stop": "stop", "length": "length"}.get(reason, reason), usage)
+            self._end_turn(session, {"stop": "stop", "length": "length"}.get(reason, reason), usage)
 
     def _on_error(self, sid: int, run: _Running, message: str) -> None:
         session = self._current(sid, run)

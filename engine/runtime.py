@@ -1,4 +1,8 @@
-"""ModelRuntime: one loaded model with its own KV cache and batcher. The engine thread steps each in turn."""
+"""ModelRuntime: one loaded model with its own KV cache, batcher and runner, behind a few methods.
+
+`build_runtime` is the one place a runtime is assembled: the engine, the command line, tests and benchmarks
+all call it, so a choice made here (backend, cache layout, kernels) holds everywhere.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,20 +10,22 @@ from pathlib import Path
 
 import torch
 
-from engine.backend import mlx_batcher, resolve_backend
+from engine.backend import resolve_backend
 from engine.batcher import Batcher
-from engine.runner import ModelRunner
 from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
+from engine.errors import CacheError
 from engine.loading.loader import LoadedModel
+from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
+from engine.sequence import Sequence, Status
 
 
 @dataclass(slots=True)
 class EngineConfig:
     kv_layout: str = "sequence"
     max_sessions: int = 8  # cache slots per model: sessions generating at once; more wait in a queue
-    max_session_tokens: int = 8192  # each session's context, capped by the model's own
+    max_session_tokens: int | None = 8192  # each session's context, capped by the model's own (None: the model's)
     step_tokens: int = 512  # token budget of one forward (chunked prefill keeps other chats moving)
     chunk_tokens: int = 256
     max_sampled_rows: int = 64
@@ -31,33 +37,21 @@ class EngineConfig:
     cache_dir: Path | None = None  # converted GGUF weights
 
     def __post_init__(self) -> None:
-        SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)  # validates
+        self.scheduler_config()  # validates
+        if self.max_sessions < 1:
+            raise ValueError("max_sessions must be at least 1")
+
+    def scheduler_config(self) -> SchedulerConfig:
+        return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
 
 
 class ModelRuntime:
-    def __init__(self, model_id: int, lm: LoadedModel, config: EngineConfig):
-        self.model_id, self.lm = model_id, lm
-        args = lm.args
-        self.limit = min(config.max_session_tokens, args.max_position_embeddings)
-        cache_config = CacheConfig(
-            layout=config.kv_layout,
-            max_seqs=config.max_sessions,
-            max_seq_len=self.limit,
-            capacity=config.max_sessions * self.limit,
-            dtype=dtype_name(next(lm.model.parameters()).dtype),
-            max_step_tokens=config.chunk_tokens,
-        )
-        sched = SchedulerConfig(config.step_tokens, config.chunk_tokens, config.max_sampled_rows)
-        self.backend = resolve_backend(config.backend, str(next(lm.model.parameters()).device))
-        if self.backend == "mlx":
-            self.batcher = mlx_batcher(lm, cache_config, sched, release_on_finish=False)
-            self.device = torch.device("cpu")  # samplers run in torch on the host
-            return
-        device = self.device = next(lm.model.parameters()).device
-        cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
-        runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, compile_decode=config.compile_decode)
-        self.batcher = Batcher(lm.model, cache, sched, device, release_on_finish=False, runner=runner,
-                               lookahead=config.lookahead)
+    """A model's step machinery. Everything here runs on the engine thread (or the caller's, in benchmarks)."""
+
+    def __init__(self, model_id: int, lm: LoadedModel, backend: str, batcher: Batcher, limit: int):
+        self.model_id, self.lm, self.backend = model_id, lm, backend
+        self.batcher, self.limit = batcher, limit
+        self.device = torch.device(batcher.device)  # where logits land and samplers draw (the host for MLX)
 
     @property
     def scheduler(self):
@@ -67,6 +61,64 @@ class ModelRuntime:
     def cache(self):
         return self.batcher.cache
 
+    # -- stepping
+    def has_work(self) -> bool:
+        return self.batcher.has_work()
+
+    def step(self) -> list[tuple[Sequence, int]]:
+        return self.batcher.step()
+
+    def settle(self) -> list[tuple[Sequence, int]]:
+        """Reads any step queued ahead, so sequences can be changed from outside."""
+        return self.batcher.settle() if self.batcher.has_ahead() else []
+
+    def fail_in_flight(self) -> list[Sequence]:
+        """After a failed step: ends the sequences it held and frees their (half written) cache rows."""
+        failed, self.batcher.in_flight = self.batcher.in_flight, []
+        for seq in failed:
+            self.scheduler.finish(seq, "error", release=True)
+        return failed
+
+    # -- sequences
+    def free_slots(self) -> int:
+        return self.cache.book.free_slots
+
+    def waiting(self) -> list[Sequence]:
+        return list(self.scheduler.waiting)
+
+    def run(self, seq: Sequence) -> None:
+        """Schedules a sequence: at once if it still holds a slot, else through admission."""
+        self.scheduler.resume(seq)
+
+    def stop(self, seq: Sequence, reason: str) -> None:
+        """Ends its generation; the cache keeps what it holds (the session's next turn reuses it)."""
+        self.scheduler.finish(seq, reason, release=False)
+
+    def release(self, seq: Sequence) -> None:
+        """Gives its cache slot back."""
+        self.scheduler.release(seq)
+
+    def fork(self, seq: Sequence, seq_id: int) -> Sequence | None:
+        """A finished sequence holding a copy of `seq`'s cached tokens, or None when no slot is free."""
+        if seq.slot is None or not self.free_slots():
+            return None
+        cached = seq.token_ids[: seq.num_cached]
+        child = Sequence(seq_id, list(cached), seq.sampler, seq.stop_ids, seq.max_len)
+        child.slot = self.cache.seq_clone(seq.slot)
+        child.num_cached, child.status = len(cached), Status.FINISHED
+        return child
+
+    def keep_prefix(self, seq: Sequence, keep: int) -> None:
+        """Trims the cached tokens to `keep`; a ring that overwrote what `keep` needs drops them all."""
+        if seq.slot is None or keep >= seq.num_cached:
+            return
+        try:
+            self.cache.rewind(seq.slot, keep)
+            seq.num_cached = keep
+        except CacheError:  # rewinding past a sliding-window ring: prefill again from scratch
+            self.release(seq)
+
+    # -- lifetime
     def close(self) -> None:
         """Waits for queued device work and drops the model and cache (on the engine thread)."""
         if self.backend == "mlx":
@@ -76,10 +128,50 @@ class ModelRuntime:
         self.batcher = None
         self.lm.model = None
 
-    def has_work(self) -> bool:
-        return self.batcher.has_work()
-
     def info(self) -> dict:
         a = self.lm.args
-        return {"architecture": a.model_type, "backend": self.backend, "context": self.limit, "vocab": a.vocab_size, "layers": a.num_layers,
-                "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2)}
+        return {"architecture": a.model_type, "backend": self.backend, "context": self.limit, "vocab": a.vocab_size,
+                "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2)}
+
+
+def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True) -> ModelRuntime:
+    """The runtime for a loaded model. `keep_finished`: a finished sequence keeps its cache slot (sessions reuse it
+    on their next turn); one-shot runs pass False so that queued prompts take the slots of finished ones."""
+    args = lm.args
+    limit = args.max_position_embeddings
+    if config.max_session_tokens is not None:
+        limit = min(config.max_session_tokens, limit)
+    weights_device = next(lm.model.parameters()).device
+    cache_config = CacheConfig(
+        layout=config.kv_layout,
+        max_seqs=config.max_sessions,
+        max_seq_len=limit,
+        capacity=config.max_sessions * limit,
+        dtype=dtype_name(next(lm.model.parameters()).dtype),
+        max_step_tokens=config.chunk_tokens,
+    )
+    sched = config.scheduler_config()
+    release = not keep_finished
+    backend = resolve_backend(config.backend, str(weights_device))
+    if backend == "mlx":
+        batcher = _mlx_batcher(lm, cache_config, sched, release)
+    else:
+        cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, weights_device)
+        runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, compile_decode=config.compile_decode)
+        batcher = Batcher(lm.model, cache, sched, weights_device, release_on_finish=release, runner=runner,
+                          lookahead=config.lookahead)
+    return ModelRuntime(model_id, lm, backend, batcher, limit)
+
+
+def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool) -> Batcher:
+    """A Batcher whose model, cache and runner are MLX (its weights converted from the loaded torch model)."""
+    from engine.mlx_backend.cache import MLXSequenceKVCache
+    from engine.mlx_backend.model import from_torch
+    from engine.mlx_backend.runner import MLXRunner
+
+    args = lm.args
+    dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
+    model = from_torch(args, lm.model.state_dict(), dtype)
+    cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
+    runner = MLXRunner(model, cache, sched.max_sampled_rows)
+    return Batcher(model, cache, sched, "cpu", release, runner=runner)

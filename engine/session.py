@@ -1,22 +1,55 @@
-"""Per-session state on the engine thread: the conversation, its cache sequence, its sampler, the running turn."""
+"""Per-session state on the engine thread: its cache sequence, its sampler, the running turn.
+
+The conversation itself belongs to the caller: every turn carries the messages it continues (a
+TurnRequest), and the engine reuses whatever prefix of their tokens the session's cache still holds.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
 
-from engine.errors import ContextOverflowError
+from engine.errors import ContextOverflowError, ParleyError
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 from engine.text_stream import TextStream
 from engine.tokenizer import Tokenizer
 
 OVERFLOW_POLICIES = ("stop", "truncate")
+ROLES = ("user", "assistant")
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRequest:
+    """What a turn answers: the conversation so far (user/assistant messages, no system message), ending with
+    the user message to answer, or with `continue_final` the assistant answer to generate more of."""
+
+    messages: tuple[dict[str, str], ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    system_prompt: str | None = None
+    continue_final: bool = False
+
+    def check(self, raw: bool) -> None:
+        """Raises ParleyError when the request cannot be answered as it stands."""
+        if not self.messages:
+            raise ParleyError("There is no answer to continue." if self.continue_final else "There is no message to answer.")
+        for m in self.messages:
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+                raise ParleyError("Chat messages must be user or assistant messages with text content.")
+        last = self.messages[-1]
+        if self.continue_final and (last["role"] != "assistant" or not last["content"]):
+            raise ParleyError("There is no answer to continue.")
+        if not self.continue_final and last["role"] != "user" and not raw:
+            raise ParleyError("The last message must be the user's for the model to answer it.")
+
+    def conversation(self, skip: int = 0) -> list[dict[str, str]]:
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return system + [dict(m) for m in self.messages[skip:]]
 
 
 @dataclass(eq=False, slots=True)
 class Turn:
     turn_id: int
-    stream: TextStream
+    stream: TextStream | None  # None for a remote model: the endpoint sends text
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     prompt_tokens: int = 0
@@ -30,19 +63,18 @@ class Turn:
 class Session:
     session_id: int
     model_id: int
-    params: SamplingParams
     sampler: SamplerState
-    system_prompt: str | None = None
     overflow: str = "stop"
     raw: bool = False  # a plain-text document (BOS + text), no chat template
-    messages: list[dict[str, str]] = field(default_factory=list)  # user/assistant turns, no system message
     seq: Sequence | None = None  # its slot and cached tokens survive between turns
     turn: Turn | None = None
     last_used: float = field(default_factory=time.monotonic)
 
-    def conversation(self, skip: int = 0) -> list[dict[str, str]]:
-        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-        return system + self.messages[skip:]
+    def begin(self, request: TurnRequest) -> None:
+        """Takes the turn's params; a seed set in them seeds every turn, so the same turn draws the same tokens."""
+        self.sampler.update(request.params)
+        if request.params.seed is not None:
+            self.sampler.generator.manual_seed(request.params.seed)
 
     def cached_ids(self) -> list[int]:
         if self.seq is None or self.seq.slot is None:
@@ -50,23 +82,24 @@ class Session:
         return self.seq.token_ids[: self.seq.num_cached]
 
 
-def render_turn(session: Session, tok: Tokenizer, limit: int, continue_final: bool = False) -> tuple[list[int], int]:
+def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int) -> tuple[list[int], int]:
     """Token ids of the whole conversation plus the generation prompt, applying the overflow policy.
 
     `continue_final` leaves the last (assistant) message open instead, to generate more of it.
     Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`.
     """
-    if session.raw:
-        ids = tok.encode("".join(m["content"] for m in session.messages), add_bos=True)
+    cont = request.continue_final
+    if raw:
+        ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
-        ids = tok.apply_chat_template(session.conversation(), continue_final=continue_final)
+        ids = tok.apply_chat_template(request.conversation(), continue_final=cont)
     if len(ids) < limit:
         return ids, 0
-    if session.overflow == "truncate" and not session.raw:
-        for skip in range(1, len(session.messages)):
-            if session.messages[skip]["role"] != "user":
+    if overflow == "truncate" and not raw:
+        for skip in range(1, len(request.messages)):
+            if request.messages[skip]["role"] != "user":
                 continue  # a conversation resumes at a user turn
-            ids = tok.apply_chat_template(session.conversation(skip), continue_final=continue_final)
+            ids = tok.apply_chat_template(request.conversation(skip), continue_final=cont)
             if len(ids) < limit:
                 return ids, skip
     raise ContextOverflowError(

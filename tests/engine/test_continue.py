@@ -28,7 +28,7 @@ def test_greedy_continuation_equals_one_longer_answer(gemma_lm):
     assert first + more == whole
 
 
-@pytest.fixture(params=[None, True], ids=["plain", "lookahead"])
+@pytest.fixture(params=[False, True], ids=["plain", "lookahead"])
 def client(tiny_models, request):
     c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16,
                             lookahead=request.param))
@@ -39,10 +39,10 @@ def client(tiny_models, request):
 
 
 def test_continue_grows_the_last_answer(client):
-    sid = client.engine.open_session(client.model, params=SamplingParams(max_tokens=6))
+    sid = client.open(client.model, params=SamplingParams(max_tokens=6))
     first = client.ask(sid, "hello there")
     assert first.reason == "length" and first.text
-    turn = client.engine.continue_answer(sid)
+    turn = client.continue_answer(sid)
     end = client.wait(turn)
     assert isinstance(end, ev.Finished) and end.reason in ("length", "stop")
     assert end.text == first.text + client.text(turn)  # the new text streams; Finished has the whole answer
@@ -51,19 +51,19 @@ def test_continue_grows_the_last_answer(client):
     # decode/encode round trip, so the answer itself may be prefilled again; the Gemma test above shows
     # the exact case.)
     assert end.stats.prefilled_tokens <= end.stats.prompt_tokens - 12
-    messages = client.engine.call(lambda eng: eng._sessions[sid].messages)
+    messages = client.chats[sid].messages
     assert [m["role"] for m in messages] == ["user", "assistant"] and messages[-1]["content"] == end.text
     follow = client.ask(sid, "and?")  # the conversation goes on normally afterwards
     assert follow.reason in ("length", "stop")
 
 
 def test_continue_without_an_answer_is_refused(client):
-    sid = client.engine.open_session(client.model, params=SamplingParams(max_tokens=4))
-    err = client.wait(client.engine.continue_answer(sid))
+    sid = client.open(client.model, params=SamplingParams(max_tokens=4))
+    err = client.wait(client.continue_answer(sid))
     assert isinstance(err, ev.Error) and "no answer to continue" in err.message
     client.ask(sid, "hi")
-    client.engine.set_messages(sid, [{"role": "user", "content": "hi"}])
-    err = client.wait(client.engine.continue_answer(sid))
+    client.rewind(sid, 1)  # the answer is gone: only the question is left
+    err = client.wait(client.continue_answer(sid))
     assert isinstance(err, ev.Error) and "no answer to continue" in err.message
 
 

@@ -13,7 +13,7 @@ from tests.support.engine_client import Client
 GREEDY = SamplingParams(max_tokens=12)
 
 
-@pytest.fixture(params=[None, True], ids=["plain", "lookahead"])
+@pytest.fixture(params=[False, True], ids=["plain", "lookahead"])
 def client(tiny_models, request):
     config = EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16, lookahead=request.param)
     c = Client(config)
@@ -25,8 +25,8 @@ def client(tiny_models, request):
 
 
 def test_turn_events_in_order_and_text_matches(client):
-    sid = client.engine.open_session(client.model, params=GREEDY)
-    turn = client.engine.submit(sid, "Hello there")
+    sid = client.open(client.model, params=GREEDY)
+    turn = client.send(sid, "Hello there")
     end = client.wait(turn)
     kinds = [type(e).__name__ for e in client.by_turn[turn]]
     assert kinds[0] == "Started" and kinds[-1] == "Finished" and set(kinds[1:-1]) == {"TokenDelta"}
@@ -41,33 +41,33 @@ def test_batched_sessions_equal_alone(client):
     prompts = ["alpha beta", "def f(x): return x * 2", "1 2 3 4 5 6 7 8", "naïve café über", "The end."]
     alone = []
     for p in prompts:
-        sid = client.engine.open_session(client.model, params=GREEDY)
+        sid = client.open(client.model, params=GREEDY)
         alone.append(client.tokens(client.ask(sid, p).turn_id))
-    sids = [client.engine.open_session(client.model, params=GREEDY) for _ in prompts]
-    turns = [client.engine.submit(sid, p) for sid, p in zip(sids, prompts)]  # 5 sessions, 4 slots: one queues
+    sids = [client.open(client.model, params=GREEDY) for _ in prompts]
+    turns = [client.send(sid, p) for sid, p in zip(sids, prompts)]  # 5 sessions, 4 slots: one queues
     for t in turns:
         assert isinstance(client.wait(t), ev.Finished)
     assert [client.tokens(t) for t in turns] == alone
     assert any(isinstance(e, ev.Queued) for e in client.all)
-    ran_ahead = client.engine.call(lambda eng: eng._models[client.model].batcher.lookahead_steps)
+    ran_ahead = client.engine.inspect()["models"][client.model]["lookahead_steps"]
     assert (ran_ahead > 0) == client.lookahead
 
 
 def test_seeded_sampling_is_reproducible_alone_or_batched(client):
     params = SamplingParams(temperature=0.9, top_p=0.95, seed=1234, max_tokens=12)
-    sid = client.engine.open_session(client.model, params=params)
+    sid = client.open(client.model, params=params)
     alone = client.tokens(client.ask(sid, "tell me a story").turn_id)
-    others = [client.engine.open_session(client.model, params=SamplingParams(temperature=1.0, max_tokens=12)) for _ in range(2)]
-    sid2 = client.engine.open_session(client.model, params=params)
-    turns = [client.engine.submit(o, "noise " * (i + 1)) for i, o in enumerate(others)]
-    mine = client.engine.submit(sid2, "tell me a story")
+    others = [client.open(client.model, params=SamplingParams(temperature=1.0, max_tokens=12)) for _ in range(2)]
+    sid2 = client.open(client.model, params=params)
+    turns = [client.send(o, "noise " * (i + 1)) for i, o in enumerate(others)]
+    mine = client.send(sid2, "tell me a story")
     for t in turns + [mine]:
         client.wait(t)
     assert client.tokens(mine) == alone
 
 
 def test_second_turn_prefills_only_new_tokens(client):
-    sid = client.engine.open_session(client.model, system_prompt="Be brief.", params=GREEDY)
+    sid = client.open(client.model, system="Be brief.", params=GREEDY)
     first = client.ask(sid, "first question")
     second = client.ask(sid, "second question")
     assert second.stats.prompt_tokens > first.stats.prompt_tokens
@@ -75,31 +75,31 @@ def test_second_turn_prefills_only_new_tokens(client):
 
 
 def test_regenerate_greedy_is_identical_and_cheap(client):
-    sid = client.engine.open_session(client.model, params=GREEDY)
+    sid = client.open(client.model, params=GREEDY)
     first = client.ask(sid, "question")
-    again = client.wait(client.engine.regenerate(sid))
+    again = client.wait(client.regenerate(sid))
     assert client.tokens(again.turn_id) == client.tokens(first.turn_id)
     assert again.stats.prefilled_tokens <= 1
 
 
 def test_fork_and_rewind_equal_fresh_sessions(client):
-    sid = client.engine.open_session(client.model, params=GREEDY)
+    sid = client.open(client.model, params=GREEDY)
     client.ask(sid, "one")
     client.ask(sid, "two")
-    child = client.engine.fork(sid, at_message=2)  # keeps "one" and its answer
+    child = client.fork(sid, at_message=2)  # keeps "one" and its answer
     branch = client.ask(child, "three")
-    fresh = client.engine.open_session(client.model, params=GREEDY)
+    fresh = client.open(client.model, params=GREEDY)
     client.ask(fresh, "one")
     assert client.tokens(client.ask(fresh, "three").turn_id) == client.tokens(branch.turn_id)
     assert branch.stats.prefilled_tokens < branch.stats.prompt_tokens  # the fork shared the cache prefix
-    client.engine.rewind(sid, 2)
+    client.rewind(sid, 2)
     edited = client.ask(sid, "three")
     assert client.tokens(edited.turn_id) == client.tokens(branch.turn_id)
 
 
 def test_cancel_mid_stream(client):
-    sid = client.engine.open_session(client.model, params=SamplingParams(max_tokens=200))
-    turn = client.engine.submit(sid, "go on and on")
+    sid = client.open(client.model, params=SamplingParams(max_tokens=200))
+    turn = client.send(sid, "go on and on")
     client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn)
     client.engine.cancel(sid)
     end = client.wait(turn)
@@ -109,12 +109,12 @@ def test_cancel_mid_stream(client):
 
 
 def test_stop_string_ends_the_turn_and_is_not_shown(client):
-    sid = client.engine.open_session(client.model, params=GREEDY)
+    sid = client.open(client.model, params=GREEDY)
     probe = client.ask(sid, "find a stop")
     if len(probe.text) < 4:
         pytest.skip("the tiny model answered with too little text to cut")
     stop = probe.text[2:4]
-    sid2 = client.engine.open_session(client.model, params=SamplingParams(max_tokens=12, stop=[stop]))
+    sid2 = client.open(client.model, params=SamplingParams(max_tokens=12, stop=[stop]))
     end = client.ask(sid2, "find a stop")
     assert end.reason == "stop_string"
     assert end.text == probe.text[: probe.text.index(stop)]
@@ -122,25 +122,25 @@ def test_stop_string_ends_the_turn_and_is_not_shown(client):
 
 def test_context_overflow_policies(client):
     long = "word " * 400  # over the 256-token context
-    sid = client.engine.open_session(client.model, params=GREEDY)
-    err = client.wait(client.engine.submit(sid, long))
+    sid = client.open(client.model, params=GREEDY)
+    err = client.wait(client.send(sid, long))
     assert isinstance(err, ev.Error) and "context" in err.message
     assert client.ask(sid, "short").reason in ("stop", "length")  # the refused message was not kept
 
 
 def test_unexpected_failure_starting_a_turn_ends_it(client):
-    sid = client.engine.open_session(client.model, params=GREEDY)
-    rt = client.engine.call(lambda eng: eng._models[client.model])
-    real = rt.lm.tokenizer.apply_chat_template
-    rt.lm.tokenizer.apply_chat_template = lambda *a, **k: 1 / 0
+    sid = client.open(client.model, params=GREEDY)
+    tokenizer = client.engine.loaded_model(client.model).tokenizer
+    real = tokenizer.apply_chat_template
+    tokenizer.apply_chat_template = lambda *a, **k: 1 / 0
     try:
-        err = client.wait(client.engine.submit(sid, "hi"))
+        err = client.wait(client.send(sid, "hi"))
     finally:
-        rt.lm.tokenizer.apply_chat_template = real
+        tokenizer.apply_chat_template = real
     assert isinstance(err, ev.Error) and "ZeroDivisionError" in err.message
     assert client.ask(sid, "hi again").reason in ("stop", "length")
-    assert client.engine.call(lambda eng: eng._sessions[sid].messages[0]["content"]) == "hi again"
-    sid2 = client.engine.open_session(client.model, params=GREEDY, overflow="truncate")
+    assert client.chats[sid].messages[0]["content"] == "hi again"
+    sid2 = client.open(client.model, params=GREEDY, overflow="truncate")
     for i in range(6):
         client.ask(sid2, f"message {i} " + "pad " * 30)
     usage = [e for e in client.all if isinstance(e, ev.ContextUsage) and e.session_id == sid2]
@@ -148,7 +148,7 @@ def test_unexpected_failure_starting_a_turn_ends_it(client):
 
 
 def test_long_generation_stops_at_context_limit(client):
-    sid = client.engine.open_session(client.model, params=SamplingParams(max_tokens=10_000))
+    sid = client.open(client.model, params=SamplingParams(max_tokens=10_000))
     end = client.ask(sid, "x")
     assert end.reason in ("context_full", "stop")
     if end.reason == "context_full":
@@ -156,7 +156,7 @@ def test_long_generation_stops_at_context_limit(client):
 
 
 def test_exception_in_a_step_fails_only_that_step(client):
-    model = client.engine.call(lambda eng: eng._models[client.model].lm.model)
+    model = client.engine.loaded_model(client.model).model
     real_forward = model.forward
     calls = {"n": 0}
 
@@ -166,10 +166,10 @@ def test_exception_in_a_step_fails_only_that_step(client):
             raise RuntimeError("injected fault")
         return real_forward(*args, **kwargs)
 
-    sid = client.engine.open_session(client.model, params=GREEDY)
+    sid = client.open(client.model, params=GREEDY)
     model.forward = flaky
     try:
-        err = client.wait(client.engine.submit(sid, "boom"))
+        err = client.wait(client.send(sid, "boom"))
         assert isinstance(err, ev.Error) and "injected fault" in err.message
         ok = client.ask(sid, "again")  # the same session and the engine keep serving
         assert ok.reason in ("stop", "length")
@@ -186,9 +186,9 @@ def test_failed_model_load_reports_and_engine_stays_usable(client, corrupt_ggufs
     err = client.wait_for(lambda e: isinstance(e, ev.Error) and e.session_id == sid)
     assert "not loaded" in err.message
     other = client.load(tiny_models["llama"].gguf_path)  # a second model beside the first
-    s1 = client.engine.open_session(client.model, params=GREEDY)
-    s2 = client.engine.open_session(other, params=GREEDY)
-    t1, t2 = client.engine.submit(s1, "hi"), client.engine.submit(s2, "hi")
+    s1 = client.open(client.model, params=GREEDY)
+    s2 = client.open(other, params=GREEDY)
+    t1, t2 = client.send(s1, "hi"), client.send(s2, "hi")
     assert isinstance(client.wait(t1), ev.Finished) and isinstance(client.wait(t2), ev.Finished)
 
 
@@ -204,18 +204,18 @@ def test_stress_many_threads(client):
             op = r.random()
             eng = client.engine
             if op < 0.25 or not mine:
-                mine.append(eng.open_session(client.model, params=SamplingParams(max_tokens=r.randint(1, 8))))
+                mine.append(client.open(client.model, params=SamplingParams(max_tokens=r.randint(1, 8))))
             elif op < 0.6:
-                t = eng.submit(r.choice(mine), f"q{r.randint(0, 99)}")
+                t = client.send(r.choice(mine), f"q{r.randint(0, 99)}")
                 with lock:
                     turns.append(t)
             elif op < 0.7:
                 eng.cancel(r.choice(mine))
             elif op < 0.8:
-                mine.append(eng.fork(r.choice(mine)))
+                mine.append(client.fork(r.choice(mine)))
             elif op < 0.9:
                 with lock:
-                    turns.append(eng.regenerate(r.choice(mine)))
+                    turns.append(client.regenerate(r.choice(mine)))
             else:
                 eng.close(mine.pop(r.randrange(len(mine))))
         with lock:
@@ -232,4 +232,39 @@ def test_stress_many_threads(client):
     for sid in sessions:
         client.engine.close(sid)
     assert client.free_slots(client.model) == 4  # no leaked cache slot
-    assert client.engine.call(lambda eng: len(eng._sessions)) == 0
+    assert client.engine.inspect()["sessions"] == 0
+
+
+def test_seeded_regenerate_draws_the_same_answer(client):
+    """A seed in the params seeds every turn: regenerating with Seed = 7 gives the same answer again."""
+    sid = client.open(client.model, params=SamplingParams(temperature=1.0, seed=7, max_tokens=12))
+    first = client.ask(sid, "tell me a story")
+    again = client.wait(client.regenerate(sid))
+    assert client.tokens(again.turn_id) == client.tokens(first.turn_id)
+
+
+def test_turn_carries_its_conversation_and_reuses_the_cached_prefix(client):
+    """The caller owns the conversation: a turn on another branch equals a fresh session's, prefilling only what differs."""
+    sid = client.open(client.model, params=GREEDY)
+    client.ask(sid, "one")
+    client.ask(sid, "two")
+    branch = [dict(m) for m in client.chats[sid].messages[:2]] + [{"role": "user", "content": "three"}]
+    turn = client.wait(client.engine.submit(sid, branch, GREEDY))
+    fresh = client.open(client.model, params=GREEDY)
+    client.ask(fresh, "one")
+    expected = client.ask(fresh, "three")
+    assert client.tokens(turn.turn_id) == client.tokens(expected.turn_id)
+    assert turn.stats.prefilled_tokens < turn.stats.prompt_tokens // 2
+
+
+@pytest.mark.parametrize("messages, continue_final, needle", [
+    ([], False, "no message"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], False, "last message"),
+    ([{"role": "user", "content": "hi"}], True, "no answer to continue"),
+    ([{"role": "system", "content": "hi"}], False, "user or assistant"),
+])
+def test_malformed_turns_fail_alone(client, messages, continue_final, needle):
+    sid = client.open(client.model, params=GREEDY)
+    err = client.wait(client.engine.submit(sid, messages, GREEDY, continue_final=continue_final))
+    assert isinstance(err, ev.Error) and needle in err.message
+    assert client.ask(sid, "fine").reason in ("stop", "length")

@@ -31,17 +31,16 @@ def test_sessions_batched_equal_alone(gemma_dir, device):
     try:
         model = client.load(gemma_dir)
         greedy = SamplingParams(max_tokens=24)
-        alone = [client.tokens(client.ask(client.engine.open_session(model, params=greedy), p).turn_id)
+        alone = [client.tokens(client.ask(client.open(model, params=greedy), p).turn_id)
                  for p in PROMPTS]
-        sids = [client.engine.open_session(model, params=greedy) for _ in PROMPTS]
-        turns = [client.engine.submit(sid, p) for sid, p in zip(sids, PROMPTS)]
+        sids = [client.open(model, params=greedy) for _ in PROMPTS]
+        turns = [client.send(sid, p) for sid, p in zip(sids, PROMPTS)]
         ends = [client.wait(t) for t in turns]
         assert all(isinstance(e, ev.Finished) for e in ends), ends
         assert [client.tokens(t) for t in turns] == alone
         assert all(client.text(t) == e.text for t, e in zip(turns, ends))
-        ahead, replays = client.engine.call(lambda eng: (
-            eng._models[model].batcher.lookahead_steps,
-            getattr(eng._models[model].batcher.runner.graphs, "replays", 0)))
+        counters = client.engine.inspect()["models"][model]
+        ahead, replays = counters["lookahead_steps"], counters["graph_replays"]
         if device == "cuda":  # the GPU path really ran: graphs replayed, steps queued ahead
             assert replays > 0 and ahead > 0
     finally:

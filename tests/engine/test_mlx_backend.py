@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from engine import events as ev
 from engine.generate import RunConfig, make_batcher
 from engine.loading.loader import load_model
 from engine.runtime import EngineConfig
@@ -67,10 +68,10 @@ def test_engine_on_mlx(tiny_models):
     c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16, backend="mlx"))
     with c.engine:
         model = c.load(tiny_models["gemma3"].gguf_path)
-        info = c.engine.call(lambda eng: eng._models[model].info())
-        assert info["backend"] == "mlx"
-        sids = [c.engine.open_session(model, params=SamplingParams(max_tokens=8)) for _ in range(3)]
-        turns = [c.engine.submit(s, f"hello {i}") for i, s in enumerate(sids)]  # 3 sessions, 2 slots
+        loaded = c.wait_for(lambda e: isinstance(e, ev.ModelLoaded) and e.model_id == model)
+        assert loaded.info["backend"] == "mlx"
+        sids = [c.open(model, params=SamplingParams(max_tokens=8)) for _ in range(3)]
+        turns = [c.send(s, f"hello {i}") for i, s in enumerate(sids)]  # 3 sessions, 2 slots
         ends = [c.wait(t) for t in turns]
         assert all(e.reason in ("stop", "length") for e in ends)
         follow = c.ask(sids[0], "and then?")

@@ -1,0 +1,173 @@
+"""LocalHost: the turns of the sessions on one local model, over its ModelRuntime.
+
+A turn renders its messages to token ids, keeps the prefix the session's cache already holds, and runs
+as a Sequence; tokens stream back as events until the sequence finishes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from engine import events as ev
+from engine.errors import ParleyError
+from engine.host import Emit
+from engine.runtime import ModelRuntime
+from engine.sequence import Sequence, Status
+from engine.session import Session, Turn, TurnRequest, common_prefix, render_turn
+from engine.text_stream import TextStream
+
+CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detokeniser starts from
+
+
+class LocalHost:
+    def __init__(self, runtime: ModelRuntime, emit: Emit):
+        self.runtime, self.model_id, self._emit = runtime, runtime.model_id, emit
+        self.sampler_device = runtime.device
+        self._sessions: dict[int, Session] = {}  # the sessions whose sequences run here, by seq id
+
+    def info(self) -> dict:
+        return self.runtime.info()
+
+    # -- turns
+    def start_turn(self, session: Session, turn_id: int, request: TurnRequest) -> None:
+        rt = self.runtime
+        tok = rt.lm.tokenizer
+        session.begin(request)
+        ids, dropped = render_turn(request, session.raw, session.overflow, tok, rt.limit)
+        seq = self._prepare_sequence(session, ids)
+        continued = request.messages[-1]["content"] if request.continue_final else None
+        context = ids[-CONTINUE_CONTEXT:] if continued is not None else ()  # new text decodes as it would after the old
+        session.turn = turn = Turn(turn_id, TextStream(tok, request.params.stop, context), continues=continued)
+        turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
+        session.last_used = time.monotonic()
+        self._sessions[session.session_id] = session
+        rt.run(seq)
+        self._emit(ev.Started(session.session_id, turn_id))
+        self._emit(ev.ContextUsage(session.session_id, len(ids), rt.limit, dropped))
+
+    def _prepare_sequence(self, session: Session, ids: list[int]) -> Sequence:
+        """Reuses the cached prefix: only tokens after the common prefix are prefilled."""
+        rt = self.runtime
+        keep = min(common_prefix(ids, session.cached_ids()), len(ids) - 1)  # the last token must run for logits
+        seq = session.seq
+        if seq is None:
+            seq = session.seq = Sequence(session.session_id, [], session.sampler, rt.lm.tokenizer.stop_ids, rt.limit)
+        rt.keep_prefix(seq, keep)
+        seq.token_ids = list(ids)
+        seq.generated, seq.num_prompt, seq.finish_reason = [], len(ids), None
+        seq.sampler, seq.max_len = session.sampler, rt.limit
+        return seq
+
+    def cancel(self, session: Session) -> None:
+        if session.turn is not None:
+            self.runtime.stop(session.seq, "cancelled")
+            self._end_turn(session, "cancelled")
+
+    def close(self, session: Session) -> None:
+        if session.turn is not None:
+            self.runtime.stop(session.seq, "closed")
+            self._end_turn(session, "closed")
+        if session.seq is not None:
+            self.runtime.release(session.seq)
+        self._sessions.pop(session.session_id, None)
+
+    def fork(self, source: Session, child: Session) -> None:
+        if source.seq is not None:
+            child.seq = self.runtime.fork(source.seq, child.session_id)
+        if child.seq is not None:
+            self._sessions[child.session_id] = child
+
+    # -- steps
+    def has_work(self) -> bool:
+        return self.runtime.has_work()
+
+    def step(self) -> None:
+        self._make_room()
+        self._deliver(self.runtime.step)
+        self._report_queue()
+
+    def settle(self) -> None:
+        self._deliver(self.runtime.settle)
+
+    def _deliver(self, run: Callable[[], list]) -> None:
+        try:
+            results = run()
+        except Exception as exc:
+            self._fail_step(exc)
+            return
+        for seq, token in results:
+            self._on_token(self._sessions[seq.seq_id], seq, token)
+
+    def _on_token(self, session: Session, seq: Sequence, token: int) -> None:
+        turn = session.turn
+        if turn.first_token_at is None:
+            turn.first_token_at = time.perf_counter()
+        text = "" if token in seq.stop_ids else turn.stream.push(token)
+        self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text))
+        if turn.stream.stopped and seq.status is not Status.FINISHED:
+            self.runtime.stop(seq, "stop_string")
+        if seq.status is Status.FINISHED:
+            self._end_turn(session, seq.finish_reason or "stop")
+
+    def _end_turn(self, session: Session, reason: str) -> None:
+        turn, seq = session.turn, session.seq
+        tail = turn.stream.finish()
+        if tail:
+            self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [], tail))
+        text = turn.stream.text if turn.continues is None else turn.continues + turn.stream.text
+        session.turn = None
+        session.last_used = time.monotonic()
+        self._emit(ev.Finished(session.session_id, turn.turn_id, reason, text, self._stats(turn, seq)))
+
+    def _stats(self, turn: Turn, seq: Sequence) -> ev.TurnStats:
+        now = time.perf_counter()
+        n = len(seq.generated)
+        first = turn.first_token_at
+        rate = (n - 1) / (now - first) if first is not None and n > 1 and now > first else None
+        return ev.TurnStats(
+            prompt_tokens=turn.prompt_tokens,
+            prefilled_tokens=turn.prefilled_tokens,
+            completion_tokens=n,
+            ttft_s=None if first is None else first - turn.submitted_at,
+            tokens_per_s=rate,
+            context_used=len(seq.token_ids),
+            context_limit=self.runtime.limit,
+        )
+
+    def _fail_step(self, exc: Exception) -> None:
+        """A failed forward ends the turns of the sequences in it; every other session keeps going."""
+        message = str(exc) if isinstance(exc, ParleyError) else f"Generation failed: {exc!r}"
+        for seq in self.runtime.fail_in_flight():
+            session = self._sessions.get(seq.seq_id)
+            if session is not None and session.turn is not None:
+                turn, session.turn = session.turn, None
+                self._emit(ev.Error(session.session_id, turn.turn_id, message))
+
+    def _make_room(self) -> None:
+        """Evicts the cache of idle sessions (least recently used first) while turns wait for a slot."""
+        rt = self.runtime
+        short = len(rt.waiting()) - rt.free_slots()
+        if short <= 0:
+            return
+        idle = sorted((s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot is not None),
+                      key=lambda s: s.last_used)
+        for session in idle[:short]:
+            rt.release(session.seq)
+
+    def _report_queue(self) -> None:
+        for position, seq in enumerate(self.runtime.waiting()):
+            session = self._sessions.get(seq.seq_id)
+            if session is not None and session.turn is not None and session.turn.queued_position != position:
+                session.turn.queued_position = position
+                self._emit(ev.Queued(session.session_id, session.turn.turn_id, position))
+
+    def shutdown(self) -> None:
+        self.runtime.close()
+
+    def inspect(self) -> dict:
+        """Counters for tests and benchmarks (engine thread)."""
+        b = self.runtime.batcher
+        graphs = getattr(b.runner, "graphs", None)  # CUDA graphs exist only on the GPU runner
+        return {"free_slots": self.runtime.free_slots(), "steps": b.steps, "lookahead_steps": b.lookahead_steps,
+                "graph_replays": graphs.replays if graphs is not None else 0,
+                "cached": {sid: len(s.cached_ids()) for sid, s in self._sessions.items()}}
