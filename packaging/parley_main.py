@@ -23,7 +23,7 @@ def main() -> int:
     if sys.argv[1:] == ["--version"]:
         print(f"Parley {_version()}")
         return 0
-    from app.cli import main as cli_main
+    from cli.main import main as cli_main
 
     return cli_main()
 

@@ -1,1 +1,1 @@
-"""`parley serve`: an OpenAI-compatible HTTP API on the engine (Starlette + uvicorn)."""
+"""An OpenAI-compatible HTTP API (Starlette + uvicorn) over one engine; `parley serve` (cli/serve.py) starts it."""

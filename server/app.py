@@ -18,12 +18,12 @@ from starlette.routing import Route
 
 from engine import events as ev
 from server import protocol as api
-from server.bridge import EngineBridge, ServedModel
+from server.bridge import ServerBridge, ServedModel
 
 DISCONNECT_POLL_S = 0.5
 
 
-def build_app(bridge: EngineBridge, api_key: str | None = None) -> Starlette:
+def build_app(bridge: ServerBridge, api_key: str | None = None) -> Starlette:
     def guarded(handler):
         async def endpoint(request: Request) -> Response:
             try:
@@ -45,22 +45,22 @@ def build_app(bridge: EngineBridge, api_key: str | None = None) -> Starlette:
 
 
 # -- endpoints
-async def list_models(request: Request, bridge: EngineBridge) -> Response:
+async def list_models(request: Request, bridge: ServerBridge) -> Response:
     return JSONResponse({"object": "list", "data": [_model_card(m) for m in bridge.models]})
 
 
-async def get_model(request: Request, bridge: EngineBridge) -> Response:
+async def get_model(request: Request, bridge: ServerBridge) -> Response:
     return JSONResponse(_model_card(_model(bridge, request.path_params["model"])))
 
 
-async def chat_completions(request: Request, bridge: EngineBridge) -> Response:
+async def chat_completions(request: Request, bridge: ServerBridge) -> Response:
     data = api.parse_json(await request.body())
     model = _model(bridge, data.get("model"))
     req = api.parse_chat(data, model.context)
     return await _serve_turn(request, bridge, model, req, api.new_id("chatcmpl"))
 
 
-async def completions(request: Request, bridge: EngineBridge) -> Response:
+async def completions(request: Request, bridge: ServerBridge) -> Response:
     data = api.parse_json(await request.body())
     model = _model(bridge, data.get("model"))
     req = api.parse_completion(data, model.context)
@@ -68,7 +68,7 @@ async def completions(request: Request, bridge: EngineBridge) -> Response:
 
 
 # -- one turn
-async def _serve_turn(request: Request, bridge: EngineBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
+async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
     sid, queue = await _begin(bridge, model, req)
     if req.stream:
         body = _sse(request, bridge, sid, queue, model.id, req, rid)
@@ -83,7 +83,7 @@ async def _serve_turn(request: Request, bridge: EngineBridge, model: ServedModel
     return JSONResponse(build(rid, model.id, end.text, end.reason, end.stats))
 
 
-async def _begin(bridge: EngineBridge, model: ServedModel, req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
+async def _begin(bridge: ServerBridge, model: ServedModel, req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
     """Opens the session and submits; a request the engine refuses (e.g. longer than the context) is a 400."""
     sid, queue = bridge.open(model, req.system, req.params, req.raw)
     try:
@@ -112,7 +112,7 @@ async def _wait_end(request: Request, queue: asyncio.Queue) -> ev.Event:
             return e
 
 
-async def _sse(request: Request, bridge: EngineBridge, sid: int, queue: asyncio.Queue, model: str,
+async def _sse(request: Request, bridge: ServerBridge, sid: int, queue: asyncio.Queue, model: str,
                req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
     """The turn as server-sent events; leaving early (client gone: Starlette cancels us) cancels the turn."""
     try:
@@ -169,7 +169,7 @@ def _authorize(request: Request, api_key: str | None) -> None:
                            code="invalid_api_key", kind="authentication_error")
 
 
-def _model(bridge: EngineBridge, name) -> ServedModel:
+def _model(bridge: ServerBridge, name) -> ServedModel:
     if not isinstance(name, str):
         raise api.APIError(400, "'model' must be the id of a served model (see GET /v1/models).", "model")
     found = bridge.find(name)

@@ -24,7 +24,7 @@ class ServedModel:
     info: dict = field(default_factory=dict)
 
 
-class EngineBridge:
+class ServerBridge:
     def __init__(self, config: EngineConfig | None = None):
         self.engine = Engine(config or EngineConfig(), on_event=self._on_event)
         self.models: list[ServedModel] = []
@@ -33,7 +33,7 @@ class EngineBridge:
         self._model_events: dict[int, ev.Event] = {}
         self._model_cond = threading.Condition()
 
-    def start(self) -> "EngineBridge":
+    def start(self) -> "ServerBridge":
         self.engine.start()
         return self
 

@@ -10,7 +10,7 @@ from ipaddress import ip_address
 import uvicorn
 
 from server.app import build_app
-from server.bridge import EngineBridge
+from server.bridge import ServerBridge
 
 
 def is_loopback(host: str) -> bool:
@@ -22,14 +22,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def make_server(bridge: EngineBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                 log_level: str = "warning") -> uvicorn.Server:
     config = uvicorn.Config(build_app(bridge, api_key), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=5, lifespan="off")
     return uvicorn.Server(config)
 
 
-def serve_forever(bridge: EngineBridge, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | None) -> None:
     if not is_loopback(host) and api_key is None:
         print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
     server = make_server(bridge, host, port, api_key, log_level="info")
@@ -39,7 +39,7 @@ def serve_forever(bridge: EngineBridge, host: str, port: int, api_key: str | Non
 class BackgroundServer:
     """A server on a daemon thread, for tests and embedding: `with BackgroundServer(bridge) as s: s.url`."""
 
-    def __init__(self, bridge: EngineBridge, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
+    def __init__(self, bridge: ServerBridge, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
         self.port = port or free_port(host)
         self.host = host
         self.server = make_server(bridge, host, self.port, api_key)

@@ -15,7 +15,7 @@ TINY_ENGINE = dict(max_sessions=4, max_session_tokens=512, step_tokens=64, chunk
 @pytest.fixture
 def parley(qtbot, qapp, tiny_models, tmp_path):
     """The app on the tiny Qwen3 (as its default model), ready to chat."""
-    from app.main import build
+    from app.qt.main import build
 
     app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path),
                 engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)

@@ -121,7 +121,7 @@ def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
 
 
 def test_settings_take_effect_on_the_next_turn(parley, qtbot):
-    from app.settings_dialog import SettingsDialog
+    from app.qt.settings_dialog import SettingsDialog
 
     w = parley.window
     conv = w.current()

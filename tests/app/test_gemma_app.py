@@ -10,8 +10,8 @@ import pytest
 def test_two_chats_on_the_embedded_model(qtbot, qapp, tmp_path):
     import qasync
 
-    from app.main import build
-    from app.self_test import check
+    from app.qt.main import build
+    from app.qt.self_test import check
 
     app = build(str(tmp_path / "data"), theme="light", show=False)
     qtbot.addWidget(app.window)

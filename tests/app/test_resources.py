@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app import theme
+from app.qt import theme
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat_settings import ChatSettings
-from app.live import engine_view
-from app.store import ConversationStore
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import ConversationStore
+from app.core.live import engine_view
 from engine.errors import ParleyError
 
 

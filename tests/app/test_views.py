@@ -106,7 +106,7 @@ def test_import_validates_models(parley, qtbot, tmp_path, corrupt_ggufs, tiny_mo
 
 
 def test_about_box_names_the_gemma_terms(parley):
-    from app.about import about_html
+    from app.qt.about import about_html
 
     html = about_html(parley.models)
     assert "Gemma 3 270M is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms" in html

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from app.cli import main
+from cli.main import main
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.loader import load_model
 
@@ -82,7 +82,7 @@ def test_cli_reports_one_line_without_traceback(corrupt_ggufs, tmp_path, capsys)
 
 def test_cli_subprocess_missing_model(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "app.cli", "--data-dir", str(tmp_path), "generate", "--model", str(tmp_path / "x.gguf"), "--prompt", "hi"],
+        [sys.executable, "-m", "cli.main", "--data-dir", str(tmp_path), "generate", "--model", str(tmp_path / "x.gguf"), "--prompt", "hi"],
         capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 2

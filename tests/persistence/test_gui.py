@@ -7,8 +7,8 @@ os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before any Qt import
 
 import pytest
 
-from app.message_html import message_html
-from app.persist.store import SqliteConversationStore
+from app.core.message_html import message_html
+from app.core.sqlite_store import SqliteConversationStore
 from engine.runtime import EngineConfig
 from tests.app.helpers import configure, wait_idle
 
@@ -20,7 +20,7 @@ def start(qtbot, qapp, tiny_models):
     apps = []
 
     def start(data_dir):
-        from app.main import build
+        from app.qt.main import build
 
         app = build(str(data_dir), default_model=str(tiny_models["qwen3"].gguf_path),
                     engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)

@@ -11,9 +11,9 @@ import tracemalloc
 import gguf
 import pytest
 
-from app.model_registry import ModelEntry
-from app.persist.registry import SqliteModelRegistry, check_model
-from app.persist.store import SqliteConversationStore
+from app.core.model_registry import ModelEntry
+from app.core.sqlite_registry import SqliteModelRegistry, check_model
+from app.core.sqlite_store import SqliteConversationStore
 from engine import events as ev
 from engine.errors import ModelLoadError
 from engine.loading.gguf_file import open_gguf

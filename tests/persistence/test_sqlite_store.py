@@ -6,10 +6,10 @@ import sqlite3
 
 import pytest
 
-from app.chat_settings import ChatSettings
-from app.persist import schema
-from app.persist.store import INTERRUPTED, SqliteConversationStore
-from app.store import ConversationStore
+from app.core import schema
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import ConversationStore
+from app.core.sqlite_store import INTERRUPTED, SqliteConversationStore
 
 READ_ONLY_METHODS = {"get", "has", "conversations", "has_message", "message", "children", "path", "versions", "search"}
 

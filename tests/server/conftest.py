@@ -5,13 +5,13 @@ import pytest
 
 from engine import events as ev
 from engine.runtime import EngineConfig
-from server.bridge import EngineBridge
+from server.bridge import ServerBridge
 from server.run import BackgroundServer
 
 API_KEY = "sk-test-parley"
 
 
-class RecordingBridge(EngineBridge):
+class RecordingBridge(ServerBridge):
     """Keeps every engine event so tests can see how each session's turn ended."""
 
     def __init__(self, config: EngineConfig):

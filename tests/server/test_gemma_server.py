@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from engine.runtime import EngineConfig
-from server.bridge import EngineBridge
+from server.bridge import ServerBridge
 from server.run import BackgroundServer
 
 pytestmark = pytest.mark.slow
@@ -17,7 +17,7 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
 
 @pytest.fixture(scope="module")
 def gemma_server(gemma_gguf_path):
-    bridge = EngineBridge(EngineConfig(max_sessions=4, max_session_tokens=512)).start()
+    bridge = ServerBridge(EngineConfig(max_sessions=4, max_session_tokens=512)).start()
     try:
         bridge.load(gemma_gguf_path, alias="default")
         with BackgroundServer(bridge) as s:

@@ -131,10 +131,10 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
     """`parley serve --remote URL#MODEL`: a second server whose model lives behind the first one."""
     import openai
 
-    from server.bridge import EngineBridge
+    from server.bridge import ServerBridge
     from server.run import BackgroundServer
 
-    front = EngineBridge(EngineConfig(max_sessions=2)).start()
+    front = ServerBridge(EngineConfig(max_sessions=2)).start()
     try:
         served = front.add_remote(server.url, bridge.models[0].id, timeout=30)
         assert served.context == 256 and served.info["remote"] is True

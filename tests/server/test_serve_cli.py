@@ -14,7 +14,7 @@ from server.run import free_port
 
 def test_parley_serve_subprocess(tiny_models, tmp_path):
     port, key = free_port(), "sk-cli"
-    cmd = [sys.executable, "-m", "app.cli", "--data-dir", str(tmp_path), "serve", "--model",
+    cmd = [sys.executable, "-m", "cli.main", "--data-dir", str(tmp_path), "serve", "--model",
            str(tiny_models["llama"].gguf_path), "--port", str(port), "--api-key", key, "--context", "256"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

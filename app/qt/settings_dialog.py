@@ -7,9 +7,9 @@ from PySide6.QtWidgets import (
     QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.chat_settings import OVERFLOW_CHOICES, ChatSettings
-from app.model_registry import ModelRegistry
-from app.theme import icon
+from app.core.chat_settings import OVERFLOW_CHOICES, ChatSettings
+from app.core.model_registry import ModelRegistry
+from app.qt.theme import icon
 
 
 class ModelPicker(QComboBox):

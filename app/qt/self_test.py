@@ -47,7 +47,7 @@ def run(data_dir: str | None = None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import qasync
 
-    from app.main import build, qt_app
+    from app.qt.main import build, qt_app
 
     qapp = qt_app()
     loop = qasync.QEventLoop(qapp)

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-from app.chat_settings import ChatSettings
-from app.persist import schema
-from app.store import Conversation, ConversationStore, Message
+from app.core import schema
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import Conversation, ConversationStore, Message
 
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
@@ -43,7 +43,7 @@ class SqliteConversationStore(ConversationStore):
         self._dirty: set[int] = set()
         self._batch = 0
         self._compare: dict[int, list[int]] = {}
-        self.models: dict[str, dict] = {}  # the model registry's rows (see app/persist/registry.py)
+        self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
         self._open()
 

@@ -6,13 +6,13 @@ from PySide6.QtWidgets import (
     QCheckBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.chat_view import ChatView
-from app.chats import ChatService
-from app.composer import Composer
-from app.models import ModelManager
-from app.settings_dialog import ModelPicker, SettingsDialog
-from app.status_line import describe
-from app.theme import icon
+from app.qt.chat_view import ChatView
+from app.qt.chats import ChatService
+from app.qt.composer import Composer
+from app.qt.model_manager import ModelManager
+from app.qt.settings_dialog import ModelPicker, SettingsDialog
+from app.qt.status_line import describe
+from app.qt.theme import icon
 
 MAX_COLUMNS = 4
 

@@ -1,14 +1,14 @@
 """The model registry kept in the chat database, and the checks a model passes before it is imported.
 
-Same interface as app.model_registry.ModelRegistry; the embedded default is never stored, so it is always there.
+Same interface as app.core.model_registry.ModelRegistry; the embedded default is never stored, so it is always there.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from app.model_registry import ModelEntry, ModelRegistry
-from app.persist.store import SqliteConversationStore
+from app.core.model_registry import ModelEntry, ModelRegistry
+from app.core.sqlite_store import SqliteConversationStore
 from engine.errors import ParleyError
 from engine.loading.default_model import DEFAULT_NAME
 

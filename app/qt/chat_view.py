@@ -11,10 +11,10 @@ from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelInde
 from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QGuiApplication, QPainter, QPalette, QTextDocument
 from PySide6.QtWidgets import QAbstractItemView, QListView, QStyledItemDelegate, QStyleOptionViewItem
 
-from app.chats import ChatService
-from app.markdown_render import MarkdownRenderer
-from app.message_html import message_html
-from app.store import Message
+from app.core.conversations import Message
+from app.core.markdown_render import MarkdownRenderer
+from app.core.message_html import message_html
+from app.qt.chats import ChatService
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 MARGIN, PAD = 10, 10

@@ -15,7 +15,7 @@ THEMES = ("system", "light", "dark")
 def resource_dirs() -> list[Path]:
     """Where resources/ may be: beside the package (a checkout, an editable install, the PyInstaller
     bundle), or under the environment's share/ (a wheel install, which takes it as data files)."""
-    return [Path(__file__).resolve().parent.parent / "resources", Path(sys.prefix) / "share" / "parley" / "resources"]
+    return [Path(__file__).resolve().parents[2] / "resources", Path(sys.prefix) / "share" / "parley" / "resources"]
 
 
 def find_resources() -> Path:

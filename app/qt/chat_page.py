@@ -4,13 +4,13 @@ from __future__ import annotations
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
-from app.chat_view import ChatView
-from app.chats import ChatService
-from app.composer import Composer
-from app.models import ModelManager
-from app.settings_dialog import ModelPicker
-from app.status_line import StatusLine
-from app.theme import icon
+from app.qt.chat_view import ChatView
+from app.qt.chats import ChatService
+from app.qt.composer import Composer
+from app.qt.model_manager import ModelManager
+from app.qt.settings_dialog import ModelPicker
+from app.qt.status_line import StatusLine
+from app.qt.theme import icon
 
 
 class ChatPage(QWidget):

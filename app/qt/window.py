@@ -7,15 +7,15 @@ from PySide6.QtWidgets import (
     QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStackedWidget,
 )
 
-from app.about import show_about
-from app.app_settings import AppSettings
-from app.chat_page import ChatPage
-from app.chats import ChatService
-from app.compare import CompareView
-from app.models import ModelManager
-from app.settings_dialog import SettingsDialog
-from app.sidebar import Sidebar
-from app.theme import THEMES, apply_theme, icon
+from app.core.app_settings import AppSettings
+from app.qt.about import show_about
+from app.qt.chat_page import ChatPage
+from app.qt.chats import ChatService
+from app.qt.compare import CompareView
+from app.qt.model_manager import ModelManager
+from app.qt.settings_dialog import SettingsDialog
+from app.qt.sidebar import Sidebar
+from app.qt.theme import THEMES, apply_theme, icon
 
 
 class MainWindow(QMainWindow):

@@ -8,11 +8,11 @@ import time
 
 from PySide6.QtCore import QObject, Signal
 
-from app.bridge import EngineBridge
-from app.chat_settings import ChatSettings
-from app.live import LiveChat, TurnInfo, can_continue, common_prefix, engine_view
-from app.models import ModelManager
-from app.store import ConversationStore, Message
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import ConversationStore, Message
+from app.core.live import LiveChat, TurnInfo, can_continue, common_prefix, engine_view
+from app.qt.bridge import EngineBridge
+from app.qt.model_manager import ModelManager
 
 TITLE_CHARS = 48
 

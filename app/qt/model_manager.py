@@ -9,8 +9,8 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
 
-from app.bridge import EngineBridge
-from app.model_registry import ModelEntry, ModelRegistry
+from app.core.model_registry import ModelEntry, ModelRegistry
+from app.qt.bridge import EngineBridge
 from engine.loading.default_model import DEFAULT_NAME, resolve_model
 
 

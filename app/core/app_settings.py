@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.chat_settings import ChatSettings
+from app.core.chat_settings import ChatSettings
 
 
 @dataclass(slots=True)

@@ -5,7 +5,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from app.store import Message
+from app.core.conversations import Message
 
 
 @dataclass(slots=True)

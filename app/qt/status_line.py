@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
-from app.live import ChatStatus
+from app.core.live import ChatStatus
 
 
 class StatusLine(QWidget):

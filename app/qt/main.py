@@ -7,14 +7,14 @@ from dataclasses import dataclass, field
 
 from PySide6.QtWidgets import QApplication
 
-from app.app_settings import AppSettings
-from app.bridge import EngineBridge
-from app.chats import ChatService
-from app.models import ModelManager
-from app.paths import Paths
-from app.persist.registry import SqliteModelRegistry
-from app.persist.store import SqliteConversationStore
-from app.store import ConversationStore
+from app.core.app_settings import AppSettings
+from app.core.conversations import ConversationStore
+from app.core.sqlite_registry import SqliteModelRegistry
+from app.core.sqlite_store import SqliteConversationStore
+from app.qt.bridge import EngineBridge
+from app.qt.chats import ChatService
+from app.qt.model_manager import ModelManager
+from cli.paths import Paths
 from engine.loading.default_model import DEFAULT_NAME
 from engine.runtime import EngineConfig
 
@@ -44,8 +44,8 @@ class Parley:
 def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine: EngineConfig | None = None,
           theme: str | None = None, show: bool = True) -> Parley:
     """Needs a QApplication. `default_model` is 'default' (the embedded Gemma) or a model path (tests)."""
-    from app.persist_ui import PersistenceUI
-    from app.window import MainWindow
+    from app.qt.persist_ui import PersistenceUI
+    from app.qt.window import MainWindow
 
     paths = Paths.resolve(data_dir)
     settings = AppSettings.load(paths.data / "settings.json")

@@ -11,7 +11,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from app.chat_settings import ChatSettings
+from app.core.chat_settings import ChatSettings
 
 STATES = ("done", "waiting", "queued", "streaming", "stopped", "error", "interrupted")  # interrupted: cut off by a crash
 

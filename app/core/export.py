@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from app.chat_settings import ChatSettings
-from app.store import ConversationStore
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import ConversationStore
 from engine.errors import ParleyError
 
 FORMAT = "parley-chats"

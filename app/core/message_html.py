@@ -7,9 +7,9 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from app.live import can_continue
-from app.markdown_render import MarkdownRenderer
-from app.store import Message
+from app.core.conversations import Message
+from app.core.live import can_continue
+from app.core.markdown_render import MarkdownRenderer
 
 STATE_NOTES = {
     "waiting": "Loading the model…",

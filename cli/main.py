@@ -1,0 +1,48 @@
+"""The `parley` command: the desktop app (no subcommand), generate and chat (terminal), serve (HTTP API)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli.serve import add_serve_parser
+from cli.terminal import add_terminal_parsers
+from engine.errors import ParleyError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ParleyError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="parley", description="Chat with local language models.")
+    p.add_argument("--data-dir", help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
+    p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
+    p.add_argument("--theme", choices=["system", "light", "dark"], default=None, help="the GUI's colours (default: the saved setting)")
+    p.set_defaults(func=gui)
+    sub = p.add_subparsers(dest="command")
+    add_terminal_parsers(sub)
+    add_serve_parser(sub)
+    return p
+
+
+def gui(args: argparse.Namespace) -> int:
+    """No subcommand: the desktop app on the embedded default model (or its headless self-test)."""
+    if args.self_test:
+        from app.qt.self_test import run
+
+        return run(args.data_dir)
+    from app.qt.main import run_gui
+
+    return run_gui(args.data_dir, args.theme)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""The engine options every subcommand shares, declared once, and the EngineConfig / SamplingParams built from them."""
+from __future__ import annotations
+
+import argparse
+
+from cli.paths import Paths
+
+MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
+
+
+def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) -> None:
+    """--model (once, or several times with `many_models`), the device options, and the hidden --data-dir."""
+    p.add_argument("--data-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    if many_models:
+        p.add_argument("--model", action="append", help=f"{MODEL_HELP}; may be given several times "
+                       "(default: 'default' unless --remote is given)")
+    else:
+        p.add_argument("--model", default="default", help=MODEL_HELP)
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when there is a GPU")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
+    p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
+    p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def paths_of(args: argparse.Namespace) -> Paths:
+    return Paths.resolve(getattr(args, "data_dir", None))
+
+
+def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
+    """The EngineConfig of the parsed device options; `sizes` are max_sessions, max_session_tokens..."""
+    from engine.runtime import EngineConfig
+
+    return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
+                        compile_decode=args.compile, cache_dir=paths.cache, **sizes)
+
+
+def sampling_params(args: argparse.Namespace):
+    from engine.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+    )
