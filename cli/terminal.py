@@ -62,12 +62,12 @@ def generate(args: argparse.Namespace) -> int:
     cli, model_id, _ = open_engine(args, max_sessions=max(1, len(args.prompt)))
     try:
         params = sampling_params(args)
-        sessions = [cli.engine.open_session(model_id, params=params, raw=args.raw) for _ in args.prompt]
+        sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in args.prompt]
         stream = not args.json and (len(args.prompt) == 1 or args.sequential)
         on_text = (lambda _turn, text: (sys.stdout.write(text), sys.stdout.flush())) if stream else None
         turns = []
         for sid, prompt in zip(sessions, args.prompt):
-            turns.append(cli.engine.submit(sid, prompt))
+            turns.append(cli.engine.submit(sid, [{"role": "user", "content": prompt}], params))
             if args.sequential:
                 cli.run(turns[-1:], on_text)
                 if stream:
@@ -89,7 +89,8 @@ def generate(args: argparse.Namespace) -> int:
 def chat(args: argparse.Namespace) -> int:
     cli, model_id, loaded = open_engine(args, max_sessions=1)
     try:
-        sid = cli.engine.open_session(model_id, system_prompt=args.system, params=sampling_params(args), overflow="truncate")
+        sid = cli.engine.open_session(model_id, overflow="truncate")
+        params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
         print(f"Parley — {loaded.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
         while True:
             try:
@@ -98,7 +99,8 @@ def chat(args: argparse.Namespace) -> int:
                 return 0
             if not line:
                 return 0
-            turn = cli.engine.submit(sid, line)
+            messages.append({"role": "user", "content": line})
+            turn = cli.engine.submit(sid, messages, params, args.system)
             try:
                 cli.run([turn], lambda _t, text: (sys.stdout.write(text), sys.stdout.flush()))
             except KeyboardInterrupt:
@@ -107,8 +109,11 @@ def chat(args: argparse.Namespace) -> int:
             print()
             end = cli.ended[turn]
             if isinstance(end, ev.Error):
+                messages.pop()  # the refused message is not kept
                 print(f"parley: {end.message}", file=sys.stderr)
                 continue
+            if end.text or end.reason != "cancelled":
+                messages.append({"role": "assistant", "content": end.text})
             s = end.stats
             rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else ""
             print(f"[{s.completion_tokens} tokens{rate}, context {s.context_used}/{s.context_limit}]", file=sys.stderr)

@@ -85,11 +85,10 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
 
 async def _begin(bridge: ServerBridge, model: ServedModel, req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
     """Opens the session and submits; a request the engine refuses (e.g. longer than the context) is a 400."""
-    sid, queue = bridge.open(model, req.system, req.params, req.raw)
+    sid, queue = bridge.open(model, req.raw)
     try:
-        if req.history:
-            bridge.engine.set_messages(sid, req.history)
-        bridge.engine.submit(sid, req.prompt)
+        messages = req.history + [{"role": "user", "content": req.prompt}]
+        bridge.engine.submit(sid, messages, req.params, req.system)
         while True:
             e = await queue.get()
             if isinstance(e, ev.Started):

@@ -11,7 +11,6 @@ from engine import events as ev
 from engine.engine import Engine
 from engine.errors import ModelLoadError
 from engine.runtime import EngineConfig
-from engine.sampling import SamplingParams
 
 
 @dataclass(slots=True)
@@ -64,10 +63,10 @@ class ServerBridge:
         return next((m for m in self.models if name == m.id or name in m.aliases), None)
 
     # -- sessions (the event loop's thread)
-    def open(self, model: ServedModel, system: str | None, params: SamplingParams, raw: bool) -> tuple[int, asyncio.Queue]:
+    def open(self, model: ServedModel, raw: bool) -> tuple[int, asyncio.Queue]:
         queue: asyncio.Queue = asyncio.Queue()
         with self._lock:
-            sid = self.engine.open_session(model.model_id, system, params, overflow="stop", raw=raw)
+            sid = self.engine.open_session(model.model_id, overflow="stop", raw=raw)
             self._routes[sid] = (asyncio.get_running_loop(), queue)
         return sid, queue
 

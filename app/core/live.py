@@ -1,4 +1,4 @@
-"""What the app tracks per chat while it talks to the engine: its session, what that session holds, the running turn."""
+"""What the app tracks per chat while it talks to the engine: its session and the running turn."""
 from __future__ import annotations
 
 import time
@@ -37,7 +37,6 @@ class LiveChat:
     session_id: int | None = None
     model_key: str = ""
     overflow: str = ""
-    held: list[int] = field(default_factory=list)  # store ids of the messages the engine session holds, in order
     turn: TurnInfo | None = None
     pending: Callable[[], None] | None = None  # a turn waiting for its model to load
     status: ChatStatus = field(default_factory=ChatStatus)
@@ -63,14 +62,6 @@ def can_continue(msg: Message) -> bool:
 
 
 def engine_view(path: list[Message]) -> list[Message]:
-    """The messages the engine keeps for a branch: it drops failed answers and stopped ones with no text."""
+    """The messages a turn hands the engine for a branch: failed answers and stopped ones with no text are left out."""
     return [m for m in path if not (m.role == "assistant" and (m.state == "error" or (m.state in ("stopped", "interrupted") and not m.content)))]
 
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

@@ -49,10 +49,6 @@ class EngineBridge(QObject):
         self.engine.shutdown()
         self._flush()
 
-    def set_messages(self, session_id: int, messages: list[dict[str, str]]) -> None:
-        """Replaces an idle session's conversation (switching to another branch, or a new model)."""
-        self.engine.set_messages(session_id, messages)
-
     # -- engine thread
     def _on_engine_event(self, event: ev.Event) -> None:
         with self._lock:

@@ -5,7 +5,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from app.qt.chat_view import ChatView
-from app.qt.chats import ChatService
+from app.core.chats import ChatService
 from app.qt.composer import Composer
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker

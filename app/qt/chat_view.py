@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QAbstractItemView, QListView, QStyledItemDelegate,
 from app.core.conversations import Message
 from app.core.markdown_render import MarkdownRenderer
 from app.core.message_html import message_html
-from app.qt.chats import ChatService
+from app.core.chats import ChatService
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 MARGIN, PAD = 10, 10

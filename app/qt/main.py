@@ -12,7 +12,7 @@ from app.core.conversations import ConversationStore
 from app.core.sqlite_registry import SqliteModelRegistry
 from app.core.sqlite_store import SqliteConversationStore
 from app.qt.bridge import EngineBridge
-from app.qt.chats import ChatService
+from app.qt.chats import QtChatService
 from app.qt.model_manager import ModelManager
 from cli.paths import Paths
 from engine.loading.default_model import DEFAULT_NAME
@@ -30,7 +30,7 @@ class Parley:
     bridge: EngineBridge
     models: ModelManager
     store: ConversationStore
-    service: ChatService
+    service: QtChatService
     window: object = None
     extra: dict = field(default_factory=dict)
 
@@ -56,7 +56,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     store = SqliteConversationStore(paths.data / "parley.db")
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
-    service = ChatService(store, bridge, models, settings.defaults)
+    service = QtChatService(store, bridge, models, settings.defaults)
     app = Parley(paths, settings, bridge, models, store, service)
     app.window = MainWindow(service, models, settings)
     app.extra["persistence"] = PersistenceUI(app.window, service)

@@ -7,7 +7,7 @@ from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu
 
 from app.core import export
-from app.qt.chats import ChatService
+from app.core.chats import ChatService
 from engine.errors import ParleyError
 
 FLUSH_MS = 1000  # streamed text reaches the disk at least this often, even when tokens stall

@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
 
-from app.qt.chats import ChatService
+from app.core.chats import ChatService
 from app.qt.theme import icon
 
 CONV_ROLE = Qt.ItemDataRole.UserRole

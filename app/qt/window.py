@@ -10,7 +10,7 @@ from PySide6.QtWidgets import (
 from app.core.app_settings import AppSettings
 from app.qt.about import show_about
 from app.qt.chat_page import ChatPage
-from app.qt.chats import ChatService
+from app.core.chats import ChatService
 from app.qt.compare import CompareView
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import SettingsDialog

@@ -12,6 +12,18 @@ from engine.runtime import EngineConfig
 TINY_ENGINE = dict(max_sessions=4, max_session_tokens=512, step_tokens=64, chunk_tokens=32)
 
 
+def record_turns(engine) -> None:
+    """Keeps what every turn hands the engine in `engine.sent` (the app owns the conversation; tests check it)."""
+    engine.sent, real = [], engine.submit
+
+    def submit(sid, messages, params=None, system_prompt=None, continue_final=False):
+        engine.sent.append({"sid": sid, "messages": [dict(m) for m in messages], "params": params,
+                            "system": system_prompt, "continue_final": continue_final})
+        return real(sid, messages, params, system_prompt, continue_final)
+
+    engine.submit = submit
+
+
 @pytest.fixture
 def parley(qtbot, qapp, tiny_models, tmp_path):
     """The app on the tiny Qwen3 (as its default model), ready to chat."""
@@ -19,6 +31,7 @@ def parley(qtbot, qapp, tiny_models, tmp_path):
 
     app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path),
                 engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)
+    record_turns(app.bridge.engine)
     qtbot.addWidget(app.window)
     app.window.show()
     qtbot.waitUntil(lambda: app.models.model_id("default") is not None, timeout=60_000)

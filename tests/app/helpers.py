@@ -17,11 +17,12 @@ def last(app, conv_id: int):
     return app.store.path(conv_id)[-1]
 
 
-def engine_messages(app, conv_id: int) -> list[dict]:
+def last_turn(app, conv_id: int) -> dict:
+    """What the chat's latest turn handed the engine (recorded by tests/app/conftest.record_turns)."""
     sid = app.service.live(conv_id).session_id
-    return app.bridge.engine.call(lambda eng: [dict(m) for m in eng._sessions[sid].messages])
+    return [t for t in app.bridge.engine.sent if t["sid"] == sid][-1]
 
 
-def engine_session(app, conv_id: int):
-    sid = app.service.live(conv_id).session_id
-    return app.bridge.engine.call(lambda eng: eng._sessions[sid])
+def handed(app, conv_id: int) -> list[str]:
+    """The texts of the messages the chat's latest turn handed the engine."""
+    return [m["content"] for m in last_turn(app, conv_id)["messages"]]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from tests.app.helpers import configure, engine_messages, engine_session, last, wait_idle
+from tests.app.helpers import configure, handed, last, last_turn, wait_idle
 
 
 def test_two_chats_stream_at_once(parley, qtbot):
@@ -62,7 +62,7 @@ def test_stop_keeps_partial_answer_and_chat_goes_on(parley, qtbot):
     assert w.chat.send("and then?")
     wait_idle(parley, qtbot, conv)
     assert last(parley, conv).state == "done"
-    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+    assert handed(parley, conv) == [m.content for m in parley.store.path(conv)][:-1]
 
 
 def test_regenerate_keeps_versions_and_switches(parley, qtbot):
@@ -89,7 +89,7 @@ def test_regenerate_keeps_versions_and_switches(parley, qtbot):
     w.chat.view.activate(second, "prev:")
     w.chat.send("follow-up")
     wait_idle(parley, qtbot, conv)
-    assert [m["content"] for m in engine_messages(parley, conv)][:2] == ["a question", first.content]
+    assert handed(parley, conv)[:2] == ["a question", first.content]
 
 
 def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
@@ -109,7 +109,7 @@ def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
     new_path = store.path(conv)
     assert [m.role for m in new_path] == ["user", "assistant"] and new_path[0].content == "first, edited"
     assert store.versions(new_path[0]) == [old_path[0], new_path[0]]
-    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in new_path]
+    assert handed(parley, conv) == [m.content for m in new_path][:-1]
     # Back to the old branch: the whole old conversation is there, and it can go on.
     w.chat.view.activate(new_path[0], "prev:")
     assert store.path(conv) == old_path
@@ -117,7 +117,7 @@ def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
     wait_idle(parley, qtbot, conv)
     path = store.path(conv)
     assert path[:4] == old_path and path[4].content == "third" and path[5].state == "done"
-    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in path]
+    assert handed(parley, conv) == [m.content for m in path][:-1]
 
 
 def test_settings_take_effect_on_the_next_turn(parley, qtbot):
@@ -139,10 +139,10 @@ def test_settings_take_effect_on_the_next_turn(parley, qtbot):
     wait_idle(parley, qtbot, conv)
     answer = last(parley, conv)
     assert answer.stats["completion_tokens"] <= 3
-    session = engine_session(parley, conv)
-    assert session.params.max_tokens == 3 and session.params.temperature == 0.5 and session.params.seed == 7
-    assert session.system_prompt == "Answer in three tokens." and session.overflow == "stop"
-    assert [m["content"] for m in session.messages][:1] == ["one"]
+    turn = last_turn(parley, conv)
+    assert turn["params"].max_tokens == 3 and turn["params"].temperature == 0.5 and turn["params"].seed == 7
+    assert turn["system"] == "Answer in three tokens." and parley.service.live(conv).overflow == "stop"
+    assert handed(parley, conv)[:1] == ["one"]
 
 
 def test_model_change_takes_effect_on_the_next_turn(parley, qtbot, imported_llama):
@@ -158,7 +158,7 @@ def test_model_change_takes_effect_on_the_next_turn(parley, qtbot, imported_llam
     wait_idle(parley, qtbot, conv)
     answer = last(parley, conv)
     assert answer.state == "done" and answer.model == "llama"
-    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+    assert handed(parley, conv) == [m.content for m in parley.store.path(conv)][:-1]
 
 
 def test_token_updates_are_coalesced(parley, qtbot):
@@ -244,10 +244,11 @@ def test_continue_grows_the_answer_and_a_failure_leaves_it(parley, qtbot, monkey
     wait_idle(parley, qtbot, conv)
     grown = last(parley, conv)
     assert grown.id == answer.id and grown.content.startswith(first) and len(grown.content) > len(first)
-    assert [m["content"] for m in engine_messages(parley, conv)] == [m.content for m in parley.store.path(conv)]
+    assert handed(parley, conv) == [m.content for m in parley.store.path(conv)][:-1] + [first]
+    assert last_turn(parley, conv)["continue_final"]
     # The engine refuses the next continuation: the answer keeps its text and state, the error is shown.
     engine = parley.bridge.engine
-    monkeypatch.setattr(engine, "continue_answer", lambda sid: 10**9)
+    monkeypatch.setattr(engine, "submit", lambda *args, **kwargs: 10**9)
     assert service.continue_answer(conv, answer.id)
     service._on_failed(service.live(conv).session_id, 10**9, "no room")
     after = last(parley, conv)

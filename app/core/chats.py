@@ -1,0 +1,345 @@
+"""ChatService: the app's logic. Each turn hands the engine the branch the user is on (the store owns the
+conversation; the engine only reuses the tokens its cache holds), and engine events land in the store.
+
+Views call its methods and listen to its signals; they never see the engine or its events. No Qt here: the
+bridge and the model manager are passed in (anything with their signals), and the Qt layer subclasses this
+with Qt signals (app/qt/chats.py) so that views' connections end with the views.
+"""
+from __future__ import annotations
+
+import time
+
+from app.core.chat_settings import ChatSettings
+from app.core.conversations import ConversationStore, Message
+from app.core.live import LiveChat, TurnInfo, can_continue, engine_view
+from app.core.signals import Signal
+
+TITLE_CHARS = 48
+
+
+class ChatService:
+    conversations_changed = Signal()  # added, removed, renamed, pinned, reordered
+    path_changed = Signal(int)  # conversation: the branch shown changed (messages added or switched)
+    message_changed = Signal(int, int)  # conversation, message: text or state changed
+    status_changed = Signal(int)  # conversation: the status line changed
+    turn_done = Signal(int, int)  # conversation, assistant message: finished, stopped or failed
+
+    def __init__(self, store: ConversationStore, bridge, models, defaults: ChatSettings | None = None):
+        """`bridge`: engine events as signals plus `.engine`; `models`: the model manager (app/qt)."""
+        self.store, self.bridge, self.models = store, bridge, models
+        self.defaults = defaults or ChatSettings()
+        self._live: dict[int, LiveChat] = {}
+        self._by_session: dict[int, int] = {}  # engine session -> conversation
+        bridge.turn_started.connect(self._on_started)
+        bridge.turn_queued.connect(self._on_queued)
+        bridge.text_arrived.connect(self._on_text)
+        bridge.turn_finished.connect(self._on_finished)
+        bridge.turn_failed.connect(self._on_failed)
+        bridge.context_usage.connect(self._on_context)
+        models.loaded.connect(self._on_model_loaded)
+        models.failed.connect(self._on_model_failed)
+
+    # -- conversations
+    def new_conversation(self, settings: ChatSettings | None = None, hidden: bool = False, title: str = "New chat") -> int:
+        conv = self.store.create(title, (settings or self.defaults).copy(), hidden=hidden)
+        self._live[conv.id] = LiveChat(conv.id)
+        self.models.ensure(conv.settings.model)  # warm the model while the user types
+        if not hidden:
+            self.conversations_changed.emit()
+        return conv.id
+
+    def rename(self, conv_id: int, title: str) -> None:
+        self.store.update(conv_id, title=title.strip() or "Untitled")
+        self.conversations_changed.emit()
+
+    def set_pinned(self, conv_id: int, pinned: bool) -> None:
+        self.store.update(conv_id, pinned=pinned)
+        self.conversations_changed.emit()
+
+    def promote(self, conv_id: int) -> None:
+        """A compare column becomes a normal chat in the sidebar, session and history included."""
+        self.store.update(conv_id, hidden=False, updated_at=time.time())
+        self.conversations_changed.emit()
+
+    def delete(self, conv_id: int) -> None:
+        live = self._live.pop(conv_id, None)
+        if live is not None and live.session_id is not None:
+            self.bridge.engine.close(live.session_id)
+            self._by_session.pop(live.session_id, None)
+        hidden = self.store.get(conv_id).hidden
+        self.store.delete(conv_id)
+        if not hidden:
+            self.conversations_changed.emit()
+
+    def live(self, conv_id: int) -> LiveChat:
+        return self._live.setdefault(conv_id, LiveChat(conv_id))
+
+    def busy(self, conv_id: int) -> bool:
+        return self.live(conv_id).busy
+
+    def status(self, conv_id: int):
+        live = self.live(conv_id)
+        if live.busy and live.live_rate() is not None:
+            live.status.tokens_per_s = live.live_rate()
+        return live.status
+
+    def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
+        """Takes effect on the chat's next turn (a new model means a new engine session)."""
+        self.store.update(conv_id, settings=settings)
+        self.models.ensure(settings.model)
+        self.status_changed.emit(conv_id)
+
+    # -- turns
+    def send(self, conv_id: int, text: str) -> bool:
+        text = text.strip()
+        if not text or self.busy(conv_id):
+            return False
+        conv = self.store.get(conv_id)
+        base = self.store.path(conv_id)
+        user = self.store.add_message(conv_id, conv.leaf_id, "user", text)
+        if conv.title == "New chat":
+            conv.title = _title(text)
+        self._begin(conv_id, base, user, "submit")
+        self.conversations_changed.emit()
+        return True
+
+    def edit(self, msg_id: int, text: str) -> bool:
+        """A new version of an earlier user message: a new branch from its parent; the old one stays."""
+        old = self.store.message(msg_id)
+        text = text.strip()
+        if not text or self.busy(old.conversation_id):
+            return False
+        base = self._path_to(old.conversation_id, old.parent_id)
+        user = self.store.add_message(old.conversation_id, old.parent_id, "user", text)
+        self._begin(old.conversation_id, base, user, "submit")
+        return True
+
+    def regenerate(self, conv_id: int, msg_id: int | None = None) -> bool:
+        """A new version of an answer (the last one by default); earlier versions stay reachable."""
+        if self.busy(conv_id):
+            return False
+        path = self.store.path(conv_id)
+        answers = [m for m in path if m.role == "assistant" and (msg_id is None or m.id == msg_id)]
+        users = [m for m in path if m.role == "user"]
+        if answers:
+            user = self.store.message(answers[-1].parent_id)
+        elif users and path[-1].role == "user":
+            user = path[-1]
+        else:
+            return False
+        base = self._path_to(conv_id, user.id)
+        self._begin(conv_id, base, None, "regenerate", user.id)
+        return True
+
+    def continue_answer(self, conv_id: int, msg_id: int) -> bool:
+        """Generates more of the last answer in place (one stopped, cut short by max tokens, or interrupted)."""
+        if self.busy(conv_id):
+            return False
+        path = self.store.path(conv_id)
+        msg = self.store.message(msg_id)
+        if not path or path[-1].id != msg_id or not can_continue(msg):
+            return False
+        live = self.live(conv_id)
+        live.turn = TurnInfo(None, msg_id, previous_state=msg.state)
+        self._set_state(conv_id, msg_id, "waiting")
+        self._when_loaded(conv_id, live, lambda: self._submit(conv_id, path, None, "continue"))
+        return True
+
+    def stop(self, conv_id: int) -> None:
+        live = self.live(conv_id)
+        if live.turn is None:
+            return
+        if live.turn.turn_id is None:  # still waiting for its model
+            live.pending = None
+            self._end(conv_id, live, state="stopped")
+            return
+        self.bridge.engine.cancel(live.session_id)
+
+    def switch_version(self, msg_id: int, step: int) -> None:
+        msg = self.store.message(msg_id)
+        versions = self.store.versions(msg)
+        i = versions.index(msg) + step
+        if 0 <= i < len(versions):
+            self.store.select(versions[i].id)
+            self.path_changed.emit(msg.conversation_id)
+
+    # -- driving the engine
+    def _path_to(self, conv_id: int, msg_id: int | None) -> list[Message]:
+        path = self.store.path(conv_id)
+        if msg_id is None:
+            return []
+        ids = [m.id for m in path]
+        if msg_id in ids:
+            return path[: ids.index(msg_id) + 1]
+        chain = []
+        while msg_id is not None:
+            m = self.store.message(msg_id)
+            chain.append(m)
+            msg_id = m.parent_id
+        return chain[::-1]
+
+    def _begin(self, conv_id: int, base: list[Message], user: Message | None, kind: str, parent_id: int | None = None) -> None:
+        answer = self.store.add_message(conv_id, user.id if user else parent_id, "assistant", state="waiting")
+        live = self.live(conv_id)
+        live.turn = TurnInfo(None, answer.id)
+        self.path_changed.emit(conv_id)
+        self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
+
+    def _when_loaded(self, conv_id: int, live: LiveChat, submit) -> None:
+        """Submits now if the chat's model is loaded, else once it is (the chat shows 'loading')."""
+        key = self.store.get(conv_id).settings.model
+        live.pending = submit
+        self.models.ensure(key)
+        if self.models.model_id(key) is not None:
+            self._run_pending(live)
+        else:
+            live.status.state = "loading"
+            self.status_changed.emit(conv_id)
+
+    def _run_pending(self, live: LiveChat) -> None:
+        pending, live.pending = live.pending, None
+        if pending is not None:
+            pending()
+
+    def _submit(self, conv_id: int, base: list[Message], user: Message | None, kind: str) -> None:
+        live = self.live(conv_id)
+        settings = self.store.get(conv_id).settings
+        sid = self._session_for(conv_id)
+        messages = [{"role": m.role, "content": m.content} for m in engine_view(base)]
+        if user is not None:
+            messages.append({"role": user.role, "content": user.content})
+        self.store.update_message(live.turn.message_id, model=live.status.model)
+        live.turn.turn_id = self.bridge.engine.submit(sid, messages, settings.sampling(), settings.system_prompt or None,
+                                                      continue_final=kind == "continue")
+        live.turn.submitted_at = time.perf_counter()
+        live.status.state = "queued"
+        self.status_changed.emit(conv_id)
+
+    def _session_for(self, conv_id: int) -> int:
+        """The chat's engine session, opened (again) when the model or overflow policy changed."""
+        live, settings = self.live(conv_id), self.store.get(conv_id).settings
+        engine = self.bridge.engine
+        if live.session_id is not None and (live.model_key != settings.model or live.overflow != settings.overflow):
+            engine.close(live.session_id)
+            self._by_session.pop(live.session_id, None)
+            live.session_id = None
+        if live.session_id is None:
+            live.session_id = engine.open_session(self.models.model_id(settings.model), settings.overflow)
+            live.model_key, live.overflow = settings.model, settings.overflow
+            self._by_session[live.session_id] = conv_id
+        state = self.models.state(settings.model)
+        live.status.model = state.name if state else settings.model
+        return live.session_id
+
+    # -- engine events (GUI thread, via the bridge)
+    def _turn_of(self, session_id: int, turn_id: int | None) -> tuple[int, LiveChat] | None:
+        conv_id = self._by_session.get(session_id)
+        live = self._live.get(conv_id) if conv_id is not None else None
+        if live is None or live.turn is None or (turn_id is not None and live.turn.turn_id != turn_id):
+            return None
+        return conv_id, live
+
+    def _on_started(self, session_id: int, turn_id: int) -> None:
+        found = self._turn_of(session_id, turn_id)
+        if found:
+            conv_id, live = found
+            live.status.state = "streaming"
+            live.status.tokens_per_s = live.status.ttft_s = None
+            self._set_state(conv_id, live.turn.message_id, "streaming")
+
+    def _on_queued(self, session_id: int, turn_id: int, position: int) -> None:
+        found = self._turn_of(session_id, turn_id)
+        if found:
+            conv_id, live = found
+            live.status.state = "queued"
+            self.store.update_message(live.turn.message_id, error=f"Queued: {position + 1} ahead")
+            self._set_state(conv_id, live.turn.message_id, "queued")
+
+    def _on_text(self, session_id: int, turn_id: int, text: str, tokens: int) -> None:
+        found = self._turn_of(session_id, turn_id)
+        if not found:
+            return
+        conv_id, live = found
+        t = live.turn
+        if t.first_token_at is None and tokens:
+            t.first_token_at = time.perf_counter()
+            live.status.ttft_s = t.first_token_at - t.submitted_at
+        t.tokens += tokens
+        live.status.context_used = live.context_base + t.tokens
+        msg = self.store.append_text(t.message_id, text)
+        if msg.state != "streaming":
+            msg.state, msg.error = "streaming", ""
+        self.message_changed.emit(conv_id, t.message_id)
+        self.status_changed.emit(conv_id)
+
+    def _on_context(self, session_id: int, used: int, limit: int, dropped: int) -> None:
+        conv_id = self._by_session.get(session_id)
+        if conv_id is None or conv_id not in self._live:
+            return
+        live = self._live[conv_id]
+        live.context_base = used
+        live.status.context_used, live.status.context_limit, live.status.dropped_messages = used, limit, dropped
+        self.status_changed.emit(conv_id)
+
+    def _on_finished(self, session_id: int, turn_id: int, reason: str, text: str, stats) -> None:
+        found = self._turn_of(session_id, turn_id)
+        if not found:
+            return
+        conv_id, live = found
+        msg_id = live.turn.message_id
+        st = live.status
+        st.tokens_per_s, st.ttft_s = stats.tokens_per_s, stats.ttft_s
+        st.context_used, st.context_limit = stats.context_used, stats.context_limit
+        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats)},
+                                  model=st.model, error="")
+        self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
+
+    def _on_failed(self, session_id: int, turn_id: object, message: str) -> None:
+        found = self._turn_of(session_id, turn_id if isinstance(turn_id, int) else None)
+        if not found:
+            return
+        conv_id, live = found
+        if turn_id is None and live.turn.turn_id is not None:
+            # A command failed (not the turn itself): the turn may still run, so only report it.
+            self.store.update_message(live.turn.message_id, error=message)
+            self.message_changed.emit(conv_id, live.turn.message_id)
+            return
+        self.store.update_message(live.turn.message_id, error=message)
+        # a failed continuation leaves the answer as it was (with the error shown), not failed as a whole
+        self._end(conv_id, live, live.turn.previous_state or "error")
+
+    def _on_model_loaded(self, key: str) -> None:
+        for live in list(self._live.values()):
+            if live.pending is not None and self.store.has(live.conv_id) and self.store.get(live.conv_id).settings.model == key:
+                self._run_pending(live)
+
+    def _on_model_failed(self, key: str, message: str) -> None:
+        for live in list(self._live.values()):
+            if live.pending is not None and self.store.has(live.conv_id) and self.store.get(live.conv_id).settings.model == key:
+                live.pending = None
+                self.store.update_message(live.turn.message_id, error=f"The model did not load: {message}")
+                self._end(live.conv_id, live, live.turn.previous_state or "error")
+
+    def _end(self, conv_id: int, live: LiveChat, state: str) -> None:
+        msg_id = live.turn.message_id
+        live.turn = None
+        live.status.state = "idle"
+        self._set_state(conv_id, msg_id, state)
+        self.status_changed.emit(conv_id)
+        self.turn_done.emit(conv_id, msg_id)
+
+    def _set_state(self, conv_id: int, msg_id: int, state: str) -> None:
+        msg = self.store.update_message(msg_id, state=state)
+        if state == "streaming":
+            msg.error = ""
+        self.message_changed.emit(conv_id, msg_id)
+        self.status_changed.emit(conv_id)
+
+
+def _title(text: str) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _stats_dict(stats) -> dict:
+    return {name: getattr(stats, name) for name in stats.__slots__}
