@@ -9,7 +9,7 @@ TORCH ?= torch==2.13.0
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 	-DGGML_AVX512_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
-.PHONY: run test setup setup-test clean package
+.PHONY: run test test-gpu setup setup-test clean package
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ run: setup
 
 test: setup-test
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# On a CUDA host: the kernels and the engine's GPU path (tests marked `gpu`; without a GPU they skip or interpret).
+# Runs $(PY), whose torch must be a CUDA build (`make test-gpu PY=$(BIN)/python` for the venv).
+test-gpu:
+	$(PY) -m pytest -q -m gpu tests/kernels tests/engine $(PYTEST_ARGS)
 
 # Installers (packaging/): on Linux the PyInstaller folder, a tarball and a .deb, then the bundle's --self-test
 # in a clean environment; on macOS Parley.app and a .dmg (signed when PARLEY_CODESIGN_IDENTITY is set).

@@ -27,7 +27,7 @@ PROMPTS = [
 
 
 def run(lm, prompts: list[list[int]], layout: str, tokens: int) -> tuple[int, float]:
-    from engine.generate import RunConfig, generate
+    from bench.runs import RunConfig, generate
     from engine.sampling import SamplingParams
 
     params = SamplingParams(max_tokens=tokens)

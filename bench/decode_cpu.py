@@ -22,7 +22,7 @@ PROMPT = "The history of the printing press begins"
 
 def parley_decode(lm, ids: list[int], n: int) -> float:
     """Seconds for n decode steps after the prompt's prefill (first token excluded)."""
-    from engine.generate import RunConfig, make_batcher
+    from bench.runs import RunConfig, make_batcher
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 

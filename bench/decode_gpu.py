@@ -13,6 +13,7 @@ import argparse
 import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -85,22 +86,20 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
                  attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False,
                  fused_kernels: bool = False, decode_splits: int | None = None, step_advance: bool = True):
-    from engine.batcher import Batcher
-    from engine.cache import CacheConfig, make_cache
-    from engine.runner import ModelRunner
-    from engine.scheduler import SchedulerConfig
+    """The engine's own runtime (build_runtime) for a bench model, with the variant's kernels; storage preallocated."""
+    from engine.loading.loader import LoadedModel
+    from engine.models.kernel_choice import choose_kernels
+    from engine.runtime import EngineConfig, RuntimeTuning, build_runtime
 
-    dtype = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[next(model.parameters()).dtype]
     device = next(model.parameters()).device
-    config = CacheConfig(layout="sequence", max_seqs=sessions, max_seq_len=max_len, capacity=sessions * max_len,
-                         dtype=dtype, max_step_tokens=256, initial_capacity=sessions * max_len)
-    cache = make_cache(config, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
-    cache.attention_impl = attention_impl
-    sched = SchedulerConfig(step_tokens=2048, chunk_tokens=256, max_sampled_rows=64)
-    runner = ModelRunner(model, cache, sched.max_sampled_rows, graphs=graphs, compile_decode=compile_decode,
-                         decode_gemm=decode_gemm, fused_kernels=fused_kernels, decode_splits=decode_splits,
-                         step_advance=step_advance)
-    return Batcher(model, cache, sched, device, runner=runner, lookahead=graphs and lookahead)
+    kernels = choose_kernels(device, compile_decode=compile_decode, fused=fused_kernels, decode_gemm=decode_gemm,
+                             decode_splits=decode_splits)
+    config = EngineConfig(max_sessions=sessions, max_session_tokens=max_len, step_tokens=2048, chunk_tokens=256,
+                          compile_decode=compile_decode, lookahead=graphs and lookahead, backend="torch")
+    tuning = RuntimeTuning(graphs=graphs, kernels=kernels, attention_impl=attention_impl, step_advance=step_advance,
+                           preallocate=True)
+    lm = LoadedModel("bench", Path("bench"), args, model, tokenizer=None)
+    return build_runtime(lm, config, keep_finished=False, tuning=tuning).batcher
 
 
 def prompts(args: ModelArgs, sessions: int, length: int = PROMPT, seed: int = 1) -> list[list[int]]:
@@ -133,7 +132,7 @@ def graph_replay_ms(batcher, repeats: int = 50) -> float | None:
     if graphs is None or not graphs.graphs:
         return None
     graph = graphs.graphs[max(graphs.graphs)][0]
-    return statistics.median(replay_ms(graph, repeats + 1, graphs.cache.step_buffer_kept)[1:])
+    return statistics.median(replay_ms(graph, repeats + 1, graphs.inputs.kept)[1:])
 
 
 def profile_during(batcher, label: str, at_replay: int = 20) -> None:
@@ -150,7 +149,7 @@ def profile_during(batcher, label: str, at_replay: int = 20) -> None:
         logits = replay(batch)
         if g.replays == target:
             b = next(x for x in g.buckets if x >= len(batch.segments))
-            with torch.inference_mode(), g.cache.step_buffer_kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+            with torch.inference_mode(), g.inputs.kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
                 g.forward_step(b)
                 torch.cuda.synchronize()
             events = prof.key_averages()
@@ -170,7 +169,7 @@ def profile_replay(batcher, label: str, replays: int = 5) -> None:
     if graphs is None or not graphs.graphs:
         return
     graph = graphs.graphs[max(graphs.graphs)][0]
-    with graphs.cache.step_buffer_kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with graphs.inputs.kept(), profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(replays):  # a few tokens past the step table: the storage has room (max_len + 16)
             graph.replay()
         torch.cuda.synchronize()
@@ -306,10 +305,11 @@ def main() -> None:
     ap.add_argument("--host-profile", action="store_true", help="cProfile of an extra run per case (after timing)")
     ap.add_argument("--out", default=None)
     opts = ap.parse_args()
-    from engine.runner import prefer_cublas_without_workspace
+    from engine.process import configure_process
 
-    prefer_cublas_without_workspace()  # what the engine sets, here before the baseline's first GEMM
     device = torch.device("cuda")
+    # what the engine sets when it builds a runtime, here before the baseline's first GEMM
+    configure_process(device, compile_decode=any("compiled" in i for i in opts.impls))
     args = gemma270m_args()
     weights = random_hf_weights(args)
     model = parley_model(args, weights, torch.bfloat16, device)

@@ -20,7 +20,7 @@ from bench.common_text import long_prompt  # noqa: E402
 
 
 def measure(lm, short: list[int], long: list[int], chunk: int) -> dict:
-    from engine.generate import RunConfig, make_batcher
+    from bench.runs import RunConfig, make_batcher
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 

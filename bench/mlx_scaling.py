@@ -27,7 +27,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
-    from engine.generate import RunConfig, generate
+    from bench.runs import RunConfig, generate
     from engine.loading.default_model import resolve_model
     from engine.loading.loader import LoadOptions, load_model
     from engine.sampling import SamplingParams

@@ -15,8 +15,6 @@ from typing import Any
 import torch
 
 from engine.cache import KVCache
-from engine.models.layers import CausalLM
-from engine.runner import ModelRunner
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, Status
@@ -47,7 +45,7 @@ def _to_host(ids: torch.Tensor, runner) -> tuple[Any, torch.cuda.Event | None]:
     Ids the step itself wrote to the host (the runner's `host_ids`) need only the event."""
     if ids.device.type != "cuda":
         return ids, None
-    host = getattr(runner, "host_ids", lambda _: None)(ids)
+    host = runner.host_ids(ids)
     if host is None:
         host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         host.copy_(ids, non_blocking=True)
@@ -59,22 +57,20 @@ def _to_host(ids: torch.Tensor, runner) -> tuple[Any, torch.cuda.Event | None]:
 class Batcher:
     def __init__(
         self,
-        model: CausalLM,
         cache: KVCache,
+        runner,  # ModelRunner or MLXRunner: run, accepts_device_tokens, host_ids, prefers_lookahead
         config: SchedulerConfig,
         device: torch.device | str,
         release_on_finish: bool = True,
-        runner=None,
         lookahead: bool | None = None,
     ):
         self.cache, self.device = cache, device
         self.release_on_finish = release_on_finish  # sessions keep their cache between turns
         self.in_flight: list[Sequence] = []  # the sequences of the steps being run (for error reports)
         self.scheduler = Scheduler(config, cache)
-        # Another backend (MLX) brings its own runner; everything else here is backend-neutral.
-        self.runner = runner or ModelRunner(model, cache, config.max_sampled_rows)
+        self.runner = runner  # the backend's; everything here is backend-neutral
         if lookahead is None:  # it pays where the device runs asynchronously: replayed CUDA graphs
-            lookahead = getattr(self.runner, "graphs", None) is not None
+            lookahead = self.runner.prefers_lookahead
         self.lookahead = lookahead
         self._ahead: Launched | None = None
         self.steps = self.lookahead_steps = 0
@@ -87,27 +83,6 @@ class Batcher:
 
     def has_ahead(self) -> bool:
         return self._ahead is not None
-
-    def fork(self, seq: Sequence, seq_id: int) -> Sequence:
-        """A new running sequence sharing `seq`'s history and cached prefix (the cache copies it)."""
-        assert self._ahead is None, "settle() before changing sequences"
-        child = Sequence(seq_id, list(seq.token_ids), seq.sampler.fork(), seq.stop_ids, seq.max_len)
-        child.slot = self.cache.seq_clone(seq.slot)
-        child.num_cached, child.num_prompt = seq.num_cached, seq.num_prompt
-        child.generated = list(seq.generated)
-        self.scheduler.adopt(child)
-        return child
-
-    def rewind(self, seq: Sequence, pos: int) -> None:
-        """Drops everything from token `pos` on, in the cache and in the history (edit / regenerate)."""
-        assert self._ahead is None, "settle() before changing sequences"
-        cached = min(pos, seq.num_cached)
-        self.cache.rewind(seq.slot, cached)
-        seq.num_cached = cached
-        dropped = len(seq.token_ids) - pos
-        del seq.token_ids[pos:]
-        if dropped > 0:
-            del seq.generated[max(0, len(seq.generated) - dropped) :]
 
     def step(self) -> list[tuple[Sequence, int]]:
         """Runs one step and returns the (sequence, token) pairs it sampled.
@@ -166,8 +141,7 @@ class Batcher:
                 if snapshot else None
             ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy)
         except BaseException:
-            if self.cache.book.pending is not None:
-                self.cache.abort_step()
+            self.cache.abort_step()  # nothing to undo when the step failed before it was declared
             raise
         self.cache.commit_step()
         self.steps += 1
@@ -179,8 +153,7 @@ class Batcher:
         """The next step would schedule exactly `prev`'s sequences, one token each, none finishing by length."""
         if not prev.decode or self.scheduler.waiting or len(self.scheduler.running) != len(prev.samplers):
             return False
-        accepts = getattr(self.runner, "accepts_device_tokens", None)
-        if accepts is None or not accepts(len(prev.samplers)):
+        if not self.runner.accepts_device_tokens(len(prev.samplers)):
             return False
         for seq in prev.samplers:
             if seq.status is not Status.RUNNING or seq.num_uncached != 0 or penalised(seq.sampler.params):

@@ -1,11 +1,12 @@
 """DecodeGraphs: decode-only steps replayed from CUDA graphs captured per batch-size bucket.
 
-A graph is captured for (batch bucket, kv-length bucket, storage version). Its inputs live in the cache's
-step buffer, whose addresses do not move: token ids, positions, the segment table and write slots, all
-sent in one copy per step, so one graph serves any mix of sequence lengths. Padding rows write the
-scratch column and padding segments are empty. A cache reallocation bumps the storage version: stale
-graphs go. The graph ends with the rows' argmax (the greedy ids) written over its own token ids, so a
-look-ahead step that feeds them back needs no copy at all, and a greedy step no launch after the graph.
+A graph is captured for (batch bucket, kv-length bucket, inputs version). Its inputs live in the runner's
+step buffer (engine/step_inputs.py), whose addresses do not move: token ids, positions, the segment table
+and write slots, all sent in one copy per step, so one graph serves any mix of sequence lengths. Padding
+rows write the scratch column and padding segments are empty. Reallocating the step buffer or the cache's
+storage bumps the inputs' version: stale graphs go. The graph ends with the rows' argmax (the greedy ids)
+written over its own token ids, so a look-ahead step that feeds them back needs no copy at all, and a
+greedy step no launch after the graph.
 That argmax also ends the step (kernels/step_advance.py): the ids go straight into pinned host memory and
 the step table moves on by one token, so steady greedy decoding is graph after graph, no copy between.
 """
@@ -15,9 +16,9 @@ import logging
 
 import torch
 
-from engine.cache.sequence_layout import SequenceKVCache
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
+from engine.step_inputs import StepInputs
 from kernels.argmax import argmax_rows
 from kernels.step_advance import HOST_RING, host_ring
 
@@ -26,20 +27,20 @@ log = logging.getLogger(__name__)
 
 
 class DecodeGraphs:
-    def __init__(self, model: CausalLM, cache: SequenceKVCache, buckets: tuple[int, ...] = BATCH_BUCKETS,
+    def __init__(self, model: CausalLM, inputs: StepInputs, buckets: tuple[int, ...] = BATCH_BUCKETS,
                  compile_model: bool = False, step_advance: bool = True):
-        self.model, self.cache = model, cache
+        self.model, self.inputs, self.cache = model, inputs, inputs.cache
         self.buckets = tuple(sorted(buckets))
-        self.forward = _compiled(model) if compile_model else model
-        self.compiled = compile_model
-        self._argmax_impl, self._argmax_scratch = _argmax_kernel(self.buckets[-1], cache.device)
+        # attention stays one opaque op; the dynamo limits allow a compile per bucket (engine/process.py)
+        self.forward = torch.compile(model, dynamic=False) if compile_model else model
+        self._argmax_impl, self._argmax_scratch = _argmax_kernel(self.buckets[-1], self.cache.device)
         # the argmax ends the step on the device: ids to this pinned ring, the table one token on
         self.step_advance = step_advance and self._argmax_impl == "triton"
         self._host_ids = host_ring(self.buckets[-1]) if self.step_advance else None
         self._last: tuple[torch.Tensor, HostIds] | None = None  # the latest replay's greedy ids and their host twin
         # (batch bucket, kv bucket) -> (graph, its logits, its greedy ids)
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
-        self._version = cache.storage_version
+        self._version = inputs.version
         self._pool = None
         self.captures = self.replays = 0
 
@@ -57,15 +58,15 @@ class DecodeGraphs:
         """Logits (R, V) fp32 of a decode-only step and their argmax (R,): views of the graph's outputs."""
         n = len(batch.segments)
         b = next(x for x in self.buckets if x >= n)
-        fed = batch.device_tokens
-        self.cache.prepare_step(num_tokens=b, num_segments=b, tokens=batch.tokens if fed is None else None)
-        if self.cache.storage_version != self._version:
+        fed, inputs = batch.device_tokens, self.inputs
+        plan = inputs.prepare(num_tokens=b, num_segments=b, tokens=batch.tokens if fed is None else None)
+        if inputs.version != self._version:
             self.graphs.clear()  # they read tensors that no longer exist
-            self._version = self.cache.storage_version
-        tokens = self.cache.plan.tokens
+            self._version = inputs.version
+        tokens = inputs.tokens
         if fed is not None and fed.data_ptr() != tokens.data_ptr():  # ids drawn outside the graph: copy them in
             tokens[:n].copy_(fed, non_blocking=True)
-        key = (b, self.cache.plan.max_kv_len)
+        key = (b, plan.max_kv_len)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)
         graph, logits, ids = self.graphs[key]
@@ -73,7 +74,7 @@ class DecodeGraphs:
         self.replays += 1
         ids = ids[:n]
         if self.step_advance:
-            self.cache.advanced()
+            inputs.advanced()
             self._last = ids, HostIds(self._host_ids, [s.start for s in batch.segments])
         return logits[:n], ids
 
@@ -84,10 +85,10 @@ class DecodeGraphs:
     def forward_step(self, b: int) -> tuple[torch.Tensor, torch.Tensor]:
         """What a graph of bucket `b` runs: the forward over the step buffer's inputs, every row's logits, and
         their argmax, written over the token ids it has read (the next look-ahead step's input)."""
-        plan = self.cache.plan
-        tokens = plan.tokens[:b]
-        logits = self.forward(tokens, plan.positions[:b], self.cache, None)
-        step = self.cache.step_advance(self._host_ids) if self.step_advance else None
+        inputs = self.inputs
+        tokens = inputs.tokens[:b]
+        logits = self.forward(tokens, inputs.positions[:b], self.cache, None)
+        step = inputs.step_advance(self._host_ids) if self.step_advance else None
         return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl, out=tokens, step=step)
 
     def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
@@ -95,7 +96,7 @@ class DecodeGraphs:
         # very step, so what it writes into the cache is what the replay writes again. What it writes into
         # the step buffer (ids over the tokens, the advanced table) is put back: the replay reads them.
         side = torch.cuda.Stream()
-        with self.cache.step_buffer_kept():
+        with self.inputs.kept():
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
                 self.forward_step(b)
@@ -106,7 +107,7 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=self._pool):
             logits, ids = self.forward_step(b)
         self.captures += 1
-        log.debug("captured decode graph: batch %d, kv bucket %d", b, self.cache.plan.max_kv_len)
+        log.debug("captured decode graph: batch %d, kv bucket %d", b, self.inputs.plan.max_kv_len)
         return graph, logits, ids
 
 
@@ -131,13 +132,3 @@ def _argmax_kernel(rows: int, device: torch.device) -> tuple[str, object]:
     from kernels.argmax_triton import ArgmaxScratch
 
     return "triton", ArgmaxScratch(rows, device)
-
-
-def _compiled(model: CausalLM):
-    """torch.compile of the forward (fuses norms, rope, activations); attention stays one opaque op."""
-    import torch._dynamo as dynamo
-
-    for name in ("recompile_limit", "cache_size_limit"):  # one compile per bucket
-        if hasattr(dynamo.config, name):
-            setattr(dynamo.config, name, max(64, getattr(dynamo.config, name)))
-    return torch.compile(model, dynamic=False)

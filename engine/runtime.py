@@ -16,6 +16,8 @@ from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
 from engine.errors import CacheError
 from engine.loading.loader import LoadedModel
+from engine.models.kernel_choice import KernelChoice, choose_kernels
+from engine.process import configure_process
 from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
@@ -43,6 +45,17 @@ class EngineConfig:
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeTuning:
+    """Overrides of what build_runtime decides by itself, for benchmarks and kernel tests; None keeps the default."""
+
+    graphs: bool | None = None  # CUDA graphs for decode steps (default: on CUDA with the kernel attention)
+    kernels: KernelChoice | None = None  # default: choose_kernels for the device
+    attention_impl: str | None = None  # the sequence layout's attention: auto, reference, triton
+    step_advance: bool = True  # a replayed greedy step moves the step table on itself
+    preallocate: bool = False  # allocate every sequence's whole context up front (no regrowth mid-run)
 
 
 class ModelRuntime:
@@ -134,7 +147,8 @@ class ModelRuntime:
                 "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2)}
 
 
-def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True) -> ModelRuntime:
+def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
+                  tuning: RuntimeTuning = RuntimeTuning()) -> ModelRuntime:
     """The runtime for a loaded model. `keep_finished`: a finished sequence keeps its cache slot (sessions reuse it
     on their next turn); one-shot runs pass False so that queued prompts take the slots of finished ones."""
     args = lm.args
@@ -149,6 +163,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         capacity=config.max_sessions * limit,
         dtype=dtype_name(next(lm.model.parameters()).dtype),
         max_step_tokens=config.chunk_tokens,
+        initial_capacity=config.max_sessions * limit if tuning.preallocate else None,
     )
     sched = config.scheduler_config()
     release = not keep_finished
@@ -156,10 +171,14 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     if backend == "mlx":
         batcher = _mlx_batcher(lm, cache_config, sched, release)
     else:
+        configure_process(weights_device, config.compile_decode)  # before this process's first GPU matmul
+        kernels = tuning.kernels or choose_kernels(weights_device, compile_decode=config.compile_decode)
         cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, weights_device)
-        runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, compile_decode=config.compile_decode)
-        batcher = Batcher(lm.model, cache, sched, weights_device, release_on_finish=release, runner=runner,
-                          lookahead=config.lookahead)
+        if tuning.attention_impl is not None:
+            cache.attention_impl = tuning.attention_impl
+        runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
+                             compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
+        batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead)
     return ModelRuntime(model_id, lm, backend, batcher, limit)
 
 
@@ -174,4 +193,4 @@ def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerCon
     model = from_torch(args, lm.model.state_dict(), dtype)
     cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
     runner = MLXRunner(model, cache, sched.max_sampled_rows)
-    return Batcher(model, cache, sched, "cpu", release, runner=runner)
+    return Batcher(cache, runner, sched, "cpu", release)

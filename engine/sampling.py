@@ -59,15 +59,11 @@ class SamplerState:
         self.params = params
 
 
-def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> list[int]:
-    """logits (R, V) fp32, one row per sampling session -> the chosen ids (one host copy)."""
-    return sample_ids(logits, states, histories).tolist()
-
-
 def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
                argmax: torch.Tensor | None = None) -> torch.Tensor:
-    """As `sample`, but the ids stay on the logits' device: nothing waits for the GPU here. `argmax`:
-    the logits' row argmax when the step computed it already (used unless penalties change the logits)."""
+    """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
+    waits for the GPU here. `argmax`: the logits' row argmax when the step computed it already (used unless
+    penalties change the logits)."""
     penalised = _apply_penalties(logits, states, histories)
     if argmax is None or penalised is not logits:
         argmax = penalised.argmax(dim=-1)

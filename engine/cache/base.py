@@ -1,4 +1,5 @@
-"""KVCache: the interface every layout shares; the step protocol is declare -> prepare -> attend* -> commit."""
+"""KVCache: the interface every layout shares; the step protocol is declare -> prepare -> attend* -> commit (or
+abort). The `sequence` layout on the kernels takes its step plan from the runner in between (`bind_step`)."""
 from __future__ import annotations
 
 import torch
@@ -57,11 +58,17 @@ class KVCache:
 
     @torch.inference_mode()
     def prepare_step(self, num_tokens: int | None = None) -> None:
-        """Builds this step's device-side indices and masks; rows past the segments are padding."""
+        """Makes room for the declared step and plans its attention (where the layout plans it itself: a
+        kernel plan comes from the runner, `bind_step`); rows past the segments are padding."""
         used = sum(s.q_len for s in self.segments)
         self.num_tokens = used if num_tokens is None else num_tokens
         assert self.num_tokens >= used, "the flat axis cannot be shorter than its segments"
         self._prepare()
+
+    @property
+    def has_pending_step(self) -> bool:
+        """A step is declared and neither committed nor aborted."""
+        return self.book.pending is not None
 
     def commit_step(self) -> None:
         self.book.commit()
@@ -69,6 +76,9 @@ class KVCache:
 
     @torch.inference_mode()
     def abort_step(self) -> None:
+        """Forgets the pending step; does nothing when none is pending."""
+        if self.book.pending is None:
+            return
         self._abort()
         self.book.abort()
         self.segments = []
@@ -93,9 +103,6 @@ class KVCache:
 
     def _drop_from(self, slot: int, pos: int) -> None:
         pass
-
-    def nbytes(self) -> int:
-        raise NotImplementedError
 
 
 def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -30,9 +30,6 @@ class CellKVCache(KVCache):
     def _alloc(self, n: int) -> torch.Tensor:
         return torch.zeros((n, self.kv_heads, self.head_dim), dtype=self.config.torch_dtype, device=self.device)
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
     def seq_new(self) -> int:
         slot = super().seq_new()
         self._cells_of[slot] = []

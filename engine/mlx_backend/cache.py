@@ -33,9 +33,6 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
     def _alloc(self, rows: int) -> mx.array:
         return mx.zeros((rows * self.columns, self.kv_heads, self.head_dim), dtype=DTYPES[self.config.dtype])
 
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.k + self.v)
-
     def _grow(self, needed: int) -> None:
         rows = self.rows
         while rows < needed:

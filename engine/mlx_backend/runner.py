@@ -11,10 +11,25 @@ from engine.step import StepBatch
 
 
 class MLXRunner:
+    """The same interface as ModelRunner (`run`, `accepts_device_tokens`, `host_ids`, `prefers_lookahead`)."""
+
     def __init__(self, model: CausalLM, cache: MLXSequenceKVCache, max_sampled_rows: int):
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0
+
+    @property
+    def prefers_lookahead(self) -> bool:
+        """As ModelRunner: no CUDA graphs run ahead of the host here."""
+        return False
+
+    def accepts_device_tokens(self, num_seqs: int) -> bool:
+        """As ModelRunner: a step here always takes its tokens from the host."""
+        return False
+
+    def host_ids(self, ids: torch.Tensor) -> None:
+        """As ModelRunner: the ids are host tensors already."""
+        return None
 
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, None]:
         """As ModelRunner.run: the sampled rows' fp32 logits (the sampler takes their argmax)."""

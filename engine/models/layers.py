@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.args import ModelArgs, RopeArgs
+from engine.models.kernel_choice import KernelChoice
 
 DECODE_ROWS = 64  # steps of up to this many tokens may take the Triton decode GEMM
 
@@ -26,7 +27,8 @@ class AttentionCache(Protocol):
 class Linear(nn.Linear):
     """nn.Linear whose CPU path multiplies as W @ xᵀ: MKL's skinny-M sgemm is 2-4x slower the other way round.
 
-    On CUDA with `decode_kernel` set, steps of at most 64 rows run the Triton skinny GEMM of kernels/.
+    On CUDA with `decode_kernel` set (`CausalLM.prepare`), steps of at most 64 rows run the Triton skinny GEMM
+    of kernels/.
     `partial_sums` is the same product for a consumer that adds split-K partials itself.
     """
 
@@ -56,7 +58,7 @@ class Linear(nn.Linear):
 
 
 def _fused(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether `module` runs its fused Triton kernel: switched on, on CUDA, and not inside torch.compile."""
+    """Whether `module` runs its fused Triton kernel: chosen (`CausalLM.prepare`), on CUDA, not inside torch.compile."""
     return module.fused and x.is_cuda and not torch.compiler.is_compiling()
 
 
@@ -283,32 +285,27 @@ class CausalLM(nn.Module):
         """Recomputes the rope tables on `device` (the model may have been built on the meta device)."""
         self.rotary = nn.ModuleDict({k: Rotary(self.args.head_dim, r) for k, r in self.args.rope.items()}).to(device)
 
-    def fuse_projections(self) -> None:
-        """Merges q/k/v and gate/up into one GEMM each (GPU decode is launch-bound). Drops the parts."""
-        for module in list(self.modules()):
-            if module is not self and hasattr(module, "fuse_projections"):
-                module.fuse_projections()
-
-    def use_fused_kernels(self, on: bool = True) -> None:
-        """Norms, rope and activations through the fused Triton kernels of kernels/norms.py (CUDA, not compiled)."""
-        for module in self.modules():
-            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
-                module.fused = on
-
-    def use_decode_kernels(self, on: bool = True, split_k: int | None = None) -> None:
-        """Decode-sized GEMMs through the Triton skinny GEMM (CUDA). The LM head stays on cuBLAS. The
-        GEMMs whose next kernel can add partials (o_proj and down_proj: the residual add; the fused
-        qkv_proj: the attention prologue) split K in `split_k` slices (default: kernels.linear.decode_splits
-        of their K; 1 = whole)."""
+    def prepare(self, choice: KernelChoice) -> None:
+        """Sets up how this model computes, in one call, before it serves (`choose_kernels` decides). Fused
+        projections stay fused; everything else follows the choice given (a model serves one runner)."""
         from kernels.linear import decode_splits
 
+        if choice.fuse_projections:
+            for module in list(self.modules()):
+                if isinstance(module, (Attention, GatedMLP)):
+                    module.fuse_projections()
         for module in self.modules():
-            if isinstance(module, Linear) and module is not self.lm_head:
-                module.decode_kernel = on
+            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
+                module.fused = choice.fused
+            if isinstance(module, Linear):
+                module.decode_kernel = choice.decode_gemm and module is not self.lm_head
             if isinstance(module, (Attention, GatedMLP)):
+                # the GEMMs whose next kernel adds split-K partials: o and down (the residual add), fused qkv
+                # (the attention prologue)
                 for name in ("o_proj", "down_proj", "qkv_proj"):
                     if isinstance(lin := getattr(module, name, None), Linear):
-                        lin.split_k = (split_k or decode_splits(lin.in_features)) if on else 0
+                        splits = choice.decode_splits or decode_splits(lin.in_features)
+                        lin.split_k = splits if choice.decode_gemm else 0
 
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

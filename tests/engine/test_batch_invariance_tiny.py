@@ -4,9 +4,9 @@ import json
 import pytest
 import torch
 
-from app.cli import main
+from cli.main import main
 from engine.errors import CacheError
-from engine.generate import RunConfig, make_batcher
+from bench.runs import RunConfig, make_batcher, make_runtime
 from engine.loading.loader import load_model
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
@@ -61,21 +61,25 @@ def test_fork_mid_answer(models, layout):
     lm = models["gemma3"]
     prompt = _prompts(lm.args.vocab_size)[3]
     params = SamplingParams(max_tokens=20)
-    b = make_batcher(lm, 4, _run(layout))
+    rt = make_runtime(lm, 4, _run(layout))
+    b = rt.batcher
     other = Sequence(9, _prompts(lm.args.vocab_size)[5], SamplerState(params))
     a = Sequence(0, list(prompt), SamplerState(params))
     b.add(a)
     b.add(other)
     _step_until(b, a, 8)
     fork_point = list(a.token_ids)
-    child = b.fork(a, 1)
+    child = rt.fork(a, 1)  # a copy of a's cached tokens, a keeps running
+    assert child.token_ids == fork_point[: a.num_cached]
     forced = (a.generated[-1] + 1) % lm.args.vocab_size  # the user edits the branch: a different token
-    child.token_ids.append(forced)
+    child.token_ids = fork_point + [forced]
+    child.sampler = SamplerState(SamplingParams(max_tokens=12))
+    rt.run(child)
     while b.has_work():
         b.step()
     assert a.generated == alone(lm, prompt, params, _run(layout))
     tail = alone(lm, fork_point + [forced], SamplingParams(max_tokens=12), _run(layout))
-    assert child.generated[8:] == tail
+    assert child.generated == tail
 
 
 @pytest.mark.parametrize("layout", ["sequence", "cell"])
@@ -83,12 +87,15 @@ def test_rewind_and_regenerate(models, layout):
     lm = models["gemma3"]
     prompt = _prompts(lm.args.vocab_size)[2]
     params = SamplingParams(max_tokens=30)
-    b = make_batcher(lm, 2, _run(layout))
+    rt = make_runtime(lm, 2, _run(layout))
+    b = rt.batcher
     a = Sequence(0, list(prompt), SamplerState(params))
     b.add(a)
     _step_until(b, a, 12)
     keep = len(prompt) + 5
-    b.rewind(a, keep)
+    rt.keep_prefix(a, keep)  # an edit: the cache and the history go back to `keep` tokens
+    assert a.num_cached == keep
+    del a.generated[keep - len(prompt):], a.token_ids[keep:]
     edited = (a.token_ids[-1] + 3) % lm.args.vocab_size
     a.token_ids.append(edited)
     prefix = list(a.token_ids)
@@ -102,13 +109,17 @@ def test_rewind_and_regenerate(models, layout):
 def test_rewind_below_ring_floor_is_refused(models):
     lm = models["gemma3"]
     prompt = _prompts(lm.args.vocab_size)[5]  # 61 tokens: the 15-row ring has wrapped
-    b = make_batcher(lm, 1, _run("sequence"))
+    rt = make_runtime(lm, 1, _run("sequence"))
     a = Sequence(0, list(prompt), SamplerState(SamplingParams(max_tokens=30)))
-    b.add(a)
-    _step_until(b, a, 2)
+    rt.batcher.add(a)
+    _step_until(rt.batcher, a, 2)
     with pytest.raises(CacheError, match="ring"):
-        b.rewind(a, 10)
-    b.rewind(a, a.num_cached - 4)  # within the floor: allowed
+        rt.cache.rewind(a.slot, 10)
+    rt.keep_prefix(a, a.num_cached - 4)  # within the floor: allowed
+    assert a.slot is not None
+    rt.stop(a, "cancelled")
+    rt.keep_prefix(a, 10)  # below it, between turns: the slot goes and the next turn prefills again
+    assert a.slot is None and a.num_cached == 0
 
 
 def test_cli_batched_equals_sequential(tiny_models, tmp_path, capsys):

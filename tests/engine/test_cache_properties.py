@@ -151,3 +151,19 @@ def test_context_limit_is_a_clear_error():
         cache.commit_step()
     with pytest.raises(CacheError, match="context limit is 8"):
         cache.declare_step([(slot, 1)])
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_abort_is_safe_without_a_pending_step(layout):
+    cache = make_cache(CacheConfig(layout, 2, 8, 16, "float32", 4), [None, 3], 1, 2)
+    slot = cache.seq_new()
+    cache.abort_step()  # nothing pending: nothing happens
+    cache.declare_step([(slot, 2)])
+    assert cache.has_pending_step
+    cache.prepare_step()
+    cache.abort_step()
+    cache.abort_step()
+    assert not cache.has_pending_step and cache.pos(slot) == 0
+    cache.declare_step([(slot, 3)])  # the slot takes a step again
+    cache.commit_step()
+    assert cache.pos(slot) == 3

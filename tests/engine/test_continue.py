@@ -7,7 +7,7 @@ the engine command: events, the message growing in place, prefix reuse, refusals
 import pytest
 
 from engine import events as ev
-from engine.generate import RunConfig, generate
+from bench.runs import RunConfig, generate
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from tests.support.engine_client import Client

@@ -16,12 +16,19 @@ import torch
 
 from bench.decode_gpu import gemma270m_args, make_batcher, parley_model, prompts, random_hf_weights
 from engine.cache import CacheConfig, make_cache
+from engine.models.kernel_choice import KernelChoice
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
+from engine.step_inputs import StepInputs
 from tests.support.engine_helpers import run_staggered
 
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (decode graphs and Triton kernels)")
+
+
+def needs_cuda(test):
+    """Marked `gpu` (make test-gpu) and skipped without a CUDA device."""
+    skip = pytest.mark.skipif(not CUDA, reason="needs a CUDA device (decode graphs and Triton kernels)")
+    return pytest.mark.gpu(skip(test))
 REL_GAP = 0.05  # bf16 through 18 layers: logits of two reduction orders agree within 5% of their scale
 
 
@@ -83,28 +90,31 @@ def test_step_table_pads_and_wraps_rings():
     cfg = CacheConfig(layout="sequence", max_seqs=3, max_seq_len=64, capacity=192, dtype="float32", max_step_tokens=4)
     cache = make_cache(cfg, [8, None], 1, 16, "cpu")
     cache.attention_impl = "reference"
+    inputs = StepInputs(cache)
     a, b = cache.seq_new(), cache.seq_new()
     cache.declare_step([(a, 4), (b, 2)])
-    cache.prepare_step()
+    inputs.prepare()
     cache.commit_step()
     for _ in range(3):  # a reaches 13 > ring of 8 + 4 - 1 = 11 rows
         cache.declare_step([(a, 3)])
-        cache.prepare_step()
+        inputs.prepare()
         cache.commit_step()
     cache.declare_step([(b, 1), (a, 1)])
-    cache.prepare_step(num_tokens=4, num_segments=4, tokens=torch.tensor([7, 9]))
-    plan, C = cache.plan, cache.columns
+    plan, C = inputs.prepare(num_tokens=4, num_segments=4, tokens=torch.tensor([7, 9])), cache.columns
     assert plan.seq_info.tolist() == [[0, 1, b, 3], [1, 1, a, 14], [0, 0, 3, 0], [0, 0, 3, 0]]
     assert plan.layer_slots[1].tolist() == [2 * C + b, 13 * C + a, 3, 3]  # global: row = position
     assert plan.layer_slots[0].tolist() == [2 * C + b, (13 % 11) * C + a, 3, 3]  # ring: row = position % 11
     assert (plan.max_q_len, plan.max_kv_len) == (1, 256)
-    assert plan.positions.tolist() == [2, 13, 0, 0] and plan.tokens[:2].tolist() == [7, 9]
+    assert inputs.positions.tolist() == [2, 13, 0, 0] and inputs.tokens[:2].tolist() == [7, 9]
     with torch.inference_mode():
-        plan.tokens[:2] = torch.tensor([4, 5])  # what a graph's argmax leaves there
+        inputs.tokens[:2] = torch.tensor([4, 5])  # what a graph's argmax leaves there
     cache.abort_step()
+    cache.abort_step()  # nothing pending: nothing to do
+    assert not cache.has_pending_step
     cache.declare_step([(b, 1), (a, 1)])
-    cache.prepare_step(num_tokens=4, num_segments=4)  # no ids: the look-ahead step reads them in place
-    assert cache.plan.tokens[:2].tolist() == [4, 5] and cache.plan.positions.tolist() == [2, 13, 0, 0]
+    assert cache.has_pending_step
+    inputs.prepare(num_tokens=4, num_segments=4)  # no ids: the look-ahead step reads them in place
+    assert inputs.tokens[:2].tolist() == [4, 5] and inputs.positions.tolist() == [2, 13, 0, 0]
     cache.abort_step()
 
 
@@ -154,8 +164,6 @@ def test_batched_equals_alone_through_graphs(gpu_model, kernels):
     opts = dict(graphs=True, decode_gemm=kernels == "triton", fused_kernels=kernels == "triton")
     batched = generate(make_batcher(model, args, 6, 400, **opts), ids, arrivals, new=32)
     singles = [generate(make_batcher(model, args, 1, 400, **opts), [p], [0], new=32) for p in ids]
-    model.use_decode_kernels(False)
-    model.use_fused_kernels(False)
     alone = ([s[0][0] for s in singles], [s[1][0] for s in singles])
     row = compare(*batched, *alone)
     report(f"batched_vs_alone[{kernels}]", row | {"tokens_equal": batched[0] == alone[0]})
@@ -190,7 +198,6 @@ def test_fused_kernels_agree_with_the_modules(gpu_model):
     ids = [p[:n] for p, n in zip(prompts(args, 4, length=300, seed=6), [5, 64, 200, 300])]
     fused = generate(make_batcher(model, args, 4, 400, graphs=True, fused_kernels=True, decode_gemm=True), ids,
                      [0] * 4, new=24)
-    model.use_decode_kernels(False)
     eager = generate(make_batcher(model, args, 4, 400, graphs=False), ids, [0] * 4, new=24)
     report("fused_vs_eager", compare(*fused, *eager) | {"tokens_equal": fused[0] == eager[0]})
 
@@ -201,7 +208,6 @@ def test_triton_decode_gemm_agrees_with_cublas(gpu_model):
     ids = [p[:n] for p, n in zip(prompts(args, 6, length=300, seed=4), [5, 40, 64, 100, 200, 300])]
     cublas = generate(make_batcher(model, args, 6, 400, graphs=True), ids, [0] * 6, new=24)
     triton = generate(make_batcher(model, args, 6, 400, graphs=True, decode_gemm=True), ids, [0] * 6, new=24)
-    model.use_decode_kernels(False)
     report("decode_gemm_vs_cublas", compare(*triton, *cublas) | {"tokens_equal": triton[0] == cublas[0]})
 
 
@@ -210,12 +216,14 @@ def test_triton_equals_reference_attention(gpu_model):
     """Teacher-forced: the same tokens through both attention implementations, logits compared."""
     args, model = gpu_model
     ids = [p[:n] for p, n in zip(prompts(args, 4, length=600, seed=9), [11, 200, 513, 600])]
+    model.prepare(KernelChoice(fuse_projections=True))  # the modules around attention, as the eager runners
     out = {}
     for impl in ("triton", "reference"):
         cfg = CacheConfig(layout="sequence", max_seqs=4, max_seq_len=700, capacity=2800, dtype="bfloat16",
                           max_step_tokens=256)
         cache = make_cache(cfg, args.layer_windows(), args.num_kv_heads, args.head_dim, "cuda")
         cache.attention_impl = impl
+        inputs = StepInputs(cache)
         slots = [cache.seq_new() for _ in ids]
         done, rows = [0] * 4, []
         with torch.inference_mode():
@@ -226,7 +234,7 @@ def test_triton_equals_reference_attention(gpu_model):
                 toks = [t for i, (_, n) in zip(live, writes) for t in ids[i][done[i] : done[i] + n]]
                 pos = [x for seg in segs for x in range(seg.start, seg.start + seg.q_len)]
                 last = torch.tensor([seg.q_start + seg.q_len - 1 for seg in segs], device="cuda")
-                cache.prepare_step()
+                inputs.prepare()
                 rows.append(model(torch.tensor(toks, device="cuda"), torch.tensor(pos, device="cuda"), cache, last))
                 cache.commit_step()
                 for i, (_, n) in zip(live, writes):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from engine.generate import RunConfig, generate, make_batcher
+from bench.runs import RunConfig, generate, make_batcher
 from engine.sampling import SamplingParams
 from tests.support.engine_helpers import alone, full_logits, run_staggered
 from tests.support.gemma_model import LONG_TEXT, PROMPTS

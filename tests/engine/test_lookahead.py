@@ -7,7 +7,7 @@ sampler state put back, the cache left holding only history.
 import pytest
 import torch
 
-from engine.generate import RunConfig, make_batcher
+from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import load_model
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
@@ -105,7 +105,7 @@ def test_settle_reads_the_step_queued_ahead(lm):
     assert not b.has_ahead() and [len(s.generated) for s in seqs] == [n + 1 for n in before]
     assert {s.seq_id: t for s, t in got} == {s.seq_id: s.generated[-1] for s in seqs}
     assert all(s.num_uncached == 1 for s in seqs)  # back to the plain state: one token to feed
-    b.rewind(seqs[0], len(seqs[0].token_ids) - 3)  # allowed again once settled
+    b.cache.rewind(seqs[0].slot, seqs[0].num_cached - 3)  # allowed again once settled
 
 
 def test_a_failed_read_drops_the_step_queued_behind_it(lm, monkeypatch):
@@ -120,3 +120,11 @@ def test_a_failed_read_drops_the_step_queued_behind_it(lm, monkeypatch):
     with pytest.raises(RuntimeError, match="device lost"):
         b.step()
     assert not b.has_ahead() and set(b.in_flight) == set(seqs)  # the engine fails exactly these
+
+
+def test_the_runner_says_what_the_batcher_asks(lm):
+    """The runner's interface to the batcher; on CPU the device is the host, so no look-ahead by default."""
+    b = make_batcher(lm, 2, _run(None))
+    runner = b.runner
+    assert runner.prefers_lookahead is False and b.lookahead is False
+    assert runner.accepts_device_tokens(2) and runner.host_ids(torch.zeros(2, dtype=torch.long)) is None

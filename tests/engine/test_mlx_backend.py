@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine import events as ev
-from engine.generate import RunConfig, make_batcher
+from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import load_model
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams

@@ -3,10 +3,14 @@ import pytest
 import torch
 
 from engine.errors import ParleyError
-from engine.sampling import SamplerState, SamplingParams, sample, sample_ids
+from engine.sampling import SamplerState, SamplingParams, sample_ids
 
 PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = PROBS.log()
+
+
+def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> list[int]:
+    return sample_ids(logits, states, histories).tolist()
 
 
 def _freqs(params: SamplingParams, n: int = 4000, history=None) -> torch.Tensor:

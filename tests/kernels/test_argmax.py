@@ -12,6 +12,7 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu  # run on the GPU when there is one (`make test-gpu`)
 
 
 def _logits(rows: int, width: int, dtype: torch.dtype, seed: int) -> torch.Tensor:

@@ -11,6 +11,7 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu  # run on the GPU when there is one (`make test-gpu`)
 
 
 def make_cache(rows: int, C: int, Hkv: int, D: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -13,6 +13,7 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 DTYPES = [torch.float32, torch.bfloat16]
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu  # run on the GPU when there is one (`make test-gpu`)
 
 
 def _close(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
@@ -173,36 +174,36 @@ def test_act_mul(dtype, act, inter):
 @pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen3"])
 @pytest.mark.parametrize("attention", ["auto", "triton"])
 @pytest.mark.parametrize("gemm", [False, True])
-def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_models, monkeypatch):
-    """Whole forwards with the kernels switched in (forced on here, CPU) equal the module-by-module path;
-    with the attention kernels the K/V write is fused into the q/k norm + rope launch (direct_write); with
-    the decode GEMMs the MLP's activation runs in the gate/up GEMM's epilogue."""
+def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_models, monkeypatch, device):
+    """Whole forwards with the kernels chosen (forced on here on CPU) equal the module-by-module path; with
+    the attention kernels the K/V write is fused into the q/k norm + rope launch (direct_write); with the
+    decode GEMMs the MLP's activation runs in the gate/up GEMM's epilogue."""
     import engine.models.layers as layers
+    from engine.cache import CacheConfig, make_cache
     from engine.loading.loader import load_model
+    from engine.models.kernel_choice import KernelChoice
+    from engine.step_inputs import StepInputs
 
     lm = load_model(tiny_models[arch].gguf_path)
-    model, args = lm.model, lm.args
-    model.fuse_projections()
-    tokens = torch.randint(5, args.vocab_size, (12,), generator=torch.Generator().manual_seed(0))
-    positions = torch.arange(12)
+    model, args = lm.model.to(device), lm.args
+    tokens = torch.randint(5, args.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).to(device)
+    positions = torch.arange(12, device=device)
 
-    def logits() -> torch.Tensor:
-        from engine.cache import CacheConfig, make_cache
-
+    def logits(choice: KernelChoice) -> torch.Tensor:
+        model.prepare(choice)
         cfg = CacheConfig(layout="sequence", max_seqs=1, max_seq_len=32, capacity=32, dtype="float32",
                           max_step_tokens=16)
-        cache = make_cache(cfg, args.layer_windows(), args.num_kv_heads, args.head_dim, "cpu")
+        cache = make_cache(cfg, args.layer_windows(), args.num_kv_heads, args.head_dim, device)
         cache.attention_impl = attention
         cache.declare_step([(cache.seq_new(), 12)])
-        cache.prepare_step()
+        if cache.uses_kernels:
+            StepInputs(cache).prepare()
+        else:
+            cache.prepare_step()
         with torch.inference_mode():
-            return model(tokens, positions, cache, torch.arange(12))
+            return model(tokens, positions, cache, torch.arange(12, device=device))
 
-    plain = logits()
+    plain = logits(KernelChoice(fuse_projections=True))
     monkeypatch.setattr(layers, "_fused", lambda module, x: module.fused)  # the kernels run in the interpreter
-    model.use_fused_kernels(True)
-    model.use_decode_kernels(gemm)
-    fused = logits()
-    model.use_decode_kernels(False)
-    model.use_fused_kernels(False)
+    fused = logits(KernelChoice(fuse_projections=True, fused=True, decode_gemm=gemm))
     assert (fused - plain).abs().max() <= 1e-4 * plain.abs().max()

@@ -30,6 +30,7 @@ TOL = {
 SCALE = 0.09  # deliberately not D**-0.5 (Gemma scales by query_pre_attn_scalar**-0.5)
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu  # run on the GPU when there is one (`make test-gpu`)
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs CUDA: real shapes, bf16 dots, graph capture")
 
 

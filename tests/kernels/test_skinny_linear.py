@@ -13,6 +13,7 @@ DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 MAX_M = 64 if ON_GPU else 16
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu  # run on the GPU when there is one (`make test-gpu`)
 # Gemma-3-270M's decode GEMMs on the GPU (fused qkv, fused gate/up, o, down); odd sizes on both.
 SHAPES = [(1536, 640), (4096, 640), (640, 1024), (640, 2048), (100, 200)] if ON_GPU else [(48, 64), (20, 40), (33, 96)]
 

@@ -1,4 +1,4 @@
-"""Synchronous generation for the CLI, tests and benchmarks: prompts in, token ids out, one batch."""
+"""Synchronous runs for benchmarks and tests: prompts in, token ids out, one batch, on a runtime from build_runtime."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -7,7 +7,7 @@ from typing import Callable
 from engine.batcher import Batcher
 from engine.errors import ContextOverflowError
 from engine.loading.loader import LoadedModel
-from engine.runtime import EngineConfig, build_runtime
+from engine.runtime import EngineConfig, ModelRuntime, build_runtime
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 
@@ -25,12 +25,17 @@ class RunConfig:
     lookahead: bool | None = None  # None: on where CUDA graphs run (tests force it on CPU)
 
 
-def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
-    """A batcher whose cache holds `max_seqs` sequences of up to the model's (or the given) context."""
+def make_runtime(lm: LoadedModel, max_seqs: int, run: RunConfig) -> ModelRuntime:
+    """A runtime whose cache holds `max_seqs` sequences of up to the model's (or the given) context; a finished
+    sequence gives its slot back at once."""
     config = EngineConfig(kv_layout=run.kv_layout, max_sessions=max_seqs, max_session_tokens=run.max_seq_len,
                           step_tokens=run.step_tokens, chunk_tokens=run.chunk_tokens,
                           max_sampled_rows=run.max_sampled_rows, backend=run.backend, lookahead=run.lookahead)
-    return build_runtime(lm, config, keep_finished=False).batcher
+    return build_runtime(lm, config, keep_finished=False)
+
+
+def make_batcher(lm: LoadedModel, max_seqs: int, run: RunConfig) -> Batcher:
+    return make_runtime(lm, max_seqs, run).batcher
 
 
 def generate(
