@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from engine.batcher import Batcher
-from engine.generate import RunConfig, make_batcher
+from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import LoadedModel
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
