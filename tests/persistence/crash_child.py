@@ -15,6 +15,7 @@ import sys
 import time
 import zlib
 
+from app.core.live import engine_view
 from app.core.sqlite_store import SqliteConversationStore
 from engine import events as ev
 from engine.engine import Engine
@@ -48,18 +49,21 @@ def child(model: str, db: str, side: str, seed: int) -> None:
     assert isinstance(e, ev.ModelLoaded), e
     answer_of: dict[int, int] = {}  # turn -> assistant message
     conv_of: dict[int, int] = {}  # session -> conversation
+    params_of: dict[int, object] = {}  # session -> its chat's sampling settings
 
     def ask(sid: int) -> None:
+        """As the app does: each turn hands the engine the stored branch, ending with the new user message."""
         conv = store.get(conv_of[sid])
         user = store.add_message(conv.id, conv.leaf_id, "user", rng.choice(PROMPTS))
+        branch = [{"role": m.role, "content": m.content} for m in engine_view(store.path(conv.id))]
         answer = store.add_message(conv.id, user.id, "assistant", state="waiting")
-        answer_of[engine.submit(sid, user.content)] = answer.id
+        answer_of[engine.submit(sid, branch, params_of[sid])] = answer.id
 
     from engine.sampling import SamplingParams
     for i in range(CHATS):
         params = SamplingParams(temperature=1.0, seed=rng.randrange(1 << 30), max_tokens=rng.randrange(8, 80))
-        sid = engine.open_session(model_id, None, params, "truncate")
-        conv_of[sid] = store.create(f"chat {seed}-{i}").id
+        sid = engine.open_session(model_id, overflow="truncate")
+        conv_of[sid], params_of[sid] = store.create(f"chat {seed}-{i}").id, params
         ask(sid)
     note("ready")
     deadline = time.monotonic() + LIFETIME_S

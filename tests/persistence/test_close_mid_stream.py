@@ -20,8 +20,8 @@ def _stream(client, store, model_id, n):
         conv = store.create(f"chat {i}")
         user = store.add_message(conv.id, None, "user", "Tell me a long story.")
         answer = store.add_message(conv.id, user.id, "assistant", state="streaming")
-        sid = client.engine.open_session(model_id, None, SamplingParams(temperature=1.0, seed=i, max_tokens=400))
-        chats[sid] = (conv.id, answer.id, client.engine.submit(sid, user.content))
+        sid = client.open(model_id, params=SamplingParams(temperature=1.0, seed=i, max_tokens=400))
+        chats[sid] = (conv.id, answer.id, client.send(sid, user.content))
     return chats
 
 
@@ -60,7 +60,7 @@ def test_closing_chats_mid_stream(tiny_models, tmp_path):
         assert isinstance(client.wait(turn, timeout=30), ev.Finished)
     _pump(client, store, chats, 0)
     store.close()
-    assert client.engine.call(lambda e: len(e._sessions)) == 0
+    assert client.engine.inspect()["sessions"] == 0
     assert client.free_slots(model_id) == SLOTS
     client.engine.shutdown()
     rows = dict(sqlite3.connect(tmp_path / "p.db").execute("SELECT id, content FROM message WHERE role = 'assistant'"))

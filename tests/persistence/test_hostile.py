@@ -11,6 +11,7 @@ import tracemalloc
 import gguf
 import pytest
 
+from app.core.live import engine_view
 from app.core.model_registry import ModelEntry
 from app.core.sqlite_registry import SqliteModelRegistry, check_model
 from app.core.sqlite_store import SqliteConversationStore
@@ -36,11 +37,14 @@ def client(tiny_models):
 
 
 def _turn(client, store, conv_id, sid, text):
-    """One chat turn the way the GUI does it: store first, engine second, the answer saved as it streams."""
+    """One chat turn the way the GUI does it: store first, engine second (handed the stored branch, which ends
+    with the new user message), the answer saved as it streams."""
     conv = store.get(conv_id)
     user = store.add_message(conv_id, conv.leaf_id, "user", text)
+    branch = [{"role": m.role, "content": m.content} for m in engine_view(store.path(conv_id))]
     answer = store.add_message(conv_id, user.id, "assistant", state="waiting")
-    end = client.wait(client.engine.submit(sid, text), timeout=60)
+    chat = client.chats[sid]
+    end = client.wait(client.engine.submit(sid, branch, chat.params, chat.system), timeout=60)
     if isinstance(end, ev.Finished):
         store.update_message(answer.id, content=end.text, state="done")
     else:
@@ -52,7 +56,7 @@ def _turn(client, store, conv_id, sid, text):
 def test_hostile_prompts_get_an_answer_or_a_clear_error(client, tmp_path, overflow):
     store = SqliteConversationStore(tmp_path / "p.db")
     conv = store.create()
-    sid = client.engine.open_session(client.model_id, None, SamplingParams(max_tokens=4, temperature=0), overflow)
+    sid = client.open(client.model_id, params=SamplingParams(max_tokens=4, temperature=0), overflow=overflow)
     assert isinstance(_turn(client, store, conv.id, sid, SURROGATES), ev.Finished)
     assert isinstance(_turn(client, store, conv.id, sid, CONTROL), ev.Finished)
     start = time.perf_counter()
@@ -76,8 +80,8 @@ def test_hostile_chat_template_is_refused_end_to_end(client, tiny_models, tmp_pa
     if isinstance(loaded, ev.ModelFailed):  # refused at load: fine, as long as it says why
         assert "template" in loaded.message.lower()
         return
-    sid = client.engine.open_session(model_id, None, SamplingParams(max_tokens=2))
-    end = client.wait(client.engine.submit(sid, "hi"), timeout=60)
+    sid = client.open(model_id, params=SamplingParams(max_tokens=2))
+    end = client.wait(client.send(sid, "hi"), timeout=60)
     assert isinstance(end, ev.Error) and "template" in end.message.lower()
     assert not (tmp_path / "pwned").exists()
     client.engine.close(sid)

@@ -23,7 +23,7 @@ class RecordingBridge(ServerBridge):
         super()._on_event(e)
 
     def open_sessions(self) -> int:
-        return self.engine.call(lambda eng: len(eng._sessions))
+        return self.engine.inspect()["sessions"]
 
 
 @pytest.fixture(scope="module")

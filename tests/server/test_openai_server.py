@@ -77,19 +77,24 @@ def test_messages_are_replayed_as_the_conversation(server, bridge):
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
         {"role": "assistant", "content": first}, {"role": "user", "content": [{"type": "text", "text": "And then?"}]},
     ]).choices[0].message.content
-    sid = eng.open_session(bridge.models[0].model_id, "Be brief.", SamplingParams(max_tokens=10))
-    assert _run_turns(bridge, sid, ["Hi there", "And then?"]) == [first, replayed]
+    sid = eng.open_session(bridge.models[0].model_id)
+    assert _run_turns(bridge, sid, ["Hi there", "And then?"], SamplingParams(max_tokens=10), "Be brief.") == [first, replayed]
 
 
-def _run_turns(bridge, sid: int, texts: list[str]) -> list[str]:
+def _run_turns(bridge, sid: int, texts: list[str], params: SamplingParams, system: str | None) -> list[str]:
+    """Lives through the turns as an app would: the conversation is kept here, each turn hands over all of it."""
+    messages: list[dict[str, str]] = []
     out = []
     for text in texts:
-        turn = bridge.engine.submit(sid, text)
+        messages.append({"role": "user", "content": text})
+        turn = bridge.engine.submit(sid, messages, params, system)
         deadline = time.monotonic() + 60
         while not any(isinstance(e, ev.Finished) and e.turn_id == turn for e in bridge.seen):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        out.append(next(e.text for e in bridge.seen if isinstance(e, ev.Finished) and e.turn_id == turn))
+        answer = next(e.text for e in bridge.seen if isinstance(e, ev.Finished) and e.turn_id == turn)
+        messages.append({"role": "assistant", "content": answer})
+        out.append(answer)
     bridge.engine.close(sid)
     return out
 

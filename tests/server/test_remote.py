@@ -44,8 +44,8 @@ def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge,
     local.engine.start()
     try:
         local_model = local.load(bridge.models[0].info["source"])
-        lsid = local.engine.open_session(local_model, "Be brief.", GREEDY)
-        rsid = remote_client.engine.open_session(loaded.model_id, "Be brief.", GREEDY)
+        lsid = local.open(local_model, params=GREEDY, system="Be brief.")
+        rsid = remote_client.open(loaded.model_id, params=GREEDY, system="Be brief.")
         for text in ["Hello there", "Tell me more", "And finally?"]:
             want = local.ask(lsid, text)
             got = remote_client.ask(rsid, text)
@@ -57,7 +57,7 @@ def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge,
             s = got.stats
             assert s.prompt_tokens == want.stats.prompt_tokens and s.completion_tokens == want.stats.completion_tokens
             assert s.ttft_s > 0 and s.context_limit == 256
-        again = remote_client.wait(remote_client.engine.regenerate(rsid))
+        again = remote_client.wait(remote_client.regenerate(rsid))
         assert again.text == got.text  # greedy: the same answer to the last message
     finally:
         local.engine.shutdown()
@@ -66,13 +66,13 @@ def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge,
 def test_remote_cancel_and_close(remote_client, bridge, server):
     loaded = add_remote(remote_client, server.url, None)  # the endpoint's only model
     assert isinstance(loaded, ev.ModelLoaded) and loaded.name == bridge.models[0].id
-    sid = remote_client.engine.open_session(loaded.model_id, params=SamplingParams(max_tokens=200, stop=["\u2603\u2603"]))
-    turn = remote_client.engine.submit(sid, "go on")
+    sid = remote_client.open(loaded.model_id, params=SamplingParams(max_tokens=200, stop=["\u2603\u2603"]))
+    turn = remote_client.send(sid, "go on")
     remote_client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn)
     remote_client.engine.cancel(sid)
     end = remote_client.wait(turn, timeout=5)
     assert isinstance(end, ev.Finished) and end.reason == "cancelled"
-    turn2 = remote_client.engine.submit(sid, "again")
+    turn2 = remote_client.send(sid, "again")
     remote_client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn2)
     remote_client.engine.close(sid)
     end2 = remote_client.wait(turn2, timeout=5)
@@ -97,12 +97,12 @@ def test_a_stalled_answer_times_out_with_an_error(remote_client):
     with StallServer("stall") as stall:
         loaded = add_remote(remote_client, stall.url, MODEL, timeout=0.5)
         assert isinstance(loaded, ev.ModelLoaded) and loaded.info["context"] is None
-        sid = remote_client.engine.open_session(loaded.model_id, params=GREEDY)
+        sid = remote_client.open(loaded.model_id, params=GREEDY)
         t0 = time.monotonic()
-        end = remote_client.wait(remote_client.engine.submit(sid, "hello"), timeout=10)
+        end = remote_client.wait(remote_client.send(sid, "hello"), timeout=10)
         assert isinstance(end, ev.Error) and "did not answer within 0.5 s" in end.message
         assert time.monotonic() - t0 < 5
-        again = remote_client.wait(remote_client.engine.submit(sid, "hello"), timeout=10)  # the session still works
+        again = remote_client.wait(remote_client.send(sid, "hello"), timeout=10)  # the session still works
         assert isinstance(again, ev.Error)
 
 
@@ -115,8 +115,8 @@ def test_a_stalled_model_list_times_out(remote_client):
 def test_a_dropped_connection_mid_answer_is_an_error(remote_client):
     with StallServer("drop") as drop:
         loaded = add_remote(remote_client, drop.url, MODEL, timeout=5)
-        sid = remote_client.engine.open_session(loaded.model_id, params=GREEDY)
-        turn = remote_client.engine.submit(sid, "hello")
+        sid = remote_client.open(loaded.model_id, params=GREEDY)
+        turn = remote_client.send(sid, "hello")
         end = remote_client.wait(turn, timeout=10)
         texts = [e.text for e in remote_client.by_turn[turn] if isinstance(e, ev.TokenDelta)]
         assert texts == ["Hel"] and isinstance(end, ev.Error) and "lost mid-answer" in end.message

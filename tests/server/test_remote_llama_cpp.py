@@ -76,7 +76,7 @@ def test_streams_the_same_answer_llama_cpp_gives_directly(client, llama_server):
     loaded = add(client, llama_server, ALIAS, KEY)
     assert isinstance(loaded, ev.ModelLoaded), loaded
     assert loaded.info["remote"] is True and loaded.name == ALIAS
-    sid = client.engine.open_session(loaded.model_id, "Answer in one sentence.", SamplingParams(max_tokens=12))
+    sid = client.open(loaded.model_id, params=SamplingParams(max_tokens=12), system="Answer in one sentence.")
     history = [{"role": "system", "content": "Answer in one sentence."}]
     for question in ["What is the capital of France?", "And of Italy?"]:  # the second replays the first turn
         end = client.ask(sid, question)
@@ -96,28 +96,28 @@ def test_streams_the_same_answer_llama_cpp_gives_directly(client, llama_server):
 def test_sampling_settings_reach_llama_cpp(client, llama_server):
     loaded = add(client, llama_server, ALIAS, KEY)
     seeded = SamplingParams(temperature=1.0, top_k=40, top_p=0.9, min_p=0.05, seed=1234, max_tokens=8)
-    texts = [client.ask(client.engine.open_session(loaded.model_id, params=seeded), "Write a story.").text
+    texts = [client.ask(client.open(loaded.model_id, params=seeded), "Write a story.").text
              for _ in range(2)]
     assert texts[0] == texts[1] and texts[0].strip()  # same seed, same draw
-    greedy = client.ask(client.engine.open_session(loaded.model_id, params=SamplingParams(max_tokens=16)),
+    greedy = client.ask(client.open(loaded.model_id, params=SamplingParams(max_tokens=16)),
                         "Count from one to ten.")
     cut = greedy.text[len(greedy.text) // 2:][:4]
-    stopped = client.ask(client.engine.open_session(loaded.model_id, params=SamplingParams(max_tokens=16, stop=[cut])),
+    stopped = client.ask(client.open(loaded.model_id, params=SamplingParams(max_tokens=16, stop=[cut])),
                          "Count from one to ten.")
     assert stopped.text == greedy.text[: greedy.text.index(cut)] and stopped.reason == "stop"
 
 
 def test_cancel_mid_stream_then_the_next_turn_works(client, llama_server):
     loaded = add(client, llama_server, ALIAS, KEY)
-    sid = client.engine.open_session(loaded.model_id, params=SamplingParams(temperature=0.8, seed=1, max_tokens=400))
-    turn = client.engine.submit(sid, "Write a very long essay about the sea.")
+    sid = client.open(loaded.model_id, params=SamplingParams(temperature=0.8, seed=1, max_tokens=400))
+    turn = client.send(sid, "Write a very long essay about the sea.")
     client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn, timeout=60)
     t0 = time.monotonic()
     client.engine.cancel(sid)
     end = client.wait(turn, timeout=5)
     assert isinstance(end, ev.Finished) and end.reason == "cancelled" and time.monotonic() - t0 < 1
     assert end.stats.completion_tokens < 400
-    client.engine.set_params(sid, SamplingParams(max_tokens=4))
+    client.chats[sid].params = SamplingParams(max_tokens=4)  # for the turns after this one
     t1 = time.monotonic()
     nxt = client.ask(sid, "Now one word.")  # llama.cpp serves one request at a time: it must have stopped
     assert nxt.stats.completion_tokens <= 4 and time.monotonic() - t1 < 15
