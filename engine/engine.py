@@ -60,6 +60,11 @@ class Engine:
         if self._thread is not None:
             self._thread.join(timeout)
 
+    @property
+    def running(self) -> bool:
+        """True while the engine thread is alive and taking commands."""
+        return self._thread is not None and self._thread.is_alive()
+
     def __enter__(self) -> "Engine":
         return self.start()
 

@@ -81,7 +81,7 @@ def test_quitting_mid_stream(tiny_models, tmp_path):
     _pump(client, store, chats, seen)
     saved = {a: store.message(a).content for _, a, _ in chats.values()}
     store.close()
-    assert not client.engine._thread.is_alive()
+    assert not client.engine.running
     again = SqliteConversationStore(tmp_path / "p.db")
     for answer, text in saved.items():
         msg = again.message(answer)
