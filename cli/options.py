@@ -20,6 +20,9 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
+    p.add_argument("--weights", default="quantized", choices=["quantized", "dequantized"],
+                   help="quantized: GGUF matrices stay quantized on the CPU (int4/int8 kernels, ~1/4 the memory of "
+                   "dequantized); dequantized: float weights, the path that matches transformers")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
 
 
@@ -39,7 +42,8 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
     from engine.runtime import EngineConfig
 
     return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
-                        compile_decode=args.compile, cache_dir=paths.cache, **sizes)
+                        compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
+                        **sizes)
 
 
 def sampling_params(args: argparse.Namespace):

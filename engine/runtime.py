@@ -37,6 +37,7 @@ class EngineConfig:
     lookahead: bool | None = None  # launch the next decode step before reading this one's ids; None: with CUDA graphs
     compile_decode: bool = False  # CUDA: torch.compile the decode graphs (~5 % faster than the fused kernels; 15-60 s per batch size, once)
     cache_dir: Path | None = None  # converted GGUF weights
+    weights: str = "quantized"  # GGUF matrices stay quantized on the CPU; "dequantized": today's float path
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates
@@ -144,7 +145,9 @@ class ModelRuntime:
     def info(self) -> dict:
         a = self.lm.args
         return {"architecture": a.model_type, "backend": self.backend, "context": self.limit, "vocab": a.vocab_size,
-                "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2)}
+                "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2),
+                "quantization": self.lm.quantization(), "weights_mb": round(self.lm.weight_bytes() / 1e6, 1),
+                "notices": list(self.lm.notices)}
 
 
 def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
@@ -190,7 +193,7 @@ def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerCon
 
     args = lm.args
     dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    model = from_torch(args, lm.model.state_dict(), dtype)
+    model = from_torch(args, lm.model.float_state_dict(), dtype)
     cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
     runner = MLXRunner(model, cache, sched.max_sampled_rows)
     return Batcher(cache, runner, sched, "cpu", release)

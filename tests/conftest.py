@@ -36,6 +36,14 @@ def tiny_models_q8(tiny_models: dict[str, TinyModel], tmp_path_factory: pytest.T
 
 
 @pytest.fixture(scope="session")
+def tiny_models_q4(tiny_models: dict[str, TinyModel], tmp_path_factory: pytest.TempPathFactory) -> dict[str, TinyModel]:
+    """The same models in Q4_0: every matrix whose rows and shape allow it takes the int4 kernels."""
+    root = tmp_path_factory.mktemp("tiny_models_q4")
+    return {arch: TinyModel(m.hf_dir, write_gguf(m.hf_dir, root / f"{arch}-q4_0.gguf", "Q4_0"))
+            for arch, m in tiny_models.items()}
+
+
+@pytest.fixture(scope="session")
 def corrupt_ggufs(tiny_models: dict[str, TinyModel], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Broken or unsupported GGUF files derived from the tiny llama (see write_corrupt_variants)."""
     return write_corrupt_variants(tiny_models["llama"].gguf_path, tmp_path_factory.mktemp("corrupt"))

@@ -29,10 +29,9 @@ class GGUFFile:
     def tensor_names(self) -> list[str]:
         return [t.name for t in self.reader.tensors]
 
-    def tensors(self, dtype: torch.dtype = torch.float32):
-        """Yields (name, tensor) with every tensor dequantized, in file order."""
-        for t in self.reader.tensors:
-            yield t.name, _dequantize(self.path, t).to(dtype)
+    def tensor(self, t: Any) -> torch.Tensor:
+        """One of `reader.tensors` dequantized to fp32."""
+        return _dequantize(self.path, t)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:

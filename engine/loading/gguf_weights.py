@@ -6,9 +6,11 @@ from types import ModuleType
 
 import torch
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.gguf_file import GGUFFile
 from engine.models.args import GLOBAL, ModelArgs
+from engine.quant.from_gguf import is_native, quantized_matrix, row_order
+from engine.quant.weight import QuantTensor
 
 TOP_LEVEL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -31,18 +33,41 @@ def hf_name(name: str, arch: ModuleType) -> str | None:
     return None
 
 
-def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=None) -> dict[str, torch.Tensor]:
-    """Dequantizes every tensor to fp32 under its HF name; rope_freqs becomes the rope factors."""
+def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=None, quantized: bool = False,
+                      notices: list[str] | None = None) -> dict[str, torch.Tensor | QuantTensor]:
+    """Every tensor under its HF name; rope_freqs becomes the rope factors. Dequantized to fp32, or with
+    `quantized` every matrix kept quantized as a QuantTensor (vectors stay fp32); types outside the common
+    quantizations add a line to `notices`."""
     total = len(gf.reader.tensors)
-    weights: dict[str, torch.Tensor] = {}
-    for i, (name, tensor) in enumerate(gf.tensors()):
+    weights: dict[str, torch.Tensor | QuantTensor] = {}
+    odd: dict[str, int] = {}
+    for i, t in enumerate(gf.reader.tensors):
+        name = t.name
         if name == "rope_freqs.weight":
-            args.rope[GLOBAL].factors = [float(x) for x in tensor.flatten()]
+            args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
         else:
             target = hf_name(name, arch)
             if target is None:
                 raise ModelLoadError(f"{gf.path.name}: unexpected tensor {name} for architecture {arch.ARCH}.")
-            weights[target] = arch.gguf_fix(name, tensor, args)
+            if quantized and len(t.shape) == 2:
+                weights[target] = _matrix(gf, t, arch, args)
+                if not is_native(t.tensor_type.name):
+                    odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
+            else:
+                weights[target] = arch.gguf_fix(name, gf.tensor(t), args)
         if progress:
             progress("Decoding weights", (i + 1) / total)
+    if notices is not None:
+        notices.extend(f"{gf.path.name}: {n} tensor(s) of type {q} have no kernel of their own: re-quantized to int8."
+                       for q, n in sorted(odd.items()))
     return weights
+
+
+def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> QuantTensor:
+    try:
+        return quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args))
+    except NotImplementedError as exc:
+        raise UnsupportedModelError(f"{gf.path.name}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
+                                    "which Parley cannot read yet.") from exc
+    except (ValueError, TypeError) as exc:
+        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} could not be decoded: {exc}") from exc

@@ -15,27 +15,37 @@ from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
+from engine.quant.weight import QuantTensor, weights_summary
 from engine.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 
 Progress = Callable[[str, float], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+WEIGHTS = ("quantized", "dequantized")
 
 
 @dataclass(slots=True)
 class LoadOptions:
     device: str = "cpu"
     dtype: str = "float32"
-    cache_dir: Path | None = None  # converted GGUF weights are kept here; None disables the cache
+    cache_dir: Path | None = None  # dequantized GGUF weights are kept here; None disables the cache
+    weights: str = "quantized"  # GGUF matrices stay quantized (CPU), or "dequantized" to `dtype` (matches transformers)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {self.weights!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelLoadError("CUDA was requested but no CUDA device is available.")
 
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether matrices stay quantized: on the CPU (the CUDA and MLX kernels for them are not built yet)."""
+        return self.weights == "quantized" and self.device == "cpu"
 
 
 @dataclass(slots=True)
@@ -46,6 +56,15 @@ class LoadedModel:
     model: CausalLM
     tokenizer: Tokenizer
     timings: dict[str, float] = field(default_factory=dict)
+    notices: list[str] = field(default_factory=list)  # one line each: what the user should know about this load
+
+    def quantization(self) -> str:
+        """How the weights are held, e.g. "Q4_K→int4 ×27, Q8_0→int8 ×10" or "float32"."""
+        return weights_summary(self.model)
+
+    def weight_bytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.model.buffers()) + \
+            sum(p.numel() * p.element_size() for p in self.model.parameters())
 
 
 def load_model(source: str | Path, options: LoadOptions | None = None, progress: Progress | None = None) -> LoadedModel:
@@ -55,19 +74,26 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     start = time.perf_counter()
     if not source.exists():
         raise ModelLoadError(f"Model not found: {source}")
+    notices: list[str] = []
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress)
         kind = "hf"
+    elif options.quantized:
+        args, weights, tok = _read_gguf(source, progress, quantized=True, notices=notices)
+        kind = "gguf"
     else:
         args, weights, tok, kind = _read_gguf_cached(source, options.cache_dir, progress)
     read_s = time.perf_counter() - start
     model = build_model(args, weights, options.torch_dtype, options.device)
     name = args.name or source.stem
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
-    return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok, timings=timings | {"from": kind})
+    return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
+                       timings=timings | {"from": kind}, notices=notices)
 
 
-def build_model(args: ModelArgs, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: str) -> CausalLM:
+def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor], dtype: torch.dtype,
+                device: str) -> CausalLM:
+    """The architecture's module with `weights` in place; QuantTensor matrices replace their Linear/Embedding."""
     arch = architecture(args.model_type)
     with torch.device("meta"):
         model = arch.Model(args)
@@ -76,13 +102,26 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor], dtype: torch.
     unexpected = sorted(weights.keys() - set(expected))
     if missing or unexpected:
         raise ModelLoadError(_mismatch_message(missing, unexpected))
-    state = {k: v.to(device=device, dtype=dtype) for k, v in weights.items()}
+    state = {}
+    for key, value in weights.items():
+        if isinstance(value, QuantTensor):
+            model.install_quantized(key.removesuffix(".weight"), value)
+        else:
+            state[key] = value.to(device=device, dtype=dtype)
     try:
-        model.load_state_dict(state, strict=True, assign=True)
+        result = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:
         raise ModelLoadError(f"The weights do not fit the architecture: {exc}") from exc
+    left = [k for k in result.missing_keys if not _quantized_buffer(model, k)]
+    if left or result.unexpected_keys:
+        raise ModelLoadError(_mismatch_message(left, result.unexpected_keys))
     model.reset_buffers(device)
     return model.eval().requires_grad_(False)
+
+
+def _quantized_buffer(model: CausalLM, key: str) -> bool:
+    owner = model.get_submodule(key.rsplit(".", 1)[0]) if "." in key else model
+    return isinstance(owner, QuantTensor)
 
 
 def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
@@ -104,14 +143,14 @@ def _read_hf(folder: Path, progress: Progress | None):
     return args, weights, tok
 
 
-def _read_gguf(path: Path, progress: Progress | None):
+def _read_gguf(path: Path, progress: Progress | None, quantized: bool = False, notices: list[str] | None = None):
     if progress:
         progress("Reading model file", 0.0)
     gf = open_gguf(path)
     arch = architecture(gf.architecture or "(none)")
     args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
     tok = tokenizer_from_gguf(gf.metadata)
-    weights = read_gguf_weights(gf, arch, args, progress)
+    weights = read_gguf_weights(gf, arch, args, progress, quantized=quantized, notices=notices)
     return args, weights, tok
 
 

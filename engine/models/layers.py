@@ -9,6 +9,7 @@ from torch import nn
 
 from engine.models.args import ModelArgs, RopeArgs
 from engine.models.kernel_choice import KernelChoice
+from engine.quant.weight import QuantTensor
 
 DECODE_ROWS = 64  # steps of up to this many tokens may take the Triton decode GEMM
 
@@ -55,6 +56,33 @@ class Linear(nn.Linear):
             return F.linear(x, self.weight, self.bias)
         y = torch.mm(self.weight, x.t()).t()
         return y + self.bias if self.bias is not None else y
+
+
+class QuantLinear(nn.Module):
+    """A Linear whose weight stays quantized (engine/quant): the CPU's weight-only int4/int8 kernels."""
+
+    def __init__(self, qweight: QuantTensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.qweight = qweight
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.in_features, self.out_features = qweight.in_features, qweight.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.qweight(x).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+    partial_sums = forward  # no split-K here: the product itself
+
+
+class QuantEmbedding(nn.Module):
+    """An embedding table kept quantized: a lookup dequantizes only the rows asked for; tied, it is the LM head."""
+
+    def __init__(self, qweight: QuantTensor):
+        super().__init__()
+        self.qweight = qweight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.qweight.rows(ids.reshape(-1)).reshape(*ids.shape, -1)
 
 
 def _fused(module: nn.Module, x: torch.Tensor) -> bool:
@@ -307,8 +335,42 @@ class CausalLM(nn.Module):
                         splits = choice.decode_splits or decode_splits(lin.in_features)
                         lin.split_k = splits if choice.decode_gemm else 0
 
+    def install_quantized(self, path: str, qweight: QuantTensor) -> None:
+        """Puts a quantized matrix in place of the Linear or Embedding at `path` (its bias, if any, comes later)."""
+        from engine.errors import ModelLoadError
+
+        parent_path, _, leaf = path.rpartition(".")
+        parent = self.get_submodule(parent_path) if parent_path else self
+        old = getattr(parent, leaf)
+        shape = (old.num_embeddings, old.embedding_dim) if isinstance(old, nn.Embedding) else \
+            (old.out_features, old.in_features)
+        if tuple(qweight.shape) != shape:
+            raise ModelLoadError(f"{path}.weight has shape {tuple(qweight.shape)}, the architecture needs {shape}.")
+        if isinstance(old, nn.Embedding):
+            setattr(parent, leaf, QuantEmbedding(qweight))
+        else:
+            bias = old.bias if old.bias is not None else None
+            new = QuantLinear(qweight, None)
+            if bias is not None:  # a meta placeholder until load_state_dict assigns the file's bias
+                new.bias = nn.Parameter(torch.empty(shape[0], device="meta"), requires_grad=False)
+            setattr(parent, leaf, new)
+
+    def float_state_dict(self) -> dict[str, torch.Tensor]:
+        """The state dict with every quantized matrix dequantized under its `.weight` name (for other backends)."""
+        state = {k: v for k, v in self.state_dict().items() if ".qweight." not in k}
+        for name, module in self.named_modules():
+            if isinstance(module, (QuantLinear, QuantEmbedding)):
+                state[f"{name}.weight"] = module.qweight.dequantize()
+        return state
+
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        if isinstance(head, (QuantEmbedding, QuantLinear)):
+            return head.qweight(x)
+        return _head(x, self.head_weight())
 
     def forward(
         self, tokens: torch.Tensor, positions: torch.Tensor, cache: AttentionCache, logit_rows: torch.Tensor | None
@@ -325,18 +387,17 @@ class CausalLM(nn.Module):
             h, x = layer(h, ropes[layer.kind], cache, x, next_norm)
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
-        logits = _head(x, self.head_weight()).float()
+        logits = self._logits(x).float()
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
     def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""
         first = self.model.layers[0].input_layernorm
-        table = self.model.embed_tokens.weight
         if first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
             from kernels.norms import embed_norm
 
-            return embed_norm(tokens, table, self.embed_scale, first.weight, first.eps, first.gemma)
+            return embed_norm(tokens, self.model.embed_tokens.weight, self.embed_scale, first.weight, first.eps, first.gemma)
         h = self.model.embed_tokens(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)

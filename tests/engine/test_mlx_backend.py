@@ -4,7 +4,7 @@ import torch
 
 from engine import events as ev
 from bench.runs import RunConfig, make_batcher
-from engine.loading.loader import load_model
+from engine.loading.loader import LoadOptions, load_model
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from tests.support.engine_client import Client
@@ -27,7 +27,7 @@ def _prompts(vocab: int) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def models(tiny_models):
-    return {arch: load_model(tiny_models[arch].gguf_path) for arch in ARCHS}
+    return {arch: load_model(tiny_models[arch].gguf_path, LoadOptions(weights="dequantized")) for arch in ARCHS}
 
 
 def _logits(lm, ids: list[int], backend: str) -> torch.Tensor:

@@ -180,11 +180,11 @@ def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_mo
     decode GEMMs the MLP's activation runs in the gate/up GEMM's epilogue."""
     import engine.models.layers as layers
     from engine.cache import CacheConfig, make_cache
-    from engine.loading.loader import load_model
+    from engine.loading.loader import LoadOptions, load_model
     from engine.models.kernel_choice import KernelChoice
     from engine.step_inputs import StepInputs
 
-    lm = load_model(tiny_models[arch].gguf_path)
+    lm = load_model(tiny_models[arch].gguf_path, LoadOptions(weights="dequantized"))  # the fused kernels are float-only
     model, args = lm.model.to(device), lm.args
     tokens = torch.randint(5, args.vocab_size, (12,), generator=torch.Generator().manual_seed(0)).to(device)
     positions = torch.arange(12, device=device)

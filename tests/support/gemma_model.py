@@ -34,10 +34,18 @@ PROMPTS = [
 
 @pytest.fixture(scope="session")
 def gemma_lm(gemma_gguf_path: Path):
-    """The embedded GGUF through our loader (fp32, CPU)."""
-    from engine.loading.loader import load_model
+    """The embedded GGUF through our loader, dequantized (fp32, CPU): the path that matches transformers."""
+    from engine.loading.loader import LoadOptions, load_model
 
-    return load_model(gemma_gguf_path)
+    return load_model(gemma_gguf_path, LoadOptions(weights="dequantized"))
+
+
+@pytest.fixture(scope="session")
+def gemma_lm_quantized(gemma_gguf_path: Path):
+    """The embedded GGUF with its matrices kept quantized (the default on CPU)."""
+    from engine.loading.loader import LoadOptions, load_model
+
+    return load_model(gemma_gguf_path, LoadOptions(weights="quantized"))
 
 
 @pytest.fixture(scope="session")

@@ -21,12 +21,13 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "gemma3": MODEL_ARCH.GEMMA3}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
-                "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0)}
+                "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
+                "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
 
 def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32") -> Path:
-    """Convert the HF folder at `hf_dir` to a GGUF at `out_path` ("F32", "F16", "BF16" or "Q8_0")."""
+    """Convert the HF folder at `hf_dir` to a GGUF at `out_path` (a key of TENSOR_TYPES)."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     arch = GGUF_ARCH[cfg["model_type"]]

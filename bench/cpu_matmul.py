@@ -1,0 +1,97 @@
+"""CPU weight-only matmul candidates on the decode shapes of real models, same process, interleaved repeats.
+
+Each line: one (model shape, GEMM, rows, candidate) with its median time and effective weight bandwidth,
+and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
+  fp32            today's path
+  bf16            F.linear in bf16 (oneDNN)
+  int8-bf16       torch._weight_int8pack_mm, int8 per output channel, bf16 activations
+  int8-fp32       the same with fp32 activations
+  int4-g32-bf16   torch._weight_int4pack_mm_for_cpu, 4-bit groups of 32 with bf16 scale and zero, bf16 act.
+  int4-g32-fp32   the same with fp32 activations
+Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name -> [(gemm, in_features, out_features)]
+    "gemma3-270m": [("qkv", 640, 1536), ("o", 1024, 640), ("gate_up", 640, 4096), ("down", 2048, 640),
+                    ("head", 640, 262144)],
+    "llama-1b": [("qkv", 2048, 3072), ("o", 2048, 2048), ("gate_up", 2048, 16384), ("down", 8192, 2048),
+                 ("head", 2048, 128256)],
+}
+
+
+def _candidates(w: torch.Tensor) -> dict:
+    """name -> (bytes of weight read per product, fn(x_fp32) -> y)."""
+    n, k = w.shape
+    wb = w.to(torch.bfloat16)
+    scale = w.abs().amax(1).clamp_min(1e-8) / 127
+    q8 = (w / scale[:, None]).round().clamp(-128, 127).to(torch.int8)
+    g = w.reshape(n, k // 32, 32)
+    lo, hi = g.amin(-1), g.amax(-1)
+    s4 = ((hi - lo) / 15).clamp_min(1e-8)
+    q4 = ((g - lo[..., None]) / s4[..., None]).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q4, 1)
+    # the kernel computes (q - 8) * scale + zero per group: the group's minimum is zero - 8 * scale
+    sz = torch.stack([s4, lo + 8 * s4], -1).transpose(0, 1).contiguous()
+    return {
+        "fp32": (n * k * 4, lambda x: torch.mm(w, x.t()).t()),
+        "bf16": (n * k * 2, lambda x: F.linear(x.to(torch.bfloat16), wb)),
+        "int8-bf16": (n * k + n * 2, lambda x: torch._weight_int8pack_mm(x.to(torch.bfloat16), q8,
+                                                                         scale.to(torch.bfloat16))),
+        "int8-fp32": (n * k + n * 4, lambda x: torch._weight_int8pack_mm(x, q8, scale)),
+        "int4-g32-bf16": (n * k // 2 + n * k // 8, lambda x: torch._weight_int4pack_mm_for_cpu(
+            x.to(torch.bfloat16), packed, 32, sz.to(torch.bfloat16))),
+        "int4-g32-fp32": (n * k // 2 + n * k // 8, lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, 32, sz)),
+    }
+
+
+def _time(fn, x, repeats: int) -> float:
+    fn(x)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn(x)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the candidates")
+    args = ap.parse_args()
+    print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "isa": torch.backends.cpu.get_cpu_capability()}))
+    torch.manual_seed(0)
+    for shape in args.shapes:
+        for gemm, k, n in SHAPES[shape]:
+            w = torch.randn(n, k) * 0.02
+            cands = _candidates(w)
+            for rows in args.rows:
+                x = torch.randn(rows, k)
+                ref = cands["fp32"][1](x)
+                best = {name: float("inf") for name in cands}
+                for _ in range(args.rounds):
+                    for name, (_, fn) in cands.items():
+                        best[name] = min(best[name], _time(fn, x, args.repeats))
+                for name, (nbytes, fn) in cands.items():
+                    err = (fn(x).float() - ref).abs().max().item() / ref.abs().max().item()
+                    print(json.dumps({"shape": shape, "gemm": gemm, "k": k, "n": n, "rows": rows, "impl": name,
+                                      "ms": round(best[name] * 1e3, 4), "gb_s": round(nbytes / best[name] / 1e9, 2),
+                                      "vs_fp32": round(best["fp32"] / best[name], 2), "rel_err": round(err, 4)}),
+                          flush=True)
+            del w, cands
+
+
+if __name__ == "__main__":
+    main()

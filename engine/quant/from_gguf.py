@@ -1,0 +1,46 @@
+"""One GGUF matrix -> a QuantTensor in the CPU runtime's format, reading the file's blocks a slice at a time."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, NATIVE, dequantized_rows, int4_groups
+from engine.quant.weight import Int8Rows, QuantTensor, bf16_tensor, int4_fits, int8_fits, pack_int4
+
+
+def quantized_matrix(t: Any, row_order: torch.Tensor | None) -> QuantTensor:
+    """`t` a gguf ReaderTensor of two dimensions; `row_order` the rows' new order (llama.cpp's Q/K permutation
+    undone) or None. 4-bit types keep their codes exactly; other quantized types become int8 rows; floats bf16."""
+    type_name = t.tensor_type.name
+    n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
+    if type_name in FOUR_BIT and int4_fits(n, k):
+        g = int4_groups(type_name, t.data, n, k)
+        if row_order is not None:
+            g.codes, g.scale, g.zero = (a[row_order.numpy()] for a in (g.codes, g.scale, g.zero))
+        return pack_int4(g, type_name)
+    if type_name in FLOAT or not int8_fits(k):
+        w = torch.empty(n, k, dtype=torch.bfloat16)
+        for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
+            w[start:start + len(rows)] = torch.from_numpy(rows)
+        return bf16_tensor(w if row_order is None else w[row_order], type_name)
+    out = Int8Rows(n, k)
+    for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
+        out.put(start, rows)
+    if row_order is not None:
+        out.codes, out.scale = out.codes[row_order], out.scale[row_order]
+    return out.done(type_name)
+
+
+def is_native(type_name: str) -> bool:
+    """Types read without a notice: the common files' quantizations and the float types."""
+    return type_name in NATIVE or type_name in FLOAT
+
+
+def row_order(fix, name: str, n: int, args) -> torch.Tensor | None:
+    """The row permutation an architecture's `gguf_fix` applies to `name` (None when it keeps the order): the fix
+    only ever moves rows, so applying it to the row indices tells where each row goes."""
+    idx = torch.arange(n, dtype=torch.float64)[:, None]
+    moved = fix(name, idx, args)[:, 0].long()
+    return None if torch.equal(moved, torch.arange(n)) else moved
+

@@ -1,0 +1,147 @@
+"""A weight matrix kept quantized in the CPU runtime's format: the module that multiplies by it and looks rows up.
+
+Formats (chosen per tensor by `pack`, measured in docs/QUANTIZED.md):
+  int4  4-bit codes in groups of 32 with a bf16 scale and zero (torch's int4pack layout): Q4_0, Q4_1, Q4_K exactly
+  int8  int8 codes with one bf16 scale per row (torch's int8pack): every other quantized type, re-quantized
+  bf16  F16/BF16 tensors, and shapes the packed kernels do not take
+Products take fp32 or bf16 activations and return fp32; the kernels run on bf16 activations.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+import torch
+from torch import nn
+
+from engine.quant.gguf_blocks import GROUP, Int4Groups
+
+FORMATS = ("int4", "int8", "bf16")
+
+
+class QuantTensor(nn.Module):
+    """An (N, K) weight in one of FORMATS; `forward(x)` = x @ Wᵀ in fp32, `rows(ids)` = W[ids] in fp32."""
+
+    def __init__(self, fmt: str, shape: tuple[int, int], source_type: str, **tensors: torch.Tensor):
+        super().__init__()
+        if fmt not in FORMATS:
+            raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+        self.format, self.shape, self.source_type = fmt, tuple(shape), source_type
+        for name, t in tensors.items():
+            self.register_buffer(name, t)
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if self.format == "int4":
+            y = torch._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)
+        elif self.format == "int8":
+            y = torch._weight_int8pack_mm(xb, self.codes, self.scale)
+        else:
+            y = torch.mm(xb, self.weight.t())
+        return y.float().reshape(*lead, self.shape[0])
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows `ids` dequantized (an embedding lookup reads only these)."""
+        if self.format == "int8":
+            return self.codes[ids].float() * self.scale[ids].float()[:, None]
+        if self.format == "bf16":
+            return self.weight[ids].float()
+        return _int4_rows(self.packed, self.scale_zero, ids, self.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.shape[0]))
+
+
+def pack_int4(groups: Int4Groups, source_type: str) -> QuantTensor:
+    n, k = groups.codes.shape
+    codes = torch.from_numpy(groups.codes.astype(np.int32))
+    packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
+    sz = np.stack([groups.scale, groups.zero], -1).transpose(1, 0, 2)  # (K/32, N, 2), the kernel's order
+    return QuantTensor("int4", (n, k), source_type, packed=packed,
+                       scale_zero=torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16))
+
+
+def int4_fits(n: int, k: int) -> bool:
+    """Whole packing blocks only: rows of a partial last block are laid out differently (and models' N are 64·m)."""
+    block = _int4_block()
+    return block is not None and n % block == 0 and k % GROUP == 0
+
+
+def int8_fits(k: int) -> bool:
+    return k % 32 == 0  # torch's int8pack kernel reads K in 32-wide vectors (other K: NaN or a crash)
+
+
+class Int8Rows:
+    """Fills an (N, K) int8-per-row weight a slice of fp32 rows at a time."""
+
+    def __init__(self, n: int, k: int):
+        self.codes = torch.empty(n, k, dtype=torch.int8)
+        self.scale = torch.empty(n, dtype=torch.float32)
+
+    def put(self, start: int, rows: np.ndarray) -> None:
+        r = torch.from_numpy(rows)
+        # the kernel reads a bf16 scale: round it up first, then the codes against it (error ≤ half a step)
+        s = (r.abs().amax(1).clamp_min(1e-30) / 127 * (1 + 2 ** -8)).bfloat16().float()
+        self.codes[start:start + len(r)] = (r / s[:, None]).round_().clamp_(-127, 127).to(torch.int8)
+        self.scale[start:start + len(r)] = s
+
+    def done(self, source_type: str) -> QuantTensor:
+        return QuantTensor("int8", tuple(self.codes.shape), source_type, codes=self.codes,
+                           scale=self.scale.to(torch.bfloat16))
+
+
+def bf16_tensor(weight: torch.Tensor, source_type: str) -> QuantTensor:
+    return QuantTensor("bf16", tuple(weight.shape), source_type, weight=weight.to(torch.bfloat16).contiguous())
+
+
+@lru_cache(maxsize=1)
+def _int4_block() -> int | None:
+    """Rows per block of torch's CPU int4 packing on this machine (it follows the ISA), found by packing a probe:
+    within a block of B rows, byte (k, j) holds row j's code in its low nibble and row j + B/2's in its high one."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=g)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    for block in (64, 32, 16):
+        half = block // 2
+        b = q.reshape(128 // block, 2, half, 64)  # (blocks, lo/hi, row in half, k)
+        expect = (b[:, 0] | (b[:, 1] << 4)).permute(0, 2, 1).to(torch.uint8).reshape(128, 32)
+        if torch.equal(packed.reshape(128, 32), expect):
+            return block
+    return None
+
+
+def _int4_rows(packed: torch.Tensor, scale_zero: torch.Tensor, ids: torch.Tensor, k: int) -> torch.Tensor:
+    block = _int4_block()
+    half = block // 2
+    view = packed.reshape(-1, k, half)  # (blocks, k, row in half)
+    ids = ids.reshape(-1).long()
+    byte = view[ids // block, :, ids % half]  # (T, k)
+    codes = (byte >> (4 * ((ids % block) // half))[:, None].to(torch.uint8)) & 0x0F
+    sz = scale_zero[:, ids].float()  # (K/32, T, 2)
+    scale = sz[..., 0].t().repeat_interleave(GROUP, 1)
+    zero = sz[..., 1].t().repeat_interleave(GROUP, 1)
+    return (codes.float() - 8) * scale + zero
+
+
+def weights_summary(model: nn.Module) -> str:
+    """How a model's matrices are held, e.g. "Q4_K→int4 ×27, Q8_0→int8 ×10", or its float dtype."""
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, QuantTensor):
+            key = f"{m.source_type}→{m.format}"
+            counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        p = next(model.parameters(), None)
+        return str(p.dtype).removeprefix("torch.") if p is not None else "?"
+    return ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items(), key=lambda kv: -kv[1]))

@@ -1,0 +1,142 @@
+"""Weights kept quantized: GGUF blocks read exactly, the CPU formats against their dequantized selves, whole tiny
+models on the quantized path (batched == alone, both layouts), the embedded model's size and its notices."""
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from bench.runs import RunConfig, make_batcher
+from engine.loading.loader import LoadOptions, load_model
+from engine.models.layers import QuantEmbedding, QuantLinear
+from engine.quant.gguf_blocks import int4_groups
+from engine.quant.weight import Int8Rows, _int4_block, bf16_tensor, pack_int4
+from engine.sampling import SamplingParams
+from tests.support.engine_helpers import run_staggered
+from tests.support.tiny_models import ARCHS
+
+
+def _blocks(qtype: str, n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_normal((n, k)) * 0.05).astype(np.float32)
+    t = getattr(gguf.GGMLQuantizationType, qtype)
+    raw = gguf.quants.quantize(w, t)
+    return raw, gguf.quants.dequantize(raw, t).reshape(n, k)
+
+
+def _from_groups(g) -> np.ndarray:
+    n, k = g.codes.shape
+    return ((g.codes.reshape(n, -1, 32).astype(np.float32) - 8) * g.scale[..., None] + g.zero[..., None]).reshape(n, k)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_four_bit_blocks_read_exactly(qtype):
+    raw, ref = _blocks(qtype, 48, 256)
+    np.testing.assert_array_equal(_from_groups(int4_groups(qtype, raw, 48, 256)), ref)
+
+
+def test_int4_packing_layout_is_known_here():
+    assert _int4_block() in (16, 32, 64)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1"])
+def test_int4_tensor_products_and_rows(qtype):
+    raw, _ = _blocks(qtype, 128, 128, seed=1)
+    g = int4_groups(qtype, raw, 128, 128)
+    qt = pack_int4(g, qtype)
+    # the kernel's own numbers: codes exact, scale and zero rounded to bf16
+    s = torch.from_numpy(g.scale).bfloat16().float()
+    z = torch.from_numpy(g.zero).bfloat16().float()
+    w = ((torch.from_numpy(g.codes).float().reshape(128, -1, 32) - 8) * s[..., None] + z[..., None]).reshape(128, 128)
+    torch.testing.assert_close(qt.dequantize(), w)
+    ids = torch.tensor([0, 127, 17, 17, 64, 33, 100])
+    torch.testing.assert_close(qt.rows(ids), w[ids])
+    x = torch.randn(5, 128)
+    torch.testing.assert_close(qt(x), x.bfloat16().float() @ w.t(), atol=2e-2, rtol=2e-2)
+    assert qt(x).dtype == torch.float32 and qt.nbytes() == 128 * 128 // 2 + 4 * 128 * 128 // 32
+
+
+def test_int8_rows_requantize_within_a_step():
+    raw, ref = _blocks("Q8_0", 32, 256, seed=2)
+    out = Int8Rows(32, 256)
+    out.put(0, ref[:20])
+    out.put(20, ref[20:])
+    qt = out.done("Q8_0")
+    step = np.abs(ref).max(1, keepdims=True) / 127
+    assert (np.abs(qt.dequantize().numpy() - ref) <= 0.5 * step * 1.01 + 1e-7).all()
+    torch.testing.assert_close(qt.rows(torch.tensor([3, 31])), qt.dequantize()[[3, 31]])
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(qt(x), x @ qt.dequantize().t(), atol=3e-2, rtol=3e-2)
+
+
+def test_bf16_tensor_rows_and_product():
+    w = torch.randn(16, 64)
+    qt = bf16_tensor(w, "F16")
+    torch.testing.assert_close(qt.rows(torch.tensor([2])), w[[2]].bfloat16().float())
+    x = torch.randn(2, 64)
+    torch.testing.assert_close(qt(x), x @ w.t(), atol=5e-2, rtol=2e-2)
+
+
+@pytest.fixture(scope="module", params=["q8", "q4"])
+def quantized_models(request, tiny_models_q8, tiny_models_q4):
+    files = tiny_models_q8 if request.param == "q8" else tiny_models_q4
+    return {arch: load_model(files[arch].gguf_path, LoadOptions(weights="quantized")) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_model_holds_no_float_matrix(quantized_models, arch):
+    model = quantized_models[arch].model
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert not linears, [type(m) for m in linears]
+    assert any(isinstance(m, QuantLinear) for m in model.modules())
+    assert "→" in quantized_models[arch].quantization()
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_batched_equals_alone(quantized_models, arch, layout):
+    lm = quantized_models[arch]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29, 40)]
+    params = SamplingParams(max_tokens=12)
+    run = RunConfig(kv_layout=layout, max_seq_len=128, step_tokens=16, chunk_tokens=8)
+    together = run_staggered(make_batcher(lm, 4, run), prompts, [0, 0, 2, 5], params)
+    for prompt, got in zip(prompts, together):
+        alone = run_staggered(make_batcher(lm, 1, run), [prompt], [0], params)[0]
+        assert got == alone
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_logits_near_dequantized(tiny_models_q8, arch):
+    """Q8_0 requantized to int8 rows with bf16 activations stays close to the exact fp32 dequantization."""
+    path = tiny_models_q8[arch].gguf_path
+    q = load_model(path, LoadOptions(weights="quantized"))
+    f = load_model(path, LoadOptions(weights="dequantized"))
+    ids = torch.randint(6, q.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
+    lq, lf = _last_logits(q, ids), _last_logits(f, ids)
+    assert (lq - lf).abs().max() < 0.05 * lf.abs().max()
+
+
+def _last_logits(lm, ids: torch.Tensor) -> torch.Tensor:
+    from engine.step import StepBatch
+
+    b = make_batcher(lm, 1, RunConfig(max_seq_len=64))
+    slot = b.cache.seq_new()
+    segs = b.cache.declare_step([(slot, len(ids))])
+    batch = StepBatch(ids, torch.arange(len(ids)), segs, torch.tensor([len(ids) - 1]), [], [])
+    logits = b.runner.run(batch)[0]
+    b.cache.commit_step()
+    return logits[0]
+
+
+@pytest.mark.slow
+def test_embedded_model_stays_quantized(gemma_gguf_path, gemma_lm_quantized):
+    """Q4_K read exactly from the real file; the whole model held in about its file's size."""
+    r = gguf.GGUFReader(gemma_gguf_path)
+    t = next(t for t in r.tensors if t.tensor_type.name == "Q4_K")
+    k, n = int(t.shape[0]), int(t.shape[1])
+    ref = gguf.quants.dequantize(t.data, t.tensor_type).reshape(n, k)
+    np.testing.assert_array_equal(_from_groups(int4_groups("Q4_K", t.data, n, k)), ref)
+    size = gemma_gguf_path.stat().st_size
+    assert gemma_lm_quantized.weight_bytes() < 1.1 * size
+    assert gemma_lm_quantized.notices == []
