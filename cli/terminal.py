@@ -55,11 +55,13 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
         raise
     finally:
         bar.close()
+    for notice in loaded.info.get("notices", []):
+        print(notice, file=sys.stderr)
     return cli, model_id, loaded
 
 
 def generate(args: argparse.Namespace) -> int:
-    cli, model_id, _ = open_engine(args, max_sessions=max(1, len(args.prompt)))
+    cli, model_id, loaded = open_engine(args, max_sessions=max(1, len(args.prompt)))
     try:
         params = sampling_params(args)
         sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in args.prompt]
@@ -78,12 +80,33 @@ def generate(args: argparse.Namespace) -> int:
         for i, turn in enumerate(turns):
             end = cli.result(turn)
             if args.json:
-                print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text}, ensure_ascii=False))
+                print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text,
+                                  "reason": end.reason, **_timings(end.stats)}, ensure_ascii=False))
             elif not stream:
                 print(f"--- prompt {i} ({end.reason})\n{end.text}")
+        if args.json:
+            print(json.dumps(_load_line(loaded.info)))
     finally:
         cli.close()
     return 0
+
+
+def _timings(s) -> dict:
+    """The figures users compare with llama.cpp's: time to first token, prefill and decode rates."""
+    prefill = s.prefilled_tokens / s.ttft_s if s.ttft_s else None
+    return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+            "ttft_s": _round(s.ttft_s), "prefill_tok_s": _round(prefill), "decode_tok_s": _round(s.tokens_per_s)}
+
+
+def _load_line(info: dict) -> dict:
+    from engine.memory import resident_bytes
+
+    return {"load_s": info.get("load_s"), "resident_mb": round(resident_bytes() / 2**20, 1),
+            "weights_mb": info.get("weights_mb"), "quantization": info.get("quantization")}
+
+
+def _round(x: float | None) -> float | None:
+    return None if x is None else round(x, 4)
 
 
 def chat(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ class AppSettings:
     theme: str = "system"  # system, light, dark
     defaults: ChatSettings = field(default_factory=ChatSettings)
     one_at_a_time: bool = False  # compare view: columns answer in turn (small machines)
+    weights: str = "quantized"  # how models load (engine --weights): quantized, or dequantized floats
     file: Path | None = None
 
     @classmethod
@@ -21,8 +22,10 @@ class AppSettings:
             return cls(file=file)
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
+            weights = data.get("weights", "quantized")
             return cls(data.get("theme", "system"), ChatSettings.from_dict(data.get("defaults", {})),
-                       bool(data.get("one_at_a_time", False)), file)
+                       bool(data.get("one_at_a_time", False)),
+                       weights if weights in ("quantized", "dequantized") else "quantized", file)
         except (ValueError, TypeError):
             return cls(file=file)  # a damaged file falls back to defaults rather than blocking the start
 
@@ -30,5 +33,6 @@ class AppSettings:
         if self.file is None:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
-        data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time}
+        data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
+                "weights": self.weights}
         self.file.write_text(json.dumps(data, indent=1), encoding="utf-8")

@@ -1,6 +1,8 @@
 """The About box: Parley's licence and the licences of the bundled model."""
 from __future__ import annotations
 
+import html
+
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from engine.loading.default_model import LICENSE_NOTE
@@ -9,7 +11,7 @@ from engine.loading.default_model import LICENSE_NOTE
 def about_html(models=None) -> str:
     loaded = ""
     if models is not None:
-        names = [s.name for s in models.states.values() if s.status == "loaded"]
+        names = [_described(s) for s in models.states.values() if s.status == "loaded"]
         loaded = f"<p>Loaded now: {', '.join(names) or 'none'}</p>"
     return (
         "<h3>Parley</h3><p>A desktop chat app for local language models: every live chat is batched into one "
@@ -18,6 +20,13 @@ def about_html(models=None) -> str:
         "<p>Qt for Python (PySide6): LGPLv3 · markdown-it-py: MIT · Pygments: BSD-2-Clause · PyTorch: BSD-3-Clause</p>"
         + loaded
     )
+
+
+def _described(state) -> str:
+    """A loaded model's name with how its weights are held and their size, e.g. "gemma (Q4_K→int4 ×27 …, 248 MB)"."""
+    info = state.info or {}
+    parts = [p for p in (info.get("quantization"), f"{info['weights_mb']:.0f} MB" if info.get("weights_mb") else None) if p]
+    return html.escape(state.name + (f" ({', '.join(parts)})" if parts else ""))
 
 
 def show_about(parent: QWidget, models=None) -> None:

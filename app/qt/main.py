@@ -51,7 +51,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     settings = AppSettings.load(paths.data / "settings.json")
     if theme is not None:
         settings.theme = theme
-    config = engine or EngineConfig(cache_dir=paths.cache, **GUI_ENGINE)
+    config = engine or EngineConfig(cache_dir=paths.cache, weights=settings.weights, **GUI_ENGINE)
     bridge = EngineBridge(config).start()
     store = SqliteConversationStore(paths.data / "parley.db")
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")

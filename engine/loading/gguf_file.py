@@ -1,6 +1,7 @@
 """Reading a GGUF file: metadata as Python values and tensors dequantized to torch."""
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -9,9 +10,36 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.loading.gguf_header import scan_header
+from engine.loading.gguf_header import TensorInfo, read_header
 
 GGUF_MAGIC = b"GGUF"
+
+
+class GGUFTensor:
+    """One tensor of an opened file: its raw data is a view of the file's one read-only mapping."""
+
+    __slots__ = ("name", "shape", "tensor_type", "n_bytes", "_file", "_offset")
+
+    def __init__(self, info: TensorInfo, file: np.ndarray):
+        import gguf
+
+        self.name, self.shape, self.n_bytes = info.name, info.shape, info.n_bytes
+        self.tensor_type = gguf.GGMLQuantizationType(info.type_id)
+        self._file, self._offset = file, info.offset
+
+    @property
+    def data(self) -> np.ndarray:
+        """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""
+        raw = self._file[self._offset:self._offset + self.n_bytes]
+        dims = tuple(reversed(self.shape))
+        name = self.tensor_type.name
+        if name in FLOAT_DTYPES:
+            return raw.view(FLOAT_DTYPES[name]).reshape(dims)
+        rows = int(np.prod(dims[:-1])) if len(dims) > 1 else 1
+        return raw.reshape(rows, -1)
+
+
+FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 
 @dataclass(slots=True)
@@ -19,25 +47,37 @@ class GGUFFile:
     """An opened GGUF file; `metadata` maps each key to a plain Python value."""
 
     path: Path
-    reader: Any
     metadata: dict[str, Any]
+    tensors: list[GGUFTensor]
+    mapping: mmap.mmap | None = None
+
+    def release(self, t: GGUFTensor) -> None:
+        """Drops the tensor's pages from this process's resident set once it has been converted (the file stays
+        mapped; a later read would page them in again), so loading never holds the file and the model at once."""
+        if self.mapping is None or not hasattr(self.mapping, "madvise"):
+            return
+        page = mmap.PAGESIZE
+        start = t._offset // page * page
+        end = min(len(self.mapping), -(-(t._offset + t.n_bytes) // page) * page)
+        try:
+            self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
+        except (OSError, ValueError):
+            pass  # only residency is at stake
 
     @property
     def architecture(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
 
     def tensor_names(self) -> list[str]:
-        return [t.name for t in self.reader.tensors]
+        return [t.name for t in self.tensors]
 
-    def tensor(self, t: Any) -> torch.Tensor:
-        """One of `reader.tensors` dequantized to fp32."""
+    def tensor(self, t: GGUFTensor) -> torch.Tensor:
+        """One of `tensors` dequantized to fp32."""
         return _dequantize(self.path, t)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
     """Opens and validates a GGUF file, raising ModelLoadError with the reason when it cannot."""
-    import gguf
-
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"Model file not found: {path}")
@@ -46,32 +86,12 @@ def open_gguf(path: str | Path) -> GGUFFile:
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
-    scan_header(path)  # refuses impossible counts and shapes before GGUFReader allocates for them
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # gguf raises ValueError/IndexError/struct errors on damaged files
-        raise ModelLoadError(f"{path.name} is damaged or truncated: {exc}") from exc
-    metadata = {name: _field_value(field) for name, field in reader.fields.items()}
-    _check_tensor_extents(path, reader)
-    return GGUFFile(path=path, reader=reader, metadata=metadata)
-
-
-def _field_value(field: Any) -> Any:
-    try:
-        return field.contents()
-    except Exception as exc:
-        raise ModelLoadError(f"Unreadable GGUF metadata field {field.name!r}: {exc}") from exc
-
-
-def _check_tensor_extents(path: Path, reader: Any) -> None:
-    """A truncated file shows up as tensor data running past its end."""
-    size = path.stat().st_size
-    for t in reader.tensors:
-        end = int(t.data_offset) + int(t.n_bytes)
-        if end > size:
-            raise ModelLoadError(
-                f"{path.name} is truncated: tensor {t.name} needs bytes up to {end:,} but the file has {size:,}."
-            )
+    header = read_header(path)  # every count and offset checked against the file
+    with path.open("rb") as f:
+        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    file = np.frombuffer(mapping, dtype=np.uint8)
+    return GGUFFile(path=path, metadata=header.fields, tensors=[GGUFTensor(t, file) for t in header.tensors],
+                    mapping=mapping)
 
 
 def _dequantize(path: Path, t: Any) -> torch.Tensor:

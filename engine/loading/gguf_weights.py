@@ -21,7 +21,7 @@ BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 
 
 def tensor_shapes(gf: GGUFFile) -> dict[str, tuple[int, ...]]:
-    return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in gf.reader.tensors}
+    return {t.name: tuple(int(d) for d in reversed(t.shape)) for t in gf.tensors}
 
 
 def hf_name(name: str, arch: ModuleType) -> str | None:
@@ -38,10 +38,10 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     """Every tensor under its HF name; rope_freqs becomes the rope factors. Dequantized to fp32, or with
     `quantized` every matrix kept quantized as a QuantTensor (vectors stay fp32); types outside the common
     quantizations add a line to `notices`."""
-    total = len(gf.reader.tensors)
+    total = len(gf.tensors)
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
-    for i, t in enumerate(gf.reader.tensors):
+    for i, t in enumerate(gf.tensors):
         name = t.name
         if name == "rope_freqs.weight":
             args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
@@ -49,12 +49,13 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
             target = hf_name(name, arch)
             if target is None:
                 raise ModelLoadError(f"{gf.path.name}: unexpected tensor {name} for architecture {arch.ARCH}.")
-            if quantized and len(t.shape) == 2:
+            if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
                 weights[target] = _matrix(gf, t, arch, args)
                 if not is_native(t.tensor_type.name):
                     odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
             else:
                 weights[target] = arch.gguf_fix(name, gf.tensor(t), args)
+        gf.release(t)
         if progress:
             progress("Decoding weights", (i + 1) / total)
     if notices is not None:

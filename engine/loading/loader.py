@@ -12,6 +12,7 @@ from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
+from engine.memory import check_fits, gguf_estimate
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
@@ -79,10 +80,10 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         args, weights, tok = _read_hf(source, progress)
         kind = "hf"
     elif options.quantized:
-        args, weights, tok = _read_gguf(source, progress, quantized=True, notices=notices)
+        args, weights, tok = _read_gguf(source, progress, options, notices=notices)
         kind = "gguf"
     else:
-        args, weights, tok, kind = _read_gguf_cached(source, options.cache_dir, progress)
+        args, weights, tok, kind = _read_gguf_cached(source, options, progress)
     read_s = time.perf_counter() - start
     model = build_model(args, weights, options.torch_dtype, options.device)
     name = args.name or source.stem
@@ -143,23 +144,34 @@ def _read_hf(folder: Path, progress: Progress | None):
     return args, weights, tok
 
 
-def _read_gguf(path: Path, progress: Progress | None, quantized: bool = False, notices: list[str] | None = None):
+def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, notices: list[str] | None = None):
     if progress:
         progress("Reading model file", 0.0)
     gf = open_gguf(path)
     arch = architecture(gf.architecture or "(none)")
     args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
+    _check_memory(gf, args, options, path.name)
     tok = tokenizer_from_gguf(gf.metadata)
-    weights = read_gguf_weights(gf, arch, args, progress, quantized=quantized, notices=notices)
+    weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices)
     return args, weights, tok
 
 
-def _read_gguf_cached(path: Path, cache_dir: Path | None, progress: Progress | None):
+def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
+    """Refuses before reading weights: the CPU holds the runtime formats (or fp32 while converting), the GPU its dtype."""
+    staging = gguf_estimate(gf.tensors, args.vocab_size, options.quantized, 4)
+    check_fits(staging, "cpu", name)
+    if options.device.startswith("cuda"):
+        final = gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize)
+        check_fits(final, options.device, name)
+
+
+def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None):
+    cache_dir = options.cache_dir
     if cache_dir is not None:
         hit = converted.load(cache_dir, path)
         if hit is not None:
             return (*hit, "converted-cache")
-    args, weights, tok = _read_gguf(path, progress)
+    args, weights, tok = _read_gguf(path, progress, options)
     if cache_dir is not None:
         converted.save(cache_dir, path, args, weights, tok)
     return args, weights, tok, "gguf"

@@ -5,8 +5,8 @@ from typing import Any
 
 import torch
 
-from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import Int8Rows, QuantTensor, bf16_tensor, int4_fits, int8_fits, pack_int4
+from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
+from engine.quant.weight import Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None) -> QuantTensor:
@@ -14,12 +14,13 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None) -> QuantTensor:
     undone) or None. 4-bit types keep their codes exactly; other quantized types become int8 rows; floats bf16."""
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
-    if type_name in FOUR_BIT and int4_fits(n, k):
+    fmt = choose_format(type_name, n, k)
+    if fmt == "int4":
         g = int4_groups(type_name, t.data, n, k)
         if row_order is not None:
             g.codes, g.scale, g.zero = (a[row_order.numpy()] for a in (g.codes, g.scale, g.zero))
         return pack_int4(g, type_name)
-    if type_name in FLOAT or not int8_fits(k):
+    if fmt == "bf16":
         w = torch.empty(n, k, dtype=torch.bfloat16)
         for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
             w[start:start + len(rows)] = torch.from_numpy(rows)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.gguf_blocks import GROUP, Int4Groups
+from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16")
 
@@ -72,6 +72,23 @@ def pack_int4(groups: Int4Groups, source_type: str) -> QuantTensor:
                        scale_zero=torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16))
 
 
+def choose_format(type_name: str, n: int, k: int) -> str:
+    """The CPU format of an (n, k) matrix stored as `type_name` (not F32, which stays exact)."""
+    if type_name in FOUR_BIT and int4_fits(n, k):
+        return "int4"
+    if type_name in FLOAT or not int8_fits(k):
+        return "bf16"
+    return "int8"
+
+
+def format_bytes(fmt: str, n: int, k: int) -> int:
+    if fmt == "int4":
+        return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32
+    if fmt == "int8":
+        return n * k + 2 * n  # codes + a bf16 scale per row
+    return 2 * n * k
+
+
 def int4_fits(n: int, k: int) -> bool:
     """Whole packing blocks only: rows of a partial last block are laid out differently (and models' N are 64·m)."""
     block = _int4_block()
@@ -111,7 +128,10 @@ def _int4_block() -> int | None:
     within a block of B rows, byte (k, j) holds row j's code in its low nibble and row j + B/2's in its high one."""
     g = torch.Generator().manual_seed(0)
     q = torch.randint(0, 16, (128, 64), dtype=torch.int32, generator=g)
-    packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    try:
+        packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+    except (AttributeError, RuntimeError, NotImplementedError):  # an older torch: int8 rows serve instead
+        return None
     for block in (64, 32, 16):
         half = block // 2
         b = q.reshape(128 // block, 2, half, 64)  # (blocks, lo/hi, row in half, k)

@@ -122,16 +122,22 @@ def test_rewind_below_ring_floor_is_refused(models):
     assert a.slot is None and a.num_cached == 0
 
 
-def test_cli_batched_equals_sequential(tiny_models, tmp_path, capsys):
-    model = str(tiny_models["qwen3"].gguf_path)
+@pytest.mark.parametrize("weights", ["dequantized", "quantized"])
+def test_cli_batched_equals_sequential(tiny_models_q4, tmp_path, capsys, weights):
+    model = str(tiny_models_q4["qwen3"].gguf_path)
     prompts = ["Hello there", "def f(x):\n    return x", "1 2 3 4 5 6 7 8 9 10 11 12", "über naïve café", "a", "The end"]
-    base = ["--data-dir", str(tmp_path), "generate", "--model", model, "--raw", "--json", "--max-tokens", "12"]
+    base = ["--data-dir", str(tmp_path), "generate", "--model", model, "--raw", "--json", "--max-tokens", "12",
+            "--weights", weights]
     for p in prompts:
         base += ["--prompt", p]
     assert main(base) == 0
-    batched = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *batched, loaded = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert main(base + ["--sequential"]) == 0
-    sequential = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    *sequential, _ = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["prompt"] for r in batched] == list(range(len(prompts)))
-    assert batched == sequential
+    assert [(r["token_ids"], r["text"]) for r in batched] == [(r["token_ids"], r["text"]) for r in sequential]
     assert all(len(r["token_ids"]) > 0 for r in batched)
+    for r in batched:  # the figures users compare with llama.cpp's
+        assert r["ttft_s"] > 0 and r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
+    assert loaded["load_s"] > 0 and loaded["resident_mb"] > 0
+    assert ("int4" in loaded["quantization"]) == (weights == "quantized")

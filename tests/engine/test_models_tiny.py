@@ -53,10 +53,16 @@ def test_bfloat16_close_to_float32(tiny_models):
 
 def test_converted_cache_round_trip(tiny_models, tmp_path):
     path = tiny_models["gemma3"].gguf_path
-    first = load_model(path, LoadOptions(cache_dir=tmp_path))
-    second = load_model(path, LoadOptions(cache_dir=tmp_path))
+    first = load_model(path, LoadOptions(cache_dir=tmp_path, weights="dequantized"))
+    second = load_model(path, LoadOptions(cache_dir=tmp_path, weights="dequantized"))
     assert first.timings["from"] == "gguf" and second.timings["from"] == "converted-cache"
     ids = _prompt()
     assert torch.equal(full_logits(first, ids), full_logits(second, ids))
     assert second.tokenizer.encode("hello world") == first.tokenizer.encode("hello world")
     assert second.args == first.args
+
+
+def test_quantized_load_writes_no_converted_cache(tiny_models_q8, tmp_path):
+    """Repacking is fast enough that quantized loads keep nothing on disk beside the GGUF."""
+    lm = load_model(tiny_models_q8["gemma3"].gguf_path, LoadOptions(cache_dir=tmp_path, weights="quantized"))
+    assert lm.timings["from"] == "gguf" and not any(tmp_path.iterdir())

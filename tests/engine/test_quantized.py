@@ -140,3 +140,24 @@ def test_embedded_model_stays_quantized(gemma_gguf_path, gemma_lm_quantized):
     size = gemma_gguf_path.stat().st_size
     assert gemma_lm_quantized.weight_bytes() < 1.1 * size
     assert gemma_lm_quantized.notices == []
+
+
+def test_model_larger_than_free_memory_is_refused(tiny_models_q8, monkeypatch):
+    from engine.errors import ModelLoadError
+
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: 300 << 20)
+    with pytest.raises(ModelLoadError, match=r"^\S+ needs ~\d+\.\d GB, 0\.3 GB of memory free\.$"):
+        load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
+
+
+@pytest.mark.parametrize("weights", ["quantized", "dequantized"])
+def test_estimate_matches_what_loads(tiny_models_q4, weights):
+    from engine.loading.gguf_file import open_gguf
+    from engine.memory import LOAD_SCRATCH, gguf_estimate
+
+    path = tiny_models_q4["llama"].gguf_path
+    lm = load_model(path, LoadOptions(weights=weights))
+    gf = open_gguf(path)
+    rope = sum(4 * t.shape[0] for t in gf.tensors if t.name == "rope_freqs.weight")  # becomes args, not a weight
+    estimate = gguf_estimate(gf.tensors, 0, weights == "quantized", 4) - LOAD_SCRATCH - rope
+    assert abs(estimate - lm.weight_bytes()) <= 0.05 * lm.weight_bytes()

@@ -1,0 +1,56 @@
+"""What a model will hold before it is loaded, what the machine has free, and the refusal when it cannot fit."""
+from __future__ import annotations
+
+import psutil
+import torch
+
+from engine.errors import ModelLoadError
+from engine.quant.weight import choose_format, format_bytes
+
+TOKENIZER_BYTES_PER_TOKEN = 600  # measured: the embedded model's 262,144-token tokenizer holds ~130 MB
+LOAD_SCRATCH = 64 << 20  # a slice of dequantized rows and the allocator's slack while converting
+HEADROOM = 256 << 20  # left for the app, the KV cache's first pages and the OS
+
+
+def resident_bytes() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def available_bytes(device: str) -> int:
+    """Free memory where the weights will live: the GPU's free memory on CUDA, else the RAM the OS can give."""
+    if device.startswith("cuda"):
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    return int(psutil.virtual_memory().available)
+
+
+def matrix_bytes(type_name: str, n: int, k: int, quantized: bool, float_bytes: int) -> int:
+    """Resident bytes of an (n, k) GGUF matrix once loaded (engine/quant/weight.py's formats)."""
+    if not quantized:
+        return n * k * float_bytes
+    if type_name == "F32":
+        return 4 * n * k  # F32 files stay exact
+    return format_bytes(choose_format(type_name, n, k), n, k)
+
+
+def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int) -> int:
+    """Bytes a GGUF model will hold resident: its tensors in the runtime formats, the tokenizer, load scratch."""
+    total = LOAD_SCRATCH + vocab_size * TOKENIZER_BYTES_PER_TOKEN
+    for t in tensors:
+        dims = list(t.shape)
+        if len(dims) == 2:
+            total += matrix_bytes(t.tensor_type.name, int(dims[1]), int(dims[0]), quantized, float_bytes)
+        else:
+            n = 1
+            for d in dims:
+                n *= int(d)
+            total += 4 * n
+    return total
+
+
+def check_fits(needed: int, device: str, name: str) -> None:
+    """Refuses, in one line, a model that cannot fit in the memory that is free (never an out-of-memory kill)."""
+    free = available_bytes(device)
+    if needed + HEADROOM > free:
+        where = "GPU memory" if device.startswith("cuda") else "memory"
+        raise ModelLoadError(f"{name} needs ~{needed / 2**30:.1f} GB, {free / 2**30:.1f} GB of {where} free.")
