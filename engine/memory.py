@@ -1,6 +1,10 @@
 """What a model will hold before it is loaded, what the machine has free, and the refusal when it cannot fit."""
 from __future__ import annotations
 
+import ctypes
+import gc
+import sys
+
 import psutil
 import torch
 
@@ -10,6 +14,17 @@ from engine.quant.weight import choose_format, format_bytes
 TOKENIZER_BYTES_PER_TOKEN = 600  # measured: the embedded model's 262,144-token tokenizer holds ~130 MB
 LOAD_SCRATCH = 64 << 20  # a slice of dequantized rows and the allocator's slack while converting
 HEADROOM = 256 << 20  # left for the app, the KV cache's first pages and the OS
+
+
+def return_freed_memory() -> None:
+    """Gives the heap's freed pages back to the OS after a load's scratch and a fusion's replaced matrices: glibc
+    keeps them otherwise (measured: +2.5 GB resident after fusing an 8B model's projections)."""
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except (OSError, AttributeError):
+            pass  # another libc: only residency is at stake
 
 
 def resident_bytes() -> int:

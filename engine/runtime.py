@@ -16,6 +16,7 @@ from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
 from engine.errors import CacheError
 from engine.loading.loader import LoadedModel
+from engine.memory import return_freed_memory
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.process import configure_process
 from engine.runner import ModelRunner
@@ -175,13 +176,15 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         batcher = _mlx_batcher(lm, cache_config, sched, release)
     else:
         configure_process(weights_device, config.compile_decode)  # before this process's first GPU matmul
-        kernels = tuning.kernels or choose_kernels(weights_device, compile_decode=config.compile_decode)
+        kernels = tuning.kernels or choose_kernels(weights_device, compile_decode=config.compile_decode,
+                                                   quantized=lm.is_quantized())
         cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, weights_device)
         if tuning.attention_impl is not None:
             cache.attention_impl = tuning.attention_impl
         runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead)
+        return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     return ModelRuntime(model_id, lm, backend, batcher, limit)
 
 

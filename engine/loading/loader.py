@@ -12,7 +12,7 @@ from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
-from engine.memory import check_fits, gguf_estimate
+from engine.memory import check_fits, gguf_estimate, return_freed_memory
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
@@ -63,6 +63,9 @@ class LoadedModel:
         """How the weights are held, e.g. "Q4_K→int4 ×27, Q8_0→int8 ×10" or "float32"."""
         return weights_summary(self.model)
 
+    def is_quantized(self) -> bool:
+        return any(isinstance(m, QuantTensor) for m in self.model.modules())
+
     def weight_bytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.model.buffers()) + \
             sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -86,6 +89,8 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         args, weights, tok, kind = _read_gguf_cached(source, options, progress)
     read_s = time.perf_counter() - start
     model = build_model(args, weights, options.torch_dtype, options.device)
+    del weights
+    return_freed_memory()
     name = args.name or source.stem
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,

@@ -24,14 +24,16 @@ PLAIN = KernelChoice()
 
 
 def choose_kernels(device: torch.device | str, *, compile_decode: bool = False, fused: bool = True,
-                   decode_gemm: bool | None = None, decode_splits: int | None = None) -> KernelChoice:
+                   decode_gemm: bool | None = None, decode_splits: int | None = None,
+                   quantized: bool = False) -> KernelChoice:
     """The kernels for a model on `device`: on CUDA fused projections, the fused norm/rope/activation kernels
     (3.5x faster uncompiled steps on an H200; inductor fuses its own under `compile_decode`) and, where kernels
     launch with PDL, the Triton decode GEMMs, which then chain with the kernels around them (H200: 1.28x at 1
     session); `decode_gemm` None = that default. Elsewhere the plain modules."""
     device = torch.device(device)
     if device.type != "cuda":
-        return PLAIN
+        # quantized CPU matrices: q/k/v and gate/up as one kernel call each where their formats match
+        return KernelChoice(fuse_projections=True) if quantized else PLAIN
     fused = fused and not compile_decode
     if decode_gemm is None:
         decode_gemm = fused and _pdl(device)

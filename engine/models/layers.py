@@ -9,7 +9,7 @@ from torch import nn
 
 from engine.models.args import ModelArgs, RopeArgs
 from engine.models.kernel_choice import KernelChoice
-from engine.quant.weight import QuantTensor
+from engine.quant.weight import QuantTensor, concat_rows
 
 DECODE_ROWS = 64  # steps of up to this many tokens may take the Triton decode GEMM
 
@@ -168,9 +168,12 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos + rotated * sin
 
 
-def fused_linear(parts: list[Linear]) -> Linear:
-    """One Linear whose output is the parts' outputs side by side: one GEMM launch instead of several."""
+def fused_linear(parts: list[Linear | QuantLinear]) -> Linear | QuantLinear | None:
+    """One Linear whose output is the parts' outputs side by side: one GEMM launch instead of several (None when
+    quantized parts are held in different formats)."""
     first = parts[0]
+    if any(isinstance(p, QuantLinear) for p in parts):
+        return _fused_quantized(parts)
     bias = first.bias is not None
     with torch.device("meta"):
         out = Linear(first.in_features, sum(p.out_features for p in parts), bias=bias)
@@ -178,6 +181,16 @@ def fused_linear(parts: list[Linear]) -> Linear:
     if bias:
         out.bias = nn.Parameter(torch.cat([p.bias for p in parts]), requires_grad=False)
     return out
+
+
+def _fused_quantized(parts: list) -> QuantLinear | None:
+    if not all(isinstance(p, QuantLinear) for p in parts) or any((p.bias is None) != (parts[0].bias is None) for p in parts):
+        return None
+    qweight = concat_rows([p.qweight for p in parts])
+    if qweight is None:
+        return None
+    bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])
+    return QuantLinear(qweight, bias)
 
 
 class GatedMLP(nn.Module):
@@ -193,8 +206,8 @@ class GatedMLP(nn.Module):
         self.act_kernel = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
 
     def fuse_projections(self) -> None:
-        if self.gate_up_proj is None:
-            self.gate_up_proj = fused_linear([self.gate_proj, self.up_proj])
+        if self.gate_up_proj is None and (fused := fused_linear([self.gate_proj, self.up_proj])) is not None:
+            self.gate_up_proj = fused
             self.gate_proj = self.up_proj = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -249,8 +262,8 @@ class Attention(nn.Module):
         self.qkv_proj: Linear | None = None
 
     def fuse_projections(self) -> None:
-        if self.qkv_proj is None:
-            self.qkv_proj = fused_linear([self.q_proj, self.k_proj, self.v_proj])
+        if self.qkv_proj is None and (fused := fused_linear([self.q_proj, self.k_proj, self.v_proj])) is not None:
+            self.qkv_proj = fused
             self.q_proj = self.k_proj = self.v_proj = None
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

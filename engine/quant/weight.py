@@ -63,6 +63,23 @@ class QuantTensor(nn.Module):
         return self.rows(torch.arange(self.shape[0]))
 
 
+def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
+    """One matrix holding the parts' rows in order (fused q/k/v or gate/up: one kernel call), or None when their
+    formats differ. Rows are independent in every format (int4 packs whole blocks of rows), so nothing changes."""
+    fmt, k = parts[0].format, parts[0].shape[1]
+    if any(p.format != fmt or p.shape[1] != k for p in parts):
+        return None
+    n = sum(p.shape[0] for p in parts)
+    source = "+".join(dict.fromkeys(p.source_type for p in parts))
+    if fmt == "int4":
+        return QuantTensor(fmt, (n, k), source, packed=torch.cat([p.packed for p in parts]),
+                           scale_zero=torch.cat([p.scale_zero for p in parts], dim=1))
+    if fmt == "int8":
+        return QuantTensor(fmt, (n, k), source, codes=torch.cat([p.codes for p in parts]),
+                           scale=torch.cat([p.scale for p in parts]))
+    return QuantTensor(fmt, (n, k), source, weight=torch.cat([p.weight for p in parts]))
+
+
 def pack_int4(groups: Int4Groups, source_type: str) -> QuantTensor:
     n, k = groups.codes.shape
     codes = torch.from_numpy(groups.codes.astype(np.int32))
