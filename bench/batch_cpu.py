@@ -13,17 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import embedded_model, emit  # noqa: E402
-
-PROMPTS = [
-    "The history of the printing press begins",
-    "def quicksort(xs):",
-    "In the morning the harbor was quiet and",
-    "Photosynthesis is the process by which",
-    "The three laws of motion state that",
-    "Once upon a time there lived a",
-    "SELECT name, email FROM users WHERE",
-    "The recipe calls for two cups of flour,",
-]
+from bench.common_text import PROMPTS  # noqa: E402
 
 
 def run(lm, prompts: list[list[int]], layout: str, tokens: int) -> tuple[int, float]:

@@ -15,3 +15,16 @@ def long_prompt(tok, n_tokens: int) -> list[int]:
         if len(ids) >= n_tokens:
             return ids[:n_tokens]
         i += 1
+
+
+# eight different openings: the sessions of the batched benchmarks
+PROMPTS = [
+    "The history of the printing press begins",
+    "def quicksort(xs):",
+    "In the morning the harbor was quiet and",
+    "Photosynthesis is the process by which",
+    "The three laws of motion state that",
+    "Once upon a time there lived a",
+    "SELECT name, email FROM users WHERE",
+    "The recipe calls for two cups of flour,",
+]

@@ -1,0 +1,222 @@
+"""Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M by llama.cpp.
+
+    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR]
+
+Writes <out-dir>/synthetic-<shape>-Q4_K_M.gguf (skipped when it exists) through an F16 file next to it, deleted
+afterwards (llama-8b: ~16 GB of disk for a while). Tensors are generated and written one at a time, so memory holds
+one tensor (at most the 1 GB F16 embedding of llama-8b). The vocabulary is a byte-level BPE of the model's size:
+256 byte tokens, byte pairs, byte triples and Llama 3's special tokens, enough for llama.cpp and Parley to tokenize.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import os
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass
+from itertools import islice, product
+from pathlib import Path
+
+import gguf
+import numpy as np
+import torch
+
+STD = 0.02
+N_SPECIAL = 256  # Llama 3's <|begin_of_text|>, <|end_of_text|>, reserved tokens, <|eot_id|>
+BOS, EOS, EOT = 128000, 128001, 128009
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    tied: bool
+    rope_factor: float  # llama3 rope scaling, stored as the rope_freqs tensor like the converter does
+    head_dim: int = 64
+    vocab: int = 128256
+    rope_theta: float = 500000.0
+    context: int = 8192
+    rms_eps: float = 1e-5
+
+
+SHAPES = {
+    "llama-1b": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
+    "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
+                      head_dim=128),
+}
+
+
+def synthetic_gguf(shape: str, out_dir: Path) -> Path:
+    """The Q4_K_M file of `shape` (a key of SHAPES) in `out_dir`, written unless it is already there."""
+    out_dir = Path(out_dir)
+    target = out_dir / f"synthetic-{shape}-Q4_K_M.gguf"
+    if target.exists():
+        return target
+    out_dir.mkdir(parents=True, exist_ok=True)
+    f16 = out_dir / f".synthetic-{shape}-F16.gguf"
+    part = out_dir / f".synthetic-{shape}-Q4_K_M.gguf.part"
+    try:
+        write_f16(SHAPES[shape], f16, f"synthetic-{shape}")
+        quantize_q4_k_m(f16, part)
+        os.replace(part, target)  # only a finished file counts as cached
+    finally:
+        f16.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
+    return target
+
+
+def quantize_q4_k_m(src: Path, dst: Path, threads: int | None = None) -> None:
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = threads or os.cpu_count() or 1
+    rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
+    if rc != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {src} (code {rc})")
+
+
+# -- the F16 file
+
+
+def write_f16(s: Shape, path: Path, name: str) -> None:
+    """Header, vocab and tensor table first, then each tensor generated and written in turn."""
+    w = gguf.GGUFWriter(path, "llama")
+    _write_header(w, s, name)
+    tensors = list(_tensors(s))
+    for tname, dims, kind in tensors:
+        dtype = np.float16 if kind == "matrix" else np.float32
+        w.add_tensor_info(tname, dims, np.dtype(dtype), math.prod(dims) * np.dtype(dtype).itemsize)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for tname, dims, kind in tensors:
+        w.write_tensor_data(_values(s, tname, dims, kind))
+    w.close()
+
+
+def _tensors(s: Shape):
+    """(name, numpy shape, kind) in the converter's order; kind: matrix (random F16), norm (ones), rope."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    yield "rope_freqs.weight", (s.head_dim // 2,), "rope"
+    yield "token_embd.weight", (s.vocab, s.hidden), "matrix"
+    for i in range(s.layers):
+        b = f"blk.{i}"
+        yield f"{b}.attn_norm.weight", (s.hidden,), "norm"
+        yield f"{b}.attn_q.weight", (q, s.hidden), "matrix"
+        yield f"{b}.attn_k.weight", (kv, s.hidden), "matrix"
+        yield f"{b}.attn_v.weight", (kv, s.hidden), "matrix"
+        yield f"{b}.attn_output.weight", (s.hidden, q), "matrix"
+        yield f"{b}.ffn_norm.weight", (s.hidden,), "norm"
+        yield f"{b}.ffn_gate.weight", (s.ffn, s.hidden), "matrix"
+        yield f"{b}.ffn_up.weight", (s.ffn, s.hidden), "matrix"
+        yield f"{b}.ffn_down.weight", (s.hidden, s.ffn), "matrix"
+    yield "output_norm.weight", (s.hidden,), "norm"
+    if not s.tied:
+        yield "output.weight", (s.vocab, s.hidden), "matrix"
+
+
+def _values(s: Shape, name: str, dims: tuple[int, ...], kind: str) -> np.ndarray:
+    if kind == "norm":
+        return np.ones(dims, dtype=np.float32)
+    if kind == "rope":
+        return llama3_rope_factors(s)
+    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same file every time
+    return torch.empty(dims, dtype=torch.float16).normal_(0.0, STD, generator=g).numpy()
+
+
+def llama3_rope_factors(s: Shape, low: float = 1.0, high: float = 4.0, old_ctx: int = 8192) -> np.ndarray:
+    """The per-frequency divisors llama.cpp stores as rope_freqs.weight for llama3 rope scaling."""
+    freqs = 1.0 / (s.rope_theta ** (np.arange(0, s.head_dim, 2, dtype=np.float64) / s.head_dim))
+    wavelen = 2 * math.pi / freqs
+    smooth = np.clip((old_ctx / wavelen - low) / (high - low), 0.0, 1.0)
+    return (1 / ((1 - smooth) / s.rope_factor + smooth)).astype(np.float32)
+
+
+def _write_header(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_name(name)
+    w.add_block_count(s.layers)
+    w.add_context_length(s.context)
+    w.add_embedding_length(s.hidden)
+    w.add_feed_forward_length(s.ffn)
+    w.add_head_count(s.heads)
+    w.add_head_count_kv(s.kv_heads)
+    w.add_rope_freq_base(s.rope_theta)
+    w.add_layer_norm_rms_eps(s.rms_eps)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_vocab_size(s.vocab)
+    w.add_rope_dimension_count(s.head_dim)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tokens, merges = byte_level_vocab(s.vocab)
+    types = [gguf.TokenType.NORMAL] * (s.vocab - N_SPECIAL) + [gguf.TokenType.CONTROL] * N_SPECIAL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("llama-bpe")
+    w.add_token_list(tokens)
+    w.add_token_types([int(t) for t in types])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS)
+    w.add_eos_token_id(EOS)
+    w.add_eot_token_id(EOT)
+    w.add_add_bos_token(True)
+
+
+# -- vocab
+
+
+def byte_level_vocab(size: int) -> tuple[list[str], list[str]]:
+    """(tokens, merges): bytes, then pairs and triples of GPT-2's byte characters (letters and space first), each
+    reachable through its merge, then N_SPECIAL Llama 3 special tokens at the end."""
+    chars = _byte_chars()
+    order = sorted(chars, key=_priority)
+    n_normal = size - N_SPECIAL
+    pairs = [a + b for a, b in product(order, order)]
+    triples = list(islice(product(order[:40], order[:40], order[:40]), n_normal - 256 - len(pairs)))
+    if len(triples) < n_normal - 256 - len(pairs):
+        raise ValueError(f"a vocab of {size} tokens needs more triples than this scheme makes")
+    tokens = chars + pairs + [a + b + c for a, b, c in triples]
+    merges = [f"{a} {b}" for a, b in product(order, order)] + [f"{a}{b} {c}" for a, b, c in triples]
+    specials = [f"<|reserved_special_token_{i}|>" for i in range(N_SPECIAL)]
+    specials[0], specials[1], specials[EOT - BOS] = "<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"
+    return tokens + specials, merges
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the rest map to 256 + n in byte order."""
+    keep = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    extra = iter(range(256, 512))
+    return [chr(b) if b in keep else chr(next(extra)) for b in range(256)]
+
+
+def _priority(c: str) -> tuple[int, str]:
+    if c.islower() and c.isascii():
+        return 0, c
+    if c == "Ġ":  # the space byte
+        return 1, c
+    if c.isascii() and c.isalnum():
+        return 2, c
+    return (3 if c.isascii() else 4), c
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
+    ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench" / "synthetic")
+    a = ap.parse_args()
+    start = time.perf_counter()
+    path = synthetic_gguf(a.shape, a.out_dir)
+    print(json.dumps(dict(shape=a.shape, path=str(path), file_bytes=path.stat().st_size,
+                          seconds=round(time.perf_counter() - start, 1))), flush=True)
+
+
+if __name__ == "__main__":
+    main()
