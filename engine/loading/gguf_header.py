@@ -152,10 +152,22 @@ def _read(path: Path, keep: bool) -> GGUFHeader:
         for t in tensors:
             if t.offset > len(buf) or data_start + t.offset + t.n_bytes > len(buf):
                 raise c.fail(f"tensor {t.name} lies outside the file (offset {t.offset:,}, {t.n_bytes:,} bytes)")
+            if t.offset % alignment:
+                raise c.fail(f"tensor {t.name} starts at {t.offset:,}, not a multiple of the alignment {alignment}")
             t.offset += data_start
+        _check_disjoint(c, tensors)
         header.n_tensors = n_tensors
         header.tensors = tensors if keep else []
         return header
+
+
+def _check_disjoint(c: _Cursor, tensors: list[TensorInfo]) -> None:
+    """Tensors may not share bytes: a shape that claims more blocks than its data holds runs into the next one."""
+    ordered = sorted(tensors, key=lambda t: t.offset)
+    for before, after in zip(ordered, ordered[1:]):
+        if before.offset + before.n_bytes > after.offset:
+            raise c.fail(f"tensor {before.name} ({before.n_bytes:,} bytes for shape {list(before.shape)}) overlaps "
+                         f"tensor {after.name}")
 
 
 def _tensor_info(c: _Cursor, gguf) -> TensorInfo:

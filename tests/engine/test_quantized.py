@@ -161,3 +161,20 @@ def test_estimate_matches_what_loads(tiny_models_q4, weights):
     rope = sum(4 * t.shape[0] for t in gf.tensors if t.name == "rope_freqs.weight")  # becomes args, not a weight
     estimate = gguf_estimate(gf.tensors, 0, weights == "quantized", 4) - LOAD_SCRATCH - rope
     assert abs(estimate - lm.weight_bytes()) <= 0.05 * lm.weight_bytes()
+
+
+def test_tensor_claiming_more_blocks_than_it_holds_is_refused(tmp_path):
+    """A shape whose blocks run past the tensor's own bytes into the next one: one clear line, nothing loaded."""
+    from engine.errors import ModelLoadError
+
+    q4 = gguf.GGMLQuantizationType.Q4_0
+    blocks = gguf.quants.quantize(np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32), q4)
+    w = gguf.GGUFWriter(tmp_path / "bad.gguf", "llama")
+    w.add_tensor("blk.0.attn_q.weight", blocks, raw_shape=(64, 54), raw_dtype=q4)  # 96 columns' bytes, 64 written
+    w.add_tensor("blk.0.attn_k.weight", blocks, raw_dtype=q4)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight .* overlaps tensor blk\.0\.attn_k\.weight"):
+        load_model(tmp_path / "bad.gguf")
