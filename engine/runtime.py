@@ -14,7 +14,7 @@ from engine.backend import resolve_backend
 from engine.batcher import Batcher
 from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
-from engine.errors import CacheError
+from engine.errors import CacheError, ModelLoadError
 from engine.loading.loader import LoadedModel
 from engine.memory import return_freed_memory
 from engine.models.kernel_choice import KernelChoice, choose_kernels
@@ -175,6 +175,8 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     if backend == "mlx":
         batcher = _mlx_batcher(lm, cache_config, sched, release)
     else:
+        if weights_device.type == "meta":
+            raise ModelLoadError(f"{lm.name}'s weights were handed to the MLX backend; load it again to run it on torch.")
         configure_process(weights_device, config.compile_decode)  # before this process's first GPU matmul
         kernels = tuning.kernels or choose_kernels(weights_device, compile_decode=config.compile_decode,
                                                    quantized=lm.is_quantized())
@@ -189,14 +191,21 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
 
 
 def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool) -> Batcher:
-    """A Batcher whose model, cache and runner are MLX (its weights converted from the loaded torch model)."""
+    """A Batcher whose model, cache and runner are MLX (its weights converted from the loaded torch model).
+    Quantized matrices stay quantized, the same weights exactly; the conversion runs once per loaded model and
+    releases the torch copy (its modules stay on the meta device: `lm.quantization()`, `lm.weight_bytes()` still
+    read them, but the torch backend cannot run that model any more). Float models convert as they always have."""
     from engine.mlx_backend.cache import MLXSequenceKVCache
     from engine.mlx_backend.model import from_torch
+    from engine.mlx_backend.quantized import held_in_mlx
     from engine.mlx_backend.runner import MLXRunner
 
     args = lm.args
     dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    model = from_torch(args, lm.model.float_state_dict(), dtype)
+    if lm.is_quantized():
+        model = held_in_mlx(lm.model, args, dtype)
+    else:
+        model = from_torch(args, lm.model.float_state_dict(), dtype)
     cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
     runner = MLXRunner(model, cache, sched.max_sampled_rows)
     return Batcher(cache, runner, sched, "cpu", release)

@@ -100,6 +100,48 @@ class Gemma3Block(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 
+class QuantizedLinear(nn.QuantizedLinear):
+    """nn.QuantizedLinear made from given arrays (mlx_backend.quantized); its product comes back in the input's
+    dtype (fp32 scales would otherwise promote a bf16 model's activations)."""
+
+    def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int,
+                 bias: mx.array | None = None):
+        nn.Module.__init__(self)
+        self.group_size, self.bits, self.mode = group_size, bits, "affine"
+        self.weight, self.scales, self.biases = weight, scales, biases
+        if bias is not None:
+            self.bias = bias
+        self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.size == 0:  # no rows (a step sampling none): MLX's CPU quantized_matmul divides by zero on them
+            return mx.zeros((*x.shape[:-1], self.weight.shape[0]), dtype=x.dtype)
+        return super().__call__(x).astype(x.dtype)
+
+
+class QuantizedEmbedding(nn.QuantizedEmbedding):
+    """nn.QuantizedEmbedding made from given arrays. A lookup dequantizes in fp32 (exact: with bf16 scales MLX
+    would round each weight to bf16); `as_linear` (the tied LM head) returns the input's dtype."""
+
+    def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int):
+        nn.Module.__init__(self)
+        self.group_size, self.bits, self.mode = group_size, bits, "affine"
+        self.weight, self.scales, self.biases = weight, scales, biases
+        self.num_embeddings, self.dims = weight.shape[0], weight.shape[1] * 32 // bits
+        self.freeze()
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        if ids.size == 0:  # mx.dequantize cannot reshape an empty gather
+            return mx.zeros((*ids.shape, self.dims), dtype=mx.float32)
+        return mx.dequantize(self["weight"][ids], self["scales"][ids].astype(mx.float32),
+                             self["biases"][ids].astype(mx.float32), group_size=self.group_size, bits=self.bits)
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        if x.size == 0:  # as QuantizedLinear
+            return mx.zeros((*x.shape[:-1], self.num_embeddings), dtype=x.dtype)
+        return super().as_linear(x).astype(x.dtype)
+
+
 class Body(nn.Module):
     def __init__(self, args: ModelArgs, block):
         super().__init__()
@@ -111,9 +153,10 @@ class Body(nn.Module):
 class CausalLM(nn.Module):
     """forward(tokens (T,), positions (T,), cache, logit_rows (R,)) -> fp32 logits (R, V), as in PyTorch."""
 
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, dtype: str = "float32"):
         super().__init__()
         self.args = args
+        self.compute_dtype = DTYPES[dtype]  # activations (a bf16 or quantized matrix's product is cast back to it)
         gemma = args.model_type.startswith("gemma")
         self.model = Body(args, Gemma3Block if gemma else LlamaBlock)
         if not args.tie_word_embeddings:
@@ -122,7 +165,7 @@ class CausalLM(nn.Module):
         self._inv_freq = {kind: _inv_freq(args.head_dim, r) for kind, r in args.rope.items()}
 
     def __call__(self, tokens: mx.array, positions: mx.array, cache, logit_rows: mx.array) -> mx.array:
-        h = self.model.embed_tokens(tokens)
+        h = self.model.embed_tokens(tokens).astype(self.compute_dtype)
         if self.embed_scale is not None:
             h = h * mx.array(self.embed_scale, dtype=h.dtype)
         ropes = {kind: _rope_tables(positions, inv, h.dtype) for kind, inv in self._inv_freq.items()}
@@ -153,7 +196,7 @@ def _rope_tables(positions: mx.array, inv: mx.array, dtype) -> tuple[mx.array, m
 
 def from_torch(args: ModelArgs, state: dict, dtype: str = "float32") -> CausalLM:
     """The MLX model holding the weights of a loaded PyTorch model (same names)."""
-    model = CausalLM(args)
+    model = CausalLM(args, dtype)
     target = DTYPES[dtype]
     weights = [(name, mx.array(t.float().numpy()).astype(target)) for name, t in state.items()]
     model.load_weights(weights, strict=True)
