@@ -23,6 +23,8 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
     p.add_argument("--weights", default="quantized", choices=["quantized", "dequantized"],
                    help="quantized: GGUF matrices stay quantized on the CPU (int4/int8 kernels, ~1/4 the memory of "
                    "dequantized); dequantized: float weights, the path that matches transformers")
+    p.add_argument("--quantize", default=None, choices=["q8", "q4"],
+                   help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
 
 
@@ -43,6 +45,7 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 
     return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                         compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
+                        quantize=args.quantize,
                         **sizes)
 
 

@@ -197,8 +197,9 @@ class Engine:
 
         try:
             device, dtype = resolve_device(self.config.device, self.config.dtype)
-            lm = load_model(c.source, LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
-                                                         weights=self.config.weights), progress)
+            options = LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
+                                  weights=self.config.weights, quantize=self.config.quantize)
+            lm = load_model(c.source, options, progress)
             runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True)
         except ParleyError as exc:
             self._emit(ev.ModelFailed(None, c.model_id, str(exc)))

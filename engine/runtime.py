@@ -39,6 +39,7 @@ class EngineConfig:
     compile_decode: bool = False  # CUDA: torch.compile the decode graphs (~5 % faster than the fused kernels; 15-60 s per batch size, once)
     cache_dir: Path | None = None  # converted GGUF weights
     weights: str = "quantized"  # GGUF matrices stay quantized on the CPU; "dequantized": today's float path
+    quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates

@@ -16,6 +16,7 @@ from engine.memory import check_fits, gguf_estimate, return_freed_memory
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
+from engine.quant.from_float import SCHEMES, quantize_matrix
 from engine.quant.weight import QuantTensor, weights_summary
 from engine.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 
@@ -30,12 +31,15 @@ class LoadOptions:
     dtype: str = "float32"
     cache_dir: Path | None = None  # dequantized GGUF weights are kept here; None disables the cache
     weights: str = "quantized"  # GGUF matrices stay quantized (CPU), or "dequantized" to `dtype` (matches transformers)
+    quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
         if self.weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHTS)}, not {self.weights!r}")
+        if self.quantize not in (None, *SCHEMES):
+            raise ValueError(f"quantize must be one of {', '.join(SCHEMES)}, not {self.quantize!r}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelLoadError("CUDA was requested but no CUDA device is available.")
 
@@ -81,6 +85,9 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     notices: list[str] = []
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress)
+        if options.quantize and options.device == "cpu":
+            weights = {k: quantize_matrix(v, options.quantize) if v.dim() == 2 and k.endswith(".weight") else v
+                       for k, v in weights.items()}
         kind = "hf"
     elif options.quantized:
         args, weights, tok = _read_gguf(source, progress, options, notices=notices)

@@ -178,3 +178,20 @@ def test_tensor_claiming_more_blocks_than_it_holds_is_refused(tmp_path):
     w.close()
     with pytest.raises(ModelLoadError, match=r"blk\.0\.attn_q\.weight .* overlaps tensor blk\.0\.attn_k\.weight"):
         load_model(tmp_path / "bad.gguf")
+
+
+@pytest.mark.parametrize("scheme", ["q8", "q4"])
+def test_hf_folder_quantized_at_load(tiny_models, scheme):
+    """--quantize: a float checkpoint's matrices held quantized, close to the float model, batch invariant."""
+    hf = tiny_models["llama"].hf_dir
+    q = load_model(hf, LoadOptions(quantize=scheme))
+    f = load_model(hf, LoadOptions())
+    assert isinstance(q.model.model.embed_tokens, QuantEmbedding) and q.weight_bytes() < 0.5 * f.weight_bytes()
+    ids = torch.randint(6, q.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
+    lq, lf = _last_logits(q, ids), _last_logits(f, ids)
+    assert (lq - lf).abs().max() < (0.05 if scheme == "q8" else 0.25) * lf.abs().max()
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(6, q.args.vocab_size, (n,), generator=g).tolist() for n in (5, 17, 30)]
+    run = RunConfig(max_seq_len=96, step_tokens=16, chunk_tokens=8)
+    together = run_staggered(make_batcher(q, 3, run), prompts, [0, 1, 3], SamplingParams(max_tokens=8))
+    assert together == [run_staggered(make_batcher(q, 1, run), [p], [0], SamplingParams(max_tokens=8))[0] for p in prompts]
