@@ -18,19 +18,19 @@ GGUF_MAGIC = b"GGUF"
 class GGUFTensor:
     """One tensor of an opened file: its raw data is a view of the file's one read-only mapping."""
 
-    __slots__ = ("name", "shape", "tensor_type", "n_bytes", "_file", "_offset")
+    __slots__ = ("name", "shape", "tensor_type", "n_bytes", "_file", "offset")
 
     def __init__(self, info: TensorInfo, file: np.ndarray):
         import gguf
 
         self.name, self.shape, self.n_bytes = info.name, info.shape, info.n_bytes
         self.tensor_type = gguf.GGMLQuantizationType(info.type_id)
-        self._file, self._offset = file, info.offset
+        self._file, self.offset = file, info.offset  # offset: from the start of the file
 
     @property
     def data(self) -> np.ndarray:
         """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""
-        raw = self._file[self._offset:self._offset + self.n_bytes]
+        raw = self._file[self.offset:self.offset + self.n_bytes]
         dims = tuple(reversed(self.shape))
         name = self.tensor_type.name
         if name in FLOAT_DTYPES:
@@ -57,8 +57,8 @@ class GGUFFile:
         if self.mapping is None or not hasattr(self.mapping, "madvise"):
             return
         page = mmap.PAGESIZE
-        start = t._offset // page * page
-        end = min(len(self.mapping), -(-(t._offset + t.n_bytes) // page) * page)
+        start = t.offset // page * page
+        end = min(len(self.mapping), -(-(t.offset + t.n_bytes) // page) * page)
         try:
             self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
         except (OSError, ValueError):
