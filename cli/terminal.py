@@ -85,7 +85,7 @@ def generate(args: argparse.Namespace) -> int:
             elif not stream:
                 print(f"--- prompt {i} ({end.reason})\n{end.text}")
         if args.json:
-            print(json.dumps(_load_line(loaded.info)))
+            print(json.dumps(_load_line(loaded.info), ensure_ascii=False))
     finally:
         cli.close()
     return 0
