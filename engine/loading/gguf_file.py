@@ -11,6 +11,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.gguf_header import TensorInfo, read_header
+from engine.quant.gguf_blocks import to_float32
 
 GGUF_MAGIC = b"GGUF"
 
@@ -95,18 +96,10 @@ def open_gguf(path: str | Path) -> GGUFFile:
 
 
 def _dequantize(path: Path, t: Any) -> torch.Tensor:
-    import gguf
-
     qtype = t.tensor_type
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
     try:
-        if qtype in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            arr = np.array(t.data, dtype=np.float32)  # a copy: the memmap is read-only
-        elif qtype == gguf.GGMLQuantizationType.BF16:
-            raw = np.asarray(t.data).view(np.uint16).astype(np.uint32) << 16
-            arr = raw.view(np.float32)
-        else:
-            arr = gguf.quants.dequantize(t.data, qtype)
+        arr = to_float32(qtype, t.data)
     except NotImplementedError as exc:
         raise UnsupportedModelError(
             f"{path.name}: tensor {t.name} uses quantization type {qtype.name}, which Parley cannot read yet."

@@ -71,19 +71,21 @@ def _k_scale_min(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def dequantized_rows(type_id, blocks: np.ndarray, n: int, k: int):
     """Yields (row start, fp32 rows) slices of a tensor of any type gguf can read, never the whole tensor."""
-    import gguf
-
     raw = np.asarray(blocks)
     raw = raw.reshape(n, -1) if raw.size else raw
     per_slice = max(1, ROW_SLICE_BYTES // (4 * k))
     for start in range(0, n, per_slice):
-        part = raw[start:start + per_slice]
-        if type_id == gguf.GGMLQuantizationType.F32:
-            rows = np.array(part, dtype=np.float32)
-        elif type_id == gguf.GGMLQuantizationType.F16:
-            rows = np.asarray(part).view(np.float16).astype(np.float32)
-        elif type_id == gguf.GGMLQuantizationType.BF16:
-            rows = (np.asarray(part).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            rows = gguf.quants.dequantize(np.ascontiguousarray(part), type_id)
-        yield start, rows.reshape(-1, k)
+        yield start, to_float32(type_id, raw[start:start + per_slice]).reshape(-1, k)
+
+
+def to_float32(type_id, raw: np.ndarray) -> np.ndarray:
+    """Raw GGUF data of any type gguf can read (floats as stored, quantized as block bytes) as a new fp32 array."""
+    import gguf
+
+    if type_id == gguf.GGMLQuantizationType.F32:
+        return np.array(raw, dtype=np.float32)  # a copy: the file's mapping is read-only
+    if type_id == gguf.GGMLQuantizationType.F16:
+        return np.asarray(raw).view(np.float16).astype(np.float32)
+    if type_id == gguf.GGMLQuantizationType.BF16:
+        return (np.asarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return gguf.quants.dequantize(np.ascontiguousarray(raw), type_id)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bench.runs import RunConfig, make_batcher, make_runtime
+from bench.runs import make_batcher, make_runtime
 from engine import events as ev
 from engine.errors import ModelLoadError
 from engine.loading.loader import build_model, load_model
