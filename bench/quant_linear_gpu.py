@@ -1,0 +1,68 @@
+"""The quantized decode GEMMs alone on one GPU: each 8B / 270M decode matrix as int4 (and int8) against the bf16
+Triton skinny GEMM, per row count, with a sweep of tile shapes. Prints JSON lines: shape, rows, kind, config, us,
+gb_s (weight bytes over time), speedup_vs_bf16.
+
+    python -m bench.quant_linear_gpu --rows 1 8 64 [--sweep]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import torch
+
+from bench.attention_bench import time_graph
+from kernels.quant_linear_triton import int4_linear_triton, int8_linear_triton
+from kernels.skinny_linear_triton import skinny_linear_triton
+
+MATRICES = {  # name: (N, K)
+    "8b.qkv": (6144, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096), "8b.down": (4096, 14336),
+    "8b.head": (128256, 4096), "270m.qkv": (1536, 640), "270m.gate_up": (4096, 640), "270m.down": (640, 2048),
+    "270m.head": (262144, 640),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--sweep", action="store_true", help="try tile shapes (block_n, warps, stages) of the int4 kernel")
+    ap.add_argument("--matrices", nargs="+", default=list(MATRICES))
+    ap.add_argument("--int8", action="store_true", help="also the int8-row kernel")
+    opts = ap.parse_args()
+    dev = torch.device("cuda")
+    configs = [dict()]
+    if opts.sweep:
+        configs = [dict(block_n=bn, num_warps=w, num_stages=s, chunks=c) for bn, w, s, c in
+                   itertools.product([16, 32, 64, 128], [4, 8], [2, 3, 4], [1, 2])]
+    for name in opts.matrices:
+        n, k = MATRICES[name]
+        copies = max(2, min(18, (256 << 20) // (n * k)))  # more bytes than L2 holds, as in a step's chain of layers
+        ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+        q4 = [(torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=dev),
+               torch.full((n, k // 128, 4), 0x3C003C00, dtype=torch.int32, device=dev)) for _ in range(copies)]
+        q8 = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev),
+               torch.full((n,), 1e-3, device=dev, dtype=torch.bfloat16)) for _ in range(copies)]
+        for m in opts.rows:
+            x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+            base = time_graph([lambda w=w: skinny_linear_triton(x, w) for w in ws]) * 1e3
+            row = {"matrix": name, "rows": m}
+            print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
+            kinds = (("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8),)
+            if opts.int8 and not opts.sweep:  # the sweep's configurations are the int4 kernel's
+                kinds += (("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k),)
+            for kind, calls, nbytes in kinds:
+                results = []
+                for c in configs:
+                    if c.get("chunks", 1) > 1 and (k // 128) % c["chunks"]:
+                        continue
+                    try:
+                        results.append((time_graph(calls(c)) * 1e3, c))
+                    except Exception as exc:  # a tile that does not fit shared memory: skip it
+                        results.append((float("inf"), c | {"error": type(exc).__name__}))
+                us, c = min(results, key=lambda r: r[0])
+                print(json.dumps(row | {"kind": kind, "config": c, "us": round(us, 2), "gb_s": round(nbytes / us / 1e3, 1),
+                                        "speedup_vs_bf16": round(base / us, 3)}), flush=True)
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,297 @@
+"""Triton weight-only quantized `x @ wᵀ` for decode-sized row counts (M <= 64), dequantizing in registers.
+
+Decode reads every weight once per step, so bytes are time: a 4-bit weight streams a quarter of bf16's bytes
+(plus a bf16 scale and zero per 32), an int8 row half. One program owns a BLOCK_N slice of the output columns
+for all rows, loads its packed weight rows a chunk of K at a time, dequantizes them to the activations' dtype
+in registers and multiplies on the tensor cores. The row tile is 16 for steps of at most 16 rows and 64 above
+(the MMA work of a 64-row tile at one row would cost an 8B model ~1 ms a step); each row's sum runs over K in
+the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit).
+
+Layouts (engine/quant/weight.py builds them):
+  int4  words (N, KP/8) int32, KP = K rounded up to CHUNK = 128 (padding: code 8, scale and zero 0: weight 0).
+        In each chunk of 128 weights, word w holds weight 16 i + w in its nibble i (bits 4i..4i+3), so nibble i
+        of the chunk's 16 words is one contiguous 16-wide slice of K. pairs (N, KP/128, 4) int32: the chunk's
+        four groups of 32 as bf16 pairs (s0|s2, s1|s3, z0|z2, z1|z3), low half first: w = (code - 8) * s + z.
+        A nibble pair (i, i + 4) sits 16 bits apart in a word, with groups (i // 2, i // 2 + 2): one bf16x2 each.
+  int8  codes (N, K) int8 and scale (N,): w = code * scale, the scale applied to the output column
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.pdl import launch_options, wait_for_previous
+
+CHUNK = 128  # weights per int4 chunk
+WORDS = 16  # int32 words per chunk and row
+
+
+
+@triton.jit
+def _bf16_half(pair, HIGH: tl.constexpr):
+    # one bf16 of a packed pair, as fp32 (exact)
+    if HIGH:
+        return (pair & -65536).to(tl.float32, bitcast=True)
+    return (pair << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _code(word, i: tl.constexpr, pairs_a, pairs_b, zeros_a, zeros_b, dt: tl.constexpr):
+    # nibble i of each word dequantized in fp32, then to dt: the portable path (interpreter, fp32 activations)
+    if (i % 4) < 2:  # nibbles 0, 1, 4, 5: groups 0 and 2, the first pairs
+        scale, zero = _bf16_half(pairs_a, i >= 4), _bf16_half(zeros_a, i >= 4)
+    else:
+        scale, zero = _bf16_half(pairs_b, i >= 4), _bf16_half(zeros_b, i >= 4)
+    code = ((word >> (4 * i)) & 0xF).to(tl.float32)
+    return ((code - 8.0) * scale + zero).to(dt)
+
+
+@triton.jit
+def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constexpr, ASM: tl.constexpr):
+    # the chunk's eight (BLOCK_N, 16) slices of dequantized weights, slice i = K offsets 16 i .. 16 i + 15
+    w_ok = n_ok[:, None]
+    word = tl.load(Q + offs_n[:, None] * stride_qn + (chunk * 16 + tl.arange(0, 16))[None, :], mask=w_ok, other=0)
+    at = P + offs_n * stride_pn + chunk * 4
+    s_a = tl.load(at, mask=n_ok, other=0)[:, None]
+    s_b = tl.load(at + 1, mask=n_ok, other=0)[:, None]
+    z_a = tl.load(at + 2, mask=n_ok, other=0)[:, None]
+    z_b = tl.load(at + 3, mask=n_ok, other=0)[:, None]
+    if ASM:
+        s_a, s_b = tl.broadcast_to(s_a, word.shape), tl.broadcast_to(s_b, word.shape)
+        z_a, z_b = tl.broadcast_to(z_a, word.shape), tl.broadcast_to(z_b, word.shape)
+        # eight bf16 weights out of one word, two at a time: (word >> 4j) & 0x000f000f | 0x43004300 is the bf16 pair
+        # (128 + code j, 128 + code j+4); minus 136 (exact) is (code - 8); one bf16x2 FMA applies (scale, zero)
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 q, t, m136, one;
+            mov.b32 m136, 0xC308C308;
+            mov.b32 one, 0x3F803F80;
+            lop3.b32 q, $8, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 t, q, one, m136;
+            fma.rn.bf16x2 t, t, $9, $11;
+            mov.b32 {$0, $4}, t;
+            shr.b32 q, $8, 4;
+            lop3.b32 q, q, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 t, q, one, m136;
+            fma.rn.bf16x2 t, t, $9, $11;
+            mov.b32 {$1, $5}, t;
+            shr.b32 q, $8, 8;
+            lop3.b32 q, q, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 t, q, one, m136;
+            fma.rn.bf16x2 t, t, $10, $12;
+            mov.b32 {$2, $6}, t;
+            shr.b32 q, $8, 12;
+            lop3.b32 q, q, 0x000f000f, 0x43004300, 0xea;
+            fma.rn.bf16x2 t, q, one, m136;
+            fma.rn.bf16x2 t, t, $10, $12;
+            mov.b32 {$3, $7}, t;
+            }
+            """, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r,r", [word, s_a, s_b, z_a, z_b],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+                   tl.bfloat16), is_pure=True, pack=1,
+        )
+    return (_code(word, 0, s_a, s_b, z_a, z_b, dt), _code(word, 1, s_a, s_b, z_a, z_b, dt),
+            _code(word, 2, s_a, s_b, z_a, z_b, dt), _code(word, 3, s_a, s_b, z_a, z_b, dt),
+            _code(word, 4, s_a, s_b, z_a, z_b, dt), _code(word, 5, s_a, s_b, z_a, z_b, dt),
+            _code(word, 6, s_a, s_b, z_a, z_b, dt), _code(word, 7, s_a, s_b, z_a, z_b, dt))
+
+
+@triton.jit
+def _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w, acc, DOT_FP32: tl.constexpr):
+    # acc += x[:, k : k + 16] @ wᵀ
+    x = tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+    if DOT_FP32:
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
+def _int4_linear(
+    X, Q, P, Y, M, N, K, KP, CS,
+    stride_xm, stride_qn, stride_pn, stride_ym, stride_ys,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, DOT_FP32: tl.constexpr, ASM: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split)
+    wait_for_previous(PDL)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    dt: tl.constexpr = X.dtype.element_ty
+    sixteen = tl.arange(0, 16)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    c_lo = tl.program_id(1) * CS
+    for c0 in range(c_lo, tl.minimum(KP // 128, c_lo + CS), CHUNKS):  # CHUNKS divides CS and the chunk count
+        for c in tl.static_range(CHUNKS):
+            chunk = c0 + c
+            w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM)
+            k = chunk * 128 + sixteen
+            acc = _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w0, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 16, K, stride_xm, w1, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 32, K, stride_xm, w2, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 48, K, stride_xm, w3, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 64, K, stride_xm, w4, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 80, K, stride_xm, w5, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 96, K, stride_xm, w6, acc, DOT_FP32)
+            acc = _slice_dot(X, offs_m, m_ok, k + 112, K, stride_xm, w7, acc, DOT_FP32)
+    out = Y + tl.program_id(1) * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _int8_linear(
+    X, C, S, Y, M, N, K,
+    stride_xm, stride_cn, stride_ym,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    wait_for_previous(PDL)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    dt = X.dtype.element_ty
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + offs_k) < K
+        c = tl.load(C + offs_n[:, None] * stride_cn + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :],
+                    other=0)
+        x = tl.load(X + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)
+        w = c.to(dt)  # |code| <= 127: exact in bf16
+        if DOT_FP32:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc)
+    scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)
+    out = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, (acc * scale[None, :]).to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
+def _int4_dequantize(Q, P, W, N, K, stride_qn, stride_pn, stride_wn, BLOCK_N: tl.constexpr, ASM: tl.constexpr):
+    # W[n, k] = (code - 8) * scale + zero in W's dtype, one chunk per program column: a prefill GEMM's weight
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    chunk = tl.program_id(1)
+    n_ok = offs_n < N
+    dt: tl.constexpr = W.dtype.element_ty
+    w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM)
+    k = chunk * 128 + tl.arange(0, 16)
+    at = W + offs_n[:, None] * stride_wn + k[None, :]
+    _store_slice(at, 0, w0, n_ok, k, K)
+    _store_slice(at, 16, w1, n_ok, k, K)
+    _store_slice(at, 32, w2, n_ok, k, K)
+    _store_slice(at, 48, w3, n_ok, k, K)
+    _store_slice(at, 64, w4, n_ok, k, K)
+    _store_slice(at, 80, w5, n_ok, k, K)
+    _store_slice(at, 96, w6, n_ok, k, K)
+    _store_slice(at, 112, w7, n_ok, k, K)
+
+
+@triton.jit
+def _store_slice(at, offset: tl.constexpr, w, n_ok, k, K):
+    tl.store(at + offset, w.to(at.dtype.element_ty), mask=n_ok[:, None] & (k + offset < K)[None, :])
+
+
+def _rows(x: torch.Tensor) -> int:
+    """The row tile: 16 up to 16 rows, else 64 (the interpreter always 16; tests only)."""
+    cap = 16 if x.device.type == "cpu" else 64
+    assert x.shape[0] <= cap, f"the quantized decode GEMM takes at most {cap} rows here, not {x.shape[0]}"
+    return 16 if x.shape[0] <= 16 else 64
+
+
+def _asm(x: torch.Tensor) -> bool:
+    """The bf16x2 dequantization in PTX: bf16 activations on a GPU with bf16x2 FMA (compute capability 8+)."""
+    return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8
+
+
+def int4_tiles(n: int, n_chunks: int, interpret: bool = False) -> tuple[int, int, int]:
+    """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks: the H200 sweep's best at one
+    row (bench/quant_linear_gpu.py --sweep): wide tiles for the LM head, narrow ones (more programs) for layers."""
+    if interpret:
+        return 16, 1, 1
+    bn = 128 if n >= 65536 else 64 if n >= 16384 else 32
+    step = 2 if n < 65536 and n_chunks % 2 == 0 else 1
+    return bn, step, 4 if n < 16384 else 3
+
+
+def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
+    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, a slice >= 4 chunks."""
+    bn, step, _ = int4_tiles(n, n_chunks, device.type == "cpu")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = -(-2 * sms // triton.cdiv(n, bn))
+    return max(1, min(want, n_chunks // max(4, step)))
+
+
+def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, *,
+                       out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
+                       chunks: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """x (M, K) @ Wᵀ for the int4 layout above -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1
+    the result is fp32 partial sums (S, M, N) over K slices (whole chunks; S <= splits) for a consumer to add."""
+    M, K = x.shape
+    N, kp = words.shape[0], words.shape[1] * 8
+    assert kp % CHUNK == 0 and K <= kp < K + CHUNK and pairs.shape == (N, kp // CHUNK, 4), \
+        (x.shape, words.shape, pairs.shape)
+    assert x.stride(1) == 1 and words.stride(1) == 1 and pairs.is_contiguous()
+    rows = _rows(x)
+    interpret = x.device.type == "cpu"
+    n_chunks = kp // CHUNK
+    bn, step, stages = int4_tiles(N, n_chunks, interpret)
+    bn, step, stages = block_n or bn, chunks or step, num_stages or stages
+    if x.dtype == torch.float32 and rows > 16:
+        stages = min(stages, 2)  # fp32 tiles of 64 rows: deeper pipelines exceed the shared memory
+    assert n_chunks % step == 0, (n_chunks, step)
+    cs = triton.cdiv(triton.cdiv(n_chunks, splits), step) * step  # chunks per slice, whole loop steps
+    s = triton.cdiv(n_chunks, cs)
+    y = torch.empty(s, M, N, dtype=torch.float32, device=x.device) if splits > 1 else \
+        torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _int4_linear[(triton.cdiv(N, bn), s)](
+        x, words, pairs, y, M, N, K, kp, cs, x.stride(0), words.stride(0), pairs.stride(0), y.stride(-2),
+        y.stride(0) if splits > 1 else 0,
+        BLOCK_M=rows, BLOCK_N=bn, CHUNKS=step, DOT_FP32=interpret and x.dtype == torch.bfloat16, ASM=_asm(x),
+        num_warps=num_warps, num_stages=stages, **launch_options(x),
+    )
+    return y
+
+
+def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
+                       out_dtype: torch.dtype | None = None, block_n: int | None = None, block_k: int | None = None,
+                       num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64."""
+    M, K = x.shape
+    N = codes.shape[0]
+    assert codes.shape == (N, K) and scale.shape == (N,), (x.shape, codes.shape, scale.shape)
+    assert x.stride(1) == 1 and codes.stride(1) == 1
+    rows = _rows(x)
+    interpret = x.device.type == "cpu"
+    # H200 sweep (bench/quant_linear_gpu.py --sweep): 64-column tiles for wide matrices, 32 for the narrow
+    bn = block_n or (16 if interpret else 64 if N >= 16384 else 32 if N > 1024 else 16)
+    bk = block_k or (32 if interpret else 128)
+    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    if M == 0:
+        return y
+    _int8_linear[(triton.cdiv(N, bn),)](
+        x, codes, scale, y, M, N, K, x.stride(0), codes.stride(0), y.stride(0),
+        BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
+        num_warps=num_warps, num_stages=num_stages or (1 if interpret else 2), **launch_options(x),
+    )
+    return y
+
+
+def int4_dequantize_triton(words: torch.Tensor, pairs: torch.Tensor, dtype: torch.dtype,
+                           k: int | None = None) -> torch.Tensor:
+    """The (N, k) matrix of the int4 layout in `dtype` (k: the unpadded width, default the padded one)."""
+    N, kp = words.shape[0], words.shape[1] * 8
+    k = k or kp
+    w = torch.empty(N, k, dtype=dtype, device=words.device)
+    bn = 32
+    _int4_dequantize[(triton.cdiv(N, bn), kp // CHUNK)](
+        words, pairs, w, N, k, words.stride(0), pairs.stride(0), w.stride(0), BLOCK_N=bn,
+        ASM=words.is_cuda and dtype == torch.bfloat16 and torch.cuda.get_device_capability(words.device)[0] >= 8,
+    )
+    return w

@@ -1,0 +1,132 @@
+"""The quantized decode GEMMs (Triton, dequantizing in registers) against the PyTorch reference, and a row's
+result does not depend on the row count (batched == alone)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.quant.gguf_blocks import Int4Groups
+from engine.quant.weight import pack_int4
+from kernels import triton_available
+from kernels.quant_linear import int4_dequantize, int4_linear, int4_partials, int4_rows_reference, int8_linear
+
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+MAX_M = 64 if ON_GPU else 16
+
+needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
+pytestmark = pytest.mark.gpu
+# (N, K): Gemma-3-270M's fused qkv and gate/up, a long-K down, and odd N / K not a multiple of the K step
+SHAPES = [(1536, 640), (2048, 640), (640, 2048), (100, 96), (4097, 1056)] if ON_GPU else [(48, 64), (20, 96), (33, 288)]
+
+
+def _int4(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, Int4Groups]:
+    rng = np.random.default_rng(seed)
+    g = Int4Groups(rng.integers(0, 16, (n, k), dtype=np.uint8),
+                   rng.uniform(0.001, 0.02, (n, k // 32)).astype(np.float32),
+                   rng.normal(0, 0.02, (n, k // 32)).astype(np.float32))
+    q = pack_int4(g, "Q4_K", device="cuda")  # the GPU layout, built on the CPU
+    return q.words.to(DEVICE), q.pairs.to(DEVICE), g
+
+
+def _x(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)).to(dtype).to(DEVICE)
+
+
+def test_layout_dequantizes_to_the_groups_values():
+    """The nibble layout holds exactly the codes and bf16 scale/zero it was built from (K padded to 128: cut off)."""
+    nib, sz, g = _int4(8, 64)
+    got = int4_rows_reference(nib.cpu(), sz.cpu(), torch.float32, 64)
+    scale = torch.from_numpy(g.scale).bfloat16().float().repeat_interleave(32, 1)
+    zero = torch.from_numpy(g.zero).bfloat16().float().repeat_interleave(32, 1)
+    want = (torch.from_numpy(g.codes).float() - 8) * scale + zero
+    assert torch.equal(got, want)
+
+
+@needs_triton
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_dequantize_kernel_matches_reference(n, k):
+    nib, sz, _ = _int4(n, k)
+    got = int4_dequantize(nib, sz, torch.float32, k, impl="triton")
+    assert got.shape == (n, k) and torch.equal(got, int4_dequantize(nib, sz, torch.float32, k, impl="reference"))
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32] if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 5, MAX_M])
+def test_int4_matches_reference(dtype, n, k, m):
+    nib, sz, _ = _int4(n, k)
+    x = _x(m, k, dtype)
+    w = int4_rows_reference(nib, sz, dtype, k).double()
+    ref = x.double() @ w.t()
+    got = int4_linear(x, nib, sz, impl="triton")
+    assert got.shape == (m, n) and got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+    logits = int4_linear(x, nib, sz, out_dtype=torch.float32, impl="triton")
+    assert logits.dtype == torch.float32 and (logits.double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@needs_triton
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("splits", [2, 3, 8])
+@pytest.mark.parametrize("m", [1, MAX_M])
+def test_int4_split_k_partials_sum_to_the_product(n, k, splits, m):
+    """Split over K: at most `splits` fp32 partials of whole chunks, more than one where K has the chunks."""
+    nib, sz, _ = _int4(n, k)
+    x = _x(m, k, torch.bfloat16 if ON_GPU else torch.float32)
+    parts = int4_partials(x, nib, sz, splits, impl="triton")
+    ref = x.double() @ int4_rows_reference(nib, sz, x.dtype, k).double().t()
+    chunks = -(-k // 128)
+    assert parts.dtype == torch.float32 and parts.shape[1:] == (m, n) and 1 <= parts.shape[0] <= min(splits, chunks)
+    assert parts.shape[0] > 1 or chunks == 1
+    assert (parts.double().sum(0) - ref).abs().max() <= 1e-2 * ref.abs().max()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32] if ON_GPU else [torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", [1, 5, MAX_M])
+def test_int8_matches_reference(dtype, n, k, m):
+    g = torch.Generator().manual_seed(n + k)
+    codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).to(DEVICE)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-4).bfloat16().to(DEVICE)
+    x = _x(m, k, dtype)
+    ref = x.double() @ (codes.double() * scale.double()[:, None]).t()
+    got = int8_linear(x, codes, scale, impl="triton")
+    assert got.shape == (m, n) and got.dtype == dtype
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+    assert (int8_linear(x, codes, scale, impl="reference").double() - ref).abs().max() <= tol * ref.abs().max()
+
+
+@needs_triton
+@pytest.mark.parametrize("kind", ["int4", "int8"])
+def test_a_row_does_not_depend_on_the_row_count(kind):
+    """Batched == alone: every M <= MAX_M runs one row tile, so each row's bits are the same at any M."""
+    n, k = SHAPES[0]
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    x = _x(MAX_M, k, dtype)
+    if kind == "int4":
+        nib, sz, _ = _int4(n, k)
+        run = lambda rows: int4_linear(rows, nib, sz, impl="triton")  # noqa: E731
+    else:
+        codes = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
+        scale = torch.full((n,), 0.01).bfloat16().to(DEVICE)
+        run = lambda rows: int8_linear(rows, codes.to(DEVICE), scale, impl="triton")  # noqa: E731
+    full = run(x)
+    for m in (1, 3, MAX_M // 2):
+        assert torch.equal(run(x[:m]), full[:m])
+
+
+def test_longer_steps_dequantize_then_multiply():
+    """More rows than the decode tile: the dense path over the dequantized matrix (prefill)."""
+    n, k = 48, 64
+    nib, sz, _ = _int4(n, k)
+    x = _x(MAX_M + 7, k, torch.float32)
+    ref = x.double() @ int4_rows_reference(nib, sz, torch.float32, k).double().t()
+    got = int4_linear(x, nib, sz)
+    assert got.shape == (MAX_M + 7, n) and (got.double() - ref).abs().max() <= 1e-4 * ref.abs().max()
