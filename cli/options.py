@@ -20,9 +20,10 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
     p.add_argument("--backend", default="auto", choices=["auto", "torch", "mlx"], help="auto: CUDA, then MLX on Apple silicon, then CPU")
-    p.add_argument("--weights", default="quantized", choices=["quantized", "dequantized"],
-                   help="quantized: GGUF matrices stay quantized on the CPU (int4/int8 kernels, ~1/4 the memory of "
-                   "dequantized); dequantized: float weights, the path that matches transformers")
+    p.add_argument("--weights", default="auto", choices=["auto", "quantized", "dequantized"],
+                   help="quantized: GGUF matrices stay quantized (int4/int8 kernels on the CPU and CUDA, ~1/4 the memory "
+                   "of fp32); dequantized: float weights, the path that matches transformers; auto: quantized on the "
+                   "CPU, on CUDA floats while they fit in 60%% of the free GPU memory (faster there so far)")
     p.add_argument("--quantize", default=None, choices=["q8", "q4"],
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")

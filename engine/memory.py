@@ -39,28 +39,33 @@ def available_bytes(device: str) -> int:
     return int(psutil.virtual_memory().available)
 
 
-def matrix_bytes(type_name: str, n: int, k: int, quantized: bool, float_bytes: int) -> int:
-    """Resident bytes of an (n, k) GGUF matrix once loaded (engine/quant/weight.py's formats)."""
+def matrix_bytes(type_name: str, n: int, k: int, quantized: bool, float_bytes: int, device: str = "cpu") -> int:
+    """Resident bytes of an (n, k) GGUF matrix once loaded (engine/quant/weight.py's formats on `device`)."""
     if not quantized:
         return n * k * float_bytes
     if type_name == "F32":
         return 4 * n * k  # F32 files stay exact
-    return format_bytes(choose_format(type_name, n, k), n, k)
+    return format_bytes(choose_format(type_name, n, k, device), n, k)
 
 
-def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int) -> int:
-    """Bytes a GGUF model will hold resident: its tensors in the runtime formats, the tokenizer, load scratch."""
+def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, device: str = "cpu",
+                  staged: bool = False) -> int:
+    """Bytes a GGUF model will hold resident on `device`: its tensors in the runtime formats, the tokenizer, load
+    scratch. `staged`: the matrices only pass through (built here, moved elsewhere one by one): the largest counts."""
     total = LOAD_SCRATCH + vocab_size * TOKENIZER_BYTES_PER_TOKEN
+    largest = 0
     for t in tensors:
         dims = list(t.shape)
         if len(dims) == 2:
-            total += matrix_bytes(t.tensor_type.name, int(dims[1]), int(dims[0]), quantized, float_bytes)
+            size = matrix_bytes(t.tensor_type.name, int(dims[1]), int(dims[0]), quantized, float_bytes, device)
+            largest = max(largest, size)
+            total += 0 if staged else size
         else:
             n = 1
             for d in dims:
                 n *= int(d)
             total += 4 * n
-    return total
+    return total + largest if staged else total
 
 
 def check_fits(needed: int, device: str, name: str) -> None:

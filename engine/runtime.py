@@ -38,7 +38,7 @@ class EngineConfig:
     lookahead: bool | None = None  # launch the next decode step before reading this one's ids; None: with CUDA graphs
     compile_decode: bool = False  # CUDA: torch.compile the decode graphs (~5 % faster than the fused kernels; 15-60 s per batch size, once)
     cache_dir: Path | None = None  # converted GGUF weights
-    weights: str = "quantized"  # GGUF matrices stay quantized on the CPU; "dequantized": today's float path
+    weights: str = "auto"  # engine/loading/loader.py LoadOptions.weights: "auto", "quantized" or "dequantized"
     quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
 
     def __post_init__(self) -> None:

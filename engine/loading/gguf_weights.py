@@ -34,10 +34,10 @@ def hf_name(name: str, arch: ModuleType) -> str | None:
 
 
 def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=None, quantized: bool = False,
-                      notices: list[str] | None = None) -> dict[str, torch.Tensor | QuantTensor]:
+                      notices: list[str] | None = None, device: str = "cpu") -> dict[str, torch.Tensor | QuantTensor]:
     """Every tensor under its HF name; rope_freqs becomes the rope factors. Dequantized to fp32, or with
-    `quantized` every matrix kept quantized as a QuantTensor (vectors stay fp32); types outside the common
-    quantizations add a line to `notices`."""
+    `quantized` every matrix kept quantized as a QuantTensor in `device`'s layout, moved there one by one
+    (vectors stay fp32 on the CPU); types outside the common quantizations add a line to `notices`."""
     total = len(gf.tensors)
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
@@ -50,7 +50,7 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
             if target is None:
                 raise ModelLoadError(f"{gf.path.name}: unexpected tensor {name} for architecture {arch.ARCH}.")
             if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
-                weights[target] = _matrix(gf, t, arch, args)
+                weights[target] = _matrix(gf, t, arch, args, device)
                 if not is_native(t.tensor_type.name):
                     odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
             else:
@@ -64,9 +64,10 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     return weights
 
 
-def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> QuantTensor:
+def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs, device: str) -> QuantTensor:
     try:
-        return quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args))
+        matrix = quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args), device)
+        return matrix if device == "cpu" else matrix.to(device)
     except NotImplementedError as exc:
         raise UnsupportedModelError(f"{gf.path.name}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
                                     "which Parley cannot read yet.") from exc

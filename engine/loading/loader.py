@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -12,7 +12,7 @@ from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
-from engine.memory import check_fits, gguf_estimate, return_freed_memory
+from engine.memory import available_bytes, check_fits, gguf_estimate, return_freed_memory
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
@@ -22,7 +22,8 @@ from engine.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_d
 
 Progress = Callable[[str, float], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-WEIGHTS = ("quantized", "dequantized")
+WEIGHTS = ("auto", "quantized", "dequantized")
+GPU_FLOAT_SHARE = 0.6  # "auto" on CUDA holds floats only while they take at most this share of the free GPU memory
 
 
 @dataclass(slots=True)
@@ -30,7 +31,9 @@ class LoadOptions:
     device: str = "cpu"
     dtype: str = "float32"
     cache_dir: Path | None = None  # dequantized GGUF weights are kept here; None disables the cache
-    weights: str = "quantized"  # GGUF matrices stay quantized (CPU), or "dequantized" to `dtype` (matches transformers)
+    # GGUF matrices stay "quantized", or "dequantized" to `dtype` (matches transformers); "auto": quantized on the
+    # CPU; on CUDA floats where they fit (their decode is faster than the int4 kernels so far, docs/QUANTIZED.md)
+    weights: str = "auto"
     quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
 
     def __post_init__(self) -> None:
@@ -49,8 +52,11 @@ class LoadOptions:
 
     @property
     def quantized(self) -> bool:
-        """Whether matrices stay quantized: on the CPU (the CUDA and MLX kernels for them are not built yet)."""
-        return self.weights == "quantized" and self.device == "cpu"
+        """Whether matrices stay quantized: on the CPU and CUDA, which have kernels for them (MLX converts the CPU's);
+        "auto" is resolved by `load_model` first (here: the CPU's choice)."""
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            return False
+        return self.weights == "quantized" or (self.weights == "auto" and self.device == "cpu")
 
 
 @dataclass(slots=True)
@@ -89,7 +95,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
             weights = {k: quantize_matrix(v, options.quantize) if v.dim() == 2 and k.endswith(".weight") else v
                        for k, v in weights.items()}
         kind = "hf"
-    elif options.quantized:
+    elif (options := _resolve_weights(source, options)).quantized:
         args, weights, tok = _read_gguf(source, progress, options, notices=notices)
         kind = "gguf"
     else:
@@ -102,6 +108,19 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)
+
+
+def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
+    """`weights="auto"` made concrete for a GGUF file: quantized on the CPU; on CUDA dequantized floats when they take
+    at most GPU_FLOAT_SHARE of the free GPU memory (room left for the KV cache and a second model), else quantized."""
+    if options.weights != "auto":
+        return options
+    weights = "quantized"
+    if options.device.startswith("cuda"):
+        gf = open_gguf(path)
+        floats = gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize)
+        weights = "dequantized" if floats <= GPU_FLOAT_SHARE * available_bytes(options.device) else "quantized"
+    return replace(options, weights=weights)
 
 
 def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor], dtype: torch.dtype,
@@ -118,7 +137,7 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
     state = {}
     for key, value in weights.items():
         if isinstance(value, QuantTensor):
-            model.install_quantized(key.removesuffix(".weight"), value)
+            model.install_quantized(key.removesuffix(".weight"), value, dtype)
         else:
             state[key] = value.to(device=device, dtype=dtype)
     try:
@@ -164,16 +183,19 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
     _check_memory(gf, args, options, path.name)
     tok = tokenizer_from_gguf(gf.metadata)
-    weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices)
+    weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
+                                device=options.device)
     return args, weights, tok
 
 
 def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
-    """Refuses before reading weights: the CPU holds the runtime formats (or fp32 while converting), the GPU its dtype."""
-    staging = gguf_estimate(gf.tensors, args.vocab_size, options.quantized, 4)
+    """Refuses before reading weights: the CPU holds the runtime formats (or fp32 while converting; quantized for
+    CUDA, one matrix at a time), the GPU its formats or its dtype."""
+    cuda = options.device.startswith("cuda")
+    staging = gguf_estimate(gf.tensors, args.vocab_size, options.quantized, 4, staged=cuda and options.quantized)
     check_fits(staging, "cpu", name)
-    if options.device.startswith("cuda"):
-        final = gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize)
+    if cuda:
+        final = gguf_estimate(gf.tensors, 0, options.quantized, options.torch_dtype.itemsize, device=options.device)
         check_fits(final, options.device, name)
 
 

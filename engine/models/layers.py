@@ -67,22 +67,31 @@ class QuantLinear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         self.in_features, self.out_features = qweight.in_features, qweight.out_features
 
+    decode_kernel = False  # the quantized kernels are chosen by the weight's device, not by `prepare`
+    split_k = 0  # > 1: partial_sums of a CUDA decode step returns this many K slices' partials (set by `prepare`)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.qweight(x).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
-    partial_sums = forward  # no split-K here: the product itself
+    def partial_sums(self, x: torch.Tensor) -> torch.Tensor:
+        """As Linear.partial_sums: split-K fp32 partials (S, T, N) for a decode step on CUDA, else the product."""
+        if self.split_k > 1 and self.bias is None and x.is_cuda and x.dim() == 2 and x.shape[0] <= DECODE_ROWS \
+                and not torch.compiler.is_compiling():
+            return self.qweight.partials(x, self.split_k)
+        return self(x)
 
 
 class QuantEmbedding(nn.Module):
     """An embedding table kept quantized: a lookup dequantizes only the rows asked for; tied, it is the LM head."""
 
-    def __init__(self, qweight: QuantTensor):
+    def __init__(self, qweight: QuantTensor, dtype: torch.dtype = torch.float32):
         super().__init__()
         self.qweight = qweight
+        self.dtype = dtype  # the model's activations
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.qweight.rows(ids.reshape(-1)).reshape(*ids.shape, -1)
+        return self.qweight.rows(ids.reshape(-1)).to(self.dtype).reshape(*ids.shape, -1)
 
 
 def _fused(module: nn.Module, x: torch.Tensor) -> bool:
@@ -347,9 +356,12 @@ class CausalLM(nn.Module):
                     if isinstance(lin := getattr(module, name, None), Linear):
                         splits = choice.decode_splits or decode_splits(lin.in_features)
                         lin.split_k = splits if choice.decode_gemm else 0
+                    elif isinstance(lin, QuantLinear):  # the fused consumers sum partials
+                        lin.split_k = lin.qweight.decode_splits() if choice.fused else 0
 
-    def install_quantized(self, path: str, qweight: QuantTensor) -> None:
-        """Puts a quantized matrix in place of the Linear or Embedding at `path` (its bias, if any, comes later)."""
+    def install_quantized(self, path: str, qweight: QuantTensor, dtype: torch.dtype = torch.float32) -> None:
+        """Puts a quantized matrix in place of the Linear or Embedding at `path` (its bias, if any, comes later);
+        `dtype` the model's activations (an embedding's rows come out in it)."""
         from engine.errors import ModelLoadError
 
         parent_path, _, leaf = path.rpartition(".")
@@ -360,7 +372,7 @@ class CausalLM(nn.Module):
         if tuple(qweight.shape) != shape:
             raise ModelLoadError(f"{path}.weight has shape {tuple(qweight.shape)}, the architecture needs {shape}.")
         if isinstance(old, nn.Embedding):
-            setattr(parent, leaf, QuantEmbedding(qweight))
+            setattr(parent, leaf, QuantEmbedding(qweight, dtype))
         else:
             bias = old.bias if old.bias is not None else None
             new = QuantLinear(qweight, None)
@@ -382,7 +394,7 @@ class CausalLM(nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, (QuantEmbedding, QuantLinear)):
-            return head.qweight(x)
+            return head.qweight(x, torch.float32)
         return _head(x, self.head_weight())
 
     def forward(
@@ -407,7 +419,8 @@ class CausalLM(nn.Module):
     def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""
         first = self.model.layers[0].input_layernorm
-        if first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
+        dense = isinstance(self.model.embed_tokens, nn.Embedding)
+        if first.fused and dense and tokens.is_cuda and not torch.compiler.is_compiling():
             from kernels.norms import embed_norm
 
             return embed_norm(tokens, self.model.embed_tokens.weight, self.embed_scale, first.weight, first.eps, first.gemma)

@@ -1,4 +1,4 @@
-"""One GGUF matrix -> a QuantTensor in the CPU runtime's format, reading the file's blocks a slice at a time."""
+"""One GGUF matrix -> a QuantTensor in its runtime's format, reading the file's blocks a slice at a time."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,17 +9,18 @@ from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_group
 from engine.quant.weight import Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4
 
 
-def quantized_matrix(t: Any, row_order: torch.Tensor | None) -> QuantTensor:
+def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
     """`t` a gguf ReaderTensor of two dimensions; `row_order` the rows' new order (llama.cpp's Q/K permutation
-    undone) or None. 4-bit types keep their codes exactly; other quantized types become int8 rows; floats bf16."""
+    undone) or None. 4-bit types keep their codes exactly; other quantized types become int8 rows; floats bf16.
+    The layout is `device`'s (built on the CPU; the caller moves it)."""
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
-    fmt = choose_format(type_name, n, k)
+    fmt = choose_format(type_name, n, k, device)
     if fmt == "int4":
         g = int4_groups(type_name, t.data, n, k)
         if row_order is not None:
             g.codes, g.scale, g.zero = (a[row_order.numpy()] for a in (g.codes, g.scale, g.zero))
-        return pack_int4(g, type_name)
+        return pack_int4(g, type_name, device)
     if fmt == "bf16":
         w = torch.empty(n, k, dtype=torch.bfloat16)
         for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):

@@ -1,10 +1,14 @@
-"""A weight matrix kept quantized in the CPU runtime's format: the module that multiplies by it and looks rows up.
+"""A weight matrix kept quantized in its runtime's format: the module that multiplies by it and looks rows up.
 
-Formats (chosen per tensor by `pack`, measured in docs/QUANTIZED.md):
-  int4  4-bit codes in groups of 32 with a bf16 scale and zero (torch's int4pack layout): Q4_0, Q4_1, Q4_K exactly
-  int8  int8 codes with one bf16 scale per row (torch's int8pack): every other quantized type, re-quantized
+Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
+  int4  4-bit codes in groups of 32 with a bf16 scale and zero: Q4_0, Q4_1, Q4_K exactly. On the CPU in torch's
+        int4pack layout (`packed`, `scale_zero`); on CUDA as int32 words of eight codes with bf16 (scale, zero)
+        pairs (`words`, `pairs`) for the Triton kernels of kernels/quant_linear_triton.py
+  int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
+        re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
-Products take fp32 or bf16 activations and return fp32; the kernels run on bf16 activations.
+On the CPU products take fp32 or bf16 activations and return fp32 (the kernels run on bf16 activations); on CUDA
+they return the activations' dtype (or `out_dtype`).
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from torch import nn
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16")
+CHUNK = 128  # weights per chunk of the CUDA int4 layout
 
 
 class QuantTensor(nn.Module):
@@ -41,7 +46,9 @@ class QuantTensor(nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        if x.is_cuda:
+            return self._cuda_product(x, out_dtype or x.dtype)
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":
             y = torch._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)
@@ -49,7 +56,36 @@ class QuantTensor(nn.Module):
             y = torch._weight_int8pack_mm(xb, self.codes, self.scale)
         else:
             y = torch.mm(xb, self.weight.t())
-        return y.float().reshape(*lead, self.shape[0])
+        return y.to(out_dtype or torch.float32).reshape(*lead, self.shape[0])
+
+    def _cuda_product(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        from kernels.quant_linear import int4_linear, int8_linear
+
+        lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        if self.format == "int4":
+            y = int4_linear(x2, self.words, self.pairs, out_dtype=out_dtype)
+        elif self.format == "int8":
+            y = int8_linear(x2, self.codes, self.scale, out_dtype=out_dtype)
+        else:
+            y = torch.nn.functional.linear(x2, self.weight.to(x2.dtype)).to(out_dtype)
+        return y.reshape(*lead, self.shape[0])
+
+    def partials(self, x: torch.Tensor, splits: int) -> torch.Tensor:
+        """x (T, K) @ Wᵀ as split-K fp32 partials (S, T, N) for a consumer that sums them (CUDA int4 decode steps),
+        else the product itself (T, N)."""
+        if x.is_cuda and self.format == "int4" and splits > 1:
+            from kernels.quant_linear import int4_partials
+
+            return int4_partials(x, self.words, self.pairs, splits)
+        return self(x)
+
+    def decode_splits(self) -> int:
+        """How many K slices this matrix's decode GEMM takes when its consumer sums partials (CUDA int4)."""
+        if self.format != "int4" or not hasattr(self, "words"):
+            return 0
+        from kernels.quant_linear_triton import int4_splits
+
+        return int4_splits(self.shape[0], self.words.shape[1] // 16, self.words.device)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` dequantized (an embedding lookup reads only these)."""
@@ -57,10 +93,15 @@ class QuantTensor(nn.Module):
             return self.codes[ids].float() * self.scale[ids].float()[:, None]
         if self.format == "bf16":
             return self.weight[ids].float()
+        if hasattr(self, "words"):
+            from kernels.quant_linear import int4_rows_reference
+
+            ids = ids.reshape(-1)
+            return int4_rows_reference(self.words[ids], self.pairs[ids], torch.float32, self.shape[1])
         return _int4_rows(self.packed, self.scale_zero, ids, self.shape[1])
 
     def dequantize(self) -> torch.Tensor:
-        return self.rows(torch.arange(self.shape[0]))
+        return self.rows(torch.arange(self.shape[0], device=next(self.buffers()).device))
 
 
 def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
@@ -71,6 +112,9 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return None
     n = sum(p.shape[0] for p in parts)
     source = "+".join(dict.fromkeys(p.source_type for p in parts))
+    if fmt == "int4" and hasattr(parts[0], "words"):
+        return QuantTensor(fmt, (n, k), source, words=torch.cat([p.words for p in parts]),
+                           pairs=torch.cat([p.pairs for p in parts]))
     if fmt == "int4":
         return QuantTensor(fmt, (n, k), source, packed=torch.cat([p.packed for p in parts]),
                            scale_zero=torch.cat([p.scale_zero for p in parts], dim=1))
@@ -80,8 +124,10 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
     return QuantTensor(fmt, (n, k), source, weight=torch.cat([p.weight for p in parts]))
 
 
-def pack_int4(groups: Int4Groups, source_type: str) -> QuantTensor:
+def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> QuantTensor:
     n, k = groups.codes.shape
+    if device.startswith("cuda"):
+        return _pack_int4_words(groups, source_type)
     codes = torch.from_numpy(groups.codes.astype(np.int32))
     packed = torch._convert_weight_to_int4pack_for_cpu(codes, 1)
     sz = np.stack([groups.scale, groups.zero], -1).transpose(1, 0, 2)  # (K/32, N, 2), the kernel's order
@@ -89,8 +135,33 @@ def pack_int4(groups: Int4Groups, source_type: str) -> QuantTensor:
                        scale_zero=torch.from_numpy(np.ascontiguousarray(sz)).to(torch.bfloat16))
 
 
-def choose_format(type_name: str, n: int, k: int) -> str:
-    """The CPU format of an (n, k) matrix stored as `type_name` (not F32, which stays exact)."""
+def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
+    """The CUDA layout (kernels/quant_linear_triton.py): K padded to chunks of 128 weights (code 8, scale and zero 0:
+    weight 0); in a chunk, nibble i of word w is weight 16 i + w; per chunk four int32 of bf16 pairs (s0|s2, s1|s3,
+    z0|z2, z1|z3)."""
+    n, k = groups.codes.shape
+    kp = -(-k // CHUNK) * CHUNK
+    chunks = kp // CHUNK
+    codes = np.full((n, kp), 8, dtype=np.uint32)
+    codes[:, :k] = groups.codes
+    c = codes.reshape(n, chunks, 8, 16)
+    words = np.zeros((n, chunks, 16), dtype=np.uint32)
+    for i in range(8):
+        words |= c[:, :, i] << np.uint32(4 * i)
+    sz = np.zeros((2, n, kp // GROUP), dtype=np.float32)
+    sz[0, :, :k // GROUP], sz[1, :, :k // GROUP] = groups.scale, groups.zero
+    bits = torch.from_numpy(sz).bfloat16().view(torch.int16).int() & 0xFFFF  # (2, N, KP/32)
+    g = bits.reshape(2, n, chunks, 4)
+    pairs = torch.stack([g[0, ..., 0] | g[0, ..., 2] << 16, g[0, ..., 1] | g[0, ..., 3] << 16,
+                         g[1, ..., 0] | g[1, ..., 2] << 16, g[1, ..., 1] | g[1, ..., 3] << 16], dim=-1)
+    return QuantTensor("int4", (n, k), source_type, words=torch.from_numpy(words.view(np.int32).reshape(n, -1)),
+                       pairs=pairs.to(torch.int32).contiguous())
+
+
+def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
+    """The format of an (n, k) matrix stored as `type_name` (not F32, which stays exact) on `device`'s kernels."""
+    if device.startswith("cuda"):  # the Triton kernels take any N and mask K; int4 needs whole groups
+        return "int4" if type_name in FOUR_BIT and k % GROUP == 0 else "bf16" if type_name in FLOAT else "int8"
     if type_name in FOUR_BIT and int4_fits(n, k):
         return "int4"
     if type_name in FLOAT or not int8_fits(k):
@@ -100,7 +171,7 @@ def choose_format(type_name: str, n: int, k: int) -> str:
 
 def format_bytes(fmt: str, n: int, k: int) -> int:
     if fmt == "int4":
-        return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32
+        return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32 (CUDA pads K to 128: at most 80 B/row)
     if fmt == "int8":
         return n * k + 2 * n  # codes + a bf16 scale per row
     return 2 * n * k

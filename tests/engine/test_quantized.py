@@ -195,3 +195,18 @@ def test_hf_folder_quantized_at_load(tiny_models, scheme):
     run = RunConfig(max_seq_len=96, step_tokens=16, chunk_tokens=8)
     together = run_staggered(make_batcher(q, 3, run), prompts, [0, 1, 3], SamplingParams(max_tokens=8))
     assert together == [run_staggered(make_batcher(q, 1, run), [p], [0], SamplingParams(max_tokens=8))[0] for p in prompts]
+
+
+def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, monkeypatch):
+    """weights="auto": quantized on the CPU; on CUDA floats only while they take a modest share of the free memory."""
+    from engine.loading import loader
+
+    path = tiny_models_q4["llama"].gguf_path
+    opts = LoadOptions()
+    assert opts.weights == "auto" and loader._resolve_weights(path, opts).weights == "quantized"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # resolving only reads the file's header
+    opts.device, opts.dtype = "cuda", "bfloat16"
+    monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 40)
+    assert loader._resolve_weights(path, opts).weights == "dequantized"
+    monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 10)
+    assert loader._resolve_weights(path, opts).weights == "quantized"

@@ -1,0 +1,58 @@
+"""Quantized GGUF models on CUDA: matrices stay quantized on the GPU (Triton kernels dequantize in registers),
+their logits track the CPU's exact dequantization, and greedy batched == alone in both KV layouts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.runs import RunConfig, make_batcher
+from engine.loading.loader import LoadOptions, load_model
+from engine.models.layers import QuantEmbedding, QuantLinear
+from engine.quant.weight import QuantTensor
+from engine.sampling import SamplingParams
+from tests.support.engine_helpers import run_staggered
+from tests.support.tiny_models import ARCHS
+
+CUDA = torch.cuda.is_available()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA device")]
+
+
+@pytest.fixture(scope="module", params=["q8", "q4"])
+def cuda_models(request, tiny_models_q8, tiny_models_q4):
+    files = tiny_models_q8 if request.param == "q8" else tiny_models_q4
+    opts = LoadOptions(device="cuda", dtype="bfloat16", weights="quantized")
+    return {arch: load_model(files[arch].gguf_path, opts) for arch in ARCHS}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_matrices_stay_quantized_on_the_gpu(cuda_models, arch):
+    model = cuda_models[arch].model
+    assert isinstance(model.model.embed_tokens, QuantEmbedding)
+    assert not [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    tensors = [m for m in model.modules() if isinstance(m, QuantTensor)]
+    assert tensors and all(b.is_cuda for t in tensors for b in t.buffers())
+    assert any(isinstance(m, QuantLinear) for m in model.modules())
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_logits_track_the_exact_dequantization(cuda_models, tiny_models_q4, tiny_models_q8, arch):
+    from tests.engine.test_quantized import _last_logits
+
+    lm = cuda_models[arch]
+    exact = load_model(lm.source, LoadOptions(weights="dequantized"))
+    ids = torch.randint(6, lm.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
+    got, want = _last_logits(lm, ids).float().cpu(), _last_logits(exact, ids)
+    assert (got - want).abs().max() < 0.08 * want.abs().max()
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_gpu_quantized_batched_equals_alone(cuda_models, arch, layout):
+    lm = cuda_models[arch]
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29, 40)]
+    params = SamplingParams(max_tokens=12)
+    run = RunConfig(kv_layout=layout, max_seq_len=128, step_tokens=16, chunk_tokens=8)
+    together = run_staggered(make_batcher(lm, 4, run), prompts, [0, 0, 2, 5], params)
+    for prompt, got in zip(prompts, together):
+        assert got == run_staggered(make_batcher(lm, 1, run), [prompt], [0], params)[0]
