@@ -1,0 +1,129 @@
+"""Decode speed on one GPU, quantized weights (Q4_K_M's layout: int4 groups, int8 rows where the file has Q6_K) vs
+the bf16 path, same model shape, same engine runtime (CUDA graphs, fused kernels), in one process.
+
+Random weights (speed does not depend on their values): a Q4_K_M file holds Q4_K for most matrices and Q6_K for
+the output matrix, attn_v and ffn_down of llama.cpp's "more bits" layers; here Q4_K becomes the int4 layout of
+kernels/quant_linear_triton.py and Q6_K int8 rows, as a loaded GGUF does. Per session count: prompt 128, 128 new
+tokens, greedy; the median host-to-host decode step. Prints JSON lines: shape, weights, sessions, ms_per_step,
+tok_s, weight_mb, and on the quantized rows speedup_vs_bf16.
+
+    python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+import torch
+
+from bench.decode_gpu import PROMPT, NEW, gemma270m_args, make_batcher, prompts, run_parley
+from engine.models.args import GLOBAL, ModelArgs, RopeArgs
+from engine.models import architecture
+from engine.quant.weight import CHUNK, QuantTensor
+
+
+def llama8b_args(max_len: int = 8192) -> ModelArgs:
+    return ModelArgs(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
+                     num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope={GLOBAL: RopeArgs(500000.0)},
+                     layer_types=[GLOBAL] * 32, max_position_embeddings=max_len, tie_word_embeddings=False,
+                     hidden_act="silu")
+
+
+SHAPES = {"llama-8b": llama8b_args, "gemma-270m": gemma270m_args}
+
+
+def more_bits(layer: int, layers: int) -> bool:
+    """llama.cpp's Q4_K_M rule for attn_v and ffn_down: Q6_K in the first and last eighth and every third between."""
+    return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
+
+
+def q4_k_m_type(name: str, args: ModelArgs) -> str:
+    if name in ("lm_head.weight",) or (name == "model.embed_tokens.weight" and args.tie_word_embeddings):
+        return "Q6_K"
+    if ".v_proj." in name or ".down_proj." in name:
+        return "Q6_K" if more_bits(int(name.split(".")[2]), args.num_layers) else "Q4_K"
+    return "Q4_K"
+
+
+def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g: torch.Generator) -> QuantTensor:
+    n, k = shape
+    if type_name == "Q4_K":
+        kp = -(-k // CHUNK) * CHUNK  # the layout's padded width (all shapes here are whole chunks)
+        words = torch.randint(-2**31, 2**31 - 1, (n, kp // 8), dtype=torch.int32, device=device, generator=g)
+        scales = torch.empty(n, kp // 32, dtype=torch.bfloat16, device=device).uniform_(0.001, 0.004, generator=g)
+        zeros = torch.empty(n, kp // 32, dtype=torch.bfloat16, device=device).normal_(0, 0.002, generator=g)
+        bits = torch.stack([scales, zeros]).view(torch.int16).int() & 0xFFFF
+        pairs = (bits[..., 0::4] | bits[..., 2::4] << 16, bits[..., 1::4] | bits[..., 3::4] << 16)  # (2, N, C) each
+        pairs = torch.stack([pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]], dim=-1).contiguous()
+        return QuantTensor("int4", (n, k), type_name, words=words, pairs=pairs)
+    codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device, generator=g)
+    scale = torch.full((n,), 0.02 / 127, dtype=torch.bfloat16, device=device)
+    return QuantTensor("int8", (n, k), type_name, codes=codes, scale=scale)
+
+
+def build(args: ModelArgs, quantized: bool, device: torch.device, seed: int = 0):
+    """The architecture's module on `device` with random weights: bf16 matrices, or quantized ones."""
+    arch = architecture(args.model_type)
+    with torch.device("meta"):
+        model = arch.Model(args)
+    g = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, t in model.state_dict().items():
+        if quantized and t.dim() == 2:
+            model.install_quantized(name.removesuffix(".weight"), random_quant(tuple(t.shape), q4_k_m_type(name, args),
+                                                                               device, g), torch.bfloat16)
+        else:
+            std = 0.1 if name.endswith("norm.weight") else 0.02
+            state[name] = torch.randn(t.shape, device=device, generator=g, dtype=torch.bfloat16) * std
+    model.load_state_dict(state, strict=False, assign=True)
+    model.reset_buffers(device)
+    return model.eval().requires_grad_(False)
+
+
+def weight_mb(model) -> float:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors) / 2**20
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["llama-8b", "gemma-270m"])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--rounds", type=int, default=2, help="bf16 and quantized alternate this many times")
+    opts = ap.parse_args()
+    from engine.models.kernel_choice import _pdl
+    from engine.process import configure_process
+
+    device = torch.device("cuda")
+    configure_process(device, compile_decode=False)
+    tgemm = _pdl(device)
+    for shape in opts.shapes:
+        args = SHAPES[shape]()
+        best: dict[tuple[str, int], float] = {}
+        for _ in range(opts.rounds):
+            for weights in ("bf16", "quantized"):
+                model = build(args, weights == "quantized", device)
+                for n in opts.sessions:
+                    b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=True, fused_kernels=True,
+                                     decode_gemm=tgemm)
+                    run_parley(b, prompts(args, n))  # warm-up: captures the graphs
+                    _, times = run_parley(b, prompts(args, n, seed=2))
+                    ms = statistics.median(times) * 1e3
+                    best[weights, n] = min(ms, best.get((weights, n), ms))
+                    row = {"shape": shape, "weights": weights, "sessions": n, "ms_per_step": round(ms, 4),
+                           "tok_s": round(n / ms * 1e3, 1), "weight_mb": round(weight_mb(model), 1)}
+                    if weights == "quantized" and ("bf16", n) in best:
+                        row["speedup_vs_bf16"] = round(best["bf16", n] / ms, 3)
+                    print(json.dumps(row), flush=True)
+                    del b
+                del model
+                torch.cuda.empty_cache()
+        for n in opts.sessions:
+            print(json.dumps({"shape": shape, "sessions": n, "best_bf16_ms": round(best["bf16", n], 4),
+                              "best_quantized_ms": round(best["quantized", n], 4),
+                              "speedup_vs_bf16": round(best["bf16", n] / best["quantized", n], 3)}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
