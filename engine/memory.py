@@ -68,6 +68,27 @@ def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, d
     return total + largest if staged else total
 
 
+def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, float_bytes: int,
+                quantize: str | None, device: str) -> tuple[int, int]:
+    """(CPU bytes at the load's peak, bytes on `device` after it) for a Hugging Face folder's tensors (shape, bytes
+    per element as stored): the shards are read whole, then each tensor is converted to the runtime's dtype (or
+    quantized, `quantize` "q8"/"q4" on the CPU) while the read copy is still alive."""
+    stored = final = 0
+    for shape, elem in shapes:
+        n = 1
+        for d in shape:
+            n *= d
+        stored += n * elem
+        if quantize and device == "cpu" and len(shape) == 2:
+            final += format_bytes("int8" if quantize == "q8" else "int4", shape[0], shape[1])
+        else:
+            final += n * float_bytes
+    extra = LOAD_SCRATCH + vocab_size * TOKENIZER_BYTES_PER_TOKEN
+    if device == "cpu":
+        return stored + final + extra, final
+    return stored + extra, final
+
+
 def check_fits(needed: int, device: str, name: str) -> None:
     """Refuses, in one line, a model that cannot fit in the memory that is free (never an out-of-memory kill)."""
     free = available_bytes(device)

@@ -44,6 +44,29 @@ def safetensor_files(folder: Path) -> list[Path]:
     return files
 
 
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                           "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+HEADER_LIMIT = 100 << 20  # a safetensors header is JSON of names and shapes: larger is a damaged file
+
+
+def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], int]]:
+    """(shape, bytes per element) of every tensor in the folder's shards, from their headers alone (nothing loads)."""
+    out = []
+    for f in safetensor_files(folder):
+        with f.open("rb") as fh:
+            size = int.from_bytes(fh.read(8), "little")
+            if not 0 < size <= HEADER_LIMIT:
+                raise ModelLoadError(f"{f.name} is not a safetensors file (header of {size} bytes).")
+            try:
+                header = json.loads(fh.read(size))
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise ModelLoadError(f"{f.name} has a damaged safetensors header: {exc}") from exc
+        for name, info in header.items():
+            if name != "__metadata__":
+                out.append((tuple(int(d) for d in info["shape"]), SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))
+    return out
+
+
 def read_weights(folder: Path, progress=None) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

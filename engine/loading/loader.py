@@ -12,7 +12,7 @@ from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
-from engine.memory import available_bytes, check_fits, gguf_estimate, return_freed_memory
+from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
@@ -90,7 +90,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         raise ModelLoadError(f"Model not found: {source}")
     notices: list[str] = []
     if source.is_dir():
-        args, weights, tok = _read_hf(source, progress)
+        args, weights, tok = _read_hf(source, progress, options)
         if options.quantize and options.device == "cpu":
             weights = {k: quantize_matrix(v, options.quantize) if v.dim() == 2 and k.endswith(".weight") else v
                        for k, v in weights.items()}
@@ -165,11 +165,22 @@ def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
     return "The weights do not match the architecture (" + "; ".join(parts) + ")."
 
 
-def _read_hf(folder: Path, progress: Progress | None):
+def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> None:
+    """Refuses before reading a folder's shards: the CPU's peak (read copy + converted), and the GPU's final size."""
+    quantize = options.quantize if options.device == "cpu" else None
+    staging, final = hf_estimate(hf_folder.tensor_shapes(folder), args.vocab_size, options.torch_dtype.itemsize,
+                                 quantize, options.device)
+    check_fits(staging, "cpu", folder.name)
+    if options.device.startswith("cuda"):
+        check_fits(final, options.device, folder.name)
+
+
+def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions):
     config = hf_folder.read_config(folder)
     arch = architecture(hf_folder.model_type(config))
     args = arch.args_from_hf(config)
     args.name = folder.name
+    _check_hf_memory(folder, args, options)
     tok = tokenizer_from_hf_dir(folder)
     weights = arch.sanitize(hf_folder.read_weights(folder, progress), args)
     return args, weights, tok

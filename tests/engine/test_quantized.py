@@ -210,3 +210,33 @@ def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, mon
     assert loader._resolve_weights(path, opts).weights == "dequantized"
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 10)
     assert loader._resolve_weights(path, opts).weights == "quantized"
+
+
+@pytest.mark.parametrize("quantize", [None, "q8"])
+def test_hf_folder_estimate_and_refusal(tiny_models, monkeypatch, quantize):
+    """A folder is sized from its safetensors headers before any shard is read: the estimate covers what loads, and
+    a folder larger than the free memory is refused in one line."""
+    from engine.errors import ModelLoadError
+    from engine.loading import hf_folder
+    from engine.memory import hf_estimate
+
+    folder = tiny_models["llama"].hf_dir
+    lm = load_model(folder, LoadOptions(quantize=quantize))
+    staging, final = hf_estimate(hf_folder.tensor_shapes(folder), 0, 4, quantize, "cpu")
+    assert abs(final - lm.weight_bytes()) <= 0.05 * lm.weight_bytes() and staging > final
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: 1 << 20)
+    with pytest.raises(ModelLoadError, match=r"^\S+ needs ~\d+\.\d GB, 0\.0 GB of memory free\.$"):
+        load_model(folder, LoadOptions(quantize=quantize))
+
+
+def test_damaged_safetensors_header_is_refused(tiny_models, tmp_path):
+    import shutil
+
+    from engine.errors import ModelLoadError
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_models["llama"].hf_dir, folder)
+    shard = next(folder.glob("*.safetensors"))
+    shard.write_bytes((1 << 40).to_bytes(8, "little") + b"{}")
+    with pytest.raises(ModelLoadError, match="not a safetensors file"):
+        load_model(folder, LoadOptions())
