@@ -1,7 +1,9 @@
 """Markdown -> the HTML subset QTextDocument draws, with Pygments-highlighted code blocks and copy links.
 
 No Qt here: the output is a string plus the raw text of each code block (for the copy links).
-Raw HTML in model output is escaped, never rendered.
+Raw HTML in model output is escaped, never rendered. Images are never loaded (a local path such as
+/dev/zero would be read on every render): they show as their alt text. `$…$` / `$$…$$` math is shown as
+Unicode text (app/core/tex_text.py); tables get borders and padding, block quotes a bar.
 """
 from __future__ import annotations
 
@@ -14,9 +16,13 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from app.core.tex_text import tex_html
+
 CODE_STYLES = {False: "friendly", True: "monokai"}
 COMMON_LANGUAGES = ("python", "bash", "json", "javascript", "c", "cpp", "rust", "html")
 CODE_BACKGROUND = {False: "#f3f4f6", True: "#23241f"}
+RULE_COLOR = {False: "#c9ced6", True: "#4a505c"}  # table borders and the block-quote bar
+QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
 
 
 class MarkdownRenderer:
@@ -27,6 +33,15 @@ class MarkdownRenderer:
         fence = lambda *args: self._fence(args[-4], args[-3], args[-1])  # noqa: E731 (markdown-it binds rules to its renderer)
         self._md.add_render_rule("fence", fence)
         self._md.add_render_rule("code_block", fence)
+        self._md.block.ruler.before("fence", "math_block", _math_block,
+                                    {"alt": ["paragraph", "reference", "blockquote", "list"]})
+        self._md.inline.ruler.before("escape", "math_inline", _math_inline)
+        rules = {"math_inline": lambda t, i: f'<span style="font-family:serif">{tex_html(t[i].content)}</span>',
+                 "math_block": lambda t, i: f'<p align="center" style="font-family:serif">{tex_html(t[i].content)}</p>\n',
+                 "image": self._image, "table_open": self._table_open,
+                 "blockquote_open": self._quote_open, "blockquote_close": lambda t, i: "</td></tr></table>\n"}
+        for name, rule in rules.items():
+            self._md.add_render_rule(name, lambda *args, rule=rule: rule(args[-4], args[-3]))
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -51,6 +66,22 @@ class MarkdownRenderer:
             f'<tr><td colspan="2"><pre style="margin:0">{body}</pre></td></tr></table>\n'
         )
 
+    def _image(self, tokens, idx) -> str:
+        """Alt text, never the image: loading it would read whatever file or device the path names."""
+        alt = "".join(t.content for t in (tokens[idx].children or []) if t.type in ("text", "code_inline"))
+        label = f"image: {alt}" if alt else "image"
+        return f'<span style="color:#8b949e">[{html.escape(label)}]</span>'
+
+    def _table_open(self, tokens, idx) -> str:
+        return (f'<table border="1" cellspacing="0" cellpadding="5" style="border-collapse:collapse; border-style:solid; '
+                f'border-color:{RULE_COLOR[self.dark]}; margin-top:4px; margin-bottom:4px">\n')
+
+    def _quote_open(self, tokens, idx) -> str:
+        # QTextDocument draws no CSS border-left: the bar is a narrow coloured cell beside the quote
+        return (f'<table width="100%" cellspacing="0" cellpadding="0" style="margin-top:4px; margin-bottom:4px">'
+                f'<tr><td width="4" bgcolor="{RULE_COLOR[self.dark]}"></td><td width="10"></td>'
+                f'<td style="color:{QUOTE_TEXT[self.dark]}">\n')
+
     @staticmethod
     def _lexer(lang: str, code: str):
         # No guessing for unlabelled blocks: guess_lexer tries every lexer (tens of ms), and a streaming
@@ -66,3 +97,49 @@ def _warm_lexers() -> None:
     """Imports the common lexers once, when the window is built, not mid-stream (the first import costs ~50 ms)."""
     for name in COMMON_LANGUAGES:
         get_lexer_by_name(name)
+
+
+def _math_inline(state, silent: bool) -> bool:
+    """`$x$` and `$$x$$` inside a line; "$5 and $6" stays money (no space after the opening `$`,
+    none before the closing one, no digit right after it)."""
+    src, pos = state.src, state.pos
+    if src[pos] != "$":
+        return False
+    delim = "$$" if src.startswith("$$", pos) else "$"
+    start = pos + len(delim)
+    if start >= state.posMax or src[start].isspace():
+        return False
+    end = src.find(delim, start)
+    while end != -1 and src[end - 1] == "\\":
+        end = src.find(delim, end + 1)
+    if end == -1 or end == start or end + len(delim) > state.posMax:
+        return False
+    after = end + len(delim)
+    if delim == "$" and (src[end - 1].isspace() or (after < len(src) and src[after].isdigit())):
+        return False
+    if not silent:
+        token = state.push("math_inline", "math", 0)
+        token.content, token.markup = src[start:end], delim
+    state.pos = after
+    return True
+
+
+def _math_block(state, start_line: int, end_line: int, silent: bool) -> bool:
+    """A `$$` … `$$` block, on one line or several."""
+    if state.sCount[start_line] - state.blkIndent >= 4:
+        return False
+    first = state.src[state.bMarks[start_line] + state.tShift[start_line]:state.eMarks[start_line]]
+    if not first.startswith("$$"):
+        return False
+    body, line = first[2:].strip(), start_line
+    while not (body.endswith("$$") and (line > start_line or len(body) >= 2)):
+        line += 1
+        if line >= end_line:
+            return False
+        body += "\n" + state.src[state.bMarks[line] + state.tShift[line]:state.eMarks[line]].strip()
+    if silent:
+        return True
+    token = state.push("math_block", "math", 0)
+    token.block, token.content, token.map = True, body[:-2].strip(), [start_line, line + 1]
+    state.line = line + 1
+    return True

@@ -35,22 +35,62 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
     return Rendered("".join(parts), blocks)
 
 
-def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
-    who = "You" if msg.role == "user" else html.escape(msg.model or "Assistant")
-    links = []
-    if versions > 1:
-        prev = '<a href="prev:">‹</a>' if version > 1 else '<span style="color:#999">‹</span>'
-        nxt = '<a href="next:">›</a>' if version < versions else '<span style="color:#999">›</span>'
-        links.append(f"{prev} {version}/{versions} {nxt}")
-    if not busy:
-        links.append('<a href="edit:">Edit</a>' if msg.role == "user" else '<a href="regen:">Regenerate</a>')
-        if can_continue(msg):
-            links.append('<a href="continue:">Continue</a>')
+def message_actions(msg: Message, version: int, versions: int, busy: bool) -> list[tuple[str, str]]:
+    """(label, link) of what can be done with a message, in the order shown: the same for the links, the
+    message's context menu and the keyboard."""
+    actions = []
+    if not busy and can_continue(msg):
+        actions.append(("Continue", "continue:"))
+    if version > 1:
+        actions.append(("Previous version", "prev:"))
+    if version < versions:
+        actions.append(("Next version", "next:"))
     if msg.content:
-        links.append('<a href="copymsg:">Copy</a>')
+        actions.append(("Copy", "copymsg:"))
+    if not busy:
+        actions.append(("Edit", "edit:") if msg.role == "user" else ("Regenerate", "regen:"))
+    seed = (msg.stats or {}).get("seed")
+    if not busy and msg.role == "assistant" and isinstance(seed, int):
+        actions.append((f"Regenerate with seed {seed}", f"regen-seed:{seed}"))  # the same draws: this answer again
+    return actions
+
+
+def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
+    """Links right-aligned, those always there on the right: one appearing (Copy, Continue, the version
+    arrows) never moves Regenerate or Edit out from under the pointer."""
+    who = "You" if msg.role == "user" else html.escape(msg.model or "Assistant")
+    seed = (msg.stats or {}).get("seed")
+    if isinstance(seed, int):
+        who += f' <span style="color:#8b949e; font-weight:normal">· seed {seed}</span>'
+    links = []
+    for label, href in message_actions(msg, version, versions, busy):
+        if href in ("prev:", "next:") or href.startswith("regen-seed:"):
+            continue  # arrows around the version count; repeating a seed is in the message's menu
+        links.append(f'<a href="{href}">{label}</a>')
+    if versions > 1:
+        arrows = f'{_arrow("prev:", "‹", version > 1)} {version}/{versions} {_arrow("next:", "›", version < versions)}'
+        links.insert(1 if links and links[0].startswith('<a href="continue:"') else 0, arrows)
     actions = " &nbsp; ".join(links)
     return (f'<table width="100%" cellspacing="0" cellpadding="0"><tr><td><b>{who}</b></td>'
             f'<td align="right">{actions}</td></tr></table>')
+
+
+def _arrow(href: str, glyph: str, enabled: bool) -> str:
+    """A version arrow big enough to hit (at text size it was 5 px wide), padded by spaces inside the link."""
+    big = f'<span style="font-size:15pt; font-weight:bold">&nbsp;{glyph}&nbsp;</span>'
+    if enabled:
+        return f'<a href="{href}">{big}</a>'
+    return f'<span style="color:#bbb">{big}</span>'
+
+
+def accessible_text(msg: Message, version: int, versions: int) -> str:
+    """What a screen reader says for a message: who, its state, which version, then the text."""
+    who = "You" if msg.role == "user" else (msg.model or "Assistant")
+    notes = [STATE_NOTES.get(msg.state, "").split(" —")[0] if msg.state != "done" else "",
+             f"version {version} of {versions}" if versions > 1 else "",
+             f"error: {msg.error}" if msg.state == "error" else ""]
+    head = ", ".join([who, *filter(None, notes)])
+    return f"{head}: {msg.content}" if msg.content else head
 
 
 def _note(msg: Message) -> str:
