@@ -286,6 +286,13 @@ class SqliteConversationStore(ConversationStore):
     def compare_groups(self) -> dict[int, list[int]]:
         return {g: list(m) for g, m in self._compare.items() if m}
 
+    def set_compare_members(self, group_id: int, conv_ids: list[int]) -> None:
+        """The group's columns now (added, removed or replaced), in order."""
+        self._compare[group_id] = list(conv_ids)
+        self._write([("DELETE FROM compare_member WHERE group_id = ?", (group_id,)),
+                     *[("INSERT INTO compare_member (group_id, conversation_id, position) VALUES (?, ?, ?)", (group_id, c, i))
+                       for i, c in enumerate(conv_ids)]])
+
     def delete_compare_group(self, group_id: int) -> None:
         self._compare.pop(group_id, None)
         self._write([("DELETE FROM compare_group WHERE id = ?", (group_id,))])

@@ -1,78 +1,33 @@
-"""Compare view: one prompt box sending to 2–4 columns, each with its own model/settings and its own history."""
+"""Compare view: one prompt box sending to 2–4 columns, each with its own model/settings and its own history.
+
+Columns fit any window: side by side when there is room, 2×2 when four do not fit in a row, else one row that
+scrolls sideways; the window itself never grows. The columns are a compare group in the store, so they come
+back after a restart with their settings and history.
+"""
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
-    QCheckBox, QFrame, QHBoxLayout, QLabel, QPushButton, QSpinBox, QToolButton, QVBoxLayout, QWidget,
+    QAbstractItemView, QApplication, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QLabel, QMenu, QScrollArea,
+    QSpinBox, QToolButton, QVBoxLayout, QWidget,
 )
 
-from app.qt.chat_view import ChatView
 from app.core.chats import ChatService
+from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages
+from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
+from app.qt.compare_diff import DiffDialog
 from app.qt.composer import Composer
 from app.qt.model_manager import ModelManager
-from app.qt.settings_dialog import ModelPicker, SettingsDialog
-from app.qt.status_line import describe
 from app.qt.theme import icon
 
 MAX_COLUMNS = 4
-
-
-class CompareColumn(QFrame):
-    """One column: a hidden conversation shown with its own chat view, model picker and speed line."""
-
-    promote_requested = Signal(object)
-
-    def __init__(self, service: ChatService, models: ModelManager, conv_id: int, parent=None):
-        super().__init__(parent, objectName="compareColumn")
-        self.service, self.models, self.conv_id = service, models, conv_id
-        self.picker = ModelPicker(models.registry)
-        self.settings_button = QToolButton(icon=icon("settings"), toolTip="Sampling settings for this column")
-        self.promote_button = QPushButton("Make chat", toolTip="Move this column to the sidebar as a normal chat")
-        self.view = ChatView(service)
-        self.stats = QLabel(objectName="statusText")
-        self.stats.setWordWrap(True)
-        head = QHBoxLayout()
-        head.addWidget(self.picker, 1)
-        head.addWidget(self.settings_button)
-        head.addWidget(self.promote_button)
-        layout = QVBoxLayout(self)
-        layout.setContentsMargins(6, 6, 6, 6)
-        layout.addLayout(head)
-        layout.addWidget(self.view, 1)
-        layout.addWidget(self.stats)
-        self.picker.currentIndexChanged.connect(self._on_model)
-        self.settings_button.clicked.connect(self.edit_settings)
-        self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
-        service.status_changed.connect(self._on_status)
-        self.attach(conv_id)
-
-    def attach(self, conv_id: int) -> None:
-        self.conv_id = conv_id
-        self.picker.reload(self.service.store.get(conv_id).settings.model)
-        self.view.set_conversation(conv_id)
-        self._on_status(conv_id)
-
-    def set_model(self, key: str) -> None:
-        self.picker.reload(key)
-        self._on_model()
-
-    def edit_settings(self) -> None:
-        conv = self.service.store.get(self.conv_id)
-        dialog = SettingsDialog(self.models.registry, conv.settings, "Column settings", self, offer_default=False)
-        if dialog.exec():
-            self.service.set_settings(self.conv_id, dialog.settings())
-            self.picker.reload(dialog.settings().model)
-
-    def _on_model(self, *_args) -> None:
-        settings = self.service.store.get(self.conv_id).settings
-        self.service.set_settings(self.conv_id, settings.copy(model=self.picker.key()))
-
-    def _on_status(self, conv_id: int) -> None:
-        if conv_id == self.conv_id and self.service.store.has(conv_id):
-            s = self.service.status(conv_id)
-            state = self.models.state(self.service.store.get(conv_id).settings.model)
-            loading = f"loading {state.fraction:.0%}" if state and state.status == "loading" else ""
-            self.stats.setText(describe(s, loading))
+MIN_COLUMNS = 2
+COLUMN_MIN_HEIGHT = 260  # a tile of the 2×2 layout
+SYNC_SETTLE_MS = 60
 
 
 class CompareView(QWidget):
@@ -82,54 +37,230 @@ class CompareView(QWidget):
         super().__init__(parent)
         self.service, self.models = service, models
         self.columns: list[CompareColumn] = []
+        self.group_id: int | None = None
         self._queue: list[tuple[CompareColumn, str]] = []  # one-at-a-time mode: columns still to answer
-        self.count = QSpinBox(minimum=2, maximum=MAX_COLUMNS, value=2, prefix="Columns: ")
-        self.one_at_a_time = QCheckBox("One at a time", checked=one_at_a_time,
-                                       toolTip="Columns answer in turn instead of together (for small machines)")
-        self.clear_button = QPushButton(icon("new"), "New comparison")
+        self.count = QSpinBox(minimum=MIN_COLUMNS, maximum=MAX_COLUMNS, value=MIN_COLUMNS, prefix=self.tr("Columns: "))
+        self.count.setAccessibleName(self.tr("Number of columns"))
+        # toggles live in the Comparisons menu: the bar stays narrow enough for any window
+        self.one_at_a_time = QAction(self.tr("One column at a time"), self, checkable=True, checked=one_at_a_time)
+        self.one_at_a_time.setToolTip(self.tr("Columns answer in turn instead of together (for small machines)"))
+        self.sync = QAction(self.tr("Sync scrolling"), self, checkable=True, checked=True)
+        self.sync.setToolTip(self.tr("Scrolling one column shows the same turn in the others"))
+        self.clear_button = QToolButton(icon=icon("new"), text=self.tr("New comparison"))
+        self.clear_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.clear_button.setToolTip(self.tr("Start over with empty columns; this comparison stays in Comparisons"))
+        self.more = QToolButton(text=self.tr("Comparisons"), popupMode=QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.more.setMenu(QMenu(self.more))
+        self.more.menu().aboutToShow.connect(self._fill_menu)
         bar = QHBoxLayout()
-        bar.addWidget(QLabel("<b>Compare</b>"))
+        bar.addWidget(QLabel("<b>" + self.tr("Compare") + "</b>"))
         bar.addStretch(1)
-        bar.addWidget(self.count)
-        bar.addWidget(self.one_at_a_time)
-        bar.addWidget(self.clear_button)
-        self.row = QHBoxLayout()
-        self.composer = Composer("One prompt for every column — Enter sends")
+        for w in (self.count, self.clear_button, self.more):
+            bar.addWidget(w)
+        self.grid_host = QWidget(objectName="compareColumns")
+        self.grid = QGridLayout(self.grid_host)
+        self.grid.setContentsMargins(0, 0, 0, 0)
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(self.grid_host)
+        self.composer = Composer(self.tr("One prompt for every column — Enter sends"))
+        self.composer.edit.setAccessibleName(self.tr("Prompt for every column"))
+        self.queued = QLabel(objectName="queuedNote", wordWrap=True)
+        self.queued.hide()
+        self.queued.linkActivated.connect(lambda _href: self.unqueue())
+        self._next: list[str] = []  # prompts sent while the columns answered: each goes when they are all done
+        self._syncing = False
         layout = QVBoxLayout(self)
         layout.addLayout(bar)
-        layout.addLayout(self.row, 1)
+        layout.addWidget(self.scroll, 1)
+        layout.addWidget(self.queued)
         layout.addWidget(self.composer)
+        self.layout_mode = "row"  # row, tiles (2×2) or scroll (one row wider than the view)
         self.count.valueChanged.connect(self.set_columns)
         self.clear_button.clicked.connect(self.clear)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
         service.turn_done.connect(self._on_turn_done)
         service.status_changed.connect(self._on_status)
-        self.set_columns(2)
+        service.settings_changed.connect(self._on_settings)
+        models.changed.connect(lambda _key: self._relabel())
+        self._prune_orphans()
+        self._restore()
+
+    # -- columns
+    def ensure_columns(self) -> None:
+        """The first time the view is used: two columns with the default settings."""
+        if not self.columns:
+            self.set_columns(MIN_COLUMNS)
 
     def set_columns(self, n: int) -> None:
+        n = max(MIN_COLUMNS, min(MAX_COLUMNS, n))
         while len(self.columns) < n:
-            settings = self.service.defaults
-            column = CompareColumn(self.service, self.models, self.service.new_conversation(settings, hidden=True))
-            column.promote_requested.connect(self.promote)
-            self.columns.append(column)
-            self.row.addWidget(column, 1)
+            self._add_column(self.service.new_conversation(self.service.defaults, hidden=True))
         while len(self.columns) > n:
-            column = self.columns.pop()
-            column.view.set_conversation(None)
-            self.service.delete(column.conv_id)
-            column.deleteLater()
+            self._remove_column(self.columns.pop())
+        self._save_group()
+        self._arrange()
+        self._relabel()
         if self.count.value() != n:
+            self.count.blockSignals(True)
             self.count.setValue(n)
+            self.count.blockSignals(False)
 
+    def _add_column(self, conv_id: int) -> CompareColumn:
+        column = CompareColumn(self.service, self.models, conv_id)
+        column.promote_requested.connect(self.promote)
+        bar = column.view.verticalScrollBar()
+        bar.actionTriggered.connect(lambda _action, c=column: QTimer.singleShot(0, lambda: self._sync_from(c)))
+        self.columns.append(column)
+        return column
+
+    def _remove_column(self, column: CompareColumn) -> None:
+        """A column taken away: an empty one goes; one with answers becomes a chat, so nothing is lost."""
+        column.view.set_conversation(None)
+        column.deleteLater()
+        if not self.service.store.path(column.conv_id):
+            self.service.delete(column.conv_id)
+            return
+        self.service.stop(column.conv_id)
+        self.service.promote(column.conv_id, touch=False)
+        self.queued.setText(self.tr("Column %1 had answers: it is now a chat in the sidebar.").replace("%1", column.letter))
+        self.queued.show()
+
+    def _drop_columns(self) -> None:
+        """Takes the column widgets away; their conversations stay (another comparison is opened)."""
+        for column in self.columns:
+            column.view.set_conversation(None)
+            column.deleteLater()
+        self.columns = []
+
+    def _save_group(self) -> None:
+        ids = [c.conv_id for c in self.columns]
+        if self.group_id is None:
+            self.group_id = self.service.store.add_compare_group(ids)
+        else:
+            self.service.store.set_compare_members(self.group_id, ids)
+
+    def saved_groups(self) -> dict[int, list[int]]:
+        """The comparisons in the store whose columns are all still there (promoted columns leave theirs)."""
+        store = self.service.store
+        return {g: m for g, m in store.compare_groups().items() if all(store.has(c) and store.get(c).hidden for c in m)}
+
+    def _restore(self) -> None:
+        """The latest comparison, as it was left: its columns, their settings and history."""
+        groups = self.saved_groups()
+        if groups:
+            self.open_group(max(groups))
+
+    def open_group(self, group_id: int) -> None:
+        """Shows a saved comparison; the one on screen stays saved if it has any message, else it goes."""
+        members = self.saved_groups().get(group_id)
+        if not members or group_id == self.group_id:
+            return
+        self.stop()
+        self._discard_if_empty()
+        self._drop_columns()
+        self.group_id = group_id
+        for conv_id in members[:MAX_COLUMNS]:
+            self._add_column(conv_id)
+            self.models.ensure(self.service.store.get(conv_id).settings.model)
+        self.set_columns(len(self.columns))  # a comparison left with one column gets its second back
+
+    def _discard_if_empty(self) -> None:
+        ids = [c.conv_id for c in self.columns]
+        if self.group_id is not None and ids and not has_messages(self.service.store, ids):
+            self.service.store.delete_compare_group(self.group_id)
+            for conv_id in ids:
+                self.service.delete(conv_id)
+
+    def _prune_orphans(self) -> None:
+        """Hidden chats in no comparison (older versions made two per start and saved no comparison): the
+        empty ones go; those with messages become chats in the sidebar, so nothing written is out of reach."""
+        store = self.service.store
+        grouped = {c for members in store.compare_groups().values() for c in members}
+        for conv in store.conversations(include_hidden=True):
+            if not conv.hidden or conv.id in grouped:
+                continue
+            if store.children(conv.id, None):
+                self.service.promote(conv.id, touch=False)
+            else:
+                self.service.delete(conv.id)
+
+    # -- layout: never wider than the window
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._arrange()
+
+    def _arrange(self) -> None:
+        n = len(self.columns)
+        if n == 0:
+            return
+        width = self.scroll.viewport().width()
+        height = self.scroll.viewport().height()
+        fit = max(1, width // COLUMN_MIN_WIDTH)
+        if fit >= n:
+            mode, per_row = "row", n
+        elif n == 4 and fit >= 2 and height >= 2 * COLUMN_MIN_HEIGHT:
+            mode, per_row = "tiles", 2
+        else:
+            mode, per_row = "scroll", n
+        self.layout_mode = mode
+        for i, column in enumerate(self.columns):
+            self.grid.addWidget(column, i // per_row, i % per_row)
+        for c in range(MAX_COLUMNS):
+            self.grid.setColumnStretch(c, 1 if c < per_row else 0)
+        for r in range(MAX_COLUMNS):
+            self.grid.setRowStretch(r, 1 if r < (n + per_row - 1) // per_row else 0)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAsNeeded if mode == "scroll"
+                                                 else Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+
+    def scroll_to(self, column: CompareColumn) -> None:
+        self.scroll.ensureWidgetVisible(column, 0, 0)
+
+    def column_in_focus(self) -> CompareColumn | None:
+        """The column holding the keyboard focus (or the one last clicked), else the first."""
+        focus = QApplication.focusWidget()
+        for column in self.columns:
+            if focus is not None and column.isAncestorOf(focus):
+                return column
+        return self.columns[0] if self.columns else None
+
+    def edit_settings(self) -> None:
+        column = self.column_in_focus()
+        if column is not None:
+            column.edit_settings()
+
+    # -- labels: "B: qwen3 · T 0.2"
+    def _relabel(self) -> None:
+        if not self.columns or not all(self.service.store.has(c.conv_id) for c in self.columns):
+            return
+        labels = self.labels()
+        for i, (column, label) in enumerate(zip(self.columns, labels)):
+            column.set_letter(chr(ord("A") + i))
+            column.set_label(label)
+
+    def labels(self) -> list[str]:
+        ids = [c.conv_id for c in self.columns]
+        return column_labels(self.service.store, ids, [c.model_name() for c in self.columns])
+
+    def _on_settings(self, conv_id: int) -> None:
+        if any(c.conv_id == conv_id for c in self.columns):
+            self._relabel()
+
+    # -- turns
     def busy(self) -> bool:
         return bool(self._queue) or any(self.service.busy(c.conv_id) for c in self.columns)
 
     def send(self, text: str) -> bool:
-        """The prompt (or follow-up) goes to every column."""
-        if not text.strip() or self.busy():
+        """The prompt (or follow-up) goes to every column; while they answer it waits, shown above the box."""
+        self.ensure_columns()
+        if not text.strip():
             return False
         self.composer.edit.clear()
+        if self.busy():
+            self._next.append(text.strip())
+            self._show_queued()
+            return True
         if self.one_at_a_time.isChecked():
             self._queue = [(c, text) for c in self.columns[1:]]
             self.service.send(self.columns[0].conv_id, text)
@@ -141,28 +272,120 @@ class CompareView(QWidget):
 
     def stop(self) -> None:
         self._queue.clear()
+        self.unqueue()
         for column in self.columns:
             self.service.stop(column.conv_id)
 
+    def unqueue(self) -> None:
+        """Waiting prompts go back into the box."""
+        if not self._next:
+            return
+        text = "\n\n".join([*self._next, self.composer.edit.toPlainText()]).strip()
+        self._next.clear()
+        self.composer.edit.setPlainText(text)
+        self._show_queued()
+
+    def _show_queued(self) -> None:
+        if self._next:
+            first = html.escape(" ".join(self._next[0].split())[:80])
+            self.queued.setText(self.tr("Queued: “%1” — goes to every column when they have all answered. "
+                                        "<a href=\"unqueue:\">Back to the box</a>").replace("%1", first))
+        self.queued.setVisible(bool(self._next))
+
     def clear(self) -> None:
-        """Fresh, empty columns with the same settings."""
+        """Fresh, empty columns with the same settings; the comparison left stays in Comparisons."""
         self.stop()
-        for column in self.columns:
-            old = column.conv_id
-            column.attach(self.service.new_conversation(self.service.store.get(old).settings, hidden=True))
-            self.service.delete(old)
+        settings = [self.service.store.get(c.conv_id).settings for c in self.columns]
+        if not has_messages(self.service.store, [c.conv_id for c in self.columns]):
+            return
+        self._drop_columns()
+        self.group_id = None
+        for s in settings:
+            self._add_column(self.service.new_conversation(s, hidden=True))
+        self._save_group()
+        self._arrange()
+        self._relabel()
+
+    # -- the Comparisons menu: saved comparisons, export, diff
+    def _fill_menu(self) -> None:
+        menu = self.more.menu()
+        menu.clear()
+        store = self.service.store
+        for gid, members in sorted(self.saved_groups().items(), reverse=True):
+            if gid != self.group_id and has_messages(store, members):
+                action = menu.addAction(group_title(store, members), lambda g=gid: self.open_group(g))
+                action.setToolTip(self.tr("%n column(s)", "", len(members)))
+        if menu.actions():
+            menu.addSeparator()
+        menu.addAction(self.tr("Compare two answers…"), self.show_diff)
+        menu.addAction(self.tr("Export as Markdown…"), self.export_dialog)
+        menu.addSeparator()
+        menu.addAction(self.sync)
+        menu.addAction(self.one_at_a_time)
+
+    def export_markdown(self) -> str:
+        return comparison_markdown(self.service.store, [c.conv_id for c in self.columns], self.labels())
+
+    def export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, self.tr("Export comparison"), "comparison.md", "Markdown (*.md)")
+        if path:
+            try:
+                Path(path).write_text(self.export_markdown(), encoding="utf-8")
+            except OSError as exc:
+                self.queued.setText(self.tr("Export failed: %1").replace("%1", html.escape(str(exc))))
+                self.queued.show()
+
+    def show_diff(self) -> DiffDialog:
+        dialog = DiffDialog(self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.open()
+        self.diff_dialog = dialog
+        return dialog
+
+    def last_answer(self, column: CompareColumn) -> str:
+        path = self.service.store.path(column.conv_id)
+        answers = [m for m in path if m.role == "assistant"]
+        return answers[-1].content if answers else ""
+
+    # -- synced scrolling: the turn at the top of the column scrolled is put at the top of the others
+    def _sync_from(self, source: CompareColumn, again: bool = True) -> None:
+        if self._syncing or not self.sync.isChecked() or source not in self.columns:
+            return
+        if again:  # rows scrolled into view get their real heights a moment later: align once more then
+            QTimer.singleShot(SYNC_SETTLE_MS, lambda: self._sync_from(source, again=False))
+        top = source.view.indexAt(QPoint(4, 4))
+        if not top.isValid():
+            return
+        self._syncing = True
+        try:
+            for column in self.columns:
+                model = column.view.model()
+                if column is not source and top.row() < model.rowCount():
+                    column.view.scrollTo(model.index(top.row(), 0), QAbstractItemView.ScrollHint.PositionAtTop)
+        finally:
+            self._syncing = False
 
     def promote(self, column: CompareColumn) -> None:
         conv_id = column.conv_id
         settings = self.service.store.get(conv_id).settings
         self.service.promote(conv_id)
         column.attach(self.service.new_conversation(settings, hidden=True))
+        self._save_group()
         self.promoted.emit(conv_id)
 
     def _on_turn_done(self, conv_id: int, _msg_id: int) -> None:
-        if self._queue and not any(self.service.busy(c.conv_id) for c in self.columns):
+        if not any(c.conv_id == conv_id for c in self.columns) or any(self.service.busy(c.conv_id) for c in self.columns):
+            return
+        if self._queue:
             column, text = self._queue.pop(0)
             self.service.send(column.conv_id, text)
+        elif self._next:
+            QTimer.singleShot(0, self._send_next)  # after every column has taken this turn's end
+
+    def _send_next(self) -> None:
+        if self._next and not self.busy():
+            self.send(self._next.pop(0))
+            self._show_queued()
 
     def _on_status(self, conv_id: int) -> None:
         if any(c.conv_id == conv_id for c in self.columns):

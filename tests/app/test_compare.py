@@ -1,7 +1,9 @@
 """Compare view: one prompt to several columns, each with its own model and history; one-at-a-time; promote."""
 from __future__ import annotations
 
-from tests.app.helpers import handed, wait_idle
+from PySide6.QtCore import QPoint, Qt
+
+from tests.app.helpers import handed, hold_engine, wait_idle
 
 
 def _columns(app, n: int = 2, **settings):
@@ -67,3 +69,98 @@ def test_column_count_and_stop(parley, qtbot):
     assert {parley.store.path(c.conv_id)[-1].state for c in view.columns} == {"stopped"}
     view.set_columns(2)
     assert len(view.columns) == 2
+
+
+def test_columns_are_labelled_with_model_and_differing_settings(parley, imported_llama):
+    view = _columns(parley, 3)
+    view.columns[1].set_model(imported_llama)
+    conv = view.columns[2].conv_id
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.2))
+    labels = [c.label.text() for c in view.columns]
+    assert labels == ["A: qwen3 · T 0", "B: llama · T 0", "C: qwen3 · T 0.2"]
+
+
+def test_enter_while_columns_answer_queues_the_prompt(parley, qtbot):
+    view = _columns(parley, 2)
+    for column in view.columns:
+        parley.service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(max_tokens=300))
+    hold_engine(parley, 1.0)
+    assert view.send("first")
+    view.composer.edit.setPlainText("second")
+    qtbot.keyClick(view.composer.edit, Qt.Key.Key_Return)
+    assert view.queued.isVisibleTo(parley.window) and "second" in view.queued.text()
+    assert view.composer.edit.toPlainText() == ""
+    convs = [c.conv_id for c in view.columns]
+    qtbot.waitUntil(lambda: all(len(parley.store.path(c)) == 4 for c in convs), timeout=60_000)
+    wait_idle(parley, qtbot, *convs)
+    for conv in convs:
+        assert [m.content for m in parley.store.path(conv)][::2] == ["first", "second"]
+    assert not view.queued.isVisibleTo(parley.window)
+
+
+def test_new_comparison_keeps_the_old_one_to_reopen(parley, qtbot):
+    view = _columns(parley, 2)
+    assert view.send("the old question")
+    old = [c.conv_id for c in view.columns]
+    wait_idle(parley, qtbot, *old)
+    view.clear_button.click()
+    assert [c.conv_id for c in view.columns] != old and all(parley.store.path(c.conv_id) == [] for c in view.columns)
+    view._fill_menu()
+    titles = [a.text() for a in view.more.menu().actions()]
+    assert "the old question" in titles
+    fresh = [c.conv_id for c in view.columns]
+    next(a for a in view.more.menu().actions() if a.text() == "the old question").trigger()
+    assert [c.conv_id for c in view.columns] == old
+    assert not any(parley.store.has(c) for c in fresh)  # an empty comparison is not kept
+
+
+def test_export_and_diff_of_a_comparison(parley, qtbot, imported_llama):
+    view = _columns(parley, 2)
+    view.columns[1].set_model(imported_llama)
+    assert view.send("say something")
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+    answers = [view.last_answer(c) for c in view.columns]
+    text = view.export_markdown()
+    assert "# Comparison: say something" in text and "> say something" in text
+    assert "### A: qwen3" in text and "### B: llama" in text
+    assert all(a in text for a in answers)
+    for column, words in zip(view.columns, ["the cat sat on the mat", "the dog sat on a mat"]):
+        parley.store.update_message(parley.store.path(column.conv_id)[-1].id, content=words)
+    dialog = view.show_diff()
+    assert "the cat sat on the mat" not in dialog.text.toPlainText()  # interleaved, word by word
+    struck = {w: dialog.text.document().find(w).charFormat().fontStrikeOut() for w in ("cat", "dog", "sat", "mat")}
+    assert struck == {"cat": True, "dog": False, "sat": False, "mat": False}
+    assert "%" in dialog.summary.text()
+    dialog.close()
+
+
+def test_scrolling_one_column_scrolls_the_others(parley, qtbot):
+    view = _columns(parley, 2)
+    parley.window.resize(1000, 600)
+    for column in view.columns:
+        parent = None
+        for i in range(12):
+            role = "user" if i % 2 == 0 else "assistant"
+            parent = parley.store.add_message(column.conv_id, parent, role, f"turn {i // 2} " + "word " * 60).id
+        column.view.set_conversation(column.conv_id)
+    qtbot.wait(50)
+    a, b = (c.view for c in view.columns)
+    assert a.verticalScrollBar().maximum() > 0
+    a.scrollTo(a.model().index(4, 0), a.ScrollHint.PositionAtTop)
+    a.verticalScrollBar().triggerAction(a.verticalScrollBar().SliderAction.SliderSingleStepSub)
+    qtbot.waitUntil(lambda: b.indexAt(QPoint(4, 4)).row() == a.indexAt(QPoint(4, 4)).row(), timeout=2000)
+    assert b.indexAt(QPoint(4, 4)).row() < 11
+
+
+def test_fewer_columns_keep_a_removed_columns_answers(parley, qtbot):
+    view = _columns(parley, 3)
+    assert view.send("keep this")
+    convs = [c.conv_id for c in view.columns]
+    wait_idle(parley, qtbot, *convs)
+    view.count.setValue(2)
+    assert len(view.columns) == 2
+    assert parley.store.has(convs[2]) and not parley.store.get(convs[2]).hidden
+    assert convs[2] in parley.window.sidebar.ids() and "Column C" in view.queued.text()
+    view.count.setValue(3)
+    view.count.setValue(2)  # an empty column just goes
+    assert len(parley.store.conversations(include_hidden=True)) == 1 + 3

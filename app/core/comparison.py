@@ -1,0 +1,80 @@
+"""A comparison's text side, no Qt: its title, its export as Markdown, and a word diff of two answers."""
+from __future__ import annotations
+
+import difflib
+import html
+import re
+import time
+
+from app.core.chat_settings import differences
+from app.core.conversations import ConversationStore
+
+TITLE_CHARS = 60
+WORDS = re.compile(r"\s+|[^\s]+")
+
+
+def group_title(store: ConversationStore, conv_ids: list[int]) -> str:
+    """The first prompt of the comparison, or "Empty comparison"."""
+    for conv_id in conv_ids:
+        path = store.path(conv_id) if store.has(conv_id) else []
+        if path:
+            line = " ".join(path[0].content.split())
+            return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+    return "Empty comparison"
+
+
+def has_messages(store: ConversationStore, conv_ids: list[int]) -> bool:
+    return any(store.has(c) and store.path(c) for c in conv_ids)
+
+
+def column_labels(store: ConversationStore, conv_ids: list[int], model_names: list[str]) -> list[str]:
+    """ "A: qwen3 · T 0.2" per column: its letter, model and the settings in which the columns differ."""
+    settings = [store.get(c).settings for c in conv_ids]
+    return [" · ".join([f"{chr(ord('A') + i)}: {name}", *diff])
+            for i, (name, diff) in enumerate(zip(model_names, differences(settings)))]
+
+
+def comparison_markdown(store: ConversationStore, conv_ids: list[int], labels: list[str]) -> str:
+    """Turn by turn: each prompt once, then every column's answer under its label."""
+    paths = [store.path(c) for c in conv_ids]
+    lines = [f"# Comparison: {group_title(store, conv_ids)}", "",
+             f"_Exported from Parley on {time.strftime('%Y-%m-%d %H:%M')}._", "", "Columns:", ""]
+    lines += [f"- {label}" for label in labels] + [""]
+    turns = max((len(p) + 1) // 2 for p in paths) if paths else 0
+    for turn in range(turns):
+        prompts = {p[2 * turn].content for p in paths if len(p) > 2 * turn}
+        lines += [f"## Turn {turn + 1}", ""]
+        for prompt in sorted(prompts):
+            lines += ["**You:**", "", _quote(prompt), ""]
+        for label, path in zip(labels, paths):
+            answer = path[2 * turn + 1] if len(path) > 2 * turn + 1 else None
+            lines += [f"### {label}", "", answer.content if answer and answer.content else "_(no answer)_", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _quote(text: str) -> str:
+    return "\n".join("> " + line for line in text.splitlines() or [""])
+
+
+def word_diff_html(old: str, new: str) -> str:
+    """Both answers' words, those only in `old` struck through in red, those only in `new` in green."""
+    a, b = WORDS.findall(old), WORDS.findall(new)
+    out = []
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if op == "equal":
+            out.append(_text(a[i1:i2]))
+            continue
+        if i2 > i1:
+            out.append(f'<span style="background:#ffd7d5; color:#82071e"><s>{_text(a[i1:i2])}</s></span>')
+        if j2 > j1:
+            out.append(f'<span style="background:#ccffd8; color:#055d20">{_text(b[j1:j2])}</span>')
+    return "".join(out)
+
+
+def similarity(old: str, new: str) -> float:
+    """How much of the two answers' words agree, 0..1."""
+    return difflib.SequenceMatcher(None, WORDS.findall(old), WORDS.findall(new), autojunk=False).ratio()
+
+
+def _text(words: list[str]) -> str:
+    return html.escape("".join(words)).replace("\n", "<br>")

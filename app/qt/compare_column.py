@@ -1,0 +1,111 @@
+"""One compare column: a hidden conversation with its own chat view, model picker, settings and speed line."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout
+
+from app.core.chats import ChatService
+from app.qt.chat_view import ChatView
+from app.qt.model_manager import ModelManager
+from app.qt.settings_dialog import ModelPicker, SettingsDialog
+from app.qt.status_line import describe
+from app.qt.theme import icon
+
+COLUMN_MIN_WIDTH = 280  # narrower and a column's answer wraps every few words
+
+
+class CompareColumn(QFrame):
+    """One column: a hidden conversation shown with its own chat view, model picker and speed line."""
+
+    promote_requested = Signal(object)
+
+    def __init__(self, service: ChatService, models: ModelManager, conv_id: int, parent=None):
+        super().__init__(parent, objectName="compareColumn")
+        self.service, self.models, self.conv_id = service, models, conv_id
+        self.letter = ""
+        self.setMinimumWidth(COLUMN_MIN_WIDTH)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
+        self.label = QLabel(objectName="columnLabel")
+        self.label.setTextFormat(Qt.TextFormat.PlainText)
+        self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # long labels elide, never widen
+        self.picker = ModelPicker(models.registry)
+        self.picker.setSizeAdjustPolicy(ModelPicker.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.picker.setMinimumContentsLength(8)
+        self.settings_button = QToolButton(icon=icon("settings"))
+        self.promote_button = QToolButton(text=self.tr("Make chat"))
+        self.promote_button.setToolTip(self.tr("Move this column to the sidebar as a normal chat"))
+        self.view = ChatView(service)
+        self.stats = QLabel(objectName="statusText", wordWrap=True)
+        self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        head = QHBoxLayout()
+        head.addWidget(self.picker, 1)
+        head.addWidget(self.settings_button)
+        head.addWidget(self.promote_button)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.label)
+        layout.addLayout(head)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(self.stats)
+        self.picker.currentIndexChanged.connect(self._on_model)
+        self.settings_button.clicked.connect(self.edit_settings)
+        self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
+        service.status_changed.connect(self._on_status)
+        models.changed.connect(lambda _key: self._on_status(self.conv_id))  # loading progress, then its name
+        self.attach(conv_id)
+
+    def attach(self, conv_id: int) -> None:
+        self.conv_id = conv_id
+        self.picker.reload(self.service.store.get(conv_id).settings.model)
+        self.view.set_conversation(conv_id)
+        self._on_status(conv_id)
+
+    def set_letter(self, letter: str) -> None:
+        self.letter = letter
+        self.settings_button.setToolTip(self.tr("Settings of column %1").replace("%1", letter))
+        self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
+        self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))
+
+    def set_label(self, text: str) -> None:
+        self.label.setText(text)
+        self.label.setToolTip(text)
+
+    def model_name(self) -> str:
+        key = self.service.store.get(self.conv_id).settings.model
+        state = self.models.state(key)
+        if state is not None and state.name:
+            return state.name
+        entry = self.models.registry.get(key)
+        return entry.name if entry is not None else key
+
+    def set_model(self, key: str) -> None:
+        self.picker.reload(key)
+        self._on_model()
+
+    def edit_settings(self) -> None:
+        conv = self.service.store.get(self.conv_id)
+        title = self.tr("Column %1 settings").replace("%1", self.letter)
+        dialog = SettingsDialog(self.models.registry, conv.settings, title, self, offer_default=False)
+        if dialog.exec():
+            self.service.set_settings(self.conv_id, dialog.settings())
+            self.picker.reload(dialog.settings().model)
+
+    def _on_model(self, *_args) -> None:
+        settings = self.service.store.get(self.conv_id).settings
+        self.service.set_settings(self.conv_id, settings.copy(model=self.picker.key()))
+
+    def _on_status(self, conv_id: int) -> None:
+        if conv_id != self.conv_id or not self.service.store.has(conv_id):
+            return
+        s = self.service.status(conv_id)
+        state = self.models.state(self.service.store.get(conv_id).settings.model)
+        loading = ""
+        if state is not None and state.status == "loading":
+            loading = self.tr("loading %1").replace("%1", f"{state.fraction:.0%}")
+        elif state is not None and state.status == "failed":
+            loading = self.tr("failed to load")
+        if not s.model and state is not None:  # a copy: the service's status is not ours to change
+            s = replace(s, model=state.name or state.entry.name)
+        self.stats.setText(describe(s, loading))

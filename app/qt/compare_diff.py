@@ -1,0 +1,51 @@
+"""Two compare columns' last answers side by side in one text, word by word."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout
+
+from app.core.comparison import similarity, word_diff_html
+
+if TYPE_CHECKING:
+    from app.qt.compare import CompareView
+
+
+class DiffDialog(QDialog):
+    """Two columns' last answers, word by word: what only the first says struck out, what only the second adds."""
+
+    def __init__(self, view: "CompareView"):
+        super().__init__(view)
+        self.view = view
+        self.setWindowTitle(self.tr("Compare two answers"))
+        self.resize(720, 480)
+        self.left, self.right = QComboBox(), QComboBox()
+        for i, column in enumerate(view.columns):
+            for box in (self.left, self.right):
+                box.addItem(column.label.text() or column.letter, i)
+        self.right.setCurrentIndex(min(1, self.right.count() - 1))
+        self.summary = QLabel()
+        self.text = QTextEdit(readOnly=True)
+        self.text.setAccessibleName(self.tr("Differences"))
+        pick = QHBoxLayout()
+        pick.addWidget(self.left, 1)
+        pick.addWidget(QLabel("→"))
+        pick.addWidget(self.right, 1)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(pick)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.text, 1)
+        layout.addWidget(buttons)
+        self.left.currentIndexChanged.connect(self.refresh)
+        self.right.currentIndexChanged.connect(self.refresh)
+        self.refresh()
+
+    def refresh(self) -> None:
+        if not self.view.columns:
+            return
+        a = self.view.last_answer(self.view.columns[self.left.currentData()])
+        b = self.view.last_answer(self.view.columns[self.right.currentData()])
+        self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{similarity(a, b) * 100:.0f}"))
+        self.text.setHtml(word_diff_html(a, b))  # escaped text only: nothing for the editor to load
