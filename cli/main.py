@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from app.core.version import parley_version
 from cli.serve import add_serve_parser
 from cli.terminal import add_terminal_parsers
 from engine.errors import ParleyError
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Chat with local language models.")
+    p.add_argument("--version", action="version", version=f"parley {parley_version()}")
     p.add_argument("--data-dir", help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
     p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None, help="the GUI's colours (default: the saved setting)")

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
 from engine import events as ev
@@ -124,11 +127,12 @@ def chat(args: argparse.Namespace) -> int:
                 return 0
             messages.append({"role": "user", "content": line})
             turn = cli.engine.submit(sid, messages, params, args.system)
-            try:
-                cli.run([turn], lambda _t, text: (sys.stdout.write(text), sys.stdout.flush()))
-            except KeyboardInterrupt:
-                cli.engine.cancel(sid)
-                cli.run([turn])
+            with keys_held_back(sys.stdin):
+                try:
+                    cli.run([turn], lambda _t, text: (sys.stdout.write(text), sys.stdout.flush()))
+                except KeyboardInterrupt:
+                    cli.engine.cancel(sid)
+                    cli.run([turn])
             print()
             end = cli.ended[turn]
             if isinstance(end, ev.Error):
@@ -142,3 +146,27 @@ def chat(args: argparse.Namespace) -> int:
             print(f"[{s.completion_tokens} tokens{rate}, context {s.context_used}/{s.context_limit}]", file=sys.stderr)
     finally:
         cli.close()
+
+
+@contextmanager
+def keys_held_back(stream) -> Iterator[None]:
+    """While an answer streams, keys typed at a terminal are not echoed into it, and are dropped when it ends
+    (rather than sent as the next prompt). Ctrl-C still stops the answer. Not a terminal: nothing changes."""
+    try:
+        import termios
+
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (ImportError, OSError, ValueError, AttributeError):  # Windows, a pipe, a replaced stdin
+        saved = None
+    if saved is None:
+        yield
+        return
+    quiet = list(saved)
+    quiet[3] &= ~termios.ECHO
+    termios.tcsetattr(fd, termios.TCSANOW, quiet)
+    try:
+        yield
+    finally:
+        termios.tcflush(fd, termios.TCIFLUSH)
+        termios.tcsetattr(fd, termios.TCSANOW, saved)

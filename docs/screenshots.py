@@ -1,6 +1,8 @@
 """Makes the README screenshots offscreen on the embedded model: python docs/screenshots.py [--data-dir DIR]
 
-main.png (three chats, two streaming), compare.png (two columns), settings.png, dark.png.
+main.png (three chats, two streaming), compare.png (two columns), settings.png, dark.png; at 1280×800:
+empty-1280x800.png (a first start: the empty chat) and compare4-1280x800.png (four columns, tiled 2×2).
+--shots picks some: python docs/screenshots.py --shots empty,compare4
 """
 from __future__ import annotations
 
@@ -59,6 +61,28 @@ def compare(app) -> None:
     w.grab().save(str(OUT / "compare.png"))
 
 
+def empty_state(app) -> None:
+    w = app.window
+    w.resize(1280, 800)
+    settle()
+    w.grab().save(str(OUT / "empty-1280x800.png"))
+
+
+def compare4(app) -> None:
+    svc, w = app.service, app.window
+    w.resize(1280, 800)
+    w.show_compare()
+    view = w.compare
+    view.set_columns(4)
+    for column, (temp, seed) in zip(view.columns, [(0.0, None), (0.7, 3), (1.0, 11), (0.7, 5)]):
+        s = svc.store.get(column.conv_id).settings
+        svc.set_settings(column.conv_id, s.copy(temperature=temp, seed=seed, max_tokens=40))
+    view.send("The best way to spend a rainy weekend is")
+    pump_until(lambda: not view.busy(), 600)
+    settle()
+    w.grab().save(str(OUT / "compare4-1280x800.png"))
+
+
 def settings(app) -> None:
     from app.qt.settings_dialog import SettingsDialog
 
@@ -83,7 +107,9 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "parley-bench"),
                    help="keeps the assembled and converted model between runs; chats start empty every run")
+    p.add_argument("--shots", default="main,settings,compare,dark,empty,compare4")
     args = p.parse_args()
+    shots = set(args.shots.split(","))
     from app.qt.main import build, qt_app
 
     qt_app()
@@ -94,13 +120,17 @@ def main() -> int:
         if not pump_until(lambda: app.models.model_id("default") is not None, 300):
             print("the embedded model did not load", file=sys.stderr)
             return 1
-        chats = main_window(app)
+        if "empty" in shots:
+            empty_state(app)
+        chats = main_window(app) if "main" in shots else [app.window.current()]
         for c in chats:
             app.service.stop(c)
         pump_until(lambda: not any(app.service.busy(c) for c in chats), 60)
-        settings(app)
-        compare(app)
-        dark(app, chats[0])
+        for name, shot in [("settings", settings), ("compare", compare), ("compare4", compare4)]:
+            if name in shots:
+                shot(app)
+        if "dark" in shots:
+            dark(app, chats[0])
     finally:
         app.close()
     print("\n".join(str(p) for p in sorted(OUT.glob("*.png"))))

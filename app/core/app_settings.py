@@ -13,7 +13,9 @@ class AppSettings:
     theme: str = "system"  # system, light, dark
     defaults: ChatSettings = field(default_factory=ChatSettings)
     one_at_a_time: bool = False  # compare view: columns answer in turn (small machines)
-    weights: str = "quantized"  # how models load (engine --weights): quantized, or dequantized floats
+    weights: str = "auto"  # how models load (engine --weights): auto, quantized, or dequantized floats
+    window: dict = field(default_factory=dict)  # geometry (base64 of Qt's saveGeometry), splitter sizes
+    drafts: dict[int, str] = field(default_factory=dict)  # unsent text per chat, kept across restarts
     file: Path | None = None
 
     @classmethod
@@ -22,10 +24,12 @@ class AppSettings:
             return cls(file=file)
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
-            weights = data.get("weights", "quantized")
+            weights = data.get("weights", "auto")
+            window, drafts = data.get("window", {}), data.get("drafts", {})
             return cls(data.get("theme", "system"), ChatSettings.from_dict(data.get("defaults", {})),
                        bool(data.get("one_at_a_time", False)),
-                       weights if weights in ("quantized", "dequantized") else "quantized", file)
+                       weights if weights in ("auto", "quantized", "dequantized") else "auto",
+                       window if isinstance(window, dict) else {}, _drafts(drafts), file)
         except (ValueError, TypeError):
             return cls(file=file)  # a damaged file falls back to defaults rather than blocking the start
 
@@ -34,5 +38,11 @@ class AppSettings:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
         data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
-                "weights": self.weights}
+                "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()}}
         self.file.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def _drafts(data) -> dict[int, str]:
+    if not isinstance(data, dict):
+        return {}
+    return {int(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, str)}

@@ -42,3 +42,29 @@ class ChatSettings:
     def from_dict(cls, data: dict) -> "ChatSettings":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T 0.2"
+    ("temperature", "T"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
+    ("repetition_penalty", "rep"), ("seed", "seed"), ("max_tokens", "max"), ("system_prompt", "system"),
+)
+
+
+def differences(columns: list[ChatSettings]) -> list[list[str]]:
+    """Per column, the sampling settings in which the columns differ, e.g. ["T 0.2", "seed 7"]."""
+    out: list[list[str]] = [[] for _ in columns]
+    for name, label in SHOWN_SETTINGS:
+        values = [getattr(s, name) for s in columns]
+        if len(set(values)) < 2:
+            continue
+        for shown, value in zip(out, values):
+            shown.append(_short(label, value))
+    return out
+
+
+def _short(label: str, value) -> str:
+    if label == "system":
+        return "system: " + (" ".join(str(value).split())[:16] or "none")
+    if value is None:
+        return f"{label} random"
+    return f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"

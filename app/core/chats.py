@@ -7,12 +7,15 @@ with Qt signals (app/qt/chats.py) so that views' connections end with the views.
 """
 from __future__ import annotations
 
+import random
 import time
+from dataclasses import replace
 
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import ConversationStore, Message
-from app.core.live import LiveChat, TurnInfo, can_continue, engine_view
+from app.core.live import ChatStatus, LiveChat, TurnInfo, can_continue, engine_view
 from app.core.signals import Signal
+from engine.sampling import SamplingParams
 
 TITLE_CHARS = 48
 
@@ -23,6 +26,8 @@ class ChatService:
     message_changed = Signal(int, int)  # conversation, message: text or state changed
     status_changed = Signal(int)  # conversation: the status line changed
     turn_done = Signal(int, int)  # conversation, assistant message: finished, stopped or failed
+    draft_changed = Signal(int)  # conversation: its draft was changed by the service (a queued message came back)
+    settings_changed = Signal(int)  # conversation: its model or sampling settings changed
 
     def __init__(self, store: ConversationStore, bridge, models, defaults: ChatSettings | None = None):
         """`bridge`: engine events as signals plus `.engine`; `models`: the model manager (app/qt)."""
@@ -30,6 +35,8 @@ class ChatService:
         self.defaults = defaults or ChatSettings()
         self._live: dict[int, LiveChat] = {}
         self._by_session: dict[int, int] = {}  # engine session -> conversation
+        self._drafts: dict[int, str] = {}  # what the user has typed but not sent, per chat
+        self._trash: list[int] = []  # deleted from view, kept until the undo window closes (empty_trash)
         bridge.turn_started.connect(self._on_started)
         bridge.turn_queued.connect(self._on_queued)
         bridge.text_arrived.connect(self._on_text)
@@ -56,9 +63,10 @@ class ChatService:
         self.store.update(conv_id, pinned=pinned)
         self.conversations_changed.emit()
 
-    def promote(self, conv_id: int) -> None:
-        """A compare column becomes a normal chat in the sidebar, session and history included."""
-        self.store.update(conv_id, hidden=False, updated_at=time.time())
+    def promote(self, conv_id: int, touch: bool = True) -> None:
+        """A compare column becomes a normal chat in the sidebar, session and history included; `touch`
+        puts it at the top of the list (as the chat just used)."""
+        self.store.update(conv_id, hidden=False, **({"updated_at": time.time()} if touch else {}))
         self.conversations_changed.emit()
 
     def delete(self, conv_id: int) -> None:
@@ -66,27 +74,115 @@ class ChatService:
         if live is not None and live.session_id is not None:
             self.bridge.engine.close(live.session_id)
             self._by_session.pop(live.session_id, None)
+        self._drafts.pop(conv_id, None)
         hidden = self.store.get(conv_id).hidden
         self.store.delete(conv_id)
         if not hidden:
             self.conversations_changed.emit()
 
+    # -- deleting with undo: a trashed chat leaves the list at once and is deleted for good later
+    def trash(self, conv_id: int) -> None:
+        self.stop(conv_id)
+        self._trash.append(conv_id)
+        self.conversations_changed.emit()
+
+    def restore(self) -> int | None:
+        """Brings back the chat trashed last; its id, or None when there is none."""
+        while self._trash:
+            conv_id = self._trash.pop()
+            if self.store.has(conv_id):
+                self.conversations_changed.emit()
+                return conv_id
+        return None
+
+    def trashed(self, conv_id: int) -> bool:
+        return conv_id in self._trash
+
+    def in_trash(self) -> list[int]:
+        return list(self._trash)
+
+    def empty_trash(self) -> None:
+        gone, self._trash = self._trash, []
+        for conv_id in gone:
+            if self.store.has(conv_id):
+                self.delete(conv_id)
+
+    def visible(self, text: str = "") -> list:
+        """The sidebar's chats: matching `text` (title or messages), trashed ones left out."""
+        return [c for c in self.store.search(text) if c.id not in self._trash]
+
     def live(self, conv_id: int) -> LiveChat:
         return self._live.setdefault(conv_id, LiveChat(conv_id))
+
+    def live_chats(self) -> list[int]:
+        """Chats answering or waiting to (queued, loading their model), oldest turn first."""
+        running = [(live.turn.submitted_at, cid) for cid, live in self._live.items()
+                   if live.busy and self.store.has(cid)]
+        return [cid for _t, cid in sorted(running)]
 
     def busy(self, conv_id: int) -> bool:
         return self.live(conv_id).busy
 
-    def status(self, conv_id: int):
+    def status(self, conv_id: int) -> ChatStatus:
+        """While a turn runs: its live figures. Otherwise: those of the answer on screen (the version shown)."""
         live = self.live(conv_id)
-        if live.busy and live.live_rate() is not None:
-            live.status.tokens_per_s = live.live_rate()
-        return live.status
+        if live.busy:
+            if live.live_rate() is not None:
+                live.status.tokens_per_s = live.live_rate()
+            return live.status
+        return _shown_status(self.store.path(conv_id) if self.store.has(conv_id) else [], live.status)
+
+    # -- drafts and queued messages
+    def draft(self, conv_id: int) -> str:
+        return self._drafts.get(conv_id, "")
+
+    def set_draft(self, conv_id: int, text: str) -> None:
+        if text:
+            self._drafts[conv_id] = text
+        else:
+            self._drafts.pop(conv_id, None)
+
+    def drafts(self) -> dict[int, str]:
+        """Every chat's unsent text, queued messages included (what a restart should give back)."""
+        out = dict(self._drafts)
+        for conv_id, live in self._live.items():
+            if live.queued and self.store.has(conv_id):
+                out[conv_id] = "\n\n".join([*live.queued, out.get(conv_id, "")]).strip()
+        return {c: t for c, t in out.items() if self.store.has(c)}
+
+    def restore_drafts(self, drafts: dict[int, str]) -> None:
+        for conv_id, text in drafts.items():
+            if self.store.has(conv_id):
+                self.set_draft(conv_id, text)
+
+    def queued(self, conv_id: int) -> list[str]:
+        return list(self.live(conv_id).queued)
+
+    def send_or_queue(self, conv_id: int, text: str) -> bool:
+        """Sends now, or, while the chat answers, queues the message to go when the answer is done."""
+        if not text.strip():
+            return False
+        if not self.busy(conv_id):
+            return self.send(conv_id, text)
+        self.live(conv_id).queued.append(text.strip())
+        self.status_changed.emit(conv_id)
+        return True
+
+    def unqueue(self, conv_id: int) -> None:
+        """Queued messages go back into the chat's draft, nothing lost."""
+        live = self.live(conv_id)
+        if not live.queued:
+            return
+        self.set_draft(conv_id, "\n\n".join([*live.queued, self.draft(conv_id)]).strip())
+        live.queued.clear()
+        self.draft_changed.emit(conv_id)
+        self.status_changed.emit(conv_id)
 
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
         """Takes effect on the chat's next turn (a new model means a new engine session)."""
         self.store.update(conv_id, settings=settings)
         self.models.ensure(settings.model)
+        self.settings_changed.emit(conv_id)
         self.status_changed.emit(conv_id)
 
     # -- turns
@@ -114,8 +210,9 @@ class ChatService:
         self._begin(old.conversation_id, base, user, "submit")
         return True
 
-    def regenerate(self, conv_id: int, msg_id: int | None = None) -> bool:
-        """A new version of an answer (the last one by default); earlier versions stay reachable."""
+    def regenerate(self, conv_id: int, msg_id: int | None = None, seed: int | None = None) -> bool:
+        """A new version of an answer (the last one by default); earlier versions stay reachable. `seed`:
+        sample with this seed (an earlier version's, to get it again), whatever the chat's setting."""
         if self.busy(conv_id):
             return False
         path = self.store.path(conv_id)
@@ -128,7 +225,7 @@ class ChatService:
         else:
             return False
         base = self._path_to(conv_id, user.id)
-        self._begin(conv_id, base, None, "regenerate", user.id)
+        self._begin(conv_id, base, None, "regenerate", user.id, seed)
         return True
 
     def continue_answer(self, conv_id: int, msg_id: int) -> bool:
@@ -147,6 +244,7 @@ class ChatService:
 
     def stop(self, conv_id: int) -> None:
         live = self.live(conv_id)
+        self.unqueue(conv_id)  # stopping means "not now": what was queued comes back to the composer
         if live.turn is None:
             return
         if live.turn.turn_id is None:  # still waiting for its model
@@ -162,6 +260,7 @@ class ChatService:
         if 0 <= i < len(versions):
             self.store.select(versions[i].id)
             self.path_changed.emit(msg.conversation_id)
+            self.status_changed.emit(msg.conversation_id)  # the status line shows the version on screen
 
     # -- driving the engine
     def _path_to(self, conv_id: int, msg_id: int | None) -> list[Message]:
@@ -178,10 +277,11 @@ class ChatService:
             msg_id = m.parent_id
         return chain[::-1]
 
-    def _begin(self, conv_id: int, base: list[Message], user: Message | None, kind: str, parent_id: int | None = None) -> None:
+    def _begin(self, conv_id: int, base: list[Message], user: Message | None, kind: str, parent_id: int | None = None,
+               seed: int | None = None) -> None:
         answer = self.store.add_message(conv_id, user.id if user else parent_id, "assistant", state="waiting")
         live = self.live(conv_id)
-        live.turn = TurnInfo(None, answer.id)
+        live.turn = TurnInfo(None, answer.id, seed=seed)
         self.path_changed.emit(conv_id)
         self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
 
@@ -189,11 +289,12 @@ class ChatService:
         """Submits now if the chat's model is loaded, else once it is (the chat shows 'loading')."""
         key = self.store.get(conv_id).settings.model
         live.pending = submit
+        live.status.tokens_per_s = live.status.ttft_s = None  # the last turn's figures are not this one's
         self.models.ensure(key)
         if self.models.model_id(key) is not None:
             self._run_pending(live)
         else:
-            live.status.state = "loading"
+            _enter(live.status, "loading")
             self.status_changed.emit(conv_id)
 
     def _run_pending(self, live: LiveChat) -> None:
@@ -209,10 +310,11 @@ class ChatService:
         if user is not None:
             messages.append({"role": user.role, "content": user.content})
         self.store.update_message(live.turn.message_id, model=live.status.model)
-        live.turn.turn_id = self.bridge.engine.submit(sid, messages, settings.sampling(), settings.system_prompt or None,
+        params = _seeded(settings.sampling(), live.turn)
+        live.turn.turn_id = self.bridge.engine.submit(sid, messages, params, settings.system_prompt or None,
                                                       continue_final=kind == "continue")
         live.turn.submitted_at = time.perf_counter()
-        live.status.state = "queued"
+        _enter(live.status, "queued")
         self.status_changed.emit(conv_id)
 
     def _session_for(self, conv_id: int) -> int:
@@ -243,7 +345,7 @@ class ChatService:
         found = self._turn_of(session_id, turn_id)
         if found:
             conv_id, live = found
-            live.status.state = "streaming"
+            _enter(live.status, "prefilling")  # until the first token: the prompt is being read
             live.status.tokens_per_s = live.status.ttft_s = None
             self._set_state(conv_id, live.turn.message_id, "streaming")
 
@@ -251,7 +353,8 @@ class ChatService:
         found = self._turn_of(session_id, turn_id)
         if found:
             conv_id, live = found
-            live.status.state = "queued"
+            if live.status.state != "queued":
+                _enter(live.status, "queued")
             self.store.update_message(live.turn.message_id, error=f"Queued: {position + 1} ahead")
             self._set_state(conv_id, live.turn.message_id, "queued")
 
@@ -262,8 +365,9 @@ class ChatService:
         conv_id, live = found
         t = live.turn
         if t.first_token_at is None and tokens:
+            # for the live rate only: the TTFT shown is the engine's, given once when the turn ends
             t.first_token_at = time.perf_counter()
-            live.status.ttft_s = t.first_token_at - t.submitted_at
+            _enter(live.status, "streaming")
         t.tokens += tokens
         live.status.context_used = live.context_base + t.tokens
         msg = self.store.append_text(t.message_id, text)
@@ -290,7 +394,8 @@ class ChatService:
         st = live.status
         st.tokens_per_s, st.ttft_s = stats.tokens_per_s, stats.ttft_s
         st.context_used, st.context_limit = stats.context_used, stats.context_limit
-        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats)},
+        seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
+        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
                                   model=st.model, error="")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
@@ -323,10 +428,21 @@ class ChatService:
     def _end(self, conv_id: int, live: LiveChat, state: str) -> None:
         msg_id = live.turn.message_id
         live.turn = None
-        live.status.state = "idle"
+        _enter(live.status, "idle")
         self._set_state(conv_id, msg_id, state)
         self.status_changed.emit(conv_id)
         self.turn_done.emit(conv_id, msg_id)
+        self._next_queued(conv_id, live, state)
+
+    def _next_queued(self, conv_id: int, live: LiveChat, state: str) -> None:
+        """After a good answer the next queued message goes; after a failure it comes back to the draft."""
+        if not live.queued or not self.store.has(conv_id):
+            return
+        if state != "done":
+            self.unqueue(conv_id)
+            return
+        text = live.queued.pop(0)
+        self.send(conv_id, text)
 
     def _set_state(self, conv_id: int, msg_id: int, state: str) -> None:
         msg = self.store.update_message(msg_id, state=state)
@@ -339,6 +455,30 @@ class ChatService:
 def _title(text: str) -> str:
     line = " ".join(text.split())
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1].rstrip() + "…"
+
+
+def _seeded(params: SamplingParams, turn: TurnInfo) -> SamplingParams:
+    """Every sampled turn gets a known seed (the chat's, one asked for, or a fresh one) so it can be repeated."""
+    if params.greedy:
+        return params
+    if turn.seed is None:
+        turn.seed = params.seed if params.seed is not None else random.randrange(2**31)
+    return replace(params, seed=turn.seed)
+
+
+def _enter(status: ChatStatus, state: str) -> None:
+    status.state, status.since = state, time.perf_counter()
+
+
+def _shown_status(path: list[Message], live: ChatStatus) -> ChatStatus:
+    """The figures of the last answer on the branch shown (as the engine gave them); `live` when it has none."""
+    answer = path[-1] if path and path[-1].role == "assistant" else None
+    stats = answer.stats if answer is not None else None
+    if not stats or "context_used" not in stats:
+        return live
+    return ChatStatus(model=answer.model or live.model, tokens_per_s=stats.get("tokens_per_s"),
+                      ttft_s=stats.get("ttft_s"), context_used=int(stats.get("context_used") or 0),
+                      context_limit=int(stats.get("context_limit") or live.context_limit), state=live.state)
 
 
 def _stats_dict(stats) -> dict:

@@ -50,6 +50,7 @@ class ConversationStore:
         self._conversations: dict[int, Conversation] = {}
         self._messages: dict[int, Message] = {}
         self._children: dict[tuple[int, int | None], list[int]] = {}  # (conversation, parent) -> ids, oldest first
+        self._compare: dict[int, list[int]] = {}  # compare group -> its columns' conversations, in order
 
     # -- conversations
     def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
@@ -75,6 +76,9 @@ class ConversationStore:
         return conv
 
     def delete(self, conv_id: int) -> None:
+        for members in self._compare.values():
+            if conv_id in members:
+                members.remove(conv_id)
         self._conversations.pop(conv_id)
         for mid in [m.id for m in self._messages.values() if m.conversation_id == conv_id]:
             del self._messages[mid]
@@ -146,3 +150,18 @@ class ConversationStore:
 
     def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
         self._conversations[conv_id].leaf_id = msg_id
+
+    # -- compare groups: the columns of one side-by-side comparison, in order
+    def add_compare_group(self, conv_ids: list[int], title: str = "") -> int:
+        gid = next(self._ids)
+        self._compare[gid] = list(conv_ids)
+        return gid
+
+    def compare_groups(self) -> dict[int, list[int]]:
+        return {g: list(m) for g, m in self._compare.items() if m}
+
+    def set_compare_members(self, group_id: int, conv_ids: list[int]) -> None:
+        self._compare[group_id] = list(conv_ids)
+
+    def delete_compare_group(self, group_id: int) -> None:
+        self._compare.pop(group_id, None)

@@ -16,6 +16,7 @@ class TurnInfo:
     first_token_at: float | None = None
     tokens: int = 0
     previous_state: str | None = None  # continuing an answer: the state it goes back to if the turn fails
+    seed: int | None = None  # the seed this turn samples with (kept with the answer, to repeat it)
 
 
 @dataclass(slots=True)
@@ -28,7 +29,8 @@ class ChatStatus:
     context_used: int = 0
     context_limit: int = 0
     dropped_messages: int = 0
-    state: str = "idle"  # idle, loading, queued, streaming
+    state: str = "idle"  # idle, loading, queued, prefilling (reading the prompt), streaming
+    since: float | None = None  # perf_counter when `state` began: the status line counts the seconds
 
 
 @dataclass(slots=True)
@@ -41,6 +43,7 @@ class LiveChat:
     pending: Callable[[], None] | None = None  # a turn waiting for its model to load
     status: ChatStatus = field(default_factory=ChatStatus)
     context_base: int = 0  # prompt tokens of the running turn, for the live context meter
+    queued: list[str] = field(default_factory=list)  # messages sent while it answered: they go next, in order
 
     @property
     def busy(self) -> bool:

@@ -5,6 +5,7 @@ import html
 
 from PySide6.QtWidgets import QMessageBox, QWidget
 
+from app.core.version import parley_version
 from engine.loading.default_model import LICENSE_NOTE
 
 
@@ -14,7 +15,7 @@ def about_html(models=None) -> str:
         names = [_described(s) for s in models.states.values() if s.status == "loaded"]
         loaded = f"<p>Loaded now: {', '.join(names) or 'none'}</p>"
     return (
-        "<h3>Parley</h3><p>A desktop chat app for local language models: every live chat is batched into one "
+        f"<h3>Parley</h3><p>Version {html.escape(parley_version())}</p><p>A desktop chat app for local language models: every live chat is batched into one "
         "forward per step.</p><p>Parley's code: Apache-2.0.</p>"
         "<p><b>Bundled model.</b> " + LICENSE_NOTE + "</p>"
         "<p>Qt for Python (PySide6): LGPLv3 · markdown-it-py: MIT · Pygments: BSD-2-Clause · PyTorch: BSD-3-Clause</p>"

@@ -1,12 +1,17 @@
 """The chat page: title, model picker and settings button, the chat view, the status line and the composer."""
 from __future__ import annotations
 
+import html
+from dataclasses import replace
+
 from PySide6.QtCore import Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtGui import QTextCursor
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
 from app.qt.chat_view import ChatView
 from app.core.chats import ChatService
 from app.qt.composer import Composer
+from app.qt.empty_state import EmptyState
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker
 from app.qt.status_line import StatusLine
@@ -23,10 +28,20 @@ class ChatPage(QWidget):
         self.editing: int | None = None  # the user message being edited
         self.title = QLabel(objectName="chatTitle")
         self.picker = ModelPicker(models.registry)
-        self.picker.setToolTip("Model for this chat (takes effect on the next turn)")
-        self.settings_button = QToolButton(icon=icon("settings"), toolTip="Chat settings (Ctrl+,)")
+        self.picker.setToolTip(self.tr("Model for this chat (takes effect on the next turn)"))
+        self.picker.setAccessibleName(self.tr("Model for this chat"))
+        self.settings_button = QToolButton(icon=icon("settings"), toolTip=self.tr("Chat settings (Ctrl+,)"))
+        self.settings_button.setAccessibleName(self.tr("Chat settings"))
         self.view = ChatView(service)
+        self.empty = EmptyState()
+        self.body = QStackedWidget()
+        self.body.addWidget(self.view)
+        self.body.addWidget(self.empty)
         self.status = StatusLine()
+        config = models.bridge.engine.config
+        self.status.capacity = (config.max_sessions, config.max_session_tokens)
+        self.queued = QLabel(objectName="queuedNote", wordWrap=True)
+        self.queued.hide()
         self.composer = Composer()
         head = QHBoxLayout()
         head.addWidget(self.title, 1)
@@ -34,8 +49,9 @@ class ChatPage(QWidget):
         head.addWidget(self.settings_button)
         layout = QVBoxLayout(self)
         layout.addLayout(head)
-        layout.addWidget(self.view, 1)
+        layout.addWidget(self.body, 1)
         layout.addWidget(self.status)
+        layout.addWidget(self.queued)
         layout.addWidget(self.composer)
         self.picker.currentIndexChanged.connect(self._on_model)
         self.settings_button.clicked.connect(self.settings_requested)
@@ -43,18 +59,26 @@ class ChatPage(QWidget):
         self.composer.stop_requested.connect(self.stop)
         self.composer.edit_cancelled.connect(self._cancel_edit)
         self.view.edit_requested.connect(self.begin_edit)
+        self.composer.edit.textChanged.connect(self._keep_draft)
+        self.empty.prompt_chosen.connect(self._use_sample)
+        self.queued.linkActivated.connect(self._unqueue)
+        service.draft_changed.connect(self._on_draft)
+        service.path_changed.connect(self._on_status)
         service.status_changed.connect(self._on_status)
         service.conversations_changed.connect(self._on_titles)
         models.changed.connect(lambda _key: self._on_status(self.conv_id))
 
     def open(self, conv_id: int | None) -> None:
         """Switching chats only swaps the model behind the view: instant, even while chats stream."""
-        self.conv_id = conv_id
         self._cancel_edit()
+        self.conv_id = conv_id
+        self._on_draft(conv_id)
         self.view.set_conversation(conv_id)
         self._on_titles()
         if conv_id is not None:
-            self.picker.reload(self.service.store.get(conv_id).settings.model)
+            key = self.service.store.get(conv_id).settings.model
+            self.picker.reload(key)
+            self.models.ensure(key)  # warm the chat's model while the user reads and types
         self._on_status(conv_id)
 
     def send(self, text: str) -> bool:
@@ -63,10 +87,12 @@ class ChatPage(QWidget):
         if self.editing is not None:
             ok = self.service.edit(self.editing, text)
         else:
-            ok = self.service.send(self.conv_id, text)
+            ok = self.service.send_or_queue(self.conv_id, text)  # while it answers: sent next, shown queued
         if ok:
-            self.composer.edit.clear()
+            was_editing = self.editing is not None
             self._cancel_edit()
+            if not was_editing:
+                self.composer.edit.clear()
         return ok
 
     def stop(self) -> None:
@@ -74,12 +100,38 @@ class ChatPage(QWidget):
             self.service.stop(self.conv_id)
 
     def begin_edit(self, msg_id: int) -> None:
-        self.editing = msg_id
+        self.editing = msg_id  # the draft stays in the service while the box holds the message being edited
         self.composer.begin_edit(self.service.store.message(msg_id).content)
 
     def _cancel_edit(self) -> None:
-        self.editing = None
+        editing, self.editing = self.editing, None
         self.composer.end_edit()
+        if editing is not None:
+            self._on_draft(self.conv_id)
+
+    def _keep_draft(self) -> None:
+        if self.conv_id is not None and self.editing is None:
+            self.service.set_draft(self.conv_id, self.composer.edit.toPlainText())
+
+    def _on_draft(self, conv_id: int | None) -> None:
+        if conv_id == self.conv_id and self.editing is None:
+            text = self.service.draft(conv_id) if conv_id is not None else ""
+            if self.composer.edit.toPlainText() != text:
+                self.composer.edit.setPlainText(text)
+                self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
+
+    def _unqueue(self, _href: str = "") -> None:
+        if self.conv_id is not None:
+            self.service.unqueue(self.conv_id)
+
+    def _show_queued(self, conv_id: int) -> None:
+        waiting = self.service.queued(conv_id)
+        if waiting:
+            first = html.escape(" ".join(waiting[0].split())[:80])
+            more = self.tr(" and %n more", "", len(waiting) - 1) if len(waiting) > 1 else ""
+            self.queued.setText(self.tr("Queued: “%1”%2 — sends when this answer ends. <a href=\"unqueue:\">Back to the box</a>")
+                                .replace("%1", first).replace("%2", more))
+        self.queued.setVisible(bool(waiting))
 
     def _on_model(self, *_args) -> None:
         if self.conv_id is not None:
@@ -97,11 +149,26 @@ class ChatPage(QWidget):
         state = self.models.state(key)
         loading = ""
         if state is not None and state.status == "loading":
-            loading = f"loading {state.stage} {state.fraction:.0%}"
+            done = f" {state.fraction:.0%}" if state.fraction > 0 else ""
+            loading = self.tr("loading: %1").replace("%1", (state.stage or self.tr("starting")) + done)
         elif state is not None and state.status == "failed":
-            loading = "failed to load"
+            loading = self.tr("failed to load")
         status = self.service.status(conv_id)
-        if not status.model and state is not None:
-            status.model = state.name or state.entry.name
+        if not status.model and state is not None:  # a copy: the service's status is not ours to change
+            status = replace(status, model=state.name or state.entry.name)
         self.status.show_status(status, loading)
         self.composer.set_busy(self.service.busy(conv_id))
+        self._show_queued(conv_id)
+        self._show_body(conv_id, key)
+
+    def _show_body(self, conv_id: int, key: str) -> None:
+        """An empty chat shows what model answers and prompts to start from; any message shows the chat."""
+        empty = self.view.model().rowCount() == 0 and not self.service.busy(conv_id)
+        if empty:
+            self.empty.show_for(self.models.registry.get(key))
+        self.body.setCurrentWidget(self.empty if empty else self.view)
+
+    def _use_sample(self, prompt: str) -> None:
+        self.composer.edit.setPlainText(prompt)
+        self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
+        self.composer.edit.setFocus()

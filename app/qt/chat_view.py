@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from PySide6.QtCore import QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, Signal
+from PySide6.QtCore import (
+    QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, QUrl, Signal,
+)
 from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QGuiApplication, QPainter, QPalette, QTextDocument
-from PySide6.QtWidgets import QAbstractItemView, QListView, QStyledItemDelegate, QStyleOptionViewItem
+from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
 from app.core.conversations import Message
 from app.core.markdown_render import MarkdownRenderer
-from app.core.message_html import message_html
+from app.core.message_html import accessible_text, message_actions, message_html
 from app.core.chats import ChatService
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -49,6 +51,9 @@ class ChatModel(QAbstractListModel):
             return msg
         if role == Qt.ItemDataRole.DisplayRole:
             return msg.content
+        if role == Qt.ItemDataRole.AccessibleTextRole:
+            versions = self.service.store.versions(msg)
+            return accessible_text(msg, versions.index(msg) + 1, len(versions))
         return None
 
     def message_at(self, row: int) -> Message:
@@ -88,13 +93,20 @@ class ChatModel(QAbstractListModel):
             self.dataChanged.emit(self.index(row), self.index(row))
 
 
+class SafeDocument(QTextDocument):
+    """A document that loads no resources: an image or style sheet URL is never read from disk or anywhere."""
+
+    def loadResource(self, kind: int, name: QUrl):  # noqa: N802 (Qt's name)
+        return None
+
+
 class MessageDelegate(QStyledItemDelegate):
     """Paints messages as QTextDocuments cached per (content, state, width, theme)."""
 
     def __init__(self, service: ChatService, view: QListView):
         super().__init__(view)
         self.service, self.view = service, view
-        self.renderer = MarkdownRenderer(dark=False)
+        self.renderer = MarkdownRenderer(dark=view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
         self._reported: dict[int, int] = {}  # height last given to the view per message
         self._recheck: dict[int, QPersistentModelIndex] = {}
@@ -120,7 +132,7 @@ class MessageDelegate(QStyledItemDelegate):
             return hit[1], hit[2]
         versions = self.service.store.versions(msg)
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False)
-        doc = QTextDocument()
+        doc = SafeDocument()
         doc.setDocumentMargin(0)
         doc.setDefaultFont(self.view.font())
         doc.setDefaultStyleSheet(_stylesheet(self.view.palette()))
@@ -156,6 +168,11 @@ class MessageDelegate(QStyledItemDelegate):
         painter.setPen(Qt.PenStyle.NoPen)
         painter.setBrush(_bubble(self.view.palette(), msg.role))
         painter.drawRoundedRect(box, 8, 8)
+        if option.state & QStyle.StateFlag.State_HasFocus and self.view.hasFocus():
+            # the keyboard's current message (Up/Down move it, Enter or the Menu key opens its actions)
+            painter.setPen(self.view.palette().color(QPalette.ColorRole.Highlight))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(box.adjusted(1, 1, -1, -1), 8, 8)
         painter.translate(box.left() + PAD, box.top() + PAD)
         ctx = QAbstractTextDocumentLayout.PaintContext()
         ctx.palette = self.view.palette()
@@ -204,6 +221,7 @@ class ChatView(QListView):
         self.setResizeMode(QListView.ResizeMode.Adjust)
         self.setUniformItemSizes(False)
         self.setObjectName("chatView")
+        self.setAccessibleName(self.tr("Messages"))
         self._stick = True
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
@@ -237,6 +255,44 @@ class ChatView(QListView):
         href, blocks = self.delegate.anchor_at(index, pos)
         return href, index.data(MESSAGE_ROLE), blocks
 
+    # -- every link is also in the message's menu: right click, the Menu key, Shift+F10 or Enter
+    def contextMenuEvent(self, event) -> None:
+        from_mouse = event.reason() == event.Reason.Mouse
+        index = self.indexAt(event.pos()) if from_mouse else self.currentIndex()
+        pos = event.globalPos() if from_mouse else self.viewport().mapToGlobal(self.visualRect(index).center())
+        self.show_actions(index, pos)
+
+    def keyPressEvent(self, event) -> None:
+        menu_key = event.key() == Qt.Key.Key_Menu or (event.key() == Qt.Key.Key_F10 and event.modifiers() & Qt.KeyboardModifier.ShiftModifier)
+        if (menu_key or event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)) and self.currentIndex().isValid():
+            index = self.currentIndex()
+            self.show_actions(index, self.viewport().mapToGlobal(self.visualRect(index).center()))
+            return
+        super().keyPressEvent(event)
+
+    def focusInEvent(self, event) -> None:
+        if not self.currentIndex().isValid() and self.model().rowCount():
+            self.setCurrentIndex(self.model().index(self.model().rowCount() - 1, 0))  # the latest message
+        super().focusInEvent(event)
+
+    def show_actions(self, index: QModelIndex, pos: QPoint) -> QMenu | None:
+        msg = index.data(MESSAGE_ROLE) if index.isValid() else None
+        if msg is None:
+            return None
+        versions = self.service.store.versions(msg)
+        busy = self.service.busy(msg.conversation_id)
+        _doc, blocks = self.delegate.document(msg)
+        menu = QMenu(self)
+        menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        for label, href in message_actions(msg, versions.index(msg) + 1, len(versions), busy):
+            menu.addAction(self.tr(label), lambda h=href: self.activate(msg, h, blocks))
+        for n in range(len(blocks)):
+            menu.addAction(self.tr("Copy code block %1").replace("%1", str(n + 1)),
+                           lambda n=n: self.activate(msg, f"copy:{n}", blocks))
+        menu.popup(pos)
+        self.last_menu = menu
+        return menu
+
     def activate(self, msg: Message, href: str, blocks: list[str] | None = None) -> None:
         """Carries out a message link (also what tests call)."""
         verb, _, arg = href.partition(":")
@@ -244,6 +300,8 @@ class ChatView(QListView):
             self.service.switch_version(msg.id, -1 if verb == "prev" else 1)
         elif verb == "regen":
             self.service.regenerate(msg.conversation_id, msg.id)
+        elif verb == "regen-seed" and arg.isdigit():
+            self.service.regenerate(msg.conversation_id, msg.id, seed=int(arg))
         elif verb == "continue":
             self.service.continue_answer(msg.conversation_id, msg.id)
         elif verb == "edit":

@@ -16,6 +16,8 @@ class QtChatService(ChatService, QObject):
     message_changed = Signal(int, int)
     status_changed = Signal(int)
     turn_done = Signal(int, int)
+    draft_changed = Signal(int)
+    settings_changed = Signal(int)
 
     def __init__(self, store: ConversationStore, bridge: EngineBridge, models: ModelManager,
                  defaults: ChatSettings | None = None, parent: QObject | None = None):

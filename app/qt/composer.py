@@ -27,15 +27,19 @@ class Composer(QWidget):
     stop_requested = Signal()
     edit_cancelled = Signal()
 
-    def __init__(self, placeholder: str = "Message — Enter sends, Shift+Enter for a new line", parent=None):
+    def __init__(self, placeholder: str | None = None, parent=None):
         super().__init__(parent)
         self.banner = QLabel(objectName="editBanner")
         self.banner.hide()
         self.edit = PromptEdit(objectName="prompt")
-        self.edit.setPlaceholderText(placeholder)
+        self.edit.setPlaceholderText(placeholder or self.tr("Message — Enter sends, Shift+Enter for a new line"))
+        self.edit.setAccessibleName(self.tr("Message"))
+        self.edit.setTabChangesFocus(True)  # Tab moves on to Send (keyboard users are not trapped); Shift+Enter breaks lines
         self.edit.setFixedHeight(72)
-        self.send_button = QPushButton(icon("send", "#ffffff"), "Send", objectName="sendButton")
-        self.stop_button = QPushButton(icon("stop", "#ffffff"), "Stop", objectName="stopButton")
+        self.send_button = QPushButton(icon("send", "#ffffff"), self.tr("Send"), objectName="sendButton")
+        self.send_button.setToolTip(self.tr("Send (Enter); while the chat answers, the message waits its turn"))
+        self.stop_button = QPushButton(icon("stop", "#ffffff"), self.tr("Stop"), objectName="stopButton")
+        self.stop_button.setToolTip(self.tr("Stop the answer (Esc)"))
         self.stop_button.hide()
         row = QHBoxLayout()
         row.addWidget(self.edit, 1)
@@ -55,7 +59,7 @@ class Composer(QWidget):
         self.stop_button.setVisible(busy)
 
     def begin_edit(self, text: str) -> None:
-        self.banner.setText("Editing an earlier message: sending makes a new branch (the old one stays). Esc cancels.")
+        self.banner.setText(self.tr("Editing an earlier message: sending makes a new branch (the old one stays). Esc cancels."))
         self.banner.show()
         self.edit.setPlainText(text)
         self.edit.setFocus()
@@ -68,10 +72,13 @@ class Composer(QWidget):
         if text.strip():
             self.send_requested.emit(text)
 
+    def cancel_edit(self) -> None:
+        self.banner.hide()
+        self.edit.clear()
+        self.edit_cancelled.emit()
+
     def _escape(self) -> None:
         if self.banner.isVisible():
-            self.banner.hide()
-            self.edit.clear()
-            self.edit_cancelled.emit()
+            self.cancel_edit()
         else:
             self.stop_requested.emit()

@@ -57,6 +57,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
     service = QtChatService(store, bridge, models, settings.defaults)
+    service.restore_drafts(settings.drafts)
     app = Parley(paths, settings, bridge, models, store, service)
     app.window = MainWindow(service, models, settings)
     app.extra["persistence"] = PersistenceUI(app.window, service)

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import atexit
 import gc
+import hashlib
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal
@@ -24,6 +26,7 @@ class ModelState:
     fraction: float = 0.0
     message: str = ""
     info: dict | None = None
+    started: float = field(default_factory=time.monotonic)  # the status bar counts the seconds of a load
 
 
 class ModelManager(QObject):
@@ -32,6 +35,7 @@ class ModelManager(QObject):
     failed = Signal(str, str)  # key, message
     imported = Signal(str)
     import_failed = Signal(str, str)  # path, message
+    already_there = Signal(str, str)  # path, key: an identical copy of a model the registry has
     _resolved = Signal(str, str)  # key, path: the embedded file is assembled off the GUI thread
 
     def __init__(self, bridge: EngineBridge, registry: ModelRegistry, models_dir: Path, parent: QObject | None = None):
@@ -40,6 +44,7 @@ class ModelManager(QObject):
         self.states: dict[str, ModelState] = {}
         self._by_id: dict[int, str] = {}
         self._importing: set[str] = set()
+        self._files: dict[str, str] = {}  # key -> the file or folder it loads (the embedded one once assembled)
         bridge.model_progress.connect(self._on_progress)
         bridge.model_loaded.connect(self._on_loaded)
         bridge.model_failed.connect(self._on_failed)
@@ -51,6 +56,13 @@ class ModelManager(QObject):
 
     def state(self, key: str) -> ModelState | None:
         return self.states.get(key)
+
+    def file_of(self, key: str) -> str | None:
+        """The file or folder a model loads from (the embedded one's once it is assembled)."""
+        entry = self.registry.get(key)
+        if key in self._files:
+            return self._files[key]
+        return entry.path if entry is not None and entry.kind != "embedded" else None
 
     def ensure(self, key: str) -> None:
         """Starts loading `key` unless it is loaded or loading; a failed model is tried again."""
@@ -74,10 +86,24 @@ class ModelManager(QObject):
         if self.registry.get(entry.key) is not None:
             self.imported.emit(entry.key)
             return entry.key
+        same = self._same_model(entry.path)
+        if same is not None:  # a copy: no second load, no second converted cache, no second entry
+            self.imported.emit(same)
+            self.already_there.emit(str(path), same)
+            return same
         self._importing.add(entry.key)
         self.states[entry.key] = ModelState(entry, stage="Checking")
         self._load_path(entry.key, entry.path)
         return entry.key
+
+    def _same_model(self, path: str) -> str | None:
+        """The registry key of a model whose file holds the same bytes as `path`, if any."""
+        wanted = fingerprint(path)
+        files = {**{e.key: e.path for e in self.registry.entries() if e.kind != "embedded"}, **self._files}
+        for key, other in files.items():
+            if self.registry.get(key) is not None and other != path and fingerprint(other) == wanted:
+                return key
+        return None
 
     def _resolve_default(self, key: str) -> None:
         try:
@@ -92,6 +118,7 @@ class ModelManager(QObject):
             self._fail(key, path[1:])
             return
         model_id = self.bridge.engine.load_model(path)
+        self._files[key] = path
         self.states[key].model_id = model_id
         self._by_id[model_id] = key
 
@@ -133,3 +160,31 @@ class ModelManager(QObject):
             return
         self.changed.emit(key)
         self.failed.emit(key, message)
+
+
+SAMPLE_BYTES = 1 << 20  # read from each end of a file: enough to tell models apart without reading gigabytes
+_prints: dict[tuple, tuple] = {}
+
+
+def fingerprint(path: str) -> tuple:
+    """What identifies a model's bytes: size and hashes of its ends (per file for a Hugging Face folder)."""
+    p = Path(path)
+    try:
+        files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+        return tuple((f.name if p.is_dir() else "", *_file_print(f)) for f in files)
+    except OSError:
+        return (path,)  # unreadable: equal only to itself
+
+
+def _file_print(f: Path) -> tuple[int, str]:
+    st = f.stat()
+    key = (str(f), st.st_size, st.st_mtime_ns)
+    if key not in _prints:
+        digest = hashlib.blake2b(digest_size=16)
+        with f.open("rb") as fh:
+            digest.update(fh.read(SAMPLE_BYTES))
+            if st.st_size > SAMPLE_BYTES:
+                fh.seek(max(SAMPLE_BYTES, st.st_size - SAMPLE_BYTES))
+                digest.update(fh.read(SAMPLE_BYTES))
+        _prints[key] = (st.st_size, digest.hexdigest())
+    return _prints[key]

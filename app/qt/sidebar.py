@@ -2,24 +2,31 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
 from app.qt.theme import icon
 
 CONV_ROLE = Qt.ItemDataRole.UserRole
+MARK_ROLE = Qt.ItemDataRole.UserRole + 1  # which icon the item shows: "busy", "pin" or ""
 
 
 class Sidebar(QWidget):
     selected = Signal(int)  # conversation
     new_requested = Signal()
+    delete_requested = Signal(int)  # conversation: the window trashes it and offers Undo
 
     def __init__(self, service: ChatService, parent=None):
         super().__init__(parent, objectName="sidebar")
         self.service = service
-        self.new_button = QPushButton(icon("new"), "New chat")
-        self.search = QLineEdit(placeholderText="Search chats…", clearButtonEnabled=True)
+        self.setMinimumWidth(180)
+        self.new_button = QPushButton(icon("new"), self.tr("New chat"))
+        self.new_button.setToolTip(self.tr("New chat (Ctrl+N)"))
+        self.search = QLineEdit(placeholderText=self.tr("Search chats…"), clearButtonEnabled=True)
+        self.search.setAccessibleName(self.tr("Search chats"))
         self.list = QListWidget(objectName="sidebarList")
+        self.list.setAccessibleName(self.tr("Chats"))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
@@ -37,6 +44,8 @@ class Sidebar(QWidget):
         self.list.customContextMenuRequested.connect(self._menu)
         service.conversations_changed.connect(self.refresh)
         service.status_changed.connect(self._on_status)
+        self._icons = {"pin": icon("pin"), "busy": icon("streaming", "#3b82f6")}
+        self.refresh()  # the chats already in the store (a restart): the list is never empty while they exist
 
     def set_current(self, conv_id: int | None) -> None:
         self._current = conv_id
@@ -52,9 +61,10 @@ class Sidebar(QWidget):
     def refresh(self) -> None:
         self._refreshing = True
         self.list.clear()
-        for conv in self.service.store.search(self.search.text()):
-            item = QListWidgetItem(self._label(conv.id))
+        for conv in self.service.visible(self.search.text()):
+            item = QListWidgetItem(conv.title)
             item.setData(CONV_ROLE, conv.id)
+            self._mark(item)
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             item.setToolTip(conv.title)
             self.list.addItem(item)
@@ -62,20 +72,32 @@ class Sidebar(QWidget):
                 self.list.setCurrentItem(item)
         self._refreshing = False
 
-    def _label(self, conv_id: int) -> str:
-        conv = self.service.store.get(conv_id)
-        marks = ("📌 " if conv.pinned else "") + ("● " if self.service.busy(conv_id) else "")
-        return marks + conv.title
+    def _mark(self, item: QListWidgetItem) -> None:
+        """Busy and pinned show as icons (an emoji is a box without an emoji font) and in the accessible name."""
+        conv_id = item.data(CONV_ROLE)
+        conv, busy = self.service.store.get(conv_id), self.service.busy(conv_id)
+        state = "busy" if busy else "pin" if conv.pinned else ""
+        if item.data(MARK_ROLE) == state:
+            return
+        was, self._refreshing = self._refreshing, True
+        item.setData(MARK_ROLE, state)
+        item.setIcon(self._icons[state] if state else QIcon())
+        notes = [self.tr("answering") if busy else "", self.tr("pinned") if conv.pinned else ""]
+        item.setData(Qt.ItemDataRole.AccessibleTextRole, ", ".join([conv.title, *filter(None, notes)]))
+        self._refreshing = was
 
     def _on_status(self, conv_id: int) -> None:
         for i in range(self.list.count()):
             item = self.list.item(i)
             if item.data(CONV_ROLE) == conv_id and self.service.store.has(conv_id):
-                label = self._label(conv_id)
-                if item.text() != label:
-                    self._refreshing = True
-                    item.setText(label)
-                    self._refreshing = False
+                self._mark(item)
+
+    def keyPressEvent(self, event) -> None:
+        item = self.list.currentItem()
+        if event.key() == Qt.Key.Key_Delete and item is not None and self.list.hasFocus():
+            self.delete_requested.emit(item.data(CONV_ROLE))
+            return
+        super().keyPressEvent(event)
 
     def _on_current(self, item: QListWidgetItem | None, _previous) -> None:
         if item is not None and not self._refreshing:
@@ -85,8 +107,7 @@ class Sidebar(QWidget):
     def _on_renamed(self, item: QListWidgetItem) -> None:
         if self._refreshing:
             return
-        title = item.text().replace("📌 ", "").replace("● ", "")
-        self.service.rename(item.data(CONV_ROLE), title)
+        self.service.rename(item.data(CONV_ROLE), item.text())
 
     def _menu(self, pos) -> None:
         item = self.list.itemAt(pos)
@@ -95,7 +116,8 @@ class Sidebar(QWidget):
         conv_id = item.data(CONV_ROLE)
         pinned = self.service.store.get(conv_id).pinned
         menu = QMenu(self)
-        menu.addAction("Rename", lambda: self.list.editItem(item))
-        menu.addAction(icon("pin"), "Unpin" if pinned else "Pin", lambda: self.service.set_pinned(conv_id, not pinned))
-        menu.addAction(icon("delete"), "Delete", lambda: self.service.delete(conv_id))
+        menu.addAction(self.tr("Rename"), lambda: self.list.editItem(item))
+        menu.addAction(icon("pin"), self.tr("Unpin") if pinned else self.tr("Pin"),
+                       lambda: self.service.set_pinned(conv_id, not pinned))
+        menu.addAction(icon("delete"), self.tr("Delete"), lambda: self.delete_requested.emit(conv_id))
         menu.exec(self.list.mapToGlobal(pos))

@@ -1,10 +1,13 @@
 """The main window: sidebar of chats, the chat page or the compare view, menus, shortcuts and the load bar."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QAction, QActionGroup, QKeySequence, QShortcut
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QSplitter, QStackedWidget,
+    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSplitter, QStackedWidget,
 )
 
 from app.core.app_settings import AppSettings
@@ -12,10 +15,15 @@ from app.qt.about import show_about
 from app.qt.chat_page import ChatPage
 from app.core.chats import ChatService
 from app.qt.compare import CompareView
+from app.qt.live_panel import LivePanel
 from app.qt.model_manager import ModelManager
+from app.qt.models_dialog import ModelsDialog
 from app.qt.settings_dialog import SettingsDialog
 from app.qt.sidebar import Sidebar
 from app.qt.theme import THEMES, apply_theme, icon
+
+
+UNDO_MS = 10_000  # how long a deleted chat can be brought back
 
 
 class MainWindow(QMainWindow):
@@ -25,23 +33,32 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("Parley")
         self.setWindowIcon(icon("parley"))
         self.resize(1200, 780)
+        self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
+        self._undo_timer.timeout.connect(self._forget_trash)
+        self._load_ticker = QTimer(self, interval=500)  # a load with no new progress still shows time passing
+        self._load_ticker.timeout.connect(lambda: self._on_model_state(""))
         self.sidebar = Sidebar(service)
         self.chat = ChatPage(service, models)
         self.compare = CompareView(service, models, settings.one_at_a_time)
         self.stack = QStackedWidget()
         self.stack.addWidget(self.chat)
         self.stack.addWidget(self.compare)
-        split = QSplitter()
+        split = self.splitter = QSplitter()
         split.addWidget(self.sidebar)
         split.addWidget(self.stack)
         split.setStretchFactor(1, 1)
+        split.setCollapsible(0, False)
         split.setSizes([260, 940])
         self.setCentralWidget(split)
+        self.live_panel = LivePanel(service, self)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.live_panel)
+        self.live_panel.hide()
+        self.live_panel.open_requested.connect(self.open_any)
         self._load_bar()
         self._menus()
-        self._shortcuts()
         self.sidebar.selected.connect(self.open_chat)
         self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.delete_requested.connect(self.delete_chat)
         self.chat.settings_requested.connect(self.edit_settings)
         self.compare.promoted.connect(self.open_chat)
         self.compare.one_at_a_time.toggled.connect(self._save_one_at_a_time)
@@ -49,8 +66,10 @@ class MainWindow(QMainWindow):
         models.changed.connect(self._on_model_state)
         models.import_failed.connect(lambda path, msg: self._warn("Import failed", f"{path}\n\n{msg}"))
         models.imported.connect(self._on_imported)
+        models.already_there.connect(self._on_already_there)
         self.dark = False
         self.set_theme(settings.theme)
+        self._restore_geometry()
 
     # -- chats
     def current(self) -> int | None:
@@ -67,6 +86,38 @@ class MainWindow(QMainWindow):
         self.sidebar.set_current(conv_id)
         self.chat.open(conv_id)
 
+    def delete_chat(self, conv_id: int) -> None:
+        """Gone from the list at once; Undo (the status bar's button, Ctrl+Shift+Z) brings it back for a while."""
+        title = self.service.store.get(conv_id).title
+        self.service.trash(conv_id)
+        self.undo_button.show()
+        self.statusBar().showMessage(self.tr("Deleted “%1”.").replace("%1", title), UNDO_MS)
+        self._undo_timer.start()
+
+    def delete_current(self) -> None:
+        if self.current() is not None and self.stack.currentWidget() is self.chat:
+            self.delete_chat(self.current())
+
+    def undo_delete(self) -> None:
+        conv_id = self.service.restore()
+        if conv_id is not None:
+            self.open_chat(conv_id)
+            self.statusBar().showMessage(self.tr("Restored “%1”.").replace("%1", self.service.store.get(conv_id).title), 4000)
+        self.undo_button.setVisible(bool(self.service.in_trash()))
+
+    def _forget_trash(self) -> None:
+        self.undo_button.hide()
+        self.service.empty_trash()
+
+    def open_any(self, conv_id: int) -> None:
+        """A chat from the sidebar, or a compare column (shown in its comparison)."""
+        if not self.service.store.has(conv_id):
+            return
+        if self.service.store.get(conv_id).hidden:
+            self.show_compare()
+        else:
+            self.open_chat(conv_id)
+
     def step_chat(self, step: int) -> None:
         ids = self.sidebar.ids()
         if not ids:
@@ -75,6 +126,7 @@ class MainWindow(QMainWindow):
         self.open_chat(ids[(i + step) % len(ids)])
 
     def show_compare(self) -> None:
+        self.compare.ensure_columns()
         self.stack.setCurrentWidget(self.compare)
         self.compare.composer.edit.setFocus()
 
@@ -89,6 +141,10 @@ class MainWindow(QMainWindow):
         page.composer.edit.setFocus()
 
     def edit_settings(self) -> None:
+        """The settings of what is on screen: the chat, or in compare view the column in focus."""
+        if self.stack.currentWidget() is self.compare:
+            self.compare.edit_settings()
+            return
         conv_id = self.current()
         if conv_id is None:
             return
@@ -122,16 +178,38 @@ class MainWindow(QMainWindow):
         except ValueError as exc:
             self._warn("Not a model", str(exc))
 
+    def show_models(self) -> "ModelsDialog":
+        dialog = ModelsDialog(self.models, self)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.import_requested.connect(self.import_file)
+        dialog.removed.connect(self._on_imported)
+        dialog.open()
+        self.models_dialog = dialog
+        return dialog
+
     def _on_imported(self, key: str) -> None:
         self.chat.picker.reload()
         for column in self.compare.columns:
             column.picker.reload()
-        self.statusBar().showMessage(f"Imported {self.models.registry.get(key).name}", 5000)
+        entry = self.models.registry.get(key)
+        if entry is not None:
+            self.statusBar().showMessage(self.tr("Imported %1").replace("%1", entry.name), 5000)
+
+    def _on_already_there(self, path: str, key: str) -> None:
+        name = self.models.registry.get(key).name
+        self.statusBar().showMessage(self.tr("%1 is the same model as “%2”, already imported: it is not loaded twice.")
+                                     .replace("%1", Path(path).name).replace("%2", name), 8000)
 
     def _load_bar(self) -> None:
+        self.undo_button = QPushButton(icon("delete"), self.tr("Undo delete"), flat=True)
+        self.undo_button.setToolTip(self.tr("Bring back the chat just deleted (Ctrl+Shift+Z)"))
+        self.undo_button.clicked.connect(self.undo_delete)
+        self.undo_button.hide()
         self.load_label = QLabel()
         self.load_progress = QProgressBar(maximumWidth=240, maximumHeight=14)
         self.load_progress.setRange(0, 100)
+        self.load_progress.setAccessibleName(self.tr("Model loading progress"))
+        self.statusBar().addPermanentWidget(self.undo_button)
         self.statusBar().addPermanentWidget(self.load_label)
         self.statusBar().addPermanentWidget(self.load_progress)
         self.load_progress.hide()
@@ -141,14 +219,25 @@ class MainWindow(QMainWindow):
         self.load_progress.setVisible(bool(loading))
         if loading:
             s = loading[0]
-            self.load_label.setText(f"Loading {s.entry.name}: {s.stage}")
-            self.load_progress.setValue(int(s.fraction * 100))
-        else:
-            state = self.models.state(key)
-            failed = state is not None and state.status == "failed"
-            self.load_label.setText(f"{state.entry.name} failed to load" if failed else "")
-            if state is not None and state.status == "loaded":
-                self.statusBar().showMessage(f"{state.name} loaded", 4000)
+            waited = time.monotonic() - s.started
+            self.load_label.setText(self.tr("Loading %1: %2 · %3 s").replace("%1", s.entry.name)
+                                    .replace("%2", s.stage or self.tr("starting")).replace("%3", str(int(waited))))
+            if s.fraction <= 0:
+                self.load_progress.setRange(0, 0)  # no figure yet: the bar moves to say the load is alive
+            else:
+                self.load_progress.setRange(0, 100)
+                self.load_progress.setValue(int(s.fraction * 100))
+            if not self._load_ticker.isActive():
+                self._load_ticker.start()
+            return
+        self._load_ticker.stop()
+        state = self.models.state(key) if key else None
+        if state is None:
+            return
+        failed = state.status == "failed"
+        self.load_label.setText(self.tr("%1 failed to load").replace("%1", state.entry.name) if failed else "")
+        if state.status == "loaded":
+            self.statusBar().showMessage(self.tr("%1 loaded").replace("%1", state.name), 4000)
 
     # -- look
     def set_theme(self, mode: str) -> None:
@@ -167,8 +256,29 @@ class MainWindow(QMainWindow):
         self.app_settings.one_at_a_time = on
         self.app_settings.save()
 
+    def closeEvent(self, event) -> None:
+        self._forget_trash()  # first: a deleted chat's draft goes with it
+        self._save_geometry()
+        super().closeEvent(event)
+
+    def _save_geometry(self) -> None:
+        """Window size and place, the sidebar's width and every chat's draft, into settings.json."""
+        self.app_settings.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode("ascii"),
+                                    "sidebar": self.splitter.sizes()[0]}
+        self.app_settings.drafts = self.service.drafts()  # unsent text comes back with the app
+        self.app_settings.save()
+
+    def _restore_geometry(self) -> None:
+        """Size and place as the user left them, if that still fits a screen (Qt moves it onto one)."""
+        saved = self.app_settings.window
+        if saved.get("geometry"):
+            self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode("ascii")))
+        if isinstance(saved.get("sidebar"), int) and saved["sidebar"] > 0:
+            self.splitter.setSizes([saved["sidebar"], max(1, self.width() - saved["sidebar"])])
+
     def _on_conversations(self) -> None:
-        if self.current() is not None and not self.service.store.has(self.current()):
+        gone = self.current() is not None and (not self.service.store.has(self.current()) or self.service.trashed(self.current()))
+        if gone:
             ids = self.sidebar.ids()
             if ids:
                 self.open_chat(ids[0])
@@ -183,37 +293,66 @@ class MainWindow(QMainWindow):
         self.last_warning = box
 
     def _menus(self) -> None:
+        """Every command is a menu action; its shortcuts are the action's, so menus show them."""
+        self.shortcuts: dict[str, QAction] = {}
         bar = self.menuBar()
-        file = bar.addMenu("&File")
-        file.addAction(icon("new"), "New chat", self.new_chat)
-        file.addAction(icon("import"), "Import GGUF file…", self.import_file)
-        file.addAction(icon("import"), "Import Hugging Face folder…", self.import_folder)
+        file = bar.addMenu(self.tr("&File"))
+        self._action(file, self.tr("New chat"), self.new_chat, ["Ctrl+N"], "new")
+        self._action(file, self.tr("Import GGUF file…"), self.import_file, [], "import")
+        self._action(file, self.tr("Import Hugging Face folder…"), self.import_folder, [], "import")
         file.addSeparator()
-        file.addAction("Quit", QKeySequence.StandardKey.Quit, self.close)
-        chat = bar.addMenu("&Chat")
-        chat.addAction(icon("settings"), "Settings…", self.edit_settings)
-        chat.addAction(icon("stop"), "Stop", self.stop)
-        view = bar.addMenu("&View")
-        view.addAction(icon("compare"), "Compare models", self.show_compare)
-        themes = view.addMenu("Theme")
+        self._action(file, self.tr("Quit"), self.close, [QKeySequence(QKeySequence.StandardKey.Quit).toString() or "Ctrl+Q"])
+        chat = bar.addMenu(self.tr("&Chat"))
+        self._action(chat, self.tr("Settings…"), self.edit_settings, ["Ctrl+,"], "settings")
+        self._action(chat, self.tr("Stop"), self.stop, ["Ctrl+."], "stop")
+        self._action(chat, self.tr("Write a message"), self.focus_composer, ["Ctrl+L"])
+        chat.addSeparator()
+        self._action(chat, self.tr("Next chat"), lambda: self.step_chat(1), ["Ctrl+Tab", "Ctrl+PgDown"])
+        self._action(chat, self.tr("Previous chat"), lambda: self.step_chat(-1), ["Ctrl+Shift+Tab", "Ctrl+PgUp"])
+        chat.addSeparator()
+        self._action(chat, self.tr("Delete chat"), self.delete_current, [], "delete")
+        self._action(chat, self.tr("Undo delete"), self.undo_delete, ["Ctrl+Shift+Z"])
+        view = bar.addMenu(self.tr("&View"))
+        self._action(view, self.tr("Compare models"), self.show_compare, ["Ctrl+K"], "compare")
+        self._action(view, self.tr("Models…"), self.show_models, ["Ctrl+Shift+M"])
+        live = self.live_panel.toggleViewAction()
+        live.setText(self.tr("Live generations"))
+        live.setShortcut(QKeySequence("Ctrl+Shift+L"))
+        live.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        view.addAction(live)
+        self.addAction(live)
+        self.shortcuts["Ctrl+Shift+L"] = live
+        themes = view.addMenu(self.tr("Theme"))
         self._theme_actions = QActionGroup(self)
-        for mode in THEMES:
-            action = QAction(mode.capitalize(), self, checkable=True, data=mode)
+        for mode, label in zip(THEMES, (self.tr("System"), self.tr("Light"), self.tr("Dark"))):
+            action = QAction(label, self, checkable=True, data=mode)
             action.triggered.connect(lambda _c=False, m=mode: self._save_theme(m))
             self._theme_actions.addAction(action)
             themes.addAction(action)
-        help_menu = bar.addMenu("&Help")
-        help_menu.addAction("About Parley", lambda: show_about(self, self.models))
+        help_menu = bar.addMenu(self.tr("&Help"))
+        self._action(help_menu, self.tr("About Parley"), lambda: show_about(self, self.models), [])
 
-    def _shortcuts(self) -> None:
-        keys = [
-            ("Ctrl+N", self.new_chat), ("Ctrl+Tab", lambda: self.step_chat(1)), ("Ctrl+PgDown", lambda: self.step_chat(1)),
-            ("Ctrl+Shift+Tab", lambda: self.step_chat(-1)), ("Ctrl+PgUp", lambda: self.step_chat(-1)),
-            ("Ctrl+.", self.stop), ("Ctrl+L", self.focus_composer), ("Ctrl+K", self.show_compare),
-            ("Ctrl+,", self.edit_settings),
-        ]
-        self.shortcuts = {}
-        for key, fn in keys:
-            sc = QShortcut(QKeySequence(key), self, context=Qt.ShortcutContext.ApplicationShortcut)
-            sc.activated.connect(fn)
-            self.shortcuts[key] = sc
+    def _action(self, menu, text: str, fn, keys: list[str], icon_name: str | None = None) -> QAction:
+        action = QAction(icon(icon_name) if icon_name else QIcon(), text, self)
+        action.setShortcuts([QKeySequence(k) for k in keys])
+        action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)  # also from a compare column or a dialog-less popup
+        action.triggered.connect(lambda _checked=False: fn())
+        menu.addAction(action)
+        self.addAction(action)  # shortcuts work with the menu bar hidden too
+        for key in keys:
+            self.shortcuts[key] = action
+        return action
+
+    # -- keys no widget took: Esc stops (or cancels an edit) wherever the focus is
+    def keyPressEvent(self, event) -> None:
+        if event.key() == Qt.Key.Key_Escape and not event.modifiers():
+            self.escape()
+            return
+        super().keyPressEvent(event)
+
+    def escape(self) -> None:
+        page = self.compare if self.stack.currentWidget() is self.compare else self.chat
+        if page.composer.banner.isVisible():
+            page.composer.cancel_edit()
+        else:
+            self.stop()

@@ -26,3 +26,28 @@ def last_turn(app, conv_id: int) -> dict:
 def handed(app, conv_id: int) -> list[str]:
     """The texts of the messages the chat's latest turn handed the engine."""
     return [m["content"] for m in last_turn(app, conv_id)["messages"]]
+
+
+def start_app(qtbot, data_dir, tiny_models, **kwargs):
+    """Another app instance on `data_dir` (what a restart gives), its default model loaded."""
+    from app.qt.main import build
+    from engine.runtime import EngineConfig
+    from tests.app.conftest import TINY_ENGINE
+
+    app = build(str(data_dir), default_model=str(tiny_models["qwen3"].gguf_path),
+                engine=EngineConfig(**TINY_ENGINE), theme="light", show=False, **kwargs)
+    qtbot.addWidget(app.window)
+    app.window.show()
+    qtbot.waitUntil(lambda: app.models.model_id("default") is not None, timeout=TURN_TIMEOUT_MS)
+    return app
+
+
+def hold_engine(app, seconds: float) -> None:
+    """Keeps the engine thread busy for `seconds` (turns submitted meanwhile stay live), returning once it holds."""
+    import threading
+    import time
+
+    held = threading.Event()
+    engine = app.bridge.engine
+    threading.Thread(target=lambda: engine.call(lambda _e: (held.set(), time.sleep(seconds))), daemon=True).start()
+    assert held.wait(10), "the engine thread never ran the hold"

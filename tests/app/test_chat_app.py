@@ -188,7 +188,7 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
     b = w.new_chat()
     service.rename(b, "Groceries")
     service.set_pinned(b, True)
-    assert w.sidebar.ids()[0] == b and w.sidebar.list.item(0).text().startswith("📌")
+    assert w.sidebar.ids()[0] == b and w.sidebar.list.item(0).text() == "Groceries"
     w.sidebar.search.setText("PENGUIN")  # message text
     assert w.sidebar.ids() == [a]
     w.sidebar.search.setText("grocer")  # title
@@ -202,16 +202,16 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
 def test_shortcuts_new_next_previous_compare(parley, qtbot):
     w = parley.window
     first = w.current()
-    w.shortcuts["Ctrl+N"].activated.emit()
+    w.shortcuts["Ctrl+N"].trigger()
     second = w.current()
     assert second != first and w.sidebar.ids()[0] == second
-    w.shortcuts["Ctrl+Tab"].activated.emit()
+    w.shortcuts["Ctrl+Tab"].trigger()
     assert w.current() == first
-    w.shortcuts["Ctrl+Shift+Tab"].activated.emit()
+    w.shortcuts["Ctrl+Shift+Tab"].trigger()
     assert w.current() == second
-    w.shortcuts["Ctrl+K"].activated.emit()
+    w.shortcuts["Ctrl+K"].trigger()
     assert w.stack.currentWidget() is w.compare
-    w.shortcuts["Ctrl+L"].activated.emit()
+    w.shortcuts["Ctrl+L"].trigger()
     w.open_chat(first)
     assert w.stack.currentWidget() is w.chat
 

@@ -15,3 +15,81 @@ def test_no_subcommand_launches_the_gui(monkeypatch, tmp_path):
     assert calls == [("gui", str(tmp_path), None), ("self-test", str(tmp_path)), ("gui", None, "dark")]
     args = cli.build_parser().parse_args(["chat", "--max-tokens", "5"])
     assert args.func is terminal.chat
+
+
+def test_version_flag(capsys):
+    import pytest
+
+    from app.core.version import parley_version
+
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"parley {parley_version()}"
+
+
+def test_chat_ignores_what_is_typed_while_it_answers(monkeypatch, capsys, tiny_models):
+    """Keys pressed during an answer are neither echoed into it nor sent as the next prompt."""
+    import builtins
+    import os
+    import pty
+
+    from cli.engine_cli import EngineCLI
+
+    master, slave = pty.openpty()
+    tty_in = os.fdopen(slave, "r", encoding="utf-8", buffering=1)
+    monkeypatch.setattr("sys.stdin", tty_in)
+    sent, real_run, real_input = [], EngineCLI.run, builtins.input
+
+    def run(self, turns, on_text=None):
+        os.write(master, b"typed meanwhile\n")  # the user types while the answer streams
+        return real_run(self, turns, on_text)
+
+    def submit_spy(self_engine_submit):
+        def submit(sid, messages, *args, **kwargs):
+            sent.append(messages[-1]["content"])
+            return self_engine_submit(sid, messages, *args, **kwargs)
+        return submit
+
+    calls = []
+
+    def fake_input(prompt=""):
+        calls.append(prompt)
+        os.write(master, b"hello\n" if len(calls) == 1 else b"\n")
+        return real_input(prompt)
+
+    real_init = EngineCLI.__init__
+
+    def init(self, config):
+        real_init(self, config)
+        self.engine.submit = submit_spy(self.engine.submit)
+
+    monkeypatch.setattr(EngineCLI, "__init__", init)
+    monkeypatch.setattr(EngineCLI, "run", run)
+    monkeypatch.setattr(builtins, "input", fake_input)
+    try:
+        code = cli.main(["chat", "--model", str(tiny_models["qwen3"].gguf_path), "--max-tokens", "4",
+                         "--device", "cpu"])
+        echoed = _drain(master)
+    finally:
+        tty_in.close()
+        os.close(master)
+    assert code == 0
+    assert sent == ["hello"], f"sent {sent}"
+    assert "typed meanwhile" not in echoed and "typed meanwhile" not in capsys.readouterr().out
+
+
+def _drain(fd: int) -> str:
+    import os
+    import select
+
+    out = b""
+    while select.select([fd], [], [], 0.2)[0]:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        out += chunk
+    return out.decode("utf-8", "replace")

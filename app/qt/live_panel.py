@@ -1,0 +1,101 @@
+"""The live panel: every generation running now (chat, model, state, tok/s); open a chat from it or stop it."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import (
+    QDockWidget, QHBoxLayout, QHeaderView, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
+)
+
+from app.core.chats import ChatService
+from app.qt.status_line import phase
+from app.qt.theme import icon
+
+REFRESH_MS = 250  # a few updates a second: rates move, and the panel never costs a repaint per token
+CONV_ROLE = Qt.ItemDataRole.UserRole
+
+
+class LivePanel(QDockWidget):
+    open_requested = Signal(int)  # conversation
+
+    def __init__(self, service: ChatService, parent=None):
+        super().__init__(self.tr("Live generations"), parent, objectName="livePanel")
+        self.service = service
+        self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=True)
+        self.table.setHeaderLabels([self.tr("Chat"), self.tr("Model"), self.tr("State"), self.tr("tok/s")])
+        self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.setAccessibleName(self.tr("Live generations"))
+        self.open_button = QPushButton(self.tr("Open"))
+        self.stop_button = QPushButton(icon("stop"), self.tr("Stop"))
+        self.stop_all_button = QPushButton(self.tr("Stop all"))
+        buttons = QHBoxLayout()
+        for b in (self.open_button, self.stop_button, self.stop_all_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        body = QWidget()
+        layout = QVBoxLayout(body)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(buttons)
+        self.setWidget(body)
+        self._timer = QTimer(self, interval=REFRESH_MS)
+        self._timer.timeout.connect(self.refresh)
+        self.table.itemActivated.connect(lambda item, _col: self.open_requested.emit(item.data(0, CONV_ROLE)))
+        self.open_button.clicked.connect(self._open_selected)
+        self.stop_button.clicked.connect(self._stop_selected)
+        self.stop_all_button.clicked.connect(self.stop_all)
+        service.status_changed.connect(self._wake)
+        self.visibilityChanged.connect(lambda shown: self.refresh() if shown else self._timer.stop())
+        self.refresh()
+
+    def rows(self) -> list[tuple[int, str, str, str, str]]:
+        """(conversation, chat, model, state, tok/s) for every chat answering or waiting to."""
+        out = []
+        store = self.service.store
+        for conv_id in self.service.live_chats():
+            conv = store.get(conv_id)
+            s = self.service.status(conv_id)
+            title = conv.title if not conv.hidden else self.tr("Compare column: %1").replace("%1", conv.title)
+            state = phase(s) or s.state
+            rate = f"{s.tokens_per_s:.1f}" if s.tokens_per_s else "—"
+            out.append((conv_id, title, s.model or conv.settings.model, state, rate))
+        return out
+
+    def refresh(self) -> None:
+        rows = self.rows()
+        selected = self._selected()
+        self.table.setUpdatesEnabled(False)
+        self.table.clear()
+        for conv_id, *cells in rows:
+            item = QTreeWidgetItem(cells)
+            item.setData(0, CONV_ROLE, conv_id)
+            item.setTextAlignment(3, Qt.AlignmentFlag.AlignRight)
+            self.table.addTopLevelItem(item)
+            if conv_id == selected:
+                self.table.setCurrentItem(item)
+        self.table.setUpdatesEnabled(True)
+        self.setWindowTitle(self.tr("Live generations (%1)").replace("%1", str(len(rows))))
+        for b in (self.open_button, self.stop_button, self.stop_all_button):
+            b.setEnabled(bool(rows))
+        if not rows:
+            self._timer.stop()
+
+    def stop_all(self) -> None:
+        for conv_id in self.service.live_chats():
+            self.service.stop(conv_id)
+
+    def _wake(self, _conv_id: int) -> None:
+        if self.isVisible() and not self._timer.isActive():
+            self.refresh()
+            self._timer.start()
+
+    def _selected(self) -> int | None:
+        item = self.table.currentItem()
+        return item.data(0, CONV_ROLE) if item is not None else None
+
+    def _open_selected(self) -> None:
+        if self._selected() is not None:
+            self.open_requested.emit(self._selected())
+
+    def _stop_selected(self) -> None:
+        if self._selected() is not None:
+            self.service.stop(self._selected())

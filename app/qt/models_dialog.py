@@ -1,0 +1,108 @@
+"""The model list: every model Parley knows, with what it is (architecture, quantization, context, sizes) and
+whether it is loaded; load one, import one, or take an imported one off the list."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QDialog, QDialogButtonBox, QHBoxLayout, QHeaderView, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+)
+
+from app.core.model_registry import ModelEntry
+from app.qt.model_manager import ModelManager
+
+KEY_ROLE = Qt.ItemDataRole.UserRole
+COLUMNS = ("Model", "Status", "Architecture", "Quantization", "Context", "File", "In memory")
+
+
+class ModelsDialog(QDialog):
+    import_requested = Signal()
+    removed = Signal(str)  # a key taken off the list: pickers reload
+
+    def __init__(self, models: ModelManager, parent=None):
+        super().__init__(parent)
+        self.models = models
+        self.setWindowTitle(self.tr("Models"))
+        self.resize(860, 320)
+        self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=True)
+        self.table.setHeaderLabels([self.tr(c) for c in COLUMNS])
+        self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.setAccessibleName(self.tr("Models"))
+        self.load_button = QPushButton(self.tr("Load"))
+        self.remove_button = QPushButton(self.tr("Remove from list"))
+        self.remove_button.setToolTip(self.tr("Takes an imported model off the list (the file stays where it is)"))
+        self.import_button = QPushButton(self.tr("Import…"))
+        buttons = QHBoxLayout()
+        for b in (self.load_button, self.remove_button, self.import_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
+        close.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(buttons)
+        layout.addWidget(close)
+        self.load_button.clicked.connect(lambda: self._selected() and self.models.ensure(self._selected()))
+        self.remove_button.clicked.connect(self._remove)
+        self.import_button.clicked.connect(self.import_requested)
+        self.table.currentItemChanged.connect(lambda *_: self._enable())
+        models.changed.connect(lambda _key: self.refresh())
+        models.imported.connect(lambda _key: self.refresh())
+        self.refresh()
+
+    def rows(self) -> list[list[str]]:
+        return [self._row(entry) for entry in self.models.registry.entries()]
+
+    def refresh(self) -> None:
+        selected = self._selected()
+        self.table.clear()
+        for entry, cells in zip(self.models.registry.entries(), self.rows()):
+            item = QTreeWidgetItem(cells)
+            item.setData(0, KEY_ROLE, entry.key)
+            item.setToolTip(0, entry.path)
+            for col in (4, 5, 6):
+                item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
+            self.table.addTopLevelItem(item)
+            if entry.key == selected:
+                self.table.setCurrentItem(item)
+        self._enable()
+
+    def _row(self, entry: ModelEntry) -> list[str]:
+        state = self.models.state(entry.key)
+        info = (state.info or {}) if state is not None else {}
+        status = {None: self.tr("not loaded"), "loading": self.tr("loading"), "loaded": self.tr("loaded"),
+                  "failed": self.tr("failed")}[state.status if state is not None else None]
+        context = f"{info['context']:,}" if info.get("context") else "—"
+        memory = f"{info['weights_mb']:,.0f} MB" if info.get("weights_mb") else "—"
+        return [entry.name, status, str(info.get("architecture") or "—"), str(info.get("quantization") or "—"),
+                context, _file_size(self.models.file_of(entry.key)), memory]
+
+    def _selected(self) -> str | None:
+        item = self.table.currentItem()
+        return item.data(0, KEY_ROLE) if item is not None else None
+
+    def _enable(self) -> None:
+        key = self._selected()
+        entry = self.models.registry.get(key) if key is not None else None
+        self.load_button.setEnabled(entry is not None and self.models.model_id(key) is None)
+        self.remove_button.setEnabled(entry is not None and entry.kind != "embedded")
+
+    def _remove(self) -> None:
+        key = self._selected()
+        if key is not None and self.models.registry.get(key) is not None:
+            self.models.registry.remove(key)
+            self.refresh()
+            self.removed.emit(key)
+
+
+def _file_size(path: str | None) -> str:
+    """Bytes on disk of a GGUF file or a Hugging Face folder's files, as MB."""
+    if not path:
+        return "—"
+    p = Path(path)
+    try:
+        total = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) if p.is_dir() else p.stat().st_size
+    except OSError:
+        return "—"
+    return f"{total / 1e6:,.0f} MB"
