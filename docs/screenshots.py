@@ -49,16 +49,7 @@ def main_window(app) -> list[int]:
 
 
 def compare(app) -> None:
-    svc, w = app.service, app.window
-    w.show_compare()
-    view = w.compare
-    for column, (temp, seed) in zip(view.columns, [(0.0, None), (1.0, 11)]):
-        s = svc.store.get(column.conv_id).settings
-        svc.set_settings(column.conv_id, s.copy(temperature=temp, seed=seed, max_tokens=48))
-    view.send("Give me three tips for a rainy weekend.")
-    pump_until(lambda: not view.busy(), 600)
-    settle()
-    w.grab().save(str(OUT / "compare.png"))
+    _compare_shot(app, [(0.0, None), (1.0, 11)], 48, "Give me three tips for a rainy weekend.", "compare.png")
 
 
 def empty_state(app) -> None:
@@ -69,18 +60,25 @@ def empty_state(app) -> None:
 
 
 def compare4(app) -> None:
+    app.window.resize(1280, 800)
+    app.window.show_compare()
+    app.window.compare.set_columns(4)
+    _compare_shot(app, [(0.0, None), (0.7, 3), (1.0, 11), (0.7, 5)], 40, "The best way to spend a rainy weekend is",
+                  "compare4-1280x800.png")
+
+
+def _compare_shot(app, columns: list[tuple[float, int | None]], max_tokens: int, prompt: str, name: str) -> None:
+    """One prompt sent to the compare view's columns, each with its (temperature, seed); saved when all finish."""
     svc, w = app.service, app.window
-    w.resize(1280, 800)
     w.show_compare()
     view = w.compare
-    view.set_columns(4)
-    for column, (temp, seed) in zip(view.columns, [(0.0, None), (0.7, 3), (1.0, 11), (0.7, 5)]):
+    for column, (temp, seed) in zip(view.columns, columns):
         s = svc.store.get(column.conv_id).settings
-        svc.set_settings(column.conv_id, s.copy(temperature=temp, seed=seed, max_tokens=40))
-    view.send("The best way to spend a rainy weekend is")
+        svc.set_settings(column.conv_id, s.copy(temperature=temp, seed=seed, max_tokens=max_tokens))
+    view.send(prompt)
     pump_until(lambda: not view.busy(), 600)
     settle()
-    w.grab().save(str(OUT / "compare4-1280x800.png"))
+    w.grab().save(str(OUT / name))
 
 
 def settings(app) -> None:
