@@ -8,9 +8,10 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
-from app.qt.chat_view import ChatView
 from app.core.chats import ChatService
+from app.qt.chat_view import ChatView
 from app.qt.composer import Composer
+from app.qt.elided_label import ElidedLabel
 from app.qt.empty_state import EmptyState
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker
@@ -26,7 +27,7 @@ class ChatPage(QWidget):
         self.service, self.models = service, models
         self.conv_id: int | None = None
         self.editing: int | None = None  # the user message being edited
-        self.title = QLabel(objectName="chatTitle")
+        self.title = ElidedLabel(objectName="chatTitle")  # a long title elides, never widens the window
         self.picker = ModelPicker(models.registry)
         self.picker.setToolTip(self.tr("Model for this chat (takes effect on the next turn)"))
         self.picker.setAccessibleName(self.tr("Model for this chat"))

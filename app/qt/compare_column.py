@@ -8,6 +8,7 @@ from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolBut
 
 from app.core.chats import ChatService
 from app.qt.chat_view import ChatView
+from app.qt.elided_label import ElidedLabel
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker, SettingsDialog
 from app.qt.status_line import describe
@@ -27,9 +28,7 @@ class CompareColumn(QFrame):
         self.letter = ""
         self.setMinimumWidth(COLUMN_MIN_WIDTH)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
-        self.label = QLabel(objectName="columnLabel")
-        self.label.setTextFormat(Qt.TextFormat.PlainText)
-        self.label.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)  # long labels elide, never widen
+        self.label = ElidedLabel(objectName="columnLabel")  # long labels elide, never widen
         self.picker = ModelPicker(models.registry)
         self.picker.setSizeAdjustPolicy(ModelPicker.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.picker.setMinimumContentsLength(8)

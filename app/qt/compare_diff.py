@@ -22,7 +22,7 @@ class DiffDialog(QDialog):
         self.left, self.right = QComboBox(), QComboBox()
         for i, column in enumerate(view.columns):
             for box in (self.left, self.right):
-                box.addItem(column.label.text() or column.letter, i)
+                box.addItem(column.label.full_text() or column.letter, i)
         self.right.setCurrentIndex(min(1, self.right.count() - 1))
         self.summary = QLabel()
         self.text = QTextEdit(readOnly=True)

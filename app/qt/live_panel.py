@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QDockWidget, QHBoxLayout, QHeaderView, QPushButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
+    QDockWidget, QHBoxLayout, QHeaderView, QToolButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
 )
 
 from app.core.chats import ChatService
@@ -22,11 +22,17 @@ class LivePanel(QDockWidget):
         self.service = service
         self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=True)
         self.table.setHeaderLabels([self.tr("Chat"), self.tr("Model"), self.tr("State"), self.tr("tok/s")])
-        self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        header = self.table.header()
+        header.setStretchLastSection(False)
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the chat's title takes what is left
+        for column in (1, 2, 3):
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.table.setAccessibleName(self.tr("Live generations"))
-        self.open_button = QPushButton(self.tr("Open"))
-        self.stop_button = QPushButton(icon("stop"), self.tr("Stop"))
-        self.stop_all_button = QPushButton(self.tr("Stop all"))
+        # compact buttons: the dock must fit beside a chat in a small window without widening it
+        self.open_button = QToolButton(text=self.tr("Open"))
+        self.stop_button = QToolButton(icon=icon("stop"), text=self.tr("Stop"))
+        self.stop_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.stop_all_button = QToolButton(text=self.tr("Stop all"))
         buttons = QHBoxLayout()
         for b in (self.open_button, self.stop_button, self.stop_all_button):
             buttons.addWidget(b)

@@ -7,7 +7,8 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSplitter, QStackedWidget,
+    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
+    QStackedWidget,
 )
 
 from app.core.app_settings import AppSettings
@@ -43,6 +44,8 @@ class MainWindow(QMainWindow):
         self.stack = QStackedWidget()
         self.stack.addWidget(self.chat)
         self.stack.addWidget(self.compare)
+        self.stack.currentChanged.connect(self._size_by_current_page)
+        self._size_by_current_page()
         split = self.splitter = QSplitter()
         split.addWidget(self.sidebar)
         split.addWidget(self.stack)
@@ -124,6 +127,14 @@ class MainWindow(QMainWindow):
             return
         i = ids.index(self.current()) if self.current() in ids else -step
         self.open_chat(ids[(i + step) % len(ids)])
+
+    def _size_by_current_page(self, _index: int = -1) -> None:
+        """Only the page on screen sets the window's minimum size (a hidden compare view must not widen a chat)."""
+        current = self.stack.currentWidget()
+        for i in range(self.stack.count()):
+            page = self.stack.widget(i)
+            policy = QSizePolicy.Policy.Preferred if page is current else QSizePolicy.Policy.Ignored
+            page.setSizePolicy(policy, policy)
 
     def show_compare(self) -> None:
         self.compare.ensure_columns()

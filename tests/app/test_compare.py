@@ -76,7 +76,7 @@ def test_columns_are_labelled_with_model_and_differing_settings(parley, imported
     view.columns[1].set_model(imported_llama)
     conv = view.columns[2].conv_id
     parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.2))
-    labels = [c.label.text() for c in view.columns]
+    labels = [c.label.full_text() for c in view.columns]
     assert labels == ["A: qwen3 · T 0", "B: llama · T 0", "C: qwen3 · T 0.2"]
 
 

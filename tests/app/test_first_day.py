@@ -64,6 +64,23 @@ def test_compare_columns_never_widen_the_window(parley, qtbot):
     assert _inside(view.columns[3].promote_button, w)  # reachable: tiled or scrolled to
 
 
+def test_a_long_title_or_the_live_panel_never_widens_the_window(parley, qtbot):
+    """A chat's title of any length elides (full text in its tooltip); showing the live panel keeps the width."""
+    w = parley.window
+    w.resize(800, 600)
+    conv = w.current()
+    long_title = "A very long chat title that goes on and on about lighthouses, keepers and the sea " * 3
+    parley.service.rename(conv, long_title)
+    w.open_chat(conv)
+    qtbot.wait(20)
+    assert w.width() == 800 and w.minimumSizeHint().width() <= 800
+    assert w.chat.title.full_text() == w.chat.title.toolTip() and w.chat.title.full_text().startswith("A very long")
+    assert w.chat.title.text().endswith("…")
+    w.live_panel.show()
+    qtbot.wait(20)
+    assert w.width() == 800, f"the live panel widened the window to {w.width()} px"
+
+
 def test_a_new_column_names_its_loaded_model(parley, qtbot):
     w = parley.window
     w.show_compare()
