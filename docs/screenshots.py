@@ -2,6 +2,8 @@
 
 main.png (three chats, two streaming), compare.png (two columns), settings.png, dark.png; at 1280×800:
 empty-1280x800.png (a first start: the empty chat) and compare4-1280x800.png (four columns, tiled 2×2).
+`set`: at 1280×800 and 1024×700 each, empty, live (three chats streaming, the live panel open), compare4,
+diff (two columns' answers compared), dark and models (the model list): NAME-WxH.png.
 --shots picks some: python docs/screenshots.py --shots empty,compare4
 """
 from __future__ import annotations
@@ -18,9 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.gui_harness import fresh_data_dir, pump_until  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "screenshots"
-
-
-
+SIZES = [(1280, 800), (1024, 700)]  # the set's window sizes (issue 22): a laptop and a small screen
 
 
 def settle(seconds: float = 0.3) -> None:
@@ -81,6 +81,48 @@ def _compare_shot(app, columns: list[tuple[float, int | None]], max_tokens: int,
     w.grab().save(str(OUT / name))
 
 
+def sized_set(app, width: int, height: int) -> None:
+    """The issue-22 set at one window size, on a fresh data dir's first chat."""
+    svc, w = app.service, app.window
+    tag = f"{width}x{height}"
+    w.set_theme("light")
+    w.resize(width, height)
+    w.open_chat(w.new_chat())
+    settle()
+    w.grab().save(str(OUT / f"empty-{tag}.png"))
+    chats = [w.new_chat() for _ in range(3)]
+    for conv, (prompt, seed) in zip(chats, [("Tell me a story about a lighthouse keeper.", 3),
+                                            ("What are good habits for learning a language?", 5),
+                                            ("Once upon a time, in a village by the sea, there lived", 7)]):
+        ask(app, conv, prompt, max_tokens=300, temperature=0.7, seed=seed)
+    w.live_panel.show()
+    pump_until(lambda: all(len(svc.store.path(c)[-1].content) > 80 for c in chats), 600)
+    w.open_chat(chats[0])
+    settle()
+    w.grab().save(str(OUT / f"live-{tag}.png"))
+    for c in chats:
+        svc.stop(c)
+    pump_until(lambda: not any(svc.busy(c) for c in chats), 60)
+    w.live_panel.hide()
+    w.show_compare()
+    w.compare.set_columns(4)
+    _compare_shot(app, [(0.0, None), (0.7, 3), (1.0, 11), (0.7, 5)], 40, "The best way to spend a rainy weekend is",
+                  f"compare4-{tag}.png")
+    dialog = w.compare.show_diff()
+    settle()
+    dialog.grab().save(str(OUT / f"diff-{tag}.png"))
+    dialog.close()
+    w.set_theme("dark")
+    w.open_chat(chats[1])
+    settle()
+    w.grab().save(str(OUT / f"dark-{tag}.png"))
+    w.set_theme("light")
+    models = w.show_models()
+    settle()
+    models.grab().save(str(OUT / f"models-{tag}.png"))
+    models.close()
+
+
 def settings(app) -> None:
     from app.qt.settings_dialog import SettingsDialog
 
@@ -129,6 +171,9 @@ def main() -> int:
                 shot(app)
         if "dark" in shots:
             dark(app, chats[0])
+        if "set" in shots:
+            for width, height in SIZES:
+                sized_set(app, width, height)
     finally:
         app.close()
     print("\n".join(str(p) for p in sorted(OUT.glob("*.png"))))
