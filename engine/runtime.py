@@ -18,6 +18,7 @@ from engine.errors import CacheError, ModelLoadError
 from engine.loading.loader import LoadedModel
 from engine.memory import return_freed_memory
 from engine.models.kernel_choice import KernelChoice, choose_kernels
+from engine.prefix_cache import PrefixCache
 from engine.process import configure_process
 from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
@@ -40,11 +41,15 @@ class EngineConfig:
     cache_dir: Path | None = None  # converted GGUF weights
     weights: str = "auto"  # engine/loading/loader.py LoadOptions.weights: "auto", "quantized" or "dequantized"
     quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
+    prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
+    prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates
         if self.max_sessions < 1:
             raise ValueError("max_sessions must be at least 1")
+        if self.prefix_tokens is not None and self.prefix_tokens < 0:
+            raise ValueError("prefix_tokens must be at least 0")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
@@ -64,10 +69,12 @@ class RuntimeTuning:
 class ModelRuntime:
     """A model's step machinery. Everything here runs on the engine thread (or the caller's, in benchmarks)."""
 
-    def __init__(self, model_id: int, lm: LoadedModel, backend: str, batcher: Batcher, limit: int):
+    def __init__(self, model_id: int, lm: LoadedModel, backend: str, batcher: Batcher, limit: int,
+                 prefixes: PrefixCache | None = None):
         self.model_id, self.lm, self.backend = model_id, lm, backend
         self.batcher, self.limit = batcher, limit
         self.device = torch.device(batcher.device)  # where logits land and samplers draw (the host for MLX)
+        self.prefixes = prefixes or PrefixCache(batcher.cache, 0, 0)
 
     @property
     def scheduler(self):
@@ -82,7 +89,14 @@ class ModelRuntime:
         return self.batcher.has_work()
 
     def step(self) -> list[tuple[Sequence, int]]:
+        self._unpark_for_waiting()
         return self.batcher.step()
+
+    def _unpark_for_waiting(self) -> None:
+        """Parked prefixes never keep a waiting sequence out: their slots go first, least recently used first."""
+        short = len(self.scheduler.waiting) - self.cache.book.free_slots
+        while short > 0 and self.prefixes.evict() is not None:
+            short -= 1
 
     def settle(self) -> list[tuple[Sequence, int]]:
         """Reads any step queued ahead, so sequences can be changed from outside."""
@@ -97,7 +111,8 @@ class ModelRuntime:
 
     # -- sequences
     def free_slots(self) -> int:
-        return self.cache.book.free_slots
+        """Slots a sequence can have now: the free ones and the parked ones (given up on demand)."""
+        return self.cache.book.free_slots + self.prefixes.parked
 
     def waiting(self) -> list[Sequence]:
         return list(self.scheduler.waiting)
@@ -113,6 +128,31 @@ class ModelRuntime:
     def release(self, seq: Sequence) -> None:
         """Gives its cache slot back."""
         self.scheduler.release(seq)
+
+    def park(self, seq: Sequence) -> None:
+        """A closed conversation's slot: kept for later turns that share its prefix (within the budget), else freed."""
+        if seq.slot is not None and self.prefixes.park(seq.slot, seq.token_ids[: seq.num_cached]):
+            seq.slot, seq.num_cached = None, 0
+        else:
+            self.release(seq)
+
+    def reuse_prefix(self, seq: Sequence, ids: list[int], live: list[tuple[int, list[int]]]) -> int:
+        """Before a turn of `ids`: when another slot (`live` (slot, cached tokens) or parked) holds a longer prefix
+        than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached."""
+        own = seq.num_cached if seq.slot is not None else 0
+        match = self.prefixes.best(ids, live, exclude=seq.slot)
+        if match is None or match.length <= own:
+            return own
+        if seq.slot is not None:
+            self.release(seq)  # its own, shorter prefix makes room for the copy
+        elif not self.cache.book.free_slots and not self._unpark_one(keep=match.slot):
+            return 0  # no slot to copy into now: it prefills through admission as before
+        seq.slot, seq.num_cached = self.prefixes.adopt(match), match.length
+        return match.length
+
+    def _unpark_one(self, keep: int) -> bool:
+        """Frees one parked slot other than `keep` (least recently used first)."""
+        return self.prefixes.evict(skip=keep) is not None
 
     def fork(self, seq: Sequence, seq_id: int) -> Sequence | None:
         """A finished sequence holding a copy of `seq`'s cached tokens, or None when no slot is free."""
@@ -188,7 +228,9 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead)
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
-    return ModelRuntime(model_id, lm, backend, batcher, limit)
+    parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
+    prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
+    return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes)
 
 
 def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool) -> Batcher:

@@ -60,7 +60,7 @@ def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], int]]:
             try:
                 header = json.loads(fh.read(size))
             except (ValueError, UnicodeDecodeError) as exc:
-                raise ModelLoadError(f"{f.name} has a damaged safetensors header: {exc}") from exc
+                raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: {exc})") from exc
         for name, info in header.items():
             if name != "__metadata__":
                 out.append((tuple(int(d) for d in info["shape"]), SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))

@@ -1,0 +1,140 @@
+"""The shared prefix cache at the runtime: a turn seeded from another slot's prefix (live or parked) generates
+exactly what it generates from scratch, both layouts, across a sliding window; the parked budget holds; parked
+prefixes never keep a waiting sequence out."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.loading.loader import LoadOptions, load_model
+from engine.runtime import EngineConfig, build_runtime
+from engine.sampling import SamplerState, SamplingParams
+from engine.sequence import Sequence, Status
+from engine.session import common_prefix
+
+NEW = 10
+KEPT: dict[int, int] = {}  # seq id -> cached tokens its last turn started from
+WINDOW = 8  # the tiny gemma3's sliding window (tests/support/tiny_models.py)
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models):
+    return {arch: load_model(tiny_models[arch].gguf_path, LoadOptions()) for arch in ("llama", "gemma3")}
+
+
+def runtime(lm, layout: str, sessions: int = 4, **config):
+    cfg = EngineConfig(kv_layout=layout, max_sessions=sessions, max_session_tokens=256, step_tokens=32,
+                       chunk_tokens=8, **config)
+    return build_runtime(lm, cfg, keep_finished=True)
+
+
+def prompt(lm, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist()
+
+
+def turn(rt, seq_id: int, ids: list[int], seq: Sequence | None = None, live=()) -> Sequence:
+    """Runs one greedy turn of `ids` to its end; the sequence keeps its slot. Reuses a prefix from `live` slots or
+    parked ones first, as a session's turn does."""
+    seq = seq or Sequence(seq_id, [], SamplerState(SamplingParams(max_tokens=NEW)), max_len=rt.limit)
+    rt.keep_prefix(seq, min(common_prefix(ids, seq.token_ids[: seq.num_cached]), len(ids) - 1))  # as a session does
+    seq.token_ids, seq.generated, seq.num_prompt, seq.finish_reason = list(ids), [], len(ids), None
+    seq.sampler = SamplerState(SamplingParams(max_tokens=NEW))
+    KEPT[seq_id] = rt.reuse_prefix(seq, ids, [(s.slot, s.token_ids[: s.num_cached]) for s in live if s.slot is not None])
+    rt.run(seq)
+    while seq.status != Status.FINISHED:
+        rt.step()
+    return seq
+
+
+def alone(lm, layout: str, ids: list[int]) -> list[int]:
+    return turn(runtime(lm, layout, prefix_cache=False), 99, ids).generated
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_live_sessions_prefix_seeds_another_turn_exactly(models, arch, layout):
+    lm = models[arch]
+    shared = prompt(lm, 21, 1)
+    rt = runtime(lm, layout)
+    a = turn(rt, 0, shared + prompt(lm, 5, 2))
+    b_ids = shared + prompt(lm, 7, 3)
+    usable = rt.cache.book.floor(a.slot) <= len(shared)  # a sliding ring that moved on offers nothing
+    assert usable or (arch == "gemma3" and layout == "sequence")
+    b = turn(rt, 1, b_ids, live=[a])
+    assert KEPT[1] == (len(shared) if usable else 0) and b.generated == alone(lm, layout, b_ids)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_reused_count_is_what_the_turn_skipped(models, layout):
+    lm = models["llama"]
+    shared = prompt(lm, 30, 4)
+    rt = runtime(lm, layout)
+    a = turn(rt, 0, shared + prompt(lm, 3, 5))
+    b = Sequence(1, [], SamplerState(SamplingParams(max_tokens=NEW)), max_len=rt.limit)
+    kept = rt.reuse_prefix(b, shared + prompt(lm, 4, 6), [(a.slot, a.token_ids[: a.num_cached])])
+    assert kept == 30 and b.num_cached == 30 and b.slot not in (None, a.slot)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_closed_sessions_parked_prefix_seeds_a_new_chat(models, arch, layout):
+    lm = models[arch]
+    system = prompt(lm, 25, 7)
+    rt = runtime(lm, layout)
+    a = turn(rt, 0, system + prompt(lm, 4, 8))
+    rt.park(a)  # the chat is closed: its slot stays, parked
+    assert a.slot is None and rt.prefixes.parked == 1
+    b_ids = system + prompt(lm, 6, 9)
+    usable = arch != "gemma3" or layout == "cell"  # 25 + 4 + 10 tokens: the tiny window's ring moved past 25
+    b = turn(rt, 1, b_ids)
+    assert KEPT[1] == (len(system) if usable else 0) and b.generated == alone(lm, layout, b_ids)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_regenerate_and_an_edited_branch_reuse_what_they_share(models, layout):
+    """A session's own longer history, then another session's branch: each turn equals its run from scratch."""
+    lm = models["gemma3"]
+    rt = runtime(lm, layout)
+    base = prompt(lm, 19, 10)
+    a = turn(rt, 0, base + prompt(lm, 5, 11))
+    first = a.generated
+    again = turn(rt, 0, list(a.token_ids[: a.num_prompt]), seq=a)  # regenerate: the same prompt again
+    assert again.generated == first
+    edited = base + prompt(lm, 9, 12)  # an earlier message edited: a new branch from `base`
+    usable = rt.cache.book.floor(a.slot) <= len(base)
+    b = turn(rt, 1, edited, live=[a])
+    assert KEPT[1] == (len(base) if usable else 0) and b.generated == alone(lm, layout, edited)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_a_prefix_whose_ring_moved_on_is_not_reused(models, layout):
+    """Sliding window: once the source has run far past the shared prefix, a `sequence` layout's rings no longer
+    hold what a continuation from there needs: no reuse (the `cell` layout keeps every row: reused). Either way
+    the exact answer."""
+    lm = models["gemma3"]
+    rt = runtime(lm, layout)
+    shared = prompt(lm, 12, 13)
+    a = turn(rt, 0, shared + prompt(lm, 120, 14))  # far past the window and the chunk-sized ring slack
+    rings = bool(rt.cache.book.rings)
+    assert rings == (layout == "sequence") and (rt.cache.book.floor(a.slot) > len(shared)) == rings
+    b_ids = shared + prompt(lm, 5, 15)
+    match = rt.prefixes.best(b_ids, [(a.slot, a.token_ids[: a.num_cached])])
+    assert (match is None) == rings and (rings or match.length == len(shared))
+    assert turn(rt, 1, b_ids, live=[a]).generated == alone(lm, layout, b_ids)
+
+
+def test_parked_budget_and_waiting_sequences_take_parked_slots(models):
+    lm = models["llama"]
+    rt = runtime(lm, "sequence", sessions=2, prefix_tokens=40)
+    big = turn(rt, 0, prompt(lm, 45, 16))
+    rt.park(big)  # over the token budget: freed, not parked
+    assert rt.prefixes.parked == 0 and rt.cache.book.free_slots == 2
+    a, b = turn(rt, 1, prompt(lm, 20, 17)), turn(rt, 2, prompt(lm, 15, 18))
+    rt.park(a)
+    rt.park(b)  # 20 + 15 + more would pass 40 tokens of budget: a stays only while it fits
+    assert rt.prefixes.parked_tokens() <= 40
+    assert rt.free_slots() == 2  # parked slots count as available
+    c, d = turn(rt, 3, prompt(lm, 9, 19)), turn(rt, 4, prompt(lm, 11, 20))  # both admitted: parked slots given up
+    assert c.generated and d.generated and c.slot is not None and d.slot is not None
+    assert rt.prefixes.parked == 0
