@@ -8,7 +8,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import time
+from dataclasses import dataclass
+from ipaddress import ip_address
 from typing import AsyncIterator
+from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -21,13 +25,32 @@ from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 
 DISCONNECT_POLL_S = 0.5
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+LOOPBACK_NAMES = ("localhost", "localhost.")
 
 
-def build_app(bridge: ServerBridge, api_key: str | None = None) -> Starlette:
+@dataclass(slots=True)
+class ServerSettings:
+    """What the HTTP layer accepts: body size and the names it answers to (DNS rebinding defence)."""
+
+    bound_host: str = "127.0.0.1"  # the address listened on; Host headers must name it
+    max_body_bytes: int = 8 << 20  # a chat request is kilobytes; tens of MB only tie up the tokenizer
+    allowed_hosts: tuple[str, ...] = ()  # extra names for Host (e.g. a reverse proxy's)
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError(f"max_body_bytes must be at least 1024, not {self.max_body_bytes}")
+
+
+def build_app(bridge: ServerBridge, api_key: str | None = None, settings: ServerSettings | None = None) -> Starlette:
+    settings = settings or ServerSettings()
+
     def guarded(handler):
         async def endpoint(request: Request) -> Response:
             try:
+                _check_origin(request, settings)
                 _authorize(request, api_key)
+                request.state.max_body = settings.max_body_bytes
                 return await handler(request, bridge)
             except api.APIError as exc:
                 return _error(exc)
@@ -54,14 +77,14 @@ async def get_model(request: Request, bridge: ServerBridge) -> Response:
 
 
 async def chat_completions(request: Request, bridge: ServerBridge) -> Response:
-    data = api.parse_json(await request.body())
+    data = api.parse_json(await _read_body(request))
     model = _model(bridge, data.get("model"))
     req = api.parse_chat(data, model.context)
     return await _serve_turn(request, bridge, model, req, api.new_id("chatcmpl"))
 
 
 async def completions(request: Request, bridge: ServerBridge) -> Response:
-    data = api.parse_json(await request.body())
+    data = api.parse_json(await _read_body(request))
     model = _model(bridge, data.get("model"))
     req = api.parse_completion(data, model.context)
     return await _serve_turn(request, bridge, model, req, api.new_id("cmpl"))
@@ -69,12 +92,13 @@ async def completions(request: Request, bridge: ServerBridge) -> Response:
 
 # -- one turn
 async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
-    sid, queue = await _begin(bridge, model, req)
+    client = _Client(request)
+    sid, queue = await _begin(client, bridge, model, req)
     if req.stream:
-        body = _sse(request, bridge, sid, queue, model.id, req, rid)
+        body = _sse(client, bridge, sid, queue, model.id, req, rid)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        end = await _wait_end(request, queue)
+        end = await _wait_end(client, queue)
     finally:
         bridge.close(sid)
     if isinstance(end, ev.Error):
@@ -83,14 +107,18 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     return JSONResponse(build(rid, model.id, end.text, end.reason, end.stats))
 
 
-async def _begin(bridge: ServerBridge, model: ServedModel, req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
-    """Opens the session and submits; a request the engine refuses (e.g. longer than the context) is a 400."""
+async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
+                 req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
+    """Opens the session and submits; a request the engine refuses (e.g. longer than the context) is a 400.
+    A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
     sid, queue = bridge.open(model, req.raw)
     try:
         messages = req.history + [{"role": "user", "content": req.prompt}]
         bridge.engine.submit(sid, messages, req.params, req.system)
         while True:
-            e = await queue.get()
+            e = await _poll(client, queue)
+            if e is None:
+                raise api.APIError(499, "The client closed the connection.")
             if isinstance(e, ev.Started):
                 return sid, queue
             if isinstance(e, ev.Error):
@@ -101,24 +129,24 @@ async def _begin(bridge: ServerBridge, model: ServedModel, req: api.TurnRequest)
         raise
 
 
-async def _wait_end(request: Request, queue: asyncio.Queue) -> ev.Event:
+async def _wait_end(client: "_Client", queue: asyncio.Queue) -> ev.Event:
     """The turn's Finished or Error; stops waiting (the caller cancels the turn) if the client goes away."""
     while True:
-        e = await _next_event(request, queue)
+        e = await _next_event(client, queue)
         if e is None:
             raise api.APIError(499, "The client closed the connection.")
         if not isinstance(e, ev.TokenDelta):
             return e
 
 
-async def _sse(request: Request, bridge: ServerBridge, sid: int, queue: asyncio.Queue, model: str,
+async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio.Queue, model: str,
                req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
     """The turn as server-sent events; leaving early (client gone: Starlette cancels us) cancels the turn."""
     try:
         if not req.raw:
             yield _event(api.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
         while True:
-            e = await _next_event(request, queue)
+            e = await _next_event(client, queue)
             if e is None:
                 return  # the client went away: `finally` cancels the turn
             if isinstance(e, ev.TokenDelta):
@@ -140,17 +168,40 @@ async def _sse(request: Request, bridge: ServerBridge, sid: int, queue: asyncio.
         bridge.close(sid)
 
 
-async def _next_event(request: Request, queue: asyncio.Queue) -> ev.Event | None:
+async def _next_event(client: "_Client", queue: asyncio.Queue) -> ev.Event | None:
     """The turn's next TokenDelta, Finished or Error; None once the client has disconnected."""
+    while True:
+        e = await _poll(client, queue)
+        if e is None or isinstance(e, (ev.TokenDelta, ev.Finished)) or isinstance(e, ev.Error) and e.turn_id is not None:
+            return e
+
+
+async def _poll(client: "_Client", queue: asyncio.Queue) -> ev.Event | None:
+    """The session's next event, or None once the client has gone; the client is checked even while events flow,
+    else a non-streaming answer whose tokens keep coming would run to max_tokens for nobody."""
     while True:
         try:
             e = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
-            if await request.is_disconnected():
-                return None
-            continue
-        if isinstance(e, (ev.TokenDelta, ev.Finished)) or isinstance(e, ev.Error) and e.turn_id is not None:
+            e = None
+        if await client.gone():
+            return None
+        if e is not None:
             return e
+
+
+class _Client:
+    """The HTTP client of one request, asked whether it is still there at most every DISCONNECT_POLL_S."""
+
+    def __init__(self, request: Request):
+        self.request, self.checked = request, time.monotonic()
+
+    async def gone(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked < DISCONNECT_POLL_S:
+            return False
+        self.checked = now
+        return await self.request.is_disconnected()
 
 
 def _event(payload: dict) -> str:
@@ -158,12 +209,69 @@ def _event(payload: dict) -> str:
 
 
 # -- helpers
+async def _read_body(request: Request) -> bytes:
+    """The body, refused (413) as soon as it passes the limit: a 100 MB message is never buffered or tokenised."""
+    limit = request.state.max_body
+    refused = api.APIError(413, f"The request body is larger than this server accepts ({limit:,} bytes).",
+                           code="request_too_large")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise refused
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        # a browser may POST text/plain cross-site without asking first; JSON needs a preflight we never grant
+        raise api.APIError(415, "Send the request body as 'Content-Type: application/json'.")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise refused
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _check_origin(request: Request, settings: ServerSettings) -> None:
+    """Host must name the bound address (a rebound DNS name must not reach a loopback server); a browser's
+    Origin, when sent, must too."""
+    host = request.headers.get("host", "")
+    if not _allowed_host(_hostname(host), settings):
+        raise api.APIError(421, f"This server does not answer to the host {host!r}.", code="host_not_allowed")
+    origin = request.headers.get("origin")
+    if origin is not None and origin != "null" and not _allowed_host(urlsplit(origin).hostname or "", settings):
+        raise api.APIError(403, f"Requests from web pages of {origin!r} are not allowed.", code="origin_not_allowed")
+    if origin == "null":
+        raise api.APIError(403, "Requests from sandboxed web pages are not allowed.", code="origin_not_allowed")
+
+
+def _hostname(host: str) -> str:
+    """'[::1]:8000' -> '::1', 'Example.COM:80' -> 'example.com'."""
+    if host.startswith("["):
+        return host[1:].partition("]")[0].lower()
+    return host.rpartition(":")[0].lower() if host.count(":") == 1 else host.lower()
+
+
+def _allowed_host(name: str, settings: ServerSettings) -> bool:
+    bound = settings.bound_host.lower()
+    if name in settings.allowed_hosts or name == bound.strip("[]"):
+        return True
+    if bound in WILDCARD_HOSTS:
+        return bool(name)  # listening everywhere: any name may reach it (and --api-key is the guard)
+    return _loopback(bound) and (name in LOOPBACK_NAMES or _loopback(name))
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return host in LOOPBACK_NAMES or ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _authorize(request: Request, api_key: str | None) -> None:
     if api_key is None:
         return
     given = request.headers.get("authorization", "")
     scheme, _, token = given.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+    # headers arrive as latin-1 text: their raw bytes are what a UTF-8 client sent for a non-ASCII key
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode("latin-1"), api_key.encode()):
         raise api.APIError(401, "Missing or wrong API key: send 'Authorization: Bearer <key>'.",
                            code="invalid_api_key", kind="authentication_error")
 

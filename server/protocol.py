@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_INT32, SamplingParams
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
@@ -44,6 +45,8 @@ def parse_json(body: bytes) -> dict:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON: {exc}.") from None
+    except RecursionError:  # json recurses per nesting level: 2,000 brackets deep must not be a 500
+        raise APIError(400, "The request body nests JSON too deeply.") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.")
     return data
@@ -125,6 +128,11 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
     top_k = _number(data, "top_k", int, 0)
+    if not -1 <= top_k <= MAX_INT32:
+        raise APIError(400, f"'top_k' must be between -1 (off) and {MAX_INT32}, not {top_k}.", "top_k")
+    seed = _number(data, "seed", int, None)
+    if seed is not None and not 0 <= seed < 2**64:
+        raise APIError(400, f"'seed' must be between 0 and 2**64 - 1, not {seed}.", "seed")
     fields = dict(
         temperature=_ranged(data, "temperature", 1.0, 0.0, 2.0),
         top_p=_ranged(data, "top_p", 1.0, 0.0, 1.0),
@@ -133,7 +141,7 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
         presence_penalty=_ranged(data, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_ranged(data, "frequency_penalty", 0.0, -2.0, 2.0),
         top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1
-        seed=_number(data, "seed", int, None),
+        seed=seed,
         max_tokens=max_tokens,
         stop=stop,
     )
@@ -170,7 +178,8 @@ def _number(data: dict, name: str, kind: type, default):
     value = data.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+    real = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if not real or (kind is int and value != int(value)):  # NaN and 1e400 (inf) are not numbers here
         raise APIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, not {value!r}.", name)
     return kind(value)
 

@@ -9,7 +9,7 @@ from ipaddress import ip_address
 
 import uvicorn
 
-from server.app import build_app
+from server.app import ServerSettings, build_app
 from server.bridge import ServerBridge
 
 
@@ -23,26 +23,29 @@ def is_loopback(host: str) -> bool:
 
 
 def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                log_level: str = "warning") -> uvicorn.Server:
-    config = uvicorn.Config(build_app(bridge, api_key), host=host, port=port, log_level=log_level,
+                log_level: str = "warning", settings: ServerSettings | None = None) -> uvicorn.Server:
+    settings = settings or ServerSettings(bound_host=host)
+    config = uvicorn.Config(build_app(bridge, api_key, settings), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=5, lifespan="off")
     return uvicorn.Server(config)
 
 
-def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | None) -> None:
+def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | None,
+                  settings: ServerSettings | None = None) -> None:
     if not is_loopback(host) and api_key is None:
         print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
-    server = make_server(bridge, host, port, api_key, log_level="info")
+    server = make_server(bridge, host, port, api_key, log_level="info", settings=settings)
     server.run()
 
 
 class BackgroundServer:
     """A server on a daemon thread, for tests and embedding: `with BackgroundServer(bridge) as s: s.url`."""
 
-    def __init__(self, bridge: ServerBridge, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None):
+    def __init__(self, bridge: ServerBridge, host: str = "127.0.0.1", port: int = 0, api_key: str | None = None,
+                 settings: ServerSettings | None = None):
         self.port = port or free_port(host)
         self.host = host
-        self.server = make_server(bridge, host, self.port, api_key)
+        self.server = make_server(bridge, host, self.port, api_key, settings=settings)
         self.thread = threading.Thread(target=self.server.run, name="parley-server", daemon=True)
 
     @property
