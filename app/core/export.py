@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import stat
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -27,6 +29,10 @@ ROLES = ("user", "assistant", "system")
 STATES = ("done", "stopped", "error", "interrupted")
 UNFINISHED = ("waiting", "queued", "streaming")  # saved mid-answer: comes back interrupted
 MD_MARK = re.compile(r"^<!-- parley:(user|assistant|system)(?: model=(.*?))? -->$", re.M)
+# Lines of a message that would read as Parley's own structure (a marker, the chat separator) get one more
+# leading backslash on export and lose one on import: text never becomes a system prompt or a new chat.
+MD_STRUCTURE = re.compile(r"^(\\*)(<!-- parley:|---$)", re.M)
+MD_ESCAPED = re.compile(r"^\\(\\*)(<!-- parley:|---$)", re.M)
 
 
 class ImportFormatError(ParleyError):
@@ -64,14 +70,14 @@ def _chat_markdown(store: ConversationStore, conv_id: int) -> str:
     conv = store.get(conv_id)
     parts = [f"# {_one_line(conv.title)}"]
     if conv.settings.system_prompt:
-        parts.append(f"<!-- parley:system -->\n> **System:** {conv.settings.system_prompt}")
+        parts.append(f"<!-- parley:system -->\n> **System:** {_md_escape(conv.settings.system_prompt)}")
     for m in store.path(conv_id):
         versions = store.versions(m)
         note = f" (version {versions.index(m) + 1} of {len(versions)})" if len(versions) > 1 else ""
         model = f" model={_one_line(m.model)}" if m.model else ""
         who = "You" if m.role == "user" else (m.model or "Assistant")
         cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m.state, "")
-        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{m.content}")
+        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{_md_escape(m.content)}")
     return "\n\n".join(parts)
 
 
@@ -89,14 +95,33 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+def _md_escape(text: str) -> str:
+    return MD_STRUCTURE.sub(lambda m: "\\" + m.group(1) + m.group(2), text)
+
+
+def _md_unescape(text: str) -> str:
+    return MD_ESCAPED.sub(lambda m: m.group(1) + m.group(2), text)
+
+
 # -- import
 def read_import(path: str | Path) -> str:
-    """The file's text, refusing anything over MAX_IMPORT_BYTES before reading it."""
+    """The file's text: a regular file (not a FIFO that blocks or a device that never ends, even behind a
+    symlink) of at most MAX_IMPORT_BYTES, which is all that is ever read."""
     path = Path(path)
-    size = path.stat().st_size
-    if size > MAX_IMPORT_BYTES:
-        raise ImportFormatError(f"{path.name} is {size / 2**20:.0f} MiB; imports are limited to {MAX_IMPORT_BYTES >> 20} MiB.")
-    data = path.read_bytes()
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
+    except OSError as exc:
+        raise ImportFormatError(f"{path.name} cannot be read: {exc.strerror}.") from None
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ImportFormatError(f"{path.name} is not a regular file.")
+        if info.st_size > MAX_IMPORT_BYTES:
+            raise ImportFormatError(f"{path.name} is {info.st_size / 2**20:.0f} MiB; imports are limited to "
+                                    f"{MAX_IMPORT_BYTES >> 20} MiB.")
+        data = f.read(MAX_IMPORT_BYTES + 1)  # a file that grew since: still never more than the limit
+    if len(data) > MAX_IMPORT_BYTES:
+        raise ImportFormatError(f"{path.name} is larger than {MAX_IMPORT_BYTES >> 20} MiB.")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -126,32 +151,42 @@ def import_json(store: ConversationStore, text: str | bytes) -> list[int]:
 
 
 def import_markdown(store: ConversationStore, text: str) -> list[int]:
-    """Chats exported as Markdown come back as one branch each (Markdown keeps no versions)."""
+    """Chats exported as Markdown come back as one branch each (Markdown keeps no versions). Like JSON, the whole
+    text is checked before anything is written, and it is written in one batch."""
     if len(text) > MAX_IMPORT_BYTES:
         raise ImportFormatError("The text is too large to import.")
-    ids = []
-    for block in re.split(r"\n\n---\n\n(?=# )", text.strip()):
-        title_line, _, body = block.partition("\n")
-        if not title_line.startswith("# "):
-            raise ImportFormatError("A chat in Markdown starts with a '# title' line.")
-        marks = list(MD_MARK.finditer(body))
-        if not marks:
-            raise ImportFormatError(f"{title_line[2:]!r} has no Parley message markers (<!-- parley:user -->).")
-        conv = store.create(title_line[2:].strip()[:200] or "Imported chat")
-        parent = None
-        for mark, nxt in zip(marks, marks[1:] + [None]):
-            chunk = body[mark.end(): nxt.start() if nxt else len(body)].strip("\n")
-            heading, _, content = chunk.partition("\n\n")
-            if mark.group(1) == "system":
-                prompt = chunk.removeprefix("> **System:** ")
-                store.update(conv.id, settings=conv.settings.copy(system_prompt=prompt))
-                continue
-            msg = store.add_message(conv.id, parent, mark.group(1), content.rstrip("\n"))
-            if mark.group(2):
-                store.update_message(msg.id, model=mark.group(2))
-            parent = msg.id
-        ids.append(conv.id)
-    return ids
+    chats = [_markdown_chat(block) for block in re.split(r"\n\n---\n\n(?=# )", text.strip())]
+    if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
+        raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")
+    with getattr(store, "batch", nullcontext)():
+        return [_add_chat(store, c) for c in chats]
+
+
+def _markdown_chat(block: str) -> dict:
+    """One '# title' block as the checked chat dict _add_chat takes."""
+    title_line, _, body = block.partition("\n")
+    if not title_line.startswith("# "):
+        raise ImportFormatError("A chat in Markdown starts with a '# title' line.")
+    title = title_line[2:].strip()[:200] or "Imported chat"
+    marks = list(MD_MARK.finditer(body))
+    if not marks:
+        raise ImportFormatError(f"{title_line[2:80]!r} has no Parley message markers (<!-- parley:user -->).")
+    if len(marks) > MAX_MESSAGES:
+        raise ImportFormatError(f"{title[:80]!r} holds more than {MAX_MESSAGES:,} messages.")
+    settings, messages = ChatSettings(), []
+    for mark, nxt in zip(marks, marks[1:] + [None]):
+        chunk = body[mark.end(): nxt.start() if nxt else len(body)].strip("\n")
+        if mark.group(1) == "system":
+            prompt = _md_unescape(chunk.removeprefix("> **System:** "))
+            settings = settings.copy(system_prompt=_text(prompt, f"{title[:80]!r}: system prompt"))
+            continue
+        content = _md_unescape(chunk.partition("\n\n")[2].rstrip("\n"))
+        where = f"{title[:80]!r}, message {len(messages) + 1}"
+        messages.append({"parent": len(messages) - 1 if messages else None, "role": mark.group(1),
+                         "content": _text(content, where), "state": "done", "error": "", "stats": None,
+                         "model": _text(mark.group(2) or "", where), "created_at": None})
+    return {"title": title, "settings": settings, "pinned": False, "hidden": False, "created_at": None,
+            "updated_at": None, "leaf": len(messages) - 1 if messages else None, "messages": messages}
 
 
 def _parse(text: str | bytes):

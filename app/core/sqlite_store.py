@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -23,6 +24,8 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+
+_HELD: dict[str, list] = {}  # lock file -> [descriptor, stores of this process using it]
 
 CONV_COLUMNS = "id, title, pinned, hidden, created_at, updated_at, leaf_id, settings_json"
 MSG_COLUMNS = "id, conversation_id, parent_id, role, content, state, error, stats_json, model, created_at"
@@ -45,13 +48,21 @@ class SqliteConversationStore(ConversationStore):
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
+        self._lock_fd: str | None = None  # the key of the lock this store holds in _HELD
+        self.locked_out = False  # another Parley holds this data folder: this one shows its chats read-only
         self._open()
 
     # -- opening
     def _open(self) -> None:
+        if not self._lock():
+            self.locked_out = True
+            self._load_read_only(f"Parley is already open with the data folder {self.file.parent}; this window shows "
+                                 "its chats read-only and saves nothing. Close the other Parley first.")
+            return
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             db = schema.connect(self.file)
+            _check_integrity(db)
             schema.migrate(db)
             self.has_fts = schema.ensure_search_index(db)
             self._load(db)
@@ -79,8 +90,45 @@ class SqliteConversationStore(ConversationStore):
                 pass
         self._set_warning(warning)
 
+    def _lock(self) -> bool:
+        """An exclusive lock on the data folder, held while the store is open: two instances writing one file
+        reuse ids and overwrite each other's changes. False when another process holds it; stores of this
+        process share it (a restart simulated in tests, a store reopened after a crash report)."""
+        try:
+            import fcntl
+        except ImportError:  # Windows: SQLite's own locking is all there is
+            return True
+        key = str(self.file.resolve()) + ".lock"
+        if key in _HELD:
+            _HELD[key][1] += 1
+            self._lock_fd = key
+            return True
+        try:
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return True  # a read-only folder: nothing will be written anyway
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        _HELD[key] = [fd, 1]
+        self._lock_fd = key
+        return True
+
+    def _unlock(self) -> None:
+        key, self._lock_fd = self._lock_fd, None
+        if key is None or key not in _HELD:
+            return
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            os.close(_HELD.pop(key)[0])  # closing the descriptor releases the lock
+
     def _set_aside(self, exc: Exception) -> None:
-        """A damaged file is renamed (never deleted) and a fresh one started."""
+        """A damaged file is renamed (never deleted) and a fresh one started, holding every chat that could still be
+        read from the old one (so nothing on screen refers to rows the new file lacks)."""
+        self._read_what_remains()
         stamp = time.strftime("%Y%m%d-%H%M%S")
         aside = self.file.with_name(f"{self.file.name}.damaged-{stamp}")
         try:
@@ -95,7 +143,33 @@ class SqliteConversationStore(ConversationStore):
         except (sqlite3.Error, OSError) as exc2:
             self._set_warning(_why(exc2, self.file))
             return
+        self._write([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(c))
+                     for c in self._conversations.values()] +
+                    [(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(m))
+                     for m in sorted(self._messages.values(), key=lambda m: m.id)])
         self._set_warning(f"The chat database was damaged ({exc}); it was kept as {aside.name} and a new one started.")
+
+    def _read_what_remains(self) -> None:
+        """Starts over from empty (a failed load leaves half its rows) and reads every row the damaged file still
+        gives, keeping the tree consistent (parents before children, leaves that exist)."""
+        self._conversations.clear()
+        self._messages.clear()
+        self._children.clear()
+        self._compare.clear()
+        self.models.clear()
+        try:
+            db = schema.connect(self.file, read_only=True)
+            try:
+                self._load(db)
+            finally:
+                db.close()
+        except (sqlite3.Error, OSError):
+            pass  # what was read before the damage stays
+        for conv in self._conversations.values():
+            if conv.leaf_id is not None and conv.leaf_id not in self._messages:
+                conv.leaf_id = None
+        self._compare.clear()  # not carried over to the new file
+        self._ids = itertools.count(max([0, *self._conversations, *self._messages]) + 1)
 
     def _load(self, db: sqlite3.Connection) -> None:
         top = 0
@@ -208,6 +282,7 @@ class SqliteConversationStore(ConversationStore):
                 db.close()
             except (sqlite3.Error, OSError):
                 pass
+        self._unlock()
 
     # -- conversations
     def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
@@ -365,6 +440,13 @@ def _message(row: tuple) -> Message:
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _check_integrity(db: sqlite3.Connection) -> None:
+    """Damage anywhere in the file (its last page too) is found at open, not when a chat touches it later."""
+    verdict = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+    if verdict != "ok":
+        raise sqlite3.DatabaseError(f"database disk image is malformed: {verdict}")
 
 
 def _is_damaged(exc: Exception) -> bool:
