@@ -59,7 +59,7 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     finally:
         bar.close()
     for notice in loaded.info.get("notices", []):
-        print(notice, file=sys.stderr)
+        print(printable(notice), file=sys.stderr)
     return cli, model_id, loaded
 
 
@@ -117,7 +117,7 @@ def chat(args: argparse.Namespace) -> int:
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
         params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
-        print(f"Parley — {loaded.name}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+        print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
         while True:
             try:
                 line = input("> ").strip()
@@ -137,7 +137,7 @@ def chat(args: argparse.Namespace) -> int:
             end = cli.ended[turn]
             if isinstance(end, ev.Error):
                 messages.pop()  # the refused message is not kept
-                print(f"parley: {end.message}", file=sys.stderr)
+                print(f"parley: {printable(end.message)}", file=sys.stderr)
                 continue
             if end.text or end.reason != "cancelled":
                 messages.append({"role": "assistant", "content": end.text})
@@ -170,3 +170,9 @@ def keys_held_back(stream) -> Iterator[None]:
     finally:
         termios.tcflush(fd, termios.TCIFLUSH)
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def printable(text: str) -> str:
+    """Text from a model file (its name, a template's error) with control characters shown escaped: an escape
+    sequence in it must not reach the terminal raw (it could move the cursor, retitle the window or hide text)."""
+    return "".join(ch if ch.isprintable() or ch == "\n" else ascii(ch)[1:-1] for ch in str(text))

@@ -24,6 +24,7 @@ MAX_ARRAY_DEPTH = 2
 MAX_TENSORS = 100_000
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 40
+MAX_ALIGNMENT = 1 << 20
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
@@ -145,8 +146,10 @@ def _read(path: Path, keep: bool) -> GGUFHeader:
             else:
                 header.scalars[key] = value
         alignment = header.scalars.get("general.alignment", 32)
-        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1) or alignment > 1 << 20:
-            raise c.fail(f"alignment {alignment} is not a power of two")
+        if not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0 or alignment & (alignment - 1):
+            raise c.fail(f"alignment {alignment!r} is not a power of two")
+        if alignment > MAX_ALIGNMENT:
+            raise c.fail(f"alignment {alignment:,} is larger than {MAX_ALIGNMENT:,} bytes")
         tensors = [_tensor_info(c, gguf) for _ in range(n_tensors)]
         data_start = -(-c.pos // alignment) * alignment
         for t in tensors:
@@ -155,23 +158,34 @@ def _read(path: Path, keep: bool) -> GGUFHeader:
             if t.offset % alignment:
                 raise c.fail(f"tensor {t.name} starts at {t.offset:,}, not a multiple of the alignment {alignment}")
             t.offset += data_start
-        _check_disjoint(c, tensors)
+        _check_layout(c, tensors, data_start, alignment)
         header.n_tensors = n_tensors
         header.tensors = tensors if keep else []
         return header
 
 
-def _check_disjoint(c: _Cursor, tensors: list[TensorInfo]) -> None:
-    """Tensors may not share bytes: a shape that claims more blocks than its data holds runs into the next one."""
+def _check_layout(c: _Cursor, tensors: list[TensorInfo], data_start: int, alignment: int) -> None:
+    """Tensors tile the data section: each starts where the one before ends, give or take alignment padding. A shape
+    or type that claims more bytes than stored runs into the next tensor; one that claims fewer leaves a gap."""
     ordered = sorted(tensors, key=lambda t: t.offset)
-    for before, after in zip(ordered, ordered[1:]):
-        if before.offset + before.n_bytes > after.offset:
+    end = data_start
+    for t in ordered:
+        if t.offset < end:
+            before = next(b for b in ordered if b.offset < end and b.offset + b.n_bytes == end)
             raise c.fail(f"tensor {before.name} ({before.n_bytes:,} bytes for shape {list(before.shape)}) overlaps "
-                         f"tensor {after.name}")
+                         f"tensor {t.name}")
+        if t.offset - end >= alignment:
+            raise c.fail(f"{t.offset - end:,} unused bytes lie before tensor {t.name} (a changed shape or type?)")
+        end = t.offset + t.n_bytes
+    if ordered and len(c.buf) - end >= alignment:
+        raise c.fail(f"{len(c.buf) - end:,} unused bytes follow the last tensor, {ordered[-1].name} "
+                     "(a changed shape or type?)")
 
 
 def _tensor_info(c: _Cursor, gguf) -> TensorInfo:
     name = c.string("a tensor name")
+    if not name.isprintable():  # names are printed in errors: an escape sequence must not reach a terminal
+        raise c.fail(f"tensor name {name!r} holds control characters")
     n_dims = c.take("<I")
     if not 1 <= n_dims <= MAX_DIMS:
         raise c.fail(f"tensor {name} has {n_dims:,} dimensions")

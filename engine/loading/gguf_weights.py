@@ -44,6 +44,9 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     for i, t in enumerate(gf.tensors):
         name = t.name
         if name == "rope_freqs.weight":
+            if tuple(t.shape) != (args.head_dim // 2,):  # one factor per rotary frequency, else wrong rope silently
+                raise ModelLoadError(f"{gf.path.name}: rope_freqs.weight has shape {list(t.shape)}, "
+                                     f"expected [{args.head_dim // 2}].")
             args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
         else:
             target = hf_name(name, arch)
@@ -54,7 +57,7 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
                 if not is_native(t.tensor_type.name):
                     odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
             else:
-                weights[target] = arch.gguf_fix(name, gf.tensor(t), args)
+                weights[target] = _fixed(gf, t, arch, args)
         gf.release(t)
         if progress:
             progress("Decoding weights", (i + 1) / total)
@@ -62,6 +65,14 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
         notices.extend(f"{gf.path.name}: {n} tensor(s) of type {q} have no kernel of their own: re-quantized to int8."
                        for q, n in sorted(odd.items()))
     return weights
+
+
+def _fixed(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> torch.Tensor:
+    try:
+        return arch.gguf_fix(t.name, gf.tensor(t), args)
+    except RuntimeError as exc:  # e.g. Q rows that do not split into the metadata's head count
+        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
+                             f"metadata ({str(exc).splitlines()[0]}).") from None
 
 
 def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs, device: str) -> QuantTensor:

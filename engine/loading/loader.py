@@ -143,7 +143,9 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
     try:
         result = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:
-        raise ModelLoadError(f"The weights do not fit the architecture: {exc}") from exc
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]  # torch lists one per line
+        detail = next((line for line in lines if "mismatch" in line), lines[0] if lines else "")
+        raise ModelLoadError(f"The weights do not fit the architecture: {detail}") from exc
     left = [k for k in result.missing_keys if not _quantized_buffer(model, k)]
     if left or result.unexpected_keys:
         raise ModelLoadError(_mismatch_message(left, result.unexpected_keys))

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
+import functools
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from engine.errors import UnsupportedModelError
 
@@ -23,6 +24,7 @@ GGUF_BLOCK_NAMES = {
 
 GLOBAL = "global"
 SLIDING = "sliding"
+MAX_COUNT = 1 << 20  # layers, heads, widths: far beyond any real model, far below what exhausts memory
 
 
 @dataclass(slots=True)
@@ -58,6 +60,11 @@ class ModelArgs:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
+                     "head_dim", "max_position_embeddings"):
+            positive(getattr(self, name), name)
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise UnsupportedModelError(f"The sliding window must be a positive number of tokens, not {self.sliding_window}.")
         if len(self.layer_types) != self.num_layers:
             raise UnsupportedModelError(
                 f"layer_types lists {len(self.layer_types)} layers but the model has {self.num_layers}."
@@ -142,6 +149,37 @@ def hf_layer_types(config: dict[str, Any], num_layers: int, default_pattern: int
     if pattern:
         return [GLOBAL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
     return [GLOBAL] * num_layers
+
+
+def positive(value: Any, what: str, most: int = MAX_COUNT) -> int:
+    """A count read from a model file, as an int from 1 to `most`; 0 (a division by zero later) or 2**31 layers
+    (gigabytes of bookkeeping before any weight is read) are refused with the field's name."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or value != int(value) or not 1 <= int(value) <= most:
+        raise UnsupportedModelError(f"The model's {what} must be a whole number from 1 to {most:,}, not {value!r}.")
+    return int(value)
+
+
+def gguf_layer_count(value: Any, shapes: dict[str, tuple[int, ...]], key: str) -> int:
+    """block_count, checked against the block tensors the file holds."""
+    n = positive(value, key)
+    if not any(name.startswith(f"blk.{n - 1}.") for name in shapes) or any(name.startswith(f"blk.{n}.") for name in shapes):
+        held = len({name.split(".")[1] for name in shapes if name.startswith("blk.")})
+        raise UnsupportedModelError(f"The model's {key} says {n:,} layers but the file holds tensors for {held:,}.")
+    return n
+
+
+def gguf_metadata_errors(read: Callable[..., "ModelArgs"]) -> Callable[..., "ModelArgs"]:
+    """An architecture's args_from_gguf, with a metadata value of the wrong kind (a list where a count belongs,
+    a string for a float) reported as such rather than as a raw TypeError."""
+    @functools.wraps(read)
+    def checked(meta: dict[str, Any], *args: Any, **kwargs: Any) -> "ModelArgs":
+        try:
+            return read(meta, *args, **kwargs)
+        except (TypeError, ValueError, IndexError, KeyError, OverflowError) as exc:
+            raise UnsupportedModelError(f"The GGUF metadata holds a value of the wrong kind: {exc}.") from None
+
+    return checked
 
 
 def require(d: dict[str, Any], key: str, where: str) -> Any:

@@ -12,7 +12,10 @@ from engine.models.args import (
     SLIDING,
     ModelArgs,
     RopeArgs,
+    gguf_layer_count,
+    gguf_metadata_errors,
     hf_layer_types,
+    positive,
     require,
     rope_from_hf,
 )
@@ -99,14 +102,16 @@ def _hf_ropes(config: dict[str, Any], head_dim: int) -> dict[str, RopeArgs]:
     return {GLOBAL: rope_from_hf(global_params, head_dim), SLIDING: rope_from_hf(local, head_dim)}
 
 
+@gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
     def get(key: str, default: Any = None) -> Any:
         full = f"{ARCH}.{key}"
         return require(meta, full, "The GGUF metadata") if default is None else meta.get(full, default)
 
-    hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    n_layers = int(get("block_count"))
+    hidden = positive(get("embedding_length"), f"{ARCH}.embedding_length")
+    heads = positive(get("attention.head_count"), f"{ARCH}.attention.head_count")
+    head_dim = positive(get("attention.key_length", hidden // heads), f"{ARCH}.attention.key_length")
+    n_layers = gguf_layer_count(get("block_count"), shapes, f"{ARCH}.block_count")
     global_rope = RopeArgs(float(get("rope.freq_base", 1_000_000.0)))
     if meta.get(f"{ARCH}.rope.scaling.type") == "linear":
         global_rope.factors = [float(meta[f"{ARCH}.rope.scaling.factor"])] * (head_dim // 2)

@@ -12,7 +12,10 @@ from engine.models.args import (
     ModelArgs,
     RopeArgs,
     hf_layer_types,
+    gguf_layer_count,
+    gguf_metadata_errors,
     hf_rope_params,
+    positive,
     require,
     rope_from_hf,
 )
@@ -77,6 +80,7 @@ def args_from_hf(config: dict[str, Any], model_type: str = ARCH, **overrides: An
     return ModelArgs(**kw)
 
 
+@gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str = ARCH, **overrides: Any) -> ModelArgs:
     def get(key: str, default: Any = None) -> Any:
         full = f"{arch}.{key}"
@@ -84,10 +88,10 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
             return require(meta, full, "The GGUF metadata")
         return meta.get(full, default)
 
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    n_layers = int(get("block_count"))
+    hidden = positive(get("embedding_length"), f"{arch}.embedding_length")
+    heads = positive(get("attention.head_count"), f"{arch}.attention.head_count")
+    head_dim = positive(get("attention.key_length", hidden // heads), f"{arch}.attention.key_length")
+    n_layers = gguf_layer_count(get("block_count"), shapes, f"{arch}.block_count")
     kv = get("attention.head_count_kv", heads)
     rope = RopeArgs(float(get("rope.freq_base", 10000.0)))
     if "rope_freqs.weight" in shapes:
