@@ -9,6 +9,11 @@ from tokenizers import AddedToken
 
 from engine.errors import TokenizerError
 
+# The longest pieces of real vocabularies are runs of spaces or dashes, a few hundred characters at most; building
+# a tokenizer costs about the square of a piece's length, so a 1 MB "token" would hang the load.
+MAX_TOKEN_CHARS = 4096
+MAX_VOCAB_CHARS = 64 << 20
+
 
 class TokenType(IntEnum):
     """GGUF `tokenizer.ggml.token_type` values."""
@@ -42,6 +47,12 @@ class GGUFVocab:
         n = len(self.tokens)
         if n == 0:
             raise TokenizerError("The model file has no tokenizer vocabulary (tokenizer.ggml.tokens is missing).")
+        longest = max(range(n), key=lambda i: len(self.tokens[i]))
+        if len(self.tokens[longest]) > MAX_TOKEN_CHARS:
+            raise TokenizerError(f"Tokenizer token {longest} is {len(self.tokens[longest]):,} characters long; "
+                                 f"at most {MAX_TOKEN_CHARS:,} are accepted.")
+        if sum(map(len, self.tokens)) + sum(map(len, self.merges)) > MAX_VOCAB_CHARS:
+            raise TokenizerError(f"The tokenizer's vocabulary holds more than {MAX_VOCAB_CHARS:,} characters.")
         if len(self.types) != n or len(self.scores) != n:
             raise TokenizerError(f"Tokenizer metadata disagrees: {n} tokens but {len(self.types)} types and {len(self.scores)} scores.")
         for name, token_id in (("bos", self.bos_id), ("eos", self.eos_id), ("unknown", self.unk_id)):
@@ -66,6 +77,13 @@ class GGUFVocab:
 
 def vocab_from_metadata(metadata: dict[str, Any]) -> GGUFVocab:
     """Reads `tokenizer.ggml.*`; missing optional keys get llama.cpp's defaults."""
+    try:
+        return _vocab(metadata)
+    except (TypeError, ValueError, OverflowError) as exc:  # a list where an id belongs, text where a score does
+        raise TokenizerError(f"The model's tokenizer metadata holds a value of the wrong kind: {exc}.") from None
+
+
+def _vocab(metadata: dict[str, Any]) -> GGUFVocab:
     model = str(metadata.get("tokenizer.ggml.model", ""))
     tokens = [str(t) for t in metadata.get("tokenizer.ggml.tokens") or []]
     n = len(tokens)

@@ -4,9 +4,11 @@ from __future__ import annotations
 from tokenizers import Tokenizer as Backend, decoders, normalizers
 from tokenizers.models import BPE
 
+from engine.errors import TokenizerError
 from engine.tokenizer.gguf_vocab import GGUFVocab, TokenType
 
 SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
+MAX_SPLIT_WORK = 1 << 29  # characters sliced while deriving merges: real vocabularies need under 1% of it
 
 
 def build_sentencepiece_bpe(vocab: GGUFVocab) -> Backend:
@@ -65,6 +67,9 @@ def _merges_from_scores(pieces: list[str], mergeable: list[int], vocab: GGUFVoca
     pieces before merging; among splits of one piece the longer left part goes first.
     """
     known = {pieces[i] for i in mergeable}
+    work = sum(len(pieces[i]) ** 2 for i in mergeable)  # every cut of every piece slices it whole
+    if work > MAX_SPLIT_WORK:
+        raise TokenizerError("The tokenizer's vocabulary has too many long pieces to derive its merges in time.")
     ranked = []
     for i in mergeable:
         piece = pieces[i]

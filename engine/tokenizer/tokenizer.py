@@ -16,6 +16,8 @@ BACKEND_FILE = "tokenizer.json"
 INFO_FILE = "parley_tokenizer.json"
 INFO_VERSION = 1
 SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UTF-8): `tokenizers` refuses them
+GIL_FREE_CHARS = 16_384  # longer texts go through encode_batch, which lets other threads run meanwhile
+PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in for control text typed in messages
 
 
 @dataclass(slots=True)
@@ -70,6 +72,12 @@ class Tokenizer:
         self.add_bos = info.add_bos
         self.stop_ids = info.stop_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
+        self._max_token_chars: int | None = None
+        self._specials: re.Pattern | None | bool = False  # False: not built yet; None: the vocabulary has none
+        self._literal: Backend | None = None  # a copy that reads control-token text as plain text
+        # built now, at load: lazily, each holds the GIL for 0.1-0.2 s (262k tokens) while other chats stream
+        self._special_pattern()
+        self.max_token_chars  # noqa: B018 - computed and kept
 
     @property
     def backend(self) -> Backend:
@@ -81,10 +89,21 @@ class Tokenizer:
         text = SURROGATES.sub("\ufffd", text)
         if self._info.space_prefix and text:
             text = " " + text
-        ids = self._backend.encode(text, add_special_tokens=False).ids
+        if len(text) > GIL_FREE_CHARS:  # `encode` holds the GIL throughout: the engine thread would stall
+            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
+        else:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for (its stored form is at least as long as its text):
+        text of n characters needs at least n / max_token_chars tokens, known without tokenising it."""
+        if self._max_token_chars is None:
+            self._max_token_chars = max(map(len, self._backend.get_vocab(with_added_tokens=True)), default=1) + 1
+        return self._max_token_chars
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         """Text for `ids`; with `skip_special`, control tokens such as <bos> are left out."""
@@ -109,13 +128,57 @@ class Tokenizer:
         `continue_final` leaves the last message open: the text ends right after its content, with no
         end-of-turn marker, so generation carries on with that message.
         """
+        messages, typed = self._defuse(messages)
         if continue_final:
             text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False), messages)
         else:
             text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
         bos = self.chat_template.bos_token
         writes_bos = bool(bos) and text.startswith(bos)
-        return self.encode(text, add_bos=False if writes_bos else None)
+        add_bos = False if writes_bos else None
+        return self._encode_with_literals(text, typed, add_bos) if typed else self.encode(text, add_bos=add_bos)
+
+    def _defuse(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], dict[str, str]]:
+        """Messages whose typed control-token text ("<start_of_turn>") is swapped for placeholders, so that only the
+        template's own markers become control ids (no role spoofing); returns placeholder -> the text it hides."""
+        pattern = self._special_pattern()
+        if pattern is None or not any(pattern.search(m.get("content") or "") for m in messages):
+            return messages, {}
+        everything = "".join(m.get("content") or "" for m in messages)
+        free = (chr(c) for c in PLACEHOLDERS if chr(c) not in everything)
+        typed: dict[str, str] = {}  # text -> placeholder while building
+        def swap(match: re.Match) -> str:
+            return typed.setdefault(match.group(0), next(free))
+        out = [dict(m, content=pattern.sub(swap, m["content"])) if m.get("content") else dict(m) for m in messages]
+        return out, {mark: text for text, mark in typed.items()}
+
+    def _special_pattern(self) -> re.Pattern | None:
+        if self._specials is False:
+            texts = sorted({t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content},
+                           key=len, reverse=True)
+            self._specials = re.compile(_trie_pattern(texts)) if texts else None
+        return self._specials
+
+    def _encode_with_literals(self, text: str, typed: dict[str, str], add_bos: bool | None) -> list[int]:
+        """Encodes `text`, each placeholder as the plain-text tokens of the control text it stands for."""
+        ids: list[int] = []
+        for i, part in enumerate(re.split(f"([{''.join(typed)}])", text)):
+            if part in typed:
+                literal = (" " if i == 0 and self._info.space_prefix else "") + typed[part]
+                ids += self._literal_backend().encode(literal, add_special_tokens=False).ids
+            elif part:
+                ids += self.encode(part, add_bos=False) if i == 0 else \
+                    self._backend.encode(SURROGATES.sub("\ufffd", part), add_special_tokens=False).ids
+        if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
+            return [self.bos_id, *ids]
+        return ids
+
+    def _literal_backend(self) -> Backend:
+        if self._literal is None:
+            literal = Backend.from_str(self._backend.to_str())
+            literal.encode_special_tokens = True
+            self._literal = literal
+        return self._literal
 
     def save(self, directory: Path) -> None:
         """Writes tokenizer.json and parley_tokenizer.json so `load` skips rebuilding."""
@@ -139,6 +202,28 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
+
+
+def _trie_pattern(texts: list[str]) -> str:
+    """One regex for many literal strings, as a trie: a search costs about the text's length, not times the
+    number of strings (Gemma has thousands of control tokens)."""
+    if max(map(len, texts)) > 300:  # deeper than the regex compiler's recursion allows
+        return "|".join(map(re.escape, texts))
+    trie: dict = {}
+    for text in texts:
+        node = trie
+        for ch in text:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def build(node: dict) -> str:
+        alts = [re.escape(ch) + build(child) for ch, child in node.items() if ch]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        return f"(?:{body})?" if "" in node else body  # a token that is a prefix of a longer one: longest first
+
+    return build(trie)
 
 
 def _compact_json(backend: Backend) -> str:
