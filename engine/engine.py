@@ -21,6 +21,7 @@ from engine.errors import ParleyError
 from engine.host import ModelHost
 from engine.loading.loader import LoadOptions, load_model
 from engine.local_host import LocalHost
+from engine.prompt_worker import PromptWorkers
 from engine.remote import RemoteHost, RemoteModel, probe_in_background
 from engine.runtime import EngineConfig, build_runtime
 from engine.sampling import SamplerState, SamplingParams
@@ -41,11 +42,13 @@ class Engine:
         self._sessions: dict[int, Session] = {}
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._closed = False  # the thread has ended: commands are answered at once (see _refuse)
+        self._closed_lock = threading.Lock()
+        self._workers = PromptWorkers()
         self._handlers: dict[type, Callable[[Any], None]] = {
             cmd.LoadModel: self._load, cmd.AddHost: self._add_host, cmd.OpenSession: self._open,
             cmd.StartTurn: self._start_turn, cmd.Cancel: self._cancel, cmd.Fork: self._fork, cmd.Close: self._close,
-            cmd.Post: lambda c: c.fn(*c.args), cmd.Call: lambda c: c.future.set_result(c.fn(self)),
-            cmd.Shutdown: self._shutdown,
+            cmd.Post: lambda c: c.fn(*c.args), cmd.Call: self._call, cmd.Shutdown: self._shutdown,
         }
 
     # -- lifecycle (caller's thread)
@@ -145,7 +148,26 @@ class Engine:
             return next(self._ids)
 
     def _put(self, command: cmd.Command) -> None:
-        self._commands.put(command)
+        with self._closed_lock:
+            if not self._closed:
+                self._commands.put(command)
+                return
+        self._refuse(command)
+
+    def _refuse(self, command: cmd.Command) -> None:
+        """After shutdown every command still gets its answer: a turn its Error, a call its exception."""
+        message = "The engine has shut down; restart Parley to continue."
+        if isinstance(command, cmd.Call):
+            command.future.set_exception(ParleyError(message))
+            return
+        if isinstance(command, cmd.LoadModel):
+            event = ev.ModelFailed(None, command.model_id, message)
+        elif isinstance(command, cmd.StartTurn):
+            event = ev.Error(command.session_id, command.turn_id, message)
+        else:
+            return
+        # never from the caller's own call: it may hold the lock its event listener takes
+        threading.Thread(target=self._emit, args=(event,), name="parley-engine-closed", daemon=True).start()
 
     def _post(self, fn: Callable, *args) -> None:
         self._put(cmd.Post(fn=fn, args=args))
@@ -161,6 +183,14 @@ class Engine:
         for host in self._hosts.values():
             host.shutdown()  # device state is released by the thread that owns it
         self._hosts.clear()
+        self._workers.close()
+        with self._closed_lock:
+            self._closed = True
+        while True:  # commands that arrived while it stopped
+            try:
+                self._refuse(self._commands.get_nowait())
+            except queue.Empty:
+                return
 
     def _drain(self, block: bool) -> None:
         try:
@@ -183,6 +213,14 @@ class Engine:
             self._emit(ev.Error(command.session_id, command.turn_id, str(exc)))
         except Exception as exc:  # a bug in one command must not take the engine down
             self._emit(ev.Error(command.session_id, command.turn_id, f"Internal error: {exc!r}"))
+
+    def _call(self, c: cmd.Call) -> None:
+        try:
+            result = c.fn(self)
+        except BaseException as exc:  # noqa: BLE001 - the caller gets it, not the engine
+            c.future.set_exception(exc)
+        else:
+            c.future.set_result(result)
 
     def _emit(self, event: ev.Event) -> None:
         try:
@@ -207,7 +245,8 @@ class Engine:
         except Exception as exc:
             self._emit(ev.ModelFailed(None, c.model_id, f"Could not load {c.source.name}: {exc!r}"))
             return
-        self._add_host(cmd.AddHost(model_id=c.model_id, host=LocalHost(runtime, self._emit), name=lm.name))
+        self._add_host(cmd.AddHost(model_id=c.model_id, host=LocalHost(runtime, self._emit, self._post, self._workers),
+                                  name=lm.name))
 
     def _add_host(self, c: cmd.AddHost) -> None:
         self._hosts[c.model_id] = c.host

@@ -6,11 +6,13 @@ as a Sequence; tokens stream back as events until the sequence finishes.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable
 
 from engine import events as ev
 from engine.errors import ParleyError
 from engine.host import Emit
+from engine.prompt_worker import PromptWorkers
 from engine.runtime import ModelRuntime
 from engine.sequence import Sequence, Status
 from engine.session import Session, Turn, TurnRequest, common_prefix, render_turn
@@ -20,33 +22,59 @@ CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detoke
 
 
 class LocalHost:
-    def __init__(self, runtime: ModelRuntime, emit: Emit):
+    def __init__(self, runtime: ModelRuntime, emit: Emit, post: Callable[..., None] | None = None,
+                 workers: PromptWorkers | None = None):
         self.runtime, self.model_id, self._emit = runtime, runtime.model_id, emit
         self.sampler_device = runtime.device
         self._sessions: dict[int, Session] = {}  # the sessions whose sequences run here, by seq id
+        self._post = post  # runs a function on the engine thread; None: prompts render inline (tools, tests)
+        self._workers = workers
 
     def info(self) -> dict:
         return self.runtime.info()
 
     # -- turns
     def start_turn(self, session: Session, turn_id: int, request: TurnRequest) -> None:
+        """Marks the chat busy and renders its prompt on a worker; generation starts back on the engine thread."""
         rt = self.runtime
-        tok = rt.lm.tokenizer
         session.begin(request)
-        ids, dropped = render_turn(request, session.raw, session.overflow, tok, rt.limit)
-        seq = self._prepare_sequence(session, ids)
         continued = request.messages[-1]["content"] if request.continue_final else None
-        context = ids[-CONTINUE_CONTEXT:] if continued is not None else ()  # new text decodes as it would after the old
-        session.turn = turn = Turn(turn_id, TextStream(tok, request.params.stop, context), continues=continued)
-        turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
+        session.turn = turn = Turn(turn_id, None, continues=continued)  # no stream yet: its prompt is rendering
         session.last_used = time.monotonic()
+        job = partial(render_turn, request, session.raw, session.overflow, rt.lm.tokenizer, rt.limit)
+        if self._post is None or self._workers is None:
+            self._begin_generation(session, turn, request, job())
+            return
+        self._workers.submit(job, lambda result, exc: self._post(self._rendered, session, turn, request, result, exc))
+
+    def _rendered(self, session: Session, turn: Turn, request: TurnRequest, result, exc: BaseException | None) -> None:
+        if session.turn is not turn:
+            return  # cancelled or closed while its prompt rendered
+        try:
+            if exc is not None:
+                raise exc if isinstance(exc, Exception) else RuntimeError(f"prompt worker stopped: {exc!r}")
+            self._begin_generation(session, turn, request, result)
+        except Exception as failure:  # noqa: BLE001 - this turn fails alone
+            session.turn = None
+            message = str(failure) if isinstance(failure, ParleyError) else f"Internal error: {failure!r}"
+            self._emit(ev.Error(session.session_id, turn.turn_id, message))
+
+    def _begin_generation(self, session: Session, turn: Turn, request: TurnRequest,
+                          rendered: tuple[list[int], int]) -> None:
+        rt = self.runtime
+        ids, dropped = rendered
+        seq = self._prepare_sequence(session, ids)
+        context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
+        turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context)
+        turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
         self._sessions[session.session_id] = session
         rt.run(seq)
-        self._emit(ev.Started(session.session_id, turn_id))
+        self._emit(ev.Started(session.session_id, turn.turn_id))
         self._emit(ev.ContextUsage(session.session_id, len(ids), rt.limit, dropped))
 
     def _prepare_sequence(self, session: Session, ids: list[int]) -> Sequence:
-        """Reuses the cached prefix: only tokens after the common prefix are prefilled."""
+        """Reuses the longest cached prefix, its own or any other slot's of this model (engine/prefix_cache.py):
+        only the tokens after it are prefilled."""
         rt = self.runtime
         keep = min(common_prefix(ids, session.cached_ids()), len(ids) - 1)  # the last token must run for logits
         seq = session.seq
@@ -56,20 +84,31 @@ class LocalHost:
         seq.token_ids = list(ids)
         seq.generated, seq.num_prompt, seq.finish_reason = [], len(ids), None
         seq.sampler, seq.max_len = session.sampler, rt.limit
+        live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
+                if s is not session and s.seq is not None and s.seq.slot is not None]
+        rt.reuse_prefix(seq, ids, live)
         return seq
 
     def cancel(self, session: Session) -> None:
-        if session.turn is not None:
-            self.runtime.stop(session.seq, "cancelled")
-            self._end_turn(session, "cancelled")
+        self._stop_turn(session, "cancelled")
 
     def close(self, session: Session) -> None:
-        if session.turn is not None:
-            self.runtime.stop(session.seq, "closed")
-            self._end_turn(session, "closed")
+        self._stop_turn(session, "closed")
         if session.seq is not None:
-            self.runtime.release(session.seq)
+            self.runtime.park(session.seq)  # a later chat may start from its prefix (engine/prefix_cache.py)
         self._sessions.pop(session.session_id, None)
+
+    def _stop_turn(self, session: Session, reason: str) -> None:
+        turn = session.turn
+        if turn is None:
+            return
+        if turn.stream is None:  # still rendering: nothing runs yet, its result will be dropped
+            session.turn = None
+            stats = ev.TurnStats(0, 0, 0, None, None, len(session.cached_ids()), self.runtime.limit)
+            self._emit(ev.Finished(session.session_id, turn.turn_id, reason, turn.continues or "", stats))
+            return
+        self.runtime.stop(session.seq, reason)
+        self._end_turn(session, reason)
 
     def fork(self, source: Session, child: Session) -> None:
         if source.seq is not None:

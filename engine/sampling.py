@@ -1,11 +1,20 @@
 """SamplingParams and the per-session sampler state; sampling of a whole step is batched on the device."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.errors import ParleyError
+
+# Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
+# cannot mean anything useful and (top_k 1e20, seed 2**70) fails the batched step of every chat sharing it.
+MAX_INT32 = 2**31 - 1
+MAX_TEMPERATURE = 100.0
+MAX_PENALTY = 100.0
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 1000
 
 
 @dataclass(slots=True)
@@ -22,13 +31,19 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        _check_types(self)
         checks = [
-            (self.temperature >= 0, "temperature must be >= 0"),
-            (self.top_k >= 0, "top_k must be >= 0"),
+            (0 <= self.temperature <= MAX_TEMPERATURE, f"temperature must be between 0 and {MAX_TEMPERATURE:g}"),
+            (0 <= self.top_k <= MAX_INT32, f"top_k must be between 0 and {MAX_INT32}"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.min_p < 1, "min_p must be in [0, 1)"),
-            (self.repetition_penalty > 0, "repetition_penalty must be > 0"),
-            (self.max_tokens >= 1, "max_tokens must be >= 1"),
+            (0 < self.repetition_penalty <= MAX_PENALTY, f"repetition_penalty must be in (0, {MAX_PENALTY:g}]"),
+            (abs(self.presence_penalty) <= MAX_PENALTY, f"presence_penalty must be between ±{MAX_PENALTY:g}"),
+            (abs(self.frequency_penalty) <= MAX_PENALTY, f"frequency_penalty must be between ±{MAX_PENALTY:g}"),
+            (self.seed is None or 0 <= self.seed < 2**64, "seed must be between 0 and 2**64 - 1"),
+            (1 <= self.max_tokens <= MAX_INT32, f"max_tokens must be between 1 and {MAX_INT32}"),
+            (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
+            (all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop), f"stop strings must hold 1 to {MAX_STOP_CHARS} characters"),
         ]
         for ok, message in checks:
             if not ok:
@@ -37,6 +52,20 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _check_types(p: SamplingParams) -> None:
+    """Numbers must be real, finite numbers (ints where counts are meant); NaN and bools are refused."""
+    for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ParleyError(f"Invalid sampling setting: {name} must be a finite number, not {value!r}.")
+    for name in ("top_k", "max_tokens", "seed"):
+        value = getattr(p, name)
+        if not (value is None and name == "seed") and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
+    if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
+        raise ParleyError("Invalid sampling setting: stop must be a list of strings.")
 
 
 class SamplerState:
@@ -108,7 +137,8 @@ def _filter(probs: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     if all(s.params.top_k == 0 and s.params.top_p >= 1 and s.params.min_p == 0 for s in states):
         return probs
     dev = probs.device
-    top_k = torch.tensor([s.params.top_k or probs.shape[-1] for s in states], device=dev)
+    vocab = probs.shape[-1]
+    top_k = torch.tensor([min(s.params.top_k or vocab, vocab) for s in states], device=dev)  # never past int64
     top_p = torch.tensor([s.params.top_p for s in states], device=dev)
     min_p = torch.tensor([s.params.min_p for s in states], device=dev)
     sorted_p, order = probs.sort(dim=-1, descending=True)

@@ -49,7 +49,7 @@ class TurnRequest:
 @dataclass(eq=False, slots=True)
 class Turn:
     turn_id: int
-    stream: TextStream | None  # None for a remote model: the endpoint sends text
+    stream: TextStream | None  # None for a remote model (the endpoint sends text), and while a local prompt renders
     submitted_at: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
     prompt_tokens: int = 0
@@ -88,6 +88,7 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     `continue_final` leaves the last (assistant) message open instead, to generate more of it.
     Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`.
     """
+    _check_size(request, raw, overflow, tok, limit)
     cont = request.continue_final
     if raw:
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
@@ -106,6 +107,19 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
         f"The conversation needs {len(ids):,} tokens but this chat's context holds {limit:,}. "
         "Start a new chat, shorten the message, or let Parley drop the oldest turns."
     )
+
+
+def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int) -> None:
+    """Refuses at once text that cannot fit however it tokenises (a pasted 100 MB file), before the template and
+    the tokenizer spend minutes and gigabytes on it. With `truncate` only the last message and system prompt must fit."""
+    kept = request.messages if raw or overflow != "truncate" else request.messages[-1:]
+    chars = sum(len(m["content"]) for m in kept) + (0 if raw else len(request.system_prompt or ""))
+    least = chars // (2 * tok.max_token_chars)  # 2x: normalisation may lengthen text a little
+    if least >= limit:
+        raise ContextOverflowError(
+            f"The conversation needs at least {least:,} tokens but this chat's context holds {limit:,}. "
+            "Start a new chat or shorten the message."
+        )
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
