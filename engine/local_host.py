@@ -87,6 +87,7 @@ class LocalHost:
         live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
                 if s is not session and s.seq is not None and s.seq.slot is not None]
         rt.reuse_prefix(seq, ids, live)
+        rt.follow(seq, [s.seq for s in self._sessions.values() if s is not session and s.seq is not None])
         return seq
 
     def cancel(self, session: Session) -> None:
@@ -165,7 +166,7 @@ class LocalHost:
         rate = (n - 1) / (now - first) if first is not None and n > 1 and now > first else None
         return ev.TurnStats(
             prompt_tokens=turn.prompt_tokens,
-            prefilled_tokens=turn.prefilled_tokens,
+            prefilled_tokens=turn.prompt_tokens - seq.num_reused,  # what ran: the rest came from a cache
             completion_tokens=n,
             ttft_s=None if first is None else first - turn.submitted_at,
             tokens_per_s=rate,

@@ -23,6 +23,10 @@ from engine.process import configure_process
 from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
+from engine.session import common_prefix
+
+
+FOLLOW_MIN_GAIN = 32  # tokens a leader's prefix must save before a turn waits for it (shorter: prefill at once)
 
 
 @dataclass(slots=True)
@@ -70,11 +74,13 @@ class ModelRuntime:
     """A model's step machinery. Everything here runs on the engine thread (or the caller's, in benchmarks)."""
 
     def __init__(self, model_id: int, lm: LoadedModel, backend: str, batcher: Batcher, limit: int,
-                 prefixes: PrefixCache | None = None):
+                 prefixes: PrefixCache | None = None, share_prefixes: bool = True):
         self.model_id, self.lm, self.backend = model_id, lm, backend
         self.batcher, self.limit = batcher, limit
         self.device = torch.device(batcher.device)  # where logits land and samplers draw (the host for MLX)
         self.prefixes = prefixes or PrefixCache(batcher.cache, 0, 0)
+        self.share_prefixes = share_prefixes  # turns may start from other slots' prefixes (EngineConfig.prefix_cache)
+        self._followers: dict[Sequence, tuple[Sequence, int]] = {}  # held back -> (its leader, prefix it waits for)
 
     @property
     def scheduler(self):
@@ -86,11 +92,22 @@ class ModelRuntime:
 
     # -- stepping
     def has_work(self) -> bool:
-        return self.batcher.has_work()
+        return self.batcher.has_work() or bool(self._followers)
 
     def step(self) -> list[tuple[Sequence, int]]:
         self._unpark_for_waiting()
-        return self.batcher.step()
+        out = self.batcher.step() if self.batcher.has_work() else []
+        ready = [f for f, (source, need) in self._followers.items()
+                 if source.num_cached >= need or source.status == Status.FINISHED or source.slot is None]
+        if ready:
+            if self.batcher.has_ahead():  # the copy below must not race a step queued ahead
+                out += self.batcher.settle()
+            for seq in ready:
+                source, _ = self._followers.pop(seq)
+                cached = [(source.slot, source.token_ids[: source.num_cached])] if source.slot is not None else []
+                self.reuse_prefix(seq, seq.token_ids, cached)
+                self.run(seq)
+        return out
 
     def _unpark_for_waiting(self) -> None:
         """Parked prefixes never keep a waiting sequence out: their slots go first, least recently used first."""
@@ -118,11 +135,36 @@ class ModelRuntime:
         return list(self.scheduler.waiting)
 
     def run(self, seq: Sequence) -> None:
-        """Schedules a sequence: at once if it still holds a slot, else through admission."""
-        self.scheduler.resume(seq)
+        """Schedules a sequence: at once if it still holds a slot, else through admission; a follower (`follow`)
+        waits for its leader's prefill first."""
+        if seq not in self._followers:
+            seq.num_reused = seq.num_cached if seq.slot is not None else 0
+            self.scheduler.resume(seq)
+
+    def follow(self, seq: Sequence, others: list[Sequence]) -> bool:
+        """Holds `seq` back while another running or waiting sequence is about to compute a longer prefix of its
+        prompt than any cache holds (the same prompt sent to several compare columns): once that prefix is
+        computed it is copied, so the prompt runs once. True when `seq` now waits for a leader."""
+        if not self.share_prefixes:
+            return False
+        ids, have = seq.token_ids, (seq.num_cached if seq.slot is not None else 0)
+        best, need = None, have + FOLLOW_MIN_GAIN
+        for other in others:
+            if other is seq or not (other in self.scheduler.running or other in self.scheduler.waiting):
+                continue  # only a sequence that is scheduled will compute its prompt
+            n = min(common_prefix(ids, other.token_ids), len(ids) - 1)
+            if n >= need and n > other.num_cached:
+                best, need = other, n
+        if best is not None:
+            self._followers[seq] = (best, need)
+            seq.status = Status.WAITING
+        return best is not None
 
     def stop(self, seq: Sequence, reason: str) -> None:
         """Ends its generation; the cache keeps what it holds (the session's next turn reuses it)."""
+        if self._followers.pop(seq, None) is not None:
+            seq.status, seq.finish_reason = Status.FINISHED, reason
+            return
         self.scheduler.finish(seq, reason, release=False)
 
     def release(self, seq: Sequence) -> None:
@@ -140,6 +182,8 @@ class ModelRuntime:
         """Before a turn of `ids`: when another slot (`live` (slot, cached tokens) or parked) holds a longer prefix
         than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached."""
         own = seq.num_cached if seq.slot is not None else 0
+        if not self.share_prefixes:
+            return own
         match = self.prefixes.best(ids, live, exclude=seq.slot)
         if match is None or match.length <= own:
             return own
@@ -230,7 +274,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
-    return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes)
+    return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes, config.prefix_cache)
 
 
 def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool) -> Batcher:

@@ -23,6 +23,7 @@ class Sequence:
     slot: int | None = None
     num_cached: int = 0  # tokens already in the cache
     num_prompt: int = 0  # tokens that were there before this turn's generation
+    num_reused: int = 0  # cached tokens this turn started from (its own, or copied from another slot)
     status: Status = Status.WAITING
     finish_reason: str | None = None
     generated: list[int] = field(default_factory=list)

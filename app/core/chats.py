@@ -394,6 +394,7 @@ class ChatService:
         st = live.status
         st.tokens_per_s, st.ttft_s = stats.tokens_per_s, stats.ttft_s
         st.context_used, st.context_limit = stats.context_used, stats.context_limit
+        st.prompt_tokens, st.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
         self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
                                   model=st.model, error="")
@@ -478,7 +479,9 @@ def _shown_status(path: list[Message], live: ChatStatus) -> ChatStatus:
         return live
     return ChatStatus(model=answer.model or live.model, tokens_per_s=stats.get("tokens_per_s"),
                       ttft_s=stats.get("ttft_s"), context_used=int(stats.get("context_used") or 0),
-                      context_limit=int(stats.get("context_limit") or live.context_limit), state=live.state)
+                      context_limit=int(stats.get("context_limit") or live.context_limit), state=live.state,
+                      prompt_tokens=int(stats.get("prompt_tokens") or 0),
+                      prefilled_tokens=int(stats.get("prefilled_tokens") or 0))
 
 
 def _stats_dict(stats) -> dict:

@@ -29,6 +29,8 @@ class ChatStatus:
     context_used: int = 0
     context_limit: int = 0
     dropped_messages: int = 0
+    prompt_tokens: int = 0  # the last turn's whole prompt
+    prefilled_tokens: int = 0  # of which the model computed this many (the rest came from the prefix cache)
     state: str = "idle"  # idle, loading, queued, prefilling (reading the prompt), streaming
     since: float | None = None  # perf_counter when `state` began: the status line counts the seconds
 

@@ -639,3 +639,24 @@ def test_each_answer_shows_its_seed_and_can_be_drawn_again(parley, qtbot):
     again = last(parley, conv)
     assert again.stats["seed"] == seed and again.content == first.content
     assert parley.store.get(conv).settings.seed is None  # the chat's own setting is untouched
+
+
+def test_a_second_chat_with_the_same_system_prompt_reuses_its_prefill(parley, qtbot):
+    """The prefix cache: a new chat that shares a long system prompt with an open one computes only what differs,
+    and its status line says how much came from the cache."""
+    from app.qt.status_line import describe
+
+    w, service = parley.window, parley.service
+    system = "You are a careful assistant who answers about lighthouses. " * 4
+    a = w.current()
+    configure(parley, a, temperature=0.0, max_tokens=2, system_prompt=system)
+    w.chat.send("Tell me one fact.")
+    wait_idle(parley, qtbot, a)
+    b = w.new_chat()
+    configure(parley, b, temperature=0.0, max_tokens=2, system_prompt=system)
+    w.open_chat(b)
+    w.chat.send("Tell me another fact.")
+    wait_idle(parley, qtbot, b)
+    status = service.status(b)
+    assert status.prompt_tokens > 50 and status.prompt_tokens - status.prefilled_tokens > 50
+    assert "prompt tokens cached" in describe(status)

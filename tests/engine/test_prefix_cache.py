@@ -138,3 +138,39 @@ def test_parked_budget_and_waiting_sequences_take_parked_slots(models):
     c, d = turn(rt, 3, prompt(lm, 9, 19)), turn(rt, 4, prompt(lm, 11, 20))  # both admitted: parked slots given up
     assert c.generated and d.generated and c.slot is not None and d.slot is not None
     assert rt.prefixes.parked == 0
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_compare_columns_compute_a_shared_prompt_once(models, arch, layout):
+    """The same prompt sent to several columns at once: the first prefills it, the others wait, copy it and run
+    only the last token; each answer equals its run from scratch."""
+    lm = models[arch]
+    rt = runtime(lm, layout)
+    ids = prompt(lm, 70, 21)
+    seqs = [Sequence(i, list(ids), SamplerState(SamplingParams(max_tokens=NEW)), max_len=rt.limit) for i in range(3)]
+    for s in seqs:
+        assert rt.follow(s, seqs) == (s is not seqs[0])
+        rt.run(s)
+    while any(s.status != Status.FINISHED for s in seqs):
+        rt.step()
+    want = alone(lm, layout, ids)
+    assert [s.generated for s in seqs] == [want] * 3
+    assert [s.num_reused for s in seqs] == [0, len(ids) - 1, len(ids) - 1]
+
+
+def test_a_cancelled_follower_ends_and_a_cancelled_leader_frees_its_followers(models):
+    lm = models["llama"]
+    rt = runtime(lm, "sequence")
+    ids = prompt(lm, 60, 22)
+    a, b, c = (Sequence(i, list(ids), SamplerState(SamplingParams(max_tokens=NEW)), max_len=rt.limit) for i in range(3))
+    rt.run(a)
+    assert rt.follow(b, [a]) and rt.follow(c, [a])
+    rt.run(b)
+    rt.run(c)
+    rt.stop(c, "cancelled")
+    assert c.status == Status.FINISHED and c.finish_reason == "cancelled"
+    rt.stop(a, "cancelled")  # before its prefill ended: b goes on by itself
+    while b.status != Status.FINISHED:
+        rt.step()
+    assert b.generated == alone(lm, "sequence", ids)
