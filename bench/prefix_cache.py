@@ -76,7 +76,9 @@ def main() -> None:
             text = tok.decode(long_prompt(tok, a.prompt_tokens))
             system = tok.decode(long_prompt(tok, a.system_tokens))
             for case in ("alone", "compare", "system"):
-                results[case, share] = row = run_case(cli, model_id, case, text, system, a.columns)
+                # each case opens with its own line: no case starts from another case's cached prompt
+                lead = f"Notes for the {case} case.\n"
+                results[case, share] = row = run_case(cli, model_id, case, lead + text, lead + system, a.columns)
                 if case == "compare":
                     row["max_ttft_over_alone"] = round(row["max_ttft_s"] / results["alone", share]["ttft_s"], 3)
                 emit(case=case, prefix_cache=share, layout=a.kv_layout, **row)
