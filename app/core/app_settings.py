@@ -16,6 +16,7 @@ class AppSettings:
     weights: str = "auto"  # how models load (engine --weights): auto, quantized, or dequantized floats
     window: dict = field(default_factory=dict)  # geometry (base64 of Qt's saveGeometry), splitter sizes
     drafts: dict[int, str] = field(default_factory=dict)  # unsent text per chat, kept across restarts
+    presets: dict[str, dict] = field(default_factory=dict)  # name -> ChatSettings fields (app/core/presets.py)
     file: Path | None = None
 
     @classmethod
@@ -29,7 +30,8 @@ class AppSettings:
             return cls(data.get("theme", "system"), ChatSettings.from_dict(data.get("defaults", {})),
                        bool(data.get("one_at_a_time", False)),
                        weights if weights in ("auto", "quantized", "dequantized") else "auto",
-                       window if isinstance(window, dict) else {}, _drafts(drafts), file)
+                       window if isinstance(window, dict) else {}, _drafts(drafts), _presets(data.get("presets")),
+                       file)
         except (ValueError, TypeError):
             return cls(file=file)  # a damaged file falls back to defaults rather than blocking the start
 
@@ -38,8 +40,22 @@ class AppSettings:
             return
         self.file.parent.mkdir(parents=True, exist_ok=True)
         data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
-                "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()}}
+                "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
+                "presets": self.presets}
         self.file.write_text(json.dumps(data, indent=1), encoding="utf-8")
+
+
+def _presets(data) -> dict[str, dict]:
+    """Presets that read as settings (an edited or damaged entry is left out, not fatal)."""
+    out = {}
+    for name, values in (data.items() if isinstance(data, dict) else ()):
+        try:
+            if isinstance(name, str) and isinstance(values, dict):
+                ChatSettings.from_dict(values)
+                out[name] = values
+        except (TypeError, ValueError):
+            continue
+    return out
 
 
 def _drafts(data) -> dict[int, str]:

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.core.chats import ChatService
 from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages
+from app.core.presets import Presets
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
 from app.qt.compare_diff import DiffDialog
 from app.qt.composer import Composer
@@ -33,9 +34,10 @@ SYNC_SETTLE_MS = 60
 class CompareView(QWidget):
     promoted = Signal(int)  # the conversation that became a normal chat
 
-    def __init__(self, service: ChatService, models: ModelManager, one_at_a_time: bool = False, parent=None):
+    def __init__(self, service: ChatService, models: ModelManager, one_at_a_time: bool = False, parent=None,
+                 presets: Presets | None = None):
         super().__init__(parent)
-        self.service, self.models = service, models
+        self.service, self.models, self.presets = service, models, presets
         self.columns: list[CompareColumn] = []
         self.group_id: int | None = None
         self._queue: list[tuple[CompareColumn, str]] = []  # one-at-a-time mode: columns still to answer
@@ -108,7 +110,7 @@ class CompareView(QWidget):
             self.count.blockSignals(False)
 
     def _add_column(self, conv_id: int) -> CompareColumn:
-        column = CompareColumn(self.service, self.models, conv_id)
+        column = CompareColumn(self.service, self.models, conv_id, presets=self.presets)
         column.promote_requested.connect(self.promote)
         bar = column.view.verticalScrollBar()
         bar.actionTriggered.connect(lambda _action, c=column: QTimer.singleShot(0, lambda: self._sync_from(c)))

@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout
 
 from app.core.chats import ChatService
+from app.core.presets import Presets
 from app.qt.chat_view import ChatView
 from app.qt.elided_label import ElidedLabel
 from app.qt.model_manager import ModelManager
@@ -22,9 +23,10 @@ class CompareColumn(QFrame):
 
     promote_requested = Signal(object)
 
-    def __init__(self, service: ChatService, models: ModelManager, conv_id: int, parent=None):
+    def __init__(self, service: ChatService, models: ModelManager, conv_id: int, parent=None,
+                 presets: Presets | None = None):
         super().__init__(parent, objectName="compareColumn")
-        self.service, self.models, self.conv_id = service, models, conv_id
+        self.service, self.models, self.conv_id, self.presets = service, models, conv_id, presets
         self.letter = ""
         self.setMinimumWidth(COLUMN_MIN_WIDTH)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Expanding)
@@ -86,7 +88,8 @@ class CompareColumn(QFrame):
     def edit_settings(self) -> None:
         conv = self.service.store.get(self.conv_id)
         title = self.tr("Column %1 settings").replace("%1", self.letter)
-        dialog = SettingsDialog(self.models.registry, conv.settings, title, self, offer_default=False)
+        dialog = SettingsDialog(self.models.registry, conv.settings, title, self, offer_default=False,
+                                presets=self.presets)
         if dialog.exec():
             self.service.set_settings(self.conv_id, dialog.settings())
             self.picker.reload(dialog.settings().model)

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QPlainTextEdit,
-    QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog,
+    QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
 from app.core.chat_settings import OVERFLOW_CHOICES, ChatSettings
 from app.core.model_registry import ModelRegistry
+from app.core.presets import Presets
 from app.qt.theme import icon
 
 
@@ -38,8 +39,9 @@ class ModelPicker(QComboBox):
 class SettingsForm(QWidget):
     import_requested = Signal()
 
-    def __init__(self, registry: ModelRegistry, settings: ChatSettings, parent=None):
+    def __init__(self, registry: ModelRegistry, settings: ChatSettings, parent=None, presets: Presets | None = None):
         super().__init__(parent)
+        self.presets = presets
         self.model = ModelPicker(registry)
         self.import_button = QPushButton(icon("import"), "Import…")
         self.system = QPlainTextEdit()
@@ -60,6 +62,8 @@ class SettingsForm(QWidget):
         model_row.addWidget(self.model, 1)
         model_row.addWidget(self.import_button)
         form = QFormLayout(self)
+        if presets is not None:
+            form.addRow(self.tr("Preset"), self._preset_row())
         form.addRow("Model", model_row)
         form.addRow("System prompt", self.system)
         for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
@@ -68,6 +72,53 @@ class SettingsForm(QWidget):
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
         self.set_settings(settings)
+
+    def _preset_row(self) -> QHBoxLayout:
+        """Pick a preset (fills the form, the model stays), save the form as one, or delete the one picked."""
+        self.preset = QComboBox()
+        self.preset.setAccessibleName(self.tr("Preset"))
+        self.save_preset = QPushButton(self.tr("Save as preset…"))
+        self.delete_preset = QPushButton(self.tr("Delete preset"))
+        self._reload_presets()
+        self.preset.activated.connect(self._apply_preset)
+        self.save_preset.clicked.connect(self._ask_preset_name)
+        self.delete_preset.clicked.connect(self._delete_preset)
+        row = QHBoxLayout()
+        row.addWidget(self.preset, 1)
+        row.addWidget(self.save_preset)
+        row.addWidget(self.delete_preset)
+        return row
+
+    def _reload_presets(self, current: str | None = None) -> None:
+        self.preset.clear()
+        self.preset.addItem(self.tr("— none —"), None)
+        for name in self.presets.names():
+            self.preset.addItem(name, name)
+        self.preset.setCurrentIndex(max(0, self.preset.findData(current)) if current else 0)
+        self.delete_preset.setEnabled(current is not None)
+
+    def _apply_preset(self, _index: int = 0) -> None:
+        name = self.preset.currentData()
+        self.delete_preset.setEnabled(name is not None)
+        if name is not None:
+            self.set_settings(self.presets.get(name, self.model.key()))
+
+    def save_as_preset(self, name: str) -> str:
+        saved = self.presets.save(name, self.settings())
+        self._reload_presets(saved)
+        return saved
+
+    def _ask_preset_name(self) -> None:
+        name, ok = QInputDialog.getText(self, self.tr("Save as preset"), self.tr("Preset name:"),
+                                        text=self.preset.currentData() or "")
+        if ok and name.strip():
+            self.save_as_preset(name)
+
+    def _delete_preset(self) -> None:
+        name = self.preset.currentData()
+        if name is not None:
+            self.presets.delete(name)
+            self._reload_presets()
 
     def set_settings(self, s: ChatSettings) -> None:
         self.model.reload(s.model)
@@ -93,10 +144,10 @@ class SettingsForm(QWidget):
 
 class SettingsDialog(QDialog):
     def __init__(self, registry: ModelRegistry, settings: ChatSettings, title: str = "Chat settings", parent=None,
-                 offer_default: bool = True):
+                 offer_default: bool = True, presets: Presets | None = None):
         super().__init__(parent)
         self.setWindowTitle(title)
-        self.form = SettingsForm(registry, settings)
+        self.form = SettingsForm(registry, settings, presets=presets)
         self.as_default = QCheckBox("Also use these settings for new chats")
         self.as_default.setVisible(offer_default)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.app_settings import AppSettings
+from app.core.presets import Presets
 from app.qt.about import show_about
 from app.qt.chat_page import ChatPage
 from app.core.chats import ChatService
@@ -40,7 +41,8 @@ class MainWindow(QMainWindow):
         self._load_ticker.timeout.connect(lambda: self._on_model_state(""))
         self.sidebar = Sidebar(service)
         self.chat = ChatPage(service, models)
-        self.compare = CompareView(service, models, settings.one_at_a_time)
+        self.presets = Presets(settings)
+        self.compare = CompareView(service, models, settings.one_at_a_time, presets=self.presets)
         self.stack = QStackedWidget()
         self.stack.addWidget(self.chat)
         self.stack.addWidget(self.compare)
@@ -159,7 +161,8 @@ class MainWindow(QMainWindow):
         conv_id = self.current()
         if conv_id is None:
             return
-        dialog = SettingsDialog(self.models.registry, self.service.store.get(conv_id).settings, parent=self)
+        dialog = SettingsDialog(self.models.registry, self.service.store.get(conv_id).settings, parent=self,
+                                presets=self.presets)
         dialog.form.import_requested.connect(self.import_file)
         if dialog.exec():
             self.apply_settings(conv_id, dialog.settings(), dialog.as_default.isChecked())

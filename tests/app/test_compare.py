@@ -164,3 +164,36 @@ def test_fewer_columns_keep_a_removed_columns_answers(parley, qtbot):
     view.count.setValue(3)
     view.count.setValue(2)  # an empty column just goes
     assert len(parley.store.conversations(include_hidden=True)) == 1 + 3
+
+
+def test_presets_apply_to_a_chat_and_a_column_and_survive_a_restart(parley, qtbot, tiny_models, tmp_path):
+    """A named system prompt + sampling preset, saved from one chat's settings, fills another chat's or a compare
+    column's settings (each keeps its own model) and is still there after a restart."""
+    from app.qt.settings_dialog import SettingsDialog
+    from tests.app.helpers import start_app
+
+    w = parley.window
+    conv = w.current()
+    dialog = SettingsDialog(parley.models.registry, parley.store.get(conv).settings, parent=w, presets=w.presets)
+    form = dialog.form
+    form.system.setPlainText("Answer in one short sentence.")
+    form.temperature.setValue(0.2)
+    form.top_k.setValue(40)
+    assert form.save_as_preset("  Terse   answers ") == "Terse answers"
+    dialog.reject()
+    w.show_compare()
+    column = w.compare.columns[1]
+    before = parley.store.get(column.conv_id).settings
+    col_dialog = SettingsDialog(parley.models.registry, before, parent=w, presets=column.presets)
+    col_dialog.form.preset.setCurrentIndex(col_dialog.form.preset.findData("Terse answers"))
+    col_dialog.form._apply_preset()
+    got = col_dialog.settings()
+    assert (got.system_prompt, got.temperature, got.top_k, got.model) == ("Answer in one short sentence.", 0.2, 40,
+                                                                          before.model)
+    parley.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        assert again.window.presets.names() == ["Terse answers"]
+        assert again.window.presets.get("Terse answers").top_k == 40
+    finally:
+        again.close()
