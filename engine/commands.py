@@ -76,5 +76,10 @@ class Call(Command):
 
 
 @dataclass(frozen=True, slots=True)
+class UnloadModel(Command):
+    model_id: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Shutdown(Command):
     pass

@@ -21,6 +21,7 @@ from engine.errors import ParleyError
 from engine.host import ModelHost
 from engine.loading.loader import LoadOptions, load_model
 from engine.local_host import LocalHost
+from engine.memory import return_freed_memory
 from engine.prompt_worker import PromptWorkers
 from engine.remote import RemoteHost, RemoteModel, probe_in_background
 from engine.runtime import EngineConfig, build_runtime
@@ -49,6 +50,7 @@ class Engine:
             cmd.LoadModel: self._load, cmd.AddHost: self._add_host, cmd.OpenSession: self._open,
             cmd.StartTurn: self._start_turn, cmd.Cancel: self._cancel, cmd.Fork: self._fork, cmd.Close: self._close,
             cmd.Post: lambda c: c.fn(*c.args), cmd.Call: self._call, cmd.Shutdown: self._shutdown,
+            cmd.UnloadModel: self._unload,
         }
 
     # -- lifecycle (caller's thread)
@@ -75,6 +77,11 @@ class Engine:
         self.shutdown()
 
     # -- commands (caller's thread): each returns at once
+    def unload_model(self, model_id: int) -> None:
+        """Frees a model and its cache; its chats' running turns end as "closed" and their sessions close.
+        Ends with ModelUnloaded."""
+        self._put(cmd.UnloadModel(model_id=model_id))
+
     def load_model(self, source: str | Path) -> int:
         model_id = self._new_id()
         self._put(cmd.LoadModel(model_id=model_id, source=Path(source)))
@@ -283,6 +290,16 @@ class Engine:
         session = self._sessions.pop(c.session_id, None)
         if session is not None and session.model_id in self._hosts:
             self._hosts[session.model_id].close(session)
+
+    def _unload(self, c: cmd.UnloadModel) -> None:
+        host = self._host(c.model_id)
+        for sid in [sid for sid, s in self._sessions.items() if s.model_id == c.model_id]:
+            self._close(cmd.Close(session_id=sid))
+        del self._hosts[c.model_id]
+        host.shutdown()
+        del host
+        return_freed_memory()
+        self._emit(ev.ModelUnloaded(None, c.model_id))
 
     def _shutdown(self, c: cmd.Shutdown) -> None:
         for sid in list(self._sessions):

@@ -80,6 +80,11 @@ class ModelLoaded(Event):
 
 
 @dataclass(frozen=True, slots=True)
+class ModelUnloaded(Event):
+    model_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ModelFailed(Event):
     model_id: int
     message: str

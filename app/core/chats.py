@@ -321,13 +321,15 @@ class ChatService:
         """The chat's engine session, opened (again) when the model or overflow policy changed."""
         live, settings = self.live(conv_id), self.store.get(conv_id).settings
         engine = self.bridge.engine
-        if live.session_id is not None and (live.model_key != settings.model or live.overflow != settings.overflow):
+        model_id = self.models.model_id(settings.model)
+        changed = live.model_key != settings.model or live.overflow != settings.overflow or live.model_id != model_id
+        if live.session_id is not None and changed:  # another model, policy, or the model was unloaded since
             engine.close(live.session_id)
             self._by_session.pop(live.session_id, None)
             live.session_id = None
         if live.session_id is None:
-            live.session_id = engine.open_session(self.models.model_id(settings.model), settings.overflow)
-            live.model_key, live.overflow = settings.model, settings.overflow
+            live.session_id = engine.open_session(model_id, settings.overflow)
+            live.model_key, live.model_id, live.overflow = settings.model, model_id, settings.overflow
             self._by_session[live.session_id] = conv_id
         state = self.models.state(settings.model)
         live.status.model = state.name if state else settings.model

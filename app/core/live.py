@@ -40,6 +40,7 @@ class LiveChat:
     conv_id: int
     session_id: int | None = None
     model_key: str = ""
+    model_id: int | None = None  # the engine model its session runs on (a reload gives a new id)
     overflow: str = ""
     turn: TurnInfo | None = None
     pending: Callable[[], None] | None = None  # a turn waiting for its model to load

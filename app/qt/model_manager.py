@@ -64,6 +64,17 @@ class ModelManager(QObject):
             return self._files[key]
         return entry.path if entry is not None and entry.kind != "embedded" else None
 
+    def unload(self, key: str) -> bool:
+        """Frees a loaded model (its chats' running turns end as closed; their next turn loads it again)."""
+        state = self.states.get(key)
+        if state is None or state.status != "loaded" or state.model_id is None:
+            return False
+        self.bridge.engine.unload_model(state.model_id)
+        self._by_id.pop(state.model_id, None)
+        del self.states[key]
+        self.changed.emit(key)
+        return True
+
     def ensure(self, key: str) -> None:
         """Starts loading `key` unless it is loaded or loading; a failed model is tried again."""
         state = self.states.get(key)

@@ -30,11 +30,13 @@ class ModelsDialog(QDialog):
         self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.setAccessibleName(self.tr("Models"))
         self.load_button = QPushButton(self.tr("Load"))
+        self.unload_button = QPushButton(self.tr("Unload"))
+        self.unload_button.setToolTip(self.tr("Frees the model's memory; a chat using it loads it again when it next answers"))
         self.remove_button = QPushButton(self.tr("Remove from list"))
         self.remove_button.setToolTip(self.tr("Takes an imported model off the list (the file stays where it is)"))
         self.import_button = QPushButton(self.tr("Import…"))
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.remove_button, self.import_button):
+        for b in (self.load_button, self.unload_button, self.remove_button, self.import_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
@@ -44,11 +46,16 @@ class ModelsDialog(QDialog):
         layout.addLayout(buttons)
         layout.addWidget(close)
         self.load_button.clicked.connect(lambda: self._selected() and self.models.ensure(self._selected()))
+        self.unload_button.clicked.connect(lambda: self._selected() and self.models.unload(self._selected()))
         self.remove_button.clicked.connect(self._remove)
         self.import_button.clicked.connect(self.import_requested)
         self.table.currentItemChanged.connect(lambda *_: self._enable())
-        models.changed.connect(lambda _key: self.refresh())
-        models.imported.connect(lambda _key: self.refresh())
+        # bound methods, not lambdas: Qt drops the connections when the dialog is deleted on close
+        models.changed.connect(self._on_model_changed)
+        models.imported.connect(self._on_model_changed)
+        self.refresh()
+
+    def _on_model_changed(self, _key: str) -> None:
         self.refresh()
 
     def rows(self) -> list[list[str]]:
@@ -86,6 +93,7 @@ class ModelsDialog(QDialog):
         key = self._selected()
         entry = self.models.registry.get(key) if key is not None else None
         self.load_button.setEnabled(entry is not None and self.models.model_id(key) is None)
+        self.unload_button.setEnabled(entry is not None and self.models.model_id(key) is not None)
         self.remove_button.setEnabled(entry is not None and entry.kind != "embedded")
 
     def _remove(self) -> None:

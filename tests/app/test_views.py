@@ -142,3 +142,28 @@ def test_model_list_describes_each_model(parley, qtbot, imported_llama, tiny_mod
     assert parley.models.registry.get(imported_llama) is None and w.chat.picker.findData(imported_llama) < 0
     assert dialog.table.topLevelItemCount() == 1
     dialog.close()
+
+
+def test_unloading_a_model_frees_it_and_a_chat_loads_it_again(parley, qtbot):
+    """Models ▸ Unload: the engine drops the model; the chat's next message loads it again and is answered."""
+    from tests.app.helpers import configure, wait_idle
+
+    w, models = parley.window, parley.models
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=2)
+    w.chat.send("first")
+    wait_idle(parley, qtbot, conv)
+    old_id = models.model_id("default")
+    w.shortcuts["Ctrl+Shift+M"].trigger()
+    dialog = w.models_dialog
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(0))
+    assert dialog.unload_button.isEnabled()
+    dialog.unload_button.click()
+    assert models.model_id("default") is None and dialog.rows()[0][1] == "not loaded"
+    qtbot.waitUntil(lambda: old_id not in parley.bridge.engine.inspect()["models"], timeout=30_000)
+    dialog.close()
+    w.chat.send("second")
+    qtbot.waitUntil(lambda: models.model_id("default") is not None, timeout=60_000)
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    assert answer.role == "assistant" and answer.stats and answer.stats.get("reason") == "length"

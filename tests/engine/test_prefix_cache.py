@@ -174,3 +174,4 @@ def test_a_cancelled_follower_ends_and_a_cancelled_leader_frees_its_followers(mo
     while b.status != Status.FINISHED:
         rt.step()
     assert b.generated == alone(lm, "sequence", ids)
+

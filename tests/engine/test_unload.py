@@ -1,0 +1,42 @@
+"""Unloading a model: its chats close, its memory goes, and it can be loaded again."""
+from __future__ import annotations
+
+import pytest
+
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+
+
+def test_unloading_a_model_closes_its_chats_and_frees_it(tiny_models):
+    """Engine.unload_model: ModelUnloaded, the model's sessions are gone (a turn on one errs plainly), a new load
+    of the same file works."""
+    import gc
+    import weakref
+
+    from cli.engine_cli import EngineCLI
+    from engine import events as ev
+    from engine.errors import ParleyError
+
+    cli = EngineCLI(EngineConfig(max_sessions=2, max_session_tokens=128))
+    try:
+        model_id, _ = cli.load(tiny_models["llama"].gguf_path)
+        lm = cli.engine.loaded_model(model_id)
+        weights = weakref.ref(next(lm.model.parameters()))
+        sid = cli.engine.open_session(model_id)
+        cli.run([cli.engine.submit(sid, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3))])
+        cli.engine.unload_model(model_id)
+        while not isinstance(e := cli.engine.events.get(timeout=30), ev.ModelUnloaded):
+            pass
+        assert e.model_id == model_id
+        gc.collect()
+        assert lm.model is None and weights() is None  # the weights are released
+        turn = cli.engine.submit(sid, [{"role": "user", "content": "again"}], SamplingParams(max_tokens=3))
+        cli.run([turn])
+        with pytest.raises(ParleyError, match="does not exist"):
+            cli.result(turn)
+        again, _ = cli.load(tiny_models["llama"].gguf_path)
+        sid = cli.engine.open_session(again)
+        cli.run([t := cli.engine.submit(sid, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3))])
+        assert cli.result(t).stats.completion_tokens == 3
+    finally:
+        cli.close()
