@@ -1,4 +1,5 @@
-"""Property tests of the cache: random new/clone/rm/rewind/step interleavings against a list-of-values oracle.
+"""Property tests of the cache: random new/clone/rm/rewind/step interleavings, and the prefix cache's
+park/match/adopt/evict, against a list-of-values oracle (a slot's values stand for its tokens).
 
 Every K is zero and every query is zero, so attention is the plain mean of the visible V values: any
 value from another sequence, a stale ring row or a wrong window changes the mean and fails the check.
@@ -11,6 +12,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from engine.cache import CacheConfig, make_cache
 from engine.errors import CacheConfigError, CacheError
+from engine.prefix_cache import PrefixCache
+from engine.session import common_prefix
 
 MAX_SEQS, MAX_LEN, STEP = 4, 24, 4
 WINDOWS = [None, 3]  # layer 0 global, layer 1 sliding window 3 (a ring of 6 rows in the sequence layout)
@@ -25,6 +28,11 @@ class CacheMachine(RuleBasedStateMachine):
         self.cache = make_cache(cfg, WINDOWS, kv_heads=1, head_dim=2)
         self.values: dict[int, list[float]] = {}  # oracle: slot -> value at each position
         self.counter = 0.0
+        self.prefixes = PrefixCache(self.cache, MAX_SEQS, 10**6)
+        self.parked: set[int] = set()  # slots the prefix cache holds for closed conversations
+
+    def _active(self) -> list[int]:
+        return sorted(set(self.values) - self.parked)
 
     def _fresh(self) -> float:
         self.counter += 1.0
@@ -40,27 +48,27 @@ class CacheMachine(RuleBasedStateMachine):
         assert slot not in self.values
         self.values[slot] = []
 
-    @precondition(lambda self: self.values)
+    @precondition(lambda self: self._active())
     @rule(data=st.data())
     def clone(self, data):
         if len(self.values) == MAX_SEQS:
             return
-        src = data.draw(st.sampled_from(sorted(self.values)))
+        src = data.draw(st.sampled_from(self._active()))
         dst = self.cache.seq_clone(src)
         assert dst not in self.values
         self.values[dst] = list(self.values[src])
 
-    @precondition(lambda self: self.values)
+    @precondition(lambda self: self._active())
     @rule(data=st.data())
     def remove(self, data):
-        slot = data.draw(st.sampled_from(sorted(self.values)))
+        slot = data.draw(st.sampled_from(self._active()))
         self.cache.seq_rm(slot)
         del self.values[slot]
 
-    @precondition(lambda self: self.values)
+    @precondition(lambda self: self._active())
     @rule(data=st.data())
     def rewind(self, data):
-        slot = data.draw(st.sampled_from(sorted(self.values)))
+        slot = data.draw(st.sampled_from(self._active()))
         pos = data.draw(st.integers(0, len(self.values[slot])))
         floor = self.cache.book.floor(slot)
         if pos < floor:
@@ -70,10 +78,10 @@ class CacheMachine(RuleBasedStateMachine):
             self.cache.rewind(slot, pos)
             del self.values[slot][pos:]
 
-    @precondition(lambda self: self.values)
+    @precondition(lambda self: self._active())
     @rule(data=st.data(), pad=st.integers(0, 2))
     def step(self, data, pad):
-        live = sorted(self.values)
+        live = self._active()
         chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
         writes = []
         for slot in chosen:
@@ -104,6 +112,44 @@ class CacheMachine(RuleBasedStateMachine):
             assert torch.all(outs[layer][total:] == 0)  # padding rows: no segment covers them
         self.cache.commit_step()
 
+    # -- the prefix cache
+    @precondition(lambda self: self._active())
+    @rule(data=st.data())
+    def park(self, data):
+        slot = data.draw(st.sampled_from(self._active()))
+        before = set(self.prefixes._parked)
+        if self.prefixes.park(slot, self.values[slot]):
+            for gone in before - set(self.prefixes._parked):  # parking past the budget evicts the oldest
+                self.parked.discard(gone)
+                del self.values[gone]
+            self.parked.add(slot)
+        else:
+            assert not self.values[slot]  # only an empty sequence is refused (the budget here is large)
+
+    @rule()
+    def evict(self):
+        slot = self.prefixes.evict()
+        assert (slot is None) == (not self.parked)
+        if slot is not None:
+            self.parked.remove(slot)
+            del self.values[slot]
+
+    @precondition(lambda self: self.values)
+    @rule(data=st.data())
+    def match(self, data):
+        """A prompt sharing a prefix with some slot: the longest usable match over live and parked slots (rings
+        checked), then copied into a new slot whose values the next steps' attention checks."""
+        src = data.draw(st.sampled_from(sorted(self.values)))
+        query = self.values[src][: data.draw(st.integers(0, len(self.values[src])))] + [-1.0, -2.0]
+        active = [(slot, self.values[slot]) for slot in self._active()]
+        got = self.prefixes.best(query, active)
+        usable = [min(common_prefix(query, vals), len(query) - 1) for slot, vals in self.values.items()
+                  if min(common_prefix(query, vals), len(query) - 1) >= max(1, self.cache.book.floor(slot))]
+        assert (got.length if got else 0) == max(usable, default=0)
+        if got is not None and len(self.values) < MAX_SEQS:
+            slot = self.prefixes.adopt(got)
+            self.values[slot] = self.values[got.slot][: got.length]
+
     @invariant()
     def bookkeeping(self):
         if not hasattr(self, "cache"):
@@ -111,6 +157,8 @@ class CacheMachine(RuleBasedStateMachine):
         book = self.cache.book
         assert sorted(book.live_slots()) == sorted(self.values)
         assert book.free_slots + len(self.values) == MAX_SEQS
+        assert set(self.prefixes._parked) == self.parked and self.prefixes.parked_tokens() == sum(
+            len(self.values[s]) for s in self.parked)
         for slot, vals in self.values.items():
             assert self.cache.pos(slot) == len(vals)
         if self.layout == "cell":
