@@ -202,6 +202,8 @@ class ModelRuntime:
         """A finished sequence holding a copy of `seq`'s cached tokens, or None when no slot is free."""
         if seq.slot is None or not self.free_slots():
             return None
+        if not self.cache.book.free_slots:
+            self._unpark_one(keep=seq.slot)  # a parked prefix gives its slot to the fork
         cached = seq.token_ids[: seq.num_cached]
         child = Sequence(seq_id, list(cached), seq.sampler, seq.stop_ids, seq.max_len)
         child.slot = self.cache.seq_clone(seq.slot)

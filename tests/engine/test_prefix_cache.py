@@ -175,3 +175,13 @@ def test_a_cancelled_follower_ends_and_a_cancelled_leader_frees_its_followers(mo
         rt.step()
     assert b.generated == alone(lm, "sequence", ids)
 
+
+
+def test_a_fork_takes_a_parked_slot_when_none_is_free(models):
+    lm = models["llama"]
+    rt = runtime(lm, "sequence", sessions=2)
+    a = turn(rt, 0, prompt(lm, 12, 23))
+    rt.park(turn(rt, 1, prompt(lm, 9, 24)))
+    assert rt.cache.book.free_slots == 0 and rt.free_slots() == 1
+    child = rt.fork(a, 5)
+    assert child is not None and child.num_cached == a.num_cached and rt.prefixes.parked == 0
