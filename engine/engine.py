@@ -11,6 +11,7 @@ import itertools
 import queue
 import threading
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -46,6 +47,7 @@ class Engine:
         self._closed = False  # the thread has ended: commands are answered at once (see _refuse)
         self._closed_lock = threading.Lock()
         self._workers = PromptWorkers()
+        self._loader = PromptWorkers(threads=1, name="parley-load")  # one model read at a time, off the step loop
         self._handlers: dict[type, Callable[[Any], None]] = {
             cmd.LoadModel: self._load, cmd.AddHost: self._add_host, cmd.OpenSession: self._open,
             cmd.StartTurn: self._start_turn, cmd.Cancel: self._cancel, cmd.Fork: self._fork, cmd.Close: self._close,
@@ -191,6 +193,7 @@ class Engine:
             host.shutdown()  # device state is released by the thread that owns it
         self._hosts.clear()
         self._workers.close()
+        self._loader.close()
         with self._closed_lock:
             self._closed = True
         while True:  # commands that arrived while it stopped
@@ -237,20 +240,29 @@ class Engine:
 
     # -- command handlers (engine thread)
     def _load(self, c: cmd.LoadModel) -> None:
+        """Reads the model on the loader thread (a big or hostile file must not stall other chats' steps); its
+        runtime is built back on the engine thread, which owns the device."""
+        self._loader.submit(partial(self._read_model, c), lambda lm, exc: self._post(self._loaded, c, lm, exc))
+
+    def _read_model(self, c: cmd.LoadModel):
         def progress(stage: str, fraction: float) -> None:
             self._emit(ev.ModelProgress(None, c.model_id, stage, fraction))
 
+        device, dtype = resolve_device(self.config.device, self.config.dtype)
+        options = LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
+                              weights=self.config.weights, quantize=self.config.quantize)
+        return load_model(c.source, options, progress)
+
+    def _loaded(self, c: cmd.LoadModel, lm, exc: BaseException | None) -> None:
         try:
-            device, dtype = resolve_device(self.config.device, self.config.dtype)
-            options = LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
-                                  weights=self.config.weights, quantize=self.config.quantize)
-            lm = load_model(c.source, options, progress)
+            if exc is not None:
+                raise exc
             runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True)
-        except ParleyError as exc:
-            self._emit(ev.ModelFailed(None, c.model_id, str(exc)))
+        except ParleyError as failure:
+            self._emit(ev.ModelFailed(None, c.model_id, str(failure)))
             return
-        except Exception as exc:
-            self._emit(ev.ModelFailed(None, c.model_id, f"Could not load {c.source.name}: {exc!r}"))
+        except Exception as failure:  # noqa: BLE001 - reported as this model's failure
+            self._emit(ev.ModelFailed(None, c.model_id, f"Could not load {c.source.name}: {failure!r}"))
             return
         self._add_host(cmd.AddHost(model_id=c.model_id, host=LocalHost(runtime, self._emit, self._post, self._workers),
                                   name=lm.name))

@@ -14,9 +14,9 @@ Done = Callable[[Any, BaseException | None], None]
 
 
 class PromptWorkers:
-    def __init__(self, threads: int = 2):
+    def __init__(self, threads: int = 2, name: str = "parley-prompt"):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._threads = [threading.Thread(target=self._work, name=f"parley-prompt-{i}", daemon=True)
+        self._threads = [threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
                          for i in range(threads)]
         self._started = False
         self._lock = threading.Lock()

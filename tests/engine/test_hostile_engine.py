@@ -102,6 +102,36 @@ def test_a_slow_prompt_does_not_stall_another_chats_stream(stamped, client):
     assert _max_gap(client, turn_a) < 1.0, _max_gap(client, turn_a)
 
 
+def test_a_slow_model_load_does_not_stall_another_chats_stream(stamped, client, tiny_models, monkeypatch):
+    """Item 5: a model is read on the loader thread; a chat streaming meanwhile keeps its pace."""
+    import engine.engine as engine_module
+
+    real_load = engine_module.load_model
+
+    def slow_load(*args, **kwargs):
+        time.sleep(2.0)  # a big file being read, or a hostile one being checked
+        return real_load(*args, **kwargs)
+
+    model = client.engine.loaded_model(client.model).model
+    real_forward = model.forward
+
+    def paced(*args, **kwargs):
+        time.sleep(0.01)
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "load_model", slow_load)
+    model.forward = paced
+    try:
+        a = client.open(client.model, params=SamplingParams(max_tokens=150, stop=["never \u2603"]))
+        turn_a = client.send(a, "stream on")
+        client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn_a)
+        other = client.load(tiny_models["llama"].gguf_path)
+        assert isinstance(client.wait(turn_a), ev.Finished)
+    finally:
+        model.forward = real_forward
+    assert other is not None and _max_gap(client, turn_a) < 1.0, _max_gap(client, turn_a)
+
+
 def test_a_cancel_while_the_prompt_renders_ends_the_turn(client):
     tok = client.engine.loaded_model(client.model).tokenizer
     real = tok.apply_chat_template
