@@ -21,27 +21,38 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none: no key needed)")
     s.add_argument("--max-sessions", type=int, default=8, help="requests generating at once per model; more wait")
     s.add_argument("--context", type=int, default=8192, help="tokens per request (prompt + answer)")
+    s.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body accepted (larger: 413)")
+    s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another name the Host header may carry besides --host (e.g. a reverse proxy's); repeatable")
     s.set_defaults(func=serve)
     return s
 
 
 def serve(args: argparse.Namespace) -> int:
     from engine.loading.default_model import resolve_model
+    from cli.terminal import printable
+    from server.app import ServerSettings
     from server.bridge import ServerBridge
     from server.run import serve_forever
 
+    try:  # checked before any model loads
+        settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
+                                  allowed_hosts=tuple(args.allow_host))
+    except ValueError as exc:
+        print(f"parley: {exc}", file=sys.stderr)
+        return 2
     paths = paths_of(args)
     config = engine_config(args, paths, max_sessions=args.max_sessions, max_session_tokens=args.context)
     bridge = ServerBridge(config).start()
     try:
         for spec in args.model or ([] if args.remote else ["default"]):
             m = bridge.load(resolve_model(spec, paths.models), alias=spec)
-            print(f"parley: serving {m.id} (context {m.context})", file=sys.stderr)
+            print(f"parley: serving {printable(m.id)} (context {m.context})", file=sys.stderr)
         for spec in args.remote:
             url, _, name = spec.partition("#")
             m = bridge.add_remote(url, name or None, args.remote_api_key)
-            print(f"parley: serving {m.id} from {m.info.get('base_url')}", file=sys.stderr)
-        serve_forever(bridge, args.host, args.port, args.api_key)
+            print(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}", file=sys.stderr)
+        serve_forever(bridge, args.host, args.port, args.api_key, settings)
     finally:
         bridge.shutdown()
     return 0

@@ -15,7 +15,8 @@ from server.run import free_port
 def test_parley_serve_subprocess(tiny_models, tmp_path):
     port, key = free_port(), "sk-cli"
     cmd = [sys.executable, "-m", "cli.main", "--data-dir", str(tmp_path), "serve", "--model",
-           str(tiny_models["llama"].gguf_path), "--port", str(port), "--api-key", key, "--context", "256"]
+           str(tiny_models["llama"].gguf_path), "--port", str(port), "--api-key", key, "--context", "256",
+           "--max-body-mb", "1", "--allow-host", "proxy.example"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 90
@@ -33,6 +34,12 @@ def test_parley_serve_subprocess(tiny_models, tmp_path):
         r = c.chat.completions.create(model=str(tiny_models["llama"].gguf_path), temperature=0, max_tokens=5,
                                       messages=[{"role": "user", "content": "hi"}])  # the --model spec is an alias
         assert r.usage.completion_tokens >= 1 and r.model == model.id
+        url, auth = f"http://127.0.0.1:{port}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
+        big = httpx.post(url, headers=auth, json={"messages": [{"role": "user", "content": "x" * (2 << 20)}]})
+        assert big.status_code == 413  # --max-body-mb 1
+        models = f"http://127.0.0.1:{port}/v1/models"
+        assert httpx.get(models, headers={**auth, "Host": "proxy.example"}).status_code == 200  # --allow-host
+        assert httpx.get(models, headers={**auth, "Host": "evil.example"}).status_code == 421
     finally:
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
