@@ -95,7 +95,11 @@ def test_quantized_model_holds_no_float_matrix(quantized_models, arch):
 @pytest.mark.parametrize("layout", ["sequence", "cell"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_batched_equals_alone(quantized_models, arch, layout):
-    lm = quantized_models[arch]
+    assert_batched_equals_alone(quantized_models[arch], layout)
+
+
+def assert_batched_equals_alone(lm, layout: str) -> None:
+    """Four staggered prompts batched give each exactly the greedy tokens it gets alone."""
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29, 40)]
     params = SamplingParams(max_tokens=12)

@@ -5,12 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import LoadOptions, load_model
 from engine.models.layers import QuantEmbedding, QuantLinear
 from engine.quant.weight import QuantTensor
-from engine.sampling import SamplingParams
-from tests.support.engine_helpers import run_staggered
+from tests.engine.test_quantized import assert_batched_equals_alone
 from tests.support.tiny_models import ARCHS
 
 CUDA = torch.cuda.is_available()
@@ -48,11 +46,4 @@ def test_gpu_logits_track_the_exact_dequantization(cuda_models, tiny_models_q4, 
 @pytest.mark.parametrize("layout", ["sequence", "cell"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_quantized_batched_equals_alone(cuda_models, arch, layout):
-    lm = cuda_models[arch]
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29, 40)]
-    params = SamplingParams(max_tokens=12)
-    run = RunConfig(kv_layout=layout, max_seq_len=128, step_tokens=16, chunk_tokens=8)
-    together = run_staggered(make_batcher(lm, 4, run), prompts, [0, 0, 2, 5], params)
-    for prompt, got in zip(prompts, together):
-        assert got == run_staggered(make_batcher(lm, 1, run), [prompt], [0], params)[0]
+    assert_batched_equals_alone(cuda_models[arch], layout)
