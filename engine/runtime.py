@@ -26,6 +26,7 @@ from engine.sequence import Sequence, Status
 from engine.session import common_prefix
 
 
+SNAPSHOT_MIN_TOKENS = 256  # prompts at least this long keep a parked copy when the cache has sliding rings
 FOLLOW_MIN_GAIN = 32  # tokens a leader's prefix must save before a turn waits for it (shorter: prefill at once)
 
 
@@ -80,6 +81,7 @@ class ModelRuntime:
         self.device = torch.device(batcher.device)  # where logits land and samplers draw (the host for MLX)
         self.prefixes = prefixes or PrefixCache(batcher.cache, 0, 0)
         self.share_prefixes = share_prefixes  # turns may start from other slots' prefixes (EngineConfig.prefix_cache)
+        self.snapshot_min = SNAPSHOT_MIN_TOKENS
         self._followers: dict[Sequence, tuple[Sequence, int]] = {}  # held back -> (its leader, prefix it waits for)
 
     @property
@@ -107,7 +109,32 @@ class ModelRuntime:
                 cached = [(source.slot, source.token_ids[: source.num_cached])] if source.slot is not None else []
                 self.reuse_prefix(seq, seq.token_ids, cached)
                 self.run(seq)
+        prefilled = [seq for seq, _ in out if len(seq.generated) == 1 and self._worth_a_snapshot(seq)]
+        if prefilled:
+            if self.batcher.has_ahead():
+                out += self.batcher.settle()
+            for seq in prefilled:
+                self._snapshot(seq)
         return out
+
+    def _worth_a_snapshot(self, seq: Sequence) -> bool:
+        """A long prompt just prefilled into a cache with sliding rings: once the answer moves the rings on, its
+        slot can no longer seed another chat, so a spare slot keeps a parked copy (evicted first when needed)."""
+        if not (self.share_prefixes and self.cache.book.rings and seq.slot is not None
+                and seq.num_prompt >= self.snapshot_min and self.prefixes.max_parked > 0
+                and self.cache.book.free_slots > len(self.scheduler.waiting)):
+            return False
+        held = self.prefixes.best([*seq.token_ids[: seq.num_prompt], -1], [])
+        return held is None or held.length < seq.num_prompt
+
+    def _snapshot(self, seq: Sequence) -> None:
+        n = seq.num_prompt
+        if seq.slot is None or self.cache.book.floor(seq.slot) > n or not self.cache.book.free_slots:
+            return
+        slot = self.cache.seq_clone(seq.slot)
+        self.cache.rewind(slot, n)
+        if not self.prefixes.park(slot, seq.token_ids[:n]):
+            self.cache.seq_rm(slot)
 
     def _unpark_for_waiting(self) -> None:
         """Parked prefixes never keep a waiting sequence out: their slots go first, least recently used first."""

@@ -185,3 +185,20 @@ def test_a_fork_takes_a_parked_slot_when_none_is_free(models):
     assert rt.cache.book.free_slots == 0 and rt.free_slots() == 1
     child = rt.fork(a, 5)
     assert child is not None and child.num_cached == a.num_cached and rt.prefixes.parked == 0
+
+
+def test_a_long_prompt_is_snapshotted_before_the_answer_moves_the_rings_on(models):
+    """Sliding rings (`sequence` layout): a chat's answer moves its rings past its prompt, so a parked copy taken
+    right after the prefill seeds the next chat with the same system prompt, exactly."""
+    lm = models["gemma3"]
+    rt = runtime(lm, "sequence")
+    rt.snapshot_min = 20
+    system = prompt(lm, 25, 25)
+    a = turn(rt, 0, system + prompt(lm, 4, 26))
+    assert rt.cache.book.floor(a.slot) > len(system) and rt.prefixes.parked == 1  # a's own slot offers nothing now
+    b_ids = system + prompt(lm, 6, 27)
+    b = turn(rt, 1, b_ids, live=[a])
+    assert KEPT[1] == len(system) and b.generated == alone(lm, "sequence", b_ids)
+    off = runtime(lm, "sequence")  # the default threshold: a 29-token prompt is not copied
+    turn(off, 0, system + prompt(lm, 4, 26))
+    assert off.prefixes.parked == 0
