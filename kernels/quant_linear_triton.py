@@ -24,7 +24,6 @@ import triton.language as tl
 from kernels.pdl import launch_options, wait_for_previous
 
 CHUNK = 128  # weights per int4 chunk
-WORDS = 16  # int32 words per chunk and row
 
 
 

@@ -85,7 +85,7 @@ class QuantTensor(nn.Module):
             return 0
         from kernels.quant_linear_triton import int4_splits
 
-        return int4_splits(self.shape[0], self.words.shape[1] // 16, self.words.device)
+        return int4_splits(self.shape[0], self.words.shape[1] * 8 // CHUNK, self.words.device)  # 8 codes a word
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` dequantized (an embedding lookup reads only these)."""
