@@ -23,6 +23,7 @@ class RunConfig:
     max_sampled_rows: int = 64
     backend: str = "torch"  # or "mlx"
     lookahead: bool | None = None  # None: on where CUDA graphs run (tests force it on CPU)
+    speculative: str = "off"  # engine/speculative: "off" or "lookup"
 
 
 def make_runtime(lm: LoadedModel, max_seqs: int, run: RunConfig) -> ModelRuntime:
@@ -30,7 +31,8 @@ def make_runtime(lm: LoadedModel, max_seqs: int, run: RunConfig) -> ModelRuntime
     sequence gives its slot back at once."""
     config = EngineConfig(kv_layout=run.kv_layout, max_sessions=max_seqs, max_session_tokens=run.max_seq_len,
                           step_tokens=run.step_tokens, chunk_tokens=run.chunk_tokens,
-                          max_sampled_rows=run.max_sampled_rows, backend=run.backend, lookahead=run.lookahead)
+                          max_sampled_rows=run.max_sampled_rows, backend=run.backend, lookahead=run.lookahead,
+                          speculative=run.speculative)
     return build_runtime(lm, config, keep_finished=False)
 
 

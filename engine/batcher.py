@@ -18,6 +18,8 @@ from engine.cache import KVCache
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, Status
+from engine.speculative.drafter import Drafter
+from engine.speculative.verify import accept
 from engine.step import StepBatch, build_step
 
 log = logging.getLogger(__name__)
@@ -33,11 +35,15 @@ class Launched:
     ready: torch.cuda.Event | None  # None: the device is the host
     decode: bool  # every scheduled sequence wrote one token and samples: a look-ahead may follow
     rng_before: dict[int, torch.Tensor] | None = None  # look-ahead: seq_id -> sampler state before the draw
+    verified: list[list[int]] | None = None  # a verify step's tokens per sampler, read already
 
-    def tokens(self) -> list[int]:
+    def tokens(self) -> list[list[int]]:
+        """Each sampler's new tokens: one, or a verify step's accepted drafts and the token after them."""
+        if self.verified is not None:
+            return self.verified
         if self.ready is not None:
             self.ready.synchronize()  # this step's copy only: a step queued after it keeps running
-        return self.host_ids.tolist()
+        return [[t] for t in self.host_ids.tolist()]
 
 
 def _to_host(ids: torch.Tensor, runner) -> tuple[Any, torch.cuda.Event | None]:
@@ -63,8 +69,10 @@ class Batcher:
         device: torch.device | str,
         release_on_finish: bool = True,
         lookahead: bool | None = None,
+        drafter: Drafter | None = None,
     ):
         self.cache, self.device = cache, device
+        self.drafter = drafter  # proposes tokens that a step verifies (engine/speculative); None: plain decoding
         self.release_on_finish = release_on_finish  # sessions keep their cache between turns
         self.in_flight: list[Sequence] = []  # the sequences of the steps being run (for error reports)
         self.scheduler = Scheduler(config, cache)
@@ -120,14 +128,52 @@ class Batcher:
 
     # -- launching
     def _launch_scheduled(self) -> Launched | None:
+        self._draft()
         scheduled = self.scheduler.schedule()
         if not scheduled:
             return None
         self.in_flight = [seq for seq, _ in scheduled]
         batch = build_step(scheduled, self.cache)
+        if batch.verifies:
+            return self._verify(batch)
         ids, _ = self._forward(batch)
         decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
         return Launched(batch.samplers, ids, *_to_host(ids, self.runner), decode)
+
+    def _draft(self) -> None:
+        """Asks the drafter for tokens after each sequence about to decode, as many as its limits leave room for."""
+        running = self.scheduler.running
+        for seq in running:
+            seq.draft = []
+        if self.drafter is None:
+            return
+        due = [seq for seq in running if seq.num_uncached == 1 and _draftable(seq)]
+        if due:
+            self.drafter.propose(due, [_draft_room(seq, self.cache.book.max_step_tokens) for seq in due])
+
+    def _verify(self, batch: StepBatch) -> Launched:
+        """Runs a step with drafted tokens and reads it at once: what it accepts decides the next step's tokens."""
+        try:
+            logits, _ = self.runner.run(batch)
+            seqs = batch.samplers
+            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs])
+        except BaseException:
+            self.cache.abort_step()
+            raise
+        self.cache.commit_step()
+        self.steps += 1
+        for seq, n in batch.scheduled:
+            seq.num_cached += n
+        for seq, tokens in zip(batch.samplers, accepted):
+            drafted, kept = len(seq.draft), len(tokens) - 1
+            if kept < drafted:  # the rejected drafts' rows go from the cache
+                seq.num_cached -= drafted - kept
+                self.cache.rewind(seq.slot, seq.num_cached)
+            if drafted:
+                seq.num_drafted, seq.num_accepted = seq.num_drafted + drafted, seq.num_accepted + kept
+                self.drafter.observe(seq, drafted, kept)
+            seq.draft = []
+        return Launched(batch.samplers, None, None, None, False, verified=accepted)
 
     def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple[torch.Tensor, dict | None]:
         """Queues forward and sampling and commits the cache step (its writes precede any later read).
@@ -158,6 +204,8 @@ class Batcher:
         for seq in prev.samplers:
             if seq.status is not Status.RUNNING or seq.num_uncached != 0 or penalised(seq.sampler.params):
                 return False
+            if self.drafter is not None and _draftable(seq) and self.drafter.may_draft(seq):
+                return False  # its next step may verify drafts, which need this step's token on the host
             if len(seq.generated) + 2 > seq.sampler.params.max_tokens or len(seq.token_ids) + 2 > seq.max_len:
                 return False  # prev's token may end it by length: leave that step to the scheduler
         return True
@@ -183,17 +231,38 @@ class Batcher:
     def _resolve(self, launched: Launched) -> list[tuple[Sequence, int]]:
         tokens = launched.tokens()  # the one wait for the device
         out = []
-        for seq, token in zip(launched.samplers, tokens):
+        for seq, new in zip(launched.samplers, tokens):
             if seq.status is not Status.RUNNING:  # finished after this step was queued: drop its token
                 if launched.rng_before and seq.seq_id in launched.rng_before:
                     seq.sampler.generator.set_state(launched.rng_before[seq.seq_id])
                 continue
-            seq.append(token)
-            out.append((seq, token))
-            reason = finish_reason(seq, token)
-            if reason:
-                self.scheduler.finish(seq, reason, self.release_on_finish)
+            seq.num_steps += 1
+            for token in new:
+                seq.append(token)
+                out.append((seq, token))
+                reason = finish_reason(seq, token)
+                if reason:
+                    self._drop_past_end(seq)
+                    self.scheduler.finish(seq, reason, self.release_on_finish)
+                    break
         return out
+
+    def _drop_past_end(self, seq: Sequence) -> None:
+        """A verify step that ends a sequence mid-draft cached accepted drafts after its end: they go."""
+        if seq.slot is not None and seq.num_cached >= len(seq.token_ids):
+            seq.num_cached = len(seq.token_ids) - 1
+            self.cache.rewind(seq.slot, seq.num_cached)
+
+
+def _draftable(seq: Sequence) -> bool:
+    """Penalties make a row's logits depend on the drafts before it, so penalised sequences are never drafted for."""
+    return seq.sampler.params.speculative and not penalised(seq.sampler.params)
+
+
+def _draft_room(seq: Sequence, step_tokens: int) -> int:
+    """Drafts that fit: the answer's token limit (the token after them counts too), the context, one step's rows."""
+    left = seq.sampler.params.max_tokens - len(seq.generated) - 1
+    return max(0, min(left, seq.max_len - len(seq.token_ids), step_tokens - 1))
 
 
 def finish_reason(seq: Sequence, token: int) -> str | None:

@@ -81,8 +81,7 @@ class LocalHost:
         if seq is None:
             seq = session.seq = Sequence(session.session_id, [], session.sampler, rt.lm.tokenizer.stop_ids, rt.limit)
         rt.keep_prefix(seq, keep)
-        seq.token_ids = list(ids)
-        seq.generated, seq.num_prompt, seq.finish_reason = [], len(ids), None
+        seq.new_turn(ids)
         seq.sampler, seq.max_len = session.sampler, rt.limit
         live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
                 if s is not session and s.seq is not None and s.seq.slot is not None]

@@ -24,6 +24,7 @@ from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
 from engine.session import common_prefix
+from engine.speculative import Drafter, make_drafter
 
 
 SNAPSHOT_MIN_TOKENS = 256  # prompts at least this long keep a parked copy when the cache has sliding rings
@@ -48,6 +49,7 @@ class EngineConfig:
     quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
     prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
     prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
+    speculative: str = "lookup"  # engine/speculative: "off" or "lookup" (prompt lookup drafts, verified per step)
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates
@@ -55,6 +57,7 @@ class EngineConfig:
             raise ValueError("max_sessions must be at least 1")
         if self.prefix_tokens is not None and self.prefix_tokens < 0:
             raise ValueError("prefix_tokens must be at least 0")
+        make_drafter(self.speculative)  # validates
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
@@ -287,7 +290,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     release = not keep_finished
     backend = resolve_backend(config.backend, str(weights_device))
     if backend == "mlx":
-        batcher = _mlx_batcher(lm, cache_config, sched, release)
+        batcher = _mlx_batcher(lm, cache_config, sched, release, make_drafter(config.speculative))
     else:
         if weights_device.type == "meta":
             raise ModelLoadError(f"{lm.name}'s weights were handed to the MLX backend; load it again to run it on torch.")
@@ -299,14 +302,16 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
             cache.attention_impl = tuning.attention_impl
         runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
-        batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead)
+        batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
+                          drafter=make_drafter(config.speculative))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
     return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes, config.prefix_cache)
 
 
-def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool) -> Batcher:
+def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool,
+                 drafter: Drafter | None) -> Batcher:
     """A Batcher whose model, cache and runner are MLX (its weights converted from the loaded torch model).
     Quantized matrices stay quantized, the same weights exactly; the conversion runs once per loaded model and
     releases the torch copy (its modules stay on the meta device: `lm.quantization()`, `lm.weight_bytes()` still
@@ -324,4 +329,4 @@ def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerCon
         model = from_torch(args, lm.model.float_state_dict(), dtype)
     cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
     runner = MLXRunner(model, cache, sched.max_sampled_rows)
-    return Batcher(cache, runner, sched, "cpu", release)
+    return Batcher(cache, runner, sched, "cpu", release, drafter=drafter)

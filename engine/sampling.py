@@ -29,6 +29,7 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
+    speculative: bool = True  # draft and verify when the model has a drafter on (engine/speculative)
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -64,6 +65,8 @@ def _check_types(p: SamplingParams) -> None:
         value = getattr(p, name)
         if not (value is None and name == "seed") and (isinstance(value, bool) or not isinstance(value, int)):
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
+    if not isinstance(p.speculative, bool):
+        raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
     if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
         raise ParleyError("Invalid sampling setting: stop must be a list of strings.")
 
@@ -102,13 +105,21 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
         return argmax
     greedy_ids = argmax.clone()  # the graph's output buffer is not ours to write
     picked = [states[i] for i in drawing]
-    rows = logits[drawing]
-    temps = torch.tensor([s.params.temperature for s in picked], device=logits.device)
-    probs = _filter(torch.softmax(rows / temps[:, None], dim=-1), picked)
-    noise = torch.stack([torch.empty_like(probs[0]).exponential_(generator=s.generator) for s in picked])
-    drawn = (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
-    greedy_ids[drawing] = drawn
+    probs = probabilities(logits[drawing], picked)
+    greedy_ids[drawing] = draw(probs, picked)
     return greedy_ids
+
+
+def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
+    """What each drawing row samples from: softmax at its temperature, then top-k, top-p and min-p."""
+    temps = torch.tensor([s.params.temperature for s in states], device=rows.device)
+    return _filter(torch.softmax(rows / temps[:, None], dim=-1), states)
+
+
+def draw(probs: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
+    """One id per row of `probs` (unnormalised weights will do), each from its state's generator."""
+    noise = torch.stack([torch.empty_like(probs[0]).exponential_(generator=s.generator) for s in states])
+    return (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
 
 
 def _apply_penalties(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:

@@ -49,8 +49,11 @@ class Scheduler:
         out: list[tuple[Sequence, int]] = []
         for seq in order:
             if seq.num_uncached == 1 and budget and rows < self.config.max_sampled_rows:
-                out.append((seq, 1))
-                budget, rows = budget - 1, rows + 1
+                n = 1 + len(seq.draft)  # drafted tokens are verified in the same step, one sampled row each
+                if n > min(budget, self.config.chunk_tokens) or rows + n > self.config.max_sampled_rows:
+                    seq.draft, n = [], 1  # no room for its drafts this step: a plain decode
+                out.append((seq, n))
+                budget, rows = budget - n, rows + n
         for seq in order:
             n = min(self.config.chunk_tokens, seq.num_uncached)
             last = n == seq.num_uncached

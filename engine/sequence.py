@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from engine.sampling import SamplerState
 
@@ -27,6 +28,11 @@ class Sequence:
     status: Status = Status.WAITING
     finish_reason: str | None = None
     generated: list[int] = field(default_factory=list)
+    draft: list[int] = field(default_factory=list)  # tokens proposed to follow token_ids, verified by the next step
+    draft_state: Any = None  # the drafter's own per-sequence state (engine/speculative)
+    num_steps: int = 0  # this turn's decode steps: generated / num_steps is the tokens one step yields
+    num_drafted: int = 0  # this turn's drafted tokens, and the ones the model accepted
+    num_accepted: int = 0
 
     def __post_init__(self) -> None:
         self.num_prompt = len(self.token_ids)
@@ -34,6 +40,11 @@ class Sequence:
     @property
     def num_uncached(self) -> int:
         return len(self.token_ids) - self.num_cached
+
+    def new_turn(self, ids: list[int]) -> None:
+        """The next turn's tokens; its counters start again."""
+        self.token_ids, self.num_prompt, self.generated, self.finish_reason = list(ids), len(ids), [], None
+        self.draft, self.num_steps, self.num_drafted, self.num_accepted = [], 0, 0, 0
 
     def append(self, token: int) -> None:
         self.token_ids.append(token)

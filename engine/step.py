@@ -14,10 +14,15 @@ class StepBatch:
     tokens: torch.Tensor  # (T,) host int64; entry i of tokens/positions names the same token
     positions: torch.Tensor  # (T,) host int64
     segments: list[Segment]
-    logit_rows: torch.Tensor  # (R,) host int64: rows whose logits are sampled, each sampler's last token
+    logit_rows: torch.Tensor  # (R,) host int64: rows whose logits are sampled, each sampler's last token (and drafts)
     scheduled: list[tuple[Sequence, int]]
     samplers: list[Sequence]  # the sequences that sample this step, in logit_rows order
     device_tokens: torch.Tensor | None = None  # a look-ahead step: its tokens are the last step's ids, on the device
+
+    @property
+    def verifies(self) -> bool:
+        """Some sequence brings drafted tokens: more sampled rows than samplers."""
+        return len(self.logit_rows) > len(self.samplers)
 
 
 def build_step(scheduled: list[tuple[Sequence, int]], cache: KVCache) -> StepBatch:
@@ -31,8 +36,14 @@ def build_step(scheduled: list[tuple[Sequence, int]], cache: KVCache) -> StepBat
     rows: list[int] = []
     samplers: list[Sequence] = []
     for (seq, n), seg in zip(scheduled, segments):
-        tokens += seq.token_ids[seq.num_cached : seq.num_cached + n]
         positions += range(seg.start, seg.start + n)
+        if seq.draft:  # a verify: the last token, then the drafts, every row sampled (engine/speculative/verify.py)
+            assert n == len(seq.draft) + 1 and seq.num_uncached == 1, "a draft follows a sequence's last token"
+            tokens += [seq.token_ids[-1], *seq.draft]
+            rows += range(seg.q_start, seg.q_start + n)
+            samplers.append(seq)
+            continue
+        tokens += seq.token_ids[seq.num_cached : seq.num_cached + n]
         if seq.num_cached + n == len(seq.token_ids):  # this chunk reaches the end: the next token is due
             rows.append(seg.q_start + n - 1)
             samplers.append(seq)

@@ -1,0 +1,121 @@
+"""Prompt lookup: no model. The draft is what followed the latest earlier occurrence of the sequence's last n tokens
+(n from `longest` down to `shortest`), in its own tokens (prompt and answer so far) or in a pool of other token
+lists of the same model: the other live chats (compare columns answering one prompt), and earlier turns (a
+regenerated answer drafts from the one it replaces). Input-grounded work (rewriting a given file, summarising a
+given text, quoting) repeats long runs of the prompt, which is where this pays.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from engine.sequence import Sequence
+from engine.speculative.drafter import Pacing, PacingConfig
+
+
+@dataclass(slots=True)
+class LookupConfig:
+    longest: int = 4  # n-gram lengths matched, longest first
+    shortest: int = 2
+    pool_tokens: int = 1 << 16  # token lists kept for lookup across sequences, least recently used dropped first
+    pacing: PacingConfig = field(default_factory=PacingConfig)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.shortest <= self.longest:
+            raise ValueError("n-gram lengths must satisfy 1 <= shortest <= longest")
+
+
+class NgramIndex:
+    """n-gram -> end of its latest occurrence in one token list, brought up to date as the list grows."""
+
+    __slots__ = ("tokens", "done", "maps")
+
+    def __init__(self, tokens: list[int], shortest: int, longest: int):
+        self.tokens = tokens
+        self.done = 0  # n-grams ending at positions up to here (exclusive ends) are indexed
+        self.maps: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(shortest, longest + 1)}
+
+    def update(self, end: int) -> None:
+        """Indexes every n-gram ending at or before `end` (an exclusive end)."""
+        t = self.tokens
+        if self.done > len(t):  # the list was cut back (a stop string): start again
+            self.done = 0
+            for m in self.maps.values():
+                m.clear()
+        for e in range(self.done + 1, end + 1):
+            for n, m in self.maps.items():
+                if e >= n:
+                    m[tuple(t[e - n : e])] = e
+        self.done = max(self.done, end)
+
+    def continuation(self, key: tuple[int, ...], limit: int) -> list[int]:
+        end = self.maps[len(key)].get(key)
+        return [] if end is None else self.tokens[end : end + limit]
+
+
+@dataclass(slots=True)
+class _State:
+    index: NgramIndex
+    pacing: Pacing
+    resume_at: int = 0  # the sequence's num_steps from which it drafts again (pacing's back-off)
+
+
+class PromptLookup:
+    name = "lookup"
+
+    def __init__(self, config: LookupConfig | None = None):
+        self.config = config or LookupConfig()
+        self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
+
+    def may_draft(self, seq: Sequence) -> bool:
+        state = seq.draft_state
+        return not isinstance(state, _State) or seq.num_steps >= state.resume_at
+
+    def propose(self, seqs: list[Sequence], room: list[int]) -> None:
+        for seq, most in zip(seqs, room):
+            state = self._state(seq)
+            if most <= 0 or seq.num_steps < state.resume_at:
+                continue
+            seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
+
+    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        state = seq.draft_state
+        if isinstance(state, _State):
+            state.pacing.observe(drafted, accepted)
+            state.resume_at = seq.num_steps + state.pacing.skip
+
+    def _state(self, seq: Sequence) -> _State:
+        """The sequence's index over its current token list; a new turn (a new list) starts a new one, and the
+        old one stays in the pool for other turns to draft from."""
+        state = seq.draft_state
+        if isinstance(state, _State) and state.index.tokens is seq.token_ids:
+            return state
+        c = self.config
+        index = NgramIndex(seq.token_ids, c.shortest, c.longest)
+        seq.draft_state = state = _State(index, Pacing(c.pacing))
+        self._pool[id(index)] = index
+        self._trim_pool()
+        return state
+
+    def _find(self, seq: Sequence, own: NgramIndex, k: int) -> list[int]:
+        tokens, c = seq.token_ids, self.config
+        end = len(tokens)
+        own.update(end - 1)  # not the final n-gram itself: its own occurrence has nothing after it
+        self._pool[id(own)] = own  # back in, most recent, if the pool had dropped it
+        self._pool.move_to_end(id(own))
+        others = [index for index in reversed(self._pool.values()) if index is not own]
+        for index in others:
+            index.update(len(index.tokens))
+        for n in range(min(c.longest, end), c.shortest - 1, -1):
+            key = tuple(tokens[end - n :])
+            for index in (own, *others):
+                draft = index.continuation(key, k)
+                if draft:
+                    return draft
+        return []
+
+    def _trim_pool(self) -> None:
+        total = sum(len(index.tokens) for index in self._pool.values())
+        while total > self.config.pool_tokens and len(self._pool) > 1:
+            _, index = self._pool.popitem(last=False)
+            total -= len(index.tokens)
