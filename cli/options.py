@@ -26,6 +26,9 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    "CPU, on CUDA floats while they fit in 60%% of the free GPU memory (faster there so far)")
     p.add_argument("--quantize", default=None, choices=["q8", "q4"],
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
+    p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup"],
+                   help="speculative decoding: lookup drafts tokens from the prompt and earlier output (n-gram matches) "
+                   "and verifies them in the same step, output unchanged; auto: lookup except with CUDA graphs")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
 
 
@@ -46,7 +49,7 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 
     return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                         compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
-                        quantize=args.quantize,
+                        quantize=args.quantize, speculative=args.speculative,
                         **sizes)
 
 

@@ -156,7 +156,7 @@ class Batcher:
         try:
             logits, _ = self.runner.run(batch)
             seqs = batch.samplers
-            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs])
+            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs], [s.token_ids for s in seqs])
         except BaseException:
             self.cache.abort_step()
             raise
@@ -255,8 +255,7 @@ class Batcher:
 
 
 def _draftable(seq: Sequence) -> bool:
-    """Penalties make a row's logits depend on the drafts before it, so penalised sequences are never drafted for."""
-    return seq.sampler.params.speculative and not penalised(seq.sampler.params)
+    return seq.sampler.params.speculative
 
 
 def _draft_room(seq: Sequence, step_tokens: int) -> int:

@@ -13,6 +13,14 @@ class TurnStats:
     tokens_per_s: float | None  # decode rate after the first token
     context_used: int
     context_limit: int
+    decode_steps: int = 0  # steps that produced its tokens: fewer than the tokens when drafts were accepted
+    drafted_tokens: int = 0  # speculative decoding: tokens drafted for this turn, and those the model kept
+    accepted_tokens: int = 0
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        """Tokens one step yielded on average, where drafting ran (engine/speculative)."""
+        return self.completion_tokens / self.decode_steps if self.drafted_tokens and self.decode_steps else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ as a Sequence; tokens stream back as events until the sequence finishes.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from functools import partial
 from typing import Callable
 
@@ -134,18 +135,24 @@ class LocalHost:
         except Exception as exc:
             self._fail_step(exc)
             return
+        left = Counter(seq for seq, _ in results)  # a verify step brings several tokens of one sequence
         for seq, token in results:
-            self._on_token(self._sessions[seq.seq_id], seq, token)
+            left[seq] -= 1
+            session = self._sessions[seq.seq_id]
+            if session.turn is not None:  # else a stop string ended it on an earlier token of this step
+                self._on_token(session, seq, token, left[seq])
 
-    def _on_token(self, session: Session, seq: Sequence, token: int) -> None:
+    def _on_token(self, session: Session, seq: Sequence, token: int, after: int = 0) -> None:
+        """`after`: tokens of the same step that follow this one (accepted drafts), dropped if this one ends it."""
         turn = session.turn
         if turn.first_token_at is None:
             turn.first_token_at = time.perf_counter()
         text = "" if token in seq.stop_ids else turn.stream.push(token)
         self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text))
-        if turn.stream.stopped and seq.status is not Status.FINISHED:
-            self.runtime.stop(seq, "stop_string")
-        if seq.status is Status.FINISHED:
+        if turn.stream.stopped and (after or seq.status is not Status.FINISHED):
+            self.runtime.stop(seq, "stop_string", drop=after)
+            after = 0
+        if seq.status is Status.FINISHED and not after:  # else its last tokens of this step are still to come
             self._end_turn(session, seq.finish_reason or "stop")
 
     def _end_turn(self, session: Session, reason: str) -> None:
@@ -171,6 +178,9 @@ class LocalHost:
             tokens_per_s=rate,
             context_used=len(seq.token_ids),
             context_limit=self.runtime.limit,
+            decode_steps=seq.num_steps,
+            drafted_tokens=seq.num_drafted,
+            accepted_tokens=seq.num_accepted,
         )
 
     def _fail_step(self, exc: Exception) -> None:

@@ -49,7 +49,7 @@ class EngineConfig:
     quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
     prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
     prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
-    speculative: str = "lookup"  # engine/speculative: "off" or "lookup" (prompt lookup drafts, verified per step)
+    speculative: str = "auto"  # engine/speculative: "off", "lookup" (prompt lookup drafts, verified per step), auto
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates
@@ -190,11 +190,17 @@ class ModelRuntime:
             seq.status = Status.WAITING
         return best is not None
 
-    def stop(self, seq: Sequence, reason: str) -> None:
-        """Ends its generation; the cache keeps what it holds (the session's next turn reuses it)."""
+    def stop(self, seq: Sequence, reason: str, drop: int = 0) -> None:
+        """Ends its generation; the cache keeps what it holds (the session's next turn reuses it). `drop`: its last
+        tokens, generated in the same step as the one that ended it (accepted drafts), are taken back."""
         if self._followers.pop(seq, None) is not None:
             seq.status, seq.finish_reason = Status.FINISHED, reason
             return
+        if drop:
+            del seq.token_ids[-drop:], seq.generated[-drop:]
+            if seq.slot is not None and seq.num_cached >= len(seq.token_ids):
+                seq.num_cached = len(seq.token_ids) - 1
+                self.cache.rewind(seq.slot, seq.num_cached)
         self.scheduler.finish(seq, reason, release=False)
 
     def release(self, seq: Sequence) -> None:
@@ -303,7 +309,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
-                          drafter=make_drafter(config.speculative))
+                          drafter=make_drafter(config.speculative, graphs=runner.graphs is not None))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)

@@ -96,7 +96,7 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
     waits for the GPU here. `argmax`: the logits' row argmax when the step computed it already (used unless
     penalties change the logits)."""
-    penalised = _apply_penalties(logits, states, histories)
+    penalised = penalise(logits, states, histories)
     if argmax is None or penalised is not logits:
         argmax = penalised.argmax(dim=-1)
     logits = penalised
@@ -122,7 +122,9 @@ def draw(probs: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
     return (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
 
 
-def _apply_penalties(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
+def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
+    """Repetition, presence and frequency penalties of each row's state over its history; `logits` itself when no
+    row has any (else a penalised copy)."""
     rows = [i for i, s in enumerate(states) if penalised(s.params) and histories[i]]
     if not rows:
         return logits

@@ -20,6 +20,7 @@ class ChatSettings:
     seed: int | None = None
     max_tokens: int = 512
     overflow: str = "truncate"
+    speculative: bool = True  # draft ahead where the model's drafter runs (same answer, fewer steps)
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_CHOICES:
@@ -30,6 +31,7 @@ class ChatSettings:
         return SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=self.max_tokens,
+            speculative=self.speculative,
         )
 
     def copy(self, **changes) -> "ChatSettings":

@@ -289,7 +289,7 @@ class ChatService:
         """Submits now if the chat's model is loaded, else once it is (the chat shows 'loading')."""
         key = self.store.get(conv_id).settings.model
         live.pending = submit
-        live.status.tokens_per_s = live.status.ttft_s = None  # the last turn's figures are not this one's
+        live.status.tokens_per_s = live.status.ttft_s = live.status.tokens_per_step = None  # the last turn's figures are not this one's
         self.models.ensure(key)
         if self.models.model_id(key) is not None:
             self._run_pending(live)
@@ -348,7 +348,7 @@ class ChatService:
         if found:
             conv_id, live = found
             _enter(live.status, "prefilling")  # until the first token: the prompt is being read
-            live.status.tokens_per_s = live.status.ttft_s = None
+            live.status.tokens_per_s = live.status.ttft_s = live.status.tokens_per_step = None
             self._set_state(conv_id, live.turn.message_id, "streaming")
 
     def _on_queued(self, session_id: int, turn_id: int, position: int) -> None:
@@ -397,6 +397,7 @@ class ChatService:
         st.tokens_per_s, st.ttft_s = stats.tokens_per_s, stats.ttft_s
         st.context_used, st.context_limit = stats.context_used, stats.context_limit
         st.prompt_tokens, st.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
+        st.tokens_per_step = stats.tokens_per_step
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
         self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
                                   model=st.model, error="")
@@ -483,7 +484,15 @@ def _shown_status(path: list[Message], live: ChatStatus) -> ChatStatus:
                       ttft_s=stats.get("ttft_s"), context_used=int(stats.get("context_used") or 0),
                       context_limit=int(stats.get("context_limit") or live.context_limit), state=live.state,
                       prompt_tokens=int(stats.get("prompt_tokens") or 0),
-                      prefilled_tokens=int(stats.get("prefilled_tokens") or 0))
+                      prefilled_tokens=int(stats.get("prefilled_tokens") or 0),
+                      tokens_per_step=_tokens_per_step(stats))
+
+
+def _tokens_per_step(stats: dict) -> float | None:
+    steps, drafted = stats.get("decode_steps"), stats.get("drafted_tokens")
+    done = stats.get("completion_tokens")
+    ok = all(isinstance(x, int) and x > 0 for x in (steps, drafted, done))  # a stored chat's stats are untrusted
+    return done / steps if ok else None
 
 
 def _stats_dict(stats) -> dict:

@@ -31,6 +31,7 @@ class ChatStatus:
     dropped_messages: int = 0
     prompt_tokens: int = 0  # the last turn's whole prompt
     prefilled_tokens: int = 0  # of which the model computed this many (the rest came from the prefix cache)
+    tokens_per_step: float | None = None  # speculative decoding: tokens one step yielded (None: no drafting)
     state: str = "idle"  # idle, loading, queued, prefilling (reading the prompt), streaming
     since: float | None = None  # perf_counter when `state` began: the status line counts the seconds
 

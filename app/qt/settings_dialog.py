@@ -55,6 +55,7 @@ class SettingsForm(QWidget):
         self.seed = _int(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
         self.max_tokens = _int(1, 32768)
+        self.speculative = QCheckBox(self.tr("Draft ahead from the prompt (same answer; faster when it repeats the prompt)"))
         self.overflow = QComboBox()
         for choice, label in zip(OVERFLOW_CHOICES, ("Stop when the context is full", "Drop the oldest turns")):
             self.overflow.addItem(label, choice)
@@ -68,7 +69,8 @@ class SettingsForm(QWidget):
         form.addRow("System prompt", self.system)
         for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
                          ("Min-p", self.min_p), ("Repetition penalty", self.repetition), ("Seed", self.seed),
-                         ("Max tokens", self.max_tokens), ("Context overflow", self.overflow)]:
+                         ("Max tokens", self.max_tokens), ("Context overflow", self.overflow),
+                         (self.tr("Speculative decoding"), self.speculative)]:
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
         self.set_settings(settings)
@@ -131,6 +133,7 @@ class SettingsForm(QWidget):
         self.seed.setValue(-1 if s.seed is None else s.seed)
         self.max_tokens.setValue(s.max_tokens)
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
+        self.speculative.setChecked(s.speculative)
 
     def settings(self) -> ChatSettings:
         return ChatSettings(
@@ -138,7 +141,7 @@ class SettingsForm(QWidget):
             temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), repetition_penalty=self.repetition.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(), max_tokens=self.max_tokens.value(),
-            overflow=self.overflow.currentData(),
+            overflow=self.overflow.currentData(), speculative=self.speculative.isChecked(),
         )
 
 

@@ -76,6 +76,8 @@ def describe(s: ChatStatus, loading: str = "") -> str:
     parts.append(f"{s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else "— tok/s")
     busy = s.state in TICKING or s.state == "streaming"
     parts.append(f"TTFT {s.ttft_s * 1000:.0f} ms" if s.ttft_s is not None else "TTFT …" if busy else "TTFT —")
+    if s.tokens_per_step and s.tokens_per_step > 1.005 and not busy:  # drafts the model accepted saved steps
+        parts.append(tr("%1 tokens/step").replace("%1", f"{s.tokens_per_step:.2f}"))
     reused = s.prompt_tokens - s.prefilled_tokens
     if s.ttft_s is not None and s.prompt_tokens and reused > 0:  # the prefix cache saved this turn's prefill
         parts.append(tr("%1 of %2 prompt tokens cached").replace("%1", f"{reused:,}").replace("%2", f"{s.prompt_tokens:,}"))

@@ -2,14 +2,17 @@
 from engine.speculative.drafter import Drafter
 from engine.speculative.lookup import LookupConfig, PromptLookup
 
-SPECULATIVE_MODES = ("off", "lookup")
+SPECULATIVE_MODES = ("auto", "off", "lookup")
 
 
-def make_drafter(mode: str) -> Drafter | None:
-    """The drafter a `--speculative` mode names; None for off."""
+def make_drafter(mode: str, graphs: bool = False) -> Drafter | None:
+    """The drafter a `--speculative` mode names; None for off. `auto` is lookup, except where decode steps replay
+    CUDA graphs: verify steps run eagerly there, which costs more than drafts save (bench/speculative.py)."""
     if mode not in SPECULATIVE_MODES:
         raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {mode!r}")
-    return PromptLookup(LookupConfig()) if mode == "lookup" else None
+    if mode == "lookup" or (mode == "auto" and not graphs):
+        return PromptLookup(LookupConfig())
+    return None
 
 
 __all__ = ["Drafter", "LookupConfig", "PromptLookup", "SPECULATIVE_MODES", "make_drafter"]

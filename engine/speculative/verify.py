@@ -6,20 +6,23 @@ draft j - 1. Drafts are point proposals (every drafter here drafts deterministic
 - sampling: keep draft d at row j with probability p_j(d); at the first rejection draw from p_j with d removed
   (renormalised), else, all kept, draw from p_k. This is speculative sampling's rule with q = one-hot(d), so the
   tokens follow plain sampling's distribution exactly (p_j as plain sampling computes it: temperature, top-k/p,
-  min-p). Sequences with repetition penalties are never drafted for: their rows' logits depend on the drafts.
+  min-p). Penalties see each row's own history: the sequence's tokens and the drafts before that row.
 """
 from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplerState, draw, probabilities
+from engine.sampling import SamplerState, draw, penalise, probabilities
 
 
-def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]]) -> list[list[int]]:
+def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]],
+           histories: list[list[int]]) -> list[list[int]]:
     """logits (R, V): every sampler's len(draft) + 1 rows in order -> per sampler its accepted drafts and the
-    token that follows them (1 to k + 1 tokens)."""
+    token that follows them (1 to k + 1 tokens). `histories`: each sampler's tokens so far (for penalties)."""
     counts = [len(d) + 1 for d in drafts]
     assert sum(counts) == logits.shape[0], "one row per drafted token plus one per sampler"
+    row_states = [s for s, n in zip(states, counts) for _ in range(n)]
+    logits = penalise(logits, row_states, [h + d[:j] for h, d in zip(histories, drafts) for j in range(len(d) + 1)])
     argmax = logits.argmax(dim=-1).tolist()
     starts = [sum(counts[:i]) for i in range(len(counts))]
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]

@@ -117,14 +117,24 @@ def test_a_stop_token_inside_accepted_drafts_ends_the_answer_there(models):
     assert got == expected
 
 
-def test_penalised_and_opted_out_sequences_are_never_drafted_for(models):
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_penalties_see_each_rows_drafts_so_penalised_greedy_stays_exact(models, layout):
+    lm = models["qwen3"]
+    prompts = _prompts(lm.args.vocab_size)
+    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4)
+    plain = run_staggered(make_batcher(lm, 4, _run(layout)), prompts, ARRIVALS, params)
+    batcher = make_batcher(lm, 4, _run(layout))
+    batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=5, vocab=lm.args.vocab_size)
+    assert run_staggered(batcher, prompts, ARRIVALS, params) == plain
+    assert 0 < drafter.accepted < drafter.drafted
+
+
+def test_sequences_that_opt_out_are_never_drafted_for(models):
     lm = models["llama"]
-    prompt = _prompts(lm.args.vocab_size)[0]
-    for params in (SamplingParams(max_tokens=12, repetition_penalty=1.2), SamplingParams(max_tokens=12, speculative=False)):
-        batcher = make_batcher(lm, 1, _run("sequence"))
-        batcher.drafter = drafter = ScriptedDrafter({0: [1] * 12}, wrong=1000, vocab=lm.args.vocab_size)
-        run_staggered(batcher, [prompt], [0], params)
-        assert drafter.calls == 0
+    batcher = make_batcher(lm, 1, _run("sequence"))
+    batcher.drafter = drafter = ScriptedDrafter({0: [1] * 12}, wrong=1000, vocab=lm.args.vocab_size)
+    run_staggered(batcher, [_prompts(lm.args.vocab_size)[0]], [0], SamplingParams(max_tokens=12, speculative=False))
+    assert drafter.calls == 0
 
 
 # -- the sampling rule, on fixed logits: each token's distribution must match plain sampling's
@@ -161,7 +171,7 @@ def _sample_accepts(n: int, draft: list[int]) -> list[list[int]]:
     states = [SamplerState(PARAMS) for _ in range(n)]
     for i, s in enumerate(states):
         s.generator.manual_seed(1000 + i)
-    return verify.accept(LOGITS.repeat(n, 1), states, [draft] * n)
+    return verify.accept(LOGITS.repeat(n, 1), states, [draft] * n, [[]] * n)
 
 
 def _check_distribution(draft: list[int], n: int = 4000) -> list[float]:
@@ -258,3 +268,57 @@ def test_pacing_backs_off_after_misses_and_recovers():
     assert skips == [1, 3, 7, 15, 31, 32, 32] and pacing.length == 1
     pacing.observe(1, 1)
     assert pacing.misses == 0
+
+
+# -- through the engine thread: turns that end inside a verify step's tokens
+@pytest.fixture(scope="module")
+def clients(tiny_models):
+    from engine.runtime import EngineConfig
+    from tests.support.engine_client import Client
+
+    out = {}
+    for mode in ("off", "lookup"):
+        c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16, speculative=mode))
+        c.engine.start()
+        c.model = c.load(tiny_models["llama"].gguf_path)
+        out[mode] = c
+    yield out
+    for c in out.values():
+        c.engine.shutdown()
+
+
+def _answer(client, text: str, params: SamplingParams):
+    """A raw document's continuation, asked twice: the second drafts from the first (a regenerated answer)."""
+    _ask_raw(client, text, params)
+    return _ask_raw(client, text, params)
+
+
+def _ask_raw(client, text: str, params: SamplingParams):
+    sid = client.open(client.model, params=params, raw=True)
+    turn = client.send(sid, text)
+    end = client.wait(turn)
+    return client.tokens(turn), client.text(turn), end
+
+
+@pytest.mark.parametrize("max_tokens", [9, 10, 11, 30])
+def test_engine_turns_end_where_plain_decoding_ends_them(clients, max_tokens):
+    text = "one two three four five six " * 6
+    params = SamplingParams(max_tokens=max_tokens)
+    plain, lookup = (_answer(clients[m], text, params) for m in ("off", "lookup"))
+    assert lookup[0] == plain[0] and lookup[1] == plain[1] == lookup[2].text
+    assert lookup[2].stats.completion_tokens == len(lookup[0]) == plain[2].stats.completion_tokens
+    assert lookup[2].stats.accepted_tokens > 0 and lookup[2].stats.decode_steps < len(lookup[0])
+
+
+def test_a_stop_string_inside_accepted_drafts_ends_the_turn_there(clients):
+    text = "one two three four five six " * 6
+    base = _answer(clients["off"], text, SamplingParams(max_tokens=40))
+    assert len(base[1]) > 12
+    stop = base[1][len(base[1]) // 2 : len(base[1]) // 2 + 3]
+    params = SamplingParams(max_tokens=40, stop=[stop])
+    plain, lookup = (_answer(clients[m], text, params) for m in ("off", "lookup"))
+    assert lookup[2].reason == plain[2].reason == "stop_string"
+    assert lookup[1] == plain[1] == lookup[2].text and stop not in lookup[1]
+    assert lookup[2].stats.completion_tokens == plain[2].stats.completion_tokens
+    assert lookup[2].stats.accepted_tokens > 0
+    assert _ask_raw(clients["lookup"], text, params)[1] == plain[1]  # and again, from the pool and prefix cache

@@ -1,0 +1,121 @@
+"""Speculative decoding (prompt lookup) against plain decoding, on the embedded model, in one process.
+
+    python bench/speculative.py [--sessions 1 8] [--tokens 192] [--rounds 2] [--device cpu|cuda] [--model PATH]
+
+Workloads, greedy, through the engine's runtime (chat template applied):
+  code_edit   "rewrite this file with a docstring on every function": each session gets a source file of this repo
+  summarise   "summarise this text, quoting its key phrases": each session gets a document of this repo
+  open_chat   open questions where the prompt holds nothing to copy
+For each (workload, sessions) both modes run interleaved, `rounds` times; the best round of each counts. Decode
+rate = tokens after each session's first / time from the last first token to the end. Prints one JSON line per
+case: both rates, their ratio, tokens per step, drafts accepted, and whether both modes gave the same tokens.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.common import emit  # noqa: E402
+
+FILES = ["engine/scheduler.py", "engine/prefix_cache.py", "engine/step.py", "engine/text_stream.py",
+         "engine/memory.py", "engine/host.py", "engine/commands.py", "engine/sequence.py"]
+DOCS = ["docs/PREFIX_CACHE.md", "docs/ENGINE.md", "docs/ARCHITECTURE.md", "docs/QUANTIZED.md"]
+QUESTIONS = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "What are three good ways to learn a new language as an adult?",
+    "Explain why the sky is blue to a ten-year-old.",
+    "Give me a plan for a relaxing weekend in the mountains.",
+    "What should I think about before adopting a dog?",
+    "Describe how a bill becomes a law, briefly.",
+    "Invent a new board game and explain its rules.",
+    "What are the pros and cons of working from home?",
+]
+
+
+def _excerpt(path: str, chars: int) -> str:
+    text = (ROOT / path).read_text(encoding="utf-8")
+    return text[:chars].rsplit("\n", 1)[0]
+
+
+def workload(name: str, i: int) -> str:
+    if name == "code_edit":
+        code = _excerpt(FILES[i % len(FILES)], 1800)
+        return f"Here is a Python file:\n```python\n{code}\n```\nRewrite the whole file with a docstring on every " \
+               "function. Output the complete file."
+    if name == "summarise":
+        return f"{_excerpt(DOCS[i % len(DOCS)], 2400)}\n\nSummarise the text above, quoting its key phrases."
+    return QUESTIONS[i % len(QUESTIONS)]
+
+
+def run_once(rt, prompts: list[list[int]], tokens: int) -> dict:
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    params = SamplingParams(max_tokens=tokens)
+    seqs = [Sequence(i, list(p), SamplerState(params), rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
+    b = rt.batcher
+    for s in seqs:
+        b.add(s)
+    while any(not s.generated for s in seqs):
+        b.step()
+    start, steps = time.perf_counter(), b.steps
+    while b.has_work():
+        b.step()
+    took = time.perf_counter() - start
+    decoded = sum(len(s.generated) - 1 for s in seqs)
+    drafted, accepted = sum(s.num_drafted for s in seqs), sum(s.num_accepted for s in seqs)
+    return {"tok_s": decoded / took, "tokens": [s.generated for s in seqs], "steps": b.steps - steps,
+            "per_step": sum(len(s.generated) for s in seqs) / max(1, sum(s.num_steps for s in seqs)),
+            "drafted": drafted, "accepted": accepted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--tokens", type=int, default=192)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workloads", nargs="+", default=["code_edit", "summarise", "open_chat"])
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--model", default=None, help="a .gguf file (default: the embedded model)")
+    args = ap.parse_args()
+
+    import torch
+
+    from engine.loading.default_model import default_model_path
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.runtime import EngineConfig, build_runtime
+
+    cache = Path(tempfile.gettempdir()) / "parley-bench"
+    path = Path(args.model) if args.model else default_model_path(cache / "models")
+    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    lm = load_model(path, LoadOptions(cache_dir=cache / "cache", device=device))
+    tok = lm.tokenizer
+    for sessions in args.sessions:
+        runtimes = {mode: build_runtime(lm, EngineConfig(max_sessions=sessions, max_session_tokens=2048, device=device,
+                                                          speculative=mode), keep_finished=False)
+                    for mode in ("off", "lookup")}
+        for name in args.workloads:
+            prompts = [tok.apply_chat_template([{"role": "user", "content": workload(name, i)}])
+                       for i in range(sessions)]
+            best: dict[str, dict] = {}
+            for _ in range(args.rounds):
+                for mode, rt in runtimes.items():
+                    got = run_once(rt, prompts, args.tokens)
+                    if mode not in best or got["tok_s"] > best[mode]["tok_s"]:
+                        best[mode] = got
+            off, on = best["off"], best["lookup"]
+            emit(workload=name, sessions=sessions, device=device, prompt_tokens=[len(p) for p in prompts],
+                 off_tok_s=round(off["tok_s"], 1), lookup_tok_s=round(on["tok_s"], 1),
+                 ratio=round(on["tok_s"] / off["tok_s"], 3), tokens_per_step=round(on["per_step"], 2),
+                 drafted=on["drafted"], accepted=on["accepted"],
+                 acceptance=round(on["accepted"] / on["drafted"], 3) if on["drafted"] else None,
+                 identical=on["tokens"] == off["tokens"])
+
+
+if __name__ == "__main__":
+    main()
