@@ -5,7 +5,11 @@
 Workloads, greedy, through the engine's runtime (chat template applied):
   code_edit   "rewrite this file with a docstring on every function": each session gets a source file of this repo
   summarise   "summarise this text, quoting its key phrases": each session gets a document of this repo
-  open_chat   open questions where the prompt holds nothing to copy
+  open_chat   open questions where the prompt holds nothing to copy (the embedded base model loops on them greedily,
+              which lookup catches)
+  open_chat_penalised  the same, greedy with repetition_penalty 1.3: no loops, little for lookup to find
+  open_chat_sampled    the same with the app's default sampling (T 0.7, top-p 0.95, top-k 40, rep 1.1, seeded): the
+              two modes draw different samples, so only their rates compare
 For each (workload, sessions) both modes run interleaved, `rounds` times; the best round of each counts. Decode
 rate = tokens after each session's first / time from the last first token to the end. Prints one JSON line per
 case: both rates, their ratio, tokens per step, drafts accepted, and whether both modes gave the same tokens.
@@ -16,6 +20,7 @@ import argparse
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,6 +47,16 @@ def _excerpt(path: str, chars: int) -> str:
     return text[:chars].rsplit("\n", 1)[0]
 
 
+def params_for(name: str, tokens: int):
+    from engine.sampling import SamplingParams
+
+    if name == "open_chat_penalised":
+        return SamplingParams(max_tokens=tokens, repetition_penalty=1.3)
+    if name == "open_chat_sampled":
+        return SamplingParams(max_tokens=tokens, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=5)
+    return SamplingParams(max_tokens=tokens)
+
+
 def workload(name: str, i: int) -> str:
     if name == "code_edit":
         code = _excerpt(FILES[i % len(FILES)], 1800)
@@ -52,12 +67,16 @@ def workload(name: str, i: int) -> str:
     return QUESTIONS[i % len(QUESTIONS)]
 
 
-def run_once(rt, prompts: list[list[int]], tokens: int) -> dict:
-    from engine.sampling import SamplerState, SamplingParams
+def run_once(rt, prompts: list[list[int]], params) -> dict:
+    from engine.sampling import SamplerState
     from engine.sequence import Sequence
 
-    params = SamplingParams(max_tokens=tokens)
-    seqs = [Sequence(i, list(p), SamplerState(params), rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
+    from engine.speculative import make_drafter
+
+    if rt.batcher.drafter is not None:  # a fresh pool: a repeat must not draft from the last round's answers
+        rt.batcher.drafter = make_drafter(rt.batcher.drafter.name)
+    seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i), rt.device),
+                     rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
     b = rt.batcher
     for s in seqs:
         b.add(s)
@@ -74,14 +93,26 @@ def run_once(rt, prompts: list[list[int]], tokens: int) -> dict:
             "drafted": drafted, "accepted": accepted}
 
 
+def _profiled(fn, *args):
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn, *args)
+    pstats.Stats(prof, stream=sys.stderr).sort_stats("cumulative").print_stats(25)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--tokens", type=int, default=192)
     ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workloads", nargs="+", default=["code_edit", "summarise", "open_chat"])
+    ap.add_argument("--workloads", nargs="+",
+                    default=["code_edit", "summarise", "open_chat", "open_chat_penalised", "open_chat_sampled"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default=None, help="a .gguf file (default: the embedded model)")
+    ap.add_argument("--profile", action="store_true", help="print where the last lookup round's time went (cProfile)")
     args = ap.parse_args()
 
     import torch
@@ -103,9 +134,11 @@ def main() -> None:
             prompts = [tok.apply_chat_template([{"role": "user", "content": workload(name, i)}])
                        for i in range(sessions)]
             best: dict[str, dict] = {}
-            for _ in range(args.rounds):
+            for r in range(args.rounds):
                 for mode, rt in runtimes.items():
-                    got = run_once(rt, prompts, args.tokens)
+                    profile = args.profile and mode == "lookup" and r == args.rounds - 1
+                    got = _profiled(run_once, rt, prompts, params_for(name, args.tokens)) if profile else \
+                        run_once(rt, prompts, params_for(name, args.tokens))
                     if mode not in best or got["tok_s"] > best[mode]["tok_s"]:
                         best[mode] = got
             off, on = best["off"], best["lookup"]

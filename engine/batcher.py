@@ -3,7 +3,7 @@
 Look-ahead: when a decode step's sequences all go on decoding, the next step is launched from the
 sampled ids still on the device, before the host reads them; the host then does its bookkeeping
 while the GPU runs. A token sampled for a sequence that meanwhile finished (a stop token, a stop
-string) is dropped, and its sampler's random state is put back. The cache then holds one token more
+string) is dropped (a draw consumes no random state: engine/sampling.py keys noise by position). The cache then holds one token more
 than a plain run would have cached, a token of the history, so what it holds stays true.
 """
 from __future__ import annotations
@@ -34,7 +34,6 @@ class Launched:
     host_ids: Any  # their host twin, `tolist()`-able: filled by then when `ready` has passed
     ready: torch.cuda.Event | None  # None: the device is the host
     decode: bool  # every scheduled sequence wrote one token and samples: a look-ahead may follow
-    rng_before: dict[int, torch.Tensor] | None = None  # look-ahead: seq_id -> sampler state before the draw
     verified: list[list[int]] | None = None  # a verify step's tokens per sampler, read already
 
     def tokens(self) -> list[list[int]]:
@@ -136,7 +135,7 @@ class Batcher:
         batch = build_step(scheduled, self.cache)
         if batch.verifies:
             return self._verify(batch)
-        ids, _ = self._forward(batch)
+        ids = self._forward(batch)
         decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
         return Launched(batch.samplers, ids, *_to_host(ids, self.runner), decode)
 
@@ -175,17 +174,14 @@ class Batcher:
             seq.draft = []
         return Launched(batch.samplers, None, None, None, False, verified=accepted)
 
-    def _forward(self, batch: StepBatch, snapshot: bool = False) -> tuple[torch.Tensor, dict | None]:
-        """Queues forward and sampling and commits the cache step (its writes precede any later read).
-
-        Returns the sampled ids on the device and, with `snapshot`, each drawing sampler's state before.
-        """
+    def _forward(self, batch: StepBatch, ahead: bool = False) -> torch.Tensor:
+        """Queues forward and sampling and commits the cache step (its writes precede any later read); returns the
+        sampled ids on the device. `ahead`: a look-ahead step, whose ids go one place after the unread ones."""
         try:
             logits, greedy = self.runner.run(batch)
             seqs = batch.samplers
-            rng = {s.seq_id: s.sampler.generator.get_state() for s in seqs if not s.sampler.params.greedy} \
-                if snapshot else None
-            ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy)
+            ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy,
+                             [len(s.token_ids) + ahead for s in seqs])
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
             raise
@@ -193,7 +189,7 @@ class Batcher:
         self.steps += 1
         for seq, n in batch.scheduled:
             seq.num_cached += n
-        return ids, rng
+        return ids
 
     def _can_look_ahead(self, prev: Launched) -> bool:
         """The next step would schedule exactly `prev`'s sequences, one token each, none finishing by length."""
@@ -223,9 +219,9 @@ class Batcher:
             samplers=list(seqs),
             device_tokens=prev.ids,
         )
-        ids, rng = self._forward(batch, snapshot=True)
+        ids = self._forward(batch, ahead=True)
         self.lookahead_steps += 1
-        return Launched(list(seqs), ids, *_to_host(ids, self.runner), True, rng)
+        return Launched(list(seqs), ids, *_to_host(ids, self.runner), True)
 
     # -- reading the ids
     def _resolve(self, launched: Launched) -> list[tuple[Sequence, int]]:
@@ -233,8 +229,6 @@ class Batcher:
         out = []
         for seq, new in zip(launched.samplers, tokens):
             if seq.status is not Status.RUNNING:  # finished after this step was queued: drop its token
-                if launched.rng_before and seq.seq_id in launched.rng_before:
-                    seq.sampler.generator.set_state(launched.rng_before[seq.seq_id])
                 continue
             seq.num_steps += 1
             for token in new:

@@ -5,6 +5,7 @@ as a Sequence; tokens stream back as events until the sequence finishes.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from functools import partial
@@ -18,6 +19,8 @@ from engine.runtime import ModelRuntime
 from engine.sequence import Sequence, Status
 from engine.session import Session, Turn, TurnRequest, common_prefix, render_turn
 from engine.text_stream import TextStream
+
+log = logging.getLogger(__name__)
 
 CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detokeniser starts from
 
@@ -138,9 +141,20 @@ class LocalHost:
         left = Counter(seq for seq, _ in results)  # a verify step brings several tokens of one sequence
         for seq, token in results:
             left[seq] -= 1
-            session = self._sessions[seq.seq_id]
-            if session.turn is not None:  # else a stop string ended it on an earlier token of this step
+            session = self._sessions.get(seq.seq_id)
+            if session is None or session.turn is None:  # a stop string ended it on an earlier token of this step
+                continue
+            try:
                 self._on_token(session, seq, token, left[seq])
+            except Exception as exc:  # noqa: BLE001 - a fault delivering one chat's token ends that turn alone
+                log.exception("delivering a token failed")
+                self._fail_turn(session, seq, f"Internal error: {exc!r}")
+
+    def _fail_turn(self, session: Session, seq: Sequence, message: str) -> None:
+        if seq.status is not Status.FINISHED:
+            self.runtime.stop(seq, "error")
+        turn, session.turn = session.turn, None
+        self._emit(ev.Error(session.session_id, turn.turn_id, message))
 
     def _on_token(self, session: Session, seq: Sequence, token: int, after: int = 0) -> None:
         """`after`: tokens of the same step that follow this one (accepted drafts), dropped if this one ends it."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from typing import Any, Callable
 
 Done = Callable[[Any, BaseException | None], None]
@@ -30,10 +31,17 @@ class PromptWorkers:
                     t.start()
         self._jobs.put((job, done))
 
-    def close(self) -> None:
-        """Lets idle workers exit; one busy with a runaway job ends with the process (daemon)."""
+    def close(self, wait: float = 2.0) -> None:
+        """Lets idle workers exit and waits up to `wait` seconds for them: a process exiting while a worker thread
+        still unwinds aborts ("terminate called without an active exception"). One busy with a runaway job is
+        left to end with the process (daemon)."""
         for _ in self._threads:
             self._jobs.put(None)
+        if not self._started:
+            return
+        deadline = time.monotonic() + wait
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def _work(self) -> None:
         while (item := self._jobs.get()) is not None:

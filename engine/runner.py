@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 
 from engine.cache import KVCache, SequenceKVCache
+from engine.cache.book import attention_segments
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
-from engine.step_inputs import StepInputs
+from engine.step_inputs import StepInputs, pow2_bucket
 
 
 class ModelRunner:
@@ -48,6 +49,13 @@ class ModelRunner:
         a `tolist()`-able, valid once the step's event has passed), else None: copy them."""
         return self.graphs.host_ids(ids) if self.graphs is not None else None
 
+    def _segment_bucket(self, batch: StepBatch) -> int | None:
+        """A verify step's segment count, padded to a power of two: its rows attend one segment each, and the
+        attention kernel is compiled per split count, which follows the segment count (kernels/sdpa_varlen_triton.py)."""
+        if not batch.verifies:
+            return None
+        return pow2_bucket(len(attention_segments(batch.segments)))
+
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits (R, V) in fp32 for the batch's sampled rows only, and their argmax when the step
@@ -58,7 +66,7 @@ class ModelRunner:
             logits, greedy = self.graphs.run(batch)
         else:
             if self.inputs is not None:
-                self.inputs.prepare()
+                self.inputs.prepare(num_segments=self._segment_bucket(batch))
             else:
                 self.cache.prepare_step()
             dev = self.cache.device

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -11,6 +12,7 @@ from engine.errors import ParleyError
 # Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
 # cannot mean anything useful and (top_k 1e20, seed 2**70) fails the batched step of every chat sharing it.
 MAX_INT32 = 2**31 - 1
+MASK64 = 2**64 - 1
 MAX_TEMPERATURE = 100.0
 MAX_PENALTY = 100.0
 MAX_STOP_STRINGS = 16
@@ -72,30 +74,50 @@ def _check_types(p: SamplingParams) -> None:
 
 
 class SamplerState:
-    """One per session: its params and a random generator that continues across turns."""
+    """One per session: its params and the random key of its turn.
+
+    The noise that draws the token at context position p comes from (key, p) alone, never from how many draws came
+    before: a token is the same whether it was drawn alone, in a batch, after a dropped look-ahead draw, or as a
+    verified draft (engine/speculative/verify.py). The key is the seed when one is set (the same turn draws the same
+    tokens), else fresh random bits each turn (a regenerated answer differs)."""
 
     def __init__(self, params: SamplingParams, device: torch.device | str = "cpu"):
         self.generator = torch.Generator(device=device)
         self.params = params
-        self.generator.manual_seed(params.seed if params.seed is not None else torch.seed())
+        self.key = 0
+        self.begin_turn()
+
+    def begin_turn(self) -> None:
+        self.key = self.params.seed if self.params.seed is not None else secrets.randbits(64)
 
     def fork(self) -> "SamplerState":
-        """A copy whose generator continues from the same state."""
+        """A copy with the same key."""
         child = SamplerState(self.params, self.generator.device)
-        child.generator.set_state(self.generator.get_state())
+        child.key = self.key
         return child
 
     def update(self, params: SamplingParams) -> None:
-        if params.seed is not None and params.seed != self.params.seed:
-            self.generator.manual_seed(params.seed)
         self.params = params
+
+    def noise(self, position: int, like: torch.Tensor) -> torch.Tensor:
+        """Exp(1) noise, shaped like `like`, for the token at `position`."""
+        self.generator.manual_seed(_mix(self.key, position))
+        return torch.empty_like(like).exponential_(generator=self.generator)
+
+
+def _mix(key: int, position: int) -> int:
+    """splitmix64 of the pair: distinct positions (and keys) give unrelated seeds."""
+    z = (key + (position + 1) * 0x9E3779B97F4A7C15) & MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
 
 
 def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
-               argmax: torch.Tensor | None = None) -> torch.Tensor:
+               argmax: torch.Tensor | None = None, positions: list[int] | None = None) -> torch.Tensor:
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
     waits for the GPU here. `argmax`: the logits' row argmax when the step computed it already (used unless
-    penalties change the logits)."""
+    penalties change the logits). `positions`: where each id goes in its context (default: after its history)."""
     penalised = penalise(logits, states, histories)
     if argmax is None or penalised is not logits:
         argmax = penalised.argmax(dim=-1)
@@ -105,8 +127,9 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
         return argmax
     greedy_ids = argmax.clone()  # the graph's output buffer is not ours to write
     picked = [states[i] for i in drawing]
+    at = [positions[i] if positions is not None else len(histories[i]) for i in drawing]
     probs = probabilities(logits[drawing], picked)
-    greedy_ids[drawing] = draw(probs, picked)
+    greedy_ids[drawing] = draw(probs, picked, at)
     return greedy_ids
 
 
@@ -116,9 +139,9 @@ def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tenso
     return _filter(torch.softmax(rows / temps[:, None], dim=-1), states)
 
 
-def draw(probs: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-    """One id per row of `probs` (unnormalised weights will do), each from its state's generator."""
-    noise = torch.stack([torch.empty_like(probs[0]).exponential_(generator=s.generator) for s in states])
+def draw(probs: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
+    """One id per row of `probs` (unnormalised weights will do), with its state's noise for its position."""
+    noise = torch.stack([s.noise(p, probs[0]) for s, p in zip(states, positions)])
     return (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
 
 

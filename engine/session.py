@@ -73,8 +73,7 @@ class Session:
     def begin(self, request: TurnRequest) -> None:
         """Takes the turn's params; a seed set in them seeds every turn, so the same turn draws the same tokens."""
         self.sampler.update(request.params)
-        if request.params.seed is not None:
-            self.sampler.generator.manual_seed(request.params.seed)
+        self.sampler.begin_turn()
 
     def cached_ids(self) -> list[int]:
         if self.seq is None or self.seq.slot is None:

@@ -30,7 +30,8 @@ def build_step(scheduled: list[tuple[Sequence, int]], cache: KVCache) -> StepBat
 
     The runner moves them: a replayed decode graph takes them in one pinned copy, an eager step as is.
     """
-    segments = cache.declare_step([(seq.slot, n) for seq, n in scheduled])
+    rowwise = frozenset(seq.slot for seq, _ in scheduled if seq.draft)  # verified drafts compute as decode rows
+    segments = cache.declare_step([(seq.slot, n) for seq, n in scheduled], rowwise)
     tokens: list[int] = []
     positions: list[int] = []
     rows: list[int] = []

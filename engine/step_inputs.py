@@ -13,6 +13,7 @@ import contextlib
 
 import torch
 
+from engine.cache.book import attention_segments
 from engine.cache.sequence_layout import KernelPlan, SequenceGeometry, SequenceKVCache
 
 MIN_KV_BUCKET = 256  # max_kv_len is planned in powers of two from here, so graphs and kernels are reused
@@ -45,7 +46,7 @@ class StepInputs:
         is on the device (a replayed graph's greedy ids, for the step after it)."""
         cache = self.cache
         cache.prepare_step(num_tokens)  # may grow the storage: a new storage version
-        T, segs = cache.num_tokens, cache.segments
+        T, segs = cache.num_tokens, attention_segments(cache.segments)
         S = max(len(segs), num_segments or 0)
         bufs = self._buffers
         if bufs is None or not bufs.fits(T, S):
@@ -82,7 +83,7 @@ class StepInputs:
 
     def _write_table(self, host, bufs: "_StepBuffers", T: int, S: int) -> None:
         """Positions, per window kind the flat write slots, and the segment table, into the staging buffer."""
-        segs, n, g = self.cache.segments, bufs.tokens, self.geometry
+        segs, n, g = attention_segments(self.cache.segments), bufs.tokens, self.geometry
         positions = [0] * T  # padding rows: position 0 of the scratch column
         for s in segs:
             positions[s.q_start : s.q_start + s.q_len] = range(s.start, s.start + s.q_len)

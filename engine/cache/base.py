@@ -51,9 +51,10 @@ class KVCache:
         return self.book.pos(slot)
 
     # -- step protocol
-    def declare_step(self, writes: list[tuple[int, int]]) -> list[Segment]:
-        """Host-side check and layout of a step: (slot, n_tokens) in flat-axis order."""
-        self.segments = self.book.declare(writes)
+    def declare_step(self, writes: list[tuple[int, int]], rowwise: frozenset[int] = frozenset()) -> list[Segment]:
+        """Host-side check and layout of a step: (slot, n_tokens) in flat-axis order; `rowwise` slots' rows each
+        attend as a one-token step would (`attention_segments`)."""
+        self.segments = self.book.declare(writes, rowwise)
         return self.segments
 
     @torch.inference_mode()

@@ -15,6 +15,21 @@ class Segment:
     q_start: int
     q_len: int
     start: int  # the sequence's cache length when the step was declared
+    rowwise: bool = False  # each row attends exactly as a one-token step at its position would (verify steps)
+
+
+def attention_segments(segments: list[Segment]) -> list[Segment]:
+    """The segments attention runs: a rowwise one as single-row segments, so that a verified draft's row computes
+    bit for bit what plain decoding computes at its position (greedy speculative output equals plain output)."""
+    if not any(s.rowwise for s in segments):
+        return segments
+    out = []
+    for s in segments:
+        if s.rowwise:
+            out += [Segment(s.slot, s.q_start + j, 1, s.start + j) for j in range(s.q_len)]
+        else:
+            out.append(s)
+    return out
 
 
 class CacheBook:
@@ -78,8 +93,9 @@ class CacheBook:
         return len(self._free)
 
     # -- steps
-    def declare(self, writes: list[tuple[int, int]]) -> list[Segment]:
-        """Validates a step's (slot, n_tokens) writes and lays them out on the flat token axis."""
+    def declare(self, writes: list[tuple[int, int]], rowwise: frozenset[int] = frozenset()) -> list[Segment]:
+        """Validates a step's (slot, n_tokens) writes and lays them out on the flat token axis; the slots in
+        `rowwise` attend row by row (`attention_segments`)."""
         self._check_idle()
         segments, q_start, seen = [], 0, set()
         for slot, n in writes:
@@ -93,7 +109,7 @@ class CacheBook:
                     f"The sequence would hold {self._length[slot] + n} tokens; its context limit is {self.max_seq_len}."
                 )
             seen.add(slot)
-            segments.append(Segment(slot, q_start, n, self._length[slot]))
+            segments.append(Segment(slot, q_start, n, self._length[slot], slot in rowwise))
             q_start += n
         self.pending = segments
         return segments

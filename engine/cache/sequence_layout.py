@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.cache.base import KVCache, attention, visible
+from engine.cache.book import attention_segments
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 
@@ -118,7 +119,7 @@ class SequenceKVCache(RingedLayout, KVCache):
         plans = {}
         for w in set(self.windows):
             write = (self._row(pos, w) * self.columns + col).to(dev)
-            plans[w] = (write, [self._segment_plan(s, w) for s in self.segments])
+            plans[w] = (write, [self._segment_plan(s, w) for s in attention_segments(self.segments)])
         self._step = plans
 
     def _segment_plan(self, s, window: int | None):

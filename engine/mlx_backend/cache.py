@@ -10,6 +10,7 @@ import mlx.core as mx
 import numpy as np
 
 from engine.cache.base import KVCache
+from engine.cache.book import attention_segments
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 from engine.errors import CacheConfigError
@@ -59,7 +60,7 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
             pos[s.q_start : s.q_start + s.q_len] = np.arange(s.start, s.start + s.q_len)
             col[s.q_start : s.q_start + s.q_len] = s.slot
         self._step = {
-            w: (mx.array((self._row(pos, w) * self.columns + col).astype(np.int32)), [self._plan(s, w) for s in self.segments])
+            w: (mx.array((self._row(pos, w) * self.columns + col).astype(np.int32)), [self._plan(s, w) for s in attention_segments(self.segments)])
             for w in set(self.windows)
         }
 

@@ -25,6 +25,9 @@ class LookupConfig:
             raise ValueError("n-gram lengths must satisfy 1 <= shortest <= longest")
 
 
+MAX_IDLE = 4  # decode steps at most between lookups that find nothing
+
+
 class NgramIndex:
     """n-gram -> end of its latest occurrence in one token list, brought up to date as the list grows."""
 
@@ -58,6 +61,7 @@ class _State:
     index: NgramIndex
     pacing: Pacing
     resume_at: int = 0  # the sequence's num_steps from which it drafts again (pacing's back-off)
+    empty: int = 0  # lookups in a row that found nothing
 
 
 class PromptLookup:
@@ -77,6 +81,9 @@ class PromptLookup:
             if most <= 0 or seq.num_steps < state.resume_at:
                 continue
             seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
+            state.empty = 0 if seq.draft else state.empty + 1
+            if not seq.draft:  # look again a few steps on: meanwhile decode steps may run ahead (CUDA graphs)
+                state.resume_at = seq.num_steps + min(state.empty, MAX_IDLE)
 
     def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
         state = seq.draft_state

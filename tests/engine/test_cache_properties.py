@@ -1,5 +1,6 @@
-"""Property tests of the cache: random new/clone/rm/rewind/step interleavings, and the prefix cache's
-park/match/adopt/evict, against a list-of-values oracle (a slot's values stand for its tokens).
+"""Property tests of the cache: random new/clone/rm/rewind/step interleavings, speculative verify steps (drafts
+written, partly kept, the rest rolled back, through ring wrap-arounds), and the prefix cache's park/match/adopt/evict,
+against a list-of-values oracle (a slot's values stand for its tokens).
 
 Every K is zero and every query is zero, so attention is the plain mean of the visible V values: any
 value from another sequence, a stale ring row or a wrong window changes the mean and fails the check.
@@ -81,16 +82,43 @@ class CacheMachine(RuleBasedStateMachine):
     @precondition(lambda self: self._active())
     @rule(data=st.data(), pad=st.integers(0, 2))
     def step(self, data, pad):
-        live = self._active()
-        chosen = data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
         writes = []
-        for slot in chosen:
+        for slot in self._chosen(data):
             room = MAX_LEN - len(self.values[slot])
             if room:
                 writes.append((slot, data.draw(st.integers(1, min(STEP, room)))))
+        if writes:
+            self._run_step(writes, frozenset(), pad)
+            self.cache.commit_step()
+
+    @precondition(lambda self: self._active())
+    @rule(data=st.data())
+    def verify(self, data):
+        """A speculative step: each sequence writes its last token and k drafts (rows attending one by one, or as a
+        segment), then keeps the first a of the drafts: the rejected rows roll back, which the rings always allow."""
+        writes = []
+        for slot in self._chosen(data):
+            room = MAX_LEN - len(self.values[slot])
+            if room:
+                writes.append((slot, 1 + data.draw(st.integers(0, min(STEP, room) - 1))))
         if not writes:
             return
-        segments = self.cache.declare_step(writes)
+        rowwise = frozenset(data.draw(st.sets(st.sampled_from([slot for slot, _ in writes]))))
+        segments = self._run_step(writes, rowwise, 0)
+        self.cache.commit_step()
+        for seg in segments:
+            keep = seg.start + 1 + data.draw(st.integers(0, seg.q_len - 1))
+            assert self.cache.book.floor(seg.slot) <= keep, "a rejected draft could not be rolled back"
+            self.cache.rewind(seg.slot, keep)
+            del self.values[seg.slot][keep:]
+
+    def _chosen(self, data) -> list[int]:
+        live = self._active()
+        return data.draw(st.lists(st.sampled_from(live), min_size=1, max_size=len(live), unique=True))
+
+    def _run_step(self, writes: list[tuple[int, int]], rowwise: frozenset[int], pad: int):
+        """Declares, prepares and attends a step of fresh values; checks every row saw exactly its visible values."""
+        segments = self.cache.declare_step(writes, rowwise)
         total = sum(n for _, n in writes)
         self.cache.prepare_step(total + pad)
         new_vals = torch.tensor([self._fresh() for _ in range(total + pad)])
@@ -110,7 +138,7 @@ class CacheMachine(RuleBasedStateMachine):
                     got = outs[layer][seg.q_start + i]
                     assert torch.allclose(got, torch.full_like(got, want)), (layer, seg, i)
             assert torch.all(outs[layer][total:] == 0)  # padding rows: no segment covers them
-        self.cache.commit_step()
+        return segments
 
     # -- the prefix cache
     @precondition(lambda self: self._active())

@@ -9,16 +9,16 @@ PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = PROBS.log()
 
 
-def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> list[int]:
-    return sample_ids(logits, states, histories).tolist()
+def sample(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]], positions=None) -> list[int]:
+    return sample_ids(logits, states, histories, positions=positions).tolist()
 
 
 def _freqs(params: SamplingParams, n: int = 4000, history=None) -> torch.Tensor:
     state = SamplerState(params)
     counts = torch.zeros(len(PROBS))
-    for _ in range(n // 100):
-        states = [state] * 100  # one generator, many rows: each draw advances it
-        ids = sample(LOGITS.expand(100, -1).clone(), states, [history or []] * 100)
+    for k in range(n // 100):
+        states = [state] * 100  # one sampler, many rows at different positions: each has its own noise
+        ids = sample(LOGITS.expand(100, -1).clone(), states, [history or []] * 100, list(range(k * 100, k * 100 + 100)))
         counts += torch.bincount(torch.tensor(ids), minlength=len(PROBS))
     return counts / counts.sum()
 
@@ -81,12 +81,22 @@ def test_presence_and_frequency_penalties():
     assert g[0] < 0.05
 
 
-def test_seed_reproduces_and_generator_continues():
+def test_a_draw_depends_on_the_turn_key_and_position_only():
+    """Seeded: the same tokens at the same positions, however often or in whatever order they are drawn (a dropped
+    look-ahead draw or a verify step's extra rows change nothing); unseeded: each turn draws afresh."""
     a, b = SamplerState(SamplingParams(temperature=1.0, seed=42)), SamplerState(SamplingParams(temperature=1.0, seed=42))
     rows = LOGITS.expand(1, -1)
-    first = [sample(rows.clone(), [a], [[]])[0] for _ in range(20)]
-    assert first == [sample(rows.clone(), [b], [[]])[0] for _ in range(20)]
-    assert len(set(first)) > 1  # the generator moved on between draws
+    history = [1] * 3
+    first = [sample(rows.clone(), [a], [history * p]) for p in range(20)]
+    sample(rows.clone(), [b], [[]])  # an extra draw at another position first
+    assert first == [sample(rows.clone(), [b], [history * p]) for p in reversed(range(20))][::-1]
+    assert len({f[0] for f in first}) > 1  # positions draw independently
+    unseeded = SamplerState(SamplingParams(temperature=1.0))
+    turns = []
+    for _ in range(3):
+        unseeded.begin_turn()
+        turns.append([sample(rows.clone(), [unseeded], [], [p])[0] for p in range(20)])
+    assert turns[0] != turns[1] != turns[2]
 
 
 @pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=1), dict(max_tokens=0), dict(top_k=-1)])

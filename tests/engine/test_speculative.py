@@ -7,7 +7,7 @@ import torch
 
 from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import load_model
-from engine.sampling import SamplerState, SamplingParams
+from engine.sampling import SamplerState, SamplingParams, probabilities, sample_ids
 from engine.sequence import Sequence
 from engine.speculative import verify
 from engine.speculative.drafter import Pacing, PacingConfig
@@ -137,13 +137,13 @@ def test_sequences_that_opt_out_are_never_drafted_for(models):
     assert drafter.calls == 0
 
 
-# -- the sampling rule, on fixed logits: each token's distribution must match plain sampling's
+# -- sampling: a verified row chooses its token exactly as plain sampling would at that position
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0], [0.0, 1.5, 1.0, 0.2, 0.1], [1.0, 1.0, 1.0, 1.0, 1.0]])
 PARAMS = SamplingParams(temperature=0.8, top_k=4, max_tokens=8)
 
 
 def _probs(row: torch.Tensor) -> torch.Tensor:
-    return verify.probabilities(row[None], [SamplerState(PARAMS)])[0].double()
+    return probabilities(row[None], [SamplerState(PARAMS)])[0].double()
 
 
 def _chi2_pvalue(stat: float, dof: int) -> float:
@@ -159,24 +159,13 @@ def _chi2_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return _chi2_pvalue(stat, int(keep.sum()) - 1)
 
 
-def _chi2_same(a: list, b: list) -> float:
-    """Two samples of tokens from one distribution? (the contingency-table test)"""
-    tokens = sorted(set(a) | set(b))
-    table = torch.tensor([[x.count(t) for t in tokens] for x in (a, b)], dtype=torch.float64)
-    expected = table.sum(1, keepdim=True) * table.sum(0, keepdim=True) / table.sum()
-    return _chi2_pvalue(float(((table - expected) ** 2 / expected).sum()), len(tokens) - 1)
+def _states(n: int) -> list[SamplerState]:
+    return [SamplerState(replace(PARAMS, seed=1000 + i)) for i in range(n)]
 
 
-def _sample_accepts(n: int, draft: list[int]) -> list[list[int]]:
-    states = [SamplerState(PARAMS) for _ in range(n)]
-    for i, s in enumerate(states):
-        s.generator.manual_seed(1000 + i)
-    return verify.accept(LOGITS.repeat(n, 1), states, [draft] * n, [[]] * n)
-
-
-def _check_distribution(draft: list[int], n: int = 4000) -> list[float]:
-    """p-values: the first token against p_0, the second (after an accepted first draft) against p_1."""
-    out = _sample_accepts(n, draft)
+def _check_distribution(rule, draft: list[int], n: int = 4000) -> list[float]:
+    """p-values of a verify rule's tokens: the first against p_0, the second (after a kept first draft) against p_1."""
+    out = rule(LOGITS.repeat(n, 1), _states(n), [draft] * n, [[7] * 5] * n)
     first = torch.bincount(torch.tensor([o[0] for o in out]), minlength=5)
     after = [o[1] for o in out if o[0] == draft[0] and len(o) > 1]
     if _probs(LOGITS[0])[draft[0]] == 0:  # a draft outside top-k is never kept
@@ -186,53 +175,79 @@ def _check_distribution(draft: list[int], n: int = 4000) -> list[float]:
 
 
 @pytest.mark.parametrize("draft", [[0, 1], [3, 2], [4, 0]])  # likely, unlikely, outside top-k
-def test_sampled_tokens_follow_plain_sampling(draft):
-    assert min(_check_distribution(draft)) > 1e-3
+def test_sampled_verify_gives_plain_sampling_tokens_and_distribution(draft):
+    n = 4000
+    states, history = _states(n), [7] * 5
+    got = verify.accept(LOGITS.repeat(n, 1), states, [draft] * n, [history] * n)
+    plain_first = sample_ids(LOGITS[:1].repeat(n, 1), states, [history] * n).tolist()
+    assert [o[0] for o in got] == plain_first  # the very token plain sampling draws at that position
+    assert min(_check_distribution(verify.accept, draft, n)) > 1e-3
 
 
-def test_the_chi_squared_check_catches_a_broken_rejection_rule(monkeypatch):
-    def keeps_the_draft_mass(draft, probs, state):  # the classic bug: resample from p, not from p minus the draft
-        k = len(draft)
-        kept_p = [float(probs[j, d]) for j, d in enumerate(draft)]
-        coins = torch.rand(k, generator=state.generator).tolist()
-        for a in range(k):
-            if coins[a] >= kept_p[a]:
-                return draft[:a] + [int(verify.draw(probs[a][None], [state])[0])]
-        return draft + [int(verify.draw(probs[k : k + 1], [state])[0])]
+def test_the_chi_squared_check_catches_a_broken_rejection_rule():
+    """The same check on a verify rule with the classic bug (keep d with probability p(d), but on a rejection draw
+    from p instead of p with d removed): the draft's token is over-drawn and the check fails."""
 
-    monkeypatch.setattr(verify, "_sampled", keeps_the_draft_mass)
-    assert min(_check_distribution([0, 1])) < 1e-6
+    def broken(logits, states, drafts, histories):
+        out = []
+        for i, (state, draft) in enumerate(zip(states, drafts)):
+            probs = probabilities(logits[i * 3 : i * 3 + 3], [state] * 3)
+            g = torch.Generator().manual_seed(i)
+            tokens = []
+            for j, d in enumerate(draft + [None]):
+                if d is not None and torch.rand(1, generator=g).item() < probs[j, d]:
+                    tokens.append(d)
+                    continue
+                tokens.append(int(torch.multinomial(probs[j], 1, generator=g)))
+                break
+            out.append(tokens)
+        return out
+
+    assert min(_check_distribution(broken, [0, 1])) < 1e-6
 
 
-def test_sampled_drafts_on_a_model_keep_the_first_token_distribution(models):
-    """End to end: 600 seeded answers, drafted for (the greedy answer's tokens as drafts) and not, draw their second
-    and third tokens from the same distribution. (The rule's power test is the fixed-logits one above; this one
-    checks the engine hands the rule the right rows.)"""
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_seeded_sampling_with_drafts_gives_plain_sampling_tokens(models, layout):
+    """Sampled answers, with drafts right and wrong and without: token for token the same, batched or alone."""
+    lm = models["gemma3"]
+    prompts = _prompts(lm.args.vocab_size)
+    each = [SamplingParams(temperature=t, top_p=0.9, seed=s, max_tokens=24) for t, s in [(0.7, 1), (1.0, 2), (0.4, 3), (1.3, 4)]]
+    plain = run_staggered(make_batcher(lm, 4, _run(layout)), prompts, ARRIVALS, each)
+    batcher = make_batcher(lm, 4, _run(layout))
+    batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=4, vocab=lm.args.vocab_size)
+    assert run_staggered(batcher, prompts, ARRIVALS, each) == plain
+    assert 0 < drafter.accepted < drafter.drafted
+    alone = run_staggered(make_batcher(lm, 1, _run(layout, "lookup")), prompts[:1], [0], each[:1])
+    assert alone == plain[:1]
+
+
+def test_sampled_drafts_on_a_model_keep_the_token_distribution(models):
+    """End to end over 600 seeds: answers drafted for (the greedy answer's tokens) and not are the same answers."""
     lm = models["gemma3"]
     prompt = _prompts(lm.args.vocab_size)[0]
     params = SamplingParams(temperature=0.7, top_k=6, max_tokens=3)
     guess = run_staggered(make_batcher(lm, 1, _run("sequence")), [prompt], [0], SamplingParams(max_tokens=3))[0]
     drafters = []
 
-    def firsts(drafted: bool) -> list[tuple[int, int]]:
+    def answers(drafted: bool) -> list[tuple[int, ...]]:
         batcher = make_batcher(lm, 16, _run("sequence"))
         if drafted:
             batcher.drafter = ScriptedDrafter({i: guess for i in range(16)}, wrong=1000, vocab=1)
             drafters.append(batcher.drafter)
         seen = []
         for start in range(0, 600, 16):
-            seqs = [Sequence(i, list(prompt), SamplerState(replace(params, seed=start + i)))
-                    for i in range(16)]
+            seqs = [Sequence(i, list(prompt), SamplerState(replace(params, seed=start + i))) for i in range(16)]
             for s in seqs:
                 batcher.add(s)
             while batcher.has_work():
                 batcher.step()
-            seen += [tuple(s.generated[1:]) for s in seqs]
+            seen += [tuple(s.generated) for s in seqs]
         return seen
 
-    plain, drafted = firsts(False), firsts(True)
+    plain, drafted = answers(False), answers(True)
     assert 0 < drafters[0].accepted < drafters[0].drafted
-    assert _chi2_same(plain, drafted) > 1e-3
+    assert plain == drafted
+    assert len({a[0] for a in plain}) > 1  # the seeds drew different answers
 
 
 # -- the drafter's parts
@@ -322,3 +337,27 @@ def test_a_stop_string_inside_accepted_drafts_ends_the_turn_there(clients):
     assert lookup[2].stats.completion_tokens == plain[2].stats.completion_tokens
     assert lookup[2].stats.accepted_tokens > 0
     assert _ask_raw(clients["lookup"], text, params)[1] == plain[1]  # and again, from the pool and prefix cache
+
+
+def test_a_fault_delivering_one_chats_token_ends_that_turn_alone(clients, monkeypatch):
+    from engine import events as ev
+    from engine.local_host import LocalHost
+
+    client = clients["lookup"]
+    params = SamplingParams(max_tokens=12)
+    sids = [client.open(client.model, params=params, raw=True) for _ in range(2)]
+    victim = sids[0]
+    real = LocalHost._on_token
+
+    def faulty(self, session, seq, token, after=0):
+        if session.session_id == victim and len(seq.generated) == 3:
+            raise RuntimeError("boom")
+        return real(self, session, seq, token, after)
+
+    monkeypatch.setattr(LocalHost, "_on_token", faulty)
+    turns = [client.send(sid, "one two three four") for sid in sids]
+    ends = [client.wait(t, timeout=30) for t in turns]
+    assert isinstance(ends[0], ev.Error) and "boom" in ends[0].message
+    assert isinstance(ends[1], ev.Finished) and ends[1].stats.completion_tokens == 12
+    monkeypatch.setattr(LocalHost, "_on_token", real)
+    assert isinstance(client.wait(client.send(victim, "again"), timeout=30), ev.Finished)  # the chat goes on
