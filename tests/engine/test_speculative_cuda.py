@@ -46,10 +46,10 @@ def _recorded(batcher, prompts: list[list[int]]) -> tuple[list[list[int]], list[
 
     def recording(batch):
         logits, argmax = run(batch)
-        r = 0
+        r, ahead = 0, batch.device_tokens is not None  # a look-ahead step: the last token is not appended yet
         for seq in batch.samplers:
             for j in range(len(seq.draft) + 1):
-                rows[seq.seq_id][len(seq.generated) + j] = logits[r].float().cpu()
+                rows[seq.seq_id][len(seq.generated) + ahead + j] = logits[r].float().cpu()
                 r += 1
         return logits, argmax
 
