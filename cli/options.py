@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cli.paths import Paths
 
@@ -26,9 +27,12 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    "CPU, on CUDA floats while they fit in 60%% of the free GPU memory (faster there so far)")
     p.add_argument("--quantize", default=None, choices=["q8", "q4"],
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
-    p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup"],
-                   help="speculative decoding: lookup drafts tokens from the prompt and earlier output (n-gram matches) "
-                   "and verifies them in the same step, output unchanged; auto: lookup except with CUDA graphs")
+    p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup", "draft"],
+                   help="speculative decoding, output unchanged: lookup drafts tokens from the prompt and earlier output "
+                   "(n-gram matches), draft from --draft-model; the model verifies them in one step; auto: lookup "
+                   "except with CUDA graphs")
+    p.add_argument("--draft-model", default=None, help="a smaller .gguf or HF folder with the same tokenizer that "
+                   "drafts tokens (implies --speculative draft)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
 
 
@@ -49,7 +53,8 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 
     return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                         compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
-                        quantize=args.quantize, speculative=args.speculative,
+                        quantize=args.quantize, draft_model=Path(args.draft_model).expanduser() if args.draft_model else None,
+                        speculative="draft" if args.draft_model else args.speculative,
                         **sizes)
 
 

@@ -251,13 +251,16 @@ class Engine:
         device, dtype = resolve_device(self.config.device, self.config.dtype)
         options = LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
                               weights=self.config.weights, quantize=self.config.quantize)
-        return load_model(c.source, options, progress)
+        lm = load_model(c.source, options, progress)
+        draft = self.config.draft_model if self.config.speculative == "draft" else None
+        return lm, (load_model(draft, options) if draft is not None else None)
 
-    def _loaded(self, c: cmd.LoadModel, lm, exc: BaseException | None) -> None:
+    def _loaded(self, c: cmd.LoadModel, models, exc: BaseException | None) -> None:
         try:
             if exc is not None:
                 raise exc
-            runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True)
+            lm, draft = models
+            runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True, draft=draft)
         except ParleyError as failure:
             self._emit(ev.ModelFailed(None, c.model_id, str(failure)))
             return

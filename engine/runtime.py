@@ -5,7 +5,7 @@ all call it, so a choice made here (backend, cache layout, kernels) holds everyw
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -24,9 +24,11 @@ from engine.runner import ModelRunner
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
 from engine.session import common_prefix
-from engine.speculative import Drafter, make_drafter
+from engine.speculative import Drafter, check_mode, make_drafter
+from engine.speculative.draft_model import DraftModel
 
 
+VOCAB_PROBE = "Parley drafts: 12,345 naïve cafés — ünïcode, code() {}\n"  # a draft model must tokenise this alike
 SNAPSHOT_MIN_TOKENS = 256  # prompts at least this long keep a parked copy when the cache has sliding rings
 FOLLOW_MIN_GAIN = 32  # tokens a leader's prefix must save before a turn waits for it (shorter: prefill at once)
 
@@ -49,7 +51,9 @@ class EngineConfig:
     quantize: str | None = None  # HF folders: "q8" or "q4" quantizes their matrices at load (CPU)
     prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
     prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
-    speculative: str = "auto"  # engine/speculative: "off", "lookup" (prompt lookup drafts, verified per step), auto
+    speculative: str = "auto"  # engine/speculative: "off", "lookup" (prompt lookup drafts, verified per step), "draft"
+    # (a smaller model of the same vocabulary drafts: `draft_model`), auto (lookup unless CUDA graphs)
+    draft_model: Path | None = None
 
     def __post_init__(self) -> None:
         self.scheduler_config()  # validates
@@ -57,7 +61,9 @@ class EngineConfig:
             raise ValueError("max_sessions must be at least 1")
         if self.prefix_tokens is not None and self.prefix_tokens < 0:
             raise ValueError("prefix_tokens must be at least 0")
-        make_drafter(self.speculative)  # validates
+        check_mode(self.speculative)
+        if self.speculative == "draft" and self.draft_model is None:
+            raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
@@ -271,13 +277,15 @@ class ModelRuntime:
         return {"architecture": a.model_type, "backend": self.backend, "context": self.limit, "vocab": a.vocab_size,
                 "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2),
                 "quantization": self.lm.quantization(), "weights_mb": round(self.lm.weight_bytes() / 1e6, 1),
+                "speculative": self.batcher.drafter.name if self.batcher.drafter is not None else "off",
                 "notices": list(self.lm.notices)}
 
 
 def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
-                  tuning: RuntimeTuning = RuntimeTuning()) -> ModelRuntime:
+                  tuning: RuntimeTuning = RuntimeTuning(), draft: LoadedModel | None = None) -> ModelRuntime:
     """The runtime for a loaded model. `keep_finished`: a finished sequence keeps its cache slot (sessions reuse it
-    on their next turn); one-shot runs pass False so that queued prompts take the slots of finished ones."""
+    on their next turn); one-shot runs pass False so that queued prompts take the slots of finished ones. `draft`:
+    the loaded draft model of speculative "draft" (engine/speculative/draft_model.py)."""
     args = lm.args
     limit = args.max_position_embeddings
     if config.max_session_tokens is not None:
@@ -311,9 +319,20 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
                           drafter=make_drafter(config.speculative, graphs=runner.graphs is not None))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
+    if draft is not None:
+        batcher.drafter = draft_drafter(lm, draft, config)
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
     return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes, config.prefix_cache)
+
+
+def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> DraftModel:
+    """The draft model's drafter: its own runtime, as many slots as the target's, no prefix cache, no drafter."""
+    if draft.args.vocab_size != lm.args.vocab_size or draft.tokenizer.encode(VOCAB_PROBE) != lm.tokenizer.encode(VOCAB_PROBE):
+        raise ModelLoadError(f"{draft.name} cannot draft for {lm.name}: their tokenizers differ "
+                             f"({draft.args.vocab_size:,} and {lm.args.vocab_size:,} tokens).")
+    own = replace(config, speculative="off", draft_model=None, prefix_cache=False)
+    return DraftModel(build_runtime(draft, own, keep_finished=True))
 
 
 def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool,

@@ -119,16 +119,19 @@ class SequenceKVCache(RingedLayout, KVCache):
         plans = {}
         for w in set(self.windows):
             write = (self._row(pos, w) * self.columns + col).to(dev)
-            plans[w] = (write, [self._segment_plan(s, w) for s in attention_segments(self.segments)])
+            plans[w] = (write, [self._segment_plan(s, w) for s in self.segments])
         self._step = plans
 
     def _segment_plan(self, s, window: int | None):
-        """Gather indices of the keys this segment can see, in position order, and its mask."""
+        """Gather indices of the keys this segment can see, in position order, and its mask; for a rowwise segment
+        the mask is None and each row attends its own slice of those keys, exactly the keys (and order) a one-token
+        step at its position gathers (engine/cache/book.py `attention_segments`)."""
         qpos = torch.arange(s.start, s.start + s.q_len)
         lo = max(0, s.start - window + 1) if window else 0
         kpos = torch.arange(lo, s.start + s.q_len)
         gather = self._row(kpos, window) * self.columns + s.slot
-        return s.q_start, s.q_len, gather.to(self.device), visible(kpos, qpos, window).to(self.device)
+        mask = None if s.rowwise else visible(kpos, qpos, window).to(self.device)
+        return s.q_start, s.q_len, gather.to(self.device), mask
 
     def bind_step(self, plan: KernelPlan) -> None:
         """The kernels' plan of the step just prepared (engine/step_inputs.py builds it from `geometry`)."""
@@ -155,9 +158,19 @@ class SequenceKVCache(RingedLayout, KVCache):
         kf.index_copy_(0, write, k.to(kf.dtype))
         vf.index_copy_(0, write, v.to(vf.dtype))
         out = q.new_zeros(q.shape)  # rows that no segment covers stay zero
+        window = self.windows[layer_id]
         for q_start, q_len, gather, mask in segments:
             keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
-            out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale)
+            if mask is not None:
+                out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale)
+                continue
+            n = len(gather) - q_len  # keys before the segment's first row
+            for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
+                hi = n + j + 1
+                lo = max(0, hi - window) if window else 0
+                seen = torch.ones(1, hi - lo, dtype=torch.bool, device=q.device)
+                out[q_start + j : q_start + j + 1] = attention(q[q_start + j : q_start + j + 1], keys[lo:hi],
+                                                               values[lo:hi], seen, scale)
         return out
 
     def _copy_sequence(self, src: int, dst: int) -> None:

@@ -361,3 +361,57 @@ def test_a_fault_delivering_one_chats_token_ends_that_turn_alone(clients, monkey
     assert isinstance(ends[1], ev.Finished) and ends[1].stats.completion_tokens == 12
     monkeypatch.setattr(LocalHost, "_on_token", real)
     assert isinstance(client.wait(client.send(victim, "again"), timeout=30), ev.Finished)  # the chat goes on
+
+
+# -- the draft model drafter
+def _draft_runtime(draft_lm):
+    from engine.runtime import EngineConfig, build_runtime
+
+    return build_runtime(draft_lm, EngineConfig(max_sessions=4, max_session_tokens=160, step_tokens=24, chunk_tokens=8,
+                                                speculative="off", prefix_cache=False), keep_finished=True)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_a_draft_model_gives_plain_tokens_and_saves_steps(models, tiny_models_q4, layout):
+    """The Q4 copy of a model drafts for its float original (same tokenizer, near weights): most drafts are kept."""
+    from engine.speculative.draft_model import DraftModel
+
+    lm = models["qwen2"]
+    prompts = _prompts(lm.args.vocab_size)
+    plain_batcher = make_batcher(lm, 4, _run(layout))
+    plain = run_staggered(plain_batcher, prompts, ARRIVALS, [GREEDY, PARAMS_T, GREEDY, GREEDY])
+    batcher = make_batcher(lm, 4, _run(layout))
+    batcher.drafter = DraftModel(_draft_runtime(load_model(tiny_models_q4["qwen2"].gguf_path)))
+    seqs_tokens = run_staggered(batcher, prompts, ARRIVALS, [GREEDY, PARAMS_T, GREEDY, GREEDY])
+    assert seqs_tokens == plain
+    assert batcher.steps < plain_batcher.steps
+
+
+PARAMS_T = SamplingParams(temperature=0.9, seed=11, max_tokens=24)
+
+
+def test_draft_model_through_the_engine_and_a_mismatched_one_refused(tiny_models, tiny_models_q4):
+    from engine import events as ev
+    from engine.runtime import EngineConfig
+    from tests.support.engine_client import Client
+
+    def answer(config):
+        c = Client(config)
+        with c.engine:
+            model = c.load(tiny_models["llama"].gguf_path)
+            info = c.wait_for(lambda e: isinstance(e, ev.ModelLoaded)).info
+            sid = c.open(model, params=SamplingParams(max_tokens=30), raw=True)
+            end = c.ask(sid, "one two three four five six " * 3)
+            return info, end
+
+    base = dict(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16)
+    _, plain = answer(EngineConfig(**base, speculative="off"))
+    info, drafted = answer(EngineConfig(**base, speculative="draft", draft_model=tiny_models_q4["llama"].gguf_path))
+    assert info["speculative"] == "draft"
+    assert drafted.text == plain.text and drafted.stats.accepted_tokens > 0
+    assert drafted.stats.decode_steps < plain.stats.decode_steps
+    c = Client(EngineConfig(**base, speculative="draft", draft_model=tiny_models["qwen2"].gguf_path))
+    with c.engine:
+        model = c.engine.load_model(tiny_models["llama"].gguf_path)
+        failed = c.wait_for(lambda e: isinstance(e, (ev.ModelLoaded, ev.ModelFailed)) and e.model_id == model)
+    assert isinstance(failed, ev.ModelFailed) and "cannot draft" in failed.message and "tokenizers differ" in failed.message
