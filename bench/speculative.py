@@ -1,6 +1,7 @@
 """Speculative decoding (prompt lookup) against plain decoding, on the embedded model, in one process.
 
     python bench/speculative.py [--sessions 1 8] [--tokens 192] [--rounds 2] [--device cpu|cuda] [--model PATH]
+                                [--draft-model PATH | --synthetic-draft]
 
 Workloads, greedy, through the engine's runtime (chat template applied):
   code_edit   "rewrite this file with a docstring on every function": each session gets a source file of this repo
@@ -10,7 +11,9 @@ Workloads, greedy, through the engine's runtime (chat template applied):
   open_chat_penalised  the same, greedy with repetition_penalty 1.3: no loops, little for lookup to find
   open_chat_sampled    the same with the app's default sampling (T 0.7, top-p 0.95, top-k 40, rep 1.1, seeded): the
               two modes draw different samples, so only their rates compare
-For each (workload, sessions) both modes run interleaved, `rounds` times; the best round of each counts. Decode
+With a draft model (--draft-model, or --synthetic-draft: the Llama-1B-shaped synthetic target drafted for by a
+4-layer model of the same vocabulary, both random weights: no acceptance, the cost side) a third mode, draft, runs.
+For each (workload, sessions) the modes run interleaved, `rounds` times; the best round of each counts. Decode
 rate = tokens after each session's first / time from the last first token to the end. Prints one JSON line per
 case: both rates, their ratio, tokens per step, drafts accepted, and whether both modes gave the same tokens.
 """
@@ -73,8 +76,8 @@ def run_once(rt, prompts: list[list[int]], params) -> dict:
 
     from engine.speculative import make_drafter
 
-    if rt.batcher.drafter is not None:  # a fresh pool: a repeat must not draft from the last round's answers
-        rt.batcher.drafter = make_drafter(rt.batcher.drafter.name)
+    if rt.batcher.drafter is not None and rt.batcher.drafter.name == "lookup":  # a fresh pool: a repeat must not
+        rt.batcher.drafter = make_drafter("lookup")  # draft from the last round's answers
     seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i), rt.device),
                      rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
     b = rt.batcher
@@ -112,6 +115,9 @@ def main() -> None:
                     default=["code_edit", "summarise", "open_chat", "open_chat_penalised", "open_chat_sampled"])
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default=None, help="a .gguf file (default: the embedded model)")
+    ap.add_argument("--draft-model", default=None, help="a smaller model of the same vocabulary: adds the draft mode")
+    ap.add_argument("--synthetic-draft", action="store_true",
+                    help="target and draft: the synthetic llama-1b and llama-draft shapes (bench/synthetic_gguf.py)")
     ap.add_argument("--profile", action="store_true", help="print where the last lookup round's time went (cProfile)")
     args = ap.parse_args()
 
@@ -123,13 +129,22 @@ def main() -> None:
 
     cache = Path(tempfile.gettempdir()) / "parley-bench"
     path = Path(args.model) if args.model else default_model_path(cache / "models")
+    draft_path = Path(args.draft_model) if args.draft_model else None
+    if args.synthetic_draft:
+        from bench.synthetic_gguf import synthetic_gguf
+
+        path, draft_path = synthetic_gguf("llama-1b", cache / "synthetic"), synthetic_gguf("llama-draft", cache / "synthetic")
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    lm = load_model(path, LoadOptions(cache_dir=cache / "cache", device=device))
+    options = LoadOptions(cache_dir=cache / "cache", device=device)
+    lm = load_model(path, options)
+    draft = load_model(draft_path, options) if draft_path else None
+    modes = ("off", "lookup", "draft") if draft else ("off", "lookup")
     tok = lm.tokenizer
     for sessions in args.sessions:
         runtimes = {mode: build_runtime(lm, EngineConfig(max_sessions=sessions, max_session_tokens=2048, device=device,
-                                                          speculative=mode), keep_finished=False)
-                    for mode in ("off", "lookup")}
+                                                          speculative=mode, draft_model=draft_path),
+                                        keep_finished=False, draft=draft if mode == "draft" else None)
+                    for mode in modes}
         for name in args.workloads:
             prompts = [tok.apply_chat_template([{"role": "user", "content": workload(name, i)}])
                        for i in range(sessions)]
@@ -141,13 +156,15 @@ def main() -> None:
                         run_once(rt, prompts, params_for(name, args.tokens))
                     if mode not in best or got["tok_s"] > best[mode]["tok_s"]:
                         best[mode] = got
-            off, on = best["off"], best["lookup"]
-            emit(workload=name, sessions=sessions, device=device, prompt_tokens=[len(p) for p in prompts],
-                 off_tok_s=round(off["tok_s"], 1), lookup_tok_s=round(on["tok_s"], 1),
-                 ratio=round(on["tok_s"] / off["tok_s"], 3), tokens_per_step=round(on["per_step"], 2),
-                 drafted=on["drafted"], accepted=on["accepted"],
-                 acceptance=round(on["accepted"] / on["drafted"], 3) if on["drafted"] else None,
-                 identical=on["tokens"] == off["tokens"])
+            off = best["off"]
+            for mode in modes[1:]:
+                on = best[mode]
+                emit(workload=name, sessions=sessions, device=device, mode=mode, model=path.name,
+                     prompt_tokens=[len(p) for p in prompts], off_tok_s=round(off["tok_s"], 1),
+                     tok_s=round(on["tok_s"], 1), ratio=round(on["tok_s"] / off["tok_s"], 3),
+                     tokens_per_step=round(on["per_step"], 2), drafted=on["drafted"], accepted=on["accepted"],
+                     acceptance=round(on["accepted"] / on["drafted"], 3) if on["drafted"] else None,
+                     identical=on["tokens"] == off["tokens"])
 
 
 if __name__ == "__main__":

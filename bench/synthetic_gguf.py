@@ -48,6 +48,8 @@ class Shape:
 
 SHAPES = {
     "llama-1b": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
+    "llama-draft": Shape(hidden=256, layers=4, heads=4, kv_heads=2, ffn=768, tied=True, rope_factor=32.0),  # drafts
+    # for the others (same vocabulary and tokenizer): the cost side of speculative "draft" (bench/speculative.py)
     "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
                       head_dim=128),
 }

@@ -147,7 +147,7 @@ class Batcher:
         if self.drafter is None:
             return
         due = [seq for seq in running if seq.num_uncached == 1 and _draftable(seq)]
-        if due:
+        if due and len(due) <= self.drafter.max_sequences:
             self.drafter.propose(due, [_draft_room(seq, self.cache.book.max_step_tokens) for seq in due])
 
     def _verify(self, batch: StepBatch) -> Launched:

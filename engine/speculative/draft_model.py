@@ -35,6 +35,7 @@ class DraftModel:
         """`runtime`: the draft model's ModelRuntime, built with keep_finished=True and no drafter of its own."""
         self.runtime = runtime
         self.pacing = pacing or PacingConfig()
+        self.max_sequences = self.pacing.most_sequences
         self._shadows: OrderedDict[int, Sequence] = OrderedDict()  # id(shadow) -> shadow, least recently used first
         self._next_id = 0
 

@@ -69,6 +69,7 @@ class PromptLookup:
 
     def __init__(self, config: LookupConfig | None = None):
         self.config = config or LookupConfig()
+        self.max_sequences = self.config.pacing.most_sequences
         self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
 
     def may_draft(self, seq: Sequence) -> bool:

@@ -41,6 +41,7 @@ class ScriptedDrafter:
     accept all, part or none of their drafts (exercising every rollback)."""
 
     name = "scripted"
+    max_sequences = 64
 
     def __init__(self, answers: dict[int, list[int]], wrong: int, vocab: int, length: int = 5):
         self.answers, self.wrong, self.vocab, self.length = answers, wrong, vocab, length
@@ -381,7 +382,8 @@ def test_a_draft_model_gives_plain_tokens_and_saves_steps(models, tiny_models_q4
     plain_batcher = make_batcher(lm, 4, _run(layout))
     plain = run_staggered(plain_batcher, prompts, ARRIVALS, [GREEDY, PARAMS_T, GREEDY, GREEDY])
     batcher = make_batcher(lm, 4, _run(layout))
-    batcher.drafter = DraftModel(_draft_runtime(load_model(tiny_models_q4["qwen2"].gguf_path)))
+    batcher.drafter = DraftModel(_draft_runtime(load_model(tiny_models_q4["qwen2"].gguf_path)),
+                                 PacingConfig(most_sequences=4))
     seqs_tokens = run_staggered(batcher, prompts, ARRIVALS, [GREEDY, PARAMS_T, GREEDY, GREEDY])
     assert seqs_tokens == plain
     assert batcher.steps < plain_batcher.steps
@@ -415,3 +417,13 @@ def test_draft_model_through_the_engine_and_a_mismatched_one_refused(tiny_models
         model = c.engine.load_model(tiny_models["llama"].gguf_path)
         failed = c.wait_for(lambda e: isinstance(e, (ev.ModelLoaded, ev.ModelFailed)) and e.model_id == model)
     assert isinstance(failed, ev.ModelFailed) and "cannot draft" in failed.message and "tokenizers differ" in failed.message
+
+
+def test_no_drafts_while_more_sequences_decode_than_the_drafter_takes(models):
+    lm = models["llama"]
+    prompts = [_prompts(lm.args.vocab_size)[0]] * 3
+    batcher = make_batcher(lm, 3, _run("sequence"))
+    batcher.drafter = drafter = ScriptedDrafter({i: [1] * 24 for i in range(3)}, wrong=1000, vocab=lm.args.vocab_size)
+    drafter.max_sequences = 2
+    run_staggered(batcher, prompts, [0, 0, 0], SamplingParams(max_tokens=6))
+    assert drafter.calls == 0  # three decode together to the end: one forward already serves them all
