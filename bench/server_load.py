@@ -10,8 +10,9 @@ in this process. Phase "normal": N streams at once; phase "attack": the same N s
 first tokens, `--leavers` clients that POST then hang up after 0.1 s, plus one `--huge-mb` upload streamed in
 1 MB chunks (chunked, or with its Content-Length with --huge-declared), which the body limit should refuse (413).
 Gaps are client-side arrival times of SSE content chunks, after each stream's first 3. EOS is banned and "stop"
-never matches, so every stream makes all its tokens. A verify step (--speculative, "auto" is lookup on CPU) hands
-several tokens of a stream over at once: near-zero gaps, then a long one. RSS is this whole process's (server,
+never matches, so every stream makes all its tokens. A verify step (--speculative; "auto" is lookup) hands
+several tokens of a stream over at once: near-zero gaps, then a long one (drafting stops while more than 2 chats
+decode, so at the default 64 streams it stays out of the way). RSS is this whole process's (server,
 engine and the client threads).
 Prints one JSON line, then a summary; exits 0 whatever the figures ("pass": p99 ratio < 2 and the upload got 413).
 """

@@ -29,8 +29,7 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
     p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup", "draft"],
                    help="speculative decoding, output unchanged: lookup drafts tokens from the prompt and earlier output "
-                   "(n-gram matches), draft from --draft-model; the model verifies them in one step; auto: lookup "
-                   "except with CUDA graphs")
+                   "(n-gram matches), draft from --draft-model; the model verifies them in one step; auto: lookup")
     p.add_argument("--draft-model", default=None, help="a smaller .gguf or HF folder with the same tokenizer that "
                    "drafts tokens (implies --speculative draft)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")

@@ -16,6 +16,7 @@ import logging
 
 import torch
 
+from engine.cache.book import attention_segments
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
 from engine.step_inputs import StepInputs
@@ -42,21 +43,24 @@ class DecodeGraphs:
         self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
         self._version = inputs.version
         self._pool = None
-        self.captures = self.replays = 0
+        self.captures = self.replays = self.verify_replays = 0
 
     def accepts(self, batch: StepBatch) -> bool:
-        segs = batch.segments
+        """Decode-only steps, and verify steps: their rows attend one segment each (`attention_segments`), so a
+        verify step of T rows is a decode step of T one-row segments, some sharing a column, every row sampled."""
+        segs = attention_segments(batch.segments)
         return (
             0 < len(segs) <= self.buckets[-1]
             and all(s.q_len == 1 for s in segs)
-            and len(batch.samplers) == len(segs)
+            and len(batch.logit_rows) == len(segs)
             and self.cache.attention_impl != "reference"  # the reference reads the table on the host
         )
 
     @torch.inference_mode()
     def run(self, batch: StepBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (R, V) fp32 of a decode-only step and their argmax (R,): views of the graph's outputs."""
-        n = len(batch.segments)
+        """Logits (R, V) fp32 of a decode-only (or verify) step and their argmax (R,): views of the graph's outputs."""
+        segs = attention_segments(batch.segments)
+        n = len(segs)
         b = next(x for x in self.buckets if x >= n)
         fed, inputs = batch.device_tokens, self.inputs
         plan = inputs.prepare(num_tokens=b, num_segments=b, tokens=batch.tokens if fed is None else None)
@@ -72,10 +76,11 @@ class DecodeGraphs:
         graph, logits, ids = self.graphs[key]
         graph.replay()
         self.replays += 1
+        self.verify_replays += batch.verifies
         ids = ids[:n]
         if self.step_advance:
             inputs.advanced()
-            self._last = ids, HostIds(self._host_ids, [s.start for s in batch.segments])
+            self._last = ids, HostIds(self._host_ids, [s.start for s in segs])
         return logits[:n], ids
 
     def host_ids(self, ids: torch.Tensor) -> "HostIds | None":

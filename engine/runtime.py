@@ -52,7 +52,7 @@ class EngineConfig:
     prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
     prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
     speculative: str = "auto"  # engine/speculative: "off", "lookup" (prompt lookup drafts, verified per step), "draft"
-    # (a smaller model of the same vocabulary drafts: `draft_model`), auto (lookup unless CUDA graphs)
+    # (a smaller model of the same vocabulary drafts: `draft_model`); auto is lookup
     draft_model: Path | None = None
 
     def __post_init__(self) -> None:
@@ -317,7 +317,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
-                          drafter=make_drafter(config.speculative, graphs=runner.graphs is not None))
+                          drafter=make_drafter(config.speculative))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     if draft is not None:
         batcher.drafter = draft_drafter(lm, draft, config)

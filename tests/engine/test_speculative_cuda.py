@@ -1,5 +1,5 @@
-"""Speculative decoding on CUDA: verify steps (rowwise attention in the Triton kernels, eager next to replayed decode
-graphs) give plain decoding's greedy tokens, bf16 and quantized weights, both KV layouts. On CUDA even plain batching is exact only up to bf16 reduction order (tests/engine/test_cuda_runner.py):
+"""Speculative decoding on CUDA: verify steps (rowwise attention in the Triton kernels, replayed from the decode
+graphs as one-row segments) give plain decoding's greedy tokens, bf16 and quantized weights, both KV layouts. On CUDA even plain batching is exact only up to bf16 reduction order (tests/engine/test_cuda_runner.py):
 the Triton attention picks its kv splits from the step's shape. So, as there, the check is: every logit row agrees
 within a bound while the inputs agree, and a token that differs is a near-tie that the measured gap explains."""
 from __future__ import annotations
@@ -69,5 +69,7 @@ def test_gpu_drafts_give_plain_tokens_up_to_near_ties(cuda_models, arch, layout)
     drafted, drafted_logits = _recorded(batcher, prompts)
     compare(plain, plain_logits, drafted, drafted_logits)
     assert 0 < drafter.accepted < drafter.drafted
+    graphs = batcher.runner.graphs  # the sequence layout on the kernels: verify steps replay the decode graphs
+    assert graphs is None or graphs.verify_replays > 0
     lookup, lookup_logits = _recorded(make_batcher(lm, 4, _run(layout, "lookup")), prompts)
     compare(plain, plain_logits, lookup, lookup_logits)
