@@ -11,6 +11,7 @@ import itertools
 import queue
 import threading
 from concurrent.futures import Future
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Callable
@@ -83,6 +84,14 @@ class Engine:
         """Frees a model and its cache; its chats' running turns end as "closed" and their sessions close.
         Ends with ModelUnloaded."""
         self._put(cmd.UnloadModel(model_id=model_id))
+
+    def set_draft_model(self, path: Path | None) -> None:
+        """Models loaded from now on draft with `path` (a smaller model with the same tokenizer), or, with None,
+        from their prompts (speculative auto); a model loaded already keeps its drafter until it is loaded again."""
+        self._put(cmd.Post(fn=self._set_draft, args=(path,)))
+
+    def _set_draft(self, path: Path | None) -> None:
+        self.config = replace(self.config, draft_model=path, speculative="draft" if path is not None else "auto")
 
     def load_model(self, source: str | Path) -> int:
         model_id = self._new_id()
@@ -248,12 +257,19 @@ class Engine:
         def progress(stage: str, fraction: float) -> None:
             self._emit(ev.ModelProgress(None, c.model_id, stage, fraction))
 
-        device, dtype = resolve_device(self.config.device, self.config.dtype)
-        options = LoadOptions(device=device, dtype=dtype, cache_dir=self.config.cache_dir,
-                              weights=self.config.weights, quantize=self.config.quantize)
+        config = self.config  # one snapshot: set_draft_model may replace it meanwhile
+        device, dtype = resolve_device(config.device, config.dtype)
+        options = LoadOptions(device=device, dtype=dtype, cache_dir=config.cache_dir,
+                              weights=config.weights, quantize=config.quantize)
         lm = load_model(c.source, options, progress)
-        draft = self.config.draft_model if self.config.speculative == "draft" else None
-        return lm, (load_model(draft, options) if draft is not None else None)
+        path = config.draft_model if config.speculative == "draft" else None
+        if path is not None and Path(path).resolve() == Path(c.source).resolve():
+            return lm, None  # the draft model itself: it drafts from its prompts
+        try:
+            return lm, (load_model(path, options) if path is not None else None)
+        except ParleyError as exc:  # the model itself is fine: it drafts from the prompt instead
+            lm.notices.append(f"The draft model could not be loaded ({exc}); drafting from the prompt instead.")
+            return lm, None
 
     def _loaded(self, c: cmd.LoadModel, models, exc: BaseException | None) -> None:
         try:

@@ -326,11 +326,13 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes, config.prefix_cache)
 
 
-def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> DraftModel:
-    """The draft model's drafter: its own runtime, as many slots as the target's, no prefix cache, no drafter."""
+def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> Drafter | None:
+    """The draft model's drafter: its own runtime, as many slots as the target's, no prefix cache, no drafter. A
+    draft model whose tokenizer differs cannot draft: the model loads with prompt lookup and a one-line notice."""
     if draft.args.vocab_size != lm.args.vocab_size or draft.tokenizer.encode(VOCAB_PROBE) != lm.tokenizer.encode(VOCAB_PROBE):
-        raise ModelLoadError(f"{draft.name} cannot draft for {lm.name}: their tokenizers differ "
-                             f"({draft.args.vocab_size:,} and {lm.args.vocab_size:,} tokens).")
+        lm.notices.append(f"{draft.name} cannot draft for {lm.name}: their tokenizers differ ({draft.args.vocab_size:,} "
+                          f"and {lm.args.vocab_size:,} tokens); drafting from the prompt instead.")
+        return make_drafter("lookup")
     own = replace(config, speculative="off", draft_model=None, prefix_cache=False)
     return DraftModel(build_runtime(draft, own, keep_finished=True))
 

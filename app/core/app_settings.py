@@ -18,6 +18,7 @@ class AppSettings:
     drafts: dict[int, str] = field(default_factory=dict)  # unsent text per chat, kept across restarts
     presets: dict[str, dict] = field(default_factory=dict)  # name -> ChatSettings fields (app/core/presets.py)
     file: Path | None = None
+    draft_model: str = ""  # the model key that drafts for the others (speculative decoding), "" for none
 
     @classmethod
     def load(cls, file: Path) -> "AppSettings":
@@ -27,11 +28,12 @@ class AppSettings:
             data = json.loads(file.read_text(encoding="utf-8"))
             weights = data.get("weights", "auto")
             window, drafts = data.get("window", {}), data.get("drafts", {})
+            draft = data.get("draft_model", "")
             return cls(data.get("theme", "system"), ChatSettings.from_dict(data.get("defaults", {})),
                        bool(data.get("one_at_a_time", False)),
                        weights if weights in ("auto", "quantized", "dequantized") else "auto",
                        window if isinstance(window, dict) else {}, _drafts(drafts), _presets(data.get("presets")),
-                       file)
+                       file, draft if isinstance(draft, str) else "")
         except (ValueError, TypeError):
             return cls(file=file)  # a damaged file falls back to defaults rather than blocking the start
 
@@ -41,7 +43,7 @@ class AppSettings:
         self.file.parent.mkdir(parents=True, exist_ok=True)
         data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
                 "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
-                "presets": self.presets}
+                "presets": self.presets, "draft_model": self.draft_model}
         self.file.write_text(json.dumps(data, indent=1), encoding="utf-8")
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 
 from PySide6.QtWidgets import QApplication
 
@@ -56,6 +57,9 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     store = SqliteConversationStore(paths.data / "parley.db")
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
+    if settings.draft_model and registry.get(settings.draft_model) is not None:
+        models.use_as_draft(settings.draft_model)
+    models.draft_changed.connect(partial(_keep_draft, settings))
     service = QtChatService(store, bridge, models, settings.defaults)
     service.restore_drafts(settings.drafts)
     app = Parley(paths, settings, bridge, models, store, service)
@@ -69,6 +73,11 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     if show:
         app.window.show()
     return app
+
+
+def _keep_draft(settings: AppSettings, key: str) -> None:
+    settings.draft_model = key
+    settings.save()
 
 
 def qt_app(argv: list[str] | None = None) -> QApplication:

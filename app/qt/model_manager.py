@@ -13,7 +13,7 @@ from PySide6.QtCore import QObject, Signal
 
 from app.core.model_registry import ModelEntry, ModelRegistry
 from app.qt.bridge import EngineBridge
-from engine.loading.default_model import DEFAULT_NAME, resolve_model
+from engine.loading.default_model import DEFAULT_NAME, default_model_path, resolve_model
 
 
 @dataclass(slots=True)
@@ -37,6 +37,7 @@ class ModelManager(QObject):
     import_failed = Signal(str, str)  # path, message
     already_there = Signal(str, str)  # path, key: an identical copy of a model the registry has
     _resolved = Signal(str, str)  # key, path: the embedded file is assembled off the GUI thread
+    draft_changed = Signal(str)  # the key of the model that drafts for the others ("" for none)
 
     def __init__(self, bridge: EngineBridge, registry: ModelRegistry, models_dir: Path, parent: QObject | None = None):
         super().__init__(parent)
@@ -45,6 +46,7 @@ class ModelManager(QObject):
         self._by_id: dict[int, str] = {}
         self._importing: set[str] = set()
         self._files: dict[str, str] = {}  # key -> the file or folder it loads (the embedded one once assembled)
+        self.draft_key = ""  # the model that drafts for models loaded from now on (speculative decoding)
         bridge.model_progress.connect(self._on_progress)
         bridge.model_loaded.connect(self._on_loaded)
         bridge.model_failed.connect(self._on_failed)
@@ -63,6 +65,20 @@ class ModelManager(QObject):
         if key in self._files:
             return self._files[key]
         return entry.path if entry is not None and entry.kind != "embedded" else None
+
+    def use_as_draft(self, key: str | None) -> bool:
+        """Models loaded from now on draft with `key` (None: from their prompts). False when it has no file yet."""
+        path = None
+        if key:
+            entry = self.registry.get(key)
+            path = self.file_of(key) or (str(default_model_path(self.models_dir)) if entry and entry.kind == "embedded"
+                                         else None)
+            if path is None:
+                return False
+        self.bridge.engine.set_draft_model(Path(path) if path else None)
+        self.draft_key = key or ""
+        self.draft_changed.emit(self.draft_key)
+        return True
 
     def unload(self, key: str) -> bool:
         """Frees a loaded model (its chats' running turns end as closed; their next turn loads it again)."""

@@ -35,8 +35,12 @@ class ModelsDialog(QDialog):
         self.remove_button = QPushButton(self.tr("Remove from list"))
         self.remove_button.setToolTip(self.tr("Takes an imported model off the list (the file stays where it is)"))
         self.import_button = QPushButton(self.tr("Import…"))
+        self.draft_button = QPushButton(self.tr("Draft with it"))
+        self.draft_button.setToolTip(self.tr(
+            "Speculative decoding: this smaller model proposes tokens that the model you chat with checks in one step "
+            "(the same answers, often faster). Needs the same tokenizer; applies to models loaded from now on"))
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.unload_button, self.remove_button, self.import_button):
+        for b in (self.load_button, self.unload_button, self.draft_button, self.remove_button, self.import_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         close = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
@@ -48,11 +52,13 @@ class ModelsDialog(QDialog):
         self.load_button.clicked.connect(lambda: self._selected() and self.models.ensure(self._selected()))
         self.unload_button.clicked.connect(lambda: self._selected() and self.models.unload(self._selected()))
         self.remove_button.clicked.connect(self._remove)
+        self.draft_button.clicked.connect(self._toggle_draft)
         self.import_button.clicked.connect(self.import_requested)
         self.table.currentItemChanged.connect(lambda *_: self._enable())
         # bound methods, not lambdas: Qt drops the connections when the dialog is deleted on close
         models.changed.connect(self._on_model_changed)
         models.imported.connect(self._on_model_changed)
+        models.draft_changed.connect(self._on_model_changed)
         self.refresh()
 
     def _on_model_changed(self, _key: str) -> None:
@@ -80,6 +86,8 @@ class ModelsDialog(QDialog):
         info = (state.info or {}) if state is not None else {}
         status = {None: self.tr("not loaded"), "loading": self.tr("loading"), "loaded": self.tr("loaded"),
                   "failed": self.tr("failed")}[state.status if state is not None else None]
+        if entry.key == self.models.draft_key:
+            status += self.tr(" · drafts for the others")
         context = f"{info['context']:,}" if info.get("context") else "—"
         memory = f"{info['weights_mb']:,.0f} MB" if info.get("weights_mb") else "—"
         return [entry.name, status, str(info.get("architecture") or "—"), str(info.get("quantization") or "—"),
@@ -95,6 +103,14 @@ class ModelsDialog(QDialog):
         self.load_button.setEnabled(entry is not None and self.models.model_id(key) is None)
         self.unload_button.setEnabled(entry is not None and self.models.model_id(key) is not None)
         self.remove_button.setEnabled(entry is not None and entry.kind != "embedded")
+        self.draft_button.setEnabled(entry is not None)
+        drafting = key is not None and key == self.models.draft_key
+        self.draft_button.setText(self.tr("Stop drafting with it") if drafting else self.tr("Draft with it"))
+
+    def _toggle_draft(self) -> None:
+        key = self._selected()
+        if key is not None:
+            self.models.use_as_draft(None if key == self.models.draft_key else key)
 
     def _remove(self) -> None:
         key = self._selected()

@@ -167,3 +167,23 @@ def test_unloading_a_model_frees_it_and_a_chat_loads_it_again(parley, qtbot):
     wait_idle(parley, qtbot, conv)
     answer = parley.store.path(conv)[-1]
     assert answer.role == "assistant" and answer.stats and answer.stats.get("reason") == "length"
+
+
+def test_a_model_chosen_to_draft_drafts_for_models_loaded_later_and_is_remembered(parley, qtbot):
+    """Models ▸ Draft with it: the engine's next loads draft with that model; the choice is kept in the settings
+    and the list says which model drafts; Stop drafting goes back to drafting from the prompt."""
+    w, models = parley.window, parley.models
+    w.shortcuts["Ctrl+Shift+M"].trigger()
+    dialog = w.models_dialog
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(0))
+    key = dialog._selected()
+    dialog.draft_button.click()
+    engine = parley.bridge.engine
+    qtbot.waitUntil(lambda: engine.config.speculative == "draft", timeout=10_000)
+    assert engine.config.draft_model is not None and models.draft_key == key
+    assert "drafts for the others" in dialog.rows()[0][1] and dialog.draft_button.text() == "Stop drafting with it"
+    assert parley.settings.draft_model == key
+    dialog.draft_button.click()
+    qtbot.waitUntil(lambda: engine.config.speculative == "auto", timeout=10_000)
+    assert engine.config.draft_model is None and parley.settings.draft_model == ""
+    dialog.close()
