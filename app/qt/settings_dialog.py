@@ -55,7 +55,7 @@ class SettingsForm(QWidget):
         self.seed = _int(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
         self.max_tokens = _int(1, 32768)
-        self.speculative = QCheckBox(self.tr("Draft ahead from the prompt (same answer; faster when it repeats the prompt)"))
+        self.speculative = QCheckBox(self.tr("Draft ahead (the same answer; faster when it repeats the prompt)"))
         self.overflow = QComboBox()
         for choice, label in zip(OVERFLOW_CHOICES, ("Stop when the context is full", "Drop the oldest turns")):
             self.overflow.addItem(label, choice)
