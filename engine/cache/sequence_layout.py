@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import torch
 
 from engine.cache.base import KVCache, attention, visible
-from engine.cache.book import attention_segments
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 
