@@ -98,7 +98,8 @@ def _timings(s) -> dict:
     """The figures users compare with llama.cpp's: time to first token, prefill and decode rates."""
     prefill = s.prefilled_tokens / s.ttft_s if s.ttft_s else None
     return {"prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
-            "ttft_s": _round(s.ttft_s), "prefill_tok_s": _round(prefill), "decode_tok_s": _round(s.tokens_per_s)}
+            "ttft_s": _round(s.ttft_s), "prefill_tok_s": _round(prefill), "decode_tok_s": _round(s.tokens_per_s),
+            "decode_steps": s.decode_steps, "drafted_tokens": s.drafted_tokens, "accepted_tokens": s.accepted_tokens}
 
 
 def _load_line(info: dict) -> dict:

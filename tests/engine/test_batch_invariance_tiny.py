@@ -139,5 +139,6 @@ def test_cli_batched_equals_sequential(tiny_models_q4, tmp_path, capsys, weights
     assert all(len(r["token_ids"]) > 0 for r in batched)
     for r in batched:  # the figures users compare with llama.cpp's
         assert r["ttft_s"] > 0 and r["prefill_tok_s"] > 0 and r["decode_tok_s"] > 0
+        assert 0 < r["decode_steps"] <= r["completion_tokens"] and 0 <= r["accepted_tokens"] <= r["drafted_tokens"]
     assert loaded["load_s"] > 0 and loaded["resident_mb"] > 0
     assert ("int4" in loaded["quantization"]) == (weights == "quantized")
