@@ -16,7 +16,7 @@ from engine.errors import ParleyError
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence, Status
 from engine.session import common_prefix
-from engine.speculative.drafter import Pacing, PacingConfig
+from engine.speculative.drafter import Paced, Pacing, PacingConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,10 +25,9 @@ log = logging.getLogger(__name__)
 class _State:
     shadow: Sequence
     pacing: Pacing
-    resume_at: int = 0
 
 
-class DraftModel:
+class DraftModel(Paced):
     name = "draft"
 
     def __init__(self, runtime, pacing: PacingConfig | None = None):
@@ -39,16 +38,12 @@ class DraftModel:
         self._shadows: OrderedDict[int, Sequence] = OrderedDict()  # id(shadow) -> shadow, least recently used first
         self._next_id = 0
 
-    def may_draft(self, seq: Sequence) -> bool:
-        state = seq.draft_state
-        return not isinstance(state, _State) or seq.num_steps >= state.resume_at
-
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         batch = []
         for seq, most in zip(seqs, room):
             state = self._state(seq)
             k = min(state.pacing.length, most, self.runtime.limit - len(seq.token_ids) - 1)
-            if k > 0 and seq.num_steps >= state.resume_at and self._ready(state.shadow, seq, k, batch):
+            if k > 0 and state.pacing.due(seq.num_steps) and self._ready(state.shadow, seq, k, batch):
                 batch.append((seq, state.shadow, k))
         if not batch:
             return
@@ -61,12 +56,6 @@ class DraftModel:
             return
         for seq, shadow, k in batch:
             seq.draft = list(shadow.generated[:k])
-
-    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        state = seq.draft_state
-        if isinstance(state, _State):
-            state.pacing.observe(drafted, accepted)
-            state.resume_at = seq.num_steps + state.pacing.skip
 
     def _state(self, seq: Sequence) -> _State:
         state = seq.draft_state

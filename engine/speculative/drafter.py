@@ -38,29 +38,41 @@ class PacingConfig:
 
 @dataclass(slots=True)
 class Pacing:
-    """One sequence's draft length and back-off."""
+    """One sequence's draft length and back-off, counted in the sequence's decode steps (`Sequence.num_steps`)."""
 
     config: PacingConfig
     length: int = 0
-    skip: int = 0  # decode steps left without drafting
+    skip: int = 0  # decode steps without drafting after the last draft (0 unless it was a miss)
     misses: int = 0  # drafts in a row of which nothing was kept
+    resume_at: int = 0  # the decode step from which the sequence drafts again
 
     def __post_init__(self) -> None:
         self.length = self.config.first
 
-    def ready(self) -> bool:
-        return self.skip == 0
+    def due(self, step: int) -> bool:
+        return step >= self.resume_at
 
-    def wait(self) -> None:
-        """A decode step passed without a draft."""
-        self.skip = max(0, self.skip - 1)
-
-    def observe(self, drafted: int, accepted: int) -> None:
+    def observe(self, drafted: int, accepted: int, step: int = 0) -> None:
+        """After a verify step at decode step `step`: `accepted` of `drafted` tokens were kept."""
         if accepted == drafted:
-            self.length, self.misses = min(self.config.most, self.length + 2), 0
+            self.length, self.misses, self.skip = min(self.config.most, self.length + 2), 0, 0
         elif accepted:
-            self.length, self.misses = max(1, accepted + 1), 0
+            self.length, self.misses, self.skip = max(1, accepted + 1), 0, 0
         else:
             self.misses += 1
             self.length = max(1, self.length // 2)
             self.skip = min(self.config.max_backoff, 2 ** self.misses - 1)
+        self.resume_at = step + self.skip
+
+
+class Paced:
+    """`may_draft` and `observe` for drafters whose per-sequence state (`Sequence.draft_state`) has a `pacing`."""
+
+    def may_draft(self, seq: Sequence) -> bool:
+        pacing = getattr(seq.draft_state, "pacing", None)
+        return pacing is None or pacing.due(seq.num_steps)
+
+    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        pacing = getattr(seq.draft_state, "pacing", None)
+        if pacing is not None:
+            pacing.observe(drafted, accepted, seq.num_steps)

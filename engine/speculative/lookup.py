@@ -10,7 +10,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from engine.sequence import Sequence
-from engine.speculative.drafter import Pacing, PacingConfig
+from engine.speculative.drafter import Paced, Pacing, PacingConfig
 
 
 @dataclass(slots=True)
@@ -60,11 +60,10 @@ class NgramIndex:
 class _State:
     index: NgramIndex
     pacing: Pacing
-    resume_at: int = 0  # the sequence's num_steps from which it drafts again (pacing's back-off)
     empty: int = 0  # lookups in a row that found nothing
 
 
-class PromptLookup:
+class PromptLookup(Paced):
     name = "lookup"
 
     def __init__(self, config: LookupConfig | None = None):
@@ -72,25 +71,15 @@ class PromptLookup:
         self.max_sequences = self.config.pacing.most_sequences
         self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
 
-    def may_draft(self, seq: Sequence) -> bool:
-        state = seq.draft_state
-        return not isinstance(state, _State) or seq.num_steps >= state.resume_at
-
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         for seq, most in zip(seqs, room):
             state = self._state(seq)
-            if most <= 0 or seq.num_steps < state.resume_at:
+            if most <= 0 or not state.pacing.due(seq.num_steps):
                 continue
             seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
             state.empty = 0 if seq.draft else state.empty + 1
             if not seq.draft:  # look again a few steps on: meanwhile decode steps may run ahead (CUDA graphs)
-                state.resume_at = seq.num_steps + min(state.empty, MAX_IDLE)
-
-    def observe(self, seq: Sequence, drafted: int, accepted: int) -> None:
-        state = seq.draft_state
-        if isinstance(state, _State):
-            state.pacing.observe(drafted, accepted)
-            state.resume_at = seq.num_steps + state.pacing.skip
+                state.pacing.resume_at = seq.num_steps + min(state.empty, MAX_IDLE)
 
     def _state(self, seq: Sequence) -> _State:
         """The sequence's index over its current token list; a new turn (a new list) starts a new one, and the
