@@ -5,17 +5,24 @@ from typing import Any
 
 import torch
 
+from engine.quant.block_codes import row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4
+from engine.quant.weight import BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
     """`t` a gguf ReaderTensor of two dimensions; `row_order` the rows' new order (llama.cpp's Q/K permutation
-    undone) or None. 4-bit types keep their codes exactly; other quantized types become int8 rows; floats bf16.
+    undone) or None. On the CPU's own kernel every common type keeps its codes (block_codes); with torch's kernels
+    4-bit types keep their codes exactly and other quantized types become int8 rows; floats bf16.
     The layout is `device`'s (built on the CPU; the caller moves it)."""
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
     fmt = choose_format(type_name, n, k, device)
+    if fmt == "blocks":
+        out = BlockRows(n, k, type_name)
+        for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):
+            out.put(start, codes)
+        return out.done(row_order)
     if fmt == "int4":
         g = int4_groups(type_name, t.data, n, k)
         if row_order is not None:

@@ -7,6 +7,9 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
         re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
+  blocks  the CPU's own kernel (kernels/cpu/qgemm.c), where it builds: unsigned codes (4-bit packed or one byte) with
+        an fp16 scale (and offset) per group of 16 or 32, w = s·u + o: every GGUF quantization exactly, as llama.cpp
+        multiplies it (engine/quant/block_codes.py); preferred to int4/int8 on the CPU whenever it is there
 On the CPU products take fp32 or bf16 activations and return fp32 (the kernels run on bf16 activations); on CUDA
 they return the activations' dtype (or `out_dtype`).
 """
@@ -18,20 +21,25 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.quant.block_codes import CodeLayout, layout
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
-FORMATS = ("int4", "int8", "bf16")
+FORMATS = ("int4", "int8", "bf16", "blocks")
 CHUNK = 128  # weights per chunk of the CUDA int4 layout
 
 
 class QuantTensor(nn.Module):
     """An (N, K) weight in one of FORMATS; `forward(x)` = x @ Wᵀ in fp32, `rows(ids)` = W[ids] in fp32."""
 
-    def __init__(self, fmt: str, shape: tuple[int, int], source_type: str, **tensors: torch.Tensor):
+    def __init__(self, fmt: str, shape: tuple[int, int], source_type: str, code_layout: CodeLayout | None = None,
+                 **tensors: torch.Tensor):
         super().__init__()
         if fmt not in FORMATS:
             raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+        if (fmt == "blocks") != (code_layout is not None):
+            raise ValueError("the blocks format, and only it, takes a code layout")
         self.format, self.shape, self.source_type = fmt, tuple(shape), source_type
+        self.code_layout = code_layout
         for name, t in tensors.items():
             self.register_buffer(name, t)
 
@@ -49,6 +57,13 @@ class QuantTensor(nn.Module):
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         if x.is_cuda:
             return self._cuda_product(x, out_dtype or x.dtype)
+        if self.format == "blocks":
+            from kernels.cpu_qgemm import qgemm
+
+            lay = self.code_layout
+            y = qgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, getattr(self, "offsets", None), lay.bits,
+                      lay.group, max(lay.zero, 0))
+            return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":
             y = torch._weight_int4pack_mm_for_cpu(xb, self.packed, GROUP, self.scale_zero)
@@ -93,12 +108,23 @@ class QuantTensor(nn.Module):
             return self.codes[ids].float() * self.scale[ids].float()[:, None]
         if self.format == "bf16":
             return self.weight[ids].float()
+        if self.format == "blocks":
+            return self._block_rows(ids.reshape(-1))
         if hasattr(self, "words"):
             from kernels.quant_linear import int4_rows_reference
 
             ids = ids.reshape(-1)
             return int4_rows_reference(self.words[ids], self.pairs[ids], torch.float32, self.shape[1])
         return _int4_rows(self.packed, self.scale_zero, ids, self.shape[1])
+
+    def _block_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        from kernels.cpu_qgemm import unpack_codes
+
+        lay = self.code_layout
+        u = unpack_codes(self.codes[ids], lay.bits, self.shape[1]).float()
+        s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
+        o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
+        return u * s + o
 
     def dequantize(self) -> torch.Tensor:
         return self.rows(torch.arange(self.shape[0], device=next(self.buffers()).device))
@@ -112,6 +138,12 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return None
     n = sum(p.shape[0] for p in parts)
     source = "+".join(dict.fromkeys(p.source_type for p in parts))
+    if fmt == "blocks":
+        if any(p.code_layout != parts[0].code_layout for p in parts):
+            return None
+        names = [name for name, _ in parts[0].named_buffers()]
+        return QuantTensor(fmt, (n, k), source, parts[0].code_layout,
+                           **{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
     if fmt == "int4" and hasattr(parts[0], "words"):
         return QuantTensor(fmt, (n, k), source, words=torch.cat([p.words for p in parts]),
                            pairs=torch.cat([p.pairs for p in parts]))
@@ -162,6 +194,8 @@ def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
     """The format of an (n, k) matrix stored as `type_name` (not F32, which stays exact) on `device`'s kernels."""
     if device.startswith("cuda"):  # the Triton kernels take any N and mask K; int4 needs whole groups
         return "int4" if type_name in FOUR_BIT and k % GROUP == 0 else "bf16" if type_name in FLOAT else "int8"
+    if type_name not in FLOAT and k % GROUP == 0 and blocks_available():
+        return "blocks"
     if type_name in FOUR_BIT and int4_fits(n, k):
         return "int4"
     if type_name in FLOAT or not int8_fits(k):
@@ -169,12 +203,53 @@ def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
     return "int8"
 
 
-def format_bytes(fmt: str, n: int, k: int) -> int:
+def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
+    if fmt == "blocks":
+        lay = layout(type_name)
+        per_group = 2 if lay.zero >= 0 else 4  # fp16 scale (and offset)
+        return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
         return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32 (CUDA pads K to 128: at most 80 B/row)
     if fmt == "int8":
         return n * k + 2 * n  # codes + a bf16 scale per row
     return 2 * n * k
+
+
+def blocks_available() -> bool:
+    """Whether the CPU's own kernel built here (kernels/cpu_qgemm.py)."""
+    from kernels.cpu_qgemm import cpu_kernel
+
+    return cpu_kernel() is not None
+
+
+class BlockRows:
+    """Fills an (N, K) blocks-format weight a slice of rows (engine/quant/block_codes.Codes) at a time."""
+
+    def __init__(self, n: int, k: int, type_name: str):
+        self.type_name, self.layout = type_name, layout(type_name)
+        lay = self.layout
+        self.codes = torch.empty(n, k * lay.bits // 8, dtype=torch.uint8)
+        self.scales = torch.empty(n, k // lay.group, dtype=torch.float16)
+        self.offsets = torch.empty(n, k // lay.group, dtype=torch.float16) if lay.zero < 0 else None
+
+    def put(self, start: int, c) -> None:
+        from engine.quant.block_codes import pack_nibbles
+
+        stop = start + len(c.codes)
+        codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
+        self.codes[start:stop] = torch.from_numpy(np.ascontiguousarray(codes))
+        self.scales[start:stop] = torch.from_numpy(c.scale).half()
+        if self.offsets is not None:
+            self.offsets[start:stop] = torch.from_numpy(c.offset).half()
+
+    def done(self, row_order: torch.Tensor | None = None) -> QuantTensor:
+        tensors = {"codes": self.codes, "scales": self.scales}
+        if self.offsets is not None:
+            tensors["offsets"] = self.offsets
+        if row_order is not None:
+            tensors = {name: t[row_order] for name, t in tensors.items()}
+        return QuantTensor("blocks", (self.codes.shape[0], self.scales.shape[1] * self.layout.group),
+                           self.type_name, self.layout, **tensors)
 
 
 def int4_fits(n: int, k: int) -> bool:

@@ -1,0 +1,160 @@
+"""GGUF blocks as the CPU kernel's codes (kernels/cpu/qgemm.c): unsigned codes u with, per group of 16 or 32
+weights, a scale s and offset o, w = s·u + o. The common types map exactly (up to the fp16 rounding of s and o);
+any other type is re-quantized from its dequantized rows to symmetric int8 groups of 32."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.quant.gguf_blocks import ROW_SLICE_BYTES, _f16, _k_scale_min, _nibbles, to_float32
+
+EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
+# (bytes per block, weights per block)
+BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32), "Q5_1": (24, 32),
+         "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
+
+
+@dataclass(frozen=True, slots=True)
+class CodeLayout:
+    """How a matrix's codes read: `bits` 4 (two codes a byte) or 8; `group` weights per scale; symmetric formats
+    (`zero` >= 0) keep no offsets, o = -zero·s."""
+
+    bits: int
+    group: int
+    zero: int  # -1: offsets stored
+
+
+def layout(type_name: str) -> CodeLayout:
+    if type_name in ("Q4_1", "Q4_K"):
+        return CodeLayout(4, 32, -1)
+    if type_name == "Q4_0":
+        return CodeLayout(4, 32, 8)
+    if type_name in ("Q5_1", "Q5_K"):
+        return CodeLayout(8, 32, -1)
+    if type_name == "Q6_K":
+        return CodeLayout(8, 16, 32)
+    return CodeLayout(8, 32, 128)  # Q8_0, and every re-quantized type
+
+
+@dataclass(slots=True)
+class Codes:
+    """A slice of rows: codes (n, k) uint8 (unpacked), scales and offsets (n, k / group) fp32 (offsets None when
+    symmetric)."""
+
+    codes: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray | None
+
+
+def row_slices(type_id, type_name: str, blocks: np.ndarray, n: int, k: int):
+    """Yields (row start, Codes) for the rows of a tensor of any type gguf reads, a bounded slice at a time."""
+    raw = np.asarray(blocks)
+    raw = raw.reshape(n, -1) if raw.size else raw
+    per_slice = max(1, ROW_SLICE_BYTES // (4 * k))
+    for start in range(0, n, per_slice):
+        rows = np.ascontiguousarray(raw[start:start + per_slice], dtype=np.uint8) if type_name in EXACT \
+            else raw[start:start + per_slice]
+        yield start, slice_codes(type_id, type_name, rows, k)
+
+
+def slice_codes(type_id, type_name: str, raw: np.ndarray, k: int) -> Codes:
+    n = raw.shape[0]
+    if type_name not in EXACT:
+        return requantize(to_float32(type_id, raw).reshape(n, k))
+    size, per = BLOCK[type_name]
+    b = raw.reshape(n, k // per, size)
+    return _DECODERS[type_name](b, n, k)
+
+
+def requantize(w: np.ndarray) -> Codes:
+    """fp32 rows -> symmetric int8 groups of 32 (u = q + 128) with the scale rounded up to fp16 first."""
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    s = (np.abs(g).max(-1) / 127 * (1 + 2 ** -10)).astype(np.float16).astype(np.float32)
+    safe = np.where(s > 0, s, 1)
+    q = np.clip(np.rint(g / safe[..., None]), -127, 127)
+    return Codes((q + 128).astype(np.uint8).reshape(n, k), s, None)
+
+
+def _q4_0(b, n, k):
+    return Codes(_nibbles(b[..., 2:]).reshape(n, k), _f16(b[..., 0:2]), None)
+
+
+def _q4_1(b, n, k):
+    return Codes(_nibbles(b[..., 4:]).reshape(n, k), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+
+
+def _q4_k(b, n, k):
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    sc, mn = _k_scale_min(b[..., 4:16])
+    qs = b[..., 16:].reshape(n, -1, 4, 32)  # four chunks of 64 weights: low nibbles then high nibbles
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
+    return Codes(codes, (d[..., None] * sc).reshape(n, -1), -(dmin[..., None] * mn).reshape(n, -1))
+
+
+def _fifth_bits(qh: np.ndarray) -> np.ndarray:
+    """Q5_0/Q5_1's 32 high bits (4 bytes, little-endian) as (..., 32) values 0 or 16."""
+    bits = np.unpackbits(qh, axis=-1, bitorder="little")
+    return bits * np.uint8(16)
+
+
+def _q5_0(b, n, k):
+    codes = (_nibbles(b[..., 6:]) | _fifth_bits(b[..., 2:6])) + np.uint8(112)  # zero 128, as Q8_0: q/k/v fuse
+    return Codes(codes.reshape(n, k), _f16(b[..., 0:2]), None)
+
+
+def _q5_1(b, n, k):
+    codes = _nibbles(b[..., 8:]) | _fifth_bits(b[..., 4:8])
+    return Codes(codes.reshape(n, k), _f16(b[..., 0:2]), _f16(b[..., 2:4]))
+
+
+def _q5_k(b, n, k):
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    sc, mn = _k_scale_min(b[..., 4:16])
+    qh = b[..., 16:48]  # (n, S, 32): bit 2j of qh[l] is weight l's fifth bit in chunk j, bit 2j+1 weight l + 32's
+    ql = b[..., 48:].reshape(n, -1, 4, 32)
+    j = np.arange(4, dtype=np.uint8)[None, None, :, None]
+    lo = (ql & 0x0F) | (((qh[:, :, None, :] >> (2 * j)) & 1) << 4)
+    hi = (ql >> 4) | (((qh[:, :, None, :] >> (2 * j + 1)) & 1) << 4)
+    codes = np.stack([lo, hi], axis=3).reshape(n, k)
+    return Codes(codes, (d[..., None] * sc).reshape(n, -1), -(dmin[..., None] * mn).reshape(n, -1))
+
+
+def _q6_k(b, n, k):
+    ql, qh = b[..., 0:128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 1, 32)
+    sc = b[..., 192:208].view(np.int8).astype(np.float32)  # (n, S, 16), one per 16 weights in order
+    d = _f16(b[..., 208:210])
+    # per half of 128: ql rows 0 and 1 (32 bytes each); weights l, l+32 from their low nibbles, l+64, l+96 high
+    low = ql & 0x0F  # (n, S, half, 2, 32): [l + 0, l + 32]
+    high = ql >> 4  # [l + 64, l + 96]
+    shifts = np.array([[0, 2], [4, 6]], dtype=np.uint8)[None, None, None, :, :, None]
+    top = (qh[..., None, :, :] >> shifts) & 3  # (n, S, half, lo/hi, 2, 32)
+    codes = np.stack([low, high], axis=3) | (top << 4)
+    return Codes(codes.reshape(n, k), (d[..., None] * sc).reshape(n, -1), None)
+
+
+def _q8_0(b, n, k):
+    q = b[..., 2:].view(np.int8).astype(np.int16) + 128
+    return Codes(q.astype(np.uint8).reshape(n, k), _f16(b[..., 0:2]), None)
+
+
+_DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,
+             "Q6_K": _q6_k, "Q8_0": _q8_0}
+
+
+def pack_nibbles(codes: np.ndarray) -> np.ndarray:
+    """(n, k) codes 0..15 -> (n, k / 2) bytes: per block of 32, byte j = code j | code j + 16 << 4."""
+    n, k = codes.shape
+    c = codes.reshape(n, k // 32, 2, 16)
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).astype(np.uint8).reshape(n, k // 2)
+
+
+def dequantize(c: Codes, lay: CodeLayout) -> np.ndarray:
+    """fp32 rows of `c` (tests, lookups): s·u + o."""
+    n, k = c.codes.shape
+    s = np.repeat(c.scale.astype(np.float16).astype(np.float32), lay.group, axis=1)
+    o = -lay.zero * s if c.offset is None else np.repeat(c.offset.astype(np.float16).astype(np.float32),
+                                                          lay.group, axis=1)
+    return c.codes.astype(np.float32) * s + o
