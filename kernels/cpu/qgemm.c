@@ -26,22 +26,23 @@ static inline __m256i load_codes(const uint8_t *w, int bits, int b) {
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
 }
 
-/* Σ u·a over each 4 consecutive bytes, eight int32 lanes. `wide`: codes may exceed 127, where AVX2's saturating
-   pairwise add could overflow; there the codes are taken as u - 128 (the caller adds 128·Σa back). */
-static inline __m256i dot4(__m256i u, __m256i a, int wide) {
+/* c + Σ u·a over each 4 consecutive bytes, eight int32 lanes. `wide`: codes may exceed 127, where AVX2's saturating
+   pairwise add could overflow; there the codes are taken as u - 128 (the caller's c adds 128·Σa back). */
+static inline __m256i dot4(__m256i c, __m256i u, __m256i a, int wide) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     (void)wide;
-    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, a);
+    return _mm256_dpbusd_epi32(c, u, a);
 #elif defined(__AVXVNNI__)
     (void)wide;
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, a);
+    return _mm256_dpbusd_avx_epi32(c, u, a);
 #else
     __m256i ones = _mm256_set1_epi16(1);
     if (wide) {  /* q = u - 128 as int8; |q|·sign(a, q) stays within maddubs' int16 pair sums */
         __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
-        return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)), ones);
+        u = _mm256_sign_epi8(q, q);
+        a = _mm256_sign_epi8(a, q);
     }
-    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones);
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones));
 #endif
 }
 
@@ -65,20 +66,25 @@ static inline __m256 block_scales(const uint16_t *s, int group, int64_t b) {
     return _mm256_set_m128(_mm_set1_ps(h2f(s[2 * b + 1])), _mm_set1_ps(h2f(s[2 * b])));
 }
 
+/* Activations in chunks of 64 (two blocks), chunk-major so that a tile's rows sit at fixed offsets:
+   a (K64/64, R, 64) codes, dl (K64/64, R, 16) each block's scale repeated over its eight lanes (zeros past K). */
 typedef struct {
-    const int8_t *a;     /* (R, K) activation codes */
-    const float *d;      /* (R, K/32) activation scales */
-    const float *dsum;   /* (R, K/group) d·Σa per weight group (offset formats) */
-    const int32_t *corr; /* (R, K/4) start of each lane's integer sum: -zero·Σa of its group in the group's first
-                            lane (symmetric formats), so Σ(u - zero)·a comes out of the dot product itself */
-    int64_t K;
+    const int8_t *a;
+    const float *dl;
+    const float *dsum;   /* (R, K/group) d·Σa per weight group */
+    int64_t R, K;
 } Acts;
 
-#if defined(__AVX512VL__)
-#define TILE 8  /* rows held in registers against one weight block (32 vector registers) */
-#else
-#define TILE 4
-#endif
+#define CH 64
+
+/* out[i] = k·h[i] for fp16 h, eight at a time. */
+static inline void halves_to_f32(float *out, const uint16_t *h, int64_t n, float k) {
+    const __m256 kv = _mm256_set1_ps(k);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_mul_ps(kv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)))));
+    for (; i < n; i++) out[i] = k * h2f(h[i]);
+}
 
 static inline float dot_f32(const float *p, const float *q, int64_t n) {
     __m256 acc = _mm256_setzero_ps();
@@ -89,39 +95,99 @@ static inline float dot_f32(const float *p, const float *q, int64_t n) {
     return hsum(acc) + tail;
 }
 
-/* NR rows of y against one weight row: y[r] = Σ_b d_rb·Σ_lanes(s·dot) (+ Σ_g o_g·dsum_rg). NR is a constant at each
-   call site, so the accumulators stay in registers. `of`: the row's offsets as fp32, or NULL. */
+/* One block (32 weights) of NR rows: acc[i] += Σ u·a · s·d, eight lanes. */
+static inline __attribute__((always_inline)) void block8(__m256 *acc, const int NR, __m256i u, __m256 sv,
+        const int8_t *a, const float *dl, int wide) {
+    for (int i = 0; i < NR; i++) {
+        __m256i dp = dot4(_mm256_setzero_si256(), u, _mm256_loadu_si256((const __m256i *)(a + i * CH)), wide);
+        acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_mul_ps(sv, _mm256_loadu_ps(dl + i * 16)), acc[i]);
+    }
+}
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
+#define TILE 8  /* rows held in registers against one weight chunk (32 vector registers) */
+
+/* Two blocks of codes in one register: block b in lanes 0-7, b + 1 in lanes 8-15. */
+static inline __m512i load_codes2(const uint8_t *w, int bits, int64_t b) {
+    if (bits == 8)
+        return _mm512_loadu_si512((const void *)(w + b * QB));
+    __m256i v = _mm256_loadu_si256((const __m256i *)(w + b * (QB / 2)));
+    __m256i m = _mm256_set1_epi8(0x0F);
+    __m512i lo = _mm512_castsi256_si512(_mm256_and_si256(v, m));
+    __m512i hi = _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(v, 4), m));
+    return _mm512_permutex2var_epi64(lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
+}
+
+static inline __m512 block_scales2(const uint16_t *s, int group, int64_t b) {
+    if (group == 32) {
+        uint32_t pair;
+        memcpy(&pair, s + b, 4);
+        __m512 f = _mm512_cvtph_ps(_mm256_set1_epi32((int)pair));
+        return _mm512_permutexvar_ps(_mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0), f);
+    }
+    uint64_t quad;
+    memcpy(&quad, s + 2 * b, 8);
+    __m512 f = _mm512_cvtph_ps(_mm256_set1_epi64x((long long)quad));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0), f);
+}
+
+/* NR rows of y against one weight row: y[r] = Σ_b Σ_lanes(d·s·Σu·a) + Σ_g o_g·dsum_rg, `of` holding the row's
+   offsets o_g as fp32 (-zero·s_g for symmetric formats). NR is a constant at each call site, so the accumulators
+   stay in registers. */
 static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0, const int NR, const uint8_t *w,
         const uint16_t *s, const float *of, int bits, int group, int wide, float *y, int64_t ystride) {
-    const int64_t K = x->K, nb = K / QB, ng = K / group;
+    const int64_t R = x->R, K = x->K, nb = K / QB, ng = K / group;
+    __m512 acc[TILE];
+    __m256 tail[TILE];
+    for (int i = 0; i < NR; i++) acc[i] = _mm512_setzero_ps();
+    const int8_t *a = x->a + r0 * CH;
+    const float *dl = x->dl + r0 * 16;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2, a += R * CH, dl += R * 16) {
+        __m512i u = load_codes2(w, bits, b);
+        __m512 sv = block_scales2(s, group, b);
+        for (int i = 0; i < NR; i++) {
+            __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
+                                             _mm512_loadu_si512((const void *)(a + i * CH)));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(sv, _mm512_loadu_ps(dl + i * 16)),
+                                     acc[i]);
+        }
+    }
+    for (int i = 0; i < NR; i++) tail[i] = _mm256_setzero_ps();
+    if (b < nb)  /* an odd last block: the first half of its chunk */
+        block8(tail, NR, load_codes(w, bits, (int)b), block_scales(s, group, b), a, dl, wide);
+    for (int i = 0; i < NR; i++)
+        y[(r0 + i) * ystride] = _mm512_reduce_add_ps(acc[i]) + hsum(tail[i])
+            + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
+}
+#else
+#define TILE 4
+
+static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0, const int NR, const uint8_t *w,
+        const uint16_t *s, const float *of, int bits, int group, int wide, float *y, int64_t ystride) {
+    const int64_t R = x->R, K = x->K, nb = K / QB, ng = K / group;
     __m256 acc[TILE];
     for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        __m256i u = load_codes(w, bits, (int)b);
-        __m256 sv = block_scales(s, group, b);
-        for (int i = 0; i < NR; i++) {
-            const int64_t r = r0 + i;
-            __m256i av = _mm256_loadu_si256((const __m256i *)(x->a + r * K + b * QB));
-            __m256i c = _mm256_loadu_si256((const __m256i *)(x->corr + r * (K / 4) + b * 8));
-            __m256i dp = _mm256_add_epi32(c, dot4(u, av, wide));
-            __m256 f = _mm256_mul_ps(sv, _mm256_set1_ps(x->d[r * nb + b]));
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), f, acc[i]);
-        }
+        const int64_t at = (b / 2) * R + r0, half = b % 2;
+        block8(acc, NR, load_codes(w, bits, (int)b), block_scales(s, group, b), x->a + at * CH + half * QB,
+               x->dl + at * 16 + half * 8, wide);
     }
     for (int i = 0; i < NR; i++)
-        y[(r0 + i) * ystride] = hsum(acc[i]) + (of ? dot_f32(of, x->dsum + (r0 + i) * ng, ng) : 0.0f);
+        y[(r0 + i) * ystride] = hsum(acc[i]) + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
 }
+#endif
 
-/* Activation codes per block of 32, their scales, and per weight group d·Σa and the dot products' start values
-   (`zero`: the codes' zero for symmetric formats, else 0; a `wide` AVX2 dot already takes 128 off each code). */
-static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int zero, int wide, int8_t *a, float *d,
-                          float *dsum, int32_t *corr) {
-    const int64_t nb = K / QB, ng = K / group;
-    const int lanes = group / 4, shift = zero - (wide ? 128 : 0);
-    memset(corr, 0, sizeof(int32_t) * (size_t)(R * (K / 4)));
+/* Activation codes per block of 32 and their lane scales, chunk-major, and d·Σa per weight group. */
+static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_t *a, float *dl, float *dsum) {
+    const int64_t nb = K / QB, ng = K / group, nc = (K + CH - 1) / CH;
+    memset(a, 0, (size_t)(nc * R * CH));
+    memset(dl, 0, sizeof(float) * (size_t)(nc * R * 16));
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nb; b++) {
             const float *xb = x + r * K + b * QB;
+            const int64_t at = (b / 2) * R + r, half = b % 2;
+            int8_t *ab = a + at * CH + half * QB;
             float amax = 0.0f;
             for (int i = 0; i < QB; i++) amax = fmaxf(amax, fabsf(xb[i]));
             const float db = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -129,15 +195,15 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int z
             for (int i = 0; i < QB; i++) {
                 int q = (int)lrintf(xb[i] * inv);
                 q = q > 127 ? 127 : q < -127 ? -127 : q;
-                a[r * K + b * QB + i] = (int8_t)q;
+                ab[i] = (int8_t)q;
                 sum[i >= 16] += q;
             }
-            d[r * nb + b] = db;
-            const int64_t g0 = b * QB / group;
-            for (int h = 0; h < QB / group; h++) {
-                const int total = group == 16 ? sum[h] : sum[0] + sum[1];
-                dsum[r * ng + g0 + h] = db * (float)total;
-                corr[r * (K / 4) + (g0 + h) * lanes] = -shift * total;
+            for (int i = 0; i < 8; i++) dl[at * 16 + half * 8 + i] = db;
+            if (group == 16) {
+                dsum[r * ng + 2 * b] = db * (float)sum[0];
+                dsum[r * ng + 2 * b + 1] = db * (float)sum[1];
+            } else {
+                dsum[r * ng + b] = db * (float)(sum[0] + sum[1]);
             }
         }
     }
@@ -148,32 +214,36 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int z
 int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales,
                  const uint16_t *offsets, int bits, int group, int zero, int64_t N, float *y, int threads) {
     const int64_t ng = K / group, row_bytes = K * bits / 8;
+    /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
-    int8_t *a = malloc((size_t)(R * K));
-    float *d = malloc(sizeof(float) * (size_t)(R * (K / QB)));
+    const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
+    const int64_t nc = (K + CH - 1) / CH;
+    int8_t *a = malloc((size_t)(nc * R * CH));
+    float *dl = malloc(sizeof(float) * (size_t)(nc * R * 16));
     float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
-    int32_t *corr = malloc(sizeof(int32_t) * (size_t)(R * (K / 4)));
-    if (!a || !d || !dsum || !corr) {
-        free(a); free(d); free(dsum); free(corr);
+    if (!a || !dl || !dsum) {
+        free(a); free(dl); free(dsum);
         return -1;
     }
-    quantize_rows(x, R, K, group, offsets ? 0 : zero, wide, a, d, dsum, corr);
-    const Acts acts = {a, d, dsum, corr, K};
+    quantize_rows(x, R, K, group, a, dl, dsum);
+    const Acts acts = {a, dl, dsum, R, K};
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     {
-        float *of = offsets ? malloc(sizeof(float) * (size_t)ng) : NULL;
-        if (offsets && !of) {
+        float *of = malloc(sizeof(float) * (size_t)ng);
+        if (!of) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; n++) {
-            if (offsets && !of) continue;
+            if (!of) continue;
             const uint8_t *w = codes + n * row_bytes;
             const uint16_t *s = scales + n * ng;
-            if (of)
-                for (int64_t g = 0; g < ng; g++) of[g] = h2f(offsets[n * ng + g]);
+            if (offsets)
+                halves_to_f32(of, offsets + n * ng, ng, 1.0f);
+            else
+                halves_to_f32(of, s, ng, -zero_f);
             int64_t r0 = 0;
             for (; r0 + TILE <= R; r0 += TILE) tile(&acts, r0, TILE, w, s, of, bits, group, wide, y + n, N);
             switch (R - r0) {  /* constant row counts: each call keeps its accumulators in registers */
@@ -191,7 +261,7 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
         }
         free(of);
     }
-    free(a); free(d); free(dsum); free(corr);
+    free(a); free(dl); free(dsum);
     return failed ? -1 : 0;
 }
 
