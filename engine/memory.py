@@ -9,7 +9,7 @@ import psutil
 import torch
 
 from engine.errors import ModelLoadError
-from engine.quant.weight import choose_format, format_bytes
+from engine.quant.weight import choose_format, format_bytes, quantize_bytes
 
 TOKENIZER_BYTES_PER_TOKEN = 600  # measured: the embedded model's 262,144-token tokenizer holds ~130 MB
 LOAD_SCRATCH = 64 << 20  # a slice of dequantized rows and the allocator's slack while converting
@@ -80,7 +80,7 @@ def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, floa
             n *= d
         stored += n * elem
         if quantize and device == "cpu" and len(shape) == 2:
-            final += format_bytes("int8" if quantize == "q8" else "int4", shape[0], shape[1])
+            final += quantize_bytes(quantize, shape[0], shape[1])
         else:
             final += n * float_bytes
     extra = LOAD_SCRATCH + vocab_size * TOKENIZER_BYTES_PER_TOKEN

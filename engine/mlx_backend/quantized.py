@@ -6,6 +6,7 @@ first into uint32 words (element i of a word in bits [bits·i, bits·(i+1))). Th
   int8  w = c·s, one s per row, c in -127..127      -> bits 8, the largest group (128, 64, 32) dividing K:
                                                        q = c + 128, scale = s (every group of the row), bias = -128s
   bf16  a plain bf16 matrix
+  blocks  w = u·s + o per 32 (x86 only; an Apple CPU never builds it) -> the same bits and group, as they are
 q·scale is exact in fp32 (4 or 8 bits times bf16's 8) and so is bias whenever it is held exactly, so MLX's q·scale +
 bias is the one rounding of the same real number as torch's (c - 8)·s + z: the fp32 weights are identical.
 Scales and biases are bf16 (torch's own size) when bf16 holds the bias exactly: int8 always, int4 when z - 8s fits
@@ -140,7 +141,25 @@ def convert(qt: QuantTensor) -> Matrix:
         z = qt.scale_zero[..., 1].t().double()
         scales, biases, inexact = _scales_biases(s, z - 8 * s)
         return Matrix(mx.array(packed), 4, GROUP, scales, biases, inexact)
+    if qt.format == "blocks":
+        return _blocks(qt)
     raise ValueError(f"no MLX layout for format {qt.format!r}")
+
+
+def _blocks(qt: QuantTensor) -> Matrix:
+    """The x86 CPU kernel's block codes (w = s·u + o per group): groups of 32 map onto MLX's affine format as they
+    are; groups of 16 (Q6_K), which MLX has no size for, are held as their exact fp32 values."""
+    from kernels.cpu_qgemm import unpack_codes
+
+    lay, (n, k) = qt.code_layout, qt.shape
+    if lay.group != GROUP:
+        return Matrix(mx.array(qt.dequantize().numpy()))
+    u = unpack_codes(qt.codes, lay.bits, k).numpy()
+    packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
+    s = qt.scales.double()
+    o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
+    scales, biases, inexact = _scales_biases(s, o)
+    return Matrix(mx.array(np.ascontiguousarray(packed).view(np.uint32)), lay.bits, GROUP, scales, biases, inexact)
 
 
 def _int4_codes(packed: torch.Tensor, k: int, start: int, stop: int) -> np.ndarray:

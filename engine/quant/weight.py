@@ -215,6 +215,13 @@ def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
     return 2 * n * k
 
 
+def quantize_bytes(scheme: str, n: int, k: int) -> int:
+    """Resident bytes of an (n, k) float matrix quantized at load with `scheme` ("q8" / "q4", from_float.py)."""
+    if k % GROUP == 0 and blocks_available():
+        return format_bytes("blocks", n, k, "Q8_0" if scheme == "q8" else "Q4_1")
+    return format_bytes("int8" if scheme == "q8" else "int4", n, k)
+
+
 def blocks_available() -> bool:
     """Whether the CPU's own kernel built here (kernels/cpu_qgemm.py)."""
     from kernels.cpu_qgemm import cpu_kernel

@@ -15,7 +15,7 @@ from engine.loading.loader import build_model, load_model
 from engine.models.kernel_choice import KernelChoice
 from engine.models.layers import QuantEmbedding, QuantLinear
 from engine.quant.gguf_blocks import Int4Groups
-from engine.quant.weight import Int8Rows, _int4_block, bf16_tensor, pack_int4
+from engine.quant.weight import BlockRows, Int8Rows, _int4_block, bf16_tensor, pack_int4
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from tests.engine.test_mlx_backend import ARRIVALS, _logits, _prompts, _run
@@ -30,6 +30,14 @@ from mlx.utils import tree_flatten  # noqa: E402
 from engine.mlx_backend.quantized import convert, from_torch_quantized  # noqa: E402
 
 QUANTS = ("q4", "q8")
+
+
+@pytest.fixture(autouse=True)
+def apple_cpu_formats(monkeypatch):
+    """Models load as on an Apple CPU, where the x86 block kernel never builds: torch's int4/int8 formats."""
+    from engine.quant import weight
+
+    monkeypatch.setattr(weight, "blocks_available", lambda: False)
 
 
 @pytest.fixture
@@ -223,3 +231,27 @@ def test_embedded_gemma_q4_k_m_on_mlx(gemma_gguf_path):
     _assert_exact(lm, model)
     del model
     _assert_logits_match(lm, lm.tokenizer.encode("def fibonacci(n):", add_bos=True), tight=2e-3)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q8_0", "Q5_K", "Q6_K"])
+def test_block_codes_convert_exactly(type_name):
+    """The x86 kernel's format, should an MLX model ever receive it: the same fp32 weights."""
+    import gguf
+
+    from engine.quant.block_codes import slice_codes
+
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((64, 256)) * 0.05).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[type_name]
+    try:
+        raw = gguf.quants.quantize(w, qtype)
+    except NotImplementedError:  # gguf writes few types: dequantize a random block stream instead
+        from tests.kernels.test_cpu_qgemm import _random_blocks
+        raw = _random_blocks(type_name, 64, 256, rng)
+    rows = BlockRows(64, 256, type_name)
+    rows.put(0, slice_codes(qtype, type_name, raw, 256))
+    qt = rows.done()
+    m = convert(qt)
+    got = np.array(m.weight) if m.bits is None else np.array(mx.dequantize(
+        m.weight, m.scales.astype(mx.float32), m.biases.astype(mx.float32), group_size=m.group_size, bits=m.bits))
+    np.testing.assert_array_equal(got, qt.dequantize().numpy())

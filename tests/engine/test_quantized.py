@@ -9,6 +9,7 @@ from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import LoadOptions, load_model
 from engine.models.layers import QuantEmbedding, QuantLinear
 from engine.quant.gguf_blocks import int4_groups
+from engine.quant import weight
 from engine.quant.weight import Int8Rows, _int4_block, bf16_tensor, pack_int4
 from engine.sampling import SamplingParams
 from tests.support.engine_helpers import run_staggered
@@ -76,10 +77,20 @@ def test_bf16_tensor_rows_and_product():
     torch.testing.assert_close(qt(x), x @ w.t(), atol=5e-2, rtol=2e-2)
 
 
-@pytest.fixture(scope="module", params=["q8", "q4"])
+@pytest.fixture(scope="module", params=["q8-blocks", "q4-blocks", "q8-torch", "q4-torch"])
 def quantized_models(request, tiny_models_q8, tiny_models_q4):
-    files = tiny_models_q8 if request.param == "q8" else tiny_models_q4
-    return {arch: load_model(files[arch].gguf_path, LoadOptions(weights="quantized")) for arch in ARCHS}
+    """Each file type on each CPU kernel: Parley's own (blocks) where it builds, and torch's int4/int8 formats."""
+    scheme, kernel = request.param.split("-")
+    files = tiny_models_q8 if scheme == "q8" else tiny_models_q4
+    if kernel == "blocks" and not weight.blocks_available():
+        pytest.skip("the CPU kernel does not build here")
+    with pytest.MonkeyPatch.context() as mp:
+        if kernel == "torch":
+            mp.setattr(weight, "blocks_available", lambda: False)
+        models = {arch: load_model(files[arch].gguf_path, LoadOptions(weights="quantized")) for arch in ARCHS}
+    held = {m.qweight.format for lm in models.values() for m in lm.model.modules() if isinstance(m, QuantLinear)}
+    assert held <= ({"blocks"} if kernel == "blocks" else {"int4", "int8", "bf16"}), held
+    return models
 
 
 @pytest.mark.parametrize("arch", ARCHS)

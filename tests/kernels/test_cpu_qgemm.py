@@ -1,0 +1,148 @@
+"""Parley's CPU kernel over block codes (kernels/cpu/qgemm.c): GGUF blocks decoded exactly, the kernel against
+its float64 reference on every layout and row count, rows independent of their batch (batched == alone, bit for
+bit), and every instruction-set path this CPU can run (the AVX2 fallback included)."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, slice_codes
+from kernels import cpu_qgemm
+from kernels.cpu_qgemm import cpu_kernel, qgemm, qgemm_reference
+
+needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
+
+
+def _random_blocks(name: str, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Random block bytes with sane fp16 scales (random bits there would be inf/NaN)."""
+    size, per = BLOCK[name]
+    b = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
+    fields = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2],
+              "Q5_K": [0, 2], "Q6_K": [208]}[name]
+    for off in fields:
+        half = rng.uniform(1e-3, 5e-2, b.shape[:2]).astype(np.float16)
+        b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
+    return b.reshape(n, -1)
+
+
+def _dequantized(codes, lay: CodeLayout) -> np.ndarray:
+    s = np.repeat(codes.scale, lay.group, 1)
+    o = -lay.zero * s if codes.offset is None else np.repeat(codes.offset, lay.group, 1)
+    return codes.codes.astype(np.float32) * s + o
+
+
+@pytest.mark.parametrize("name", sorted(BLOCK))
+def test_gguf_blocks_decode_exactly(name):
+    raw = _random_blocks(name, 6, 512, np.random.default_rng(1))
+    got = slice_codes(gguf.GGMLQuantizationType[name], name, raw, 512)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(6, 512)
+    lay = layout(name)
+    assert got.codes.max() < (16 if lay.bits == 4 else 256)
+    np.testing.assert_array_equal(_dequantized(got, lay), ref)
+
+
+def test_other_types_requantize_within_half_a_step():
+    w = np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32)
+    c = requantize(w)
+    err = np.abs(_dequantized(c, layout("IQ4_NL")) - w)
+    assert (err <= np.repeat(c.scale, 32, 1) / 2 + 1e-7).all()
+
+
+def _weights(lay: CodeLayout, n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    top = 15 if lay.bits == 4 else (255 if lay.zero == 128 else 63)
+    u = torch.randint(0, top + 1, (n, k), dtype=torch.uint8, generator=g)
+    codes = torch.from_numpy(pack_nibbles(u.numpy())) if lay.bits == 4 else u
+    scales = (torch.rand(n, k // lay.group, generator=g) * 0.02 + 1e-3).half()
+    offsets = (torch.randn(n, k // lay.group, generator=g) * 0.05).half() if lay.zero < 0 else None
+    return codes, scales, offsets
+
+
+LAYOUTS = [CodeLayout(8, 32, 128), CodeLayout(4, 32, 8), CodeLayout(4, 32, -1), CodeLayout(8, 16, 32),
+           CodeLayout(8, 32, -1)]
+
+
+def _check_against_reference(run, lay: CodeLayout, k: int) -> None:
+    codes, scales, offsets = _weights(lay, 70, k, seed=k)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(7)) * 3
+    x[3, 5] = 80.0  # an outlier: its block's other values lose precision, as in llama.cpp
+    x[4] = 0.0  # an all-zero row
+    ref = qgemm_reference(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0))
+    for rows in (1, 3, 4, 8, 11):  # every tile remainder
+        got = run(x[:rows], codes, scales, offsets, lay)
+        torch.testing.assert_close(got, ref[:rows], atol=1e-4, rtol=1e-5)
+    together = run(x, codes, scales, offsets, lay)
+    alone = torch.cat([run(x[i:i + 1], codes, scales, offsets, lay) for i in range(len(x))])
+    assert torch.equal(together, alone)  # a row's sum never depends on the rows beside it
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", [640, 96])  # an even and an odd number of 32-blocks
+@pytest.mark.parametrize("lay", LAYOUTS, ids=str)
+def test_kernel_matches_reference_and_rows_are_independent(lay, k):
+    def run(x, codes, scales, offsets, lay):
+        return qgemm(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), impl="native")
+
+    _check_against_reference(run, lay, k)
+
+
+def _build(tmp_path, march: str):
+    out = tmp_path / f"qgemm-{march}.so"
+    cmd = ["cc", *(f for f in cpu_qgemm.FLAGS if f != "-march=native"), f"-march={march}", str(cpu_qgemm.SOURCE),
+           "-o", str(out), "-lm"]
+    if subprocess.run(cmd, capture_output=True).returncode != 0:
+        pytest.skip(f"cc cannot build for {march}")
+    lib = ctypes.CDLL(str(out))
+    lib.parley_qgemm.restype = ctypes.c_int
+    lib.parley_qgemm.argtypes = cpu_kernel().lib.parley_qgemm.argtypes
+    lib.parley_qgemm_isa.restype = ctypes.c_char_p
+    return lib
+
+
+@needs_kernel
+@pytest.mark.parametrize("march, isa", [("x86-64-v3", "avx2"), ("icelake-server", "avx512-vnni")])
+@pytest.mark.parametrize("lay", LAYOUTS, ids=str)
+def test_each_instruction_set_path(tmp_path, lay, march, isa):
+    """The AVX2 fallback (what a CPU without VNNI runs) and the AVX-512 path, where this CPU can run them."""
+    flags = open("/proc/cpuinfo").read()
+    if isa == "avx512-vnni" and "avx512_vnni" not in flags:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    lib = _build(tmp_path, march)
+    assert lib.parley_qgemm_isa().decode() == isa
+
+    def run(x, codes, scales, offsets, lay):
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], codes.shape[0])
+        rc = lib.parley_qgemm(x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr(),
+                              offsets.data_ptr() if offsets is not None else None, lay.bits, lay.group,
+                              max(lay.zero, 0), codes.shape[0], y.data_ptr(), 2)
+        assert rc == 0
+        return y
+
+    _check_against_reference(run, lay, 640)
+
+
+def test_reference_runs_without_the_kernel(monkeypatch):
+    lay = CodeLayout(4, 32, -1)
+    codes, scales, offsets = _weights(lay, 8, 64, seed=3)
+    x = torch.randn(2, 64)
+    monkeypatch.setattr(cpu_qgemm, "cpu_kernel", lambda: None)
+    y = qgemm(x, codes, scales, offsets, 4, 32, 0)
+    torch.testing.assert_close(y, qgemm_reference(x, codes, scales, offsets, 4, 32, 0))
+    with pytest.raises(RuntimeError, match="not available"):
+        qgemm(x, codes, scales, offsets, 4, 32, 0, impl="native")
+
+
+def test_kernel_off_by_environment(monkeypatch):
+    monkeypatch.setenv(cpu_qgemm.DISABLE_ENV, "0")
+    cpu_qgemm.cpu_kernel.cache_clear()
+    try:
+        assert cpu_kernel() is None
+    finally:
+        monkeypatch.delenv(cpu_qgemm.DISABLE_ENV)
+        cpu_qgemm.cpu_kernel.cache_clear()
