@@ -59,6 +59,6 @@ def keep(dest: str) -> bool:
 
 
 # (source relative to ROOT, destination inside the bundle): app/qt/theme.py looks for ../../resources.
-DATAS = [("resources", "resources")]
+DATAS = [("resources", "resources"), ("kernels/cpu", "kernels/cpu")]  # the CPU kernel's C source
 
 ICON_SVG = ROOT / "resources" / "icons" / "parley.svg"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.base import KVCache, attention, visible
+from engine.cache.base import KVCache, attention, attention_row, visible
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 
@@ -160,6 +160,9 @@ class SequenceKVCache(RingedLayout, KVCache):
         window = self.windows[layer_id]
         for q_start, q_len, gather, mask in segments:
             keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
+            if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
+                out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale)
+                continue
             if mask is not None:
                 out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale)
                 continue
@@ -167,9 +170,8 @@ class SequenceKVCache(RingedLayout, KVCache):
             for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
                 hi = n + j + 1
                 lo = max(0, hi - window) if window else 0
-                seen = torch.ones(1, hi - lo, dtype=torch.bool, device=q.device)
-                out[q_start + j : q_start + j + 1] = attention(q[q_start + j : q_start + j + 1], keys[lo:hi],
-                                                               values[lo:hi], seen, scale)
+                out[q_start + j : q_start + j + 1] = attention_row(q[q_start + j : q_start + j + 1], keys[lo:hi],
+                                                                   values[lo:hi], scale)
         return out
 
     def _copy_sequence(self, src: int, dst: int) -> None:
