@@ -1,97 +1,12 @@
-"""The CPU product over block codes (kernels/cpu/qgemm.c), built once per machine with the system's C compiler,
-and its plain PyTorch reference (`impl="reference"`).
-
-The build is cached under the user's cache folder, keyed by the source, the compiler and the CPU's features (it is
-compiled for this CPU: `-march=native`). Without a compiler, on a CPU without AVX2/FMA/F16C, or off x86-64, there is
-no kernel (`cpu_kernel()` is None) and weights keep torch's int4/int8 formats instead.
-"""
+"""The CPU product over block codes (kernels/cpu/qgemm.c, built by kernels/cpu_native.py) and its plain PyTorch
+reference (`impl="reference"`)."""
 from __future__ import annotations
-
-import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("cpu") / "qgemm.c"
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
-DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the kernel (torch's formats instead)
+from kernels.cpu_native import cpu_kernel
+
 QB = 32  # activation block
-
-
-@dataclass(frozen=True)
-class CpuKernel:
-    lib: ctypes.CDLL
-    isa: str
-    path: Path
-
-
-def kernel_dir() -> Path:
-    env = os.environ.get("PARLEY_KERNEL_CACHE")
-    if env:
-        return Path(env)
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("Parley", appauthor=False)) / "kernels"
-
-
-@lru_cache(maxsize=1)
-def cpu_kernel() -> CpuKernel | None:
-    """The built kernel, or None where it cannot run here (see the module's note)."""
-    if os.environ.get(DISABLE_ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None
-    try:
-        path = _build(compiler)
-        lib = ctypes.CDLL(str(path))  # after torch: its libgomp serves both (one thread pool)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    lib.parley_qgemm.restype = ctypes.c_int
-    lib.parley_qgemm.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int64,
-                                 ctypes.c_void_p, ctypes.c_int]
-    lib.parley_qgemm_isa.restype = ctypes.c_char_p
-    return CpuKernel(lib, lib.parley_qgemm_isa().decode(), path)
-
-
-def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
-    version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
-    key = hashlib.sha256(source + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
-    out_dir = kernel_dir()
-    path = out_dir / f"qgemm-{key}.so"
-    if path.exists():
-        return path
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], check=True, capture_output=True,
-                       timeout=120)
-        os.replace(tmp, path)  # atomic: a second process building at once gets one of the two, whole
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
-def _cpu_features() -> bytes:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.encode()
-    except OSError:
-        pass
-    return platform.processor().encode()
 
 
 def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,

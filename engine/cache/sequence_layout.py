@@ -118,8 +118,15 @@ class SequenceKVCache(RingedLayout, KVCache):
         plans = {}
         for w in set(self.windows):
             write = (self._row(pos, w) * self.columns + col).to(dev)
-            plans[w] = (write, [self._segment_plan(s, w) for s in self.segments])
+            segments = [self._segment_plan(s, w) for s in self.segments]
+            plans[w] = (write, segments, one_row_plan(segments, w) if self._native_rows() else None)
         self._step = plans
+
+    def _native_rows(self) -> bool:
+        """Whether one-row attention runs in the CPU library (fp32 cache on the CPU, the library built here)."""
+        from kernels.cpu_native import cpu_kernel
+
+        return self.device.type == "cpu" and self.config.torch_dtype == torch.float32 and cpu_kernel() is not None
 
     def _segment_plan(self, s, window: int | None):
         """Gather indices of the keys this segment can see, in position order, and its mask; for a rowwise segment
@@ -151,13 +158,19 @@ class SequenceKVCache(RingedLayout, KVCache):
             if torch.compiler.is_compiling():  # one opaque op: torch.compile fuses around it
                 return torch.ops.parley.sequence_attend(*args)
             return sequence_attend(*args)
-        write, segments = self._step[self.windows[layer_id]]
+        write, segments, rows = self._step[self.windows[layer_id]]
         kf = self.k[layer_id].view(-1, self.kv_heads, self.head_dim)
         vf = self.v[layer_id].view(-1, self.kv_heads, self.head_dim)
         kf.index_copy_(0, write, k.to(kf.dtype))
         vf.index_copy_(0, write, v.to(vf.dtype))
         out = q.new_zeros(q.shape)  # rows that no segment covers stay zero
         window = self.windows[layer_id]
+        if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
+            from kernels.cpu_attend import attend_rows
+
+            keys, table = rows
+            attend_rows(q.contiguous(), kf, vf, keys, table, scale, out)
+            segments = [s for s in segments if s[1] > 1 and s[3] is not None]
         for q_start, q_len, gather, mask in segments:
             keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
             if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
@@ -177,6 +190,27 @@ class SequenceKVCache(RingedLayout, KVCache):
     def _copy_sequence(self, src: int, dst: int) -> None:
         for t in self.k + self.v:
             t[:, dst] = t[:, src]
+
+
+def one_row_plan(segments, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-row queries of a step's segments (decode rows, and each row of a rowwise segment over its own keys, as
+    `attend` slices them) as the CPU kernel's key list and (row, offset, count) table."""
+    keys, table, at = [], [], 0
+    for q_start, q_len, gather, mask in segments:
+        if q_len == 1:
+            table.append((q_start, at, len(gather)))
+        elif mask is None:
+            n = len(gather) - q_len
+            for j in range(q_len):
+                hi = n + j + 1
+                lo = max(0, hi - window) if window else 0
+                table.append((q_start + j, at + lo, hi - lo))
+        else:
+            continue
+        keys.append(gather.cpu())
+        at += len(gather)
+    flat = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long)
+    return flat.long().contiguous(), torch.tensor(table, dtype=torch.long).reshape(-1, 3)
 
 
 def sequence_attend(

@@ -223,8 +223,8 @@ def quantize_bytes(scheme: str, n: int, k: int) -> int:
 
 
 def blocks_available() -> bool:
-    """Whether the CPU's own kernel built here (kernels/cpu_qgemm.py)."""
-    from kernels.cpu_qgemm import cpu_kernel
+    """Whether the CPU's own kernel built here (kernels/cpu_native.py)."""
+    from kernels.cpu_native import cpu_kernel
 
     return cpu_kernel() is not None
 

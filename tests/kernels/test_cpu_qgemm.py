@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, slice_codes
-from kernels import cpu_qgemm
-from kernels.cpu_qgemm import cpu_kernel, qgemm, qgemm_reference
+from kernels import cpu_native, cpu_qgemm
+from kernels.cpu_native import cpu_kernel
+from kernels.cpu_qgemm import qgemm, qgemm_reference
 
 needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
 
@@ -91,17 +92,13 @@ def test_kernel_matches_reference_and_rows_are_independent(lay, k):
     _check_against_reference(run, lay, k)
 
 
-def _build(tmp_path, march: str):
-    out = tmp_path / f"qgemm-{march}.so"
-    cmd = ["cc", *(f for f in cpu_qgemm.FLAGS if f != "-march=native"), f"-march={march}", str(cpu_qgemm.SOURCE),
-           "-o", str(out), "-lm"]
-    if subprocess.run(cmd, capture_output=True).returncode != 0:
+def build_for(tmp_path, march: str) -> cpu_native.CpuKernel:
+    """The library built for another -march (what a CPU of that kind builds), bound like the real one."""
+    out = tmp_path / f"parley-cpu-{march}.so"
+    flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS]
+    if subprocess.run(cpu_native.build_command("cc", out, flags), capture_output=True).returncode != 0:
         pytest.skip(f"cc cannot build for {march}")
-    lib = ctypes.CDLL(str(out))
-    lib.parley_qgemm.restype = ctypes.c_int
-    lib.parley_qgemm.argtypes = cpu_kernel().lib.parley_qgemm.argtypes
-    lib.parley_qgemm_isa.restype = ctypes.c_char_p
-    return lib
+    return cpu_native.bind(ctypes.CDLL(str(out)), out)
 
 
 @needs_kernel
@@ -112,7 +109,7 @@ def test_each_instruction_set_path(tmp_path, lay, march, isa):
     flags = open("/proc/cpuinfo").read()
     if isa == "avx512-vnni" and "avx512_vnni" not in flags:
         pytest.skip("this CPU has no AVX-512 VNNI")
-    lib = _build(tmp_path, march)
+    lib = build_for(tmp_path, march).lib
     assert lib.parley_qgemm_isa().decode() == isa
 
     def run(x, codes, scales, offsets, lay):
@@ -139,10 +136,10 @@ def test_reference_runs_without_the_kernel(monkeypatch):
 
 
 def test_kernel_off_by_environment(monkeypatch):
-    monkeypatch.setenv(cpu_qgemm.DISABLE_ENV, "0")
-    cpu_qgemm.cpu_kernel.cache_clear()
+    monkeypatch.setenv(cpu_native.DISABLE_ENV, "0")
+    cpu_native.cpu_kernel.cache_clear()
     try:
         assert cpu_kernel() is None
     finally:
-        monkeypatch.delenv(cpu_qgemm.DISABLE_ENV)
-        cpu_qgemm.cpu_kernel.cache_clear()
+        monkeypatch.delenv(cpu_native.DISABLE_ENV)
+        cpu_native.cpu_kernel.cache_clear()

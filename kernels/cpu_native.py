@@ -1,0 +1,105 @@
+"""Parley's own CPU kernels (kernels/cpu/*.c), built once per machine with the system's C compiler into one
+library, loaded with ctypes.
+
+The build is cached under the user's cache folder, keyed by the sources, the compiler and the CPU's features (it is
+compiled for this CPU: `-march=native`). Without a compiler, on a CPU without AVX2/FMA/F16C, or off x86-64, there is
+no library (`cpu_kernel()` is None): weights keep torch's int4/int8 formats and attention stays in torch.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).with_name("cpu")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
+_P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+SIGNATURES = {  # name: (restype, argtypes)
+    "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _INT, _INT, _I64, _P, _INT]),
+    "parley_attend_rows": (_INT, [_P, _P, _P, _P, _P, _I64, _INT, _INT, _INT, _F, _P, _INT]),
+    "parley_qgemm_isa": (ctypes.c_char_p, []),
+}
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    lib: ctypes.CDLL
+    isa: str
+    path: Path | None
+
+
+def sources() -> list[Path]:
+    return sorted(SOURCE_DIR.glob("*.c"))
+
+
+def kernel_dir() -> Path:
+    env = os.environ.get("PARLEY_KERNEL_CACHE")
+    if env:
+        return Path(env)
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("Parley", appauthor=False)) / "kernels"
+
+
+@lru_cache(maxsize=1)
+def cpu_kernel() -> CpuKernel | None:
+    """The built library, or None where it cannot run here (see the module's note)."""
+    if os.environ.get(DISABLE_ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    try:
+        path = _build(compiler)
+        return bind(ctypes.CDLL(str(path)), path)  # after torch: its libgomp serves both (one thread pool)
+    except (OSError, subprocess.SubprocessError, AttributeError):
+        return None
+
+
+def bind(lib: ctypes.CDLL, path: Path | None) -> CpuKernel:
+    for name, (res, args) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return CpuKernel(lib, lib.parley_qgemm_isa().decode(), path)
+
+
+def build_command(compiler: str, out: str | Path, flags=FLAGS) -> list[str]:
+    return [compiler, *flags, *map(str, sources()), "-o", str(out), "-lm"]
+
+
+def _build(compiler: str) -> Path:
+    version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
+    text = b"".join(p.name.encode() + p.read_bytes() for p in sources())
+    key = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
+    out_dir = kernel_dir()
+    path = out_dir / f"parley-cpu-{key}.so"
+    if path.exists():
+        return path
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    os.close(fd)
+    try:
+        subprocess.run(build_command(compiler, tmp), check=True, capture_output=True, timeout=180)
+        os.replace(tmp, path)  # atomic: a second process building at once gets one of the two, whole
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
+
+
+def _cpu_features() -> bytes:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode()

@@ -1,0 +1,46 @@
+"""One-row attention over the KV cache in place (kernels/cpu/attend.c): against its torch reference, and each row's
+result independent of the other rows of the call (batched == alone, bit for bit)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_attend import attend_rows, attend_rows_reference
+from kernels.cpu_native import cpu_kernel
+
+pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
+
+
+def _case(h: int, hkv: int, d: int, counts: list[int], seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    rows = 64
+    k = torch.randn(rows, hkv, d, generator=g)
+    v = torch.randn(rows, hkv, d, generator=g)
+    q = torch.randn(len(counts) + 1, h, d, generator=g) * 2
+    keys, table, at = [], [], 0
+    for i, n in enumerate(counts):  # query row i + 1 (row 0 is left to the caller: stays zero)
+        keys.append(torch.randperm(rows, generator=g)[:n])
+        table.append((i + 1, at, n))
+        at += n
+    return q, k, v, torch.cat(keys), torch.tensor(table, dtype=torch.long)
+
+
+@pytest.mark.parametrize("h, hkv, d", [(4, 1, 256), (8, 2, 64), (2, 2, 20)])
+def test_matches_reference_and_rows_are_independent(h, hkv, d):
+    counts = [1, 7, 33, 64]
+    q, k, v, keys, table = _case(h, hkv, d, counts)
+    got, ref = torch.zeros_like(q), torch.zeros_like(q)
+    attend_rows(q, k, v, keys, table, 0.125, got, impl="native")
+    attend_rows_reference(q, k, v, keys, table, 0.125, ref)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))  # a row the table does not name is untouched
+    for i in range(len(counts)):  # each entry alone, in a call of its own
+        alone = torch.zeros_like(q)
+        attend_rows(q, k, v, keys, table[i:i + 1], 0.125, alone, impl="native")
+        assert torch.equal(alone[i + 1], got[i + 1])
+
+
+def test_refuses_other_dtypes():
+    q, k, v, keys, table = _case(2, 1, 16, [3])
+    with pytest.raises(ValueError, match="fp32"):
+        attend_rows(q, k.bfloat16(), v, keys, table, 1.0, torch.zeros_like(q), impl="native")
