@@ -103,6 +103,7 @@ class RMSNorm(nn.Module):
     """RMSNorm over the last axis; `gemma` computes in fp32 and scales by the (+1-folded) weight in fp32."""
 
     fused = False  # CUDA without torch.compile: one Triton launch (kernels/norms.py) instead of nine
+    native = False  # on Parley's CPU kernels (blocks weights): one library call (kernels/cpu_norms.py)
 
     def __init__(self, dim: int, eps: float, gemma: bool = False):
         super().__init__()
@@ -115,6 +116,10 @@ class RMSNorm(nn.Module):
             from kernels.norms import add_norm
 
             return add_norm(x, self.weight, self.eps, self.gemma)[1]
+        if self.native and x.dtype == torch.float32:
+            from kernels.cpu_norms import rms_norm
+
+            return rms_norm(x, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -163,6 +168,10 @@ def add_and_norm(
 
         return add_norm(delta, norm.weight if norm else None, first.eps, first.gemma, residual=h,
                         pre_weight=pre.weight if pre else None)
+    if first is not None and first.native and h.dtype == torch.float32 and delta.dim() == h.dim():
+        from kernels.cpu_norms import add_norm as cpu_add_norm
+
+        return cpu_add_norm(h, delta, pre.weight if pre else None, norm.weight if norm else None, first.eps)
     if delta.dim() == h.dim() + 1:
         from kernels.norms import sum_partials
 
@@ -344,7 +353,10 @@ class CausalLM(nn.Module):
             for module in list(self.modules()):
                 if isinstance(module, (Attention, GatedMLP)):
                     module.fuse_projections()
+        native = not choice.fused and any(isinstance(m, QuantTensor) and m.format == "blocks" for m in self.modules())
         for module in self.modules():
+            if isinstance(module, RMSNorm):
+                module.native = native
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.fused = choice.fused
             if isinstance(module, Linear):
