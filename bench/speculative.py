@@ -77,7 +77,9 @@ def run_once(rt, prompts: list[list[int]], params) -> dict:
     from engine.speculative import make_drafter
 
     if rt.batcher.drafter is not None and rt.batcher.drafter.name == "lookup":  # a fresh pool: a repeat must not
-        rt.batcher.drafter = make_drafter("lookup")  # draft from the last round's answers
+        cap = rt.batcher.drafter.max_sequences  # draft from the last round's answers
+        rt.batcher.drafter = make_drafter("lookup")
+        rt.batcher.drafter.max_sequences = cap
     seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i), rt.device),
                      rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
     b = rt.batcher
@@ -119,6 +121,8 @@ def main() -> None:
     ap.add_argument("--synthetic-draft", action="store_true",
                     help="target and draft: the synthetic llama-1b and llama-draft shapes (bench/synthetic_gguf.py)")
     ap.add_argument("--profile", action="store_true", help="print where the last lookup round's time went (cProfile)")
+    ap.add_argument("--draft-sequences", type=int, nargs="+", default=None,
+                    help="drafting caps to compare (PacingConfig.most_sequences; default: the drafter's own)")
     args = ap.parse_args()
 
     import torch
@@ -141,23 +145,28 @@ def main() -> None:
     modes = ("off", "lookup", "draft") if draft else ("off", "lookup")
     tok = lm.tokenizer
     for sessions in args.sessions:
-        runtimes = {mode: build_runtime(lm, EngineConfig(max_sessions=sessions, max_session_tokens=2048, device=device,
-                                                          speculative=mode, draft_model=draft_path),
-                                        keep_finished=False, draft=draft if mode == "draft" else None)
-                    for mode in modes}
+        runtimes = {}
+        for mode in modes:
+            for cap in ([None] if mode == "off" else args.draft_sequences or [None]):
+                rt = build_runtime(lm, EngineConfig(max_sessions=sessions, max_session_tokens=2048, device=device,
+                                                    speculative=mode, draft_model=draft_path),
+                                   keep_finished=False, draft=draft if mode == "draft" else None)
+                if cap is not None:
+                    rt.batcher.drafter.max_sequences = cap
+                runtimes[mode if cap is None else f"{mode}@{cap}"] = rt
         for name in args.workloads:
             prompts = [tok.apply_chat_template([{"role": "user", "content": workload(name, i)}])
                        for i in range(sessions)]
             best: dict[str, dict] = {}
             for r in range(args.rounds):
                 for mode, rt in runtimes.items():
-                    profile = args.profile and mode == "lookup" and r == args.rounds - 1
+                    profile = args.profile and mode.startswith("lookup") and r == args.rounds - 1
                     got = _profiled(run_once, rt, prompts, params_for(name, args.tokens)) if profile else \
                         run_once(rt, prompts, params_for(name, args.tokens))
                     if mode not in best or got["tok_s"] > best[mode]["tok_s"]:
                         best[mode] = got
             off = best["off"]
-            for mode in modes[1:]:
+            for mode in [m for m in runtimes if m != "off"]:
                 on = best[mode]
                 emit(workload=name, sessions=sessions, device=device, mode=mode, model=path.name,
                      prompt_tokens=[len(p) for p in prompts], off_tok_s=round(off["tok_s"], 1),
