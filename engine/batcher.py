@@ -148,7 +148,12 @@ class Batcher:
             return
         due = [seq for seq in running if seq.num_uncached == 1 and _draftable(seq)]
         if due and len(due) <= self.drafter.max_sequences:
-            self.drafter.propose(due, [_draft_room(seq, self.cache.book.max_step_tokens) for seq in due])
+            rooms = [_draft_room(seq, self.cache.book.max_step_tokens) for seq in due]
+            graphs = getattr(self.runner, "graphs", None)
+            if graphs is not None:  # a verify step wider than the largest decode graph runs eagerly: slower
+                share = max(0, (graphs.buckets[-1] - len(running)) // len(due))
+                rooms = [min(room, share) for room in rooms]
+            self.drafter.propose(due, rooms)
 
     def _verify(self, batch: StepBatch) -> Launched:
         """Runs a step with drafted tokens and reads it at once: what it accepts decides the next step's tokens."""
