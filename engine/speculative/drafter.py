@@ -31,8 +31,9 @@ class PacingConfig:
     first: int = 4  # tokens drafted after a match with no history yet
     most: int = 8  # draft length at most
     max_backoff: int = 32  # steps skipped at most after misses in a row
-    # Drafting pays while few sequences decode: a batch already shares each weight read among its sequences, and
-    # verify rows cost more than they save (bench/speculative.py, 8 sessions: 0.82x on the CPU, 0.6x on the H200).
+    # Drafting pays while few sequences decode on the CPU: a batch already shares each weight read among its
+    # sequences, and verify rows cost more than they save (bench/speculative.py, 8 sessions: 0.82x). CUDA runners
+    # with decode graphs lift this (make_drafter's graph_rows).
     most_sequences: int = 2
 
 
