@@ -8,7 +8,9 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   int8-fp32       the same with fp32 activations
   int4-g32-bf16   torch._weight_int4pack_mm_for_cpu, 4-bit groups of 32 with bf16 scale and zero, bf16 act.
   int4-g32-fp32   the same with fp32 activations
-Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8]
+  parley-q8       Parley's own kernel (kernels/cpu/qgemm.c) on Q8_0-like blocks: int8 codes, an fp16 scale per 32
+  parley-q4       the same on Q4_K-like blocks: 4-bit codes, an fp16 scale and offset per 32
+Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8] [--impls fp32 parley-q8 ...]
 """
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ def _candidates(w: torch.Tensor) -> dict:
     # the kernel computes (q - 8) * scale + zero per group: the group's minimum is zero - 8 * scale
     sz = torch.stack([s4, lo + 8 * s4], -1).transpose(0, 1).contiguous()
     return {
+        **_parley(w),
         "fp32": (n * k * 4, lambda x: torch.mm(w, x.t()).t()),
         "bf16": (n * k * 2, lambda x: F.linear(x.to(torch.bfloat16), wb)),
         "int8-bf16": (n * k + n * 2, lambda x: torch._weight_int8pack_mm(x.to(torch.bfloat16), q8,
@@ -50,6 +53,27 @@ def _candidates(w: torch.Tensor) -> dict:
         "int4-g32-bf16": (n * k // 2 + n * k // 8, lambda x: torch._weight_int4pack_mm_for_cpu(
             x.to(torch.bfloat16), packed, 32, sz.to(torch.bfloat16))),
         "int4-g32-fp32": (n * k // 2 + n * k // 8, lambda x: torch._weight_int4pack_mm_for_cpu(x, packed, 32, sz)),
+    }
+
+
+def _parley(w: torch.Tensor) -> dict:
+    """Parley's block kernels, where they build here."""
+    from engine.quant.block_codes import pack_nibbles, requantize
+    from engine.quant.from_float import _min_max_4bit
+    from kernels.cpu_native import cpu_kernel
+    from kernels.cpu_qgemm import qgemm
+
+    if cpu_kernel() is None:
+        return {}
+    n, k = w.shape
+    c8 = requantize(w.numpy())
+    codes8, s8 = torch.from_numpy(c8.codes), torch.from_numpy(c8.scale).half()
+    c4 = _min_max_4bit(w)
+    codes4 = torch.from_numpy(pack_nibbles(c4.codes))
+    s4, o4 = torch.from_numpy(c4.scale).half(), torch.from_numpy(c4.offset).half()
+    return {
+        "parley-q8": (n * k + n * k // 16, lambda x: qgemm(x, codes8, s8, None, 8, 32, 128)),
+        "parley-q4": (n * k // 2 + n * k // 8, lambda x: qgemm(x, codes4, s4, o4, 4, 32, 0)),
     }
 
 
@@ -69,6 +93,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the candidates")
+    ap.add_argument("--impls", nargs="+", default=None, help="candidates to time (default: all; fp32 always)")
     args = ap.parse_args()
     print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
                       "isa": torch.backends.cpu.get_cpu_capability()}))
@@ -76,7 +101,8 @@ def main() -> None:
     for shape in args.shapes:
         for gemm, k, n in SHAPES[shape]:
             w = torch.randn(n, k) * 0.02
-            cands = _candidates(w)
+            cands = {name: c for name, c in _candidates(w).items()
+                     if args.impls is None or name == "fp32" or name in args.impls}
             for rows in args.rows:
                 x = torch.randn(rows, k)
                 ref = cands["fp32"][1](x)
