@@ -51,19 +51,35 @@ def kernel_dir() -> Path:
     return Path(platformdirs.user_cache_dir("Parley", appauthor=False)) / "kernels"
 
 
-@lru_cache(maxsize=1)
 def cpu_kernel() -> CpuKernel | None:
-    """The built library, or None where it cannot run here (see the module's note)."""
+    """The built library, or None where it cannot run here (see the module's note and `missing_reason`)."""
+    return _load()[0]
+
+
+def missing_reason() -> str | None:
+    """Why there is no library on this x86-64 machine, in a few words for a notice; None when it is there, switched
+    off, or not meant for this CPU."""
+    return _load()[1]
+
+
+@lru_cache(maxsize=1)
+def _load() -> tuple[CpuKernel | None, str | None]:
     if os.environ.get(DISABLE_ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None
+        return None, None  # switched off, or a CPU they are not written for (Apple's runs MLX): nothing to say
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
-        return None
+        return None, "no C compiler was found (install gcc to build them)"
     try:
         path = _build(compiler)
-        return bind(ctypes.CDLL(str(path)), path)  # after torch: its libgomp serves both (one thread pool)
-    except (OSError, subprocess.SubprocessError, AttributeError):
-        return None
+        return bind(ctypes.CDLL(str(path)), path), None  # after torch: its libgomp serves both (one thread pool)
+    except subprocess.CalledProcessError as exc:
+        first = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[:1]
+        return None, f"{compiler} could not build them ({first[0] if first else 'no message'})"
+    except (OSError, subprocess.SubprocessError, AttributeError) as exc:
+        return None, f"they could not be built or loaded ({exc})"
+
+
+cpu_kernel.cache_clear = _load.cache_clear  # tests switch the library off and on
 
 
 def bind(lib: ctypes.CDLL, path: Path | None) -> CpuKernel:

@@ -198,6 +198,11 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     tok = tokenizer_from_gguf(gf.metadata)
     weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
                                 device=options.device)
+    if options.quantized and options.device == "cpu" and notices is not None:
+        from kernels.cpu_native import missing_reason
+
+        if (reason := missing_reason()) is not None:
+            notices.append(f"Parley's CPU kernels are not available: {reason}; torch's slower kernels run instead.")
     return args, weights, tok
 
 

@@ -143,3 +143,20 @@ def test_kernel_off_by_environment(monkeypatch):
     finally:
         monkeypatch.delenv(cpu_native.DISABLE_ENV)
         cpu_native.cpu_kernel.cache_clear()
+
+
+def test_missing_compiler_is_a_notice_and_torch_kernels_serve(monkeypatch, tiny_models_q8):
+    """No C compiler on an x86-64 machine: the model loads on torch's formats with one line saying why."""
+    from engine.loading.loader import LoadOptions, load_model
+
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setattr(cpu_native.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", "/nonexistent-parley-cache")
+    cpu_native.cpu_kernel.cache_clear()
+    try:
+        lm = load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
+        assert "blocks" not in lm.quantization()
+        assert any("CPU kernels are not available" in n and "no C compiler" in n for n in lm.notices), lm.notices
+    finally:
+        cpu_native.cpu_kernel.cache_clear()
