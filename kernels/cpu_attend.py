@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_native import cpu_kernel
+from kernels import cpu_native
 
 
 def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, keys: torch.Tensor, table: torch.Tensor,
@@ -12,12 +12,8 @@ def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, key
     """For each table entry (query row, offset, count): out[row] = softmax(scale · q[row] · kᵀ) · v over the cache rows
     keys[offset : offset + count]. q, out (T, H, D) fp32; k_rows, v_rows (rows, Hkv, D) fp32; keys int64; table
     (S, 3) int64. `impl` "auto"/"native" runs the C kernel, "reference" torch."""
-    if impl not in ("auto", "native", "reference"):
-        raise ValueError(f"impl must be auto, native or reference, not {impl!r}")
-    kernel = cpu_kernel() if impl != "reference" else None
+    kernel = cpu_native.chosen(impl)
     if kernel is None:
-        if impl == "native":
-            raise RuntimeError("the CPU kernel is not available on this machine")
         attend_rows_reference(q, k_rows, v_rows, keys, table, scale, out)
         return
     for t in (q, k_rows, v_rows, out):

@@ -82,6 +82,16 @@ def _load() -> tuple[CpuKernel | None, str | None]:
 cpu_kernel.cache_clear = _load.cache_clear  # tests switch the library off and on
 
 
+def chosen(impl: str) -> CpuKernel | None:
+    """The library for a kernel's `impl`: "auto" it where built, "native" it or an error, "reference" None."""
+    if impl not in ("auto", "native", "reference"):
+        raise ValueError(f"impl must be auto, native or reference, not {impl!r}")
+    kernel = cpu_kernel() if impl != "reference" else None
+    if kernel is None and impl == "native":
+        raise RuntimeError("the CPU kernel is not available on this machine")
+    return kernel
+
+
 def bind(lib: ctypes.CDLL, path: Path | None) -> CpuKernel:
     for name, (res, args) in SIGNATURES.items():
         fn = getattr(lib, name)
@@ -95,7 +105,7 @@ def build_command(compiler: str, out: str | Path, flags=FLAGS) -> list[str]:
 
 def _build(compiler: str) -> Path:
     version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
-    text = b"".join(p.name.encode() + p.read_bytes() for p in sources())
+    text = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))  # headers too
     key = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
     out_dir = kernel_dir()
     path = out_dir / f"parley-cpu-{key}.so"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels.cpu_native import cpu_kernel
+from kernels import cpu_native
 
 QB = 32  # activation block
 
@@ -13,12 +13,8 @@ def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: t
           group: int, zero: int, *, impl: str = "auto") -> torch.Tensor:
     """x (R, K) @ Wᵀ -> (R, N) fp32 for W in block codes (engine/quant/block_codes.py): codes (N, K·bits/8) uint8,
     scales and offsets (N, K/group) fp16. `impl` "auto"/"native" runs the C kernel, "reference" plain PyTorch."""
-    if impl not in ("auto", "native", "reference"):
-        raise ValueError(f"impl must be auto, native or reference, not {impl!r}")
-    kernel = cpu_kernel() if impl != "reference" else None
+    kernel = cpu_native.chosen(impl)
     if kernel is None:
-        if impl == "native":
-            raise RuntimeError("the CPU kernel is not available on this machine")
         return qgemm_reference(x, codes, scales, offsets, bits, group, zero)
     x = x.float().contiguous()
     r, k = x.shape

@@ -6,17 +6,7 @@
 #include <math.h>
 #include <immintrin.h>
 
-static inline float dot(const float *a, const float *b, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float t = _mm_cvtss_f32(s);
-    for (; i < n; i++) t += a[i] * b[i];
-    return t;
-}
+#include "simd.h"
 
 /* out += p·v, eight lanes at a time (the same lanes for every row: the order never depends on the batch). */
 static inline void axpy(float *out, float p, const float *v, int n) {
@@ -52,7 +42,7 @@ int parley_attend_rows(const float *q, const float *kc, const float *vc, const i
             float *oh = out + (row * H + h) * D;
             float m = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
-                p[j] = scale * dot(qh, kc + (keys[at + j] * Hkv + kvh) * D, D);
+                p[j] = scale * dot_f32(qh, kc + (keys[at + j] * Hkv + kvh) * D, D);
                 m = p[j] > m ? p[j] : m;
             }
             float sum = 0.0f;

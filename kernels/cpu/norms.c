@@ -4,20 +4,9 @@
 #include <math.h>
 #include <immintrin.h>
 
-static inline float sum_squares(const float *x, int d) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= d; i += 8) {
-        __m256 v = _mm256_loadu_ps(x + i);
-        acc = _mm256_fmadd_ps(v, v, acc);
-    }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float t = _mm_cvtss_f32(s);
-    for (; i < d; i++) t += x[i] * x[i];
-    return t;
-}
+#include "simd.h"
+
+static inline float sum_squares(const float *x, int d) { return dot_f32(x, x, d); }
 
 /* out = (x · rsqrt(mean(x²) + eps)) · w, as torch's RMSNorm rounds it: two products. */
 static inline void norm_row(const float *x, const float *w, float eps, int d, float *out) {

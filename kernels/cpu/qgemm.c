@@ -14,6 +14,8 @@
 #include <math.h>
 #include <immintrin.h>
 
+#include "simd.h"
+
 #define QB 32   /* activation block */
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
@@ -52,13 +54,6 @@ static inline __m256i dot4(__m256i c, __m256i u, __m256i a, int wide) {
 #define WIDE_SHIFT 128
 #endif
 
-static inline float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* The scales of block b as eight lanes: each lane covers 4 weights, so a group of 16 owns four lanes. */
 static inline __m256 block_scales(const uint16_t *s, int group, int64_t b) {
     if (group == 32)
@@ -84,15 +79,6 @@ static inline void halves_to_f32(float *out, const uint16_t *h, int64_t n, float
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(out + i, _mm256_mul_ps(kv, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i)))));
     for (; i < n; i++) out[i] = k * h2f(h[i]);
-}
-
-static inline float dot_f32(const float *p, const float *q, int64_t n) {
-    __m256 acc = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(p + i), _mm256_loadu_ps(q + i), acc);
-    float tail = 0.0f;
-    for (; i < n; i++) tail += p[i] * q[i];
-    return hsum(acc) + tail;
 }
 
 /* One block (32 weights) of NR rows: acc[i] += Σ u·a · s·d, eight lanes. */
@@ -157,7 +143,7 @@ static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0
     if (b < nb)  /* an odd last block: the first half of its chunk */
         block8(tail, NR, load_codes(w, bits, (int)b), block_scales(s, group, b), a, dl, wide);
     for (int i = 0; i < NR; i++)
-        y[(r0 + i) * ystride] = _mm512_reduce_add_ps(acc[i]) + hsum(tail[i])
+        y[(r0 + i) * ystride] = _mm512_reduce_add_ps(acc[i]) + hsum8(tail[i])
             + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
 }
 #else
@@ -174,7 +160,7 @@ static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0
                x->dl + at * 16 + half * 8, wide);
     }
     for (int i = 0; i < NR; i++)
-        y[(r0 + i) * ystride] = hsum(acc[i]) + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
+        y[(r0 + i) * ystride] = hsum8(acc[i]) + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
 }
 #endif
 
