@@ -79,8 +79,6 @@ def _load() -> tuple[CpuKernel | None, str | None]:
         return None, f"they could not be built or loaded ({exc})"
 
 
-cpu_kernel.cache_clear = _load.cache_clear  # tests switch the library off and on
-
 
 def chosen(impl: str) -> CpuKernel | None:
     """The library for a kernel's `impl`: "auto" it where built, "native" it or an error, "reference" None."""

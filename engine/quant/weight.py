@@ -61,8 +61,9 @@ class QuantTensor(nn.Module):
             from kernels.cpu_qgemm import qgemm
 
             lay = self.code_layout
+            # native: a blocks matrix exists only where the library built; never the float64 reference at run time
             y = qgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, getattr(self, "offsets", None), lay.bits,
-                      lay.group, max(lay.zero, 0))
+                      lay.group, max(lay.zero, 0), impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":

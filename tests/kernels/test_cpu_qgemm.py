@@ -137,26 +137,21 @@ def test_reference_runs_without_the_kernel(monkeypatch):
 
 def test_kernel_off_by_environment(monkeypatch):
     monkeypatch.setenv(cpu_native.DISABLE_ENV, "0")
-    cpu_native.cpu_kernel.cache_clear()
-    try:
-        assert cpu_kernel() is None
-    finally:
-        monkeypatch.delenv(cpu_native.DISABLE_ENV)
-        cpu_native.cpu_kernel.cache_clear()
+    assert cpu_native._load.__wrapped__() == (None, None)  # the process's own library is left alone
 
 
 def test_missing_compiler_is_a_notice_and_torch_kernels_serve(monkeypatch, tiny_models_q8):
     """No C compiler on an x86-64 machine: the model loads on torch's formats with one line saying why."""
     from engine.loading.loader import LoadOptions, load_model
+    from engine.quant import weight
 
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setattr(cpu_native.shutil, "which", lambda name: None)
     monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
-    monkeypatch.setenv("PARLEY_KERNEL_CACHE", "/nonexistent-parley-cache")
-    cpu_native.cpu_kernel.cache_clear()
-    try:
-        lm = load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
-        assert "blocks" not in lm.quantization()
-        assert any("CPU kernels are not available" in n and "no C compiler" in n for n in lm.notices), lm.notices
-    finally:
-        cpu_native.cpu_kernel.cache_clear()
+    kernel, reason = cpu_native._load.__wrapped__()  # what a machine without a compiler finds
+    assert kernel is None and "no C compiler" in reason
+    monkeypatch.setattr(weight, "blocks_available", lambda: False)
+    monkeypatch.setattr(cpu_native, "missing_reason", lambda: reason)
+    lm = load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
+    assert "blocks" not in lm.quantization()
+    assert any("CPU kernels are not available" in n and "no C compiler" in n for n in lm.notices), lm.notices
