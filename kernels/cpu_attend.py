@@ -27,10 +27,18 @@ def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, key
         raise MemoryError("no memory for the attention scores")
 
 
+def attention_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row over keys it all sees (a decode step, a verify row): q (1, H, D), k/v (Tk, Hkv, D) -> (1, H, D).
+    Two batched matmuls and a softmax, 2.5× faster on the CPU than SDPA's GQA path at this size; every one-row
+    attention goes through here, so a verify row computes exactly what a one-token step does."""
+    hkv, d = k.shape[1], k.shape[2]
+    qg = q.reshape(hkv, -1, d)  # the query heads sharing each KV head (H = Hkv · G, grouped as in enable_gqa)
+    scores = torch.bmm(qg, k.permute(1, 2, 0)) * scale
+    return torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)).reshape(q.shape)
+
+
 def attend_rows_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, keys: torch.Tensor,
                           table: torch.Tensor, scale: float, out: torch.Tensor) -> None:
-    from engine.cache.base import attention_row
-
     for row, at, n in table.tolist():
         idx = keys[at:at + n]
         out[row:row + 1] = attention_row(q[row:row + 1], k_rows.index_select(0, idx), v_rows.index_select(0, idx),

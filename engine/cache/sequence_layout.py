@@ -11,9 +11,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.base import KVCache, attention, attention_row, visible
+from engine.cache.base import KVCache, attention, visible
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
+from kernels.cpu_attend import attention_row
 
 MIN_ROWS = 16
 ATTENTION_IMPLS = ("auto", "reference", "triton")  # "auto": the loop on CPU, the Triton kernels on CUDA

@@ -262,8 +262,35 @@ def test_fuzzed_headers_end_in_a_clean_error_or_a_load(llama, tmp_path, mutation
     result = load_bounded(layout.write(tmp_path / "fuzz.gguf"))
     kind = mutation[0]
     changed_layout = kind.startswith("tensor") and layout.tensors != llama.tensors
-    if changed_layout and not isinstance(result, ParleyError):
+    if changed_layout and not isinstance(result, ParleyError) and not _a_writer_could_have_made(llama, mutation):
         raise AssertionError(f"a changed tensor table loaded silently: {mutation}")
+
+
+def _a_writer_could_have_made(layout: Layout, mutation, alignment: int = 32) -> bool:
+    """A type change that leaves every tensor where a GGUF writer would have put it (e.g. an 8-value F32 tensor read
+    as F16: 16 bytes in its 32-byte aligned slot) makes a valid file, indistinguishable from one written that way."""
+    import gguf
+
+    kind, a, b = mutation
+    if kind != "tensor_type":
+        return False
+    t = layout.tensors[a % len(layout.tensors)]
+    try:
+        new, old = gguf.GGMLQuantizationType(b % 40), gguf.GGMLQuantizationType(t.type_id)
+    except ValueError:
+        return False
+
+    def slot(qtype) -> int | None:
+        block, size = gguf.GGML_QUANT_SIZES[qtype]
+        count = 1
+        for d in t.dims:
+            count *= d
+        if count % block:
+            return None
+        nbytes = count // block * size
+        return -(-nbytes // alignment) * alignment
+
+    return slot(new) is not None and slot(new) == slot(old)
 
 
 # -- item 14: names from the file never reach a terminal raw
