@@ -90,6 +90,7 @@ static inline __attribute__((always_inline)) void block8(__m256 *acc, const int 
     }
 }
 
+/* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8  /* rows held in registers against one weight chunk (32 vector registers) */
 

@@ -92,24 +92,27 @@ def test_kernel_matches_reference_and_rows_are_independent(lay, k):
     _check_against_reference(run, lay, k)
 
 
-def build_for(tmp_path, march: str) -> cpu_native.CpuKernel:
+def build_for(tmp_path, march: str, extra: tuple[str, ...] = ()) -> cpu_native.CpuKernel:
     """The library built for another -march (what a CPU of that kind builds), bound like the real one."""
-    out = tmp_path / f"parley-cpu-{march}.so"
-    flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS]
+    out = tmp_path / f"parley-cpu-{march}{''.join(extra)}.so"
+    flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS] + list(extra)
     if subprocess.run(cpu_native.build_command("cc", out, flags), capture_output=True).returncode != 0:
         pytest.skip(f"cc cannot build for {march}")
     return cpu_native.bind(ctypes.CDLL(str(out)), out)
 
 
 @needs_kernel
-@pytest.mark.parametrize("march, isa", [("x86-64-v3", "avx2"), ("icelake-server", "avx512-vnni")])
+@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
+                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
+                         ids=["avx2", "avx512", "vnni-256"])
 @pytest.mark.parametrize("lay", LAYOUTS, ids=str)
-def test_each_instruction_set_path(tmp_path, lay, march, isa):
-    """The AVX2 fallback (what a CPU without VNNI runs) and the AVX-512 path, where this CPU can run them."""
+def test_each_instruction_set_path(tmp_path, lay, march, extra, isa):
+    """The AVX2 fallback (a CPU without VNNI), the AVX-512 tile and the 256-bit VNNI tile (an AVX-VNNI CPU's),
+    where this CPU can run them."""
     flags = open("/proc/cpuinfo").read()
     if isa == "avx512-vnni" and "avx512_vnni" not in flags:
         pytest.skip("this CPU has no AVX-512 VNNI")
-    lib = build_for(tmp_path, march).lib
+    lib = build_for(tmp_path, march, extra).lib
     assert lib.parley_qgemm_isa().decode() == isa
 
     def run(x, codes, scales, offsets, lay):
