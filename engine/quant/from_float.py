@@ -30,13 +30,21 @@ def quantize_matrix(w: torch.Tensor, scheme: str) -> QuantTensor:
 
 
 def _int4_groups(w: torch.Tensor) -> Int4Groups:
+    codes, scale, lo = _min_max_groups(w, torch.float32)
+    # w ≈ (q - 8) * scale + zero with zero = lo + 8 * scale
+    return Int4Groups(codes.numpy(), scale.numpy().astype(np.float32), (lo + 8 * scale).numpy().astype(np.float32))
+
+
+def _min_max_groups(w: torch.Tensor, held: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """4-bit min–max groups of 32: codes (n, k) uint8, scale and minimum (n, k/32) as `held` rounds them (the codes
+    are taken against those rounded values)."""
     n, k = w.shape
     g = w.reshape(n, k // GROUP, GROUP)
     lo, hi = g.amin(-1), g.amax(-1)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    scale = ((hi - lo) / 15).clamp_min(1e-12).to(held).float()
+    lo = lo.to(held).float()
     codes = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
-    # w ≈ (q - 8) * scale + zero with zero = lo + 8 * scale
-    return Int4Groups(codes.numpy(), scale.numpy().astype(np.float32), (lo + 8 * scale).numpy().astype(np.float32))
+    return codes, scale, lo
 
 
 def _blocks(w: torch.Tensor, scheme: str) -> QuantTensor:
@@ -52,10 +60,5 @@ def _blocks(w: torch.Tensor, scheme: str) -> QuantTensor:
 
 
 def _min_max_4bit(w: torch.Tensor) -> Codes:
-    n, k = w.shape
-    g = w.reshape(n, k // GROUP, GROUP)
-    lo, hi = g.amin(-1), g.amax(-1)
-    scale = ((hi - lo) / 15).clamp_min(1e-12).half().float()  # held in fp16: codes against the rounded scale
-    lo = lo.half().float()
-    codes = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
+    codes, scale, lo = _min_max_groups(w, torch.float16)  # the blocks format holds fp16 scales and offsets
     return Codes(codes.numpy(), scale.numpy(), lo.numpy())
