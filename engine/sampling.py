@@ -120,7 +120,7 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
     penalties change the logits). `positions`: where each id goes in its context (default: after its history)."""
     penalised = penalise(logits, states, histories)
     if argmax is None or penalised is not logits:
-        argmax = penalised.argmax(dim=-1)
+        argmax = _argmax(penalised)
     logits = penalised
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
@@ -142,7 +142,16 @@ def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tenso
 def draw(probs: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
     """One id per row of `probs` (unnormalised weights will do), with its state's noise for its position."""
     noise = torch.stack([s.noise(p, probs[0]) for s, p in zip(states, positions)])
-    return (probs / noise).argmax(dim=-1)  # exponential race: an exact draw from `probs`
+    return _argmax(probs / noise)  # exponential race: an exact draw from `probs`
+
+
+def _argmax(rows: torch.Tensor) -> torch.Tensor:
+    """Each row's first index of its maximum; on the CPU the library's vector argmax where built (torch's is scalar)."""
+    if rows.is_cuda:
+        return rows.argmax(dim=-1)
+    from kernels.argmax import argmax_rows
+
+    return argmax_rows(rows, impl="auto")
 
 
 def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:

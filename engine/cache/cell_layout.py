@@ -117,11 +117,19 @@ class CellKVCache(KVCache):
         mask[~covered, 0] = True  # keeps softmax finite; these rows are zeroed after attention
         return mask.to(self.device), covered[:, None, None].to(self.device)
 
-    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """A CPU library call may write an fp32 cache itself (kernels/cpu_rope.py); the GPU's pool is written here."""
+        if self.device.type != "cpu" or self.k[layer_id].dtype != torch.float32:
+            return None
+        return self.k[layer_id], self.v[layer_id], self._step["write"]
+
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
+               scale: float) -> torch.Tensor:
         write, used = self._step["write"], self._step["used"]
         mask, covered = self._step[self.windows[layer_id]]
-        self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
-        self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
+        if k is not None:  # None: the caller wrote them (direct_write)
+            self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
+            self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
         keys = self.k[layer_id][:used].to(q.dtype)
         values = self.v[layer_id][:used].to(q.dtype)
         out = attention(q, keys, values, mask, scale)

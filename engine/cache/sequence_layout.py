@@ -145,8 +145,11 @@ class SequenceKVCache(RingedLayout, KVCache):
         self._plan = plan
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        if not self.uses_kernels:  # the loop's plan: a CPU library call may write an fp32 cache (kernels/cpu_rope.py)
+            fp32 = self.device.type == "cpu" and self.k[layer_id].dtype == torch.float32
+            return (self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]][0]) if fp32 else None
         p = self._plan
-        if p is None or not self.uses_kernels:
+        if p is None:
             return None
         return self.k[layer_id], self.v[layer_id], p.layer_slots[layer_id]
 
@@ -162,8 +165,9 @@ class SequenceKVCache(RingedLayout, KVCache):
         write, segments, rows = self._step[self.windows[layer_id]]
         kf = self.k[layer_id].view(-1, self.kv_heads, self.head_dim)
         vf = self.v[layer_id].view(-1, self.kv_heads, self.head_dim)
-        kf.index_copy_(0, write, k.to(kf.dtype))
-        vf.index_copy_(0, write, v.to(vf.dtype))
+        if k is not None:  # None: the caller wrote them (direct_write)
+            kf.index_copy_(0, write, k.to(kf.dtype))
+            vf.index_copy_(0, write, v.to(vf.dtype))
         out = q.new_zeros(q.shape)  # rows that no segment covers stay zero
         window = self.windows[layer_id]
         if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place

@@ -213,6 +213,7 @@ def _fused_quantized(parts: list) -> QuantLinear | None:
 
 class GatedMLP(nn.Module):
     fused = False  # with fused gate/up on CUDA: act(gate) * up in one Triton launch
+    native = False  # on Parley's CPU kernels (blocks weights): act(gate) * up in one library call (kernels/cpu_act.py)
 
     def __init__(self, hidden: int, inter: int, act: str):
         super().__init__()
@@ -242,6 +243,10 @@ class GatedMLP(nn.Module):
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.native and self.act_kernel and gate.dtype == torch.float32 and x.dim() == 2:
+            from kernels.cpu_act import gated_act
+
+            return self.down_proj.partial_sums(gated_act(gate, up, self.act_kernel, impl="native"))
         return self.down_proj.partial_sums(self.act(gate) * up)
 
 
@@ -261,6 +266,7 @@ class Attention(nn.Module):
     """Projections, optional per-head q/k norms and rope; the cache owns K/V storage and the mask."""
 
     fused = False  # CUDA without torch.compile: q/k norm + rope in one Triton launch each
+    native = False  # on Parley's CPU kernels: q/k norms, rope and the K/V write in one library call (kernels/cpu_rope.py)
 
     def __init__(self, args: ModelArgs, layer_id: int, gemma_norm: bool = False):
         super().__init__()
@@ -298,6 +304,9 @@ class Attention(nn.Module):
             out = cache.attend(self.layer_id, q, None, None, self.scale)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
+        if self.native and x.dim() == 2 and q.dtype == torch.float32 and (stores := cache.direct_write(self.layer_id)):
+            out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale)
+            return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
         v = v.reshape(t, self.n_kv, self.head_dim)
@@ -315,6 +324,15 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
         return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
+
+    def _native_prologue(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
+                         stores) -> torch.Tensor:
+        from kernels.cpu_rope import qk_rope_write
+
+        qn, kn = self.q_norm, self.k_norm
+        cos, sin = rope.tables()
+        return qk_rope_write(q, k, v, qn.weight if qn else None, kn.weight if kn else None, qn.eps if qn else 0.0,
+                             cos, sin, stores[2], stores[0], stores[1], impl="native")
 
     def _fused_prologue(self, qkv: torch.Tensor, rope: RopeInputs, stores) -> torch.Tensor:
         from kernels.norms import qkv_rope_write
@@ -355,7 +373,7 @@ class CausalLM(nn.Module):
                     module.fuse_projections()
         native = not choice.fused and any(isinstance(m, QuantTensor) and m.format == "blocks" for m in self.modules())
         for module in self.modules():
-            if isinstance(module, RMSNorm):
+            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.native = native
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.fused = choice.fused

@@ -6,14 +6,6 @@
 
 #include "simd.h"
 
-static inline float sum_squares(const float *x, int d) { return dot_f32(x, x, d); }
-
-/* out = (x · rsqrt(mean(x²) + eps)) · w, as torch's RMSNorm rounds it: two products. */
-static inline void norm_row(const float *x, const float *w, float eps, int d, float *out) {
-    const float r = 1.0f / sqrtf(sum_squares(x, d) / (float)d + eps);
-    for (int i = 0; i < d; i++) out[i] = (x[i] * r) * w[i];
-}
-
 void parley_rms_norm(const float *x, int64_t rows, int d, const float *w, float eps, float *out) {
     for (int64_t r = 0; r < rows; r++) norm_row(x + r * d, w, eps, d, out + r * d);
 }

@@ -1,7 +1,8 @@
-/* Small vector helpers shared by Parley's CPU kernels. */
+/* Small vector and row helpers shared by Parley's CPU kernels. */
 #ifndef PARLEY_SIMD_H
 #define PARLEY_SIMD_H
 #include <stdint.h>
+#include <math.h>
 #include <immintrin.h>
 
 /* The sum of eight lanes, in a fixed order. */
@@ -20,5 +21,11 @@ static inline float dot_f32(const float *a, const float *b, int64_t n) {
     float tail = 0.0f;
     for (; i < n; i++) tail += a[i] * b[i];
     return hsum8(acc) + tail;
+}
+
+/* out = (x · rsqrt(mean(x²) + eps)) · w, as torch's RMSNorm rounds it: two products. */
+static inline void norm_row(const float *x, const float *w, float eps, int d, float *out) {
+    const float r = 1.0f / sqrtf(dot_f32(x, x, d) / (float)d + eps);
+    for (int i = 0; i < d; i++) out[i] = (x[i] * r) * w[i];
 }
 #endif
