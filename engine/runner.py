@@ -5,6 +5,7 @@ import torch
 
 from engine.cache import KVCache, SequenceKVCache
 from engine.cache.book import attention_segments
+from engine.cpu_tape import DecodeTapes
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.models.layers import CausalLM
 from engine.step import StepBatch
@@ -18,8 +19,10 @@ class ModelRunner:
     `prefers_lookahead`."""
 
     def __init__(self, model: CausalLM, cache: KVCache, max_sampled_rows: int, graphs: bool | None = None,
-                 compile_decode: bool = False, kernels: KernelChoice | None = None, step_advance: bool = True):
-        """`kernels`: None = `choose_kernels(cache.device, compile_decode=...)`, the engine's default."""
+                 compile_decode: bool = False, kernels: KernelChoice | None = None, step_advance: bool = True,
+                 tapes: bool | None = None):
+        """`kernels`: None = `choose_kernels(cache.device, compile_decode=...)`, the engine's default. `tapes`: replay
+        CPU decode steps (engine/cpu_tape.py); None = wherever the model and cache fit them."""
         self.model, self.cache = model, cache
         self.max_sampled_rows = max_sampled_rows
         self.peak_logit_elements = 0  # accounting: the largest logits tensor any step materialised
@@ -33,6 +36,9 @@ class ModelRunner:
             from engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.inputs, compile_model=compile_decode, step_advance=step_advance)
+        self.tapes = None
+        if tapes is not False and self.graphs is None and DecodeTapes.fits(model, cache):
+            self.tapes = DecodeTapes(model, cache)
 
     @property
     def prefers_lookahead(self) -> bool:
@@ -64,6 +70,8 @@ class ModelRunner:
         greedy = None
         if self.graphs is not None and self.graphs.accepts(batch):
             logits, greedy = self.graphs.run(batch)
+        elif self.tapes is not None and self.tapes.accepts(batch):
+            logits = self.tapes.run(batch)
         else:
             if self.inputs is not None:
                 self.inputs.prepare(num_segments=self._segment_bucket(batch))

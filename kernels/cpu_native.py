@@ -14,16 +14,19 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable, Iterator
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
-    "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _INT, _INT, _I64, _P, _INT]),
+    "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _INT, _INT, _I64, _P, _P, _INT]),
     "parley_attend_rows": (_INT, [_P, _P, _P, _P, _P, _I64, _INT, _INT, _INT, _F, _P, _INT]),
     "parley_rms_norm": (None, [_P, _I64, _INT, _P, _F, _P]),
     "parley_add_norm": (None, [_P, _P, _I64, _INT, _P, _P, _F, _P, _P, _P]),
@@ -54,9 +57,46 @@ def kernel_dir() -> Path:
     return Path(platformdirs.user_cache_dir("Parley", appauthor=False)) / "kernels"
 
 
+Call = tuple[Callable, tuple]  # a library function and its arguments, as `recording` notes them
+_thread = threading.local()  # the tape a `recording` block on this thread appends to
+
+
 def cpu_kernel() -> CpuKernel | None:
-    """The built library, or None where it cannot run here (see the module's note and `missing_reason`)."""
-    return _load()[0]
+    """The built library, or None where it cannot run here (see the module's note and `missing_reason`). Inside a
+    `recording` block on this thread, its calls are also noted."""
+    kernel = _load()[0]
+    tape = getattr(_thread, "tape", None)
+    if tape is None or kernel is None:
+        return kernel
+    return CpuKernel(_Recorder(kernel.lib, tape), kernel.isa, kernel.path)
+
+
+@contextmanager
+def recording(tape: list[Call]) -> Iterator[None]:
+    """Every library call this thread makes inside the block is made and appended to `tape` (engine/cpu_tape.py
+    replays them)."""
+    previous = getattr(_thread, "tape", None)
+    _thread.tape = tape
+    try:
+        yield
+    finally:
+        _thread.tape = previous
+
+
+class _Recorder:
+    """The library, seen through a recording: each function call is noted, then made."""
+
+    def __init__(self, lib: ctypes.CDLL, tape: list[Call]):
+        self._lib, self._tape = lib, tape
+
+    def __getattr__(self, name: str) -> Callable:
+        fn = getattr(self._lib, name)
+
+        def call(*args):
+            self._tape.append((fn, args))
+            return fn(*args)
+
+        return call
 
 
 def missing_reason() -> str | None:

@@ -10,12 +10,16 @@ QB = 32  # activation block
 
 
 def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,
-          group: int, zero: int, *, impl: str = "auto") -> torch.Tensor:
-    """x (R, K) @ Wᵀ -> (R, N) fp32 for W in block codes (engine/quant/block_codes.py): codes (N, K·bits/8) uint8,
-    scales and offsets (N, K/group) fp16. `impl` "auto"/"native" runs the C kernel, "reference" plain PyTorch."""
+          group: int, zero: int, bias: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in block codes (engine/quant/block_codes.py): codes
+    (N, K·bits/8) uint8, scales and offsets (N, K/group) fp16, bias (N,) fp32. `impl` "auto"/"native" runs the C
+    kernel, "reference" plain PyTorch."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        return qgemm_reference(x, codes, scales, offsets, bits, group, zero)
+        y = qgemm_reference(x, codes, scales, offsets, bits, group, zero)
+        return y if bias is None else y + bias.float()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        raise ValueError("qgemm takes a contiguous fp32 bias")
     x = x.float().contiguous()
     r, k = x.shape
     n = codes.shape[0]
@@ -24,7 +28,8 @@ def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: t
         return y
     rc = kernel.lib.parley_qgemm(x.data_ptr(), r, k, codes.data_ptr(), scales.data_ptr(),
                                  offsets.data_ptr() if offsets is not None else None, bits, group, zero, n,
-                                 y.data_ptr(), torch.get_num_threads())
+                                 bias.data_ptr() if bias is not None else None, y.data_ptr(),
+                                 torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"no memory for the activations of a {r} × {k} product")
     return y

@@ -120,14 +120,22 @@ class SequenceKVCache(RingedLayout, KVCache):
         for w in set(self.windows):
             write = (self._row(pos, w) * self.columns + col).to(dev)
             segments = [self._segment_plan(s, w) for s in self.segments]
-            plans[w] = (write, segments, one_row_plan(segments, w) if self._native_rows() else None)
+            plans[w] = (write, segments, one_row_plan(segments, w) if self.native_rows() else None)
         self._step = plans
 
-    def _native_rows(self) -> bool:
+    def native_rows(self) -> bool:
         """Whether one-row attention runs in the CPU library (fp32 cache on the CPU, the library built here)."""
         from kernels.cpu_native import cpu_kernel
 
         return self.device.type == "cpu" and self.config.torch_dtype == torch.float32 and cpu_kernel() is not None
+
+    def step_plan(self) -> dict:
+        """The loop's plan of the prepared step, per window: (write slots, segments, one-row (keys, table) or None)."""
+        return self._step
+
+    def set_step_plan(self, plan: dict) -> None:
+        """Attends this step with `plan`: the same step's plan held elsewhere (a CPU tape's fixed buffers)."""
+        self._step = plan
 
     def _segment_plan(self, s, window: int | None):
         """Gather indices of the keys this segment can see, in position order, and its mask; for a rowwise segment
@@ -168,14 +176,17 @@ class SequenceKVCache(RingedLayout, KVCache):
         if k is not None:  # None: the caller wrote them (direct_write)
             kf.index_copy_(0, write, k.to(kf.dtype))
             vf.index_copy_(0, write, v.to(vf.dtype))
-        out = q.new_zeros(q.shape)  # rows that no segment covers stay zero
         window = self.windows[layer_id]
         if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
             from kernels.cpu_attend import attend_rows
 
             keys, table = rows
+            # rows that no segment covers stay zero; a decode-only step's table names every row
+            out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
             attend_rows(q.contiguous(), kf, vf, keys, table, scale, out)
             segments = [s for s in segments if s[1] > 1 and s[3] is not None]
+        else:
+            out = q.new_zeros(q.shape)
         for q_start, q_len, gather, mask in segments:
             keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
             if q_len == 1:  # a decode row sees every key gathered (the window already cut them)

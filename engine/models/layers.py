@@ -71,6 +71,8 @@ class QuantLinear(nn.Module):
     split_k = 0  # > 1: partial_sums of a CUDA decode step returns this many K slices' partials (set by `prepare`)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.bias is not None and self.qweight.format == "blocks":  # the bias inside the library's call
+            return self.qweight(x, bias=self.bias).to(x.dtype)
         y = self.qweight(x).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
@@ -147,9 +149,10 @@ class RopeInputs:
     """One step's rotary inputs for a layer kind; the cos/sin tables are made on first use (the fused
     attention prologue rotates from positions and frequencies itself: no table launches on that path)."""
 
-    def __init__(self, rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype):
+    def __init__(self, rotary: Rotary, positions: torch.Tensor, dtype: torch.dtype,
+                 tables: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.rotary, self.positions, self.dtype = rotary, positions, dtype
-        self._tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._tables = tables  # given: made already (a CPU tape's fixed buffers)
 
     def tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._tables is None:
@@ -432,8 +435,16 @@ class CausalLM(nn.Module):
     ) -> torch.Tensor:
         """tokens/positions (T,), logit_rows (R,) -> fp32 logits (R, V) for the selected rows only
         (logit_rows None: every row, in order)."""
-        h, x = self._embed(tokens)
-        ropes = {kind: RopeInputs(rot, positions, h.dtype) for kind, rot in self.rotary.items()}
+        h, x = self.embed(tokens)
+        return self.forward_hidden(h, x, self.rope_inputs(positions, h.dtype), cache, logit_rows)
+
+    def rope_inputs(self, positions: torch.Tensor, dtype: torch.dtype) -> dict[str, RopeInputs]:
+        return {kind: RopeInputs(rot, positions, dtype) for kind, rot in self.rotary.items()}
+
+    def forward_hidden(self, h: torch.Tensor, x: torch.Tensor | None, ropes: dict[str, RopeInputs],
+                       cache: AttentionCache, logit_rows: torch.Tensor | None) -> torch.Tensor:
+        """`forward` from the embedded rows h (and the first block's input norm of them, or None) on: the blocks,
+        the final norm and the LM head (what a CPU tape records, engine/cpu_tape.py)."""
         layers = self.model.layers
         for i, layer in enumerate(layers):
             # each block ends with the next one's input norm (the last: the final norm), a row-wise op:
@@ -446,7 +457,7 @@ class CausalLM(nn.Module):
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def _embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""
         first = self.model.layers[0].input_layernorm
         dense = isinstance(self.model.embed_tokens, nn.Embedding)

@@ -54,7 +54,11 @@ class QuantTensor(nn.Module):
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
-    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ Wᵀ; `bias` (N,), where given, is added in fp32 before any cast (blocks: inside the product's call)."""
+        if bias is not None and self.format != "blocks":
+            return (self(x, torch.float32) + bias.float()).to(out_dtype or (x.dtype if x.is_cuda else torch.float32))
         if x.is_cuda:
             return self._cuda_product(x, out_dtype or x.dtype)
         if self.format == "blocks":
@@ -63,7 +67,7 @@ class QuantTensor(nn.Module):
             lay = self.code_layout
             # native: a blocks matrix exists only where the library built; never the float64 reference at run time
             y = qgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, getattr(self, "offsets", None), lay.bits,
-                      lay.group, max(lay.zero, 0), impl="native")
+                      lay.group, max(lay.zero, 0), bias, impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":

@@ -196,10 +196,12 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_
     }
 }
 
-/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ. codes (N, K·bits/8) uint8; scales, offsets (N, K/group) fp16 (offsets NULL:
-   symmetric around `zero`). K a multiple of 32. Returns 0, or -1 when scratch could not be allocated. */
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8; scales, offsets
+   (N, K/group) fp16 (offsets NULL: symmetric around `zero`). K a multiple of 32. Returns 0, or -1 when scratch could
+   not be allocated. */
 int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales,
-                 const uint16_t *offsets, int bits, int group, int zero, int64_t N, float *y, int threads) {
+                 const uint16_t *offsets, int bits, int group, int zero, int64_t N, const float *bias, float *y,
+                 int threads) {
     const int64_t ng = K / group, row_bytes = K * bits / 8;
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
@@ -245,6 +247,8 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
                 case 1: tile(&acts, r0, 1, w, s, of, bits, group, wide, y + n, N); break;
                 default: break;
             }
+            if (bias)  /* after the sum, as torch's y + b rounds it */
+                for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
         }
         free(of);
     }

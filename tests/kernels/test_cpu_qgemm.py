@@ -92,6 +92,16 @@ def test_kernel_matches_reference_and_rows_are_independent(lay, k):
     _check_against_reference(run, lay, k)
 
 
+@needs_kernel
+def test_bias_is_added_as_torch_adds_it():
+    lay = LAYOUTS[0]
+    codes, scales, offsets = _weights(lay, 40, 96, seed=4)
+    x, bias = torch.randn(3, 96), torch.randn(40)
+    plain = qgemm(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), impl="native")
+    got = qgemm(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), bias, impl="native")
+    assert torch.equal(got, plain + bias)
+
+
 def build_for(tmp_path, march: str, extra: tuple[str, ...] = ()) -> cpu_native.CpuKernel:
     """The library built for another -march (what a CPU of that kind builds), bound like the real one."""
     out = tmp_path / f"parley-cpu-{march}{''.join(extra)}.so"
@@ -120,7 +130,7 @@ def test_each_instruction_set_path(tmp_path, lay, march, extra, isa):
         y = torch.empty(x.shape[0], codes.shape[0])
         rc = lib.parley_qgemm(x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr(),
                               offsets.data_ptr() if offsets is not None else None, lay.bits, lay.group,
-                              max(lay.zero, 0), codes.shape[0], y.data_ptr(), 2)
+                              max(lay.zero, 0), codes.shape[0], None, y.data_ptr(), 2)
         assert rc == 0
         return y
 

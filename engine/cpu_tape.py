@@ -1,0 +1,163 @@
+"""CPU decode tapes: a decode step's library calls, recorded once per row count and replayed (the CPU's CUDA graphs).
+
+On Parley's CPU kernels (weights in the blocks format, an fp32 `sequence` cache), every op of a decode step from the
+embedded rows to the logits is a call into the library (kernels/cpu_native.py): the products, norms, the attention
+prologue and one-row attention, the MLP activation. Their Python and torch dispatch cost a quarter of a step of the
+embedded model. A tape notes those calls (function and arguments) the first time a decode step of R rows runs, over
+inputs held at fixed addresses (the embedded rows, rotary tables and the cache's plan, copied in each step), and
+replays them after: no Python per layer.
+
+Recording is checked, never assumed: the step runs under a dispatch mode that sees every torch op; any op that
+computes (rather than allocating or viewing) means the forward did work a replay would skip, and this model takes no
+tapes (its steps stay eager). Every tensor allocated while recording is kept by the tape, so no argument points at
+freed memory; a K/V storage that moved (regrown) or another thread count drops the tapes.
+
+A replay makes exactly the calls of an eager step, in order, on the same rows: greedy output is bit-identical
+(tests/engine/test_cpu_tape.py), and batched == alone holds as it does eagerly.
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.cache import SequenceKVCache
+from engine.models.layers import CausalLM, RopeInputs
+from engine.step import StepBatch
+from kernels import cpu_native
+
+MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, the products dwarf the Python)
+MAX_TAPES = 4  # tapes kept, the least recently replayed dropped first: each holds its step's logits
+# ops that only allocate or view: a step whose recording runs nothing else has all of its work in the library
+_FREE_OPS = frozenset({
+    "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "view", "_unsafe_view", "reshape",
+    "split", "split_with_sizes", "chunk", "slice", "select", "alias", "as_strided", "t", "transpose", "permute",
+    "unsqueeze", "squeeze", "expand", "narrow", "detach", "unbind",
+})
+
+
+class _Watch(TorchDispatchMode):
+    """Notes the torch ops run inside it that compute, and keeps every tensor they allocate alive."""
+
+    def __init__(self):
+        super().__init__()
+        self.computed: list[str] = []
+        self.allocated: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if args and out is args[0]:  # a conversion to what the tensor already is (`to`, `contiguous`): no work
+            return out
+        if name not in _FREE_OPS:
+            self.computed.append(name)
+        elif name.startswith(("empty", "new_empty")):
+            self.allocated.append(out)
+        return out
+
+
+class _Tape:
+    """One row count's recorded step: its calls, the tensors they point into, and its fixed inputs."""
+
+    def __init__(self, calls: list[cpu_native.Call], keep: list[torch.Tensor], inputs: dict, logits: torch.Tensor,
+                 key: tuple):
+        self.calls, self.keep, self.inputs, self.logits = calls, keep, inputs, logits
+        self.key = key  # `_key` when recorded: the K/V storage's addresses and the thread count
+
+    def replay(self) -> torch.Tensor:
+        for fn, args in self.calls:
+            if fn(*args):  # the library's functions return 0 (or nothing) on success, -1 without scratch memory
+                raise MemoryError("the CPU kernels could not allocate their scratch memory")
+        return self.logits
+
+
+class DecodeTapes:
+    """Records and replays decode steps of one model on one `sequence` cache (see the module's note)."""
+
+    def __init__(self, model: CausalLM, cache: SequenceKVCache):
+        self.model, self.cache = model, cache
+        self.tapes: dict[int, _Tape] = {}
+        self.refused: str | None = None  # why this model takes no tapes: the first computing op seen recording
+
+    @staticmethod
+    def fits(model: CausalLM, cache) -> bool:
+        """Whether a model and cache can run taped steps: an fp32 `sequence` cache on the CPU library, one-row
+        attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`)."""
+        return (isinstance(cache, SequenceKVCache) and not cache.uses_kernels and cache.native_rows()
+                and any(getattr(m, "native", False) for m in model.modules()))
+
+    def accepts(self, batch: StepBatch) -> bool:
+        """A decode-only step (one row per sequence, each sampled, in order) of at most MAX_ROWS rows."""
+        t = len(batch.tokens)
+        return (self.refused is None and 0 < t <= MAX_ROWS and len(batch.logit_rows) == t == len(batch.segments)
+                and batch.device_tokens is None and all(s.q_len == 1 for s in batch.segments)
+                and batch.logit_rows.tolist() == list(range(t)))
+
+    @torch.inference_mode()
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """The step's logits (R, V) fp32: a view of the tape's output, valid until the next step of R rows."""
+        cache, model = self.cache, self.model
+        cache.prepare_step()  # may regrow the storage: tapes recorded over the old one go
+        t, key = len(batch.tokens), _key(cache)
+        tape = self.tapes.pop(t, None)
+        if tape is not None and tape.key != key:
+            self.tapes.clear()
+            tape = None
+        if tape is not None:
+            self.tapes[t] = tape  # the most recently used last
+        h, x = model.embed(batch.tokens)
+        ropes = model.rope_inputs(batch.positions, h.dtype)
+        if tape is not None:
+            _fill(tape.inputs, h, ropes, cache)
+            return tape.replay()
+        if x is not None:  # a first norm fused into the embedding (CUDA only): nothing to record from
+            return model.forward_hidden(h, x, ropes, cache, None)
+        return self._record(t, h, ropes)
+
+    def _record(self, t: int, h: torch.Tensor, ropes: dict) -> torch.Tensor:
+        cache, model = self.cache, self.model
+        inputs = _static_inputs(t, h, ropes, cache)
+        _fill(inputs, h, ropes, cache)
+        cache.set_step_plan(inputs["plan"])
+        ropes = {kind: RopeInputs(r.rotary, r.positions, r.dtype, inputs["tables"][kind]) for kind, r in ropes.items()}
+        calls: list[cpu_native.Call] = []
+        with _Watch() as watch, cpu_native.recording(calls):
+            logits = model.forward_hidden(inputs["h"], None, ropes, cache, None)
+        if watch.computed:
+            self.refused = watch.computed[0]
+            self.tapes.clear()
+            return logits
+        while len(self.tapes) >= MAX_TAPES:
+            self.tapes.pop(next(iter(self.tapes)))
+        self.tapes[t] = _Tape(calls, watch.allocated, inputs, logits, _key(cache))
+        return logits
+
+
+def _key(cache: SequenceKVCache) -> tuple:
+    """What a tape's calls assume besides their own buffers: where the K/V storage is, how many threads multiply."""
+    return (torch.get_num_threads(), *(t.data_ptr() for t in cache.k), *(t.data_ptr() for t in cache.v))
+
+
+def _static_inputs(t: int, h: torch.Tensor, ropes: dict, cache: SequenceKVCache) -> dict:
+    """Buffers at fixed addresses for what changes from step to step: the embedded rows, each rotary kind's tables,
+    and per window the cache's write slots, key list (room for every row's longest view) and one-row table."""
+    plan = {}
+    for window, (write, segments, rows) in cache.step_plan().items():
+        keys, table = rows
+        room = t * min(window or cache.config.max_seq_len, cache.config.max_seq_len)
+        plan[window] = (torch.empty_like(write), segments, (torch.empty(room, dtype=keys.dtype),
+                                                            torch.empty_like(table)))
+    tables = {kind: tuple(torch.empty_like(x) for x in rope.tables()) for kind, rope in ropes.items()}
+    return {"h": torch.empty_like(h), "tables": tables, "plan": plan}
+
+
+def _fill(inputs: dict, h: torch.Tensor, ropes: dict, cache: SequenceKVCache) -> None:
+    """Copies this step's inputs into the tape's buffers."""
+    inputs["h"].copy_(h)
+    for kind, rope in ropes.items():
+        for static, x in zip(inputs["tables"][kind], rope.tables()):
+            static.copy_(x)
+    for window, (write, _, rows) in cache.step_plan().items():
+        s_write, _, (s_keys, s_table) = inputs["plan"][window]
+        s_write.copy_(write)
+        s_keys[: rows[0].shape[0]].copy_(rows[0])
+        s_table.copy_(rows[1])

@@ -1,0 +1,96 @@
+"""CPU decode tapes (engine/cpu_tape.py): replayed steps give exactly the eager steps' tokens, on every tiny
+architecture in the blocks format, as sessions come and go (new row counts), across a K/V storage that regrows; a
+model whose step computes outside the library is refused and stays eager."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.runs import RunConfig, make_batcher
+from engine import cpu_tape
+from engine.loading.loader import LoadOptions, load_model
+from engine.quant import weight
+from engine.sampling import SamplingParams
+from tests.support.engine_helpers import run_staggered
+from tests.support.tiny_models import ARCHS
+
+pytestmark = pytest.mark.skipif(not weight.blocks_available(), reason="the CPU kernel does not build here")
+
+
+@pytest.fixture(scope="module")
+def blocks_models(tiny_models_q4):
+    return {arch: load_model(tiny_models_q4[arch].gguf_path, LoadOptions(weights="quantized")) for arch in ARCHS}
+
+
+def _prompts(lm, lengths=(3, 11, 29, 40)):
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in lengths]
+
+
+def _run(lm, taped: bool, run: RunConfig, prompts, arrivals, params):
+    batcher = make_batcher(lm, len(prompts), run)
+    if taped:
+        assert batcher.runner.tapes is not None  # on by default on the library's kernels
+    else:
+        batcher.runner.tapes = None
+    return run_staggered(batcher, prompts, arrivals, params), batcher.runner.tapes
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_replayed_steps_equal_eager_steps(blocks_models, arch):
+    lm = blocks_models[arch]
+    prompts = _prompts(lm)
+    params = [SamplingParams(max_tokens=n) for n in (14, 6, 10, 12)]  # they end apart: row counts 4, 3, 2, 1
+    run = RunConfig(max_seq_len=128, step_tokens=16, chunk_tokens=8)
+    eager, _ = _run(lm, False, run, prompts, [0, 0, 2, 5], params)
+    taped, tapes = _run(lm, True, run, prompts, [0, 0, 2, 5], params)
+    assert taped == eager
+    assert tapes.refused is None and len(tapes.tapes) >= 2  # steps were recorded, for more than one row count
+
+
+def test_tapes_follow_a_regrown_storage(blocks_models, monkeypatch):
+    """The cache starts small and regrows mid-decode: the old tapes go, new ones record, the tokens stay."""
+    lm = blocks_models["llama"]
+    recorded = []
+    real = cpu_tape.DecodeTapes._record
+
+    def counting(self, t, h, ropes):
+        recorded.append(t)
+        return real(self, t, h, ropes)
+
+    monkeypatch.setattr(cpu_tape.DecodeTapes, "_record", counting)
+    prompts = _prompts(lm, (236,))
+    params = SamplingParams(max_tokens=40)
+    run = RunConfig(max_seq_len=1024)  # 256 rows a sequence at first: the decode crosses them and the storage doubles
+    eager, _ = _run(lm, False, run, prompts, [0], params)
+    taped, tapes = _run(lm, True, run, prompts, [0], params)
+    assert taped == eager
+    assert recorded.count(1) >= 2  # recorded again over the regrown storage
+
+
+def test_a_step_that_computes_outside_the_library_is_refused(blocks_models, monkeypatch):
+    lm = blocks_models["gemma3"]
+    prompts = _prompts(lm, (4, 9))
+    params = SamplingParams(max_tokens=8)
+    run = RunConfig(max_seq_len=64)
+    eager, _ = _run(lm, False, run, prompts, [0, 0], params)
+    real = type(lm.model).forward_hidden
+
+    def with_torch_op(self, h, x, ropes, cache, rows):
+        return real(self, h * 1.0, x, ropes, cache, rows)  # a multiply a replay would skip
+
+    monkeypatch.setattr(type(lm.model), "forward_hidden", with_torch_op)
+    taped, tapes = _run(lm, True, run, prompts, [0, 0], params)
+    assert taped == eager
+    assert tapes.refused == "mul" and not tapes.tapes
+
+
+def test_tapes_kept_are_bounded(blocks_models):
+    lm = blocks_models["qwen3"]
+    n = cpu_tape.MAX_TAPES + 2
+    prompts = _prompts(lm, tuple(range(3, 3 + n)))
+    params = [SamplingParams(max_tokens=2 + 2 * i) for i in range(n)]  # one session ends every other step
+    taped, tapes = _run(lm, True, RunConfig(max_seq_len=64), prompts, [0] * n, params)
+    eager, _ = _run(lm, False, RunConfig(max_seq_len=64), prompts, [0] * n, params)
+    assert taped == eager
+    assert len(tapes.tapes) == cpu_tape.MAX_TAPES
