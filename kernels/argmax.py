@@ -35,5 +35,6 @@ def _cpu_argmax(logits: torch.Tensor) -> torch.Tensor | None:
         return None
     logits = logits.contiguous()
     ids = torch.empty(logits.shape[0], dtype=torch.int64)
-    kernel.lib.parley_argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], ids.data_ptr())
+    kernel.lib.parley_argmax_rows(logits.data_ptr(), logits.shape[0], logits.shape[1], ids.data_ptr(),
+                                  torch.get_num_threads())
     return ids

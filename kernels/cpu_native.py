@@ -32,7 +32,7 @@ SIGNATURES = {  # name: (restype, argtypes)
     "parley_add_norm": (None, [_P, _P, _I64, _INT, _P, _P, _F, _P, _P, _P]),
     "parley_qk_rope_write": (None, [_P, _P, _P, _I64, _I64, _I64, _INT, _INT, _INT, _P, _P, _F, _P, _P, _P, _P, _P, _P]),
     "parley_gated_act": (None, [_P, _P, _I64, _I64, _I64, _INT, _P]),
-    "parley_argmax_rows": (None, [_P, _I64, _I64, _P]),
+    "parley_argmax_rows": (None, [_P, _I64, _I64, _P, _INT]),
     "parley_qgemm_isa": (ctypes.c_char_p, []),
 }
 
