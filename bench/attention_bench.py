@@ -103,7 +103,7 @@ def bench_case(seqs: int, ctx: int, layer: str, copy_bw: float, do_check: bool) 
         rec["check_rel_err"] = check(q, k0, v0, seq_info, window, ctx)
     _, block_m, block_n = plan_tiles(G=H // HKV, max_q_len=1, head_dim=D, interpret=False)
     span = min(ctx, WINDOW) if window else ctx
-    rec["num_splits"] = plan_splits(programs=seqs * HKV, span=span, device=q.device)
+    rec["num_splits"] = plan_splits(span=span, device=q.device)
     rec["block_m"], rec["block_n"] = block_m, block_n
     fns = [lambda k=k, v=v: sdpa_varlen(q, k, v, seq_info, impl="triton", **kw) for k, v in caches]
     t_graph = time_graph(fns)
@@ -206,7 +206,7 @@ def sweep_short(copy_bw: float) -> list[dict]:
                         out.append(rec)
         best = min((r for r in out if r["seqs"] == seqs and "us" in r), key=lambda r: r["us"])
         planned = [r for r in out if r["seqs"] == seqs and "us" in r and r["num_splits"] == plan_splits(
-            programs=seqs * HKV, span=bucket, device=q.device) and r["block_n"] == 64 and r["num_stages"] == 2]
+            span=bucket, device=q.device) and r["block_n"] == 64 and r["num_stages"] == 2]
         print(json.dumps({"sweep": "short-best", **best}), flush=True)
         print(json.dumps({"sweep": "short-planned", "rows": planned}), flush=True)
     return out

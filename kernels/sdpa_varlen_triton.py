@@ -6,12 +6,12 @@ tile is loaded once for the whole group. Lengths come from the device segment ta
 grid comes from host ints (S, max_q_len, max_kv_len), so one captured CUDA graph serves
 any mix of lengths. Split-K: the kv range of a tile is cut into NUM_SPLITS pieces on the
 device; each piece writes a normalised partial output and its log-sum-exp, and a second
-small kernel merges them.
+small kernel merges them, split by split in order. Planned splits start every KEYS_PER_SPLIT keys whatever the step
+holds (batch invariance); a forced `num_splits` divides each tile's keys evenly instead (tests, benchmarks).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -21,10 +21,11 @@ import triton.language as tl
 from kernels.pdl import launch_options, wait_for_previous
 
 LOG2E = 1.4426950408889634
-MIN_KEYS_PER_SPLIT = 128  # below this a split costs more in merge than it saves
-SHORT_SPAN = 512  # decode over at most this many keys is latency-bound: 32-key tiles, one per split
-SHORT_KEYS_PER_SPLIT = 32
-MAX_SPLITS = 128
+# Splits cut every row's keys at fixed boundaries, so a row's sums never depend on the rest of its step (the other
+# rows' lengths, how many segments there are): batched == alone, and a verify row equals the decode step at its
+# position. The tile width is fixed for the same reason.
+KEYS_PER_SPLIT = 256
+INTERPRET_KEYS_PER_SPLIT = 32  # the interpreter (CI): several splits, and empty ones, on short test sequences
 
 
 @triton.jit
@@ -55,7 +56,8 @@ def _sdpa_varlen_fwd(
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr, PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
     pid_sq = tl.program_id(0)
@@ -83,9 +85,12 @@ def _sdpa_varlen_fwd(
         kv_lo = kv_end * 0
     kv_hi = tl.where(first_q < q_len, kv_hi, kv_lo)  # tiles past q_len do nothing
 
-    # -- this split's share, sized on the device from the real length
+    # -- this split's share: SPLIT_KEYS keys from a fixed boundary, or (0) an even cut of the real length
     n_keys = tl.maximum(kv_hi - kv_lo, 0)
-    per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    if SPLIT_KEYS > 0:
+        per_split = n_keys * 0 + SPLIT_KEYS
+    else:
+        per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
     s_lo = kv_lo + split * per_split
     s_hi = tl.minimum(s_lo + per_split, kv_hi)
 
@@ -166,12 +171,11 @@ def _sdpa_varlen_merge(
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt, stride_lh,
     num_segments, D,
-    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, SEGS_P2: tl.constexpr,
-    PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SEGS_P2: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
-    # One program per (packed row, head, d-block): all splits load at once, so the merge
-    # is one round of memory latency however many splits there are.
+    # One program per (packed row, head, d-block), the splits taken in order: a split with no keys adds exact
+    # zeros, so a row merges to the same bits however many splits its step has.
     t = tl.program_id(0)
     h = tl.program_id(1)
     offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -183,24 +187,23 @@ def _sdpa_varlen_merge(
     q_len = tl.load(SeqInfo + offs_s * 4 + 1, mask=seg_ok, other=0)
     n_cover = tl.sum(((t >= q_start) & (t < q_start + q_len)).to(tl.int32), 0)
     # -- weigh each split's normalised partial by 2^(lse - max lse)
-    offs_sp = tl.arange(0, SPLITS_P2)
-    sp_ok = (offs_sp < NUM_SPLITS) & (offs_sp * 0 + n_cover > 0)  # broadcast first: the interpreter rejects scalar & vector masks
-    lse = tl.load(LsePart + offs_sp * stride_ls + t * stride_lt + h * stride_lh, mask=sp_ok, other=float("-inf"))
-    m = tl.max(lse, 0)
+    covered = n_cover > 0
+    o_ok = d_ok & (offs_d * 0 + n_cover > 0)  # broadcast first: the interpreter rejects scalar & vector masks
+    m = tl.full([], float("-inf"), tl.float32)
+    for sp in range(NUM_SPLITS):
+        lse = tl.load(LsePart + sp * stride_ls + t * stride_lt + h * stride_lh, mask=covered, other=float("-inf"))
+        m = tl.maximum(m, lse)
     m = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(lse - m)
-    o = tl.load(
-        OPart + offs_sp[:, None] * stride_ps + t * stride_pt + h * stride_ph + offs_d[None, :],
-        mask=sp_ok[:, None] & d_ok[None, :], other=0.0,
-    )
-    l_sum = tl.sum(w, 0)
-    out = tl.sum(w[:, None] * o, 0) / tl.where(l_sum == 0.0, 1.0, l_sum)
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    l_sum = tl.zeros([], dtype=tl.float32)
+    for sp in range(NUM_SPLITS):
+        lse = tl.load(LsePart + sp * stride_ls + t * stride_lt + h * stride_lh, mask=covered, other=float("-inf"))
+        w = tl.exp2(lse - m)
+        o = tl.load(OPart + sp * stride_ps + t * stride_pt + h * stride_ph + offs_d, mask=o_ok, other=0.0)
+        acc += w * o
+        l_sum += w
+    out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)
     tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
-
-
-@functools.lru_cache(maxsize=8)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def _next_pow2(n: int) -> int:
@@ -218,12 +221,14 @@ def plan_tiles(*, G: int, max_q_len: int, head_dim: int, interpret: bool) -> tup
     return block_q, block_m, block_n
 
 
-def plan_splits(*, programs: int, span: int, device: torch.device, min_keys: int = MIN_KEYS_PER_SPLIT) -> int:
-    """Split the kv range when (segment, tile, head) programs alone would leave SMs idle."""
-    if device.type != "cuda":
-        return 1 if span < 64 else 2  # the interpreter: exercise the split path cheaply
-    target = 2 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
-    return max(1, min(math.ceil(target / max(programs, 1)), math.ceil(span / min_keys), MAX_SPLITS))
+def split_keys(device: torch.device) -> int:
+    """Keys per planned split (fixed: see KEYS_PER_SPLIT)."""
+    return KEYS_PER_SPLIT if device.type == "cuda" else INTERPRET_KEYS_PER_SPLIT
+
+
+def plan_splits(*, span: int, device: torch.device) -> int:
+    """Enough fixed-size splits for the longest row of the step: a shorter row leaves its last ones empty."""
+    return max(1, math.ceil(span / split_keys(device)))
 
 
 def sdpa_varlen_triton(
@@ -262,10 +267,10 @@ def sdpa_varlen_triton(
     block_q, block_m, bn = plan_tiles(G=G, max_q_len=max_q_len, head_dim=D, interpret=interpret)
     q_tiles = max(1, triton.cdiv(max(max_q_len, 1), block_q))
     span = min(max_kv_len, window + max_q_len - 1) if windowed else max_kv_len
-    short = not interpret and max_q_len == 1 and span <= SHORT_SPAN  # H200 sweep: 5.3 vs 7.4 us at 192 keys
-    bn = block_n or (SHORT_KEYS_PER_SPLIT if short else bn)
-    min_keys = SHORT_KEYS_PER_SPLIT if short else MIN_KEYS_PER_SPLIT
-    splits = num_splits or plan_splits(programs=S * q_tiles * Hkv, span=span, device=q.device, min_keys=min_keys)
+    bn = block_n or bn  # one tile width per model, whatever the step (a row's sums in one order)
+    splits = num_splits or plan_splits(span=span, device=q.device)
+    keys = 0 if num_splits else split_keys(q.device)
+    assert keys % bn == 0, "a split must hold whole key tiles"
     if S == 0 or T == 0 or max_q_len == 0:
         return torch.zeros_like(q)
     if splits > 1:
@@ -289,20 +294,19 @@ def sdpa_varlen_triton(
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
         q_tiles, rows, window or 0, scale * LOG2E,
         G=G, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
-        CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits,
+        CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits, SPLIT_KEYS=keys,
         DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
         num_warps=warps, num_stages=stages, **launch_options(q),
     )
     if splits > 1:
-        splits_p2 = triton.next_power_of_2(splits)
-        block_d = min(triton.next_power_of_2(D), max(16, 8192 // splits_p2))  # (splits, BLOCK_D) in registers
+        block_d = min(triton.next_power_of_2(D), 128)
         _sdpa_varlen_merge[(T, H, triton.cdiv(D, block_d))](
             seq_info, out, o_part, lse_part,
             out.stride(0), out.stride(1),
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
             S, D,
-            BLOCK_D=block_d, NUM_SPLITS=splits, SPLITS_P2=splits_p2,
+            BLOCK_D=block_d, NUM_SPLITS=splits,
             SEGS_P2=triton.next_power_of_2(S), num_warps=4, **launch_options(q),
         )
     return out

@@ -346,3 +346,20 @@ def test_one_cuda_graph_serves_any_length_mix() -> None:
         covered[:t] = True
         assert (out[~covered] == 0).all()
         torch.testing.assert_close(out[covered].double(), ref[covered], atol=3e-2, rtol=3e-2)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_decode_row_is_the_same_alone_and_batched(dtype: torch.dtype, window: int | None) -> None:
+    """A one-row query's output never depends on its step: other rows' lengths (so the step's split count) and the
+    number of segments change nothing, bit for bit (batched == alone; a verify row == the decode step)."""
+    lengths = scaled([5, 70, 33, 130, 1], [5, 700, 330, 1300, 1])
+    step = make_step([(1, n) for n in lengths], Hkv=2, G=4, D=64, dtype=dtype, seed=11)
+    together = run_triton(step, causal=True, window=window)
+    for i, (q_start, _, _, _) in enumerate(step.seq_info.tolist()):
+        info = step.seq_info[i:i + 1].clone()
+        info[0, 0] = 0  # the row alone: a one-token step
+        alone = sdpa_varlen(step.q[q_start:q_start + 1], step.k_cache, step.v_cache, info, scale=SCALE, max_q_len=1,
+                            max_kv_len=lengths[i], causal=True, window=window, impl="triton")
+        assert torch.equal(alone[0], together[q_start]), (i, lengths[i])
