@@ -125,8 +125,6 @@ def main() -> None:
                     help="drafting caps to compare (PacingConfig.most_sequences; default: the drafter's own)")
     args = ap.parse_args()
 
-    import torch
-
     from engine.loading.default_model import default_model_path
     from engine.loading.loader import LoadOptions, load_model
     from engine.runtime import EngineConfig, build_runtime
@@ -138,8 +136,10 @@ def main() -> None:
         from bench.synthetic_gguf import synthetic_gguf
 
         path, draft_path = synthetic_gguf("llama-1b", cache / "synthetic"), synthetic_gguf("llama-draft", cache / "synthetic")
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    options = LoadOptions(cache_dir=cache / "cache", device=device)
+    from engine.backend import resolve_device
+
+    device, dtype = resolve_device(args.device, "auto")  # what the app runs: bf16 on CUDA, fp32 on the CPU
+    options = LoadOptions(cache_dir=cache / "cache", device=device, dtype=dtype)
     lm = load_model(path, options)
     draft = load_model(draft_path, options) if draft_path else None
     modes = ("off", "lookup", "draft") if draft else ("off", "lookup")
@@ -168,7 +168,7 @@ def main() -> None:
             off = best["off"]
             for mode in [m for m in runtimes if m != "off"]:
                 on = best[mode]
-                emit(workload=name, sessions=sessions, device=device, mode=mode, model=path.name,
+                emit(workload=name, sessions=sessions, device=device, dtype=dtype, mode=mode, model=path.name,
                      prompt_tokens=[len(p) for p in prompts], off_tok_s=round(off["tok_s"], 1),
                      tok_s=round(on["tok_s"], 1), ratio=round(on["tok_s"] / off["tok_s"], 3),
                      tokens_per_step=round(on["per_step"], 2), drafted=on["drafted"], accepted=on["accepted"],

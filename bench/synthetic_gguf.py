@@ -1,9 +1,9 @@
 """Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M by llama.cpp.
 
-    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR]
+    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16]
 
 Writes <out-dir>/synthetic-<shape>-Q4_K_M.gguf (skipped when it exists) through an F16 file next to it, deleted
-afterwards (llama-8b: ~16 GB of disk for a while). Tensors are generated and written one at a time, so memory holds
+afterwards (`--f16`: the F16 file is the result, synthetic-<shape>-F16.gguf; no llama.cpp needed, as on the device) (llama-8b: ~16 GB of disk for a while). Tensors are generated and written one at a time, so memory holds
 one tensor (at most the 1 GB F16 embedding of llama-8b). The vocabulary is a byte-level BPE of the model's size:
 256 byte tokens, byte pairs, byte triples and Llama 3's special tokens, enough for llama.cpp and Parley to tokenize.
 """
@@ -50,18 +50,26 @@ SHAPES = {
     "llama-1b": Shape(hidden=2048, layers=16, heads=32, kv_heads=8, ffn=8192, tied=True, rope_factor=32.0),
     "llama-draft": Shape(hidden=256, layers=4, heads=4, kv_heads=2, ffn=768, tied=True, rope_factor=32.0),  # drafts
     # for the others (same vocabulary and tokenizer): the cost side of speculative "draft" (bench/speculative.py)
+    # Gemma 3 270M's layer widths and depth in Llama form, with the others' vocabulary: the issue's device draft
+    "llama-270m": Shape(hidden=640, layers=18, heads=10, kv_heads=2, ffn=2048, tied=True, rope_factor=32.0),
     "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
                       head_dim=128),
 }
 
 
-def synthetic_gguf(shape: str, out_dir: Path) -> Path:
-    """The Q4_K_M file of `shape` (a key of SHAPES) in `out_dir`, written unless it is already there."""
+def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True) -> Path:
+    """The Q4_K_M file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file), written unless it
+    is already there."""
     out_dir = Path(out_dir)
-    target = out_dir / f"synthetic-{shape}-Q4_K_M.gguf"
+    target = out_dir / f"synthetic-{shape}-{'Q4_K_M' if quantize else 'F16'}.gguf"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
+    if not quantize:
+        part = out_dir / f".{target.name}.part"
+        write_f16(SHAPES[shape], part, f"synthetic-{shape}")
+        os.replace(part, target)
+        return target
     f16 = out_dir / f".synthetic-{shape}-F16.gguf"
     part = out_dir / f".synthetic-{shape}-Q4_K_M.gguf.part"
     try:
@@ -213,9 +221,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench" / "synthetic")
+    ap.add_argument("--f16", action="store_true", help="keep the F16 file; skip llama.cpp's quantizer")
     a = ap.parse_args()
     start = time.perf_counter()
-    path = synthetic_gguf(a.shape, a.out_dir)
+    path = synthetic_gguf(a.shape, a.out_dir, quantize=not a.f16)
     print(json.dumps(dict(shape=a.shape, path=str(path), file_bytes=path.stat().st_size,
                           seconds=round(time.perf_counter() - start, 1))), flush=True)
 
