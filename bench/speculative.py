@@ -74,12 +74,12 @@ def run_once(rt, prompts: list[list[int]], params) -> dict:
     from engine.sampling import SamplerState
     from engine.sequence import Sequence
 
-    from engine.speculative import make_drafter
+    from engine.speculative import PromptLookup
 
     if rt.batcher.drafter is not None and rt.batcher.drafter.name == "lookup":  # a fresh pool: a repeat must not
-        cap = rt.batcher.drafter.max_sequences  # draft from the last round's answers
-        rt.batcher.drafter = make_drafter("lookup")
-        rt.batcher.drafter.max_sequences = cap
+        old = rt.batcher.drafter  # draft from the last round's answers; the same settings
+        rt.batcher.drafter = PromptLookup(old.config)
+        rt.batcher.drafter.max_sequences = old.max_sequences
     seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i), rt.device),
                      rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
     b = rt.batcher

@@ -10,6 +10,9 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"speculative must be one of {', '.join(SPECULATIVE_MODES)}, not {mode!r}")
 
 
+GRAPH_MAX_IDLE = 16  # decode steps at most between lookups that find nothing, on CUDA graph runners
+
+
 def make_drafter(mode: str, graph_rows: int | None = None) -> Drafter | None:
     """The model-free drafter a `--speculative` mode names; None for off. For draft it is lookup too: build_runtime
     replaces it by the draft model's, and keeps it where the draft model cannot draft. `auto` is lookup: on text with
@@ -20,8 +23,10 @@ def make_drafter(mode: str, graph_rows: int | None = None) -> Drafter | None:
     check_mode(mode)
     if mode == "off":
         return None
-    pacing = PacingConfig(most_sequences=graph_rows) if graph_rows else PacingConfig()
-    return PromptLookup(LookupConfig(pacing=pacing))
+    if not graph_rows:
+        return PromptLookup(LookupConfig())
+    # a step due for a lookup cannot be queued ahead of the last one's ids: where nothing matches, look seldom
+    return PromptLookup(LookupConfig(pacing=PacingConfig(most_sequences=graph_rows), max_idle=GRAPH_MAX_IDLE))
 
 
 __all__ = ["Drafter", "LookupConfig", "PromptLookup", "SPECULATIVE_MODES", "check_mode", "make_drafter"]

@@ -19,13 +19,13 @@ class LookupConfig:
     shortest: int = 2
     pool_tokens: int = 1 << 16  # token lists kept for lookup across sequences, least recently used dropped first
     pacing: PacingConfig = field(default_factory=PacingConfig)
+    max_idle: int = 4  # decode steps at most between lookups that find nothing
 
     def __post_init__(self) -> None:
         if not 1 <= self.shortest <= self.longest:
             raise ValueError("n-gram lengths must satisfy 1 <= shortest <= longest")
 
 
-MAX_IDLE = 4  # decode steps at most between lookups that find nothing
 
 
 class NgramIndex:
@@ -79,7 +79,7 @@ class PromptLookup(Paced):
             seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
             state.empty = 0 if seq.draft else state.empty + 1
             if not seq.draft:  # look again a few steps on: meanwhile decode steps may run ahead (CUDA graphs)
-                state.pacing.resume_at = seq.num_steps + min(state.empty, MAX_IDLE)
+                state.pacing.resume_at = seq.num_steps + min(state.empty, self.config.max_idle)
 
     def _state(self, seq: Sequence) -> _State:
         """The sequence's index over its current token list; a new turn (a new list) starts a new one, and the
