@@ -72,7 +72,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.bias is not None and self.qweight.format == "blocks":  # the bias inside the library's call
-            return self.qweight(x, bias=self.bias).to(x.dtype)
+            return self.qweight(x, bias=self.bias.float()).to(x.dtype)
         y = self.qweight(x).to(x.dtype)
         return y if self.bias is None else y + self.bias
 
@@ -377,9 +377,7 @@ class CausalLM(nn.Module):
         native = not choice.fused and any(isinstance(m, QuantTensor) and m.format == "blocks" for m in self.modules())
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
-                module.native = native
-            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
-                module.fused = choice.fused
+                module.native, module.fused = native, choice.fused
             if isinstance(module, Linear):
                 module.decode_kernel = choice.decode_gemm and module is not self.lm_head
             if isinstance(module, (Attention, GatedMLP)):

@@ -56,9 +56,9 @@ class QuantTensor(nn.Module):
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
                 bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ Wᵀ; `bias` (N,), where given, is added in fp32 before any cast (blocks: inside the product's call)."""
-        if bias is not None and self.format != "blocks":
-            return (self(x, torch.float32) + bias.float()).to(out_dtype or (x.dtype if x.is_cuda else torch.float32))
+        """x @ Wᵀ; `bias` (N,) fp32, the blocks format only, is added inside the product's call."""
+        if bias is not None and (self.format != "blocks" or x.is_cuda):
+            raise ValueError("only the CPU's blocks product takes a bias")
         if x.is_cuda:
             return self._cuda_product(x, out_dtype or x.dtype)
         if self.format == "blocks":
