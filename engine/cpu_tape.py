@@ -7,6 +7,8 @@ embedded model. A tape notes those calls (function and arguments) the first time
 inputs held at fixed addresses (the embedded rows, rotary tables and the cache's plan, copied in each step), and
 replays them after: no Python per layer.
 
+Verify steps (drafted tokens, engine/speculative) are taped too: their rows attend one by one, as decode rows do.
+
 Recording is checked, never assumed: the step runs under a dispatch mode that sees every torch op; any op that
 computes (rather than allocating or viewing) means the forward did work a replay would skip, and this model takes no
 tapes (its steps stay eager). Every tensor allocated while recording is kept by the tape, so no argument points at
@@ -86,10 +88,11 @@ class DecodeTapes:
                 and any(getattr(m, "native", False) for m in model.modules()))
 
     def accepts(self, batch: StepBatch) -> bool:
-        """A decode-only step (one row per sequence, each sampled, in order) of at most MAX_ROWS rows."""
+        """A step of at most MAX_ROWS rows, every one a one-row query and sampled, in order: decode rows, and verify
+        rows (a rowwise segment attends row by row, exactly as decode rows do, so the same tape serves both)."""
         t = len(batch.tokens)
-        return (self.refused is None and 0 < t <= MAX_ROWS and len(batch.logit_rows) == t == len(batch.segments)
-                and batch.device_tokens is None and all(s.q_len == 1 for s in batch.segments)
+        return (self.refused is None and 0 < t <= MAX_ROWS and len(batch.logit_rows) == t
+                and batch.device_tokens is None and all(s.q_len == 1 or s.rowwise for s in batch.segments)
                 and batch.logit_rows.tolist() == list(range(t)))
 
     @torch.inference_mode()

@@ -94,3 +94,28 @@ def test_tapes_kept_are_bounded(blocks_models):
     eager, _ = _run(lm, False, RunConfig(max_seq_len=64), prompts, [0] * n, params)
     assert taped == eager
     assert len(tapes.tapes) == cpu_tape.MAX_TAPES
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_verify_steps_are_taped_and_lossless(blocks_models, arch, monkeypatch):
+    """Prompt lookup on a looping tiny model: verify steps (rowwise segments) replay tapes too, and the tokens stay
+    those of plain greedy decoding."""
+    lm = blocks_models[arch]
+    g = torch.Generator().manual_seed(2)
+    motif = torch.randint(6, lm.args.vocab_size, (6,), generator=g).tolist()
+    prompts = [motif * 4, (motif[::-1] * 3)[:15]]
+    params = SamplingParams(max_tokens=24)
+    plain, _ = _run(lm, False, RunConfig(max_seq_len=128), prompts, [0, 1], params)
+    replayed = []
+    real = cpu_tape._Tape.replay
+
+    def counting(self):
+        replayed.append(self.logits.shape[0])
+        return real(self)
+
+    monkeypatch.setattr(cpu_tape._Tape, "replay", counting)
+    batcher = make_batcher(lm, 2, RunConfig(max_seq_len=128, speculative="lookup"))
+    drafted = run_staggered(batcher, prompts, [0, 1], params)
+    assert drafted == plain
+    seqs_rows = set(replayed)
+    assert any(r > 2 for r in seqs_rows), seqs_rows  # steps of more rows than sequences: verify steps, replayed
