@@ -107,13 +107,11 @@ class DecodeTapes:
             tape = None
         if tape is not None:
             self.tapes[t] = tape  # the most recently used last
-        h, x = model.embed(batch.tokens)
+        h, _ = model.embed(batch.tokens)  # the first norm comes fused with it only on CUDA
         ropes = model.rope_inputs(batch.positions, h.dtype)
         if tape is not None:
             _fill(tape.inputs, h, ropes, cache)
             return tape.replay()
-        if x is not None:  # a first norm fused into the embedding (CUDA only): nothing to record from
-            return model.forward_hidden(h, x, ropes, cache, None)
         return self._record(t, h, ropes)
 
     def _record(self, t: int, h: torch.Tensor, ropes: dict) -> torch.Tensor:

@@ -334,8 +334,9 @@ class Attention(nn.Module):
 
         qn, kn = self.q_norm, self.k_norm
         cos, sin = rope.tables()
+        k_store, v_store, slots = stores
         return qk_rope_write(q, k, v, qn.weight if qn else None, kn.weight if kn else None, qn.eps if qn else 0.0,
-                             cos, sin, stores[2], stores[0], stores[1], impl="native")
+                             cos, sin, slots, k_store, v_store, impl="native")
 
     def _fused_prologue(self, qkv: torch.Tensor, rope: RopeInputs, stores) -> torch.Tensor:
         from kernels.norms import qkv_rope_write

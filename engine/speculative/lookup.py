@@ -26,8 +26,6 @@ class LookupConfig:
             raise ValueError("n-gram lengths must satisfy 1 <= shortest <= longest")
 
 
-
-
 class NgramIndex:
     """n-gram -> end of its latest occurrence in one token list, brought up to date as the list grows."""
 
