@@ -10,6 +10,9 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   int4-g32-fp32   the same with fp32 activations
   parley-q8       Parley's own kernel (kernels/cpu/qgemm.c) on Q8_0-like blocks: int8 codes, an fp16 scale per 32
   parley-q4       the same on Q4_K-like blocks: 4-bit codes, an fp16 scale and offset per 32
+  parley-k4       Parley's super-block kernel (kernels/cpu/kgemm.c) on Q4_K super-blocks as a file stores them
+  parley-k6       the same on Q6_K super-blocks (random blocks: gguf has no K-quant writer; rel_err is against the
+                  kernel's float64 reference rather than fp32)
 Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8] [--impls fp32 parley-q8 ...]
 """
 from __future__ import annotations
@@ -74,7 +77,28 @@ def _parley(w: torch.Tensor) -> dict:
     return {
         "parley-q8": (n * k + n * k // 16, lambda x: qgemm(x, codes8, s8, None, 8, 32, 128)),
         "parley-q4": (n * k // 2 + n * k // 8, lambda x: qgemm(x, codes4, s4, o4, 4, 32, 0)),
+        **(_superblocks(n, k) if k % 256 == 0 else {}),
     }
+
+
+def _superblocks(n: int, k: int) -> dict:
+    """Q4_K and Q6_K rows of random super-blocks with small fp16 scales (name -> (bytes, fn, reference fn))."""
+    import numpy as np
+
+    from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, label in (("Q4_K", "parley-k4"), ("Q6_K", "parley-k6")):
+        size = KINDS[name][1]
+        b = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
+        for off in (0, 2) if name == "Q4_K" else (208,):
+            half = rng.uniform(1e-4, 1e-3, b.shape[:2]).astype(np.float16)
+            b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
+        blocks = torch.from_numpy(b.reshape(n, -1))
+        out[label] = (blocks.numel(), lambda x, bl=blocks, t=name: kgemm(x, bl, t),
+                      lambda x, bl=blocks, t=name: kgemm_reference(x, bl, t))
+    return out
 
 
 def _time(fn, x, repeats: int) -> float:
@@ -108,10 +132,11 @@ def main() -> None:
                 ref = cands["fp32"][1](x)
                 best = {name: float("inf") for name in cands}
                 for _ in range(args.rounds):
-                    for name, (_, fn) in cands.items():
+                    for name, (_, fn, *_own) in cands.items():
                         best[name] = min(best[name], _time(fn, x, args.repeats))
-                for name, (nbytes, fn) in cands.items():
-                    err = (fn(x).float() - ref).abs().max().item() / ref.abs().max().item()
+                for name, (nbytes, fn, *own) in cands.items():
+                    want = own[0](x) if own else ref
+                    err = (fn(x).float() - want).abs().max().item() / want.abs().max().item()
                     print(json.dumps({"shape": shape, "gemm": gemm, "k": k, "n": n, "rows": rows, "impl": name,
                                       "ms": round(best[name] * 1e3, 4), "gb_s": round(nbytes / best[name] / 1e9, 2),
                                       "vs_fp32": round(best["fp32"] / best[name], 2), "rel_err": round(err, 4)}),

@@ -151,13 +151,20 @@ def _blocks(qt: QuantTensor) -> Matrix:
     are; groups of 16 (Q6_K), which MLX has no size for, are held as their exact fp32 values."""
     from kernels.cpu_qgemm import unpack_codes
 
+    from engine.quant.block_codes import layout, superblock_codes
+
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:
         return Matrix(mx.array(qt.dequantize().numpy()))
-    u = unpack_codes(qt.codes, lay.bits, k).numpy()
+    if lay.raw:  # the file's super-blocks (Q4_K): codes with exact fp32 scales and offsets
+        c = superblock_codes(qt.blocks.numpy(), lay.raw)
+        u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
+        o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
+    else:
+        u = unpack_codes(qt.codes, lay.bits, k).numpy()
+        s = qt.scales.double()
+        o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
     packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
-    s = qt.scales.double()
-    o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
     scales, biases, inexact = _scales_biases(s, o)
     return Matrix(mx.array(np.ascontiguousarray(packed).view(np.uint32)), lay.bits, GROUP, scales, biases, inexact)
 

@@ -1,6 +1,7 @@
-"""GGUF blocks as the CPU kernel's codes (kernels/cpu/qgemm.c): unsigned codes u with, per group of 16 or 32
-weights, a scale s and offset o, w = s·u + o. The common types map exactly (up to the fp16 rounding of s and o);
-any other type is re-quantized from its dequantized rows to symmetric int8 groups of 32."""
+"""GGUF blocks as the CPU kernels' codes. Q4_K and Q6_K rows whose length is a whole number of super-blocks are kept
+as the file stores them (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16 or 32
+weights, a scale s and offset o, w = s·u + o (kernels/cpu/qgemm.c). The common types map exactly (up to the fp16
+rounding of s and o); any other type is re-quantized from its dequantized rows to symmetric int8 groups of 32."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,6 +12,7 @@ from engine.quant.gguf_blocks import ROW_SLICE_BYTES, _f16, _k_scale_min, _nibbl
 
 EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
+SUPER = ("Q4_K", "Q6_K")  # kept as the file's super-blocks where K allows
 # (bytes per block, weights per block)
 BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32), "Q5_1": (24, 32),
          "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
@@ -24,6 +26,16 @@ class CodeLayout:
     bits: int
     group: int
     zero: int  # -1: offsets stored
+    raw: str = ""  # a type name: the codes are that type's super-blocks as the file stores them (kgemm's input)
+
+
+def held_layout(type_name: str, k: int) -> CodeLayout:
+    """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks where there is a kernel for
+    them and K is whole super-blocks, else `layout`'s codes."""
+    lay = layout(type_name)
+    if type_name in SUPER and k % BLOCK[type_name][1] == 0:
+        return CodeLayout(lay.bits, lay.group, lay.zero, type_name)
+    return lay
 
 
 def layout(type_name: str) -> CodeLayout:
@@ -149,6 +161,23 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     n, k = codes.shape
     c = codes.reshape(n, k // 32, 2, 16)
     return (c[:, :, 0] | (c[:, :, 1] << 4)).astype(np.uint8).reshape(n, k // 2)
+
+
+def superblock_codes(raw: np.ndarray, type_name: str) -> Codes:
+    """Rows of `type_name` super-blocks (n, K/256 · bytes) as codes with exact fp32 scales d·sc and offsets."""
+    size, per = BLOCK[type_name]
+    n, k = raw.shape[0], raw.shape[1] // size * per
+    return _DECODERS[type_name](np.ascontiguousarray(raw).reshape(n, k // per, size), n, k)
+
+
+def superblock_rows(raw: np.ndarray, type_name: str, dtype=np.float32) -> np.ndarray:
+    """(n, k) weights of rows of `type_name` super-blocks, as the file defines them: (d·sc)·u + o with d·sc and o
+    exact, one rounding to `dtype`."""
+    c = superblock_codes(raw, type_name)
+    lay = layout(type_name)
+    s = np.repeat(c.scale.astype(dtype), lay.group, axis=1)
+    o = -lay.zero * s if c.offset is None else np.repeat(c.offset.astype(dtype), lay.group, axis=1)
+    return c.codes.astype(dtype) * s + o
 
 
 def dequantize(c: Codes, lay: CodeLayout) -> np.ndarray:

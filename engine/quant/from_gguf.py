@@ -5,9 +5,12 @@ from typing import Any
 
 import torch
 
-from engine.quant.block_codes import row_slices
+import numpy as np
+
+from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4
+from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4,
+                                 superblocks)
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
@@ -18,6 +21,8 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
     fmt = choose_format(type_name, n, k, device)
+    if fmt == "blocks" and held_layout(type_name, k).raw:
+        return superblocks(torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(n, -1)), type_name, row_order)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):

@@ -7,9 +7,10 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
         re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
-  blocks  the CPU's own kernel (kernels/cpu/qgemm.c), where it builds: unsigned codes (4-bit packed or one byte) with
-        an fp16 scale (and offset) per group of 16 or 32, w = s·u + o: every GGUF quantization exactly, as llama.cpp
-        multiplies it (engine/quant/block_codes.py); preferred to int4/int8 on the CPU whenever it is there
+  blocks  the CPU's own kernels, where they build: Q4_K/Q6_K as the file's super-blocks (kernels/cpu/kgemm.c,
+        buffer `blocks`), every other type as unsigned codes (4-bit packed or one byte) with an fp16 scale (and
+        offset) per group of 16 or 32, w = s·u + o (kernels/cpu/qgemm.c): every GGUF quantization exactly, as
+        llama.cpp multiplies it (engine/quant/block_codes.py); preferred to int4/int8 on the CPU wherever it is there
 On the CPU products take fp32 or bf16 activations and return fp32 (the kernels run on bf16 activations); on CUDA
 they return the activations' dtype (or `out_dtype`).
 """
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import CodeLayout, layout
+from engine.quant.block_codes import BLOCK, CodeLayout, held_layout, layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
@@ -61,6 +62,11 @@ class QuantTensor(nn.Module):
             raise ValueError("only the CPU's blocks product takes a bias")
         if x.is_cuda:
             return self._cuda_product(x, out_dtype or x.dtype)
+        if self.format == "blocks" and self.code_layout.raw:
+            from kernels.cpu_kgemm import kgemm
+
+            y = kgemm(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
+            return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks":
             from kernels.cpu_qgemm import qgemm
 
@@ -126,6 +132,8 @@ class QuantTensor(nn.Module):
         from kernels.cpu_qgemm import unpack_codes
 
         lay = self.code_layout
+        if lay.raw:
+            return torch.from_numpy(superblock_rows(self.blocks[ids].numpy(), lay.raw))
         u = unpack_codes(self.codes[ids], lay.bits, self.shape[1]).float()
         s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
@@ -210,7 +218,10 @@ def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
 
 def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
     if fmt == "blocks":
-        lay = layout(type_name)
+        lay = held_layout(type_name, k)
+        if lay.raw:
+            size, per = BLOCK[lay.raw]
+            return n * (k // per) * size
         per_group = 2 if lay.zero >= 0 else 4  # fp16 scale (and offset)
         return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
@@ -232,6 +243,16 @@ def blocks_available() -> bool:
     from kernels.cpu_native import cpu_kernel
 
     return cpu_kernel() is not None
+
+
+def superblocks(blocks: torch.Tensor, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
+    """An (N, K) Q4_K/Q6_K matrix held as its rows' super-blocks, `blocks` (N, K/256 · bytes) uint8 as the file
+    stores them (the caller's own copy: the file's pages are dropped after loading)."""
+    size, per = BLOCK[type_name]
+    n, k = blocks.shape[0], blocks.shape[1] // size * per
+    if row_order is not None:
+        blocks = blocks[row_order]
+    return QuantTensor("blocks", (n, k), type_name, held_layout(type_name, k), blocks=blocks.contiguous())
 
 
 class BlockRows:

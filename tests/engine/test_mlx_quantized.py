@@ -15,7 +15,8 @@ from engine.loading.loader import build_model, load_model
 from engine.models.kernel_choice import KernelChoice
 from engine.models.layers import QuantEmbedding, QuantLinear
 from engine.quant.gguf_blocks import Int4Groups
-from engine.quant.weight import BlockRows, Int8Rows, _int4_block, bf16_tensor, pack_int4
+from engine.quant.block_codes import SUPER
+from engine.quant.weight import BlockRows, Int8Rows, _int4_block, bf16_tensor, pack_int4, superblocks
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from tests.engine.test_mlx_backend import ARRIVALS, _logits, _prompts, _run
@@ -250,8 +251,11 @@ def test_block_codes_convert_exactly(type_name):
         raw = _random_blocks(type_name, 64, 256, rng)
     rows = BlockRows(64, 256, type_name)
     rows.put(0, slice_codes(qtype, type_name, raw, 256))
-    qt = rows.done()
-    m = convert(qt)
-    got = np.array(m.weight) if m.bits is None else np.array(mx.dequantize(
-        m.weight, m.scales.astype(mx.float32), m.biases.astype(mx.float32), group_size=m.group_size, bits=m.bits))
-    np.testing.assert_array_equal(got, qt.dequantize().numpy())
+    held = [rows.done()]
+    if type_name in SUPER:  # and as the file's super-blocks, the way Q4_K/Q6_K rows of whole blocks are held
+        held.append(superblocks(torch.from_numpy(np.array(raw)), type_name))
+    for qt in held:
+        m = convert(qt)
+        got = np.array(m.weight) if m.bits is None else np.array(mx.dequantize(
+            m.weight, m.scales.astype(mx.float32), m.biases.astype(mx.float32), group_size=m.group_size, bits=m.bits))
+        np.testing.assert_array_equal(got, qt.dequantize().numpy())

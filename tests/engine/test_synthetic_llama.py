@@ -6,6 +6,7 @@ import pytest
 from bench.runs import RunConfig, make_batcher
 from bench.synthetic_gguf import synthetic_gguf
 from engine.loading.loader import LoadOptions, load_model
+from engine.quant.weight import QuantTensor, blocks_available
 from engine.sampling import SamplingParams
 from tests.support.engine_helpers import run_staggered
 
@@ -27,6 +28,9 @@ def llama_1b(llama_1b_path):
 def test_llama_1b_held_in_about_its_file_size(llama_1b_path, llama_1b):
     assert llama_1b.weight_bytes() <= 1.3 * llama_1b_path.stat().st_size
     assert any(f"Q4_K→{fmt}" in llama_1b.quantization() for fmt in ("blocks", "int4"))
+    if blocks_available():  # every matrix is Q4_K/Q6_K of whole super-blocks: held as the file stores them
+        held = [m for m in llama_1b.model.modules() if isinstance(m, QuantTensor)]
+        assert held and all(m.code_layout.raw == m.source_type for m in held)
     assert llama_1b.notices == []
     assert (llama_1b.args.num_layers, llama_1b.args.hidden_size, llama_1b.args.vocab_size) == (16, 2048, 128256)
 

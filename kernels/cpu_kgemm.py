@@ -1,0 +1,56 @@
+"""The CPU product over K-quant super-blocks as the file stores them (kernels/cpu/kgemm.c, built by
+kernels/cpu_native.py) and its plain PyTorch reference (`impl="reference"`)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from kernels import cpu_native
+
+QK = 256  # weights per super-block, and per activation scale
+KINDS = {"Q4_K": (4, 144, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind, bytes per super-block, group)
+
+
+def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
+          impl: str = "auto") -> torch.Tensor:
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W (N, K/256 · bytes) uint8, the `type_name` super-blocks of each
+    row as the file holds them; bias (N,) fp32. `impl` "auto"/"native" runs the C kernel, "reference" PyTorch."""
+    kind, size, _ = KINDS[type_name]
+    k = blocks.shape[1] // size * QK
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} columns, the weight {k}")
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        y = kgemm_reference(x, blocks, type_name)
+        return y if bias is None else y + bias.float()
+    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
+        raise ValueError("kgemm takes a contiguous fp32 bias")
+    x = x.float().contiguous()
+    r, n = x.shape[0], blocks.shape[0]
+    y = torch.empty(r, n, dtype=torch.float32)
+    if r == 0:
+        return y
+    rc = kernel.lib.parley_kgemm(x.data_ptr(), r, k, blocks.data_ptr(), kind, n,
+                                 bias.data_ptr() if bias is not None else None, y.data_ptr(), torch.get_num_threads())
+    if rc != 0:
+        raise MemoryError(f"no memory for the activations of a {r} × {k} product")
+    return y
+
+
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's activation quantization: per 256, d = max|x| / 127 and a = round(x / d) (half to even).
+    Returns (a (R, K) float, d (R, K/256))."""
+    r, k = x.shape
+    xb = x.float().reshape(r, k // QK, QK)
+    amax = xb.abs().amax(-1)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return torch.round(xb * inv[..., None]).reshape(r, k), amax / 127
+
+
+def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.Tensor:
+    """The same arithmetic in float64: activations quantized per 256 times the exact weights."""
+    from engine.quant.block_codes import superblock_rows
+
+    a, d = quantize_activations(x)
+    xq = a.double() * d.double().repeat_interleave(QK, dim=1)
+    return (xq @ torch.from_numpy(superblock_rows(blocks.numpy(), type_name, np.float64)).t()).float()

@@ -1,0 +1,118 @@
+"""Parley's CPU kernel over K-quant super-blocks as the file stores them (kernels/cpu/kgemm.c): the kernel against its
+float64 reference on Q4_K and Q6_K and every row count, rows independent of their batch (batched == alone, bit for
+bit), the bias, every instruction-set path this CPU can run, and what it refuses."""
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from engine.quant.block_codes import BLOCK, held_layout, superblock_rows
+from kernels import cpu_native
+from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
+from kernels.cpu_native import cpu_kernel
+from tests.kernels.test_cpu_qgemm import _random_blocks, build_for
+
+needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
+TYPES = sorted(KINDS)
+
+
+def _blocks(name: str, n: int, k: int, seed: int) -> torch.Tensor:
+    return torch.from_numpy(_random_blocks(name, n, k, np.random.default_rng(seed)))
+
+
+def _check_against_reference(run, name: str, k: int) -> None:
+    blocks = _blocks(name, 70, k, seed=k)
+    x = torch.randn(11, k, generator=torch.Generator().manual_seed(7)) * 3
+    x[3, 5] = 80.0  # an outlier: its super-block's other values lose precision, as in llama.cpp
+    x[4] = 0.0  # an all-zero row
+    ref = kgemm_reference(x, blocks, name)
+    # fp32 sums of terms as large as |x|·|w|: their size, not the result's, bounds the rounding
+    bound = 1e-6 * (x.abs().double() @ torch.from_numpy(np.abs(superblock_rows(blocks.numpy(), name, np.float64))).t())
+    for rows in (1, 3, 4, 8, 11):  # every tile remainder
+        got = run(x[:rows], blocks, name)
+        assert ((got.double() - ref[:rows].double()).abs() <= bound[:rows] + 1e-6).all()
+    together = run(x, blocks, name)
+    alone = torch.cat([run(x[i:i + 1], blocks, name) for i in range(len(x))])
+    assert torch.equal(together, alone)  # a row's sum never depends on the rows beside it
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_superblock_rows_are_the_files_values(name):
+    raw = _random_blocks(name, 5, 512, np.random.default_rng(3))
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(5, 512)
+    np.testing.assert_array_equal(superblock_rows(raw, name), ref)
+
+
+def test_only_whole_super_blocks_are_kept_as_stored():
+    assert held_layout("Q4_K", 2048).raw == "Q4_K" and held_layout("Q6_K", 512).raw == "Q6_K"
+    assert held_layout("Q4_K", 640).raw == ""  # 2.5 super-blocks a row: the codes of qgemm.c
+    assert held_layout("Q8_0", 2048).raw == ""
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", [256, 768])
+@pytest.mark.parametrize("name", TYPES)
+def test_kernel_matches_reference_and_rows_are_independent(name, k):
+    _check_against_reference(lambda x, b, t: kgemm(x, b, t, impl="native"), name, k)
+
+
+@needs_kernel
+def test_bias_is_added_as_torch_adds_it():
+    blocks, x, bias = _blocks("Q4_K", 40, 512, seed=4), torch.randn(3, 512), torch.randn(40)
+    plain = kgemm(x, blocks, "Q4_K", impl="native")
+    assert torch.equal(kgemm(x, blocks, "Q4_K", bias, impl="native"), plain + bias)
+
+
+@needs_kernel
+@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
+                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
+                         ids=["avx2", "avx512", "vnni-256"])
+@pytest.mark.parametrize("name", TYPES)
+def test_each_instruction_set_path(tmp_path, name, march, extra, isa):
+    """The AVX2 fallback, the AVX-512 tile and the 256-bit VNNI tile, where this CPU can run them."""
+    if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    lib = build_for(tmp_path, march, extra).lib
+
+    def run(x, blocks, type_name):
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], blocks.shape[0])
+        rc = lib.parley_kgemm(x.data_ptr(), x.shape[0], x.shape[1], blocks.data_ptr(), KINDS[type_name][0],
+                              blocks.shape[0], None, y.data_ptr(), 2)
+        assert rc == 0
+        return y
+
+    _check_against_reference(run, name, 512)
+
+
+@needs_kernel
+def test_a_kind_or_length_it_does_not_take_is_refused():
+    lib = cpu_kernel().lib
+    x, y = torch.randn(1, 512), torch.empty(1, 4)
+    blocks = _blocks("Q4_K", 4, 512, seed=5)
+    assert lib.parley_kgemm(x.data_ptr(), 1, 512, blocks.data_ptr(), 5, 4, None, y.data_ptr(), 1) == -2
+    assert lib.parley_kgemm(x.data_ptr(), 1, 320, blocks.data_ptr(), 4, 4, None, y.data_ptr(), 1) == -2
+    with pytest.raises(ValueError, match="columns"):
+        kgemm(torch.randn(1, 256), blocks, "Q4_K")
+
+
+def test_reference_runs_without_the_kernel(monkeypatch):
+    blocks, x = _blocks("Q6_K", 8, 256, seed=6), torch.randn(2, 256)
+    monkeypatch.setattr(cpu_native, "cpu_kernel", lambda: None)
+    torch.testing.assert_close(kgemm(x, blocks, "Q6_K"), kgemm_reference(x, blocks, "Q6_K"))
+    with pytest.raises(RuntimeError, match="not available"):
+        kgemm(x, blocks, "Q6_K", impl="native")
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_held_rows_look_up_and_multiply_as_the_file_defines(name):
+    """A QuantTensor of super-blocks: its rows are the file's values; its product is the kernel's."""
+    from engine.quant.weight import format_bytes, superblocks
+
+    blocks = _blocks(name, 6, 512, seed=8)
+    qt = superblocks(blocks.clone(), name, torch.tensor([5, 4, 3, 2, 1, 0]))
+    assert qt.nbytes() == format_bytes("blocks", 6, 512, name) == 6 * 2 * BLOCK[name][0]
+    ref = superblock_rows(blocks.numpy(), name)[::-1]
+    np.testing.assert_array_equal(qt.rows(torch.tensor([0, 5])).numpy(), ref[[0, 5]])
