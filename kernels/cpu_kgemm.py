@@ -1,4 +1,4 @@
-"""The CPU product over K-quant super-blocks as the file stores them (kernels/cpu/kgemm.c, built by
+"""The CPU product over K-quant super-blocks with interleaved codes (kernels/cpu/kgemm.c, built by
 kernels/cpu_native.py) and its plain PyTorch reference (`impl="reference"`)."""
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ import torch
 
 from kernels import cpu_native
 
-QK = 256  # weights per super-block, and per activation scale
+QK = 256  # weights per super-block
 KINDS = {"Q4_K": (4, 144, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind, bytes per super-block, group)
 
 
 def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
           impl: str = "auto") -> torch.Tensor:
-    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W (N, K/256 · bytes) uint8, the `type_name` super-blocks of each
-    row as the file holds them; bias (N,) fp32. `impl` "auto"/"native" runs the C kernel, "reference" PyTorch."""
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W (N, K/256 · bytes) uint8, each row's `type_name` super-blocks
+    with their codes interleaved (engine/quant/block_codes.interleave); bias (N,) fp32. `impl` "auto"/"native" runs
+    the C kernel, "reference" PyTorch."""
     kind, size, _ = KINDS[type_name]
     k = blocks.shape[1] // size * QK
     if x.shape[-1] != k:
@@ -37,20 +38,13 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
     return y
 
 
-def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The kernel's activation quantization: per 256, d = max|x| / 127 and a = round(x / d) (half to even).
-    Returns (a (R, K) float, d (R, K/256))."""
-    r, k = x.shape
-    xb = x.float().reshape(r, k // QK, QK)
-    amax = xb.abs().amax(-1)
-    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
-    return torch.round(xb * inv[..., None]).reshape(r, k), amax / 127
-
-
 def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.Tensor:
-    """The same arithmetic in float64: activations quantized per 256 times the exact weights."""
-    from engine.quant.block_codes import superblock_rows
+    """The same arithmetic in float64: activations quantized per 32 as the kernel does (kernels/cpu_qgemm.py) times
+    the exact weights."""
+    from engine.quant.block_codes import file_order, superblock_rows
+    from kernels.cpu_qgemm import QB, quantize_activations
 
-    a, d = quantize_activations(x)
-    xq = a.double() * d.double().repeat_interleave(QK, dim=1)
-    return (xq @ torch.from_numpy(superblock_rows(blocks.numpy(), type_name, np.float64)).t()).float()
+    a, d, _ = quantize_activations(x, QB)
+    xq = a.double() * d.double().repeat_interleave(QB, dim=1)
+    w = superblock_rows(file_order(blocks.numpy(), type_name), type_name, np.float64)
+    return (xq @ torch.from_numpy(w).t()).float()

@@ -151,13 +151,13 @@ def _blocks(qt: QuantTensor) -> Matrix:
     are; groups of 16 (Q6_K), which MLX has no size for, are held as their exact fp32 values."""
     from kernels.cpu_qgemm import unpack_codes
 
-    from engine.quant.block_codes import layout, superblock_codes
+    from engine.quant.block_codes import file_order, layout, superblock_codes
 
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:
         return Matrix(mx.array(qt.dequantize().numpy()))
-    if lay.raw:  # the file's super-blocks (Q4_K): codes with exact fp32 scales and offsets
-        c = superblock_codes(qt.blocks.numpy(), lay.raw)
+    if lay.raw:  # super-blocks (Q4_K): codes with exact fp32 scales and offsets
+        c = superblock_codes(file_order(qt.blocks.numpy(), lay.raw), lay.raw)
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
         o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
     else:

@@ -12,7 +12,7 @@ from engine.quant.gguf_blocks import ROW_SLICE_BYTES, _f16, _k_scale_min, _nibbl
 
 EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
-SUPER = ("Q4_K", "Q6_K")  # kept as the file's super-blocks where K allows
+SUPER = ("Q4_K", "Q6_K")  # kept as super-blocks (codes interleaved for kgemm.c) where K allows
 # (bytes per block, weights per block)
 BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32), "Q5_1": (24, 32),
          "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
@@ -26,12 +26,12 @@ class CodeLayout:
     bits: int
     group: int
     zero: int  # -1: offsets stored
-    raw: str = ""  # a type name: the codes are that type's super-blocks as the file stores them (kgemm's input)
+    raw: str = ""  # a type name: that type's super-blocks, codes interleaved (`interleave`; kgemm.c's input)
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
-    """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks where there is a kernel for
-    them and K is whole super-blocks, else `layout`'s codes."""
+    """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks (interleaved) where there is a
+    kernel for them and K is whole super-blocks, else `layout`'s codes."""
     lay = layout(type_name)
     if type_name in SUPER and k % BLOCK[type_name][1] == 0:
         return CodeLayout(lay.bits, lay.group, lay.zero, type_name)
@@ -163,16 +163,72 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     return (c[:, :, 0] | (c[:, :, 1] << 4)).astype(np.uint8).reshape(n, k // 2)
 
 
+def interleave(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """Rows of Q4_K/Q6_K super-blocks (n, S · bytes) with their codes reordered for kgemm.c, same size and the same
+    header bytes: weight 16g + 4c + t (group g of 16, chunk c, t < 4) goes to position 64c + 4g + t, so that each
+    int32 lane of a chunk's integer dot sums four weights of one group. Q4_K: byte p of pair P holds chunk 2P's code p
+    (low nibble) and chunk 2P + 1's (high). Q6_K: the low 4 bits so, then 64 bytes, byte p the top 2 bits of chunk
+    c's code p at bits 2c."""
+    size, _ = BLOCK[type_name]
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1, size)
+    chunks = _natural_codes(b, type_name).reshape(*b.shape[:2], 16, 4, 4).swapaxes(2, 3).reshape(*b.shape[:2], 4, 64)
+    out = b.copy()
+    lo = chunks & 0x0F
+    nibbles = (lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)).reshape(*b.shape[:2], 128)
+    if type_name == "Q4_K":
+        out[..., 16:] = nibbles
+    else:
+        out[..., :128] = nibbles
+        top = (chunks >> 4) & 3
+        out[..., 128:192] = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
+    return out.reshape(raw.shape[0], -1)
+
+
+def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
+    """`interleave`'s inverse: the super-blocks as the file stores them."""
+    size, _ = BLOCK[type_name]
+    b = np.ascontiguousarray(held, dtype=np.uint8).reshape(held.shape[0], -1, size)
+    lead = b.shape[:2]
+    if type_name == "Q4_K":
+        pairs = b[..., 16:].reshape(*lead, 2, 64)
+        top = np.zeros(lead + (4, 64), dtype=np.uint8)
+    else:
+        pairs = b[..., :128].reshape(*lead, 2, 64)
+        hb = b[..., 128:192][:, :, None, :]
+        top = (hb >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+    lo = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(*lead, 4, 64)
+    codes = (lo | (top << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
+    out = b.copy()
+    if type_name == "Q4_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
+        c = codes.reshape(*lead, 4, 2, 32)
+        out[..., 16:] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
+    else:  # halves of 128: ql bytes l, l + 32 hold weights (l, l + 64) and (l + 32, l + 96); qh byte l their tops
+        c = codes.reshape(*lead, 2, 4, 32)
+        low, high = c & 0x0F, c >> 4
+        out[..., :128] = np.stack([low[:, :, :, 0] | (low[:, :, :, 2] << 4),
+                                   low[:, :, :, 1] | (low[:, :, :, 3] << 4)], axis=3).reshape(*lead, 128)
+        out[..., 128:192] = (high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4)
+                             | (high[:, :, :, 3] << 6)).reshape(*lead, 64)
+    return out.reshape(held.shape[0], -1)
+
+
+def _natural_codes(b: np.ndarray, type_name: str) -> np.ndarray:
+    """(n, S, bytes) file super-blocks -> (n, S, 256) unsigned codes in weight order."""
+    n = b.shape[0]
+    return _DECODERS[type_name](b, n, b.shape[1] * 256).codes.reshape(n, -1, 256)
+
+
 def superblock_codes(raw: np.ndarray, type_name: str) -> Codes:
-    """Rows of `type_name` super-blocks (n, K/256 · bytes) as codes with exact fp32 scales d·sc and offsets."""
+    """Rows of `type_name` super-blocks as the file stores them (n, K/256 · bytes) as codes with exact fp32 scales
+    d·sc and offsets."""
     size, per = BLOCK[type_name]
     n, k = raw.shape[0], raw.shape[1] // size * per
     return _DECODERS[type_name](np.ascontiguousarray(raw).reshape(n, k // per, size), n, k)
 
 
 def superblock_rows(raw: np.ndarray, type_name: str, dtype=np.float32) -> np.ndarray:
-    """(n, k) weights of rows of `type_name` super-blocks, as the file defines them: (d·sc)·u + o with d·sc and o
-    exact, one rounding to `dtype`."""
+    """(n, k) weights of rows of `type_name` super-blocks (file order), as the file defines them: (d·sc)·u + o with
+    d·sc and o exact, one rounding to `dtype`."""
     c = superblock_codes(raw, type_name)
     lay = layout(type_name)
     s = np.repeat(c.scale.astype(dtype), lay.group, axis=1)

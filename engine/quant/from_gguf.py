@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 import numpy as np
+import torch
 
 from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
@@ -22,7 +21,7 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
     fmt = choose_format(type_name, n, k, device)
     if fmt == "blocks" and held_layout(type_name, k).raw:
-        return superblocks(torch.from_numpy(np.array(t.data, dtype=np.uint8).reshape(n, -1)), type_name, row_order)
+        return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):

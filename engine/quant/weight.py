@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, CodeLayout, held_layout, layout, superblock_rows
+from engine.quant.block_codes import BLOCK, CodeLayout, file_order, held_layout, interleave, layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
@@ -133,7 +133,7 @@ class QuantTensor(nn.Module):
 
         lay = self.code_layout
         if lay.raw:
-            return torch.from_numpy(superblock_rows(self.blocks[ids].numpy(), lay.raw))
+            return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
         u = unpack_codes(self.codes[ids], lay.bits, self.shape[1]).float()
         s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
@@ -245,14 +245,18 @@ def blocks_available() -> bool:
     return cpu_kernel() is not None
 
 
-def superblocks(blocks: torch.Tensor, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
-    """An (N, K) Q4_K/Q6_K matrix held as its rows' super-blocks, `blocks` (N, K/256 · bytes) uint8 as the file
-    stores them (the caller's own copy: the file's pages are dropped after loading)."""
+def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
+    """An (N, K) Q4_K/Q6_K matrix held as its rows' super-blocks, from `raw` (N, K/256 · bytes) uint8 as the file
+    stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is."""
     size, per = BLOCK[type_name]
-    n, k = blocks.shape[0], blocks.shape[1] // size * per
+    n, k = raw.shape[0], raw.shape[1] // size * per
+    held = torch.empty(n, raw.shape[1], dtype=torch.uint8)
+    step = max(1, (32 << 20) // max(1, raw.shape[1]))
+    for start in range(0, n, step):
+        held[start:start + step] = torch.from_numpy(interleave(raw[start:start + step], type_name))
     if row_order is not None:
-        blocks = blocks[row_order]
-    return QuantTensor("blocks", (n, k), type_name, held_layout(type_name, k), blocks=blocks.contiguous())
+        held = held[row_order]
+    return QuantTensor("blocks", (n, k), type_name, held_layout(type_name, k), blocks=held)
 
 
 class BlockRows:

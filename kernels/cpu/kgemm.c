@@ -1,16 +1,19 @@
-/* Parley's CPU product over K-quant super-blocks kept as the file stores them (Q4_K, Q6_K): y (R, N) = x (R, K) @ Wᵀ.
+/* Parley's CPU product over K-quant super-blocks (Q4_K, Q6_K): y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
 
-   A super-block holds 256 weights of one row.
+   A super-block holds 256 weights of one row, in the file's bytes except for the order of its codes.
    Q4_K (144 bytes): fp16 d and dmin, eight 6-bit (scale, min) pairs in 12 bytes, 128 bytes of 4-bit codes;
         w = d·sc_j·q − dmin·m_j over sub-blocks j of 32.
    Q6_K (210 bytes): 128 bytes of low 4 bits, 64 of high 2 bits, sixteen int8 scales, fp16 d;
-        w = d·sc_j·(q − 32) over sub-blocks of 16.
+        w = d·sc_g·(q − 32) over groups g of 16.
+   The codes are interleaved at load (engine/quant/block_codes.interleave): weight 16g + 4c + t (group g of 16,
+   chunk c of 4, t < 4) sits at position 64c + 4g + t, so that in a chunk's integer dot (u8 × s8, four bytes into
+   each of 16 int32 lanes) lane g only ever sums group g: after the four chunks, the lanes hold the 16 groups' integer
+   sums, and the scales apply once per super-block, in fp32 lanes.
 
-   Activations are quantized per 256, as llama.cpp does for these types: x ≈ d_a·a, a in int8. Within a super-block
-   the sum is integer: pairs of u·a (u8 × s8 → int16) times the sub-block's scale (int16) into int32 lanes, then one
-   conversion and one product per super-block and row. The minimums (Q6_K: the 32) are per sub-block offsets o_j,
-   added as Σ_j o_j·d_a·Σa_j into the same fp32 lanes. Every row of a step is multiplied against a
-   super-block while it is in registers, so a step reads the weights once for all of its rows. */
+   Activations are quantized per 32, as llama.cpp does for its 32-blocks (x ≈ d_j·a, d_j = max|x| / 127), and laid
+   out in the same interleaved order. Per super-block and row: four integer dots, then one conversion and two
+   products; the minimums (Q6_K: the 32) are offsets per group added as Σ o_g·d_j·Σa_g into the same lanes. Every row
+   of a step is multiplied against a super-block while it is in registers, so a step reads its weights once. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,11 +51,11 @@ static inline __m256 bytes_f32(uint64_t v, float k) {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)v))), _mm256_set1_ps(k));
 }
 
-/* Activations per super-block, super-block-major so that a tile's rows sit together: a (nsb, R, 256) int8,
-   d (nsb, R) their scales, dsum (R, ng) d·Σa per sub-block. */
+/* Activations per super-block, super-block-major so that a tile's rows sit together: a (nsb, R, 256) int8 in the
+   weights' interleaved order, dl (nsb, R, 16) lane g's scale d_{g/2}, dsum (R, ng) d·Σa per weight group. */
 typedef struct {
     const int8_t *a;
-    const float *d;
+    const float *dl;
     const float *dsum;
     int64_t R, nsb, ng;
 } KActs;
@@ -64,198 +67,167 @@ static inline float hmax8(__m256 v) {
     return _mm_cvtss_f32(m);
 }
 
-static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_t *a, float *d, float *dsum) {
+/* 32 values times inv, rounded to nearest even (as lrintf), as int8 (|x|·inv ≤ 127). */
+static inline void round32(const float *x, float inv, int8_t *out) {
+    const __m256 iv = _mm256_set1_ps(inv);
+    __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), iv));
+    __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), iv));
+    __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), iv));
+    __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), iv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  /* packs interleave */
+    _mm256_storeu_si256((__m256i *)out, p);
+}
+
+static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_t *a, float *dl, float *dsum) {
     const int64_t nsb = K / QK, ng = K / group;
     const __m256 sign = _mm256_set1_ps(-0.0f);
+    int8_t nat[QK];
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nsb; b++) {
             const float *xb = x + r * K + b * QK;
-            __m256 mx = _mm256_setzero_ps();
-            for (int i = 0; i < QK; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + i)));
-            const float amax = hmax8(mx);
-            const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            float *db = dl + (b * R + r) * 16;
+            for (int j = 0; j < 8; j++) {
+                __m256 mx = _mm256_setzero_ps();
+                for (int i = 0; i < 32; i += 8)
+                    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 32 * j + i)));
+                const float amax = hmax8(mx), dj = amax / 127.0f;
+                round32(xb + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
+                db[2 * j] = db[2 * j + 1] = dj;
+                for (int g = 0; g < 32 / group; g++) {
+                    int sum = 0;
+                    for (int i = 0; i < group; i++) sum += nat[32 * j + g * group + i];
+                    dsum[r * ng + b * (QK / group) + j * (32 / group) + g] = dj * (float)sum;
+                }
+            }
             int8_t *ab = a + (b * R + r) * QK;
-            for (int i = 0; i < QK; i += 32) {  /* round to nearest even, as lrintf; |x|·inv ≤ 127 */
-                __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i), inv));
-                __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 8), inv));
-                __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 16), inv));
-                __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + i + 24), inv));
-                __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
-                p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  /* packs interleave */
-                _mm256_storeu_si256((__m256i *)(ab + i), p);
-            }
-            const float db = amax / 127.0f;
-            d[b * R + r] = db;
-            for (int g = 0; g < QK / group; g++) {
-                int sum = 0;
-                for (int i = 0; i < group; i++) sum += ab[g * group + i];
-                dsum[r * ng + b * (QK / group) + g] = db * (float)sum;
-            }
+            for (int w = 0; w < 64; w++)  /* four codes of group w / 4, chunk w % 4 */
+                memcpy(ab + 64 * (w % 4) + 4 * (w / 4), nat + 4 * w, 4);
         }
     }
 }
 
-/* c + Σ over each pair of int16 lanes p·s, eight int32 lanes. */
-static inline __m256i madd16(__m256i c, __m256i p, __m256i s) {
+/* c + Σ u·a over each 4 consecutive bytes, eight int32 lanes (u ≤ 63: AVX2's int16 pair sums cannot saturate). */
+static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    return _mm256_dpwssd_epi32(c, p, s);
+    return _mm256_dpbusd_epi32(c, u, a);
 #elif defined(__AVXVNNI__)
-    return _mm256_dpwssd_avx_epi32(c, p, s);
+    return _mm256_dpbusd_avx_epi32(c, u, a);
 #else
-    return _mm256_add_epi32(c, _mm256_madd_epi16(p, s));
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), _mm256_set1_epi16(1)));
 #endif
 }
 
-/* Two int16 scales over the halves of 16 lanes: lo on lanes 0-7, hi on 8-15. */
-static inline __m256i two_scales(int lo, int hi) {
-    return _mm256_set_m128i(_mm_set1_epi16((short)hi), _mm_set1_epi16((short)lo));
+/* Q4_K's scales as fp32 lanes over the interleaved groups: lane g → d·sc_{g/2}, 16 lanes as two halves of 8. */
+static inline __m128i q4k_lane_bytes(uint64_t sc) {
+    const __m128i v = _mm_cvtsi64_si128((long long)sc);
+    return _mm_unpacklo_epi8(v, v);
 }
 
 /* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8
 
-/* Chunk c (weights 64c..64c+63) of a Q4_K super-block's codes: the low nibbles of its 32 bytes, then the high. */
-static inline __m512i q4k_chunk(const uint8_t *qs) {
-    const __m256i v = _mm256_loadu_si256((const __m256i *)qs), m = _mm256_set1_epi8(0x0F);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, m)),
-                              _mm256_and_si256(_mm256_srli_epi16(v, 4), m), 1);
-}
-
-/* Half h of a Q6_K super-block (128 weights) as two chunks of 64: ql's low nibbles with qh's bits 0-1 (then 2-3),
-   and ql's high nibbles with qh's bits 4-5 (then 6-7). */
-static inline void q6k_half(const uint8_t *ql, const uint8_t *qh, __m512i *lo, __m512i *hi) {
-    const __m512i l = _mm512_loadu_si512((const void *)ql);
-    const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-    const __m512i h2 = _mm512_inserti64x4(_mm512_castsi256_si512(h), _mm256_srli_epi16(h, 2), 1);
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
-    *lo = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(_mm512_and_si512(h2, m2), 4));
-    *hi = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                          _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(h2, 4), m2), 4));
-}
-
-/* acc[i] += (u·a pairs)·s for NR rows of 64 activations each. */
-static inline __attribute__((always_inline)) void chunk_rows(__m512i *acc, const int NR, __m512i u, __m512i s,
-                                                             const int8_t *a) {
-    for (int i = 0; i < NR; i++)
-        acc[i] = _mm512_dpwssd_epi32(acc[i], _mm512_maddubs_epi16(u, _mm512_loadu_si512((const void *)(a + i * QK))),
-                                     s);
-}
-
-/* int16 lanes t of 32 holding scale first + t / span of the (int16) scales in v. */
-static inline __m512i spread(__m512i v, int first, int shift) {
-    const __m512i t = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12,
-                                       11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
-    return _mm512_permutexvar_epi16(_mm512_add_epi16(_mm512_srli_epi16(t, shift), _mm512_set1_epi16((short)first)), v);
-}
-
-/* NR rows of y against one weight row (`kind` and NR constants at each call site: accumulators in registers).
-   facc's lanes take both the integer sums' products and the offsets' Σ_j o_j·dsum_j; y is the sum of its lanes. */
+/* NR rows of y against one weight row (`kind` and NR constants at each call site: accumulators in registers). */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
         const int kind, float *y, int64_t ystride) {
     const int64_t R = x->R;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     __m512 facc[TILE];
-    __m512i acc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
         const uint8_t *s = w + b * sb_bytes(kind);
         const int8_t *a = x->a + (b * R + r0) * QK;
+        const float *dl = x->dl + (b * R + r0) * 16;
         const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
-        for (int i = 0; i < NR; i++) acc[i] = _mm512_setzero_si512();
-        float d;
+        const uint8_t *codes = kind == Q4_K ? s + 16 : s;
+        __m512i u[4];
+        for (int p = 0; p < 2; p++) {
+            const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * p));
+            u[2 * p] = _mm512_and_si512(v, m4);
+            u[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        }
+        __m512 wsc, off;
         if (kind == Q4_K) {
             uint64_t sc, mn;
             q4k_scale_min(s + 4, &sc, &mn);
-            d = half_at(s);
-            const __m512i sc16 = _mm512_cvtepu8_epi16(_mm256_castsi128_si256(_mm_cvtsi64_si128((long long)sc)));
-            for (int c = 0; c < 4; c++)  /* chunk c: sub-blocks 2c (lanes 0-15) and 2c + 1 */
-                chunk_rows(acc, NR, q4k_chunk(s + 16 + 32 * c), spread(sc16, 2 * c, 4), a + 64 * c);
-            const __m512 off = _mm512_zextps256_ps512(bytes_f32(mn, -half_at(s + 2)));
-            for (int i = 0; i < NR; i++)
-                facc[i] = _mm512_fmadd_ps(off, _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng)), facc[i]);
+            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))), _mm512_set1_ps(half_at(s)));
+            off = _mm512_zextps256_ps512(bytes_f32(mn, -half_at(s + 2)));
         } else {
-            d = half_at(s + 208);
-            const __m128i scb = _mm_loadu_si128((const __m128i *)(s + 192));
-            const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(scb));
-            for (int h = 0; h < 2; h++) {
-                __m512i lo, hi;
-                q6k_half(s + 64 * h, s + 128 + 32 * h, &lo, &hi);
-                chunk_rows(acc, NR, lo, spread(sc16, 8 * h, 3), a + 128 * h);  /* sub-blocks 8h .. 8h + 3 */
-                chunk_rows(acc, NR, hi, spread(sc16, 8 * h + 4, 3), a + 128 * h + 64);
-            }
-            const __m512 off = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(scb)), _mm512_set1_ps(-32.0f * d));
-            for (int i = 0; i < NR; i++) facc[i] = _mm512_fmadd_ps(off, _mm512_loadu_ps(ds + i * x->ng), facc[i]);
+            const __m512i hv = _mm512_loadu_si512((const void *)(s + 128));
+            for (int c = 0; c < 4; c++)
+                u[c] = _mm512_or_si512(u[c], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hv, 2 * c), m2), 4));
+            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 192)))),
+                                _mm512_set1_ps(half_at(s + 208)));
+            off = _mm512_mul_ps(wsc, _mm512_set1_ps(-32.0f));
         }
-        const float *da = x->d + b * R + r0;
-        for (int i = 0; i < NR; i++)
-            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i]), _mm512_set1_ps(d * da[i]), facc[i]);
+        for (int i = 0; i < NR; i++) {
+            const int8_t *ai = a + i * QK;
+            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512((const void *)ai));
+            acc = _mm512_dpbusd_epi32(acc, u[1], _mm512_loadu_si512((const void *)(ai + 64)));
+            acc = _mm512_dpbusd_epi32(acc, u[2], _mm512_loadu_si512((const void *)(ai + 128)));
+            acc = _mm512_dpbusd_epi32(acc, u[3], _mm512_loadu_si512((const void *)(ai + 192)));
+            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(dl + i * 16)), facc[i]);
+            const __m512 dsv = kind == Q4_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng))
+                                            : _mm512_loadu_ps(ds + i * x->ng);
+            facc[i] = _mm512_fmadd_ps(off, dsv, facc[i]);
+        }
     }
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = _mm512_reduce_add_ps(facc[i]);
 }
 #else
 #define TILE 4
 
-/* acc[i] += (u·a pairs)·s for NR rows of 32 activations each. */
-static inline __attribute__((always_inline)) void half_rows(__m256i *acc, const int NR, __m256i u, __m256i s,
-                                                            const int8_t *a) {
-    for (int i = 0; i < NR; i++)
-        acc[i] = madd16(acc[i], _mm256_maddubs_epi16(u, _mm256_loadu_si256((const __m256i *)(a + i * QK))), s);
-}
-
+/* Half h of the groups (8h .. 8h + 7) at a time: eight lanes each. */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
         const int kind, float *y, int64_t ystride) {
     const int64_t R = x->R;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     __m256 facc[TILE];
-    __m256i acc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
         const uint8_t *s = w + b * sb_bytes(kind);
         const int8_t *a = x->a + (b * R + r0) * QK;
+        const float *dl = x->dl + (b * R + r0) * 16;
         const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
-        for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_si256();
-        float d;
-        if (kind == Q4_K) {
-            uint64_t sc, mn;
-            q4k_scale_min(s + 4, &sc, &mn);
-            d = half_at(s);
-            for (int c = 0; c < 4; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(s + 16 + 32 * c));
-                half_rows(acc, NR, _mm256_and_si256(v, m4), _mm256_set1_epi16((short)((sc >> (16 * c)) & 0xFF)),
-                          a + 64 * c);
-                half_rows(acc, NR, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4),
-                          _mm256_set1_epi16((short)((sc >> (16 * c + 8)) & 0xFF)), a + 64 * c + 32);
+        const uint8_t *codes = kind == Q4_K ? s + 16 : s;
+        uint64_t sc = 0, mn = 0;
+        if (kind == Q4_K) q4k_scale_min(s + 4, &sc, &mn);
+        for (int h = 0; h < 2; h++) {
+            __m256i u[4];
+            for (int p = 0; p < 2; p++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(codes + 64 * p + 32 * h));
+                u[2 * p] = _mm256_and_si256(v, m4);
+                u[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
-            const __m256 off = bytes_f32(mn, -half_at(s + 2));
-            for (int i = 0; i < NR; i++) facc[i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(ds + i * x->ng), facc[i]);
-        } else {
-            d = half_at(s + 208);
-            const int8_t *sc = (const int8_t *)(s + 192);
-            for (int h = 0; h < 2; h++) {
-                const __m256i l0 = _mm256_loadu_si256((const __m256i *)(s + 64 * h));
-                const __m256i l1 = _mm256_loadu_si256((const __m256i *)(s + 64 * h + 32));
-                const __m256i qh = _mm256_loadu_si256((const __m256i *)(s + 128 + 32 * h));
-                for (int q = 0; q < 4; q++) {  /* 32 weights each: (l0 lo, l1 lo, l0 hi, l1 hi) with qh bits 2q */
-                    const __m256i l = q % 2 ? l1 : l0;
-                    const __m256i low = q < 2 ? _mm256_and_si256(l, m4) : _mm256_and_si256(_mm256_srli_epi16(l, 4), m4);
-                    const __m256i top = _mm256_and_si256(_mm256_srli_epi16(qh, 2 * q), m2);
-                    const int g = 8 * h + 2 * q;
-                    half_rows(acc, NR, _mm256_or_si256(low, _mm256_slli_epi16(top, 4)), two_scales(sc[g], sc[g + 1]),
-                              a + 128 * h + 32 * q);
-                }
+            __m256 wsc;
+            if (kind == Q4_K) {
+                wsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q4k_lane_bytes(sc), 8 * h))),
+                                    _mm256_set1_ps(half_at(s)));
+            } else {
+                const __m256i hv = _mm256_loadu_si256((const __m256i *)(s + 128 + 32 * h));
+                for (int c = 0; c < 4; c++)
+                    u[c] = _mm256_or_si256(u[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), m2), 4));
+                wsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 192 + 8 * h)))),
+                                    _mm256_set1_ps(half_at(s + 208)));
+                const __m256 off = _mm256_mul_ps(wsc, _mm256_set1_ps(-32.0f));
+                for (int i = 0; i < NR; i++)
+                    facc[i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(ds + i * x->ng + 8 * h), facc[i]);
             }
-            const __m128i scb = _mm_loadu_si128((const __m128i *)sc);
-            const __m256 k32 = _mm256_set1_ps(-32.0f * d);
-            const __m256 off0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)), k32);
-            const __m256 off1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(scb, 8))), k32);
             for (int i = 0; i < NR; i++) {
-                facc[i] = _mm256_fmadd_ps(off0, _mm256_loadu_ps(ds + i * x->ng), facc[i]);
-                facc[i] = _mm256_fmadd_ps(off1, _mm256_loadu_ps(ds + i * x->ng + 8), facc[i]);
+                const int8_t *ai = a + i * QK + 32 * h;
+                __m256i acc = dot4(_mm256_setzero_si256(), u[0], _mm256_loadu_si256((const __m256i *)ai));
+                acc = dot4(acc, u[1], _mm256_loadu_si256((const __m256i *)(ai + 64)));
+                acc = dot4(acc, u[2], _mm256_loadu_si256((const __m256i *)(ai + 128)));
+                acc = dot4(acc, u[3], _mm256_loadu_si256((const __m256i *)(ai + 192)));
+                facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(wsc, _mm256_loadu_ps(dl + i * 16 + 8 * h)),
+                                          facc[i]);
             }
         }
-        const float *da = x->d + b * R + r0;
-        for (int i = 0; i < NR; i++)
-            facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i]), _mm256_set1_ps(d * da[i]), facc[i]);
+        if (kind == Q4_K) {
+            const __m256 off = bytes_f32(mn, -half_at(s + 2));
+            for (int i = 0; i < NR; i++) facc[i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(ds + i * x->ng), facc[i]);
+        }
     }
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = hsum8(facc[i]);
 }
@@ -281,21 +253,21 @@ static inline __attribute__((always_inline)) void kcolumn(const KActs *x, const 
 }
 
 /* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL), W (N, K/256 super-blocks) of `kind` 4 (Q4_K)
-   or 6 (Q6_K) as the file stores them. Returns 0; -1 when scratch could not be allocated; -2 for a kind or K it does
-   not take. */
+   or 6 (Q6_K), codes interleaved. Returns 0; -1 when scratch could not be allocated; -2 for a kind or K it does not
+   take. */
 int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, int kind, int64_t N, const float *bias,
                  float *y, int threads) {
     if ((kind != Q4_K && kind != Q6_K) || K % QK != 0) return -2;
     const int64_t nsb = K / QK, ng = nsb * sb_groups(kind), row_bytes = nsb * sb_bytes(kind);
     int8_t *a = malloc((size_t)(R * K));
-    float *d = malloc(sizeof(float) * (size_t)(R * nsb));
+    float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
     float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
-    if (!a || !d || !dsum) {
-        free(a); free(d); free(dsum);
+    if (!a || !dl || !dsum) {
+        free(a); free(dl); free(dsum);
         return -1;
     }
-    quantize_rows(x, R, K, QK / sb_groups(kind), a, d, dsum);
-    const KActs acts = {a, d, dsum, R, nsb, ng};
+    quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
+    const KActs acts = {a, dl, dsum, R, nsb, ng};
     #pragma omp parallel for schedule(static) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = blocks + n * row_bytes;
@@ -306,6 +278,6 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
         if (bias)  /* after the sum, as torch's y + b rounds it */
             for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
     }
-    free(a); free(d); free(dsum);
+    free(a); free(dl); free(dsum);
     return 0;
 }

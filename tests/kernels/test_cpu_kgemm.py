@@ -1,6 +1,6 @@
-"""Parley's CPU kernel over K-quant super-blocks as the file stores them (kernels/cpu/kgemm.c): the kernel against its
-float64 reference on Q4_K and Q6_K and every row count, rows independent of their batch (batched == alone, bit for
-bit), the bias, every instruction-set path this CPU can run, and what it refuses."""
+"""Parley's CPU kernel over K-quant super-blocks (kernels/cpu/kgemm.c): the interleaved codes round-trip to the file's
+bytes, the kernel against its float64 reference on Q4_K and Q6_K and every row count, rows independent of their
+batch (batched == alone, bit for bit), the bias, every instruction-set path this CPU can run, and what it refuses."""
 from __future__ import annotations
 
 import gguf
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant.block_codes import BLOCK, held_layout, superblock_rows
+from engine.quant.block_codes import BLOCK, file_order, held_layout, interleave, superblock_rows
 from kernels import cpu_native
 from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
 from kernels.cpu_native import cpu_kernel
@@ -19,7 +19,12 @@ TYPES = sorted(KINDS)
 
 
 def _blocks(name: str, n: int, k: int, seed: int) -> torch.Tensor:
-    return torch.from_numpy(_random_blocks(name, n, k, np.random.default_rng(seed)))
+    """Random super-blocks, held as the kernel takes them (codes interleaved)."""
+    return torch.from_numpy(interleave(_random_blocks(name, n, k, np.random.default_rng(seed)), name))
+
+
+def _weights(blocks: torch.Tensor, name: str) -> np.ndarray:
+    return superblock_rows(file_order(blocks.numpy(), name), name, np.float64)
 
 
 def _check_against_reference(run, name: str, k: int) -> None:
@@ -29,7 +34,7 @@ def _check_against_reference(run, name: str, k: int) -> None:
     x[4] = 0.0  # an all-zero row
     ref = kgemm_reference(x, blocks, name)
     # fp32 sums of terms as large as |x|·|w|: their size, not the result's, bounds the rounding
-    bound = 1e-6 * (x.abs().double() @ torch.from_numpy(np.abs(superblock_rows(blocks.numpy(), name, np.float64))).t())
+    bound = 1e-6 * (x.abs().double() @ torch.from_numpy(np.abs(_weights(blocks, name))).t())
     for rows in (1, 3, 4, 8, 11):  # every tile remainder
         got = run(x[:rows], blocks, name)
         assert ((got.double() - ref[:rows].double()).abs() <= bound[:rows] + 1e-6).all()
@@ -43,6 +48,17 @@ def test_superblock_rows_are_the_files_values(name):
     raw = _random_blocks(name, 5, 512, np.random.default_rng(3))
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(5, 512)
     np.testing.assert_array_equal(superblock_rows(raw, name), ref)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_interleaved_codes_keep_the_bytes_and_return_to_file_order(name):
+    raw = _random_blocks(name, 5, 512, np.random.default_rng(9))
+    held = interleave(raw, name)
+    assert held.shape == raw.shape and not np.array_equal(held, raw)
+    np.testing.assert_array_equal(file_order(held, name), raw)
+    size = BLOCK[name][0]
+    head = slice(0, 16) if name == "Q4_K" else slice(192, 210)  # scales and d stay where the file has them
+    np.testing.assert_array_equal(held.reshape(5, 2, size)[..., head], raw.reshape(5, 2, size)[..., head])
 
 
 def test_only_whole_super_blocks_are_kept_as_stored():
@@ -108,11 +124,15 @@ def test_reference_runs_without_the_kernel(monkeypatch):
 
 @pytest.mark.parametrize("name", TYPES)
 def test_held_rows_look_up_and_multiply_as_the_file_defines(name):
-    """A QuantTensor of super-blocks: its rows are the file's values; its product is the kernel's."""
+    """A QuantTensor of super-blocks: its rows are the file's values (in its rows' new order); its product is the
+    kernel's."""
     from engine.quant.weight import format_bytes, superblocks
 
-    blocks = _blocks(name, 6, 512, seed=8)
-    qt = superblocks(blocks.clone(), name, torch.tensor([5, 4, 3, 2, 1, 0]))
-    assert qt.nbytes() == format_bytes("blocks", 6, 512, name) == 6 * 2 * BLOCK[name][0]
-    ref = superblock_rows(blocks.numpy(), name)[::-1]
+    raw = _random_blocks(name, 6, 512, np.random.default_rng(8))
+    qt = superblocks(raw, name, torch.tensor([5, 4, 3, 2, 1, 0]))
+    assert qt.nbytes() == format_bytes("blocks", 6, 512, name) == raw.nbytes
+    ref = superblock_rows(raw, name)[::-1]
     np.testing.assert_array_equal(qt.rows(torch.tensor([0, 5])).numpy(), ref[[0, 5]])
+    if cpu_kernel() is not None:
+        x = torch.randn(2, 512)
+        torch.testing.assert_close(qt(x), kgemm_reference(x, qt.blocks, name), rtol=1e-4, atol=1e-3)
