@@ -38,6 +38,21 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
     return y
 
 
+def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor:
+    """Rows of the file's `type_name` super-blocks (n, K/256 · bytes) as the kernel holds them: the same bytes with
+    their codes interleaved (engine/quant/block_codes.interleave is the reference, `impl="reference"`)."""
+    from engine.quant.block_codes import interleave as interleave_reference
+
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        return torch.from_numpy(interleave_reference(raw, type_name))
+    src = np.ascontiguousarray(raw, dtype=np.uint8)
+    out = torch.empty(src.shape, dtype=torch.uint8)
+    kind, size, _ = KINDS[type_name]
+    kernel.lib.parley_kq_interleave(src.ctypes.data, out.data_ptr(), src.size // size, kind, torch.get_num_threads())
+    return out
+
+
 def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.Tensor:
     """The same arithmetic in float64: activations quantized per 32 as the kernel does (kernels/cpu_qgemm.py) times
     the exact weights."""

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, CodeLayout, file_order, held_layout, interleave, layout, superblock_rows
+from engine.quant.block_codes import BLOCK, CodeLayout, file_order, held_layout, layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
@@ -250,10 +250,12 @@ def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None 
     stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is."""
     size, per = BLOCK[type_name]
     n, k = raw.shape[0], raw.shape[1] // size * per
+    from kernels.cpu_kgemm import interleave
+
     held = torch.empty(n, raw.shape[1], dtype=torch.uint8)
-    step = max(1, (32 << 20) // max(1, raw.shape[1]))
+    step = max(1, (32 << 20) // max(1, raw.shape[1]))  # a bounded slice of the file's pages at a time
     for start in range(0, n, step):
-        held[start:start + step] = torch.from_numpy(interleave(raw[start:start + step], type_name))
+        held[start:start + step] = interleave(raw[start:start + step], type_name)
     if row_order is not None:
         held = held[row_order]
     return QuantTensor("blocks", (n, k), type_name, held_layout(type_name, k), blocks=held)

@@ -281,3 +281,54 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     free(a); free(dl); free(dsum);
     return 0;
 }
+
+/* Eight consecutive 4-bit (shift 0 or 4) fields of p[0..7] as four bytes: field t low, field t + 4 high. */
+static inline uint32_t nibble_word(const uint8_t *p, int shift) {
+    uint64_t x;
+    memcpy(&x, p, 8);
+    const uint64_t y = (x >> shift) & 0x0F0F0F0F0F0F0F0Full;
+    return (uint32_t)y | (uint32_t)(y >> 32) << 4;
+}
+
+/* Sixteen consecutive 2-bit fields (at `shift`) of p[0..15] as four bytes: field t + 4c at bits 2c of byte t. */
+static inline uint32_t crumb_word(const uint8_t *p, int shift) {
+    uint64_t x0, x1;
+    memcpy(&x0, p, 8);
+    memcpy(&x1, p + 8, 8);
+    const uint64_t y0 = (x0 >> shift) & 0x0303030303030303ull, y1 = (x1 >> shift) & 0x0303030303030303ull;
+    return (uint32_t)y0 | (uint32_t)(y0 >> 32) << 2 | (uint32_t)y1 << 4 | (uint32_t)(y1 >> 32) << 6;
+}
+
+/* The file's super-blocks (nblocks of `kind`) with their codes interleaved as the product takes them (see the top of
+   this file; engine/quant/block_codes.interleave is the reference). Output word (pair P, group g) holds natural
+   weights 16g + 8P .. + 7, eight consecutive fields of eight consecutive file bytes; Q6_K's top-bit word g the 2-bit
+   fields of weights 16g .. 16g + 15. */
+void parley_kq_interleave(const uint8_t *src, uint8_t *dst, int64_t nblocks, int kind, int threads) {
+    const int size = sb_bytes(kind);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t i = 0; i < nblocks; i++) {
+        const uint8_t *s = src + i * size;
+        uint8_t *o = dst + i * size;
+        memcpy(o, s, (size_t)size);
+        uint8_t *codes = kind == Q4_K ? o + 16 : o;
+        for (int g = 0; g < 16; g++) {
+            for (int p = 0; p < 2; p++) {
+                const int n0 = 16 * g + 8 * p;
+                uint32_t word;
+                if (kind == Q4_K) {  /* file chunk of 64: bytes 32c' .. + 31, weights l low, l + 32 high */
+                    const int off = n0 % 64;
+                    word = nibble_word(s + 16 + 32 * (n0 / 64) + off % 32, off < 32 ? 0 : 4);
+                } else {  /* half h of 128: quarter q at ql[64h + l (+ 32 if q odd)], low nibbles for q < 2 */
+                    const int h = n0 / 128, q = n0 % 128 / 32, l = n0 % 32;
+                    word = nibble_word(s + 64 * h + l + (q % 2) * 32, q < 2 ? 0 : 4);
+                }
+                memcpy(codes + 64 * p + 4 * g, &word, 4);
+            }
+            if (kind == Q6_K) {
+                const int n0 = 16 * g, h = n0 / 128, q = n0 % 128 / 32, l = n0 % 32;
+                const uint32_t word = crumb_word(s + 128 + 32 * h + l, 2 * q);
+                memcpy(o + 128 + 4 * g, &word, 4);
+            }
+        }
+    }
+}

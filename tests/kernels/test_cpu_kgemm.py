@@ -11,6 +11,7 @@ import torch
 from engine.quant.block_codes import BLOCK, file_order, held_layout, interleave, superblock_rows
 from kernels import cpu_native
 from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
+from kernels.cpu_kgemm import interleave as interleave_native
 from kernels.cpu_native import cpu_kernel
 from tests.kernels.test_cpu_qgemm import _random_blocks, build_for
 
@@ -59,6 +60,8 @@ def test_interleaved_codes_keep_the_bytes_and_return_to_file_order(name):
     size = BLOCK[name][0]
     head = slice(0, 16) if name == "Q4_K" else slice(192, 210)  # scales and d stay where the file has them
     np.testing.assert_array_equal(held.reshape(5, 2, size)[..., head], raw.reshape(5, 2, size)[..., head])
+    if cpu_kernel() is not None:  # the library's interleave, which loads use, against this reference
+        np.testing.assert_array_equal(interleave_native(raw, name, impl="native").numpy(), held)
 
 
 def test_only_whole_super_blocks_are_kept_as_stored():
