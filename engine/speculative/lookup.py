@@ -70,23 +70,14 @@ class PromptLookup(Paced):
         self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
 
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
-        states = [self._state(seq) for seq in seqs]
-        due = [most > 0 and state.pacing.due(seq.num_steps) for seq, most, state in zip(seqs, room, states)]
-        # A step with a lookup waits for the last step's ids (no look-ahead), so sequences idling after lookups that
-        # found nothing look up with it: their next lookups then share one later step instead of blocking one each.
-        pull = any(due)
-        empty: list[tuple[Sequence, _State]] = []
-        for seq, most, state, is_due in zip(seqs, room, states, due):
-            if not (is_due or (pull and most > 0 and state.empty > 0)):
+        for seq, most in zip(seqs, room):
+            state = self._state(seq)
+            if most <= 0 or not state.pacing.due(seq.num_steps):
                 continue
             seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
             state.empty = 0 if seq.draft else state.empty + 1
-            if not seq.draft:
-                empty.append((seq, state))
-        if empty:  # look again a few steps on, all on the same step: meanwhile decode steps may run ahead (CUDA)
-            wait = min(min(state.empty for _, state in empty), self.config.max_idle)
-            for seq, state in empty:
-                state.pacing.resume_at = seq.num_steps + wait
+            if not seq.draft:  # look again a few steps on: meanwhile decode steps may run ahead (CUDA graphs)
+                state.pacing.resume_at = seq.num_steps + min(state.empty, self.config.max_idle)
 
     def _state(self, seq: Sequence) -> _State:
         """The sequence's index over its current token list; a new turn (a new list) starts a new one, and the

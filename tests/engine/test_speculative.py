@@ -11,7 +11,7 @@ from engine.sampling import SamplerState, SamplingParams, probabilities, sample_
 from engine.sequence import Sequence
 from engine.speculative import verify
 from engine.speculative.drafter import Pacing, PacingConfig
-from engine.speculative.lookup import LookupConfig, NgramIndex, PromptLookup
+from engine.speculative.lookup import NgramIndex, PromptLookup
 from tests.support.engine_helpers import run_staggered
 from tests.support.tiny_models import ARCHS
 
@@ -284,27 +284,6 @@ def test_a_sequence_drafts_from_its_own_text_whatever_looked_up_before_it():
     later = Sequence(3, [60, 61, 62], SamplerState(GREEDY))  # new, so due: its lookup goes first
     lookup.propose([later, seq], [4, 4])
     assert seq.draft == [9, 20, 7, 8]
-
-
-def test_idle_lookups_of_sequences_started_apart_fall_on_common_steps():
-    """Where nothing matches, sequences that began decoding on different steps end up looking up on the same steps,
-    so that (on CUDA) only one step in max_idle + 1 waits for the host; a lookup that finds something still drafts."""
-    lookup = PromptLookup(LookupConfig(max_idle=8))
-    seqs = [Sequence(i, list(range(100 * i, 100 * i + 9)), SamplerState(GREEDY)) for i in range(4)]
-    starts, blocked = [0, 3, 5, 6], []
-    for step in range(80):
-        live = [s for s, start in zip(seqs, starts) if step >= start]
-        looked = [s for s in live if lookup.may_draft(s)]
-        lookup.propose(live, [4] * len(live))
-        blocked.append(bool(looked))
-        for s in live:  # nothing ever repeats: every lookup is empty
-            assert s.draft == []
-            s.append(1000 * (s.seq_id + 1) + step)
-            s.num_steps += 1
-    assert sum(blocked[40:]) <= 40 // 9 + 1  # one lookup step in max_idle + 1, shared by all four
-    repeat = Sequence(9, [7, 8, 9, 7, 8], SamplerState(GREEDY))
-    lookup.propose([seqs[0], repeat], [4, 4])
-    assert repeat.draft == [9, 7, 8]
 
 
 def test_pacing_backs_off_after_misses_and_recovers():
