@@ -6,6 +6,8 @@ import numpy as np
 import torch
 
 from kernels import cpu_native
+from kernels.kquant_layout import file_order
+from kernels.kquant_layout import interleave as interleave_reference
 
 QK = 256  # weights per super-block
 KINDS = {"Q4_K": (4, 144, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind, bytes per super-block, group)
@@ -14,7 +16,7 @@ KINDS = {"Q4_K": (4, 144, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind
 def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
           impl: str = "auto") -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W (N, K/256 · bytes) uint8, each row's `type_name` super-blocks
-    with their codes interleaved (engine/quant/block_codes.interleave); bias (N,) fp32. `impl` "auto"/"native" runs
+    with their codes interleaved (kernels/kquant_layout.py); bias (N,) fp32. `impl` "auto"/"native" runs
     the C kernel, "reference" PyTorch."""
     kind, size, _ = KINDS[type_name]
     k = blocks.shape[1] // size * QK
@@ -40,9 +42,7 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
 
 def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor:
     """Rows of the file's `type_name` super-blocks (n, K/256 · bytes) as the kernel holds them: the same bytes with
-    their codes interleaved (engine/quant/block_codes.interleave is the reference, `impl="reference"`)."""
-    from engine.quant.block_codes import interleave as interleave_reference
-
+    their codes interleaved (kernels/kquant_layout.interleave is the reference, `impl="reference"`)."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         return torch.from_numpy(interleave_reference(raw, type_name))
@@ -56,10 +56,12 @@ def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.
 def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.Tensor:
     """The same arithmetic in float64: activations quantized per 32 as the kernel does (kernels/cpu_qgemm.py) times
     the exact weights."""
-    from engine.quant.block_codes import file_order, superblock_rows
+    import gguf
+
     from kernels.cpu_qgemm import QB, quantize_activations
 
     a, d, _ = quantize_activations(x, QB)
     xq = a.double() * d.double().repeat_interleave(QB, dim=1)
-    w = superblock_rows(file_order(blocks.numpy(), type_name), type_name, np.float64)
-    return (xq @ torch.from_numpy(w).t()).float()
+    raw = file_order(blocks.numpy(), type_name)
+    w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(raw.shape[0], -1)
+    return (xq @ torch.from_numpy(w).double().t()).float()

@@ -151,7 +151,8 @@ def _blocks(qt: QuantTensor) -> Matrix:
     are; groups of 16 (Q6_K), which MLX has no size for, are held as their exact fp32 values."""
     from kernels.cpu_qgemm import unpack_codes
 
-    from engine.quant.block_codes import file_order, layout, superblock_codes
+    from engine.quant.block_codes import layout, superblock_codes
+    from kernels.kquant_layout import file_order
 
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.quant.gguf_blocks import ROW_SLICE_BYTES, _f16, _k_scale_min, _nibbles, to_float32
+from kernels.kquant_layout import natural_codes
 
 EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
@@ -26,12 +27,12 @@ class CodeLayout:
     bits: int
     group: int
     zero: int  # -1: offsets stored
-    raw: str = ""  # a type name: that type's super-blocks, codes interleaved (`interleave`; kgemm.c's input)
+    raw: str = ""  # a type name: that type's super-blocks, codes interleaved (kernels/kquant_layout.py; kgemm.c's)
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
-    """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks (interleaved) where there is a
-    kernel for them and K is whole super-blocks, else `layout`'s codes."""
+    """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks (codes interleaved:
+    kernels/kquant_layout.py) where there is a kernel for them and K is whole super-blocks, else `layout`'s codes."""
     lay = layout(type_name)
     if type_name in SUPER and k % BLOCK[type_name][1] == 0:
         return CodeLayout(lay.bits, lay.group, lay.zero, type_name)
@@ -101,8 +102,7 @@ def _q4_1(b, n, k):
 def _q4_k(b, n, k):
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scale_min(b[..., 4:16])
-    qs = b[..., 16:].reshape(n, -1, 4, 32)  # four chunks of 64 weights: low nibbles then high nibbles
-    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, k)
+    codes = natural_codes(b, "Q4_K").reshape(n, k)
     return Codes(codes, (d[..., None] * sc).reshape(n, -1), -(dmin[..., None] * mn).reshape(n, -1))
 
 
@@ -135,16 +135,9 @@ def _q5_k(b, n, k):
 
 
 def _q6_k(b, n, k):
-    ql, qh = b[..., 0:128].reshape(n, -1, 2, 2, 32), b[..., 128:192].reshape(n, -1, 2, 1, 32)
     sc = b[..., 192:208].view(np.int8).astype(np.float32)  # (n, S, 16), one per 16 weights in order
     d = _f16(b[..., 208:210])
-    # per half of 128: ql rows 0 and 1 (32 bytes each); weights l, l+32 from their low nibbles, l+64, l+96 high
-    low = ql & 0x0F  # (n, S, half, 2, 32): [l + 0, l + 32]
-    high = ql >> 4  # [l + 64, l + 96]
-    shifts = np.array([[0, 2], [4, 6]], dtype=np.uint8)[None, None, None, :, :, None]
-    top = (qh[..., None, :, :] >> shifts) & 3  # (n, S, half, lo/hi, 2, 32)
-    codes = np.stack([low, high], axis=3) | (top << 4)
-    return Codes(codes.reshape(n, k), (d[..., None] * sc).reshape(n, -1), None)
+    return Codes(natural_codes(b, "Q6_K").reshape(n, k), (d[..., None] * sc).reshape(n, -1), None)
 
 
 def _q8_0(b, n, k):
@@ -161,61 +154,6 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     n, k = codes.shape
     c = codes.reshape(n, k // 32, 2, 16)
     return (c[:, :, 0] | (c[:, :, 1] << 4)).astype(np.uint8).reshape(n, k // 2)
-
-
-def interleave(raw: np.ndarray, type_name: str) -> np.ndarray:
-    """Rows of Q4_K/Q6_K super-blocks (n, S · bytes) with their codes reordered for kgemm.c, same size and the same
-    header bytes: weight 16g + 4c + t (group g of 16, chunk c, t < 4) goes to position 64c + 4g + t, so that each
-    int32 lane of a chunk's integer dot sums four weights of one group. Q4_K: byte p of pair P holds chunk 2P's code p
-    (low nibble) and chunk 2P + 1's (high). Q6_K: the low 4 bits so, then 64 bytes, byte p the top 2 bits of chunk
-    c's code p at bits 2c."""
-    size, _ = BLOCK[type_name]
-    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1, size)
-    chunks = _natural_codes(b, type_name).reshape(*b.shape[:2], 16, 4, 4).swapaxes(2, 3).reshape(*b.shape[:2], 4, 64)
-    out = b.copy()
-    lo = chunks & 0x0F
-    nibbles = (lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)).reshape(*b.shape[:2], 128)
-    if type_name == "Q4_K":
-        out[..., 16:] = nibbles
-    else:
-        out[..., :128] = nibbles
-        top = (chunks >> 4) & 3
-        out[..., 128:192] = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
-    return out.reshape(raw.shape[0], -1)
-
-
-def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
-    """`interleave`'s inverse: the super-blocks as the file stores them."""
-    size, _ = BLOCK[type_name]
-    b = np.ascontiguousarray(held, dtype=np.uint8).reshape(held.shape[0], -1, size)
-    lead = b.shape[:2]
-    if type_name == "Q4_K":
-        pairs = b[..., 16:].reshape(*lead, 2, 64)
-        top = np.zeros(lead + (4, 64), dtype=np.uint8)
-    else:
-        pairs = b[..., :128].reshape(*lead, 2, 64)
-        hb = b[..., 128:192][:, :, None, :]
-        top = (hb >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
-    lo = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(*lead, 4, 64)
-    codes = (lo | (top << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
-    out = b.copy()
-    if type_name == "Q4_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
-        c = codes.reshape(*lead, 4, 2, 32)
-        out[..., 16:] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
-    else:  # halves of 128: ql bytes l, l + 32 hold weights (l, l + 64) and (l + 32, l + 96); qh byte l their tops
-        c = codes.reshape(*lead, 2, 4, 32)
-        low, high = c & 0x0F, c >> 4
-        out[..., :128] = np.stack([low[:, :, :, 0] | (low[:, :, :, 2] << 4),
-                                   low[:, :, :, 1] | (low[:, :, :, 3] << 4)], axis=3).reshape(*lead, 128)
-        out[..., 128:192] = (high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4)
-                             | (high[:, :, :, 3] << 6)).reshape(*lead, 64)
-    return out.reshape(held.shape[0], -1)
-
-
-def _natural_codes(b: np.ndarray, type_name: str) -> np.ndarray:
-    """(n, S, bytes) file super-blocks -> (n, S, 256) unsigned codes in weight order."""
-    n = b.shape[0]
-    return _DECODERS[type_name](b, n, b.shape[1] * 256).codes.reshape(n, -1, 256)
 
 
 def superblock_codes(raw: np.ndarray, type_name: str) -> Codes:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, CodeLayout, file_order, held_layout, layout, superblock_rows
+from engine.quant.block_codes import BLOCK, CodeLayout, held_layout, layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
@@ -133,6 +133,8 @@ class QuantTensor(nn.Module):
 
         lay = self.code_layout
         if lay.raw:
+            from kernels.kquant_layout import file_order
+
             return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
         u = unpack_codes(self.codes[ids], lay.bits, self.shape[1]).float()
         s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)

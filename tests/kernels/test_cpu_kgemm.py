@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant.block_codes import BLOCK, file_order, held_layout, interleave, superblock_rows
+from engine.quant.block_codes import BLOCK, held_layout, superblock_rows
 from kernels import cpu_native
 from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
 from kernels.cpu_kgemm import interleave as interleave_native
 from kernels.cpu_native import cpu_kernel
+from kernels.kquant_layout import file_order, interleave
 from tests.kernels.test_cpu_qgemm import _random_blocks, build_for
 
 needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")

@@ -1,0 +1,74 @@
+"""The order Parley's K-quant product (kernels/cpu/kgemm.c) holds a Q4_K or Q6_K super-block's codes in, and its
+plain NumPy reference: the library's `parley_kq_interleave` does the same at load (kernels/cpu_kgemm.interleave).
+
+A held super-block has the file's bytes (scales, d, dmin where the file has them); only its codes are reordered so
+that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16."""
+from __future__ import annotations
+
+import numpy as np
+
+BYTES = {"Q4_K": 144, "Q6_K": 210}  # per super-block of 256 weights
+
+
+def interleave(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """Rows of Q4_K/Q6_K super-blocks (n, S · bytes) with their codes reordered for kgemm.c, same size and the same
+    header bytes: weight 16g + 4c + t (group g of 16, chunk c, t < 4) goes to position 64c + 4g + t, so that each
+    int32 lane of a chunk's integer dot sums four weights of one group. Q4_K: byte p of pair P holds chunk 2P's code p
+    (low nibble) and chunk 2P + 1's (high). Q6_K: the low 4 bits so, then 64 bytes, byte p the top 2 bits of chunk
+    c's code p at bits 2c."""
+    size = BYTES[type_name]
+    b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1, size)
+    chunks = natural_codes(b, type_name).reshape(*b.shape[:2], 16, 4, 4).swapaxes(2, 3).reshape(*b.shape[:2], 4, 64)
+    out = b.copy()
+    lo = chunks & 0x0F
+    nibbles = (lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)).reshape(*b.shape[:2], 128)
+    if type_name == "Q4_K":
+        out[..., 16:] = nibbles
+    else:
+        out[..., :128] = nibbles
+        top = (chunks >> 4) & 3
+        out[..., 128:192] = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
+    return out.reshape(raw.shape[0], -1)
+
+
+def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
+    """`interleave`'s inverse: the super-blocks as the file stores them."""
+    size = BYTES[type_name]
+    b = np.ascontiguousarray(held, dtype=np.uint8).reshape(held.shape[0], -1, size)
+    lead = b.shape[:2]
+    if type_name == "Q4_K":
+        pairs = b[..., 16:].reshape(*lead, 2, 64)
+        top = np.zeros(lead + (4, 64), dtype=np.uint8)
+    else:
+        pairs = b[..., :128].reshape(*lead, 2, 64)
+        hb = b[..., 128:192][:, :, None, :]
+        top = (hb >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+    lo = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(*lead, 4, 64)
+    codes = (lo | (top << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
+    out = b.copy()
+    if type_name == "Q4_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
+        c = codes.reshape(*lead, 4, 2, 32)
+        out[..., 16:] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
+    else:  # halves of 128: ql bytes l, l + 32 hold weights (l, l + 64) and (l + 32, l + 96); qh byte l their tops
+        c = codes.reshape(*lead, 2, 4, 32)
+        low, high = c & 0x0F, c >> 4
+        out[..., :128] = np.stack([low[:, :, :, 0] | (low[:, :, :, 2] << 4),
+                                   low[:, :, :, 1] | (low[:, :, :, 3] << 4)], axis=3).reshape(*lead, 128)
+        out[..., 128:192] = (high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4)
+                             | (high[:, :, :, 3] << 6)).reshape(*lead, 64)
+    return out.reshape(held.shape[0], -1)
+
+
+def natural_codes(b: np.ndarray, type_name: str) -> np.ndarray:
+    """(n, S, bytes) file super-blocks -> (n, S, 256) unsigned codes in weight order."""
+    lead = b.shape[:2]
+    if type_name == "Q4_K":  # four chunks of 64 weights: 32 bytes, low nibbles then high nibbles
+        qs = b[..., 16:].reshape(*lead, 4, 32)
+        return np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(*lead, 256)
+    # Q6_K, per half of 128: ql bytes l and l + 32 hold weights (l, l + 64) and (l + 32, l + 96) in their nibbles,
+    # qh byte l those four weights' top 2 bits at bits 0, 2, 4, 6
+    ql, qh = b[..., 0:128].reshape(*lead, 2, 2, 32), b[..., 128:192].reshape(*lead, 2, 1, 32)
+    low, high = ql & 0x0F, ql >> 4  # (.., half, [l, l + 32], 32) and [l + 64, l + 96]
+    shifts = np.array([[0, 2], [4, 6]], dtype=np.uint8)[None, None, None, :, :, None]
+    top = (qh[..., None, :, :] >> shifts) & 3  # (.., half, low/high, 2, 32)
+    return (np.stack([low, high], axis=3) | (top << 4)).reshape(*lead, 256)
