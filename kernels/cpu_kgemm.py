@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from kernels import cpu_native
+from kernels.cpu_qgemm import run_product
 from kernels.kquant_layout import file_order
 from kernels.kquant_layout import interleave as interleave_reference
 
@@ -26,18 +27,7 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
     if kernel is None:
         y = kgemm_reference(x, blocks, type_name)
         return y if bias is None else y + bias.float()
-    if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        raise ValueError("kgemm takes a contiguous fp32 bias")
-    x = x.float().contiguous()
-    r, n = x.shape[0], blocks.shape[0]
-    y = torch.empty(r, n, dtype=torch.float32)
-    if r == 0:
-        return y
-    rc = kernel.lib.parley_kgemm(x.data_ptr(), r, k, blocks.data_ptr(), kind, n,
-                                 bias.data_ptr() if bias is not None else None, y.data_ptr(), torch.get_num_threads())
-    if rc != 0:
-        raise MemoryError(f"no memory for the activations of a {r} × {k} product")
-    return y
+    return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
 
 
 def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The CPU product over block codes (kernels/cpu/qgemm.c, built by kernels/cpu_native.py) and its plain PyTorch
-reference (`impl="reference"`)."""
+"""The CPU products over block codes (kernels/cpu/qgemm.c; byte codes interleaved in units: kernels/cpu/q8gemm.c;
+built by kernels/cpu_native.py) and their plain PyTorch reference (`impl="reference"`)."""
 from __future__ import annotations
 
 import torch
@@ -18,21 +18,40 @@ def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: t
     if kernel is None:
         y = qgemm_reference(x, codes, scales, offsets, bits, group, zero)
         return y if bias is None else y + bias.float()
+    return run_product(kernel.lib.parley_qgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(),
+                       offsets.data_ptr() if offsets is not None else None, bits, group, zero)
+
+
+def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights) -> torch.Tensor:
+    """y (R, N) fp32 from one of the library's products, fn(x, R, K, *weights, N, bias, y, threads) -> 0, or -1
+    without scratch memory, or -2 for a K it does not take."""
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
-        raise ValueError("qgemm takes a contiguous fp32 bias")
+        raise ValueError(f"{fn.__name__} takes a contiguous fp32 bias")
     x = x.float().contiguous()
     r, k = x.shape
-    n = codes.shape[0]
     y = torch.empty(r, n, dtype=torch.float32)
     if r == 0:
         return y
-    rc = kernel.lib.parley_qgemm(x.data_ptr(), r, k, codes.data_ptr(), scales.data_ptr(),
-                                 offsets.data_ptr() if offsets is not None else None, bits, group, zero, n,
-                                 bias.data_ptr() if bias is not None else None, y.data_ptr(),
-                                 torch.get_num_threads())
+    rc = fn(x.data_ptr(), r, k, *weights, n, bias.data_ptr() if bias is not None else None, y.data_ptr(),
+            torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"{fn.__name__} does not take K = {k}")
     if rc != 0:
         raise MemoryError(f"no memory for the activations of a {r} × {k} product")
     return y
+
+
+def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
+           impl: str = "auto") -> torch.Tensor:
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes with zero 128 and an fp16 scale per 32, the codes
+    (N, K) interleaved in units (kernels/kquant_layout.interleave_units), K a multiple of 128."""
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        from kernels.kquant_layout import natural_units
+
+        y = qgemm_reference(x, torch.from_numpy(natural_units(codes.numpy())), scales, None, 8, QB, 128)
+        return y if bias is None else y + bias.float()
+    return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr())
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,8 +1,9 @@
-"""The order Parley's K-quant product (kernels/cpu/kgemm.c) holds a Q4_K or Q6_K super-block's codes in, and its
-plain NumPy reference: the library's `parley_kq_interleave` does the same at load (kernels/cpu_kgemm.interleave).
+"""The orders Parley's CPU products hold codes in, with plain NumPy for each.
 
-A held super-block has the file's bytes (scales, d, dmin where the file has them); only its codes are reordered so
-that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16."""
+- Q4_K/Q6_K super-blocks (kernels/cpu/kgemm.c): the file's bytes (scales, d, dmin where the file has them), only the
+  codes reordered so that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16.
+  The library's `parley_kq_interleave` does the same at load (kernels/cpu_kgemm.interleave).
+- Byte codes in blocks of 32 (kernels/cpu/q8gemm.c): the same idea over units of 256 (or a last 128) weights."""
 from __future__ import annotations
 
 import numpy as np
@@ -72,3 +73,28 @@ def natural_codes(b: np.ndarray, type_name: str) -> np.ndarray:
     shifts = np.array([[0, 2], [4, 6]], dtype=np.uint8)[None, None, None, :, :, None]
     top = (qh[..., None, :, :] >> shifts) & 3  # (.., half, low/high, 2, 32)
     return (np.stack([low, high], axis=3) | (top << 4)).reshape(*lead, 256)
+
+
+def interleave_units(codes: np.ndarray) -> np.ndarray:
+    """Byte codes (n, K) in blocks of 32, K a multiple of 128, in kernels/cpu/q8gemm.c's order: units of 256 weights
+    (the last of 128 when K is an odd number of 128s); in a unit of W, weight (W/16)·g + 4c + t goes to position
+    64c + 4g + t, so that int32 lane g of a 64-byte chunk's dot sums group g."""
+    return _units(np.ascontiguousarray(codes), forward=True)
+
+
+def natural_units(held: np.ndarray) -> np.ndarray:
+    """`interleave_units`'s inverse."""
+    return _units(np.ascontiguousarray(held), forward=False)
+
+
+def _units(codes: np.ndarray, forward: bool) -> np.ndarray:
+    n, k = codes.shape
+    full = k // 256 * 256
+    out = np.empty_like(codes)
+    for start, stop, chunks in ((0, full, 4), (full, k, 2)):
+        if stop == start:
+            continue
+        part = codes[:, start:stop].reshape(n, -1, 16, chunks, 4) if forward else \
+            codes[:, start:stop].reshape(n, -1, chunks, 16, 4)
+        out[:, start:stop] = part.swapaxes(2, 3).reshape(n, stop - start)  # (group, chunk, t) <-> (chunk, group, t)
+    return out

@@ -162,7 +162,12 @@ def _blocks(qt: QuantTensor) -> Matrix:
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
         o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
     else:
-        u = unpack_codes(qt.codes, lay.bits, k).numpy()
+        codes = qt.codes
+        if lay.units:  # byte codes interleaved for the x86 kernel: back to weight order
+            from kernels.kquant_layout import natural_units
+
+            codes = torch.from_numpy(natural_units(codes.numpy()))
+        u = unpack_codes(codes, lay.bits, k).numpy()
         s = qt.scales.double()
         o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
     packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)

@@ -28,15 +28,23 @@ class CodeLayout:
     group: int
     zero: int  # -1: offsets stored
     raw: str = ""  # a type name: that type's super-blocks, codes interleaved (kernels/kquant_layout.py; kgemm.c's)
+    units: bool = False  # byte codes interleaved in units of 256 (kernels/kquant_layout.py; q8gemm.c's)
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
     """How the CPU kernels hold an (n, k) matrix of `type_name`: its own super-blocks (codes interleaved:
-    kernels/kquant_layout.py) where there is a kernel for them and K is whole super-blocks, else `layout`'s codes."""
+    kernels/kquant_layout.py) where there is a kernel for them and K is whole super-blocks, else `codes_layout`."""
     lay = layout(type_name)
     if type_name in SUPER and k % BLOCK[type_name][1] == 0:
         return CodeLayout(lay.bits, lay.group, lay.zero, type_name)
-    return lay
+    return codes_layout(type_name, k)
+
+
+def codes_layout(type_name: str, k: int) -> CodeLayout:
+    """`layout`'s codes for an (n, k) matrix, interleaved in units where they are bytes with zero 128 and K is whole
+    units of 128 (kernels/cpu/q8gemm.c)."""
+    lay = layout(type_name)
+    return CodeLayout(8, 32, 128, units=True) if lay == CodeLayout(8, 32, 128) and k % 128 == 0 else lay
 
 
 def layout(type_name: str) -> CodeLayout:

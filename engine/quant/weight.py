@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, CodeLayout, held_layout, layout, superblock_rows
+from engine.quant.block_codes import BLOCK, CodeLayout, codes_layout, held_layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
@@ -66,6 +66,11 @@ class QuantTensor(nn.Module):
             from kernels.cpu_kgemm import kgemm
 
             y = kgemm(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
+            return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
+        if self.format == "blocks" and self.code_layout.units:
+            from kernels.cpu_qgemm import q8gemm
+
+            y = q8gemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks":
             from kernels.cpu_qgemm import qgemm
@@ -136,7 +141,12 @@ class QuantTensor(nn.Module):
             from kernels.kquant_layout import file_order
 
             return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
-        u = unpack_codes(self.codes[ids], lay.bits, self.shape[1]).float()
+        codes = self.codes[ids]
+        if lay.units:
+            from kernels.kquant_layout import natural_units
+
+            codes = torch.from_numpy(natural_units(codes.numpy()))
+        u = unpack_codes(codes, lay.bits, self.shape[1]).float()
         s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
         return u * s + o
@@ -267,7 +277,7 @@ class BlockRows:
     """Fills an (N, K) blocks-format weight a slice of rows (engine/quant/block_codes.Codes) at a time."""
 
     def __init__(self, n: int, k: int, type_name: str):
-        self.type_name, self.layout = type_name, layout(type_name)
+        self.type_name, self.layout = type_name, codes_layout(type_name, k)
         lay = self.layout
         self.codes = torch.empty(n, k * lay.bits // 8, dtype=torch.uint8)
         self.scales = torch.empty(n, k // lay.group, dtype=torch.float16)
@@ -278,6 +288,10 @@ class BlockRows:
 
         stop = start + len(c.codes)
         codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
+        if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
+            from kernels.kquant_layout import interleave_units
+
+            codes = interleave_units(codes)
         self.codes[start:stop] = torch.from_numpy(np.ascontiguousarray(codes))
         self.scales[start:stop] = torch.from_numpy(c.scale).half()
         if self.offsets is not None:

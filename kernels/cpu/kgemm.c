@@ -23,6 +23,7 @@
 #include "simd.h"
 
 #define QK 256
+#define PREFETCH 2048  /* bytes ahead on the weight stream (a prefetch never faults past the end) */
 
 enum { Q4_K = 4, Q6_K = 6 };  /* the `kind` argument: the type's bits */
 
@@ -60,38 +61,15 @@ typedef struct {
     int64_t R, nsb, ng;
 } KActs;
 
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    return _mm_cvtss_f32(m);
-}
-
-/* 32 values times inv, rounded to nearest even (as lrintf), as int8 (|x|·inv ≤ 127). */
-static inline void round32(const float *x, float inv, int8_t *out) {
-    const __m256 iv = _mm256_set1_ps(inv);
-    __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), iv));
-    __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), iv));
-    __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), iv));
-    __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), iv));
-    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
-    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  /* packs interleave */
-    _mm256_storeu_si256((__m256i *)out, p);
-}
-
 static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_t *a, float *dl, float *dsum) {
     const int64_t nsb = K / QK, ng = K / group;
-    const __m256 sign = _mm256_set1_ps(-0.0f);
     int8_t nat[QK];
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nsb; b++) {
             const float *xb = x + r * K + b * QK;
             float *db = dl + (b * R + r) * 16;
             for (int j = 0; j < 8; j++) {
-                __m256 mx = _mm256_setzero_ps();
-                for (int i = 0; i < 32; i += 8)
-                    mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 32 * j + i)));
-                const float amax = hmax8(mx), dj = amax / 127.0f;
+                const float amax = absmax32(xb + 32 * j), dj = amax / 127.0f;
                 round32(xb + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
                 db[2 * j] = db[2 * j + 1] = dj;
                 for (int g = 0; g < 32 / group; g++) {
@@ -137,6 +115,7 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
     for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
         const uint8_t *s = w + b * sb_bytes(kind);
+        for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
         const int8_t *a = x->a + (b * R + r0) * QK;
         const float *dl = x->dl + (b * R + r0) * 16;
         const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
@@ -187,6 +166,7 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
     for (int i = 0; i < NR; i++) facc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
         const uint8_t *s = w + b * sb_bytes(kind);
+        for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
         const int8_t *a = x->a + (b * R + r0) * QK;
         const float *dl = x->dl + (b * R + r0) * 16;
         const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
@@ -233,23 +213,12 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 }
 #endif
 
-/* One weight row against every row of x, tiles of TILE rows, the remainder with its own constant count. */
+/* One weight row against every row of x. */
 static inline __attribute__((always_inline)) void kcolumn(const KActs *x, const uint8_t *w, const int kind, float *y,
                                                           int64_t N) {
-    int64_t r0 = 0;
-    for (; r0 + TILE <= x->R; r0 += TILE) ktile(x, r0, TILE, w, kind, y, N);
-    switch (x->R - r0) {
-#if TILE > 4
-        case 7: ktile(x, r0, 7, w, kind, y, N); break;
-        case 6: ktile(x, r0, 6, w, kind, y, N); break;
-        case 5: ktile(x, r0, 5, w, kind, y, N); break;
-        case 4: ktile(x, r0, 4, w, kind, y, N); break;
-#endif
-        case 3: ktile(x, r0, 3, w, kind, y, N); break;
-        case 2: ktile(x, r0, 2, w, kind, y, N); break;
-        case 1: ktile(x, r0, 1, w, kind, y, N); break;
-        default: break;
-    }
+#define KTILE(r0, nr) ktile(x, r0, nr, w, kind, y, N)
+    EACH_TILE(x->R, TILE, KTILE);
+#undef KTILE
 }
 
 /* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL), W (N, K/256 super-blocks) of `kind` 4 (Q4_K)

@@ -28,4 +28,50 @@ static inline void norm_row(const float *x, const float *w, float eps, int d, fl
     const float r = 1.0f / sqrtf(dot_f32(x, x, d) / (float)d + eps);
     for (int i = 0; i < d; i++) out[i] = (x[i] * r) * w[i];
 }
+
+/* Every row of a product: whole tiles of `tile` rows, then the rest, each call with a constant row count so that
+   its accumulators stay in registers. CALL(r0, nr) runs rows r0 .. r0 + nr - 1; tile is 8 or 4. */
+#define EACH_TILE(rows, tile, CALL)                                              \
+    do {                                                                         \
+        int64_t r0_ = 0;                                                         \
+        for (; r0_ + (tile) <= (rows); r0_ += (tile)) CALL(r0_, tile);           \
+        switch ((rows) - r0_) {                                                  \
+            case 7: if ((tile) > 7) CALL(r0_, 7); break;                         \
+            case 6: if ((tile) > 6) CALL(r0_, 6); break;                         \
+            case 5: if ((tile) > 5) CALL(r0_, 5); break;                         \
+            case 4: if ((tile) > 4) CALL(r0_, 4); break;                         \
+            case 3: CALL(r0_, 3); break;                                         \
+            case 2: CALL(r0_, 2); break;                                         \
+            case 1: CALL(r0_, 1); break;                                         \
+            default: break;                                                      \
+        }                                                                        \
+    } while (0)
+
+/* The largest of eight lanes. */
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+}
+
+/* max |x[i]| over 32 values. */
+static inline float absmax32(const float *x) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int i = 0; i < 32; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+    return hmax8(mx);
+}
+
+/* 32 values times inv, rounded to nearest even (as lrintf), as int8 (|x|·inv ≤ 127). */
+static inline void round32(const float *x, float inv, int8_t *out) {
+    const __m256 iv = _mm256_set1_ps(inv);
+    __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x), iv));
+    __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8), iv));
+    __m256i q2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 16), iv));
+    __m256i q3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 24), iv));
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  /* packs interleave */
+    _mm256_storeu_si256((__m256i *)out, p);
+}
 #endif

@@ -1,6 +1,7 @@
-"""Parley's CPU kernel over block codes (kernels/cpu/qgemm.c): GGUF blocks decoded exactly, the kernel against
-its float64 reference on every layout and row count, rows independent of their batch (batched == alone, bit for
-bit), and every instruction-set path this CPU can run (the AVX2 fallback included)."""
+"""Parley's CPU kernels over block codes (kernels/cpu/qgemm.c, and q8gemm.c for byte codes interleaved in units):
+GGUF blocks decoded exactly, the kernels against their float64 reference on every layout and row count, rows
+independent of their batch (batched == alone, bit for bit), and every instruction-set path this CPU can run (the AVX2
+fallback included)."""
 from __future__ import annotations
 
 import ctypes
@@ -14,7 +15,8 @@ import torch
 from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, slice_codes
 from kernels import cpu_native
 from kernels.cpu_native import cpu_kernel
-from kernels.cpu_qgemm import qgemm, qgemm_reference
+from kernels.cpu_qgemm import q8gemm, qgemm, qgemm_reference
+from kernels.kquant_layout import interleave_units, natural_units
 
 needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
 
@@ -168,3 +170,66 @@ def test_missing_compiler_is_a_notice_and_torch_kernels_serve(monkeypatch, tiny_
     lm = load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
     assert "blocks" not in lm.quantization()
     assert any("CPU kernels are not available" in n and "no C compiler" in n for n in lm.notices), lm.notices
+
+
+# -- byte codes interleaved in units (kernels/cpu/q8gemm.c)
+BYTES = CodeLayout(8, 32, 128)
+
+
+def _unit_run(lib=None):
+    """The units kernel as _check_against_reference calls a kernel: the codes go in interleaved."""
+    def run(x, codes, scales, offsets, lay):
+        held = torch.from_numpy(interleave_units(codes.numpy()))
+        if lib is None:
+            return q8gemm(x, held, scales, impl="native")
+        x = x.contiguous()
+        y = torch.empty(x.shape[0], codes.shape[0])
+        assert lib.parley_q8gemm(x.data_ptr(), x.shape[0], x.shape[1], held.data_ptr(), scales.data_ptr(),
+                                 codes.shape[0], None, y.data_ptr(), 2) == 0
+        return y
+
+    return run
+
+
+@pytest.mark.parametrize("k", [128, 640, 768])  # a lone 128, units and a last 128, whole units
+def test_units_round_trip_and_put_each_group_in_its_lane(k):
+    codes = np.random.default_rng(k).integers(0, 256, (3, k), dtype=np.uint8)
+    held = interleave_units(codes)
+    np.testing.assert_array_equal(natural_units(held), codes)
+    width = 256 if k >= 256 else 128
+    g, c, t = 5, 1, 3  # weight (W/16)·g + 4c + t sits at 64c + 4g + t
+    assert held[1, 64 * c + 4 * g + t] == codes[1, width // 16 * g + 4 * c + t]
+
+
+@needs_kernel
+@pytest.mark.parametrize("k", [128, 640, 768])
+def test_units_kernel_matches_reference_and_rows_are_independent(k):
+    _check_against_reference(_unit_run(), BYTES, k)
+
+
+@needs_kernel
+@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
+                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
+                         ids=["avx2", "avx512", "vnni-256"])
+def test_units_kernel_on_each_instruction_set_path(tmp_path, march, extra, isa):
+    if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    _check_against_reference(_unit_run(build_for(tmp_path, march, extra).lib), BYTES, 640)
+
+
+@needs_kernel
+def test_units_kernel_bias_and_refusals():
+    codes, scales, _ = _weights(BYTES, 40, 256, seed=5)
+    held = torch.from_numpy(interleave_units(codes.numpy()))
+    x, bias = torch.randn(3, 256), torch.randn(40)
+    assert torch.equal(q8gemm(x, held, scales, bias, impl="native"), q8gemm(x, held, scales, impl="native") + bias)
+    with pytest.raises(ValueError, match="does not take K = 96"):
+        q8gemm(torch.randn(1, 96), held[:, :96].contiguous(), scales[:, :3].contiguous(), impl="native")
+
+
+def test_units_reference_runs_without_the_kernel(monkeypatch):
+    codes, scales, _ = _weights(BYTES, 8, 128, seed=6)
+    held = torch.from_numpy(interleave_units(codes.numpy()))
+    x = torch.randn(2, 128)
+    monkeypatch.setattr(cpu_native, "cpu_kernel", lambda: None)
+    torch.testing.assert_close(q8gemm(x, held, scales), qgemm_reference(x, codes, scales, None, 8, 32, 128))

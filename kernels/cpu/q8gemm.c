@@ -1,0 +1,182 @@
+/* Parley's CPU product over byte codes in blocks of 32 with an fp16 scale (Q8_0, Q5_0 and the re-quantized types:
+   w = s·(u − 128)), the codes interleaved in units: y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
+
+   A row is cut into units of 256 weights (the last one 128 when K is an odd number of 128s). In a unit of W weights
+   the 16 int32 lanes of a 64-byte chunk's integer dot each own one group of G = W/16 weights: weight G·g + 4c + t
+   (chunk c, t < 4) sits at position 64c + 4g + t (kernels/kquant_layout.interleave_units). After the unit's chunks
+   the lanes hold their groups' sums Σu·a, and the scales apply once per unit in fp32 lanes: one conversion and two
+   products per row and unit, where the block-by-block kernel (qgemm.c) takes three float operations per block.
+
+   Activations are quantized per block of 32 as llama.cpp does (x ≈ d·a, d = max|x| / 127) and laid out in the same
+   order; each lane's 128·Σa is kept so that VNNI's u8 × s8 dot gives Σ(u − 128)·a exactly after one subtraction.
+   AVX2 without VNNI multiplies |u − 128| by a with a's sign moved over, which cannot saturate its int16 pairs. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+#include <immintrin.h>
+
+#include "simd.h"
+
+#define UNIT 256
+#define PREFETCH 2048  /* bytes ahead on the weight stream */
+
+/* Activations per unit, unit-major so that a tile's rows sit together: a (units, R, 256) int8 in the interleaved
+   order, dl (units, R, 16) each lane's block scale, zs (units, R, 16) each lane's 128·Σa. */
+typedef struct {
+    const int8_t *a;
+    const float *dl;
+    const int32_t *zs;
+    int64_t R, K, units;
+} UActs;
+
+static inline int unit_width(int64_t K, int64_t u) { return K - UNIT * u >= UNIT ? UNIT : 128; }
+
+static void quantize_rows(const float *x, int64_t R, int64_t K, int64_t units, int8_t *a, float *dl, int32_t *zs) {
+    int8_t nat[UNIT];
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t u = 0; u < units; u++) {
+            const int W = unit_width(K, u), G = W / 16;
+            const float *xu = x + r * K + UNIT * u;
+            float d[8];
+            for (int j = 0; j < W / 32; j++) {
+                const float amax = absmax32(xu + 32 * j);
+                d[j] = amax / 127.0f;
+                round32(xu + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
+            }
+            const int64_t at = u * R + r;
+            for (int g = 0; g < 16; g++) {
+                int sum = 0;
+                for (int i = 0; i < G; i++) sum += nat[G * g + i];
+                dl[at * 16 + g] = d[G * g / 32];
+                zs[at * 16 + g] = 128 * sum;
+            }
+            int8_t *au = a + at * UNIT;
+            for (int w = 0; w < W / 4; w++)  /* natural word w: weights 4w .. 4w + 3, group 4w / G, chunk 4w % G / 4 */
+                memcpy(au + 64 * (4 * w % G / 4) + 4 * (4 * w / G), nat + 4 * w, 4);
+        }
+    }
+}
+
+/* The fp16 block scales of a unit as fp32 lanes over its groups: lane g → s[g / (16 / blocks)]. */
+static inline __m128i lane_halves(const uint16_t *s, int W, int half) {
+    if (W == UNIT) {  /* 8 blocks, two lanes each: lanes 8·half .. take blocks 4·half .. 4·half + 3 */
+        const __m128i v = _mm_loadl_epi64((const __m128i *)(s + 4 * half));
+        return _mm_unpacklo_epi16(v, v);
+    }
+    uint32_t pair;  /* 4 blocks, four lanes each: lanes 8·half .. take blocks 2·half, 2·half + 1 */
+    memcpy(&pair, s + 2 * half, 4);
+    const __m128i v = _mm_cvtsi32_si128((int)pair), d = _mm_unpacklo_epi16(v, v);
+    return _mm_unpacklo_epi32(d, d);
+}
+
+/* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
+#define TILE 8
+
+/* NR rows of y against one weight row (NR a constant at each call site: accumulators in registers). */
+static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t r0, const int NR, const uint8_t *w,
+        const uint16_t *s, float *y, int64_t ystride) {
+    const int64_t R = x->R;
+    __m512 facc[TILE];
+    for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
+    for (int64_t u = 0; u < x->units; u++) {
+        const int W = unit_width(x->K, u), C = W / 64;
+        const uint8_t *wu = w + UNIT * u;
+        for (int l = 0; l < W; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+        const uint16_t *su = s + 8 * u;
+        const __m512 wsc = _mm512_cvtph_ps(_mm256_set_m128i(lane_halves(su, W, 1), lane_halves(su, W, 0)));
+        const int64_t at = u * R + r0;
+        __m512i codes[4];
+        for (int c = 0; c < C; c++) codes[c] = _mm512_loadu_si512((const void *)(wu + 64 * c));
+        for (int i = 0; i < NR; i++) {
+            const int8_t *ai = x->a + (at + i) * UNIT;
+            __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(x->zs + (at + i) * 16)));
+            for (int c = 0; c < C; c++)
+                acc = _mm512_dpbusd_epi32(acc, codes[c], _mm512_loadu_si512((const void *)(ai + 64 * c)));
+            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(x->dl + (at + i) * 16)),
+                                      facc[i]);
+        }
+    }
+    for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = _mm512_reduce_add_ps(facc[i]);
+}
+#else
+#define TILE 4
+
+/* c + Σ (u − 128)·a over each 4 consecutive bytes, eight int32 lanes; z the lanes' 128·Σa. */
+static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(c, u, a);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(c, u, a);
+#else
+    const __m256i q = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));  /* u − 128 as int8 */
+    return _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q)),
+                                                 _mm256_set1_epi16(1)));
+#endif
+}
+
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
+#define ZERO_SUMS 1  /* the u8 × s8 dot sums u·a: take 128·Σa back */
+#else
+#define ZERO_SUMS 0
+#endif
+
+static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t r0, const int NR, const uint8_t *w,
+        const uint16_t *s, float *y, int64_t ystride) {
+    const int64_t R = x->R;
+    __m256 facc[TILE];
+    for (int i = 0; i < NR; i++) facc[i] = _mm256_setzero_ps();
+    for (int64_t u = 0; u < x->units; u++) {
+        const int W = unit_width(x->K, u), C = W / 64;
+        const uint8_t *wu = w + UNIT * u;
+        for (int l = 0; l < W; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+        const int64_t at = u * R + r0;
+        for (int h = 0; h < 2; h++) {  /* lanes 8h .. 8h + 7 */
+            const __m256 wsc = _mm256_cvtph_ps(lane_halves(s + 8 * u, W, h));
+            __m256i codes[4];
+            for (int c = 0; c < C; c++) codes[c] = _mm256_loadu_si256((const __m256i *)(wu + 64 * c + 32 * h));
+            for (int i = 0; i < NR; i++) {
+                const int8_t *ai = x->a + (at + i) * UNIT + 32 * h;
+                __m256i acc = ZERO_SUMS ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                        _mm256_loadu_si256((const __m256i *)(x->zs + (at + i) * 16 + 8 * h))) : _mm256_setzero_si256();
+                for (int c = 0; c < C; c++)
+                    acc = dot4(acc, codes[c], _mm256_loadu_si256((const __m256i *)(ai + 64 * c)));
+                facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc),
+                                          _mm256_mul_ps(wsc, _mm256_loadu_ps(x->dl + (at + i) * 16 + 8 * h)), facc[i]);
+            }
+        }
+    }
+    for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = hsum8(facc[i]);
+}
+#endif
+
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K) uint8 interleaved in units,
+   scales (N, K/32) fp16, K a multiple of 128. Returns 0; -1 when scratch could not be allocated; -2 for a K it does
+   not take. */
+int parley_q8gemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales, int64_t N,
+                  const float *bias, float *y, int threads) {
+    if (K % 128 != 0) return -2;
+    const int64_t units = (K + UNIT - 1) / UNIT;
+    int8_t *a = calloc((size_t)(units * R), UNIT);
+    float *dl = malloc(sizeof(float) * (size_t)(units * R * 16));
+    int32_t *zs = malloc(sizeof(int32_t) * (size_t)(units * R * 16));
+    if (!a || !dl || !zs) {
+        free(a); free(dl); free(zs);
+        return -1;
+    }
+    quantize_rows(x, R, K, units, a, dl, zs);
+    const UActs acts = {a, dl, zs, R, K, units};
+    #pragma omp parallel for schedule(static) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *w = codes + n * K;
+        const uint16_t *s = scales + n * (K / 32);
+#define UTILE(r0, nr) utile(&acts, r0, nr, w, s, y + n, N)
+        EACH_TILE(R, TILE, UTILE);
+#undef UTILE
+        if (bias)  /* after the sum, as torch's y + b rounds it */
+            for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
+    }
+    free(a); free(dl); free(zs);
+    return 0;
+}
