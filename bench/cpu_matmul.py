@@ -10,6 +10,7 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   int4-g32-fp32   the same with fp32 activations
   parley-q8       Parley's own kernel (kernels/cpu/qgemm.c) on Q8_0-like blocks: int8 codes, an fp16 scale per 32
   parley-q4       the same on Q4_K-like blocks: 4-bit codes, an fp16 scale and offset per 32
+  parley-q8u      the same Q8_0-like codes interleaved in units for kernels/cpu/q8gemm.c (K a multiple of 128)
   parley-k4       Parley's super-block kernel (kernels/cpu/kgemm.c) on Q4_K super-blocks as a file stores them
   parley-k6       the same on Q6_K super-blocks (random blocks: gguf has no K-quant writer; rel_err is against the
                   kernel's float64 reference rather than fp32)
@@ -77,8 +78,17 @@ def _parley(w: torch.Tensor) -> dict:
     return {
         "parley-q8": (n * k + n * k // 16, lambda x: qgemm(x, codes8, s8, None, 8, 32, 128)),
         "parley-q4": (n * k // 2 + n * k // 8, lambda x: qgemm(x, codes4, s4, o4, 4, 32, 0)),
+        **(_units(codes8, s8) if k % 128 == 0 else {}),
         **(_superblocks(n, k) if k % 256 == 0 else {}),
     }
+
+
+def _units(codes8: torch.Tensor, s8: torch.Tensor) -> dict:
+    from kernels.cpu_qgemm import q8gemm
+    from kernels.kquant_layout import interleave_units
+
+    held = torch.from_numpy(interleave_units(codes8.numpy()))
+    return {"parley-q8u": (held.numel() + held.numel() // 16, lambda x: q8gemm(x, held, s8))}
 
 
 def _superblocks(n: int, k: int) -> dict:
