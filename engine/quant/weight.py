@@ -7,10 +7,11 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
         re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
-  blocks  the CPU's own kernels, where they build: Q4_K/Q6_K as the file's super-blocks (kernels/cpu/kgemm.c,
-        buffer `blocks`), every other type as unsigned codes (4-bit packed or one byte) with an fp16 scale (and
-        offset) per group of 16 or 32, w = s·u + o (kernels/cpu/qgemm.c): every GGUF quantization exactly, as
-        llama.cpp multiplies it (engine/quant/block_codes.py); preferred to int4/int8 on the CPU wherever it is there
+  blocks  the CPU's own kernels, where they build: Q4_K/Q6_K as the file's super-blocks, codes interleaved
+        (kernels/cpu/kgemm.c, buffer `blocks`); every other type as unsigned codes (4-bit packed or one byte) with an
+        fp16 scale (and offset) per group of 16 or 32, w = s·u + o (kernels/cpu/qgemm.c), byte codes with zero 128
+        interleaved in units (kernels/cpu/q8gemm.c): every GGUF quantization exactly, as llama.cpp multiplies it
+        (engine/quant/block_codes.py, kernels/kquant_layout.py); preferred to int4/int8 on the CPU wherever it is there
 On the CPU products take fp32 or bf16 activations and return fp32 (the kernels run on bf16 activations); on CUDA
 they return the activations' dtype (or `out_dtype`).
 """
@@ -260,10 +261,10 @@ def blocks_available() -> bool:
 def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
     """An (N, K) Q4_K/Q6_K matrix held as its rows' super-blocks, from `raw` (N, K/256 · bytes) uint8 as the file
     stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is."""
-    size, per = BLOCK[type_name]
-    n, k = raw.shape[0], raw.shape[1] // size * per
     from kernels.cpu_kgemm import interleave
 
+    size, per = BLOCK[type_name]
+    n, k = raw.shape[0], raw.shape[1] // size * per
     held = torch.empty(n, raw.shape[1], dtype=torch.uint8)
     step = max(1, (32 << 20) // max(1, raw.shape[1]))  # a bounded slice of the file's pages at a time
     for start in range(0, n, step):

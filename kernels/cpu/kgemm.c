@@ -12,8 +12,8 @@
 
    Activations are quantized per 32, as llama.cpp does for its 32-blocks (x ≈ d_j·a, d_j = max|x| / 127), and laid
    out in the same interleaved order. Per super-block and row: four integer dots, then one conversion and two
-   products; the minimums (Q6_K: the 32) are offsets per group added as Σ o_g·d_j·Σa_g into the same lanes. Every row
-   of a step is multiplied against a super-block while it is in registers, so a step reads its weights once. */
+   products; the minimums (Q6_K: the 32) are offsets per group added as Σ o_g·d_j·Σa_g into the same lanes. Every
+   row of a step is multiplied against a super-block while it is in registers, so a step reads its weights once. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -130,7 +130,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
         if (kind == Q4_K) {
             uint64_t sc, mn;
             q4k_scale_min(s + 4, &sc, &mn);
-            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))), _mm512_set1_ps(half_at(s)));
+            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))),
+                                _mm512_set1_ps(half_at(s)));
             off = _mm512_zextps256_ps512(bytes_f32(mn, -half_at(s + 2)));
         } else {
             const __m512i hv = _mm512_loadu_si512((const void *)(s + 128));
@@ -146,7 +147,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
             acc = _mm512_dpbusd_epi32(acc, u[1], _mm512_loadu_si512((const void *)(ai + 64)));
             acc = _mm512_dpbusd_epi32(acc, u[2], _mm512_loadu_si512((const void *)(ai + 128)));
             acc = _mm512_dpbusd_epi32(acc, u[3], _mm512_loadu_si512((const void *)(ai + 192)));
-            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(dl + i * 16)), facc[i]);
+            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(dl + i * 16)),
+                                      facc[i]);
             const __m512 dsv = kind == Q4_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng))
                                             : _mm512_loadu_ps(ds + i * x->ng);
             facc[i] = _mm512_fmadd_ps(off, dsv, facc[i]);
@@ -187,9 +189,10 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
             } else {
                 const __m256i hv = _mm256_loadu_si256((const __m256i *)(s + 128 + 32 * h));
                 for (int c = 0; c < 4; c++)
-                    u[c] = _mm256_or_si256(u[c], _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), m2), 4));
-                wsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 192 + 8 * h)))),
-                                    _mm256_set1_ps(half_at(s + 208)));
+                    u[c] = _mm256_or_si256(u[c],
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hv, 2 * c), m2), 4));
+                const __m128i scb = _mm_loadl_epi64((const __m128i *)(s + 192 + 8 * h));
+                wsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scb)), _mm256_set1_ps(half_at(s + 208)));
                 const __m256 off = _mm256_mul_ps(wsc, _mm256_set1_ps(-32.0f));
                 for (int i = 0; i < NR; i++)
                     facc[i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(ds + i * x->ng + 8 * h), facc[i]);
@@ -200,8 +203,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
                 acc = dot4(acc, u[1], _mm256_loadu_si256((const __m256i *)(ai + 64)));
                 acc = dot4(acc, u[2], _mm256_loadu_si256((const __m256i *)(ai + 128)));
                 acc = dot4(acc, u[3], _mm256_loadu_si256((const __m256i *)(ai + 192)));
-                facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), _mm256_mul_ps(wsc, _mm256_loadu_ps(dl + i * 16 + 8 * h)),
-                                          facc[i]);
+                const __m256 scale = _mm256_mul_ps(wsc, _mm256_loadu_ps(dl + i * 16 + 8 * h));
+                facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), scale, facc[i]);
             }
         }
         if (kind == Q4_K) {

@@ -91,11 +91,12 @@ static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t 
         for (int c = 0; c < C; c++) codes[c] = _mm512_loadu_si512((const void *)(wu + 64 * c));
         for (int i = 0; i < NR; i++) {
             const int8_t *ai = x->a + (at + i) * UNIT;
-            __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_loadu_si512((const void *)(x->zs + (at + i) * 16)));
+            const __m512i zs = _mm512_loadu_si512((const void *)(x->zs + (at + i) * 16));
+            __m512i acc = _mm512_sub_epi32(_mm512_setzero_si512(), zs);
             for (int c = 0; c < C; c++)
                 acc = _mm512_dpbusd_epi32(acc, codes[c], _mm512_loadu_si512((const void *)(ai + 64 * c)));
-            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(x->dl + (at + i) * 16)),
-                                      facc[i]);
+            const __m512 scale = _mm512_mul_ps(wsc, _mm512_loadu_ps(x->dl + (at + i) * 16));
+            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), scale, facc[i]);
         }
     }
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = _mm512_reduce_add_ps(facc[i]);
