@@ -240,7 +240,10 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     }
     quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
     const KActs acts = {a, dl, dsum, R, nsb, ng};
-    #pragma omp parallel for schedule(static) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
+    /* four long contiguous runs of columns a thread (the weight stream stays sequential), taken in turn: a core
+       that its neighbours slow takes fewer of them */
+    const int64_t run = N / (4 * (int64_t)threads) > 16 ? N / (4 * (int64_t)threads) : 16;
+    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = blocks + n * row_bytes;
         if (kind == Q4_K)
