@@ -102,6 +102,23 @@ static inline __m128i q4k_lane_bytes(uint64_t sc) {
     return _mm_unpacklo_epi8(v, v);
 }
 
+/* Super-block b of a weight row (its bytes, its codes) and the activations of a tile's rows from r0 against it;
+   the weight stream is prefetched PREFETCH bytes ahead. */
+typedef struct {
+    const uint8_t *s, *codes;
+    const int8_t *a;
+    const float *dl, *ds;
+} Block;
+
+static inline __attribute__((always_inline)) Block block_at(const KActs *x, const uint8_t *w, int64_t b, int64_t r0,
+                                                             const int kind) {
+    const uint8_t *s = w + b * sb_bytes(kind);
+    for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
+    const Block blk = {s, kind == Q4_K ? s + 16 : s, x->a + (b * x->R + r0) * QK, x->dl + (b * x->R + r0) * 16,
+                       x->dsum + r0 * x->ng + b * sb_groups(kind)};
+    return blk;
+}
+
 /* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8
@@ -109,17 +126,14 @@ static inline __m128i q4k_lane_bytes(uint64_t sc) {
 /* NR rows of y against one weight row (`kind` and NR constants at each call site: accumulators in registers). */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
         const int kind, float *y, int64_t ystride) {
-    const int64_t R = x->R;
     const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     __m512 facc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
-        const uint8_t *s = w + b * sb_bytes(kind);
-        for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
-        const int8_t *a = x->a + (b * R + r0) * QK;
-        const float *dl = x->dl + (b * R + r0) * 16;
-        const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
-        const uint8_t *codes = kind == Q4_K ? s + 16 : s;
+        const Block blk = block_at(x, w, b, r0, kind);
+        const uint8_t *s = blk.s, *codes = blk.codes;
+        const int8_t *a = blk.a;
+        const float *dl = blk.dl, *ds = blk.ds;
         __m512i u[4];
         for (int p = 0; p < 2; p++) {
             const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * p));
@@ -162,17 +176,14 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 /* Half h of the groups (8h .. 8h + 7) at a time: eight lanes each. */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
         const int kind, float *y, int64_t ystride) {
-    const int64_t R = x->R;
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     __m256 facc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
-        const uint8_t *s = w + b * sb_bytes(kind);
-        for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
-        const int8_t *a = x->a + (b * R + r0) * QK;
-        const float *dl = x->dl + (b * R + r0) * 16;
-        const float *ds = x->dsum + r0 * x->ng + b * sb_groups(kind);
-        const uint8_t *codes = kind == Q4_K ? s + 16 : s;
+        const Block blk = block_at(x, w, b, r0, kind);
+        const uint8_t *s = blk.s, *codes = blk.codes;
+        const int8_t *a = blk.a;
+        const float *dl = blk.dl, *ds = blk.ds;
         uint64_t sc = 0, mn = 0;
         if (kind == Q4_K) q4k_scale_min(s + 4, &sc, &mn);
         for (int h = 0; h < 2; h++) {
@@ -240,10 +251,8 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     }
     quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
     const KActs acts = {a, dl, dsum, R, nsb, ng};
-    /* four long contiguous runs of columns a thread (the weight stream stays sequential), taken in turn: a core
-       that its neighbours slow takes fewer of them */
-    const int64_t run = N / (4 * (int64_t)threads) > 16 ? N / (4 * (int64_t)threads) : 16;
-    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
+    const int64_t run = column_run(N, threads);
+    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = blocks + n * row_bytes;
         if (kind == Q4_K)

@@ -168,10 +168,8 @@ int parley_q8gemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, co
     }
     quantize_rows(x, R, K, units, a, dl, zs);
     const UActs acts = {a, dl, zs, R, K, units};
-    /* four long contiguous runs of columns a thread (the weight stream stays sequential), taken in turn: a core
-       that its neighbours slow takes fewer of them */
-    const int64_t run = N / (4 * (int64_t)threads) > 16 ? N / (4 * (int64_t)threads) : 16;
-    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
+    const int64_t run = column_run(N, threads);
+    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *w = codes + n * K;
         const uint16_t *s = scales + n * (K / 32);

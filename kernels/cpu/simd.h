@@ -29,6 +29,16 @@ static inline void norm_row(const float *x, const float *w, float eps, int d, fl
     for (int i = 0; i < d; i++) out[i] = (x[i] * r) * w[i];
 }
 
+/* Columns a thread takes at a time in a product: four long runs a thread (each weight stream stays sequential),
+   taken in turn, so that a core the machine's other work slows takes fewer of them. */
+static inline int64_t column_run(int64_t N, int threads) {
+    const int64_t run = N / (4 * (int64_t)threads);
+    return run > 16 ? run : 16;
+}
+
+/* Whether a product is worth the threads: small ones run on the calling thread. */
+static inline int worth_threads(int64_t N, int64_t K, int64_t R) { return N * K * (R < 8 ? R : 8) > (1 << 18); }
+
 /* Every row of a product: whole tiles of `tile` rows, then the rest, each call with a constant row count so that
    its accumulators stay in registers. CALL(r0, nr) runs rows r0 .. r0 + nr - 1; tile is 8 or 4. */
 #define EACH_TILE(rows, tile, CALL)                                              \
