@@ -149,8 +149,8 @@ def _q6_k(b, n, k):
 
 
 def _q8_0(b, n, k):
-    q = b[..., 2:].view(np.int8).astype(np.int16) + 128
-    return Codes(q.astype(np.uint8).reshape(n, k), _f16(b[..., 0:2]), None)
+    u = b[..., 2:] ^ np.uint8(0x80)  # int8 q + 128, in one byte operation
+    return Codes(u.reshape(n, k), _f16(b[..., 0:2]), None)
 
 
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,
