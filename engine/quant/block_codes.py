@@ -1,7 +1,8 @@
-"""GGUF blocks as the CPU kernels' codes. Q4_K and Q6_K rows whose length is a whole number of super-blocks are kept
-as the file stores them (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16 or 32
-weights, a scale s and offset o, w = s·u + o (kernels/cpu/qgemm.c). The common types map exactly (up to the fp16
-rounding of s and o); any other type is re-quantized from its dequantized rows to symmetric int8 groups of 32."""
+"""GGUF blocks as the CPU kernels' codes. Q4_K and Q6_K rows whose length is a whole number of super-blocks keep the
+file's bytes, codes reordered (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16
+or 32 weights, a scale s and offset o, w = s·u + o (kernels/cpu/qgemm.c; byte codes with zero 128 reordered in units
+for kernels/cpu/q8gemm.c). The common types map exactly (up to the fp16 rounding of s and o); any other type is
+re-quantized from its dequantized rows to symmetric int8 groups of 32."""
 from __future__ import annotations
 
 from dataclasses import dataclass

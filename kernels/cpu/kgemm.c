@@ -63,24 +63,18 @@ typedef struct {
 
 static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_t *a, float *dl, float *dsum) {
     const int64_t nsb = K / QK, ng = K / group;
-    int8_t nat[QK];
     for (int64_t r = 0; r < R; r++) {
         for (int64_t b = 0; b < nsb; b++) {
-            const float *xb = x + r * K + b * QK;
-            float *db = dl + (b * R + r) * 16;
-            for (int j = 0; j < 8; j++) {
-                const float amax = absmax32(xb + 32 * j), dj = amax / 127.0f;
-                round32(xb + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
-                db[2 * j] = db[2 * j + 1] = dj;
-                for (int g = 0; g < 32 / group; g++) {
-                    int sum = 0;
-                    for (int i = 0; i < group; i++) sum += nat[32 * j + g * group + i];
-                    dsum[r * ng + b * (QK / group) + j * (32 / group) + g] = dj * (float)sum;
-                }
+            const float *db = dl + (b * R + r) * 16;
+            int sums[16];  /* lane g: group g of 16 */
+            quantize_unit(x + r * K + b * QK, QK, a + (b * R + r) * QK, dl + (b * R + r) * 16, sums);
+            float *ds = dsum + r * ng + b * (QK / group);
+            for (int g = 0; g < 16; g++) {
+                if (group == 16)
+                    ds[g] = db[g] * (float)sums[g];
+                else if (g % 2 == 0)  /* a group of 32: two lanes of the same block */
+                    ds[g / 2] = db[g] * (float)(sums[g] + sums[g + 1]);
             }
-            int8_t *ab = a + (b * R + r) * QK;
-            for (int w = 0; w < 64; w++)  /* four codes of group w / 4, chunk w % 4 */
-                memcpy(ab + 64 * (w % 4) + 4 * (w / 4), nat + 4 * w, 4);
         }
     }
 }

@@ -33,27 +33,12 @@ typedef struct {
 static inline int unit_width(int64_t K, int64_t u) { return K - UNIT * u >= UNIT ? UNIT : 128; }
 
 static void quantize_rows(const float *x, int64_t R, int64_t K, int64_t units, int8_t *a, float *dl, int32_t *zs) {
-    int8_t nat[UNIT];
     for (int64_t r = 0; r < R; r++) {
         for (int64_t u = 0; u < units; u++) {
-            const int W = unit_width(K, u), G = W / 16;
-            const float *xu = x + r * K + UNIT * u;
-            float d[8];
-            for (int j = 0; j < W / 32; j++) {
-                const float amax = absmax32(xu + 32 * j);
-                d[j] = amax / 127.0f;
-                round32(xu + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
-            }
             const int64_t at = u * R + r;
-            for (int g = 0; g < 16; g++) {
-                int sum = 0;
-                for (int i = 0; i < G; i++) sum += nat[G * g + i];
-                dl[at * 16 + g] = d[G * g / 32];
-                zs[at * 16 + g] = 128 * sum;
-            }
-            int8_t *au = a + at * UNIT;
-            for (int w = 0; w < W / 4; w++)  /* natural word w: weights 4w .. 4w + 3, group 4w / G, chunk 4w % G / 4 */
-                memcpy(au + 64 * (4 * w % G / 4) + 4 * (4 * w / G), nat + 4 * w, 4);
+            int sums[16];
+            quantize_unit(x + r * K + UNIT * u, unit_width(K, u), a + at * UNIT, dl + at * 16, sums);
+            for (int g = 0; g < 16; g++) zs[at * 16 + g] = 128 * sums[g];
         }
     }
 }

@@ -2,6 +2,7 @@
 #ifndef PARLEY_SIMD_H
 #define PARLEY_SIMD_H
 #include <stdint.h>
+#include <string.h>
 #include <math.h>
 #include <immintrin.h>
 
@@ -83,5 +84,27 @@ static inline void round32(const float *x, float inv, int8_t *out) {
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  /* packs interleave */
     _mm256_storeu_si256((__m256i *)out, p);
+}
+
+/* One unit of W = 256 or 128 activations quantized per block of 32 (d = max|x| / 127, as llama.cpp's 32-blocks) in
+   the interleaved order of kgemm.c and q8gemm.c: natural weight G·g + 4c + t (G = W/16) at position 64c + 4g + t.
+   dl[g] is lane g's block scale, sums[g] the integer Σa over lane g's G weights. */
+static inline void quantize_unit(const float *x, int W, int8_t *a, float *dl, int sums[16]) {
+    int8_t nat[256];
+    const int G = W / 16;
+    float d[8];
+    for (int j = 0; j < W / 32; j++) {
+        const float amax = absmax32(x + 32 * j);
+        d[j] = amax / 127.0f;
+        round32(x + 32 * j, amax > 0.0f ? 127.0f / amax : 0.0f, nat + 32 * j);
+    }
+    for (int g = 0; g < 16; g++) {
+        int sum = 0;
+        for (int i = 0; i < G; i++) sum += nat[G * g + i];
+        dl[g] = d[G * g / 32];
+        sums[g] = sum;
+    }
+    for (int w = 0; w < W / 4; w++)  /* natural word w: weights 4w .. 4w + 3, lane 4w / G, chunk 4w % G / 4 */
+        memcpy(a + 64 * (4 * w % G / 4) + 4 * (4 * w / G), nat + 4 * w, 4);
 }
 #endif
