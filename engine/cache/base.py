@@ -87,6 +87,14 @@ class KVCache:
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
         raise NotImplementedError
 
+    def native_rows(self) -> bool:
+        """Whether every query row attends alone in the CPU library (an fp32 cache on the CPU, the library built
+        here). A row's result then depends on its query and its keys only, never on how its prompt was cut into
+        steps: chunked prefill, a reused prefix, a verified draft and a one-token step all compute it alike."""
+        from kernels.cpu_native import cpu_kernel
+
+        return self.device.type == "cpu" and self.config.torch_dtype == torch.float32 and cpu_kernel() is not None
+
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(K store, V store, flat slots) for a kernel that writes this step's K/V itself, then calls
         `attend` with k = v = None; None where this layout has no such stores."""
@@ -120,3 +128,38 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
     )
     return out.transpose(0, 1)
+
+
+def one_row_plan(segments, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-row queries of a step's segments, as the CPU kernel's key list and (row, offset, count) table.
+    `segments`: (q_start, q_len, gather, mask); a one-row segment sees every key gathered, and each row j of a
+    segment without a mask sees the keys up to its own position (the last q_len - 1 - j gathered are after it),
+    cut to the window. Masked segments are left to `attention`."""
+    keys, table, at = [], [], 0
+    for q_start, q_len, gather, mask in segments:
+        if q_len == 1:
+            table.append((q_start, at, len(gather)))
+        elif mask is None:
+            n = len(gather) - q_len
+            for j in range(q_len):
+                hi = n + j + 1
+                lo = max(0, hi - window) if window else 0
+                table.append((q_start + j, at + lo, hi - lo))
+        else:
+            continue
+        keys.append(gather.cpu())
+        at += len(gather)
+    flat = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long)
+    return flat.long().contiguous(), torch.tensor(table, dtype=torch.long).reshape(-1, 3)
+
+
+def attend_one_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
+                    scale: float) -> torch.Tensor:
+    """Every row of `rows` (`one_row_plan`) attended in the CPU library; rows it does not name (padding, masked
+    segments) are zero."""
+    from kernels.cpu_attend import attend_rows
+
+    keys, table = rows
+    out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
+    attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out)
+    return out

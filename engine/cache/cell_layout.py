@@ -1,11 +1,14 @@
-"""Layout `cell`: one pool of token cells tagged (sequence, position); the mask comes from the tags."""
+"""Layout `cell`: one pool of token cells tagged (sequence, position); the mask comes from the tags.
+
+Where the CPU library runs the attention (`native_rows`), each query row attends alone over its sequence's cells in
+position order instead, as the `sequence` layout's rows do: the two layouts then compute the same values."""
 from __future__ import annotations
 
 import heapq
 
 import torch
 
-from engine.cache.base import KVCache, attention
+from engine.cache.base import KVCache, attend_one_rows, attention, one_row_plan
 from engine.cache.config import CacheConfig
 from engine.errors import CacheError
 
@@ -98,11 +101,20 @@ class CellKVCache(KVCache):
             write[rows] = torch.tensor(cells)
             q_seq[rows], q_pos[rows] = s.slot, torch.arange(s.start, s.start + s.q_len)
             self.tag_seq[write[rows]], self.tag_pos[write[rows]] = s.slot, q_pos[rows]
-        used = max(self._highest_used() + 1, 1)
         self._step = {"write": write.to(self.device)}
+        if self.native_rows():
+            for w in set(self.windows):
+                self._step[w] = one_row_plan([self._gather(s, w) for s in self.segments], w)
+            return
+        used = max(self._highest_used() + 1, 1)
         for w in set(self.windows):
             self._step[w] = self._mask(q_seq, q_pos, used, w)
         self._step["used"] = used
+
+    def _gather(self, s, window: int | None) -> tuple[int, int, torch.Tensor, None]:
+        """A segment's visible cells in position order, as `one_row_plan` takes them (no mask: rows attend alone)."""
+        lo = max(0, s.start - window + 1) if window else 0
+        return s.q_start, s.q_len, torch.tensor(self._cells_of[s.slot][lo : s.start + s.q_len]), None
 
     def _highest_used(self) -> int:
         occupied = (self.tag_seq[: self.cells] != FREE).nonzero()
@@ -125,11 +137,14 @@ class CellKVCache(KVCache):
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
                scale: float) -> torch.Tensor:
-        write, used = self._step["write"], self._step["used"]
-        mask, covered = self._step[self.windows[layer_id]]
+        write = self._step["write"]
         if k is not None:  # None: the caller wrote them (direct_write)
             self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
             self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
+        if "used" not in self._step:  # planned row by row (`native_rows`)
+            return attend_one_rows(q, self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]], scale)
+        used = self._step["used"]
+        mask, covered = self._step[self.windows[layer_id]]
         keys = self.k[layer_id][:used].to(q.dtype)
         values = self.v[layer_id][:used].to(q.dtype)
         out = attention(q, keys, values, mask, scale)

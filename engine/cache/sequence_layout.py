@@ -1,7 +1,8 @@
 """Layout `sequence`: per layer [rows, max_seqs + 1, kv_heads, head_dim]; a column per sequence, the last one scratch.
 
-Two attention paths share the storage. On CPU (attention_impl "auto") a per-segment PyTorch loop, the
-reference, planned here in `prepare_step`. On CUDA (or when forced) the kernels of `kernels/`: each layer
+Two attention paths share the storage. On CPU (attention_impl "auto") a per-segment loop planned here in
+`prepare_step`: where the CPU library is built, every query row attends alone in it (`native_rows`), so a prompt
+computes the same values however its steps cut it; else PyTorch, the reference. On CUDA (or when forced) the kernels of `kernels/`: each layer
 runs `kv_write` + `sdpa_varlen` over a `KernelPlan` (device segment table and write slots) that the runner
 stages (engine/step_inputs.py) from this layout's `geometry` and hands over with `bind_step`.
 """
@@ -11,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.base import KVCache, attention, visible
+from engine.cache.base import KVCache, attend_one_rows, attention, one_row_plan, visible
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 from kernels.cpu_attend import attention_row
@@ -116,18 +117,12 @@ class SequenceKVCache(RingedLayout, KVCache):
         for s in self.segments:
             pos[s.q_start : s.q_start + s.q_len] = torch.arange(s.start, s.start + s.q_len)
             col[s.q_start : s.q_start + s.q_len] = s.slot
-        plans = {}
+        plans, native = {}, self.native_rows()
         for w in set(self.windows):
             write = (self._row(pos, w) * self.columns + col).to(dev)
-            segments = [self._segment_plan(s, w) for s in self.segments]
-            plans[w] = (write, segments, one_row_plan(segments, w) if self.native_rows() else None)
+            segments = [self._segment_plan(s, w, rowwise=native or s.rowwise) for s in self.segments]
+            plans[w] = (write, segments, one_row_plan(segments, w) if native else None)
         self._step = plans
-
-    def native_rows(self) -> bool:
-        """Whether one-row attention runs in the CPU library (fp32 cache on the CPU, the library built here)."""
-        from kernels.cpu_native import cpu_kernel
-
-        return self.device.type == "cpu" and self.config.torch_dtype == torch.float32 and cpu_kernel() is not None
 
     def step_plan(self) -> dict:
         """The loop's plan of the prepared step, per window: (write slots, segments, one-row (keys, table) or None)."""
@@ -137,15 +132,15 @@ class SequenceKVCache(RingedLayout, KVCache):
         """Attends this step with `plan`: the same step's plan held elsewhere (a CPU tape's fixed buffers)."""
         self._step = plan
 
-    def _segment_plan(self, s, window: int | None):
-        """Gather indices of the keys this segment can see, in position order, and its mask; for a rowwise segment
-        the mask is None and each row attends its own slice of those keys, exactly the keys (and order) a one-token
-        step at its position gathers (engine/cache/book.py `attention_segments`)."""
+    def _segment_plan(self, s, window: int | None, rowwise: bool):
+        """Gather indices of the keys this segment can see, in position order, and its mask; a rowwise segment has
+        no mask: each row attends its own slice of those keys, exactly the keys (and order) a one-token step at its
+        position gathers (engine/cache/book.py `attention_segments`)."""
         qpos = torch.arange(s.start, s.start + s.q_len)
         lo = max(0, s.start - window + 1) if window else 0
         kpos = torch.arange(lo, s.start + s.q_len)
         gather = self._row(kpos, window) * self.columns + s.slot
-        mask = None if s.rowwise else visible(kpos, qpos, window).to(self.device)
+        mask = None if rowwise else visible(kpos, qpos, window).to(self.device)
         return s.q_start, s.q_len, gather.to(self.device), mask
 
     def bind_step(self, plan: KernelPlan) -> None:
@@ -178,12 +173,7 @@ class SequenceKVCache(RingedLayout, KVCache):
             vf.index_copy_(0, write, v.to(vf.dtype))
         window = self.windows[layer_id]
         if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
-            from kernels.cpu_attend import attend_rows
-
-            keys, table = rows
-            # rows that no segment covers stay zero; a decode-only step's table names every row
-            out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
-            attend_rows(q.contiguous(), kf, vf, keys, table, scale, out)
+            out = attend_one_rows(q, kf, vf, rows, scale)
             segments = [s for s in segments if s[1] > 1 and s[3] is not None]
         else:
             out = q.new_zeros(q.shape)
@@ -206,27 +196,6 @@ class SequenceKVCache(RingedLayout, KVCache):
     def _copy_sequence(self, src: int, dst: int) -> None:
         for t in self.k + self.v:
             t[:, dst] = t[:, src]
-
-
-def one_row_plan(segments, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The one-row queries of a step's segments (decode rows, and each row of a rowwise segment over its own keys, as
-    `attend` slices them) as the CPU kernel's key list and (row, offset, count) table."""
-    keys, table, at = [], [], 0
-    for q_start, q_len, gather, mask in segments:
-        if q_len == 1:
-            table.append((q_start, at, len(gather)))
-        elif mask is None:
-            n = len(gather) - q_len
-            for j in range(q_len):
-                hi = n + j + 1
-                lo = max(0, hi - window) if window else 0
-                table.append((q_start + j, at + lo, hi - lo))
-        else:
-            continue
-        keys.append(gather.cpu())
-        at += len(gather)
-    flat = torch.cat(keys) if keys else torch.zeros(0, dtype=torch.long)
-    return flat.long().contiguous(), torch.tensor(table, dtype=torch.long).reshape(-1, 3)
 
 
 def sequence_attend(

@@ -10,7 +10,8 @@ from bench.runs import RunConfig, make_batcher, make_runtime
 from engine.loading.loader import load_model
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
-from tests.support.engine_helpers import alone, run_staggered
+from kernels.cpu_native import cpu_kernel
+from tests.support.engine_helpers import alone, full_logits, run_staggered
 from tests.support.tiny_models import ARCHS
 
 LENGTHS = [3, 9, 17, 30, 45, 61]  # gemma3's tiny window is 8: most prompts wrap its ring (15 rows)
@@ -49,6 +50,19 @@ def test_layouts_agree(models):
     seq = run_staggered(make_batcher(lm, 6, _run("sequence")), prompts, ARRIVALS, GREEDY)
     cell = run_staggered(make_batcher(lm, 6, _run("cell")), prompts, ARRIVALS, GREEDY)
     assert seq == cell
+
+
+@pytest.mark.skipif(cpu_kernel() is None, reason="the CPU library does not build here")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_a_prompt_computes_the_same_however_its_steps_cut_it(tiny_models_q4, arch):
+    """One token a step, chunks, the whole prompt at once, either layout: bit-identical logits at every position. So
+    a prefix reused from another chat, or a prompt cut by other chats' rows, never changes what greedy picks. (On
+    Parley's CPU products; fp32 matrices go through torch's GEMM, whose rows may depend on the row count.)"""
+    lm = load_model(tiny_models_q4[arch].gguf_path)
+    ids = _prompts(lm.args.vocab_size)[-1]  # 61 tokens: past gemma3's window of 8
+    whole = full_logits(lm, ids, chunk=len(ids))
+    for layout, chunk in (("sequence", 1), ("sequence", 7), ("cell", 1), ("cell", 5), ("cell", len(ids))):
+        assert torch.equal(full_logits(lm, ids, layout, chunk), whole), (layout, chunk)
 
 
 def _step_until(batcher, seq, n_generated):
