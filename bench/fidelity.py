@@ -301,7 +301,7 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the embedded model)")
     ap.add_argument("--weights", nargs="+", default=["quantized", "dequantized"], choices=["quantized", "dequantized"])
     ap.add_argument("--no-floor", action="store_true",
-                    help="skip llama.cpp with flash attention against itself (its own noise floor)")
+                    help="skip llama.cpp against itself: flash attention, an f32 KV cache (its own noise floor)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=256, help="Parley rows per forward")
     ap.add_argument("--max-tokens", type=int, default=1024, help="each text is cut to this many tokens (llama n_ctx)")
@@ -309,11 +309,12 @@ def _args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def _llama(path: Path, a: argparse.Namespace, flash_attn: bool = False):
+def _llama(path: Path, a: argparse.Namespace, **options):
+    """llama.cpp on `path`; `options` (flash_attn, type_k, type_v) move it off its defaults."""
     import llama_cpp
 
     return llama_cpp.Llama(model_path=str(path), n_ctx=a.max_tokens, n_threads=a.threads, n_threads_batch=a.threads,
-                           logits_all=True, flash_attn=flash_attn, verbose=False)
+                           logits_all=True, verbose=False, **options)
 
 
 @dataclass(slots=True)
@@ -331,8 +332,10 @@ def _candidates(a: argparse.Namespace) -> list[Candidate]:
     for w in a.weights:
         lm = load_model(a.model, LoadOptions(weights=w, cache_dir=a.data_dir / "cache"))
         out.append(Candidate(f"parley-{w}", partial(parley_chunks, lm, chunk=a.chunk), lm))
-    if not a.no_floor:  # the same engine, another attention path: how far llama.cpp moves against itself
+    if not a.no_floor:  # the same engine, another attention path or KV precision: how far llama.cpp moves by itself
         out.append(Candidate("llamacpp-flash-attn", partial(llama_chunks, _llama(a.model, a, flash_attn=True))))
+        f32 = 0  # GGML_TYPE_F32: the default cache holds K and V in f16
+        out.append(Candidate("llamacpp-f32-kv", partial(llama_chunks, _llama(a.model, a, type_k=f32, type_v=f32))))
     return out
 
 
