@@ -29,12 +29,17 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="try tile shapes (block_n, warps, stages) of the int4 kernel")
     ap.add_argument("--matrices", nargs="+", default=list(MATRICES))
     ap.add_argument("--int8", action="store_true", help="also the int8-row kernel")
+    ap.add_argument("--splits", type=int, nargs="+", default=[1],
+                    help="int4: K slices tried (fp32 partials a consumer sums; the sum is not timed)")
+    ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
     opts = ap.parse_args()
     dev = torch.device("cuda")
     configs = [dict()]
-    if opts.sweep:
+    if opts.sweep or opts.narrow_sweep:
+        bns, stages = ([32, 64, 128], [3, 4]) if opts.narrow_sweep else ([16, 32, 64, 128], [2, 3, 4])
         configs = [dict(block_n=bn, num_warps=w, num_stages=s, chunks=c) for bn, w, s, c in
-                   itertools.product([16, 32, 64, 128], [4, 8], [2, 3, 4], [1, 2])]
+                   itertools.product(bns, [4, 8], stages, [1, 2])]
+    configs = [c | ({"splits": s} if s > 1 else {}) for c in configs for s in opts.splits]
     for name in opts.matrices:
         n, k = MATRICES[name]
         copies = max(2, min(18, (256 << 20) // (n * k)))  # more bytes than L2 holds, as in a step's chain of layers
@@ -49,7 +54,7 @@ def main() -> None:
             row = {"matrix": name, "rows": m}
             print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
             kinds = (("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8),)
-            if opts.int8 and not opts.sweep:  # the sweep's configurations are the int4 kernel's
+            if opts.int8 and configs == [dict()]:  # the sweep's configurations are the int4 kernel's
                 kinds += (("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k),)
             for kind, calls, nbytes in kinds:
                 results = []
@@ -60,9 +65,11 @@ def main() -> None:
                         results.append((time_graph(calls(c)) * 1e3, c))
                     except Exception as exc:  # a tile that does not fit shared memory: skip it
                         results.append((float("inf"), c | {"error": type(exc).__name__}))
-                us, c = min(results, key=lambda r: r[0])
-                print(json.dumps(row | {"kind": kind, "config": c, "us": round(us, 2), "gb_s": round(nbytes / us / 1e3, 1),
-                                        "speedup_vs_bf16": round(base / us, 3)}), flush=True)
+                for split in sorted({c.get("splits", 1) for _, c in results}):  # the best tile per K split
+                    us, c = min((r for r in results if r[1].get("splits", 1) == split), key=lambda r: r[0])
+                    print(json.dumps(row | {"kind": kind, "config": c, "us": round(us, 2),
+                                            "gb_s": round(nbytes / us / 1e3, 1), "speedup_vs_bf16": round(base / us, 3)}),
+                          flush=True)
 
 if __name__ == "__main__":
     main()
