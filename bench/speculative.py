@@ -1,7 +1,7 @@
 """Speculative decoding (prompt lookup) against plain decoding, on the embedded model, in one process.
 
     python bench/speculative.py [--sessions 1 8] [--tokens 192] [--rounds 2] [--device cpu|cuda] [--model PATH]
-                                [--draft-model PATH | --synthetic-draft]
+                                [--draft-model PATH | --synthetic-draft] [--dflash DRAFTER.safetensors]
 
 Workloads, greedy, through the engine's runtime (chat template applied):
   code_edit   "rewrite this file with a docstring on every function": each session gets a source file of this repo
@@ -12,7 +12,8 @@ Workloads, greedy, through the engine's runtime (chat template applied):
   open_chat_sampled    the same with the app's default sampling (T 0.7, top-p 0.95, top-k 40, rep 1.1, seeded): the
               two modes draw different samples, so only their rates compare
 With a draft model (--draft-model, or --synthetic-draft: the Llama-1B-shaped synthetic target drafted for by a
-4-layer model of the same vocabulary, both random weights: no acceptance, the cost side) a third mode, draft, runs.
+4-layer model of the same vocabulary, both random weights: no acceptance, the cost side) a third mode, draft, runs;
+with --dflash (a drafter trained for the model by training/dflash.py) the mode dflash.
 For each (workload, sessions) the modes run interleaved, `rounds` times; the best round of each counts. Decode
 rate = tokens after each session's first / time from the last first token to the end. Prints one JSON line per
 case: both rates, their ratio, tokens per step, drafts accepted, and whether both modes gave the same tokens.
@@ -118,6 +119,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--model", default=None, help="a .gguf file (default: the embedded model)")
     ap.add_argument("--draft-model", default=None, help="a smaller model of the same vocabulary: adds the draft mode")
+    ap.add_argument("--dflash", default=None, help="a DFlash drafter trained for the model: adds the dflash mode")
     ap.add_argument("--synthetic-draft", action="store_true",
                     help="target and draft: the synthetic llama-1b and llama-draft shapes (bench/synthetic_gguf.py)")
     ap.add_argument("--profile", action="store_true", help="print where the last lookup round's time went (cProfile)")
@@ -143,14 +145,21 @@ def main() -> None:
     lm = load_model(path, options)
     draft = load_model(draft_path, options) if draft_path else None
     modes = ("off", "lookup", "draft") if draft else ("off", "lookup")
+    if args.dflash:
+        from engine.speculative.dflash_net import load as load_dflash
+
+        dflash = load_dflash(Path(args.dflash))
+        modes += ("dflash",)
     tok = lm.tokenizer
     for sessions in args.sessions:
         runtimes = {}
         for mode in modes:
             for cap in ([None] if mode == "off" else args.draft_sequences or [None]):
+                drafter_path = Path(args.dflash) if mode == "dflash" else draft_path
                 rt = build_runtime(lm, EngineConfig(max_sessions=sessions, max_session_tokens=2048, device=device,
-                                                    speculative=mode, draft_model=draft_path),
-                                   keep_finished=False, draft=draft if mode == "draft" else None)
+                                                    speculative=mode, draft_model=drafter_path),
+                                   keep_finished=False,
+                                   draft={"draft": draft, "dflash": dflash if args.dflash else None}.get(mode))
                 if cap is not None:
                     rt.batcher.drafter.max_sequences = cap
                 runtimes[mode if cap is None else f"{mode}@{cap}"] = rt

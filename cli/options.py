@@ -27,11 +27,13 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    "CPU, on CUDA floats while they fit in 60%% of the free GPU memory (faster there so far)")
     p.add_argument("--quantize", default=None, choices=["q8", "q4"],
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
-    p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup", "draft"],
+    p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup", "draft", "dflash"],
                    help="speculative decoding, output unchanged: lookup drafts tokens from the prompt and earlier output "
-                   "(n-gram matches), draft from --draft-model; the model verifies them in one step; auto: lookup")
+                   "(n-gram matches), draft and dflash from --draft-model; the model verifies them in one step; auto: "
+                   "lookup")
     p.add_argument("--draft-model", default=None, help="a smaller .gguf or HF folder with the same tokenizer that "
-                   "drafts tokens (implies --speculative draft)")
+                   "drafts tokens, or a DFlash drafter (.safetensors, training/dflash.py) trained for the model "
+                   "(implies --speculative draft or dflash)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
 
 
@@ -50,11 +52,13 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
     """The EngineConfig of the parsed device options; `sizes` are max_sessions, max_session_tokens..."""
     from engine.runtime import EngineConfig
 
+    from engine.speculative.dflash_net import draft_mode
+
+    draft = Path(args.draft_model).expanduser() if args.draft_model else None
     return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                         compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
-                        quantize=args.quantize, draft_model=Path(args.draft_model).expanduser() if args.draft_model else None,
-                        speculative="draft" if args.draft_model else args.speculative,
-                        **sizes)
+                        quantize=args.quantize, draft_model=draft,
+                        speculative=draft_mode(draft) if draft is not None else args.speculative, **sizes)
 
 
 def sampling_params(args: argparse.Namespace):

@@ -158,7 +158,7 @@ class Batcher:
     def _verify(self, batch: StepBatch) -> Launched:
         """Runs a step with drafted tokens and reads it at once: what it accepts decides the next step's tokens."""
         try:
-            logits, _ = self.runner.run(batch)
+            logits, _ = self._run(batch)
             seqs = batch.samplers
             accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs], [s.token_ids for s in seqs])
         except BaseException:
@@ -168,6 +168,8 @@ class Batcher:
         self.steps += 1
         for seq, n in batch.scheduled:
             seq.num_cached += n
+        rows_kept = {id(seq): len(tokens) for seq, tokens in zip(batch.samplers, accepted) if seq.draft}
+        self._record(batch, [rows_kept.get(id(seq), n) for seq, n in batch.scheduled])
         for seq, tokens in zip(batch.samplers, accepted):
             drafted, kept = len(seq.draft), len(tokens) - 1
             if kept < drafted:  # the rejected drafts' rows go from the cache
@@ -183,7 +185,7 @@ class Batcher:
         """Queues forward and sampling and commits the cache step (its writes precede any later read); returns the
         sampled ids on the device. `ahead`: a look-ahead step, whose ids go one place after the unread ones."""
         try:
-            logits, greedy = self.runner.run(batch)
+            logits, greedy = self._run(batch)
             seqs = batch.samplers
             ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy,
                              [len(s.token_ids) + ahead for s in seqs])
@@ -194,7 +196,27 @@ class Batcher:
         self.steps += 1
         for seq, n in batch.scheduled:
             seq.num_cached += n
+        self._record(batch)
         return ids
+
+    def _run(self, batch: StepBatch):
+        """The runner's forward; with a drafter that conditions on hidden rows, the model reports its tap layers."""
+        taps = getattr(self.drafter, "tap_layers", ())
+        model = getattr(self.runner, "model", None)
+        if not taps or model is None:
+            return self.runner.run(batch)
+        model.tap_layers = taps
+        try:
+            return self.runner.run(batch)
+        finally:
+            model.tap_layers = ()  # the model may serve other runtimes (a benchmark's modes): they compute no taps
+
+    def _record(self, batch: StepBatch, kept: list[int] | None = None) -> None:
+        """Hands a drafter that conditions on the model's hidden rows (DFlash) the rows each sequence keeps."""
+        record = getattr(self.drafter, "record", None)
+        if record is not None:
+            segs = batch.segments
+            record(batch.scheduled, [s.start for s in segs], [s.q_start for s in segs], kept)
 
     def _can_look_ahead(self, prev: Launched) -> bool:
         """The next step would schedule exactly `prev`'s sequences, one token each, none finishing by length."""

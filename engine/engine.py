@@ -86,12 +86,15 @@ class Engine:
         self._put(cmd.UnloadModel(model_id=model_id))
 
     def set_draft_model(self, path: Path | None) -> None:
-        """Models loaded from now on draft with `path` (a smaller model with the same tokenizer), or, with None,
-        from their prompts (speculative auto); a model loaded already keeps its drafter until it is loaded again."""
+        """Models loaded from now on draft with `path` (a smaller model with the same tokenizer, or a DFlash drafter
+        trained for them), or, with None, from their prompts (speculative auto); a model loaded already keeps its
+        drafter until it is loaded again."""
         self._put(cmd.Post(fn=self._set_draft, args=(path,)))
 
     def _set_draft(self, path: Path | None) -> None:
-        self.config = replace(self.config, draft_model=path, speculative="draft" if path is not None else "auto")
+        from engine.speculative.dflash_net import draft_mode
+
+        self.config = replace(self.config, draft_model=path, speculative=draft_mode(path) if path is not None else "auto")
 
     def load_model(self, source: str | Path) -> int:
         model_id = self._new_id()
@@ -262,6 +265,8 @@ class Engine:
         options = LoadOptions(device=device, dtype=dtype, cache_dir=config.cache_dir,
                               weights=config.weights, quantize=config.quantize)
         lm = load_model(c.source, options, progress)
+        if config.speculative == "dflash":
+            return lm, self._read_dflash(config.draft_model, lm)
         path = config.draft_model if config.speculative == "draft" else None
         if path is not None and Path(path).resolve() == Path(c.source).resolve():
             return lm, None  # the draft model itself: it drafts from its prompts
@@ -270,6 +275,17 @@ class Engine:
         except ParleyError as exc:  # the model itself is fine: it drafts from the prompt instead
             lm.notices.append(f"The draft model could not be loaded ({exc}); drafting from the prompt instead.")
             return lm, None
+
+    @staticmethod
+    def _read_dflash(path: Path, lm):
+        """The DFlash drafter's network, or None (the model drafts from the prompt, with a notice why)."""
+        from engine.speculative.dflash_net import load as load_dflash
+
+        try:
+            return load_dflash(path)
+        except (OSError, ValueError) as exc:
+            lm.notices.append(f"The DFlash drafter could not be loaded ({exc}); drafting from the prompt instead.")
+            return None
 
     def _loaded(self, c: cmd.LoadModel, models, exc: BaseException | None) -> None:
         try:

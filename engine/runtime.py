@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from engine.backend import resolve_backend
 from engine.batcher import Batcher
@@ -25,6 +26,8 @@ from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
 from engine.session import common_prefix
 from engine.speculative import Drafter, check_mode, make_drafter
+from engine.speculative.dflash import DFlashDrafter
+from engine.speculative.dflash_net import DFlashNet
 from engine.speculative.draft_model import DraftModel
 
 
@@ -52,7 +55,8 @@ class EngineConfig:
     prefix_cache: bool = True  # closed chats' caches stay (parked) and any slot's prefix seeds a new turn
     prefix_tokens: int | None = None  # parked tokens at most (the budget; None: half the cache's capacity)
     speculative: str = "auto"  # engine/speculative: "off", "lookup" (prompt lookup drafts, verified per step), "draft"
-    # (a smaller model of the same vocabulary drafts: `draft_model`); auto is lookup
+    # (a smaller model of the same vocabulary drafts: `draft_model`), "dflash" (a DFlash block drafter trained for the
+    # model, `draft_model` its .safetensors: training/dflash.py); auto is lookup
     draft_model: Path | None = None
 
     def __post_init__(self) -> None:
@@ -62,8 +66,8 @@ class EngineConfig:
         if self.prefix_tokens is not None and self.prefix_tokens < 0:
             raise ValueError("prefix_tokens must be at least 0")
         check_mode(self.speculative)
-        if self.speculative == "draft" and self.draft_model is None:
-            raise ValueError("speculative 'draft' needs a draft model (--draft-model PATH)")
+        if self.speculative in ("draft", "dflash") and self.draft_model is None:
+            raise ValueError(f"speculative {self.speculative!r} needs a draft model (--draft-model PATH)")
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)
@@ -282,10 +286,11 @@ class ModelRuntime:
 
 
 def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
-                  tuning: RuntimeTuning = RuntimeTuning(), draft: LoadedModel | None = None) -> ModelRuntime:
+                  tuning: RuntimeTuning = RuntimeTuning(), draft: LoadedModel | DFlashNet | None = None) -> ModelRuntime:
     """The runtime for a loaded model. `keep_finished`: a finished sequence keeps its cache slot (sessions reuse it
     on their next turn); one-shot runs pass False so that queued prompts take the slots of finished ones. `draft`:
-    the loaded draft model of speculative "draft" (engine/speculative/draft_model.py)."""
+    the loaded draft model of speculative "draft" (engine/speculative/draft_model.py), or the DFlash drafter's
+    network of "dflash" (engine/speculative/dflash.py)."""
     args = lm.args
     limit = args.max_position_embeddings
     if config.max_session_tokens is not None:
@@ -320,7 +325,9 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
                           drafter=make_drafter(config.speculative, graph_rows))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
-    if draft is not None:
+    if isinstance(draft, DFlashNet):
+        batcher.drafter = dflash_drafter(lm, draft, batcher)
+    elif draft is not None:
         batcher.drafter = draft_drafter(lm, draft, config)
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
@@ -336,6 +343,20 @@ def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> 
         return make_drafter("lookup")
     own = replace(config, speculative="off", draft_model=None, prefix_cache=False)
     return DraftModel(build_runtime(draft, own, keep_finished=True))
+
+
+def dflash_drafter(lm: LoadedModel, net: DFlashNet, batcher: Batcher) -> Drafter | None:
+    """The DFlash drafter, where it can run: the torch backend without CUDA graphs (a graph replay would not report
+    the target's hidden rows); elsewhere, or for a model it was not trained for, prompt lookup and a notice."""
+    if getattr(batcher.runner, "graphs", None) is not None or not isinstance(lm.model, nn.Module) or \
+            next(lm.model.parameters()).device.type == "meta":
+        lm.notices.append("DFlash drafting runs on the CPU backend so far; drafting from the prompt instead.")
+        return batcher.drafter
+    try:
+        return DFlashDrafter(net.to(next(lm.model.parameters()).device), lm.model)
+    except ValueError as exc:
+        lm.notices.append(f"The DFlash drafter cannot draft for {lm.name}: {exc}; drafting from the prompt instead.")
+        return batcher.drafter
 
 
 def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerConfig, release: bool,

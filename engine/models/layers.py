@@ -355,6 +355,10 @@ class CausalLM(nn.Module):
     def __init__(self, args: ModelArgs, blocks: list[nn.Module], gemma_norm: bool = False):
         super().__init__()
         self.args = args
+        # layers whose normed outputs every forward keeps, joined, in `last_taps` (T, len * hidden): what a DFlash
+        # drafter conditions on (engine/speculative/dflash.py)
+        self.tap_layers: tuple[int, ...] = ()
+        self.last_taps: torch.Tensor | None = None
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.model.layers = nn.ModuleList(blocks)
@@ -444,14 +448,22 @@ class CausalLM(nn.Module):
                        cache: AttentionCache, logit_rows: torch.Tensor | None) -> torch.Tensor:
         """`forward` from the embedded rows h (and the first block's input norm of them, or None) on: the blocks,
         the final norm and the LM head (what a CPU tape records, engine/cpu_tape.py)."""
-        layers = self.model.layers
+        layers, taps = self.model.layers, {}
         for i, layer in enumerate(layers):
             # each block ends with the next one's input norm (the last: the final norm), a row-wise op:
             # fused, the residual add and that norm are one launch
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             h, x = layer(h, ropes[layer.kind], cache, x, next_norm)
+            if i in self.tap_layers:
+                taps[i] = x.clone()  # the next block may write its buffers in place
+        if taps:
+            self.last_taps = torch.cat([taps[i] for i in self.tap_layers], dim=-1)
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
+        return self.head_logits(x)
+
+    def head_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """fp32 logits of final-normed rows x (R, hidden)."""
         logits = self._logits(x).float()
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits

@@ -2,7 +2,7 @@
 from engine.speculative.drafter import Drafter, PacingConfig
 from engine.speculative.lookup import LookupConfig, PromptLookup
 
-SPECULATIVE_MODES = ("auto", "off", "lookup", "draft")
+SPECULATIVE_MODES = ("auto", "off", "lookup", "draft", "dflash")
 
 
 def check_mode(mode: str) -> None:
@@ -14,8 +14,8 @@ GRAPH_MAX_IDLE = 16  # decode steps at most between lookups that find nothing, o
 
 
 def make_drafter(mode: str, graph_rows: int | None = None) -> Drafter | None:
-    """The model-free drafter a `--speculative` mode names; None for off. For draft it is lookup too: build_runtime
-    replaces it by the draft model's, and keeps it where the draft model cannot draft. `auto` is lookup: on text with
+    """The model-free drafter a `--speculative` mode names; None for off. For draft and dflash it is lookup too:
+    build_runtime replaces it by the draft model's, and keeps it where that one cannot draft. `auto` is lookup: on text with
     nothing to draft from it measured 0.97-1.02x of off on the CPU and 0.98-1.03x on the H200, and 2-4.8x where the
     answer repeats its input (docs/SPECULATIVE.md). `graph_rows`: the largest decode graph of a CUDA runner; there
     verify steps replay graphs, so every decoding sequence may draft (the batcher keeps each step within the graph:

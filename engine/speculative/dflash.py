@@ -1,0 +1,129 @@
+"""DFlash drafting: a block of tokens per sequence from one pass of a small network over the target's own hidden
+states (engine/speculative/dflash_net.py), verified by the target like any draft (engine/speculative/verify.py).
+
+The target computes its tap layers' outputs for every row of every step (CausalLM.tap_layers, set by the batcher
+around its forwards). After each step
+`record` keeps the rows each sequence now has cached (a verify step's rejected rows are not) as the draft layers'
+context keys and values: the drafter's own cache, one per sequence, cut back whenever the target's cache was
+(a rewound turn, a rejected draft). Drafting is greedy and deterministic, so the target keeps its own tokens exactly.
+A sequence whose cache holds positions the drafter never saw (a prefix copied from another chat) drafts nothing
+until its next turn starts from positions the drafter has.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sequence import Sequence
+from engine.speculative.dflash_net import DFlashNet
+from engine.speculative.drafter import Paced, Pacing, PacingConfig
+
+
+@dataclass(slots=True)
+class _Context:
+    """One sequence's draft-layer keys and values for its first `length` positions (storage grows by doubling)."""
+
+    keys: list[torch.Tensor] = field(default_factory=list)  # per draft layer (capacity, kv_heads, head_dim)
+    values: list[torch.Tensor] = field(default_factory=list)
+    length: int = 0
+
+    def cut(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        n = kv[0][0].shape[0]
+        need = self.length + n
+        if not self.keys or self.keys[0].shape[0] < need:
+            cap = max(64, need, 2 * (self.keys[0].shape[0] if self.keys else 0))
+            self.keys = [_grown(old, k, cap, self.length) for old, (k, _) in zip(self.keys or [None] * len(kv), kv)]
+            self.values = [_grown(old, v, cap, self.length) for old, (_, v) in zip(self.values or [None] * len(kv), kv)]
+        for store, (k, _) in zip(self.keys, kv):
+            store[self.length : need] = k
+        for store, (_, v) in zip(self.values, kv):
+            store[self.length : need] = v
+        self.length = need
+
+    def view(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(k[: self.length], v[: self.length]) for k, v in zip(self.keys, self.values)]
+
+
+def _grown(old: torch.Tensor | None, like: torch.Tensor, rows: int, keep: int) -> torch.Tensor:
+    new = like.new_empty((rows, *like.shape[1:]))
+    if old is not None and keep:
+        new[:keep] = old[:keep]
+    return new
+
+
+@dataclass(slots=True)
+class _State:
+    pacing: Pacing
+    context: _Context
+
+
+class DFlashDrafter(Paced):
+    name = "dflash"
+
+    def __init__(self, net: DFlashNet, target, pacing: PacingConfig | None = None):
+        """`target`: the verifying CausalLM, whose embedding, head and tap layers the drafter uses (the batcher turns
+        the taps on around its steps: `tap_layers`)."""
+        self.net, self.target = net, target
+        config = net.config
+        if config.hidden != target.args.hidden_size or config.vocab != target.args.vocab_size:
+            raise ValueError(f"this DFlash drafter was trained for hidden size {config.hidden} and vocabulary "
+                             f"{config.vocab}; the model has {target.args.hidden_size} and {target.args.vocab_size}")
+        if max(config.taps) >= len(target.model.layers):
+            raise ValueError(f"this DFlash drafter taps layer {max(config.taps)}; the model has "
+                             f"{len(target.model.layers)} layers")
+        self.tap_layers = config.taps
+        self.pacing = pacing or PacingConfig(most=config.block - 1)
+        self.max_sequences = self.pacing.most_sequences
+
+    # -- the target's rows
+    @torch.inference_mode()
+    def record(self, scheduled: list[tuple[Sequence, int]], starts: list[int], row_starts: list[int],
+               kept: list[int] | None = None) -> None:
+        """After a step: sequence i wrote rows row_starts[i] .. + n at positions starts[i] ..; `kept` (verify steps)
+        how many of those rows it keeps (the rest were rewound)."""
+        taps = self.target.last_taps
+        if taps is None:
+            return
+        for i, (seq, n) in enumerate(scheduled):
+            keep = n if kept is None else kept[i]
+            context = self._state(seq).context
+            start = starts[i]
+            if start > context.length:  # positions the drafter never saw (a copied prefix): no drafts this turn
+                context.cut(0)
+                continue
+            context.cut(start)
+            if keep:
+                positions = torch.arange(start, start + keep, device=taps.device)
+                rows = taps[row_starts[i] : row_starts[i] + keep]
+                context.append(self.net.context_kv(self.net.features(rows), positions))
+
+    # -- drafting
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], room: list[int]) -> None:
+        block = self.net.config.block
+        for seq, most in zip(seqs, room):
+            state = self._state(seq)
+            k = min(state.pacing.length, most, block - 1)
+            position = len(seq.token_ids) - 1  # the anchor: the newest token, not yet cached
+            if k <= 0 or not state.pacing.due(seq.num_steps) or state.context.length != position or position < 1:
+                continue
+            seq.draft = self._block(seq.token_ids[-1], position, state.context, k)
+
+    def _block(self, anchor: int, position: int, context: _Context, k: int) -> list[int]:
+        net, target = self.net, self.target
+        device = net.mask.device
+        h, _ = target.embed(torch.tensor([anchor], device=device))
+        rows = net.block_rows(h[0].to(net.mask.dtype), net.config.block)
+        positions = torch.arange(position, position + net.config.block, device=device)
+        out = net(rows, positions, context.view())
+        return target.head_logits(out[1 : k + 1].to(torch.float32)).argmax(-1).tolist()
+
+    def _state(self, seq: Sequence) -> _State:
+        state = seq.draft_state
+        if not isinstance(state, _State):
+            seq.draft_state = state = _State(Pacing(self.pacing), _Context())
+        return state

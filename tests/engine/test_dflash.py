@@ -1,0 +1,149 @@
+"""DFlash block drafting (engine/speculative/dflash.py): lossless whatever the drafter proposes, batched and alone,
+both layouts; its context follows the target's cache through rejected drafts and new turns; a drafter trained by
+training/dflash.py on the target's own answers gets drafts kept; a drafter for another model is refused with a notice."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.loading.loader import load_model
+from engine.runtime import EngineConfig, build_runtime
+from engine.sampling import SamplingParams
+from engine.speculative.dflash import DFlashDrafter
+from engine.speculative.dflash_net import DFlashConfig, DFlashNet, draft_mode, is_dflash_file, load, save
+from tests.support.engine_helpers import run_staggered
+from training import dflash as training
+
+GREEDY = SamplingParams(max_tokens=24)
+ARRIVALS = [0, 0, 1, 3]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models_q4):
+    return {arch: load_model(tiny_models_q4[arch].gguf_path) for arch in ("llama", "gemma3")}
+
+
+def _prompts(vocab: int, n: int = 4, seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(6, vocab, (5 + 4 * i,), generator=g).tolist() for i in range(n)]
+
+
+def _net(lm, seed: int = 0, block: int = 6) -> DFlashNet:
+    torch.manual_seed(seed)
+    return training.new_net(lm, block=block, layers=1)
+
+
+def _runtime(lm, net: DFlashNet | None, sessions: int, layout: str = "sequence"):
+    config = EngineConfig(kv_layout=layout, max_sessions=sessions, max_session_tokens=160, step_tokens=24,
+                          chunk_tokens=8, prefix_cache=False, speculative="dflash" if net else "off",
+                          draft_model=Path("drafter.safetensors") if net else None)
+    return build_runtime(lm, config, keep_finished=False, draft=net)
+
+
+def _run(lm, net, prompts, arrivals, sessions, layout="sequence", params=GREEDY):
+    rt = _runtime(lm, net, sessions, layout)
+    return run_staggered(rt.batcher, prompts, arrivals, params, lm.tokenizer.stop_ids), rt
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_untrained_drafts_leave_greedy_tokens_unchanged_batched_and_alone(models, arch, layout):
+    lm = models[arch]
+    prompts = _prompts(lm.args.vocab_size)
+    plain, _ = _run(lm, None, prompts, ARRIVALS, 4, layout)
+    net = _net(lm)
+    batched, rt = _run(lm, net, prompts, ARRIVALS, 4, layout)
+    assert rt.batcher.drafter.name == "dflash"
+    alone = [_run(lm, net, [p], [0], 1, layout)[0][0] for p in prompts]
+    assert batched == plain and alone == plain
+
+
+def test_the_drafters_context_follows_the_cache(models):
+    """After every step each sequence's draft context covers exactly its cached positions, through rejected drafts,
+    and a new turn that rewinds the cache cuts it back."""
+    lm = models["llama"]
+    rt = _runtime(lm, _net(lm), 2)
+    from engine.sampling import SamplerState
+    from engine.sequence import Sequence
+
+    seqs = [Sequence(i, p, SamplerState(GREEDY), lm.tokenizer.stop_ids, max_len=rt.limit)
+            for i, p in enumerate(_prompts(lm.args.vocab_size, 2))]
+    for s in seqs:
+        rt.batcher.add(s)
+    drafted = 0
+    while rt.batcher.has_work():
+        rt.batcher.step()
+        for s in seqs:
+            if s.slot is not None and s.draft_state is not None:
+                assert s.draft_state.context.length == s.num_cached
+        drafted = sum(s.num_drafted for s in seqs)
+    assert drafted > 0
+
+
+def test_a_trained_drafter_gets_drafts_kept(models, tmp_path):
+    """Trained on the target's own greedy answers, the drafter drafts tokens the target keeps when it serves those
+    prompts (the serving taps are the training ones); the answers stay the plain ones. (A tiny random model's
+    answers share nothing to generalise from: held-out acceptance is the real model's, training/dflash.py.)"""
+    lm = models["llama"]
+    prompts = _prompts(lm.args.vocab_size, 8, seed=11)
+    answers = training.generate(lm, prompts, 40, 0.0, sessions=8, seed=0)
+    net = _net(lm)
+    examples = training.build_examples(lm, answers, prompts, net.config.taps, torch.device("cpu"))
+    head = training.dense_head(lm.model)
+    torch.manual_seed(0)
+    training.train(net, lm, head, examples, steps=200, lr=3e-3, anchors=16, device=torch.device("cpu"),
+                   log=lambda line: None)
+    assert training.acceptance(net, lm, head, examples, torch.device("cpu"))["mean_kept"] > 0.5
+    save(net, tmp_path / "d.safetensors", target=lm.name)
+    params = SamplingParams(max_tokens=40)
+    plain, plain_rt = _run(lm, None, prompts[:2], [0, 0], 2, params=params)
+    got, rt = _run(lm, load(tmp_path / "d.safetensors"), prompts[:2], [0, 0], 2, params=params)
+    assert got == plain == answers[:2]
+    assert rt.batcher.steps < plain_rt.batcher.steps, (rt.batcher.steps, plain_rt.batcher.steps)  # drafts were kept
+
+
+def test_a_drafter_file_round_trips_and_others_are_refused(models, tmp_path, tiny_models_q4):
+    lm = models["gemma3"]
+    net = _net(lm, seed=5)
+    path = tmp_path / "drafter.safetensors"
+    save(net, path, target=lm.name)
+    again = load(path)
+    assert again.config == net.config
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), again.state_dict().values()))
+    assert is_dflash_file(path) and draft_mode(path) == "dflash"
+    gguf = tiny_models_q4["llama"].gguf_path
+    assert not is_dflash_file(gguf) and draft_mode(gguf) == "draft"
+    from safetensors.torch import save_file
+
+    save_file({"x": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    with pytest.raises(ValueError, match="not a Parley DFlash drafter"):
+        load(tmp_path / "other.safetensors")
+    (tmp_path / "broken.safetensors").write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a safetensors file"):
+        load(tmp_path / "broken.safetensors")
+
+
+def test_a_drafter_for_another_model_is_refused_with_a_notice(models):
+    llama, gemma = models["llama"], models["gemma3"]
+    net = _net(gemma)
+    if net.config.hidden == llama.args.hidden_size and net.config.vocab == llama.args.vocab_size:
+        net = DFlashNet(DFlashConfig(hidden=llama.args.hidden_size + 8, vocab=llama.args.vocab_size, taps=(0,)))
+    with pytest.raises(ValueError, match="trained for"):
+        DFlashDrafter(net, llama.model)
+    rt = _runtime(llama, net, 2)
+    assert rt.batcher.drafter.name == "lookup"
+    assert any("DFlash drafter cannot draft" in n for n in llama.notices)
+    llama.notices.clear()
+
+
+def test_the_cli_picks_dflash_for_a_drafter_file(models, tmp_path):
+    import argparse
+
+    from cli.options import add_engine_options, engine_config, paths_of
+
+    path = tmp_path / "d.safetensors"
+    save(_net(models["llama"]), path)
+    p = argparse.ArgumentParser()
+    add_engine_options(p)
+    args = p.parse_args(["--draft-model", str(path)])
+    assert engine_config(args, paths_of(args)).speculative == "dflash"
