@@ -54,11 +54,16 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 
     from engine.speculative.dflash_net import draft_mode
 
+    from engine.errors import ParleyError
+
     draft = Path(args.draft_model).expanduser() if args.draft_model else None
-    return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
-                        compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
-                        quantize=args.quantize, draft_model=draft,
-                        speculative=draft_mode(draft) if draft is not None else args.speculative, **sizes)
+    try:
+        return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
+                            compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
+                            quantize=args.quantize, draft_model=draft,
+                            speculative=draft_mode(draft) if draft is not None else args.speculative, **sizes)
+    except ValueError as exc:  # options that do not go together: one line, as for any other bad input
+        raise ParleyError(str(exc)) from exc
 
 
 def sampling_params(args: argparse.Namespace):

@@ -353,7 +353,7 @@ def dflash_drafter(lm: LoadedModel, net: DFlashNet, batcher: Batcher) -> Drafter
         lm.notices.append("DFlash drafting runs on the CPU backend so far; drafting from the prompt instead.")
         return batcher.drafter
     try:
-        return DFlashDrafter(net.to(next(lm.model.parameters()).device), lm.model)
+        return DFlashDrafter(net.to(next(lm.model.parameters()).device), lm.model, batcher.cache)
     except ValueError as exc:
         lm.notices.append(f"The DFlash drafter cannot draft for {lm.name}: {exc}; drafting from the prompt instead.")
         return batcher.drafter

@@ -246,6 +246,8 @@ def main() -> None:
     ap.add_argument("--block", type=int, default=8)
     ap.add_argument("--layers", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--data", type=Path, default=None,
+                    help="keep the generated data (answers and taps) here, and reuse them when the file exists")
     args = ap.parse_args()
 
     from engine.backend import resolve_device
@@ -264,15 +266,25 @@ def main() -> None:
     def chat(text: str) -> list[int]:
         return tok.apply_chat_template([{"role": "user", "content": text}])
 
-    texts = training_prompts(args.prompts, args.seed)
-    prompts = [chat(t) for t in texts]
-    greedy = generate(lm, prompts, args.tokens, 0.0, sessions, args.seed)
-    sampled = generate(lm, prompts, args.tokens, 0.8, sessions, args.seed)
-    held_prompts = [chat(t) for t in HELD_OUT]
-    held = generate(lm, held_prompts, args.tokens, 0.0, sessions, args.seed)
-    gen_s = time.perf_counter() - start
-    examples = build_examples(lm, greedy + sampled, prompts * 2, taps, device)
-    held_examples = build_examples(lm, held, held_prompts, taps, device)
+    if args.data is not None and args.data.exists():
+        saved = torch.load(args.data, map_location=device)
+        if tuple(saved["taps"]) != taps:
+            raise SystemExit(f"{args.data} holds taps of layers {saved['taps']}, this drafter taps {taps}")
+        examples, held_examples = [Example(*e) for e in saved["train"]], [Example(*e) for e in saved["held_out"]]
+        gen_s = 0.0
+    else:
+        texts = training_prompts(args.prompts, args.seed)
+        prompts = [chat(t) for t in texts]
+        greedy = generate(lm, prompts, args.tokens, 0.0, sessions, args.seed)
+        sampled = generate(lm, prompts, args.tokens, 0.8, sessions, args.seed)
+        held_prompts = [chat(t) for t in HELD_OUT]
+        held = generate(lm, held_prompts, args.tokens, 0.0, sessions, args.seed)
+        gen_s = time.perf_counter() - start
+        examples = build_examples(lm, greedy + sampled, prompts * 2, taps, device)
+        held_examples = build_examples(lm, held, held_prompts, taps, device)
+        if args.data is not None:
+            torch.save({"taps": taps, "train": [(e.ids, e.start, e.taps) for e in examples],
+                        "held_out": [(e.ids, e.start, e.taps) for e in held_examples]}, args.data)
     print(json.dumps({"data": {"target": lm.name, "device": device_name, "train_sequences": len(examples),
                                "train_tokens": sum(len(e.ids) - e.start for e in examples),
                                "held_out_sequences": len(held_examples), "generate_s": round(gen_s, 1),

@@ -2,10 +2,20 @@
 abort). The `sequence` layout on the kernels takes its step plan from the runner in between (`bind_step`)."""
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from engine.cache.book import CacheBook, Segment
 from engine.cache.config import CacheConfig
+
+
+class CacheObserver(Protocol):
+    def on_clone(self, src: int, dst: int) -> None:
+        """Slot `dst` now holds a copy of slot `src`'s positions."""
+
+    def on_cut(self, slot: int, length: int) -> None:
+        """Slot `slot` now holds its first `length` positions only (0: removed)."""
 
 
 class KVCache:
@@ -19,6 +29,9 @@ class KVCache:
         self.book = CacheBook(config.max_seqs, config.max_seq_len, config.max_step_tokens, self._rings())
         self.segments: list[Segment] = []
         self.num_tokens = 0  # rows of this step's flat token axis, padding included
+        # what keeps per-slot state beside the cache (a DFlash drafter's context): told of every copy, cut and
+        # removal, so that state follows the cache through forks, parked prefixes and rewinds
+        self.observers: list[CacheObserver] = []
 
     def _rings(self) -> dict[int, int]:
         return {}
@@ -35,17 +48,23 @@ class KVCache:
     def seq_clone(self, src: int) -> int:
         dst = self.book.seq_clone(src)
         self._copy_sequence(src, dst)
+        for o in self.observers:
+            o.on_clone(src, dst)
         return dst
 
     @torch.inference_mode()
     def seq_rm(self, slot: int) -> None:
         self.book.seq_rm(slot)
         self._drop_from(slot, 0)
+        for o in self.observers:
+            o.on_cut(slot, 0)
 
     @torch.inference_mode()
     def rewind(self, slot: int, pos: int) -> None:
         self.book.rewind(slot, pos)
         self._drop_from(slot, pos)
+        for o in self.observers:
+            o.on_cut(slot, pos)
 
     def pos(self, slot: int) -> int:
         return self.book.pos(slot)

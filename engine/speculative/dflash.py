@@ -2,12 +2,12 @@
 states (engine/speculative/dflash_net.py), verified by the target like any draft (engine/speculative/verify.py).
 
 The target computes its tap layers' outputs for every row of every step (CausalLM.tap_layers, set by the batcher
-around its forwards). After each step
-`record` keeps the rows each sequence now has cached (a verify step's rejected rows are not) as the draft layers'
-context keys and values: the drafter's own cache, one per sequence, cut back whenever the target's cache was
-(a rewound turn, a rejected draft). Drafting is greedy and deterministic, so the target keeps its own tokens exactly.
-A sequence whose cache holds positions the drafter never saw (a prefix copied from another chat) drafts nothing
-until its next turn starts from positions the drafter has.
+around its forwards). After each step `record` keeps the rows each sequence now has cached (a verify step's rejected
+rows are not) as the draft layers' context keys and values: the drafter's own cache, one context per cache slot. The
+target's cache tells it of every copy, cut and removal (KVCache.observers), so a context follows its slot through
+rewound turns, rejected drafts, forks and prefixes parked and copied into new chats. Drafting is greedy and
+deterministic, so the target keeps its own tokens exactly. A slot whose positions the drafter never saw (a step that
+failed) drafts nothing until it is rewound below them or removed.
 """
 from __future__ import annotations
 
@@ -30,6 +30,10 @@ class _Context:
 
     def cut(self, length: int) -> None:
         self.length = min(self.length, length)
+
+    def copy(self) -> "_Context":
+        n = self.length
+        return _Context([k[:n].clone() for k in self.keys], [v[:n].clone() for v in self.values], n)
 
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         n = kv[0][0].shape[0]
@@ -55,18 +59,12 @@ def _grown(old: torch.Tensor | None, like: torch.Tensor, rows: int, keep: int) -
     return new
 
 
-@dataclass(slots=True)
-class _State:
-    pacing: Pacing
-    context: _Context
-
-
 class DFlashDrafter(Paced):
     name = "dflash"
 
-    def __init__(self, net: DFlashNet, target, pacing: PacingConfig | None = None):
+    def __init__(self, net: DFlashNet, target, cache, pacing: PacingConfig | None = None):
         """`target`: the verifying CausalLM, whose embedding, head and tap layers the drafter uses (the batcher turns
-        the taps on around its steps: `tap_layers`)."""
+        the taps on around its steps: `tap_layers`); `cache`: its KV cache, which the drafter's contexts follow."""
         self.net, self.target = net, target
         config = net.config
         if config.hidden != target.args.hidden_size or config.vocab != target.args.vocab_size:
@@ -78,6 +76,19 @@ class DFlashDrafter(Paced):
         self.tap_layers = config.taps
         self.pacing = pacing or PacingConfig(most=config.block - 1)
         self.max_sequences = self.pacing.most_sequences
+        self.contexts: dict[int, _Context] = {}  # cache slot -> its draft context
+        cache.observers.append(self)
+
+    # -- the cache's slots
+    def on_clone(self, src: int, dst: int) -> None:
+        if src in self.contexts:
+            self.contexts[dst] = self.contexts[src].copy()
+
+    def on_cut(self, slot: int, length: int) -> None:
+        if length == 0:
+            self.contexts.pop(slot, None)
+        elif slot in self.contexts:
+            self.contexts[slot].cut(length)
 
     # -- the target's rows
     @torch.inference_mode()
@@ -90,10 +101,9 @@ class DFlashDrafter(Paced):
             return
         for i, (seq, n) in enumerate(scheduled):
             keep = n if kept is None else kept[i]
-            context = self._state(seq).context
+            context = self.contexts.setdefault(seq.slot, _Context())
             start = starts[i]
-            if start > context.length:  # positions the drafter never saw (a copied prefix): no drafts this turn
-                context.cut(0)
+            if start > context.length:  # positions the drafter never saw (a failed step): none until cut below
                 continue
             context.cut(start)
             if keep:
@@ -106,12 +116,13 @@ class DFlashDrafter(Paced):
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
         block = self.net.config.block
         for seq, most in zip(seqs, room):
-            state = self._state(seq)
-            k = min(state.pacing.length, most, block - 1)
+            pacing = self._pacing(seq)
+            k = min(pacing.length, most, block - 1)
             position = len(seq.token_ids) - 1  # the anchor: the newest token, not yet cached
-            if k <= 0 or not state.pacing.due(seq.num_steps) or state.context.length != position or position < 1:
+            context = self.contexts.get(seq.slot)
+            if k <= 0 or not pacing.due(seq.num_steps) or context is None or context.length != position or position < 1:
                 continue
-            seq.draft = self._block(seq.token_ids[-1], position, state.context, k)
+            seq.draft = self._block(seq.token_ids[-1], position, context, k)
 
     def _block(self, anchor: int, position: int, context: _Context, k: int) -> list[int]:
         net, target = self.net, self.target
@@ -122,8 +133,12 @@ class DFlashDrafter(Paced):
         out = net(rows, positions, context.view())
         return target.head_logits(out[1 : k + 1].to(torch.float32)).argmax(-1).tolist()
 
-    def _state(self, seq: Sequence) -> _State:
-        state = seq.draft_state
-        if not isinstance(state, _State):
-            seq.draft_state = state = _State(Pacing(self.pacing), _Context())
-        return state
+    def _pacing(self, seq: Sequence) -> Pacing:
+        if not isinstance(seq.draft_state, _Paced):
+            seq.draft_state = _Paced(Pacing(self.pacing))
+        return seq.draft_state.pacing
+
+
+@dataclass(slots=True)
+class _Paced:
+    pacing: Pacing  # Paced reads `seq.draft_state.pacing`

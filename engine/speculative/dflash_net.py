@@ -78,6 +78,8 @@ class DraftLayer(nn.Module):
         self.gate = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.up = nn.Linear(c.hidden, c.intermediate, bias=False)
         self.down = nn.Linear(c.intermediate, c.hidden, bias=False)
+        for branch_end in (self.o, self.down):  # a new layer passes its input through: training starts from there
+            nn.init.zeros_(branch_end.weight)
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """This layer's keys and values of context features (T, hidden) at `positions`: (T, kv_heads, head_dim)."""

@@ -70,12 +70,12 @@ def test_the_drafters_context_follows_the_cache(models):
             for i, p in enumerate(_prompts(lm.args.vocab_size, 2))]
     for s in seqs:
         rt.batcher.add(s)
-    drafted = 0
+    drafted, contexts = 0, rt.batcher.drafter.contexts
     while rt.batcher.has_work():
         rt.batcher.step()
         for s in seqs:
-            if s.slot is not None and s.draft_state is not None:
-                assert s.draft_state.context.length == s.num_cached
+            if s.slot is not None and s.slot in contexts:
+                assert contexts[s.slot].length == s.num_cached
         drafted = sum(s.num_drafted for s in seqs)
     assert drafted > 0
 
@@ -129,7 +129,7 @@ def test_a_drafter_for_another_model_is_refused_with_a_notice(models):
     if net.config.hidden == llama.args.hidden_size and net.config.vocab == llama.args.vocab_size:
         net = DFlashNet(DFlashConfig(hidden=llama.args.hidden_size + 8, vocab=llama.args.vocab_size, taps=(0,)))
     with pytest.raises(ValueError, match="trained for"):
-        DFlashDrafter(net, llama.model)
+        DFlashDrafter(net, llama.model, _runtime(llama, None, 1).cache)
     rt = _runtime(llama, net, 2)
     assert rt.batcher.drafter.name == "lookup"
     assert any("DFlash drafter cannot draft" in n for n in llama.notices)
@@ -147,3 +147,22 @@ def test_the_cli_picks_dflash_for_a_drafter_file(models, tmp_path):
     add_engine_options(p)
     args = p.parse_args(["--draft-model", str(path)])
     assert engine_config(args, paths_of(args)).speculative == "dflash"
+
+
+def test_a_prefix_copied_from_a_parked_chat_brings_its_draft_context(models):
+    """A new chat whose prompt starts with a parked chat's tokens copies that slot's cache and its draft context, so
+    it drafts from its first decode step; the answer is the one it gives from scratch without drafts."""
+    from tests.engine import test_prefix_cache as prefix
+
+    lm = models["llama"]
+    config = EngineConfig(max_sessions=3, max_session_tokens=160, step_tokens=24, chunk_tokens=8,
+                          speculative="dflash", draft_model=Path("drafter.safetensors"))
+    rt = build_runtime(lm, config, keep_finished=True, draft=_net(lm))
+    first = prefix.turn(rt, 0, _prompts(lm.args.vocab_size, 1, seed=5)[0])
+    rt.park(first)
+    ids = first.token_ids + [7, 8, 9]
+    second = prefix.turn(rt, 1, ids)
+    assert prefix.KEPT[1] > 0  # the prefix came from the parked slot
+    assert rt.batcher.drafter.contexts[second.slot].length == second.num_cached
+    assert second.num_drafted > 0
+    assert second.generated == prefix.turn(_runtime(lm, None, 1), 2, ids).generated
