@@ -2,6 +2,10 @@
 written, partly kept, the rest rolled back, through ring wrap-arounds), and the prefix cache's park/match/adopt/evict,
 against a list-of-values oracle (a slot's values stand for its tokens).
 
+A mirror of every slot's values, kept only from what the cache tells its observers (KVCache.observers: copies, cuts,
+removals) and the steps' own writes, must equal the oracle after every rule: what a DFlash drafter's per-slot context
+relies on.
+
 Every K is zero and every query is zero, so attention is the plain mean of the visible V values: any
 value from another sequence, a stale ring row or a wrong window changes the mean and fails the check.
 """
@@ -17,6 +21,23 @@ from engine.prefix_cache import PrefixCache
 from engine.session import common_prefix
 
 MAX_SEQS, MAX_LEN, STEP = 4, 24, 4
+
+
+class SlotMirror:
+    """A cache observer holding each slot's values as a per-slot drafter context would (engine/speculative/dflash.py)."""
+
+    def __init__(self):
+        self.rows: dict[int, list[float]] = {}
+
+    def on_clone(self, src: int, dst: int) -> None:
+        if src in self.rows:
+            self.rows[dst] = list(self.rows[src])
+
+    def on_cut(self, slot: int, length: int) -> None:
+        if length == 0:
+            self.rows.pop(slot, None)
+        elif slot in self.rows:
+            del self.rows[slot][length:]
 WINDOWS = [None, 3]  # layer 0 global, layer 1 sliding window 3 (a ring of 6 rows in the sequence layout)
 
 
@@ -31,6 +52,8 @@ class CacheMachine(RuleBasedStateMachine):
         self.counter = 0.0
         self.prefixes = PrefixCache(self.cache, MAX_SEQS, 10**6)
         self.parked: set[int] = set()  # slots the prefix cache holds for closed conversations
+        self.mirror = SlotMirror()
+        self.cache.observers.append(self.mirror)
 
     def _active(self) -> list[int]:
         return sorted(set(self.values) - self.parked)
@@ -128,6 +151,9 @@ class CacheMachine(RuleBasedStateMachine):
         outs = [self.cache.attend(layer, q, kv, v, scale=1.0) for layer in range(len(WINDOWS))]
         for seg in segments:
             self.values[seg.slot] += new_vals[seg.q_start : seg.q_start + seg.q_len].tolist()
+            rows = self.mirror.rows.setdefault(seg.slot, [])
+            del rows[seg.start :]  # as a drafter's record does: the step's rows follow what the slot held
+            rows += new_vals[seg.q_start : seg.q_start + seg.q_len].tolist()
         for layer, window in enumerate(WINDOWS):
             for seg in segments:
                 vals = self.values[seg.slot]
@@ -189,6 +215,8 @@ class CacheMachine(RuleBasedStateMachine):
             len(self.values[s]) for s in self.parked)
         for slot, vals in self.values.items():
             assert self.cache.pos(slot) == len(vals)
+            assert self.mirror.rows.get(slot, []) == vals, slot
+        assert set(self.mirror.rows) <= set(self.values), "the mirror kept a removed slot"
         if self.layout == "cell":
             owned = [c for cells in self.cache._cells_of.values() for c in cells]
             assert len(owned) == len(set(owned)), "a cell belongs to two sequences"
