@@ -14,7 +14,7 @@ from app.core.sqlite_registry import SqliteModelRegistry
 from app.core.sqlite_store import SqliteConversationStore
 from app.qt.bridge import EngineBridge
 from app.qt.chats import QtChatService
-from app.qt.model_manager import ModelManager
+from app.qt.model_manager import DFLASH_KEY, ModelManager
 from cli.paths import Paths
 from engine.loading.default_model import DEFAULT_NAME
 from engine.runtime import EngineConfig
@@ -57,7 +57,9 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     store = SqliteConversationStore(paths.data / "parley.db")
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
-    if settings.draft_model and registry.get(settings.draft_model) is not None:
+    if settings.draft_model.startswith(DFLASH_KEY):
+        models.use_dflash(settings.draft_model[len(DFLASH_KEY):])  # a file moved away since: lookup, as before
+    elif settings.draft_model and registry.get(settings.draft_model) is not None:
         models.use_as_draft(settings.draft_model)
     models.draft_changed.connect(partial(_keep_draft, settings))
     service = QtChatService(store, bridge, models, settings.defaults)

@@ -29,6 +29,9 @@ class ModelState:
     started: float = field(default_factory=time.monotonic)  # the status bar counts the seconds of a load
 
 
+DFLASH_KEY = "dflash:"  # draft_key of a DFlash drafter file (registry keys never start so)
+
+
 class ModelManager(QObject):
     changed = Signal(str)  # a model key whose state changed (progress included)
     loaded = Signal(str)
@@ -79,6 +82,22 @@ class ModelManager(QObject):
         self.draft_key = key or ""
         self.draft_changed.emit(self.draft_key)
         return True
+
+    def use_dflash(self, path: str | None) -> bool:
+        """Models loaded from now on draft with the DFlash drafter at `path` (trained for them: training/dflash.py),
+        or, with None, from their prompts. False when `path` is not a drafter file."""
+        from engine.speculative.dflash_net import is_dflash_file
+
+        if path and not is_dflash_file(Path(path)):
+            return False
+        self.bridge.engine.set_draft_model(Path(path) if path else None)
+        self.draft_key = f"{DFLASH_KEY}{path}" if path else ""
+        self.draft_changed.emit(self.draft_key)
+        return True
+
+    def dflash_file(self) -> str | None:
+        """The DFlash drafter models load with, if one was chosen."""
+        return self.draft_key[len(DFLASH_KEY):] if self.draft_key.startswith(DFLASH_KEY) else None
 
     def unload(self, key: str) -> bool:
         """Frees a loaded model (its chats' running turns end as closed; their next turn loads it again)."""

@@ -187,3 +187,32 @@ def test_a_model_chosen_to_draft_drafts_for_models_loaded_later_and_is_remembere
     qtbot.waitUntil(lambda: engine.config.speculative == "auto", timeout=10_000)
     assert engine.config.draft_model is None and parley.settings.draft_model == ""
     dialog.close()
+
+
+def test_a_dflash_drafter_file_drafts_for_models_loaded_later_and_is_remembered(parley, qtbot, tmp_path, monkeypatch):
+    """Models ▸ DFlash drafter…: a drafter file makes the next loads draft with it (speculative dflash), the dialog
+    says so and the choice is kept; a file that is not a drafter is refused with a message; Stop goes back."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from engine.speculative.dflash_net import DFlashConfig, DFlashNet, save
+
+    w, models, engine = parley.window, parley.models, parley.bridge.engine
+    w.shortcuts["Ctrl+Shift+M"].trigger()
+    dialog = w.models_dialog
+    warned = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda *args: warned.append(args[2]))
+    other = tmp_path / "weights.safetensors"
+    other.write_bytes(b"\x00" * 32)
+    assert not dialog.choose_dflash(str(other)) and "is not a DFlash drafter" in warned[0]
+    assert engine.config.speculative != "dflash"
+    path = tmp_path / "drafter.safetensors"
+    save(DFlashNet(DFlashConfig(hidden=64, vocab=256, taps=(0,))), path)
+    assert dialog.choose_dflash(str(path))
+    qtbot.waitUntil(lambda: engine.config.speculative == "dflash", timeout=10_000)
+    assert engine.config.draft_model == path and models.dflash_file() == str(path)
+    assert dialog.dflash_button.text() == "Stop DFlash drafting" and "drafter.safetensors" in dialog.dflash_label.text()
+    assert parley.settings.draft_model == f"dflash:{path}"
+    dialog.dflash_button.click()
+    qtbot.waitUntil(lambda: engine.config.speculative == "auto", timeout=10_000)
+    assert parley.settings.draft_model == "" and dialog.dflash_button.text() == "DFlash drafter…"
+    dialog.close()
