@@ -61,9 +61,10 @@ class _Tape:
     """One row count's recorded step: its calls, the tensors they point into, and its fixed inputs."""
 
     def __init__(self, calls: list[cpu_native.Call], keep: list[torch.Tensor], inputs: dict, logits: torch.Tensor,
-                 key: tuple):
+                 key: tuple, taps: tuple[torch.Tensor, ...] | None = None):
         self.calls, self.keep, self.inputs, self.logits = calls, keep, inputs, logits
         self.key = key  # `_key` when recorded: the K/V storage's addresses and the thread count
+        self.taps = taps  # the model's tap outputs (CausalLM.last_taps): buffers the replayed calls write again
 
     def replay(self) -> torch.Tensor:
         for fn, args in self.calls:
@@ -100,7 +101,7 @@ class DecodeTapes:
         """The step's logits (R, V) fp32: a view of the tape's output, valid until the next step of R rows."""
         cache, model = self.cache, self.model
         cache.prepare_step()  # may regrow the storage: tapes recorded over the old one go
-        t, key = len(batch.tokens), _key(cache)
+        t, key = len(batch.tokens), _key(cache) + (model.tap_layers,)
         tape = self.tapes.pop(t, None)
         if tape is not None and tape.key != key:
             self.tapes.clear()
@@ -111,11 +112,13 @@ class DecodeTapes:
         ropes = model.rope_inputs(batch.positions, h.dtype)
         if tape is not None:
             _fill(tape.inputs, h, ropes, cache)
+            model.last_taps = tape.taps
             return tape.replay()
         return self._record(t, h, ropes)
 
     def _record(self, t: int, h: torch.Tensor, ropes: dict) -> torch.Tensor:
         cache, model = self.cache, self.model
+        model.last_taps = None
         inputs = _static_inputs(t, h, ropes, cache)
         _fill(inputs, h, ropes, cache)
         cache.set_step_plan(inputs["plan"])
@@ -129,7 +132,7 @@ class DecodeTapes:
             return logits
         while len(self.tapes) >= MAX_TAPES:
             self.tapes.pop(next(iter(self.tapes)))
-        self.tapes[t] = _Tape(calls, watch.allocated, inputs, logits, _key(cache))
+        self.tapes[t] = _Tape(calls, watch.allocated, inputs, logits, _key(cache) + (model.tap_layers,), model.last_taps)
         return logits
 
 

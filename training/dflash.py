@@ -99,20 +99,20 @@ def target_taps(lm, ids: list[int], taps: tuple[int, ...], chunk: int = 256) -> 
     """The target's tap outputs at every position of `ids` (one sequence through a fresh cache)."""
     from bench.runs import RunConfig, make_batcher
 
+    from engine.step import StepBatch
+
     model = lm.model
     model.tap_layers = taps
     b = make_batcher(lm, 1, RunConfig(max_seq_len=len(ids) + 8, step_tokens=chunk, chunk_tokens=chunk))
     cache, slot, rows = b.cache, b.cache.seq_new(), []
-    device = next(model.parameters()).device
     try:
-        for start in range(0, len(ids), chunk):
+        for start in range(0, len(ids), chunk):  # through the runner, as serving runs (on CUDA it plans the kernels)
             n = min(chunk, len(ids) - start)
-            cache.declare_step([(slot, n)])
-            cache.prepare_step()
-            model(torch.tensor(ids[start : start + n], device=device), torch.arange(start, start + n, device=device),
-                  cache, torch.tensor([n - 1], device=device))
+            segs = cache.declare_step([(slot, n)])
+            b.runner.run(StepBatch(torch.tensor(ids[start : start + n]), torch.arange(start, start + n), segs,
+                                   torch.tensor([n - 1]), [], []))
             cache.commit_step()
-            rows.append(model.last_taps.float())
+            rows.append(torch.cat(model.last_taps, dim=-1).float())
     finally:
         model.tap_layers, model.last_taps = (), None
     return torch.cat(rows)

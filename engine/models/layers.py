@@ -355,10 +355,10 @@ class CausalLM(nn.Module):
     def __init__(self, args: ModelArgs, blocks: list[nn.Module], gemma_norm: bool = False):
         super().__init__()
         self.args = args
-        # layers whose normed outputs every forward keeps, joined, in `last_taps` (T, len * hidden): what a DFlash
+        # layers whose normed outputs (T, hidden) every forward keeps in `last_taps`, in this order: what a DFlash
         # drafter conditions on (engine/speculative/dflash.py)
         self.tap_layers: tuple[int, ...] = ()
-        self.last_taps: torch.Tensor | None = None
+        self.last_taps: tuple[torch.Tensor, ...] | None = None
         self.model = nn.Module()
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.model.layers = nn.ModuleList(blocks)
@@ -455,9 +455,9 @@ class CausalLM(nn.Module):
             next_norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
             h, x = layer(h, ropes[layer.kind], cache, x, next_norm)
             if i in self.tap_layers:
-                taps[i] = x.clone()  # the next block may write its buffers in place
+                taps[i] = x  # a fresh tensor no later op writes: kept as is, so a CPU tape records no extra work
         if taps:
-            self.last_taps = torch.cat([taps[i] for i in self.tap_layers], dim=-1)
+            self.last_taps = tuple(taps[i] for i in self.tap_layers)
         if logit_rows is not None:
             x = x.index_select(0, logit_rows)
         return self.head_logits(x)

@@ -96,9 +96,9 @@ class DFlashDrafter(Paced):
                kept: list[int] | None = None) -> None:
         """After a step: sequence i wrote rows row_starts[i] .. + n at positions starts[i] ..; `kept` (verify steps)
         how many of those rows it keeps (the rest were rewound)."""
-        taps = self.target.last_taps
-        if taps is None:
+        if self.target.last_taps is None:
             return
+        taps = torch.cat(self.target.last_taps, dim=-1)  # (T, len(taps) * hidden), in the drafter's tap order
         for i, (seq, n) in enumerate(scheduled):
             keep = n if kept is None else kept[i]
             context = self.contexts.setdefault(seq.slot, _Context())

@@ -119,3 +119,35 @@ def test_verify_steps_are_taped_and_lossless(blocks_models, arch, monkeypatch):
     assert drafted == plain
     seqs_rows = set(replayed)
     assert any(r > 2 for r in seqs_rows), seqs_rows  # steps of more rows than sequences: verify steps, replayed
+
+
+def test_a_replayed_step_reports_the_tap_outputs_of_an_eager_one(blocks_models):
+    """With tap layers on (a DFlash drafter's), tapes still record (the taps are the library's own outputs) and each
+    replay hands back its buffers, holding what an eager step computes."""
+    lm = blocks_models["gemma3"]
+    model, prompts = lm.model, _prompts(lm, (5, 9))
+    run = RunConfig(max_seq_len=64, step_tokens=16, chunk_tokens=8)
+    seen = {}
+    for taped in (False, True):
+        batcher = make_batcher(lm, 2, run)
+        if not taped:
+            batcher.runner.tapes = None
+        real, rows = batcher.runner.run, []
+
+        def run_and_keep(batch, real=real, rows=rows):
+            out = real(batch)
+            rows.append(torch.cat(model.last_taps, -1).clone())
+            return out
+
+        batcher.runner.run = run_and_keep
+        model.tap_layers = (0, 1)
+        try:
+            # one row, then two, then one again: the one-row tape replays after the two-row one recorded
+            run_staggered(batcher, prompts, [0, 3], [SamplingParams(max_tokens=12), SamplingParams(max_tokens=4)])
+        finally:
+            model.tap_layers, model.last_taps = (), None
+        seen[taped] = rows
+        if taped:
+            assert batcher.runner.tapes.refused is None and batcher.runner.tapes.tapes
+    assert len(seen[True]) == len(seen[False])
+    assert all(torch.equal(a, b) for a, b in zip(seen[True], seen[False]))
