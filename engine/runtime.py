@@ -9,7 +9,6 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from engine.backend import resolve_backend
 from engine.batcher import Batcher
@@ -346,14 +345,14 @@ def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> 
 
 
 def dflash_drafter(lm: LoadedModel, net: DFlashNet, batcher: Batcher) -> Drafter | None:
-    """The DFlash drafter, where it can run: the torch backend without CUDA graphs (a graph replay would not report
-    the target's hidden rows); elsewhere, or for a model it was not trained for, prompt lookup and a notice."""
-    if getattr(batcher.runner, "graphs", None) is not None or not isinstance(lm.model, nn.Module) or \
-            next(lm.model.parameters()).device.type == "meta":
+    """The DFlash drafter, where it runs so far: the CPU (its tapes keep the taps; CUDA graphs do not yet, and MLX
+    holds its own copy of the model); elsewhere, or for a model it was not trained for, prompt lookup and a notice."""
+    device = next(lm.model.parameters()).device
+    if device.type != "cpu" or getattr(batcher.runner, "graphs", None) is not None:
         lm.notices.append("DFlash drafting runs on the CPU backend so far; drafting from the prompt instead.")
         return batcher.drafter
     try:
-        return DFlashDrafter(net.to(next(lm.model.parameters()).device), lm.model, batcher.cache)
+        return DFlashDrafter(net.to(device), lm.model, batcher.cache)
     except ValueError as exc:
         lm.notices.append(f"The DFlash drafter cannot draft for {lm.name}: {exc}; drafting from the prompt instead.")
         return batcher.drafter
