@@ -427,6 +427,13 @@ class CausalLM(nn.Module):
     def head_weight(self) -> torch.Tensor:
         return self.model.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
 
+    def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the output matrix, fp32 (a quantized head dequantizes only those)."""
+        head = self.model.embed_tokens if self.lm_head is None else self.lm_head
+        if isinstance(head, (QuantEmbedding, QuantLinear)):
+            return head.qweight.rows(ids)
+        return self.head_weight()[ids].float()
+
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, (QuantEmbedding, QuantLinear)):

@@ -11,6 +11,7 @@ failed) drafts nothing until it is rewound below them or removed.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -77,6 +78,7 @@ class DFlashDrafter(Paced):
         self.pacing = pacing or PacingConfig(most=config.block - 1)
         self.max_sequences = self.pacing.most_sequences
         self.contexts: dict[int, _Context] = {}  # cache slot -> its draft context
+        self.head = _draft_head(net, target)
         cache.observers.append(self)
 
     # -- the cache's slots
@@ -130,13 +132,30 @@ class DFlashDrafter(Paced):
         h, _ = target.embed(torch.tensor([anchor], device=device))
         rows = net.block_rows(h[0].to(net.mask.dtype), net.config.block)
         positions = torch.arange(position, position + net.config.block, device=device)
-        out = net(rows, positions, context.view())
-        return target.head_logits(out[1 : k + 1].to(torch.float32)).argmax(-1).tolist()
+        out = net(rows, positions, context.view())[1 : k + 1].to(torch.float32)
+        if self.head is None:
+            return target.head_logits(out).argmax(-1).tolist()
+        return net.token_ids(self.head(out).argmax(-1)).tolist()  # the final softcap keeps the argmax: skipped
 
     def _pacing(self, seq: Sequence) -> Pacing:
         if not isinstance(seq.draft_state, _Paced):
             seq.draft_state = _Paced(Pacing(self.pacing))
         return seq.draft_state.pacing
+
+
+def _draft_head(net: DFlashNet, target) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """Logits over the drafter's own vocabulary (`vocab_ids`), from the target's head rows of those tokens: int8 on the
+    CPU (read like the target's own weights), float elsewhere; None: the drafter drafts from the whole head."""
+    if not net.config.draft_vocab:
+        return None
+    rows = target.head_rows(net.vocab_ids.cpu())
+    if net.vocab_ids.device.type == "cpu":
+        from engine.quant.from_float import quantize_matrix
+
+        matrix = quantize_matrix(rows, "q8")
+        return lambda x: matrix(x, torch.float32)
+    rows = rows.to(net.vocab_ids.device)
+    return lambda x: x @ rows.T
 
 
 @dataclass(slots=True)

@@ -34,11 +34,12 @@ class DFlashConfig:
     head_dim: int = 128
     intermediate: int = 2048
     block: int = 8  # rows per block: the anchor and block - 1 drafted tokens
+    draft_vocab: int = 0  # tokens it can draft (its head's rows: the target's most frequent, `vocab_ids`); 0: all
     rope_theta: float = 10000.0
     eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        if self.block < 2 or not self.taps or self.heads % self.kv_heads:
+        if self.block < 2 or not self.taps or self.heads % self.kv_heads or not 0 <= self.draft_vocab <= self.vocab:
             raise ValueError(f"invalid DFlash config: {self}")
 
     @staticmethod
@@ -112,6 +113,8 @@ class DFlashNet(nn.Module):
         self.mask = nn.Parameter(torch.zeros(config.hidden))
         self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.layers))
         self.out_norm = nn.Parameter(torch.ones(config.hidden))
+        if config.draft_vocab:  # a head over the frequent tokens only: drafting reads a fraction of the target's head
+            self.register_buffer("vocab_ids", torch.arange(config.draft_vocab))
 
     def features(self, taps: torch.Tensor) -> torch.Tensor:
         """Context features (T, hidden) of the target's joined tap outputs (T, len(taps) * hidden)."""
@@ -124,6 +127,10 @@ class DFlashNet(nn.Module):
         """The block's inputs: the anchor's embedding (hidden,) then rows - 1 mask vectors."""
         mask = self.mask.to(anchor_embedding.dtype).expand(rows - 1, -1)
         return torch.cat((anchor_embedding[None, :], mask))
+
+    def token_ids(self, head_rows: torch.Tensor) -> torch.Tensor:
+        """The tokens that rows of the drafting head (argmaxes of `head_rows`' logits) stand for."""
+        return self.vocab_ids[head_rows] if self.config.draft_vocab else head_rows
 
     def forward(self, h: torch.Tensor, positions: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
                 mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -138,7 +145,8 @@ def save(net: DFlashNet, path: Path, target: str = "") -> None:
     from safetensors.torch import save_file
 
     meta = {"format": FORMAT, "config": json.dumps(asdict(net.config)), "target": target}
-    save_file({k: v.detach().float().contiguous() for k, v in net.state_dict().items()}, str(path), metadata=meta)
+    tensors = {k: (v.float() if v.is_floating_point() else v).detach().contiguous() for k, v in net.state_dict().items()}
+    save_file(tensors, str(path), metadata=meta)
 
 
 def is_dflash_file(path: Path) -> bool:

@@ -28,9 +28,13 @@ def _prompts(vocab: int, n: int = 4, seed: int = 3) -> list[list[int]]:
     return [torch.randint(6, vocab, (5 + 4 * i,), generator=g).tolist() for i in range(n)]
 
 
-def _net(lm, seed: int = 0, block: int = 6) -> DFlashNet:
+def _net(lm, seed: int = 0, block: int = 6, vocab_ids: torch.Tensor | None = None) -> DFlashNet:
     torch.manual_seed(seed)
-    return training.new_net(lm, block=block, layers=1)
+    return training.new_net(lm, block=block, layers=1, vocab_ids=vocab_ids)
+
+
+def _some_tokens(lm, n: int = 40) -> torch.Tensor:
+    return torch.randperm(lm.args.vocab_size, generator=torch.Generator().manual_seed(1))[:n].sort().values
 
 
 def _runtime(lm, net: DFlashNet | None, sessions: int, layout: str = "sequence"):
@@ -47,11 +51,12 @@ def _run(lm, net, prompts, arrivals, sessions, layout="sequence", params=GREEDY)
 
 @pytest.mark.parametrize("layout", ["sequence", "cell"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
-def test_untrained_drafts_leave_greedy_tokens_unchanged_batched_and_alone(models, arch, layout):
+@pytest.mark.parametrize("part", [False, True], ids=["whole-vocab", "draft-vocab"])
+def test_untrained_drafts_leave_greedy_tokens_unchanged_batched_and_alone(models, arch, layout, part):
     lm = models[arch]
     prompts = _prompts(lm.args.vocab_size)
     plain, _ = _run(lm, None, prompts, ARRIVALS, 4, layout)
-    net = _net(lm)
+    net = _net(lm, vocab_ids=_some_tokens(lm) if part else None)
     batched, rt = _run(lm, net, prompts, ARRIVALS, 4, layout)
     assert rt.batcher.drafter.name == "dflash"
     alone = [_run(lm, net, [p], [0], 1, layout)[0][0] for p in prompts]
@@ -80,6 +85,21 @@ def test_the_drafters_context_follows_the_cache(models):
     assert drafted > 0
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_training_taps_of_many_sequences_per_step_are_each_ones_alone(models, arch):
+    """training.target_taps computes many sequences per prefill step, in chunks: each sequence's taps are those it
+    gets alone in one chunk (what the drafter sees when serving it)."""
+    lm = models[arch]
+    seqs = _prompts(lm.args.vocab_size, 5, seed=4)
+    seqs[2] = seqs[2] * 3  # one longer than a chunk
+    taps = _net(lm).config.taps
+    together = training.target_taps(lm, seqs, taps, step_tokens=32, chunk=16)
+    for ids, got in zip(seqs, together):
+        alone = training.target_taps(lm, [ids], taps, step_tokens=64, chunk=64)[0]
+        assert got.shape == (len(ids), len(taps) * lm.args.hidden_size)
+        torch.testing.assert_close(got, alone, rtol=0, atol=1e-5)
+
+
 def test_a_trained_drafter_gets_drafts_kept(models, tmp_path):
     """Trained on the target's own greedy answers, the drafter drafts tokens the target keeps when it serves those
     prompts (the serving taps are the training ones); the answers stay the plain ones. (A tiny random model's
@@ -87,9 +107,11 @@ def test_a_trained_drafter_gets_drafts_kept(models, tmp_path):
     lm = models["llama"]
     prompts = _prompts(lm.args.vocab_size, 8, seed=11)
     answers = training.generate(lm, prompts, 40, 0.0, sessions=8, seed=0)
-    net = _net(lm)
+    vocab_ids = training.draft_vocabulary([p + a for p, a in zip(prompts, answers)], 10_000)
+    assert len(vocab_ids) < lm.args.vocab_size  # a head over the tokens the answers use: the part-vocabulary path
+    net = _net(lm, vocab_ids=vocab_ids)
     examples = training.build_examples(lm, answers, prompts, net.config.taps, torch.device("cpu"))
-    head = training.dense_head(lm.model)
+    head = training.dense_head(lm.model, vocab_ids)
     torch.manual_seed(0)
     training.train(net, lm, head, examples, steps=200, lr=3e-3, anchors=16, device=torch.device("cpu"),
                    log=lambda line: None)
@@ -104,12 +126,13 @@ def test_a_trained_drafter_gets_drafts_kept(models, tmp_path):
 
 def test_a_drafter_file_round_trips_and_others_are_refused(models, tmp_path, tiny_models_q4):
     lm = models["gemma3"]
-    net = _net(lm, seed=5)
+    net = _net(lm, seed=5, vocab_ids=_some_tokens(lm))
     path = tmp_path / "drafter.safetensors"
     save(net, path, target=lm.name)
     again = load(path)
     assert again.config == net.config
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), again.state_dict().values()))
+    assert again.vocab_ids.dtype == torch.long and torch.equal(again.vocab_ids, _some_tokens(lm))
     assert is_dflash_file(path) and draft_mode(path) == "dflash"
     gguf = tiny_models_q4["llama"].gguf_path
     assert not is_dflash_file(gguf) and draft_mode(gguf) == "draft"
@@ -166,3 +189,10 @@ def test_a_prefix_copied_from_a_parked_chat_brings_its_draft_context(models):
     assert rt.batcher.drafter.contexts[second.slot].length == second.num_cached
     assert second.num_drafted > 0
     assert second.generated == prefix.turn(_runtime(lm, None, 1), 2, ids).generated
+
+
+def test_a_draft_vocabulary_is_the_most_frequent_tokens():
+    assert training.draft_vocabulary([[5, 5, 5, 2, 9], [2, 7, 5]], 2).tolist() == [2, 5]
+    assert training.draft_vocabulary([[3, 3, 1]], 10).tolist() == [1, 3]  # no more than occur
+    with pytest.raises(ValueError, match="invalid DFlash config"):
+        DFlashConfig(hidden=8, vocab=16, taps=(0,), heads=2, kv_heads=1, head_dim=4, draft_vocab=17)
