@@ -102,11 +102,7 @@ class SamplerState:
     def noise(self, position: int, like: torch.Tensor) -> torch.Tensor:
         """Exp(1) noise, shaped like `like`, for the token at `position`."""
         self.generator.manual_seed(_mix(self.key, position))
-        if like.device == self.generator.device:
-            return torch.empty_like(like).exponential_(generator=self.generator)
-        # a state made for another device (a seeded turn moved between backends) draws where its generator lives
-        noise = torch.empty(like.shape, dtype=like.dtype, device=self.generator.device)
-        return noise.exponential_(generator=self.generator).to(like.device)
+        return torch.empty_like(like).exponential_(generator=self.generator)
 
 
 def _mix(key: int, position: int) -> int:
