@@ -102,17 +102,16 @@ def training_prompts(count: int, seed: int = 0) -> list[str]:
     return [t.format(s) for t, s in pairs[:count]]
 
 
-def generate(lm, prompts: list[list[int]], tokens: int, temperature: float, sessions: int, seed: int,
-             batcher=None) -> list[list[int]]:
+def generate(lm, prompts: list[list[int]], tokens: int, temperature: float, sessions: int,
+             seed: int) -> list[list[int]]:
     """The target's answers, batched through Parley's engine (greedy, or sampled with a seed per batch); one batcher
     serves every batch (on CUDA its decode graphs are captured once), sized for the longest prompt."""
     from bench.runs import RunConfig, generate as run, make_batcher
     from engine.sampling import SamplingParams
 
-    if batcher is None:
-        run_config = RunConfig(max_seq_len=max(len(p) for p in prompts) + tokens + 8,
-                               max_sampled_rows=max(64, sessions), step_tokens=max(512, 4 * sessions))
-        batcher = make_batcher(lm, min(sessions, len(prompts)), run_config)
+    run_config = RunConfig(max_seq_len=max(len(p) for p in prompts) + tokens + 8,
+                           max_sampled_rows=max(64, sessions), step_tokens=max(512, 4 * sessions))
+    batcher = make_batcher(lm, min(sessions, len(prompts)), run_config)
     out = []
     for at in range(0, len(prompts), sessions):
         batch = prompts[at : at + sessions]
