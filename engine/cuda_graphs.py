@@ -13,6 +13,7 @@ the step table moves on by one token, so steady greedy decoding is graph after g
 from __future__ import annotations
 
 import logging
+from typing import NamedTuple
 
 import torch
 
@@ -39,8 +40,8 @@ class DecodeGraphs:
         self.step_advance = step_advance and self._argmax_impl == "triton"
         self._host_ids = host_ring(self.buckets[-1]) if self.step_advance else None
         self._last: tuple[torch.Tensor, HostIds] | None = None  # the latest replay's greedy ids and their host twin
-        # (batch bucket, kv bucket) -> (graph, its logits, its greedy ids)
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        # (batch bucket, kv bucket, tap layers) -> the graph and its outputs
+        self.graphs: dict[tuple, _Graph] = {}
         self._version = inputs.version
         self._pool = None
         self.captures = self.replays = self.verify_replays = 0
@@ -66,15 +67,17 @@ class DecodeGraphs:
         plan = inputs.prepare(num_tokens=b, num_segments=b, tokens=batch.tokens if fed is None else None)
         if inputs.version != self._version:
             self.graphs.clear()  # they read tensors that no longer exist
+            self._pool, self.model.last_taps = None, None  # a new pool: the old one goes once its last tensor does
             self._version = inputs.version
         tokens = inputs.tokens
         if fed is not None and fed.data_ptr() != tokens.data_ptr():  # ids drawn outside the graph: copy them in
             tokens[:n].copy_(fed, non_blocking=True)
-        key = (b, plan.max_kv_len)
+        key = (b, plan.max_kv_len, self.model.tap_layers)
         if key not in self.graphs:
             self.graphs[key] = self._capture(b)
-        graph, logits, ids = self.graphs[key]
+        graph, logits, ids, taps = self.graphs[key]
         graph.replay()
+        self.model.last_taps = taps  # the tap rows (a DFlash drafter's context) live in the graph's memory too
         self.replays += 1
         self.verify_replays += batch.verifies
         ids = ids[:n]
@@ -96,7 +99,7 @@ class DecodeGraphs:
         step = inputs.step_advance(self._host_ids) if self.step_advance else None
         return logits, argmax_rows(logits, self._argmax_scratch, impl=self._argmax_impl, out=tokens, step=step)
 
-    def _capture(self, b: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, b: int) -> "_Graph":
         # Warm up on a side stream (Triton/inductor compile here, not during capture); it runs this
         # very step, so what it writes into the cache is what the replay writes again. What it writes into
         # the step buffer (ids over the tokens, the advanced table) is put back: the replay reads them.
@@ -113,7 +116,14 @@ class DecodeGraphs:
             logits, ids = self.forward_step(b)
         self.captures += 1
         log.debug("captured decode graph: batch %d, kv bucket %d", b, self.inputs.plan.max_kv_len)
-        return graph, logits, ids
+        return _Graph(graph, logits, ids, self.model.last_taps)
+
+
+class _Graph(NamedTuple):
+    graph: torch.cuda.CUDAGraph
+    logits: torch.Tensor  # (bucket, V) fp32
+    ids: torch.Tensor  # (bucket,) the rows' argmax
+    taps: tuple[torch.Tensor, ...] | None  # the model's tap outputs (CausalLM.last_taps), when it had tap layers
 
 
 class HostIds:

@@ -2,8 +2,9 @@
 states (engine/speculative/dflash_net.py), verified by the target like any draft (engine/speculative/verify.py).
 
 The target computes its tap layers' outputs for every row of every step (CausalLM.tap_layers, set by the batcher
-around its forwards). After each step `record` keeps the rows each sequence now has cached (a verify step's rejected
-rows are not) as the draft layers' context keys and values: the drafter's own cache, one context per cache slot. The
+around its forwards). After each step `record` keeps the tap rows each sequence now has cached (a verify step's
+rejected rows are not); when sequences draft, their new rows become the draft layers' context keys and values in one
+pass, and their blocks are drafted in one more: the drafter's own cache, one context per cache slot. The
 target's cache tells it of every copy, cut and removal (KVCache.observers), so a context follows its slot through
 rewound turns, rejected drafts, forks and prefixes parked and copied into new chats. Drafting is greedy and
 deterministic, so the target keeps its own tokens exactly. A slot whose positions the drafter never saw (a step that
@@ -23,34 +24,58 @@ from engine.speculative.drafter import Paced, Pacing, PacingConfig
 
 @dataclass(slots=True)
 class _Context:
-    """One sequence's draft-layer keys and values for its first `length` positions (storage grows by doubling)."""
+    """One sequence's draft-layer keys and values for its first `projected` positions (storage grows by doubling),
+    then the target's tap rows of the positions after, kept until the sequence drafts: a sequence that does not
+    draft (pacing, or too many sequences decoding) costs a copy of its rows, not the draft layers' projections."""
 
     keys: list[torch.Tensor] = field(default_factory=list)  # per draft layer (capacity, kv_heads, head_dim)
     values: list[torch.Tensor] = field(default_factory=list)
-    length: int = 0
+    projected: int = 0
+    pending: list[torch.Tensor] = field(default_factory=list)  # tap rows (n, len(taps) * hidden), in order
+
+    @property
+    def length(self) -> int:
+        """The positions the context covers."""
+        return self.projected + sum(len(rows) for rows in self.pending)
 
     def cut(self, length: int) -> None:
-        self.length = min(self.length, length)
+        if length <= self.projected:
+            self.projected, self.pending = length, []
+            return
+        keep, pending = length - self.projected, []
+        for rows in self.pending:
+            if keep <= 0:
+                break
+            pending.append(rows[:keep])
+            keep -= len(rows)
+        self.pending = pending
 
     def copy(self) -> "_Context":
-        n = self.length
-        return _Context([k[:n].clone() for k in self.keys], [v[:n].clone() for v in self.values], n)
+        n = self.projected  # pending rows are never written in place: shared
+        return _Context([k[:n].clone() for k in self.keys], [v[:n].clone() for v in self.values], n, list(self.pending))
+
+    def take_pending(self) -> torch.Tensor | None:
+        """The pending tap rows, joined (they belong at positions `projected` on), and none pending any more."""
+        rows, self.pending = self.pending, []
+        return None if not rows else rows[0] if len(rows) == 1 else torch.cat(rows)
 
     def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Keys and values (per layer) of the next positions after `projected`."""
         n = kv[0][0].shape[0]
-        need = self.length + n
+        need = self.projected + n
         if not self.keys or self.keys[0].shape[0] < need:
             cap = max(64, need, 2 * (self.keys[0].shape[0] if self.keys else 0))
-            self.keys = [_grown(old, k, cap, self.length) for old, (k, _) in zip(self.keys or [None] * len(kv), kv)]
-            self.values = [_grown(old, v, cap, self.length) for old, (_, v) in zip(self.values or [None] * len(kv), kv)]
+            self.keys = [_grown(old, k, cap, self.projected) for old, (k, _) in zip(self.keys or [None] * len(kv), kv)]
+            self.values = [_grown(old, v, cap, self.projected)
+                           for old, (_, v) in zip(self.values or [None] * len(kv), kv)]
         for store, (k, _) in zip(self.keys, kv):
-            store[self.length : need] = k
+            store[self.projected : need] = k
         for store, (_, v) in zip(self.values, kv):
-            store[self.length : need] = v
-        self.length = need
+            store[self.projected : need] = v
+        self.projected = need
 
     def view(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(k[: self.length], v[: self.length]) for k, v in zip(self.keys, self.values)]
+        return [(k[: self.projected], v[: self.projected]) for k, v in zip(self.keys, self.values)]
 
 
 def _grown(old: torch.Tensor | None, like: torch.Tensor, rows: int, keep: int) -> torch.Tensor:
@@ -97,10 +122,11 @@ class DFlashDrafter(Paced):
     def record(self, scheduled: list[tuple[Sequence, int]], starts: list[int], row_starts: list[int],
                kept: list[int] | None = None) -> None:
         """After a step: sequence i wrote rows row_starts[i] .. + n at positions starts[i] ..; `kept` (verify steps)
-        how many of those rows it keeps (the rest were rewound)."""
+        how many of those rows it keeps (the rest were rewound). The kept tap rows are copied out in one gather
+        (the next step writes over the model's tap buffers) and wait in each context until it drafts."""
         if self.target.last_taps is None:
             return
-        taps = torch.cat(self.target.last_taps, dim=-1)  # (T, len(taps) * hidden), in the drafter's tap order
+        rows, spans = [], []
         for i, (seq, n) in enumerate(scheduled):
             keep = n if kept is None else kept[i]
             context = self.contexts.setdefault(seq.slot, _Context())
@@ -109,14 +135,38 @@ class DFlashDrafter(Paced):
                 continue
             context.cut(start)
             if keep:
-                positions = torch.arange(start, start + keep, device=taps.device)
-                rows = taps[row_starts[i] : row_starts[i] + keep]
-                context.append(self.net.context_kv(self.net.features(rows), positions))
+                spans.append((context, len(rows), keep))
+                rows += range(row_starts[i], row_starts[i] + keep)
+        if not spans:
+            return
+        taps = torch.cat(self.target.last_taps, dim=-1)  # (T, len(taps) * hidden), in the drafter's tap order
+        kept_rows = taps.index_select(0, torch.tensor(rows).to(taps.device, non_blocking=True))
+        for context, first, keep in spans:
+            context.pending.append(kept_rows[first : first + keep])
+
+    def _project(self, contexts: list[_Context]) -> None:
+        """Every pending row of `contexts` through the draft layers' context projections, in one pass."""
+        rows, positions, spans = [], [], []
+        for context in contexts:
+            pending = context.take_pending()
+            if pending is not None:
+                spans.append((context, sum(len(r) for r in rows), len(pending)))
+                positions += range(context.projected, context.projected + len(pending))
+                rows.append(pending)
+        if not rows:
+            return
+        device = self.net.mask.device
+        kv = self.net.context_kv(self.net.features(torch.cat(rows) if len(rows) > 1 else rows[0]),
+                                 torch.tensor(positions).to(device, non_blocking=True))
+        for context, first, n in spans:
+            context.append([(k[first : first + n], v[first : first + n]) for k, v in kv])
 
     # -- drafting
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
-        block = self.net.config.block
+        """Drafts for every sequence due one: their contexts brought up to date and their blocks drafted, each in one
+        pass of the draft layers; their ids read at once."""
+        block, due = self.net.config.block, []
         for seq, most in zip(seqs, room):
             pacing = self._pacing(seq)
             k = min(pacing.length, most, block - 1)
@@ -124,18 +174,29 @@ class DFlashDrafter(Paced):
             context = self.contexts.get(seq.slot)
             if k <= 0 or not pacing.due(seq.num_steps) or context is None or context.length != position or position < 1:
                 continue
-            seq.draft = self._block(seq.token_ids[-1], position, context, k)
+            due.append((seq, k, position, context))
+        if not due:
+            return
+        self._project([c for *_, c in due])
+        drafts = self._blocks([seq.token_ids[-1] for seq, *_ in due], [p for *_, p, _ in due],
+                              [c.view() for *_, c in due])
+        for (seq, k, _, _), ids in zip(due, drafts):
+            seq.draft = ids[:k]
 
-    def _block(self, anchor: int, position: int, context: _Context, k: int) -> list[int]:
-        net, target = self.net, self.target
+    def _blocks(self, anchors: list[int], positions: list[int],
+                contexts: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[list[int]]:
+        """block - 1 greedy drafts after each anchor (at its position, over its context)."""
+        net, target, block = self.net, self.target, self.net.config.block
         device = net.mask.device
-        h, _ = target.embed(torch.tensor([anchor], device=device))
-        rows = net.block_rows(h[0].to(net.mask.dtype), net.config.block)
-        positions = torch.arange(position, position + net.config.block, device=device)
-        out = net(rows, positions, context.view())[1 : k + 1].to(torch.float32)
+        h, _ = target.embed(torch.tensor(anchors, device=device))
+        rows = torch.cat([net.block_rows(e.to(net.mask.dtype), block) for e in h])
+        at = (torch.tensor(positions)[:, None] + torch.arange(block)).reshape(-1).to(device)
+        out = net.forward_blocks(rows, at, contexts).view(len(anchors), block, -1)[:, 1:].reshape(-1, net.config.hidden)
         if self.head is None:
-            return target.head_logits(out).argmax(-1).tolist()
-        return net.token_ids(self.head(out).argmax(-1)).tolist()  # the final softcap keeps the argmax: skipped
+            ids = target.head_logits(out.to(h.dtype)).argmax(-1)  # the head takes the model's own rows
+        else:
+            ids = net.token_ids(self.head(out.float()).argmax(-1))  # the final softcap keeps the argmax: skipped
+        return ids.view(len(anchors), block - 1).tolist()
 
     def _pacing(self, seq: Sequence) -> Pacing:
         if not isinstance(seq.draft_state, _Paced):

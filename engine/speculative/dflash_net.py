@@ -93,13 +93,27 @@ class DraftLayer(nn.Module):
                 mask: torch.Tensor | None) -> torch.Tensor:
         """h (R, hidden): block rows at `positions`; ctx_k/ctx_v (C, kv_heads, head_dim); mask (R, C + R) bool or
         None (every row sees every key)."""
-        c = self.c
+        return self.forward_blocks(h, positions, [(ctx_k, ctx_v)], mask)
+
+    def forward_blocks(self, h: torch.Tensor, positions: torch.Tensor,
+                       contexts: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor | None = None) -> torch.Tensor:
+        """h (S * B, hidden): S blocks of B rows, block s attending to its context `contexts[s]` (keys, values) and to
+        its own rows; the projections and the MLP run once for all blocks (their weights read once). `mask`: with
+        one block only, as in `forward`."""
+        c, blocks = self.c, len(contexts)
         x = rms_norm(h, self.in_norm, c.eps)
-        q = rotate(self.q(x).view(-1, c.heads, c.head_dim), positions, c.rope_theta)
-        k = torch.cat((ctx_k, rotate(self.k(x).view(-1, c.kv_heads, c.head_dim), positions, c.rope_theta)))
-        v = torch.cat((ctx_v, self.v(x).view(-1, c.kv_heads, c.head_dim)))
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             attn_mask=mask, scale=1 / math.sqrt(c.head_dim), enable_gqa=True)
+        q = rotate(self.q(x).view(-1, c.heads, c.head_dim), positions, c.rope_theta).transpose(0, 1)
+        k_new = rotate(self.k(x).view(-1, c.kv_heads, c.head_dim), positions, c.rope_theta)
+        v_new = self.v(x).view(-1, c.kv_heads, c.head_dim)
+        rows = h.shape[0] // blocks
+        out = []
+        for s, (ctx_k, ctx_v) in enumerate(contexts):
+            own = slice(s * rows, (s + 1) * rows)
+            k = torch.cat((ctx_k, k_new[own])).transpose(0, 1)
+            v = torch.cat((ctx_v, v_new[own])).transpose(0, 1)
+            out.append(F.scaled_dot_product_attention(q[:, own], k, v, attn_mask=mask, scale=1 / math.sqrt(c.head_dim),
+                                                      enable_gqa=True))
+        out = torch.cat(out, 1) if blocks > 1 else out[0]
         h = h + self.o(out.transpose(0, 1).reshape(-1, c.heads * c.head_dim))
         x = rms_norm(h, self.mlp_norm, c.eps)
         return h + self.down(F.silu(self.gate(x)) * self.up(x))
@@ -137,6 +151,14 @@ class DFlashNet(nn.Module):
         """Block rows h (R, hidden) -> the normed outputs (R, hidden) the target's head turns into logits."""
         for layer, (k, v) in zip(self.layers, kv):
             h = layer(h, positions, k, v, mask)
+        return rms_norm(h, self.out_norm, self.config.eps)
+
+    def forward_blocks(self, h: torch.Tensor, positions: torch.Tensor,
+                       contexts: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> torch.Tensor:
+        """S blocks of equal size at once, block s over its own context `contexts[s]` (per layer: keys, values):
+        what drafting for many sequences in one pass runs (DraftLayer.forward_blocks)."""
+        for i, layer in enumerate(self.layers):
+            h = layer.forward_blocks(h, positions, [context[i] for context in contexts])
         return rms_norm(h, self.out_norm, self.config.eps)
 
 

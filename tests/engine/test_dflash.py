@@ -196,3 +196,23 @@ def test_a_draft_vocabulary_is_the_most_frequent_tokens():
     assert training.draft_vocabulary([[3, 3, 1]], 10).tolist() == [1, 3]  # no more than occur
     with pytest.raises(ValueError, match="invalid DFlash config"):
         DFlashConfig(hidden=8, vocab=16, taps=(0,), heads=2, kv_heads=1, head_dim=4, draft_vocab=17)
+
+
+def test_many_blocks_in_one_pass_are_each_block_alone():
+    """Drafting for many sequences runs their blocks through the draft layers at once, each over its own context:
+    each block's outputs are those it gets alone."""
+    torch.manual_seed(0)
+    config = DFlashConfig(hidden=32, vocab=50, taps=(0, 1), layers=2, heads=4, kv_heads=2, head_dim=8,
+                          intermediate=64, block=5)
+    net = DFlashNet(config)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(0.1 * torch.randn_like(p))  # the branch ends start at zero: give them weights
+    lengths = [3, 11, 7]
+    contexts = [net.context_kv(net.features(torch.randn(n, 2 * 32)), torch.arange(n)) for n in lengths]
+    rows = torch.randn(len(lengths) * config.block, 32)
+    positions = torch.cat([torch.arange(n, n + config.block) for n in lengths])
+    together = net.forward_blocks(rows, positions, contexts)
+    for s, context in enumerate(contexts):
+        own = slice(s * config.block, (s + 1) * config.block)
+        torch.testing.assert_close(together[own], net(rows[own], positions[own], context), rtol=1e-5, atol=1e-5)

@@ -73,3 +73,29 @@ def test_gpu_drafts_give_plain_tokens_up_to_near_ties(cuda_models, arch, layout)
     assert graphs is None or graphs.verify_replays > 0
     lookup, lookup_logits = _recorded(make_batcher(lm, 4, _run(layout, "lookup")), prompts)
     compare(plain, plain_logits, lookup, lookup_logits)
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_gpu_dflash_drafts_give_plain_tokens_up_to_near_ties(cuda_models, layout):
+    """A DFlash drafter serving on CUDA: the decode graphs keep the tap rows its context reads. Trained here on the
+    target's own answers, it gets drafts kept, and the tokens are plain decoding's up to near ties."""
+    from engine.runtime import dflash_drafter
+    from training import dflash as training
+
+    lm, device = cuda_models["llama"], torch.device("cuda")
+    prompts = _prompts(lm.args.vocab_size)
+    plain_batcher = make_batcher(lm, 4, _run(layout))
+    plain, plain_logits = _recorded(plain_batcher, prompts)
+    torch.manual_seed(0)
+    net = training.new_net(lm, block=6, layers=1).to(device)
+    examples = training.build_examples(lm, plain, prompts, net.config.taps, device)
+    head = training.dense_head(lm.model).to(device)
+    training.train(net, lm, head, examples, steps=300, lr=3e-3, anchors=8, device=device, log=lambda line: None)
+    batcher = make_batcher(lm, 4, _run(layout))
+    batcher.drafter = dflash_drafter(lm, net, batcher)
+    assert batcher.drafter.name == "dflash", lm.notices
+    drafted, drafted_logits = _recorded(batcher, prompts)
+    compare(plain, plain_logits, drafted, drafted_logits)
+    graphs = batcher.runner.graphs
+    assert graphs is None or graphs.verify_replays > 0
+    assert batcher.steps < plain_batcher.steps, (batcher.steps, plain_batcher.steps)  # drafts were kept
