@@ -224,10 +224,13 @@ class Batcher:
             return False
         if not self.runner.accepts_device_tokens(len(prev.samplers)):
             return False
+        # too many sequences to draft for (`_draft`): none drafts next step
+        drafting = self.drafter is not None and \
+            sum(map(_draftable, prev.samplers)) <= self.drafter.max_sequences
         for seq in prev.samplers:
             if seq.status is not Status.RUNNING or seq.num_uncached != 0 or penalised(seq.sampler.params):
                 return False
-            if self.drafter is not None and _draftable(seq) and self.drafter.may_draft(seq):
+            if drafting and _draftable(seq) and self.drafter.may_draft(seq):
                 return False  # its next step may verify drafts, which need this step's token on the host
             if len(seq.generated) + 2 > seq.sampler.params.max_tokens or len(seq.token_ids) + 2 > seq.max_len:
                 return False  # prev's token may end it by length: leave that step to the scheduler

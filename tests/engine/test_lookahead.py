@@ -128,3 +128,21 @@ def test_the_runner_says_what_the_batcher_asks(lm):
     runner = b.runner
     assert runner.prefers_lookahead is False and b.lookahead is False
     assert runner.accepts_device_tokens(2) and runner.host_ids(torch.zeros(2, dtype=torch.long)) is None
+
+
+def test_more_sequences_than_the_drafter_serves_still_run_ahead(lm):
+    """A drafter drafts for at most `max_sequences` decoding sequences a step: beyond that no step verifies drafts,
+    so steps run ahead as without a drafter; at or below it, a sequence due to draft waits for its ids."""
+    from engine.speculative import make_drafter
+
+    params = SamplingParams(max_tokens=24)
+    prompts = _prompts(lm.args.vocab_size)
+    plain = run_staggered(make_batcher(lm, 6, _run(False)), prompts, ARRIVALS, params)
+    ahead = {}
+    for most in (2, 6):
+        b = make_batcher(lm, 6, _run(True))
+        b.drafter = make_drafter("lookup")
+        b.drafter.max_sequences = most
+        assert run_staggered(b, prompts, ARRIVALS, params) == plain
+        ahead[most] = b.lookahead_steps
+    assert ahead[6] < ahead[2], ahead
