@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.speculative.dflash_net import DFlashConfig, DFlashNet, save  # noqa: E402
+from engine.speculative.dflash_net import DFlashConfig, DFlashNet, load, save  # noqa: E402
 
 TASKS = [
     "Write a short story about {}.", "Explain {} to a ten-year-old.", "List five interesting facts about {}.",
@@ -320,7 +320,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=240, help="training prompts (each answered greedily and sampled)")
     ap.add_argument("--samples", type=int, default=1, help="sampled answers per training prompt, besides the greedy one")
     ap.add_argument("--tokens", type=int, default=256, help="answer length")
-    ap.add_argument("--sessions", type=int, default=0, help="prompts answered at once (0: 128 on CUDA, 8 on the CPU)")
+    ap.add_argument("--sessions", type=int, default=0,
+                    help="prompts answered at once (0: 64 on CUDA, its largest decode graph; 8 on the CPU)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--minutes", type=float, default=0.0, help="train for this long instead of --steps")
     ap.add_argument("--total-minutes", type=float, default=0.0,
@@ -332,6 +333,8 @@ def main() -> None:
     ap.add_argument("--draft-vocab", type=int, default=32768,
                     help="draft only the this many tokens most frequent in the data (0: the whole vocabulary)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--init", type=Path, default=None,
+                    help="continue training this drafter (its shape and draft vocabulary; --layers and --draft-vocab go)")
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the generated data (answers and taps) here, and reuse them when the file exists")
     args = ap.parse_args()
@@ -346,8 +349,8 @@ def main() -> None:
     start = time.perf_counter()
     lm = load_model(args.target, LoadOptions(device=device_name, dtype=dtype))
     tok = lm.tokenizer
-    sessions = args.sessions or (128 if cuda else 8)
-    taps = new_net(lm, args.block, args.layers).config.taps
+    sessions = args.sessions or (64 if cuda else 8)
+    taps = load(args.init).config.taps if args.init is not None else new_net(lm, args.block, args.layers).config.taps
 
     def chat(text: str) -> list[int]:
         return tok.apply_chat_template([{"role": "user", "content": text}])
@@ -361,10 +364,15 @@ def main() -> None:
     else:
         prompts = [chat(t) for t in training_prompts(args.prompts, args.seed)]
         held_prompts = [chat(t) for t in HELD_OUT]
+        def progress(what: str) -> None:  # a long generation on a slow machine shows where it is
+            print(json.dumps({"generated": what, "s": round(time.perf_counter() - start, 1)}), flush=True)
+
         answers = generate(lm, prompts, args.tokens, 0.0, sessions, args.seed)
+        progress("greedy")
         for k in range(args.samples):  # varied answers: temperatures from 0.6 up
-            answers += generate(lm, prompts, args.tokens, 0.6 + 0.4 * k / max(1, args.samples - 1), sessions,
-                                args.seed + 100_000 * (k + 1))
+            temperature = 0.6 + 0.4 * k / max(1, args.samples - 1)
+            answers += generate(lm, prompts, args.tokens, temperature, sessions, args.seed + 100_000 * (k + 1))
+            progress(f"temperature {temperature:.2f}")
         held = generate(lm, held_prompts, args.tokens, 0.0, sessions, args.seed)
         gen_s = time.perf_counter() - start
         step_tokens, kept = (4096 if cuda else 512), torch.bfloat16 if cuda else torch.float32
@@ -378,8 +386,14 @@ def main() -> None:
                                "held_out_sequences": len(held_examples), "generate_s": round(gen_s, 1),
                                "taps_s": round(time.perf_counter() - start - gen_s, 1)}}),
           flush=True)
-    vocab_ids = draft_vocabulary([e.ids for e in examples], args.draft_vocab) if args.draft_vocab else None
-    net = new_net(lm, args.block, args.layers, vocab_ids).to(device)
+    if args.init is not None:
+        net = load(args.init, device)
+        if net.config.taps != taps:
+            raise SystemExit(f"{args.init} taps layers {net.config.taps}; the data holds taps of {taps}")
+        vocab_ids = net.vocab_ids.cpu() if net.config.draft_vocab else None
+    else:
+        vocab_ids = draft_vocabulary([e.ids for e in examples], args.draft_vocab) if args.draft_vocab else None
+        net = new_net(lm, args.block, args.layers, vocab_ids).to(device)
     head = dense_head(lm.model, vocab_ids).to(device)
     before = acceptance(net, lm, head, held_examples, device)
     t0 = time.perf_counter()
