@@ -22,6 +22,9 @@ from engine.speculative.dflash_net import DFlashNet
 from engine.speculative.drafter import Paced, Pacing, PacingConfig
 
 
+MAX_PENDING = 256  # tap rows a context keeps unprojected at most
+
+
 @dataclass(slots=True)
 class _Context:
     """One sequence's draft-layer keys and values for its first `projected` positions (storage grows by doubling),
@@ -143,6 +146,8 @@ class DFlashDrafter(Paced):
         kept_rows = taps.index_select(0, torch.tensor(rows).to(taps.device, non_blocking=True))
         for context, first, keep in spans:
             context.pending.append(kept_rows[first : first + keep])
+        # tap rows take about twice the memory of their keys and values: a long run without drafting is projected
+        self._project([c for c, *_ in spans if c.length - c.projected >= MAX_PENDING])
 
     def _project(self, contexts: list[_Context]) -> None:
         """Every pending row of `contexts` through the draft layers' context projections, in one pass."""

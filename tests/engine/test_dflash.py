@@ -85,6 +85,43 @@ def test_the_drafters_context_follows_the_cache(models):
     assert drafted > 0
 
 
+def test_rows_of_sequences_that_do_not_draft_are_projected_in_runs(models, monkeypatch):
+    """Three sequences decoding, a drafter that drafts for two at most: none drafts (until one finishes), so each
+    context keeps its tap rows pending, and projects them once MAX_PENDING wait; the keys and values it then holds
+    are those of its whole cached text's taps projected at once."""
+    from engine.sampling import SamplerState
+    from engine.sequence import Sequence
+    from engine.speculative import dflash
+
+    monkeypatch.setattr(dflash, "MAX_PENDING", 8)
+    lm = models["gemma3"]
+    net = _net(lm)
+    rt = _runtime(lm, net, 3)
+    assert rt.batcher.drafter.max_sequences == 2
+    seqs = [Sequence(i, p, SamplerState(GREEDY), lm.tokenizer.stop_ids, max_len=rt.limit)
+            for i, p in enumerate(_prompts(lm.args.vocab_size, 3))]
+    for s in seqs:
+        rt.batcher.add(s)
+    contexts, checked = rt.batcher.drafter.contexts, 0
+    while rt.batcher.has_work():
+        rt.batcher.step()
+        for s in seqs:
+            context = contexts.get(s.slot) if s.slot is not None else None
+            if context is None:
+                continue
+            assert context.length == s.num_cached and context.length - context.projected < 8
+            if context.projected and not checked and all(x.num_drafted == 0 for x in seqs):
+                ids = s.token_ids[: context.projected]
+                taps = training.target_taps(lm, [ids], net.config.taps)[0]
+                with torch.inference_mode():
+                    want = net.context_kv(net.features(taps), torch.arange(len(ids)))
+                for (k, v), (wk, wv) in zip(context.view(), want):
+                    torch.testing.assert_close(k, wk, rtol=1e-4, atol=1e-4)
+                    torch.testing.assert_close(v, wv, rtol=1e-4, atol=1e-4)
+                checked += 1
+    assert checked
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_training_taps_of_many_sequences_per_step_are_each_ones_alone(models, arch):
     """training.target_taps computes many sequences per prefill step, in chunks: each sequence's taps are those it
