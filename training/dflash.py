@@ -350,7 +350,8 @@ def main() -> None:
     lm = load_model(args.target, LoadOptions(device=device_name, dtype=dtype))
     tok = lm.tokenizer
     sessions = args.sessions or (64 if cuda else 8)
-    taps = load(args.init).config.taps if args.init is not None else new_net(lm, args.block, args.layers).config.taps
+    init = load(args.init) if args.init is not None else None
+    taps = init.config.taps if init is not None else new_net(lm, args.block, args.layers).config.taps
 
     def chat(text: str) -> list[int]:
         return tok.apply_chat_template([{"role": "user", "content": text}])
@@ -386,10 +387,8 @@ def main() -> None:
                                "held_out_sequences": len(held_examples), "generate_s": round(gen_s, 1),
                                "taps_s": round(time.perf_counter() - start - gen_s, 1)}}),
           flush=True)
-    if args.init is not None:
-        net = load(args.init, device)
-        if net.config.taps != taps:
-            raise SystemExit(f"{args.init} taps layers {net.config.taps}; the data holds taps of {taps}")
+    if init is not None:
+        net = init.to(device)
         vocab_ids = net.vocab_ids.cpu() if net.config.draft_vocab else None
     else:
         vocab_ids = draft_vocabulary([e.ids for e in examples], args.draft_vocab) if args.draft_vocab else None
