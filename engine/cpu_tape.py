@@ -45,6 +45,12 @@ class _Watch(TorchDispatchMode):
         self.computed: list[str] = []
         self.allocated: list[torch.Tensor] = []
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # never under torch.compile; skipping it wraps our dispatch in torch's compiler, which the first tape would
+        # then import (~2 s, ~130 MB resident)
+        return False
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__

@@ -134,9 +134,11 @@ class Rotary(nn.Module):
 
     def __init__(self, head_dim: int, rope: RopeArgs):
         super().__init__()
-        inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        # on the CPU even while the model is built on the meta device (there a division imports torch's compiler, ~2 s;
+        # CausalLM.reset_buffers makes the real ones)
+        inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
         if rope.factors is not None:
-            inv = inv / torch.tensor(rope.factors, dtype=torch.float32)
+            inv = inv / torch.tensor(rope.factors, dtype=torch.float32, device="cpu")
         self.register_buffer("inv_freq", inv, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -360,7 +362,9 @@ class CausalLM(nn.Module):
         self.tap_layers: tuple[int, ...] = ()
         self.last_taps: tuple[torch.Tensor, ...] | None = None
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        # the weight comes from the file: no random init (on the meta device it imports torch's compiler, ~2 s)
+        self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
+                                               _weight=torch.empty(args.vocab_size, args.hidden_size))
         self.model.layers = nn.ModuleList(blocks)
         self.model.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, gemma=gemma_norm)
         self.lm_head = None if args.tie_word_embeddings else Linear(args.hidden_size, args.vocab_size, bias=False)
