@@ -579,7 +579,8 @@ def test_live_panel_lists_every_generation_and_stops_one(parley, qtbot):
 def test_every_message_action_has_a_keyboard_path(parley, qtbot):
     w = parley.window
     conv = w.current()
-    configure(parley, conv, temperature=1.5, top_k=0, top_p=1.0, max_tokens=4)
+    # seeded: unseeded, 4 hot draws from the tiny model once decoded to no text (CI), an answer with nothing to copy
+    configure(parley, conv, temperature=1.5, top_k=0, top_p=1.0, max_tokens=4, seed=3)
     w.chat.send("a question")
     wait_idle(parley, qtbot, conv)
     first = last(parley, conv)
