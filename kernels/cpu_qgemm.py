@@ -42,16 +42,18 @@ def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights
 
 
 def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
-           impl: str = "auto") -> torch.Tensor:
+           bits: int = 8, impl: str = "auto") -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes with zero 128 and an fp16 scale per 32, the codes
-    (N, K) interleaved in units (kernels/kquant_layout.interleave_units), K a multiple of 128."""
+    (N, K) interleaved in units (kernels/kquant_layout.interleave_units), K a multiple of 128; `bits` 5: the codes
+    (N, 5K/8) packed by kernels/kquant_layout.pack_fifths."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        from kernels.kquant_layout import natural_units
+        from kernels.kquant_layout import natural_units, unpack_fifths
 
-        y = qgemm_reference(x, torch.from_numpy(natural_units(codes.numpy())), scales, None, 8, QB, 128)
+        held = unpack_fifths(codes.numpy()) if bits == 5 else codes.numpy()
+        y = qgemm_reference(x, torch.from_numpy(natural_units(held)), scales, None, 8, QB, 128)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr())
+    return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -3,7 +3,8 @@
 - Q4_K/Q6_K super-blocks (kernels/cpu/kgemm.c): the file's bytes (scales, d, dmin where the file has them), only the
   codes reordered so that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16.
   The library's `parley_kq_interleave` does the same at load (kernels/cpu_kgemm.interleave).
-- Byte codes in blocks of 32 (kernels/cpu/q8gemm.c): the same idea over units of 256 (or a last 128) weights."""
+- Byte codes in blocks of 32 (kernels/cpu/q8gemm.c): the same idea over units of 256 (or a last 128) weights; Q5_0's
+  codes packed in 5 bits a weight in that order (`pack_fifths`)."""
 from __future__ import annotations
 
 import numpy as np
@@ -98,3 +99,28 @@ def _units(codes: np.ndarray, forward: bool) -> np.ndarray:
             codes[:, start:stop].reshape(n, -1, chunks, 16, 4)
         out[:, start:stop] = part.swapaxes(2, 3).reshape(n, stop - start)  # (group, chunk, t) <-> (chunk, group, t)
     return out
+
+
+FIFTHS_ZERO = 112  # a Q5_0 code q is held as the byte u = q + 112 (zero 128, as Q8_0's)
+
+
+def pack_fifths(held: np.ndarray) -> np.ndarray:
+    """Interleaved byte codes u = q + 112 (n, K), q < 32, K a multiple of 64 -> (n, 5K/8) as kernels/cpu/q8gemm.c
+    unpacks them: per chunk of 64 positions, 32 bytes (position p in byte p's low nibble, 32 + p in its high one)
+    then 8 bytes whose bit p is position p's fifth bit."""
+    n, k = held.shape
+    q = held.reshape(n, k // 64, 64) - np.uint8(FIFTHS_ZERO)
+    if q.size and q.max() > 31:  # wrapped below 112 or above 143: not a 5-bit code
+        raise ValueError("codes outside Q5_0's range cannot be packed in 5 bits")
+    nibbles = (q[..., :32] & 0x0F) | ((q[..., 32:] & 0x0F) << 4)
+    fifths = np.packbits(q >> 4, axis=-1, bitorder="little")
+    return np.concatenate([nibbles, fifths], axis=-1).reshape(n, k // 8 * 5)
+
+
+def unpack_fifths(packed: np.ndarray) -> np.ndarray:
+    """`pack_fifths`'s inverse."""
+    n = packed.shape[0]
+    b = np.ascontiguousarray(packed).reshape(n, -1, 40)
+    low = np.concatenate([b[..., :32] & 0x0F, b[..., :32] >> 4], axis=-1)
+    fifths = np.unpackbits(b[..., 32:], axis=-1, bitorder="little")
+    return ((low | (fifths << 4)) + np.uint8(FIFTHS_ZERO)).reshape(n, -1)

@@ -151,7 +151,7 @@ def _blocks(qt: QuantTensor) -> Matrix:
     are; groups of 16 (Q6_K), which MLX has no size for, are held as their exact fp32 values."""
     from kernels.cpu_qgemm import unpack_codes
 
-    from engine.quant.block_codes import layout, superblock_codes
+    from engine.quant.block_codes import CodeLayout, layout, superblock_codes
     from kernels.kquant_layout import file_order
 
     lay, (n, k) = qt.code_layout, qt.shape
@@ -162,14 +162,11 @@ def _blocks(qt: QuantTensor) -> Matrix:
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
         o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
     else:
-        codes = qt.codes
-        if lay.units:  # byte codes interleaved for the x86 kernel: back to weight order
-            from kernels.kquant_layout import natural_units
-
-            codes = torch.from_numpy(natural_units(codes.numpy()))
-        u = unpack_codes(codes, lay.bits, k).numpy()
+        codes, bits = qt.natural_codes()  # the x86 kernel's order and packing undone
+        u = unpack_codes(codes, bits, k).numpy()
         s = qt.scales.double()
         o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
+        lay = CodeLayout(bits, lay.group, lay.zero)
     packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
     scales, biases, inexact = _scales_biases(s, o)
     return Matrix(mx.array(np.ascontiguousarray(packed).view(np.uint32)), lay.bits, GROUP, scales, biases, inexact)

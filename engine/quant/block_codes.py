@@ -22,8 +22,8 @@ BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32
 
 @dataclass(frozen=True, slots=True)
 class CodeLayout:
-    """How a matrix's codes read: `bits` 4 (two codes a byte) or 8; `group` weights per scale; symmetric formats
-    (`zero` >= 0) keep no offsets, o = -zero·s."""
+    """How a matrix's codes read: `bits` 4 (two codes a byte) or 8 (5: Q5_0 packed in units, see `codes_layout`);
+    `group` weights per scale; symmetric formats (`zero` >= 0) keep no offsets, o = -zero·s."""
 
     bits: int
     group: int
@@ -43,9 +43,11 @@ def held_layout(type_name: str, k: int) -> CodeLayout:
 
 def codes_layout(type_name: str, k: int) -> CodeLayout:
     """`layout`'s codes for an (n, k) matrix, interleaved in units where they are bytes with zero 128 and K is whole
-    units of 128 (kernels/cpu/q8gemm.c)."""
+    units of 128 (kernels/cpu/q8gemm.c); Q5_0's in 5 bits there (its file's size, not 8 bits a weight)."""
     lay = layout(type_name)
-    return CodeLayout(8, 32, 128, units=True) if lay == CodeLayout(8, 32, 128) and k % 128 == 0 else lay
+    if lay != CodeLayout(8, 32, 128) or k % 128:
+        return lay
+    return CodeLayout(5 if type_name == "Q5_0" else 8, 32, 128, units=True)
 
 
 def layout(type_name: str) -> CodeLayout:

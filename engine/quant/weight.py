@@ -71,7 +71,8 @@ class QuantTensor(nn.Module):
         if self.format == "blocks" and self.code_layout.units:
             from kernels.cpu_qgemm import q8gemm
 
-            y = q8gemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, impl="native")
+            y = q8gemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, bits=self.code_layout.bits,
+                       impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks":
             from kernels.cpu_qgemm import qgemm
@@ -142,15 +143,23 @@ class QuantTensor(nn.Module):
             from kernels.kquant_layout import file_order
 
             return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
-        codes = self.codes[ids]
-        if lay.units:
-            from kernels.kquant_layout import natural_units
-
-            codes = torch.from_numpy(natural_units(codes.numpy()))
-        u = unpack_codes(codes, lay.bits, self.shape[1]).float()
+        codes, bits = self.natural_codes(ids)
+        u = unpack_codes(codes, bits, self.shape[1]).float()
         s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
         return u * s + o
+
+    def natural_codes(self, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+        """The blocks format's codes (of rows `ids`, default all) in weight order and their bits (4 or 8): the units'
+        interleaving and Q5_0's 5-bit packing undone."""
+        codes = self.codes if ids is None else self.codes[ids]
+        lay = self.code_layout
+        if not lay.units:
+            return codes, lay.bits
+        from kernels.kquant_layout import natural_units, unpack_fifths
+
+        held = unpack_fifths(codes.numpy()) if lay.bits == 5 else codes.numpy()
+        return torch.from_numpy(natural_units(held)), 8
 
     def dequantize(self) -> torch.Tensor:
         return self.rows(torch.arange(self.shape[0], device=next(self.buffers()).device))
@@ -165,6 +174,7 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
     n = sum(p.shape[0] for p in parts)
     source = "+".join(dict.fromkeys(p.source_type for p in parts))
     if fmt == "blocks":
+        parts = _common_units(parts)
         if any(p.code_layout != parts[0].code_layout for p in parts):
             return None
         names = [name for name, _ in parts[0].named_buffers()]
@@ -180,6 +190,19 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return QuantTensor(fmt, (n, k), source, codes=torch.cat([p.codes for p in parts]),
                            scale=torch.cat([p.scale for p in parts]))
     return QuantTensor(fmt, (n, k), source, weight=torch.cat([p.weight for p in parts]))
+
+
+def _common_units(parts: list[QuantTensor]) -> list[QuantTensor]:
+    """Parts in units of byte codes where some hold Q5_0's 5 bits and others 8 (a Q8_0 v beside Q5_0 q and k): the
+    5-bit ones as bytes, so that they fuse."""
+    lays = {p.code_layout for p in parts}
+    if len(lays) != 2 or lays != {CodeLayout(5, 32, 128, units=True), CodeLayout(8, 32, 128, units=True)}:
+        return parts
+    from kernels.kquant_layout import unpack_fifths
+
+    return [p if p.code_layout.bits == 8 else
+            QuantTensor("blocks", p.shape, p.source_type, CodeLayout(8, 32, 128, units=True),
+                        codes=torch.from_numpy(unpack_fifths(p.codes.numpy())), scales=p.scales) for p in parts]
 
 
 def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> QuantTensor:
@@ -290,9 +313,10 @@ class BlockRows:
         stop = start + len(c.codes)
         codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
         if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
-            from kernels.kquant_layout import interleave_units
+            from kernels.kquant_layout import interleave_units, pack_fifths
 
             codes = interleave_units(codes)
+            codes = pack_fifths(codes) if self.layout.bits == 5 else codes
         self.codes[start:stop] = torch.from_numpy(np.ascontiguousarray(codes))
         self.scales[start:stop] = torch.from_numpy(c.scale).half()
         if self.offsets is not None:

@@ -9,7 +9,11 @@
 
    Activations are quantized per block of 32 as llama.cpp does (x ≈ d·a, d = max|x| / 127) and laid out in the same
    order; each lane's 128·Σa is kept so that VNNI's u8 × s8 dot gives Σ(u − 128)·a exactly after one subtraction.
-   AVX2 without VNNI multiplies |u − 128| by a with a's sign moved over, which cannot saturate its int16 pairs. */
+   AVX2 without VNNI multiplies |u − 128| by a with a's sign moved over, which cannot saturate its int16 pairs.
+
+   Q5_0 is held in 5 bits (`bits` 5, 40 bytes a chunk instead of 64): a chunk's 32 bytes of nibbles, position p in
+   byte p's low nibble and 32 + p in its high one, then 8 bytes whose bit p is position p's fifth bit (its 16). A
+   chunk is unpacked in registers to the bytes u = q + 112 (zero 128) that the 8-bit layout holds, then the same dot. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,21 +63,34 @@ static inline __m128i lane_halves(const uint16_t *s, int W, int half) {
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8
 
+/* Chunk c of a unit as 64 codes u (zero 128): as held (8 bits), or unpacked from 5 bits (see the top). */
+static inline __m512i chunk_codes(const uint8_t *wu, int c, const int bits) {
+    if (bits == 8) return _mm512_loadu_si512((const void *)(wu + 64 * c));
+    const uint8_t *p = wu + 40 * c;
+    const __m256i nib = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nib, m)),
+                                         _mm256_and_si256(_mm256_srli_epi16(nib, 4), m), 1);
+    uint64_t high;
+    memcpy(&high, p + 32, 8);
+    const __m512i u = _mm512_add_epi8(v, _mm512_set1_epi8(112));
+    return _mm512_mask_add_epi8(u, (__mmask64)high, u, _mm512_set1_epi8(16));
+}
+
 /* NR rows of y against one weight row (NR a constant at each call site: accumulators in registers). */
 static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t r0, const int NR, const uint8_t *w,
-        const uint16_t *s, float *y, int64_t ystride) {
+        const uint16_t *s, float *y, int64_t ystride, const int bits) {
     const int64_t R = x->R;
     __m512 facc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
     for (int64_t u = 0; u < x->units; u++) {
         const int W = unit_width(x->K, u), C = W / 64;
-        const uint8_t *wu = w + UNIT * u;
-        for (int l = 0; l < W; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+        const uint8_t *wu = w + UNIT / 8 * bits * u;
+        for (int l = 0; l < W / 8 * bits; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
         const uint16_t *su = s + 8 * u;
         const __m512 wsc = _mm512_cvtph_ps(_mm256_set_m128i(lane_halves(su, W, 1), lane_halves(su, W, 0)));
         const int64_t at = u * R + r0;
         __m512i codes[4];
-        for (int c = 0; c < C; c++) codes[c] = _mm512_loadu_si512((const void *)(wu + 64 * c));
+        for (int c = 0; c < C; c++) codes[c] = chunk_codes(wu, c, bits);
         for (int i = 0; i < NR; i++) {
             const int8_t *ai = x->a + (at + i) * UNIT;
             const __m512i zs = _mm512_loadu_si512((const void *)(x->zs + (at + i) * 16));
@@ -102,6 +119,22 @@ static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
 #endif
 }
 
+/* Half h (positions 32h ..) of chunk c of a unit as 32 codes u (zero 128): as held, or unpacked from 5 bits. */
+static inline __m256i half_codes(const uint8_t *wu, int c, int h, const int bits) {
+    if (bits == 8) return _mm256_loadu_si256((const __m256i *)(wu + 64 * c + 32 * h));
+    const uint8_t *p = wu + 40 * c;
+    const __m256i nib = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
+    const __m256i v = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, m);
+    uint32_t high;
+    memcpy(&high, p + 32 + 4 * h, 4);
+    /* byte j takes byte j / 8 of the 32 bits, then tests its bit j % 8 */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)high),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_add_epi8(_mm256_add_epi8(v, _mm256_set1_epi8(112)), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+}
+
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define ZERO_SUMS 1  /* the u8 × s8 dot sums u·a: take 128·Σa back */
 #else
@@ -109,19 +142,19 @@ static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
 #endif
 
 static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t r0, const int NR, const uint8_t *w,
-        const uint16_t *s, float *y, int64_t ystride) {
+        const uint16_t *s, float *y, int64_t ystride, const int bits) {
     const int64_t R = x->R;
     __m256 facc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm256_setzero_ps();
     for (int64_t u = 0; u < x->units; u++) {
         const int W = unit_width(x->K, u), C = W / 64;
-        const uint8_t *wu = w + UNIT * u;
-        for (int l = 0; l < W; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+        const uint8_t *wu = w + UNIT / 8 * bits * u;
+        for (int l = 0; l < W / 8 * bits; l += 64) _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
         const int64_t at = u * R + r0;
         for (int h = 0; h < 2; h++) {  /* lanes 8h .. 8h + 7 */
             const __m256 wsc = _mm256_cvtph_ps(lane_halves(s + 8 * u, W, h));
             __m256i codes[4];
-            for (int c = 0; c < C; c++) codes[c] = _mm256_loadu_si256((const __m256i *)(wu + 64 * c + 32 * h));
+            for (int c = 0; c < C; c++) codes[c] = half_codes(wu, c, h, bits);
             for (int i = 0; i < NR; i++) {
                 const int8_t *ai = x->a + (at + i) * UNIT + 32 * h;
                 __m256i acc = ZERO_SUMS ? _mm256_sub_epi32(_mm256_setzero_si256(),
@@ -137,12 +170,29 @@ static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t 
 }
 #endif
 
-/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K) uint8 interleaved in units,
-   scales (N, K/32) fp16, K a multiple of 128. Returns 0; -1 when scratch could not be allocated; -2 for a K it does
-   not take. */
-int parley_q8gemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales, int64_t N,
-                  const float *bias, float *y, int threads) {
-    if (K % 128 != 0) return -2;
+/* Every column n of y: codes rows of K·bits/8 bytes; `bits` a constant at each call, so the tiles unpack or not. */
+static inline __attribute__((always_inline)) void columns(const UActs *acts, const uint8_t *codes,
+        const uint16_t *scales, int64_t N, const float *bias, float *y, int threads, const int bits) {
+    const int64_t R = acts->R, K = acts->K;
+    const int64_t run = column_run(N, threads);
+    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
+    for (int64_t n = 0; n < N; n++) {
+        const uint8_t *w = codes + n * (K / 8 * bits);
+        const uint16_t *s = scales + n * (K / 32);
+#define UTILE(r0, nr) utile(acts, r0, nr, w, s, y + n, N, bits)
+        EACH_TILE(R, TILE, UTILE);
+#undef UTILE
+        if (bias)  /* after the sum, as torch's y + b rounds it */
+            for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
+    }
+}
+
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8 interleaved in units,
+   `bits` 8 (bytes) or 5 (Q5_0's packing, see the top), scales (N, K/32) fp16, K a multiple of 128. Returns 0; -1 when
+   scratch could not be allocated; -2 for a K or `bits` it does not take. */
+int parley_q8gemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales, int bits,
+                  int64_t N, const float *bias, float *y, int threads) {
+    if (K % 128 != 0 || (bits != 8 && bits != 5)) return -2;
     const int64_t units = (K + UNIT - 1) / UNIT;
     int8_t *a = calloc((size_t)(units * R), UNIT);
     float *dl = malloc(sizeof(float) * (size_t)(units * R * 16));
@@ -153,17 +203,10 @@ int parley_q8gemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, co
     }
     quantize_rows(x, R, K, units, a, dl, zs);
     const UActs acts = {a, dl, zs, R, K, units};
-    const int64_t run = column_run(N, threads);
-    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *w = codes + n * K;
-        const uint16_t *s = scales + n * (K / 32);
-#define UTILE(r0, nr) utile(&acts, r0, nr, w, s, y + n, N)
-        EACH_TILE(R, TILE, UTILE);
-#undef UTILE
-        if (bias)  /* after the sum, as torch's y + b rounds it */
-            for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
-    }
+    if (bits == 5)
+        columns(&acts, codes, scales, N, bias, y, threads, 5);
+    else
+        columns(&acts, codes, scales, N, bias, y, threads, 8);
     free(a); free(dl); free(zs);
     return 0;
 }

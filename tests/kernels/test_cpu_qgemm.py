@@ -16,7 +16,7 @@ from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, re
 from kernels import cpu_native
 from kernels.cpu_native import cpu_kernel
 from kernels.cpu_qgemm import q8gemm, qgemm, qgemm_reference
-from kernels.kquant_layout import interleave_units, natural_units
+from kernels.kquant_layout import interleave_units, natural_units, pack_fifths, unpack_fifths
 
 needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
 
@@ -70,8 +70,8 @@ LAYOUTS = [CodeLayout(8, 32, 128), CodeLayout(4, 32, 8), CodeLayout(4, 32, -1), 
            CodeLayout(8, 32, -1)]
 
 
-def _check_against_reference(run, lay: CodeLayout, k: int) -> None:
-    codes, scales, offsets = _weights(lay, 70, k, seed=k)
+def _check_against_reference(run, lay: CodeLayout, k: int, weights=None) -> None:
+    codes, scales, offsets = (weights or _weights)(lay, 70, k, seed=k)
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(7)) * 3
     x[3, 5] = 80.0  # an outlier: its block's other values lose precision, as in llama.cpp
     x[4] = 0.0  # an all-zero row
@@ -176,19 +176,30 @@ def test_missing_compiler_is_a_notice_and_torch_kernels_serve(monkeypatch, tiny_
 BYTES = CodeLayout(8, 32, 128)
 
 
-def _unit_run(lib=None):
-    """The units kernel as _check_against_reference calls a kernel: the codes go in interleaved."""
+FIFTHS = CodeLayout(5, 32, 128, units=True)  # Q5_0's codes u = q + 112, held in 5 bits
+
+
+def _unit_run(lib=None, bits: int = 8):
+    """The units kernel as _check_against_reference calls a kernel: the codes go in interleaved (and, 5 bits,
+    packed)."""
     def run(x, codes, scales, offsets, lay):
-        held = torch.from_numpy(interleave_units(codes.numpy()))
+        held = interleave_units(codes.numpy())
+        held = torch.from_numpy(pack_fifths(held) if bits == 5 else held)
         if lib is None:
-            return q8gemm(x, held, scales, impl="native")
+            return q8gemm(x, held, scales, bits=bits, impl="native")
         x = x.contiguous()
         y = torch.empty(x.shape[0], codes.shape[0])
-        assert lib.parley_q8gemm(x.data_ptr(), x.shape[0], x.shape[1], held.data_ptr(), scales.data_ptr(),
+        assert lib.parley_q8gemm(x.data_ptr(), x.shape[0], x.shape[1], held.data_ptr(), scales.data_ptr(), bits,
                                  codes.shape[0], None, y.data_ptr(), 2) == 0
         return y
 
     return run
+
+
+def _fifths(lay, n, k, seed):
+    """Q5_0-shaped weights: codes 112..143 (q + 112), an fp16 scale per 32."""
+    _, scales, offsets = _weights(BYTES, n, k, seed)
+    return torch.from_numpy(np.random.default_rng(seed).integers(112, 144, (n, k), dtype=np.uint8)), scales, offsets
 
 
 @pytest.mark.parametrize("k", [128, 640, 768])  # a lone 128, units and a last 128, whole units
@@ -201,10 +212,24 @@ def test_units_round_trip_and_put_each_group_in_its_lane(k):
     assert held[1, 64 * c + 4 * g + t] == codes[1, width // 16 * g + 4 * c + t]
 
 
-@needs_kernel
 @pytest.mark.parametrize("k", [128, 640, 768])
-def test_units_kernel_matches_reference_and_rows_are_independent(k):
-    _check_against_reference(_unit_run(), BYTES, k)
+def test_fifths_round_trip_and_byte_layout(k):
+    codes = np.random.default_rng(k).integers(112, 144, (3, k), dtype=np.uint8)
+    packed = pack_fifths(codes)
+    assert packed.shape == (3, k // 8 * 5)
+    np.testing.assert_array_equal(unpack_fifths(packed), codes)
+    q = codes[2, 64:128].astype(int) - 112  # the second chunk: 40 bytes from 40
+    assert packed[2, 40 + 7] == (q[7] & 15) | ((q[39] & 15) << 4)
+    assert (packed[2, 40 + 32 + 5] >> 3) & 1 == q[43] >> 4  # position 43's fifth bit: byte 5, bit 3
+    with pytest.raises(ValueError, match="5 bits"):
+        pack_fifths(np.full((1, 64), 144, dtype=np.uint8))
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [8, 5])
+@pytest.mark.parametrize("k", [128, 640, 768])
+def test_units_kernel_matches_reference_and_rows_are_independent(k, bits):
+    _check_against_reference(_unit_run(bits=bits), BYTES, k, weights=_fifths if bits == 5 else _weights)
 
 
 @needs_kernel
@@ -214,7 +239,9 @@ def test_units_kernel_matches_reference_and_rows_are_independent(k):
 def test_units_kernel_on_each_instruction_set_path(tmp_path, march, extra, isa):
     if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
         pytest.skip("this CPU has no AVX-512 VNNI")
-    _check_against_reference(_unit_run(build_for(tmp_path, march, extra).lib), BYTES, 640)
+    lib = build_for(tmp_path, march, extra).lib
+    _check_against_reference(_unit_run(lib), BYTES, 640)
+    _check_against_reference(_unit_run(lib, bits=5), BYTES, 640, weights=_fifths)
 
 
 @needs_kernel
