@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, slice_codes
+from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, row_slices, slice_codes
 from kernels import cpu_native
 from kernels.cpu_native import cpu_kernel
 from kernels.cpu_qgemm import q8gemm, qgemm, qgemm_reference
@@ -260,3 +260,32 @@ def test_units_reference_runs_without_the_kernel(monkeypatch):
     x = torch.randn(2, 128)
     monkeypatch.setattr(cpu_native, "cpu_kernel", lambda: None)
     torch.testing.assert_close(q8gemm(x, held, scales), qgemm_reference(x, codes, scales, None, 8, 32, 128))
+
+
+def _matrix(name: str, n: int, k: int, seed: int):
+    """An (n, k) matrix of random `name` blocks as the loader builds it, and its exact float values."""
+    from engine.quant.weight import BlockRows
+
+    raw = _random_blocks(name, n, k, np.random.default_rng(seed))
+    rows = BlockRows(n, k, name)
+    for start, codes in row_slices(gguf.GGMLQuantizationType[name], name, raw, n, k):
+        rows.put(start, codes)
+    return rows.done(), gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(n, k)
+
+
+@needs_kernel
+def test_q5_0_is_held_in_5_bits_and_fuses_with_q8_0():
+    from engine.quant.weight import concat_rows
+
+    q5, w5 = _matrix("Q5_0", 24, 640, seed=8)
+    q8, w8 = _matrix("Q8_0", 8, 640, seed=9)
+    assert q5.code_layout == FIFTHS and q5.nbytes() == 24 * 640 * 5 // 8 + 24 * 20 * 2  # codes + fp16 scales
+    np.testing.assert_array_equal(q5.dequantize().numpy(), w5)  # rows unpack exactly
+    x = torch.randn(3, 640)
+    codes, bits = q5.natural_codes()
+    assert bits == 8
+    torch.testing.assert_close(q5(x), qgemm_reference(x, codes, q5.scales, None, 8, 32, 128), atol=1e-4, rtol=1e-5)
+    fused = concat_rows([q5, q8])  # a Q8_0 v beside Q5_0 q and k: one byte-code matrix
+    assert fused.code_layout == CodeLayout(8, 32, 128, units=True)
+    assert torch.equal(fused(x), torch.cat([q5(x), q8(x)], dim=1))  # 5 bits and bytes: the same products, bit for bit
+    np.testing.assert_array_equal(fused.dequantize().numpy(), np.concatenate([w5, w8]))
