@@ -4,10 +4,12 @@ from __future__ import annotations
 from typing import Any
 
 from engine.errors import TokenizerError
+from engine.tokenizer.backend import TokenizerBackend
 from engine.tokenizer.byte_level_bpe import build_byte_level_bpe
 from engine.tokenizer.chat_template import GEMMA_TEMPLATE, PLAIN_TEMPLATE
 from engine.tokenizer.gguf_vocab import GGUFVocab, TokenType, vocab_from_metadata
-from engine.tokenizer.sentencepiece_bpe import build_sentencepiece_bpe
+from engine.tokenizer.hf_backend import HFBackend
+from engine.tokenizer.sentencepiece_model import build_sentencepiece
 from engine.tokenizer.stop_tokens import collect_stop_ids
 from engine.tokenizer.tokenizer import Tokenizer, TokenizerInfo
 
@@ -20,25 +22,29 @@ def tokenizer_from_gguf(metadata: dict[str, Any]) -> Tokenizer:
     vocab = vocab_from_metadata(metadata)
     if vocab.model == "llama":
         vocab.unk_id = _unknown_id(vocab)
-        backend = build_sentencepiece_bpe(vocab)
+        backend: TokenizerBackend = build_sentencepiece(vocab)
     elif vocab.model == "gpt2":
-        backend = build_byte_level_bpe(vocab)
+        backend = HFBackend(build_byte_level_bpe(vocab))
     elif not vocab.model:
         raise TokenizerError("The model file does not say which tokenizer it uses (tokenizer.ggml.model is missing).")
     else:
         raise TokenizerError(f"Unsupported tokenizer type {vocab.model!r}; Parley reads 'llama' and 'gpt2' tokenizers.")
-    info = TokenizerInfo(
+    return Tokenizer(backend, gguf_tokenizer_info(vocab, metadata, backend))
+
+
+def gguf_tokenizer_info(vocab: GGUFVocab, metadata: dict[str, Any], backend: TokenizerBackend) -> TokenizerInfo:
+    """Special ids, flags and chat template of a GGUF vocabulary, whichever backend encodes it."""
+    return TokenizerInfo(
         vocab_size=len(vocab.tokens),
         bos_id=vocab.bos_id,
         eos_id=vocab.eos_id,
         add_bos=vocab.add_bos and vocab.bos_id is not None,
-        stop_ids=collect_stop_ids(backend, vocab.eos_id, vocab.extra_stop_ids, len(vocab.tokens)),
+        stop_ids=collect_stop_ids(backend.token_to_id, vocab.eos_id, vocab.extra_stop_ids, len(vocab.tokens)),
         chat_template=_template_source(metadata),
         bos_token=_token_text(vocab, vocab.bos_id),
         eos_token=_token_text(vocab, vocab.eos_id),
         space_prefix=vocab.model == "llama" and vocab.add_space_prefix,
     )
-    return Tokenizer(backend, info)
 
 
 def _unknown_id(vocab: GGUFVocab) -> int | None:

@@ -9,6 +9,7 @@ from tokenizers import Tokenizer as Backend
 
 from engine.errors import TokenizerError
 from engine.tokenizer.chat_template import PLAIN_TEMPLATE
+from engine.tokenizer.hf_backend import HFBackend
 from engine.tokenizer.stop_tokens import collect_stop_ids
 from engine.tokenizer.tokenizer import Tokenizer, TokenizerInfo
 
@@ -32,12 +33,12 @@ def tokenizer_from_hf_dir(path: Path) -> Tokenizer:
         bos_id=bos_id,
         eos_id=eos_id,
         add_bos=_adds_bos(backend, config, bos_id),
-        stop_ids=collect_stop_ids(backend, eos_id, eos_ids, vocab_size),
+        stop_ids=collect_stop_ids(backend.token_to_id, eos_id, eos_ids, vocab_size),
         chat_template=_template_source(path, config),
         bos_token=bos_token or "",
         eos_token=eos_token or "",
     )
-    return Tokenizer(backend, info)
+    return Tokenizer(HFBackend(backend), info)
 
 
 def _load_backend(path: Path) -> Backend:

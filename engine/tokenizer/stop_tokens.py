@@ -1,17 +1,16 @@
 """Which ids end an answer: end-of-sequence plus the end-of-turn tokens of known chat formats."""
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-from tokenizers import Tokenizer as Backend
+from collections.abc import Callable, Iterable
 
 # Gemma, Llama 3 (end of turn, end of message), ChatML/Qwen, GPT-style, Phi-3.
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>")
 
 
-def collect_stop_ids(backend: Backend, eos_id: int | None, extra_ids: Iterable[int], vocab_size: int) -> frozenset[int]:
+def collect_stop_ids(token_to_id: Callable[[str], int | None], eos_id: int | None, extra_ids: Iterable[int],
+                     vocab_size: int) -> frozenset[int]:
     """eos, any known end-of-turn token the vocabulary has, and ids the model files name."""
     ids = {eos_id} if eos_id is not None else set()
-    ids.update(i for i in (backend.token_to_id(t) for t in END_OF_TURN_TOKENS) if i is not None)
+    ids.update(i for i in map(token_to_id, END_OF_TURN_TOKENS) if i is not None)
     ids.update(extra_ids)
     return frozenset(i for i in ids if 0 <= i < vocab_size)

@@ -1,4 +1,4 @@
-"""The Tokenizer: text <-> ids, chat prompts and streaming text, backed by a `tokenizers` model."""
+"""The Tokenizer: text <-> ids, chat prompts and streaming text, over a TokenizerBackend."""
 from __future__ import annotations
 
 import json
@@ -6,23 +6,22 @@ import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tokenizers import Tokenizer as Backend
-
 from engine.errors import TemplateError, TokenizerError
+from engine.tokenizer.backend import TokenizerBackend
 from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.detokenizer import IncrementalDetokenizer
+from engine.tokenizer.hf_backend import HFBackend
+from engine.tokenizer.sentencepiece_backend import MODEL_FILE as SENTENCEPIECE_FILE, SentencePieceBackend
 
-BACKEND_FILE = "tokenizer.json"
 INFO_FILE = "parley_tokenizer.json"
 INFO_VERSION = 1
 SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UTF-8): `tokenizers` refuses them
-GIL_FREE_CHARS = 16_384  # longer texts go through encode_batch, which lets other threads run meanwhile
 PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in for control text typed in messages
 
 
 @dataclass(slots=True)
 class TokenizerInfo:
-    """What a `tokenizers` model does not record: special ids, flags and the chat template."""
+    """What a backend does not record: special ids, flags and the chat template."""
 
     vocab_size: int
     bos_id: int | None
@@ -63,7 +62,7 @@ class Tokenizer:
     Built by `tokenizer_from_gguf` or `tokenizer_from_hf_dir`; `save`/`load` cache a built one.
     """
 
-    def __init__(self, backend: Backend, info: TokenizerInfo) -> None:
+    def __init__(self, backend: TokenizerBackend, info: TokenizerInfo) -> None:
         self._backend = backend
         self._info = info
         self.vocab_size = info.vocab_size
@@ -72,16 +71,10 @@ class Tokenizer:
         self.add_bos = info.add_bos
         self.stop_ids = info.stop_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
-        self._max_token_chars: int | None = None
-        self._specials: re.Pattern | None | bool = False  # False: not built yet; None: the vocabulary has none
-        self._literal: Backend | None = None  # a copy that reads control-token text as plain text
-        # built now, at load: lazily, each holds the GIL for 0.1-0.2 s (262k tokens) while other chats stream
-        self._special_pattern()
-        self.max_token_chars  # noqa: B018 - computed and kept
 
     @property
-    def backend(self) -> Backend:
-        """The underlying `tokenizers.Tokenizer` (for batch encoding or inspection)."""
+    def backend(self) -> TokenizerBackend:
+        """The backend: `HFBackend` (its `.hf` is the `tokenizers.Tokenizer`) or `SentencePieceBackend`."""
         return self._backend
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
@@ -89,10 +82,7 @@ class Tokenizer:
         text = SURROGATES.sub("\ufffd", text)
         if self._info.space_prefix and text:
             text = " " + text
-        if len(text) > GIL_FREE_CHARS:  # `encode` holds the GIL throughout: the engine thread would stall
-            ids = self._backend.encode_batch([text], add_special_tokens=False)[0].ids
-        else:
-            ids = self._backend.encode(text, add_special_tokens=False).ids
+        ids = self._backend.encode(text)
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids
@@ -101,13 +91,11 @@ class Tokenizer:
     def max_token_chars(self) -> int:
         """The most characters one token can stand for (its stored form is at least as long as its text):
         text of n characters needs at least n / max_token_chars tokens, known without tokenising it."""
-        if self._max_token_chars is None:
-            self._max_token_chars = max(map(len, self._backend.get_vocab(with_added_tokens=True)), default=1) + 1
-        return self._max_token_chars
+        return self._backend.max_token_chars
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
         """Text for `ids`; with `skip_special`, control tokens such as <bos> are left out."""
-        return self._backend.decode(list(ids), skip_special_tokens=skip_special)
+        return self._backend.decode(list(ids), skip_special)
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry written as stored (e.g. "▁Hello", "<eos>"), or None."""
@@ -141,7 +129,7 @@ class Tokenizer:
     def _defuse(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], dict[str, str]]:
         """Messages whose typed control-token text ("<start_of_turn>") is swapped for placeholders, so that only the
         template's own markers become control ids (no role spoofing); returns placeholder -> the text it hides."""
-        pattern = self._special_pattern()
+        pattern = self._backend.special_pattern
         if pattern is None or not any(pattern.search(m.get("content") or "") for m in messages):
             return messages, {}
         everything = "".join(m.get("content") or "" for m in messages)
@@ -152,39 +140,27 @@ class Tokenizer:
         out = [dict(m, content=pattern.sub(swap, m["content"])) if m.get("content") else dict(m) for m in messages]
         return out, {mark: text for text, mark in typed.items()}
 
-    def _special_pattern(self) -> re.Pattern | None:
-        if self._specials is False:
-            texts = sorted({t.content for t in self._backend.get_added_tokens_decoder().values() if t.special and t.content},
-                           key=len, reverse=True)
-            self._specials = re.compile(_trie_pattern(texts)) if texts else None
-        return self._specials
-
     def _encode_with_literals(self, text: str, typed: dict[str, str], add_bos: bool | None) -> list[int]:
         """Encodes `text`, each placeholder as the plain-text tokens of the control text it stands for."""
         ids: list[int] = []
         for i, part in enumerate(re.split(f"([{''.join(typed)}])", text)):
             if part in typed:
                 literal = (" " if i == 0 and self._info.space_prefix else "") + typed[part]
-                ids += self._literal_backend().encode(literal, add_special_tokens=False).ids
+                ids += self._backend.encode(literal, literal=True)
             elif part:
                 ids += self.encode(part, add_bos=False) if i == 0 else \
-                    self._backend.encode(SURROGATES.sub("\ufffd", part), add_special_tokens=False).ids
+                    self._backend.encode(SURROGATES.sub("\ufffd", part))
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids
 
-    def _literal_backend(self) -> Backend:
-        if self._literal is None:
-            literal = Backend.from_str(self._backend.to_str())
-            literal.encode_special_tokens = True
-            self._literal = literal
-        return self._literal
-
     def save(self, directory: Path) -> None:
-        """Writes tokenizer.json and parley_tokenizer.json so `load` skips rebuilding."""
+        """Writes the backend's files and parley_tokenizer.json so `load` skips rebuilding."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        (directory / BACKEND_FILE).write_text(_compact_json(self._backend), encoding="utf-8")
+        for name in SentencePieceBackend.FILES:  # `load` picks the backend by these: none may be left from before
+            (directory / name).unlink(missing_ok=True)
+        self._backend.save(directory)
         (directory / INFO_FILE).write_text(self._info.to_json(), encoding="utf-8")
 
     @classmethod
@@ -192,7 +168,8 @@ class Tokenizer:
         """Loads a tokenizer written by `save`."""
         directory = Path(directory)
         try:
-            backend = Backend.from_file(str(directory / BACKEND_FILE))
+            kind = SentencePieceBackend if (directory / SENTENCEPIECE_FILE).is_file() else HFBackend
+            backend = kind.load(directory)
             info = TokenizerInfo.from_json((directory / INFO_FILE).read_text(encoding="utf-8"))
         except TokenizerError:
             raise
@@ -202,40 +179,6 @@ class Tokenizer:
 
     def __repr__(self) -> str:
         return f"Tokenizer(vocab_size={self.vocab_size}, bos_id={self.bos_id}, eos_id={self.eos_id})"
-
-
-def _trie_pattern(texts: list[str]) -> str:
-    """One regex for many literal strings, as a trie: a search costs about the text's length, not times the
-    number of strings (Gemma has thousands of control tokens)."""
-    if max(map(len, texts)) > 300:  # deeper than the regex compiler's recursion allows
-        return "|".join(map(re.escape, texts))
-    trie: dict = {}
-    for text in texts:
-        node = trie
-        for ch in text:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-
-    def build(node: dict) -> str:
-        alts = [re.escape(ch) + build(child) for ch, child in node.items() if ch]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-        return f"(?:{body})?" if "" in node else body  # a token that is a prefix of a longer one: longest first
-
-    return build(trie)
-
-
-def _compact_json(backend: Backend) -> str:
-    """tokenizer.json with merges as "a b" strings, which `from_file` reads about twice as fast.
-
-    The string form cannot hold a piece containing a space, so such vocabularies keep pairs.
-    """
-    data = json.loads(backend.to_str())
-    merges = data.get("model", {}).get("merges")
-    if merges and all(isinstance(m, list) and " " not in m[0] + m[1] for m in merges):
-        data["model"]["merges"] = [f"{left} {right}" for left, right in merges]
-    return json.dumps(data, ensure_ascii=False)
 
 
 def _open_final_message(text: str, messages: list[dict[str, str]]) -> str:

@@ -19,7 +19,7 @@ def tokenizers(tiny_models):
 
 
 def _controls(tok, ids: list[int]) -> list[int]:
-    specials = set(tok.backend.get_added_tokens_decoder())
+    specials = set(tok.backend.hf.get_added_tokens_decoder())  # the tiny models' vocabularies are byte-level BPE
     return [i for i in ids if i in specials]
 
 

@@ -1,14 +1,22 @@
-"""GGUF `llama` vocabularies (SentencePiece BPE: scores, no merges) as a `tokenizers` BPE."""
+"""GGUF `llama` vocabularies (SentencePiece BPE: scores, no merges) as a `tokenizers` BPE.
+
+Parley's former construction (checked against transformers and SentencePiece), kept as the reference that
+engine/tokenizer/sentencepiece_model.py must reproduce id for id: it held ~80 MB for Gemma 3's vocabulary.
+"""
 from __future__ import annotations
 
 from array import array
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer as Backend, decoders, normalizers
 from tokenizers.models import BPE
 
 from engine.errors import TokenizerError
-from engine.tokenizer.gguf_vocab import GGUFVocab, TokenType
+from engine.tokenizer import Tokenizer
+from engine.tokenizer.from_gguf import _unknown_id, gguf_tokenizer_info
+from engine.tokenizer.gguf_vocab import GGUFVocab, TokenType, vocab_from_metadata
+from engine.tokenizer.hf_backend import HFBackend
 
 SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
 MAX_SPLIT_WORK = 1 << 29  # characters sliced while deriving merges: real vocabularies need under 1% of it
@@ -94,3 +102,11 @@ def _decoder(strip_prefix: bool) -> decoders.Decoder:
     if strip_prefix:
         steps.append(decoders.Strip(content=" ", left=1, right=0))
     return decoders.Sequence(steps)
+
+
+def reference_tokenizer(metadata: dict[str, Any]) -> Tokenizer:
+    """The tokenizer `tokenizer_from_gguf` built for a `llama` vocabulary before it used SentencePiece."""
+    vocab = vocab_from_metadata(metadata)
+    vocab.unk_id = _unknown_id(vocab)
+    backend = HFBackend(build_sentencepiece_bpe(vocab))
+    return Tokenizer(backend, gguf_tokenizer_info(vocab, metadata, backend))
