@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--matrices", nargs="+", default=list(MATRICES))
     ap.add_argument("--int8", action="store_true", help="also the int8-row kernel")
     ap.add_argument("--splits", type=int, nargs="+", default=[1],
-                    help="int4: K slices tried (fp32 partials a consumer sums; the sum is not timed)")
+                    help="K slices tried (fp32 partials a consumer sums; the sum is not timed)")
     ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
     opts = ap.parse_args()
     dev = torch.device("cuda")
@@ -54,7 +54,7 @@ def main() -> None:
             row = {"matrix": name, "rows": m}
             print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
             kinds = (("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8),)
-            if opts.int8 and configs == [dict()]:  # the sweep's configurations are the int4 kernel's
+            if opts.int8 and not (opts.sweep or opts.narrow_sweep):  # the sweep's tiles are the int4 kernel's
                 kinds += (("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k),)
             for kind, calls, nbytes in kinds:
                 results = []

@@ -71,6 +71,16 @@ def int4_partials(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, spl
     return int4_linear(x, words, pairs, out_dtype=torch.float32, impl=impl)[None]
 
 
+def int8_partials(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, splits: int, *,
+                  impl: str = "auto") -> torch.Tensor:
+    """As int4_partials, for an int8-row matrix."""
+    if _use_triton(impl, x) and x.shape[0] <= MAX_ROWS and splits > 1:
+        from kernels.quant_linear_triton import int8_linear_triton
+
+        return int8_linear_triton(_unit_stride(x), codes, scale, splits=splits)
+    return int8_linear(x, codes, scale, out_dtype=torch.float32, impl=impl)[None]
+
+
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *, out_dtype: torch.dtype | None = None,
                 impl: str = "auto") -> torch.Tensor:
     """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); the scale scales columns."""

@@ -142,11 +142,12 @@ def _int4_linear(
 
 @triton.jit
 def _int8_linear(
-    X, C, S, Y, M, N, K,
-    stride_xm, stride_cn, stride_ym,
+    X, C, S, Y, M, N, K, KS,
+    stride_xm, stride_cn, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split)
     wait_for_previous(PDL)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -155,7 +156,8 @@ def _int8_linear(
     n_ok = offs_n < N
     dt = X.dtype.element_ty
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k_lo = tl.program_id(1) * KS
+    for k0 in range(k_lo, tl.minimum(K, k_lo + KS), BLOCK_K):  # BLOCK_K divides KS
         k_ok = (k0 + offs_k) < K
         c = tl.load(C + offs_n[:, None] * stride_cn + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :],
                     other=0)
@@ -166,7 +168,7 @@ def _int8_linear(
             x, w = x.to(tl.float32), w.to(tl.float32)
         acc = tl.dot(x, tl.trans(w), acc)
     scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    out = Y + offs_m[:, None] * stride_ym + offs_n[None, :]
+    out = Y + tl.program_id(1) * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :]
     tl.store(out, (acc * scale[None, :]).to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
@@ -258,24 +260,46 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     return y
 
 
+def int8_tiles(n: int, interpret: bool = False) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): the H200 sweep's (bench/quant_linear_gpu.py --sweep) 64-column tiles for wide matrices,
+    32 for the narrow."""
+    if interpret:
+        return 16, 32
+    return (64 if n >= 16384 else 32 if n > 1024 else 16), 128
+
+
+def int8_splits(n: int, k: int, device: torch.device) -> int:
+    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, each slice at least
+    4 K steps (H200, 1 row: the 8B down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for
+    down, was faster alone but made an 8-session 8B step 7.4 → 12.1 ms)."""
+    bn, bk = int8_tiles(n, device.type == "cpu")
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    want = -(-2 * sms // triton.cdiv(n, bn))
+    return max(1, min(want, k // (4 * bk)))
+
+
 def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
-                       out_dtype: torch.dtype | None = None, block_n: int | None = None, block_k: int | None = None,
-                       num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
-    """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64."""
+                       out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
+                       block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+    """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1 the
+    result is fp32 partial sums (S, M, N) over K slices (S <= splits) for a consumer to add."""
     M, K = x.shape
     N = codes.shape[0]
     assert codes.shape == (N, K) and scale.shape == (N,), (x.shape, codes.shape, scale.shape)
     assert x.stride(1) == 1 and codes.stride(1) == 1
     rows = _rows(x)
     interpret = x.device.type == "cpu"
-    # H200 sweep (bench/quant_linear_gpu.py --sweep): 64-column tiles for wide matrices, 32 for the narrow
-    bn = block_n or (16 if interpret else 64 if N >= 16384 else 32 if N > 1024 else 16)
-    bk = block_k or (32 if interpret else 128)
-    y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    bn, bk = int8_tiles(N, interpret)
+    bn, bk = block_n or bn, block_k or bk
+    ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk  # K per slice, whole K steps
+    s = triton.cdiv(K, ks)
+    y = torch.empty(s, M, N, dtype=torch.float32, device=x.device) if splits > 1 else \
+        torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
     if M == 0:
         return y
-    _int8_linear[(triton.cdiv(N, bn),)](
-        x, codes, scale, y, M, N, K, x.stride(0), codes.stride(0), y.stride(0),
+    _int8_linear[(triton.cdiv(N, bn), s)](
+        x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), y.stride(-2),
+        y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
         num_warps=num_warps, num_stages=num_stages or (1 if interpret else 2), **launch_options(x),
     )

@@ -104,16 +104,24 @@ class QuantTensor(nn.Module):
         return y.reshape(*lead, self.shape[0])
 
     def partials(self, x: torch.Tensor, splits: int) -> torch.Tensor:
-        """x (T, K) @ Wᵀ as split-K fp32 partials (S, T, N) for a consumer that sums them (CUDA int4 decode steps),
-        else the product itself (T, N)."""
+        """x (T, K) @ Wᵀ as split-K fp32 partials (S, T, N) for a consumer that sums them (CUDA int4 and int8 decode
+        steps), else the product itself (T, N)."""
         if x.is_cuda and self.format == "int4" and splits > 1:
             from kernels.quant_linear import int4_partials
 
             return int4_partials(x, self.words, self.pairs, splits)
+        if x.is_cuda and self.format == "int8" and splits > 1:
+            from kernels.quant_linear import int8_partials
+
+            return int8_partials(x, self.codes, self.scale, splits)
         return self(x)
 
     def decode_splits(self) -> int:
-        """How many K slices this matrix's decode GEMM takes when its consumer sums partials (CUDA int4)."""
+        """How many K slices this matrix's decode GEMM takes when its consumer sums partials (CUDA int4, int8)."""
+        if self.format == "int8" and self.codes.is_cuda:
+            from kernels.quant_linear_triton import int8_splits
+
+            return int8_splits(*self.shape, self.codes.device)
         if self.format != "int4" or not hasattr(self, "words"):
             return 0
         from kernels.quant_linear_triton import int4_splits
