@@ -1,6 +1,7 @@
 """Memory a load costs: resident growth and peak against the GGUF file's size, per model and weights mode.
 
-    python bench/memory.py [--models default PATH ...] [--shapes llama-1b llama-8b] [--modes quantized dequantized]
+    python bench/memory.py [--models default PATH ...] [--shapes llama-1b llama-8b llama-1b:Q5_K_M]
+                           [--modes quantized dequantized]
 
 Each (model, mode) loads in a fresh subprocess that reads its own /proc/self/status: VmRSS before and after
 load_model, VmHWM (reset to VmRSS just before the load) for the peak, RssAnon/RssFile to tell owned memory from
@@ -112,13 +113,17 @@ def models(specs: list[str], shapes: list[str], data_dir: Path) -> list[tuple[st
     from engine.loading.default_model import resolve_model
 
     out = [(spec, resolve_model(spec, data_dir / "models")) for spec in specs]
-    return out + [(shape, synthetic_gguf(shape, data_dir / "synthetic")) for shape in shapes]
+    for shape in shapes:  # "llama-1b", or "llama-1b:Q5_K_M" for another of llama.cpp's mixes
+        name, _, kind = shape.partition(":")
+        out.append((shape, synthetic_gguf(name, data_dir / "synthetic", kind=kind or "Q4_K_M")))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="*", default=["default"])
-    ap.add_argument("--shapes", nargs="*", default=[], choices=["llama-1b", "llama-8b"])
+    ap.add_argument("--shapes", nargs="*", default=[],
+                    help="llama-1b, llama-8b (Q4_K_M), or SHAPE:Q5_K_M for that mix of llama.cpp's quantizer")
     ap.add_argument("--modes", nargs="*", default=["quantized", "dequantized"])
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
@@ -131,7 +136,7 @@ def main() -> None:
         return
     for label, path in models(a.models, a.shapes, a.data_dir):
         for weights in a.modes:
-            if weights == "dequantized" and label in TOO_BIG_TO_DEQUANTIZE:
+            if weights == "dequantized" and label.partition(":")[0] in TOO_BIG_TO_DEQUANTIZE:
                 emit(model=label, weights=weights, skipped="fp32 weights would need ~32 GB")
                 continue
             emit(model=label, path=str(path), weights=weights, **run_child(path, weights, a.tokens, a.data_dir))

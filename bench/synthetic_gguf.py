@@ -1,8 +1,9 @@
-"""Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M by llama.cpp.
+"""Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M (or Q5_K_M) by
+llama.cpp.
 
-    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16]
+    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16] [--kind Q5_K_M]
 
-Writes <out-dir>/synthetic-<shape>-Q4_K_M.gguf (skipped when it exists) through an F16 file next to it, deleted
+Writes <out-dir>/synthetic-<shape>-<kind>.gguf (skipped when it exists) through an F16 file next to it, deleted
 afterwards (`--f16`: the F16 file is the result, synthetic-<shape>-F16.gguf; no llama.cpp needed, as on the device) (llama-8b: ~16 GB of disk for a while). Tensors are generated and written one at a time, so memory holds
 one tensor (at most the 1 GB F16 embedding of llama-8b). The vocabulary is a byte-level BPE of the model's size:
 256 byte tokens, byte pairs, byte triples and Llama 3's special tokens, enough for llama.cpp and Parley to tokenize.
@@ -57,11 +58,14 @@ SHAPES = {
 }
 
 
-def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True) -> Path:
-    """The Q4_K_M file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file), written unless it
-    is already there."""
+FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M"}  # llama.cpp's quantizer mixes
+
+
+def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True, kind: str = "Q4_K_M") -> Path:
+    """The `kind` (Q4_K_M, Q5_K_M) file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file),
+    written unless it is already there."""
     out_dir = Path(out_dir)
-    target = out_dir / f"synthetic-{shape}-{'Q4_K_M' if quantize else 'F16'}.gguf"
+    target = out_dir / f"synthetic-{shape}-{kind if quantize else 'F16'}.gguf"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -71,10 +75,10 @@ def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True) -> Path:
         os.replace(part, target)
         return target
     f16 = out_dir / f".synthetic-{shape}-F16.gguf"
-    part = out_dir / f".synthetic-{shape}-Q4_K_M.gguf.part"
+    part = out_dir / f".synthetic-{shape}-{kind}.gguf.part"
     try:
         write_f16(SHAPES[shape], f16, f"synthetic-{shape}")
-        quantize_q4_k_m(f16, part)
+        quantize_mix(f16, part, kind)
         os.replace(part, target)  # only a finished file counts as cached
     finally:
         f16.unlink(missing_ok=True)
@@ -82,11 +86,11 @@ def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True) -> Path:
     return target
 
 
-def quantize_q4_k_m(src: Path, dst: Path, threads: int | None = None) -> None:
+def quantize_mix(src: Path, dst: Path, kind: str = "Q4_K_M", threads: int | None = None) -> None:
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, FTYPES[kind])
     params.nthread = threads or os.cpu_count() or 1
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params))
     if rc != 0:
@@ -222,9 +226,10 @@ def main() -> None:
     ap.add_argument("--shape", choices=sorted(SHAPES), required=True)
     ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench" / "synthetic")
     ap.add_argument("--f16", action="store_true", help="keep the F16 file; skip llama.cpp's quantizer")
+    ap.add_argument("--kind", choices=sorted(FTYPES), default="Q4_K_M")
     a = ap.parse_args()
     start = time.perf_counter()
-    path = synthetic_gguf(a.shape, a.out_dir, quantize=not a.f16)
+    path = synthetic_gguf(a.shape, a.out_dir, quantize=not a.f16, kind=a.kind)
     print(json.dumps(dict(shape=a.shape, path=str(path), file_bytes=path.stat().st_size,
                           seconds=round(time.perf_counter() - start, 1))), flush=True)
 

@@ -82,9 +82,15 @@ def qgemm_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, 
 
 
 def unpack_codes(codes: torch.Tensor, bits: int, k: int) -> torch.Tensor:
-    """(N, K·bits/8) uint8 -> (N, K) codes; 4-bit blocks of 32 hold code j in byte j's low nibble, j + 16 high."""
+    """(N, K·bits/8) uint8 -> (N, K) codes; 4-bit blocks of 32 hold code j in byte j's low nibble, j + 16 high;
+    5-bit blocks those 16 bytes then 4 whose bit j is code j's 16 (engine/quant/block_codes.pack_fives)."""
     if bits == 8:
         return codes
     n = codes.shape[0]
-    c = codes.reshape(n, k // QB, QB // 2)
-    return torch.cat([c & 0x0F, c >> 4], dim=-1).reshape(n, k)
+    c = codes.reshape(n, k // QB, QB // 8 * bits)
+    low = torch.cat([c[..., :16] & 0x0F, c[..., :16] >> 4], dim=-1)
+    if bits == 5:
+        shifts = torch.arange(8, dtype=torch.uint8)
+        fifth = ((c[..., 16:, None] >> shifts) & 1).reshape(n, k // QB, QB)  # bit j of the 4 bytes, little-endian
+        low = low | (fifth << 4)
+    return low.reshape(n, k)

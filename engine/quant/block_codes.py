@@ -22,7 +22,7 @@ BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32
 
 @dataclass(frozen=True, slots=True)
 class CodeLayout:
-    """How a matrix's codes read: `bits` 4 (two codes a byte) or 8 (5: Q5_0 packed in units, see `codes_layout`);
+    """How a matrix's codes read: `bits` 4 (two codes a byte), 5 (`pack_fives`; Q5_0 in units: `codes_layout`) or 8;
     `group` weights per scale; symmetric formats (`zero` >= 0) keep no offsets, o = -zero·s."""
 
     bits: int
@@ -56,7 +56,7 @@ def layout(type_name: str) -> CodeLayout:
     if type_name == "Q4_0":
         return CodeLayout(4, 32, 8)
     if type_name in ("Q5_1", "Q5_K"):
-        return CodeLayout(8, 32, -1)
+        return CodeLayout(5, 32, -1)
     if type_name == "Q6_K":
         return CodeLayout(8, 16, 32)
     return CodeLayout(8, 32, 128)  # Q8_0, and every re-quantized type
@@ -165,6 +165,15 @@ def pack_nibbles(codes: np.ndarray) -> np.ndarray:
     n, k = codes.shape
     c = codes.reshape(n, k // 32, 2, 16)
     return (c[:, :, 0] | (c[:, :, 1] << 4)).astype(np.uint8).reshape(n, k // 2)
+
+
+def pack_fives(codes: np.ndarray) -> np.ndarray:
+    """(n, k) codes 0..31 -> (n, 5k / 8) bytes: per block of 32, the low 4 bits as `pack_nibbles` (16 bytes), then
+    4 bytes whose bit j is code j's fifth bit, as GGUF's Q5 blocks hold them."""
+    n, k = codes.shape
+    c = codes.reshape(n, k // 32, 32).astype(np.uint8)
+    low = pack_nibbles((c & 0x0F).reshape(n, k)).reshape(n, k // 32, 16)
+    return np.concatenate([low, np.packbits(c >> 4, axis=-1, bitorder="little")], axis=-1).reshape(n, k // 8 * 5)
 
 
 def superblock_codes(raw: np.ndarray, type_name: str) -> Codes:

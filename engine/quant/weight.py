@@ -163,6 +163,10 @@ class QuantTensor(nn.Module):
         codes = self.codes if ids is None else self.codes[ids]
         lay = self.code_layout
         if not lay.units:
+            if lay.bits == 5:
+                from kernels.cpu_qgemm import unpack_codes
+
+                return unpack_codes(codes, 5, self.shape[1]), 8
             return codes, lay.bits
         from kernels.kquant_layout import natural_units, unpack_fifths
 
@@ -316,10 +320,11 @@ class BlockRows:
         self.offsets = torch.empty(n, k // lay.group, dtype=torch.float16) if lay.zero < 0 else None
 
     def put(self, start: int, c) -> None:
-        from engine.quant.block_codes import pack_nibbles
+        from engine.quant.block_codes import pack_fives, pack_nibbles
 
         stop = start + len(c.codes)
         codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
+        codes = pack_fives(codes) if self.layout.bits == 5 and not self.layout.units else codes
         if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
             from kernels.kquant_layout import interleave_units, pack_fifths
 

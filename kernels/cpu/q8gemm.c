@@ -127,12 +127,7 @@ static inline __m256i half_codes(const uint8_t *wu, int c, int h, const int bits
     const __m256i v = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, m);
     uint32_t high;
     memcpy(&high, p + 32 + 4 * h, 4);
-    /* byte j takes byte j / 8 of the 32 bits, then tests its bit j % 8 */
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)high),
-        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
-    return _mm256_add_epi8(_mm256_add_epi8(v, _mm256_set1_epi8(112)), _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    return _mm256_add_epi8(_mm256_add_epi8(v, _mm256_set1_epi8(112)), fifth_bits(high));
 }
 
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)

@@ -2,7 +2,8 @@
 
    Weights: per row n, unsigned codes u (one byte each, or two 4-bit codes a byte), and per group of G (16 or 32)
    weights an fp16 scale s and offset o: w = s·u + o. Symmetric formats store no offsets: o = -zero·s.
-   A 4-bit block of 32 is 16 bytes, byte j holding weight j (low nibble) and weight j + 16 (high nibble).
+   A 4-bit block of 32 is 16 bytes, byte j holding weight j (low nibble) and weight j + 16 (high nibble); a 5-bit
+   block (Q5_1, Q5_K) is those 16 bytes then 4 whose bit j is weight j's fifth bit (16), as GGUF's Q5 blocks.
 
    Activations are quantized per block of 32, as llama.cpp does for its quantized dot products: x ≈ d·a with
    a in int8, d = max|x| / 127. A block's dot is then d·(s·Σ u·a) + o·d·Σa (one integer dot product per block and
@@ -23,9 +24,16 @@ static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 static inline __m256i load_codes(const uint8_t *w, int bits, int b) {
     if (bits == 8)
         return _mm256_loadu_si256((const __m256i *)(w + (size_t)b * QB));
-    __m128i v = _mm_loadu_si128((const __m128i *)(w + (size_t)b * (QB / 2)));
+    const uint8_t *p = w + (size_t)b * (QB / 8 * bits);
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
     __m128i m = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    __m256i u = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), m), _mm_and_si128(v, m));
+    if (bits == 5) {
+        uint32_t high;
+        memcpy(&high, p + QB / 2, 4);
+        u = _mm256_or_si256(u, fifth_bits(high));
+    }
+    return u;
 }
 
 /* c + Σ u·a over each 4 consecutive bytes, eight int32 lanes. `wide`: codes may exceed 127, where AVX2's saturating
@@ -98,6 +106,8 @@ static inline __attribute__((always_inline)) void block8(__m256 *acc, const int 
 static inline __m512i load_codes2(const uint8_t *w, int bits, int64_t b) {
     if (bits == 8)
         return _mm512_loadu_si512((const void *)(w + b * QB));
+    if (bits == 5)
+        return _mm512_inserti64x4(_mm512_castsi256_si512(load_codes(w, 5, (int)b)), load_codes(w, 5, (int)b + 1), 1);
     __m256i v = _mm256_loadu_si256((const __m256i *)(w + b * (QB / 2)));
     __m256i m = _mm256_set1_epi8(0x0F);
     __m512i lo = _mm512_castsi256_si512(_mm256_and_si256(v, m));
@@ -196,9 +206,9 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_
     }
 }
 
-/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8; scales, offsets
-   (N, K/group) fp16 (offsets NULL: symmetric around `zero`). K a multiple of 32. Returns 0, or -1 when scratch could
-   not be allocated. */
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8, bits 4, 5 or 8;
+   scales, offsets (N, K/group) fp16 (offsets NULL: symmetric around `zero`). K a multiple of 32. Returns 0, or -1
+   when scratch could not be allocated. */
 int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales,
                  const uint16_t *offsets, int bits, int group, int zero, int64_t N, const float *bias, float *y,
                  int threads) {

@@ -30,6 +30,15 @@ static inline void norm_row(const float *x, const float *w, float eps, int d, fl
     for (int i = 0; i < d; i++) out[i] = (x[i] * r) * w[i];
 }
 
+/* 32 bits as 32 bytes: byte j is 16 where bit j is set (a 5-bit code's fifth bit), else 0. Each byte takes byte
+   j / 8 of the word (a shuffle within 128-bit lanes of the word repeated), then tests its bit j % 8. */
+static inline __m256i fifth_bits(uint32_t high) {
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)high),
+        _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
+}
+
 /* Columns a thread takes at a time in a product: four long runs a thread (each weight stream stays sequential),
    taken in turn, so that a core the machine's other work slows takes fewer of them. */
 static inline int64_t column_run(int64_t N, int threads) {

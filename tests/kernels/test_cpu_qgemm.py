@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant.block_codes import BLOCK, CodeLayout, layout, pack_nibbles, requantize, row_slices, slice_codes
+from engine.quant.block_codes import (BLOCK, CodeLayout, layout, pack_fives, pack_nibbles, requantize, row_slices,
+                                      slice_codes)
 from kernels import cpu_native
 from kernels.cpu_native import cpu_kernel
 from kernels.cpu_qgemm import q8gemm, qgemm, qgemm_reference
@@ -58,16 +59,17 @@ def test_other_types_requantize_within_half_a_step():
 
 def _weights(lay: CodeLayout, n: int, k: int, seed: int):
     g = torch.Generator().manual_seed(seed)
-    top = 15 if lay.bits == 4 else (255 if lay.zero == 128 else 63)
+    top = {4: 15, 5: 31}.get(lay.bits, 255 if lay.zero == 128 else 63)
     u = torch.randint(0, top + 1, (n, k), dtype=torch.uint8, generator=g)
-    codes = torch.from_numpy(pack_nibbles(u.numpy())) if lay.bits == 4 else u
+    pack = {4: pack_nibbles, 5: pack_fives}.get(lay.bits)
+    codes = torch.from_numpy(pack(u.numpy())) if pack else u
     scales = (torch.rand(n, k // lay.group, generator=g) * 0.02 + 1e-3).half()
     offsets = (torch.randn(n, k // lay.group, generator=g) * 0.05).half() if lay.zero < 0 else None
     return codes, scales, offsets
 
 
 LAYOUTS = [CodeLayout(8, 32, 128), CodeLayout(4, 32, 8), CodeLayout(4, 32, -1), CodeLayout(8, 16, 32),
-           CodeLayout(8, 32, -1)]
+           CodeLayout(8, 32, -1), CodeLayout(5, 32, -1)]
 
 
 def _check_against_reference(run, lay: CodeLayout, k: int, weights=None) -> None:
@@ -289,3 +291,30 @@ def test_q5_0_is_held_in_5_bits_and_fuses_with_q8_0():
     assert fused.code_layout == CodeLayout(8, 32, 128, units=True)
     assert torch.equal(fused(x), torch.cat([q5(x), q8(x)], dim=1))  # 5 bits and bytes: the same products, bit for bit
     np.testing.assert_array_equal(fused.dequantize().numpy(), np.concatenate([w5, w8]))
+
+
+
+def test_five_bit_blocks_round_trip():
+    """Q5_1/Q5_K codes in 5 bits a weight: GGUF's Q5 block order, and back."""
+    from kernels.cpu_qgemm import unpack_codes
+
+    codes = np.random.default_rng(5).integers(0, 32, (3, 96), dtype=np.uint8)
+    packed = pack_fives(codes)
+    assert packed.shape == (3, 60)
+    assert packed[1, 20 + 3] == (codes[1, 32 + 3] & 15) | ((codes[1, 32 + 19] & 15) << 4)  # block 1, byte 3
+    assert (packed[1, 20 + 16 + 2] >> 5) & 1 == codes[1, 32 + 21] >> 4  # block 1: code 21's fifth bit, byte 2 bit 5
+    np.testing.assert_array_equal(unpack_codes(torch.from_numpy(packed), 5, 96).numpy(), codes)
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", ["Q5_1", "Q5_K"])
+def test_five_bit_types_are_held_in_5_bits(name):
+    q, w = _matrix(name, 16, 512, seed=10)
+    assert q.code_layout == CodeLayout(5, 32, -1) and q.nbytes() == 16 * 512 * 5 // 8 + 16 * 16 * 4
+    codes, bits = q.natural_codes()
+    raw = _random_blocks(name, 16, 512, np.random.default_rng(10))  # the same blocks _matrix read
+    np.testing.assert_array_equal(codes.numpy(), slice_codes(gguf.GGMLQuantizationType[name], name, raw, 512).codes)
+    np.testing.assert_allclose(q.dequantize().numpy(), w, atol=1e-3 * np.abs(w).max())  # s and o held in fp16
+    x = torch.randn(3, 512)
+    ref = qgemm_reference(x, codes, q.scales, q.offsets, bits, 32, 0)
+    torch.testing.assert_close(q(x), ref, atol=1e-4, rtol=1e-5)
