@@ -159,7 +159,7 @@ class QuantTensor(nn.Module):
 
     def natural_codes(self, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         """The blocks format's codes (of rows `ids`, default all) in weight order and their bits (4 or 8): the units'
-        interleaving and Q5_0's 5-bit packing undone."""
+        interleaving and the 5-bit packings (Q5_0 in units, Q5_1/Q5_K in blocks) undone."""
         codes = self.codes if ids is None else self.codes[ids]
         lay = self.code_layout
         if not lay.units:
