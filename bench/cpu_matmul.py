@@ -12,6 +12,7 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   parley-q4       the same on Q4_K-like blocks: 4-bit codes, an fp16 scale and offset per 32
   parley-q8u      the same Q8_0-like codes interleaved in units for kernels/cpu/q8gemm.c (K a multiple of 128)
   parley-k4       Parley's super-block kernel (kernels/cpu/kgemm.c) on Q4_K super-blocks as a file stores them
+  parley-k5       the same on Q5_K super-blocks
   parley-k6       the same on Q6_K super-blocks (random blocks: gguf has no K-quant writer; rel_err is against the
                   kernel's float64 reference rather than fp32)
 Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8] [--impls fp32 parley-q8 ...]
@@ -92,17 +93,17 @@ def _units(codes8: torch.Tensor, s8: torch.Tensor) -> dict:
 
 
 def _superblocks(n: int, k: int) -> dict:
-    """Q4_K and Q6_K rows of random super-blocks with small fp16 scales (name -> (bytes, fn, reference fn))."""
+    """Q4_K, Q5_K and Q6_K rows of random super-blocks with small fp16 scales (name -> (bytes, fn, reference fn))."""
     import numpy as np
 
     from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
 
     rng = np.random.default_rng(0)
     out = {}
-    for name, label in (("Q4_K", "parley-k4"), ("Q6_K", "parley-k6")):
+    for name, label in (("Q4_K", "parley-k4"), ("Q5_K", "parley-k5"), ("Q6_K", "parley-k6")):
         size = KINDS[name][1]
         b = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
-        for off in (0, 2) if name == "Q4_K" else (208,):
+        for off in (208,) if name == "Q6_K" else (0, 2):
             half = rng.uniform(1e-4, 1e-3, b.shape[:2]).astype(np.float16)
             b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
         blocks = torch.from_numpy(b.reshape(n, -1))

@@ -11,7 +11,7 @@ from kernels.kquant_layout import file_order
 from kernels.kquant_layout import interleave as interleave_reference
 
 QK = 256  # weights per super-block
-KINDS = {"Q4_K": (4, 144, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind, bytes per super-block, group)
+KINDS = {"Q4_K": (4, 144, 32), "Q5_K": (5, 176, 32), "Q6_K": (6, 210, 16)}  # type: (the kernel's kind, bytes per super-block, group)
 
 
 def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,

@@ -1,7 +1,10 @@
 """The orders Parley's CPU products hold codes in, with plain NumPy for each.
 
-- Q4_K/Q6_K super-blocks (kernels/cpu/kgemm.c): the file's bytes (scales, d, dmin where the file has them), only the
-  codes reordered so that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16.
+- Q4_K/Q5_K/Q6_K super-blocks (kernels/cpu/kgemm.c): the file's bytes (scales, d, dmin where the file has them), only
+  the codes reordered so that each int32 lane of a 64-code chunk's integer dot sums four weights of one group of 16.
+  Q5_K's 32 fifth-bit bytes stay where the file has its qh (bytes 16-47), re-ordered: held byte p holds, for each
+  interleaved chunk c, the fifth bit of position p at bit c and of position p + 32 at bit 4 + c (the kernel shifts
+  one copy of the 32 bytes left by 4, so that both halves of a chunk take theirs with one shift by c and a mask).
   The library's `parley_kq_interleave` does the same at load (kernels/cpu_kgemm.interleave).
 - Byte codes in blocks of 32 (kernels/cpu/q8gemm.c): the same idea over units of 256 (or a last 128) weights; Q5_0's
   codes packed in 5 bits a weight in that order (`pack_fifths`)."""
@@ -9,25 +12,30 @@ from __future__ import annotations
 
 import numpy as np
 
-BYTES = {"Q4_K": 144, "Q6_K": 210}  # per super-block of 256 weights
+BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # per super-block of 256 weights
+NIBBLES_AT = {"Q4_K": 16, "Q5_K": 48, "Q6_K": 0}  # where the 128 bytes of low 4 bits start, in the file and as held
+# Q5_K's held fifth bits: row 2c + h of a chunk's (c, half h of 32) bits sits at bit c + 4h of byte p
+_FIFTH_SHIFTS = np.array([c + 4 * h for c in range(4) for h in range(2)], dtype=np.uint8)[:, None]
 
 
 def interleave(raw: np.ndarray, type_name: str) -> np.ndarray:
-    """Rows of Q4_K/Q6_K super-blocks (n, S · bytes) with their codes reordered for kgemm.c, same size and the same
-    header bytes: weight 16g + 4c + t (group g of 16, chunk c, t < 4) goes to position 64c + 4g + t, so that each
-    int32 lane of a chunk's integer dot sums four weights of one group. Q4_K: byte p of pair P holds chunk 2P's code p
-    (low nibble) and chunk 2P + 1's (high). Q6_K: the low 4 bits so, then 64 bytes, byte p the top 2 bits of chunk
-    c's code p at bits 2c."""
+    """Rows of Q4_K/Q5_K/Q6_K super-blocks (n, S · bytes) with their codes reordered for kgemm.c, same size and the
+    same header bytes: weight 16g + 4c + t (group g of 16, chunk c, t < 4) goes to position 64c + 4g + t, so that
+    each int32 lane of a chunk's integer dot sums four weights of one group. The low 4 bits: byte p of pair P holds
+    chunk 2P's code p (low nibble) and chunk 2P + 1's (high). Q5_K: then the fifth bits as the module's note says.
+    Q6_K: then 64 bytes, byte p the top 2 bits of chunk c's code p at bits 2c."""
     size = BYTES[type_name]
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(raw.shape[0], -1, size)
-    chunks = natural_codes(b, type_name).reshape(*b.shape[:2], 16, 4, 4).swapaxes(2, 3).reshape(*b.shape[:2], 4, 64)
+    lead = b.shape[:2]
+    chunks = natural_codes(b, type_name).reshape(*lead, 16, 4, 4).swapaxes(2, 3).reshape(*lead, 4, 64)
     out = b.copy()
     lo = chunks & 0x0F
-    nibbles = (lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)).reshape(*b.shape[:2], 128)
-    if type_name == "Q4_K":
-        out[..., 16:] = nibbles
-    else:
-        out[..., :128] = nibbles
+    at = NIBBLES_AT[type_name]
+    out[..., at:at + 128] = (lo[:, :, 0::2] | (lo[:, :, 1::2] << 4)).reshape(*lead, 128)
+    if type_name == "Q5_K":
+        fifth = (chunks >> 4).reshape(*lead, 8, 32)  # row 2c + h: chunk c's positions 32h .. 32h + 31
+        out[..., 16:48] = np.bitwise_or.reduce(fifth << _FIFTH_SHIFTS, axis=2)
+    elif type_name == "Q6_K":
         top = (chunks >> 4) & 3
         out[..., 128:192] = top[:, :, 0] | (top[:, :, 1] << 2) | (top[:, :, 2] << 4) | (top[:, :, 3] << 6)
     return out.reshape(raw.shape[0], -1)
@@ -38,20 +46,18 @@ def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
     size = BYTES[type_name]
     b = np.ascontiguousarray(held, dtype=np.uint8).reshape(held.shape[0], -1, size)
     lead = b.shape[:2]
-    if type_name == "Q4_K":
-        pairs = b[..., 16:].reshape(*lead, 2, 64)
-        top = np.zeros(lead + (4, 64), dtype=np.uint8)
-    else:
-        pairs = b[..., :128].reshape(*lead, 2, 64)
-        hb = b[..., 128:192][:, :, None, :]
-        top = (hb >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+    at = NIBBLES_AT[type_name]
+    pairs = b[..., at:at + 128].reshape(*lead, 2, 64)
     lo = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(*lead, 4, 64)
-    codes = (lo | (top << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
+    codes = (lo | (_held_tops(b, type_name) << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
     out = b.copy()
-    if type_name == "Q4_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
-        c = codes.reshape(*lead, 4, 2, 32)
-        out[..., 16:] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
-    else:  # halves of 128: ql bytes l, l + 32 hold weights (l, l + 64) and (l + 32, l + 96); qh byte l their tops
+    if type_name != "Q6_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
+        c = codes.reshape(*lead, 4, 2, 32) & 0x0F
+        out[..., at:at + 128] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
+    if type_name == "Q5_K":  # qh byte l: bit j the fifth bit of weight 32j + l
+        fifth = (codes >> 4).reshape(*lead, 8, 32)
+        out[..., 16:48] = np.bitwise_or.reduce(fifth << np.arange(8, dtype=np.uint8)[:, None], axis=2)
+    if type_name == "Q6_K":  # halves of 128: ql bytes l, l + 32 hold weights (l, l + 64) and (l + 32, l + 96)
         c = codes.reshape(*lead, 2, 4, 32)
         low, high = c & 0x0F, c >> 4
         out[..., :128] = np.stack([low[:, :, :, 0] | (low[:, :, :, 2] << 4),
@@ -61,12 +67,28 @@ def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
     return out.reshape(held.shape[0], -1)
 
 
+def _held_tops(b: np.ndarray, type_name: str) -> np.ndarray:
+    """(n, S, 4, 64) the bits above the low 4 of each interleaved chunk's codes, as held."""
+    lead = b.shape[:2]
+    if type_name == "Q4_K":
+        return np.zeros(lead + (4, 64), dtype=np.uint8)
+    if type_name == "Q5_K":
+        return ((b[..., None, 16:48] >> _FIFTH_SHIFTS) & 1).reshape(*lead, 4, 64)
+    hb = b[..., 128:192][:, :, None, :]
+    return (hb >> np.array([0, 2, 4, 6], dtype=np.uint8)[None, None, :, None]) & 3
+
+
 def natural_codes(b: np.ndarray, type_name: str) -> np.ndarray:
     """(n, S, bytes) file super-blocks -> (n, S, 256) unsigned codes in weight order."""
     lead = b.shape[:2]
-    if type_name == "Q4_K":  # four chunks of 64 weights: 32 bytes, low nibbles then high nibbles
-        qs = b[..., 16:].reshape(*lead, 4, 32)
-        return np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(*lead, 256)
+    if type_name in ("Q4_K", "Q5_K"):  # four chunks of 64 weights: 32 bytes, low nibbles then high nibbles
+        qs = b[..., NIBBLES_AT[type_name]:].reshape(*lead, 4, 32)
+        codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(*lead, 256)
+        if type_name == "Q4_K":
+            return codes
+        # Q5_K: qh byte l, bit j is weight 32j + l's fifth bit
+        fifth = (b[..., None, 16:48] >> np.arange(8, dtype=np.uint8)[:, None]) & 1
+        return codes | (fifth.reshape(*lead, 256) << 4)
     # Q6_K, per half of 128: ql bytes l and l + 32 hold weights (l, l + 64) and (l + 32, l + 96) in their nibbles,
     # qh byte l those four weights' top 2 bits at bits 0, 2, 4, 6
     ql, qh = b[..., 0:128].reshape(*lead, 2, 2, 32), b[..., 128:192].reshape(*lead, 2, 1, 32)

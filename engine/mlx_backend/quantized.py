@@ -157,10 +157,11 @@ def _blocks(qt: QuantTensor) -> Matrix:
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:
         return Matrix(mx.array(qt.dequantize().numpy()))
-    if lay.raw:  # super-blocks (Q4_K): codes with exact fp32 scales and offsets
+    if lay.raw:  # super-blocks (Q4_K, Q5_K): codes with exact fp32 scales and offsets
         c = superblock_codes(file_order(qt.blocks.numpy(), lay.raw), lay.raw)
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
         o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
+        lay = CodeLayout(4 if lay.bits == 4 else 8, lay.group, lay.zero)  # Q5_K's 5-bit codes as bytes, as below
     else:
         codes, bits = qt.natural_codes()  # the x86 kernel's order and packing undone
         u = unpack_codes(codes, bits, k).numpy()

@@ -1,5 +1,5 @@
-"""GGUF blocks as the CPU kernels' codes. Q4_K and Q6_K rows whose length is a whole number of super-blocks keep the
-file's bytes, codes reordered (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16
+"""GGUF blocks as the CPU kernels' codes. Q4_K, Q5_K and Q6_K rows whose length is a whole number of super-blocks keep
+the file's bytes, codes reordered (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16
 or 32 weights, a scale s and offset o, w = s·u + o (kernels/cpu/qgemm.c; byte codes with zero 128 reordered in units
 for kernels/cpu/q8gemm.c). The common types map exactly (up to the fp16 rounding of s and o); any other type is
 re-quantized from its dequantized rows to symmetric int8 groups of 32."""
@@ -14,7 +14,7 @@ from kernels.kquant_layout import natural_codes
 
 EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
-SUPER = ("Q4_K", "Q6_K")  # kept as super-blocks (codes interleaved for kgemm.c) where K allows
+SUPER = ("Q4_K", "Q5_K", "Q6_K")  # kept as super-blocks (codes interleaved for kgemm.c) where K allows
 # (bytes per block, weights per block)
 BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32), "Q5_1": (24, 32),
          "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
@@ -111,9 +111,14 @@ def _q4_1(b, n, k):
 
 
 def _q4_k(b, n, k):
+    return _k_with_mins(b, n, k, "Q4_K")
+
+
+def _k_with_mins(b, n, k, type_name: str) -> Codes:
+    """Q4_K/Q5_K: fp16 d and dmin, then the 6-bit (scale, min) pairs of the eight sub-blocks, then the codes."""
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scale_min(b[..., 4:16])
-    codes = natural_codes(b, "Q4_K").reshape(n, k)
+    codes = natural_codes(b, type_name).reshape(n, k)
     return Codes(codes, (d[..., None] * sc).reshape(n, -1), -(dmin[..., None] * mn).reshape(n, -1))
 
 
@@ -134,15 +139,7 @@ def _q5_1(b, n, k):
 
 
 def _q5_k(b, n, k):
-    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
-    sc, mn = _k_scale_min(b[..., 4:16])
-    qh = b[..., 16:48]  # (n, S, 32): bit 2j of qh[l] is weight l's fifth bit in chunk j, bit 2j+1 weight l + 32's
-    ql = b[..., 48:].reshape(n, -1, 4, 32)
-    j = np.arange(4, dtype=np.uint8)[None, None, :, None]
-    lo = (ql & 0x0F) | (((qh[:, :, None, :] >> (2 * j)) & 1) << 4)
-    hi = (ql >> 4) | (((qh[:, :, None, :] >> (2 * j + 1)) & 1) << 4)
-    codes = np.stack([lo, hi], axis=3).reshape(n, k)
-    return Codes(codes, (d[..., None] * sc).reshape(n, -1), -(dmin[..., None] * mn).reshape(n, -1))
+    return _k_with_mins(b, n, k, "Q5_K")
 
 
 def _q6_k(b, n, k):

@@ -7,7 +7,7 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
         re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
-  blocks  the CPU's own kernels, where they build: Q4_K/Q6_K as the file's super-blocks, codes interleaved
+  blocks  the CPU's own kernels, where they build: Q4_K/Q5_K/Q6_K as the file's super-blocks, codes interleaved
         (kernels/cpu/kgemm.c, buffer `blocks`); every other type as unsigned codes (4-bit packed or one byte) with an
         fp16 scale (and offset) per group of 16 or 32, w = s·u + o (kernels/cpu/qgemm.c), byte codes with zero 128
         interleaved in units (kernels/cpu/q8gemm.c): every GGUF quantization exactly, as llama.cpp multiplies it
@@ -294,7 +294,7 @@ def blocks_available() -> bool:
 
 
 def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
-    """An (N, K) Q4_K/Q6_K matrix held as its rows' super-blocks, from `raw` (N, K/256 · bytes) uint8 as the file
+    """An (N, K) Q4_K/Q5_K/Q6_K matrix held as its rows' super-blocks, from `raw` (N, K/256 · bytes) uint8 as the file
     stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is."""
     from kernels.cpu_kgemm import interleave
 

@@ -1,14 +1,19 @@
-/* Parley's CPU product over K-quant super-blocks (Q4_K, Q6_K): y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
+/* Parley's CPU product over K-quant super-blocks (Q4_K, Q5_K, Q6_K): y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
 
    A super-block holds 256 weights of one row, in the file's bytes except for the order of its codes.
    Q4_K (144 bytes): fp16 d and dmin, eight 6-bit (scale, min) pairs in 12 bytes, 128 bytes of 4-bit codes;
         w = d·sc_j·q − dmin·m_j over sub-blocks j of 32.
+   Q5_K (176 bytes): Q4_K's 16 header bytes, 32 bytes of fifth bits, 128 of low 4 bits; the same w with q < 32.
    Q6_K (210 bytes): 128 bytes of low 4 bits, 64 of high 2 bits, sixteen int8 scales, fp16 d;
         w = d·sc_g·(q − 32) over groups g of 16.
    The codes are interleaved at load (engine/quant/block_codes.interleave): weight 16g + 4c + t (group g of 16,
    chunk c of 4, t < 4) sits at position 64c + 4g + t, so that in a chunk's integer dot (u8 × s8, four bytes into
    each of 16 int32 lanes) lane g only ever sums group g: after the four chunks, the lanes hold the 16 groups' integer
-   sums, and the scales apply once per super-block, in fp32 lanes.
+   sums, and the scales apply once per super-block, in fp32 lanes. The low 4 bits of chunks 2P and 2P + 1 share the
+   64 bytes of pair P (low and high nibble). Q5_K's fifth bits are re-ordered in the file's qh bytes (16-47): byte p
+   holds chunk c's position p at bit c and position p + 32 at bit 4 + c, so that one copy of the 32 bytes shifted
+   left by 4 (positions < 32) or as is (positions ≥ 32), shifted right by c and masked with 0x10, is chunk c's
+   fifth bits in place. Q6_K's top 2 bits: 64 bytes, byte p chunk c's position p at bits 2c.
 
    Activations are quantized per 32, as llama.cpp does for its 32-blocks (x ≈ d_j·a, d_j = max|x| / 127), and laid
    out in the same interleaved order. Per super-block and row: four integer dots, then one conversion and two
@@ -25,10 +30,11 @@
 #define QK 256
 #define PREFETCH 2048  /* bytes ahead on the weight stream (a prefetch never faults past the end) */
 
-enum { Q4_K = 4, Q6_K = 6 };  /* the `kind` argument: the type's bits */
+enum { Q4_K = 4, Q5_K = 5, Q6_K = 6 };  /* the `kind` argument: the type's bits */
 
-static inline int sb_bytes(int kind) { return kind == Q4_K ? 144 : 210; }
-static inline int sb_groups(int kind) { return kind == Q4_K ? 8 : 16; }
+static inline int sb_bytes(int kind) { return kind == Q4_K ? 144 : kind == Q5_K ? 176 : 210; }
+static inline int sb_groups(int kind) { return kind == Q6_K ? 16 : 8; }
+static inline int codes_at(int kind) { return kind == Q4_K ? 16 : kind == Q5_K ? 48 : 0; }  /* the low 4 bits */
 
 static inline float half_at(const uint8_t *p) {
     uint16_t h;
@@ -36,9 +42,9 @@ static inline float half_at(const uint8_t *p) {
     return _cvtsh_ss(h);
 }
 
-/* Q4_K's eight 6-bit scales and minimums from their 12 bytes, eight bytes each (a byte per sub-block): the first
-   four in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins), the last four in bytes 8-11's nibbles with the top
-   2 bits of bytes 0-7. */
+/* Q4_K's (and Q5_K's) eight 6-bit scales and minimums from their 12 bytes, eight bytes each (a byte per sub-block):
+   the first four in the low 6 bits of bytes 0-3 (scales) and 4-7 (mins), the last four in bytes 8-11's nibbles with
+   the top 2 bits of bytes 0-7. */
 static inline void q4k_scale_min(const uint8_t *p, uint64_t *sc, uint64_t *mn) {
     uint32_t w[3];
     memcpy(w, p, 12);
@@ -108,7 +114,7 @@ static inline __attribute__((always_inline)) Block block_at(const KActs *x, cons
                                                              const int kind) {
     const uint8_t *s = w + b * sb_bytes(kind);
     for (int l = 0; l < sb_bytes(kind); l += 64) _mm_prefetch((const char *)(s + PREFETCH + l), _MM_HINT_T0);
-    const Block blk = {s, kind == Q4_K ? s + 16 : s, x->a + (b * x->R + r0) * QK, x->dl + (b * x->R + r0) * 16,
+    const Block blk = {s, s + codes_at(kind), x->a + (b * x->R + r0) * QK, x->dl + (b * x->R + r0) * 16,
                        x->dsum + r0 * x->ng + b * sb_groups(kind)};
     return blk;
 }
@@ -116,6 +122,14 @@ static inline __attribute__((always_inline)) Block block_at(const KActs *x, cons
 /* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8
+
+/* Q5_K: the fifth bits (the top of this file) into bit 4 of the four chunks' codes; the 32 bytes twice in a zmm. */
+static inline void q5k_fifths(__m512i u[4], const uint8_t *f) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)f);
+    const __m512i hv = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_slli_epi16(v, 4)), v, 1);
+    const __m512i m = _mm512_set1_epi8(0x10);
+    for (int c = 0; c < 4; c++) u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_srli_epi16(hv, c), m));
+}
 
 /* NR rows of y against one weight row (`kind` and NR constants at each call site: accumulators in registers). */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
@@ -135,7 +149,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
             u[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
         }
         __m512 wsc, off;
-        if (kind == Q4_K) {
+        if (kind == Q5_K) q5k_fifths(u, s + 16);
+        if (kind != Q6_K) {
             uint64_t sc, mn;
             q4k_scale_min(s + 4, &sc, &mn);
             wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))),
@@ -157,7 +172,7 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
             acc = _mm512_dpbusd_epi32(acc, u[3], _mm512_loadu_si512((const void *)(ai + 192)));
             facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(dl + i * 16)),
                                       facc[i]);
-            const __m512 dsv = kind == Q4_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng))
+            const __m512 dsv = kind != Q6_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng))
                                             : _mm512_loadu_ps(ds + i * x->ng);
             facc[i] = _mm512_fmadd_ps(off, dsv, facc[i]);
         }
@@ -166,6 +181,14 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 }
 #else
 #define TILE 4
+
+/* Q5_K: the fifth bits (the top of this file) into bit 4 of half h of the four chunks' codes. */
+static inline void q5k_fifths(__m256i u[4], const uint8_t *f, int h) {
+    const __m256i v = _mm256_loadu_si256((const __m256i *)f);
+    const __m256i hv = h == 0 ? _mm256_slli_epi16(v, 4) : v;
+    const __m256i m = _mm256_set1_epi8(0x10);
+    for (int c = 0; c < 4; c++) u[c] = _mm256_or_si256(u[c], _mm256_and_si256(_mm256_srli_epi16(hv, c), m));
+}
 
 /* Half h of the groups (8h .. 8h + 7) at a time: eight lanes each. */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
@@ -179,7 +202,7 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
         const int8_t *a = blk.a;
         const float *dl = blk.dl, *ds = blk.ds;
         uint64_t sc = 0, mn = 0;
-        if (kind == Q4_K) q4k_scale_min(s + 4, &sc, &mn);
+        if (kind != Q6_K) q4k_scale_min(s + 4, &sc, &mn);
         for (int h = 0; h < 2; h++) {
             __m256i u[4];
             for (int p = 0; p < 2; p++) {
@@ -188,7 +211,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
                 u[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             }
             __m256 wsc;
-            if (kind == Q4_K) {
+            if (kind == Q5_K) q5k_fifths(u, s + 16, h);
+            if (kind != Q6_K) {
                 wsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(q4k_lane_bytes(sc), 8 * h))),
                                     _mm256_set1_ps(half_at(s)));
             } else {
@@ -212,7 +236,7 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
                 facc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc), scale, facc[i]);
             }
         }
-        if (kind == Q4_K) {
+        if (kind != Q6_K) {
             const __m256 off = bytes_f32(mn, -half_at(s + 2));
             for (int i = 0; i < NR; i++) facc[i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(ds + i * x->ng), facc[i]);
         }
@@ -229,12 +253,12 @@ static inline __attribute__((always_inline)) void kcolumn(const KActs *x, const 
 #undef KTILE
 }
 
-/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL), W (N, K/256 super-blocks) of `kind` 4 (Q4_K)
-   or 6 (Q6_K), codes interleaved. Returns 0; -1 when scratch could not be allocated; -2 for a kind or K it does not
-   take. */
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL), W (N, K/256 super-blocks) of `kind` 4 (Q4_K),
+   5 (Q5_K) or 6 (Q6_K), codes interleaved. Returns 0; -1 when scratch could not be allocated; -2 for a kind or K it
+   does not take. */
 int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, int kind, int64_t N, const float *bias,
                  float *y, int threads) {
-    if ((kind != Q4_K && kind != Q6_K) || K % QK != 0) return -2;
+    if ((kind != Q4_K && kind != Q5_K && kind != Q6_K) || K % QK != 0) return -2;
     const int64_t nsb = K / QK, ng = nsb * sb_groups(kind), row_bytes = nsb * sb_bytes(kind);
     int8_t *a = malloc((size_t)(R * K));
     float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
@@ -251,6 +275,8 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
         const uint8_t *w = blocks + n * row_bytes;
         if (kind == Q4_K)
             kcolumn(&acts, w, Q4_K, y + n, N);
+        else if (kind == Q5_K)
+            kcolumn(&acts, w, Q5_K, y + n, N);
         else
             kcolumn(&acts, w, Q6_K, y + n, N);
         if (bias)  /* after the sum, as torch's y + b rounds it */
@@ -277,10 +303,20 @@ static inline uint32_t crumb_word(const uint8_t *p, int shift) {
     return (uint32_t)y0 | (uint32_t)(y0 >> 32) << 2 | (uint32_t)y1 << 4 | (uint32_t)(y1 >> 32) << 6;
 }
 
+/* Sixteen consecutive bytes' bit `shift` as four bytes: the bit of byte t + 4c at bit c of byte t. */
+static inline uint32_t bit_word(const uint8_t *p, int shift) {
+    uint64_t x0, x1;
+    memcpy(&x0, p, 8);
+    memcpy(&x1, p + 8, 8);
+    const uint64_t y0 = (x0 >> shift) & 0x0101010101010101ull, y1 = (x1 >> shift) & 0x0101010101010101ull;
+    return (uint32_t)y0 | (uint32_t)(y0 >> 32) << 1 | (uint32_t)y1 << 2 | (uint32_t)(y1 >> 32) << 3;
+}
+
 /* The file's super-blocks (nblocks of `kind`) with their codes interleaved as the product takes them (see the top of
    this file; engine/quant/block_codes.interleave is the reference). Output word (pair P, group g) holds natural
    weights 16g + 8P .. + 7, eight consecutive fields of eight consecutive file bytes; Q6_K's top-bit word g the 2-bit
-   fields of weights 16g .. 16g + 15. */
+   fields of weights 16g .. 16g + 15; Q5_K's fifth bits of group g (natural weights 16g + 4c + t: qh bytes 16(g % 2)
+   + 4c + t, bit g / 2) the nibble 4(g / 8) of held bytes 4(g % 8) + t. */
 void parley_kq_interleave(const uint8_t *src, uint8_t *dst, int64_t nblocks, int kind, int threads) {
     const int size = sb_bytes(kind);
     #pragma omp parallel for schedule(static) num_threads(threads)
@@ -288,14 +324,15 @@ void parley_kq_interleave(const uint8_t *src, uint8_t *dst, int64_t nblocks, int
         const uint8_t *s = src + i * size;
         uint8_t *o = dst + i * size;
         memcpy(o, s, (size_t)size);
-        uint8_t *codes = kind == Q4_K ? o + 16 : o;
+        uint8_t *codes = o + codes_at(kind);
+        if (kind == Q5_K) memset(o + 16, 0, 32);
         for (int g = 0; g < 16; g++) {
             for (int p = 0; p < 2; p++) {
                 const int n0 = 16 * g + 8 * p;
                 uint32_t word;
-                if (kind == Q4_K) {  /* file chunk of 64: bytes 32c' .. + 31, weights l low, l + 32 high */
+                if (kind != Q6_K) {  /* file chunk of 64: bytes 32c' .. + 31, weights l low, l + 32 high */
                     const int off = n0 % 64;
-                    word = nibble_word(s + 16 + 32 * (n0 / 64) + off % 32, off < 32 ? 0 : 4);
+                    word = nibble_word(s + codes_at(kind) + 32 * (n0 / 64) + off % 32, off < 32 ? 0 : 4);
                 } else {  /* half h of 128: quarter q at ql[64h + l (+ 32 if q odd)], low nibbles for q < 2 */
                     const int h = n0 / 128, q = n0 % 128 / 32, l = n0 % 32;
                     word = nibble_word(s + 64 * h + l + (q % 2) * 32, q < 2 ? 0 : 4);
@@ -306,6 +343,12 @@ void parley_kq_interleave(const uint8_t *src, uint8_t *dst, int64_t nblocks, int
                 const int n0 = 16 * g, h = n0 / 128, q = n0 % 128 / 32, l = n0 % 32;
                 const uint32_t word = crumb_word(s + 128 + 32 * h + l, 2 * q);
                 memcpy(o + 128 + 4 * g, &word, 4);
+            }
+            if (kind == Q5_K) {
+                uint32_t word;
+                memcpy(&word, o + 16 + 4 * (g % 8), 4);
+                word |= bit_word(s + 16 + 16 * (g % 2), g / 2) << 4 * (g / 8);
+                memcpy(o + 16 + 4 * (g % 8), &word, 4);
             }
         }
     }

@@ -252,7 +252,7 @@ def test_block_codes_convert_exactly(type_name):
     rows = BlockRows(64, 256, type_name)
     rows.put(0, slice_codes(qtype, type_name, raw, 256))
     held = [rows.done()]
-    if type_name in SUPER:  # and as super-blocks, the way Q4_K/Q6_K rows of whole blocks are held
+    if type_name in SUPER:  # and as super-blocks, the way Q4_K/Q5_K/Q6_K rows of whole blocks are held
         held.append(superblocks(np.asarray(raw), type_name))
     for qt in held:
         m = convert(qt)

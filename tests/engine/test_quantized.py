@@ -144,6 +144,37 @@ def _last_logits(lm, ids: torch.Tensor) -> torch.Tensor:
     return logits[0]
 
 
+@pytest.fixture(scope="module")
+def q5_k_m_path(tmp_path_factory):
+    """A small Llama-shaped file (hidden 256, 4 layers) quantized to Q5_K_M by llama.cpp (~2 s): Q5_K matrices, Q6_K
+    for the tied embedding and the last layers' v and down, every one of whole super-blocks."""
+    pytest.importorskip("llama_cpp")
+    if not weight.blocks_available():
+        pytest.skip("the CPU kernel does not build here")
+    from bench.synthetic_gguf import synthetic_gguf
+
+    return synthetic_gguf("llama-draft", tmp_path_factory.mktemp("q5_k_m"), kind="Q5_K_M")
+
+
+def test_q5_k_m_held_as_the_files_super_blocks(q5_k_m_path):
+    """Q5_K held in its file's 176 bytes per 256 weights (kernels/cpu/kgemm.c), fused q/k/v and gate/up beside
+    Q6_K v and down; batched decode == alone, logits near the dequantized model's."""
+    from engine.quant.block_codes import BLOCK
+    from engine.quant.weight import QuantTensor
+
+    lm = load_model(q5_k_m_path, LoadOptions(weights="quantized"))
+    held = [m for m in lm.model.modules() if isinstance(m, QuantTensor)]
+    assert {m.source_type for m in held} == {"Q5_K", "Q6_K"}
+    for m in held:
+        assert m.code_layout.raw == m.source_type
+        assert m.nbytes() == m.shape[0] * m.shape[1] // 256 * BLOCK[m.source_type][0]
+    assert_batched_equals_alone(lm, "sequence")
+    f = load_model(q5_k_m_path, LoadOptions(weights="dequantized"))
+    ids = torch.randint(6, lm.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
+    lq, lf = _last_logits(lm, ids), _last_logits(f, ids)
+    assert (lq - lf).abs().max() < 0.05 * lf.abs().max()
+
+
 @pytest.mark.slow
 def test_embedded_model_stays_quantized(gemma_gguf_path, gemma_lm_quantized):
     """Q4_K read exactly from the real file; the whole model held in about its file's size."""

@@ -1,5 +1,5 @@
 """Parley's CPU kernel over K-quant super-blocks (kernels/cpu/kgemm.c): the interleaved codes round-trip to the file's
-bytes, the kernel against its float64 reference on Q4_K and Q6_K and every row count, rows independent of their
+bytes, the kernel against its float64 reference on Q4_K, Q5_K and Q6_K and every row count, rows independent of their
 batch (batched == alone, bit for bit), the bias, every instruction-set path this CPU can run, and what it refuses."""
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def _check_against_reference(run, name: str, k: int) -> None:
     ref = kgemm_reference(x, blocks, name)
     # fp32 sums of terms as large as |x|·|w|: their size, not the result's, bounds the rounding
     bound = 1e-6 * (x.abs().double() @ torch.from_numpy(np.abs(_weights(blocks, name))).t())
-    for rows in (1, 3, 4, 8, 11):  # every tile remainder
+    for rows in (*range(1, 10), 11):  # every tile size and remainder (tiles of 4 and 8)
         got = run(x[:rows], blocks, name)
         assert ((got.double() - ref[:rows].double()).abs() <= bound[:rows] + 1e-6).all()
     together = run(x, blocks, name)
@@ -59,14 +59,42 @@ def test_interleaved_codes_keep_the_bytes_and_return_to_file_order(name):
     assert held.shape == raw.shape and not np.array_equal(held, raw)
     np.testing.assert_array_equal(file_order(held, name), raw)
     size = BLOCK[name][0]
-    head = slice(0, 16) if name == "Q4_K" else slice(192, 210)  # scales and d stay where the file has them
+    head = slice(192, 210) if name == "Q6_K" else slice(0, 16)  # scales and d stay where the file has them
     np.testing.assert_array_equal(held.reshape(5, 2, size)[..., head], raw.reshape(5, 2, size)[..., head])
     if cpu_kernel() is not None:  # the library's interleave, which loads use, against this reference
         np.testing.assert_array_equal(interleave_native(raw, name, impl="native").numpy(), held)
 
 
+def test_q5_k_fifth_bits_are_held_as_documented():
+    """kernels/kquant_layout.py: weight 16g + 4c + t sits at position 4g + t of chunk c; held byte p holds chunk c's
+    position p's fifth bit at bit c, position p + 32's at bit 4 + c. One fifth bit set at a time in the file's qh."""
+    raw = np.zeros((1, 176), dtype=np.uint8)
+    for weight in (0, 1, 37, 70, 130, 255):
+        raw[0, 16:48] = 0
+        raw[0, 16 + weight % 32] = 1 << (weight // 32)  # the file: qh byte l, bit j is weight 32j + l's
+        g, c, t = weight // 16, weight % 16 // 4, weight % 4
+        pos = 4 * g + t
+        want = np.zeros(32, dtype=np.uint8)
+        want[pos % 32] = 1 << (c + 4 * (pos // 32))
+        held = interleave(raw, "Q5_K")
+        np.testing.assert_array_equal(held[0, 16:48], want)
+        if cpu_kernel() is not None:
+            np.testing.assert_array_equal(interleave_native(raw, "Q5_K", impl="native").numpy(), held)
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_many_blocks_interleave_as_the_reference(name):
+    """An odd count of rows and of super-blocks a row, split over the library's threads."""
+    raw = _random_blocks(name, 7, 256 * 3, np.random.default_rng(11))
+    held = interleave(raw, name)
+    np.testing.assert_array_equal(file_order(held, name), raw)
+    if cpu_kernel() is not None:
+        np.testing.assert_array_equal(interleave_native(raw, name, impl="native").numpy(), held)
+
+
 def test_only_whole_super_blocks_are_kept_as_stored():
     assert held_layout("Q4_K", 2048).raw == "Q4_K" and held_layout("Q6_K", 512).raw == "Q6_K"
+    assert held_layout("Q5_K", 1024).raw == "Q5_K"
     assert held_layout("Q4_K", 640).raw == ""  # 2.5 super-blocks a row: the codes of qgemm.c
     assert held_layout("Q8_0", 2048).raw == ""
 
@@ -112,7 +140,8 @@ def test_a_kind_or_length_it_does_not_take_is_refused():
     lib = cpu_kernel().lib
     x, y = torch.randn(1, 512), torch.empty(1, 4)
     blocks = _blocks("Q4_K", 4, 512, seed=5)
-    assert lib.parley_kgemm(x.data_ptr(), 1, 512, blocks.data_ptr(), 5, 4, None, y.data_ptr(), 1) == -2
+    assert lib.parley_kgemm(x.data_ptr(), 1, 512, blocks.data_ptr(), 3, 4, None, y.data_ptr(), 1) == -2
+    assert lib.parley_kgemm(x.data_ptr(), 1, 512, blocks.data_ptr(), 8, 4, None, y.data_ptr(), 1) == -2
     assert lib.parley_kgemm(x.data_ptr(), 1, 320, blocks.data_ptr(), 4, 4, None, y.data_ptr(), 1) == -2
     with pytest.raises(ValueError, match="columns"):
         kgemm(torch.randn(1, 256), blocks, "Q4_K")
@@ -140,3 +169,21 @@ def test_held_rows_look_up_and_multiply_as_the_file_defines(name):
     if cpu_kernel() is not None:
         x = torch.randn(2, 512)
         torch.testing.assert_close(qt(x), kgemm_reference(x, qt.blocks, name), rtol=1e-4, atol=1e-3)
+
+
+@needs_kernel
+def test_super_blocks_fuse_with_their_own_type_only():
+    """q/k/v or gate/up of one type: one matrix, the same products bit for bit and the same rows; Q5_K beside Q6_K
+    (a Q5_K_M file's v in some layers) stays apart."""
+    from engine.quant.weight import concat_rows, superblocks
+
+    raws = [_random_blocks(name, n, 512, np.random.default_rng(n)) for name, n in (("Q5_K", 8), ("Q5_K", 4))]
+    parts = [superblocks(raw, "Q5_K") for raw in raws]
+    fused = concat_rows(parts)
+    assert fused.code_layout.raw == "Q5_K" and fused.nbytes() == sum(raw.nbytes for raw in raws)
+    x = torch.randn(3, 512)
+    assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=1))
+    want = np.concatenate([superblock_rows(raw, "Q5_K") for raw in raws])
+    np.testing.assert_array_equal(fused.dequantize().numpy(), want)
+    q6 = superblocks(_random_blocks("Q6_K", 4, 512, np.random.default_rng(2)), "Q6_K")
+    assert concat_rows([parts[0], q6]) is None
