@@ -5,7 +5,8 @@ Decode reads every weight once per step, so bytes are time: a 4-bit weight strea
 for all rows, loads its packed weight rows a chunk of K at a time, dequantizes them to the activations' dtype
 in registers and multiplies on the tensor cores. The row tile is 16 for steps of at most 16 rows and 64 above
 (the MMA work of a 64-row tile at one row would cost an 8B model ~1 ms a step); each row's sum runs over K in
-the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit).
+the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit: the int8
+kernel's 64-row tile is four 16-row dots, as Hopper's 64-row wgmma over its 128-deep K steps rounds otherwise).
 
 Layouts (engine/quant/weight.py builds them):
   int4  words (N, KP/8) int32, KP = K rounded up to CHUNK = 128 (padding: code 8, scale and zero 0: weight 0).
@@ -147,29 +148,40 @@ def _int8_linear(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split)
+    # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split); a
+    # 64-row tile is four 16-row dots, the 16-row tile's instruction (Hopper's 64-row wgmma rounds a row otherwise)
     wait_for_previous(PDL)
-    offs_m = tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, 16)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    m_ok = offs_m < M
     n_ok = offs_n < N
     dt = X.dtype.element_ty
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc0 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     k_lo = tl.program_id(1) * KS
     for k0 in range(k_lo, tl.minimum(K, k_lo + KS), BLOCK_K):  # BLOCK_K divides KS
-        k_ok = (k0 + offs_k) < K
-        c = tl.load(C + offs_n[:, None] * stride_cn + (k0 + offs_k)[None, :], mask=n_ok[:, None] & k_ok[None, :],
-                    other=0)
-        x = tl.load(X + offs_m[:, None] * stride_xm + (k0 + offs_k)[None, :], mask=m_ok[:, None] & k_ok[None, :],
-                    other=0.0)
+        k = k0 + offs_k
+        c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
         w = c.to(dt)  # |code| <= 127: exact in bf16
-        if DOT_FP32:
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc)
-    scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)
-    out = Y + tl.program_id(1) * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(out, (acc * scale[None, :]).to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+        acc0 = _slice_dot(X, rows, rows < M, k, K, stride_xm, w, acc0, DOT_FP32)
+        if BLOCK_M == 64:
+            acc1 = _slice_dot(X, rows + 16, rows + 16 < M, k, K, stride_xm, w, acc1, DOT_FP32)
+            acc2 = _slice_dot(X, rows + 32, rows + 32 < M, k, K, stride_xm, w, acc2, DOT_FP32)
+            acc3 = _slice_dot(X, rows + 48, rows + 48 < M, k, K, stride_xm, w, acc3, DOT_FP32)
+    scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    out = Y + tl.program_id(1) * stride_ys + offs_n[None, :]
+    _store_rows(out, rows, M, n_ok, acc0 * scale, stride_ym)
+    if BLOCK_M == 64:
+        _store_rows(out, rows + 16, M, n_ok, acc1 * scale, stride_ym)
+        _store_rows(out, rows + 32, M, n_ok, acc2 * scale, stride_ym)
+        _store_rows(out, rows + 48, M, n_ok, acc3 * scale, stride_ym)
+
+
+@triton.jit
+def _store_rows(out, rows, M, n_ok, y, stride_ym):
+    tl.store(out + rows[:, None] * stride_ym, y.to(out.dtype.element_ty), mask=(rows < M)[:, None] & n_ok[None, :])
 
 
 @triton.jit
