@@ -5,15 +5,17 @@ Random weights (speed does not depend on their values): a Q4_K_M file holds Q4_K
 the output matrix, attn_v and ffn_down of llama.cpp's "more bits" layers; here Q4_K becomes the int4 layout of
 kernels/quant_linear_triton.py and Q6_K int8 rows, as a loaded GGUF does. Per session count: prompt 128, 128 new
 tokens, greedy; the median host-to-host decode step. Prints JSON lines: shape, weights, sessions, ms_per_step,
-tok_s, weight_mb, and on the quantized rows speedup_vs_bf16.
+tok_s, weight_mb, and on the quantized rows speedup_vs_bf16. With --profile, each run's decode kernels as well (torch's
+profiler over 16 steps): their GPU µs per step by kernel, the largest first, and their sum against the step's time.
 
-    python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64
+    python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64 [--profile]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+from collections import defaultdict
 
 import torch
 
@@ -86,11 +88,61 @@ def weight_mb(model) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
+def kernel_profile(batcher, prompt_ids: list[list[int]], steps: int = 16, top: int = 12) -> dict:
+    """GPU time per decode step by kernel over `steps` steps after the prompts are in (the graphs already captured)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    seqs = [Sequence(100 + i, list(p), SamplerState(SamplingParams(max_tokens=steps + 4)))
+            for i, p in enumerate(prompt_ids)]
+    for s in seqs:
+        batcher.add(s)
+    while batcher.scheduler.waiting or any(s.num_uncached > 1 for s in batcher.scheduler.running):
+        batcher.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            batcher.step()
+        torch.cuda.synchronize()
+    while batcher.has_work():
+        batcher.step()
+    us: dict[str, float] = defaultdict(float)
+    spans = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us[e.name[:60]] += e.device_time / steps
+            spans.append((e.time_range.start, e.time_range.end, e.name[:40]))
+    ranked = sorted(us.items(), key=lambda kv: -kv[1])
+    return {"kernel_us_per_step": round(sum(us.values()), 1), **_idle(sorted(spans), steps),
+            "top": [[name, round(t, 1)] for name, t in ranked[:top]]}
+
+
+def _idle(spans: list[tuple[float, float, str]], steps: int) -> dict:
+    """The GPU's busy time (the union of its kernels' intervals) per step, and the longest idle gaps with the kernels
+    on either side: where a step waits on the host."""
+    busy, gaps, end, last = 0.0, [], None, ""
+    for start, stop, name in spans:
+        if end is None or start > end:
+            if end is not None:
+                gaps.append((start - end, last, name))
+            busy += stop - start
+            end, last = stop, name
+        elif stop > end:
+            busy += stop - end
+            end, last = stop, name
+    gaps.sort(reverse=True)
+    return {"gpu_busy_us_per_step": round(busy / steps, 1), "idle_us_per_step": round(sum(g[0] for g in gaps) / steps, 1),
+            "longest_idle": [[round(g, 1), a, b] for g, a, b in gaps[:6]]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["llama-8b", "gemma-270m"])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--rounds", type=int, default=2, help="bf16 and quantized alternate this many times")
+    ap.add_argument("--profile", action="store_true", help="also each run's GPU time per decode step by kernel")
     opts = ap.parse_args()
     from engine.models.kernel_choice import _pdl
     from engine.process import configure_process
@@ -111,10 +163,15 @@ def main() -> None:
                     _, times = run_parley(b, prompts(args, n, seed=2))
                     ms = statistics.median(times) * 1e3
                     best[weights, n] = min(ms, best.get((weights, n), ms))
+                    graphs = b.runner.graphs
                     row = {"shape": shape, "weights": weights, "sessions": n, "ms_per_step": round(ms, 4),
-                           "tok_s": round(n / ms * 1e3, 1), "weight_mb": round(weight_mb(model), 1)}
+                           "p90_ms": round(statistics.quantiles(times, n=10)[-1] * 1e3, 4),
+                           "tok_s": round(n / ms * 1e3, 1), "weight_mb": round(weight_mb(model), 1),
+                           "steps": len(times), "graph_replays": graphs.replays, "graph_captures": graphs.captures}
                     if weights == "quantized" and ("bf16", n) in best:
                         row["speedup_vs_bf16"] = round(best["bf16", n] / ms, 3)
+                    if opts.profile:
+                        row |= kernel_profile(b, prompts(args, n, seed=3))
                     print(json.dumps(row), flush=True)
                     del b
                 del model
