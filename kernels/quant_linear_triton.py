@@ -52,11 +52,13 @@ def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constex
     # the chunk's eight (BLOCK_N, 16) slices of dequantized weights, slice i = K offsets 16 i .. 16 i + 15
     w_ok = n_ok[:, None]
     word = tl.load(Q + offs_n[:, None] * stride_qn + (chunk * 16 + tl.arange(0, 16))[None, :], mask=w_ok, other=0)
-    at = P + offs_n * stride_pn + chunk * 4
-    s_a = tl.load(at, mask=n_ok, other=0)[:, None]
-    s_b = tl.load(at + 1, mask=n_ok, other=0)[:, None]
-    z_a = tl.load(at + 2, mask=n_ok, other=0)[:, None]
-    z_b = tl.load(at + 3, mask=n_ok, other=0)[:, None]
+    # the chunk's four pairs in one 16-byte load per row (four 4-byte loads each touched the row's 32-byte sector: the
+    # H200's 8B gate/up at one row 67 → 43 µs)
+    pairs = tl.load(P + offs_n[:, None] * stride_pn + chunk * 4 + tl.arange(0, 4)[None, :], mask=w_ok, other=0)
+    a, b = tl.split(tl.reshape(pairs, (pairs.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
+    s_a, z_a = tl.split(a)
+    s_b, z_b = tl.split(b)
+    s_a, s_b, z_a, z_b = s_a[:, None], s_b[:, None], z_a[:, None], z_b[:, None]
     if ASM:
         s_a, s_b = tl.broadcast_to(s_a, word.shape), tl.broadcast_to(s_b, word.shape)
         z_a, z_b = tl.broadcast_to(z_a, word.shape), tl.broadcast_to(z_b, word.shape)
@@ -108,37 +110,55 @@ def _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w, acc, DOT_FP32: tl.constexpr)
 
 
 @triton.jit
+def _chunk_dots(X, rows, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc, DOT_FP32: tl.constexpr):
+    # acc += x[rows, chunk] @ chunk's weightsᵀ: eight 16-deep dots over the chunk's slices, k its first slice's offsets
+    m_ok = rows < M
+    acc = _slice_dot(X, rows, m_ok, k, K, stride_xm, w0, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 16, K, stride_xm, w1, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 32, K, stride_xm, w2, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 48, K, stride_xm, w3, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 64, K, stride_xm, w4, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 80, K, stride_xm, w5, acc, DOT_FP32)
+    acc = _slice_dot(X, rows, m_ok, k + 96, K, stride_xm, w6, acc, DOT_FP32)
+    return _slice_dot(X, rows, m_ok, k + 112, K, stride_xm, w7, acc, DOT_FP32)
+
+
+@triton.jit
 def _int4_linear(
     X, Q, P, Y, M, N, K, KP, CS,
     stride_xm, stride_qn, stride_pn, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, DOT_FP32: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split)
+    # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split); a 64-row tile
+    # dequantizes each chunk once for four 16-row dots (a 64-row dot's wgmma would take the weights through shared
+    # memory: the H200's 8B gate/up at 64 rows took 163 µs, 1.7× bf16's time)
     wait_for_previous(PDL)
-    offs_m = tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, 16)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_ok = offs_m < M
     n_ok = offs_n < N
     dt: tl.constexpr = X.dtype.element_ty
-    sixteen = tl.arange(0, 16)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc0 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc1 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc2 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
+    acc3 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     c_lo = tl.program_id(1) * CS
     for c0 in range(c_lo, tl.minimum(KP // 128, c_lo + CS), CHUNKS):  # CHUNKS divides CS and the chunk count
         for c in tl.static_range(CHUNKS):
             chunk = c0 + c
             w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM)
-            k = chunk * 128 + sixteen
-            acc = _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w0, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 16, K, stride_xm, w1, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 32, K, stride_xm, w2, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 48, K, stride_xm, w3, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 64, K, stride_xm, w4, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 80, K, stride_xm, w5, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 96, K, stride_xm, w6, acc, DOT_FP32)
-            acc = _slice_dot(X, offs_m, m_ok, k + 112, K, stride_xm, w7, acc, DOT_FP32)
-    out = Y + tl.program_id(1) * stride_ys + offs_m[:, None] * stride_ym + offs_n[None, :]
-    tl.store(out, acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+            k = chunk * 128 + tl.arange(0, 16)
+            acc0 = _chunk_dots(X, rows, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc0, DOT_FP32)
+            if BLOCK_M == 64:
+                acc1 = _chunk_dots(X, rows + 16, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc1, DOT_FP32)
+                acc2 = _chunk_dots(X, rows + 32, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc2, DOT_FP32)
+                acc3 = _chunk_dots(X, rows + 48, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc3, DOT_FP32)
+    out = Y + tl.program_id(1) * stride_ys + offs_n[None, :]
+    _store_rows(out, rows, M, n_ok, acc0, stride_ym)
+    if BLOCK_M == 64:
+        _store_rows(out, rows + 16, M, n_ok, acc1, stride_ym)
+        _store_rows(out, rows + 32, M, n_ok, acc2, stride_ym)
+        _store_rows(out, rows + 48, M, n_ok, acc3, stride_ym)
 
 
 @triton.jit
@@ -232,11 +252,14 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False) -> tuple[int, int
 
 
 def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
-    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, a slice >= 4 chunks."""
-    bn, step, _ = int4_tiles(n, n_chunks, device.type == "cpu")
+    """K slices for a decode GEMM whose consumer sums partials: at least 2, more where the columns give fewer than two
+    programs per SM, a power of two (H200 sweep, one row: 3 slices ran 1.1-1.6× slower than 2 or 4 on every 8B
+    matrix), each slice >= 4 chunks (2 slices down to 4 chunks)."""
+    bn, _, _ = int4_tiles(n, n_chunks, device.type == "cpu")
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = -(-2 * sms // triton.cdiv(n, bn))
-    return max(1, min(want, n_chunks // max(4, step)))
+    want = max(2, -(-2 * sms // triton.cdiv(n, bn)))
+    cap = n_chunks // 4 if n_chunks >= 8 else 2 if n_chunks >= 4 else 1
+    return min(1 << (want.bit_length() - 1), cap)
 
 
 def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, *,
