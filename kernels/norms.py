@@ -87,12 +87,15 @@ def norm_rope(
     return x * cos + rotated * sin
 
 
-def act_mul(x: torch.Tensor, act: str, *, impl: str = "triton") -> torch.Tensor:
-    """x (..., 2I) = [gate | up] -> act(gate) * up; act 'gelu_tanh' or 'silu'."""
+def act_mul(x: torch.Tensor, act: str, *, dtype: torch.dtype | None = None, impl: str = "triton") -> torch.Tensor:
+    """x (..., 2I) = [gate | up] -> act(gate) * up; act 'gelu_tanh' or 'silu'. With `dtype` (the model's), `x` is a
+    split-K GEMM's fp32 partials (S, T, 2I), summed first."""
     if _check(impl):
         from kernels.norms_triton import act_mul_triton
 
-        return act_mul_triton(x, act)
+        return act_mul_triton(x, act, dtype)
+    if dtype is not None:
+        x = sum_partials(x, dtype)
     gate, up = x.chunk(2, dim=-1)
     a = F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)
     return a * up

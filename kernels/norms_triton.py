@@ -198,14 +198,16 @@ def activation(g, GELU: tl.constexpr):
 
 
 @triton.jit
-def _act_mul(X, Y, stride_x, stride_y, I, BLOCK: tl.constexpr, GELU: tl.constexpr, PDL: tl.constexpr):
+def _act_mul(X, Y, stride_x, stride_split, stride_y, I, BLOCK: tl.constexpr, GELU: tl.constexpr,
+             SPLITS: tl.constexpr, PDL: tl.constexpr):
+    # SPLITS > 0: X holds that many fp32 partial sums of a split-K GEMM, added here in order
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < I
     dt = Y.dtype.element_ty
-    g = tl.load(X + row * stride_x + cols, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(X + row * stride_x + I + cols, mask=ok, other=0.0).to(tl.float32)
+    g = _load_row(X + row * stride_x, cols, ok, stride_split, SPLITS, dt)
+    u = _load_row(X + row * stride_x + I, cols, ok, stride_split, SPLITS, dt)
     tl.store(Y + row * stride_y + cols, (activation(g, GELU).to(dt).to(tl.float32) * u).to(dt), mask=ok)
 
 
@@ -279,18 +281,22 @@ def norm_rope_triton(
     return y
 
 
-def act_mul_triton(x: torch.Tensor, act: str) -> torch.Tensor:
-    """x (T, 2I) = [gate | up] -> act(gate) * up (T, I); act 'gelu_tanh' or 'silu'."""
+def act_mul_triton(x: torch.Tensor, act: str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x (T, 2I) = [gate | up] -> act(gate) * up (T, I); act 'gelu_tanh' or 'silu'. With `dtype` (the model's), `x`
+    is a split-K GEMM's fp32 partials (S, T, 2I), summed first."""
     assert act in ("gelu_tanh", "silu"), act
-    x2 = _rows(x)
-    T, two_i = x2.shape
+    splits = x.shape[0] if dtype is not None and x.dim() == 3 else 0
+    assert not splits or (x.stride(-1) == 1 and x.dtype == torch.float32), x.shape
+    x2 = x if splits else _rows(x)
+    T, two_i = x2.shape[-2:]
     inter = two_i // 2
-    y = torch.empty(T, inter, dtype=x.dtype, device=x.device)
+    y = torch.empty(T, inter, dtype=dtype or x.dtype, device=x.device)
     block = min(1024, triton.next_power_of_2(inter))
     if T:
-        _act_mul[(T, triton.cdiv(inter, block))](x2, y, x2.stride(0), y.stride(0), inter, BLOCK=block,
-                                                  GELU=act == "gelu_tanh", num_warps=4, **launch_options(x2))
-    return y.view(*x.shape[:-1], inter)
+        _act_mul[(T, triton.cdiv(inter, block))](x2, y, x2.stride(-2), x2.stride(0) if splits else 0, y.stride(0),
+                                                  inter, BLOCK=block, GELU=act == "gelu_tanh", SPLITS=splits,
+                                                  num_warps=4, **launch_options(x2))
+    return y if splits else y.view(*x.shape[:-1], inter)
 
 
 def qkv_rope_write_triton(

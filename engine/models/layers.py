@@ -243,7 +243,9 @@ class GatedMLP(nn.Module):
                 return self.down_proj.partial_sums(linear_act(x, fused_up.weight, self.act_kernel))  # act in the epilogue
             from kernels.norms import act_mul
 
-            return self.down_proj.partial_sums(act_mul(fused_up(x), self.act_kernel))
+            h = fused_up.partial_sums(x)  # a quantized decode step's split-K partials: act_mul sums them
+            parts = x.dtype if h.dim() > x.dim() else None
+            return self.down_proj.partial_sums(act_mul(h, self.act_kernel, dtype=parts))
         if self.gate_up_proj is not None:
             gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
         else:
@@ -391,12 +393,12 @@ class CausalLM(nn.Module):
                 module.decode_kernel = choice.decode_gemm and module is not self.lm_head
             if isinstance(module, (Attention, GatedMLP)):
                 # the GEMMs whose next kernel adds split-K partials: o and down (the residual add), fused qkv
-                # (the attention prologue)
-                for name in ("o_proj", "down_proj", "qkv_proj"):
-                    if isinstance(lin := getattr(module, name, None), Linear):
+                # (the attention prologue), and a quantized fused gate/up (act_mul; bf16's has act in its epilogue)
+                for name in ("o_proj", "down_proj", "qkv_proj", "gate_up_proj"):
+                    if isinstance(lin := getattr(module, name, None), Linear) and name != "gate_up_proj":
                         splits = choice.decode_splits or decode_splits(lin.in_features)
                         lin.split_k = splits if choice.decode_gemm else 0
-                    elif isinstance(lin, QuantLinear):  # the fused consumers sum partials
+                    elif isinstance(lin, QuantLinear):  # the fused consumers sum partials (gate/up: act_mul)
                         lin.split_k = lin.qweight.decode_splits() if choice.fused else 0
 
     def install_quantized(self, path: str, qweight: QuantTensor, dtype: torch.dtype = torch.float32) -> None:

@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from kernels import triton_available
-from kernels.norms import act_mul, add_norm, embed_norm, norm_rope, qkv_rope_write, rms_norm_reference
+from kernels.norms import (act_mul, add_norm, embed_norm, norm_rope, qkv_rope_write, rms_norm_reference,
+                           sum_partials)
 
 ON_GPU = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
@@ -168,6 +169,18 @@ def test_qkv_rope_write_sums_split_k_partials(dtype, splits):
 def test_act_mul(dtype, act, inter):
     x = _randn(3, 2 * inter, dtype=dtype, seed=6) * 3
     _close(act_mul(x, act, impl="triton"), act_mul(x, act, impl="reference"), dtype)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("splits", [2, 3])
+def test_act_mul_sums_split_k_partials(dtype, splits):
+    """A quantized gate/up GEMM's fp32 partials (S, T, 2I), summed in order and rounded as the whole product is."""
+    parts = _randn(splits, 4, 2 * 96, dtype=torch.float32, seed=8) * 2
+    got = act_mul(parts, "silu", dtype=dtype, impl="triton")
+    assert got.shape == (4, 96) and got.dtype == dtype
+    _close(got, act_mul(sum_partials(parts, dtype), "silu", impl="triton"), dtype)
+    _close(got, act_mul(parts, "silu", dtype=dtype, impl="reference"), dtype)
 
 
 @needs_triton
