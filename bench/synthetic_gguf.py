@@ -1,7 +1,7 @@
-"""Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M (or Q5_K_M) by
+"""Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M (Q5_K_M, Q6_K, Q8_0) by
 llama.cpp.
 
-    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16] [--kind Q5_K_M]
+    python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16] [--kind Q5_K_M|Q6_K|Q8_0]
 
 Writes <out-dir>/synthetic-<shape>-<kind>.gguf (skipped when it exists) through an F16 file next to it, deleted
 afterwards (`--f16`: the F16 file is the result, synthetic-<shape>-F16.gguf; no llama.cpp needed, as on the device) (llama-8b: ~16 GB of disk for a while). Tensors are generated and written one at a time, so memory holds
@@ -58,11 +58,12 @@ SHAPES = {
 }
 
 
-FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M"}  # llama.cpp's quantizer mixes
+FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",  # llama.cpp's quantizer mixes
+          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
 
 
 def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True, kind: str = "Q4_K_M") -> Path:
-    """The `kind` (Q4_K_M, Q5_K_M) file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file),
+    """The `kind` (a key of FTYPES) file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file),
     written unless it is already there."""
     out_dir = Path(out_dir)
     target = out_dir / f"synthetic-{shape}-{kind if quantize else 'F16'}.gguf"
