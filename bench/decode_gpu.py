@@ -179,23 +179,22 @@ def profile_replay(batcher, label: str, replays: int = 5) -> None:
           flush=True)
 
 
-def timeline(batcher, prompt_ids: list[list[int]], label: str, skip: int = 40, steps: int = 4) -> None:
-    """Every GPU operation of `steps` mid-decode engine steps in launch order, graph kernels and the
-    copies and kernels around the graph alike: name, start offset and duration in µs, and the idle gap
-    before each (where a step's time goes that the kernel table does not show)."""
-    import os
-    import tempfile
-
+def profiled_steps(batcher, prompt_ids: list[list[int]], steps: int, skip: int | None = None, first_id: int = 0):
+    """torch's CUDA profiler over `steps` engine steps of fresh sequences, after `skip` steps or (None) once every
+    prompt is in; the sequences then run to their end. Returns the profiler."""
     from torch.profiler import ProfilerActivity, profile
 
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 
-    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=skip + steps + 8)))
+    seqs = [Sequence(first_id + i, list(p), SamplerState(SamplingParams(max_tokens=(skip or 0) + steps + 8)))
             for i, p in enumerate(prompt_ids)]
     for s in seqs:
         batcher.add(s)
-    for _ in range(skip):
+    if skip is None:
+        while batcher.scheduler.waiting or any(s.num_uncached > 1 for s in batcher.scheduler.running):
+            batcher.step()
+    for _ in range(skip or 0):
         batcher.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -204,6 +203,17 @@ def timeline(batcher, prompt_ids: list[list[int]], label: str, skip: int = 40, s
         torch.cuda.synchronize()
     while batcher.has_work():
         batcher.step()
+    return prof
+
+
+def timeline(batcher, prompt_ids: list[list[int]], label: str, skip: int = 40, steps: int = 4) -> None:
+    """Every GPU operation of `steps` mid-decode engine steps in launch order, graph kernels and the
+    copies and kernels around the graph alike: name, start offset and duration in µs, and the idle gap
+    before each (where a step's time goes that the kernel table does not show)."""
+    import os
+    import tempfile
+
+    prof = profiled_steps(batcher, prompt_ids, steps, skip)
     path = os.path.join(tempfile.mkdtemp(), "trace.json")
     prof.export_chrome_trace(path)
     with open(path) as f:

@@ -19,7 +19,7 @@ from collections import defaultdict
 
 import torch
 
-from bench.decode_gpu import PROMPT, NEW, gemma270m_args, make_batcher, prompts, run_parley
+from bench.decode_gpu import NEW, PROMPT, gemma270m_args, make_batcher, profiled_steps, prompts, run_parley
 from engine.models.args import GLOBAL, ModelArgs, RopeArgs
 from engine.models import architecture
 from engine.quant.weight import CHUNK, QuantTensor
@@ -90,24 +90,7 @@ def weight_mb(model) -> float:
 
 def kernel_profile(batcher, prompt_ids: list[list[int]], steps: int = 16, top: int = 12) -> dict:
     """GPU time per decode step by kernel over `steps` steps after the prompts are in (the graphs already captured)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from engine.sampling import SamplerState, SamplingParams
-    from engine.sequence import Sequence
-
-    seqs = [Sequence(100 + i, list(p), SamplerState(SamplingParams(max_tokens=steps + 4)))
-            for i, p in enumerate(prompt_ids)]
-    for s in seqs:
-        batcher.add(s)
-    while batcher.scheduler.waiting or any(s.num_uncached > 1 for s in batcher.scheduler.running):
-        batcher.step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            batcher.step()
-        torch.cuda.synchronize()
-    while batcher.has_work():
-        batcher.step()
+    prof = profiled_steps(batcher, prompt_ids, steps, first_id=100)
     us: dict[str, float] = defaultdict(float)
     spans = []
     for e in prof.events():
