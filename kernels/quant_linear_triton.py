@@ -5,8 +5,8 @@ Decode reads every weight once per step, so bytes are time: a 4-bit weight strea
 for all rows, loads its packed weight rows a chunk of K at a time, dequantizes them to the activations' dtype
 in registers and multiplies on the tensor cores. The row tile is 16 for steps of at most 16 rows and 64 above
 (the MMA work of a 64-row tile at one row would cost an 8B model ~1 ms a step); each row's sum runs over K in
-the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit: the int8
-kernel's 64-row tile is four 16-row dots, as Hopper's 64-row wgmma over its 128-deep K steps rounds otherwise).
+the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit: a 64-row
+tile is four 16-row dots, the 16-row tile's instruction; Hopper's 64-row wgmma rounded an int8 row otherwise).
 
 Layouts (engine/quant/weight.py builds them):
   int4  words (N, KP/8) int32, KP = K rounded up to CHUNK = 128 (padding: code 8, scale and zero 0: weight 0).
@@ -53,7 +53,7 @@ def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constex
     w_ok = n_ok[:, None]
     word = tl.load(Q + offs_n[:, None] * stride_qn + (chunk * 16 + tl.arange(0, 16))[None, :], mask=w_ok, other=0)
     # the chunk's four pairs in one 16-byte load per row (four 4-byte loads each touched the row's 32-byte sector: the
-    # H200's 8B gate/up at one row 67 → 43 µs)
+    # H200's 8B gate/up at one row 67 → 45.5 µs)
     pairs = tl.load(P + offs_n[:, None] * stride_pn + chunk * 4 + tl.arange(0, 4)[None, :], mask=w_ok, other=0)
     a, b = tl.split(tl.reshape(pairs, (pairs.shape[0], 2, 2)))  # columns (0, 2) and (1, 3)
     s_a, z_a = tl.split(a)
@@ -259,7 +259,7 @@ def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(2, -(-2 * sms // triton.cdiv(n, bn)))
     cap = n_chunks // 4 if n_chunks >= 8 else 2 if n_chunks >= 4 else 1
-    return min(1 << (want.bit_length() - 1), cap)
+    return 1 << (min(want, cap).bit_length() - 1)
 
 
 def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, *,
