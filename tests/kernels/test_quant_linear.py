@@ -151,3 +151,14 @@ def test_longer_steps_dequantize_then_multiply():
     ref = x.double() @ int4_rows_reference(nib, sz, torch.float32, k).double().t()
     got = int4_linear(x, nib, sz)
     assert got.shape == (MAX_M + 7, n) and (got.double() - ref).abs().max() <= 1e-4 * ref.abs().max()
+
+
+def test_int4_k_slices_are_a_power_of_two_of_whole_chunks():
+    """3 slices ran 1.1-1.6× slower than 2 or 4 on the H200 (docs/QUANTIZED.md): counts are powers of two, at least
+    two chunks a slice."""
+    from kernels.quant_linear_triton import int4_splits
+
+    for n in (16, 640, 4096, 28672):
+        for chunks in range(1, 130):
+            s = int4_splits(n, chunks, torch.device("cpu"))
+            assert s >= 1 and s & (s - 1) == 0 and (s == 1 or chunks // s >= 2), (n, chunks, s)
