@@ -294,22 +294,15 @@ static inline uint32_t nibble_word(const uint8_t *p, int shift) {
     return (uint32_t)y | (uint32_t)(y >> 32) << 4;
 }
 
-/* Sixteen consecutive 2-bit fields (at `shift`) of p[0..15] as four bytes: field t + 4c at bits 2c of byte t. */
-static inline uint32_t crumb_word(const uint8_t *p, int shift) {
+/* Sixteen consecutive `bits`-wide fields (1 or 2 bits, at `shift`) of p[0..15] as four bytes: field t + 4c at bits
+   c·bits of byte t. */
+static inline uint32_t fields_word(const uint8_t *p, int shift, int bits) {
+    const uint64_t m = bits == 2 ? 0x0303030303030303ull : 0x0101010101010101ull;
     uint64_t x0, x1;
     memcpy(&x0, p, 8);
     memcpy(&x1, p + 8, 8);
-    const uint64_t y0 = (x0 >> shift) & 0x0303030303030303ull, y1 = (x1 >> shift) & 0x0303030303030303ull;
-    return (uint32_t)y0 | (uint32_t)(y0 >> 32) << 2 | (uint32_t)y1 << 4 | (uint32_t)(y1 >> 32) << 6;
-}
-
-/* Sixteen consecutive bytes' bit `shift` as four bytes: the bit of byte t + 4c at bit c of byte t. */
-static inline uint32_t bit_word(const uint8_t *p, int shift) {
-    uint64_t x0, x1;
-    memcpy(&x0, p, 8);
-    memcpy(&x1, p + 8, 8);
-    const uint64_t y0 = (x0 >> shift) & 0x0101010101010101ull, y1 = (x1 >> shift) & 0x0101010101010101ull;
-    return (uint32_t)y0 | (uint32_t)(y0 >> 32) << 1 | (uint32_t)y1 << 2 | (uint32_t)(y1 >> 32) << 3;
+    const uint64_t y0 = (x0 >> shift) & m, y1 = (x1 >> shift) & m;
+    return (uint32_t)y0 | (uint32_t)(y0 >> 32) << bits | (uint32_t)y1 << 2 * bits | (uint32_t)(y1 >> 32) << 3 * bits;
 }
 
 /* The file's super-blocks (nblocks of `kind`) with their codes interleaved as the product takes them (see the top of
@@ -341,13 +334,13 @@ void parley_kq_interleave(const uint8_t *src, uint8_t *dst, int64_t nblocks, int
             }
             if (kind == Q6_K) {
                 const int n0 = 16 * g, h = n0 / 128, q = n0 % 128 / 32, l = n0 % 32;
-                const uint32_t word = crumb_word(s + 128 + 32 * h + l, 2 * q);
+                const uint32_t word = fields_word(s + 128 + 32 * h + l, 2 * q, 2);
                 memcpy(o + 128 + 4 * g, &word, 4);
             }
             if (kind == Q5_K) {
                 uint32_t word;
                 memcpy(&word, o + 16 + 4 * (g % 8), 4);
-                word |= bit_word(s + 16 + 16 * (g % 2), g / 2) << 4 * (g / 8);
+                word |= fields_word(s + 16 + 16 * (g % 2), g / 2, 1) << 4 * (g / 8);
                 memcpy(o + 16 + 4 * (g % 8), &word, 4);
             }
         }
