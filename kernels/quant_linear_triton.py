@@ -3,10 +3,10 @@
 Decode reads every weight once per step, so bytes are time: a 4-bit weight streams a quarter of bf16's bytes
 (plus a bf16 scale and zero per 32), an int8 row half. One program owns a BLOCK_N slice of the output columns
 for all rows, loads its packed weight rows a chunk of K at a time, dequantizes them to the activations' dtype
-in registers and multiplies on the tensor cores. The row tile is 16 for steps of at most 16 rows and 64 above
-(the MMA work of a 64-row tile at one row would cost an 8B model ~1 ms a step); each row's sum runs over K in
-the same order in both tiles, so a row's result does not depend on the step's rows (tested bit for bit: a 64-row
-tile is four 16-row dots, the 16-row tile's instruction; Hopper's 64-row wgmma rounded an int8 row otherwise).
+in registers and multiplies on the tensor cores. The row tile is the step's rows rounded up to ROW_TILE (16, 32, 48
+or 64), one 16-row dot per 16 rows (the MMA work of a 64-row tile at one row would cost an 8B model ~1 ms a step);
+each row's sum runs over K in the same order in every tile, so a row's result does not depend on the step's rows
+(tested bit for bit: the same 16-row instruction everywhere; Hopper's 64-row wgmma rounded an int8 row otherwise).
 
 Layouts (engine/quant/weight.py builds them):
   int4  words (N, KP/8) int32, KP = K rounded up to CHUNK = 128 (padding: code 8, scale and zero 0: weight 0).
@@ -25,6 +25,7 @@ import triton.language as tl
 from kernels.pdl import launch_options, wait_for_previous
 
 CHUNK = 128  # weights per int4 chunk
+ROW_TILE = 16  # rows of one tensor-core dot: a step of more rows runs one more dot per 16 on every weight it loads
 
 
 
@@ -130,9 +131,9 @@ def _int4_linear(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, DOT_FP32: tl.constexpr, ASM: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split); a 64-row tile
-    # dequantizes each chunk once for four 16-row dots (a 64-row dot's wgmma would take the weights through shared
-    # memory: the H200's 8B gate/up at 64 rows took 163 µs, 1.7× bf16's time)
+    # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split); a tile of more
+    # than 16 rows dequantizes each chunk once for one 16-row dot per 16 rows (a 64-row dot's wgmma would take the
+    # weights through shared memory: the H200's 8B gate/up at 64 rows took 163 µs, 1.7× bf16's time)
     wait_for_previous(PDL)
     rows = tl.arange(0, 16)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,16 +150,14 @@ def _int4_linear(
             w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM)
             k = chunk * 128 + tl.arange(0, 16)
             acc0 = _chunk_dots(X, rows, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc0, DOT_FP32)
-            if BLOCK_M == 64:
+            if BLOCK_M >= 32:
                 acc1 = _chunk_dots(X, rows + 16, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc1, DOT_FP32)
+            if BLOCK_M >= 48:
                 acc2 = _chunk_dots(X, rows + 32, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc2, DOT_FP32)
+            if BLOCK_M == 64:
                 acc3 = _chunk_dots(X, rows + 48, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc3, DOT_FP32)
-    out = Y + tl.program_id(1) * stride_ys + offs_n[None, :]
-    _store_rows(out, rows, M, n_ok, acc0, stride_ym)
-    if BLOCK_M == 64:
-        _store_rows(out, rows + 16, M, n_ok, acc1, stride_ym)
-        _store_rows(out, rows + 32, M, n_ok, acc2, stride_ym)
-        _store_rows(out, rows + 48, M, n_ok, acc3, stride_ym)
+    _store_tile(Y + tl.program_id(1) * stride_ys + offs_n[None, :], rows, M, n_ok, acc0, acc1, acc2, acc3, 1.0,
+                stride_ym, BLOCK_M)
 
 
 @triton.jit
@@ -169,7 +168,7 @@ def _int8_linear(
     PDL: tl.constexpr,
 ):
     # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split); a
-    # 64-row tile is four 16-row dots, the 16-row tile's instruction (Hopper's 64-row wgmma rounds a row otherwise)
+    # tile is one 16-row dot per 16 rows, one instruction in every tile (Hopper's 64-row wgmma rounds a row otherwise)
     wait_for_previous(PDL)
     rows = tl.arange(0, 16)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -186,16 +185,26 @@ def _int8_linear(
         c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
         w = c.to(dt)  # |code| <= 127: exact in bf16
         acc0 = _slice_dot(X, rows, rows < M, k, K, stride_xm, w, acc0, DOT_FP32)
-        if BLOCK_M == 64:
+        if BLOCK_M >= 32:
             acc1 = _slice_dot(X, rows + 16, rows + 16 < M, k, K, stride_xm, w, acc1, DOT_FP32)
+        if BLOCK_M >= 48:
             acc2 = _slice_dot(X, rows + 32, rows + 32 < M, k, K, stride_xm, w, acc2, DOT_FP32)
+        if BLOCK_M == 64:
             acc3 = _slice_dot(X, rows + 48, rows + 48 < M, k, K, stride_xm, w, acc3, DOT_FP32)
     scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    out = Y + tl.program_id(1) * stride_ys + offs_n[None, :]
+    _store_tile(Y + tl.program_id(1) * stride_ys + offs_n[None, :], rows, M, n_ok, acc0, acc1, acc2, acc3, scale,
+                stride_ym, BLOCK_M)
+
+
+@triton.jit
+def _store_tile(out, rows, M, n_ok, acc0, acc1, acc2, acc3, scale, stride_ym, BLOCK_M: tl.constexpr):
+    # the tile's 16-row accumulators, each times `scale`, to rows 0-15, 16-31, ... (those the tile has)
     _store_rows(out, rows, M, n_ok, acc0 * scale, stride_ym)
-    if BLOCK_M == 64:
+    if BLOCK_M >= 32:
         _store_rows(out, rows + 16, M, n_ok, acc1 * scale, stride_ym)
+    if BLOCK_M >= 48:
         _store_rows(out, rows + 32, M, n_ok, acc2 * scale, stride_ym)
+    if BLOCK_M == 64:
         _store_rows(out, rows + 48, M, n_ok, acc3 * scale, stride_ym)
 
 
@@ -230,10 +239,10 @@ def _store_slice(at, offset: tl.constexpr, w, n_ok, k, K):
 
 
 def _rows(x: torch.Tensor) -> int:
-    """The row tile: 16 up to 16 rows, else 64 (the interpreter always 16; tests only)."""
-    cap = 16 if x.device.type == "cpu" else 64
+    """The row tile: the rows rounded up to ROW_TILE, at most 64 (the interpreter: 16; tests only)."""
+    cap = ROW_TILE if x.device.type == "cpu" else 4 * ROW_TILE
     assert x.shape[0] <= cap, f"the quantized decode GEMM takes at most {cap} rows here, not {x.shape[0]}"
-    return 16 if x.shape[0] <= 16 else 64
+    return max(1, triton.cdiv(x.shape[0], ROW_TILE)) * ROW_TILE
 
 
 def _asm(x: torch.Tensor) -> bool:
@@ -241,11 +250,15 @@ def _asm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8
 
 
-def int4_tiles(n: int, n_chunks: int, interpret: bool = False) -> tuple[int, int, int]:
-    """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks: the H200 sweep's best at one
-    row (bench/quant_linear_gpu.py --sweep): wide tiles for the LM head, narrow ones (more programs) for layers."""
+def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
+    """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks and a `rows`-row tile: the H200
+    sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide tiles for
+    the LM head, narrow ones (more programs) for layers; above 16 rows 64 columns, 128 where N >= 6144 (8B at 64
+    rows: gate/up 135 → 90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row tiles)."""
     if interpret:
         return 16, 1, 1
+    if rows > ROW_TILE and n < 65536:
+        return (128, 2 if n_chunks % 2 == 0 else 1, 3) if n >= 6144 else (64, 1, 3)
     bn = 128 if n >= 65536 else 64 if n >= 16384 else 32
     step = 2 if n < 65536 and n_chunks % 2 == 0 else 1
     return bn, step, 4 if n < 16384 else 3
@@ -275,7 +288,7 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     rows = _rows(x)
     interpret = x.device.type == "cpu"
     n_chunks = kp // CHUNK
-    bn, step, stages = int4_tiles(N, n_chunks, interpret)
+    bn, step, stages = int4_tiles(N, n_chunks, interpret, rows)
     bn, step, stages = block_n or bn, chunks or step, num_stages or stages
     if x.dtype == torch.float32 and rows > 16:
         stages = min(stages, 2)  # fp32 tiles of 64 rows: deeper pipelines exceed the shared memory

@@ -126,7 +126,7 @@ def test_int8_matches_reference(dtype, n, k, m):
 @needs_triton
 @pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_a_row_does_not_depend_on_the_row_count(kind):
-    """Batched == alone: a row's fp32 bits are the same at any M <= MAX_M (16- and 64-row tiles alike)."""
+    """Batched == alone: a row's fp32 bits are the same at any M <= MAX_M (the 16-, 32-, 48- and 64-row tiles)."""
     n, k = SHAPES[0]
     dtype = torch.bfloat16 if ON_GPU else torch.float32
     x = _x(MAX_M, k, dtype)
@@ -139,8 +139,8 @@ def test_a_row_does_not_depend_on_the_row_count(kind):
         run = lambda rows: int8_linear(rows, codes.to(DEVICE), scale, out_dtype=torch.float32,  # noqa: E731
                                        impl="triton")
     full = run(x)
-    for m in (1, 3, MAX_M // 2):
-        assert torch.equal(run(x[:m]), full[:m])
+    for m in (m for m in (1, 3, 9, 16, 17, 32, 33, 49) if m < MAX_M):
+        assert torch.equal(run(x[:m]), full[:m]), m
 
 
 def test_longer_steps_dequantize_then_multiply():
@@ -162,3 +162,27 @@ def test_int4_k_slices_are_a_power_of_two_of_whole_chunks():
         for chunks in range(1, 130):
             s = int4_splits(n, chunks, torch.device("cpu"))
             assert s >= 1 and s & (s - 1) == 0 and (s == 1 or chunks // s >= 2), (n, chunks, s)
+
+
+def test_the_row_tile_is_the_rows_rounded_up_to_sixteen():
+    """A step pays one 16-row dot per 16 rows it has, not the 64-row tile's four once past 16."""
+    from kernels.quant_linear_triton import ROW_TILE, _rows
+
+    assert ROW_TILE == 16
+    for m, tile in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 48), (48, 48), (49, 64), (64, 64)):
+        assert _rows(torch.empty(m, 8, device="meta")) == tile, m
+    with pytest.raises(AssertionError):
+        _rows(torch.empty(65, 8, device="meta"))
+
+
+
+def test_tiles_above_sixteen_rows_are_wider_and_keep_a_rows_bits():
+    """Above 16 rows a program owns 64 or 128 columns (H200 sweep); the tile never changes a column's K order, so a
+    row's bits stay those of the one-row tile (test_a_row_does_not_depend_on_the_row_count)."""
+    from kernels.quant_linear_triton import int4_tiles
+
+    assert int4_tiles(28672, 32, rows=16) == (64, 2, 3)
+    assert int4_tiles(28672, 32, rows=64) == (128, 2, 3)
+    assert int4_tiles(4096, 112, rows=32) == (64, 1, 3)
+    assert int4_tiles(6144, 5, rows=48) == (128, 1, 3)
+    assert int4_tiles(128256, 32, rows=64) == int4_tiles(128256, 32, rows=1)
