@@ -8,6 +8,7 @@ from engine.cache.book import attention_segments
 from engine.cpu_tape import DecodeTapes
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.models.layers import CausalLM
+from engine.quant.weight import QuantTensor
 from engine.step import StepBatch
 from engine.step_inputs import StepInputs, pow2_bucket
 
@@ -39,6 +40,7 @@ class ModelRunner:
         self.tapes = None
         if tapes is not False and self.graphs is None and DecodeTapes.fits(model, cache):
             self.tapes = DecodeTapes(model, cache)
+        self.verify_rows = _verify_rows(model, self.graphs)
 
     @property
     def prefers_lookahead(self) -> bool:
@@ -84,3 +86,17 @@ class ModelRunner:
             logits = self.model(tokens, positions, self.cache, rows)
         self.peak_logit_elements = max(self.peak_logit_elements, logits.numel())
         return logits, greedy
+
+
+def _verify_rows(model: CausalLM, graphs) -> int | None:
+    """The most rows a step with drafts should take (None: the step's own limits): the largest decode graph (a wider
+    step runs eagerly), and where the model multiplies quantized weights in the Triton decode GEMMs, their row tile:
+    up to it a step costs what one row does, past it each 16 rows add a dot on every weight (H200, 8B: 16 rows take
+    ~1.1× one row's time, 64 rows ~3×; kernels/quant_linear_triton.py)."""
+    if graphs is None:
+        return None
+    from kernels.quant_linear_triton import ROW_TILE
+
+    quantized = any(isinstance(m, QuantTensor) and m.format in ("int4", "int8") for m in model.modules())
+    return min(graphs.buckets[-1], ROW_TILE) if quantized else graphs.buckets[-1]
+

@@ -442,3 +442,37 @@ def test_no_drafts_while_more_sequences_decode_than_the_drafter_takes(models):
     drafter.max_sequences = 2
     run_staggered(batcher, prompts, [0, 0, 0], SamplingParams(max_tokens=6))
     assert drafter.calls == 0  # three decode together to the end: one forward already serves them all
+
+
+def test_verify_rows_stop_at_the_quantized_row_tile():
+    """CUDA runners bound a step with drafts by their largest graph, and where the model's matrices run in the
+    quantized decode GEMMs by their row tile: past 16 rows those add a dot per 16 rows on every weight."""
+    from types import SimpleNamespace
+
+    from engine.quant.weight import QuantTensor
+    from engine.runner import _verify_rows
+
+    graphs = SimpleNamespace(buckets=(1, 2, 4, 8, 16, 32, 64))
+    int8 = QuantTensor("int8", (4, 8), "Q8_0", codes=torch.zeros(4, 8, dtype=torch.int8), scale=torch.ones(4))
+    bf16 = QuantTensor("bf16", (4, 8), "F16", weight=torch.zeros(4, 8, dtype=torch.bfloat16))
+    assert _verify_rows(torch.nn.Sequential(torch.nn.Linear(8, 4), int8), graphs) == 16
+    assert _verify_rows(torch.nn.Sequential(torch.nn.Linear(8, 4), bf16), graphs) == 64
+    assert _verify_rows(torch.nn.Linear(8, 4), graphs) == 64
+    assert _verify_rows(torch.nn.Sequential(int8), SimpleNamespace(buckets=(1, 2, 4, 8))) == 8
+    assert _verify_rows(torch.nn.Sequential(int8), None) is None
+
+
+def test_no_drafts_where_the_verify_rows_leave_no_room(models):
+    """A step whose sequences already fill the runner's verify rows carries no drafts (and look-ahead steps go on: the
+    drafter is not due); the same drafter with room drafts, and both give plain greedy tokens."""
+    lm = models["llama"]
+    prompts = _prompts(lm.args.vocab_size)[:2]
+    plain = run_staggered(make_batcher(lm, 2, _run("sequence")), prompts, [0, 0], GREEDY)
+    for rows, drafts in ((2, False), (4, True)):
+        batcher = make_batcher(lm, 2, replace(_run("sequence"), lookahead=True))
+        batcher.runner.verify_rows = rows
+        batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=4, vocab=lm.args.vocab_size)
+        assert batcher._drafting(2, 2) is drafts and batcher._drafting(1, 1)
+        assert run_staggered(batcher, prompts, [0, 0], GREEDY) == plain
+        assert (drafter.drafted > 0) is drafts, rows
+        assert (batcher.lookahead_steps > 10) is not drafts, rows  # a due drafter stops look-ahead steps
