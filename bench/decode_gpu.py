@@ -85,7 +85,8 @@ def hf_model(args: ModelArgs, hf_weights: dict[str, torch.Tensor], dtype: torch.
 # -- Parley
 def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs: bool, compile_decode: bool = False,
                  attention_impl: str = "auto", lookahead: bool = True, decode_gemm: bool = False,
-                 fused_kernels: bool = False, decode_splits: int | None = None, step_advance: bool = True):
+                 fused_kernels: bool = False, decode_splits: int | None = None, step_advance: bool = True,
+                 speculative: str = "auto"):
     """The engine's own runtime (build_runtime) for a bench model, with the variant's kernels; storage preallocated."""
     from engine.loading.loader import LoadedModel
     from engine.models.kernel_choice import choose_kernels
@@ -95,7 +96,8 @@ def make_batcher(model, args: ModelArgs, sessions: int, max_len: int, *, graphs:
     kernels = choose_kernels(device, compile_decode=compile_decode, fused=fused_kernels, decode_gemm=decode_gemm,
                              decode_splits=decode_splits)
     config = EngineConfig(max_sessions=sessions, max_session_tokens=max_len, step_tokens=2048, chunk_tokens=256,
-                          compile_decode=compile_decode, lookahead=graphs and lookahead, backend="torch")
+                          compile_decode=compile_decode, lookahead=graphs and lookahead, backend="torch",
+                          speculative=speculative)
     tuning = RuntimeTuning(graphs=graphs, kernels=kernels, attention_impl=attention_impl, step_advance=step_advance,
                            preallocate=True)
     lm = LoadedModel("bench", Path("bench"), args, model, tokenizer=None)

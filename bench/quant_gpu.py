@@ -4,9 +4,11 @@ the bf16 path, same model shape, same engine runtime (CUDA graphs, fused kernels
 Random weights (speed does not depend on their values): a Q4_K_M file holds Q4_K for most matrices and Q6_K for
 the output matrix, attn_v and ffn_down of llama.cpp's "more bits" layers; here Q4_K becomes the int4 layout of
 kernels/quant_linear_triton.py and Q6_K int8 rows, as a loaded GGUF does. Per session count: prompt 128, 128 new
-tokens, greedy; the median host-to-host decode step. Prints JSON lines: shape, weights, sessions, ms_per_step,
-tok_s, weight_mb, and on the quantized rows speedup_vs_bf16. With --profile, each run's decode kernels as well (torch's
-profiler over 16 steps): their GPU µs per step by kernel, the largest first, and their sum against the step's time.
+tokens, greedy; the median host-to-host decode step, and the decode's tokens per second (its tokens over its steps'
+time: steps that verify prompt-lookup drafts yield more than one token a session). Prints JSON lines: shape, weights,
+sessions, ms_per_step, tok_s, weight_mb, and on the quantized rows speedup_vs_bf16 (by tok_s). With --profile, each
+run's decode kernels as well (torch's profiler over 16 steps): their GPU µs per step by kernel, the largest first, and
+their sum against the step's time.
 
     python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64 [--profile]
 """
@@ -126,6 +128,10 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--rounds", type=int, default=2, help="bf16 and quantized alternate this many times")
     ap.add_argument("--profile", action="store_true", help="also each run's GPU time per decode step by kernel")
+    ap.add_argument("--speculative", default="auto", choices=("auto", "off", "lookup"))
+    ap.add_argument("--verify-rows", type=int, nargs="+", default=[0],
+                    help="rows a quantized step with drafts may take (0: the runner's own, ModelRunner.verify_rows); "
+                    "each a run against bf16 with its runner's own")
     opts = ap.parse_args()
     from engine.models.kernel_choice import _pdl
     from engine.process import configure_process
@@ -135,34 +141,51 @@ def main() -> None:
     tgemm = _pdl(device)
     for shape in opts.shapes:
         args = SHAPES[shape]()
-        best: dict[tuple[str, int], float] = {}
+        best: dict[tuple, float] = {}  # the best tok_s per (weights, sessions, verify rows)
         for _ in range(opts.rounds):
             for weights in ("bf16", "quantized"):
                 model = build(args, weights == "quantized", device)
                 for n in opts.sessions:
-                    b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=True, fused_kernels=True,
-                                     decode_gemm=tgemm)
-                    run_parley(b, prompts(args, n))  # warm-up: captures the graphs
-                    _, times = run_parley(b, prompts(args, n, seed=2))
-                    ms = statistics.median(times) * 1e3
-                    best[weights, n] = min(ms, best.get((weights, n), ms))
-                    graphs = b.runner.graphs
-                    row = {"shape": shape, "weights": weights, "sessions": n, "ms_per_step": round(ms, 4),
-                           "p90_ms": round(statistics.quantiles(times, n=10)[-1] * 1e3, 4),
-                           "tok_s": round(n / ms * 1e3, 1), "weight_mb": round(weight_mb(model), 1),
-                           "steps": len(times), "graph_replays": graphs.replays, "graph_captures": graphs.captures}
-                    if weights == "quantized" and ("bf16", n) in best:
-                        row["speedup_vs_bf16"] = round(best["bf16", n] / ms, 3)
-                    if opts.profile:
-                        row |= kernel_profile(b, prompts(args, n, seed=3))
-                    print(json.dumps(row), flush=True)
-                    del b
+                    for rows in opts.verify_rows if weights == "quantized" else [0]:  # bf16: the runner's own
+                        b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=True, fused_kernels=True,
+                                         decode_gemm=tgemm, speculative=opts.speculative)
+                        if rows:  # a bench override of the runner's choice, for the drafter too
+                            b.runner.verify_rows = rows
+                            if b.drafter is not None:
+                                b.drafter.max_sequences = rows
+                        row = {"shape": shape, "weights": weights, "sessions": n, "verify_rows": b.runner.verify_rows,
+                               "speculative": opts.speculative, **timed(b, args, n),
+                               "weight_mb": round(weight_mb(model), 1)}
+                        key = weights, n, rows
+                        best[key] = max(row["tok_s"], best.get(key, 0.0))
+                        if weights == "quantized" and ("bf16", n, 0) in best:
+                            row["speedup_vs_bf16"] = round(row["tok_s"] / best["bf16", n, 0], 3)
+                        if opts.profile:
+                            row |= kernel_profile(b, prompts(args, n, seed=3))
+                        print(json.dumps(row), flush=True)
+                        del b
                 del model
                 torch.cuda.empty_cache()
         for n in opts.sessions:
-            print(json.dumps({"shape": shape, "sessions": n, "best_bf16_ms": round(best["bf16", n], 4),
-                              "best_quantized_ms": round(best["quantized", n], 4),
-                              "speedup_vs_bf16": round(best["bf16", n] / best["quantized", n], 3)}), flush=True)
+            for rows in opts.verify_rows:
+                if ("quantized", n, rows) in best and ("bf16", n, 0) in best:
+                    print(json.dumps({"shape": shape, "sessions": n, "verify_rows": rows or "runner's",
+                                      "best_bf16_tok_s": best["bf16", n, 0],
+                                      "best_quantized_tok_s": best["quantized", n, rows],
+                                      "speedup_vs_bf16": round(best["quantized", n, rows] / best["bf16", n, 0], 3)}),
+                          flush=True)
+
+
+def timed(batcher, args: ModelArgs, n: int) -> dict:
+    """A warm-up run (it captures the graphs), then a timed one: its median step, p90 and decode tokens per second."""
+    run_parley(batcher, prompts(args, n))
+    generated, times = run_parley(batcher, prompts(args, n, seed=2))
+    ms = statistics.median(times) * 1e3
+    graphs = batcher.runner.graphs
+    decoded = sum(len(g) for g in generated) - n  # the first token of each comes from its prefill step
+    return {"ms_per_step": round(ms, 4), "p90_ms": round(statistics.quantiles(times, n=10)[-1] * 1e3, 4),
+            "tok_s": round(decoded / sum(times), 1), "steps": len(times), "graph_replays": graphs.replays,
+            "verify_replays": graphs.verify_replays, "graph_captures": graphs.captures}
 
 
 if __name__ == "__main__":

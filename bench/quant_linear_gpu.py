@@ -32,9 +32,12 @@ def main() -> None:
     ap.add_argument("--splits", type=int, nargs="+", default=[1],
                     help="K slices tried (fp32 partials a consumer sums; the sum is not timed)")
     ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
+    ap.add_argument("--configs", type=json.loads, default=None,
+                    help='the int4 tiles tried, a JSON list ({} = the default tile): '
+                    '\'[{}, {"block_n": 128, "chunks": 1}]\'')
     opts = ap.parse_args()
     dev = torch.device("cuda")
-    configs = [dict()]
+    configs = opts.configs or [dict()]
     if opts.sweep or opts.narrow_sweep:
         bns, stages = ([32, 64, 128], [3, 4]) if opts.narrow_sweep else ([16, 32, 64, 128], [2, 3, 4])
         configs = [dict(block_n=bn, num_warps=w, num_stages=s, chunks=c) for bn, w, s, c in
@@ -54,7 +57,7 @@ def main() -> None:
             row = {"matrix": name, "rows": m}
             print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
             kinds = (("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8),)
-            if opts.int8 and not (opts.sweep or opts.narrow_sweep):  # the sweep's tiles are the int4 kernel's
+            if opts.int8 and len(configs) == 1:  # the sweep's tiles are the int4 kernel's
                 kinds += (("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k),)
             for kind, calls, nbytes in kinds:
                 results = []
@@ -65,6 +68,11 @@ def main() -> None:
                         results.append((time_graph(calls(c)) * 1e3, c))
                     except Exception as exc:  # a tile that does not fit shared memory: skip it
                         results.append((float("inf"), c | {"error": type(exc).__name__}))
+                if opts.configs:  # each tile asked for
+                    for us, c in results:
+                        print(json.dumps(row | {"kind": kind, "config": c, "us": round(us, 2),
+                                                "speedup_vs_bf16": round(base / us, 3)}), flush=True)
+                    continue
                 for split in sorted({c.get("splits", 1) for _, c in results}):  # the best tile per K split
                     us, c = min((r for r in results if r[1].get("splits", 1) == split), key=lambda r: r[0])
                     print(json.dumps(row | {"kind": kind, "config": c, "us": round(us, 2),
