@@ -308,19 +308,23 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     return y
 
 
-def int8_tiles(n: int, interpret: bool = False) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): the H200 sweep's (bench/quant_linear_gpu.py --sweep) 64-column tiles for wide matrices,
-    32 for the narrow."""
+def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, stages) for an N-wide matrix and a `rows`-row tile: the H200 sweeps' (bench/quant_linear_gpu.py
+    --sweep, --kernel int8 --configs): at one row 64-column tiles for wide matrices, 32 for the narrow; above 16 rows 64
+    columns and three stages, 128 columns for the LM head (8B at 64 rows: down 65 → 49 µs, v 17.5 → 7.9, head 339 →
+    266). BLOCK_K never changes with the rows: it sets the K slices' bounds, so a row's bits."""
     if interpret:
-        return 16, 32
-    return (64 if n >= 16384 else 32 if n > 1024 else 16), 128
+        return 16, 32, 1
+    if rows > ROW_TILE:
+        return (128, 128, 2) if n >= 65536 else (64, 128, 3)
+    return (64 if n >= 16384 else 32 if n > 1024 else 16), 128, 2
 
 
 def int8_splits(n: int, k: int, device: torch.device) -> int:
     """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, each slice at least
     4 K steps (H200, 1 row: the 8B down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for
     down, was faster alone but made an 8-session 8B step 7.4 → 12.1 ms)."""
-    bn, bk = int8_tiles(n, device.type == "cpu")
+    bn, bk, _ = int8_tiles(n, device.type == "cpu")
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = -(-2 * sms // triton.cdiv(n, bn))
     return max(1, min(want, k // (4 * bk)))
@@ -337,7 +341,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     assert x.stride(1) == 1 and codes.stride(1) == 1
     rows = _rows(x)
     interpret = x.device.type == "cpu"
-    bn, bk = int8_tiles(N, interpret)
+    bn, bk, stages = int8_tiles(N, interpret, rows)
     bn, bk = block_n or bn, block_k or bk
     ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk  # K per slice, whole K steps
     s = triton.cdiv(K, ks)
@@ -349,7 +353,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
         x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages or (1 if interpret else 2), **launch_options(x),
+        num_warps=num_warps, num_stages=num_stages or stages, **launch_options(x),
     )
     return y
 

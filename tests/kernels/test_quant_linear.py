@@ -186,3 +186,8 @@ def test_tiles_above_sixteen_rows_are_wider_and_keep_a_rows_bits():
     assert int4_tiles(4096, 112, rows=32) == (64, 1, 3)
     assert int4_tiles(6144, 5, rows=48) == (128, 1, 3)
     assert int4_tiles(128256, 32, rows=64) == int4_tiles(128256, 32, rows=1)
+    from kernels.quant_linear_triton import int8_tiles
+
+    for n in (1024, 4096, 28672, 128256):  # the int8 K step bounds its K slices: the same at every row count
+        assert int8_tiles(n, rows=64)[1] == int8_tiles(n, rows=16)[1] == 128
+    assert int8_tiles(4096, rows=16) == (32, 128, 2) and int8_tiles(4096, rows=33) == (64, 128, 3)
