@@ -99,4 +99,3 @@ def _verify_rows(model: CausalLM, graphs) -> int | None:
 
     quantized = any(isinstance(m, QuantTensor) and m.format in ("int4", "int8") for m in model.modules())
     return min(graphs.buckets[-1], ROW_TILE) if quantized else graphs.buckets[-1]
-

@@ -472,7 +472,7 @@ def test_no_drafts_where_the_verify_rows_leave_no_room(models):
         batcher = make_batcher(lm, 2, replace(_run("sequence"), lookahead=True))
         batcher.runner.verify_rows = rows
         batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=4, vocab=lm.args.vocab_size)
-        assert batcher._drafting(2, 2) is drafts and batcher._drafting(1, 1)
+        assert batcher._drafting(2, 2) is drafts and batcher._drafting(1, 1) and not batcher._drafting(2, rows)
         assert run_staggered(batcher, prompts, [0, 0], GREEDY) == plain
         assert (drafter.drafted > 0) is drafts, rows
         assert (batcher.lookahead_steps > 10) is not drafts, rows  # a due drafter stops look-ahead steps
