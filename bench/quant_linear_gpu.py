@@ -18,30 +18,31 @@ from kernels.skinny_linear_triton import skinny_linear_triton
 
 MATRICES = {  # name: (N, K)
     "8b.qkv": (6144, 4096), "8b.v": (1024, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096),
-    "8b.down": (4096, 14336), "8b.head": (128256, 4096), "270m.qkv": (1536, 640), "270m.gate_up": (4096, 640), "270m.down": (640, 2048),
-    "270m.head": (262144, 640),
+    "8b.down": (4096, 14336), "8b.head": (128256, 4096), "270m.qkv": (1536, 640), "270m.gate_up": (4096, 640),
+    "270m.down": (640, 2048), "270m.head": (262144, 640),
 }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
-    ap.add_argument("--sweep", action="store_true", help="try tile shapes (block_n, warps, stages) of the int4 kernel")
+    ap.add_argument("--sweep", action="store_true", help="try tile shapes (block_n, warps, stages) of --kernel")
     ap.add_argument("--matrices", nargs="+", default=list(MATRICES))
     ap.add_argument("--int8", action="store_true", help="also the int8-row kernel")
     ap.add_argument("--splits", type=int, nargs="+", default=[1],
                     help="K slices tried (fp32 partials a consumer sums; the sum is not timed)")
     ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
     ap.add_argument("--configs", type=json.loads, default=None,
-                    help='the tiles tried, a JSON list ({} = the default tile): \'[{}, {"block_n": 128, "chunks": 1}]\'')
+                    help='the tiles tried, a JSON list ({} = the default): \'[{}, {"block_n": 128, "chunks": 1}]\'')
     ap.add_argument("--kernel", choices=("int4", "int8"), default="int4", help="the kernel --configs and --sweep tile")
     opts = ap.parse_args()
     dev = torch.device("cuda")
     configs = opts.configs or [dict()]
     if opts.sweep or opts.narrow_sweep:
         bns, stages = ([32, 64, 128], [3, 4]) if opts.narrow_sweep else ([16, 32, 64, 128], [2, 3, 4])
-        configs = [dict(block_n=bn, num_warps=w, num_stages=s, chunks=c) for bn, w, s, c in
-                   itertools.product(bns, [4, 8], stages, [1, 2])]
+        chunks = [{"chunks": 1}, {"chunks": 2}] if opts.kernel == "int4" else [{}]  # chunks a loop step: int4's only
+        configs = [dict(block_n=bn, num_warps=w, num_stages=s) | c for bn, w, s, c in
+                   itertools.product(bns, [4, 8], stages, chunks)]
     configs = [c | ({"splits": s} if s > 1 else {}) for c in configs for s in opts.splits]
     for name in opts.matrices:
         n, k = MATRICES[name]
