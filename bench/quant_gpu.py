@@ -2,8 +2,9 @@
 the bf16 path, same model shape, same engine runtime (CUDA graphs, fused kernels), in one process.
 
 Random weights (speed does not depend on their values): a Q4_K_M file holds Q4_K for most matrices and Q6_K for
-the output matrix, attn_v and ffn_down of llama.cpp's "more bits" layers; here Q4_K becomes the int4 layout of
-kernels/quant_linear_triton.py and Q6_K int8 rows, as a loaded GGUF does. Per session count: prompt 128, 128 new
+the output matrix, attn_v and ffn_down of llama.cpp's "more bits" layers, and Q5_0 / Q8_0 for matrices whose rows
+are not whole 256-wide super-blocks (the embedded 270M's); here Q4_K becomes the int4 layout of
+kernels/quant_linear_triton.py and every other type int8 rows, as a loaded GGUF does. Per session count: prompt 128, 128 new
 tokens, greedy; the median host-to-host decode step, and the decode's tokens per second (its tokens over its steps'
 time: steps that verify prompt-lookup drafts yield more than one token a session). Prints JSON lines: shape, weights,
 sessions, ms_per_step, tok_s, weight_mb, and on the quantized rows speedup_vs_bf16 (by tok_s). With --profile, each
@@ -42,12 +43,16 @@ def more_bits(layer: int, layers: int) -> bool:
     return layer < layers // 8 or layer >= 7 * layers // 8 or (layer - layers // 8) % 3 == 2
 
 
-def q4_k_m_type(name: str, args: ModelArgs) -> str:
+def q4_k_m_type(name: str, args: ModelArgs, k: int) -> str:
+    """The type llama.cpp's Q4_K_M gives a matrix of rows `k` wide: K-quants need whole 256-wide super-blocks, else
+    its fallback (Q4_K → Q5_0, Q6_K → Q8_0), as the embedded Gemma 3 270M's 640-wide q/k/v, gate/up and embedding."""
     if name in ("lm_head.weight",) or (name == "model.embed_tokens.weight" and args.tie_word_embeddings):
-        return "Q6_K"
-    if ".v_proj." in name or ".down_proj." in name:
-        return "Q6_K" if more_bits(int(name.split(".")[2]), args.num_layers) else "Q4_K"
-    return "Q4_K"
+        kind = "Q6_K"
+    elif ".v_proj." in name or ".down_proj." in name:
+        kind = "Q6_K" if more_bits(int(name.split(".")[2]), args.num_layers) else "Q4_K"
+    else:
+        kind = "Q4_K"
+    return kind if k % 256 == 0 else {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
 
 
 def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g: torch.Generator) -> QuantTensor:
@@ -75,8 +80,9 @@ def build(args: ModelArgs, quantized: bool, device: torch.device, seed: int = 0)
     state = {}
     for name, t in model.state_dict().items():
         if quantized and t.dim() == 2:
-            model.install_quantized(name.removesuffix(".weight"), random_quant(tuple(t.shape), q4_k_m_type(name, args),
-                                                                               device, g), torch.bfloat16)
+            kind = q4_k_m_type(name, args, t.shape[1])
+            model.install_quantized(name.removesuffix(".weight"), random_quant(tuple(t.shape), kind, device, g),
+                                    torch.bfloat16)
         else:
             std = 0.1 if name.endswith("norm.weight") else 0.02
             state[name] = torch.randn(t.shape, device=device, generator=g, dtype=torch.bfloat16) * std

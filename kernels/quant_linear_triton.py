@@ -250,6 +250,34 @@ def _asm(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 8
 
 
+def _slice_chunks(n_chunks: int, splits: int, step: int) -> int:
+    """Chunks per K slice: whole loop steps of the one-row tile (`step`), whose steps every wider tile's divide, so a
+    slice's bounds, and a row's bits, never change with the step's rows."""
+    return triton.cdiv(triton.cdiv(n_chunks, splits), step) * step
+
+
+def int4_slices(n: int, n_chunks: int, splits: int, interpret: bool = False) -> int:
+    """The K slices int4_linear_triton returns for `splits` (fewer where the chunks run out)."""
+    if splits <= 1:
+        return 1
+    return triton.cdiv(n_chunks, _slice_chunks(n_chunks, splits, int4_tiles(n, n_chunks, interpret)[1]))
+
+
+def int8_slices(k: int, splits: int, interpret: bool = False) -> int:
+    """The K slices int8_linear_triton returns for `splits` (its K step never changes with the rows)."""
+    if splits <= 1:
+        return 1
+    bk = int8_tiles(0, interpret)[1]
+    return triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), bk) * bk)
+
+
+def _result(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
+    if out is None:
+        return torch.empty(shape, dtype=dtype, device=x.device)
+    assert out.shape == shape and out.dtype == dtype and out.stride(-1) == 1, (out.shape, shape, out.dtype, dtype)
+    return out
+
+
 def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
     """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks and a `rows`-row tile: the H200
     sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide tiles for
@@ -277,9 +305,11 @@ def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
 
 def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, *,
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
-                       chunks: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+                       chunks: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ Wᵀ for the int4 layout above -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1
-    the result is fp32 partial sums (S, M, N) over K slices (whole chunks; S <= splits) for a consumer to add."""
+    the result is fp32 partial sums (S, M, N) over K slices (whole chunks; S = `int4_slices`) for a consumer to add.
+    `out`: where to write them (a column range of a wider result: unit column stride)."""
     M, K = x.shape
     N, kp = words.shape[0], words.shape[1] * 8
     assert kp % CHUNK == 0 and K <= kp < K + CHUNK and pairs.shape == (N, kp // CHUNK, 4), \
@@ -293,10 +323,9 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     if x.dtype == torch.float32 and rows > 16:
         stages = min(stages, 2)  # fp32 tiles of 64 rows: deeper pipelines exceed the shared memory
     assert n_chunks % step == 0, (n_chunks, step)
-    cs = triton.cdiv(triton.cdiv(n_chunks, splits), step) * step  # chunks per slice, whole loop steps
+    cs = _slice_chunks(n_chunks, splits, max(step, int4_tiles(N, n_chunks, interpret)[1]))
     s = triton.cdiv(n_chunks, cs)
-    y = torch.empty(s, M, N, dtype=torch.float32, device=x.device) if splits > 1 else \
-        torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
     if M == 0:
         return y
     _int4_linear[(triton.cdiv(N, bn), s)](
@@ -332,9 +361,10 @@ def int8_splits(n: int, k: int, device: torch.device) -> int:
 
 def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
-                       block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None) -> torch.Tensor:
+                       block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1 the
-    result is fp32 partial sums (S, M, N) over K slices (S <= splits) for a consumer to add."""
+    result is fp32 partial sums (S, M, N) over K slices (S = `int8_slices`) for a consumer to add; `out` as int4's."""
     M, K = x.shape
     N = codes.shape[0]
     assert codes.shape == (N, K) and scale.shape == (N,), (x.shape, codes.shape, scale.shape)
@@ -345,8 +375,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     bn, bk = block_n or bn, block_k or bk
     ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk  # K per slice, whole K steps
     s = triton.cdiv(K, ks)
-    y = torch.empty(s, M, N, dtype=torch.float32, device=x.device) if splits > 1 else \
-        torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
+    y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
     if M == 0:
         return y
     _int8_linear[(triton.cdiv(N, bn), s)](

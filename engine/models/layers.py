@@ -192,8 +192,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def fused_linear(parts: list[Linear | QuantLinear]) -> Linear | QuantLinear | None:
-    """One Linear whose output is the parts' outputs side by side: one GEMM launch instead of several (None when
-    quantized parts are held in different formats)."""
+    """One Linear whose output is the parts' outputs side by side: one GEMM launch instead of several (quantized parts
+    in different formats: one launch per format on CUDA, engine/quant/stacked.py; None elsewhere)."""
     first = parts[0]
     if any(isinstance(p, QuantLinear) for p in parts):
         return _fused_quantized(parts)
@@ -210,6 +210,10 @@ def _fused_quantized(parts: list) -> QuantLinear | None:
     if not all(isinstance(p, QuantLinear) for p in parts) or any((p.bias is None) != (parts[0].bias is None) for p in parts):
         return None
     qweight = concat_rows([p.qweight for p in parts])
+    if qweight is None:  # formats differ: on CUDA each format's rows in its own kernel, into one result
+        from engine.quant.stacked import stack_rows
+
+        qweight = stack_rows([p.qweight for p in parts])
     if qweight is None:
         return None
     bias = None if parts[0].bias is None else torch.cat([p.bias for p in parts])

@@ -47,3 +47,30 @@ def test_gpu_logits_track_the_exact_dequantization(cuda_models, tiny_models_q4, 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_gpu_quantized_batched_equals_alone(cuda_models, arch, layout):
     assert_batched_equals_alone(cuda_models[arch], layout)
+
+
+@pytest.fixture(scope="module")
+def mixed_models(tiny_models, tmp_path_factory):
+    """Q4_0 with attn_v in Q8_0, as a Q4_K_M file's "more bits" layers: q/k int4 and v int8 rows on CUDA."""
+    from tests.support.gguf_export import write_gguf
+
+    root = tmp_path_factory.mktemp("tiny_models_mixed")
+    opts = LoadOptions(device="cuda", dtype="bfloat16", weights="quantized")
+    return {arch: load_model(write_gguf(m.hf_dir, root / f"{arch}.gguf", "Q4_0", {"attn_v": "Q8_0"}), opts)
+            for arch, m in tiny_models.items()}
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_mixed_format_qkv_fuses_and_batched_equals_alone(mixed_models, arch, layout):
+    """int4 q/k beside an int8 v fuse into one stacked matrix (one launch per format, one prologue), and a row's
+    result still does not depend on the step."""
+    from engine.models.kernel_choice import choose_kernels
+    from engine.quant.stacked import StackedRows
+
+    lm = mixed_models[arch]
+    assert_batched_equals_alone(lm, layout)
+    lm.model.prepare(choose_kernels(torch.device("cuda")))
+    stacked = [m for m in lm.model.modules() if isinstance(m, StackedRows)]
+    if any(m.format == "int4" for m in lm.model.modules() if isinstance(m, QuantTensor)):
+        assert stacked and all(s.format == "int4+int8" for s in stacked)

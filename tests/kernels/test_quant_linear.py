@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.quant.gguf_blocks import Int4Groups
-from engine.quant.weight import pack_int4
+from engine.quant.weight import QuantTensor, pack_int4
 from kernels import triton_available
 from kernels.quant_linear import (int4_dequantize, int4_linear, int4_partials, int4_rows_reference, int8_linear,
                                    int8_partials)
@@ -191,3 +191,64 @@ def test_tiles_above_sixteen_rows_are_wider_and_keep_a_rows_bits():
     for n in (1024, 4096, 28672, 128256):  # the int8 K step bounds its K slices: the same at every row count
         assert int8_tiles(n, rows=64)[1] == int8_tiles(n, rows=16)[1] == 128
     assert int8_tiles(4096, rows=16) == (32, 128, 2) and int8_tiles(4096, rows=33) == (64, 128, 3)
+
+
+def test_k_slices_do_not_change_with_the_rows():
+    """A split-K slice's bounds are whole loop steps of the one-row tile, which every wider tile's step divides: a
+    row's partials, so its bits, are the same at any row count (a Gemma 3 1B down, 1152 × 6912 in 54 chunks and 8
+    slices, had 7 slices at one row and 8 above 16 rows before)."""
+    from kernels.quant_linear_triton import _slice_chunks, int4_slices, int4_tiles
+
+    assert int4_slices(1152, 54, 8) == 7
+    for n in (896, 1152, 4096, 6144, 28672, 128256):
+        for chunks in range(1, 130):
+            for splits in (2, 4, 8):
+                cs = _slice_chunks(chunks, splits, int4_tiles(n, chunks)[1])
+                for rows in (16, 32, 48, 64):
+                    step = int4_tiles(n, chunks, rows=rows)[1]
+                    assert cs % step == 0 and chunks % step == 0, (n, chunks, splits, rows)
+
+
+@needs_triton
+@pytest.mark.parametrize("splits", [1, 2, 8])
+def test_stacked_formats_write_one_result(splits):
+    """int4 rows beside int8 rows (q/k and a Q6_K v): each format's kernel writes its columns of one result, in the
+    same K slices, equal to the two products side by side; a row's bits do not depend on the row count. (Where the
+    formats would cut K differently, as 8 splits do on the interpreter's tiles: one slice.)"""
+    from engine.quant.stacked import StackedRows
+
+    k = 256 if not ON_GPU else 1024
+    words, pairs, _ = _int4(48, k)
+    qk = QuantTensor("int4", (48, k), "Q4_0", words=words, pairs=pairs)
+    codes = torch.randint(-127, 128, (20, k), generator=torch.Generator().manual_seed(2), dtype=torch.int8)
+    v = QuantTensor("int8", (20, k), "Q8_0", codes=codes.to(DEVICE), scale=torch.full((20,), 0.01).bfloat16().to(DEVICE))
+    st = StackedRows([qk, v])
+    st.impl = "triton"
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    x = _x(MAX_M, k, dtype)
+    want = torch.cat([int4_linear(x, words, pairs, out_dtype=torch.float32, impl="triton"),
+                      int8_linear(x, v.codes, v.scale, out_dtype=torch.float32, impl="triton")], dim=1)
+    got = st.partials(x, splits) if splits > 1 else st(x, torch.float32)[None]
+    from engine.quant.stacked import _slices_of
+
+    slices = {_slices_of(p, splits) for p in (qk, v)}
+    assert got.shape == (slices.pop() if len(slices) == 1 else 1, MAX_M, 68)
+    torch.testing.assert_close(got.sum(0), want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+    for m in (1, 3, 16):
+        alone = st.partials(x[:m], splits) if splits > 1 else st(x[:m], torch.float32)[None]
+        assert torch.equal(alone, got[:, :m]), m
+    assert torch.equal(st.rows(torch.tensor([0, 47, 48, 67], device=DEVICE)),
+                       torch.cat([qk.rows(torch.tensor([0, 47], device=DEVICE)),
+                                  v.rows(torch.tensor([0, 19], device=DEVICE))]))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter's tiles have one loop step at every row count")
+def test_split_partials_of_a_row_do_not_depend_on_the_row_count():
+    """Batched == alone for split-K partials where the one-row tile steps two chunks and the wider ones one: a Gemma 3
+    1B down (1152 × 6912, 54 chunks) in 8 splits."""
+    words, pairs, _ = _int4(1152, 6912)
+    x = _x(MAX_M, 6912, torch.bfloat16)
+    full = int4_partials(x, words, pairs, 8, impl="triton")
+    for m in (1, 9, 16, 17, 33, 49):
+        assert torch.equal(int4_partials(x[:m], words, pairs, 8, impl="triton"), full[:, :m]), m
+

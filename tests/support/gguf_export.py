@@ -26,8 +26,9 @@ TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, Ll
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
 
-def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32") -> Path:
-    """Convert the HF folder at `hf_dir` to a GGUF at `out_path` (a key of TENSOR_TYPES)."""
+def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32", overrides: dict[str, str] | None = None) -> Path:
+    """Convert the HF folder at `hf_dir` to a GGUF at `out_path` (a key of TENSOR_TYPES); `overrides` maps a part of a
+    tensor's name to another key (a Q4_K_M file's "more bits" attn_v: {"attn_v": "Q8_0"})."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
     arch = GGUF_ARCH[cfg["model_type"]]
@@ -40,7 +41,8 @@ def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32") -> Path:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     n_vocab = _write_vocab(writer, hf_dir, arch)
     for name, data in _converted_tensors(hf_dir, arch, cfg, n_vocab):
-        _add_tensor(writer, name, data, qtype)
+        own = next((TENSOR_TYPES[t][0] for part, t in (overrides or {}).items() if part in name), qtype)
+        _add_tensor(writer, name, data, own)
     _finish(writer)
     return out_path
 
