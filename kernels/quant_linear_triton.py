@@ -22,9 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.pdl import launch_options, wait_for_previous
+from kernels.pdl import launch_options, prefetch_l2_rows, wait_for_previous
 
 CHUNK = 128  # weights per int4 chunk
+# int8 codes up to this size prefetch into L2 during the previous kernel (H200, one row: 8B v 13.0 → 8.6 µs, 270M
+# gate/up 3.8 → 3.5; the 270M head, 168 MB, 53 → 69 µs and int4 matrices lost at every size: not there)
+PREFETCH_BYTES = 8 << 20
 ROW_TILE = 16  # rows of one tensor-core dot: a step of more rows runs one more dot per 16 on every weight it loads
 
 
@@ -165,10 +168,15 @@ def _int8_linear(
     X, C, S, Y, M, N, K, KS,
     stride_xm, stride_cn, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
 ):
     # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split); a
     # tile is one 16-row dot per 16 rows, one instruction in every tile (Hopper's 64-row wgmma rounds a row otherwise)
+    k_lo = tl.program_id(1) * KS
+    if PREFETCH:  # this program's codes of its K slice, into L2 while the last kernel runs
+        n_rows = tl.minimum(N - tl.program_id(0) * BLOCK_N, BLOCK_N)
+        prefetch_l2_rows(C + tl.program_id(0) * BLOCK_N * stride_cn + k_lo, stride_cn, n_rows,
+                         tl.minimum(K - k_lo, KS), BLOCK_N, LANES)
     wait_for_previous(PDL)
     rows = tl.arange(0, 16)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,7 +187,6 @@ def _int8_linear(
     acc1 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     acc2 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
-    k_lo = tl.program_id(1) * KS
     for k0 in range(k_lo, tl.minimum(K, k_lo + KS), BLOCK_K):  # BLOCK_K divides KS
         k = k0 + offs_k
         c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
@@ -278,6 +285,16 @@ def _result(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
     return out
 
 
+def _prefetches(launch: dict, block_n: int, num_warps: int, wanted: bool | None, codes: torch.Tensor) -> bool:
+    """Whether an int8 launch prefetches its codes into L2 before waiting on the previous kernel (kernels/pdl.py):
+    with PDL, one lane per row at least, rows 16-byte aligned (the bulk prefetch's unit), and `wanted` (None: codes of
+    at most PREFETCH_BYTES)."""
+    if wanted is None:
+        wanted = codes.numel() <= PREFETCH_BYTES
+    return wanted and launch["PDL"] and 32 * num_warps >= block_n and codes.data_ptr() % 16 == 0 \
+        and codes.stride(0) % 16 == 0 and codes.shape[1] % 16 == 0
+
+
 def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
     """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks and a `rows`-row tile: the H200
     sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide tiles for
@@ -362,9 +379,10 @@ def int8_splits(n: int, k: int, device: torch.device) -> int:
 def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
                        block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+                       out: torch.Tensor | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1 the
-    result is fp32 partial sums (S, M, N) over K slices (S = `int8_slices`) for a consumer to add; `out` as int4's."""
+    result is fp32 partial sums (S, M, N) over K slices (S = `int8_slices`) for a consumer to add; `out` as int4's.
+    `prefetch`: the codes into L2 before waiting on the previous kernel (None: where they are at most PREFETCH_BYTES)."""
     M, K = x.shape
     N = codes.shape[0]
     assert codes.shape == (N, K) and scale.shape == (N,), (x.shape, codes.shape, scale.shape)
@@ -378,11 +396,13 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
     if M == 0:
         return y
+    launch = launch_options(x)
     _int8_linear[(triton.cdiv(N, bn), s)](
         x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
-        num_warps=num_warps, num_stages=num_stages or stages, **launch_options(x),
+        PREFETCH=_prefetches(launch, bn, num_warps, prefetch, codes), LANES=32 * num_warps,
+        num_warps=num_warps, num_stages=num_stages or stages, **launch,
     )
     return y
 
