@@ -47,17 +47,22 @@ def add_norm(
 
 def embed_norm(
     tokens: torch.Tensor, table: torch.Tensor, scale: float | None, weight: torch.Tensor, eps: float, gemma: bool, *,
-    impl: str = "triton",
+    row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None, impl: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h, norm(h)) for h = table[tokens], times `scale` (rounded to the table's dtype first, as a tensor
-    of that dtype would be) when given: a step's embeddings and the first block's input norm, one launch."""
+    """(h, norm(h)) for h = table[tokens], times `scale` (rounded to h's dtype first, as a tensor of that dtype would
+    be) when given: a step's embeddings and the first block's input norm, one launch. `row_scale` (V,): the table is
+    int8 codes, a row's values code * its scale in fp32, rounded to `dtype` (the model's: a quantized embedding)."""
+    dtype = dtype or table.dtype
     if scale is not None:
-        scale = float(torch.tensor(scale, dtype=table.dtype))
+        scale = float(torch.tensor(scale, dtype=dtype))
     if _check(impl):
         from kernels.norms_triton import embed_norm_triton
 
-        return embed_norm_triton(tokens, table, scale, weight, eps, gemma)
-    h = F.embedding(tokens, table)
+        return embed_norm_triton(tokens, table, scale, weight, eps, gemma, row_scale, dtype)
+    if row_scale is not None:
+        h = (table[tokens].float() * row_scale[tokens].float()[:, None]).to(dtype)
+    else:
+        h = F.embedding(tokens, table)
     if scale is not None:
         h = h * torch.tensor(scale, dtype=h.dtype, device=h.device)
     return h, rms_norm_reference(h, weight, eps, gemma)

@@ -487,12 +487,16 @@ class CausalLM(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""
-        first = self.model.layers[0].input_layernorm
-        dense = isinstance(self.model.embed_tokens, nn.Embedding)
-        if first.fused and dense and tokens.is_cuda and not torch.compiler.is_compiling():
+        first, table = self.model.layers[0].input_layernorm, self.model.embed_tokens
+        if first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
             from kernels.norms import embed_norm
 
-            return embed_norm(tokens, self.model.embed_tokens.weight, self.embed_scale, first.weight, first.eps, first.gemma)
+            if isinstance(table, nn.Embedding):
+                return embed_norm(tokens, table.weight, self.embed_scale, first.weight, first.eps, first.gemma)
+            if isinstance(table, QuantEmbedding) and table.qweight.format == "int8":  # rows as QuantEmbedding's
+                q = table.qweight
+                return embed_norm(tokens, q.codes, self.embed_scale, first.weight, first.eps, first.gemma,
+                                  row_scale=q.scale, dtype=table.dtype)
         h = self.model.embed_tokens(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)

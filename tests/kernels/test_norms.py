@@ -141,6 +141,37 @@ def test_embed_norm(dtype, gemma, scale):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [None, 640**0.5])
+def test_embed_norm_of_int8_rows(dtype, scale):
+    """A quantized embedding's int8 rows: code * the row's scale in fp32, rounded to the model's dtype (as
+    QuantEmbedding gives them), then scaled and normed as dense rows are; ids past the table read zeros."""
+    from engine.models.layers import QuantEmbedding
+    from engine.quant.weight import QuantTensor
+
+    V, D = 50, 80
+    g = torch.Generator().manual_seed(33)
+    codes = torch.randint(-127, 128, (V, D), generator=g, dtype=torch.int8).to(DEVICE)
+    row_scale = torch.empty(V).uniform_(0.001, 0.01, generator=g).bfloat16().to(DEVICE)
+    tokens = torch.tensor([3, 49, 0, 3], device=DEVICE)
+    w = (1 + 0.1 * _randn(D, dtype=torch.float32, seed=34)).to(torch.float32)
+    h, x = embed_norm(tokens, codes, scale, w, 1e-6, True, row_scale=row_scale, dtype=dtype, impl="triton")
+    rows = QuantEmbedding(QuantTensor("int8", (V, D), "Q8_0", codes=codes, scale=row_scale), dtype)(tokens)
+    if scale is not None:
+        rows = rows * torch.tensor(scale, dtype=dtype)
+    assert h.dtype == dtype
+    if ON_GPU or dtype == torch.float32:
+        assert torch.equal(h, rows)
+    _close(x, rms_norm_reference(rows, w, 1e-6, True), dtype)
+    for got, ref in zip((h, x), embed_norm(tokens, codes, scale, w, 1e-6, True, row_scale=row_scale, dtype=dtype,
+                                           impl="reference")):
+        _close(got, ref, dtype)
+    h_bad, _ = embed_norm(torch.tensor([50, -1], device=DEVICE), codes, scale, w, 1e-6, True, row_scale=row_scale,
+                          dtype=dtype, impl="triton")
+    assert h_bad.eq(0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [1, 2, 3])
 def test_qkv_rope_write_sums_split_k_partials(dtype, splits):
     """The QKV GEMM's fp32 partials in place of its output: the same q and cache writes as their rounded sum."""
