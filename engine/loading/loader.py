@@ -32,7 +32,8 @@ class LoadOptions:
     dtype: str = "float32"
     cache_dir: Path | None = None  # dequantized GGUF weights are kept here; None disables the cache
     # GGUF matrices stay "quantized", or "dequantized" to `dtype` (matches transformers); "auto": quantized on the
-    # CPU; on CUDA floats where they fit (their decode is faster than the int4 kernels so far, docs/QUANTIZED.md)
+    # CPU; on CUDA floats where they fit: exact to the file, where CUDA re-quantizes Q5/Q6/Q8 types to int8 rows (the
+    # quantized kernels are faster on an 8B, near even on the 270M; sizes between are unmeasured, docs/QUANTIZED.md)
     weights: str = "auto"
     quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
 
