@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.quant.weight import CHUNK, QuantTensor, concat_rows
+from engine.quant.weight import CHUNK, QuantTensor, WeightMatrix, concat_rows
 
 
-class StackedRows(nn.Module):
+class StackedRows(WeightMatrix):
     """An (N, K) weight whose rows are `parts`' rows in order (int4 and int8 blocks on CUDA); the QuantTensor calls a
     QuantLinear makes: `forward`, `partials`, `decode_splits`, `rows`, `dequantize`."""
 
@@ -26,14 +26,6 @@ class StackedRows(nn.Module):
         self.source_type = "+".join(dict.fromkeys(p.source_type for p in parts))
         self._splits: int | None = None
         self.impl = "auto"  # kernels.attention's switch: "triton" runs the kernels on the CPU too (TRITON_INTERPRET)
-
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.shape[1]
 
     def nbytes(self) -> int:
         return sum(p.nbytes() for p in self.parts)

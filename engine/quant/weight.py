@@ -30,7 +30,21 @@ FORMATS = ("int4", "int8", "bf16", "blocks")
 CHUNK = 128  # weights per chunk of the CUDA int4 layout
 
 
-class QuantTensor(nn.Module):
+class WeightMatrix(nn.Module):
+    """A weight module of `shape` (N, K): N outputs, K inputs."""
+
+    shape: tuple[int, int]
+
+    @property
+    def out_features(self) -> int:
+        return self.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        return self.shape[1]
+
+
+class QuantTensor(WeightMatrix):
     """An (N, K) weight in one of FORMATS; `forward(x)` = x @ Wᵀ in fp32, `rows(ids)` = W[ids] in fp32."""
 
     def __init__(self, fmt: str, shape: tuple[int, int], source_type: str, code_layout: CodeLayout | None = None,
@@ -44,14 +58,6 @@ class QuantTensor(nn.Module):
         self.code_layout = code_layout
         for name, t in tensors.items():
             self.register_buffer(name, t)
-
-    @property
-    def out_features(self) -> int:
-        return self.shape[0]
-
-    @property
-    def in_features(self) -> int:
-        return self.shape[1]
 
     def nbytes(self) -> int:
         return sum(b.numel() * b.element_size() for b in self.buffers())
