@@ -4,8 +4,11 @@ Each text is tokenized once by Parley (BOS first) and the same ids go to llama.c
 logits for every position) and to each Parley model (a forward over chunks, logits for every row). Rows are
 compared as they are made, so no text's full logits are held twice.
 
-    python -m bench.fidelity [--model PATH] [--weights quantized dequantized] [--threads 2]
+    python -m bench.fidelity [--model PATH] [--weights quantized dequantized cuda-values] [--threads 2]
 Prints a header, one JSON line per (weights, text kind) and one per weights overall ("kind": "all").
+"cuda-values": every matrix at the values the CUDA quantized path holds (4-bit types exactly, other quantized
+types re-quantized to int8 rows, F16 as bf16), run in fp32 on the CPU: the weights' part of CUDA's distance from
+llama.cpp, without its bf16 activations.
 """
 from __future__ import annotations
 
@@ -299,7 +302,10 @@ def token_check(llm, tok, kind: str, text: str, ids: list[int]) -> dict:
 def _args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", type=Path, default=None, help="a GGUF file (default: the embedded model)")
-    ap.add_argument("--weights", nargs="+", default=["quantized", "dequantized"], choices=["quantized", "dequantized"])
+    ap.add_argument("--weights", nargs="+", default=["quantized", "dequantized"],
+                    choices=["quantized", "dequantized", "cuda-values"])
+    ap.add_argument("--cuda-types", nargs="+", default=None,
+                    help="cuda-values for matrices of these GGUF types only (the rest stay exact): which types cost")
     ap.add_argument("--no-floor", action="store_true",
                     help="skip llama.cpp against itself: flash attention, an f32 KV cache (its own noise floor)")
     ap.add_argument("--threads", type=int, default=2)
@@ -330,13 +336,39 @@ def _candidates(a: argparse.Namespace) -> list[Candidate]:
 
     out = []
     for w in a.weights:
-        lm = load_model(a.model, LoadOptions(weights=w, cache_dir=a.data_dir / "cache"))
+        if w == "cuda-values":
+            lm = cuda_values(a.model, a.data_dir, a.cuda_types)
+        else:
+            lm = load_model(a.model, LoadOptions(weights=w, cache_dir=a.data_dir / "cache"))
         out.append(Candidate(f"parley-{w}", partial(parley_chunks, lm, chunk=a.chunk), lm))
     if not a.no_floor:  # the same engine, another attention path or KV precision: how far llama.cpp moves by itself
         out.append(Candidate("llamacpp-flash-attn", partial(llama_chunks, _llama(a.model, a, flash_attn=True))))
         f32 = 0  # GGML_TYPE_F32: the default cache holds K and V in f16
         out.append(Candidate("llamacpp-f32-kv", partial(llama_chunks, _llama(a.model, a, type_k=f32, type_v=f32))))
     return out
+
+
+def cuda_values(path: Path, data_dir: Path, types: list[str] | None = None):
+    """The exact fp32 model with each GGUF matrix (of `types`, default all) replaced by the values of its CUDA-layout
+    QuantTensor, built on the CPU as the loader builds it for CUDA (engine/quant/from_gguf.py) and dequantized."""
+    from engine.loading.gguf_file import open_gguf
+    from engine.loading.gguf_weights import hf_name
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.models import architecture
+    from engine.quant.from_gguf import quantized_matrix, row_order
+
+    lm = load_model(path, LoadOptions(weights="dequantized", cache_dir=data_dir / "cache"))
+    gf = open_gguf(path)
+    arch = architecture(gf.architecture)
+    state = lm.model.state_dict()
+    with torch.no_grad():
+        for t in gf.tensors:
+            kind = t.tensor_type.name
+            if len(t.shape) == 2 and kind != "F32" and (types is None or kind in types):  # F32 stays exact on CUDA
+                held = quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), lm.args), "cuda")
+                state[hf_name(t.name, arch)].copy_(held.dequantize())
+            gf.release(t)
+    return lm
 
 
 def main() -> None:
