@@ -274,8 +274,12 @@ def int8_slices(k: int, splits: int, interpret: bool = False) -> int:
     """The K slices int8_linear_triton returns for `splits` (its K step never changes with the rows)."""
     if splits <= 1:
         return 1
-    bk = int8_tiles(0, interpret)[1]
-    return triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), bk) * bk)
+    return triton.cdiv(k, _slice_k(k, splits, int8_tiles(0, interpret)[1]))
+
+
+def _slice_k(k: int, splits: int, block_k: int) -> int:
+    """K per int8 slice: whole K steps."""
+    return triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
 
 
 def _result(out: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype, x: torch.Tensor) -> torch.Tensor:
@@ -391,7 +395,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     interpret = x.device.type == "cpu"
     bn, bk, stages = int8_tiles(N, interpret, rows)
     bn, bk = block_n or bn, block_k or bk
-    ks = triton.cdiv(triton.cdiv(K, splits), bk) * bk  # K per slice, whole K steps
+    ks = _slice_k(K, splits, bk)
     s = triton.cdiv(K, ks)
     y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
     if M == 0:

@@ -13,21 +13,21 @@ def check_mode(mode: str) -> None:
 GRAPH_MAX_IDLE = 16  # decode steps at most between lookups that find nothing, on CUDA graph runners
 
 
-def make_drafter(mode: str, graph_rows: int | None = None) -> Drafter | None:
+def make_drafter(mode: str, verify_rows: int | None = None) -> Drafter | None:
     """The model-free drafter a `--speculative` mode names; None for off. For draft and dflash it is lookup too:
     build_runtime replaces it by the draft model's, and keeps it where that one cannot draft. `auto` is lookup: on text with
     nothing to draft from it measured 0.97-1.02x of off on the CPU and 0.98-1.03x on the H200, and 2-4.8x where the
-    answer repeats its input (docs/SPECULATIVE.md). `graph_rows`: a CUDA runner's verify rows (ModelRunner.verify_rows:
+    answer repeats its input (docs/SPECULATIVE.md). `verify_rows`: a CUDA runner's verify rows (ModelRunner.verify_rows:
     its largest decode graph, or its quantized GEMMs' row tile); there verify steps replay graphs, so that many
     sequences may draft (the batcher keeps each step within those rows: 8 sessions measured 1.05-1.59x with all
     drafting, 0.97x with two), where the CPU drafts for two at most."""
     check_mode(mode)
     if mode == "off":
         return None
-    if not graph_rows:
+    if not verify_rows:
         return PromptLookup(LookupConfig())
     # a step due for a lookup cannot be queued ahead of the last one's ids: where nothing matches, look seldom
-    return PromptLookup(LookupConfig(pacing=PacingConfig(most_sequences=graph_rows), max_idle=GRAPH_MAX_IDLE))
+    return PromptLookup(LookupConfig(pacing=PacingConfig(most_sequences=verify_rows), max_idle=GRAPH_MAX_IDLE))
 
 
 __all__ = ["Drafter", "LookupConfig", "PromptLookup", "SPECULATIVE_MODES", "check_mode", "make_drafter"]

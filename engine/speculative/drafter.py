@@ -33,7 +33,7 @@ class PacingConfig:
     max_backoff: int = 32  # steps skipped at most after misses in a row
     # Drafting pays while few sequences decode on the CPU: a batch already shares each weight read among its
     # sequences, and verify rows cost more than they save (bench/speculative.py, 8 sessions: 0.82x). CUDA runners
-    # with decode graphs lift this (make_drafter's graph_rows).
+    # with decode graphs lift this (make_drafter's verify_rows).
     most_sequences: int = 2
 
 
