@@ -72,7 +72,7 @@ def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g
         return QuantTensor("int4", (n, k), type_name, words=words, pairs=pairs)
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device, generator=g)
     if int8 == "groups":
-        scale = torch.empty(n, k // 32, dtype=torch.float16, device=device)
+        scale = torch.empty(k // 32, n, dtype=torch.float16, device=device).t()  # group-major, as the loader's
         scale.uniform_(0.01 / 127, 0.03 / 127, generator=g)
     else:
         scale = torch.full((n,), 0.02 / 127, dtype=torch.bfloat16, device=device)

@@ -52,8 +52,8 @@ def main() -> None:
         q4 = [(torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=dev),
                torch.full((n, k // 128, 4), 0x3C003C00, dtype=torch.int32, device=dev)) for _ in range(copies)]
         q8 = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev),
-               torch.full((n, k // 32) if opts.grouped else (n,), 1e-3, device=dev,
-                          dtype=torch.float16 if opts.grouped else torch.bfloat16)) for _ in range(copies)]
+               torch.full((k // 32, n), 1e-3, device=dev, dtype=torch.float16).t() if opts.grouped  # group-major
+               else torch.full((n,), 1e-3, device=dev, dtype=torch.bfloat16)) for _ in range(copies)]
         for m in opts.rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             base = time_graph([lambda w=w: skinny_linear_triton(x, w) for w in ws]) * 1e3

@@ -80,7 +80,7 @@ def _load_row(src, offs, ok, stride_split, SPLITS: tl.constexpr, DT: tl.constexp
 
 @triton.jit
 def _embed_norm(
-    Tok, E, R, W, H, Y, stride_e, stride_r, stride_h, stride_y, V, D, scale, eps,
+    Tok, E, R, W, H, Y, stride_e, stride_r, stride_rg, stride_h, stride_y, V, D, scale, eps,
     BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, ROW_SCALED: tl.constexpr,
     GROUPED: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -97,7 +97,7 @@ def _embed_norm(
     known = (ids >= 0) & (ids < V)  # an id outside the table reads zeros, never outside it
     v = tl.load(E + tok * stride_e + offs, mask=ok & known, other=0.0).to(tl.float32)
     if ROW_SCALED:  # the row dequantized in fp32, then rounded to the model's dtype (as QuantEmbedding's rows)
-        at = R + tok * stride_r + offs // 32 if GROUPED else R + ids
+        at = R + tok * stride_r + (offs // 32) * stride_rg if GROUPED else R + ids
         v = (v * tl.load(at, mask=ok & known, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
     if HAS_SCALE:
         v = (v * scale).to(dt).to(tl.float32)
@@ -263,7 +263,8 @@ def embed_norm_triton(
     if T:
         _embed_norm[(T,)](
             tokens, table, row_scale if row_scale is not None else table, weight, h, y, table.stride(0),
-            row_scale.stride(0) if row_scale is not None else 0, h.stride(0), y.stride(0), V, D, scale or 1.0, eps,
+            *(row_scale.stride() if row_scale is not None and row_scale.dim() == 2 else (0, 0)), h.stride(0), y.stride(0),
+            V, D, scale or 1.0, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_SCALE=scale is not None, ROW_SCALED=row_scale is not None,
             GROUPED=row_scale is not None and row_scale.dim() == 2,
             num_warps=4 if D <= 4096 else 8, **launch_options(table),

@@ -16,7 +16,8 @@ Layouts (engine/quant/weight.py builds them):
         A nibble pair (i, i + 4) sits 16 bits apart in a word, with groups (i // 2, i // 2 + 2): one bf16x2 each.
   int8  codes (N, K) int8 and either scale (N,): w = code * scale, applied to the output column; or scale (N, K/32)
         fp16 (grouped, CUDA's): w = code * scale of its group of 32, each group's 32-deep dot scaled in fp32 as it is
-        added (Q8_0 and Q5_0 exactly: the file's codes and scales)
+        added (Q8_0 and Q5_0 exactly: the file's codes and scales), held group-major (strides (1, N)): a group's
+        scales for a tile's columns are one contiguous load
 """
 from __future__ import annotations
 
@@ -168,7 +169,7 @@ def _int4_linear(
 @triton.jit
 def _int8_linear(
     X, C, S, Y, M, N, K, KS,
-    stride_xm, stride_cn, stride_sn, stride_ym, stride_ys,
+    stride_xm, stride_cn, stride_sn, stride_sg, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
     GROUPED: tl.constexpr, PREFETCH: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
 ):
@@ -191,14 +192,16 @@ def _int8_linear(
     acc2 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, tl.minimum(K, k_lo + KS), BLOCK_K):  # BLOCK_K divides KS
-        if GROUPED:
-            for g in tl.static_range(BLOCK_K // 32):
-                k = k0 + g * 32 + tl.arange(0, 32)
-                w = _int8_codes(C, offs_n, n_ok, k, K, stride_cn, dt)
-                s_ok = n_ok & (offs_n * 0 + k0 + g * 32 < K)  # vector form: the interpreter's masks
-                s = tl.load(S + offs_n * stride_sn + (k0 // 32 + g), mask=s_ok, other=0.0).to(tl.float32)[None, :]
-                acc0, acc1, acc2, acc3 = _tile_dots(X, rows, M, k, K, stride_xm, w, s, acc0, acc1, acc2, acc3,
-                                                    BLOCK_M, DOT_FP32, True)
+        if GROUPED:  # each code times its group's scale in fp32, rounded to dt once: one BLOCK_K-deep dot as below
+            k = k0 + offs_k
+            c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
+            g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
+            s = tl.load(S + offs_n[:, None] * stride_sn + g[None, :] * stride_sg,
+                        mask=n_ok[:, None] & (g * 32 < K)[None, :], other=0.0).to(tl.float32)
+            w = tl.reshape(c.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None]
+            w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(dt)
+            acc0, acc1, acc2, acc3 = _tile_dots(X, rows, M, k, K, stride_xm, w, 1.0, acc0, acc1, acc2, acc3,
+                                                BLOCK_M, DOT_FP32, False)
         else:
             k = k0 + offs_k
             w = _int8_codes(C, offs_n, n_ok, k, K, stride_cn, dt)
@@ -433,7 +436,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     grouped = scale.dim() == 2
     assert codes.shape == (N, K) and scale.shape == ((N, triton.cdiv(K, 32)) if grouped else (N,)), \
         (x.shape, codes.shape, scale.shape)
-    assert x.stride(1) == 1 and codes.stride(1) == 1 and scale.stride(-1) == 1
+    assert x.stride(1) == 1 and codes.stride(1) == 1
     rows = _rows(x)
     interpret = x.device.type == "cpu"
     bn, bk, stages = int8_tiles(N, interpret, rows)
@@ -445,7 +448,7 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
         return y
     launch = launch_options(x)
     _int8_linear[(triton.cdiv(N, bn), s)](
-        x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), scale.stride(0) if grouped else 0, y.stride(-2),
+        x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), scale.stride(0), scale.stride(-1), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16, GROUPED=grouped,
         PREFETCH=_prefetches(launch, bn, num_warps, prefetch, codes), LANES=32 * num_warps,

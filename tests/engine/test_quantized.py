@@ -83,6 +83,7 @@ def test_cuda_int8_groups_hold_the_files_values(qtype):
     t = SimpleNamespace(tensor_type=getattr(gguf.GGMLQuantizationType, qtype), shape=[k, n], data=raw)
     qt = quantized_matrix(t, None, device="cuda")
     assert qt.format == "int8" and qt.scale.shape == (n, k // 32) and qt.scale.dtype == torch.float16
+    assert qt.scale.stride() == (1, n)  # group-major: the kernel reads a group's scales in one load
     assert qt.nbytes() == weight.format_bytes("int8", n, k, qtype, device="cuda")
     got = qt.dequantize().numpy()
     if qtype in ("Q8_0", "Q5_0"):

@@ -153,7 +153,7 @@ def test_embed_norm_of_int8_rows(dtype, scale, grouped):
     g = torch.Generator().manual_seed(33)
     codes = torch.randint(-127, 128, (V, D), generator=g, dtype=torch.int8).to(DEVICE)
     if grouped:
-        row_scale = torch.empty(V, D // 32).uniform_(0.001, 0.01, generator=g).half().to(DEVICE)
+        row_scale = torch.empty(D // 32, V).uniform_(0.001, 0.01, generator=g).half().to(DEVICE).t()  # group-major
     else:
         row_scale = torch.empty(V).uniform_(0.001, 0.01, generator=g).bfloat16().to(DEVICE)
     tokens = torch.tensor([3, 49, 0, 3], device=DEVICE)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.quant.gguf_blocks import Int4Groups
-from engine.quant.weight import QuantTensor, pack_int4
+from engine.quant.weight import QuantTensor, group_major, pack_int4
 from kernels import triton_available
 from kernels.quant_linear import (int4_dequantize, int4_linear, int4_partials, int4_rows_reference, int8_linear,
                                    int8_partials)
@@ -33,9 +33,9 @@ def _int4(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, In
 
 
 def _int8_scale(n: int, k: int, grouped: bool, g: torch.Generator) -> torch.Tensor:
-    """A bf16 scale per row, or (grouped, CUDA's layout) an fp16 scale per 32 codes."""
+    """A bf16 scale per row, or (grouped, CUDA's layout) an fp16 scale per 32 codes, group-major."""
     if grouped:
-        return (torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half().to(DEVICE)
+        return group_major((torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half()).to(DEVICE)
     return (torch.rand(n, generator=g) * 0.01 + 1e-4).bfloat16().to(DEVICE)
 
 
