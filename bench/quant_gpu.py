@@ -16,7 +16,6 @@ their sum against the step's time.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import statistics
 from collections import defaultdict
@@ -56,10 +55,7 @@ def q4_k_m_type(name: str, args: ModelArgs, k: int) -> str:
     return kind if k % 256 == 0 else {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}[kind]
 
 
-def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g: torch.Generator,
-                 int8: str = "groups") -> QuantTensor:
-    """A random matrix in the loader's CUDA format for `type_name`; int8 rows with a scale per 32 codes ("groups", as
-    the loader builds them) or per row ("rows")."""
+def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g: torch.Generator) -> QuantTensor:
     n, k = shape
     if type_name == "Q4_K":
         kp = -(-k // CHUNK) * CHUNK  # the layout's padded width (all shapes here are whole chunks)
@@ -71,17 +67,12 @@ def random_quant(shape: tuple[int, int], type_name: str, device: torch.device, g
         pairs = torch.stack([pairs[0][0], pairs[1][0], pairs[0][1], pairs[1][1]], dim=-1).contiguous()
         return QuantTensor("int4", (n, k), type_name, words=words, pairs=pairs)
     codes = torch.randint(-127, 128, (n, k), dtype=torch.int8, device=device, generator=g)
-    if int8 == "groups":
-        scale = torch.empty(k // 32, n, dtype=torch.float16, device=device).t()  # group-major, as the loader's
-        scale.uniform_(0.01 / 127, 0.03 / 127, generator=g)
-    else:
-        scale = torch.full((n,), 0.02 / 127, dtype=torch.bfloat16, device=device)
+    scale = torch.full((n,), 0.02 / 127, dtype=torch.bfloat16, device=device)
     return QuantTensor("int8", (n, k), type_name, codes=codes, scale=scale)
 
 
-def build(args: ModelArgs, quantized: bool, device: torch.device, seed: int = 0, int8: str = "groups"):
-    """The architecture's module on `device` with random weights: bf16 matrices, or quantized ones (`int8`: the int8
-    rows' scales, random_quant's)."""
+def build(args: ModelArgs, quantized: bool, device: torch.device, seed: int = 0):
+    """The architecture's module on `device` with random weights: bf16 matrices, or quantized ones."""
     arch = architecture(args.model_type)
     with torch.device("meta"):
         model = arch.Model(args)
@@ -90,7 +81,7 @@ def build(args: ModelArgs, quantized: bool, device: torch.device, seed: int = 0,
     for name, t in model.state_dict().items():
         if quantized and t.dim() == 2:
             kind = q4_k_m_type(name, args, t.shape[1])
-            model.install_quantized(name.removesuffix(".weight"), random_quant(tuple(t.shape), kind, device, g, int8),
+            model.install_quantized(name.removesuffix(".weight"), random_quant(tuple(t.shape), kind, device, g),
                                     torch.bfloat16)
         else:
             std = 0.1 if name.endswith("norm.weight") else 0.02
@@ -147,8 +138,6 @@ def main() -> None:
     ap.add_argument("--verify-rows", type=int, nargs="+", default=[0],
                     help="rows a quantized step with drafts may take (0: the runner's own, ModelRunner.verify_rows); "
                     "each a run against bf16 with its runner's own")
-    ap.add_argument("--int8", nargs="+", default=["groups"], choices=("groups", "rows"),
-                    help="the int8 matrices' scales, each a quantized run: per 32 codes (the loader's) or per row")
     opts = ap.parse_args()
     from engine.models.kernel_choice import _pdl
     from engine.process import configure_process
@@ -160,8 +149,8 @@ def main() -> None:
         args = SHAPES[shape]()
         best: dict[tuple, float] = {}  # the best tok_s per (weights, sessions, verify rows)
         for _ in range(opts.rounds):
-            for weights, int8 in [("bf16", "")] + [("quantized", v) for v in opts.int8]:
-                model = build(args, weights == "quantized", device, int8=int8 or "groups")
+            for weights in ("bf16", "quantized"):
+                model = build(args, weights == "quantized", device)
                 for n in opts.sessions:
                     for rows in opts.verify_rows if weights == "quantized" else [0]:  # bf16: the runner's own
                         b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=True, fused_kernels=True,
@@ -170,26 +159,27 @@ def main() -> None:
                             b.runner.verify_rows = rows
                             if b.drafter is not None:
                                 b.drafter.max_sequences = rows
-                        row = {"shape": shape, "weights": weights, "int8": int8, "sessions": n,
-                               "verify_rows": b.runner.verify_rows,
+                        row = {"shape": shape, "weights": weights, "sessions": n, "verify_rows": b.runner.verify_rows,
                                "speculative": opts.speculative, **timed(b, args, n),
                                "weight_mb": round(weight_mb(model), 1)}
-                        key = weights, int8, n, rows
+                        key = weights, n, rows
                         best[key] = max(row["tok_s"], best.get(key, 0.0))
-                        if weights == "quantized" and ("bf16", "", n, 0) in best:
-                            row["speedup_vs_bf16"] = round(row["tok_s"] / best["bf16", "", n, 0], 3)
+                        if weights == "quantized" and ("bf16", n, 0) in best:
+                            row["speedup_vs_bf16"] = round(row["tok_s"] / best["bf16", n, 0], 3)
                         if opts.profile:
                             row |= kernel_profile(b, prompts(args, n, seed=3))
                         print(json.dumps(row), flush=True)
                         del b
                 del model
                 torch.cuda.empty_cache()
-        for int8, n, rows in itertools.product(opts.int8, opts.sessions, opts.verify_rows):
-            q, base = best.get(("quantized", int8, n, rows)), best.get(("bf16", "", n, 0))
-            if q and base:
-                print(json.dumps({"shape": shape, "int8": int8, "sessions": n, "verify_rows": rows or "runner's",
-                                  "best_bf16_tok_s": base, "best_quantized_tok_s": q,
-                                  "speedup_vs_bf16": round(q / base, 3)}), flush=True)
+        for n in opts.sessions:
+            for rows in opts.verify_rows:
+                if ("quantized", n, rows) in best and ("bf16", n, 0) in best:
+                    print(json.dumps({"shape": shape, "sessions": n, "verify_rows": rows or "runner's",
+                                      "best_bf16_tok_s": best["bf16", n, 0],
+                                      "best_quantized_tok_s": best["quantized", n, rows],
+                                      "speedup_vs_bf16": round(best["quantized", n, rows] / best["bf16", n, 0], 3)}),
+                          flush=True)
 
 
 def timed(batcher, args: ModelArgs, n: int) -> dict:

@@ -35,7 +35,6 @@ def main() -> None:
     ap.add_argument("--configs", type=json.loads, default=None,
                     help='the tiles tried, a JSON list ({} = the default): \'[{}, {"block_n": 128, "chunks": 1}]\'')
     ap.add_argument("--kernel", choices=("int4", "int8"), default="int4", help="the kernel --configs and --sweep tile")
-    ap.add_argument("--grouped", action="store_true", help="int8 rows with an fp16 scale per 32 codes (the loader's)")
     opts = ap.parse_args()
     dev = torch.device("cuda")
     configs = opts.configs or [dict()]
@@ -52,16 +51,14 @@ def main() -> None:
         q4 = [(torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=dev),
                torch.full((n, k // 128, 4), 0x3C003C00, dtype=torch.int32, device=dev)) for _ in range(copies)]
         q8 = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev),
-               torch.full((k // 32, n), 1e-3, device=dev, dtype=torch.float16).t() if opts.grouped  # group-major
-               else torch.full((n,), 1e-3, device=dev, dtype=torch.bfloat16)) for _ in range(copies)]
+               torch.full((n,), 1e-3, device=dev, dtype=torch.bfloat16)) for _ in range(copies)]
         for m in opts.rows:
             x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             base = time_graph([lambda w=w: skinny_linear_triton(x, w) for w in ws]) * 1e3
             row = {"matrix": name, "rows": m}
             print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
             int4 = ("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8)
-            int8 = ("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8],
-                    n * k + (n * k // 16 if opts.grouped else 2 * n))
+            int8 = ("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k)
             # tiles given or swept are one kernel's; with none, --int8 adds the int8 kernel's default beside int4's
             kinds = (int8,) if opts.kernel == "int8" else (int4, int8) if opts.int8 and len(configs) == 1 else (int4,)
             for kind, calls, nbytes in kinds:

@@ -47,7 +47,7 @@ def matrix_bytes(type_name: str, n: int, k: int, quantized: bool, float_bytes: i
         return n * k * float_bytes
     if type_name == "F32":
         return 4 * n * k  # F32 files stay exact
-    return format_bytes(choose_format(type_name, n, k, device), n, k, type_name, device)
+    return format_bytes(choose_format(type_name, n, k, device), n, k, type_name)
 
 
 def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, device: str = "cpu",

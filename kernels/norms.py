@@ -50,9 +50,8 @@ def embed_norm(
     row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None, impl: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, norm(h)) for h = table[tokens], times `scale` (rounded to h's dtype first, as a tensor of that dtype would
-    be) when given: a step's embeddings and the first block's input norm, one launch. `row_scale` (V,) or (V, D/32):
-    the table is int8 codes, a row's values code * its (group's) scale in fp32, rounded to `dtype` (the model's: a
-    quantized embedding)."""
+    be) when given: a step's embeddings and the first block's input norm, one launch. `row_scale` (V,): the table is
+    int8 codes, a row's values code * its scale in fp32, rounded to `dtype` (the model's: a quantized embedding)."""
     dtype = dtype or table.dtype
     if scale is not None:
         scale = float(torch.tensor(scale, dtype=dtype))
@@ -61,9 +60,7 @@ def embed_norm(
 
         return embed_norm_triton(tokens, table, scale, weight, eps, gemma, row_scale, dtype)
     if row_scale is not None:
-        from kernels.quant_linear import int8_rows_reference
-
-        h = int8_rows_reference(table[tokens], row_scale[tokens]).to(dtype)
+        h = (table[tokens].float() * row_scale[tokens].float()[:, None]).to(dtype)
     else:
         h = F.embedding(tokens, table)
     if scale is not None:

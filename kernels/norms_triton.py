@@ -80,13 +80,11 @@ def _load_row(src, offs, ok, stride_split, SPLITS: tl.constexpr, DT: tl.constexp
 
 @triton.jit
 def _embed_norm(
-    Tok, E, R, W, H, Y, stride_e, stride_r, stride_rg, stride_h, stride_y, V, D, scale, eps,
-    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, ROW_SCALED: tl.constexpr,
-    GROUPED: tl.constexpr, PDL: tl.constexpr,
+    Tok, E, R, W, H, Y, stride_e, stride_h, stride_y, V, D, scale, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, ROW_SCALED: tl.constexpr, PDL: tl.constexpr,
 ):
     # one token per program: its embedding row (times the model's scale, rounded as a tensor product
     # would be) and that row's RMSNorm, the first block's input. ROW_SCALED: E holds int8 codes and R a scale per row
-    # (GROUPED: per 32 codes of a row)
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -97,8 +95,7 @@ def _embed_norm(
     known = (ids >= 0) & (ids < V)  # an id outside the table reads zeros, never outside it
     v = tl.load(E + tok * stride_e + offs, mask=ok & known, other=0.0).to(tl.float32)
     if ROW_SCALED:  # the row dequantized in fp32, then rounded to the model's dtype (as QuantEmbedding's rows)
-        at = R + tok * stride_r + (offs // 32) * stride_rg if GROUPED else R + ids
-        v = (v * tl.load(at, mask=ok & known, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
+        v = (v * tl.load(R + ids, mask=ok & known, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
     if HAS_SCALE:
         v = (v * scale).to(dt).to(tl.float32)
     tl.store(H + row * stride_h + offs, v.to(dt), mask=ok)
@@ -255,18 +252,16 @@ def embed_norm_triton(
     row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens (T,) -> (h, norm(h)), h = table[tokens] (* scale, a value already rounded to `dtype`, default the
-    table's); `row_scale` (V,) or (V, D/32): the table is int8 codes, a row's values code * its (group's) scale."""
+    table's); `row_scale` (V,): the table is int8 codes, a row's values code * its scale."""
     T, (V, D) = tokens.shape[0], table.shape
     assert table.stride(1) == 1, table.stride()
     h = torch.empty(T, D, dtype=dtype or table.dtype, device=table.device)
     y = torch.empty_like(h)
     if T:
         _embed_norm[(T,)](
-            tokens, table, row_scale if row_scale is not None else table, weight, h, y, table.stride(0),
-            *(row_scale.stride() if row_scale is not None and row_scale.dim() == 2 else (0, 0)), h.stride(0), y.stride(0),
-            V, D, scale or 1.0, eps,
+            tokens, table, row_scale if row_scale is not None else table, weight, h, y, table.stride(0), h.stride(0),
+            y.stride(0), V, D, scale or 1.0, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_SCALE=scale is not None, ROW_SCALED=row_scale is not None,
-            GROUPED=row_scale is not None and row_scale.dim() == 2,
             num_warps=4 if D <= 4096 else 8, **launch_options(table),
         )
     return h, y

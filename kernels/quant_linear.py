@@ -31,13 +31,6 @@ def int4_rows_reference(words: torch.Tensor, pairs: torch.Tensor, dtype: torch.d
     return rows.reshape(t, chunks * 128)[:, :k].to(dtype)
 
 
-def int8_rows_reference(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """int8 rows (T, K) in fp32: codes times their row's scale (T,) or their group's (T, K/32)."""
-    if scale.dim() == codes.dim():
-        return (codes.float().unflatten(-1, (-1, GROUP)) * scale.float()[..., None]).flatten(-2)
-    return codes.float() * scale.float()[..., None]
-
-
 def _low(pair: torch.Tensor) -> torch.Tensor:
     return (pair << 16).view(torch.float32)
 
@@ -90,26 +83,14 @@ def int8_partials(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, spl
 
 def int8_linear(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *, out_dtype: torch.dtype | None = None,
                 impl: str = "auto") -> torch.Tensor:
-    """x (M, K) @ (codes * scale)ᵀ -> (M, N) in `out_dtype` (default x's); scale (N,) scales columns, (N, K/32) groups
-    of 32 codes (longer steps: the weights dequantized to x's dtype, as int4's)."""
+    """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); the scale scales columns."""
     out_dtype = out_dtype or x.dtype
     if _use_triton(impl, x) and x.shape[0] <= MAX_ROWS:
         from kernels.quant_linear_triton import int8_linear_triton
 
         return int8_linear_triton(_unit_stride(x), codes, scale, out_dtype=out_dtype)
-    if scale.dim() == 2:
-        return _dense(x, _int8_dequantize(codes, scale, x.dtype), out_dtype)
     y = _dense(x, codes.to(x.dtype), torch.float32) * scale.float()
     return y.to(out_dtype)
-
-
-def _int8_dequantize(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # grouped rows in `dtype`, a slice of rows at a time: fp32 scratch of at most 64 MB beside the result
-    w = torch.empty(codes.shape, dtype=dtype, device=codes.device)
-    step = max(1, (16 << 20) // codes.shape[1])
-    for i in range(0, codes.shape[0], step):
-        w[i:i + step] = int8_rows_reference(codes[i:i + step], scale[i:i + step])
-    return w
 
 
 def _dense(x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:

@@ -14,10 +14,7 @@ Layouts (engine/quant/weight.py builds them):
         of the chunk's 16 words is one contiguous 16-wide slice of K. pairs (N, KP/128, 4) int32: the chunk's
         four groups of 32 as bf16 pairs (s0|s2, s1|s3, z0|z2, z1|z3), low half first: w = (code - 8) * s + z.
         A nibble pair (i, i + 4) sits 16 bits apart in a word, with groups (i // 2, i // 2 + 2): one bf16x2 each.
-  int8  codes (N, K) int8 and either scale (N,): w = code * scale, applied to the output column; or scale (N, K/32)
-        fp16 (grouped, CUDA's): w = code * scale of its group of 32, each group's 32-deep dot scaled in fp32 as it is
-        added (Q8_0 and Q5_0 exactly: the file's codes and scales), held group-major (strides (1, N)): a group's
-        scales for a tile's columns are one contiguous load
+  int8  codes (N, K) int8 and scale (N,): w = code * scale, the scale applied to the output column
 """
 from __future__ import annotations
 
@@ -169,13 +166,12 @@ def _int4_linear(
 @triton.jit
 def _int8_linear(
     X, C, S, Y, M, N, K, KS,
-    stride_xm, stride_cn, stride_sn, stride_sg, stride_ym, stride_ys,
+    stride_xm, stride_cn, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr,
-    GROUPED: tl.constexpr, PREFETCH: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, LANES: tl.constexpr, PDL: tl.constexpr,
 ):
     # program (n, s) sums K [s * KS, (s + 1) * KS) and stores at Y[s] (fp32 partials, each scaled, when split); a
-    # tile is one 16-row dot per 16 rows, one instruction in every tile (Hopper's 64-row wgmma rounds a row otherwise);
-    # GROUPED: S holds a scale per 32 codes, each 32-deep dot scaled as it is added (the codes stay exact in bf16)
+    # tile is one 16-row dot per 16 rows, one instruction in every tile (Hopper's 64-row wgmma rounds a row otherwise)
     k_lo = tl.program_id(1) * KS
     if PREFETCH:  # this program's codes of its K slice, into L2 while the last kernel runs
         n_rows = tl.minimum(N - tl.program_id(0) * BLOCK_N, BLOCK_N)
@@ -192,50 +188,9 @@ def _int8_linear(
     acc2 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     acc3 = tl.zeros([16, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_lo, tl.minimum(K, k_lo + KS), BLOCK_K):  # BLOCK_K divides KS
-        if GROUPED:  # each code times its group's scale in fp32, rounded to dt once: one BLOCK_K-deep dot as below
-            k = k0 + offs_k
-            c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
-            g = k0 // 32 + tl.arange(0, BLOCK_K // 32)
-            s = tl.load(S + offs_n[:, None] * stride_sn + g[None, :] * stride_sg,
-                        mask=n_ok[:, None] & (g * 32 < K)[None, :], other=0.0).to(tl.float32)
-            w = tl.reshape(c.to(tl.float32), (BLOCK_N, BLOCK_K // 32, 32)) * s[:, :, None]
-            w = tl.reshape(w, (BLOCK_N, BLOCK_K)).to(dt)
-            acc0, acc1, acc2, acc3 = _tile_dots(X, rows, M, k, K, stride_xm, w, 1.0, acc0, acc1, acc2, acc3,
-                                                BLOCK_M, DOT_FP32, False)
-        else:
-            k = k0 + offs_k
-            w = _int8_codes(C, offs_n, n_ok, k, K, stride_cn, dt)
-            acc0, acc1, acc2, acc3 = _tile_dots(X, rows, M, k, K, stride_xm, w, 1.0, acc0, acc1, acc2, acc3,
-                                                BLOCK_M, DOT_FP32, False)
-    if GROUPED:
-        scale = 1.0
-    else:
-        scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    _store_tile(Y + tl.program_id(1) * stride_ys + offs_n[None, :], rows, M, n_ok, acc0, acc1, acc2, acc3, scale,
-                stride_ym, BLOCK_M)
-
-
-@triton.jit
-def _int8_codes(C, offs_n, n_ok, k, K, stride_cn, dt: tl.constexpr):
-    # the (BLOCK_N, len(k)) codes at K offsets k, in dt (|code| <= 127: exact in bf16)
-    c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
-    return c.to(dt)
-
-
-@triton.jit
-def _tile_dots(X, rows, M, k, K, stride_xm, w, s, acc0, acc1, acc2, acc3, BLOCK_M: tl.constexpr,
-               DOT_FP32: tl.constexpr, SCALED: tl.constexpr):
-    # each 16-row accumulator += x[rows, k] @ wᵀ, times `s` (a group's scale per column) when SCALED
-    if SCALED:
-        zero = tl.zeros(acc0.shape, dtype=tl.float32)
-        acc0 += _slice_dot(X, rows, rows < M, k, K, stride_xm, w, zero, DOT_FP32) * s
-        if BLOCK_M >= 32:
-            acc1 += _slice_dot(X, rows + 16, rows + 16 < M, k, K, stride_xm, w, zero, DOT_FP32) * s
-        if BLOCK_M >= 48:
-            acc2 += _slice_dot(X, rows + 32, rows + 32 < M, k, K, stride_xm, w, zero, DOT_FP32) * s
-        if BLOCK_M == 64:
-            acc3 += _slice_dot(X, rows + 48, rows + 48 < M, k, K, stride_xm, w, zero, DOT_FP32) * s
-    else:
+        k = k0 + offs_k
+        c = tl.load(C + offs_n[:, None] * stride_cn + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0)
+        w = c.to(dt)  # |code| <= 127: exact in bf16
         acc0 = _slice_dot(X, rows, rows < M, k, K, stride_xm, w, acc0, DOT_FP32)
         if BLOCK_M >= 32:
             acc1 = _slice_dot(X, rows + 16, rows + 16 < M, k, K, stride_xm, w, acc1, DOT_FP32)
@@ -243,7 +198,9 @@ def _tile_dots(X, rows, M, k, K, stride_xm, w, s, acc0, acc1, acc2, acc3, BLOCK_
             acc2 = _slice_dot(X, rows + 32, rows + 32 < M, k, K, stride_xm, w, acc2, DOT_FP32)
         if BLOCK_M == 64:
             acc3 = _slice_dot(X, rows + 48, rows + 48 < M, k, K, stride_xm, w, acc3, DOT_FP32)
-    return acc0, acc1, acc2, acc3
+    scale = tl.load(S + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    _store_tile(Y + tl.program_id(1) * stride_ys + offs_n[None, :], rows, M, n_ok, acc0, acc1, acc2, acc3, scale,
+                stride_ym, BLOCK_M)
 
 
 @triton.jit
@@ -427,15 +384,12 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
                        block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None,
                        out: torch.Tensor | None = None, prefetch: bool | None = None) -> torch.Tensor:
-    """x (M, K) @ (codes * scale)ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64; scale (N,) per row or (N, K/32)
-    per group of 32 codes. With `splits` > 1 the result is fp32 partial sums (S, M, N) over K slices (S =
-    `int8_slices`) for a consumer to add; `out` as int4's. `prefetch`: the codes into L2 before waiting on the previous
-    kernel (None: where they are at most PREFETCH_BYTES)."""
+    """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1 the
+    result is fp32 partial sums (S, M, N) over K slices (S = `int8_slices`) for a consumer to add; `out` as int4's.
+    `prefetch`: the codes into L2 before waiting on the previous kernel (None: where they are at most PREFETCH_BYTES)."""
     M, K = x.shape
     N = codes.shape[0]
-    grouped = scale.dim() == 2
-    assert codes.shape == (N, K) and scale.shape == ((N, triton.cdiv(K, 32)) if grouped else (N,)), \
-        (x.shape, codes.shape, scale.shape)
+    assert codes.shape == (N, K) and scale.shape == (N,), (x.shape, codes.shape, scale.shape)
     assert x.stride(1) == 1 and codes.stride(1) == 1
     rows = _rows(x)
     interpret = x.device.type == "cpu"
@@ -448,9 +402,9 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
         return y
     launch = launch_options(x)
     _int8_linear[(triton.cdiv(N, bn), s)](
-        x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), scale.stride(0), scale.stride(-1), y.stride(-2),
+        x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
-        BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16, GROUPED=grouped,
+        BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
         PREFETCH=_prefetches(launch, bn, num_warps, prefetch, codes), LANES=32 * num_warps,
         num_warps=num_warps, num_stages=num_stages or stages, **launch,
     )

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.quant.block_codes import CodeLayout, held_layout, layout, row_slices
+from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
 from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4,
                                  superblocks)
@@ -37,13 +37,9 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
         for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
             w[start:start + len(rows)] = torch.from_numpy(rows)
         return bf16_tensor(w if row_order is None else w[row_order], type_name)
-    out = Int8Rows(n, k, grouped=device.startswith("cuda") and k % 32 == 0)
-    if out.grouped and layout(type_name) == CodeLayout(8, 32, 128):  # Q8_0, Q5_0, re-quantized types: as they are
-        for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):
-            out.put_codes(start, codes)
-    else:
-        for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
-            out.put(start, rows)
+    out = Int8Rows(n, k)
+    for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
+        out.put(start, rows)
     if row_order is not None:
         out.codes, out.scale = out.codes[row_order], out.scale[row_order]
     return out.done(type_name)

@@ -4,9 +4,8 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int4  4-bit codes in groups of 32 with a bf16 scale and zero: Q4_0, Q4_1, Q4_K exactly. On the CPU in torch's
         int4pack layout (`packed`, `scale_zero`); on CUDA as int32 words of eight codes with bf16 (scale, zero)
         pairs (`words`, `pairs`) for the Triton kernels of kernels/quant_linear_triton.py
-  int8  int8 codes with one bf16 scale per row (torch's int8pack): every other quantized type, re-quantized; on
-        CUDA an fp16 scale per 32 codes (`scale` (N, K/32)), Q8_0 and Q5_0 exactly as the file holds them, and the
-        others (Q5_1, Q5_K, Q6_K) re-quantized per 32 (engine/quant/block_codes.requantize)
+  int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
+        re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
   blocks  the CPU's own kernels, where they build: Q4_K/Q5_K/Q6_K as the file's super-blocks, codes interleaved
         (kernels/cpu/kgemm.c, buffer `blocks`); every other type as unsigned codes (4-bit packed or one byte) with an
@@ -138,9 +137,7 @@ class QuantTensor(WeightMatrix):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` dequantized (an embedding lookup reads only these)."""
         if self.format == "int8":
-            from kernels.quant_linear import int8_rows_reference
-
-            return int8_rows_reference(self.codes[ids], self.scale[ids])
+            return self.codes[ids].float() * self.scale[ids].float()[:, None]
         if self.format == "bf16":
             return self.weight[ids].float()
         if self.format == "blocks":
@@ -208,9 +205,8 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return QuantTensor(fmt, (n, k), source, packed=torch.cat([p.packed for p in parts]),
                            scale_zero=torch.cat([p.scale_zero for p in parts], dim=1))
     if fmt == "int8":
-        scale = torch.cat([p.scale for p in parts])
         return QuantTensor(fmt, (n, k), source, codes=torch.cat([p.codes for p in parts]),
-                           scale=group_major(scale) if scale.dim() == 2 else scale)
+                           scale=torch.cat([p.scale for p in parts]))
     return QuantTensor(fmt, (n, k), source, weight=torch.cat([p.weight for p in parts]))
 
 
@@ -274,7 +270,7 @@ def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
     return "int8"
 
 
-def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0", device: str = "cpu") -> int:
+def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
     if fmt == "blocks":
         lay = held_layout(type_name, k)
         if lay.raw:
@@ -284,8 +280,6 @@ def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0", device: str 
         return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
         return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32 (CUDA pads K to 128: at most 80 B/row)
-    if fmt == "int8" and device.startswith("cuda") and k % GROUP == 0:
-        return n * k + 2 * n * (k // GROUP)  # codes + an fp16 scale per 32
     if fmt == "int8":
         return n * k + 2 * n  # codes + a bf16 scale per row
     return 2 * n * k
@@ -368,27 +362,13 @@ def int8_fits(k: int) -> bool:
 
 
 class Int8Rows:
-    """Fills an (N, K) int8 weight a slice of rows at a time: one scale per row, or `grouped` one fp16 scale per 32
-    codes (CUDA's kernel; K a multiple of 32)."""
+    """Fills an (N, K) int8-per-row weight a slice of fp32 rows at a time."""
 
-    def __init__(self, n: int, k: int, grouped: bool = False):
-        self.grouped = grouped
+    def __init__(self, n: int, k: int):
         self.codes = torch.empty(n, k, dtype=torch.int8)
-        shape, dtype = ((n, k // GROUP), torch.float16) if grouped else ((n,), torch.float32)
-        self.scale = torch.empty(shape, dtype=dtype)
-
-    def put_codes(self, start: int, c) -> None:
-        """Grouped rows from block_codes.Codes of byte codes with zero 128 and a scale per 32 (Q8_0, Q5_0, requantize's)
-        : the codes and scales as they are."""
-        stop = start + len(c.codes)
-        self.codes[start:stop] = torch.from_numpy((c.codes.astype(np.int16) - 128).astype(np.int8))
-        self.scale[start:stop] = torch.from_numpy(c.scale).half()
+        self.scale = torch.empty(n, dtype=torch.float32)
 
     def put(self, start: int, rows: np.ndarray) -> None:
-        if self.grouped:
-            from engine.quant.block_codes import requantize
-
-            return self.put_codes(start, requantize(rows))
         r = torch.from_numpy(rows)
         # the kernel reads a bf16 scale: round it up first, then the codes against it (error ≤ half a step)
         s = (r.abs().amax(1).clamp_min(1e-30) / 127 * (1 + 2 ** -8)).bfloat16().float()
@@ -397,15 +377,7 @@ class Int8Rows:
 
     def done(self, source_type: str) -> QuantTensor:
         return QuantTensor("int8", tuple(self.codes.shape), source_type, codes=self.codes,
-                           scale=group_major(self.scale) if self.grouped else self.scale.to(torch.bfloat16))
-
-
-def group_major(scale: torch.Tensor) -> torch.Tensor:
-    """(N, K/32) group scales held group by group (strides (1, N)): the CUDA kernel loads one group's scales for a
-    tile's columns in one contiguous read (row-major, each was a 2-byte read of its own sector: the 8B head 142 → 239
-    µs at one row)."""
-    return scale.t().contiguous().t()
-
+                           scale=self.scale.to(torch.bfloat16))
 
 
 def bf16_tensor(weight: torch.Tensor, source_type: str) -> QuantTensor:

@@ -69,32 +69,6 @@ def test_int8_rows_requantize_within_a_step():
     torch.testing.assert_close(qt(x), x @ qt.dequantize().t(), atol=3e-2, rtol=3e-2)
 
 
-@pytest.mark.parametrize("qtype", ["Q8_0", "Q5_0", "Q5_1"])  # gguf quantizes no Q6_K
-def test_cuda_int8_groups_hold_the_files_values(qtype):
-    """CUDA's int8 rows keep a scale per 32 codes: Q8_0 and Q5_0 exactly the file's values (its codes and fp16
-    scales), the others (Q5_1, Q5_K, Q6_K) re-quantized per 32 within half a step of their group; built on the CPU,
-    as the loader does."""
-    from types import SimpleNamespace
-
-    from engine.quant.from_gguf import quantized_matrix
-
-    n, k = 24, 512
-    raw, ref = _blocks(qtype, n, k, seed=4)
-    t = SimpleNamespace(tensor_type=getattr(gguf.GGMLQuantizationType, qtype), shape=[k, n], data=raw)
-    qt = quantized_matrix(t, None, device="cuda")
-    assert qt.format == "int8" and qt.scale.shape == (n, k // 32) and qt.scale.dtype == torch.float16
-    assert qt.scale.stride() == (1, n)  # group-major: the kernel reads a group's scales in one load
-    assert qt.nbytes() == weight.format_bytes("int8", n, k, qtype, device="cuda")
-    got = qt.dequantize().numpy()
-    if qtype in ("Q8_0", "Q5_0"):
-        np.testing.assert_array_equal(got, ref)
-    else:
-        step = np.repeat(np.abs(ref).reshape(n, -1, 32).max(-1) / 127, 32, axis=1)
-        assert (np.abs(got - ref) <= 0.5 * step * 1.01 + 1e-7).all()
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
-    np.testing.assert_array_equal(quantized_matrix(t, order, device="cuda").dequantize().numpy(), got[order.numpy()])
-
-
 def test_bf16_tensor_rows_and_product():
     w = torch.randn(16, 64)
     qt = bf16_tensor(w, "F16")

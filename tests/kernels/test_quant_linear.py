@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.quant.gguf_blocks import Int4Groups
-from engine.quant.weight import QuantTensor, group_major, pack_int4
+from engine.quant.weight import QuantTensor, pack_int4
 from kernels import triton_available
 from kernels.quant_linear import (int4_dequantize, int4_linear, int4_partials, int4_rows_reference, int8_linear,
                                    int8_partials)
@@ -30,18 +30,6 @@ def _int4(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, In
                    rng.normal(0, 0.02, (n, k // 32)).astype(np.float32))
     q = pack_int4(g, "Q4_K", device="cuda")  # the GPU layout, built on the CPU
     return q.words.to(DEVICE), q.pairs.to(DEVICE), g
-
-
-def _int8_scale(n: int, k: int, grouped: bool, g: torch.Generator) -> torch.Tensor:
-    """A bf16 scale per row, or (grouped, CUDA's layout) an fp16 scale per 32 codes, group-major."""
-    if grouped:
-        return group_major((torch.rand(n, k // 32, generator=g) * 0.01 + 1e-4).half()).to(DEVICE)
-    return (torch.rand(n, generator=g) * 0.01 + 1e-4).bfloat16().to(DEVICE)
-
-
-def _int8_weight(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    s = scale.double().repeat_interleave(32, dim=1) if scale.dim() == 2 else scale.double()[:, None]
-    return codes.double() * s
 
 
 def _x(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
@@ -100,18 +88,17 @@ def test_int4_split_k_partials_sum_to_the_product(n, k, splits, m):
 
 
 @needs_triton
-@pytest.mark.parametrize("grouped", [False, True])
 @pytest.mark.parametrize("splits", [2, 3])
 @pytest.mark.parametrize("m", [1, MAX_M])
-def test_int8_split_k_partials_sum_to_the_product(splits, m, grouped):
-    """Split over K: each slice's partial scaled by its column's (or groups') scale, summing to the product."""
+def test_int8_split_k_partials_sum_to_the_product(splits, m):
+    """Split over K: each slice's partial scaled by its column's scale, summing to the product."""
     n, k = 40, 288  # K: 9 steps of the interpreter's 32
     g = torch.Generator().manual_seed(3)
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).to(DEVICE)
-    scale = _int8_scale(n, k, grouped, g)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-4).bfloat16().to(DEVICE)
     x = _x(m, k, torch.bfloat16 if ON_GPU else torch.float32)
     parts = int8_partials(x, codes, scale, splits, impl="triton")
-    ref = x.double() @ _int8_weight(codes, scale).t()
+    ref = x.double() @ (codes.double() * scale.double()[:, None]).t()
     assert parts.dtype == torch.float32 and parts.shape == (splits, m, n)
     assert (parts.double().sum(0) - ref).abs().max() <= 1e-2 * ref.abs().max()
     # a row's fp32 partials do not depend on the rows beside it, in either row tile
@@ -123,13 +110,12 @@ def test_int8_split_k_partials_sum_to_the_product(splits, m, grouped):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32] if ON_GPU else [torch.float32])
 @pytest.mark.parametrize("n,k", SHAPES)
 @pytest.mark.parametrize("m", [1, 5, MAX_M])
-@pytest.mark.parametrize("grouped", [False, True])
-def test_int8_matches_reference(dtype, n, k, m, grouped):
+def test_int8_matches_reference(dtype, n, k, m):
     g = torch.Generator().manual_seed(n + k)
     codes = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8).to(DEVICE)
-    scale = _int8_scale(n, k, grouped, g)
+    scale = (torch.rand(n, generator=g) * 0.01 + 1e-4).bfloat16().to(DEVICE)
     x = _x(m, k, dtype)
-    ref = x.double() @ _int8_weight(codes, scale).t()
+    ref = x.double() @ (codes.double() * scale.double()[:, None]).t()
     got = int8_linear(x, codes, scale, impl="triton")
     assert got.shape == (m, n) and got.dtype == dtype
     tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
@@ -138,7 +124,7 @@ def test_int8_matches_reference(dtype, n, k, m, grouped):
 
 
 @needs_triton
-@pytest.mark.parametrize("kind", ["int4", "int8", "int8-grouped"])
+@pytest.mark.parametrize("kind", ["int4", "int8"])
 def test_a_row_does_not_depend_on_the_row_count(kind):
     """Batched == alone: a row's fp32 bits are the same at any M <= MAX_M (the 16-, 32-, 48- and 64-row tiles)."""
     n, k = SHAPES[0]
@@ -149,7 +135,7 @@ def test_a_row_does_not_depend_on_the_row_count(kind):
         run = lambda rows: int4_linear(rows, nib, sz, out_dtype=torch.float32, impl="triton")  # noqa: E731
     else:
         codes = torch.randint(-127, 128, (n, k), generator=torch.Generator().manual_seed(1), dtype=torch.int8)
-        scale = _int8_scale(n, k, kind == "int8-grouped", torch.Generator().manual_seed(2))
+        scale = torch.full((n,), 0.01).bfloat16().to(DEVICE)
         run = lambda rows: int8_linear(rows, codes.to(DEVICE), scale, out_dtype=torch.float32,  # noqa: E731
                                        impl="triton")
     full = run(x)
