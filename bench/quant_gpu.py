@@ -28,14 +28,22 @@ from engine.models import architecture
 from engine.quant.weight import CHUNK, QuantTensor
 
 
+def llama_args(hidden: int, intermediate: int, layers: int, heads: int, head_dim: int, tied: bool,
+               max_len: int = 8192) -> ModelArgs:
+    """A Llama-3 shape (vocabulary 128,256, 8 KV heads)."""
+    return ModelArgs(model_type="llama", vocab_size=128256, hidden_size=hidden, intermediate_size=intermediate,
+                     num_layers=layers, num_heads=heads, num_kv_heads=8, head_dim=head_dim, rms_norm_eps=1e-5,
+                     rope={GLOBAL: RopeArgs(500000.0)}, layer_types=[GLOBAL] * layers, max_position_embeddings=max_len,
+                     tie_word_embeddings=tied, hidden_act="silu")
+
+
 def llama8b_args(max_len: int = 8192) -> ModelArgs:
-    return ModelArgs(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_layers=32,
-                     num_heads=32, num_kv_heads=8, head_dim=128, rms_norm_eps=1e-5, rope={GLOBAL: RopeArgs(500000.0)},
-                     layer_types=[GLOBAL] * 32, max_position_embeddings=max_len, tie_word_embeddings=False,
-                     hidden_act="silu")
+    return llama_args(4096, 14336, 32, 32, 128, tied=False, max_len=max_len)
 
 
-SHAPES = {"llama-8b": llama8b_args, "gemma-270m": gemma270m_args}
+SHAPES = {"llama-8b": llama8b_args, "gemma-270m": gemma270m_args,
+          "llama-1b": lambda: llama_args(2048, 8192, 16, 32, 64, tied=True),  # Llama-3.2-1B
+          "llama-3b": lambda: llama_args(3072, 8192, 28, 24, 128, tied=True)}  # Llama-3.2-3B
 
 
 def more_bits(layer: int, layers: int) -> bool:
