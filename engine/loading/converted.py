@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -16,11 +17,28 @@ from engine.tokenizer import Tokenizer
 FORMAT = 1
 
 
-def entry_dir(cache_dir: Path, gguf_path: Path) -> Path:
-    """One folder per (path, size, mtime): a replaced file gets a fresh entry."""
+def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", version: str = str(FORMAT)) -> Path:
+    """One folder per (path, size, mtime, version) under `folder`: a replaced file gets a fresh entry."""
     st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{FORMAT}"
-    return Path(cache_dir) / "converted" / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{version}"
+    return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
+    """`fill` writes an entry into a temporary folder, which is marked complete and renamed to `d`, so a crash never
+    leaves a half entry; a full or read-only cache only costs speed next time."""
+    try:
+        d.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
+    except OSError:
+        return
+    try:
+        fill(tmp)
+        (tmp / "complete").write_text("1")
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load(cache_dir: Path, gguf_path: Path):
@@ -41,18 +59,11 @@ def load(cache_dir: Path, gguf_path: Path):
 
 
 def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer) -> None:
-    """Writes into a temporary folder and renames it, so a crash never leaves a half entry."""
     from safetensors.torch import save_file
 
-    d = entry_dir(cache_dir, gguf_path)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
+    def fill(tmp: Path) -> None:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         (tmp / "args.json").write_text(json.dumps(args.to_dict()))
         tok.save(tmp / "tokenizer")
-        (tmp / "complete").write_text("1")
-        shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)
-    except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)  # a full or read-only cache only costs speed next time
+
+    write_entry(entry_dir(cache_dir, gguf_path), fill)

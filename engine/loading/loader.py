@@ -12,13 +12,14 @@ from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
+from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
 from engine.models import architecture
 from engine.models.args import ModelArgs
 from engine.models.layers import CausalLM
 from engine.quant.from_float import SCHEMES, quantize_matrix
 from engine.quant.weight import QuantTensor, weights_summary
-from engine.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
+from engine.tokenizer import Tokenizer, tokenizer_from_hf_dir
 
 Progress = Callable[[str, float], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -196,7 +197,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     arch = architecture(gf.architecture or "(none)")
     args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
     _check_memory(gf, args, options, path.name)
-    tok = tokenizer_from_gguf(gf.metadata)
+    tok = gguf_tokenizer(gf, options.cache_dir)
     weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
                                 device=options.device)
     if options.quantized and options.device == "cpu" and notices is not None:

@@ -1,0 +1,84 @@
+"""The cache of SentencePiece tokenizers built from GGUF `llama` vocabularies: a later load reads the saved model
+instead of building it, and gives the same tokenizer; a damaged entry, a replaced file or an unwritable cache never
+fails a load."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from engine.loading import tokenizer_cache
+from engine.loading.tokenizer_cache import gguf_tokenizer
+from tests.support.gemma import byte_level_metadata, sentencepiece_metadata, train_sentencepiece
+from tests.support.gemma import trained_byte_level  # noqa: F401 (a fixture)
+
+TEXT = "Hello world, <start_of_turn>user\n東京 123 ▁ spaces   end"
+
+
+@pytest.fixture(scope="module")
+def metadata() -> dict:
+    return sentencepiece_metadata(train_sentencepiece(add_dummy_prefix=True), add_space_prefix=True)
+
+
+@pytest.fixture
+def gguf(tmp_path: Path, metadata: dict) -> SimpleNamespace:
+    """What gguf_tokenizer reads of an opened file: its path (the cache's key) and metadata."""
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF stand-in")
+    return SimpleNamespace(path=path, metadata=metadata)
+
+
+def _no_build(monkeypatch) -> None:
+    def fail(metadata):
+        raise AssertionError("the tokenizer was built, not read from the cache")
+
+    monkeypatch.setattr(tokenizer_cache, "tokenizer_from_gguf", fail)
+
+
+def _same(a, b) -> None:
+    assert a.encode(TEXT) == b.encode(TEXT) and a.decode(a.encode(TEXT)) == b.decode(b.encode(TEXT))
+    assert (a.vocab_size, a.bos_id, a.eos_id, a.stop_ids) == (b.vocab_size, b.bos_id, b.eos_id, b.stop_ids)
+
+
+def test_a_later_load_reads_the_saved_tokenizer(gguf, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    built = gguf_tokenizer(gguf, cache)
+    entries = list((cache / "tokenizers").iterdir())
+    assert len(entries) == 1 and (entries[0] / "complete").exists()
+    _no_build(monkeypatch)
+    _same(gguf_tokenizer(gguf, cache), built)
+
+
+def test_a_damaged_entry_is_rebuilt(gguf, tmp_path):
+    cache = tmp_path / "cache"
+    built = gguf_tokenizer(gguf, cache)
+    (entry,) = (cache / "tokenizers").iterdir()
+    model = next(p for p in (entry / "tokenizer").iterdir() if p.suffix == ".model")
+    model.write_bytes(model.read_bytes()[:100])  # truncated
+    _same(gguf_tokenizer(gguf, cache), built)
+    (again,) = (cache / "tokenizers").iterdir()
+    assert again == entry and (again / "complete").exists() and model.stat().st_size > 100  # written again
+
+
+def test_a_replaced_file_gets_a_fresh_entry(gguf, tmp_path):
+    cache = tmp_path / "cache"
+    gguf_tokenizer(gguf, cache)
+    st = gguf.path.stat()
+    os.utime(gguf.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    gguf_tokenizer(gguf, cache)
+    assert len(list((cache / "tokenizers").iterdir())) == 2
+
+
+def test_an_unwritable_cache_still_loads(gguf, tmp_path):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder would be")
+    _same(gguf_tokenizer(gguf, blocker), gguf_tokenizer(gguf, None))
+
+
+def test_byte_level_vocabularies_are_not_cached(tmp_path, trained_byte_level):  # noqa: F811
+    gf = SimpleNamespace(path=tmp_path / "model.gguf", metadata=byte_level_metadata(trained_byte_level))
+    gf.path.write_bytes(b"GGUF stand-in")
+    gguf_tokenizer(gf, tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
