@@ -5,7 +5,8 @@
 
 Each (model, mode) loads in a fresh subprocess that reads its own /proc/self/status: VmRSS before and after
 load_model, VmHWM (reset to VmRSS just before the load) for the peak, RssAnon/RssFile to tell owned memory from
-mapped file pages. The load gets an empty cache_dir; what it writes there is reported. A few greedy tokens prove the
+mapped file pages. The load gets an empty cache_dir; what it writes there is reported (`--warm`: then a second load
+in a fresh process over what the first wrote, as every later start is). A few greedy tokens prove the
 model runs; decode_growth_bytes is what building the runtime and decoding add on top. One JSON line per (model,
 mode); llama-8b skips dequantized (fp32 would need ~32 GB).
 """
@@ -50,12 +51,13 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def measure(path: Path, weights: str, tokens: int, scratch: Path) -> dict:
-    """Runs in the child: load `path` with `weights`, then decode `tokens` greedy tokens."""
+def measure(path: Path, weights: str, tokens: int, scratch: Path, cache: Path | None = None) -> dict:
+    """Runs in the child: load `path` with `weights` (`cache`: a cache_dir kept, else a fresh one), then decode
+    `tokens` greedy tokens."""
     import gguf  # noqa: F401  (the load's lazy imports, kept out of its growth)
     import safetensors.torch  # noqa: F401
 
-    before, lm, load_s, cache_bytes = _load(path, weights, scratch)
+    before, lm, load_s, cache_bytes = _load(path, weights, scratch, cache)
     after = proc_status()
     generated, decode_s = _decode(lm, tokens)
     file_bytes = path.stat().st_size
@@ -69,11 +71,11 @@ def measure(path: Path, weights: str, tokens: int, scratch: Path) -> dict:
                 decode_s=round(decode_s, 2), decode_growth_bytes=proc_status()["VmRSS"] - after["VmRSS"])
 
 
-def _load(path: Path, weights: str, scratch: Path):
-    """(status before, model, seconds, bytes written to its fresh cache_dir)."""
+def _load(path: Path, weights: str, scratch: Path, kept: Path | None = None):
+    """(status before, model, seconds, bytes in its cache_dir after the load: a fresh one, or `kept`)."""
     from engine.loading.loader import LoadOptions, load_model
 
-    cache = Path(tempfile.mkdtemp(prefix="memory-cache-", dir=scratch))
+    cache = kept or Path(tempfile.mkdtemp(prefix="memory-cache-", dir=scratch))
     try:
         before = proc_status()
         if not reset_peak():
@@ -82,7 +84,8 @@ def _load(path: Path, weights: str, scratch: Path):
         lm = load_model(path, LoadOptions(weights=weights, cache_dir=cache))
         return before, lm, time.perf_counter() - start, dir_bytes(cache)
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        if kept is None:
+            shutil.rmtree(cache, ignore_errors=True)
 
 
 def _decode(lm, tokens: int) -> tuple[list[int], float]:
@@ -96,9 +99,9 @@ def _decode(lm, tokens: int) -> tuple[list[int], float]:
     return seq.generated, time.perf_counter() - start
 
 
-def run_child(path: Path, weights: str, tokens: int, scratch: Path) -> dict:
+def run_child(path: Path, weights: str, tokens: int, scratch: Path, cache: Path | None = None) -> dict:
     cmd = [sys.executable, __file__, "--child", str(path), "--weights", weights, "--tokens", str(tokens),
-           "--data-dir", str(scratch)]
+           "--data-dir", str(scratch), *(["--cache", str(cache)] if cache else [])]
     start = time.perf_counter()
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
@@ -129,17 +132,28 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--weights", help=argparse.SUPPRESS)
+    ap.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help="also a second load over the cache the first one wrote")
     a = ap.parse_args()
     a.data_dir.mkdir(parents=True, exist_ok=True)
     if a.child:
-        emit(**measure(a.child, a.weights, a.tokens, a.data_dir))
+        emit(**measure(a.child, a.weights, a.tokens, a.data_dir, a.cache))
         return
     for label, path in models(a.models, a.shapes, a.data_dir):
         for weights in a.modes:
             if weights == "dequantized" and label.partition(":")[0] in TOO_BIG_TO_DEQUANTIZE:
                 emit(model=label, weights=weights, skipped="fp32 weights would need ~32 GB")
                 continue
-            emit(model=label, path=str(path), weights=weights, **run_child(path, weights, a.tokens, a.data_dir))
+            if not a.warm:
+                emit(model=label, path=str(path), weights=weights, **run_child(path, weights, a.tokens, a.data_dir))
+                continue
+            cache = Path(tempfile.mkdtemp(prefix="memory-warm-", dir=a.data_dir))
+            try:
+                for start in ("cold", "warm"):
+                    emit(model=label, path=str(path), weights=weights, cache=start,
+                         **run_child(path, weights, a.tokens, a.data_dir, cache))
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
 
 
 if __name__ == "__main__":
