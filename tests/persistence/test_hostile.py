@@ -105,6 +105,12 @@ ABSURD = {
                                   + struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 0, 1) + b"\0", 1),
     "2**60 metadata fields": _gguf(ARCH, 1 << 60),
     "string of 2**63 bytes": _gguf(struct.pack("<Q", 1 << 63) + b"key", 1),
+    "token of 2**63 bytes": _gguf(ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + _s("a")
+                                  + struct.pack("<Q", 1 << 63) + b"b", 2),
+    "token not UTF-8": _gguf(ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + _s("a")
+                             + struct.pack("<Q", 2) + b"\xff\xfe", 2),
+    "token list cut short": _gguf(ARCH + _s("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 3) + _s("a")
+                                  + _s("b"), 2, tail=b"\0" * 6),  # 24 bytes: room for 3 lengths, not 3 items
     "2**40 tensors": _gguf(ARCH, 1, n_tensors=1 << 40),
     "1000 dimensions": _gguf(ARCH, 1, _s("t") + struct.pack("<I", 1000) + b"\1" * 8000 + struct.pack("<IQ", 0, 0), 1),
     "shape 2**32 x 2**32": _gguf(ARCH, 1, _s("t") + struct.pack("<IQQIQ", 2, 1 << 32, 1 << 32, 0, 0), 1),
