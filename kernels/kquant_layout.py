@@ -111,16 +111,18 @@ def natural_units(held: np.ndarray) -> np.ndarray:
 
 
 def _units(codes: np.ndarray, forward: bool) -> np.ndarray:
+    # a weight's 4 bytes t move together: as one uint32 the copy moves a quarter of the elements (the embedded model's
+    # load: 0.6 s of byte-wise transposes -> 0.1 s)
     n, k = codes.shape
-    full = k // 256 * 256
-    out = np.empty_like(codes)
-    for start, stop, chunks in ((0, full, 4), (full, k, 2)):
+    words, full = codes.view(np.uint32), k // 256 * 64
+    out = np.empty_like(words)
+    for start, stop, chunks in ((0, full, 4), (full, k // 4, 2)):
         if stop == start:
             continue
-        part = codes[:, start:stop].reshape(n, -1, 16, chunks, 4) if forward else \
-            codes[:, start:stop].reshape(n, -1, chunks, 16, 4)
-        out[:, start:stop] = part.swapaxes(2, 3).reshape(n, stop - start)  # (group, chunk, t) <-> (chunk, group, t)
-    return out
+        part = words[:, start:stop].reshape(n, -1, 16, chunks) if forward else \
+            words[:, start:stop].reshape(n, -1, chunks, 16)
+        out[:, start:stop] = part.swapaxes(2, 3).reshape(n, stop - start)  # (group, chunk) <-> (chunk, group)
+    return out.view(np.uint8)
 
 
 FIFTHS_ZERO = 112  # a Q5_0 code q is held as the byte u = q + 112 (zero 128, as Q8_0's)
