@@ -112,7 +112,7 @@ def natural_units(held: np.ndarray) -> np.ndarray:
 
 def _units(codes: np.ndarray, forward: bool) -> np.ndarray:
     # a weight's 4 bytes t move together: as one uint32 the copy moves a quarter of the elements (the embedded model's
-    # load: 0.6 s of byte-wise transposes -> 0.1 s)
+    # load, under cProfile: 0.68 s in these copies -> 0.23 s)
     n, k = codes.shape
     words, full = codes.view(np.uint32), k // 256 * 64
     out = np.empty_like(words)

@@ -1,7 +1,8 @@
 """A cache of the SentencePiece tokenizers built from GGUF `llama` vocabularies: building the model from the pieces and
-scores is a large part of a load (the embedded Gemma 3's 262,144 pieces: ~1.7 s of ~3.5 s), while the saved model
-(~5 MB) loads in ~0.1 s. Keyed by the file (path, size, mtime) and by the code that builds tokenizers, so a changed
-file, or a Parley whose tokenizer code changed, builds afresh. `gpt2` vocabularies build their BPE directly: no cache."""
+scores is a large part of a load (the embedded Gemma 3's 262,144 pieces: a load took 5.65-6.51 s building it, 3.11-3.71 s
+reading the saved 5.4 MB; docs/QUANTIZED.md). Keyed by the file (path, size, mtime) and by the code that builds
+tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds afresh; the entry it replaces is removed.
+`gpt2` vocabularies build their BPE directly: no cache."""
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,25 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
         except TokenizerError:
             shutil.rmtree(d, ignore_errors=True)  # a damaged entry is rebuilt
     tok = tokenizer_from_gguf(gf.metadata)
-    write_entry(d, lambda tmp: tok.save(tmp / "tokenizer"))
+    source = str(gf.path.resolve())
+
+    def fill(tmp: Path) -> None:
+        tok.save(tmp / "tokenizer")
+        (tmp / "source").write_text(source, encoding="utf-8")
+
+    write_entry(d, fill)
+    _drop_older(d, source)
     return tok
+
+
+def _drop_older(d: Path, source: str) -> None:
+    """Removes the other entries of the same file (an older version of it, or of Parley): one entry per file."""
+    for entry in d.parent.glob("*"):
+        try:
+            if entry != d and (entry / "source").read_text(encoding="utf-8") == source:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue
 
 
 @lru_cache(maxsize=1)

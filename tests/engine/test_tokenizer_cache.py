@@ -62,13 +62,18 @@ def test_a_damaged_entry_is_rebuilt(gguf, tmp_path):
     assert again == entry and (again / "complete").exists() and model.stat().st_size > 100  # written again
 
 
-def test_a_replaced_file_gets_a_fresh_entry(gguf, tmp_path):
+def test_a_replaced_file_gets_a_fresh_entry_in_place_of_the_old(gguf, tmp_path, metadata):
     cache = tmp_path / "cache"
     gguf_tokenizer(gguf, cache)
+    other = SimpleNamespace(path=tmp_path / "other.gguf", metadata=metadata)
+    other.path.write_bytes(b"another GGUF stand-in")
+    gguf_tokenizer(other, cache)
+    (old,) = [e for e in (cache / "tokenizers").iterdir() if e.name.startswith("model-")]
     st = gguf.path.stat()
     os.utime(gguf.path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
     gguf_tokenizer(gguf, cache)
-    assert len(list((cache / "tokenizers").iterdir())) == 2
+    entries = sorted(e.name for e in (cache / "tokenizers").iterdir())
+    assert len(entries) == 2 and old.name not in entries  # the other file's entry stays
 
 
 def test_an_unwritable_cache_still_loads(gguf, tmp_path):
