@@ -197,7 +197,8 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     arch = architecture(gf.architecture or "(none)")
     args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
     _check_memory(gf, args, options, path.name)
-    tok = gguf_tokenizer(gf, options.cache_dir)
+    # a dequantized load's converted entry holds its tokenizer already: no second copy
+    tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
     weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
                                 device=options.device)
     if options.quantized and options.device == "cpu" and notices is not None:
