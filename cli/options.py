@@ -24,7 +24,8 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
     p.add_argument("--weights", default="auto", choices=["auto", "quantized", "dequantized"],
                    help="quantized: GGUF matrices stay quantized (int4/int8 kernels on the CPU and CUDA, ~1/4 the memory "
                    "of fp32); dequantized: float weights, the path that matches transformers; auto: quantized on the "
-                   "CPU, on CUDA floats while they fit in 60%% of the free GPU memory (faster there so far)")
+                   "CPU and, on CUDA, for models of ~1B weights and up (faster there); smaller ones as floats while "
+                   "they fit in 60%% of the free GPU memory")
     p.add_argument("--quantize", default=None, choices=["q8", "q4"],
                    help="a Hugging Face folder's matrices quantized at load on the CPU (GGUF files keep their own)")
     p.add_argument("--speculative", default="auto", choices=["auto", "off", "lookup", "draft", "dflash"],

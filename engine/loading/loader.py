@@ -25,6 +25,9 @@ Progress = Callable[[str, float], None]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 WEIGHTS = ("auto", "quantized", "dequantized")
 GPU_FLOAT_SHARE = 0.6  # "auto" on CUDA holds floats only while they take at most this share of the free GPU memory
+# "auto" on CUDA quantizes models of at least this many matrix weights: one H200, Q4_K_M layouts, decode vs bf16 at
+# 1 / 8 sessions: Llama-3.2-1B-shaped 1.56× / 1.43×, 3B 1.57× / 1.44×, 8B 1.69× / 1.56×; Gemma 3 270M 0.95× / 0.99×
+QUANTIZED_FROM_WEIGHTS = 500_000_000
 
 
 @dataclass(slots=True)
@@ -33,8 +36,8 @@ class LoadOptions:
     dtype: str = "float32"
     cache_dir: Path | None = None  # dequantized GGUF weights are kept here; None disables the cache
     # GGUF matrices stay "quantized", or "dequantized" to `dtype` (matches transformers); "auto": quantized on the
-    # CPU; on CUDA floats where they fit: exact to the file, where CUDA re-quantizes Q5/Q6/Q8 types to int8 rows (the
-    # quantized kernels are faster on an 8B, near even on the 270M; sizes between are unmeasured, docs/QUANTIZED.md)
+    # CPU; on CUDA quantized from ~1B weights up (faster there), floats for smaller models that fit (as fast, and exact
+    # to the file, where CUDA re-quantizes Q5/Q6/Q8 types to int8 rows; docs/QUANTIZED.md)
     weights: str = "auto"
     quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
 
@@ -113,16 +116,24 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
 
 
 def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
-    """`weights="auto"` made concrete for a GGUF file: quantized on the CPU; on CUDA dequantized floats when they take
-    at most GPU_FLOAT_SHARE of the free GPU memory (room left for the KV cache and a second model), else quantized."""
+    """`weights="auto"` made concrete for a GGUF file: quantized on the CPU; on CUDA quantized for models of at least
+    QUANTIZED_FROM_WEIGHTS matrix weights (the quantized kernels decode them faster) or whose floats would take more
+    than GPU_FLOAT_SHARE of the free GPU memory (room left for the KV cache and a second model), else floats."""
     if options.weights != "auto":
         return options
     weights = "quantized"
     if options.device.startswith("cuda"):
-        gf = open_gguf(path)
-        floats = gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize)
-        weights = "dequantized" if floats <= GPU_FLOAT_SHARE * available_bytes(options.device) else "quantized"
+        tensors = open_gguf(path).tensors
+        floats = gguf_estimate(tensors, 0, False, options.torch_dtype.itemsize)
+        small = _matrix_weights(tensors) < QUANTIZED_FROM_WEIGHTS
+        roomy = floats <= GPU_FLOAT_SHARE * available_bytes(options.device)
+        weights = "dequantized" if small and roomy else "quantized"
     return replace(options, weights=weights)
+
+
+def _matrix_weights(tensors) -> int:
+    """The weights of a GGUF file's matrices (its 2-D tensors)."""
+    return sum(int(t.shape[0]) * int(t.shape[1]) for t in tensors if len(t.shape) == 2)
 
 
 def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor], dtype: torch.dtype,

@@ -244,7 +244,8 @@ def test_hf_folder_quantized_at_load(tiny_models, scheme):
 
 
 def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, monkeypatch):
-    """weights="auto": quantized on the CPU; on CUDA floats only while they take a modest share of the free memory."""
+    """weights="auto": quantized on the CPU; on CUDA floats only for a small model that takes a modest share of the
+    free memory (a model of QUANTIZED_FROM_WEIGHTS matrix weights or more decodes faster quantized)."""
     from engine.loading import loader
 
     path = tiny_models_q4["llama"].gguf_path
@@ -256,6 +257,12 @@ def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, mon
     assert loader._resolve_weights(path, opts).weights == "dequantized"
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 10)
     assert loader._resolve_weights(path, opts).weights == "quantized"
+    monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 40)
+    weights = loader._matrix_weights(loader.open_gguf(path).tensors)
+    monkeypatch.setattr(loader, "QUANTIZED_FROM_WEIGHTS", weights)
+    assert loader._resolve_weights(path, opts).weights == "quantized"
+    monkeypatch.setattr(loader, "QUANTIZED_FROM_WEIGHTS", weights + 1)
+    assert loader._resolve_weights(path, opts).weights == "dequantized"
 
 
 @pytest.mark.parametrize("quantize", [None, "q8"])
