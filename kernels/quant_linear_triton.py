@@ -258,16 +258,23 @@ def _asm(x: torch.Tensor) -> bool:
 
 
 def _slice_chunks(n_chunks: int, splits: int, step: int) -> int:
-    """Chunks per K slice: whole loop steps of the one-row tile (`step`), whose steps every wider tile's divide, so a
+    """Chunks per K slice: whole multiples of `step` (`_slice_step`), which every tile's loop step divides, so a
     slice's bounds, and a row's bits, never change with the step's rows."""
     return triton.cdiv(triton.cdiv(n_chunks, splits), step) * step
+
+
+def _slice_step(n: int, n_chunks: int, interpret: bool = False) -> int:
+    """The chunks every K slice of an N-wide matrix is a multiple of: a multiple of each tile's loop step (1 or 2)."""
+    if interpret:
+        return 1
+    return 2 if n < 65536 and n_chunks % 2 == 0 else 1
 
 
 def int4_slices(n: int, n_chunks: int, splits: int, interpret: bool = False) -> int:
     """The K slices int4_linear_triton returns for `splits` (fewer where the chunks run out)."""
     if splits <= 1:
         return 1
-    return triton.cdiv(n_chunks, _slice_chunks(n_chunks, splits, int4_tiles(n, n_chunks, interpret)[1]))
+    return triton.cdiv(n_chunks, _slice_chunks(n_chunks, splits, _slice_step(n, n_chunks, interpret)))
 
 
 def int8_slices(k: int, splits: int, interpret: bool = False) -> int:
@@ -299,25 +306,27 @@ def _prefetches(launch: dict, block_n: int, num_warps: int, wanted: bool | None,
         and codes.stride(0) % 16 == 0 and codes.shape[1] % 16 == 0
 
 
-def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
-    """(BLOCK_N, chunks per loop step, stages) for an N-wide matrix of `n_chunks` chunks and a `rows`-row tile: the H200
-    sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide tiles for
-    the LM head, narrow ones (more programs) for layers; above 16 rows 64 columns, 128 where N >= 6144 (8B at 64
-    rows: gate/up 135 → 90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row tiles)."""
+def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int, int]:
+    """(BLOCK_N, chunks per loop step, stages, warps) for an N-wide matrix of `n_chunks` chunks and a `rows`-row tile:
+    the H200 sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide
+    tiles for the LM head, narrow ones (more programs) for layers, and below 16384 columns two warps and one chunk a
+    step (fewer warps share the activations' shared-memory reads; 8B at one row: qkv 20.3 → 11.9 µs, o 10.0 → 8.6, down
+    27.9 → 25.5; 270M gate/up 3.3 → 2.9); above 16 rows 64 columns, 128 where N >= 6144 (8B at 64 rows: gate/up 135 →
+    90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row tiles)."""
     if interpret:
-        return 16, 1, 1
+        return 16, 1, 1, 4
     if rows > ROW_TILE and n < 65536:
-        return (128, 2 if n_chunks % 2 == 0 else 1, 3) if n >= 6144 else (64, 1, 3)
-    bn = 128 if n >= 65536 else 64 if n >= 16384 else 32
-    step = 2 if n < 65536 and n_chunks % 2 == 0 else 1
-    return bn, step, 4 if n < 16384 else 3
+        return (128, 2 if n_chunks % 2 == 0 else 1, 3, 4) if n >= 6144 else (64, 1, 3, 4)
+    if n < 16384:
+        return 32, 1, 4, 2
+    return (128, 1, 3, 4) if n >= 65536 else (64, 2 if n_chunks % 2 == 0 else 1, 3, 4)
 
 
 def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
     """K slices for a decode GEMM whose consumer sums partials: at least 2, more where the columns give fewer than two
     programs per SM, a power of two (H200 sweep, one row: 3 slices ran 1.1-1.6× slower than 2 or 4 on every 8B
     matrix), each slice >= 4 chunks (2 slices down to 4 chunks)."""
-    bn, _, _ = int4_tiles(n, n_chunks, device.type == "cpu")
+    bn = int4_tiles(n, n_chunks, device.type == "cpu")[0]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(2, -(-2 * sms // triton.cdiv(n, bn)))
     cap = n_chunks // 4 if n_chunks >= 8 else 2 if n_chunks >= 4 else 1
@@ -326,7 +335,7 @@ def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
 
 def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor, *,
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
-                       chunks: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                       chunks: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                        out: torch.Tensor | None = None) -> torch.Tensor:
     """x (M, K) @ Wᵀ for the int4 layout above -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1
     the result is fp32 partial sums (S, M, N) over K slices (whole chunks; S = `int4_slices`) for a consumer to add.
@@ -339,12 +348,12 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     rows = _rows(x)
     interpret = x.device.type == "cpu"
     n_chunks = kp // CHUNK
-    bn, step, stages = int4_tiles(N, n_chunks, interpret, rows)
-    bn, step, stages = block_n or bn, chunks or step, num_stages or stages
+    bn, step, stages, warps = int4_tiles(N, n_chunks, interpret, rows)
+    bn, step, stages, warps = block_n or bn, chunks or step, num_stages or stages, num_warps or warps
     if x.dtype == torch.float32 and rows > 16:
         stages = min(stages, 2)  # fp32 tiles of 64 rows: deeper pipelines exceed the shared memory
     assert n_chunks % step == 0, (n_chunks, step)
-    cs = _slice_chunks(n_chunks, splits, max(step, int4_tiles(N, n_chunks, interpret)[1]))
+    cs = _slice_chunks(n_chunks, splits, max(step, _slice_step(N, n_chunks, interpret)))
     s = triton.cdiv(n_chunks, cs)
     y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
     if M == 0:
@@ -353,28 +362,30 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
         x, words, pairs, y, M, N, K, kp, cs, x.stride(0), words.stride(0), pairs.stride(0), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, CHUNKS=step, DOT_FP32=interpret and x.dtype == torch.bfloat16, ASM=_asm(x),
-        num_warps=num_warps, num_stages=stages, **launch_options(x),
+        num_warps=warps, num_stages=stages, **launch_options(x),
     )
     return y
 
 
-def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, stages) for an N-wide matrix and a `rows`-row tile: the H200 sweeps' (bench/quant_linear_gpu.py
-    --sweep, --kernel int8 --configs): at one row 64-column tiles for wide matrices, 32 for the narrow; above 16 rows 64
-    columns and three stages, 128 columns for the LM head (8B at 64 rows: down 65 → 49 µs, v 17.5 → 7.9, head 339 →
-    266). BLOCK_K never changes with the rows: it sets the K slices' bounds, so a row's bits."""
+def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, stages, warps) for an N-wide matrix and a `rows`-row tile: the H200 sweeps' (bench/
+    quant_linear_gpu.py --sweep, --kernel int8 --configs): at one row 64-column tiles for wide matrices, 32 for the
+    narrow, two warps (fewer warps share the activations' shared-memory reads), four pipeline stages, three for the
+    LM head (8B at one row: down 48.7 → 24.8 µs, v 8.7 → 5.6, head 137 → 135; 270M gate/up 3.5 → 3.0, head 53 → 49);
+    above 16 rows 64 columns and three stages, 128 columns for the LM head (8B at 64 rows: down 65 → 49 µs, v 17.5 →
+    7.9, head 339 → 266). BLOCK_K never changes with the rows: it sets the K slices' bounds, so a row's bits."""
     if interpret:
-        return 16, 32, 1
+        return 16, 32, 1, 4
     if rows > ROW_TILE:
-        return (128, 128, 2) if n >= 65536 else (64, 128, 3)
-    return (64 if n >= 16384 else 32 if n > 1024 else 16), 128, 2
+        return (128, 128, 2, 4) if n >= 65536 else (64, 128, 3, 4)
+    return (64 if n >= 16384 else 32 if n > 1024 else 16), 128, 3 if n >= 65536 else 4, 2
 
 
 def int8_splits(n: int, k: int, device: torch.device) -> int:
     """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, each slice at least
     4 K steps (H200, 1 row: the 8B down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for
     down, was faster alone but made an 8-session 8B step 7.4 → 12.1 ms)."""
-    bn, bk, _ = int8_tiles(n, device.type == "cpu")
+    bn, bk = int8_tiles(n, device.type == "cpu")[:2]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = -(-2 * sms // triton.cdiv(n, bn))
     return max(1, min(want, k // (4 * bk)))
@@ -382,7 +393,7 @@ def int8_splits(n: int, k: int, device: torch.device) -> int:
 
 def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
                        out_dtype: torch.dtype | None = None, splits: int = 1, block_n: int | None = None,
-                       block_k: int | None = None, num_warps: int = 4, num_stages: int | None = None,
+                       block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                        out: torch.Tensor | None = None, prefetch: bool | None = None) -> torch.Tensor:
     """x (M, K) @ (codes * scale[:, None])ᵀ -> (M, N) in `out_dtype` (default x's); M <= 64. With `splits` > 1 the
     result is fp32 partial sums (S, M, N) over K slices (S = `int8_slices`) for a consumer to add; `out` as int4's.
@@ -393,8 +404,8 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
     assert x.stride(1) == 1 and codes.stride(1) == 1
     rows = _rows(x)
     interpret = x.device.type == "cpu"
-    bn, bk, stages = int8_tiles(N, interpret, rows)
-    bn, bk = block_n or bn, block_k or bk
+    bn, bk, stages, warps = int8_tiles(N, interpret, rows)
+    bn, bk, warps = block_n or bn, block_k or bk, num_warps or warps
     ks = _slice_k(K, splits, bk)
     s = triton.cdiv(K, ks)
     y = _result(out, (s, M, N) if splits > 1 else (M, N), torch.float32 if splits > 1 else out_dtype or x.dtype, x)
@@ -405,8 +416,8 @@ def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor
         x, codes, scale, y, M, N, K, ks, x.stride(0), codes.stride(0), y.stride(-2),
         y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=interpret and x.dtype == torch.bfloat16,
-        PREFETCH=_prefetches(launch, bn, num_warps, prefetch, codes), LANES=32 * num_warps,
-        num_warps=num_warps, num_stages=num_stages or stages, **launch,
+        PREFETCH=_prefetches(launch, bn, warps, prefetch, codes), LANES=32 * warps,
+        num_warps=warps, num_stages=num_stages or stages, **launch,
     )
     return y
 

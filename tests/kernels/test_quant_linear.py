@@ -181,30 +181,31 @@ def test_tiles_above_sixteen_rows_are_wider_and_keep_a_rows_bits():
     row's bits stay those of the one-row tile (test_a_row_does_not_depend_on_the_row_count)."""
     from kernels.quant_linear_triton import int4_tiles
 
-    assert int4_tiles(28672, 32, rows=16) == (64, 2, 3)
-    assert int4_tiles(28672, 32, rows=64) == (128, 2, 3)
-    assert int4_tiles(4096, 112, rows=32) == (64, 1, 3)
-    assert int4_tiles(6144, 5, rows=48) == (128, 1, 3)
+    assert int4_tiles(28672, 32, rows=16) == (64, 2, 3, 4)
+    assert int4_tiles(6144, 32, rows=16) == (32, 1, 4, 2)
+    assert int4_tiles(28672, 32, rows=64) == (128, 2, 3, 4)
+    assert int4_tiles(4096, 112, rows=32) == (64, 1, 3, 4)
+    assert int4_tiles(6144, 5, rows=48) == (128, 1, 3, 4)
     assert int4_tiles(128256, 32, rows=64) == int4_tiles(128256, 32, rows=1)
     from kernels.quant_linear_triton import int8_tiles
 
     for n in (1024, 4096, 28672, 128256):  # the int8 K step bounds its K slices: the same at every row count
         assert int8_tiles(n, rows=64)[1] == int8_tiles(n, rows=16)[1] == 128
-    assert int8_tiles(4096, rows=16) == (32, 128, 2) and int8_tiles(4096, rows=33) == (64, 128, 3)
+    assert int8_tiles(4096, rows=16) == (32, 128, 4, 2) and int8_tiles(4096, rows=33) == (64, 128, 3, 4)
 
 
 def test_k_slices_do_not_change_with_the_rows():
-    """A split-K slice's bounds are whole loop steps of the one-row tile, which every wider tile's step divides: a
-    row's partials, so its bits, are the same at any row count (a Gemma 3 1B down, 1152 × 6912 in 54 chunks and 8
+    """A split-K slice's bounds are whole multiples of a step that every tile's loop step divides: a row's partials,
+    so its bits, are the same at any row count (a Gemma 3 1B down, 1152 × 6912 in 54 chunks and 8
     slices, had 7 slices at one row and 8 above 16 rows before)."""
-    from kernels.quant_linear_triton import _slice_chunks, int4_slices, int4_tiles
+    from kernels.quant_linear_triton import _slice_chunks, _slice_step, int4_slices, int4_tiles
 
     assert int4_slices(1152, 54, 8) == 7
     for n in (896, 1152, 4096, 6144, 28672, 128256):
         for chunks in range(1, 130):
             for splits in (2, 4, 8):
-                cs = _slice_chunks(chunks, splits, int4_tiles(n, chunks)[1])
-                for rows in (16, 32, 48, 64):
+                cs = _slice_chunks(chunks, splits, _slice_step(n, chunks))
+                for rows in (1, 16, 32, 48, 64):
                     step = int4_tiles(n, chunks, rows=rows)[1]
                     assert cs % step == 0 and chunks % step == 0, (n, chunks, splits, rows)
 
