@@ -26,7 +26,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 WEIGHTS = ("auto", "quantized", "dequantized")
 GPU_FLOAT_SHARE = 0.6  # "auto" on CUDA holds floats only while they take at most this share of the free GPU memory
 # "auto" on CUDA quantizes models of at least this many matrix weights: one H200, Q4_K_M layouts, decode vs bf16 at
-# 1 / 8 sessions: Llama-3.2-1B-shaped 1.56× / 1.43×, 3B 1.57× / 1.44×, 8B 1.82× / 1.78×; below, Gemma 3 270M 1.01× /
+# 1 / 8 sessions: Llama-3.2-1B-shaped 1.73× / 1.61×, 3B 1.73× / 1.55×, 8B 1.82× / 1.78×; below, Gemma 3 270M 1.01× /
 # 1.05×: no faster, so floats, exact to the file (CUDA re-quantizes its Q5_0/Q8_0 matrices to int8 rows)
 QUANTIZED_FROM_WEIGHTS = 500_000_000
 
