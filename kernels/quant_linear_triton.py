@@ -325,11 +325,12 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_T
 def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
     """K slices for a decode GEMM whose consumer sums partials: at least 2, more where the columns give fewer than two
     programs per SM, a power of two (H200 sweep, one row: 3 slices ran 1.1-1.6× slower than 2 or 4 on every 8B
-    matrix), each slice >= 4 chunks (2 slices down to 4 chunks)."""
+    matrix), each slice >= 2 chunks (H200, the 270M's o and down at 1 / 8 / 64 rows: 4 slices of 2 chunks 2.8 / 2.9 /
+    6.6 → 2.2 / 2.2 / 4.4 µs, 8 of 2 chunks 3.0 / 3.0 / 6.4 → 2.5 / 2.6 / 4.3 against slices of 4 chunks)."""
     bn = int4_tiles(n, n_chunks, device.type == "cpu")[0]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = max(2, -(-2 * sms // triton.cdiv(n, bn)))
-    cap = n_chunks // 4 if n_chunks >= 8 else 2 if n_chunks >= 4 else 1
+    cap = max(1, n_chunks // 2)
     return 1 << (min(want, cap).bit_length() - 1)
 
 
@@ -382,13 +383,14 @@ def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[i
 
 
 def int8_splits(n: int, k: int, device: torch.device) -> int:
-    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM, each slice at least
-    4 K steps (H200, 1 row: the 8B down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for
-    down, was faster alone but made an 8-session 8B step 7.4 → 12.1 ms)."""
+    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM (H200, 1 row: the 8B
+    down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for down, was faster alone but made an
+    8-session 8B step 7.4 → 12.1 ms), at most one per 2 K steps, rounded up: a short K splits too (the 270M's
+    qkv, K 640, at 1 / 8 / 64 rows: 3.0 / 3.3 / 5.8 → 2.3 / 2.6 / 3.6 µs in slices of 256, 256 and 128)."""
     bn, bk = int8_tiles(n, device.type == "cpu")[:2]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     want = -(-2 * sms // triton.cdiv(n, bn))
-    return max(1, min(want, k // (4 * bk)))
+    return max(1, min(want, triton.cdiv(k, 2 * bk)))
 
 
 def int8_linear_triton(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, *,
