@@ -13,14 +13,27 @@ import json
 import torch
 
 from bench.attention_bench import time_graph
+from engine.quant.weight import TILE_ROWS
+from kernels.quant_linear import int4_tiled
 from kernels.quant_linear_triton import int4_linear_triton, int8_linear_triton
 from kernels.skinny_linear_triton import skinny_linear_triton
 
 MATRICES = {  # name: (N, K)
     "8b.qkv": (6144, 4096), "8b.v": (1024, 4096), "8b.o": (4096, 4096), "8b.gate_up": (28672, 4096),
-    "8b.down": (4096, 14336), "8b.head": (128256, 4096), "270m.qkv": (1536, 640), "270m.gate_up": (4096, 640),
-    "270m.down": (640, 2048), "270m.head": (262144, 640),
+    "8b.down": (4096, 14336), "8b.head": (128256, 4096), "270m.qkv": (1536, 640), "270m.o": (640, 1024),
+    "270m.gate_up": (4096, 640), "270m.down": (640, 2048), "270m.head": (262144, 640),
 }
+
+
+def _layout(q4: list, config: dict) -> list:
+    """The int4 weights in the layout `config` asks for: tiled (`tile` rows of a chunk together, the engine's) or, with
+    tile 1, row-major."""
+    t = config.get("tile", TILE_ROWS)
+    return q4 if t == 1 else [int4_tiled(w, p, t) for w, p in q4]
+
+
+def _kernel_args(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "tile"}
 
 
 def main() -> None:
@@ -33,7 +46,8 @@ def main() -> None:
                     help="K slices tried (fp32 partials a consumer sums; the sum is not timed)")
     ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
     ap.add_argument("--configs", type=json.loads, default=None,
-                    help='the tiles tried, a JSON list ({} = the default): \'[{}, {"block_n": 128, "chunks": 1}]\'')
+                    help='the tiles tried, a JSON list ({} = the default): \'[{}, {"block_n": 128, "chunks": 1}]\'; '
+                         '"tile": 1 is the row-major int4 layout')
     ap.add_argument("--kernel", choices=("int4", "int8"), default="int4", help="the kernel --configs and --sweep tile")
     opts = ap.parse_args()
     dev = torch.device("cuda")
@@ -57,7 +71,8 @@ def main() -> None:
             base = time_graph([lambda w=w: skinny_linear_triton(x, w) for w in ws]) * 1e3
             row = {"matrix": name, "rows": m}
             print(json.dumps(row | {"kind": "bf16", "us": round(base, 2), "gb_s": round(2 * n * k / base / 1e3, 1)}))
-            int4 = ("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **c) for a in q4], n * k * 5 // 8)
+            int4 = ("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **_kernel_args(c))
+                                              for a in _layout(q4, c)], n * k * 5 // 8)
             int8 = ("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k)
             # tiles given or swept are one kernel's; with none, --int8 adds the int8 kernel's default beside int4's
             kinds = (int8,) if opts.kernel == "int8" else (int4, int8) if opts.int8 and len(configs) == 1 else (int4,)

@@ -15,10 +15,36 @@ MAX_ROWS = 64
 GROUP = 32
 
 
+def int4_tiled(words: torch.Tensor, pairs: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row-major int4 words (N, KP/8) and pairs (N, KP/128, 4) in the tiled layout of kernels/quant_linear_triton.py:
+    (N/tile, KP/128, tile, 16) and (N/tile, KP/128, tile, 4); N a multiple of `tile`."""
+    n, chunks = pairs.shape[:2]
+    assert n % tile == 0, (n, tile)
+    return (words.reshape(n // tile, tile, chunks, 16).transpose(1, 2).contiguous(),
+            pairs.reshape(n // tile, tile, chunks, 4).transpose(1, 2).contiguous())
+
+
+def int4_row_major(words: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Either int4 layout as row-major words (N, KP/8) and pairs (N, KP/128, 4) (a copy where tiled)."""
+    if words.dim() == 2:
+        return words, pairs
+    g, chunks, tile, _ = words.shape
+    return (words.transpose(1, 2).reshape(g * tile, chunks * 16), pairs.transpose(1, 2).reshape(g * tile, chunks, 4))
+
+
+def int4_gather_rows(words: torch.Tensor, pairs: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows `ids` (1-D) of either int4 layout, row-major: an embedding lookup's (T, KP/8) words, (T, KP/128, 4) pairs."""
+    if words.dim() == 2:
+        return words[ids], pairs[ids]
+    tile = words.shape[2]
+    return words[ids // tile, :, ids % tile].flatten(1), pairs[ids // tile, :, ids % tile]
+
+
 def int4_rows_reference(words: torch.Tensor, pairs: torch.Tensor, dtype: torch.dtype,
                        k: int | None = None) -> torch.Tensor:
-    """Rows of the int4 layout (T, KP/8) words, (T, KP/128, 4) pairs -> (T, k) in `dtype` (k: the unpadded width,
-    default KP): (code - 8) * scale + zero in fp32."""
+    """Rows of either int4 layout (row-major: (T, KP/8) words, (T, KP/128, 4) pairs) -> (T, k) in `dtype` (k: the
+    unpadded width, default KP): (code - 8) * scale + zero in fp32."""
+    words, pairs = int4_row_major(words, pairs)
     t, chunks = words.shape[0], words.shape[1] // 16
     w = words.reshape(t, chunks, 1, 16)
     codes = (w >> (4 * torch.arange(8, device=words.device, dtype=words.dtype))[:, None]) & 0xF  # (T, C, 8, 16)

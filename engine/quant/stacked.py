@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.quant.weight import CHUNK, QuantTensor, WeightMatrix, concat_rows
+from engine.quant.weight import QuantTensor, WeightMatrix, concat_rows
 
 
 class StackedRows(WeightMatrix):
@@ -100,7 +100,7 @@ def _slices_of(p: QuantTensor, splits: int) -> int:
 
     interpret = next(p.buffers()).device.type == "cpu"
     if p.format == "int4":
-        return int4_slices(p.shape[0], p.words.shape[1] * 8 // CHUNK, splits, interpret)
+        return int4_slices(p.shape[0], p.pairs.shape[1], splits, interpret)  # pairs: (rows or tiles, chunks, ...)
     return int8_slices(p.shape[1], splits, interpret)
 
 

@@ -28,6 +28,7 @@ from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
 CHUNK = 128  # weights per chunk of the CUDA int4 layout
+TILE_ROWS = 16  # CUDA int4 rows whose chunks lie side by side (kernels/quant_linear_triton.py: contiguous loads)
 
 
 class WeightMatrix(nn.Module):
@@ -132,7 +133,7 @@ class QuantTensor(WeightMatrix):
             return 0
         from kernels.quant_linear_triton import int4_splits
 
-        return int4_splits(self.shape[0], self.words.shape[1] * 8 // CHUNK, self.words.device)  # 8 codes a word
+        return int4_splits(self.shape[0], self.pairs.shape[1], self.words.device)  # pairs: (rows or tiles, chunks, ...)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows `ids` dequantized (an embedding lookup reads only these)."""
@@ -143,10 +144,10 @@ class QuantTensor(WeightMatrix):
         if self.format == "blocks":
             return self._block_rows(ids.reshape(-1))
         if hasattr(self, "words"):
-            from kernels.quant_linear import int4_rows_reference
+            from kernels.quant_linear import int4_gather_rows, int4_rows_reference
 
-            ids = ids.reshape(-1)
-            return int4_rows_reference(self.words[ids], self.pairs[ids], torch.float32, self.shape[1])
+            return int4_rows_reference(*int4_gather_rows(self.words, self.pairs, ids.reshape(-1)), torch.float32,
+                                       self.shape[1])
         return _int4_rows(self.packed, self.scale_zero, ids, self.shape[1])
 
     def _block_rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -199,8 +200,7 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return QuantTensor(fmt, (n, k), source, parts[0].code_layout,
                            **{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
     if fmt == "int4" and hasattr(parts[0], "words"):
-        return QuantTensor(fmt, (n, k), source, words=torch.cat([p.words for p in parts]),
-                           pairs=torch.cat([p.pairs for p in parts]))
+        return _concat_words(parts, source)
     if fmt == "int4":
         return QuantTensor(fmt, (n, k), source, packed=torch.cat([p.packed for p in parts]),
                            scale_zero=torch.cat([p.scale_zero for p in parts], dim=1))
@@ -208,6 +208,22 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         return QuantTensor(fmt, (n, k), source, codes=torch.cat([p.codes for p in parts]),
                            scale=torch.cat([p.scale for p in parts]))
     return QuantTensor(fmt, (n, k), source, weight=torch.cat([p.weight for p in parts]))
+
+
+def _concat_words(parts: list[QuantTensor], source: str) -> QuantTensor:
+    """CUDA int4 parts as one matrix: tiles concatenate as they are; a part of rows that are not whole tiles makes
+    the whole row-major (then tiled again where the sum is whole tiles)."""
+    from kernels.quant_linear import int4_row_major, int4_tiled
+
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    if all(p.words.dim() == 4 for p in parts):
+        return QuantTensor("int4", (n, k), source, words=torch.cat([p.words for p in parts]),
+                           pairs=torch.cat([p.pairs for p in parts]))
+    rows = [int4_row_major(p.words, p.pairs) for p in parts]
+    words, pairs = torch.cat([w for w, _ in rows]), torch.cat([q for _, q in rows])
+    if n % TILE_ROWS == 0:
+        words, pairs = int4_tiled(words, pairs, TILE_ROWS)
+    return QuantTensor("int4", (n, k), source, words=words, pairs=pairs)
 
 
 def _common_units(parts: list[QuantTensor]) -> list[QuantTensor]:
@@ -237,7 +253,7 @@ def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> Quan
 def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
     """The CUDA layout (kernels/quant_linear_triton.py): K padded to chunks of 128 weights (code 8, scale and zero 0:
     weight 0); in a chunk, nibble i of word w is weight 16 i + w; per chunk four int32 of bf16 pairs (s0|s2, s1|s3,
-    z0|z2, z1|z3)."""
+    z0|z2, z1|z3); tiles of TILE_ROWS rows where N is whole tiles."""
     n, k = groups.codes.shape
     kp = -(-k // CHUNK) * CHUNK
     chunks = kp // CHUNK
@@ -253,8 +269,12 @@ def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
     g = bits.reshape(2, n, chunks, 4)
     pairs = torch.stack([g[0, ..., 0] | g[0, ..., 2] << 16, g[0, ..., 1] | g[0, ..., 3] << 16,
                          g[1, ..., 0] | g[1, ..., 2] << 16, g[1, ..., 1] | g[1, ..., 3] << 16], dim=-1)
-    return QuantTensor("int4", (n, k), source_type, words=torch.from_numpy(words.view(np.int32).reshape(n, -1)),
-                       pairs=pairs.to(torch.int32).contiguous())
+    words, pairs = torch.from_numpy(words.view(np.int32).reshape(n, -1)), pairs.to(torch.int32).contiguous()
+    if n % TILE_ROWS == 0:
+        from kernels.quant_linear import int4_tiled
+
+        words, pairs = int4_tiled(words, pairs, TILE_ROWS)
+    return QuantTensor("int4", (n, k), source_type, words=words, pairs=pairs)
 
 
 def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:

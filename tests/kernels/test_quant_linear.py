@@ -268,3 +268,48 @@ def test_small_int8_matrices_prefetch_into_l2_and_large_ones_do_not():
     assert not _prefetches(pdl, 64, 4, None, head) and _prefetches(pdl, 64, 4, True, head)
     assert not _prefetches(pdl, 256, 4, None, v)  # fewer lanes than rows
     assert not _prefetches(pdl, 32, 4, None, torch.empty(64, 40, dtype=torch.int8, device="meta"))  # 40-byte rows
+
+
+@needs_triton
+def test_tiled_int4_layout_gives_the_row_major_bits():
+    """Where N is whole tiles the CUDA layout keeps a chunk's 16 rows together (contiguous loads); the products,
+    partials, dequantized matrix and looked-up rows are bit for bit the row-major layout's, and rows that are not
+    whole tiles stay row-major."""
+    from kernels.quant_linear import int4_gather_rows, int4_row_major, int4_tiled
+
+    n, k = (1024, 1024) if ON_GPU else (32, 256)
+    words, pairs, _ = _int4(n, k)
+    assert words.shape == (n // 16, k // 128, 16, 16) and pairs.shape == (n // 16, k // 128, 16, 4)
+    flat_w, flat_p = int4_row_major(words, pairs)
+    assert flat_w.shape == (n, k // 8) and all(t.equal(u) for t, u in zip(int4_tiled(flat_w, flat_p, 16),
+                                                                          (words, pairs)))
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    x = _x(MAX_M, k, dtype)
+    for m in (1, MAX_M):
+        assert torch.equal(int4_linear(x[:m], words, pairs, impl="triton"),
+                           int4_linear(x[:m], flat_w, flat_p, impl="triton")), m
+        assert torch.equal(int4_partials(x[:m], words, pairs, 4, impl="triton"),
+                           int4_partials(x[:m], flat_w, flat_p, 4, impl="triton")), m
+    assert torch.equal(int4_dequantize(words, pairs, dtype, k, impl="triton"),
+                       int4_dequantize(flat_w, flat_p, dtype, k, impl="triton"))
+    ids = torch.tensor([0, 17, n - 1, 5, 16], device=DEVICE)
+    assert all(t.equal(u) for t, u in zip(int4_gather_rows(words, pairs, ids), (flat_w[ids], flat_p[ids])))
+    assert _int4(20, 64)[0].dim() == 2
+
+
+def test_fused_int4_parts_keep_their_rows_in_either_layout():
+    """q/k/v or gate/up fuse into one matrix: tiled parts concatenate as tiles; a part that is not whole tiles makes
+    the result row-major, or tiled again where the sum is; every row is the part's row."""
+    from engine.quant.weight import concat_rows
+
+    def part(n, seed):
+        w, p, _ = _int4(n, 256, seed)
+        return QuantTensor("int4", (n, 256), "Q4_0", words=w, pairs=p)
+
+    for sizes in ((32, 16), (16, 8, 8), (16, 20), (8, 16)):
+        parts = [part(n, i) for i, n in enumerate(sizes)]
+        fused = concat_rows(parts)
+        total = sum(sizes)
+        assert fused.shape == (total, 256) and fused.words.dim() == (4 if total % 16 == 0 else 2), sizes
+        want = torch.cat([p.rows(torch.arange(p.shape[0], device=DEVICE)) for p in parts])
+        assert torch.equal(fused.rows(torch.arange(total, device=DEVICE)), want), sizes
