@@ -14,7 +14,7 @@ from collections import defaultdict
 import pytest
 import torch
 
-from bench.decode_gpu import gemma270m_args, make_batcher, parley_model, prompts, random_hf_weights
+from bench.decode_gpu import gemma270m_args, make_batcher as _batcher, parley_model, prompts, random_hf_weights
 from engine.cache import CacheConfig, make_cache
 from engine.models.kernel_choice import KernelChoice
 from engine.sampling import SamplerState, SamplingParams
@@ -35,6 +35,12 @@ REL_GAP = 0.05  # bf16 through 18 layers: logits of two reduction orders agree w
 def tiny_args():
     return gemma270m_args(max_len=256, vocab_size=512, hidden_size=64, intermediate_size=128, num_layers=6,
                           num_heads=4, num_kv_heads=1, head_dim=32, sliding_window=8)
+
+
+def make_batcher(*args, **kwargs):
+    """Plain decoding: these tests record one logit row per sequence and step, and a prompt-lookup verify step
+    (speculative auto, engine/speculative) samples several (tests/engine/test_speculative_cuda.py covers those)."""
+    return _batcher(*args, speculative="off", **kwargs)
 
 
 def generate(batcher, prompt_ids, arrivals, new):
