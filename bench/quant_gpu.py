@@ -9,9 +9,11 @@ tokens, greedy; the median host-to-host decode step, and the decode's tokens per
 time: steps that verify prompt-lookup drafts yield more than one token a session). Prints JSON lines: shape, weights,
 sessions, ms_per_step, tok_s, weight_mb, and on the quantized rows speedup_vs_bf16 (by tok_s). With --profile, each
 run's decode kernels as well (torch's profiler over 16 steps): their GPU µs per step by kernel, the largest first, and
-their sum against the step's time.
+their sum against the step's time. With --cublas, a third run per shape: bf16 with cuBLAS's GEMMs in place of the
+engine's Triton decode GEMMs (weights "bf16-cublas"; faster or not, cuBLAS picks its kernel by the row count, so a
+row's bits may change with the step's rows: a reference, not an engine path), and speedup_vs_cublas on the others.
 
-    python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64 [--profile]
+    python -m bench.quant_gpu --shapes llama-8b gemma-270m --sessions 1 8 64 [--profile] [--cublas]
 """
 from __future__ import annotations
 
@@ -143,6 +145,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="bf16 and quantized alternate this many times")
     ap.add_argument("--profile", action="store_true", help="also each run's GPU time per decode step by kernel")
     ap.add_argument("--speculative", default="auto", choices=("auto", "off", "lookup"))
+    ap.add_argument("--cublas", action="store_true", help="also bf16 through cuBLAS's GEMMs (a reference)")
     ap.add_argument("--verify-rows", type=int, nargs="+", default=[0],
                     help="rows a quantized step with drafts may take (0: the runner's own, ModelRunner.verify_rows); "
                     "each a run against bf16 with its runner's own")
@@ -157,12 +160,12 @@ def main() -> None:
         args = SHAPES[shape]()
         best: dict[tuple, float] = {}  # the best tok_s per (weights, sessions, verify rows)
         for _ in range(opts.rounds):
-            for weights in ("bf16", "quantized"):
+            for weights in ("bf16-cublas", "bf16", "quantized") if opts.cublas else ("bf16", "quantized"):
                 model = build(args, weights == "quantized", device)
                 for n in opts.sessions:
                     for rows in opts.verify_rows if weights == "quantized" else [0]:  # bf16: the runner's own
                         b = make_batcher(model, args, n, PROMPT + NEW + 16, graphs=True, fused_kernels=True,
-                                         decode_gemm=tgemm, speculative=opts.speculative)
+                                         decode_gemm=tgemm and weights != "bf16-cublas", speculative=opts.speculative)
                         if rows:  # a bench override of the runner's choice, for the drafter too
                             b.runner.verify_rows = rows
                             if b.drafter is not None:
@@ -174,6 +177,8 @@ def main() -> None:
                         best[key] = max(row["tok_s"], best.get(key, 0.0))
                         if weights == "quantized" and ("bf16", n, 0) in best:
                             row["speedup_vs_bf16"] = round(row["tok_s"] / best["bf16", n, 0], 3)
+                        if weights != "bf16-cublas" and ("bf16-cublas", n, 0) in best:
+                            row["speedup_vs_cublas"] = round(row["tok_s"] / best["bf16-cublas", n, 0], 3)
                         if opts.profile:
                             row |= kernel_profile(b, prompts(args, n, seed=3))
                         print(json.dumps(row), flush=True)
@@ -183,11 +188,15 @@ def main() -> None:
         for n in opts.sessions:
             for rows in opts.verify_rows:
                 if ("quantized", n, rows) in best and ("bf16", n, 0) in best:
-                    print(json.dumps({"shape": shape, "sessions": n, "verify_rows": rows or "runner's",
-                                      "best_bf16_tok_s": best["bf16", n, 0],
-                                      "best_quantized_tok_s": best["quantized", n, rows],
-                                      "speedup_vs_bf16": round(best["quantized", n, rows] / best["bf16", n, 0], 3)}),
-                          flush=True)
+                    summary = {"shape": shape, "sessions": n, "verify_rows": rows or "runner's",
+                               "best_bf16_tok_s": best["bf16", n, 0],
+                               "best_quantized_tok_s": best["quantized", n, rows],
+                               "speedup_vs_bf16": round(best["quantized", n, rows] / best["bf16", n, 0], 3)}
+                    if ("bf16-cublas", n, 0) in best:
+                        cublas = best["bf16-cublas", n, 0]
+                        summary |= {"best_cublas_tok_s": cublas,
+                                    "speedup_vs_cublas": round(best["quantized", n, rows] / cublas, 3)}
+                    print(json.dumps(summary), flush=True)
 
 
 def timed(batcher, args: ModelArgs, n: int) -> dict:
