@@ -331,7 +331,8 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_T
     the H200 sweeps' best (bench/quant_linear_gpu.py --sweep, --configs; two K slices above 16 rows): at one row wide
     tiles for the LM head, narrow ones (more programs) for layers, and below 16384 columns two warps and one chunk a
     step (fewer warps share the activations' shared-memory reads; 8B at one row: qkv 20.3 → 11.9 µs, o 10.0 → 8.6, down
-    27.9 → 25.5; 270M gate/up 3.3 → 2.9); above 16 rows 64 columns, 128 where N >= 6144 (8B at 64 rows: gate/up 135 →
+    27.9 → 25.5; 270M gate/up 3.3 → 2.9), at 16384-65535 columns one chunk a step (8B gate/up at 1 / 8 / 16 rows
+    35.5 / 37.3 / 39.1 → 33.5 / 34.9 / 37.1 µs, 1B 14.3 / 15.3 / 16.2 → 12.9 / 13.4 / 14.3); above 16 rows 64 columns, 128 where N >= 6144 (8B at 64 rows: gate/up 135 →
     90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row tiles)."""
     if interpret:
         return 16, 1, 1, 4
@@ -339,17 +340,20 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_T
         return (128, 2 if n_chunks % 2 == 0 else 1, 3, 4) if n >= 6144 else (64, 1, 3, 4)
     if n < 16384:
         return 32, 1, 4, 2
-    return (128, 1, 3, 4) if n >= 65536 else (64, 2 if n_chunks % 2 == 0 else 1, 3, 4)
+    return (128, 1, 3, 4) if n >= 65536 else (64, 1, 3, 4)
 
 
 def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:
-    """K slices for a decode GEMM whose consumer sums partials: at least 2, more where the columns give fewer than two
-    programs per SM, a power of two (H200 sweep, one row: 3 slices ran 1.1-1.6× slower than 2 or 4 on every 8B
-    matrix), each slice >= 2 chunks (H200, the 270M's o and down at 1 / 8 / 64 rows: 4 slices of 2 chunks 2.8 / 2.9 /
-    6.6 → 2.2 / 2.2 / 4.4 µs, 8 of 2 chunks 3.0 / 3.0 / 6.4 → 2.5 / 2.6 / 4.3 against slices of 4 chunks)."""
+    """K slices for a decode GEMM whose consumer sums partials: at least 2, more where the columns give fewer than four
+    programs per SM, rounded down to a power of two (H200 sweep, one row: 3 slices ran 1.1-1.6× slower than 2 or 4 on
+    every 8B matrix; four programs per SM, not two, give the 8B's o and down and the 1B's qkv 4 slices, not 2: at 1 / 8
+    / 16 rows o 7.8 / 8.3 / 9.5 → 6.8 / 7.3 / 8.9 µs, down 23.1 / 25.8 / 28.7 → 18.9 / 21.1 / 28.6, 1B qkv 4.7 / 4.9 /
+    5.2 → 4.2 / 4.6 / 5.0), each slice >= 2 chunks (H200, the 270M's o and down at 1 / 8 / 64 rows: 4 slices of 2
+    chunks 2.8 / 2.9 / 6.6 → 2.2 / 2.2 / 4.4 µs, 8 of 2 chunks 3.0 / 3.0 / 6.4 → 2.5 / 2.6 / 4.3 against slices of 4
+    chunks)."""
     bn = int4_tiles(n, n_chunks, device.type == "cpu")[0]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = max(2, -(-2 * sms // triton.cdiv(n, bn)))
+    want = max(2, -(-4 * sms // triton.cdiv(n, bn)))
     cap = max(1, n_chunks // 2)
     return 1 << (min(want, cap).bit_length() - 1)
 
