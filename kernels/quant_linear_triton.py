@@ -409,13 +409,15 @@ def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[i
 
 
 def int8_splits(n: int, k: int, device: torch.device) -> int:
-    """K slices for a decode GEMM whose consumer sums partials: enough programs for two per SM (H200, 1 row: the 8B
-    down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2; three per SM, 4 slices for down, was faster alone but made an
-    8-session 8B step 7.4 → 12.1 ms), at most one per 2 K steps, rounded up: a short K splits too (the 270M's
-    qkv, K 640, at 1 / 8 / 64 rows: 3.0 / 3.3 / 5.8 → 2.3 / 2.6 / 3.6 µs in slices of 256, 256 and 128)."""
+    """K slices for a decode GEMM whose consumer sums partials: enough programs for four per SM (H200, 1 row: the 8B
+    down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2, at two per SM; four per SM, 5 slices for down, took the 8B's
+    whole step from 2.07× to 2.09× bf16 at one session and 0.86× to 0.90× at 64, 1.95× / 1.93× at eight, with
+    speculation off: the 8-session 7.4 → 12.1 ms once seen at three per SM was the verify rows' tile), at most one per
+    2 K steps, rounded up: a short K splits too (the 270M's qkv, K 640, at 1 / 8 / 64 rows: 3.0 / 3.3 / 5.8 → 2.3 /
+    2.6 / 3.6 µs in slices of 256, 256 and 128)."""
     bn, bk = int8_tiles(n, device.type == "cpu")[:2]
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-    want = -(-2 * sms // triton.cdiv(n, bn))
+    want = -(-4 * sms // triton.cdiv(n, bn))
     return max(1, min(want, triton.cdiv(k, 2 * bk)))
 
 
