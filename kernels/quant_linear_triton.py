@@ -332,8 +332,9 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_T
     tiles for the LM head, narrow ones (more programs) for layers, and below 16384 columns two warps and one chunk a
     step (fewer warps share the activations' shared-memory reads; 8B at one row: qkv 20.3 → 11.9 µs, o 10.0 → 8.6, down
     27.9 → 25.5; 270M gate/up 3.3 → 2.9), at 16384-65535 columns one chunk a step (8B gate/up at 1 / 8 / 16 rows
-    35.5 / 37.3 / 39.1 → 33.5 / 34.9 / 37.1 µs, 1B 14.3 / 15.3 / 16.2 → 12.9 / 13.4 / 14.3); above 16 rows 64 columns, 128 where N >= 6144 (8B at 64 rows: gate/up 135 →
-    90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row tiles)."""
+    35.5 / 37.3 / 39.1 → 33.5 / 34.9 / 37.1 µs, 1B 14.3 / 15.3 / 16.2 → 12.9 / 13.4 / 14.3); above 16 rows 64 columns,
+    128 where N >= 6144 (8B at 64 rows: gate/up 135 → 90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row
+    tiles)."""
     if interpret:
         return 16, 1, 1, 4
     if rows > ROW_TILE and n < 65536:
@@ -411,7 +412,7 @@ def int8_tiles(n: int, interpret: bool = False, rows: int = ROW_TILE) -> tuple[i
 def int8_splits(n: int, k: int, device: torch.device) -> int:
     """K slices for a decode GEMM whose consumer sums partials: enough programs for four per SM (H200, 1 row: the 8B
     down 89 → 36 µs in 3 slices, qkv 28 → 16 µs in 2, at two per SM; four per SM, 5 slices for down, took the 8B's
-    whole step from 2.07× to 2.09× bf16 at one session and 0.86× to 0.90× at 64, 1.95× / 1.93× at eight, with
+    whole step from 2.07× to 2.08× bf16 at one session and 0.86× to 0.90× at 64, 1.95× / 1.93× at eight, with
     speculation off: the 8-session 7.4 → 12.1 ms once seen at three per SM was the verify rows' tile), at most one per
     2 K steps, rounded up: a short K splits too (the 270M's qkv, K 640, at 1 / 8 / 64 rows: 3.0 / 3.3 / 5.8 → 2.3 /
     2.6 / 3.6 µs in slices of 256, 256 and 128)."""
