@@ -6,8 +6,10 @@ tile is loaded once for the whole group. Lengths come from the device segment ta
 grid comes from host ints (S, max_q_len, max_kv_len), so one captured CUDA graph serves
 any mix of lengths. Split-K: the kv range of a tile is cut into NUM_SPLITS pieces on the
 device; each piece writes a normalised partial output and its log-sum-exp, and a second
-small kernel merges them, split by split in order. Planned splits start every KEYS_PER_SPLIT keys whatever the step
-holds (batch invariance); a forced `num_splits` divides each tile's keys evenly instead (tests, benchmarks).
+small kernel merges them, split by split in order. A planned split is a piece of the row's own keys at fixed
+positions: BLOCK_N keys until the row has TARGET_SPLITS of them, then twice as many each time the row's keys
+double, so a row's sums depend on its own keys only (batch invariance) and a short row still spreads over
+several programs. A forced `num_splits` divides each tile's keys evenly instead (tests, benchmarks).
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ import triton.language as tl
 from kernels.pdl import launch_options, wait_for_previous
 
 LOG2E = 1.4426950408889634
-# Splits cut every row's keys at fixed boundaries, so a row's sums never depend on the rest of its step (the other
-# rows' lengths, how many segments there are): batched == alone, and a verify row equals the decode step at its
-# position. The tile width is fixed for the same reason.
-KEYS_PER_SPLIT = 256
-INTERPRET_KEYS_PER_SPLIT = 32  # the interpreter (CI): several splits, and empty ones, on short test sequences
+# Split bounds come from each row's own keys, so a row's sums never depend on the rest of its step (the other rows'
+# lengths, how many segments there are): batched == alone, and a verify row equals the decode step at its position.
+# The tile width is fixed per head dim for the same reason. At chat length (~200 keys) one split of all keys cost
+# 8 µs a layer against 4.5 for 32-key splits and their merge (H200, docs/ENGINE.md): short rows take one tile a split.
+TARGET_SPLITS = 64  # a row's splits before their width doubles (the merge adds at most this many, plus one)
+INTERPRET_TARGET_SPLITS = 2  # the interpreter (CI): widths double on short test sequences too
+MAX_DOUBLINGS = tl.constexpr(16)  # split widths up to BLOCK_N * TARGET_SPLITS * 2^16 keys
 
 
 @triton.jit
@@ -44,6 +48,23 @@ def _tile_rows(seq_info_ptr, pid_sq, q_tiles, G: tl.constexpr, BLOCK_Q: tl.const
 
 
 @triton.jit
+def _split_rows(lo_row, hi_row, kv_lo, kv_hi, split, NUM_SPLITS: tl.constexpr, TARGET: tl.constexpr,
+                BLOCK_N: tl.constexpr):
+    # each row's piece [r_lo, r_hi) of its keys [lo_row, hi_row] in this split
+    if TARGET > 0:  # planned: BLOCK_N << d keys a piece, d the doublings past TARGET pieces; pieces at multiples of it
+        n = hi_row - lo_row + 1
+        doublings = n * 0
+        for i in tl.static_range(MAX_DOUBLINGS):
+            doublings += (n > (BLOCK_N * TARGET) << i).to(tl.int32)
+        width = (doublings * 0 + BLOCK_N) << doublings
+        start = lo_row // width * width + split * width
+    else:  # forced: the tile's keys cut evenly
+        width = tl.cdiv(tl.cdiv(tl.maximum(kv_hi - kv_lo, 0), NUM_SPLITS), BLOCK_N) * BLOCK_N
+        start = lo_row * 0 + kv_lo + split * width
+    return tl.maximum(start, lo_row), tl.minimum(start + width, hi_row + 1)
+
+
+@triton.jit
 def _sdpa_varlen_fwd(
     Q, K, V, SeqInfo, Out, OPart, LsePart,
     stride_qt, stride_qh,
@@ -56,7 +77,7 @@ def _sdpa_varlen_fwd(
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLIT_KEYS: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, TARGET: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
@@ -85,15 +106,6 @@ def _sdpa_varlen_fwd(
         kv_lo = kv_end * 0
     kv_hi = tl.where(first_q < q_len, kv_hi, kv_lo)  # tiles past q_len do nothing
 
-    # -- this split's share: SPLIT_KEYS keys from a fixed boundary, or (0) an even cut of the real length
-    n_keys = tl.maximum(kv_hi - kv_lo, 0)
-    if SPLIT_KEYS > 0:
-        per_split = n_keys * 0 + SPLIT_KEYS
-    else:
-        per_split = tl.cdiv(tl.cdiv(n_keys, NUM_SPLITS), BLOCK_N) * BLOCK_N
-    s_lo = kv_lo + split * per_split
-    s_hi = tl.minimum(s_lo + per_split, kv_hi)
-
     # -- per-row key bounds (inclusive)
     if WINDOWED:
         lo_row = tl.maximum(qpos - window + 1, 0)
@@ -103,6 +115,10 @@ def _sdpa_varlen_fwd(
         hi_row = qpos
     else:
         hi_row = qpos * 0 + kv_end - 1
+    r_lo, r_hi = _split_rows(lo_row, hi_row, kv_lo, kv_hi, split, NUM_SPLITS, TARGET, BLOCK_N)
+    busy = row_valid & (r_lo < r_hi)
+    t_lo = tl.min(tl.where(busy, r_lo, kv_hi), 0)  # this program's keys: the union of its rows' pieces
+    t_hi = tl.max(tl.where(busy, r_hi, t_lo), 0)
 
     q_ptrs = Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_ok[None, :], other=0.0)
@@ -114,10 +130,10 @@ def _sdpa_varlen_fwd(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-    for start in range(s_lo, s_hi, BLOCK_N):
+    for start in range(t_lo // BLOCK_N * BLOCK_N, t_hi, BLOCK_N):  # tiles at fixed positions, as the row alone
         # -- load a K/V tile; ring storage keeps position p at row p % rows
         pos = start + offs_n
-        pos_valid = pos < s_hi
+        pos_valid = (pos >= t_lo) & (pos < t_hi)
         if RING:
             r = (pos % rows).to(tl.int64)
         else:
@@ -135,7 +151,7 @@ def _sdpa_varlen_fwd(
         else:
             s = tl.dot(q, kT)
         s = s * qk_scale
-        keep = pos_valid[None, :] & (pos[None, :] >= lo_row[:, None]) & (pos[None, :] <= hi_row[:, None])
+        keep = (pos[None, :] >= r_lo[:, None]) & (pos[None, :] < r_hi[:, None])
         s = tl.where(keep, s, float("-inf"))
         # -- update m_i and l_i (a row with no key yet keeps m = -inf; use 0 as its pivot)
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -221,14 +237,15 @@ def plan_tiles(*, G: int, max_q_len: int, head_dim: int, interpret: bool) -> tup
     return block_q, block_m, block_n
 
 
-def split_keys(device: torch.device) -> int:
-    """Keys per planned split (fixed: see KEYS_PER_SPLIT)."""
-    return KEYS_PER_SPLIT if device.type == "cuda" else INTERPRET_KEYS_PER_SPLIT
+def split_target(device: torch.device) -> int:
+    """A row's splits before their width doubles (see TARGET_SPLITS)."""
+    return TARGET_SPLITS if device.type == "cuda" else INTERPRET_TARGET_SPLITS
 
 
-def plan_splits(*, span: int, device: torch.device) -> int:
-    """Enough fixed-size splits for the longest row of the step: a shorter row leaves its last ones empty."""
-    return max(1, math.ceil(span / split_keys(device)))
+def plan_splits(*, span: int, block_n: int, windowed: bool, device: torch.device) -> int:
+    """Enough splits for any row of at most `span` keys: one a tile up to the target, then the target (plus one where
+    a window's first piece starts mid-width); a shorter row leaves its last ones empty."""
+    return max(1, min(split_target(device), math.ceil(span / block_n)) + int(windowed))
 
 
 def sdpa_varlen_triton(
@@ -268,9 +285,7 @@ def sdpa_varlen_triton(
     q_tiles = max(1, triton.cdiv(max(max_q_len, 1), block_q))
     span = min(max_kv_len, window + max_q_len - 1) if windowed else max_kv_len
     bn = block_n or bn  # one tile width per model, whatever the step (a row's sums in one order)
-    splits = num_splits or plan_splits(span=span, device=q.device)
-    keys = 0 if num_splits else split_keys(q.device)
-    assert keys % bn == 0, "a split must hold whole key tiles"
+    splits = num_splits or plan_splits(span=span, block_n=bn, windowed=windowed, device=q.device)
     if S == 0 or T == 0 or max_q_len == 0:
         return torch.zeros_like(q)
     if splits > 1:
@@ -294,7 +309,7 @@ def sdpa_varlen_triton(
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
         q_tiles, rows, window or 0, scale * LOG2E,
         G=G, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
-        CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits, SPLIT_KEYS=keys,
+        CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits, TARGET=0 if num_splits else split_target(q.device),
         DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
         num_warps=warps, num_stages=stages, **launch_options(q),
     )

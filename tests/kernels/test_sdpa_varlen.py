@@ -9,6 +9,7 @@ rows are NaN: any read of them shows up as a NaN in the output.
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 
@@ -57,6 +58,7 @@ def make_step(
     rows: int | None = None,  # None: flat storage
     gaps: bool = True,
     seed: int = 0,
+    exact: bool = False,  # small integers: q.k and softmax sums come out exact whatever a dot's order
 ) -> Step:
     gen = torch.Generator().manual_seed(seed)
     rnd = random.Random(seed)
@@ -76,8 +78,8 @@ def make_step(
         t += rnd.randint(0, 2) if gaps else 0
         table.append((t, q_len, col, kv_end))
         t += q_len
-        k = torch.randn(kv_end, Hkv, D, generator=gen).to(dtype)
-        v = torch.randn(kv_end, Hkv, D, generator=gen).to(dtype)
+        k = _draw((kv_end, Hkv, D), gen, exact, sparse=True).to(dtype)
+        v = _draw((kv_end, Hkv, D), gen, exact, sparse=False).to(dtype)
         k_flat[:kv_end, col], v_flat[:kv_end, col] = k, v
         # A ring keeps the last `rows` positions, each at row p % rows.
         live = torch.arange(max(0, kv_end - rows), kv_end)
@@ -86,7 +88,7 @@ def make_step(
     covered = torch.zeros(T, dtype=torch.bool)
     for q_start, q_len, _, _ in table:
         covered[q_start : q_start + q_len] = True
-    q = torch.randn(T, Hkv * G, D, generator=gen).to(dtype)
+    q = _draw((T, Hkv * G, D), gen, exact, sparse=True).to(dtype)
     q[~covered] = nan
     seq_info = torch.tensor(table, dtype=torch.int32).view(S, 4)
     on = lambda x: x.to(DEVICE)  # noqa: E731
@@ -94,6 +96,14 @@ def make_step(
         on(q), on(k_cache), on(v_cache), on(k_flat), on(v_flat), on(seq_info), on(covered),
         max([ql for ql, _ in segments] + [0]), max_kv,
     )
+
+
+def _draw(shape: tuple[int, ...], gen: torch.Generator, exact: bool, sparse: bool) -> torch.Tensor:
+    if not exact:
+        return torch.randn(shape, generator=gen)
+    if sparse:  # q and k: 0/1, a score is a small count
+        return (torch.rand(shape, generator=gen) < 0.15).float()
+    return torch.randint(-2, 3, shape, generator=gen).float()
 
 
 def oracle(step: Step, *, causal: bool, window: int | None) -> torch.Tensor:
@@ -363,3 +373,27 @@ def test_a_decode_row_is_the_same_alone_and_batched(dtype: torch.dtype, window: 
         alone = sdpa_varlen(step.q[q_start:q_start + 1], step.k_cache, step.v_cache, info, scale=SCALE, max_q_len=1,
                             max_kv_len=lengths[i], causal=True, window=window, impl="triton")
         assert torch.equal(alone[0], together[q_start]), (i, lengths[i])
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [None, 40])
+def test_a_verify_row_is_the_decode_row_at_its_position(dtype: torch.dtype, window: int | None) -> None:
+    """Each row of a multi-row segment (speculative verify) equals, bit for bit, the one-token step at its position,
+    also where the segment's rows straddle a doubling of the split width, and where a window's start moves row by
+    row (split bounds at fixed positions, not at the tile's first key). The GPU's MMA rounds a row the same at any
+    tile position; the interpreter's numpy dot may not, so there the data are small integers (scale ln 2: integer
+    scores in the log2 domain) and a split's sums are exact: only where the splits cut can change a bit."""
+    q_len = 6
+    ends = scaled([35, 100, 68], [8196, 9000, 300])  # rows over 30..35 keys cross the interpreter's 32-key doubling
+    scale = SCALE if ON_GPU else math.log(2)
+    step = make_step([(q_len, n) for n in ends], Hkv=2, G=4, D=64, dtype=dtype, seed=5,
+                     rows=(window + 64) if window else None, exact=not ON_GPU)
+    together = sdpa_varlen(step.q, step.k_cache, step.v_cache, step.seq_info, scale=scale, max_q_len=q_len,
+                           max_kv_len=step.max_kv_len, causal=True, window=window, impl="triton")
+    for q_start, _, column, kv_end in step.seq_info.tolist():
+        for j in range(q_len):
+            info = torch.tensor([[0, 1, column, kv_end - q_len + j + 1]], dtype=torch.int32, device=DEVICE)
+            alone = sdpa_varlen(step.q[q_start + j:q_start + j + 1], step.k_cache, step.v_cache, info, scale=scale,
+                                max_q_len=1, max_kv_len=kv_end, causal=True, window=window, impl="triton")
+            assert torch.equal(alone[0], together[q_start + j]), (kv_end, j)
