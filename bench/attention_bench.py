@@ -7,7 +7,7 @@ Prints one JSON line per case: bytes of K/V the step must read, the time of the 
 achieved bandwidth, and ratios against the reference path, a dense `scaled_dot_product_attention`
 over pre-gathered K/V, and the measured device-to-device copy bandwidth.
 
-    python bench/attention_bench.py [--check] [--sweep] [--sweep-blocks] [--out FILE]
+    python bench/attention_bench.py [--check] [--sweep] [--sweep-blocks] [--sweep-short | --prefill] [--out FILE]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def bench_case(seqs: int, ctx: int, layer: str, copy_bw: float, do_check: bool) 
         rec["check_rel_err"] = check(q, k0, v0, seq_info, window, ctx)
     _, block_m, block_n = plan_tiles(G=H // HKV, max_q_len=1, head_dim=D, interpret=False)
     span = min(ctx, WINDOW) if window else ctx
-    rec["num_splits"] = plan_splits(span=span, device=q.device)
+    rec["num_splits"] = plan_splits(span=span, block_n=block_n, windowed=bool(window), device=q.device)
     rec["block_m"], rec["block_n"] = block_m, block_n
     fns = [lambda k=k, v=v: sdpa_varlen(q, k, v, seq_info, impl="triton", **kw) for k, v in caches]
     t_graph = time_graph(fns)
@@ -205,10 +205,37 @@ def sweep_short(copy_bw: float) -> list[dict]:
                             rec["error"] = repr(exc)[:160]
                         out.append(rec)
         best = min((r for r in out if r["seqs"] == seqs and "us" in r), key=lambda r: r["us"])
-        planned = [r for r in out if r["seqs"] == seqs and "us" in r and r["num_splits"] == plan_splits(
-            span=bucket, device=q.device) and r["block_n"] == 64 and r["num_stages"] == 2]
+        fns = [lambda k=k, v=v: sdpa_varlen_triton(q, k, v, seq_info, scale=SCALE, max_q_len=1, max_kv_len=bucket)
+               for k, v in caches]
+        _, _, block_n = plan_tiles(G=H // HKV, max_q_len=1, head_dim=D, interpret=False)
+        t = time_graph(fns)
+        planned = {"seqs": seqs, "ctx": kv_end, "us": round(t * 1e3, 2), "vs_copy_bw": round(nbytes / (t * 1e-3) / copy_bw, 3),
+                   "num_splits": plan_splits(span=bucket, block_n=block_n, windowed=False, device=q.device)}
         print(json.dumps({"sweep": "short-best", **best}), flush=True)
-        print(json.dumps({"sweep": "short-planned", "rows": planned}), flush=True)
+        print(json.dumps({"sweep": "short-planned", **planned}), flush=True)
+    return out
+
+
+def sweep_prefill() -> list[dict]:
+    """A prefill chunk at the end of a long prompt (the kernel's planned splits): Gemma-270M and Llama-8B heads."""
+    out = []
+    for name, h, hkv, d in (("gemma-270m", 4, 1, 256), ("llama-8b", 32, 8, 128)):
+        for chunk, ctx in ((256, 1024), (256, 4096), (256, 16384), (512, 32768)):
+            k = torch.randn(ctx, 2, hkv, d, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            q = torch.randn(chunk, h, d, device="cuda", dtype=torch.bfloat16)
+            seq_info = torch.tensor([(0, chunk, 0, ctx)], dtype=torch.int32, device="cuda")
+            fn = lambda: sdpa_varlen_triton(q, k, v, seq_info, scale=d**-0.5, max_q_len=chunk, max_kv_len=ctx)  # noqa: E731
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            t = time_graph([fn])
+            rec = {"sweep": "prefill", "heads": name, "chunk": chunk, "ctx": ctx, "us": round(t * 1e3, 1),
+                   "peak_mb_over_inputs": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
+            print(json.dumps(rec), flush=True)
+            out.append(rec)
+            del k, v, q
+            torch.cuda.empty_cache()
     return out
 
 
@@ -218,6 +245,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="also time split-K widths")
     ap.add_argument("--sweep-blocks", action="store_true", help="also time block/warp/stage variants")
     ap.add_argument("--sweep-short", action="store_true", help="only the chat-length decode sweep (skip the main cases)")
+    ap.add_argument("--prefill", action="store_true", help="only prefill chunks at the end of long prompts")
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -227,8 +255,8 @@ def main() -> None:
     lines = [{"device": torch.cuda.get_device_name(), "copy_GBps": round(copy_bw / 1e9, 1),
               "torch": torch.__version__, "triton": __import__("triton").__version__}]
     print(json.dumps(lines[0]), flush=True)
-    if args.sweep_short:
-        lines += sweep_short(copy_bw)
+    if args.sweep_short or args.prefill:
+        lines += sweep_short(copy_bw) if args.sweep_short else sweep_prefill()
         if args.out:
             args.out.write_text("".join(json.dumps(r) + "\n" for r in lines))
         return
