@@ -118,7 +118,7 @@ def _sdpa_varlen_fwd(
     r_lo, r_hi = _split_rows(lo_row, hi_row, kv_lo, kv_hi, split, NUM_SPLITS, TARGET, BLOCK_N)
     busy = row_valid & (r_lo < r_hi)
     t_lo = tl.min(tl.where(busy, r_lo, kv_hi), 0)  # this program's keys: the union of its rows' pieces
-    t_hi = tl.max(tl.where(busy, r_hi, t_lo), 0)
+    t_hi = tl.max(tl.where(busy, r_hi, 0), 0)  # 0 where no row has keys here: no tile, not one masked tile
 
     q_ptrs = Q + (q_start + qi)[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_valid[:, None] & d_ok[None, :], other=0.0)
