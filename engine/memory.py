@@ -4,6 +4,7 @@ from __future__ import annotations
 import ctypes
 import gc
 import sys
+import threading
 
 import psutil
 import torch
@@ -21,7 +22,8 @@ HEADROOM = 256 << 20  # left for the app, the KV cache's first pages and the OS
 def return_freed_memory() -> None:
     """Gives the heap's freed pages back to the OS after a load's scratch and a fusion's replaced matrices: glibc
     keeps them otherwise (measured: +2.5 GB resident after fusing an 8B model's projections)."""
-    gc.collect()
+    if threading.current_thread() is threading.main_thread():
+        gc.collect()  # off the main thread a full collection can free Qt objects there: PySide6 crashes (seen in CI)
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)
