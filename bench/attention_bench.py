@@ -7,7 +7,8 @@ Prints one JSON line per case: bytes of K/V the step must read, the time of the 
 achieved bandwidth, and ratios against the reference path, a dense `scaled_dot_product_attention`
 over pre-gathered K/V, and the measured device-to-device copy bandwidth.
 
-    python bench/attention_bench.py [--check] [--sweep] [--sweep-blocks] [--sweep-short | --prefill] [--out FILE]
+    python bench/attention_bench.py [--check] [--sweep] [--sweep-blocks] [--sweep-short | --prefill | --targets N ...]
+                                   [--out FILE]
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import replay_ms  # noqa: E402
 from kernels import sdpa_varlen, sdpa_varlen_reference  # noqa: E402
+import kernels.sdpa_varlen_triton as sdpa_triton  # noqa: E402
 from kernels.sdpa_varlen_triton import plan_splits, plan_tiles, sdpa_varlen_triton  # noqa: E402
 
 H, HKV, D = 4, 1, 256
@@ -216,26 +218,61 @@ def sweep_short(copy_bw: float) -> list[dict]:
     return out
 
 
-def sweep_prefill() -> list[dict]:
-    """A prefill chunk at the end of a long prompt (the kernel's planned splits): Gemma-270M and Llama-8B heads."""
+PREFILL_HEADS = (("gemma-270m", 4, 1, 256), ("llama-8b", 32, 8, 128))
+
+
+def prefill_case(name: str, h: int, hkv: int, d: int, chunk: int, ctx: int) -> dict:
+    """A prefill chunk of `chunk` rows ending a `ctx`-key prompt, planned splits."""
+    k = torch.randn(ctx, 2, hkv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    q = torch.randn(chunk, h, d, device="cuda", dtype=torch.bfloat16)
+    seq_info = torch.tensor([(0, chunk, 0, ctx)], dtype=torch.int32, device="cuda")
+    fn = lambda: sdpa_varlen_triton(q, k, v, seq_info, scale=d**-0.5, max_q_len=chunk, max_kv_len=ctx)  # noqa: E731
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    t = time_graph([fn])
+    return {"sweep": "prefill", "heads": name, "chunk": chunk, "ctx": ctx, "us": round(t * 1e3, 1),
+            "peak_mb_over_inputs": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
+
+
+def decode_case(name: str, h: int, hkv: int, d: int, seqs: int, ctx: int) -> dict:
+    """One decode row per sequence over `ctx` keys, planned splits, caches rotated past L2."""
+    copies = max(1, min(32, L2_FLUSH_BYTES // (2 * ctx * (seqs + 1) * hkv * d * 2)))
+    caches = [tuple(torch.randn(ctx, seqs + 1, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+              for _ in range(copies)]
+    q = torch.randn(seqs, h, d, device="cuda", dtype=torch.bfloat16)
+    seq_info = torch.tensor([(i, 1, i, ctx) for i in range(seqs)], dtype=torch.int32, device="cuda")
+    fns = [lambda k=k, v=v: sdpa_varlen_triton(q, k, v, seq_info, scale=d**-0.5, max_q_len=1, max_kv_len=ctx)
+           for k, v in caches]
+    return {"sweep": "decode", "heads": name, "seqs": seqs, "ctx": ctx, "us": round(time_graph(fns) * 1e3, 2)}
+
+
+def sweep_prefill(decode: bool = False) -> list[dict]:
+    """Prefill chunks at the end of long prompts (and with `decode`, decode rows at 192-16k keys): Gemma-270M and
+    Llama-8B heads, the kernel's planned splits."""
     out = []
-    for name, h, hkv, d in (("gemma-270m", 4, 1, 256), ("llama-8b", 32, 8, 128)):
-        for chunk, ctx in ((256, 1024), (256, 4096), (256, 16384), (512, 32768)):
-            k = torch.randn(ctx, 2, hkv, d, device="cuda", dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            q = torch.randn(chunk, h, d, device="cuda", dtype=torch.bfloat16)
-            seq_info = torch.tensor([(0, chunk, 0, ctx)], dtype=torch.int32, device="cuda")
-            fn = lambda: sdpa_varlen_triton(q, k, v, seq_info, scale=d**-0.5, max_q_len=chunk, max_kv_len=ctx)  # noqa: E731
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            t = time_graph([fn])
-            rec = {"sweep": "prefill", "heads": name, "chunk": chunk, "ctx": ctx, "us": round(t * 1e3, 1),
-                   "peak_mb_over_inputs": round((torch.cuda.max_memory_allocated() - base) / 2**20, 1)}
+    for heads in PREFILL_HEADS:
+        cases = [(prefill_case, c, ctx) for c, ctx in ((256, 1024), (256, 4096), (256, 16384), (512, 32768))]
+        if decode:
+            cases += [(decode_case, s, ctx) for s in (1, 8, 64) for ctx in (192, 1024, 4096, 16384)]
+        for case, n, ctx in cases:
+            rec = {"target_splits": sdpa_triton.TARGET_SPLITS, **case(*heads, n, ctx)}
             print(json.dumps(rec), flush=True)
             out.append(rec)
-            del k, v, q
             torch.cuda.empty_cache()
+    return out
+
+
+def sweep_targets(targets: list[int]) -> list[dict]:
+    """sweep_prefill(decode=True) once per TARGET_SPLITS value (the plan's splits before widths double)."""
+    out, kept = [], sdpa_triton.TARGET_SPLITS
+    try:
+        for target in targets:
+            sdpa_triton.TARGET_SPLITS = target
+            out += sweep_prefill(decode=True)
+    finally:
+        sdpa_triton.TARGET_SPLITS = kept
     return out
 
 
@@ -246,6 +283,7 @@ def main() -> None:
     ap.add_argument("--sweep-blocks", action="store_true", help="also time block/warp/stage variants")
     ap.add_argument("--sweep-short", action="store_true", help="only the chat-length decode sweep (skip the main cases)")
     ap.add_argument("--prefill", action="store_true", help="only prefill chunks at the end of long prompts")
+    ap.add_argument("--targets", type=int, nargs="+", help="only prefill and decode rows at these TARGET_SPLITS")
     ap.add_argument("--out", type=Path, help="also write the JSON lines here")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -255,8 +293,11 @@ def main() -> None:
     lines = [{"device": torch.cuda.get_device_name(), "copy_GBps": round(copy_bw / 1e9, 1),
               "torch": torch.__version__, "triton": __import__("triton").__version__}]
     print(json.dumps(lines[0]), flush=True)
-    if args.sweep_short or args.prefill:
-        lines += sweep_short(copy_bw) if args.sweep_short else sweep_prefill()
+    if args.sweep_short or args.prefill or args.targets:
+        if args.targets:
+            lines += sweep_targets(args.targets)
+        else:
+            lines += sweep_short(copy_bw) if args.sweep_short else sweep_prefill()
         if args.out:
             args.out.write_text("".join(json.dumps(r) + "\n" for r in lines))
         return

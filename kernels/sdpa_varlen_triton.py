@@ -27,7 +27,9 @@ LOG2E = 1.4426950408889634
 # lengths, how many segments there are): batched == alone, and a verify row equals the decode step at its position.
 # The tile width is fixed per head dim for the same reason. At chat length (~200 keys) one split of all keys cost
 # 8 µs a layer against 4.5 for 32-key splits and their merge (H200, docs/ENGINE.md): short rows take one tile a split.
-TARGET_SPLITS = 64  # a row's splits before their width doubles (the merge adds at most this many, plus one)
+# 32 from a sweep of 8-64 (docs/ENGINE.md): 64 one-tile splits cost more in partials and merge than they gained
+# in programs (270M decode at 4k keys 18.3 µs against 8.7, 8B at 16k 38 against 24, its 256-row chunk 465 vs 330).
+TARGET_SPLITS = 32  # a row's splits before their width doubles (the merge adds at most this many, plus one)
 INTERPRET_TARGET_SPLITS = 2  # the interpreter (CI): widths double on short test sequences too
 MAX_DOUBLINGS = tl.constexpr(16)  # split widths up to BLOCK_N * TARGET_SPLITS * 2^16 keys
 
