@@ -14,6 +14,7 @@ from app.core.sqlite_registry import SqliteModelRegistry
 from app.core.sqlite_store import SqliteConversationStore
 from app.qt.bridge import EngineBridge
 from app.qt.chats import QtChatService
+from app.qt.gui_collector import GuiThreadCollector
 from app.qt.model_manager import DFLASH_KEY, ModelManager
 from cli.paths import Paths
 from engine.loading.default_model import DEFAULT_NAME
@@ -33,6 +34,7 @@ class Parley:
     store: ConversationStore
     service: QtChatService
     window: object = None
+    collector: GuiThreadCollector | None = None
     extra: dict = field(default_factory=dict)
 
     def close(self) -> None:
@@ -40,6 +42,8 @@ class Parley:
             self.window.close()
         self.bridge.shutdown()
         self.store.close()  # after the engine: the last streamed text is in memory by then
+        if self.collector is not None:
+            self.collector.stop()
 
 
 def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine: EngineConfig | None = None,
@@ -74,6 +78,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
         app.window.new_chat()
     if show:
         app.window.show()
+    app.collector = GuiThreadCollector().start()  # from now on cycles are freed on this (the GUI) thread only
     return app
 
 
@@ -103,4 +108,5 @@ def run_gui(data_dir: str | None = None, theme: str | None = None) -> int:
     finally:
         parley.bridge.shutdown()
         parley.store.close()
+        parley.collector.stop()
     return 0

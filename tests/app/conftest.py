@@ -1,6 +1,7 @@
 """GUI tests: the real window on the real engine thread, offscreen, with a tmp data dir and tiny models."""
 from __future__ import annotations
 
+import gc
 import os
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before any Qt import
@@ -24,11 +25,19 @@ def record_turns(engine) -> None:
     engine.submit = submit
 
 
+@pytest.fixture(autouse=True)
+def _automatic_gc_back():
+    """An app's GuiThreadCollector turns automatic collection off while it runs; the next test starts with it on."""
+    yield
+    gc.enable()
+
+
 @pytest.fixture
 def parley(qtbot, qapp, tiny_models, tmp_path):
     """The app on the tiny Qwen3 (as its default model), ready to chat."""
     from app.qt.main import build
 
+    gc.collect()  # earlier tests' Qt cycles are freed here, on the GUI thread, not by a collection on a worker thread
     app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path),
                 engine=EngineConfig(**TINY_ENGINE), theme="light", show=False)
     record_turns(app.bridge.engine)
