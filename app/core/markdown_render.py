@@ -3,7 +3,8 @@
 No Qt here: the output is a string plus the raw text of each code block (for the copy links).
 Raw HTML in model output is escaped, never rendered. Images are never loaded (a local path such as
 /dev/zero would be read on every render): they show as their alt text. `$…$` / `$$…$$` math is shown as
-Unicode text (app/core/tex_text.py); tables get borders and padding, block quotes a bar.
+Unicode text (app/core/tex_text.py); tables get borders and padding, block quotes a bar. A single newline breaks
+the line (CommonMark would join the lines: a poem, an address or a pasted list would run together).
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class MarkdownRenderer:
     def __init__(self, dark: bool = False):
         self.dark = dark
         self._formatter = HtmlFormatter(noclasses=True, nowrap=True, style=CODE_STYLES[dark])
-        self._md = MarkdownIt("commonmark", {"html": False, "linkify": False}).enable("table").enable("strikethrough")
+        self._md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table").enable("strikethrough")
         fence = lambda *args: self._fence(args[-4], args[-3], args[-1])  # noqa: E731 (markdown-it binds rules to its renderer)
         self._md.add_render_rule("fence", fence)
         self._md.add_render_rule("code_block", fence)

@@ -52,6 +52,22 @@ def test_markdown_code_block_and_copy_link(parley, qtbot):
     assert QGuiApplication.clipboard().text() == answer.content
 
 
+def test_a_single_newline_breaks_the_line(parley):
+    """Verse, addresses and pasted lists break lines with one newline; CommonMark alone would join them."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "a haiku, please\nthree lines")
+    answer = store.add_message(conv, user.id, "assistant", "Old pond\nfrog jumps in\nsound of water\n\n```\na\nb\n```")
+    w.open_chat(conv)
+    lines = [line.strip() for line in w.chat.view.delegate.document(user)[0].toPlainText().splitlines()]
+    assert "a haiku, please" in lines and "three lines" in lines, lines
+    doc, blocks = w.chat.view.delegate.document(answer)
+    lines = [line.strip() for line in doc.toPlainText().splitlines()]
+    start = lines.index("Old pond")
+    assert lines[start:start + 3] == ["Old pond", "frog jumps in", "sound of water"], lines
+    assert blocks == ["a\nb\n"]
+
+
 def test_raw_html_from_the_model_is_shown_not_run(parley):
     store, w = parley.store, parley.window
     conv = w.current()
