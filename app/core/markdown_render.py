@@ -4,12 +4,14 @@ No Qt here: the output is a string plus the raw text of each code block (for the
 Raw HTML in model output is escaped, never rendered. Images are never loaded (a local path such as
 /dev/zero would be read on every render): they show as their alt text. `$…$` / `$$…$$` math is shown as
 Unicode text (app/core/tex_text.py); tables get borders and padding, block quotes a bar. A single newline breaks
-the line (CommonMark would join the lines: a poem, an address or a pasted list would run together).
+the line (CommonMark would join the lines: a poem, an address or a pasted list would run together). Links open in
+the browser (web and mail only), through their own `open:` verb.
 """
 from __future__ import annotations
 
 import functools
 import html
+from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
 from pygments import highlight
@@ -39,7 +41,7 @@ class MarkdownRenderer:
         self._md.inline.ruler.before("escape", "math_inline", _math_inline)
         rules = {"math_inline": lambda t, i: f'<span style="font-family:serif">{tex_html(t[i].content)}</span>',
                  "math_block": lambda t, i: f'<p align="center" style="font-family:serif">{tex_html(t[i].content)}</p>\n',
-                 "image": self._image, "table_open": self._table_open,
+                 "image": self._image, "link_open": _link_open, "table_open": self._table_open,
                  "blockquote_open": self._quote_open, "blockquote_close": lambda t, i: "</td></tr></table>\n"}
         for name, rule in rules.items():
             self._md.add_render_rule(name, lambda *args, rule=rule: rule(args[-4], args[-3]))
@@ -91,6 +93,18 @@ class MarkdownRenderer:
             return get_lexer_by_name(lang) if lang else TextLexer()
         except ClassNotFound:
             return TextLexer()
+
+
+def _link_open(tokens, idx) -> str:
+    """A link of the message's own text goes through `open:`, so a model's `[x](regen:)` can never name one of the
+    view's own actions (regenerate, edit, copy)."""
+    return f'<a href="open:{html.escape(tokens[idx].attrGet("href") or "", quote=True)}">'
+
+
+def openable(url: str) -> bool:
+    """Whether a link of a message opens when clicked: web and mail addresses only (a `file:` or custom scheme from a
+    model's answer could start a program)."""
+    return urlsplit(url).scheme.lower() in ("http", "https", "mailto")
 
 
 @functools.cache

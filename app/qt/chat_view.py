@@ -10,11 +10,12 @@ from collections import OrderedDict
 from PySide6.QtCore import (
     QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, QUrl, Signal,
 )
-from PySide6.QtGui import QAbstractTextDocumentLayout, QColor, QGuiApplication, QPainter, QPalette, QTextDocument
+from PySide6.QtGui import (QAbstractTextDocumentLayout, QColor, QDesktopServices, QGuiApplication, QPainter, QPalette,
+                           QTextDocument)
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle, QStyledItemDelegate, QStyleOptionViewItem
 
 from app.core.conversations import Message
-from app.core.markdown_render import MarkdownRenderer
+from app.core.markdown_render import MarkdownRenderer, openable
 from app.core.message_html import accessible_text, message_actions, message_html
 from app.core.chats import ChatService
 
@@ -310,6 +311,8 @@ class ChatView(QListView):
             QGuiApplication.clipboard().setText(msg.content)
         elif verb == "copy" and blocks is not None and arg.isdigit() and int(arg) < len(blocks):
             QGuiApplication.clipboard().setText(blocks[int(arg)])
+        elif verb == "open" and openable(arg):
+            QDesktopServices.openUrl(QUrl(arg))
 
 
 def _estimate(text: str, width: int) -> int:

@@ -1,9 +1,10 @@
 """Rendering, long chats, model import, About box and themes."""
 from __future__ import annotations
 
+import re
 import time
 
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication
 
 from tests.app.helpers import configure, wait_idle
 
@@ -66,6 +67,25 @@ def test_a_single_newline_breaks_the_line(parley):
     start = lines.index("Old pond")
     assert lines[start:start + 3] == ["Old pond", "frog jumps in", "sound of water"], lines
     assert blocks == ["a\nb\n"]
+
+
+def test_links_open_in_the_browser_and_never_name_an_action(parley, monkeypatch):
+    """A model's `[x](regen:)` must not regenerate when clicked; web links open in the browser, file links never."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "links?")
+    answer = store.add_message(conv, user.id, "assistant",
+                               "[again](regen:) [docs](https://example.org/a?b=1&c=2) [run](file:///bin/sh)")
+    w.open_chat(conv)
+    body, _ = w.chat.view.delegate.renderer.render(answer.content)
+    # markdown-it leaves a file: link as text; were one to come through, `openable` refuses it below
+    assert re.findall(r'href="([^"]*)"', body) == ["open:regen:", "open:https://example.org/a?b=1&amp;c=2"]
+    opened, regenerated = [], []
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toString()))
+    monkeypatch.setattr(w.chat.view.service, "regenerate", lambda *a, **k: regenerated.append(a))
+    for href in ("open:regen:", "open:https://example.org/a?b=1&c=2", "open:file:///bin/sh"):
+        w.chat.view.activate(answer, href)
+    assert opened == ["https://example.org/a?b=1&c=2"] and regenerated == []
 
 
 def test_raw_html_from_the_model_is_shown_not_run(parley):
