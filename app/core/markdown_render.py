@@ -107,6 +107,15 @@ def openable(url: str) -> bool:
     return urlsplit(url).scheme.lower() in ("http", "https", "mailto")
 
 
+def link_tip(href: str) -> str:
+    """What hovering a link of a message shows: its address (as a browser does, the text may name another), and why a
+    click does nothing where it will not open; nothing for the view's own links."""
+    verb, _, url = href.partition(":")
+    if verb != "open":
+        return ""
+    return url if openable(url) else f"{url} (only web and mail links open)"
+
+
 @functools.cache
 def _warm_lexers() -> None:
     """Imports the common lexers once, when the window is built, not mid-stream (the first import costs ~50 ms)."""

@@ -12,10 +12,11 @@ from PySide6.QtCore import (
 )
 from PySide6.QtGui import (QAbstractTextDocumentLayout, QColor, QDesktopServices, QGuiApplication, QPainter, QPalette,
                            QTextDocument)
-from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QStyle, QStyledItemDelegate, QStyleOptionViewItem
+from PySide6.QtWidgets import (QAbstractItemView, QListView, QMenu, QStyle, QStyledItemDelegate, QStyleOptionViewItem,
+                               QToolTip)
 
 from app.core.conversations import Message
-from app.core.markdown_render import MarkdownRenderer, openable
+from app.core.markdown_render import MarkdownRenderer, link_tip, openable
 from app.core.message_html import accessible_text, message_actions, message_html
 from app.core.chats import ChatService
 
@@ -240,6 +241,11 @@ class ChatView(QListView):
     def mouseMoveEvent(self, event) -> None:
         href = self._href(event.position().toPoint())[0]
         self.viewport().setCursor(Qt.CursorShape.PointingHandCursor if href else Qt.CursorShape.ArrowCursor)
+        tip = link_tip(href)
+        if tip:
+            QToolTip.showText(event.globalPosition().toPoint(), tip, self.viewport())
+        elif QToolTip.isVisible():
+            QToolTip.hideText()
         super().mouseMoveEvent(event)
 
     def mouseReleaseEvent(self, event) -> None:

@@ -6,6 +6,7 @@ import time
 
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 
+from app.core.markdown_render import link_tip
 from tests.app.helpers import configure, wait_idle
 
 
@@ -86,6 +87,8 @@ def test_links_open_in_the_browser_and_never_name_an_action(parley, monkeypatch)
     for href in ("open:regen:", "open:https://example.org/a?b=1&c=2", "open:file:///bin/sh"):
         w.chat.view.activate(answer, href)
     assert opened == ["https://example.org/a?b=1&c=2"] and regenerated == []
+    assert link_tip("open:https://example.org/a") == "https://example.org/a"  # hovering shows where a link goes
+    assert link_tip("open:regen:") == "regen: (only web and mail links open)" and link_tip("regen:") == ""
 
 
 def test_raw_html_from_the_model_is_shown_not_run(parley):
