@@ -32,7 +32,8 @@ class MarkdownRenderer:
     def __init__(self, dark: bool = False):
         self.dark = dark
         self._formatter = HtmlFormatter(noclasses=True, nowrap=True, style=CODE_STYLES[dark])
-        self._md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True}).enable("table").enable("strikethrough")
+        self._md = MarkdownIt("commonmark", {"html": False, "linkify": False, "breaks": True})
+        self._md.enable("table").enable("strikethrough")
         fence = lambda *args: self._fence(args[-4], args[-3], args[-1])  # noqa: E731 (markdown-it binds rules to its renderer)
         self._md.add_render_rule("fence", fence)
         self._md.add_render_rule("code_block", fence)

@@ -1,6 +1,7 @@
 """One message as HTML for the chat view: header, Markdown body, state notes and its action links.
 
-Links: `prev:`/`next:` switch versions, `edit:`, `regen:`, `copymsg:`, and `copy:N` for the n-th code block.
+Links: `prev:`/`next:` switch versions, `edit:`, `regen:`, `copymsg:`, and `copy:N` for the n-th code block;
+`open:URL` for a link of the message's text (app/core/markdown_render.py).
 """
 from __future__ import annotations
 
