@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import time
 
+from PySide6.QtCore import QPoint
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 
 from app.core.markdown_render import link_tip
@@ -87,6 +88,12 @@ def test_links_open_in_the_browser_and_never_name_an_action(parley, monkeypatch)
     for href in ("open:regen:", "open:https://example.org/a?b=1&c=2", "open:file:///bin/sh"):
         w.chat.view.activate(answer, href)
     assert opened == ["https://example.org/a?b=1&c=2"] and regenerated == []
+    menu = w.chat.view.show_actions(w.chat.view.chat_model.index(1, 0), w.chat.view.mapToGlobal(QPoint(5, 5)))
+    opens = [a for a in menu.actions() if a.text().startswith("Open ")]  # keyboard users reach links by the menu
+    assert [a.text() for a in opens] == ["Open https://example.org/a?b=1&c=2"]
+    opens[0].trigger()
+    menu.close()
+    assert opened == ["https://example.org/a?b=1&c=2"] * 2 and regenerated == []
     assert link_tip("open:https://example.org/a") == "https://example.org/a"  # hovering shows where a link goes
     assert link_tip("open:regen:") == "regen: (only web and mail links open)" and link_tip("regen:") == ""
 
