@@ -96,10 +96,18 @@ class MarkdownRenderer:
             return TextLexer()
 
 
+OPEN = "open:"  # the verb of a link of the message's own text
+
+
 def _link_open(tokens, idx) -> str:
     """A link of the message's own text goes through `open:`, so a model's `[x](regen:)` can never name one of the
     view's own actions (regenerate, edit, copy)."""
-    return f'<a href="open:{html.escape(tokens[idx].attrGet("href") or "", quote=True)}">'
+    return f'<a href="{OPEN}{html.escape(tokens[idx].attrGet("href") or "", quote=True)}">'
+
+
+def link_url(href: str) -> str | None:
+    """The address of a link of the message's own text; None for the view's own links."""
+    return href[len(OPEN):] if href.startswith(OPEN) else None
 
 
 def openable(url: str) -> bool:
@@ -111,8 +119,8 @@ def openable(url: str) -> bool:
 def link_tip(href: str) -> str:
     """What hovering a link of a message shows: its address (as a browser does, the text may name another), and why a
     click does nothing where it will not open; nothing for the view's own links."""
-    verb, _, url = href.partition(":")
-    if verb != "open":
+    url = link_url(href)
+    if url is None:
         return ""
     return url if openable(url) else f"{url} (only web and mail links open)"
 

@@ -16,7 +16,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QListView, QMenu, QStyle, QSty
                                QToolTip)
 
 from app.core.conversations import Message
-from app.core.markdown_render import MarkdownRenderer, link_tip, openable
+from app.core.markdown_render import MarkdownRenderer, link_tip, link_url, openable
 from app.core.message_html import accessible_text, message_actions, message_html
 from app.core.chats import ChatService
 
@@ -288,7 +288,7 @@ class ChatView(QListView):
             return None
         versions = self.service.store.versions(msg)
         busy = self.service.busy(msg.conversation_id)
-        _doc, blocks = self.delegate.document(msg)
+        doc, blocks = self.delegate.document(msg)
         menu = QMenu(self)
         menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         for label, href in message_actions(msg, versions.index(msg) + 1, len(versions), busy):
@@ -296,8 +296,8 @@ class ChatView(QListView):
         for n in range(len(blocks)):
             menu.addAction(self.tr("Copy code block %1").replace("%1", str(n + 1)),
                            lambda n=n: self.activate(msg, f"copy:{n}", blocks))
-        for href in _links(_doc):
-            url = href.partition(":")[2]
+        for href in _links(doc):
+            url = link_url(href)
             label = url if len(url) <= 60 else url[:57] + "…"
             menu.addAction(self.tr("Open %1").replace("%1", label), lambda h=href: self.activate(msg, h, blocks))
         menu.popup(pos)
@@ -321,8 +321,8 @@ class ChatView(QListView):
             QGuiApplication.clipboard().setText(msg.content)
         elif verb == "copy" and blocks is not None and arg.isdigit() and int(arg) < len(blocks):
             QGuiApplication.clipboard().setText(blocks[int(arg)])
-        elif verb == "open" and openable(arg):
-            QDesktopServices.openUrl(QUrl(arg))
+        elif (url := link_url(href)) is not None and openable(url):
+            QDesktopServices.openUrl(QUrl(url))
 
 
 def _links(doc: QTextDocument) -> list[str]:
@@ -333,7 +333,8 @@ def _links(doc: QTextDocument) -> list[str]:
         it = block.begin()
         while not it.atEnd():
             href = it.fragment().charFormat().anchorHref()
-            if href.startswith("open:") and openable(href[5:]) and href not in found:
+            url = link_url(href)
+            if url is not None and openable(url) and href not in found:
                 found.append(href)
             it += 1
         block = block.next()
