@@ -5,7 +5,8 @@ Raw HTML in model output is escaped, never rendered. Images are never loaded (a 
 /dev/zero would be read on every render): they show as their alt text. `$…$` / `$$…$$` math is shown as
 Unicode text (app/core/tex_text.py); tables get borders and padding, block quotes a bar. A single newline breaks
 the line (CommonMark would join the lines: a poem, an address or a pasted list would run together). Links open in
-the browser (web and mail only), through their own `open:` verb.
+the browser (web and mail only), through their own `open:` verb. A user's own text is shown as typed
+(`render_typed`): pasted code keeps its indentation and `__init__` its underscores; only fenced blocks are code.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ class MarkdownRenderer:
                  "blockquote_open": self._quote_open, "blockquote_close": lambda t, i: "</td></tr></table>\n"}
         for name, rule in rules.items():
             self._md.add_render_rule(name, lambda *args, rule=rule: rule(args[-4], args[-3]))
+        self._typed = MarkdownIt("zero").enable("fence")  # finds a user's fenced blocks, nothing else
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -53,6 +55,21 @@ class MarkdownRenderer:
         env = {"code_blocks": []}
         body = self._md.render(text, env)
         return body, env["code_blocks"]
+
+    def render_typed(self, text: str) -> tuple[str, list[str]]:
+        """(html, code blocks) of text shown as typed, spaces and line breaks kept, fenced code blocks as code:
+        what a user pasted into a message, which is rarely meant as Markdown."""
+        env = {"code_blocks": []}
+        lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")  # the lines markdown-it's maps count
+        tokens = self._typed.parse(text)
+        parts, line = [], 0
+        for idx, token in enumerate(tokens):
+            if token.type == "fence" and token.map and token.content:  # an empty or bare ``` stays text
+                start, end = token.map
+                parts += [_verbatim(lines[line:start]), self._fence(tokens, idx, env)]
+                line = end
+        parts.append(_verbatim(lines[line:]))
+        return "".join(parts), env["code_blocks"]
 
     def _fence(self, tokens, idx, env) -> str:
         token = tokens[idx]
@@ -94,6 +111,19 @@ class MarkdownRenderer:
             return get_lexer_by_name(lang) if lang else TextLexer()
         except ClassNotFound:
             return TextLexer()
+
+
+def _verbatim(lines: list[str]) -> str:
+    """Lines as typed, without the blank lines around them (QTextDocument honours pre-wrap: spaces kept, long
+    lines wrapped)."""
+    while lines and not lines[0].strip():
+        lines = lines[1:]
+    while lines and not lines[-1].strip():
+        lines = lines[:-1]
+    if not lines:
+        return ""
+    body = html.escape("\n".join(lines))
+    return f'<p style="white-space:pre-wrap">{body}</p>\n'
 
 
 OPEN = "open:"  # the verb of a link of the message's own text

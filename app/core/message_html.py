@@ -1,4 +1,5 @@
-"""One message as HTML for the chat view: header, Markdown body, state notes and its action links.
+"""One message as HTML for the chat view: header, body (an answer's Markdown, a user's text as typed), state notes and
+its action links.
 
 Links: `prev:`/`next:` switch versions, `edit:`, `regen:`, `copymsg:`, and `copy:N` for the n-th code block;
 `open:URL` for a link of the message's text (app/core/markdown_render.py).
@@ -29,7 +30,8 @@ class Rendered:
 
 def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool) -> Rendered:
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering."""
-    body, blocks = renderer.render(msg.content) if msg.content else ("", [])
+    render = renderer.render_typed if msg.role == "user" else renderer.render  # a user's text is shown as typed
+    body, blocks = render(msg.content) if msg.content else ("", [])
     if msg.state == "streaming":
         body += f'<p style="color:#888">{CURSOR}</p>'
     parts = [_header(msg, version, versions, busy), body, _note(msg)]

@@ -71,6 +71,25 @@ def test_a_single_newline_breaks_the_line(parley):
     assert blocks == ["a\nb\n"]
 
 
+def test_a_users_text_is_shown_as_typed(parley):
+    """Pasted code keeps its indentation and `__init__` its underscores (as Markdown it was a bold "init" on one
+    line); a fenced block in a user's message is still code, with its copy link."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    pasted = "why?\nclass A:\n    def __init__(self):\n        return *args\n\n```python\nA()\n```"
+    user = store.add_message(conv, None, "user", pasted)
+    store.add_message(conv, user.id, "assistant", "**bold** and __init__")
+    w.open_chat(conv)
+    doc, blocks = w.chat.view.delegate.document(user)
+    lines = doc.toPlainText().splitlines()
+    assert "    def __init__(self):" in lines and "        return *args" in lines, lines
+    assert blocks == ["A()\n"] and "```" not in doc.toPlainText()
+    w.chat.view.activate(user, "copy:0", blocks)
+    assert QGuiApplication.clipboard().text() == "A()\n"
+    answer = store.path(conv)[-1]  # an answer is still Markdown
+    assert w.chat.view.delegate.document(answer)[0].toPlainText().splitlines()[-1].strip() == "bold and init"
+
+
 def test_links_open_in_the_browser_and_never_name_an_action(parley, monkeypatch):
     """A model's `[x](regen:)` must not regenerate when clicked; web links open in the browser, file links never."""
     store, w = parley.store, parley.window
