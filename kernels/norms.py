@@ -47,19 +47,26 @@ def add_norm(
 
 def embed_norm(
     tokens: torch.Tensor, table: torch.Tensor, scale: float | None, weight: torch.Tensor, eps: float, gemma: bool, *,
-    row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None, impl: str = "triton",
+    row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None, int4_pairs: torch.Tensor | None = None,
+    impl: str = "triton",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(h, norm(h)) for h = table[tokens], times `scale` (rounded to h's dtype first, as a tensor of that dtype would
-    be) when given: a step's embeddings and the first block's input norm, one launch. `row_scale` (V,): the table is
-    int8 codes, a row's values code * its scale in fp32, rounded to `dtype` (the model's: a quantized embedding)."""
+    be) when given: a step's embeddings and the first block's input norm, one launch. A quantized embedding's rows
+    are dequantized in fp32 and rounded to `dtype` (the model's): `row_scale` (V,) makes the table int8 codes (code *
+    the row's scale); `int4_pairs` makes it int4 words with these (scale, zero) pairs (kernels/quant_linear.py)."""
     dtype = dtype or table.dtype
     if scale is not None:
         scale = float(torch.tensor(scale, dtype=dtype))
     if _check(impl):
         from kernels.norms_triton import embed_norm_triton
 
-        return embed_norm_triton(tokens, table, scale, weight, eps, gemma, row_scale, dtype)
-    if row_scale is not None:
+        return embed_norm_triton(tokens, table, scale, weight, eps, gemma, row_scale, dtype, int4_pairs)
+    if int4_pairs is not None:
+        from kernels.quant_linear import int4_gather_rows, int4_rows_reference
+
+        rows = int4_gather_rows(table, int4_pairs, tokens)
+        h = int4_rows_reference(*rows, torch.float32, weight.shape[0]).to(dtype)
+    elif row_scale is not None:
         h = (table[tokens].float() * row_scale[tokens].float()[:, None]).to(dtype)
     else:
         h = F.embedding(tokens, table)

@@ -9,7 +9,8 @@ arithmetic in fp32 (rounding where the PyTorch modules round):
 - `norm_rope`: per-head RMSNorm (q/k norms) then the half-split rotary embedding, one (token, head) per
   program; reads strided q/k views of a fused QKV output.
 - `act_mul`: act(gate) * up over a fused gate/up output.
-- `embed_norm`: a step's embedding rows (scaled, for Gemma) and the first block's input norm of them.
+- `embed_norm`: a step's embedding rows (dense, or a quantized table's int8 or int4 rows dequantized; scaled, for
+  Gemma) and the first block's input norm of them.
 """
 
 from __future__ import annotations
@@ -80,11 +81,14 @@ def _load_row(src, offs, ok, stride_split, SPLITS: tl.constexpr, DT: tl.constexp
 
 @triton.jit
 def _embed_norm(
-    Tok, E, R, W, H, Y, stride_e, stride_h, stride_y, V, D, scale, eps,
-    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, ROW_SCALED: tl.constexpr, PDL: tl.constexpr,
+    Tok, E, R, W, H, Y, stride_e, stride_r, stride_h, stride_y, V, D, scale, eps,
+    BLOCK: tl.constexpr, GEMMA: tl.constexpr, HAS_SCALE: tl.constexpr, ROW_SCALED: tl.constexpr, INT4: tl.constexpr,
+    TILE: tl.constexpr, PDL: tl.constexpr,
 ):
     # one token per program: its embedding row (times the model's scale, rounded as a tensor product
-    # would be) and that row's RMSNorm, the first block's input. ROW_SCALED: E holds int8 codes and R a scale per row
+    # would be) and that row's RMSNorm, the first block's input. ROW_SCALED: E holds int8 codes and R a scale per row;
+    # INT4: E the int4 words and R their (scale, zero) pairs (kernels/quant_linear_triton.py), stride_e and stride_r
+    # one TILE-row group's
     wait_for_previous(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
@@ -93,7 +97,10 @@ def _embed_norm(
     tok = tl.load(Tok + row).to(tl.int64)
     ids = offs * 0 + tok  # vector form: the interpreter rejects scalar & vector masks
     known = (ids >= 0) & (ids < V)  # an id outside the table reads zeros, never outside it
-    v = tl.load(E + tok * stride_e + offs, mask=ok & known, other=0.0).to(tl.float32)
+    if INT4:
+        v = _int4_row(E, R, tok // TILE, tok % TILE, offs, ok & known, stride_e, stride_r, TILE).to(dt).to(tl.float32)
+    else:
+        v = tl.load(E + tok * stride_e + offs, mask=ok & known, other=0.0).to(tl.float32)
     if ROW_SCALED:  # the row dequantized in fp32, then rounded to the model's dtype (as QuantEmbedding's rows)
         v = (v * tl.load(R + ids, mask=ok & known, other=0.0).to(tl.float32)).to(dt).to(tl.float32)
     if HAS_SCALE:
@@ -101,6 +108,23 @@ def _embed_norm(
     tl.store(H + row * stride_h + offs, v.to(dt), mask=ok)
     y = _rms(v, tl.load(W + offs, mask=ok, other=0.0).to(tl.float32), D, eps, GEMMA, dt)
     tl.store(Y + row * stride_y + offs, y.to(dt), mask=ok)
+
+
+@triton.jit
+def _int4_row(Q, P, group, r, offs, ok, stride_q, stride_p, TILE: tl.constexpr):
+    # weights `offs` of row (group, r) in fp32, (code - 8) * scale + zero: weight 16 i + w of a 128-weight chunk is
+    # nibble i of the chunk's word w; its group of 32 (i // 2) has its bf16 scale and zero in pairs (s0|s2, s1|s3,
+    # z0|z2, z1|z3), low half first
+    chunk, i, w = offs // 128, (offs % 128) // 16, offs % 16
+    word = tl.load(Q + group * stride_q + chunk * (16 * TILE) + r * 16 + w, mask=ok, other=0)
+    code = ((word >> (4 * i)) & 0xF).to(tl.float32)
+    at = P + group * stride_p + chunk * (4 * TILE) + r * 4 + (i // 2) % 2
+    high = i >= 4
+    s = tl.load(at, mask=ok, other=0)
+    z = tl.load(at + 2, mask=ok, other=0)
+    s = tl.where(high, s & -65536, s << 16).to(tl.float32, bitcast=True)
+    z = tl.where(high, z & -65536, z << 16).to(tl.float32, bitcast=True)
+    return (code - 8.0) * s + z  # the product is exact (4 bits by 8): fused or not, the same sum
 
 
 @triton.jit
@@ -249,20 +273,28 @@ def add_norm_triton(
 
 def embed_norm_triton(
     tokens: torch.Tensor, table: torch.Tensor, scale: float | None, weight: torch.Tensor, eps: float, gemma: bool,
-    row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None,
+    row_scale: torch.Tensor | None = None, dtype: torch.dtype | None = None, int4_pairs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens (T,) -> (h, norm(h)), h = table[tokens] (* scale, a value already rounded to `dtype`, default the
-    table's); `row_scale` (V,): the table is int8 codes, a row's values code * its scale."""
-    T, (V, D) = tokens.shape[0], table.shape
+    table's); `row_scale` (V,): the table is int8 codes, a row's values code * its scale; `int4_pairs`: the table is
+    int4 words (either layout of kernels/quant_linear_triton.py) and these their pairs, a row's values rounded to
+    `dtype` as QuantEmbedding's rows are."""
+    D, tile, stride_r = weight.shape[0], 1, 0
+    if int4_pairs is not None:
+        from kernels.quant_linear_triton import int4_layout
+
+        table, int4_pairs, tile = int4_layout(table, int4_pairs)
+        stride_r = int4_pairs.stride(0) * tile
+    T, V = tokens.shape[0], table.shape[0]
     assert table.stride(1) == 1, table.stride()
     h = torch.empty(T, D, dtype=dtype or table.dtype, device=table.device)
     y = torch.empty_like(h)
     if T:
         _embed_norm[(T,)](
-            tokens, table, row_scale if row_scale is not None else table, weight, h, y, table.stride(0), h.stride(0),
-            y.stride(0), V, D, scale or 1.0, eps,
+            tokens, table, next(t for t in (row_scale, int4_pairs, table) if t is not None), weight, h, y,
+            table.stride(0) * tile, stride_r, h.stride(0), y.stride(0), V, D, scale or 1.0, eps,
             BLOCK=triton.next_power_of_2(D), GEMMA=gemma, HAS_SCALE=scale is not None, ROW_SCALED=row_scale is not None,
-            num_warps=4 if D <= 4096 else 8, **launch_options(table),
+            INT4=int4_pairs is not None, TILE=tile, num_warps=4 if D <= 4096 else 8, **launch_options(table),
         )
     return h, y
 

@@ -493,10 +493,13 @@ class CausalLM(nn.Module):
 
             if isinstance(table, nn.Embedding):
                 return embed_norm(tokens, table.weight, self.embed_scale, first.weight, first.eps, first.gemma)
-            if isinstance(table, QuantEmbedding) and table.qweight.format == "int8":  # rows as QuantEmbedding's
-                q = table.qweight
+            q = table.qweight if isinstance(table, QuantEmbedding) else None  # rows as QuantEmbedding's
+            if q is not None and q.format == "int8":
                 return embed_norm(tokens, q.codes, self.embed_scale, first.weight, first.eps, first.gemma,
                                   row_scale=q.scale, dtype=table.dtype)
+            if q is not None and q.format == "int4" and hasattr(q, "words"):
+                return embed_norm(tokens, q.words, self.embed_scale, first.weight, first.eps, first.gemma,
+                                  int4_pairs=q.pairs, dtype=table.dtype)
         h = self.model.embed_tokens(tokens)
         if self.embed_scale is not None:
             h = h * torch.tensor(self.embed_scale, dtype=h.dtype)

@@ -172,6 +172,43 @@ def test_embed_norm_of_int8_rows(dtype, scale):
 
 @needs_triton
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("v,d", [(50, 96), (64, 320)])  # rows one by one; tiles of 16 rows, three chunks
+def test_embed_norm_of_int4_rows(dtype, v, d):
+    """A quantized embedding's int4 rows (the CUDA words and pairs, either layout): (code - 8) * scale + zero in fp32,
+    rounded to the model's dtype exactly as QuantEmbedding gives them, then scaled and normed; ids past the table
+    read zeros."""
+    import numpy as np
+
+    from engine.models.layers import QuantEmbedding
+    from engine.quant.gguf_blocks import Int4Groups
+    from engine.quant.weight import pack_int4
+
+    rng = np.random.default_rng(v + d)
+    groups = Int4Groups(rng.integers(0, 16, (v, d), dtype=np.uint8),
+                        rng.uniform(0.001, 0.02, (v, d // 32)).astype(np.float32),
+                        rng.normal(0, 0.02, (v, d // 32)).astype(np.float32))
+    q = pack_int4(groups, "Q4_K", device="cuda")  # the GPU layout, built on the CPU
+    assert q.words.dim() == (4 if v % 16 == 0 else 2)
+    q.words, q.pairs = q.words.to(DEVICE), q.pairs.to(DEVICE)
+    tokens = torch.tensor([3, v - 1, 0, 3, 17], device=DEVICE)
+    w = (1 + 0.1 * _randn(d, dtype=torch.float32, seed=35)).to(torch.float32)
+    scale = d**0.5
+    h, x = embed_norm(tokens, q.words, scale, w, 1e-6, True, int4_pairs=q.pairs, dtype=dtype, impl="triton")
+    rows = QuantEmbedding(q, dtype)(tokens) * torch.tensor(scale, dtype=dtype)
+    assert h.shape == (5, d) and h.dtype == dtype
+    if ON_GPU or dtype == torch.float32:
+        assert torch.equal(h, rows)
+    _close(x, rms_norm_reference(rows, w, 1e-6, True), dtype)
+    for got, ref in zip((h, x), embed_norm(tokens, q.words, scale, w, 1e-6, True, int4_pairs=q.pairs, dtype=dtype,
+                                           impl="reference")):
+        _close(got, ref, dtype)
+    h_bad, _ = embed_norm(torch.tensor([v, -1], device=DEVICE), q.words, scale, w, 1e-6, True, int4_pairs=q.pairs,
+                          dtype=dtype, impl="triton")
+    assert h_bad.eq(0).all()
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("splits", [1, 2, 3])
 def test_qkv_rope_write_sums_split_k_partials(dtype, splits):
     """The QKV GEMM's fp32 partials in place of its output: the same q and cache writes as their rounded sum."""
