@@ -232,7 +232,7 @@ class Engine:
         try:
             self._handlers[type(command)](command)
         except ParleyError as exc:
-            self._emit(ev.Error(command.session_id, command.turn_id, str(exc)))
+            self._emit(ev.Error(command.session_id, command.turn_id, str(exc), exc.code))
         except Exception as exc:  # a bug in one command must not take the engine down
             self._emit(ev.Error(command.session_id, command.turn_id, f"Internal error: {exc!r}"))
 

@@ -4,6 +4,8 @@
 class ParleyError(Exception):
     """Base of every error Parley reports to the user as one clear sentence."""
 
+    code: str | None = None  # what an API client can branch on (OpenAI's error codes where one fits)
+
 
 class ModelLoadError(ParleyError):
     """A model file or folder that cannot be read: missing, truncated, corrupt or incomplete."""
@@ -23,6 +25,8 @@ class TemplateError(ParleyError):
 
 class ContextOverflowError(ParleyError):
     """A prompt or conversation longer than the context a session may use."""
+
+    code = "context_length_exceeded"
 
 
 class CacheConfigError(ParleyError):

@@ -51,6 +51,7 @@ class Error(Event):
 
     turn_id: int | None
     message: str
+    code: str | None = None  # ParleyError.code: e.g. "context_length_exceeded"
 
 
 @dataclass(frozen=True, slots=True)

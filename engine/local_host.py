@@ -61,7 +61,7 @@ class LocalHost:
         except Exception as failure:  # noqa: BLE001 - this turn fails alone
             session.turn = None
             message = str(failure) if isinstance(failure, ParleyError) else f"Internal error: {failure!r}"
-            self._emit(ev.Error(session.session_id, turn.turn_id, message))
+            self._emit(ev.Error(session.session_id, turn.turn_id, message, getattr(failure, "code", None)))
 
     def _begin_generation(self, session: Session, turn: Turn, request: TurnRequest,
                           rendered: tuple[list[int], int]) -> None:
@@ -204,7 +204,7 @@ class LocalHost:
             session = self._sessions.get(seq.seq_id)
             if session is not None and session.turn is not None:
                 turn, session.turn = session.turn, None
-                self._emit(ev.Error(session.session_id, turn.turn_id, message))
+                self._emit(ev.Error(session.session_id, turn.turn_id, message, getattr(exc, "code", None)))
 
     def _make_room(self) -> None:
         """Evicts the cache of idle sessions (least recently used first) while turns wait for a slot."""

@@ -27,6 +27,10 @@ Post = Callable[..., None]  # post(fn, *args): runs fn(*args) on the engine thre
 class RemoteError(ParleyError):
     """An endpoint that cannot be reached, refuses the request or answers something unreadable."""
 
+    def __init__(self, message: str, code: str | None = None):
+        super().__init__(message)
+        self.code = code  # the endpoint's own error code, passed on (a context overflow stays one)
+
 
 def api_base(url: str) -> str:
     """'http://host:8000' -> 'http://host:8000/v1'; a URL that already has a path is kept as given."""
@@ -77,7 +81,7 @@ class RemoteModel:
             with self._client() as client, client.stream("POST", "/chat/completions", json=body) as response:
                 if response.status_code >= 400:
                     response.read()
-                    raise RemoteError(http_error(self.base_url, response, self.model))
+                    raise RemoteError(http_error(self.base_url, response, self.model), _code(_json(response)))
                 yield from _read_stream(response, cancelled)
         except httpx.HTTPError as exc:
             raise RemoteError(transport_error(self.base_url, exc, self.timeout)) from exc
@@ -182,6 +186,12 @@ def _message(body) -> str:
     if isinstance(err, dict):
         return str(err.get("message", ""))
     return str(err or body.get("message", ""))
+
+
+def _code(body) -> str | None:
+    err = body.get("error") if isinstance(body, dict) else None
+    code = err.get("code") if isinstance(err, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _names(ids: list) -> str:
@@ -294,7 +304,7 @@ class RemoteHost:
             for item in self.remote.stream_chat(messages, params, run.cancelled):
                 self._post(self._on_item, sid, run, item)
         except ParleyError as exc:
-            self._post(self._on_error, sid, run, str(exc))
+            self._post(self._on_error, sid, run, str(exc), exc.code)
         except Exception as exc:
             self._post(self._on_error, sid, run, f"Remote generation failed: {exc!r}")
 
@@ -317,10 +327,10 @@ class RemoteHost:
             _, reason, usage = item
             self._end_turn(session, {"stop": "stop", "length": "length"}.get(reason, reason), usage)
 
-    def _on_error(self, sid: int, run: _Running, message: str) -> None:
+    def _on_error(self, sid: int, run: _Running, message: str, code: str | None = None) -> None:
         session = self._current(sid, run)
         if session is None:
             return
         del self._running[sid]
         session.turn = None
-        self._emit(ev.Error(sid, run.turn_id, message))
+        self._emit(ev.Error(sid, run.turn_id, message, code))

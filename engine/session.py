@@ -102,10 +102,7 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
             ids = tok.apply_chat_template(request.conversation(skip), continue_final=cont)
             if len(ids) < limit:
                 return ids, skip
-    raise ContextOverflowError(
-        f"The conversation needs {len(ids):,} tokens but this chat's context holds {limit:,}. "
-        "Start a new chat, shorten the message, or let Parley drop the oldest turns."
-    )
+    raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False))
 
 
 def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int) -> None:
@@ -115,10 +112,18 @@ def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     chars = sum(len(m["content"]) for m in kept) + (0 if raw else len(request.system_prompt or ""))
     least = chars // (2 * tok.max_token_chars)  # 2x: normalisation may lengthen text a little
     if least >= limit:
-        raise ContextOverflowError(
-            f"The conversation needs at least {least:,} tokens but this chat's context holds {limit:,}. "
-            "Start a new chat or shorten the message."
-        )
+        raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True))
+
+
+def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool) -> str:
+    """What did not fit and the one remedy that helps: with `truncate` only the last message can be too long (older
+    turns are dropped already), so "start a new chat" would not help there."""
+    count = f"{'at least ' if at_least else ''}{needed:,} tokens but the context holds {limit:,}"
+    if raw:
+        return f"The prompt needs {count}. Shorten it."
+    if overflow == "truncate":
+        return f"The last message (with the system prompt) needs {count}. Shorten it."
+    return f"The conversation needs {count}. Shorten the message or leave out the oldest turns."
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -27,6 +27,7 @@ from server.bridge import ServerBridge, ServedModel
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 LOOPBACK_NAMES = ("localhost", "localhost.")
+CLIENT_ERROR_CODES = frozenset({"context_length_exceeded"})  # a turn's error codes that blame the request: 400
 
 
 @dataclass(slots=True)
@@ -102,7 +103,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     finally:
         bridge.close(sid)
     if isinstance(end, ev.Error):
-        raise api.APIError(500, end.message, kind="server_error")
+        raise _turn_error(end, req)
     build = api.completion_response if req.raw else api.chat_response
     return JSONResponse(build(rid, model.id, end.text, end.reason, end.stats))
 
@@ -122,11 +123,18 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
             if isinstance(e, ev.Started):
                 return sid, queue
             if isinstance(e, ev.Error):
-                code = "context_length_exceeded" if "context" in e.message else None
-                raise api.APIError(400, e.message, "messages" if not req.raw else "prompt", code)
+                raise _turn_error(e, req, refused=True)
     except BaseException:
         bridge.close(sid)
         raise
+
+
+def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False) -> api.APIError:
+    """A request refused before it started, or one whose error says the request is at fault (a remote model refuses
+    only after Started), is the client's to fix: 400. Anything else failed on this side: 500."""
+    if refused or e.code in CLIENT_ERROR_CODES:
+        return api.APIError(400, e.message, "prompt" if req.raw else "messages", e.code)
+    return api.APIError(500, e.message, kind="server_error", code=e.code)
 
 
 async def _wait_end(client: "_Client", queue: asyncio.Queue) -> ev.Event:
@@ -155,7 +163,7 @@ async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio
                                  else api.chat_chunk(rid, model, {"content": e.text}))
                 continue
             if isinstance(e, ev.Error):
-                yield _event(api.APIError(500, e.message, kind="server_error").body())
+                yield _event(_turn_error(e, req).body())
                 break
             yield _event(api.completion_chunk(rid, model, "", e.reason) if req.raw
                          else api.chat_chunk(rid, model, {}, e.reason))

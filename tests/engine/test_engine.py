@@ -124,8 +124,13 @@ def test_context_overflow_policies(client):
     long = "word " * 400  # over the 256-token context
     sid = client.open(client.model, params=GREEDY)
     err = client.wait(client.send(sid, long))
-    assert isinstance(err, ev.Error) and "context" in err.message
+    assert isinstance(err, ev.Error) and "context" in err.message and err.code == "context_length_exceeded"
+    assert "leave out the oldest turns" in err.message  # under `stop` dropping old turns would help
     assert client.ask(sid, "short").reason in ("stop", "length")  # the refused message was not kept
+    cut = client.open(client.model, params=GREEDY, overflow="truncate")
+    err = client.wait(client.send(cut, long))  # old turns are dropped already: only a shorter message helps
+    assert isinstance(err, ev.Error) and err.message.startswith("The last message") and "oldest" not in err.message
+    assert err.code == "context_length_exceeded"
 
 
 def test_unexpected_failure_starting_a_turn_ends_it(client):

@@ -62,7 +62,11 @@ def test_bad_request_gets_a_clear_4xx_and_the_server_keeps_serving(server, bridg
 
 def test_over_context_has_the_openai_code(server):
     r = post(server, "/chat/completions", CHAT | {"messages": [{"role": "user", "content": "word " * 2000}]})
-    assert r.json()["error"]["code"] == "context_length_exceeded"
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded"
+    assert "Start a new chat" not in err["message"] and "Shorten" in err["message"], err  # advice an API client can act on
+    r = post(server, "/completions", {"model": "tiny", "prompt": "word " * 2000, "max_tokens": 4})
+    assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["message"].startswith("The prompt")
 
 
 def test_unknown_route_and_method_answer_json(server):

@@ -145,5 +145,8 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
             relayed = c.chat.completions.create(**kw)
             assert relayed.choices[0].message.content == direct.chat.completions.create(**kw).choices[0].message.content
             assert relayed.usage.completion_tokens >= 1
+            with pytest.raises(openai.BadRequestError) as refused:  # the endpoint's error code is passed on
+                c.chat.completions.create(**kw | {"messages": [{"role": "user", "content": "word " * 2000}]})
+            assert refused.value.code == "context_length_exceeded", refused.value
     finally:
         front.shutdown()
