@@ -285,11 +285,16 @@ def _authorize(request: Request, api_key: str | None) -> None:
 
 
 def _model(bridge: ServerBridge, name) -> ServedModel:
-    if not isinstance(name, str):
-        raise api.APIError(400, "'model' must be the id of a served model (see GET /v1/models).", "model")
+    """The request's model; a request without one gets the server's only model, as llama.cpp's server does."""
+    served = ", ".join(m.id for m in bridge.models) or "none"
+    if name is None and len(bridge.models) == 1:
+        return bridge.models[0]
+    if name is None:
+        raise api.APIError(400, f"'model' is required: this server has {served}.", "model")
+    if not isinstance(name, str) or not name:
+        raise api.APIError(400, f"'model' must be the id of a served model: {served}.", "model")
     found = bridge.find(name)
     if found is None:
-        served = ", ".join(m.id for m in bridge.models) or "none"
         raise api.APIError(404, f"The model '{name}' does not exist here; this server has: {served}.", "model",
                            "model_not_found")
     return found

@@ -30,7 +30,6 @@ class APIError(Exception):
 class TurnRequest:
     """What one HTTP request asks the engine for: a conversation (or a raw document) and sampling settings."""
 
-    model: str
     params: SamplingParams
     stream: bool
     include_usage: bool
@@ -102,15 +101,12 @@ def _message(m, i: int) -> tuple[str, str]:
 
 
 def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
-        raise APIError(400, "'model' must be the id of a served model (see GET /v1/models).", "model")
     stream = _typed(data, "stream", bool, False)
     options = _typed(data, "stream_options", dict, {})
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean.", "stream_options")
-    return TurnRequest(model, sampling(data, context_limit), stream, include_usage, raw)
+    return TurnRequest(sampling(data, context_limit), stream, include_usage, raw)
 
 
 def sampling(data: dict, context_limit: int) -> SamplingParams:

@@ -5,6 +5,10 @@ import httpx
 import openai
 import pytest
 
+from server.app import _model
+from server.bridge import ServedModel, ServerBridge
+from server.protocol import APIError
+
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4, "temperature": 0}
 
 
@@ -18,7 +22,8 @@ BAD = [
     ("malformed json", "/chat/completions", b'{"model": "tiny", "messages": [', 400, None, "not valid JSON"),
     ("json array", "/chat/completions", [1, 2], 400, None, "JSON object"),
     ("unknown model", "/chat/completions", CHAT | {"model": "gpt-9"}, 404, "model", "does not exist"),
-    ("missing model", "/chat/completions", {"messages": CHAT["messages"]}, 400, "model", "model"),
+    ("model not a string", "/chat/completions", CHAT | {"model": 5}, 400, "model", "id of a served model"),
+    ("empty model", "/chat/completions", CHAT | {"model": ""}, 400, "model", "id of a served model"),
     ("absurd max_tokens", "/chat/completions", CHAT | {"max_tokens": 10**12}, 400, "max_tokens", "between 1 and"),
     ("zero max_tokens", "/chat/completions", CHAT | {"max_completion_tokens": 0}, 400, "max_tokens", "between 1 and"),
     ("max_tokens string", "/chat/completions", CHAT | {"max_tokens": "ten"}, 400, "max_tokens", "integer"),
@@ -69,6 +74,14 @@ def test_over_context_has_the_openai_code(server):
     assert r.json()["error"]["code"] == "context_length_exceeded" and r.json()["error"]["message"].startswith("The prompt")
 
 
+def test_a_request_without_model_gets_the_one_served(server, bridge):
+    named = post(server, "/chat/completions", CHAT)
+    bare = post(server, "/chat/completions", {k: v for k, v in CHAT.items() if k != "model"})
+    assert bare.status_code == 200, bare.text
+    assert bare.json()["model"] == bridge.models[0].id
+    assert bare.json()["choices"][0]["message"] == named.json()["choices"][0]["message"]  # greedy: the same answer
+
+
 def test_unknown_route_and_method_answer_json(server):
     r = httpx.get(server.url + "/nope", timeout=10)
     assert r.status_code == 404 and "error" in r.json()
@@ -82,3 +95,12 @@ def test_openai_client_raises_its_own_errors(server):
         c.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], max_tokens=-5)
+
+
+def test_a_request_without_model_must_name_one_when_several_are_served():
+    bridge = ServerBridge()  # not started: only its list of models is read
+    bridge.models += [ServedModel("gemma", 1, 512), ServedModel("qwen", 2, 512, aliases=("tiny",))]
+    assert _model(bridge, "tiny").id == "qwen" and _model(bridge, "gemma").model_id == 1
+    with pytest.raises(APIError, match="'model' is required: this server has gemma, qwen.") as err:
+        _model(bridge, None)
+    assert err.value.status == 400 and err.value.param == "model"
