@@ -11,8 +11,8 @@ from app.core.model_registry import ModelEntry, ModelRegistry
 from app.core.sqlite_store import SqliteConversationStore
 from engine.errors import ParleyError
 from engine.loading.default_model import DEFAULT_NAME
+from engine.models import RUNS, SUPPORTED
 
-SUPPORTED = ("gemma3", "gemma3_text", "llama", "qwen2", "qwen3")
 HF_TOKENIZER_FILES = ("tokenizer.json",)
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -41,7 +41,7 @@ def _check_gguf(p: Path) -> str:
         raise ValueError(f"{p.name} cannot be read: {exc}") from None
     arch = str(header.scalars.get("general.architecture", ""))
     if arch not in SUPPORTED:
-        raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. Parley runs: gemma3, llama, qwen2, qwen3.")
+        raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. {RUNS}")
     if "tokenizer.ggml.model" not in header.scalars or not header.array_lengths.get("tokenizer.ggml.tokens"):
         raise ValueError(f"{p.name} has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens are missing).")
     if header.n_tensors == 0:
@@ -59,7 +59,7 @@ def _check_hf(p: Path) -> str:
         raise ValueError(f"{cfg_path} is not valid JSON: {exc}") from None
     kind = cfg.get("model_type") if isinstance(cfg, dict) else None
     if kind not in SUPPORTED:
-        raise ValueError(f"{p.name}: architecture {kind!r} is not supported. Parley runs: gemma3, llama, qwen2, qwen3.")
+        raise ValueError(f"{p.name}: architecture {kind!r} is not supported. {RUNS}")
     if not any((p / name).is_file() for name in HF_TOKENIZER_FILES):
         raise ValueError(f"{p.name} has no tokenizer.json.")
     if not any(p.glob("*.safetensors")):

@@ -28,6 +28,17 @@ class GGUFTensor:
         self.tensor_type = gguf.GGMLQuantizationType(info.type_id)
         self._file, self.offset = file, info.offset  # offset: from the start of the file
 
+    def rows(self, name: str, start: int, stop: int) -> "GGUFTensor":
+        """Rows [start, stop) of this matrix as a tensor of its own (a fused q/k/v split): the same bytes, no copy."""
+        n, k = int(self.shape[1]), int(self.shape[0])
+        if len(self.shape) != 2 or not 0 <= start < stop <= n or self.n_bytes % n:
+            raise ValueError(f"rows {start}..{stop} of {self.name} (shape {list(self.shape)}) do not exist")
+        part = object.__new__(GGUFTensor)
+        row_bytes = self.n_bytes // n
+        part.name, part.shape, part.tensor_type = name, [k, stop - start], self.tensor_type
+        part._file, part.offset, part.n_bytes = self._file, self.offset + start * row_bytes, (stop - start) * row_bytes
+        return part
+
     @property
     def data(self) -> np.ndarray:
         """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""

@@ -41,30 +41,47 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     total = len(gf.tensors)
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
-    for i, t in enumerate(gf.tensors):
-        name = t.name
-        if name == "rope_freqs.weight":
-            if tuple(t.shape) != (args.head_dim // 2,):  # one factor per rotary frequency, else wrong rope silently
-                raise ModelLoadError(f"{gf.path.name}: rope_freqs.weight has shape {list(t.shape)}, "
-                                     f"expected [{args.head_dim // 2}].")
-            args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
-        else:
-            target = hf_name(name, arch)
-            if target is None:
-                raise ModelLoadError(f"{gf.path.name}: unexpected tensor {name} for architecture {arch.ARCH}.")
-            if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
-                weights[target] = _matrix(gf, t, arch, args, device)
-                if not is_native(t.tensor_type.name):
-                    odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
-            else:
-                weights[target] = _fixed(gf, t, arch, args)
-        gf.release(t)
+    rope_factors = getattr(arch, "GGUF_ROPE_FACTORS", "rope_freqs.weight")
+    for i, whole in enumerate(gf.tensors):
+        if whole.name == rope_factors:
+            _read_rope_factors(gf, whole, args)
+        elif whole.name not in getattr(arch, "GGUF_UNUSED", ()):
+            for t in _parts(gf, whole, arch, args):
+                target = hf_name(t.name, arch)
+                if target is None:
+                    raise ModelLoadError(f"{gf.path.name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
+                if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
+                    weights[target] = _matrix(gf, t, arch, args, device)
+                    if not is_native(t.tensor_type.name):
+                        odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
+                else:
+                    weights[target] = _fixed(gf, t, arch, args)
+        gf.release(whole)
         if progress:
             progress("Decoding weights", (i + 1) / total)
     if notices is not None:
         notices.extend(f"{gf.path.name}: {n} tensor(s) of type {q} have no kernel of their own: re-quantized to int8."
                        for q, n in sorted(odd.items()))
     return weights
+
+
+def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs) -> None:
+    if tuple(t.shape) != (args.head_dim // 2,):  # one factor per rotary frequency, else wrong rope silently
+        raise ModelLoadError(f"{gf.path.name}: {t.name} has shape {list(t.shape)}, expected [{args.head_dim // 2}].")
+    args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
+
+
+def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
+    """`t`, or the row ranges a fused tensor holds (Phi-3's q/k/v, gate/up) as tensors of their own."""
+    split = getattr(arch, "gguf_split", None)
+    ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
+    if ranges is None:
+        return [t]
+    try:
+        return [t.rows(name, start, stop) for name, start, stop in ranges]
+    except ValueError as exc:
+        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
+                             f"metadata ({exc}).") from None
 
 
 def _fixed(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> torch.Tensor:

@@ -54,6 +54,7 @@ class ModelArgs:
     attention_bias: bool = False
     qk_norm: bool = False
     query_pre_attn_scalar: float | None = None
+    attn_factor: float = 1.0  # LongRoPE's scale of q and k (HF scales cos and sin): q·k by its square
     hidden_act: str = "silu"
     final_logit_softcapping: float | None = None
     name: str = ""
@@ -81,7 +82,7 @@ class ModelArgs:
 
     @property
     def attn_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5 * self.attn_factor ** 2
 
     def layer_windows(self) -> list[int | None]:
         """Per layer: the sliding window (keys with distance < window are visible) or None for global."""

@@ -16,10 +16,11 @@ import gguf
 from gguf import GGMLQuantizationType as QType, GGUFWriter, LlamaFileType, MODEL_ARCH, TokenType
 from safetensors.numpy import load_file
 
-GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3"}
+GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
+             "phi3": "phi3"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
-                "gemma3": MODEL_ARCH.GEMMA3}
-TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default"}
+                "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3}
+TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -74,6 +75,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if arch == "gemma3":
         _write_gemma3_hparams(w, cfg)
         return
+    if arch == "phi3":
+        _write_phi3_hparams(w, cfg)
+        return
     # TextModel.set_gguf_parameters: shared by llama, qwen2 and qwen3.
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -93,6 +97,28 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         if _rope(cfg).get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(_rope(cfg)["factor"])
+
+
+def _write_phi3_hparams(w: GGUFWriter, cfg: dict) -> None:
+    # Phi3MiniModel.set_gguf_parameters; LongRoPE's attention factor and factor tensors come with the tensors
+    rope = _rope(cfg)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_rope_scaling_orig_ctx_len(rope.get("original_max_position_embeddings")
+                                    or cfg.get("original_max_position_embeddings") or cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_dimension_count(int(_head_dim(cfg) * (rope.get("partial_rotary_factor")
+                                                      or cfg.get("partial_rotary_factor") or 1.0)))
+    w.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    w.add_sliding_window(cfg.get("sliding_window") or 0)
+    if rope.get("rope_type") == "longrope":
+        original = rope.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"]
+        scale = cfg["max_position_embeddings"] / original
+        w.add_rope_scaling_attn_factors(1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original)))
 
 
 def _write_gemma3_hparams(w: GGUFWriter, cfg: dict) -> None:
@@ -158,6 +184,9 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     """Yield (gguf_name, float32 array) in the converter's conventions (float32 safetensors only)."""
     if arch == "llama" and _rope(cfg).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_factors(cfg)
+    if arch == "phi3" and _rope(cfg).get("rope_type") == "longrope":
+        yield "rope_factors_long.weight", np.asarray(_rope(cfg)["long_factor"], dtype=np.float32)
+        yield "rope_factors_short.weight", np.asarray(_rope(cfg)["short_factor"], dtype=np.float32)
     weights = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg["num_hidden_layers"])
     for hf_name in sorted(weights, key=_layer_order):

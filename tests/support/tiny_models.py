@@ -130,8 +130,10 @@ TOK_SPECS: dict[str, _TokSpec] = {
     ),
 }
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
+TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 
-DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True}
+DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False}
+EXTRA_ARCHS = ("phi3",)  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -209,13 +211,21 @@ def _token_ids(arch: str) -> dict[str, int | list[int] | None]:
     }
 
 
-def _config(arch: str, tied: bool):
+def _config(arch: str, tied: bool, overrides: dict | None = None):
     ids = _token_ids(arch)
     common = dict(
         vocab_size=ids["vocab_size"], hidden_size=64, intermediate_size=128, max_position_embeddings=512,
         bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"], pad_token_id=ids["pad_token_id"],
         tie_word_embeddings=tied, dtype="float32",
-    )
+    ) | (overrides or {})
+    if arch == "phi3":
+        from transformers import Phi3Config
+
+        # a window of 8 keys, as Phi-3-mini-4k's 2047, crossed by the tests' 21-token prompts
+        return Phi3Config(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                             "rms_norm_eps": 1e-5, "sliding_window": 8, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+                             "attention_dropout": 0.0, "rope_parameters": {"rope_type": "default",
+                                                                          "rope_theta": 10000.0}} | common)
     if arch == "llama":
         from transformers import LlamaConfig
 
@@ -256,7 +266,7 @@ def _model_class(arch: str):
     import transformers
 
     name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma3": "Gemma3ForCausalLM"}[arch]
+            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
@@ -276,13 +286,15 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
             p.copy_(noise / p.shape[-1] ** 0.5)
 
 
-def make_tiny_hf(arch: str, out_dir: Path, seed: int = 0, tie_embeddings: bool | None = None) -> Path:
-    """Build a tiny random model of `arch` and save it (safetensors, config, tokenizer) to `out_dir`."""
-    if arch not in ARCHS:
-        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS}")
+def make_tiny_hf(arch: str, out_dir: Path, seed: int = 0, tie_embeddings: bool | None = None,
+                 config: dict | None = None) -> Path:
+    """Build a tiny random model of `arch` and save it (safetensors, config, tokenizer) to `out_dir`; `config`
+    overrides the arch's tiny settings."""
+    if arch not in ARCHS + EXTRA_ARCHS:
+        raise ValueError(f"unknown arch {arch!r}; expected one of {ARCHS + EXTRA_ARCHS}")
     out_dir = Path(out_dir)
     tied = DEFAULT_TIED[arch] if tie_embeddings is None else tie_embeddings
-    config = _config(arch, tied)
+    config = _config(arch, tied, config)
     model = _model_class(arch)(config).to(torch.float32).eval()
     _randomize(model, arch, seed)
     _set_generation_config(model, arch)

@@ -1,0 +1,119 @@
+"""Phi-3 / Phi-3.5 / Phi-4: the Llama block with q/k/v and gate/up fused in the file, an optional sliding window on
+every layer, and LongRoPE on the 128k variants. The fused matrices are split into Llama's at load (their rows,
+quantized or not), so every backend runs the Llama block unchanged. LongRoPE runs with its short factors and the
+context capped at the original one (4k on Phi-3.5), where HF and llama.cpp use the same factors; the long factors,
+which would change every cached key's rotation at the switch, are not used."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.models import llama
+from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_params
+
+ARCH = "phi3"
+GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
+GGUF_ROPE_FACTORS = "rope_factors_short.weight"  # LongRoPE within the original context
+GGUF_UNUSED = ("rope_factors_long.weight",)  # beyond it: not used, the context is capped at the original
+Model = llama.Model
+
+
+def args_from_hf(config: dict[str, Any]) -> ModelArgs:
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    params = hf_rope_params(config)
+    _check_rotary(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    overrides: dict[str, Any] = {}
+    if kind in ("longrope", "su"):
+        original = int(params.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
+        factor = config["max_position_embeddings"] / original
+        attention = params.get("attention_factor") or _long_rope_attention(factor, original)
+        overrides = dict(max_position_embeddings=original, attn_factor=float(attention),
+                         rope={GLOBAL: RopeArgs(float(params.get("rope_theta", 10000.0)),
+                                                [float(f) for f in params["short_factor"]])})
+        if len(overrides["rope"][GLOBAL].factors) != head_dim // 2:
+            raise UnsupportedModelError(f"LongRoPE lists {len(params['short_factor'])} factors for {head_dim // 2} "
+                                        "rotary frequencies.")
+    args = llama.args_from_hf(config, ARCH, **overrides)
+    return _with_window(args, config.get("sliding_window"))
+
+
+def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
+    args = llama.args_from_gguf(meta, shapes, ARCH)
+    rot = meta.get(f"{ARCH}.rope.dimension_count", args.head_dim)
+    _check_rotary(rot / args.head_dim)
+    if GGUF_ROPE_FACTORS in shapes:
+        original = meta.get(f"{ARCH}.rope.scaling.original_context_length")
+        if not isinstance(original, int) or original <= 0:
+            raise ModelLoadError("The GGUF has LongRoPE factors but no phi3.rope.scaling.original_context_length.")
+        attention = meta.get(f"{ARCH}.rope.scaling.attn_factor")
+        if attention is None:
+            attention = _long_rope_attention(args.max_position_embeddings / original, original)
+        args.rope[GLOBAL].factors = []  # read from the tensor by the loader
+        args.max_position_embeddings, args.attn_factor = min(original, args.max_position_embeddings), float(attention)
+    return _with_window(args, meta.get(f"{ARCH}.attention.sliding_window"))
+
+
+def gguf_split(name: str, shape: tuple[int, ...], args: ModelArgs) -> list[tuple[str, int, int]] | None:
+    """The row ranges of a fused tensor under Llama's names: attn_qkv (q, k, v) and a fused ffn_up (gate, up)."""
+    prefix, _, part = name.rpartition(".attn_qkv.")
+    if prefix:
+        q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+        _check_rows(name, shape, q + 2 * kv)
+        return [(f"{prefix}.attn_{p}.{part}", a, b) for p, a, b in (("q", 0, q), ("k", q, q + kv),
+                                                                      ("v", q + kv, q + 2 * kv))]
+    prefix, _, part = name.rpartition(".ffn_up.")
+    if prefix and shape[0] == 2 * args.intermediate_size:
+        inter = args.intermediate_size
+        return [(f"{prefix}.ffn_gate.{part}", 0, inter), (f"{prefix}.ffn_up.{part}", inter, 2 * inter)]
+    return None
+
+
+def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+    """HF's fused qkv_proj and gate_up_proj, split into Llama's q/k/v and gate/up."""
+    out = {}
+    q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
+    for name, w in llama.sanitize(weights, args).items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            _check_rows(name, tuple(w.shape), q + 2 * kv)
+            base = name.removesuffix("qkv_proj.weight")
+            out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = w.split([q, kv, kv])
+        elif name.endswith("mlp.gate_up_proj.weight"):
+            _check_rows(name, tuple(w.shape), 2 * args.intermediate_size)
+            base = name.removesuffix("gate_up_proj.weight")
+            out[base + "gate_proj.weight"], out[base + "up_proj.weight"] = w.chunk(2)
+        else:
+            out[name] = w
+    return out
+
+
+def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
+    return tensor  # NEOX rope: llama.cpp stores Phi-3's Q/K unpermuted
+
+
+def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
+    # Phi-3-mini/medium-4k: every layer attends to the last `sliding_window` keys (HF and llama.cpp alike)
+    if window:
+        args.sliding_window, args.layer_types = int(window), [SLIDING] * args.num_layers
+        args.rope = {**args.rope, SLIDING: args.rope[GLOBAL]}  # one object: rope factors read later reach both
+    args.__post_init__()
+    return args
+
+
+def _long_rope_attention(factor: float, original: int) -> float:
+    # LongRoPE's scale of q·k (HF applies it to cos and sin); 1 when the context is not extended
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
+def _check_rotary(fraction: float) -> None:
+    if abs(fraction - 1.0) > 1e-6:  # Phi-4-mini rotates 3/4 of each head
+        raise UnsupportedModelError(f"This Phi model rotates {fraction:.0%} of each attention head; Parley's rotary "
+                                    "embedding covers whole heads only (Phi-3, Phi-3.5 and Phi-4 run).")
+
+
+def _check_rows(name: str, shape: tuple[int, ...], rows: int) -> None:
+    if shape[0] != rows:
+        raise ModelLoadError(f"Tensor {name} has {shape[0]} rows; the model's head counts need {rows}.")

@@ -1,0 +1,122 @@
+"""Phi-3 / Phi-4 (`phi3`): fused q/k/v and gate/up split at load, a sliding window on every layer, LongRoPE within
+its original context; against transformers (HF folder and GGUF), llama.cpp, and quantized batched == alone."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import UnsupportedModelError
+from engine.loading.loader import LoadOptions, load_model
+from engine.quant.weight import QuantTensor
+from tests.engine.test_quantized import assert_batched_equals_alone
+from tests.support.engine_helpers import full_logits
+from tests.support.gguf_export import write_gguf
+from tests.support.tiny_models import load_hf_reference, make_tiny_hf
+
+pytestmark = pytest.mark.slow  # needs transformers
+
+HEAD_HALF = 8  # tiny head_dim 16: 8 rotary frequencies
+# llama.cpp rounds a context up to 256 and takes the long factors beyond the original context: 256 of 1,024 keeps
+# both on the short ones
+LONG_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
+             "short_factor": [1.0 + 0.25 * i for i in range(HEAD_HALF)],
+             "long_factor": [2.0 + i for i in range(HEAD_HALF)]}
+VARIANTS = {"window": {}, "longrope": {"sliding_window": None, "rope_parameters": LONG_ROPE,
+                                       "original_max_position_embeddings": 256, "max_position_embeddings": 1024}}
+
+
+@pytest.fixture(scope="module")
+def phi3(tmp_path_factory) -> dict[str, tuple]:
+    """variant -> (HF folder, F32 GGUF, Q8_0 GGUF, Q4_0 GGUF)."""
+    root = tmp_path_factory.mktemp("phi3")
+    out = {}
+    for name, config in VARIANTS.items():
+        hf = make_tiny_hf("phi3", root / name, config=config)
+        out[name] = (hf, *(write_gguf(hf, root / f"{name}-{t}.gguf", t) for t in ("F32", "Q8_0", "Q4_0")))
+    return out
+
+
+def _prompt(n: int = 21) -> list[int]:
+    return torch.randint(6, 300, (n,), generator=torch.Generator().manual_seed(1)).tolist()
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("source", ["hf", "gguf"])
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_logits_match_transformers(phi3, variant, source, layout):
+    hf, f32 = phi3[variant][:2]
+    ids = _prompt()
+    with torch.no_grad():
+        want = load_hf_reference(hf)(torch.tensor([ids])).logits[0]
+    lm = load_model(hf if source == "hf" else f32)
+    assert lm.args.model_type == "phi3"
+    got = full_logits(lm, ids, layout, chunk=8)  # 21 tokens in chunks of 8: crosses the window of 8
+    torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4)
+
+
+def test_the_window_and_long_rope_are_read(phi3):
+    window = load_model(phi3["window"][1]).args
+    assert window.sliding_window == 8 and set(window.layer_types) == {"sliding"}
+    long = load_model(phi3["longrope"][1]).args
+    assert long.sliding_window is None and long.max_position_embeddings == 256  # capped at the original context
+    assert long.rope["global"].factors == LONG_ROPE["short_factor"] and long.attn_factor > 1.0
+    assert load_model(phi3["longrope"][0]).args.attn_factor == pytest.approx(long.attn_factor)
+
+
+def test_llama_cpp_reads_the_same_model(phi3):
+    """llama.cpp's own phi3 graph on the same file gives the same logits at every position: fused rows split right,
+    LongRoPE's short factors and attention factor read as llama.cpp reads them (its f16 cache: ~1e-3). The windowed
+    variant is not compared: llama-cpp-python 0.3 attends to every key of a phi3 file (checked: its logits equal
+    the unwindowed model's), where transformers, which Parley follows, applies the window."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = phi3["longrope"][1]
+    ids = _prompt()
+    ref = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, verbose=False)
+    ref.eval(ids)
+    want = torch.tensor(ref.scores[: len(ids)])
+    got = full_logits(load_model(path), ids)
+    assert (got - want).abs().max() < 5e-3, (got - want).abs().max()
+
+
+@pytest.mark.parametrize("kind", [2, 3])  # Q8_0 (int8 rows) and Q4_0 (the int4 kernels) on the CPU
+def test_quantized_rows_split_and_batched_equals_alone(phi3, kind):
+    path = phi3["window"][kind]
+    lm = load_model(path, LoadOptions(weights="quantized"))
+    assert any(isinstance(m, QuantTensor) for m in lm.model.modules())  # held quantized, split by rows
+    exact = full_logits(load_model(path, LoadOptions(weights="dequantized")), _prompt())  # the file's fp32 values
+    q = full_logits(lm, _prompt())
+    assert (q - exact).abs().max() < 0.05 * exact.abs().max()
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
+
+
+def test_partial_rotary_is_refused_in_one_line(tmp_path):
+    hf = make_tiny_hf("phi3", tmp_path / "partial", config={"partial_rotary_factor": 0.75, "sliding_window": None})
+    with pytest.raises(UnsupportedModelError, match="rotates 75% of each attention head"):
+        load_model(hf)
+
+
+def test_q8_rows_split_like_f32(phi3):
+    """Q8_0 blocks split by rows (byte offsets within the file) give the F32 file's model, up to Q8's rounding."""
+    f32 = full_logits(load_model(phi3["window"][1]), _prompt())
+    q8 = full_logits(load_model(phi3["window"][2], LoadOptions(weights="dequantized")), _prompt())
+    assert (q8 - f32).abs().max() < 0.05 * f32.abs().max() and not torch.equal(q8, f32)
+
+
+def test_a_q4_k_m_file_quantized_by_llama_cpp(tmp_path):
+    """llama.cpp's own Q4_K_M mix of a phi3 file (its fused attn_qkv and ffn_up in K-quant super-blocks, some Q6_K)
+    is held quantized, split by rows, near the file's exact values, batched == alone."""
+    pytest.importorskip("llama_cpp")
+    from bench.synthetic_gguf import quantize_mix
+
+    hf = make_tiny_hf("phi3", tmp_path / "hf", config={"hidden_size": 256, "intermediate_size": 512,
+                                                        "sliding_window": 16})
+    path = tmp_path / "phi3-Q4_K_M.gguf"
+    quantize_mix(write_gguf(hf, tmp_path / "phi3-f16.gguf", "F16"), path, "Q4_K_M")
+    lm = load_model(path, LoadOptions(weights="quantized"))
+    types = {m.source_type for m in lm.model.modules() if isinstance(m, QuantTensor)}
+    assert "Q4_K" in types, types
+    exact = full_logits(load_model(path, LoadOptions(weights="dequantized")), _prompt())
+    q = full_logits(lm, _prompt())
+    assert (q - exact).abs().max() < 0.05 * exact.abs().max()
+    assert_batched_equals_alone(lm, "sequence")
