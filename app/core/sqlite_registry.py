@@ -42,6 +42,8 @@ def _check_gguf(p: Path) -> str:
     arch = str(header.scalars.get("general.architecture", ""))
     if arch not in SUPPORTED:
         raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. {RUNS}")
+    if experts := header.scalars.get(f"{arch}.expert_count"):
+        raise ValueError(f"{p.name} is a mixture of {experts} experts (as Mixtral), which Parley does not run yet.")
     if "tokenizer.ggml.model" not in header.scalars or not header.array_lengths.get("tokenizer.ggml.tokens"):
         raise ValueError(f"{p.name} has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens are missing).")
     if header.n_tensors == 0:

@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.errors import UnsupportedModelError
 from engine.models.args import (
     GGUF_BLOCK_NAMES,
     GLOBAL,
@@ -88,6 +89,10 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
             return require(meta, full, "The GGUF metadata")
         return meta.get(full, default)
 
+    experts = meta.get(f"{arch}.expert_count") or 0
+    if experts:  # Mixtral-style files say "llama" too; their expert tensors would only fail later, one by one
+        raise UnsupportedModelError(f"This model is a mixture of {experts} experts (as Mixtral), which Parley does "
+                                    "not run yet.")
     hidden = positive(get("embedding_length"), f"{arch}.embedding_length")
     heads = positive(get("attention.head_count"), f"{arch}.attention.head_count")
     head_dim = positive(get("attention.key_length", hidden // heads), f"{arch}.attention.key_length")

@@ -20,6 +20,7 @@ from engine.loading.loader import load_model
         ("empty", "not a GGUF"),
         ("unsupported_arch", "mamba9000"),
         ("unsupported_tensor_type", "Q8_1"),
+        ("mixture_of_experts", "mixture of 8 experts"),
     ],
 )
 def test_corrupt_gguf(corrupt_ggufs, variant, words):
@@ -29,7 +30,7 @@ def test_corrupt_gguf(corrupt_ggufs, variant, words):
 
 
 def test_unsupported_kinds_are_unsupported_errors(corrupt_ggufs):
-    for variant in ("unsupported_arch", "unsupported_tensor_type"):
+    for variant in ("unsupported_arch", "unsupported_tensor_type", "mixture_of_experts"):
         with pytest.raises(UnsupportedModelError):
             load_model(corrupt_ggufs[variant])
 

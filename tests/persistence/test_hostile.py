@@ -162,6 +162,11 @@ def test_real_model_with_patched_shape_or_offset(tiny_models, tmp_path):
 
 
 # -- the model registry: checked before import, stored in the database
+def test_a_mixture_of_experts_is_refused_before_import(corrupt_ggufs):
+    with pytest.raises(ValueError, match="mixture of 8 experts"):
+        check_model(corrupt_ggufs["mixture_of_experts"])
+
+
 def test_check_model_and_the_registry_in_the_database(tiny_models, tmp_path):
     good = tiny_models["qwen3"]
     assert check_model(good.gguf_path) == "gguf" and check_model(good.hf_dir) == "hf"

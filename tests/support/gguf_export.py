@@ -284,6 +284,9 @@ def write_corrupt_variants(good_gguf: Path, out_dir: Path) -> dict[str, Path]:
     paths["unsupported_arch"] = _rewrite(reader, out_dir / "unsupported_arch.gguf", arch="mamba9000")
     paths["unsupported_tensor_type"] = _rewrite(reader, out_dir / "unsupported_tensor_type.gguf",
                                                 retype="blk.0.attn_q.weight")
+    arch = reader.fields["general.architecture"].contents()
+    paths["mixture_of_experts"] = _rewrite(reader, out_dir / "mixture_of_experts.gguf",  # Mixtral's keys
+                                           extra={f"{arch}.expert_count": 8, f"{arch}.expert_used_count": 2})
     return paths
 
 
@@ -299,8 +302,10 @@ def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
     return field.offset + size // 2
 
 
-def _rewrite(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None) -> Path:
-    """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch or retyping one tensor."""
+def _rewrite(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
+             extra: dict[str, int] | None = None) -> Path:
+    """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or adding
+    integer keys."""
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
@@ -310,6 +315,8 @@ def _rewrite(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retyp
         new_key = new_arch + key[len(old_arch):] if key.startswith(old_arch + ".") else key
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub_type)
+    for key, value in (extra or {}).items():
+        writer.add_uint32(key, value)
     for t in reader.tensors:
         _copy_tensor(writer, t, unsupported=(t.name == retype))
     _finish(writer)
