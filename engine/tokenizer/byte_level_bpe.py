@@ -32,6 +32,8 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
     """The style for a `tokenizer.ggml.pre` name; unknown names get GPT-2's."""
     if pre in ("llama-bpe", "llama3", "llama-v3"):
         return PreTokenizerStyle(LLAMA3_SPLIT, ignore_merges=True)
+    if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
+        return PreTokenizerStyle(LLAMA3_SPLIT)
     if pre in ("qwen2", "qwen3"):
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
     if pre == "smollm":

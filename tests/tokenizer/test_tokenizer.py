@@ -149,6 +149,7 @@ def test_byte_level_gguf_extra_stop_ids(trained_byte_level) -> None:
 PRE_TOKENS = {
     "llama-bpe": ["I", "'m", "Ġ", "Ġfine", "!!ĊĊ", "OK", "Ġ", "123", "45"],
     "qwen2": ["I", "'m", "Ġ", "Ġfine", "!!ĊĊ", "OK", "Ġ", "1", "2", "3", "4", "5"],
+    "dbrx": ["I", "'m", "Ġ", "Ġfine", "!!ĊĊ", "OK", "Ġ", "123", "45"],
     "gpt2": ["I", "'m", "Ġ", "Ġfine", "!!", "Ċ", "Ċ", "OK", "Ġ12345"],
     "smollm": ["I", "'m", "Ġ", "Ġfine", "!!", "Ċ", "Ċ", "OK", "Ġ", "1", "2", "3", "4", "5"],
     "unheard-of": ["I", "'m", "Ġ", "Ġfine", "!!", "Ċ", "Ċ", "OK", "Ġ12345"],
