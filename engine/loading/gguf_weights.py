@@ -74,12 +74,10 @@ def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs) -> None:
 def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
     """`t`, or the row ranges a fused tensor holds (Phi-3's q/k/v, gate/up) as tensors of their own."""
     split = getattr(arch, "gguf_split", None)
-    ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
-    if ranges is None:
-        return [t]
     try:
-        return [t.rows(name, start, stop) for name, start, stop in ranges]
-    except ValueError as exc:
+        ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
+        return [t] if ranges is None else [t.rows(name, start, stop) for name, start, stop in ranges]
+    except (ValueError, ModelLoadError) as exc:
         raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
                              f"metadata ({exc}).") from None
 

@@ -116,4 +116,4 @@ def _check_rotary(fraction: float) -> None:
 
 def _check_rows(name: str, shape: tuple[int, ...], rows: int) -> None:
     if shape[0] != rows:
-        raise ModelLoadError(f"Tensor {name} has {shape[0]} rows; the model's head counts need {rows}.")
+        raise ModelLoadError(f"{name} has {shape[0]} rows where the model's head counts need {rows}")

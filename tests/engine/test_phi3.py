@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import UnsupportedModelError
+from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.loader import LoadOptions, load_model
 from engine.quant.weight import QuantTensor
 from tests.engine.test_quantized import assert_batched_equals_alone
@@ -120,3 +120,35 @@ def test_a_q4_k_m_file_quantized_by_llama_cpp(tmp_path):
     q = full_logits(lm, _prompt())
     assert (q - exact).abs().max() < 0.05 * exact.abs().max()
     assert_batched_equals_alone(lm, "sequence")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("kind", [2, 3])
+def test_on_cuda_quantized(phi3, variant, kind):
+    """The split rows in the CUDA formats (int8 rows, int4 tiles), every layer windowed or LongRoPE's scale, under
+    the decode graphs: near the exact model, batched == alone in both layouts."""
+    from tests.engine.test_quantized import _last_logits
+
+    path = phi3[variant][kind]
+    lm = load_model(path, LoadOptions(device="cuda", dtype="bfloat16", weights="quantized"))
+    assert not [m for m in lm.model.modules() if isinstance(m, torch.nn.Linear)]
+    exact = load_model(path, LoadOptions(weights="dequantized"))
+    ids = torch.randint(6, lm.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
+    got, want = _last_logits(lm, ids).float().cpu(), _last_logits(exact, ids)
+    assert (got - want).abs().max() < 0.08 * want.abs().max()
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
+
+
+def test_fused_rows_that_do_not_fit_the_heads_are_refused(phi3, tmp_path):
+    import gguf
+
+    from tests.support.gguf_export import rewrite_gguf
+
+    bad = rewrite_gguf(gguf.GGUFReader(phi3["window"][2]), tmp_path / "bad.gguf",
+                       extra={"phi3.attention.head_count_kv": 1})
+    with pytest.raises(ModelLoadError, match=r"bad\.gguf: tensor blk\.0\.attn_qkv\.weight .* 128 rows where the "
+                                             r"model's head counts need 96"):
+        load_model(bad, LoadOptions(weights="quantized"))

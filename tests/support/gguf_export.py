@@ -281,11 +281,11 @@ def write_corrupt_variants(good_gguf: Path, out_dir: Path) -> dict[str, Path]:
         "bad_magic": _write_bytes(out_dir / "bad_magic.gguf", b"GGUX" + blob[4:]),
         "empty": _write_bytes(out_dir / "empty.gguf", b""),
     }
-    paths["unsupported_arch"] = _rewrite(reader, out_dir / "unsupported_arch.gguf", arch="mamba9000")
-    paths["unsupported_tensor_type"] = _rewrite(reader, out_dir / "unsupported_tensor_type.gguf",
+    paths["unsupported_arch"] = rewrite_gguf(reader, out_dir / "unsupported_arch.gguf", arch="mamba9000")
+    paths["unsupported_tensor_type"] = rewrite_gguf(reader, out_dir / "unsupported_tensor_type.gguf",
                                                 retype="blk.0.attn_q.weight")
     arch = reader.fields["general.architecture"].contents()
-    paths["mixture_of_experts"] = _rewrite(reader, out_dir / "mixture_of_experts.gguf",  # Mixtral's keys
+    paths["mixture_of_experts"] = rewrite_gguf(reader, out_dir / "mixture_of_experts.gguf",  # Mixtral's keys
                                            extra={f"{arch}.expert_count": 8, f"{arch}.expert_used_count": 2})
     return paths
 
@@ -302,15 +302,15 @@ def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
     return field.offset + size // 2
 
 
-def _rewrite(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
+def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
              extra: dict[str, int] | None = None) -> Path:
-    """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or adding
+    """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or setting
     integer keys."""
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
     for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture":
+        if key.startswith("GGUF.") or key == "general.architecture" or key in (extra or {}):
             continue
         new_key = new_arch + key[len(old_arch):] if key.startswith(old_arch + ".") else key
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
