@@ -311,7 +311,9 @@ def test_corrupt_variants(corrupt_ggufs: dict[str, Path], tiny_models: dict[str,
     size = good.stat().st_size
     paths = corrupt_ggufs
     assert set(paths) == {"truncated", "header_only", "bad_magic", "empty", "unsupported_arch",
-                          "unsupported_tensor_type"}
+                          "unsupported_tensor_type", "mixture_of_experts"}
+    experts = gguf.GGUFReader(paths["mixture_of_experts"])
+    assert experts.fields["llama.expert_count"].contents() == 8 and len(experts.tensors) == len(good_reader.tensors)
     assert good_reader.data_offset < paths["truncated"].stat().st_size < size
     assert 24 < paths["header_only"].stat().st_size < good_reader.fields["tokenizer.ggml.merges"].offset
     assert paths["bad_magic"].read_bytes()[:4] != b"GGUF" and paths["bad_magic"].stat().st_size == size
