@@ -152,3 +152,13 @@ def test_fused_rows_that_do_not_fit_the_heads_are_refused(phi3, tmp_path):
     with pytest.raises(ModelLoadError, match=r"bad\.gguf: tensor blk\.0\.attn_qkv\.weight .* 128 rows where the "
                                              r"model's head counts need 96"):
         load_model(bad, LoadOptions(weights="quantized"))
+
+
+def test_converted_cache_keeps_long_rope_and_the_window(phi3, tmp_path):
+    for variant in VARIANTS:
+        path = phi3[variant][1]
+        first = load_model(path, LoadOptions(cache_dir=tmp_path / variant, weights="dequantized"))
+        second = load_model(path, LoadOptions(cache_dir=tmp_path / variant, weights="dequantized"))
+        assert second.timings["from"] == "converted-cache" and second.args == first.args
+        # the same weights; the cached copy's memory gives CPU matmuls another summation order (llama, qwen2 too)
+        torch.testing.assert_close(full_logits(first, _prompt()), full_logits(second, _prompt()), atol=1e-4, rtol=0)
