@@ -95,7 +95,8 @@ def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
 
 
 def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
-    # Phi-3-mini/medium-4k: every layer attends to the last `sliding_window` keys (HF and llama.cpp alike)
+    # Phi-3-mini/medium-4k: every layer attends to the last `sliding_window` keys, as in transformers (llama.cpp 0.3
+    # attends to every key of a phi3 file: tests/engine/test_phi3.py)
     if window:
         args.sliding_window, args.layer_types = int(window), [SLIDING] * args.num_layers
         args.rope = {**args.rope, SLIDING: args.rope[GLOBAL]}  # one object: rope factors read later reach both
