@@ -263,7 +263,7 @@ class Engine:
         config = self.config  # one snapshot: set_draft_model may replace it meanwhile
         device, dtype = resolve_device(config.device, config.dtype)
         options = LoadOptions(device=device, dtype=dtype, cache_dir=config.cache_dir,
-                              weights=config.weights, quantize=config.quantize)
+                              weights=config.weights, quantize=config.quantize, context=config.max_session_tokens)
         lm = load_model(c.source, options, progress)
         if config.speculative == "dflash":
             return lm, self._read_dflash(config.draft_model, lm)

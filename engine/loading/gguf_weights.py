@@ -8,7 +8,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.gguf_file import GGUFFile
-from engine.models.args import GLOBAL, ModelArgs
+from engine.models.args import GLOBAL, ModelArgs, RopeArgs
 from engine.quant.from_gguf import is_native, quantized_matrix, row_order
 from engine.quant.weight import QuantTensor
 
@@ -41,11 +41,11 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     total = len(gf.tensors)
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
-    rope_factors = getattr(arch, "GGUF_ROPE_FACTORS", "rope_freqs.weight")
+    rope_target = getattr(arch, "gguf_rope_factors", _rope_freqs)
     for i, whole in enumerate(gf.tensors):
-        if whole.name == rope_factors:
-            _read_rope_factors(gf, whole, args)
-        elif whole.name not in getattr(arch, "GGUF_UNUSED", ()):
+        if (rope := rope_target(whole.name, args)) is not None:
+            _read_rope_factors(gf, whole, args, rope)
+        else:
             for t in _parts(gf, whole, arch, args):
                 target = hf_name(t.name, arch)
                 if target is None:
@@ -65,10 +65,15 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     return weights
 
 
-def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs) -> None:
+def _rope_freqs(name: str, args: ModelArgs) -> RopeArgs | None:
+    # llama3 rope scaling: the per-frequency divisors of the global layers' rope
+    return args.rope[GLOBAL] if name == "rope_freqs.weight" else None
+
+
+def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs, rope: RopeArgs) -> None:
     if tuple(t.shape) != (args.head_dim // 2,):  # one factor per rotary frequency, else wrong rope silently
         raise ModelLoadError(f"{gf.path.name}: {t.name} has shape {list(t.shape)}, expected [{args.head_dim // 2}].")
-    args.rope[GLOBAL].factors = [float(x) for x in gf.tensor(t).flatten()]
+    rope.factors = [float(x) for x in gf.tensor(t).flatten()]
 
 
 def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:

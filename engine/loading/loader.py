@@ -15,7 +15,7 @@ from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
 from engine.models import architecture
-from engine.models.args import ModelArgs
+from engine.models.args import ModelArgs, fit_context
 from engine.models.layers import CausalLM
 from engine.quant.from_float import SCHEMES, quantize_matrix
 from engine.quant.weight import QuantTensor, weights_summary
@@ -41,6 +41,7 @@ class LoadOptions:
     # to the file, where CUDA re-quantizes Q5/Q6/Q8 types to int8 rows; docs/QUANTIZED.md)
     weights: str = "auto"
     quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
+    context: int | None = None  # the sessions' context (EngineConfig.max_session_tokens): LongRoPE's factors by it
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -107,6 +108,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     else:
         args, weights, tok, kind = _read_gguf_cached(source, options, progress)
     read_s = time.perf_counter() - start
+    args = fit_context(args, options.context)
     model = build_model(args, weights, options.torch_dtype, options.device)
     del weights
     return_freed_memory()

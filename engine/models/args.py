@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import functools
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable
 
 from engine.errors import UnsupportedModelError
@@ -55,6 +55,9 @@ class ModelArgs:
     qk_norm: bool = False
     query_pre_attn_scalar: float | None = None
     attn_factor: float = 1.0  # LongRoPE's scale of q and k (HF scales cos and sin): q·k by its square
+    # LongRoPE: `rope` holds the factors within `original_context`, `long_rope` those beyond it (fit_context picks)
+    long_rope: RopeArgs | None = None
+    original_context: int | None = None
     hidden_act: str = "silu"
     final_logit_softcapping: float | None = None
     name: str = ""
@@ -96,7 +99,21 @@ class ModelArgs:
         known = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in known}
         kw["rope"] = {k: RopeArgs(**v) for k, v in kw["rope"].items()}
+        if kw.get("long_rope") is not None:
+            kw["long_rope"] = RopeArgs(**kw["long_rope"])
         return cls(**kw)
+
+
+def fit_context(args: ModelArgs, context: int | None) -> ModelArgs:
+    """The model as it runs with sessions of `context` tokens (None: the model's own). A LongRoPE model keeps its
+    short factors and its original context when `context` fits in that, else takes the long factors for every position,
+    as llama.cpp chooses by its context size (transformers switches mid-sequence, which would leave every cached key
+    rotated the other way)."""
+    if args.long_rope is None or args.original_context is None:
+        return args
+    if context is not None and context <= args.original_context:
+        return replace(args, max_position_embeddings=args.original_context, long_rope=None)
+    return replace(args, rope={kind: args.long_rope for kind in args.rope}, long_rope=None)
 
 
 def rope_from_hf(params: dict[str, Any], head_dim: int) -> RopeArgs:

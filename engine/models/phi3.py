@@ -1,8 +1,8 @@
 """Phi-3 / Phi-3.5 / Phi-4: the Llama block with q/k/v and gate/up fused in the file, an optional sliding window on
 every layer, and LongRoPE on the 128k variants. The fused matrices are split into Llama's at load (their rows,
-quantized or not), so every backend runs the Llama block unchanged. LongRoPE runs with its short factors and the
-context capped at the original one (4k on Phi-3.5), where HF and llama.cpp use the same factors; the long factors,
-which would change every cached key's rotation at the switch, are not used."""
+quantized or not), so every backend runs the Llama block unchanged. LongRoPE keeps both factor sets; the loader picks
+one by the sessions' context (args.fit_context): the short within the original context (4k on Phi-3.5), the long
+beyond it, for every position, as llama.cpp does."""
 from __future__ import annotations
 
 import math
@@ -16,9 +16,8 @@ from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_par
 
 ARCH = "phi3"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
-GGUF_ROPE_FACTORS = "rope_factors_short.weight"  # LongRoPE within the original context
-GGUF_UNUSED = ("rope_factors_long.weight",)  # beyond it: not used, the context is capped at the original
 Model = llama.Model
+LONG_ROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
@@ -31,12 +30,13 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
         original = int(params.get("original_max_position_embeddings") or config["original_max_position_embeddings"])
         factor = config["max_position_embeddings"] / original
         attention = params.get("attention_factor") or _long_rope_attention(factor, original)
-        overrides = dict(max_position_embeddings=original, attn_factor=float(attention),
-                         rope={GLOBAL: RopeArgs(float(params.get("rope_theta", 10000.0)),
-                                                [float(f) for f in params["short_factor"]])})
-        if len(overrides["rope"][GLOBAL].factors) != head_dim // 2:
-            raise UnsupportedModelError(f"LongRoPE lists {len(params['short_factor'])} factors for {head_dim // 2} "
+        theta = float(params.get("rope_theta", 10000.0))
+        short, long = ([float(f) for f in params[key]] for key in ("short_factor", "long_factor"))
+        if not len(short) == len(long) == head_dim // 2:
+            raise UnsupportedModelError(f"LongRoPE lists {len(short)} and {len(long)} factors for {head_dim // 2} "
                                         "rotary frequencies.")
+        overrides = dict(attn_factor=float(attention), rope={GLOBAL: RopeArgs(theta, short)},
+                         long_rope=RopeArgs(theta, long), original_context=original)
     args = llama.args_from_hf(config, ARCH, **overrides)
     return _with_window(args, config.get("sliding_window"))
 
@@ -45,16 +45,26 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     args = llama.args_from_gguf(meta, shapes, ARCH)
     rot = meta.get(f"{ARCH}.rope.dimension_count", args.head_dim)
     _check_rotary(rot / args.head_dim)
-    if GGUF_ROPE_FACTORS in shapes:
+    if LONG_ROPE_TENSORS[0] in shapes or LONG_ROPE_TENSORS[1] in shapes:
+        if not all(name in shapes for name in LONG_ROPE_TENSORS):
+            raise ModelLoadError("The GGUF has one of LongRoPE's factor tensors but not both "
+                                 f"({', '.join(LONG_ROPE_TENSORS)}).")
         original = meta.get(f"{ARCH}.rope.scaling.original_context_length")
         if not isinstance(original, int) or original <= 0:
             raise ModelLoadError("The GGUF has LongRoPE factors but no phi3.rope.scaling.original_context_length.")
         attention = meta.get(f"{ARCH}.rope.scaling.attn_factor")
         if attention is None:
             attention = _long_rope_attention(args.max_position_embeddings / original, original)
-        args.rope[GLOBAL].factors = []  # read from the tensor by the loader
-        args.max_position_embeddings, args.attn_factor = min(original, args.max_position_embeddings), float(attention)
+        args.attn_factor, args.original_context = float(attention), original
+        args.long_rope = RopeArgs(args.rope[GLOBAL].theta, [])  # both factor sets: read from the tensors
     return _with_window(args, meta.get(f"{ARCH}.attention.sliding_window"))
+
+
+def gguf_rope_factors(name: str, args: ModelArgs) -> RopeArgs | None:
+    """The rope a factor tensor fills: LongRoPE's short factors are the model's rope, the long ones `long_rope`."""
+    if args.long_rope is None or name not in LONG_ROPE_TENSORS:
+        return None
+    return args.rope[GLOBAL] if name == LONG_ROPE_TENSORS[0] else args.long_rope
 
 
 def gguf_split(name: str, shape: tuple[int, ...], args: ModelArgs) -> list[tuple[str, int, int]] | None:

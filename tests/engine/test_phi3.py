@@ -16,8 +16,9 @@ from tests.support.tiny_models import load_hf_reference, make_tiny_hf
 pytestmark = pytest.mark.slow  # needs transformers
 
 HEAD_HALF = 8  # tiny head_dim 16: 8 rotary frequencies
-# llama.cpp rounds a context up to 256 and takes the long factors beyond the original context: 256 of 1,024 keeps
-# both on the short ones
+# llama.cpp rounds a context up to 256 and takes the long factors beyond the original context, as Parley does by its
+# sessions' context (LoadOptions.context); transformers takes the short ones up to the original context
+SHORT = LoadOptions(context=256)
 LONG_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
              "short_factor": [1.0 + 0.25 * i for i in range(HEAD_HALF)],
              "long_factor": [2.0 + i for i in range(HEAD_HALF)]}
@@ -48,7 +49,7 @@ def test_logits_match_transformers(phi3, variant, source, layout):
     ids = _prompt()
     with torch.no_grad():
         want = load_hf_reference(hf)(torch.tensor([ids])).logits[0]
-    lm = load_model(hf if source == "hf" else f32)
+    lm = load_model(hf if source == "hf" else f32, SHORT)  # 21 tokens: transformers' short factors
     assert lm.args.model_type == "phi3"
     got = full_logits(lm, ids, layout, chunk=8)  # 21 tokens in chunks of 8: crosses the window of 8
     torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4)
@@ -57,24 +58,29 @@ def test_logits_match_transformers(phi3, variant, source, layout):
 def test_the_window_and_long_rope_are_read(phi3):
     window = load_model(phi3["window"][1]).args
     assert window.sliding_window == 8 and set(window.layer_types) == {"sliding"}
-    long = load_model(phi3["longrope"][1]).args
-    assert long.sliding_window is None and long.max_position_embeddings == 256  # capped at the original context
-    assert long.rope["global"].factors == LONG_ROPE["short_factor"] and long.attn_factor > 1.0
-    assert load_model(phi3["longrope"][0]).args.attn_factor == pytest.approx(long.attn_factor)
+    for source in phi3["longrope"][:2]:
+        short = load_model(source, SHORT).args  # sessions within the original context
+        assert short.sliding_window is None and short.max_position_embeddings == 256
+        assert short.rope["global"].factors == LONG_ROPE["short_factor"] and short.attn_factor > 1.0
+        long = load_model(source).args  # the model's own context
+        assert long.max_position_embeddings == 1024 and long.rope["global"].factors == LONG_ROPE["long_factor"]
+        assert long.attn_factor == pytest.approx(short.attn_factor) and long.long_rope is None
 
 
-def test_llama_cpp_reads_the_same_model(phi3):
+@pytest.mark.parametrize("context", [256, 1024])
+def test_llama_cpp_reads_the_same_model(phi3, context):
     """llama.cpp's own phi3 graph on the same file gives the same logits at every position: fused rows split right,
-    LongRoPE's short factors and attention factor read as llama.cpp reads them (its f16 cache: ~1e-3). The windowed
-    variant is not compared: llama-cpp-python 0.3 attends to every key of a phi3 file (checked: its logits equal
-    the unwindowed model's), where transformers, which Parley follows, applies the window."""
+    LongRoPE's factors (short within the original context, long beyond) and attention factor read as llama.cpp reads
+    them (its f16 cache: ~1e-3). The windowed variant is not compared: llama-cpp-python 0.3 attends to every key of a
+    phi3 file (checked: its logits equal the unwindowed model's), where transformers, which Parley follows, applies
+    the window."""
     llama_cpp = pytest.importorskip("llama_cpp")
     path = phi3["longrope"][1]
     ids = _prompt()
-    ref = llama_cpp.Llama(model_path=str(path), n_ctx=256, logits_all=True, verbose=False)
+    ref = llama_cpp.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False)
     ref.eval(ids)
     want = torch.tensor(ref.scores[: len(ids)])
-    got = full_logits(load_model(path), ids)
+    got = full_logits(load_model(path, LoadOptions(context=context)), ids)
     assert (got - want).abs().max() < 5e-3, (got - want).abs().max()
 
 
@@ -162,3 +168,19 @@ def test_converted_cache_keeps_long_rope_and_the_window(phi3, tmp_path):
         assert second.timings["from"] == "converted-cache" and second.args == first.args
         # the same weights; the cached copy's memory gives CPU matmuls another summation order (llama, qwen2 too)
         torch.testing.assert_close(full_logits(first, _prompt()), full_logits(second, _prompt()), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("sessions, factors", [(256, "short_factor"), (None, "long_factor")])
+def test_the_engine_picks_long_rope_by_its_sessions_context(phi3, sessions, factors):
+    from engine.runtime import EngineConfig
+    from tests.support.engine_client import Client
+
+    client = Client(EngineConfig(max_sessions=2, max_session_tokens=sessions))
+    client.engine.start()
+    try:
+        model = client.load(phi3["longrope"][1])
+        args = client.engine.loaded_model(model).args
+        assert args.rope["global"].factors == LONG_ROPE[factors]
+        assert args.max_position_embeddings == (sessions or 1024)
+    finally:
+        client.engine.shutdown()
