@@ -30,9 +30,9 @@ class GGUFTensor:
 
     def rows(self, name: str, start: int, stop: int) -> "GGUFTensor":
         """Rows [start, stop) of this matrix as a tensor of its own (a fused q/k/v split): the same bytes, no copy."""
-        n, k = int(self.shape[1]), int(self.shape[0])
-        if len(self.shape) != 2 or not 0 <= start < stop <= n or self.n_bytes % n:
+        if len(self.shape) != 2 or not 0 <= start < stop <= int(self.shape[1]) or self.n_bytes % int(self.shape[1]):
             raise ValueError(f"rows {start}..{stop} of {self.name} (shape {list(self.shape)}) do not exist")
+        n, k = int(self.shape[1]), int(self.shape[0])
         part = object.__new__(GGUFTensor)
         row_bytes = self.n_bytes // n
         part.name, part.shape, part.tensor_type = name, [k, stop - start], self.tensor_type

@@ -6,6 +6,7 @@ beyond it, for every position, as llama.cpp does."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -107,11 +108,11 @@ def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
 def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
     # Phi-3-mini/medium-4k: every layer attends to the last `sliding_window` keys, as in transformers (llama.cpp 0.3
     # attends to every key of a phi3 file: tests/engine/test_phi3.py)
-    if window:
-        args.sliding_window, args.layer_types = int(window), [SLIDING] * args.num_layers
-        args.rope = {**args.rope, SLIDING: args.rope[GLOBAL]}  # one object: rope factors read later reach both
-    args.__post_init__()
-    return args
+    if not window:
+        return args
+    # one RopeArgs for both kinds: factors the loader reads later reach both
+    return replace(args, sliding_window=int(window), layer_types=[SLIDING] * args.num_layers,
+                   rope={**args.rope, SLIDING: args.rope[GLOBAL]})
 
 
 def _long_rope_attention(factor: float, original: int) -> float:
