@@ -5,16 +5,17 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_native
+from kernels.reference import capped
 
 
 def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, keys: torch.Tensor, table: torch.Tensor,
-                scale: float, out: torch.Tensor, *, impl: str = "auto") -> None:
+                scale: float, out: torch.Tensor, *, softcap: float = 0.0, impl: str = "auto") -> None:
     """For each table entry (query row, offset, count): out[row] = softmax(scale · q[row] · kᵀ) · v over the cache rows
-    keys[offset : offset + count]. q, out (T, H, D) fp32; k_rows, v_rows (rows, Hkv, D) fp32; keys int64; table
-    (S, 3) int64. `impl` "auto"/"native" runs the C kernel, "reference" torch."""
+    keys[offset : offset + count] (scores capped as `capped` when softcap > 0). q, out (T, H, D) fp32; k_rows, v_rows
+    (rows, Hkv, D) fp32; keys int64; table (S, 3) int64. `impl` "auto"/"native" runs the C kernel, "reference" torch."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        attend_rows_reference(q, k_rows, v_rows, keys, table, scale, out)
+        attend_rows_reference(q, k_rows, v_rows, keys, table, scale, out, softcap)
         return
     for t in (q, k_rows, v_rows, out):
         if t.dtype != torch.float32 or not t.is_contiguous():
@@ -22,24 +23,24 @@ def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, key
     _, h, d = q.shape
     rc = kernel.lib.parley_attend_rows(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), keys.data_ptr(),
                                        table.data_ptr(), table.shape[0], h, k_rows.shape[1], d, scale,
-                                       out.data_ptr(), torch.get_num_threads())
+                                       softcap, out.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError("no memory for the attention scores")
 
 
-def attention_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+def attention_row(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, softcap: float = 0.0) -> torch.Tensor:
     """One query row over keys it all sees (a decode step, a verify row): q (1, H, D), k/v (Tk, Hkv, D) -> (1, H, D).
     Two batched matmuls and a softmax, 2.5× faster on the CPU than SDPA's GQA path at this size; every one-row
     attention goes through here, so a verify row computes exactly what a one-token step does."""
     hkv, d = k.shape[1], k.shape[2]
     qg = q.reshape(hkv, -1, d)  # the query heads sharing each KV head (H = Hkv · G, grouped as in enable_gqa)
-    scores = torch.bmm(qg, k.permute(1, 2, 0)) * scale
+    scores = capped(torch.bmm(qg, k.permute(1, 2, 0)) * scale, softcap)
     return torch.bmm(torch.softmax(scores, dim=-1), v.transpose(0, 1)).reshape(q.shape)
 
 
 def attend_rows_reference(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, keys: torch.Tensor,
-                          table: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+                          table: torch.Tensor, scale: float, out: torch.Tensor, softcap: float = 0.0) -> None:
     for row, at, n in table.tolist():
         idx = keys[at:at + n]
         out[row:row + 1] = attention_row(q[row:row + 1], k_rows.index_select(0, idx), v_rows.index_select(0, idx),
-                                         scale)
+                                         scale, softcap)

@@ -34,8 +34,9 @@ def sdpa_varlen_reference(
     window: int | None = None,
     rows_are_ring: bool | None = None,
     num_splits: int | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # (T, H, D), q's dtype
-    """Varlen attention by gather + `scaled_dot_product_attention` with an explicit mask.
+    """Varlen attention by gather + `scaled_dot_product_attention` with an explicit mask (`masked_sdpa`).
 
     Reads the segment table on the host (fine on CPU; it is not graph-safe). Checks that
     the planned bounds `max_q_len` / `max_kv_len` really bound the table, because the
@@ -76,10 +77,26 @@ def sdpa_varlen_reference(
         qs = q[q_start : q_start + q_len].to(work)
         qs = qs.view(q_len, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * q_len, D)
         mask = allowed.repeat(G, 1)  # (G * q_len, L)
-        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+        o = masked_sdpa(qs, k, v, mask, scale, softcap)
         o = o.view(Hkv, G, q_len, D).permute(2, 0, 1, 3).reshape(q_len, H, D)
         out[q_start : q_start + q_len] = o
     return out.to(q.dtype)
+
+
+def capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """Gemma 2's attention logit cap, softcap · tanh(score / softcap); the scores as they are when softcap is 0."""
+    return softcap * torch.tanh(scores / softcap) if softcap else scores
+
+
+def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+                softcap: float = 0.0) -> torch.Tensor:
+    """softmax(scores) · v with scores = scale · q·kᵀ, or softcap · tanh(scale · q·kᵀ / softcap) when `softcap` > 0
+    (Gemma 2), masked where `mask` is False. q (..., M, D), k/v (..., L, D) with the same leading dims."""
+    if not softcap:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    scores = capped(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
 
 
 def kv_write_reference(

@@ -23,6 +23,7 @@ import triton.language as tl
 from kernels.pdl import launch_options, wait_for_previous
 
 LOG2E = 1.4426950408889634
+LOG2E_C = tl.constexpr(LOG2E)
 # Split bounds come from each row's own keys, so a row's sums never depend on the rest of its step (the other rows'
 # lengths, how many segments there are): batched == alone, and a verify row equals the decode step at its position.
 # The tile width is fixed per head dim for the same reason. At chat length (~200 keys) one split of all keys cost
@@ -75,12 +76,12 @@ def _sdpa_varlen_fwd(
     stride_ot, stride_oh,
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt, stride_lh,
-    q_tiles, rows, window, qk_scale,
+    q_tiles, rows, window, qk_scale, cap_log2,
     G: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
     NUM_SPLITS: tl.constexpr, TARGET: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    PDL: tl.constexpr,
+    SOFTCAP: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
     pid_sq = tl.program_id(0)
@@ -152,7 +153,10 @@ def _sdpa_varlen_fwd(
             s = tl.dot(q, kT, input_precision="ieee")
         else:
             s = tl.dot(q, kT)
-        s = s * qk_scale
+        if SOFTCAP:  # cap · tanh(x / cap) in the log2 domain: qk_scale is scale / cap, cap_log2 cap · log2(e)
+            s = cap_log2 * (1.0 - 2.0 / (tl.exp2(s * (qk_scale * 2.0 * LOG2E_C)) + 1.0))
+        else:
+            s = s * qk_scale
         keep = (pos[None, :] >= r_lo[:, None]) & (pos[None, :] < r_hi[:, None])
         s = tl.where(keep, s, float("-inf"))
         # -- update m_i and l_i (a row with no key yet keeps m = -inf; use 0 as its pivot)
@@ -266,6 +270,7 @@ def sdpa_varlen_triton(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
+    softcap: float = 0.0,
 ) -> torch.Tensor:  # (T, H, D), q's dtype
     T, H, D = q.shape
     rows, C, Hkv, Dk = k_cache.shape
@@ -309,10 +314,10 @@ def sdpa_varlen_triton(
         out.stride(0), out.stride(1),
         o_part.stride(0), o_part.stride(1), o_part.stride(2),
         lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
-        q_tiles, rows, window or 0, scale * LOG2E,
+        q_tiles, rows, window or 0, scale / softcap if softcap else scale * LOG2E, softcap * LOG2E,
         G=G, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
         CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits, TARGET=0 if num_splits else split_target(q.device),
-        DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32,
+        DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32, SOFTCAP=bool(softcap),
         num_warps=warps, num_stages=stages, **launch_options(q),
     )
     if splits > 1:

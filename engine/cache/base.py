@@ -103,7 +103,8 @@ class KVCache:
         self.book.abort()
         self.segments = []
 
-    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+               softcap: float = 0.0) -> torch.Tensor:
         raise NotImplementedError
 
     def native_rows(self) -> bool:
@@ -141,8 +142,15 @@ def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) 
     return mask
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
-    """Reference SDPA: q (Tq, H, D), k/v (Tk, Hkv, D), mask (Tq, Tk) -> (Tq, H, D)."""
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
+              softcap: float = 0.0) -> torch.Tensor:
+    """Reference SDPA: q (Tq, H, D), k/v (Tk, Hkv, D), mask (Tq, Tk) -> (Tq, H, D); softcap > 0 caps the scores."""
+    if softcap:  # SDPA has no cap: scores by hand, each KV head repeated for its query heads
+        from kernels.reference import masked_sdpa
+
+        g = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        return masked_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap).transpose(0, 1)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
     )
@@ -173,12 +181,12 @@ def one_row_plan(segments, window: int | None) -> tuple[torch.Tensor, torch.Tens
 
 
 def attend_one_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
-                    scale: float) -> torch.Tensor:
+                    scale: float, softcap: float = 0.0) -> torch.Tensor:
     """Every row of `rows` (`one_row_plan`) attended in the CPU library; rows it does not name (padding, masked
     segments) are zero."""
     from kernels.cpu_attend import attend_rows
 
     keys, table = rows
     out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
-    attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out)
+    attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out, softcap=softcap)
     return out

@@ -136,18 +136,19 @@ class CellKVCache(KVCache):
         return self.k[layer_id], self.v[layer_id], self._step["write"]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
+               scale: float, softcap: float = 0.0) -> torch.Tensor:
         write = self._step["write"]
         if k is not None:  # None: the caller wrote them (direct_write)
             self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
             self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
         if "used" not in self._step:  # planned row by row (`native_rows`)
-            return attend_one_rows(q, self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]], scale)
+            return attend_one_rows(q, self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]], scale,
+                                   softcap)
         used = self._step["used"]
         mask, covered = self._step[self.windows[layer_id]]
         keys = self.k[layer_id][:used].to(q.dtype)
         values = self.v[layer_id][:used].to(q.dtype)
-        out = attention(q, keys, values, mask, scale)
+        out = attention(q, keys, values, mask, scale, softcap)
         return torch.where(covered, out, torch.zeros((), dtype=out.dtype))
 
     def commit_step(self) -> None:

@@ -157,11 +157,11 @@ class SequenceKVCache(RingedLayout, KVCache):
         return self.k[layer_id], self.v[layer_id], p.layer_slots[layer_id]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
+               scale: float, softcap: float = 0.0) -> torch.Tensor:
         if self.uses_kernels:
             p = self._plan
             args = (q, k, v, self.k[layer_id], self.v[layer_id], p.seq_info, p.layer_slots[layer_id], scale,
-                    p.max_q_len, p.max_kv_len, self.windows[layer_id] or 0, self.attention_impl)
+                    p.max_q_len, p.max_kv_len, self.windows[layer_id] or 0, self.attention_impl, softcap)
             if torch.compiler.is_compiling():  # one opaque op: torch.compile fuses around it
                 return torch.ops.parley.sequence_attend(*args)
             return sequence_attend(*args)
@@ -173,24 +173,25 @@ class SequenceKVCache(RingedLayout, KVCache):
             vf.index_copy_(0, write, v.to(vf.dtype))
         window = self.windows[layer_id]
         if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
-            out = attend_one_rows(q, kf, vf, rows, scale)
+            out = attend_one_rows(q, kf, vf, rows, scale, softcap)
             segments = [s for s in segments if s[1] > 1 and s[3] is not None]
         else:
             out = q.new_zeros(q.shape)
         for q_start, q_len, gather, mask in segments:
             keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
             if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
-                out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale)
+                out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale, softcap)
                 continue
             if mask is not None:
-                out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale)
+                out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale,
+                                                           softcap)
                 continue
             n = len(gather) - q_len  # keys before the segment's first row
             for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
                 hi = n + j + 1
                 lo = max(0, hi - window) if window else 0
                 out[q_start + j : q_start + j + 1] = attention_row(q[q_start + j : q_start + j + 1], keys[lo:hi],
-                                                                   values[lo:hi], scale)
+                                                                   values[lo:hi], scale, softcap)
         return out
 
     def _copy_sequence(self, src: int, dst: int) -> None:
@@ -211,6 +212,7 @@ def sequence_attend(
     max_kv_len: int,
     window: int,  # 0: global
     impl: str,
+    softcap: float = 0.0,  # 0: scores uncapped
 ) -> torch.Tensor:  # (T, H, D) in q's dtype
     from kernels import kv_write, sdpa_varlen
 
@@ -218,7 +220,7 @@ def sequence_attend(
         kv_write(k_cache, v_cache, _unit_stride(k), _unit_stride(v), slots, impl=impl)
     out = sdpa_varlen(
         _unit_stride(q.to(k_cache.dtype)), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
-        max_kv_len=max_kv_len, window=window or None, impl=impl,
+        max_kv_len=max_kv_len, window=window or None, softcap=softcap, impl=impl,
     )
     return out.to(q.dtype).contiguous()
 
@@ -232,10 +234,12 @@ def _unit_stride(x: torch.Tensor) -> torch.Tensor:
 def _sequence_attend_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     seq_info: torch.Tensor, slots: torch.Tensor, scale: float, max_q_len: int, max_kv_len: int, window: int, impl: str,
+    softcap: float,
 ) -> torch.Tensor:
-    return sequence_attend(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl)
+    return sequence_attend(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl,
+                           softcap)
 
 
 @_sequence_attend_op.register_fake
-def _(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl):
+def _(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl, softcap):
     return q.new_empty(q.shape)  # contiguous, like the real output

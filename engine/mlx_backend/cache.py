@@ -74,7 +74,8 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
             mask &= kpos[None, :] > qpos[:, None] - window
         return s.q_start, s.q_len, mx.array(gather), mx.array(mask)
 
-    def attend(self, layer_id: int, q: mx.array, k: mx.array, v: mx.array, scale: float) -> mx.array:
+    def attend(self, layer_id: int, q: mx.array, k: mx.array, v: mx.array, scale: float,
+               softcap: float = 0.0) -> mx.array:
         write, segments = self._step[self.windows[layer_id]]
         kc, vc = self.k[layer_id], self.v[layer_id]
         kc[write] = k.astype(kc.dtype)
@@ -84,7 +85,8 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
             qs = q[q_start : q_start + q_len].transpose(1, 0, 2)[None]  # (1, H, L, D)
             ks = kc[gather].astype(q.dtype).transpose(1, 0, 2)[None]  # (1, Hkv, S, D)
             vs = vc[gather].astype(q.dtype).transpose(1, 0, 2)[None]
-            out = mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=mask)
+            out = _capped_sdpa(qs, ks, vs, scale, mask, softcap) if softcap else \
+                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=mask)
             parts.append(out[0].transpose(1, 0, 2))
             covered = q_start + q_len
         if covered < q.shape[0]:  # padding rows: no segment covers them
@@ -100,3 +102,13 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
 
     def arrays(self) -> list[mx.array]:
         return self.k + self.v
+
+
+def _capped_sdpa(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array, softcap: float) -> mx.array:
+    """Attention with Gemma 2's score cap, which MLX's fused SDPA lacks: q (1, H, L, D), k/v (1, Hkv, S, D)."""
+    g = q.shape[1] // k.shape[1]
+    if g > 1:
+        k, v = mx.repeat(k, g, axis=1), mx.repeat(v, g, axis=1)
+    scores = (q.astype(mx.float32) @ k.astype(mx.float32).transpose(0, 1, 3, 2)) * scale
+    scores = mx.where(mask, mx.tanh(scores / softcap) * softcap, -mx.inf)
+    return (mx.softmax(scores, axis=-1) @ v.astype(mx.float32)).astype(q.dtype)

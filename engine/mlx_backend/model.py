@@ -28,6 +28,7 @@ class Attention(nn.Module):
         self.layer_id = layer_id
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.scale = args.attn_scale
+        self.softcap = args.attn_softcap or 0.0
         bias = args.attention_bias
         self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
@@ -47,7 +48,7 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = rope
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
+        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
 
 

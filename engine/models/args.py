@@ -60,6 +60,7 @@ class ModelArgs:
     original_context: int | None = None
     hidden_act: str = "silu"
     final_logit_softcapping: float | None = None
+    attn_softcap: float | None = None  # Gemma 2: every attention score capped as cap · tanh(score / cap)
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -77,6 +78,9 @@ class ModelArgs:
             raise UnsupportedModelError(
                 f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads."
             )
+        for name in ("final_logit_softcapping", "attn_softcap"):
+            if getattr(self, name) is not None and not getattr(self, name) >= 0:  # 0: none, as transformers reads it
+                raise UnsupportedModelError(f"{name} must be a positive number, not {getattr(self, name)}.")
         if SLIDING in self.layer_types and not self.sliding_window:
             raise UnsupportedModelError("The model has sliding-window layers but no window size.")
         for kind in set(self.layer_types):

@@ -18,8 +18,8 @@ class AttentionCache(Protocol):
     """What a layer needs from the KV cache: write this step's K/V and attend with the cache's mask."""
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float) -> torch.Tensor:
-        ...  # q (T, H, D), k/v (T, Hkv, D) or None when already written -> (T, H, D)
+               scale: float, softcap: float = 0.0) -> torch.Tensor:
+        ...  # q (T, H, D), k/v (T, Hkv, D) or None when already written -> (T, H, D); softcap > 0 caps the scores
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         ...  # (K store, V store, flat slots) a kernel may write this step's K/V into, or None
@@ -284,6 +284,7 @@ class Attention(nn.Module):
         self.layer_id = layer_id
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.scale = args.attn_scale
+        self.softcap = args.attn_softcap or 0.0
         bias = args.attention_bias
         self.q_proj = Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
@@ -312,11 +313,12 @@ class Attention(nn.Module):
         if self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
             # norms, rope and the K/V write: one launch, which also sums the GEMM's split-K partials
             q = self._fused_prologue(self.qkv_proj.partial_sums(x), rope, stores)
-            out = cache.attend(self.layer_id, q, None, None, self.scale)
+            out = cache.attend(self.layer_id, q, None, None, self.scale, self.softcap)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
         if self.native and x.dim() == 2 and q.dtype == torch.float32 and (stores := cache.direct_write(self.layer_id)):
-            out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale)
+            out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale,
+                               self.softcap)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
@@ -333,7 +335,7 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        out = cache.attend(self.layer_id, q, k, v, self.scale)  # (T, H, D)
+        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
         return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
 
     def _native_prologue(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,

@@ -54,9 +54,10 @@ static void weighted_sum(float *out, const float *p, const float *vc, const int6
 
 /* q (T, H, D); caches (rows, Hkv, D) fp32; keys: the cache rows, concatenated; table (S, 3) int64: per query row
    its row in q, the offset of its keys in `keys` and their count. out (T, H, D): rows the table names are written.
-   Returns 0, or -1 when scratch could not be allocated. */
+   softcap > 0 caps each score as softcap · tanh(score / softcap) (Gemma 2). Returns 0, or -1 when scratch could not
+   be allocated. */
 int parley_attend_rows(const float *q, const float *kc, const float *vc, const int64_t *keys, const int64_t *table,
-                       int64_t S, int H, int Hkv, int D, float scale, float *out, int threads) {
+                       int64_t S, int H, int Hkv, int D, float scale, float softcap, float *out, int threads) {
     const int G = H / Hkv;
     int64_t most = 0;
     for (int64_t s = 0; s < S; s++) most = table[3 * s + 2] > most ? table[3 * s + 2] : most;
@@ -77,6 +78,7 @@ int parley_attend_rows(const float *q, const float *kc, const float *vc, const i
             float m = -INFINITY;
             for (int64_t j = 0; j < n; j++) {
                 p[j] = scale * dot_wide(qh, kc + (keys[at + j] * Hkv + kvh) * D, D);
+                if (softcap > 0.0f) p[j] = softcap * tanhf(p[j] / softcap);
                 m = p[j] > m ? p[j] : m;
             }
             float sum = 0.0f;

@@ -25,18 +25,23 @@ def _case(h: int, hkv: int, d: int, counts: list[int], seed: int = 0):
     return q, k, v, torch.cat(keys), torch.tensor(table, dtype=torch.long)
 
 
+@pytest.mark.parametrize("softcap", [0.0, 1.5])  # Gemma 2's tanh cap on every score, low enough to bite here
 @pytest.mark.parametrize("h, hkv, d", [(4, 1, 256), (8, 2, 64), (2, 2, 20)])
-def test_matches_reference_and_rows_are_independent(h, hkv, d):
+def test_matches_reference_and_rows_are_independent(h, hkv, d, softcap):
     counts = [1, 7, 33, 64]
     q, k, v, keys, table = _case(h, hkv, d, counts)
     got, ref = torch.zeros_like(q), torch.zeros_like(q)
-    attend_rows(q, k, v, keys, table, 0.125, got, impl="native")
-    attend_rows_reference(q, k, v, keys, table, 0.125, ref)
+    attend_rows(q, k, v, keys, table, 0.125, got, softcap=softcap, impl="native")
+    attend_rows_reference(q, k, v, keys, table, 0.125, ref, softcap)
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    if softcap:
+        uncapped = torch.zeros_like(q)
+        attend_rows_reference(q, k, v, keys, table, 0.125, uncapped)
+        assert (uncapped - ref).abs().max() > 1e-2
     assert torch.equal(got[0], torch.zeros_like(got[0]))  # a row the table does not name is untouched
     for i in range(len(counts)):  # each entry alone, in a call of its own
         alone = torch.zeros_like(q)
-        attend_rows(q, k, v, keys, table[i:i + 1], 0.125, alone, impl="native")
+        attend_rows(q, k, v, keys, table[i:i + 1], 0.125, alone, softcap=softcap, impl="native")
         assert torch.equal(alone[i + 1], got[i + 1])
 
 

@@ -106,19 +106,20 @@ def _draw(shape: tuple[int, ...], gen: torch.Generator, exact: bool, sparse: boo
     return torch.randint(-2, 3, shape, generator=gen).float()
 
 
-def oracle(step: Step, *, causal: bool, window: int | None) -> torch.Tensor:
+def oracle(step: Step, *, causal: bool, window: int | None, softcap: float = 0.0) -> torch.Tensor:
     return sdpa_varlen_reference(
         step.q.double(), step.k_flat.double(), step.v_flat.double(), step.seq_info,
         scale=SCALE, max_q_len=step.max_q_len, max_kv_len=step.max_kv_len,
-        causal=causal, window=window, rows_are_ring=False,
+        causal=causal, window=window, rows_are_ring=False, softcap=softcap,
     )
 
 
-def run_triton(step: Step, *, causal: bool, window: int | None, num_splits: int | None = None) -> torch.Tensor:
+def run_triton(step: Step, *, causal: bool, window: int | None, num_splits: int | None = None,
+               softcap: float = 0.0) -> torch.Tensor:
     return sdpa_varlen(
         step.q, step.k_cache, step.v_cache, step.seq_info,
         scale=SCALE, max_q_len=step.max_q_len, max_kv_len=step.max_kv_len,
-        causal=causal, window=window, num_splits=num_splits, impl="triton",
+        causal=causal, window=window, num_splits=num_splits, softcap=softcap, impl="triton",
     )
 
 
@@ -273,6 +274,21 @@ def test_reference_ring_matches_flat() -> None:
         ring = sdpa_varlen_reference(step.q, step.k_cache, step.v_cache, step.seq_info, scale=SCALE,
                                      max_q_len=3, max_kv_len=30, causal=causal, window=8)
         check(ring, oracle(step, causal=causal, window=8), step)
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, num_splits", [(None, 1), (None, None), (8 if not ON_GPU else 512, 3)])
+def test_softcap(dtype: torch.dtype, window: int | None, num_splits: int | None) -> None:
+    """Gemma 2's score cap, softcap · tanh(score / softcap), low enough to bite at these scores; windowed over a ring
+    and split."""
+    rows = (window + 4) if window else None
+    step = make_step(MIXED, Hkv=2, G=2, D=32, dtype=dtype, rows=rows, seed=3)
+    step.q *= 4  # scores well past the cap
+    ref = oracle(step, causal=True, window=window, softcap=0.5)
+    check(run_triton(step, causal=True, window=window, num_splits=num_splits, softcap=0.5), ref, step)
+    uncapped = oracle(step, causal=True, window=window)
+    assert (uncapped - ref)[step.covered].abs().max() > 0.05
 
 
 def test_reference_matches_explicit_softmax() -> None:
