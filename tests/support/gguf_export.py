@@ -17,10 +17,12 @@ from gguf import GGMLQuantizationType as QType, GGUFWriter, LlamaFileType, MODEL
 from safetensors.numpy import load_file
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
-             "phi3": "phi3"}
+             "phi3": "phi3", "gemma2": "gemma2"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
-                "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3}
-TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2"}
+                "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
+                "gemma2": MODEL_ARCH.GEMMA2}
+TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
+                 "gemma2": "default"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -78,6 +80,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if arch == "phi3":
         _write_phi3_hparams(w, cfg)
         return
+    if arch == "gemma2":
+        _write_gemma2_hparams(w, cfg)
+        return
     # TextModel.set_gguf_parameters: shared by llama, qwen2 and qwen3.
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -119,6 +124,22 @@ def _write_phi3_hparams(w: GGUFWriter, cfg: dict) -> None:
         original = rope.get("original_max_position_embeddings") or cfg["original_max_position_embeddings"]
         scale = cfg["max_position_embeddings"] / original
         w.add_rope_scaling_attn_factors(1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original)))
+
+
+def _write_gemma2_hparams(w: GGUFWriter, cfg: dict) -> None:
+    # Gemma2Model.set_gguf_parameters: no rope base (llama.cpp's 10000), the 1:1 sliding pattern hard-coded
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    w.add_sliding_window(cfg["sliding_window"])
 
 
 def _write_gemma3_hparams(w: GGUFWriter, cfg: dict) -> None:
@@ -210,9 +231,9 @@ def _transform(arch: str, cfg: dict, hf_name: str, data: np.ndarray, n_vocab: in
         return permute_qk(data, cfg["num_attention_heads"], cfg["num_attention_heads"])
     if arch == "llama" and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
         return permute_qk(data, cfg["num_attention_heads"], cfg.get("num_key_value_heads"))
-    if arch == "gemma3" and hf_name.endswith("norm.weight"):
-        return data + 1.0  # Gemma3RMSNorm computes x * (1 + w)
-    if arch == "gemma3" and hf_name.endswith("embed_tokens.weight"):
+    if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
+        return data + 1.0  # Gemma's RMSNorm computes x * (1 + w)
+    if arch.startswith("gemma") and hf_name.endswith("embed_tokens.weight"):
         return data[:n_vocab]  # the converter drops embedding rows past the tokenizer's vocab
     return data
 

@@ -131,9 +131,10 @@ TOK_SPECS: dict[str, _TokSpec] = {
 }
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
+TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
 
-DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False}
-EXTRA_ARCHS = ("phi3",)  # built by their own tests only (every ARCHS entry runs through the whole suite)
+DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True}
+EXTRA_ARCHS = ("phi3", "gemma2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -226,6 +227,8 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                              "rms_norm_eps": 1e-5, "sliding_window": 8, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
                              "attention_dropout": 0.0, "rope_parameters": {"rope_type": "default",
                                                                           "rope_theta": 10000.0}} | common)
+    if arch == "gemma2":
+        return _gemma2_config(common)
     if arch == "llama":
         from transformers import LlamaConfig
 
@@ -262,11 +265,22 @@ def _gemma3_config(common: dict):
                             query_pre_attn_scalar=32, hidden_activation="gelu_pytorch_tanh", **common)
 
 
+def _gemma2_config(common: dict):
+    from transformers import Gemma2Config
+
+    # caps low enough that the tiny model's scores and logits reach them (the real ones: 50 and 30); layers alternate
+    # sliding (window 8, crossed by the tests' prompts) and global
+    return Gemma2Config(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                        rms_norm_eps=1e-6, sliding_window=8, query_pre_attn_scalar=32, attn_logit_softcapping=1.5,
+                        final_logit_softcapping=4.0, hidden_activation="gelu_pytorch_tanh",
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+
+
 def _model_class(arch: str):
     import transformers
 
     name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM"}[arch]
+            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
@@ -277,11 +291,11 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
         noise = torch.randn(p.shape, generator=gen, dtype=torch.float32)
         if name.endswith("norm.weight"):
             # Gemma scales by (1 + w), the others by w: both get a visibly non-trivial scale.
-            p.copy_(0.3 * noise if arch == "gemma3" else 1.0 + 0.3 * noise)
+            p.copy_(0.3 * noise if arch.startswith("gemma") else 1.0 + 0.3 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.2 * noise)
         elif name.endswith("embed_tokens.weight"):
-            p.copy_((0.125 if arch == "gemma3" else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
+            p.copy_((0.125 if arch.startswith("gemma") else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
         else:
             p.copy_(noise / p.shape[-1] ** 0.5)
 
