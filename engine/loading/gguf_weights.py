@@ -71,8 +71,9 @@ def _rope_freqs(name: str, args: ModelArgs) -> RopeArgs | None:
 
 
 def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs, rope: RopeArgs) -> None:
-    if tuple(t.shape) != (args.head_dim // 2,):  # one factor per rotary frequency, else wrong rope silently
-        raise ModelLoadError(f"{gf.path.name}: {t.name} has shape {list(t.shape)}, expected [{args.head_dim // 2}].")
+    if tuple(t.shape) != (rope.pairs(args.head_dim),):  # one factor per rotary frequency, else wrong rope silently
+        raise ModelLoadError(f"{gf.path.name}: {t.name} has shape {list(t.shape)}, expected "
+                             f"[{rope.pairs(args.head_dim)}].")
     rope.factors = [float(x) for x in gf.tensor(t).flatten()]
 
 

@@ -5,7 +5,6 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from engine.models.args import ModelArgs
 
@@ -29,6 +28,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.scale = args.attn_scale
         self.softcap = args.attn_softcap or 0.0
+        gain = args.q_gain()
+        self._q_gain = None if gain is None else mx.array(gain)  # private: not a parameter
         bias = args.attention_bias
         self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
@@ -46,6 +47,8 @@ class Attention(nn.Module):
         v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        if self._q_gain is not None:
+            q = q * self._q_gain.astype(q.dtype)
         cos, sin = rope
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
         out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
@@ -183,10 +186,9 @@ class CausalLM(nn.Module):
 
 
 def _inv_freq(head_dim: int, rope) -> mx.array:
-    inv = 1.0 / (rope.theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
-    if rope.factors is not None:
-        inv = inv / np.asarray(rope.factors, dtype=np.float32)
-    return mx.array(inv.astype(np.float32))
+    from engine.models.layers import inv_freq
+
+    return mx.array(inv_freq(head_dim, rope).numpy())  # the PyTorch model's frequencies, bit for bit
 
 
 def _rope_tables(positions: mx.array, inv: mx.array, dtype) -> tuple[mx.array, mx.array]:

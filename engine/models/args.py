@@ -33,6 +33,13 @@ class RopeArgs:
 
     theta: float
     factors: list[float] | None = None  # inv_freq is divided by these (linear and llama3 scaling)
+    # None: the whole head rotates. Else the first `rotary_dim` dims of each head (Phi-4-mini: 3/4), which the
+    # loader moves so that they pair as a whole head's do (`partial_rotary_order`); the rest get frequency 0
+    rotary_dim: int | None = None
+
+    def pairs(self, head_dim: int) -> int:
+        """How many (dim, dim + half) pairs rotate: one factor each."""
+        return (self.rotary_dim or head_dim) // 2
 
 
 @dataclass(slots=True)
@@ -89,7 +96,23 @@ class ModelArgs:
 
     @property
     def attn_scale(self) -> float:
-        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5 * self.attn_factor ** 2
+        factor = 1.0 if self.rotated_gain() else self.attn_factor ** 2
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5 * factor
+
+    def rotated_gain(self) -> float | None:
+        """LongRoPE's attention factor squared where only part of each head rotates: HF and llama.cpp scale the rotated
+        dims' cos and sin, so it scales their share of q·k only and cannot fold into the attention scale."""
+        rot = self.rope[GLOBAL].rotary_dim if GLOBAL in self.rope else None
+        return self.attn_factor ** 2 if rot and self.attn_factor != 1.0 else None
+
+    def q_gain(self) -> list[float] | None:
+        """Per head dim, what q is multiplied by before its rotary (`rotated_gain` on the rotated dims, in the order
+        `partial_rotary_order` leaves them: the first rotary_dim / 2 of each half), or None."""
+        gain = self.rotated_gain()
+        if gain is None:
+            return None
+        half, rot_half = self.head_dim // 2, self.rope[GLOBAL].rotary_dim // 2
+        return [gain if i % half < rot_half else 1.0 for i in range(self.head_dim)]
 
     def layer_windows(self) -> list[int | None]:
         """Per layer: the sliding window (keys with distance < window are visible) or None for global."""

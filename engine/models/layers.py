@@ -129,6 +129,16 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def inv_freq(head_dim: int, rope: RopeArgs) -> torch.Tensor:
+    """(head_dim / 2,) fp32 rotary frequencies, as transformers computes them; a partial rotary's unrotated pairs get 0
+    (cos 1, sin 0: every rope kernel leaves them as they are)."""
+    dim = rope.rotary_dim or head_dim
+    inv = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
+    if rope.factors is not None:
+        inv = inv / torch.tensor(rope.factors, dtype=torch.float32, device="cpu")
+    return torch.cat([inv, torch.zeros((head_dim - dim) // 2, device="cpu")]) if dim < head_dim else inv
+
+
 class Rotary(nn.Module):
     """Half-split rotary embedding (HF layout); GGUF Llama weights are un-permuted to match at load."""
 
@@ -136,10 +146,7 @@ class Rotary(nn.Module):
         super().__init__()
         # on the CPU even while the model is built on the meta device (there a division imports torch's compiler, ~2 s;
         # CausalLM.reset_buffers makes the real ones)
-        inv = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
-        if rope.factors is not None:
-            inv = inv / torch.tensor(rope.factors, dtype=torch.float32, device="cpu")
-        self.register_buffer("inv_freq", inv, persistent=False)
+        self.register_buffer("inv_freq", inv_freq(head_dim, rope), persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         from kernels.norms import rope_tables
@@ -285,6 +292,8 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
         self.scale = args.attn_scale
         self.softcap = args.attn_softcap or 0.0
+        gain = args.q_gain()  # a partial rotary's LongRoPE factor, on its rotated dims only (CPU: reset_buffers moves it)
+        self.q_gain = None if gain is None else torch.tensor(gain, dtype=torch.float32, device="cpu")
         bias = args.attention_bias
         self.q_proj = Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
@@ -310,13 +319,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeInputs, cache: AttentionCache) -> torch.Tensor:
         t = x.shape[0]
-        if self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
+        fusable = self.q_gain is None  # the fused prologues have no gain
+        if fusable and self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
             # norms, rope and the K/V write: one launch, which also sums the GEMM's split-K partials
             q = self._fused_prologue(self.qkv_proj.partial_sums(x), rope, stores)
             out = cache.attend(self.layer_id, q, None, None, self.scale, self.softcap)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
-        if self.native and x.dim() == 2 and q.dtype == torch.float32 and (stores := cache.direct_write(self.layer_id)):
+        if fusable and self.native and x.dim() == 2 and q.dtype == torch.float32 \
+                and (stores := cache.direct_write(self.layer_id)):
             out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale,
                                self.softcap)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
@@ -335,6 +346,8 @@ class Attention(nn.Module):
             if self.q_norm is not None:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.q_gain is not None:  # after any q norm; equal within each rotated pair, so after the rotary as before
+            q = q * self.q_gain.to(q.dtype)
         out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
         return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
 
@@ -381,6 +394,9 @@ class CausalLM(nn.Module):
     def reset_buffers(self, device: torch.device | str) -> None:
         """Recomputes the rope tables on `device` (the model may have been built on the meta device)."""
         self.rotary = nn.ModuleDict({k: Rotary(self.args.head_dim, r) for k, r in self.args.rope.items()}).to(device)
+        for module in self.modules():
+            if isinstance(module, Attention) and module.q_gain is not None:
+                module.q_gain = module.q_gain.to(device)
 
     def prepare(self, choice: KernelChoice) -> None:
         """Sets up how this model computes, in one call, before it serves (`choose_kernels` decides). Fused

@@ -1,8 +1,9 @@
-"""Phi-3 / Phi-3.5 / Phi-4: the Llama block with q/k/v and gate/up fused in the file, an optional sliding window on
-every layer, and LongRoPE on the 128k variants. The fused matrices are split into Llama's at load (their rows,
-quantized or not), so every backend runs the Llama block unchanged. LongRoPE keeps both factor sets; the loader picks
-one by the sessions' context (args.fit_context): the short within the original context (4k on Phi-3.5), the long
-beyond it, for every position, as llama.cpp does."""
+"""Phi-3 / Phi-3.5 / Phi-4 / Phi-4-mini: the Llama block with q/k/v and gate/up fused in the file, an optional sliding
+window on every layer, and LongRoPE on the 128k variants. The fused matrices are split into Llama's at load (their
+rows, quantized or not), so every backend runs the Llama block unchanged. LongRoPE keeps both factor sets; the loader
+picks one by the sessions' context (args.fit_context): the short within the original context (4k on Phi-3.5), the
+long beyond it, for every position, as llama.cpp does. Phi-4-mini rotates 3/4 of each head: its q/k rows are
+reordered at load so that the rotated dims pair as a whole head's do and the rest rotate by frequency 0."""
 from __future__ import annotations
 
 import math
@@ -13,7 +14,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models import llama
-from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_params
+from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_params, rope_from_hf
 
 ARCH = "phi3"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
@@ -24,7 +25,9 @@ LONG_ROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     params = hf_rope_params(config)
-    _check_rotary(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0))
+    rot = _rotary_dim(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0),
+                      head_dim)
+    partial = rot if rot < head_dim else None
     kind = params.get("rope_type") or params.get("type") or "default"
     overrides: dict[str, Any] = {}
     if kind in ("longrope", "su"):
@@ -33,11 +36,13 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
         attention = params.get("attention_factor") or _long_rope_attention(factor, original)
         theta = float(params.get("rope_theta", 10000.0))
         short, long = ([float(f) for f in params[key]] for key in ("short_factor", "long_factor"))
-        if not len(short) == len(long) == head_dim // 2:
-            raise UnsupportedModelError(f"LongRoPE lists {len(short)} and {len(long)} factors for {head_dim // 2} "
+        if not len(short) == len(long) == rot // 2:
+            raise UnsupportedModelError(f"LongRoPE lists {len(short)} and {len(long)} factors for {rot // 2} "
                                         "rotary frequencies.")
-        overrides = dict(attn_factor=float(attention), rope={GLOBAL: RopeArgs(theta, short)},
-                         long_rope=RopeArgs(theta, long), original_context=original)
+        overrides = dict(attn_factor=float(attention), rope={GLOBAL: RopeArgs(theta, short, partial)},
+                         long_rope=RopeArgs(theta, long, partial), original_context=original)
+    elif partial:
+        overrides["rope"] = {GLOBAL: replace(rope_from_hf(params, rot), rotary_dim=partial)}
     args = llama.args_from_hf(config, ARCH, **overrides)
     return _with_window(args, config.get("sliding_window"))
 
@@ -45,7 +50,11 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
     args = llama.args_from_gguf(meta, shapes, ARCH)
     rot = meta.get(f"{ARCH}.rope.dimension_count", args.head_dim)
-    _check_rotary(rot / args.head_dim)
+    if not isinstance(rot, int) or not 0 < rot <= args.head_dim:
+        raise UnsupportedModelError(f"The GGUF rotates {rot!r} dims of each {args.head_dim}-dim attention head.")
+    rot = _rotary_dim(rot / args.head_dim, args.head_dim)
+    partial = rot if rot < args.head_dim else None
+    args.rope[GLOBAL].rotary_dim = partial
     if LONG_ROPE_TENSORS[0] in shapes or LONG_ROPE_TENSORS[1] in shapes:
         if not all(name in shapes for name in LONG_ROPE_TENSORS):
             raise ModelLoadError("The GGUF has one of LongRoPE's factor tensors but not both "
@@ -57,7 +66,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
         if attention is None:
             attention = _long_rope_attention(args.max_position_embeddings / original, original)
         args.attn_factor, args.original_context = float(attention), original
-        args.long_rope = RopeArgs(args.rope[GLOBAL].theta, [])  # both factor sets: read from the tensors
+        args.long_rope = RopeArgs(args.rope[GLOBAL].theta, [], partial)  # both factor sets: read from the tensors
     return _with_window(args, meta.get(f"{ARCH}.attention.sliding_window"))
 
 
@@ -91,7 +100,9 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
         if name.endswith("self_attn.qkv_proj.weight"):
             _check_rows(name, tuple(w.shape), q + 2 * kv)
             base = name.removesuffix("qkv_proj.weight")
-            out[base + "q_proj.weight"], out[base + "k_proj.weight"], out[base + "v_proj.weight"] = w.split([q, kv, kv])
+            wq, wk, out[base + "v_proj.weight"] = w.split([q, kv, kv])
+            out[base + "q_proj.weight"] = _rotary_rows(wq, args.num_heads, args)
+            out[base + "k_proj.weight"] = _rotary_rows(wk, args.num_kv_heads, args)
         elif name.endswith("mlp.gate_up_proj.weight"):
             _check_rows(name, tuple(w.shape), 2 * args.intermediate_size)
             base = name.removesuffix("gate_up_proj.weight")
@@ -102,7 +113,30 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
 
 
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
-    return tensor  # NEOX rope: llama.cpp stores Phi-3's Q/K unpermuted
+    # NEOX rope: llama.cpp stores Phi-3's Q/K unpermuted; only a partial rotary moves rows
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return _rotary_rows(tensor, args.num_heads, args)
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return _rotary_rows(tensor, args.num_kv_heads, args)
+    return tensor
+
+
+def partial_rotary_order(head_dim: int, rot: int) -> torch.Tensor:
+    """A head's dims in the order a whole-head rotary pairs right: HF rotates dims (i, i + rot/2) for i < rot/2 and
+    passes the rest; [rotated first half, passed first half, rotated second half, passed second half] pairs
+    (i, i + head_dim/2) instead, the rotated dims as HF does, the passed with each other (frequency 0 leaves them).
+    q and k move alike, so every q·k is unchanged."""
+    half, rest = rot // 2, (head_dim - rot) // 2
+    return torch.cat([torch.arange(0, half), torch.arange(rot, rot + rest), torch.arange(half, rot),
+                      torch.arange(rot + rest, head_dim)])
+
+
+def _rotary_rows(w: torch.Tensor, heads: int, args: ModelArgs) -> torch.Tensor:
+    rot = args.rope[GLOBAL].rotary_dim
+    if not rot:
+        return w
+    order = partial_rotary_order(args.head_dim, rot)
+    return w.reshape(heads, args.head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
 def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
@@ -120,10 +154,13 @@ def _long_rope_attention(factor: float, original: int) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def _check_rotary(fraction: float) -> None:
-    if abs(fraction - 1.0) > 1e-6:  # Phi-4-mini rotates 3/4 of each head
-        raise UnsupportedModelError(f"This Phi model rotates {fraction:.0%} of each attention head; Parley's rotary "
-                                    "embedding covers whole heads only (Phi-3, Phi-3.5 and Phi-4 run).")
+def _rotary_dim(fraction: float, head_dim: int) -> int:
+    """How many dims of each head rotate (Phi-4-mini: 3/4): an even count from 2 to the head's."""
+    rot = int(head_dim * fraction)
+    if not 0 < fraction <= 1 or rot < 2 or rot % 2:
+        raise UnsupportedModelError(f"This Phi model rotates {fraction:.0%} of each {head_dim}-dim attention head "
+                                    f"({rot} dims); a rotary embedding needs an even number of them.")
+    return rot
 
 
 def _check_rows(name: str, shape: tuple[int, ...], rows: int) -> None:

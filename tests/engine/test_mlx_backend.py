@@ -55,13 +55,24 @@ def test_logits_match_torch(models, arch):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_greedy_tokens_and_batch_invariance(models, arch):
-    lm = models[arch]
-    prompts, params = _prompts(lm.args.vocab_size), SamplingParams(max_tokens=16)
+    assert_greedy_matches_torch(models[arch], 16)
+
+
+def assert_greedy_matches_torch(lm, max_tokens: int) -> None:
+    """Greedy on MLX: batched == alone, and the PyTorch backend's tokens (staggered arrivals)."""
+    prompts, params = _prompts(lm.args.vocab_size), SamplingParams(max_tokens=max_tokens)
     on_torch = run_staggered(make_batcher(lm, 6, _run("torch")), prompts, ARRIVALS, params)
     batched = run_staggered(make_batcher(lm, 6, _run("mlx")), prompts, ARRIVALS, params)
     alone = [run_staggered(make_batcher(lm, 1, _run("mlx")), [p], [0], params)[0] for p in prompts]
     assert batched == alone
     assert batched == on_torch
+
+
+def assert_mlx_matches_torch(lm) -> None:
+    """MLX's logits over 45 tokens (past a tiny model's sliding window) are PyTorch's; greedy as above."""
+    ids = _prompts(lm.args.vocab_size)[4]
+    torch.testing.assert_close(_logits(lm, ids, "mlx"), _logits(lm, ids, "torch"), atol=2e-4, rtol=1e-4)
+    assert_greedy_matches_torch(lm, 12)
 
 
 def test_engine_on_mlx(tiny_models):

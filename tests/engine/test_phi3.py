@@ -22,8 +22,13 @@ SHORT = LoadOptions(context=256)
 LONG_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 256,
              "short_factor": [1.0 + 0.25 * i for i in range(HEAD_HALF)],
              "long_factor": [2.0 + i for i in range(HEAD_HALF)]}
+ROT_HALF = 6  # Phi-4-mini rotates 3/4 of each head: 12 of the tiny head's 16 dims
+PARTIAL_ROPE = LONG_ROPE | {"partial_rotary_factor": 0.75, "short_factor": LONG_ROPE["short_factor"][:ROT_HALF],
+                            "long_factor": LONG_ROPE["long_factor"][:ROT_HALF]}
 VARIANTS = {"window": {}, "longrope": {"sliding_window": None, "rope_parameters": LONG_ROPE,
-                                       "original_max_position_embeddings": 256, "max_position_embeddings": 1024}}
+                                       "original_max_position_embeddings": 256, "max_position_embeddings": 1024},
+            "partial": {"sliding_window": None, "rope_parameters": PARTIAL_ROPE, "partial_rotary_factor": 0.75,
+                        "original_max_position_embeddings": 256, "max_position_embeddings": 1024}}
 
 
 @pytest.fixture(scope="module")
@@ -67,15 +72,16 @@ def test_the_window_and_long_rope_are_read(phi3):
         assert long.attn_factor == pytest.approx(short.attn_factor) and long.long_rope is None
 
 
+@pytest.mark.parametrize("variant", ["longrope", "partial"])
 @pytest.mark.parametrize("context", [256, 1024])
-def test_llama_cpp_reads_the_same_model(phi3, context):
+def test_llama_cpp_reads_the_same_model(phi3, context, variant):
     """llama.cpp's own phi3 graph on the same file gives the same logits at every position: fused rows split right,
     LongRoPE's factors (short within the original context, long beyond) and attention factor read as llama.cpp reads
     them (its f16 cache: ~1e-3). The windowed variant is not compared: llama-cpp-python 0.3 attends to every key of a
     phi3 file (checked: its logits equal the unwindowed model's), where transformers, which Parley follows, applies
     the window."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    path = phi3["longrope"][1]
+    path = phi3[variant][1]
     ids = _prompt()
     ref = llama_cpp.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False)
     ref.eval(ids)
@@ -84,9 +90,10 @@ def test_llama_cpp_reads_the_same_model(phi3, context):
     assert (got - want).abs().max() < 5e-3, (got - want).abs().max()
 
 
+@pytest.mark.parametrize("variant", ["window", "partial"])  # "partial": the q/k rows reordered, quantized
 @pytest.mark.parametrize("kind", [2, 3])  # Q8_0 (int8 rows) and Q4_0 (the int4 kernels) on the CPU
-def test_quantized_rows_split_and_batched_equals_alone(phi3, kind):
-    path = phi3["window"][kind]
+def test_quantized_rows_split_and_batched_equals_alone(phi3, kind, variant):
+    path = phi3[variant][kind]
     lm = load_model(path, LoadOptions(weights="quantized"))
     assert any(isinstance(m, QuantTensor) for m in lm.model.modules())  # held quantized, split by rows
     exact = full_logits(load_model(path, LoadOptions(weights="dequantized")), _prompt())  # the file's fp32 values
@@ -96,9 +103,28 @@ def test_quantized_rows_split_and_batched_equals_alone(phi3, kind):
         assert_batched_equals_alone(lm, layout)
 
 
-def test_partial_rotary_is_refused_in_one_line(tmp_path):
-    hf = make_tiny_hf("phi3", tmp_path / "partial", config={"partial_rotary_factor": 0.75, "sliding_window": None})
-    with pytest.raises(UnsupportedModelError, match="rotates 75% of each attention head"):
+def test_partial_rotary_is_read(phi3):
+    """Phi-4-mini's 3/4 rotary: 12 of 16 dims a head from either source, factors for those 6 pairs, zero frequency
+    for the 2 pairs left."""
+    for source in phi3["partial"][:2]:
+        lm = load_model(source, SHORT)
+        rope = lm.args.rope["global"]
+        assert rope.rotary_dim == 12 and rope.factors == PARTIAL_ROPE["short_factor"]
+        inv = lm.model.rotary["global"].inv_freq
+        assert inv.shape == (8,) and torch.all(inv[:ROT_HALF] > 0) and torch.equal(inv[ROT_HALF:], torch.zeros(2))
+
+
+def test_partial_rotary_on_mlx(phi3):
+    """MLX gets the reordered rows, the zero frequencies and the rotated dims' gain as PyTorch does."""
+    pytest.importorskip("mlx.core", reason="the MLX backend needs mlx (pip install 'mlx[cpu]' on Linux)")
+    from tests.engine.test_mlx_backend import assert_mlx_matches_torch
+
+    assert_mlx_matches_torch(load_model(phi3["partial"][1], LoadOptions(weights="dequantized", context=256)))
+
+
+def test_an_odd_rotary_is_refused_in_one_line(tmp_path):
+    hf = make_tiny_hf("phi3", tmp_path / "odd", config={"partial_rotary_factor": 0.7, "sliding_window": None})
+    with pytest.raises(UnsupportedModelError, match=r"rotates 70% of each 16-dim attention head \(11 dims\)"):
         load_model(hf)
 
 
