@@ -16,6 +16,18 @@ LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# o200k (GPT-4o, Phi-4-mini, Llama 4): a word's case run and its contraction stay one piece, "/" joins a symbol run
+_UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_SPLIT = "|".join([
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTION}",
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTION}",
+    r"\p{N}{1,3}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
 
 
 @dataclass(slots=True)
@@ -34,6 +46,8 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
         return PreTokenizerStyle(LLAMA3_SPLIT, ignore_merges=True)
     if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
         return PreTokenizerStyle(LLAMA3_SPLIT)
+    if pre in ("gpt-4o", "llama4"):
+        return PreTokenizerStyle(GPT4O_SPLIT)
     if pre in ("qwen2", "qwen3"):
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
     if pre == "smollm":

@@ -324,9 +324,9 @@ def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
 
 
 def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
-             extra: dict[str, int] | None = None) -> Path:
+             extra: dict[str, int | str] | None = None) -> Path:
     """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or setting
-    integer keys."""
+    integer or string keys."""
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
@@ -337,7 +337,10 @@ def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, r
         sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub_type)
     for key, value in (extra or {}).items():
-        writer.add_uint32(key, value)
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
     for t in reader.tensors:
         _copy_tensor(writer, t, unsupported=(t.name == retype))
     _finish(writer)

@@ -1,0 +1,76 @@
+"""Each `tokenizer.ggml.pre` family Parley knows cuts text as llama.cpp's own tokenizer does: the same GGUF vocabulary
+under each name, token ids compared on text that tells the regexes apart (case runs, contractions, digit runs,
+slashes, newlines, CJK)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.tokenizer.from_gguf import tokenizer_from_gguf
+from engine.loading.gguf_file import open_gguf
+
+pytestmark = pytest.mark.slow  # needs transformers (the tiny model's vocabulary)
+
+TEXTS = [
+    "I'm  fine!!\n\nOK 12345 and 1234567",
+    "HELLOworld don'T CamelCaseWords WE'LL see",
+    "path/to/file.py a//b x=/usr/lib/ ok/\n\n\tdef f():\n        return 42",
+    "naïve café ﬁnal Ünïcödé",
+    "日本語のテキストと English 混在 123",
+    "emoji 🙂🙂 and\r\nwindows\r\nlines   trailing   ",
+]
+PRES = ["gpt-2", "llama-bpe", "qwen2", "dbrx", "smollm", "gpt-4o"]
+
+
+@pytest.fixture(scope="module")
+def vocab_gguf(tmp_path_factory):
+    """A vocabulary whose merges cross every regex's piece boundaries (trained on whole lines), in a GGUF of the tiny
+    qwen2's header and no tensors: wherever two regexes cut a text apart, their token ids differ."""
+    import gguf
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tests.support.gemma import SPECIAL_CHATML, byte_level_metadata
+    from tests.support.gguf_export import write_gguf
+    from tests.support.tiny_models import make_tiny_hf
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=1500, min_frequency=2, special_tokens=SPECIAL_CHATML,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    backend.train_from_iterator(TEXTS * 20, trainer)
+    root = tmp_path_factory.mktemp("pre")
+    header = gguf.GGUFReader(write_gguf(make_tiny_hf("qwen2", root / "hf"), root / "tiny.gguf", "F32"))
+    writer = gguf.GGUFWriter(root / "vocab.gguf", "qwen2")
+    for key, field in header.fields.items():
+        if key.startswith(("GGUF.", "tokenizer.")) or key == "general.architecture":
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    meta = byte_level_metadata(backend, "gpt-2")
+    writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_token_merges(meta["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    writer.add_add_bos_token(False)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return root / "vocab.gguf"
+
+
+@pytest.mark.parametrize("pre", PRES)
+def test_token_ids_equal_llama_cpp(vocab_gguf, tmp_path, pre):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import gguf
+
+    from tests.support.gguf_export import rewrite_gguf
+
+    path = rewrite_gguf(gguf.GGUFReader(vocab_gguf), tmp_path / f"{pre}.gguf", extra={"tokenizer.ggml.pre": pre})
+    ours = tokenizer_from_gguf(open_gguf(path).metadata)
+    ref = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in TEXTS:
+        assert ours.encode(text, add_bos=False) == ref.tokenize(text.encode(), add_bos=False, special=False), \
+            (pre, text)
