@@ -73,7 +73,20 @@ class ChatTemplate:
         self._template = _compile(source)
 
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **extra: Any) -> str:
-        """Renders the conversation; `extra` adds or overrides template variables (e.g. tools)."""
+        """Renders the conversation; `extra` adds or overrides template variables (e.g. tools). A template without a
+        system role (Gemma 2's refuses one, others drop it) gets the system prompt at the head of the first user
+        message, as llama.cpp and Ollama give it."""
+        merged = _system_in_first_user(messages)
+        if merged is None:
+            return self._render(messages, add_generation_prompt, extra)
+        try:
+            text = self._render(messages, add_generation_prompt, extra)
+        except TemplateRefusal:
+            return self._render(merged, add_generation_prompt, extra)
+        dropped = str(messages[0].get("content", "")).strip() not in text
+        return self._render(merged, add_generation_prompt, extra) if dropped else text
+
+    def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         variables = {
             "messages": messages,
             "add_generation_prompt": add_generation_prompt,
@@ -96,6 +109,22 @@ class ChatTemplate:
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} chars)"
+
+
+class TemplateRefusal(TemplateError):
+    """The template's own raise_exception(): it does not take this conversation as given."""
+
+
+def _system_in_first_user(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The conversation with its leading system message folded into the first user message, or None where there is
+    none to fold (no system message, an empty one, or no user message right after it)."""
+    if len(messages) < 2 or not all(isinstance(m, dict) for m in messages[:2]):
+        return None
+    system, first = messages[0], messages[1]
+    if system.get("role") != "system" or first.get("role") != "user" or not str(system.get("content", "")).strip():
+        return None
+    folded = {**first, "content": f"{system['content']}\n\n{first.get('content', '')}"}
+    return [folded, *messages[2:]]
 
 
 def gemma_chat_template() -> ChatTemplate:
@@ -260,7 +289,7 @@ def _compile(source: str) -> jinja2.Template:
 
 
 def _raise_exception(message: str) -> None:
-    raise TemplateError(f"The chat template refused the conversation: {message}")
+    raise TemplateRefusal(f"The chat template refused the conversation: {message}")
 
 
 def _strftime_now(format: str) -> str:

@@ -79,6 +79,38 @@ def test_raise_exception_keeps_the_message() -> None:
         ChatTemplate("{{ raise_exception('roles must alternate') }}").render([])
 
 
+# Gemma 2's shape: no system role, strict alternation, each refused through raise_exception
+NO_SYSTEM_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' "
+    "+ message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
+)
+DROPS_SYSTEM_TEMPLATE = "{% for m in messages %}{% if m['role'] != 'system' %}[{{ m['role'] }}] {{ m['content'] }}\n{% endif %}{% endfor %}"
+
+
+@pytest.mark.parametrize("source", [NO_SYSTEM_TEMPLATE, DROPS_SYSTEM_TEMPLATE])
+def test_a_template_without_a_system_role_gets_it_in_the_first_user_message(source: str) -> None:
+    text = ChatTemplate(source, bos_token="<bos>").render(CONVERSATION)
+    assert "Be brief.\n\nHi!" in text and text.count("Be brief.") == 1 and "What is 2+2?" in text
+    assert ChatTemplate(source, bos_token="<bos>").render(CONVERSATION[1:]).count("Be brief.") == 0
+
+
+def test_a_template_with_a_system_role_renders_as_written() -> None:
+    text = ChatTemplate(CHATML_TEMPLATE).render(CONVERSATION)
+    assert "Be brief.\n\nHi!" not in text and "system\nBe brief." in text
+
+
+def test_other_refusals_still_refuse() -> None:
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
+             {"role": "user", "content": "b"}]  # two user turns in a row
+    with pytest.raises(TemplateError, match="roles must alternate"):
+        ChatTemplate(NO_SYSTEM_TEMPLATE).render(turns)
+
+
 @pytest.mark.parametrize("source", ["{% for %}", "{{ 1 / 0 }}", "{{ messages[5]['content'].upper() }}"])
 def test_broken_templates(source: str) -> None:
     with pytest.raises(TemplateError):
