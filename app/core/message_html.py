@@ -2,7 +2,8 @@
 its action links.
 
 Links: `prev:`/`next:` switch versions, `edit:`, `regen:`, `copymsg:`, and `copy:N` for the n-th code block;
-`open:URL` for a link of the message's text (app/core/markdown_render.py).
+`open:URL` for a link of the message's text (app/core/markdown_render.py); `think:` shows or hides a reasoning model's
+thought (app/core/reasoning.py), which streams in view and folds away once the reply begins.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from dataclasses import dataclass
 
 from app.core.conversations import Message
 from app.core.live import can_continue
-from app.core.markdown_render import MarkdownRenderer
+from app.core.markdown_render import QUOTE_TEXT, RULE_COLOR, MarkdownRenderer
+from app.core.reasoning import Reasoning, split_reasoning
 
 STATE_NOTES = {
     "waiting": "Loading the model…",
@@ -28,14 +30,39 @@ class Rendered:
     code_blocks: list[str]
 
 
-def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool) -> Rendered:
-    """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering."""
-    render = renderer.render_typed if msg.role == "user" else renderer.render  # a user's text is shown as typed
-    body, blocks = render(msg.content) if msg.content else ("", [])
+def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool,
+                 show_thought: bool = False) -> Rendered:
+    """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
+    a finished thought."""
+    if msg.role == "user":  # a user's text is shown as typed
+        body, blocks = renderer.render_typed(msg.content) if msg.content else ("", [])
+        thought = ""
+    else:
+        reasoning = split_reasoning(msg.content)
+        body, blocks = renderer.render(reasoning.reply) if reasoning.reply else ("", [])
+        thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
     if msg.state == "streaming":
         body += f'<p style="color:#888">{CURSOR}</p>'
-    parts = [_header(msg, version, versions, busy), body, _note(msg)]
+    parts = [_header(msg, version, versions, busy), thought, body, _note(msg)]
     return Rendered("".join(parts), blocks)
+
+
+def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> str:
+    """The thought's line ("Thinking…" while it streams, then its length and a Show/Hide link) and, while it streams
+    or when shown, its text as written, dimmed beside a bar."""
+    if reasoning.thought is None:
+        return ""
+    live = reasoning.thinking and streaming
+    words = len(reasoning.thought.split())
+    label = "Thinking…" if live else f"Thought for {words} word{'s' if words != 1 else ''}"
+    link = "" if live else f' &nbsp; <a href="think:">{"Hide" if shown else "Show"}</a>'
+    head = f'<p style="color:#888"><i>{label}</i>{link}</p>'
+    if not (live or shown) or not reasoning.thought:
+        return head
+    text = html.escape(reasoning.thought).replace("\n", "<br>")
+    return (f'{head}<table width="100%" cellspacing="0" cellpadding="0" style="margin-bottom:6px"><tr>'
+            f'<td width="3" bgcolor="{RULE_COLOR[dark]}"></td><td width="10"></td>'
+            f'<td style="color:{QUOTE_TEXT[dark]}; white-space:pre-wrap">{text}</td></tr></table>')
 
 
 def message_actions(msg: Message, version: int, versions: int, busy: bool) -> list[tuple[str, str]]:
@@ -50,6 +77,9 @@ def message_actions(msg: Message, version: int, versions: int, busy: bool) -> li
         actions.append(("Next version", "next:"))
     if msg.content:
         actions.append(("Copy", "copymsg:"))
+    reasoning = split_reasoning(msg.content) if msg.role == "assistant" else None
+    if reasoning is not None and reasoning.thought and not (reasoning.thinking and msg.state == "streaming"):
+        actions.append(("Show or hide the thinking", "think:"))
     if not busy:
         actions.append(("Edit", "edit:") if msg.role == "user" else ("Regenerate", "regen:"))
     seed = (msg.stats or {}).get("seed")
@@ -67,8 +97,8 @@ def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
         who += f' <span style="color:#8b949e; font-weight:normal">· seed {seed}</span>'
     links = []
     for label, href in message_actions(msg, version, versions, busy):
-        if href in ("prev:", "next:") or href.startswith("regen-seed:"):
-            continue  # arrows around the version count; repeating a seed is in the message's menu
+        if href in ("prev:", "next:", "think:") or href.startswith("regen-seed:"):
+            continue  # arrows around the version count; the thought's own line; repeating a seed is in the menu
         links.append(f'<a href="{href}">{label}</a>')
     if versions > 1:
         arrows = f'{_arrow("prev:", "‹", version > 1)} {version}/{versions} {_arrow("next:", "›", version < versions)}'
@@ -93,7 +123,8 @@ def accessible_text(msg: Message, version: int, versions: int) -> str:
              f"version {version} of {versions}" if versions > 1 else "",
              f"error: {msg.error}" if msg.state == "error" else ""]
     head = ", ".join([who, *filter(None, notes)])
-    return f"{head}: {msg.content}" if msg.content else head
+    text = split_reasoning(msg.content).reply if msg.role == "assistant" else msg.content
+    return f"{head}: {text}" if text else head
 
 
 def _note(msg: Message) -> str:

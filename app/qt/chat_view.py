@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QListView, QMenu, QStyle, QSty
 from app.core.conversations import Message
 from app.core.markdown_render import MarkdownRenderer, link_tip, link_url, openable
 from app.core.message_html import accessible_text, message_actions, message_html
+from app.core.reasoning import reply_text
 from app.core.chats import ChatService
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -90,7 +91,12 @@ class ChatModel(QAbstractListModel):
             self.set_conversation(None)
 
     def _on_message_changed(self, conv_id: int, msg_id: int) -> None:
-        row = self._rows.get(msg_id) if conv_id == self.conv_id else None
+        if conv_id == self.conv_id:
+            self.message_changed(msg_id)
+
+    def message_changed(self, msg_id: int) -> None:
+        """Redraws one message of this conversation (its text or how it is shown changed)."""
+        row = self._rows.get(msg_id)
         if row is not None:
             self.dataChanged.emit(self.index(row), self.index(row))
 
@@ -112,6 +118,7 @@ class MessageDelegate(QStyledItemDelegate):
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
         self._reported: dict[int, int] = {}  # height last given to the view per message
         self._recheck: dict[int, QPersistentModelIndex] = {}
+        self.shown_thoughts: set[int] = set()  # messages whose finished thought the user unfolded
         self.renders = 0  # documents built (tests and benchmarks read it)
 
     def set_dark(self, dark: bool) -> None:
@@ -123,7 +130,8 @@ class MessageDelegate(QStyledItemDelegate):
 
     def _key(self, msg: Message, width: int) -> tuple:
         versions = self.service.store.versions(msg)
-        return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), width, self.renderer.dark)
+        return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), width, self.renderer.dark,
+                msg.id in self.shown_thoughts)
 
     def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
         width = self.text_width()
@@ -133,7 +141,8 @@ class MessageDelegate(QStyledItemDelegate):
             self._docs.move_to_end(msg.id)
             return hit[1], hit[2]
         versions = self.service.store.versions(msg)
-        rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False)
+        rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False,
+                                show_thought=msg.id in self.shown_thoughts)
         doc = SafeDocument()
         doc.setDocumentMargin(0)
         doc.setDefaultFont(self.view.font())
@@ -318,7 +327,10 @@ class ChatView(QListView):
         elif verb == "edit":
             self.edit_requested.emit(msg.id)
         elif verb == "copymsg":
-            QGuiApplication.clipboard().setText(msg.content)
+            QGuiApplication.clipboard().setText(reply_text(msg.content) if msg.role == "assistant" else msg.content)
+        elif verb == "think":
+            self.delegate.shown_thoughts ^= {msg.id}
+            self.chat_model.message_changed(msg.id)
         elif verb == "copy" and blocks is not None and arg.isdigit() and int(arg) < len(blocks):
             QGuiApplication.clipboard().setText(blocks[int(arg)])
         elif (url := link_url(href)) is not None and openable(url):

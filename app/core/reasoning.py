@@ -1,0 +1,32 @@
+"""A reasoning model's answer split into its thought and its reply: Qwen3, QwQ and DeepSeek-R1 (and their distills)
+write `<think>…</think>` before the reply; an R1 distill's template opens the tag in the prompt, so its text holds only
+the closing one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass(frozen=True, slots=True)
+class Reasoning:
+    thought: str | None  # None: the text has no thought
+    reply: str
+    thinking: bool  # the thought is not closed yet (still streaming, or cut short)
+
+
+def split_reasoning(text: str) -> Reasoning:
+    stripped = text.lstrip()
+    if stripped.startswith(OPEN):
+        body = stripped[len(OPEN):]
+        thought, closed, reply = body.partition(CLOSE)
+        return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
+    thought, closed, reply = text.partition(CLOSE)
+    if closed and OPEN not in thought:
+        return Reasoning(thought.strip(), reply.lstrip(), False)
+    return Reasoning(None, text, False)
+
+
+def reply_text(text: str) -> str:
+    """What the answer says, without its thought (what Copy copies)."""
+    return split_reasoning(text).reply
