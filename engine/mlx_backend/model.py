@@ -81,10 +81,15 @@ class LlamaBlock(nn.Module):
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.residual_multiplier = args.residual_multiplier  # Granite's; a float, not a parameter
 
     def __call__(self, h: mx.array, rope, cache) -> mx.array:
-        h = h + self.self_attn(self.input_layernorm(h), rope, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = h + self._scaled(self.self_attn(self.input_layernorm(h), rope, cache))
+        return h + self._scaled(self.mlp(self.post_attention_layernorm(h)))
+
+    def _scaled(self, x: mx.array) -> mx.array:
+        m = self.residual_multiplier
+        return x if m == 1.0 else x * m
 
 
 class Gemma3Block(nn.Module):
@@ -165,7 +170,8 @@ class CausalLM(nn.Module):
         self.model = Body(args, Gemma3Block if gemma else LlamaBlock)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.embed_scale = math.sqrt(args.hidden_size) if gemma else None
+        self.embed_scale = math.sqrt(args.hidden_size) if gemma else (
+            args.embedding_multiplier if args.embedding_multiplier != 1.0 else None)
         self._inv_freq = {kind: _inv_freq(args.head_dim, r) for kind, r in args.rope.items()}
 
     def __call__(self, tokens: mx.array, positions: mx.array, cache, logit_rows: mx.array) -> mx.array:
@@ -181,6 +187,8 @@ class CausalLM(nn.Module):
         else:
             logits = self.lm_head(h)
         logits = logits.astype(mx.float32)
+        if self.args.logits_scaling != 1.0:
+            logits = logits / self.args.logits_scaling
         cap = self.args.final_logit_softcapping
         return mx.tanh(logits / cap) * cap if cap else logits
 

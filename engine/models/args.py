@@ -68,6 +68,11 @@ class ModelArgs:
     hidden_act: str = "silu"
     final_logit_softcapping: float | None = None
     attn_softcap: float | None = None  # Gemma 2: every attention score capped as cap · tanh(score / cap)
+    # Granite: embeddings times the first, each block's attention and MLP output times the second before its residual
+    # add, logits divided by the third
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    logits_scaling: float = 1.0
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -85,6 +90,9 @@ class ModelArgs:
             raise UnsupportedModelError(
                 f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads."
             )
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            if not getattr(self, name) > 0:  # also NaN
+                raise UnsupportedModelError(f"{name} must be a positive number, not {getattr(self, name)}.")
         for name in ("final_logit_softcapping", "attn_softcap"):
             if getattr(self, name) is not None and not getattr(self, name) >= 0:  # 0: none, as transformers reads it
                 raise UnsupportedModelError(f"{name} must be a positive number, not {getattr(self, name)}.")

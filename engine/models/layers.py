@@ -500,6 +500,8 @@ class CausalLM(nn.Module):
     def head_logits(self, x: torch.Tensor) -> torch.Tensor:
         """fp32 logits of final-normed rows x (R, hidden)."""
         logits = self._logits(x).float()
+        if self.args.logits_scaling != 1.0:
+            logits = logits / self.args.logits_scaling
         cap = self.args.final_logit_softcapping
         return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -132,9 +132,10 @@ TOK_SPECS: dict[str, _TokSpec] = {
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
+TOK_SPECS["granite"] = TOK_SPECS["llama"]
 
-DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True}
-EXTRA_ARCHS = ("phi3", "gemma2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True}
+EXTRA_ARCHS = ("phi3", "gemma2", "granite")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -229,6 +230,14 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                                                           "rope_theta": 10000.0}} | common)
     if arch == "gemma2":
         return _gemma2_config(common)
+    if arch == "granite":
+        from transformers import GraniteConfig
+
+        # Granite 3's scalars, made large enough to matter in a tiny model (the 2B: 12, 0.22, 0.015625, 8)
+        return GraniteConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                             embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.4,
+                             logits_scaling=2.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                             **common)
     if arch == "llama":
         from transformers import LlamaConfig
 
@@ -280,7 +289,8 @@ def _model_class(arch: str):
     import transformers
 
     name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}[arch]
+            "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
+            "granite": "GraniteForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
