@@ -50,7 +50,7 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
         return PreTokenizerStyle(GPT4O_SPLIT)
     if pre in ("qwen2", "qwen3"):
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
-    if pre == "smollm":
+    if pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"):  # Granite 3: refact
         return PreTokenizerStyle(GPT2_SPLIT, single_digits=True)
     return PreTokenizerStyle(GPT2_SPLIT)
 

@@ -18,7 +18,7 @@ TEXTS = [
     "日本語のテキストと English 混在 123",
     "emoji 🙂🙂 and\r\nwindows\r\nlines   trailing   ",
 ]
-PRES = ["gpt-2", "llama-bpe", "qwen2", "dbrx", "smollm", "gpt-4o"]
+PRES = ["gpt-2", "llama-bpe", "qwen2", "dbrx", "smollm", "gpt-4o", "starcoder", "refact", "command-r", "exaone"]
 
 
 @pytest.fixture(scope="module")
