@@ -34,12 +34,13 @@ class RopeArgs:
     theta: float
     factors: list[float] | None = None  # inv_freq is divided by these (linear and llama3 scaling)
     # None: the whole head rotates. Else the first `rotary_dim` dims of each head (Phi-4-mini: 3/4), which the
-    # loader moves so that they pair as a whole head's do (`partial_rotary_order`); the rest get frequency 0
+    # loader moves so that they pair as a whole head's do (`partial_rotary_order`); the rest get frequency 0. 0: no
+    # rotation at all (SmolLM3's NoPE layers)
     rotary_dim: int | None = None
 
     def pairs(self, head_dim: int) -> int:
         """How many (dim, dim + half) pairs rotate: one factor each."""
-        return (self.rotary_dim or head_dim) // 2
+        return (head_dim if self.rotary_dim is None else self.rotary_dim) // 2
 
 
 @dataclass(slots=True)

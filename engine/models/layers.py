@@ -132,7 +132,7 @@ class RMSNorm(nn.Module):
 def inv_freq(head_dim: int, rope: RopeArgs) -> torch.Tensor:
     """(head_dim / 2,) fp32 rotary frequencies, as transformers computes them; a partial rotary's unrotated pairs get 0
     (cos 1, sin 0: every rope kernel leaves them as they are)."""
-    dim = rope.rotary_dim or head_dim
+    dim = head_dim if rope.rotary_dim is None else rope.rotary_dim
     inv = 1.0 / (rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device="cpu").float() / dim))
     if rope.factors is not None:
         inv = inv / torch.tensor(rope.factors, dtype=torch.float32, device="cpu")

@@ -17,15 +17,16 @@ from gguf import GGMLQuantizationType as QType, GGUFWriter, LlamaFileType, MODEL
 from safetensors.numpy import load_file
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
-             "phi3": "phi3", "gemma2": "gemma2", "granite": "granite"}
+             "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
-                "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE}
+                "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
-                 "gemma2": "default", "granite": "refact"}
+                 "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
+LLAMA_LIKE = ("llama", "granite", "smollm3")  # converted by LlamaModel or a subclass: Q/K rows permuted
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
 
@@ -100,7 +101,7 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
         w.add_logit_scale(cfg["logits_scaling"])
-    if arch in ("llama", "granite"):
+    if arch in LLAMA_LIKE:
         # LlamaModel.set_gguf_parameters adds these; llama3 rope goes into the rope_freqs tensor instead.
         w.add_vocab_size(cfg["vocab_size"])
         w.add_rope_dimension_count(_head_dim(cfg))
@@ -232,9 +233,9 @@ def _layer_order(name: str) -> tuple[int, str]:
 
 
 def _transform(arch: str, cfg: dict, hf_name: str, data: np.ndarray, n_vocab: int) -> np.ndarray:
-    if arch in ("llama", "granite") and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
+    if arch in LLAMA_LIKE and hf_name.endswith(("q_proj.weight", "q_proj.bias")):
         return permute_qk(data, cfg["num_attention_heads"], cfg["num_attention_heads"])
-    if arch in ("llama", "granite") and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
+    if arch in LLAMA_LIKE and hf_name.endswith(("k_proj.weight", "k_proj.bias")):
         return permute_qk(data, cfg["num_attention_heads"], cfg.get("num_key_value_heads"))
     if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
         return data + 1.0  # Gemma's RMSNorm computes x * (1 + w)
