@@ -28,6 +28,16 @@ GPT4O_SPLIT = "|".join([
     r"\s+(?!\S)",
     r"\s+",
 ])
+# Mistral's tekken (Nemo, Small 3, Pixtral's text): o200k's case runs without the contractions, one digit a piece
+TEKKEN_SPLIT = "|".join([
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+",
+    rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*",
+    r"\p{N}",
+    r" ?[^\s\p{L}\p{N}]+[\r\n/]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
 
 
 @dataclass(slots=True)
@@ -42,13 +52,15 @@ class PreTokenizerStyle:
 
 def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
     """The style for a `tokenizer.ggml.pre` name; unknown names get GPT-2's."""
-    if pre in ("llama-bpe", "llama3", "llama-v3"):
+    if pre in ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
         return PreTokenizerStyle(LLAMA3_SPLIT, ignore_merges=True)
+    if pre == "tekken":
+        return PreTokenizerStyle(TEKKEN_SPLIT, ignore_merges=True)
     if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
         return PreTokenizerStyle(LLAMA3_SPLIT)
     if pre in ("gpt-4o", "llama4"):
         return PreTokenizerStyle(GPT4O_SPLIT)
-    if pre in ("qwen2", "qwen3"):
+    if pre in ("qwen2", "qwen3", "deepseek-r1-qwen", "qwen35", "megrez", "stablelm2"):  # the R1 distills of Qwen 2.5
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
     if pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"):  # Granite 3: refact
         return PreTokenizerStyle(GPT2_SPLIT, single_digits=True)

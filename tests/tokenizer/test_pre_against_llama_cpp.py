@@ -18,7 +18,8 @@ TEXTS = [
     "日本語のテキストと English 混在 123",
     "emoji 🙂🙂 and\r\nwindows\r\nlines   trailing   ",
 ]
-PRES = ["gpt-2", "llama-bpe", "qwen2", "dbrx", "smollm", "gpt-4o", "starcoder", "refact", "command-r", "exaone"]
+PRES = ["gpt-2", "llama-bpe", "falcon3", "pixtral", "tekken", "qwen2", "deepseek-r1-qwen", "stablelm2", "dbrx", "smollm",
+        "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone"]
 
 
 @pytest.fixture(scope="module")
