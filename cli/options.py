@@ -43,6 +43,8 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--thinking", default=None, choices=["on", "off"],
+                   help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
 
 
 def paths_of(args: argparse.Namespace) -> Paths:
@@ -70,6 +72,8 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 def sampling_params(args: argparse.Namespace):
     from engine.sampling import SamplingParams
 
+    thinking = getattr(args, "thinking", None)
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens,
+        thinking=None if thinking is None else thinking == "on",
     )

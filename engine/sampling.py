@@ -32,6 +32,8 @@ class SamplingParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     speculative: bool = True  # draft and verify when the model has a drafter on (engine/speculative)
+    # a thinking model's switch, as its chat template's `enable_thinking` (Qwen3, SmolLM3); None: the template's default
+    thinking: bool | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -69,6 +71,8 @@ def _check_types(p: SamplingParams) -> None:
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
     if not isinstance(p.speculative, bool):
         raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
+    if p.thinking is not None and not isinstance(p.thinking, bool):
+        raise ParleyError(f"Invalid sampling setting: thinking must be true, false or unset, not {p.thinking!r}.")
     if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
         raise ParleyError("Invalid sampling setting: stop must be a list of strings.")
 

@@ -92,14 +92,15 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     if raw:
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
-        ids = tok.apply_chat_template(request.conversation(), continue_final=cont)
+        ids = tok.apply_chat_template(request.conversation(), continue_final=cont, thinking=request.params.thinking)
     if len(ids) < limit:
         return ids, 0
     if overflow == "truncate" and not raw:
         for skip in range(1, len(request.messages)):
             if request.messages[skip]["role"] != "user":
                 continue  # a conversation resumes at a user turn
-            ids = tok.apply_chat_template(request.conversation(skip), continue_final=cont)
+            ids = tok.apply_chat_template(request.conversation(skip), continue_final=cont,
+                                          thinking=request.params.thinking)
             if len(ids) < limit:
                 return ids, skip
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False))

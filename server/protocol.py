@@ -141,12 +141,24 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
         max_tokens=max_tokens,
         stop=stop,
     )
+    fields["thinking"] = _thinking(data)
     if fields["top_p"] == 0:
         fields["top_p"], fields["temperature"] = 1.0, 0.0  # "only the most likely token"
     try:
         return SamplingParams(**fields)
     except ParleyError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def _thinking(data: dict) -> bool | None:
+    """`chat_template_kwargs: {"enable_thinking": false}` (as vLLM and llama.cpp's server take it): whether a thinking
+    model (Qwen3, SmolLM3) thinks first; other template variables are refused rather than silently dropped."""
+    kwargs = _typed(data, "chat_template_kwargs", dict, {})
+    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    if unknown:
+        raise APIError(400, f"'chat_template_kwargs' takes only 'enable_thinking', not {', '.join(map(repr, unknown))}.",
+                       "chat_template_kwargs")
+    return _typed(kwargs, "enable_thinking", bool, None)
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:

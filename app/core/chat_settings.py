@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from engine.sampling import SamplingParams
 
 OVERFLOW_CHOICES = ("stop", "truncate")
+THINKING_CHOICES = ((None, "The model's default"), (True, "Think before answering"), (False, "Answer without thinking"))
 
 
 @dataclass(slots=True)
@@ -21,6 +22,7 @@ class ChatSettings:
     max_tokens: int = 512
     overflow: str = "truncate"
     speculative: bool = True  # draft ahead where the model's drafter runs (same answer, fewer steps)
+    thinking: bool | None = None  # a thinking model (Qwen3, SmolLM3) thinks first or not; None: the model's default
 
     def __post_init__(self) -> None:
         if self.overflow not in OVERFLOW_CHOICES:
@@ -31,7 +33,7 @@ class ChatSettings:
         return SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
             repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=self.max_tokens,
-            speculative=self.speculative,
+            speculative=self.speculative, thinking=self.thinking,
         )
 
     def copy(self, **changes) -> "ChatSettings":
@@ -49,6 +51,7 @@ class ChatSettings:
 SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T 0.2"
     ("temperature", "T"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
     ("repetition_penalty", "rep"), ("seed", "seed"), ("max_tokens", "max"), ("system_prompt", "system"),
+    ("thinking", "thinking"),
 )
 
 
@@ -67,6 +70,8 @@ def differences(columns: list[ChatSettings]) -> list[list[str]]:
 def _short(label: str, value) -> str:
     if label == "system":
         return "system: " + (" ".join(str(value).split())[:16] or "none")
+    if label == "thinking":
+        return {None: "thinking default", True: "thinking on", False: "thinking off"}[value]
     if value is None:
         return f"{label} random"
     return f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"

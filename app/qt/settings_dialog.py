@@ -7,7 +7,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
 )
 
-from app.core.chat_settings import OVERFLOW_CHOICES, ChatSettings
+from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
 from app.core.model_registry import ModelRegistry
 from app.core.presets import Presets
 from app.qt.theme import icon
@@ -56,6 +56,10 @@ class SettingsForm(QWidget):
         self.seed.setSpecialValueText("random")
         self.max_tokens = _int(1, 32768)
         self.speculative = QCheckBox(self.tr("Draft ahead (the same answer; faster when it repeats the prompt)"))
+        self.thinking = QComboBox()
+        for value, label in THINKING_CHOICES:
+            self.thinking.addItem(self.tr(label), value)
+        self.thinking.setToolTip(self.tr("For models that think before they answer (Qwen3, SmolLM3); others ignore it"))
         self.overflow = QComboBox()
         for choice, label in zip(OVERFLOW_CHOICES, ("Stop when the context is full", "Drop the oldest turns")):
             self.overflow.addItem(label, choice)
@@ -70,7 +74,7 @@ class SettingsForm(QWidget):
         for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
                          ("Min-p", self.min_p), ("Repetition penalty", self.repetition), ("Seed", self.seed),
                          ("Max tokens", self.max_tokens), ("Context overflow", self.overflow),
-                         (self.tr("Speculative decoding"), self.speculative)]:
+                         (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking)]:
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
         self.set_settings(settings)
@@ -134,6 +138,7 @@ class SettingsForm(QWidget):
         self.max_tokens.setValue(s.max_tokens)
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
         self.speculative.setChecked(s.speculative)
+        self.thinking.setCurrentIndex([value for value, _ in THINKING_CHOICES].index(s.thinking))
 
     def settings(self) -> ChatSettings:
         return ChatSettings(
@@ -142,6 +147,7 @@ class SettingsForm(QWidget):
             min_p=self.min_p.value(), repetition_penalty=self.repetition.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(), max_tokens=self.max_tokens.value(),
             overflow=self.overflow.currentData(), speculative=self.speculative.isChecked(),
+            thinking=self.thinking.currentData(),
         )
 
 

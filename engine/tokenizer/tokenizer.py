@@ -110,17 +110,20 @@ class Tokenizer:
         return IncrementalDetokenizer(self.decode, skip_special, context)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                            continue_final: bool = False) -> list[int]:
+                            continue_final: bool = False, thinking: bool | None = None) -> list[int]:
         """Renders the conversation with the chat template and encodes it, with one bos at most.
 
         `continue_final` leaves the last message open: the text ends right after its content, with no
-        end-of-turn marker, so generation carries on with that message.
+        end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
+        `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it); None leaves the template's default.
         """
         messages, typed = self._defuse(messages)
+        extra = {} if thinking is None else {"enable_thinking": thinking}
         if continue_final:
-            text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False), messages)
+            text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
+                                       messages)
         else:
-            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+            text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
         bos = self.chat_template.bos_token
         writes_bos = bool(bos) and text.startswith(bos)
         add_bos = False if writes_bos else None

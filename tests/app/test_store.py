@@ -57,9 +57,10 @@ def test_engine_view_drops_what_the_engine_drops():
 
 
 def test_chat_settings_validate_and_round_trip():
-    s = ChatSettings(temperature=0.3, seed=5, max_tokens=9)
+    s = ChatSettings(temperature=0.3, seed=5, max_tokens=9, thinking=False)
     assert ChatSettings.from_dict({**s.to_dict(), "unknown": 1}) == s
-    assert s.sampling().seed == 5 and s.sampling().max_tokens == 9
+    assert s.sampling().seed == 5 and s.sampling().max_tokens == 9 and s.sampling().thinking is False
+    assert ChatSettings.from_dict({"temperature": 0.3}).thinking is None  # chats saved before the switch
     with pytest.raises(ParleyError):
         ChatSettings(top_p=0)
     with pytest.raises(ValueError):

@@ -246,3 +246,24 @@ def test_hf_dir_without_tokenizer_json(tmp_path: Path) -> None:
 def test_load_missing_save(tmp_path: Path) -> None:
     with pytest.raises(TokenizerError):
         Tokenizer.load(tmp_path)
+
+
+QWEN3_STYLE = CHATML_TEMPLATE.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{% endif %}")
+
+
+@pytest.mark.parametrize("thinking, empty_thought", [(None, False), (True, False), (False, True)])
+def test_the_thinking_switch_reaches_the_template(trained_byte_level, thinking, empty_thought) -> None:
+    """Qwen3's template answers `enable_thinking=false` with an empty thought; unset, the template's default. The
+    switch rides in the sampling params from the app, CLI and server to the rendered turn."""
+    from engine.sampling import SamplingParams
+    from engine.session import TurnRequest, render_turn
+
+    tok = tokenizer_from_gguf(byte_level_metadata(trained_byte_level, "qwen2",
+                                                  **{"tokenizer.chat_template": QWEN3_STYLE}))
+    request = TurnRequest(({"role": "user", "content": "hi"},), SamplingParams(thinking=thinking))
+    ids, _ = render_turn(request, raw=False, overflow="truncate", tok=tok, limit=4096)
+    assert tok.decode(ids).endswith("assistant\n<think>\n\n</think>\n\n") == empty_thought
