@@ -106,7 +106,8 @@ def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0
 
 
 def request_params(p: SamplingParams) -> dict:
-    """SamplingParams as OpenAI fields; top_k, min_p and repetition_penalty go as the usual extensions."""
+    """SamplingParams as OpenAI fields; top_k, min_p, repetition_penalty and the thinking switch go as the usual
+    extensions."""
     out = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens}
     if p.stop:
         out["stop"] = list(p.stop)
@@ -122,6 +123,8 @@ def request_params(p: SamplingParams) -> dict:
         out["min_p"] = p.min_p
     if p.repetition_penalty != 1.0:
         out["repetition_penalty"] = p.repetition_penalty
+    if p.thinking is not None:  # as vLLM, llama.cpp's server and Parley's take the switch
+        out["chat_template_kwargs"] = {"enable_thinking": p.thinking}
     return out
 
 

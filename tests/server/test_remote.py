@@ -63,6 +63,20 @@ def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge,
         local.engine.shutdown()
 
 
+def test_the_thinking_switch_reaches_the_endpoint(remote_client, bridge, server):
+    """A chat's thinking switch goes upstream as chat_template_kwargs, which Parley's own server takes."""
+    from dataclasses import replace
+
+    from engine.remote import request_params
+
+    assert request_params(replace(GREEDY, thinking=False))["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in request_params(GREEDY)
+    loaded = add_remote(remote_client, server.url, bridge.models[0].id)
+    sid = remote_client.open(loaded.model_id, params=replace(GREEDY, thinking=False))
+    answer = remote_client.ask(sid, "Hello there")
+    assert answer.reason in ("stop", "length") and answer.text
+
+
 def test_remote_cancel_and_close(remote_client, bridge, server):
     loaded = add_remote(remote_client, server.url, None)  # the endpoint's only model
     assert isinstance(loaded, ev.ModelLoaded) and loaded.name == bridge.models[0].id
