@@ -2,21 +2,11 @@
 layers alternating with global ones (one rotary base for both)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from engine.models import gemma3
-from engine.models.args import (
-    GLOBAL,
-    SLIDING,
-    ModelArgs,
-    RopeArgs,
-    gguf_layer_count,
-    gguf_metadata_errors,
-    hf_layer_types,
-    positive,
-    require,
-    rope_from_hf,
-)
+from engine.models import gemma3, llama
+from engine.models.args import GLOBAL, SLIDING, ModelArgs, gguf_metadata_errors, hf_layer_types, require, rope_from_hf
 
 ARCH = "gemma2"
 SLIDING_PATTERN = 2  # layers 0, 2, 4 … slide; llama.cpp and transformers both alternate
@@ -29,29 +19,18 @@ gguf_fix = gemma3.gguf_fix
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     where = "config.json (gemma2)"
-    hidden = require(config, "hidden_size", where)
-    heads = require(config, "num_attention_heads", where)
-    head_dim = config.get("head_dim") or hidden // heads
-    n_layers = require(config, "num_hidden_layers", where)
+    head_dim = config.get("head_dim") or require(config, "hidden_size", where) // require(config, "num_attention_heads",
+                                                                                        where)
     rope_params = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
     rope_params.setdefault("rope_theta", config.get("rope_theta", 10000.0))
     rope = rope_from_hf(rope_params, head_dim)
-    return ModelArgs(
-        model_type=ARCH,
-        vocab_size=require(config, "vocab_size", where),
-        hidden_size=hidden,
-        intermediate_size=require(config, "intermediate_size", where),
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=config.get("num_key_value_heads") or heads,
-        head_dim=head_dim,
-        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope={GLOBAL: rope, SLIDING: rope},
+    n_layers = require(config, "num_hidden_layers", where)
+    return llama.args_from_hf(
+        config, ARCH, head_dim=head_dim, rope={GLOBAL: rope, SLIDING: rope},
         layer_types=hf_layer_types(config, n_layers, SLIDING_PATTERN),
         sliding_window=int(config.get("sliding_window") or 4096),
         max_position_embeddings=int(config.get("max_position_embeddings", 8192)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-        attention_bias=bool(config.get("attention_bias", False)),
         query_pre_attn_scalar=float(config.get("query_pre_attn_scalar") or head_dim),
         hidden_act=config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh",
         final_logit_softcapping=config.get("final_logit_softcapping"),
@@ -61,35 +40,19 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
 
 @gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
-    def get(key: str, default: Any = None) -> Any:
-        full = f"{ARCH}.{key}"
-        return require(meta, full, "The GGUF metadata") if default is None else meta.get(full, default)
+    def get(key: str, default: Any) -> Any:
+        return meta.get(f"{ARCH}.{key}", default)
 
-    hidden = positive(get("embedding_length"), f"{ARCH}.embedding_length")
-    heads = positive(get("attention.head_count"), f"{ARCH}.attention.head_count")
-    head_dim = positive(get("attention.key_length", hidden // heads), f"{ARCH}.attention.key_length")
-    n_layers = gguf_layer_count(get("block_count"), shapes, f"{ARCH}.block_count")
-    rope = RopeArgs(float(get("rope.freq_base", 10000.0)))
+    base = llama.args_from_gguf(meta, shapes, ARCH)
     # llama.cpp scales Gemma 2 27B's (46 layers) queries by hidden/heads and the 2B's and 9B's by head_dim.
-    scalar = hidden / heads if n_layers == 46 else head_dim
-    return ModelArgs(
-        model_type=ARCH,
-        vocab_size=int(shapes["token_embd.weight"][0]),
-        hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
-        num_layers=n_layers,
-        num_heads=heads,
-        num_kv_heads=int(get("attention.head_count_kv", heads)),
-        head_dim=head_dim,
-        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        rope={GLOBAL: rope, SLIDING: rope},
-        layer_types=[SLIDING if i % SLIDING_PATTERN == 0 else GLOBAL for i in range(n_layers)],
+    scalar = base.hidden_size / base.num_heads if base.num_layers == 46 else base.head_dim
+    rope = base.rope[GLOBAL]
+    return replace(
+        base, rope={GLOBAL: rope, SLIDING: rope},
+        layer_types=[SLIDING if i % SLIDING_PATTERN == 0 else GLOBAL for i in range(base.num_layers)],
         sliding_window=int(get("attention.sliding_window", 4096)),
-        max_position_embeddings=int(get("context_length", 8192)),
-        tie_word_embeddings="output.weight" not in shapes,
-        query_pre_attn_scalar=float(scalar),
-        hidden_act="gelu_pytorch_tanh",
+        rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        query_pre_attn_scalar=float(scalar), hidden_act="gelu_pytorch_tanh",
         final_logit_softcapping=float(get("final_logit_softcapping", FINAL_SOFTCAP)),
         attn_softcap=float(get("attn_logit_softcapping", ATTN_SOFTCAP)),
-        name=str(meta.get("general.name", "")),
     )

@@ -60,8 +60,9 @@ def assert_quantized_near_exact_and_invariant(path: Path) -> None:
         assert_batched_equals_alone(lm, layout)
 
 
-def assert_on_cuda(path: Path, weights: str) -> None:
-    """bf16 on CUDA under the decode graphs, near the exact model; greedy batched == alone in both layouts."""
+def assert_on_cuda(path: Path, weights: str):
+    """bf16 on CUDA under the decode graphs, near the exact model; greedy batched == alone in both layouts. Returns
+    the CUDA model."""
     lm = load_model(path, LoadOptions(device="cuda", dtype="bfloat16", weights=weights))
     exact = load_model(path, LoadOptions(weights="dequantized"))
     ids = torch.randint(6, lm.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))
@@ -69,3 +70,4 @@ def assert_on_cuda(path: Path, weights: str) -> None:
     assert (got - want).abs().max() < 0.08 * want.abs().max()
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
+    return lm

@@ -336,12 +336,7 @@ def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, r
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF.") or key == "general.architecture" or key in (extra or {}):
-            continue
-        new_key = new_arch + key[len(old_arch):] if key.startswith(old_arch + ".") else key
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub_type)
+    copy_fields(reader, writer, lambda key: key in (extra or {}), new_arch)
     for key, value in (extra or {}).items():
         if isinstance(value, str):
             writer.add_string(key, value)
@@ -351,6 +346,17 @@ def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, r
         _copy_tensor(writer, t, unsupported=(t.name == retype))
     _finish(writer)
     return path
+
+
+def copy_fields(reader: gguf.GGUFReader, writer: GGUFWriter, skip=lambda key: False, arch: str | None = None) -> None:
+    """Every metadata field of `reader` but the file's own and those `skip` names, under `arch` when given."""
+    old_arch = reader.fields["general.architecture"].contents()
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or skip(key):
+            continue
+        new_key = arch + key[len(old_arch):] if arch and key.startswith(old_arch + ".") else key
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(new_key, field.contents(), field.types[0], sub_type=sub_type)
 
 
 def _copy_tensor(writer: GGUFWriter, t, unsupported: bool) -> None:

@@ -30,7 +30,7 @@ def vocab_gguf(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     from tests.support.gemma import SPECIAL_CHATML, byte_level_metadata
-    from tests.support.gguf_export import write_gguf
+    from tests.support.gguf_export import copy_fields, write_gguf
     from tests.support.tiny_models import make_tiny_hf
 
     backend = Tokenizer(models.BPE())
@@ -42,11 +42,7 @@ def vocab_gguf(tmp_path_factory):
     root = tmp_path_factory.mktemp("pre")
     header = gguf.GGUFReader(write_gguf(make_tiny_hf("qwen2", root / "hf"), root / "tiny.gguf", "F32"))
     writer = gguf.GGUFWriter(root / "vocab.gguf", "qwen2")
-    for key, field in header.fields.items():
-        if key.startswith(("GGUF.", "tokenizer.")) or key == "general.architecture":
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub_type)
+    copy_fields(header, writer, lambda key: key.startswith("tokenizer."))
     meta = byte_level_metadata(backend, "gpt-2")
     writer.add_tokenizer_model(meta["tokenizer.ggml.model"])
     writer.add_token_list(meta["tokenizer.ggml.tokens"])
