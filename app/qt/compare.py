@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 from app.core.chats import ChatService
 from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages
 from app.core.presets import Presets
+from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
 from app.qt.compare_diff import DiffDialog
 from app.qt.composer import Composer
@@ -345,9 +346,10 @@ class CompareView(QWidget):
         return dialog
 
     def last_answer(self, column: CompareColumn) -> str:
+        """The column's last reply, without a thinking model's thought (what the differences compare)."""
         path = self.service.store.path(column.conv_id)
         answers = [m for m in path if m.role == "assistant"]
-        return answers[-1].content if answers else ""
+        return reply_text(answers[-1].content) if answers else ""
 
     # -- synced scrolling: the turn at the top of the column scrolled is put at the top of the others
     def _sync_from(self, source: CompareColumn, again: bool = True) -> None:

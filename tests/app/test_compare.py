@@ -124,10 +124,12 @@ def test_export_and_diff_of_a_comparison(parley, qtbot, imported_llama):
     assert "# Comparison: say something" in text and "> say something" in text
     assert "### A: qwen3" in text and "### B: llama" in text
     assert all(a in text for a in answers)
-    for column, words in zip(view.columns, ["the cat sat on the mat", "the dog sat on a mat"]):
-        parley.store.update_message(parley.store.path(column.conv_id)[-1].id, content=words)
+    thoughts = ["<think>\nmaybe a cat\n</think>\n\n", "<think>\ndogs are nice\n</think>\n\n"]  # not compared
+    for column, words, thought in zip(view.columns, ["the cat sat on the mat", "the dog sat on a mat"], thoughts):
+        parley.store.update_message(parley.store.path(column.conv_id)[-1].id, content=thought + words)
     dialog = view.show_diff()
     assert "the cat sat on the mat" not in dialog.text.toPlainText()  # interleaved, word by word
+    assert "maybe" not in dialog.text.toPlainText() and "nice" not in dialog.text.toPlainText()
     struck = {w: dialog.text.document().find(w).charFormat().fontStrikeOut() for w in ("cat", "dog", "sat", "mat")}
     assert struck == {"cat": True, "dog": False, "sat": False, "mat": False}
     assert "%" in dialog.summary.text()
