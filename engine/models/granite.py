@@ -2,12 +2,14 @@
 given outright, each block's attention and MLP outputs multiplied before their residual adds, logits divided."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
+from engine.errors import UnsupportedModelError
 from engine.models import llama
-from engine.models.args import ModelArgs
+from engine.models.args import ModelArgs, gguf_metadata_errors
 from engine.models.layers import CausalLM, RMSNorm, add_and_norm
 
 ARCH = "granite"
@@ -37,8 +39,11 @@ class Model(CausalLM):
 
 def _scalars(embedding: Any, residual: Any, attention: Any, logits: Any) -> dict[str, Any]:
     # the attention multiplier is the scale itself: as a query_pre_attn_scalar, its inverse square
+    attention = float(attention)
+    if not 0 < attention < math.inf:
+        raise UnsupportedModelError(f"Granite's attention multiplier must be a positive number, not {attention}.")
     return dict(embedding_multiplier=float(embedding), residual_multiplier=float(residual),
-                query_pre_attn_scalar=float(attention) ** -2, logits_scaling=float(logits))
+                query_pre_attn_scalar=attention ** -2, logits_scaling=float(logits))
 
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
@@ -47,6 +52,7 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
         config.get("attention_multiplier", 1.0), config.get("logits_scaling", 1.0)))
 
 
+@gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
     def get(key: str) -> Any:
         return meta.get(f"{ARCH}.{key}", 1.0)

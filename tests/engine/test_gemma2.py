@@ -65,6 +65,11 @@ def test_mlx_matches_torch(gemma2):
     assert_mlx_matches_torch(load_model(gemma2[1], LoadOptions(weights="dequantized")))
 
 
+def test_a_negative_cap_is_refused_in_one_line(gemma2, tmp_path):
+    check.assert_refused(gemma2[1], tmp_path, "gemma2.attn_logit_softcapping", -1.0,
+                         "attn_softcap must be a positive number")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 2), ("quantized", 3)])

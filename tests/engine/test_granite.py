@@ -47,6 +47,14 @@ def test_mlx_matches_torch(granite):
     assert_mlx_matches_torch(load_model(granite[1], LoadOptions(weights="dequantized")))
 
 
+@pytest.mark.parametrize("key, value, words", [
+    ("granite.attention.scale", 0.0, "attention multiplier must be a positive number"),
+    ("granite.residual_scale", float("nan"), "residual_multiplier must be a positive number"),
+])
+def test_bad_scalars_are_refused_in_one_line(granite, tmp_path, key, value, words):
+    check.assert_refused(granite[1], tmp_path, key, value, words)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])

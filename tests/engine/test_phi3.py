@@ -122,6 +122,14 @@ def test_partial_rotary_on_mlx(phi3):
     assert_mlx_matches_torch(load_model(phi3["partial"][1], LoadOptions(weights="dequantized", context=256)))
 
 
+@pytest.mark.parametrize("dims, words", [(11, r"rotates 69% .*\(11 dims\); a rotary embedding needs an even"),
+                                         (64, "rotates 64 dims of each 16-dim attention head")])
+def test_a_gguf_rotary_that_does_not_fit_is_refused_in_one_line(phi3, tmp_path, dims, words):
+    from tests.support.arch_checks import assert_refused
+
+    assert_refused(phi3["partial"][1], tmp_path, "phi3.rope.dimension_count", dims, words)
+
+
 def test_an_odd_rotary_is_refused_in_one_line(tmp_path):
     hf = make_tiny_hf("phi3", tmp_path / "odd", config={"partial_rotary_factor": 0.7, "sliding_window": None})
     with pytest.raises(UnsupportedModelError, match=r"rotates 70% of each 16-dim attention head \(11 dims\)"):

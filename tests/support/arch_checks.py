@@ -60,6 +60,19 @@ def assert_quantized_near_exact_and_invariant(path: Path) -> None:
         assert_batched_equals_alone(lm, layout)
 
 
+def assert_refused(good: Path, tmp: Path, key: str, value, words: str) -> None:
+    """The file with one metadata field changed is refused in one clear line naming what is wrong."""
+    import gguf
+    import pytest
+
+    from engine.errors import UnsupportedModelError
+    from tests.support.gguf_export import rewrite_gguf
+
+    bad = rewrite_gguf(gguf.GGUFReader(good), tmp / "bad.gguf", extra={key: value})
+    with pytest.raises(UnsupportedModelError, match=words):
+        load_model(bad)
+
+
 def assert_on_cuda(path: Path, weights: str):
     """bf16 on CUDA under the decode graphs, near the exact model; greedy batched == alone in both layouts. Returns
     the CUDA model."""

@@ -330,9 +330,9 @@ def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
 
 
 def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
-             extra: dict[str, int | str] | None = None) -> Path:
+             extra: dict[str, int | float | str] | None = None) -> Path:
     """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or setting
-    integer or string keys."""
+    integer, float or string keys."""
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
@@ -340,6 +340,8 @@ def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, r
     for key, value in (extra or {}).items():
         if isinstance(value, str):
             writer.add_string(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
         else:
             writer.add_uint32(key, value)
     for t in reader.tensors:
