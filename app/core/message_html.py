@@ -138,6 +138,9 @@ def _note(msg: Message) -> str:
     reason = (msg.stats or {}).get("reason")
     if reason in ("length", "context_full"):
         why = "max tokens reached" if reason == "length" else "the context is full"
+        if msg.role == "assistant" and split_reasoning(msg.content).thinking:  # the reply never began
+            hint = "Continue, or raise Max tokens or turn Thinking off in the chat settings"
+            return f'<p style="color:#888"><i>Cut short while thinking: {why}. {hint}.</i></p>'
         return f'<p style="color:#888"><i>Cut short: {why}</i></p>'
     if msg.error:
         return f'<p style="color:#d33">{html.escape(msg.error)}</p>'

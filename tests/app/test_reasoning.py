@@ -47,3 +47,14 @@ def test_a_thought_streams_in_view_then_folds_and_unfolds(parley):
     assert "Two plus two" not in view.delegate.document(answer)[0].toPlainText()
     view.activate(answer, "copymsg:")
     assert QGuiApplication.clipboard().text() == "**4**"
+
+
+def test_a_thought_cut_short_says_what_helps(parley):
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "prove it")
+    answer = store.add_message(conv, user.id, "assistant", f"<think>\n{THOUGHT}")
+    store.update_message(answer.id, stats={"reason": "length"})
+    w.open_chat(conv)
+    text = w.chat.view.delegate.document(store.message(answer.id))[0].toPlainText()
+    assert "Cut short while thinking: max tokens reached" in text and "turn Thinking off" in text
