@@ -115,8 +115,9 @@ class ModelArgs:
         return self.attn_factor ** 2 if rot and self.attn_factor != 1.0 else None
 
     def q_gain(self) -> list[float] | None:
-        """Per head dim, what q is multiplied by before its rotary (`rotated_gain` on the rotated dims, in the order
-        `partial_rotary_order` leaves them: the first rotary_dim / 2 of each half), or None."""
+        """Per head dim, what q is multiplied by (`rotated_gain` on the rotated dims, in the order
+        `partial_rotary_order` leaves them: the first rotary_dim / 2 of each half), or None. It is the same within each
+        rotated pair, so it may come before or after the rotary."""
         gain = self.rotated_gain()
         if gain is None:
             return None
