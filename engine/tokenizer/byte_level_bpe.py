@@ -45,6 +45,7 @@ class PreTokenizerStyle:
     """How one `tokenizer.ggml.pre` family cuts text before byte-level BPE."""
 
     split: str
+    then: tuple[str, ...] = ()  # more splits, each over the pieces of the one before (DeepSeek-Coder's sequence)
     single_digits: bool = False
     nfc: bool = False
     ignore_merges: bool = False  # a whole piece found in the vocab is taken as is (tiktoken vocabularies)
@@ -54,6 +55,8 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
     """The style for a `tokenizer.ggml.pre` name; unknown names get GPT-2's."""
     if pre in ("llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"):
         return PreTokenizerStyle(LLAMA3_SPLIT, ignore_merges=True)
+    if pre == "deepseek-coder":  # newlines, then letter runs, punctuation runs, CJK runs, digits one by one
+        return PreTokenizerStyle(r"[\r\n]", then=(r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"))
     if pre == "tekken":
         return PreTokenizerStyle(TEKKEN_SPLIT, ignore_merges=True)
     if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
@@ -98,6 +101,7 @@ def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
 
 def _pre_tokenizer(style: PreTokenizerStyle) -> pre_tokenizers.PreTokenizer:
     steps = [pre_tokenizers.Digits(individual_digits=True)] if style.single_digits else []
-    steps.append(pre_tokenizers.Split(Regex(style.split), behavior="isolated", invert=False))
+    steps += [pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False)
+              for split in (style.split, *style.then)]
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False))
     return pre_tokenizers.Sequence(steps)

@@ -17,9 +17,10 @@ TEXTS = [
     "naïve café ﬁnal Ünïcödé",
     "日本語のテキストと English 混在 123",
     "emoji 🙂🙂 and\r\nwindows\r\nlines   trailing   ",
+    "def f(x):\n\treturn x**2  # square!\nHello, World! (test) [a] {b} <c> 'q' \"d\" a+b=c; x->y",
 ]
 PRES = ["gpt-2", "llama-bpe", "falcon3", "pixtral", "tekken", "qwen2", "deepseek-r1-qwen", "stablelm2", "dbrx", "smollm",
-        "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone"]
+        "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone", "deepseek-coder"]
 
 
 @pytest.fixture(scope="module")
