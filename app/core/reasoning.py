@@ -1,11 +1,12 @@
 """A reasoning model's answer split into its thought and its reply: Qwen3, QwQ and DeepSeek-R1 (and their distills)
-write `<think>…</think>` before the reply; an R1 distill's template opens the tag in the prompt, so its text holds only
-the closing one."""
+write `<think>…</think>` before the reply, Magistral `[THINK]…[/THINK]`; an R1 distill's template opens the tag in the
+prompt, so its text holds only the closing one."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 OPEN, CLOSE = "<think>", "</think>"
+TAGS = ((OPEN, CLOSE), ("[THINK]", "[/THINK]"))  # (open, close) at the start of an answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,10 +18,10 @@ class Reasoning:
 
 def split_reasoning(text: str) -> Reasoning:
     stripped = text.lstrip()
-    if stripped.startswith(OPEN):
-        body = stripped[len(OPEN):]
-        thought, closed, reply = body.partition(CLOSE)
-        return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
+    for open_tag, close_tag in TAGS:
+        if stripped.startswith(open_tag):
+            thought, closed, reply = stripped[len(open_tag):].partition(close_tag)
+            return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
     thought, closed, reply = text.partition(CLOSE)
     if closed and OPEN not in thought:
         return Reasoning(thought.strip(), reply.lstrip(), False)

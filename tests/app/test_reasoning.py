@@ -14,6 +14,7 @@ THOUGHT = "The user wants a number.\nTwo plus two is four."
 @pytest.mark.parametrize("text, want", [
     (f"<think>\n{THOUGHT}\n</think>\n\n**4**", Reasoning(THOUGHT, "**4**", False)),  # Qwen3, QwQ
     (f"{THOUGHT}\n</think>\n\n4", Reasoning(THOUGHT, "4", False)),  # an R1 distill: its prompt opened the tag
+    (f"[THINK]{THOUGHT}[/THINK]4", Reasoning(THOUGHT, "4", False)),  # Magistral
     (f"  <think>{THOUGHT}", Reasoning(THOUGHT, "", True)),  # still thinking (or cut short)
     ("<think>\n\n</think>\n\n4", Reasoning("", "4", False)),  # Qwen3 with thinking turned off
     ("Just 4.", Reasoning(None, "Just 4.", False)),
