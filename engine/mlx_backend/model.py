@@ -35,17 +35,22 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        self.whole_norm = args.qk_norm and args.qk_norm_whole  # OLMo 2: over the projection, before the heads split
         if args.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps)
+            whole = self.whole_norm
+            self.q_norm = RMSNorm(self.n_heads * self.head_dim if whole else self.head_dim, args.rms_norm_eps)
+            self.k_norm = RMSNorm(self.n_kv * self.head_dim if whole else self.head_dim, args.rms_norm_eps)
         self.qk_norm = args.qk_norm
 
     def __call__(self, x: mx.array, rope: tuple[mx.array, mx.array], cache) -> mx.array:
         t = x.shape[0]
-        q = self.q_proj(x).reshape(t, self.n_heads, self.head_dim)
-        k = self.k_proj(x).reshape(t, self.n_kv, self.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if self.whole_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.reshape(t, self.n_heads, self.head_dim)
+        k = k.reshape(t, self.n_kv, self.head_dim)
         v = self.v_proj(x).reshape(t, self.n_kv, self.head_dim)
-        if self.qk_norm:
+        if self.qk_norm and not self.whole_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self._q_gain is not None:
             q = q * self._q_gain.astype(q.dtype)
@@ -90,6 +95,20 @@ class LlamaBlock(nn.Module):
     def _scaled(self, x: mx.array) -> mx.array:
         m = self.residual_multiplier
         return x if m == 1.0 else x * m
+
+
+class Olmo2Block(nn.Module):
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_id]
+        self.self_attn = Attention(args, layer_id)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.post_feedforward_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+    def __call__(self, h: mx.array, rope, cache) -> mx.array:
+        h = h + self.post_attention_layernorm(self.self_attn(h, rope, cache))
+        return h + self.post_feedforward_layernorm(self.mlp(h))
 
 
 class Gemma3Block(nn.Module):
@@ -167,7 +186,7 @@ class CausalLM(nn.Module):
         self.args = args
         self.compute_dtype = DTYPES[dtype]  # activations (a bf16 or quantized matrix's product is cast back to it)
         gemma = args.model_type.startswith("gemma")
-        self.model = Body(args, Gemma3Block if gemma else LlamaBlock)
+        self.model = Body(args, Gemma3Block if gemma else Olmo2Block if args.model_type == "olmo2" else LlamaBlock)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.embed_scale = math.sqrt(args.hidden_size) if gemma else (

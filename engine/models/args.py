@@ -61,6 +61,7 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
+    qk_norm_whole: bool = False  # OLMo 2: the q/k norms span the whole projection, not each head
     query_pre_attn_scalar: float | None = None
     attn_factor: float = 1.0  # LongRoPE's scale of q and k (HF scales cos and sin): q·k by its square
     # LongRoPE: `rope` holds the factors within `original_context`, `long_rope` those beyond it (fit_context picks)

@@ -299,9 +299,12 @@ class Attention(nn.Module):
         self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        self.whole_norm = args.qk_norm and args.qk_norm_whole  # over all heads at once: before the heads split
         if args.qk_norm:
-            self.q_norm = RMSNorm(self.head_dim, args.rms_norm_eps, gemma=gemma_norm)
-            self.k_norm = RMSNorm(self.head_dim, args.rms_norm_eps, gemma=gemma_norm)
+            q_dim, k_dim = (self.n_heads * self.head_dim, self.n_kv * self.head_dim) if self.whole_norm else \
+                (self.head_dim, self.head_dim)
+            self.q_norm = RMSNorm(q_dim, args.rms_norm_eps, gemma=gemma_norm)
+            self.k_norm = RMSNorm(k_dim, args.rms_norm_eps, gemma=gemma_norm)
         else:
             self.q_norm = self.k_norm = None
         self.qkv_proj: Linear | None = None
@@ -319,14 +322,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, rope: RopeInputs, cache: AttentionCache) -> torch.Tensor:
         t = x.shape[0]
-        fusable = self.q_gain is None  # the fused prologues have no gain
+        # the prologues have no gain; the fused one sums the GEMM's partials, so no whole-projection norm comes first
+        fusable = self.q_gain is None and not self.whole_norm
         if fusable and self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
             # norms, rope and the K/V write: one launch, which also sums the GEMM's split-K partials
             q = self._fused_prologue(self.qkv_proj.partial_sums(x), rope, stores)
             out = cache.attend(self.layer_id, q, None, None, self.scale, self.softcap)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
-        if fusable and self.native and x.dim() == 2 and q.dtype == torch.float32 \
+        if self.whole_norm:  # new k rows: v's alike, as the CPU prologue wants k and v rows of one stride
+            q, k, v = self.q_norm(q), self.k_norm(k), v.contiguous()
+        if self.q_gain is None and self.native and x.dim() == 2 and q.dtype == torch.float32 \
                 and (stores := cache.direct_write(self.layer_id)):
             out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale,
                                self.softcap)
@@ -338,12 +344,12 @@ class Attention(nn.Module):
         if _fused(self, x):
             from kernels.norms import norm_rope
 
-            qn, kn = self.q_norm, self.k_norm
+            qn, kn = (None, None) if self.whole_norm else (self.q_norm, self.k_norm)
             eps, gemma = (qn.eps, qn.gemma) if qn is not None else (0.0, False)
             q = norm_rope(q, qn.weight if qn is not None else None, eps, gemma, cos, sin)
             k = norm_rope(k, kn.weight if kn is not None else None, eps, gemma, cos, sin)
         else:
-            if self.q_norm is not None:
+            if self.q_norm is not None and not self.whole_norm:
                 q, k = self.q_norm(q), self.k_norm(k)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.q_gain is not None:  # after any q norm; equal within each rotated pair, so after the rotary as before
@@ -355,7 +361,7 @@ class Attention(nn.Module):
                          stores) -> torch.Tensor:
         from kernels.cpu_rope import qk_rope_write
 
-        qn, kn = self.q_norm, self.k_norm
+        qn, kn = (None, None) if self.whole_norm else (self.q_norm, self.k_norm)  # whole norms: applied already
         cos, sin = rope.tables()
         k_store, v_store, slots = stores
         return qk_rope_write(q, k, v, qn.weight if qn else None, kn.weight if kn else None, qn.eps if qn else 0.0,
@@ -508,7 +514,7 @@ class CausalLM(nn.Module):
     def embed(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(h, the first block's input norm of h or None); fused, one launch for both."""
         first, table = self.model.layers[0].input_layernorm, self.model.embed_tokens
-        if first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
+        if first is not None and first.fused and tokens.is_cuda and not torch.compiler.is_compiling():
             from kernels.norms import embed_norm
 
             if isinstance(table, nn.Embedding):

@@ -17,12 +17,15 @@ from gguf import GGMLQuantizationType as QType, GGUFWriter, LlamaFileType, MODEL
 from safetensors.numpy import load_file
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
-             "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3"}
+             "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
+             "olmo2": "olmo2"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
-                "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3}
+                "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
+                "olmo2": MODEL_ARCH.OLMO2}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
-                 "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe"}
+                 "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
+                 "olmo2": "dbrx"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
