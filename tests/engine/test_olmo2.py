@@ -1,48 +1,26 @@
-"""OLMo 2 (`olmo2`): norms after each sublayer and q/k norms over the whole projection; against transformers (HF folder
-and GGUF, both KV layouts), llama.cpp, quantized batched == alone, and MLX."""
+"""OLMo 2 (`olmo2`): what it adds to the shared checks (test_architectures.py): q/k norms over the whole projection."""
 from __future__ import annotations
 
 import pytest
-import torch
 
-from engine.loading.loader import LoadOptions, load_model
+from engine.loading.loader import load_model
 from tests.support import arch_checks as check
+from tests.support.engine_helpers import full_logits
 
 pytestmark = pytest.mark.slow  # needs transformers
 
 
-@pytest.fixture(scope="module")
-def olmo2(tmp_path_factory) -> tuple:
-    return check.tiny_files(tmp_path_factory.mktemp("olmo2"), "olmo2")
-
-
-@pytest.mark.parametrize("source", [0, 1])  # the HF folder, its F32 GGUF
-@pytest.mark.parametrize("layout", ["sequence", "cell"])
-def test_logits_match_transformers(olmo2, source, layout):
-    lm = check.assert_matches_transformers(olmo2[0], olmo2[source], layout)
-    assert lm.args.model_type == "olmo2" and lm.args.qk_norm_whole
-
-
-def test_llama_cpp_reads_the_same_model(olmo2):
-    pytest.importorskip("llama_cpp")
-    got, want = check.against_llama_cpp(olmo2[1])
-    assert (got - want).abs().max() < 1e-3 * max(5.0, float(want.abs().max())), (got - want).abs().max()
-
-
-@pytest.mark.parametrize("kind", [2, 3])  # Q8_0 (int8 rows) and Q4_0 (the int4 kernels) on the CPU
-def test_quantized_near_exact_and_batched_equals_alone(olmo2, kind):
-    check.assert_quantized_near_exact_and_invariant(olmo2[kind])
-
-
-def test_mlx_matches_torch(olmo2):
-    pytest.importorskip("mlx.core", reason="the MLX backend needs mlx (pip install 'mlx[cpu]' on Linux)")
-    from tests.engine.test_mlx_backend import assert_mlx_matches_torch
-
-    assert_mlx_matches_torch(load_model(olmo2[1], LoadOptions(weights="dequantized")))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
-def test_on_cuda(olmo2, weights, kind):
-    check.assert_on_cuda(olmo2[kind], weights)
+def test_the_norms_span_the_whole_projection(tmp_path):
+    """Both sources read whole-projection q/k norms; normed per head instead, the logits move."""
+    hf, f32 = check.tiny_files(tmp_path, "olmo2")[:2]
+    for path in (hf, f32):
+        lm = load_model(path)
+        attn = lm.model.model.layers[0].self_attn
+        assert lm.args.qk_norm_whole and attn.q_norm.weight.shape == (attn.n_heads * attn.head_dim,)
+    whole = full_logits(lm, check.prompt())
+    for layer in lm.model.model.layers:  # each head normed alone, with the first head's weights
+        attn = layer.self_attn
+        attn.whole_norm = False
+        attn.q_norm.weight.data = attn.q_norm.weight.data[: attn.head_dim].clone()
+        attn.k_norm.weight.data = attn.k_norm.weight.data[: attn.head_dim].clone()
+    assert (full_logits(lm, check.prompt()) - whole).abs().max() > 1e-2
