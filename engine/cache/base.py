@@ -8,6 +8,7 @@ import torch
 
 from engine.cache.book import CacheBook, Segment
 from engine.cache.config import CacheConfig
+from kernels.cpu_attend import attention_row
 
 
 class CacheObserver(Protocol):
@@ -189,4 +190,32 @@ def attend_one_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor,
     keys, table = rows
     out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
     attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out, softcap=softcap)
+    return out
+
+
+def attend_segments(q: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, segments: list, rows, window: int | None,
+                    scale: float, softcap: float = 0.0) -> torch.Tensor:
+    """Each segment over its own keys, gathered in position order from the flat stores `kf` / `vf`: one-row queries in
+    the CPU library where `rows` (`one_row_plan`) is planned, a masked segment in one call, a rowwise one row by row.
+    A row's result depends on its sequence's keys only, never on the other sequences of its step."""
+    if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
+        out = attend_one_rows(q, kf, vf, rows, scale, softcap)
+        segments = [s for s in segments if s[1] > 1 and s[3] is not None]
+    else:
+        out = q.new_zeros(q.shape)
+    for q_start, q_len, gather, mask in segments:
+        keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
+        if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
+            out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale, softcap)
+            continue
+        if mask is not None:
+            out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale,
+                                                       softcap)
+            continue
+        n = len(gather) - q_len  # keys before the segment's first row
+        for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
+            hi = n + j + 1
+            lo = max(0, hi - window) if window else 0
+            out[q_start + j : q_start + j + 1] = attention_row(q[q_start + j : q_start + j + 1], keys[lo:hi],
+                                                               values[lo:hi], scale, softcap)
     return out

@@ -1,31 +1,31 @@
-"""Layout `cell`: one pool of token cells tagged (sequence, position); the mask comes from the tags.
+"""Layout `cell`: one pool of token cells, taken and given back one by one; each sequence holds the list of its cells
+in position order, wherever they lie in the pool.
 
-Where the CPU library runs the attention (`native_rows`), each query row attends alone over its sequence's cells in
-position order instead, as the `sequence` layout's rows do: the two layouts then compute the same values."""
+Each segment attends over its own cells gathered in that order, as the `sequence` layout's loop gathers its column
+(`attend_segments`): a row's result never depends on where the other sequences' cells lie, so greedy batched == alone
+holds on every device (a masked attention over the whole pool summed each row's keys in pool order, which on CUDA
+changed a row's bits with its neighbours). Where the CPU library runs the attention (`native_rows`) each query row
+attends alone, as the `sequence` layout's rows do: the two layouts then compute the same values."""
 from __future__ import annotations
 
 import heapq
 
 import torch
 
-from engine.cache.base import KVCache, attend_one_rows, attention, one_row_plan
+from engine.cache.base import KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
 from engine.errors import CacheError
 
-FREE = -1
-
 
 class CellKVCache(KVCache):
-    """The reference layout: attention runs over every occupied cell, so its cost grows with the pool."""
+    """The reference layout: a sequence's cells are scattered over the pool, so each step gathers every key it reads."""
 
     def __init__(self, config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int, device="cpu"):
         super().__init__(config, windows, kv_heads, head_dim, device)
         self.cells = config.initial_capacity
         self._free = list(range(self.cells))
         self._cells_of: dict[int, list[int]] = {}  # slot -> cell of each position, in order
-        self.tag_seq = torch.full((self.cells + 1,), FREE, dtype=torch.long)  # +1: scratch cell for padding
-        self.tag_pos = torch.zeros(self.cells + 1, dtype=torch.long)
-        self.k = [self._alloc(self.cells + 1) for _ in windows]
+        self.k = [self._alloc(self.cells + 1) for _ in windows]  # +1: scratch cell for padding
         self.v = [self._alloc(self.cells + 1) for _ in windows]
         self._step: dict = {}
         self._new_cells: list[tuple[int, list[int]]] = []
@@ -56,18 +56,13 @@ class CellKVCache(KVCache):
                     new = self._alloc(cells + 1)
                     new[: self.cells] = t[: self.cells]
                     lst[i] = new
-            self.tag_seq = _extend(self.tag_seq, cells + 1, FREE)
-            self.tag_pos = _extend(self.tag_pos, cells + 1, 0)
         for c in range(self.cells, cells):
             heapq.heappush(self._free, c)
         self.cells = cells
 
     def _release(self, cells: list[int]) -> None:
-        if cells:
-            idx = torch.tensor(cells)
-            self.tag_seq[idx] = FREE
-            for c in cells:
-                heapq.heappush(self._free, c)
+        for c in cells:
+            heapq.heappush(self._free, c)
 
     def _drop_from(self, slot: int, pos: int) -> None:
         cells = self._cells_of[slot]
@@ -86,48 +81,28 @@ class CellKVCache(KVCache):
             s, d = torch.tensor(src_cells), torch.tensor(dst_cells)
             for t in self.k + self.v:
                 t[d] = t[s]
-            self.tag_seq[d] = dst
-            self.tag_pos[d] = self.tag_pos[s]
 
     # -- step
     def _prepare(self) -> None:
         self._new_cells = [(s.slot, self._take(s.q_len)) for s in self.segments]  # may grow the pool
         write = torch.full((self.num_tokens,), self.cells, dtype=torch.long)  # padding -> scratch cell
-        q_seq = torch.full((self.num_tokens,), -2, dtype=torch.long)
-        q_pos = torch.zeros(self.num_tokens, dtype=torch.long)
         for s, (_, cells) in zip(self.segments, self._new_cells):
             self._cells_of[s.slot].extend(cells)
-            rows = slice(s.q_start, s.q_start + s.q_len)
-            write[rows] = torch.tensor(cells)
-            q_seq[rows], q_pos[rows] = s.slot, torch.arange(s.start, s.start + s.q_len)
-            self.tag_seq[write[rows]], self.tag_pos[write[rows]] = s.slot, q_pos[rows]
+            write[s.q_start : s.q_start + s.q_len] = torch.tensor(cells)
         self._step = {"write": write.to(self.device)}
-        if self.native_rows():
-            for w in set(self.windows):
-                self._step[w] = one_row_plan([self._gather(s, w) for s in self.segments], w)
-            return
-        used = max(self._highest_used() + 1, 1)
+        native = self.native_rows()
         for w in set(self.windows):
-            self._step[w] = self._mask(q_seq, q_pos, used, w)
-        self._step["used"] = used
+            segments = [self._gather(s, w, rowwise=native or s.rowwise) for s in self.segments]
+            self._step[w] = segments, one_row_plan(segments, w) if native else None
 
-    def _gather(self, s, window: int | None) -> tuple[int, int, torch.Tensor, None]:
-        """A segment's visible cells in position order, as `one_row_plan` takes them (no mask: rows attend alone)."""
+    def _gather(self, s, window: int | None, rowwise: bool) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
+        """A segment's visible cells in position order and its mask, as the `sequence` layout plans its column (a
+        rowwise segment has no mask: each row attends its own slice of those cells, as a one-token step does)."""
         lo = max(0, s.start - window + 1) if window else 0
-        return s.q_start, s.q_len, torch.tensor(self._cells_of[s.slot][lo : s.start + s.q_len]), None
-
-    def _highest_used(self) -> int:
-        occupied = (self.tag_seq[: self.cells] != FREE).nonzero()
-        return int(occupied.max()) if occupied.numel() else 0
-
-    def _mask(self, q_seq: torch.Tensor, q_pos: torch.Tensor, used: int, window: int | None):
-        tseq, tpos = self.tag_seq[:used], self.tag_pos[:used]
-        mask = (tseq[None, :] == q_seq[:, None]) & (tpos[None, :] <= q_pos[:, None])
-        if window:
-            mask &= tpos[None, :] > q_pos[:, None] - window
-        covered = mask.any(dim=1)
-        mask[~covered, 0] = True  # keeps softmax finite; these rows are zeroed after attention
-        return mask.to(self.device), covered[:, None, None].to(self.device)
+        cells = torch.tensor(self._cells_of[s.slot][lo : s.start + s.q_len], dtype=torch.long)
+        qpos = torch.arange(s.start, s.start + s.q_len)
+        mask = None if rowwise else visible(torch.arange(lo, s.start + s.q_len), qpos, window).to(self.device)
+        return s.q_start, s.q_len, cells.to(self.device), mask
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """A CPU library call may write an fp32 cache itself (kernels/cpu_rope.py); the GPU's pool is written here."""
@@ -141,15 +116,9 @@ class CellKVCache(KVCache):
         if k is not None:  # None: the caller wrote them (direct_write)
             self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
             self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
-        if "used" not in self._step:  # planned row by row (`native_rows`)
-            return attend_one_rows(q, self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]], scale,
-                                   softcap)
-        used = self._step["used"]
-        mask, covered = self._step[self.windows[layer_id]]
-        keys = self.k[layer_id][:used].to(q.dtype)
-        values = self.v[layer_id][:used].to(q.dtype)
-        out = attention(q, keys, values, mask, scale, softcap)
-        return torch.where(covered, out, torch.zeros((), dtype=out.dtype))
+        segments, rows = self._step[self.windows[layer_id]]
+        return attend_segments(q, self.k[layer_id], self.v[layer_id], segments, rows, self.windows[layer_id], scale,
+                               softcap)
 
     def commit_step(self) -> None:
         self._new_cells = []
@@ -161,8 +130,3 @@ class CellKVCache(KVCache):
             self._release(cells)
         self._new_cells = []
 
-
-def _extend(old: torch.Tensor, n: int, fill: int) -> torch.Tensor:
-    new = torch.full((n,), fill, dtype=old.dtype)
-    new[: old.shape[0] - 1] = old[:-1]  # the old scratch cell is not carried over
-    return new

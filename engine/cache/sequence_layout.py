@@ -12,10 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.base import KVCache, attend_one_rows, attention, one_row_plan, visible
+from engine.cache.base import KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
-from kernels.cpu_attend import attention_row
 
 MIN_ROWS = 16
 ATTENTION_IMPLS = ("auto", "reference", "triton")  # "auto": the loop on CPU, the Triton kernels on CUDA
@@ -171,28 +170,7 @@ class SequenceKVCache(RingedLayout, KVCache):
         if k is not None:  # None: the caller wrote them (direct_write)
             kf.index_copy_(0, write, k.to(kf.dtype))
             vf.index_copy_(0, write, v.to(vf.dtype))
-        window = self.windows[layer_id]
-        if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
-            out = attend_one_rows(q, kf, vf, rows, scale, softcap)
-            segments = [s for s in segments if s[1] > 1 and s[3] is not None]
-        else:
-            out = q.new_zeros(q.shape)
-        for q_start, q_len, gather, mask in segments:
-            keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
-            if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
-                out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale, softcap)
-                continue
-            if mask is not None:
-                out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale,
-                                                           softcap)
-                continue
-            n = len(gather) - q_len  # keys before the segment's first row
-            for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
-                hi = n + j + 1
-                lo = max(0, hi - window) if window else 0
-                out[q_start + j : q_start + j + 1] = attention_row(q[q_start + j : q_start + j + 1], keys[lo:hi],
-                                                                   values[lo:hi], scale, softcap)
-        return out
+        return attend_segments(q, kf, vf, segments, rows, self.windows[layer_id], scale, softcap)
 
     def _copy_sequence(self, src: int, dst: int) -> None:
         for t in self.k + self.v:

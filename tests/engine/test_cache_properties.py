@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from engine.cache import CacheConfig, make_cache
+from engine.cache import CacheConfig, KVCache, make_cache
 from engine.errors import CacheConfigError, CacheError
 from engine.prefix_cache import PrefixCache
 from engine.session import common_prefix
@@ -271,3 +271,30 @@ def test_abort_is_safe_without_a_pending_step(layout):
     cache.declare_step([(slot, 3)])  # the slot takes a step again
     cache.commit_step()
     assert cache.pos(slot) == 3
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_a_rows_attention_does_not_depend_on_other_sequences(layout, monkeypatch):
+    """Through torch's attention (as on CUDA; not the CPU library's rows): a sequence's rows attend to bit-identical
+    values whether its keys were written alone or interleaved with another sequence's in the same steps (a cell
+    pool once attended over every cell with a mask, which summed a row's keys in pool order)."""
+    monkeypatch.setattr(KVCache, "native_rows", lambda self: False)
+    heads, kv_heads, dim, length = 4, 2, 64, 1100
+    g = torch.Generator().manual_seed(0)
+    rows = {name: torch.randn(length, heads + 2 * kv_heads, dim, generator=g) for name in ("x", "y")}
+
+    def last_rows(with_neighbour: bool) -> torch.Tensor:
+        cache = make_cache(CacheConfig(layout, 2, 2048, 4096, "float32", 128), [None, 256], kv_heads, dim)
+        slots = {"x": cache.seq_new(), "y": cache.seq_new()}
+        names = ("y", "x") if with_neighbour else ("x",)
+        for start in range(0, length, 100):
+            n = min(100, length - start)
+            cache.declare_step([(slots[name], n) for name in names])
+            cache.prepare_step()
+            step = torch.cat([rows[name][start : start + n] for name in names])
+            q, k, v = step[:, :heads], step[:, heads : heads + kv_heads], step[:, heads + kv_heads :]
+            outs = [cache.attend(layer, q, k, v, dim ** -0.5)[-n:] for layer in range(2)]  # x's rows
+            cache.commit_step()
+        return torch.stack(outs)
+
+    assert torch.equal(last_rows(False), last_rows(True))
