@@ -12,6 +12,7 @@ class TokenizerBackend(Protocol):
 
     special_pattern: re.Pattern | None  # the special tokens' texts, longest match first (None: there are none)
     max_token_chars: int  # the most characters one token stands for, plus one
+    special_ids: frozenset[int]  # the ids `decode(..., skip_special=True)` leaves out
 
     def encode(self, text: str, literal: bool = False) -> list[int]:
         """Ids for `text`, special-token texts as their ids; `literal` reads them as plain text instead."""

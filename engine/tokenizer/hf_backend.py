@@ -20,8 +20,9 @@ class HFBackend:
     def __init__(self, hf: HFTokenizer) -> None:
         self.hf = hf  # the `tokenizers.Tokenizer` itself, for inspection
         self._literal: HFTokenizer | None = None  # a copy that reads control-token text as plain text
-        added = hf.get_added_tokens_decoder().values()
-        self.special_pattern = literal_pattern(t.content for t in added if t.special)
+        added = hf.get_added_tokens_decoder()
+        self.special_pattern = literal_pattern(t.content for t in added.values() if t.special)
+        self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.max_token_chars = max(map(len, hf.get_vocab(with_added_tokens=True)), default=1) + 1
 
     def encode(self, text: str, literal: bool = False) -> list[int]:

@@ -53,7 +53,7 @@ class SentencePieceBackend:
     def __init__(self, model: bytes, tables: PieceTables) -> None:
         self._sp = SentencePieceProcessor(model_proto=model)
         self._tables = tables
-        self._special = frozenset(tables.special)
+        self._special = self.special_ids = frozenset(tables.special)
         self._added = literal_pattern(tables.added)
         self.special_pattern = literal_pattern(t for t, i in tables.added.items() if i in self._special)
         self.max_token_chars = tables.max_token_chars

@@ -17,6 +17,9 @@ INFO_FILE = "parley_tokenizer.json"
 INFO_VERSION = 1
 SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UTF-8): `tokenizers` refuses them
 PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in for control text typed in messages
+# a reasoning model's thought tags stay in streamed text even where the vocabulary types them control (Magistral's
+# [THINK]): the app folds the thought they enclose, which would otherwise read as the reply
+SHOWN_CONTROL = ("<think>", "</think>", "[THINK]", "[/THINK]")
 
 
 @dataclass(slots=True)
@@ -71,6 +74,8 @@ class Tokenizer:
         self.add_bos = info.add_bos
         self.stop_ids = info.stop_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
+        shown = {backend.token_to_id(text) for text in SHOWN_CONTROL} - {None}
+        self._shown = frozenset(shown & backend.special_ids)  # control tags that skip_special keeps
 
     @property
     def backend(self) -> TokenizerBackend:
@@ -94,8 +99,12 @@ class Tokenizer:
         return self._backend.max_token_chars
 
     def decode(self, ids: list[int], skip_special: bool = False) -> str:
-        """Text for `ids`; with `skip_special`, control tokens such as <bos> are left out."""
-        return self._backend.decode(list(ids), skip_special)
+        """Text for `ids`; with `skip_special`, control tokens such as <bos> are left out (thought tags stay)."""
+        ids = list(ids)
+        if skip_special and not self._shown.isdisjoint(ids):
+            special = self._backend.special_ids
+            return self._backend.decode([i for i in ids if i in self._shown or i not in special], False)
+        return self._backend.decode(ids, skip_special)
 
     def token_to_id(self, token: str) -> int | None:
         """The id of a vocabulary entry written as stored (e.g. "▁Hello", "<eos>"), or None."""

@@ -131,6 +131,23 @@ def test_byte_level_gguf_matches_trained(trained_byte_level, pre: str) -> None:
         assert tok.decode(tok.encode(text)) == text
 
 
+def test_thought_tags_typed_control_stay_in_streamed_text(trained_byte_level) -> None:
+    """Magistral's vocabulary types [THINK] and [/THINK] control: a streamed answer keeps them (the app folds the
+    thought between them) while other control tokens are still left out."""
+    metadata = byte_level_metadata(trained_byte_level, "qwen2")
+    metadata["tokenizer.ggml.tokens"] += ["[THINK]", "[/THINK]"]
+    metadata["tokenizer.ggml.token_type"] += [3, 3]
+    tok = tokenizer_from_gguf(metadata)
+    think, end_think = tok.token_to_id("[THINK]"), tok.token_to_id("[/THINK]")
+    im_start = tok.token_to_id("<|im_start|>")
+    ids = [im_start, think, *tok.encode("hmm, a cat"), end_think, *tok.encode("The cat."), tok.eos_id]
+    assert tok.decode(ids, skip_special=True) == "[THINK]hmm, a cat[/THINK]The cat."
+    stream = tok.detokenizer()
+    assert "".join(stream.push(i) for i in ids) + stream.flush() == "[THINK]hmm, a cat[/THINK]The cat."
+    assert tok.decode(ids) == "<|im_start|>[THINK]hmm, a cat[/THINK]The cat.<|im_end|>"
+    assert tok.decode([im_start, *tok.encode("x")], skip_special=True) == "x"
+
+
 def test_byte_level_special_tokens(trained_byte_level) -> None:
     tok = tokenizer_from_gguf(byte_level_metadata(trained_byte_level, "qwen2"))
     im_start, im_end, eot = (trained_byte_level.token_to_id(t) for t in ("<|im_start|>", "<|im_end|>", "<|endoftext|>"))
