@@ -8,6 +8,7 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
+from app.core.reasoning import reply_text
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
 from engine import events as ev
 
@@ -140,8 +141,8 @@ def chat(args: argparse.Namespace) -> int:
                 messages.pop()  # the refused message is not kept
                 print(f"parley: {printable(end.message)}", file=sys.stderr)
                 continue
-            if end.text or end.reason != "cancelled":
-                messages.append({"role": "assistant", "content": end.text})
+            if end.text or end.reason != "cancelled":  # later turns read the reply, not the thought (as the app's)
+                messages.append({"role": "assistant", "content": reply_text(end.text)})
             s = end.stats
             rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else ""
             print(f"[{s.completion_tokens} tokens{rate}, context {s.context_used}/{s.context_limit}]", file=sys.stderr)

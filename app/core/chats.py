@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import ConversationStore, Message
-from app.core.live import ChatStatus, LiveChat, TurnInfo, can_continue, engine_view
+from app.core.live import ChatStatus, LiveChat, TurnInfo, can_continue, engine_messages
 from app.core.signals import Signal
 from engine.sampling import SamplingParams
 
@@ -306,7 +306,7 @@ class ChatService:
         live = self.live(conv_id)
         settings = self.store.get(conv_id).settings
         sid = self._session_for(conv_id)
-        messages = [{"role": m.role, "content": m.content} for m in engine_view(base)]
+        messages = engine_messages(base, continuing=kind == "continue")
         if user is not None:
             messages.append({"role": user.role, "content": user.content})
         self.store.update_message(live.turn.message_id, model=live.status.model)

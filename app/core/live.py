@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from app.core.conversations import Message
+from app.core.reasoning import reply_text
 
 
 @dataclass(slots=True)
@@ -66,6 +67,16 @@ def can_continue(msg: Message) -> bool:
     if msg.role != "assistant" or not msg.content:
         return False
     return msg.state in ("stopped", "interrupted") or (msg.state == "done" and (msg.stats or {}).get("reason") == "length")
+
+
+def engine_messages(path: list[Message], continuing: bool = False) -> list[dict[str, str]]:
+    """The conversation a turn hands the engine: `engine_view`'s messages, earlier answers without their thought (a
+    reasoning model reads its past replies, not its past thinking: Qwen3's and DeepSeek-R1's own templates drop it,
+    Magistral's do not); the answer being continued (`continuing`) keeps all of its text."""
+    view = engine_view(path)
+    last = len(view) - 1 if continuing else -1
+    return [{"role": m.role, "content": reply_text(m.content) if m.role == "assistant" and i != last else m.content}
+            for i, m in enumerate(view)]
 
 
 def engine_view(path: list[Message]) -> list[Message]:

@@ -5,7 +5,7 @@ import pytest
 
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import ConversationStore
-from app.core.live import engine_view
+from app.core.live import engine_messages, engine_view
 from engine.errors import ParleyError
 
 
@@ -54,6 +54,18 @@ def test_engine_view_drops_what_the_engine_drops():
     assert engine_view(store.path(conv.id)) == [u1, a1, u2]
     store.update_message(a2.id, state="stopped", content="par")
     assert engine_view(store.path(conv.id)) == [u1, a1, u2, a2]
+
+
+def test_earlier_answers_reach_the_engine_without_their_thought():
+    store = ConversationStore()
+    conv, u1, a1, u2, a2 = _chat(store)
+    store.update_message(a1.id, content="<think>\nsums\n</think>\n\n4")
+    store.update_message(a2.id, content="[THINK]more sums[/THINK]5, then", state="stopped")
+    path = store.path(conv.id)
+    assert [m["content"] for m in engine_messages(path)] == [u1.content, "4", u2.content, "5, then"]
+    continued = engine_messages(path, continuing=True)  # the answer being continued keeps its text
+    assert [m["content"] for m in continued] == [u1.content, "4", u2.content, "[THINK]more sums[/THINK]5, then"]
+    assert [m["role"] for m in continued] == ["user", "assistant", "user", "assistant"]
 
 
 def test_chat_settings_validate_and_round_trip():
