@@ -282,7 +282,7 @@ def test_reference_ring_matches_flat() -> None:
 def test_softcap(dtype: torch.dtype, window: int | None, num_splits: int | None) -> None:
     """Gemma 2's score cap, softcap · tanh(score / softcap), low enough to bite at these scores; windowed over a ring
     and split."""
-    rows = (window + 4) if window else None
+    rows = (window + max(q for q, _ in MIXED) - 1) if window else None  # the smallest ring that holds every row's keys
     step = make_step(MIXED, Hkv=2, G=2, D=32, dtype=dtype, rows=rows, seed=3)
     step.q *= 4  # scores well past the cap
     ref = oracle(step, causal=True, window=window, softcap=0.5)
