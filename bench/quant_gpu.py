@@ -106,7 +106,7 @@ def weight_mb(model) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / 2**20
 
 
-def kernel_profile(batcher, prompt_ids: list[list[int]], steps: int = 16, top: int = 12) -> dict:
+def kernel_profile(batcher, prompt_ids: list[list[int]], steps: int = 16, top: int = 24) -> dict:
     """GPU time per decode step by kernel over `steps` steps after the prompts are in (the graphs already captured)."""
     prof = profiled_steps(batcher, prompt_ids, steps, first_id=100)
     us: dict[str, float] = defaultdict(float)
