@@ -38,6 +38,19 @@ TEKKEN_SPLIT = "|".join([
     r"\s+(?!\S)",
     r"\s+",
 ])
+# DeepSeek-V3 / R1 (and R1-0528's Qwen3 distill): after digit runs and kana/CJK runs, a symbol may lead a Latin word
+DEEPSEEK3_SPLIT = "|".join([
+    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+",
+    r"[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+",
+    r" ?[\p{P}\p{S}]+[\r\n]*",
+    r"\s*[\r\n]+",
+    r"\s+(?!\S)",
+    r"\s+",
+])
+# Seed-Coder: Llama 3's split with one digit a piece and no newline run after a symbol run
+SEED_CODER_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 @dataclass(slots=True)
@@ -59,13 +72,17 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
         return PreTokenizerStyle(r"[\r\n]", then=(r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"))
     if pre == "tekken":
         return PreTokenizerStyle(TEKKEN_SPLIT, ignore_merges=True)
+    if pre == "deepseek-v3":  # digit runs of up to 3, then kana and CJK runs, then the rest
+        return PreTokenizerStyle(r"\p{N}{1,3}", then=("[一-龥\u3040-ゟ゠-ヿ]+", DEEPSEEK3_SPLIT))
+    if pre == "seed-coder":
+        return PreTokenizerStyle(SEED_CODER_SPLIT)
     if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
         return PreTokenizerStyle(LLAMA3_SPLIT)
     if pre in ("gpt-4o", "llama4"):
         return PreTokenizerStyle(GPT4O_SPLIT)
     if pre in ("qwen2", "qwen3", "deepseek-r1-qwen", "qwen35", "megrez", "stablelm2"):  # the R1 distills of Qwen 2.5
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
-    if pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"):  # Granite 3: refact
+    if pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"):  # Granite 3: refact
         return PreTokenizerStyle(GPT2_SPLIT, single_digits=True)
     return PreTokenizerStyle(GPT2_SPLIT)
 

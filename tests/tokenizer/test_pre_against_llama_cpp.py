@@ -18,9 +18,13 @@ TEXTS = [
     "日本語のテキストと English 混在 123",
     "emoji 🙂🙂 and\r\nwindows\r\nlines   trailing   ",
     "def f(x):\n\treturn x**2  # square!\nHello, World! (test) [a] {b} <c> 'q' \"d\" a+b=c; x->y",
+    "ひらがなカタカナ漢字テスト、句読点。Ａｂｃ１２３",  # kana runs (DeepSeek-V3), full-width letters and digits
+    "x{y}z [1,2,3] 'abc' #tag @user $5.00 50% a_b",  # a symbol leading a word (DeepSeek-V3)
+    "The QUICK brown fox's 2024-12-03 résumé naïveté",
 ]
 PRES = ["gpt-2", "llama-bpe", "falcon3", "pixtral", "tekken", "qwen2", "deepseek-r1-qwen", "stablelm2", "dbrx", "smollm",
-        "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone", "deepseek-coder"]
+        "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone", "deepseek-coder", "deepseek-v3", "seed-coder",
+        "minerva-7b"]
 
 
 @pytest.fixture(scope="module")
