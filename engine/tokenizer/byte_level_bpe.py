@@ -52,6 +52,17 @@ SEED_CODER_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}\r\n]+|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# DeepSeek-LLM (v1): newlines, then runs of Latin (and other cased scripts') letters, of ASCII and full-width symbols,
+# trailing spaces, CJK and Hangul runs, digit runs; each split over the pieces of the one before (llama.cpp's order)
+DEEPSEEK_LLM_SPLITS = (
+    "[\r\n]",
+    "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+    "\\s?[!-/:-~！-／：-～‘-‟\u3000-。]+",
+    r"\s+$",
+    "[一-龥ࠀ-一가-퟿]+",
+    r"\p{N}+",
+)
+
 
 @dataclass(slots=True)
 class PreTokenizerStyle:
@@ -72,6 +83,10 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
         return PreTokenizerStyle(r"[\r\n]", then=(r"\s?\p{L}+", r"\s?\p{P}+", "[一-龥ࠀ-一가-퟿]+", r"\p{N}"))
     if pre == "tekken":
         return PreTokenizerStyle(TEKKEN_SPLIT, ignore_merges=True)
+    if pre == "deepseek-llm":
+        return PreTokenizerStyle(DEEPSEEK_LLM_SPLITS[0], then=DEEPSEEK_LLM_SPLITS[1:])
+    if pre == "viking":  # anything but spaces and sentence punctuation, then digits one by one
+        return PreTokenizerStyle(" ?[^(\\s|.,!?…。，、।۔،)]+", then=(r"\p{N}",))
     if pre == "deepseek-v3":  # digit runs of up to 3, then kana and CJK runs, then the rest
         return PreTokenizerStyle(r"\p{N}{1,3}", then=("[一-龥\u3040-ゟ゠-ヿ]+", DEEPSEEK3_SPLIT))
     if pre == "seed-coder":

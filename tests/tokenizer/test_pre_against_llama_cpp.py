@@ -24,7 +24,7 @@ TEXTS = [
 ]
 PRES = ["gpt-2", "llama-bpe", "falcon3", "pixtral", "tekken", "qwen2", "deepseek-r1-qwen", "stablelm2", "dbrx", "smollm",
         "gpt-4o", "llama4", "starcoder", "refact", "command-r", "exaone", "deepseek-coder", "deepseek-v3", "seed-coder",
-        "minerva-7b"]
+        "minerva-7b", "deepseek-llm", "viking"]
 
 
 @pytest.fixture(scope="module")
