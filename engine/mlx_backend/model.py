@@ -21,6 +21,18 @@ class RMSNorm(nn.Module):
         return mx.fast.rms_norm(x, self.weight, self.eps)
 
 
+class LayerNorm(nn.Module):
+    """Cohere's: centred, no bias."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((dim,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return mx.fast.layer_norm(x.astype(mx.float32), self.weight.astype(mx.float32), None, self.eps).astype(x.dtype)
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -111,6 +123,21 @@ class Olmo2Block(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(h))
 
 
+class CohereBlock(nn.Module):
+    """Attention and the MLP side by side on one norm of the input."""
+
+    def __init__(self, args: ModelArgs, layer_id: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_id]
+        self.input_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps)
+        self.self_attn = Attention(args, layer_id)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+
+    def __call__(self, h: mx.array, rope, cache) -> mx.array:
+        x = self.input_layernorm(h)
+        return h + self.self_attn(x, rope, cache) + self.mlp(x)
+
+
 class Gemma3Block(nn.Module):
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
@@ -170,12 +197,16 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x).astype(x.dtype)
 
 
+BLOCKS = {"olmo2": Olmo2Block, "cohere": CohereBlock}  # by model type; Gemma's by prefix, the rest Llama's
+
+
 class Body(nn.Module):
     def __init__(self, args: ModelArgs, block):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [block(args, i) for i in range(args.num_layers)]
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        norm = LayerNorm if args.model_type == "cohere" else RMSNorm
+        self.norm = norm(args.hidden_size, args.rms_norm_eps)
 
 
 class CausalLM(nn.Module):
@@ -186,7 +217,7 @@ class CausalLM(nn.Module):
         self.args = args
         self.compute_dtype = DTYPES[dtype]  # activations (a bf16 or quantized matrix's product is cast back to it)
         gemma = args.model_type.startswith("gemma")
-        self.model = Body(args, Gemma3Block if gemma else Olmo2Block if args.model_type == "olmo2" else LlamaBlock)
+        self.model = Body(args, Gemma3Block if gemma else BLOCKS.get(args.model_type, LlamaBlock))
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.embed_scale = math.sqrt(args.hidden_size) if gemma else (

@@ -136,12 +136,12 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     """llama.cpp permutes Q/K rows for its interleaved rope; undo it to get HF's half-split layout."""
     if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return _unpermute(tensor, args.num_heads)
+        return unpermute(tensor, args.num_heads)
     if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return _unpermute(tensor, args.num_kv_heads)
+        return unpermute(tensor, args.num_kv_heads)
     return tensor
 
 
-def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+def unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     shape = w.shape
     return w.reshape(n_head, shape[0] // n_head // 2, 2, *shape[1:]).transpose(1, 2).reshape(shape)
