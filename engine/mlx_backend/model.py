@@ -197,7 +197,7 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x).astype(x.dtype)
 
 
-BLOCKS = {"olmo2": Olmo2Block, "cohere": CohereBlock}  # by model type; Gemma's by prefix, the rest Llama's
+BLOCKS = {"olmo2": Olmo2Block, "cohere": CohereBlock, "cohere2": CohereBlock}  # Gemma's by prefix, the rest Llama's
 
 
 class Body(nn.Module):
@@ -205,7 +205,7 @@ class Body(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [block(args, i) for i in range(args.num_layers)]
-        norm = LayerNorm if args.model_type == "cohere" else RMSNorm
+        norm = LayerNorm if args.model_type in ("cohere", "cohere2") else RMSNorm
         self.norm = norm(args.hidden_size, args.rms_norm_eps)
 
 

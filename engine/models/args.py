@@ -24,6 +24,7 @@ GGUF_BLOCK_NAMES = {
 
 GLOBAL = "global"
 SLIDING = "sliding"
+NOPE = "nope"  # a global layer without rotary positions (SmolLM3's, Command-R7B's): its rotary has frequency 0
 MAX_COUNT = 1 << 20  # layers, heads, widths: far beyond any real model, far below what exhausts memory
 
 

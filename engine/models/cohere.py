@@ -65,22 +65,23 @@ def _logit_scale(scale: Any) -> float:
     return 1.0 / scale
 
 
-def args_from_hf(config: dict[str, Any]) -> ModelArgs:
+def args_from_hf(config: dict[str, Any], model_type: str = ARCH) -> ModelArgs:
     if config.get("use_qk_norm"):
         raise UnsupportedModelError("Command-R+ (per-head q/k LayerNorms) is not supported; Command-R and Aya are.")
-    return llama.args_from_hf(config, ARCH, rms_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
+    return llama.args_from_hf(config, model_type, rms_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
                               logits_scaling=_logit_scale(config.get("logit_scale", 0.0625)),
                               tie_word_embeddings=bool(config.get("tie_word_embeddings", True)))
 
 
 @gguf_metadata_errors
-def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
+def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str = GGUF_ARCH) -> ModelArgs:
+    """`arch`: the file's architecture key, also the model type of Cohere 2's files."""
     if "blk.0.attn_q_norm.weight" in shapes:
         raise UnsupportedModelError("Command-R+ (per-head q/k LayerNorms) is not supported; Command-R and Aya are.")
     return llama.args_from_gguf(
-        meta, shapes, GGUF_ARCH, model_type=ARCH,
-        rms_norm_eps=float(meta.get(f"{GGUF_ARCH}.attention.layer_norm_epsilon", 1e-5)),
-        logits_scaling=_logit_scale(meta.get(f"{GGUF_ARCH}.logit_scale", 1.0)))
+        meta, shapes, arch, model_type=ARCH if arch == GGUF_ARCH else arch,
+        rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_epsilon", 1e-5)),
+        logits_scaling=_logit_scale(meta.get(f"{arch}.logit_scale", 1.0)))
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

@@ -8,10 +8,9 @@ from typing import Any
 
 from engine.errors import UnsupportedModelError
 from engine.models import llama
-from engine.models.args import GLOBAL, ModelArgs, RopeArgs, gguf_metadata_errors
+from engine.models.args import GLOBAL, NOPE, ModelArgs, RopeArgs, gguf_metadata_errors
 
 ARCH = "smollm3"
-NOPE = "nope"
 NO_ROPE_STEP = 4  # llama.cpp hard-codes it for smollm3; transformers' default no_rope_layer_interval
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
 Model = llama.Model

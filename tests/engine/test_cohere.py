@@ -1,6 +1,9 @@
-"""Cohere (`cohere`, GGUF `command-r`): what it adds to the shared checks (test_architectures.py): a centred LayerNorm
-feeding attention and the MLP side by side, interleaved rotary pairs, a logit scale; Command-R+'s q/k norms refused."""
+"""Cohere (`cohere`, GGUF `command-r`) and Cohere 2 (`cohere2`): what they add to the shared checks
+(test_architectures.py): a centred LayerNorm feeding attention and the MLP side by side, interleaved rotary pairs, a
+logit scale; Cohere 2's sliding layers with rotary positions and global ones without; Command-R+'s q/k norms refused."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ import torch
 from engine.errors import UnsupportedModelError
 from engine.loading.loader import load_model
 from engine.models import llama
+from engine.models.args import NOPE, SLIDING
 from tests.support import arch_checks as check
 from tests.support.engine_helpers import full_logits
 
@@ -66,3 +70,16 @@ def test_command_r_plus_is_refused_in_one_line(tmp_path):
 
     with pytest.raises(UnsupportedModelError, match="Command-R\\+"):
         load_model(make_tiny_hf("cohere", tmp_path / "hf", config={"use_qk_norm": True}))
+
+
+def test_cohere2_slides_with_rotary_and_attends_globally_without(tmp_path):
+    hf, f32 = check.tiny_files(tmp_path, "cohere2")[:2]
+    for path in (hf, f32):
+        args = load_model(path).args
+        assert args.layer_types == [SLIDING, SLIDING, SLIDING, NOPE, SLIDING] and args.sliding_window == 8
+    lm = load_model(f32)
+    exact = full_logits(lm, check.prompt())
+    with_rope = replace(lm.args, rope={**lm.args.rope, NOPE: lm.args.rope[SLIDING]})
+    lm.model.args = with_rope
+    lm.model.reset_buffers("cpu")  # the global layer now rotates
+    assert (full_logits(lm, check.prompt()) - exact).abs().max() > 1e-2

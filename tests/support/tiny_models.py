@@ -132,11 +132,12 @@ TOK_SPECS: dict[str, _TokSpec] = {
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
-                "smollm3": True, "olmo2": False, "cohere": True}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+                "smollm3": True, "olmo2": False, "cohere": True,
+                "cohere2": True}
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -242,6 +243,13 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         # a logit scale and LayerNorm eps unlike the defaults, so that reading them matters
         return CohereConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, layer_norm_eps=1e-4,
                             logit_scale=0.25, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    if arch == "cohere2":
+        from transformers import Cohere2Config
+
+        # 5 layers: the fourth global and without rotary positions, the others sliding over 8 keys
+        return Cohere2Config(num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, layer_norm_eps=1e-4,
+                             logit_scale=0.25, sliding_window=8,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
     if arch == "smollm3":
         from transformers import SmolLM3Config
 
@@ -309,7 +317,8 @@ def _model_class(arch: str):
     name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
             "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM"}[arch]
+            "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
+            "cohere2": "Cohere2ForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
