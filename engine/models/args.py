@@ -35,8 +35,8 @@ class RopeArgs:
     theta: float
     factors: list[float] | None = None  # inv_freq is divided by these (linear and llama3 scaling)
     # None: the whole head rotates. Else the first `rotary_dim` dims of each head (Phi-4-mini: 3/4), which the
-    # loader moves so that they pair as a whole head's do (`partial_rotary_order`); the rest get frequency 0. 0: no
-    # rotation at all (SmolLM3's NoPE layers)
+    # loader moves so that they pair as a whole head's do (engine/models/partial_rotary.py); the rest get frequency
+    # 0. 0: no rotation at all (NOPE layers)
     rotary_dim: int | None = None
 
     def pairs(self, head_dim: int) -> int:
@@ -118,8 +118,8 @@ class ModelArgs:
 
     def q_gain(self) -> list[float] | None:
         """Per head dim, what q is multiplied by (`rotated_gain` on the rotated dims, in the order
-        `partial_rotary_order` leaves them: the first rotary_dim / 2 of each half), or None. It is the same within each
-        rotated pair, so it may come before or after the rotary."""
+        `partial_rotary_order` leaves them: the first rotary_dim / 2 of each half), or None. It is the same within
+        each rotated pair, so it may come before or after the rotary."""
         gain = self.rotated_gain()
         if gain is None:
             return None

@@ -11,29 +11,12 @@ from torch import nn
 from engine.errors import UnsupportedModelError
 from engine.models import llama
 from engine.models.args import ModelArgs, gguf_metadata_errors
-from engine.models.layers import Attention, CausalLM, GatedMLP, add_and_norm
+from engine.models.layers import Attention, CausalLM, GatedMLP, LayerNorm, add_and_norm
 
 ARCH = "cohere"
 GGUF_ARCH = "command-r"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
 gguf_fix = llama.gguf_fix  # the interleaved q/k rows to the half-split layout, as for Llama's permuted GGUF rows
-
-
-class LayerNorm(nn.Module):
-    """Cohere's LayerNorm: centred and scaled in fp32, then multiplied by the weight (no bias)."""
-
-    fused = native = False  # no fused kernel: `add_and_norm` and `CausalLM.embed` take the torch path
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf - xf.mean(-1, keepdim=True)
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.float() * xf).to(x.dtype)
 
 
 class Block(nn.Module):

@@ -7,7 +7,9 @@ from typing import Any
 
 from engine.errors import UnsupportedModelError
 from engine.models import cohere, llama
-from engine.models.args import GLOBAL, NOPE, SLIDING, ModelArgs, RopeArgs, gguf_metadata_errors, hf_layer_types, positive
+from engine.models.args import (
+    GLOBAL, NOPE, SLIDING, ModelArgs, RopeArgs, gguf_metadata_errors, hf_layer_types, positive,
+)
 
 ARCH = "cohere2"
 SLIDING_PATTERN = 4  # llama.cpp hard-codes it; transformers' default layer_types

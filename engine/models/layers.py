@@ -129,6 +129,25 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+class LayerNorm(nn.Module):
+    """LayerNorm over the last axis, in fp32: centred, scaled, times the weight, plus the bias when there is one
+    (Cohere's has none, StableLM's has one)."""
+
+    fused = native = False  # no fused kernel: `add_and_norm` and `CausalLM.embed` take the torch path
+
+    def __init__(self, dim: int, eps: float, bias: bool = False):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim)) if bias else None
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf - xf.mean(-1, keepdim=True)
+        xf = self.weight.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps))
+        return (xf if self.bias is None else xf + self.bias.float()).to(x.dtype)
+
+
 def inv_freq(head_dim: int, rope: RopeArgs) -> torch.Tensor:
     """(head_dim / 2,) fp32 rotary frequencies, as transformers computes them; a partial rotary's unrotated pairs get 0
     (cos 1, sin 0: every rope kernel leaves them as they are)."""

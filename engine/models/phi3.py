@@ -15,6 +15,7 @@ import torch
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models import llama
 from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_params, rope_from_hf
+from engine.models.partial_rotary import rotary_dim, rotary_rows
 
 ARCH = "phi3"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
@@ -25,8 +26,8 @@ LONG_ROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     params = hf_rope_params(config)
-    rot = _rotary_dim(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0),
-                      head_dim)
+    rot = rotary_dim(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 1.0),
+                     head_dim, "Phi")
     partial = rot if rot < head_dim else None
     kind = params.get("rope_type") or params.get("type") or "default"
     overrides: dict[str, Any] = {}
@@ -52,7 +53,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     rot = meta.get(f"{ARCH}.rope.dimension_count", args.head_dim)
     if not isinstance(rot, int) or not 0 < rot <= args.head_dim:
         raise UnsupportedModelError(f"The GGUF rotates {rot!r} dims of each {args.head_dim}-dim attention head.")
-    rot = _rotary_dim(rot / args.head_dim, args.head_dim)
+    rot = rotary_dim(rot / args.head_dim, args.head_dim, "Phi")
     partial = rot if rot < args.head_dim else None
     args.rope[GLOBAL].rotary_dim = partial
     if LONG_ROPE_TENSORS[0] in shapes or LONG_ROPE_TENSORS[1] in shapes:
@@ -101,8 +102,8 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
             _check_rows(name, tuple(w.shape), q + 2 * kv)
             base = name.removesuffix("qkv_proj.weight")
             wq, wk, out[base + "v_proj.weight"] = w.split([q, kv, kv])
-            out[base + "q_proj.weight"] = _rotary_rows(wq, args.num_heads, args)
-            out[base + "k_proj.weight"] = _rotary_rows(wk, args.num_kv_heads, args)
+            out[base + "q_proj.weight"] = rotary_rows(wq, args.num_heads, args)
+            out[base + "k_proj.weight"] = rotary_rows(wk, args.num_kv_heads, args)
         elif name.endswith("mlp.gate_up_proj.weight"):
             _check_rows(name, tuple(w.shape), 2 * args.intermediate_size)
             base = name.removesuffix("gate_up_proj.weight")
@@ -115,28 +116,10 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     # NEOX rope: llama.cpp stores Phi-3's Q/K unpermuted; only a partial rotary moves rows
     if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return _rotary_rows(tensor, args.num_heads, args)
+        return rotary_rows(tensor, args.num_heads, args)
     if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return _rotary_rows(tensor, args.num_kv_heads, args)
+        return rotary_rows(tensor, args.num_kv_heads, args)
     return tensor
-
-
-def partial_rotary_order(head_dim: int, rot: int) -> torch.Tensor:
-    """A head's dims in the order a whole-head rotary pairs right: HF rotates dims (i, i + rot/2) for i < rot/2 and
-    passes the rest; [rotated first half, passed first half, rotated second half, passed second half] pairs
-    (i, i + head_dim/2) instead, the rotated dims as HF does, the passed with each other (frequency 0 leaves them).
-    q and k move alike, so every q·k is unchanged."""
-    half, rest = rot // 2, (head_dim - rot) // 2
-    return torch.cat([torch.arange(0, half), torch.arange(rot, rot + rest), torch.arange(half, rot),
-                      torch.arange(rot + rest, head_dim)])
-
-
-def _rotary_rows(w: torch.Tensor, heads: int, args: ModelArgs) -> torch.Tensor:
-    rot = args.rope[GLOBAL].rotary_dim
-    if not rot:
-        return w
-    order = partial_rotary_order(args.head_dim, rot)
-    return w.reshape(heads, args.head_dim, *w.shape[1:])[:, order].reshape(w.shape)
 
 
 def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
@@ -152,15 +135,6 @@ def _with_window(args: ModelArgs, window: Any) -> ModelArgs:
 def _long_rope_attention(factor: float, original: int) -> float:
     # LongRoPE's scale of q·k (HF applies it to cos and sin); 1 when the context is not extended
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
-
-
-def _rotary_dim(fraction: float, head_dim: int) -> int:
-    """How many dims of each head rotate (Phi-4-mini: 3/4): an even count from 2 to the head's."""
-    rot = int(head_dim * fraction)
-    if not 0 < fraction <= 1 or rot < 2 or rot % 2:
-        raise UnsupportedModelError(f"This Phi model rotates {fraction:.0%} of each {head_dim}-dim attention head "
-                                    f"({rot} dims); a rotary embedding needs an even number of them.")
-    return rot
 
 
 def _check_rows(name: str, shape: tuple[int, ...], rows: int) -> None:
