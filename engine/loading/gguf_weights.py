@@ -15,6 +15,7 @@ from engine.quant.weight import QuantTensor
 TOP_LEVEL = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
+    "output_norm.bias": "model.norm.bias",  # a LayerNorm's (StableLM)
     "output.weight": "lm_head.weight",
 }
 BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")

@@ -8,6 +8,7 @@ import mlx.nn as nn
 
 from engine.models.args import ModelArgs
 
+BIASED_NORMS = ("stablelm",)  # model types whose LayerNorms add a bias
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
@@ -22,15 +23,18 @@ class RMSNorm(nn.Module):
 
 
 class LayerNorm(nn.Module):
-    """Cohere's: centred, no bias."""
+    """Centred, in fp32; StableLM's with a bias, Cohere's without."""
 
-    def __init__(self, dim: int, eps: float):
+    def __init__(self, dim: int, eps: float, bias: bool = False):
         super().__init__()
         self.weight = mx.ones((dim,))
+        if bias:
+            self.bias = mx.zeros((dim,))
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return mx.fast.layer_norm(x.astype(mx.float32), self.weight.astype(mx.float32), None, self.eps).astype(x.dtype)
+        bias = self.bias.astype(mx.float32) if "bias" in self else None
+        return mx.fast.layer_norm(x.astype(mx.float32), self.weight.astype(mx.float32), bias, self.eps).astype(x.dtype)
 
 
 class Attention(nn.Module):
@@ -123,19 +127,24 @@ class Olmo2Block(nn.Module):
         return h + self.post_feedforward_layernorm(self.mlp(h))
 
 
-class CohereBlock(nn.Module):
-    """Attention and the MLP side by side on one norm of the input."""
+class LayerNormBlock(nn.Module):
+    """Cohere's and StableLM's (engine/models/layernorm_block.py): attention and the MLP in turn, or side by side on
+    one norm of the input."""
 
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
         self.kind = args.layer_types[layer_id]
-        self.input_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps)
+        bias = args.model_type in BIASED_NORMS
+        self.input_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps, bias)
         self.self_attn = Attention(args, layer_id)
+        if not args.parallel_residual:
+            self.post_attention_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps, bias)
         self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
 
     def __call__(self, h: mx.array, rope, cache) -> mx.array:
         x = self.input_layernorm(h)
-        return h + self.self_attn(x, rope, cache) + self.mlp(x)
+        h = h + self.self_attn(x, rope, cache)
+        return h + self.mlp(self.post_attention_layernorm(h) if "post_attention_layernorm" in self else x)
 
 
 class Gemma3Block(nn.Module):
@@ -197,7 +206,8 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
         return super().as_linear(x).astype(x.dtype)
 
 
-BLOCKS = {"olmo2": Olmo2Block, "cohere": CohereBlock, "cohere2": CohereBlock}  # Gemma's by prefix, the rest Llama's
+# by model type (Gemma's by prefix, the rest Llama's)
+BLOCKS = {"olmo2": Olmo2Block, "cohere": LayerNormBlock, "cohere2": LayerNormBlock, "stablelm": LayerNormBlock}
 
 
 class Body(nn.Module):
@@ -205,8 +215,10 @@ class Body(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [block(args, i) for i in range(args.num_layers)]
-        norm = LayerNorm if args.model_type in ("cohere", "cohere2") else RMSNorm
-        self.norm = norm(args.hidden_size, args.rms_norm_eps)
+        if BLOCKS.get(args.model_type) is LayerNormBlock:
+            self.norm = LayerNorm(args.hidden_size, args.rms_norm_eps, args.model_type in BIASED_NORMS)
+        else:
+            self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
 class CausalLM(nn.Module):

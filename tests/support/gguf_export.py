@@ -18,15 +18,16 @@ from safetensors.numpy import load_file
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
-             "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2"}
+             "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
+             "stablelm": "stablelm"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
-                "cohere2": MODEL_ARCH.COHERE2}
+                "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
-                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r"}
+                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -88,6 +89,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if arch == "gemma2":
         _write_gemma2_hparams(w, cfg)
         return
+    if arch == "stablelm":
+        _write_stablelm_hparams(w, cfg)
+        return
     # TextModel.set_gguf_parameters: shared by llama, qwen2 and qwen3.
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -120,6 +124,19 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         if _rope(cfg).get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(_rope(cfg)["factor"])
+
+
+def _write_stablelm_hparams(w: GGUFWriter, cfg: dict) -> None:
+    # StableLMModel.set_gguf_parameters: no rope base (llama.cpp's default, 10000), the rotated share as a dim count
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_rope_dimension_count(int(_rope(cfg)["partial_rotary_factor"] * _head_dim(cfg)))
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_parallel_residual(cfg["use_parallel_residual"])
+    w.add_layer_norm_eps(cfg["layer_norm_eps"])
 
 
 def _write_phi3_hparams(w: GGUFWriter, cfg: dict) -> None:

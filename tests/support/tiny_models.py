@@ -132,12 +132,12 @@ TOK_SPECS: dict[str, _TokSpec] = {
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
-                "cohere2": True}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+                "cohere2": True, "stablelm": False}
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -243,6 +243,14 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         # a logit scale and LayerNorm eps unlike the defaults, so that reading them matters
         return CohereConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, layer_norm_eps=1e-4,
                             logit_scale=0.25, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, **common)
+    if arch == "stablelm":
+        from transformers import StableLmConfig
+
+        # StableLM 2 1.6B's choices: q/k/v biases, a quarter of each 16-dim head rotated, blocks in turn
+        return StableLmConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, layer_norm_eps=1e-5,
+                              use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                               "partial_rotary_factor": 0.25}, **common)
     if arch == "cohere2":
         from transformers import Cohere2Config
 
@@ -318,7 +326,7 @@ def _model_class(arch: str):
             "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
             "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
-            "cohere2": "Cohere2ForCausalLM"}[arch]
+            "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
