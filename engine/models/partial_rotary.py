@@ -35,3 +35,12 @@ def rotary_rows(w: torch.Tensor, heads: int, args: ModelArgs) -> torch.Tensor:
         return w
     order = partial_rotary_order(args.head_dim, rot)
     return w.reshape(heads, args.head_dim, *w.shape[1:])[:, order].reshape(w.shape)
+
+
+def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
+    """A NEOX-rope file's q/k rows (llama.cpp keeps them as HF has them) in the partial rotary's order."""
+    if name.endswith(("attn_q.weight", "attn_q.bias")):
+        return rotary_rows(tensor, args.num_heads, args)
+    if name.endswith(("attn_k.weight", "attn_k.bias")):
+        return rotary_rows(tensor, args.num_kv_heads, args)
+    return tensor

@@ -13,13 +13,14 @@ from typing import Any
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.models import llama
+from engine.models import llama, partial_rotary
 from engine.models.args import GLOBAL, SLIDING, ModelArgs, RopeArgs, hf_rope_params, rope_from_hf
 from engine.models.partial_rotary import rotary_dim, rotary_rows
 
 ARCH = "phi3"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
 Model = llama.Model
+gguf_fix = partial_rotary.gguf_fix  # NEOX rope: only a partial rotary moves the q/k rows
 LONG_ROPE_TENSORS = ("rope_factors_short.weight", "rope_factors_long.weight")
 
 
@@ -111,15 +112,6 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
         else:
             out[name] = w
     return out
-
-
-def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
-    # NEOX rope: llama.cpp stores Phi-3's Q/K unpermuted; only a partial rotary moves rows
-    if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return rotary_rows(tensor, args.num_heads, args)
-    if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return rotary_rows(tensor, args.num_kv_heads, args)
-    return tensor
 
 
 def _with_window(args: ModelArgs, window: Any) -> ModelArgs:

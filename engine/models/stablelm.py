@@ -10,12 +10,13 @@ from typing import Any
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.models import layernorm_block, llama
+from engine.models import layernorm_block, llama, partial_rotary
 from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, hf_rope_params
 from engine.models.partial_rotary import rotary_dim, rotary_rows
 
 ARCH = "stablelm"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
+gguf_fix = partial_rotary.gguf_fix  # NEOX rope: only the partial rotary moves the q/k rows
 
 
 class Model(layernorm_block.Model):
@@ -62,12 +63,3 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
         elif name.endswith(("k_proj.weight", "k_proj.bias")):
             out[name] = rotary_rows(tensor, args.num_kv_heads, args)
     return out
-
-
-def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
-    # NEOX rope: llama.cpp keeps StableLM's Q/K rows as HF has them; only the partial rotary moves them
-    if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return rotary_rows(tensor, args.num_heads, args)
-    if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return rotary_rows(tensor, args.num_kv_heads, args)
-    return tensor
