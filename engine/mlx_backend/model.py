@@ -8,7 +8,7 @@ import mlx.nn as nn
 
 from engine.models.args import ModelArgs
 
-BIASED_NORMS = ("stablelm",)  # model types whose LayerNorms add a bias
+BIASED_NORMS = ("stablelm", "starcoder2")  # model types whose LayerNorms add a bias
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
@@ -50,7 +50,7 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=args.dense_bias)
         self.whole_norm = args.qk_norm and args.qk_norm_whole  # OLMo 2: over the projection, before the heads split
         if args.qk_norm:
             whole = self.whole_norm
@@ -92,6 +92,25 @@ class MLP(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+class PlainMLP(nn.Module):
+    """down(act(up(x))), biased (StarCoder 2)."""
+
+    def __init__(self, hidden: int, inter: int, act: str, bias: bool):
+        super().__init__()
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
+        self.act = nn.silu if act == "silu" else nn.gelu_approx
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(self.act(self.up_proj(x)))
+
+
+def _mlp(args: ModelArgs) -> nn.Module:
+    if args.gated_mlp:
+        return MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+    return PlainMLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.dense_bias)
 
 
 class LlamaBlock(nn.Module):
@@ -139,7 +158,7 @@ class LayerNormBlock(nn.Module):
         self.self_attn = Attention(args, layer_id)
         if not args.parallel_residual:
             self.post_attention_layernorm = LayerNorm(args.hidden_size, args.rms_norm_eps, bias)
-        self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.mlp = _mlp(args)
 
     def __call__(self, h: mx.array, rope, cache) -> mx.array:
         x = self.input_layernorm(h)
@@ -207,7 +226,8 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
 
 
 # by model type (Gemma's by prefix, the rest Llama's)
-BLOCKS = {"olmo2": Olmo2Block, "cohere": LayerNormBlock, "cohere2": LayerNormBlock, "stablelm": LayerNormBlock}
+BLOCKS = {"olmo2": Olmo2Block, "cohere": LayerNormBlock, "cohere2": LayerNormBlock, "stablelm": LayerNormBlock,
+          "starcoder2": LayerNormBlock}
 
 
 class Body(nn.Module):

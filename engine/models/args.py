@@ -64,6 +64,8 @@ class ModelArgs:
     qk_norm: bool = False
     qk_norm_whole: bool = False  # OLMo 2: the q/k norms span the whole projection, not each head
     parallel_residual: bool = False  # attention and the MLP side by side on one norm (Cohere; layernorm_block.py)
+    gated_mlp: bool = True  # down(act(gate(x)) * up(x)); False: down(act(up(x))) (StarCoder 2)
+    dense_bias: bool = False  # biases on o_proj and the MLP's matrices too (StarCoder 2)
     query_pre_attn_scalar: float | None = None
     attn_factor: float = 1.0  # LongRoPE's scale of q and k (HF scales cos and sin): q·k by its square
     # LongRoPE: `rope` holds the factors within `original_context`, `long_rope` those beyond it (fit_context picks)

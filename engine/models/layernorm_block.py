@@ -1,5 +1,5 @@
-"""The block of the LayerNorm families (Cohere, StableLM 2): LayerNorms (centred; StableLM's with a bias) in place of
-RMSNorms, and attention and the MLP either in turn (each after its norm) or side by side on one norm of the input
+"""The block of the LayerNorm families (Cohere, StableLM 2, StarCoder 2): LayerNorms (centred; with a bias but in
+Cohere's) in place of RMSNorms, and attention and the MLP either in turn (each after its norm) or side by side on one norm of the input
 (`ModelArgs.parallel_residual`: Cohere, StableLM's `use_parallel_residual`), both added to the residual in
 transformers' order."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from engine.models.args import ModelArgs
-from engine.models.layers import Attention, CausalLM, GatedMLP, LayerNorm, add_and_norm
+from engine.models.layers import Attention, CausalLM, LayerNorm, add_and_norm, mlp
 
 
 class Block(nn.Module):
@@ -19,7 +19,7 @@ class Block(nn.Module):
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = None if args.parallel_residual else \
             LayerNorm(args.hidden_size, args.rms_norm_eps, bias)
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.mlp = mlp(args)
 
     def forward(self, h: torch.Tensor, rope, cache, x: torch.Tensor | None = None,
                 next_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

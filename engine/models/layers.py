@@ -287,6 +287,26 @@ class GatedMLP(nn.Module):
         return self.down_proj.partial_sums(self.act(gate) * up)
 
 
+class MLP(nn.Module):
+    """down(act(up(x))), with biases when the model has them (StarCoder 2): no gate, so no fused activation kernel."""
+
+    def __init__(self, hidden: int, inter: int, act: str, bias: bool):
+        super().__init__()
+        self.up_proj = Linear(hidden, inter, bias=bias)
+        self.down_proj = Linear(inter, hidden, bias=bias)
+        self.act = _activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj.partial_sums(self.act(self.up_proj(x)))
+
+
+def mlp(args: ModelArgs) -> nn.Module:
+    """The model's MLP: gated (most models) or not."""
+    if args.gated_mlp:
+        return GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+    return MLP(args.hidden_size, args.intermediate_size, args.hidden_act, args.dense_bias)
+
+
 def _activation(name: str):
     if name == "silu":
         return F.silu
@@ -317,7 +337,7 @@ class Attention(nn.Module):
         self.q_proj = Linear(args.hidden_size, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.o_proj = Linear(self.n_heads * self.head_dim, args.hidden_size, bias=False)
+        self.o_proj = Linear(self.n_heads * self.head_dim, args.hidden_size, bias=args.dense_bias)
         self.whole_norm = args.qk_norm and args.qk_norm_whole  # over all heads at once: before the heads split
         if args.qk_norm:
             q_dim, k_dim = (self.n_heads * self.head_dim, self.n_kv * self.head_dim) if self.whole_norm else \

@@ -12,7 +12,7 @@ from tests.support import arch_checks as check
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm"]
+ARCHS = ["gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2"]
 # llama.cpp's f16 cache leaves its logits ~1e-3 of their size from exact ones (SmolLM3's tiny logits reach ~15)
 LLAMA_CPP_TOLERANCE = 1e-3
 

@@ -19,15 +19,16 @@ from safetensors.numpy import load_file
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
-             "stablelm": "stablelm"}
+             "stablelm": "stablelm", "starcoder2": "starcoder2"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
-                "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM}
+                "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
+                "starcoder2": MODEL_ARCH.STARCODER2}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
-                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2"}
+                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -100,6 +101,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
     w.add_rope_freq_base(_rope(cfg).get("rope_theta", 10000.0))
+    if arch == "starcoder2":  # TextModel's: a LayerNorm eps (norm_epsilon), no sliding window
+        w.add_layer_norm_eps(cfg["norm_epsilon"])
+        return
     if arch in ("command-r", "cohere2"):  # CommandR2Model, Cohere2Model: Q/K rows kept (interleaved in HF)
         w.add_layer_norm_eps(cfg["layer_norm_eps"])
         w.add_logit_scale(cfg["logit_scale"])

@@ -132,12 +132,12 @@ TOK_SPECS: dict[str, _TokSpec] = {
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
-                "cohere2": True, "stablelm": False}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+                "cohere2": True, "stablelm": False, "starcoder2": True}
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -251,6 +251,14 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                               use_qkv_bias=True, hidden_dropout=0.0, attention_dropout=0.0,
                               rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                "partial_rotary_factor": 0.25}, **common)
+    if arch == "starcoder2":
+        from transformers import Starcoder2Config
+
+        # biases everywhere, a gelu MLP without a gate; no sliding window here (a GGUF file has none: its own test)
+        return Starcoder2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, norm_epsilon=1e-5,
+                                use_bias=True, residual_dropout=0.0, embedding_dropout=0.0,
+                                attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                                **({"sliding_window": None} | common))
     if arch == "cohere2":
         from transformers import Cohere2Config
 
@@ -326,7 +334,8 @@ def _model_class(arch: str):
             "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
             "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
-            "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM"}[arch]
+            "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
+            "starcoder2": "Starcoder2ForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
