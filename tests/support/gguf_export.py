@@ -19,16 +19,16 @@ from safetensors.numpy import load_file
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
-             "stablelm": "stablelm", "starcoder2": "starcoder2"}
+             "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
-                "starcoder2": MODEL_ARCH.STARCODER2}
+                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
-                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder"}
+                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -93,6 +93,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if arch == "stablelm":
         _write_stablelm_hparams(w, cfg)
         return
+    if arch == "exaone":
+        _write_exaone_hparams(w, cfg)
+        return
     # TextModel.set_gguf_parameters: shared by llama, qwen2 and qwen3.
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -128,6 +131,19 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         if _rope(cfg).get("rope_type") == "linear":
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(_rope(cfg)["factor"])
+
+
+def _write_exaone_hparams(w: GGUFWriter, cfg: dict) -> None:
+    # ExaoneModel.set_gguf_parameters (its own config keys); llama3 rope goes into the rope_freqs tensor
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_layer_norm_rms_eps(cfg["layer_norm_epsilon"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_block_count(cfg["num_layers"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_rope_dimension_count(_head_dim(cfg))
 
 
 def _write_stablelm_hparams(w: GGUFWriter, cfg: dict) -> None:
@@ -242,13 +258,13 @@ def _vocab_tokens(hf_dir: Path) -> tuple[list[str], list[int]]:
 
 def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     """Yield (gguf_name, float32 array) in the converter's conventions (float32 safetensors only)."""
-    if arch == "llama" and _rope(cfg).get("rope_type") == "llama3":
+    if arch in ("llama", "exaone") and _rope(cfg).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_factors(cfg)
     if arch == "phi3" and _rope(cfg).get("rope_type") == "longrope":
         yield "rope_factors_long.weight", np.asarray(_rope(cfg)["long_factor"], dtype=np.float32)
         yield "rope_factors_short.weight", np.asarray(_rope(cfg)["short_factor"], dtype=np.float32)
     weights = load_file(str(hf_dir / "model.safetensors"))
-    names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg["num_hidden_layers"])
+    names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg.get("num_hidden_layers", cfg.get("num_layers")))
     for hf_name in sorted(weights, key=_layer_order):
         data = weights[hf_name].astype(np.float32)
         if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
