@@ -45,6 +45,8 @@ class Shape:
     rope_theta: float = 500000.0
     context: int = 8192
     rms_eps: float = 1e-5
+    experts: int = 0  # a mixture of experts (Mixtral's layout: "llama" with stacked experts; `ffn` each expert's)
+    experts_used: int = 0
 
 
 SHAPES = {
@@ -53,6 +55,9 @@ SHAPES = {
     # for the others (same vocabulary and tokenizer): the cost side of speculative "draft" (bench/speculative.py)
     # Gemma 3 270M's layer widths and depth in Llama form, with the others' vocabulary: the issue's device draft
     "llama-270m": Shape(hidden=640, layers=18, heads=10, kv_heads=2, ffn=2048, tied=True, rope_factor=32.0),
+    # a small mixture of experts: 32 experts of 768, 4 per token (Qwen3-30B-A3B: 128 of 768, 8 per token)
+    "moe-mini": Shape(hidden=1024, layers=16, heads=16, kv_heads=4, ffn=768, tied=True, rope_factor=32.0, experts=32,
+                      experts_used=4),
     "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
                       head_dim=128),
 }
@@ -130,6 +135,12 @@ def _tensors(s: Shape):
         yield f"{b}.attn_v.weight", (kv, s.hidden), "matrix"
         yield f"{b}.attn_output.weight", (s.hidden, q), "matrix"
         yield f"{b}.ffn_norm.weight", (s.hidden,), "norm"
+        if s.experts:  # the router stays F32, as the converter and llama.cpp's quantizer keep it
+            yield f"{b}.ffn_gate_inp.weight", (s.experts, s.hidden), "router"
+            yield f"{b}.ffn_gate_exps.weight", (s.experts, s.ffn, s.hidden), "matrix"
+            yield f"{b}.ffn_up_exps.weight", (s.experts, s.ffn, s.hidden), "matrix"
+            yield f"{b}.ffn_down_exps.weight", (s.experts, s.hidden, s.ffn), "matrix"
+            continue
         yield f"{b}.ffn_gate.weight", (s.ffn, s.hidden), "matrix"
         yield f"{b}.ffn_up.weight", (s.ffn, s.hidden), "matrix"
         yield f"{b}.ffn_down.weight", (s.hidden, s.ffn), "matrix"
@@ -144,6 +155,8 @@ def _values(s: Shape, name: str, dims: tuple[int, ...], kind: str) -> np.ndarray
     if kind == "rope":
         return llama3_rope_factors(s)
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same file every time
+    if kind == "router":
+        return torch.empty(dims, dtype=torch.float32).normal_(0.0, 1.0, generator=g).numpy() / math.sqrt(dims[1])
     return torch.empty(dims, dtype=torch.float16).normal_(0.0, STD, generator=g).numpy()
 
 
@@ -162,6 +175,9 @@ def _write_header(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
     w.add_context_length(s.context)
     w.add_embedding_length(s.hidden)
     w.add_feed_forward_length(s.ffn)
+    if s.experts:
+        w.add_expert_count(s.experts)
+        w.add_expert_used_count(s.experts_used)
     w.add_head_count(s.heads)
     w.add_head_count_kv(s.kv_heads)
     w.add_rope_freq_base(s.rope_theta)

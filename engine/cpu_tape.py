@@ -90,8 +90,9 @@ class DecodeTapes:
     @staticmethod
     def fits(model: CausalLM, cache) -> bool:
         """Whether a model and cache can run taped steps: an fp32 `sequence` cache on the CPU library, one-row
-        attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`)."""
-        return (isinstance(cache, SequenceKVCache) and not cache.uses_kernels and cache.native_rows()
+        attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`); not a mixture of
+        experts (its routing decides on the host which products run)."""
+        return (not model.args.num_experts and isinstance(cache, SequenceKVCache) and not cache.uses_kernels and cache.native_rows()
                 and any(getattr(m, "native", False) for m in model.modules()))
 
     def accepts(self, batch: StepBatch) -> bool:

@@ -60,10 +60,10 @@ def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, d
     largest = 0
     for t in tensors:
         dims = list(t.shape)
-        if len(dims) == 2:
+        if len(dims) in (2, 3):  # a matrix, or a mixture's experts: one matrix each
             size = matrix_bytes(t.tensor_type.name, int(dims[1]), int(dims[0]), quantized, float_bytes, device)
             largest = max(largest, size)
-            total += 0 if staged else size
+            total += 0 if staged else size * (int(dims[2]) if len(dims) == 3 else 1)
         else:
             n = 1
             for d in dims:

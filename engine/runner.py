@@ -32,6 +32,7 @@ class ModelRunner:
         self.inputs = StepInputs(cache) if kernel_cache else None  # the step buffer the kernels (and graphs) read
         if graphs is None:
             graphs = cache.device.type == "cuda" and kernel_cache
+        graphs = graphs and not model.args.num_experts  # experts routed on the host: no step can be replayed
         self.graphs = None
         if graphs:
             from engine.cuda_graphs import DecodeGraphs

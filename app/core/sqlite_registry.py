@@ -42,8 +42,10 @@ def _check_gguf(p: Path) -> str:
     arch = str(header.scalars.get("general.architecture", ""))
     if arch not in SUPPORTED:
         raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. {RUNS}")
-    if experts := header.scalars.get(f"{arch}.expert_count"):
-        raise ValueError(f"{p.name} is a mixture of {experts} experts (as Mixtral), which Parley does not run yet.")
+    experts = header.scalars.get(f"{arch}.expert_count")
+    if experts and not any(t.name == "blk.0.ffn_gate_exps.weight" for t in header.tensors):
+        raise ValueError(f"{p.name} says it is a mixture of {experts} experts but holds no expert tensors in the "
+                         "layout llama.cpp writes today (blk.N.ffn_gate_exps).")
     if "tokenizer.ggml.model" not in header.scalars or not header.array_lengths.get("tokenizer.ggml.tokens"):
         raise ValueError(f"{p.name} has no tokenizer (tokenizer.ggml.model / tokenizer.ggml.tokens are missing).")
     if header.n_tensors == 0:

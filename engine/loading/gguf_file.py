@@ -39,6 +39,16 @@ class GGUFTensor:
         part._file, part.offset, part.n_bytes = self._file, self.offset + start * row_bytes, (stop - start) * row_bytes
         return part
 
+    def expert(self, name: str, e: int) -> "GGUFTensor":
+        """Expert `e`'s matrix of a mixture of experts' stacked (experts, rows, cols) tensor: the same bytes, no copy."""
+        if len(self.shape) != 3 or not 0 <= e < int(self.shape[2]) or self.n_bytes % int(self.shape[2]):
+            raise ValueError(f"expert {e} of {self.name} (shape {list(self.shape)}) does not exist")
+        part = object.__new__(GGUFTensor)
+        size = self.n_bytes // int(self.shape[2])
+        part.name, part.shape, part.tensor_type = name, list(self.shape[:2]), self.tensor_type
+        part._file, part.offset, part.n_bytes = self._file, self.offset + e * size, size
+        return part
+
     @property
     def data(self) -> np.ndarray:
         """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""

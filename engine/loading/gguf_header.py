@@ -3,7 +3,7 @@
 gguf.GGUFReader trusts the counts it reads (an array length of 2**62 makes it loop and allocate per
 element; absurd shapes overflow its size arithmetic) and keeps two numpy views per array item (~750 MB
 for a 262k-token vocabulary). This reader walks the layout with every count checked against the bytes
-actually left and against fixed caps; `scan_header` keeps only the scalars (cheap validation),
+actually left and against fixed caps; `scan_header` keeps the scalars and the tensor table (cheap validation),
 `read_header` every value as plain Python, and the tensor table.
 """
 from __future__ import annotations
@@ -134,7 +134,7 @@ class _Cursor:
 
 
 def scan_header(path: str | Path) -> GGUFHeader:
-    """The scalars and array lengths; raises ModelLoadError when any count, length, shape or offset in the header
+    """The scalars, array lengths and tensor table; raises ModelLoadError when any count, length, shape or offset in the header
     is impossible."""
     return _read(Path(path), keep=False)
 
@@ -184,7 +184,7 @@ def _read(path: Path, keep: bool) -> GGUFHeader:
             t.offset += data_start
         _check_layout(c, tensors, data_start, alignment)
         header.n_tensors = n_tensors
-        header.tensors = tensors if keep else []
+        header.tensors = tensors
         return header
 
 

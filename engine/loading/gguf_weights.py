@@ -19,6 +19,9 @@ TOP_LEVEL = {
     "output.weight": "lm_head.weight",
 }
 BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
+# a mixture of experts' (experts, rows, cols) tensors, split into one matrix per expert (`_parts`)
+EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
+EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(\d+)\.weight")
 
 
 def tensor_shapes(gf: GGUFFile) -> dict[str, tuple[int, ...]]:
@@ -28,6 +31,8 @@ def tensor_shapes(gf: GGUFFile) -> dict[str, tuple[int, ...]]:
 def hf_name(name: str, arch: ModuleType) -> str | None:
     if name in TOP_LEVEL:
         return TOP_LEVEL[name]
+    if m := EXPERT.fullmatch(name):
+        return f"model.layers.{m.group(1)}.mlp.experts.{m.group(3)}.{m.group(2)}_proj.weight"
     m = BLOCK.fullmatch(name)
     if m and m.group(2) in arch.GGUF_BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{arch.GGUF_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
@@ -79,8 +84,14 @@ def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs, rope: RopeArgs) -> None
 
 
 def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
-    """`t`, or the row ranges a fused tensor holds (Phi-3's q/k/v, gate/up) as tensors of their own."""
+    """`t`, or the row ranges a fused tensor holds (Phi-3's q/k/v, gate/up) as tensors of their own, or a stacked
+    experts tensor's matrices."""
     split = getattr(arch, "gguf_split", None)
+    if m := EXPERTS.fullmatch(t.name):
+        if len(t.shape) != 3 or int(t.shape[2]) != args.num_experts:
+            raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not hold the "
+                                 f"model's {args.num_experts} experts.")
+        return [t.expert(f"blk.{m.group(1)}.ffn_{m.group(2)}_exps.{e}.weight", e) for e in range(args.num_experts)]
     try:
         ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
         return [t] if ranges is None else [t.rows(name, start, stop) for name, start, stop in ranges]

@@ -1,6 +1,7 @@
 """load_model: a GGUF file or a Hugging Face folder -> a ready model and tokenizer on the chosen device."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -135,8 +136,8 @@ def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
 
 
 def _matrix_weights(tensors) -> int:
-    """The weights of a GGUF file's matrices (its 2-D tensors)."""
-    return sum(int(t.shape[0]) * int(t.shape[1]) for t in tensors if len(t.shape) == 2)
+    """The weights of a GGUF file's matrices (its 2-D tensors, and a mixture's 3-D experts)."""
+    return sum(math.prod(int(d) for d in t.shape) for t in tensors if len(t.shape) in (2, 3))
 
 
 def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor], dtype: torch.dtype,

@@ -5,6 +5,7 @@ import math
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from engine.models.args import ModelArgs
 
@@ -107,6 +108,38 @@ class PlainMLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
+class SparseMoE(nn.Module):
+    """engine/models/moe.py's experts: each row through its router's top-k gated MLPs, weighted, in expert order."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
+        self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act)
+                        for _ in range(args.num_experts)]
+        self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
+
+    def __call__(self, x: mx.array) -> mx.array:
+        probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1)
+        chosen = mx.argsort(-probs, axis=-1)[:, :self.top_k]
+        weights = mx.take_along_axis(probs, chosen, axis=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(axis=-1, keepdims=True)
+        picks = np.array(chosen)  # which rows each expert takes: decided on the host, as in PyTorch
+        out = mx.zeros(x.shape, dtype=mx.float32)
+        for e in np.unique(picks).tolist():
+            rows, slots = np.nonzero(picks == e)
+            r = mx.array(rows)
+            y = self.experts[e](x[r]).astype(mx.float32) * weights[r, mx.array(slots)][:, None]
+            out = out.at[r].add(y)
+        return out.astype(x.dtype)
+
+
+def _feed_forward(args: ModelArgs, layer_id: int) -> nn.Module:
+    """A layer's MLP: routed experts where the model has them, else dense."""
+    return SparseMoE(args) if args.sparse_layer(layer_id) else MLP(args.hidden_size, args.intermediate_size,
+                                                                   args.hidden_act)
+
+
 def _mlp(args: ModelArgs) -> nn.Module:
     if args.gated_mlp:
         return MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
@@ -120,7 +153,7 @@ class LlamaBlock(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.mlp = _feed_forward(args, layer_id)
         self.residual_multiplier = args.residual_multiplier  # Granite's; a float, not a parameter
 
     def __call__(self, h: mx.array, rope, cache) -> mx.array:

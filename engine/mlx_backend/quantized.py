@@ -204,8 +204,8 @@ def _split(path: str, m: Matrix, bias: mx.array | None, args: ModelArgs, leaf: s
     if last == "qkv_proj":
         q, kv = args.num_heads * args.head_dim, args.num_kv_heads * args.head_dim
         sizes = [q, kv, kv]
-    else:
-        sizes = [args.intermediate_size] * 2
+    else:  # gate and up: halves (a dense MLP's or an expert's)
+        sizes = [m.weight.shape[0] // 2] * 2
     out, start = [], 0
     for name, size in zip(parts, sizes):
         stop = start + size

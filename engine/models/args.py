@@ -20,6 +20,7 @@ GGUF_BLOCK_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router (its experts: gguf_weights.EXPERTS)
 }
 
 GLOBAL = "global"
@@ -79,6 +80,13 @@ class ModelArgs:
     embedding_multiplier: float = 1.0
     residual_multiplier: float = 1.0
     logits_scaling: float = 1.0
+    # mixture of experts (Qwen3-MoE, Mixtral; engine/models/moe.py): each token's MLP is the router's top
+    # `experts_per_token` of `num_experts` gated MLPs of `moe_intermediate_size`; 0 experts: a dense model
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1 (Mixtral, Qwen3-MoE)
+    dense_layers: list[int] = field(default_factory=list)  # layers of an MoE model that keep a dense MLP
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -104,6 +112,12 @@ class ModelArgs:
                 raise UnsupportedModelError(f"{name} must be a positive number, not {getattr(self, name)}.")
         if SLIDING in self.layer_types and not self.sliding_window:
             raise UnsupportedModelError("The model has sliding-window layers but no window size.")
+        if self.num_experts:
+            positive(self.num_experts, "expert count", 4096)
+            positive(self.moe_intermediate_size, "expert feed-forward length")
+            if not 1 <= self.experts_per_token <= self.num_experts:
+                raise UnsupportedModelError(f"The model routes each token to {self.experts_per_token} experts; it "
+                                            f"must be from 1 to its {self.num_experts} experts.")
         for kind in set(self.layer_types):
             if kind not in self.rope:
                 raise UnsupportedModelError(f"No rotary embedding settings for {kind} layers.")
@@ -128,6 +142,10 @@ class ModelArgs:
             return None
         half, rot_half = self.head_dim // 2, self.rope[GLOBAL].rotary_dim // 2
         return [gain if i % half < rot_half else 1.0 for i in range(self.head_dim)]
+
+    def sparse_layer(self, layer_id: int) -> bool:
+        """Whether layer `layer_id` routes its tokens to experts (else a dense MLP)."""
+        return self.num_experts > 0 and layer_id not in self.dense_layers
 
     def layer_windows(self) -> list[int | None]:
         """Per layer: the sliding window (keys with distance < window are visible) or None for global."""

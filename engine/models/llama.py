@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.errors import UnsupportedModelError
+from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models.args import (
     GGUF_BLOCK_NAMES,
     GLOBAL,
@@ -20,7 +20,8 @@ from engine.models.args import (
     require,
     rope_from_hf,
 )
-from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm, add_and_norm
+from engine.models.layers import Attention, CausalLM, RMSNorm, add_and_norm
+from engine.models.moe import feed_forward
 
 ARCH = "llama"
 
@@ -34,7 +35,7 @@ class Block(nn.Module):
         self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
         self.self_attn = Attention(args, layer_id)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = GatedMLP(args.hidden_size, args.intermediate_size, args.hidden_act)
+        self.mlp = feed_forward(args, layer_id)  # a dense gated MLP, or routed experts (Mixtral, Qwen3-MoE)
 
     def forward(self, h: torch.Tensor, rope, cache, x: torch.Tensor | None = None,
                 next_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -89,10 +90,6 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
             return require(meta, full, "The GGUF metadata")
         return meta.get(full, default)
 
-    experts = meta.get(f"{arch}.expert_count") or 0
-    if experts:  # Mixtral-style files say "llama" too; their expert tensors would only fail later, one by one
-        raise UnsupportedModelError(f"This model is a mixture of {experts} experts (as Mixtral), which Parley does "
-                                    "not run yet.")
     hidden = positive(get("embedding_length"), f"{arch}.embedding_length")
     heads = positive(get("attention.head_count"), f"{arch}.attention.head_count")
     head_dim = positive(get("attention.key_length", hidden // heads), f"{arch}.attention.key_length")
@@ -107,7 +104,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
         model_type=arch,
         vocab_size=int(shapes["token_embd.weight"][0]),
         hidden_size=hidden,
-        intermediate_size=int(get("feed_forward_length")),
+        intermediate_size=int(meta.get(f"{arch}.feed_forward_length") or get("expert_feed_forward_length")),
         num_layers=n_layers,
         num_heads=heads,
         num_kv_heads=int(kv[0] if isinstance(kv, list) else kv),
@@ -121,8 +118,28 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
         qk_norm="blk.0.attn_q_norm.weight" in shapes,
         name=str(meta.get("general.name", "")),
     )
+    kw.update(gguf_experts(meta, shapes, arch))
     kw.update(overrides)
     return ModelArgs(**kw)
+
+
+def gguf_experts(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str) -> dict[str, Any]:
+    """A mixture of experts' ModelArgs fields from GGUF metadata (Mixtral's files say "llama"), or none when dense.
+    llama.cpp renormalises the chosen experts' weights for these models whatever their config said."""
+    experts = meta.get(f"{arch}.expert_count") or 0
+    if not experts:
+        return {}
+    if "blk.0.ffn_gate.0.weight" in shapes:
+        raise UnsupportedModelError("This mixture-of-experts file stores each expert as a tensor of its own (an "
+                                    "older llama.cpp conversion); convert the model again with a current llama.cpp.")
+    if "blk.0.ffn_gate_exps.weight" not in shapes:
+        raise ModelLoadError(f"The metadata says the model is a mixture of {experts} experts, but the file holds no "
+                             "expert tensors (blk.0.ffn_gate_exps.weight).")
+    used = require(meta, f"{arch}.expert_used_count", "The GGUF metadata")
+    inter = meta.get(f"{arch}.expert_feed_forward_length") or require(meta, f"{arch}.feed_forward_length",
+                                                                        "The GGUF metadata")
+    return dict(num_experts=positive(experts, f"{arch}.expert_count", 4096), experts_per_token=int(used),
+                moe_intermediate_size=positive(inter, f"{arch}.expert_feed_forward_length"), norm_topk_prob=True)
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

@@ -30,7 +30,7 @@ def test_corrupt_gguf(corrupt_ggufs, variant, words):
 
 
 def test_unsupported_kinds_are_unsupported_errors(corrupt_ggufs):
-    for variant in ("unsupported_arch", "unsupported_tensor_type", "mixture_of_experts"):
+    for variant in ("unsupported_arch", "unsupported_tensor_type"):
         with pytest.raises(UnsupportedModelError):
             load_model(corrupt_ggufs[variant])
 

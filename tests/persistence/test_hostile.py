@@ -162,8 +162,8 @@ def test_real_model_with_patched_shape_or_offset(tiny_models, tmp_path):
 
 
 # -- the model registry: checked before import, stored in the database
-def test_a_mixture_of_experts_is_refused_before_import(corrupt_ggufs):
-    with pytest.raises(ValueError, match="mixture of 8 experts"):
+def test_a_mixture_of_experts_without_experts_is_refused_before_import(corrupt_ggufs):
+    with pytest.raises(ValueError, match="mixture of 8 experts but holds no expert tensors"):
         check_model(corrupt_ggufs["mixture_of_experts"])
 
 

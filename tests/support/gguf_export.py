@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -19,20 +20,23 @@ from safetensors.numpy import load_file
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
-             "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone"}
+             "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone",
+             "qwen3_moe": "qwen3moe", "mixtral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
-                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE}
+                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
-                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone"}
+                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone",
+                 "qwen3moe": "qwen2"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
 LLAMA_LIKE = ("llama", "granite", "smollm3")  # converted by LlamaModel or a subclass: Q/K rows permuted
+EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp|block_sparse_moe))\.experts\.(\d+)\.(\w+)\.weight")
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
 
@@ -104,6 +108,11 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
     w.add_rope_freq_base(_rope(cfg).get("rope_theta", 10000.0))
+    if experts := cfg.get("num_experts", cfg.get("num_local_experts")):  # TextModel's, then Qwen2MoeModel's
+        w.add_expert_count(experts)
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        if "moe_intermediate_size" in cfg:
+            w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch == "starcoder2":  # TextModel's: a LayerNorm eps (norm_epsilon), no sliding window
         w.add_layer_norm_eps(cfg["norm_epsilon"])
         return
@@ -265,10 +274,18 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
         yield "rope_factors_short.weight", np.asarray(_rope(cfg)["short_factor"], dtype=np.float32)
     weights = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg.get("num_hidden_layers", cfg.get("num_layers")))
+    experts: dict[str, dict[int, np.ndarray]] = {}
+    n_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
     for hf_name in sorted(weights, key=_layer_order):
         data = weights[hf_name].astype(np.float32)
         if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
             continue
+        if m := EXPERT.fullmatch(hf_name):  # the converters stack each projection's experts into one tensor
+            stack = experts.setdefault(f"{m.group(1)}.experts.{m.group(3)}.weight", {})
+            stack[int(m.group(2))] = data
+            if len(stack) < n_experts:
+                continue
+            hf_name, data = f"{m.group(1)}.experts.{m.group(3)}.weight", np.stack([stack[e] for e in range(n_experts)])
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(f"cannot map HF tensor {hf_name!r} for {arch}")
@@ -324,7 +341,8 @@ def llama3_rope_factors(cfg: dict) -> np.ndarray:
 
 def _storage_type(name: str, data: np.ndarray, qtype: QType) -> QType:
     # Converter rule: 1-D tensors, norms and anything not a ".weight" (biases, rope_freqs) stay F32.
-    if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
+    # A mixture's router too (prepare_tensors keeps FFN_GATE_INP in F32).
+    if data.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight")) or not name.endswith(".weight"):
         return QType.F32
     return qtype
 
@@ -361,7 +379,7 @@ def write_corrupt_variants(good_gguf: Path, out_dir: Path) -> dict[str, Path]:
     paths["unsupported_tensor_type"] = rewrite_gguf(reader, out_dir / "unsupported_tensor_type.gguf",
                                                 retype="blk.0.attn_q.weight")
     arch = reader.fields["general.architecture"].contents()
-    paths["mixture_of_experts"] = rewrite_gguf(reader, out_dir / "mixture_of_experts.gguf",  # Mixtral's keys
+    paths["mixture_of_experts"] = rewrite_gguf(reader, out_dir / "mixture_of_experts.gguf",  # Mixtral's keys, no experts
                                            extra={f"{arch}.expert_count": 8, f"{arch}.expert_used_count": 2})
     return paths
 

@@ -129,15 +129,17 @@ TOK_SPECS: dict[str, _TokSpec] = {
         ("<eos>", "<end_of_turn>"),
     ),
 }
-TOK_SPECS["qwen3"] = TOK_SPECS["qwen2"]
+TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2"]
+TOK_SPECS["mixtral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
 TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
-                "cohere2": True, "stablelm": False, "starcoder2": True}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+                "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False}
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
+               "qwen3_moe", "mixtral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -259,6 +261,24 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                 use_bias=True, residual_dropout=0.0, embedding_dropout=0.0,
                                 attention_dropout=0.0, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
                                 **({"sliding_window": None} | common))
+    if arch == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        # 8 experts, 2 per token, every layer routed (as Qwen3-30B-A3B); dense layers are a config override
+        return Qwen3MoeConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "head_dim": 32, "rms_norm_eps": 1e-6, "num_experts": 8, "num_experts_per_tok": 2,
+                                 "moe_intermediate_size": 32, "norm_topk_prob": True, "decoder_sparse_step": 1,
+                                 "mlp_only_layers": [], "rope_parameters": {"rope_type": "default",
+                                                                            "rope_theta": 1000000.0}} | common)
+    if arch == "mixtral":
+        from transformers import MixtralConfig
+
+        # 4 experts of 2 per token (Mixtral: 8 of 2), no sliding window (Mixtral 8x7B's config has none)
+        return MixtralConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "rms_norm_eps": 1e-5, "num_local_experts": 4, "num_experts_per_tok": 2,
+                                "sliding_window": None, "router_jitter_noise": 0.0,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+                             | common | {"intermediate_size": 32} | (overrides or {}))
     if arch == "cohere2":
         from transformers import Cohere2Config
 
@@ -335,7 +355,8 @@ def _model_class(arch: str):
             "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
             "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
-            "starcoder2": "Starcoder2ForCausalLM"}[arch]
+            "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "mixtral": "MixtralForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
@@ -349,6 +370,8 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
             p.copy_(0.3 * noise if arch.startswith("gemma") else 1.0 + 0.3 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.2 * noise)
+        elif name.endswith("mlp.gate.weight"):  # a router: wide margins, so that quantized weights pick the same experts
+            p.copy_(6.0 * noise / p.shape[-1] ** 0.5)
         elif name.endswith("embed_tokens.weight"):
             p.copy_((0.125 if arch.startswith("gemma") else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
         else:

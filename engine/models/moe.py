@@ -1,0 +1,63 @@
+"""Sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks each token's top-k experts among gated MLPs."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.models.args import ModelArgs
+from engine.models.layers import GatedMLP, Linear, mlp
+
+
+class SparseMoE(nn.Module):
+    """Each token's row goes through the `top_k` experts its router scores highest; their outputs are summed with the
+    router's softmax weights (renormalised over the chosen ones with `norm_topk`).
+
+    Experts run in ascending order, each on the rows that chose it, gathered: a row's result depends only on the row
+    (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. The gather needs the
+    routing on the host (one sync per layer): MoE models run eager steps, never replayed graphs or tapes."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.gate = Linear(args.hidden_size, args.num_experts, bias=False)
+        self.experts = nn.ModuleList(
+            GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
+        self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
+        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(x2)
+        flat = chosen.reshape(-1)
+        order = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert, rows ascending within each
+        counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
+        rows, slots = order // self.top_k, order % self.top_k
+        out = torch.zeros(x2.shape, dtype=torch.float32, device=x.device)  # the k outputs summed in fp32
+        start = 0
+        for expert, n in zip(self.experts, counts):
+            if n:
+                r = rows[start:start + n]
+                y = _whole(expert(x2.index_select(0, r)), x.dtype).float()
+                out.index_add_(0, r, y * weights[r, slots[start:start + n], None])
+            start += n
+        return out.to(x.dtype).reshape(*lead, -1)
+
+
+def _whole(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An expert's output, its split-K partials (a CUDA decode GEMM's, S × T × N) summed when it returned those."""
+    if y.dim() == 3:
+        from kernels.norms import sum_partials
+
+        return sum_partials(y, dtype)
+    return y
+
+
+def feed_forward(args: ModelArgs, layer_id: int) -> nn.Module:
+    """Layer `layer_id`'s MLP: the experts where the model routes, else the dense one."""
+    return SparseMoE(args) if args.sparse_layer(layer_id) else mlp(args)

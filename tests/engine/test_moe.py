@@ -1,0 +1,157 @@
+"""Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`): logits equal to
+transformers' (HF folder and GGUF, both layouts) and to llama.cpp's, experts held quantized, greedy batched == alone,
+MLX equal to PyTorch, the CUDA path, and bad files refused in one line."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.loading.loader import LoadOptions, load_model
+from engine.models.args import ModelArgs, RopeArgs
+from engine.models.moe import SparseMoE
+from engine.quant.weight import QuantTensor
+from tests.engine.test_quantized import assert_batched_equals_alone
+from tests.support import arch_checks as check
+from tests.support.engine_helpers import full_logits
+from tests.support.tiny_models import make_tiny_hf
+
+pytestmark = pytest.mark.slow  # needs transformers
+
+ARCHS = ["qwen3_moe", "mixtral"]
+# llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
+LLAMA_CPP_TOLERANCE = 2e-3
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def files(request, tmp_path_factory) -> tuple:
+    """(arch, (HF folder, F32 GGUF, Q8_0 GGUF, Q4_0 GGUF))."""
+    return request.param, check.tiny_files(tmp_path_factory.mktemp(request.param), request.param)
+
+
+@pytest.mark.parametrize("source", [0, 1])
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_logits_match_transformers(files, source, layout):
+    lm = check.assert_matches_transformers(files[1][0], files[1][source], layout)
+    layers = lm.model.model.layers
+    assert lm.args.num_experts and all(isinstance(layer.mlp, SparseMoE) for layer in layers)
+
+
+def test_llama_cpp_reads_the_same_model(files):
+    pytest.importorskip("llama_cpp")
+    got, want = check.against_llama_cpp(files[1][1])
+    assert (got - want).abs().max() < LLAMA_CPP_TOLERANCE * max(5.0, float(want.abs().max())), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("kind", [2, 3])  # Q8_0, Q4_0
+def test_quantized_experts_batched_equals_alone(files, kind):
+    """Every expert held quantized; batched rows route and multiply exactly as alone, in both layouts."""
+    lm = load_model(files[1][kind], LoadOptions(weights="quantized"))
+    experts = lm.model.model.layers[0].mlp.experts
+    assert all(isinstance(m, QuantTensor) for e in experts for m in (e.gate_proj.qweight, e.down_proj.qweight))
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_quantized_experts_near_exact(tmp_path, arch):
+    """With every expert used, no routing decision can flip on a rounding (a tiny model's router has near ties
+    anywhere), so the quantized model stays near the exact one and checks each expert's matrices as loaded."""
+    n = 8 if arch == "qwen3_moe" else 4
+    paths = check.tiny_files(tmp_path, arch, config={"num_experts_per_tok": n})
+    for kind in (2, 3):
+        check.assert_quantized_near_exact_and_invariant(paths[kind])
+
+
+def test_dense_layers_and_unnormalised_weights_match_transformers(tmp_path):
+    """Qwen3-MoE's `mlp_only_layers` keep a dense MLP; `norm_topk_prob` false leaves the chosen weights as the softmax
+    gave them: both as transformers computes them, and each changes the logits (HF folders only: llama.cpp's qwen3moe
+    has neither)."""
+    config = {"num_hidden_layers": 3, "mlp_only_layers": [1], "norm_topk_prob": False}
+    hf = make_tiny_hf("qwen3_moe", tmp_path / "a", config=config)
+    lm = check.assert_matches_transformers(hf, hf, "sequence")
+    assert lm.args.dense_layers == [1] and not isinstance(lm.model.model.layers[1].mlp, SparseMoE)
+    normalised = load_model(make_tiny_hf("qwen3_moe", tmp_path / "b", config={**config, "norm_topk_prob": True}))
+    assert (full_logits(normalised, check.prompt()) - full_logits(lm, check.prompt())).abs().max() > 1e-2
+
+
+def test_mlx_matches_torch(files):
+    pytest.importorskip("mlx.core", reason="the MLX backend needs mlx (pip install 'mlx[cpu]' on Linux)")
+    from tests.engine.test_mlx_backend import assert_mlx_matches_torch
+
+    assert_mlx_matches_torch(load_model(files[1][1], LoadOptions(weights="dequantized")))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
+def test_on_cuda(files, weights, kind):
+    """Eager steps (routing is decided on the host: no decode graphs), bf16, near exact; batched == alone."""
+    check.assert_on_cuda(files[1][kind], weights)
+
+
+def test_routing_is_row_by_row():
+    """A row's output does not depend on the rows routed beside it (to the float GEMMs' rounding, which may differ
+    between one row and nine), and equals the dense definition: every expert's output times the row's renormalised
+    top-k softmax weight, else 0."""
+    args = ModelArgs("qwen3_moe", 50, 16, 24, 1, 2, 2, 8, 1e-6, {"global": RopeArgs(1e4)}, ["global"],
+                     num_experts=6, experts_per_token=2, moe_intermediate_size=12)
+    torch.manual_seed(0)
+    moe = SparseMoE(args)
+    for p in moe.parameters():
+        p.data.normal_()
+    x = torch.randn(9, 16)
+    with torch.no_grad():
+        together = moe(x)
+        for i in range(len(x)):
+            torch.testing.assert_close(moe(x[i:i + 1])[0], together[i], atol=1e-5, rtol=1e-5)
+        probs = torch.softmax(moe.gate(x), -1)
+        top = probs.topk(2, -1)
+        weight = torch.zeros_like(probs).scatter(1, top.indices, top.values / top.values.sum(-1, keepdim=True))
+        dense = sum(weight[:, e, None] * expert(x) for e, expert in enumerate(moe.experts))
+    torch.testing.assert_close(together, dense, atol=1e-5, rtol=1e-5)
+
+
+def test_bad_mixture_metadata_is_refused(tmp_path):
+    good = check.tiny_files(tmp_path, "qwen3_moe")[1]
+    check.assert_refused(good, tmp_path, "qwen3moe.expert_used_count", 9, "routes each token to 9 experts")
+    check.assert_refused(good, tmp_path, "qwen3moe.expert_count", 0, "expert_count")
+
+
+def test_experts_tensor_of_the_wrong_count_is_refused(tmp_path):
+    import gguf
+
+    from tests.support.gguf_export import rewrite_gguf
+
+    good = check.tiny_files(tmp_path, "qwen3_moe")[1]
+    bad = rewrite_gguf(gguf.GGUFReader(good), tmp_path / "bad.gguf", extra={"qwen3moe.expert_count": 4,
+                                                                           "qwen3moe.expert_used_count": 2})
+    with pytest.raises(ModelLoadError, match="does not hold the model's 4 experts"):
+        load_model(bad, LoadOptions(weights="dequantized"))
+
+
+def test_the_estimate_counts_experts_quantized(tmp_path):
+    """A quantized mixture is estimated at its experts' quantized size, not as fp32 (which would refuse a 30B-A3B
+    model that fits)."""
+    from engine.loading.gguf_file import open_gguf
+    from engine.memory import gguf_estimate
+
+    gf = open_gguf(check.tiny_files(tmp_path, "qwen3_moe")[3])
+    experts = [t for t in gf.tensors if len(t.shape) == 3]
+    assert experts and all(t.tensor_type.name == "Q4_0" for t in experts)
+    quantized, floats = gguf_estimate(experts, 0, True, 4), gguf_estimate(experts, 0, False, 4)
+    held = sum(t.n_bytes for t in experts)
+    assert quantized - gguf_estimate([], 0, True, 4) < 1.5 * held < floats - gguf_estimate([], 0, False, 4)
+
+
+def test_the_app_imports_mixtures(files):
+    from app.core.sqlite_registry import check_model
+
+    assert check_model(files[1][3]) == "gguf" and check_model(files[1][0]) == "hf"
+
+
+def test_unsupported_refusal_names_the_moe_models():
+    from engine.models import architecture
+
+    with pytest.raises(UnsupportedModelError, match="qwen3_moe"):
+        architecture("olmoe")
