@@ -34,6 +34,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(x2)
+        if x2.shape[0] == 1:
+            return self._one_row(x2, weights, chosen).reshape(*lead, -1)
         flat = chosen.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert, rows ascending within each
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
@@ -47,6 +49,16 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, r, y * weights[r, slots[start:start + n], None])
             start += n
         return out.to(x.dtype).reshape(*lead, -1)
+
+    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """`forward` of one row (a lone session's decode step) without the gathers: the same products and sums in
+        the same order (0 + a is a), so its bits are the batched path's."""
+        out = None
+        picks = sorted(zip(chosen[0].tolist(), range(self.top_k)))  # ascending experts, as the batched path runs
+        for expert, slot in picks:
+            y = _whole(self.experts[expert](x), x.dtype).float() * weights[:, slot, None]
+            out = y if out is None else out + y
+        return out.to(x.dtype)
 
 
 def _whole(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

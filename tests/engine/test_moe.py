@@ -1,6 +1,6 @@
-"""Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`): logits equal to
-transformers' (HF folder and GGUF, both layouts) and to llama.cpp's, experts held quantized, greedy batched == alone,
-MLX equal to PyTorch, the CUDA path, and bad files refused in one line."""
+"""Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`): logits
+equal to transformers' (HF folder and GGUF, both layouts) and to llama.cpp's, experts held quantized, greedy batched ==
+alone, MLX equal to PyTorch, the CUDA path, and bad files refused in one line."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +18,7 @@ from tests.support.tiny_models import make_tiny_hf
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["qwen3_moe", "mixtral"]
+ARCHS = ["qwen3_moe", "mixtral", "olmoe"]
 # llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
 LLAMA_CPP_TOLERANCE = 2e-3
 
@@ -53,14 +53,20 @@ def test_quantized_experts_batched_equals_alone(files, kind):
         assert_batched_equals_alone(lm, layout)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_quantized_experts_near_exact(tmp_path, arch):
-    """With every expert used, no routing decision can flip on a rounding (a tiny model's router has near ties
-    anywhere), so the quantized model stays near the exact one and checks each expert's matrices as loaded."""
-    n = 8 if arch == "qwen3_moe" else 4
-    paths = check.tiny_files(tmp_path, arch, config={"num_experts_per_tok": n})
-    for kind in (2, 3):
-        check.assert_quantized_near_exact_and_invariant(paths[kind])
+@pytest.fixture(scope="module", params=ARCHS)
+def every_expert(request, tmp_path_factory) -> tuple:
+    """The tiny files with every expert used by every token: no routing decision can flip on a rounding (a tiny
+    model's router has near ties anywhere), so quantized weights stay near the exact model, expert by expert."""
+    return _every_expert_files(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _every_expert_files(root, arch: str) -> tuple:
+    return check.tiny_files(root, arch, config={"num_experts_per_tok": 4 if arch == "mixtral" else 8})
+
+
+@pytest.mark.parametrize("kind", [2, 3])
+def test_quantized_experts_near_exact(every_expert, kind):
+    check.assert_quantized_near_exact_and_invariant(every_expert[kind])
 
 
 def test_dense_layers_and_unnormalised_weights_match_transformers(tmp_path):
@@ -84,10 +90,14 @@ def test_mlx_matches_torch(files):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
-def test_on_cuda(files, weights, kind):
-    """Eager steps (routing is decided on the host: no decode graphs), bf16, near exact; batched == alone."""
-    check.assert_on_cuda(files[1][kind], weights)
+def test_on_cuda(files, tmp_path):
+    """Eager steps (routing is decided on the host: no decode graphs), bf16: near exact and batched == alone, floats
+    and quantized (near exact where no routing can flip); the routed quantized model batched == alone."""
+    check.assert_on_cuda(files[1][1], "dequantized")
+    check.assert_on_cuda(_every_expert_files(tmp_path, files[0])[3], "quantized")
+    lm = load_model(files[1][3], LoadOptions(device="cuda", dtype="bfloat16", weights="quantized"))
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
 
 
 def test_routing_is_row_by_row():

@@ -21,17 +21,18 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone",
-             "qwen3_moe": "qwen3moe", "mixtral": "llama"}
+             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
-                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE}
+                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE,
+                "olmoe": MODEL_ARCH.OLMOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone",
-                 "qwen3moe": "qwen2"}
+                 "qwen3moe": "qwen2", "olmoe": "dbrx"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}

@@ -130,16 +130,17 @@ TOK_SPECS: dict[str, _TokSpec] = {
     ),
 }
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2"]
-TOK_SPECS["mixtral"] = TOK_SPECS["llama"]
+TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
 TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
-                "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False}
+                "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
+                "olmoe": False}
 EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
-               "qwen3_moe", "mixtral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+               "qwen3_moe", "mixtral", "olmoe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -279,6 +280,15 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                 "sliding_window": None, "router_jitter_noise": 0.0,
                                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
                              | common | {"intermediate_size": 32} | (overrides or {}))
+    if arch == "olmoe":
+        from transformers import OlmoeConfig
+
+        # 8 experts, 2 per token, their weights left unnormalised (OLMoE-1B-7B: 64 of 8); no GQA, as llama.cpp wants
+        return OlmoeConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,
+                              "rms_norm_eps": 1e-5, "num_experts": 8, "num_experts_per_tok": 2,
+                              "norm_topk_prob": False, "clip_qkv": None,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+                           | common | {"intermediate_size": 32} | (overrides or {}))
     if arch == "cohere2":
         from transformers import Cohere2Config
 
@@ -356,7 +366,7 @@ def _model_class(arch: str):
             "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-            "mixtral": "MixtralForCausalLM"}[arch]
+            "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
