@@ -2,6 +2,8 @@
 kernels/cpu_native.py) and its plain PyTorch reference (`impl="reference"`)."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import torch
 
@@ -28,6 +30,31 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
         y = kgemm_reference(x, blocks, type_name)
         return y if bias is None else y + bias.float()
     return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
+
+
+def kgemm_experts(x: torch.Tensor, mats: list[torch.Tensor], x_of: list[int], type_name: str, *,
+                  impl: str = "auto") -> torch.Tensor:
+    """(M, N) fp32 whose row m is x[x_of[m]] @ mats[m]ᵀ, the M matrices (N, K/256 · bytes) of one shape and
+    `type_name`: a mixture's chosen experts in one library call, each row exactly `kgemm`'s for that x row."""
+    kind, size, _ = KINDS[type_name]
+    k = mats[0].shape[1] // size * QK
+    if x.shape[-1] != k or any(m.shape != mats[0].shape for m in mats):
+        raise ValueError(f"x has {x.shape[-1]} columns; the {len(mats)} matrices must share one shape")
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        return torch.cat([kgemm_reference(x[r:r + 1], w, type_name) for w, r in zip(mats, x_of)])
+    x = x.float().contiguous()
+    n, count = mats[0].shape[0], len(mats)
+    y = torch.empty(count, n, dtype=torch.float32)
+    ptrs = (ctypes.c_void_p * count)(*[m.data_ptr() for m in mats])
+    rows = (ctypes.c_int64 * count)(*x_of)
+    rc = kernel.lib.parley_kgemm_experts(x.data_ptr(), x.shape[0], k, ptrs, rows, count, kind, n, y.data_ptr(),
+                                         torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"parley_kgemm_experts does not take K = {k} or x rows {x_of} of {x.shape[0]}")
+    if rc != 0:
+        raise MemoryError(f"no memory for the activations of a {x.shape[0]} × {k} product")
+    return y
 
 
 def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor:

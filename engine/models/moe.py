@@ -1,11 +1,13 @@
 """Sparse mixture-of-experts MLP (Qwen3-MoE, Mixtral): a router picks each token's top-k experts among gated MLPs."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from engine.models.args import ModelArgs
-from engine.models.layers import GatedMLP, Linear, mlp
+from engine.models.layers import GatedMLP, Linear, QuantLinear, mlp
 
 
 class SparseMoE(nn.Module):
@@ -52,13 +54,68 @@ class SparseMoE(nn.Module):
 
     def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """`forward` of one row (a lone session's decode step) without the gathers: the same products and sums in
-        the same order (0 + a is a), so its bits are the batched path's."""
-        out = None
+        the same order (0 + a is a), so its bits are the batched path's. On the CPU library's super-block formats
+        the chosen experts' products run as two library calls (gate|up, then down) instead of one module each."""
         picks = sorted(zip(chosen[0].tolist(), range(self.top_k)))  # ascending experts, as the batched path runs
-        for expert, slot in picks:
-            y = _whole(self.experts[expert](x), x.dtype).float() * weights[:, slot, None]
+        library = self._library()
+        if library is not None and x.device.type == "cpu" and x.dtype == torch.float32:
+            outputs = _library_experts(library, x, [e for e, _ in picks])
+        else:
+            outputs = [_whole(self.experts[e](x), x.dtype).float() for e, _ in picks]
+        out = None
+        for y, (_, slot) in zip(outputs, picks):
+            y = y * weights[:, slot, None]
             out = y if out is None else out + y
         return out.to(x.dtype)
+
+    def _library(self) -> "LibraryExperts | None":
+        """The experts as the CPU library's one-call product takes them, or None; found once the model is prepared
+        (the experts' `native` flag and fused gate|up, `CausalLM.prepare`)."""
+        first = self.experts[0]
+        key = (first.native, id(first.gate_up_proj))
+        if getattr(self, "_held", (None,))[0] != key:
+            self._held = (key, LibraryExperts.of(self.experts))
+        return self._held[1]
+
+
+@dataclass(frozen=True, slots=True)
+class LibraryExperts:
+    """Every expert's fused gate|up and down super-blocks (one type each across the layer, as a GGUF file stacks
+    them) and the activation: what kernels.cpu_kgemm.kgemm_experts multiplies."""
+
+    gate_up: list[torch.Tensor]
+    gate_up_type: str
+    down: list[torch.Tensor]
+    down_type: str
+    act: str
+
+    @staticmethod
+    def of(experts: nn.ModuleList) -> "LibraryExperts | None":
+        first = experts[0]
+        if not (first.native and first.act_kernel) or not all(
+                isinstance(e.gate_up_proj, QuantLinear) and isinstance(e.down_proj, QuantLinear)
+                and e.gate_up_proj.bias is None and e.down_proj.bias is None for e in experts):
+            return None
+        gate_up = [e.gate_up_proj.qweight for e in experts]
+        down = [e.down_proj.qweight for e in experts]
+        kinds = [{q.code_layout.raw if q.format == "blocks" else "" for q in part} for part in (gate_up, down)]
+        if any(len(k) != 1 or "" in k for k in kinds):
+            return None
+        return LibraryExperts([q.blocks for q in gate_up], kinds[0].pop(), [q.blocks for q in down], kinds[1].pop(),
+                              first.act_kernel)
+
+
+def _library_experts(lib: LibraryExperts, x: torch.Tensor, chosen: list[int]) -> list[torch.Tensor]:
+    """Row x (1, D) through experts `chosen` in two library calls: each expert's (1, D) output, fp32, exactly what its
+    module gives on this path (the same products, row by row, and the same activation)."""
+    from kernels.cpu_act import gated_act
+    from kernels.cpu_kgemm import kgemm_experts
+
+    gate_up = kgemm_experts(x, [lib.gate_up[e] for e in chosen], [0] * len(chosen), lib.gate_up_type, impl="native")
+    inter = gate_up.shape[1] // 2
+    act = gated_act(gate_up[:, :inter], gate_up[:, inter:], lib.act, impl="native")
+    down = kgemm_experts(act, [lib.down[e] for e in chosen], list(range(len(chosen))), lib.down_type, impl="native")
+    return list(down.split(1))
 
 
 def _whole(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

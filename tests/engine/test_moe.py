@@ -165,3 +165,28 @@ def test_unsupported_refusal_names_the_moe_models():
 
     with pytest.raises(UnsupportedModelError, match="qwen3_moe"):
         architecture("olmoe")
+
+
+def test_k_quant_experts_run_in_one_library_call(tmp_path):
+    """A Q4_K_M file (llama.cpp's own quantizer): a lone row's chosen experts go through two library calls, with the
+    bits of the expert-by-expert path; greedy batched == alone in both layouts."""
+    pytest.importorskip("llama_cpp")
+    from bench.synthetic_gguf import quantize_mix
+    from kernels.cpu_native import cpu_kernel
+    from tests.support.gguf_export import write_gguf
+
+    if cpu_kernel() is None:
+        pytest.skip("the CPU kernel does not build here")
+    hf = make_tiny_hf("qwen3_moe", tmp_path / "hf", config={"hidden_size": 256, "moe_intermediate_size": 256})
+    path = tmp_path / "q4_k_m.gguf"
+    quantize_mix(write_gguf(hf, tmp_path / "f32.gguf"), path, "Q4_K_M", threads=2)
+    lm = load_model(path, LoadOptions(weights="quantized"))
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)  # prepares the model for the CPU library
+    moe = lm.model.model.layers[0].mlp
+    assert moe._library() is not None
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        fast = moe(x)
+        moe._held = ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)  # module by module
+        assert torch.equal(moe(x), fast)

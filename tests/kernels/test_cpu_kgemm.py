@@ -187,3 +187,22 @@ def test_super_blocks_fuse_with_their_own_type_only():
     np.testing.assert_array_equal(fused.dequantize().numpy(), want)
     q6 = superblocks(_random_blocks("Q6_K", 4, 512, np.random.default_rng(2)), "Q6_K")
     assert concat_rows([parts[0], q6]) is None
+
+
+@needs_kernel
+@pytest.mark.parametrize("name", TYPES)
+def test_experts_in_one_call_equal_each_product(name):
+    """A mixture's chosen experts in one call: row m is exactly kgemm's product of its matrix with its x row, for any
+    rows and matrices (repeated, out of order), near the reference; x rows outside x are refused."""
+    from kernels.cpu_kgemm import kgemm_experts
+
+    mats = [_blocks(name, 40, 512, seed=s) for s in range(5)]
+    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
+    picks = [(3, 0), (0, 2), (4, 1), (3, 2), (1, 0)]  # (matrix, x row)
+    got = kgemm_experts(x, [mats[m] for m, _ in picks], [r for _, r in picks], name, impl="native")
+    for row, (m, r) in zip(got, picks):
+        assert torch.equal(row, kgemm(x[r:r + 1], mats[m], name, impl="native")[0])
+    ref = kgemm_experts(x, [mats[m] for m, _ in picks], [r for _, r in picks], name, impl="reference")
+    torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
+    with pytest.raises(ValueError, match="x rows"):
+        kgemm_experts(x, mats[:1], [3], name, impl="native")
