@@ -32,26 +32,29 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
     return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
 
 
-def kgemm_experts(x: torch.Tensor, mats: list[torch.Tensor], x_of: list[int], type_name: str, *,
+def kgemm_grouped(x: torch.Tensor, mats: list[torch.Tensor], counts: list[int], type_name: str, *,
                   impl: str = "auto") -> torch.Tensor:
-    """(M, N) fp32 whose row m is x[x_of[m]] @ mats[m]ᵀ, the M matrices (N, K/256 · bytes) of one shape and
-    `type_name`: a mixture's chosen experts in one library call, each row exactly `kgemm`'s for that x row."""
+    """(R, N) fp32 for x (R, K) in groups of `counts` rows, in order, each group's rows @ its matrix's ᵀ (the
+    matrices (N, K/256 · bytes) of one shape and `type_name`): a mixture's chosen experts in one library call, the
+    rows that chose an expert side by side; every row exactly `kgemm`'s for it."""
     kind, size, _ = KINDS[type_name]
     k = mats[0].shape[1] // size * QK
-    if x.shape[-1] != k or any(m.shape != mats[0].shape for m in mats):
-        raise ValueError(f"x has {x.shape[-1]} columns; the {len(mats)} matrices must share one shape")
+    if x.shape[-1] != k or any(m.shape != mats[0].shape for m in mats) or len(counts) != len(mats) \
+            or sum(counts) != x.shape[0] or min(counts) < 1:
+        raise ValueError(f"x ({list(x.shape)}) must be {len(mats)} groups of {counts} rows of {k} columns, the "
+                         "matrices of one shape")
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        return torch.cat([kgemm_reference(x[r:r + 1], w, type_name) for w, r in zip(mats, x_of)])
+        starts = np.cumsum([0, *counts[:-1]]).tolist()
+        return torch.cat([kgemm_reference(x[s:s + c], w, type_name) for w, s, c in zip(mats, starts, counts)])
     x = x.float().contiguous()
-    n, count = mats[0].shape[0], len(mats)
-    y = torch.empty(count, n, dtype=torch.float32)
-    ptrs = (ctypes.c_void_p * count)(*[m.data_ptr() for m in mats])
-    rows = (ctypes.c_int64 * count)(*x_of)
-    rc = kernel.lib.parley_kgemm_experts(x.data_ptr(), x.shape[0], k, ptrs, rows, count, kind, n, y.data_ptr(),
-                                         torch.get_num_threads())
-    if rc == -2:
-        raise ValueError(f"parley_kgemm_experts does not take K = {k} or x rows {x_of} of {x.shape[0]}")
+    n, groups = mats[0].shape[0], len(mats)
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    ptrs = (ctypes.c_void_p * groups)(*[m.data_ptr() for m in mats])
+    first = (ctypes.c_int64 * groups)(*np.cumsum([0, *counts[:-1]]).tolist())
+    sizes = (ctypes.c_int64 * groups)(*counts)
+    rc = kernel.lib.parley_kgemm_grouped(x.data_ptr(), x.shape[0], k, ptrs, first, sizes, groups, kind, n,
+                                         y.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError(f"no memory for the activations of a {x.shape[0]} × {k} product")
     return y

@@ -36,34 +36,37 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(x2)
+        library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         if x2.shape[0] == 1:
-            return self._one_row(x2, weights, chosen).reshape(*lead, -1)
+            return self._one_row(x2, weights, chosen, library).reshape(*lead, -1)
         flat = chosen.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert, rows ascending within each
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
         rows, slots = order // self.top_k, order % self.top_k
+        if library is not None:  # every expert's rows in two library calls
+            ys = _library_experts(library, x2.index_select(0, rows), [(e, n) for e, n in enumerate(counts) if n])
         out = torch.zeros(x2.shape, dtype=torch.float32, device=x.device)  # the k outputs summed in fp32
         start = 0
-        for expert, n in zip(self.experts, counts):
+        for e, n in enumerate(counts):
             if n:
                 r = rows[start:start + n]
-                y = _whole(expert(x2.index_select(0, r)), x.dtype).float()
+                y = ys[start:start + n] if library is not None else \
+                    _whole(self.experts[e](x2.index_select(0, r)), x.dtype).float()
                 out.index_add_(0, r, y * weights[r, slots[start:start + n], None])
             start += n
         return out.to(x.dtype).reshape(*lead, -1)
 
-    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
+                 library: "LibraryExperts | None") -> torch.Tensor:
         """`forward` of one row (a lone session's decode step) without the gathers: the same products and sums in
-        the same order (0 + a is a), so its bits are the batched path's. On the CPU library's super-block formats
-        the chosen experts' products run as two library calls (gate|up, then down) instead of one module each."""
+        the same order (0 + a is a), so its bits are the batched path's."""
         picks = sorted(zip(chosen[0].tolist(), range(self.top_k)))  # ascending experts, as the batched path runs
-        library = self._library()
-        if library is not None and x.device.type == "cpu" and x.dtype == torch.float32:
-            outputs = _library_experts(library, x, [e for e, _ in picks])
+        if library is not None:
+            ys = _library_experts(library, x.expand(len(picks), -1), [(e, 1) for e, _ in picks]).split(1)
         else:
-            outputs = [_whole(self.experts[e](x), x.dtype).float() for e, _ in picks]
+            ys = [_whole(self.experts[e](x), x.dtype).float() for e, _ in picks]
         out = None
-        for y, (_, slot) in zip(outputs, picks):
+        for y, (_, slot) in zip(ys, picks):
             y = y * weights[:, slot, None]
             out = y if out is None else out + y
         return out.to(x.dtype)
@@ -105,17 +108,18 @@ class LibraryExperts:
                               first.act_kernel)
 
 
-def _library_experts(lib: LibraryExperts, x: torch.Tensor, chosen: list[int]) -> list[torch.Tensor]:
-    """Row x (1, D) through experts `chosen` in two library calls: each expert's (1, D) output, fp32, exactly what its
-    module gives on this path (the same products, row by row, and the same activation)."""
+def _library_experts(lib: LibraryExperts, x: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
+    """Rows x (R, D), in groups of (expert, rows) side by side, through their experts in two library calls: (R, D)
+    fp32, each row exactly what its expert's module gives on this path (the same products, row by row, and the same
+    activation)."""
     from kernels.cpu_act import gated_act
-    from kernels.cpu_kgemm import kgemm_experts
+    from kernels.cpu_kgemm import kgemm_grouped
 
-    gate_up = kgemm_experts(x, [lib.gate_up[e] for e in chosen], [0] * len(chosen), lib.gate_up_type, impl="native")
+    counts = [n for _, n in groups]
+    gate_up = kgemm_grouped(x, [lib.gate_up[e] for e, _ in groups], counts, lib.gate_up_type, impl="native")
     inter = gate_up.shape[1] // 2
     act = gated_act(gate_up[:, :inter], gate_up[:, inter:], lib.act, impl="native")
-    down = kgemm_experts(act, [lib.down[e] for e in chosen], list(range(len(chosen))), lib.down_type, impl="native")
-    return list(down.split(1))
+    return kgemm_grouped(act, [lib.down[e] for e, _ in groups], counts, lib.down_type, impl="native")
 
 
 def _whole(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -286,15 +286,20 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     return 0;
 }
 
-/* y (M, N) fp32: row m = x[x_of[m]] (K) @ W_mᵀ, for M matrices W_m (N, K/256 super-blocks of `kind`, codes
-   interleaved) at mats[m]: a mixture of experts' chosen experts in one call, their rows shared out among the threads
-   together. Each value is exactly parley_kgemm's for that weight row and x row (the same quantized activations and
-   one-row tile). Returns 0; -1 without scratch memory; -2 for a kind or K it does not take, or an x row outside x. */
-int parley_kgemm_experts(const float *x, int64_t R, int64_t K, const uint8_t *const *mats, const int64_t *x_of,
-                         int64_t M, int kind, int64_t N, float *y, int threads) {
+/* y (R, N) fp32 for x (R, K) whose rows come in M groups, group m rows first[m] .. first[m] + count[m] - 1 against
+   its own matrix W_m (N, K/256 super-blocks of `kind`, codes interleaved) at mats[m]: a mixture of experts' chosen
+   experts in one call, the rows that chose an expert gathered beside each other, every group's weight rows shared
+   out among the threads together. Each value is exactly parley_kgemm's for that weight row and x row (the same
+   quantized activations and row tiles). Returns 0; -1 without scratch memory; -2 for a kind or K it does not take,
+   or a group outside x. */
+int parley_kgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *const *mats, const int64_t *first,
+                         const int64_t *count, int64_t M, int kind, int64_t N, float *y, int threads) {
     if ((kind != Q4_K && kind != Q5_K && kind != Q6_K) || K % QK != 0) return -2;
-    for (int64_t m = 0; m < M; m++)
-        if (x_of[m] < 0 || x_of[m] >= R) return -2;
+    int64_t widest = 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (first[m] < 0 || count[m] < 1 || first[m] + count[m] > R) return -2;
+        if (count[m] > widest) widest = count[m];
+    }
     const int64_t nsb = K / QK, ng = nsb * sb_groups(kind), row_bytes = nsb * sb_bytes(kind);
     int8_t *a = malloc((size_t)(R * K));
     float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
@@ -306,16 +311,22 @@ int parley_kgemm_experts(const float *x, int64_t R, int64_t K, const uint8_t *co
     quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
     const KActs acts = {a, dl, dsum, R, nsb, ng};
     const int64_t total = M * N, run = column_run(total, threads);
-    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(total, K, 1))
+    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(total, K, widest))
     for (int64_t j = 0; j < total; j++) {
-        const int64_t m = j / N;
-        const uint8_t *w = mats[m] + (j - m * N) * row_bytes;
-        if (kind == Q4_K)  /* ystride 0: the one row's value lands at y[j] */
-            ktile(&acts, x_of[m], 1, w, Q4_K, y + j, 0);
-        else if (kind == Q5_K)
-            ktile(&acts, x_of[m], 1, w, Q5_K, y + j, 0);
-        else
-            ktile(&acts, x_of[m], 1, w, Q6_K, y + j, 0);
+        const int64_t m = j / N, n = j - m * N, r = first[m];
+        const uint8_t *w = mats[m] + n * row_bytes;
+#define GTILE(r0, nr) ktile(&acts, r + (r0), nr, w, kind_, y + n, N)
+        if (kind == Q4_K) {
+            const int kind_ = Q4_K;
+            EACH_TILE(count[m], TILE, GTILE);
+        } else if (kind == Q5_K) {
+            const int kind_ = Q5_K;
+            EACH_TILE(count[m], TILE, GTILE);
+        } else {
+            const int kind_ = Q6_K;
+            EACH_TILE(count[m], TILE, GTILE);
+        }
+#undef GTILE
     }
     free(a); free(dl); free(dsum);
     return 0;

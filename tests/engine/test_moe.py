@@ -167,9 +167,9 @@ def test_unsupported_refusal_names_the_moe_models():
         architecture("olmoe")
 
 
-def test_k_quant_experts_run_in_one_library_call(tmp_path):
-    """A Q4_K_M file (llama.cpp's own quantizer): a lone row's chosen experts go through two library calls, with the
-    bits of the expert-by-expert path; greedy batched == alone in both layouts."""
+def test_k_quant_experts_run_in_two_library_calls(tmp_path):
+    """A Q4_K_M file (llama.cpp's own quantizer): the rows' chosen experts go through two library calls, with the bits
+    of the expert-by-expert path; greedy batched == alone in both layouts."""
     pytest.importorskip("llama_cpp")
     from bench.synthetic_gguf import quantize_mix
     from kernels.cpu_native import cpu_kernel
@@ -185,8 +185,8 @@ def test_k_quant_experts_run_in_one_library_call(tmp_path):
         assert_batched_equals_alone(lm, layout)  # prepares the model for the CPU library
     moe = lm.model.model.layers[0].mlp
     assert moe._library() is not None
-    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(9, 256, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        fast = moe(x)
+        fast = [moe(x), moe(x[:1])]  # the rows' groups, and a lone row's
         moe._held = ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)  # module by module
-        assert torch.equal(moe(x), fast)
+        assert torch.equal(moe(x), fast[0]) and torch.equal(moe(x[:1]), fast[1])

@@ -191,18 +191,21 @@ def test_super_blocks_fuse_with_their_own_type_only():
 
 @needs_kernel
 @pytest.mark.parametrize("name", TYPES)
-def test_experts_in_one_call_equal_each_product(name):
-    """A mixture's chosen experts in one call: row m is exactly kgemm's product of its matrix with its x row, for any
-    rows and matrices (repeated, out of order), near the reference; x rows outside x are refused."""
-    from kernels.cpu_kgemm import kgemm_experts
+def test_grouped_rows_equal_each_product(name):
+    """A mixture's chosen experts in one call: each group of rows against its own matrix (repeated, out of order, of
+    every tile size) gives exactly kgemm's product of those rows, near the reference; groups outside x are refused."""
+    from kernels.cpu_kgemm import kgemm_grouped
 
     mats = [_blocks(name, 40, 512, seed=s) for s in range(5)]
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(2))
-    picks = [(3, 0), (0, 2), (4, 1), (3, 2), (1, 0)]  # (matrix, x row)
-    got = kgemm_experts(x, [mats[m] for m, _ in picks], [r for _, r in picks], name, impl="native")
-    for row, (m, r) in zip(got, picks):
-        assert torch.equal(row, kgemm(x[r:r + 1], mats[m], name, impl="native")[0])
-    ref = kgemm_experts(x, [mats[m] for m, _ in picks], [r for _, r in picks], name, impl="reference")
+    x = torch.randn(23, 512, generator=torch.Generator().manual_seed(2))
+    groups = [(3, 1), (0, 9), (4, 2), (3, 5), (1, 6)]  # (matrix, rows)
+    counts = [c for _, c in groups]
+    got = kgemm_grouped(x, [mats[m] for m, _ in groups], counts, name, impl="native")
+    start = 0
+    for m, c in groups:
+        assert torch.equal(got[start:start + c], kgemm(x[start:start + c], mats[m], name, impl="native"))
+        start += c
+    ref = kgemm_grouped(x, [mats[m] for m, _ in groups], counts, name, impl="reference")
     torch.testing.assert_close(got, ref, atol=1e-3, rtol=1e-3)
-    with pytest.raises(ValueError, match="x rows"):
-        kgemm_experts(x, mats[:1], [3], name, impl="native")
+    with pytest.raises(ValueError, match="groups"):
+        kgemm_grouped(x, mats[:1], [24], name, impl="native")
