@@ -15,8 +15,9 @@ class SparseMoE(nn.Module):
     router's softmax weights (renormalised over the chosen ones with `norm_topk`).
 
     Experts run in ascending order, each on the rows that chose it, gathered: a row's result depends only on the row
-    (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. The gather needs the
-    routing on the host (one sync per layer): MoE models run eager steps, never replayed graphs or tapes."""
+    (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. On the CPU library's
+    super-block formats a step's experts run as two library calls for all of them (`LibraryExperts`). The gather needs
+    the routing on the host (one sync per layer): MoE models run eager steps, never replayed graphs or tapes."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -24,6 +25,7 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
+        self._held: tuple = (None, None)  # (what it was found for, LibraryExperts or None): `_library`
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
@@ -76,7 +78,7 @@ class SparseMoE(nn.Module):
         (the experts' `native` flag and fused gate|up, `CausalLM.prepare`)."""
         first = self.experts[0]
         key = (first.native, id(first.gate_up_proj))
-        if getattr(self, "_held", (None,))[0] != key:
+        if self._held[0] != key:
             self._held = (key, LibraryExperts.of(self.experts))
         return self._held[1]
 
@@ -84,7 +86,7 @@ class SparseMoE(nn.Module):
 @dataclass(frozen=True, slots=True)
 class LibraryExperts:
     """Every expert's fused gate|up and down super-blocks (one type each across the layer, as a GGUF file stacks
-    them) and the activation: what kernels.cpu_kgemm.kgemm_experts multiplies."""
+    them) and the activation: what kernels.cpu_kgemm.kgemm_grouped multiplies."""
 
     gate_up: list[torch.Tensor]
     gate_up_type: str
