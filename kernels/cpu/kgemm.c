@@ -85,6 +85,26 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_
     }
 }
 
+/* x's rows quantized for `kind`'s groups into fresh scratch (release_acts frees it); 0, or -1 without memory. */
+static int quantize_acts(const float *x, int64_t R, int64_t K, int kind, KActs *acts) {
+    const int64_t nsb = K / QK, ng = nsb * sb_groups(kind);
+    int8_t *a = malloc((size_t)(R * K));
+    float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
+    float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
+    if (!a || !dl || !dsum) {
+        free(a); free(dl); free(dsum);
+        return -1;
+    }
+    quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
+    const KActs made = {a, dl, dsum, R, nsb, ng};
+    *acts = made;
+    return 0;
+}
+
+static void release_acts(const KActs *acts) {
+    free((void *)acts->a); free((void *)acts->dl); free((void *)acts->dsum);
+}
+
 /* c + Σ u·a over each 4 consecutive bytes, eight int32 lanes (u ≤ 63: AVX2's int16 pair sums cannot saturate). */
 static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
@@ -259,16 +279,9 @@ static inline __attribute__((always_inline)) void kcolumn(const KActs *x, const 
 int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, int kind, int64_t N, const float *bias,
                  float *y, int threads) {
     if ((kind != Q4_K && kind != Q5_K && kind != Q6_K) || K % QK != 0) return -2;
-    const int64_t nsb = K / QK, ng = nsb * sb_groups(kind), row_bytes = nsb * sb_bytes(kind);
-    int8_t *a = malloc((size_t)(R * K));
-    float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
-    float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
-    if (!a || !dl || !dsum) {
-        free(a); free(dl); free(dsum);
-        return -1;
-    }
-    quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
-    const KActs acts = {a, dl, dsum, R, nsb, ng};
+    const int64_t row_bytes = K / QK * sb_bytes(kind);
+    KActs acts;
+    if (quantize_acts(x, R, K, kind, &acts) != 0) return -1;
     const int64_t run = column_run(N, threads);
     #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
     for (int64_t n = 0; n < N; n++) {
@@ -282,7 +295,7 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
         if (bias)  /* after the sum, as torch's y + b rounds it */
             for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
     }
-    free(a); free(dl); free(dsum);
+    release_acts(&acts);
     return 0;
 }
 
@@ -300,16 +313,9 @@ int parley_kgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *co
         if (first[m] < 0 || count[m] < 1 || first[m] + count[m] > R) return -2;
         if (count[m] > widest) widest = count[m];
     }
-    const int64_t nsb = K / QK, ng = nsb * sb_groups(kind), row_bytes = nsb * sb_bytes(kind);
-    int8_t *a = malloc((size_t)(R * K));
-    float *dl = malloc(sizeof(float) * (size_t)(R * nsb * 16));
-    float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
-    if (!a || !dl || !dsum) {
-        free(a); free(dl); free(dsum);
-        return -1;
-    }
-    quantize_rows(x, R, K, QK / sb_groups(kind), a, dl, dsum);
-    const KActs acts = {a, dl, dsum, R, nsb, ng};
+    const int64_t row_bytes = K / QK * sb_bytes(kind);
+    KActs acts;
+    if (quantize_acts(x, R, K, kind, &acts) != 0) return -1;
     const int64_t total = M * N, run = column_run(total, threads);
     #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(total, K, widest))
     for (int64_t j = 0; j < total; j++) {
@@ -328,7 +334,7 @@ int parley_kgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *co
         }
 #undef GTILE
     }
-    free(a); free(dl); free(dsum);
+    release_acts(&acts);
     return 0;
 }
 
