@@ -32,7 +32,8 @@ class ModelRunner:
         self.inputs = StepInputs(cache) if kernel_cache else None  # the step buffer the kernels (and graphs) read
         if graphs is None:
             graphs = cache.device.type == "cuda" and kernel_cache
-        graphs = graphs and not model.args.num_experts  # experts routed on the host: no step can be replayed
+        # a mixture whose experts are routed on the host (not stacked on the device) cannot replay its steps
+        graphs = graphs and all(getattr(m, "replayable", True) for m in model.modules())
         self.graphs = None
         if graphs:
             from engine.cuda_graphs import DecodeGraphs

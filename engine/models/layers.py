@@ -467,6 +467,9 @@ class CausalLM(nn.Module):
                         lin.split_k = splits if choice.decode_gemm else 0
                     elif isinstance(lin, QuantLinear):  # the fused consumers sum partials (gate/up: act_mul)
                         lin.split_k = lin.qweight.decode_splits() if choice.fused else 0
+        for module in self.modules():  # a mixture's experts, stacked for one launch per projection (engine/models/moe.py)
+            if hasattr(module, "prepare_experts"):
+                module.prepare_experts(choice.fused)
 
     def install_quantized(self, path: str, qweight: QuantTensor, dtype: torch.dtype = torch.float32) -> None:
         """Puts a quantized matrix in place of the Linear or Embedding at `path` (its bias, if any, comes later);

@@ -8,6 +8,7 @@ from torch import nn
 
 from engine.models.args import ModelArgs
 from engine.models.layers import GatedMLP, Linear, QuantLinear, mlp
+from engine.quant.weight import QuantTensor
 
 
 class SparseMoE(nn.Module):
@@ -26,6 +27,18 @@ class SparseMoE(nn.Module):
             GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
         self._held: tuple = (None, None)  # (what it was found for, LibraryExperts or None): `_library`
+        self._stacked: StackedExperts | None = None  # on CUDA's fused kernels: every expert in one tensor per buffer
+
+    @property
+    def replayable(self) -> bool:
+        """Whether a step through this layer can be captured in a CUDA graph: the routing stays on the device."""
+        return self._stacked is not None
+
+    def prepare_experts(self, fused: bool) -> None:
+        """On CUDA's fused kernels (`CausalLM.prepare`), stacks the experts for `_on_device`; elsewhere nothing."""
+        held = next(iter(self.experts[0].state_dict().values()), None)
+        if fused and self._stacked is None and held is not None and held.is_cuda:
+            self._stacked = StackedExperts.stack(self.experts)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
@@ -38,6 +51,8 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(x2)
+        if self._stacked is not None and x.is_cuda and not torch.compiler.is_compiling():
+            return self._on_device(x2, weights, chosen).reshape(*lead, -1)
         library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         if x2.shape[0] == 1:
             return self._one_row(x2, weights, chosen, library).reshape(*lead, -1)
@@ -57,6 +72,18 @@ class SparseMoE(nn.Module):
                 out.index_add_(0, r, y * weights[r, slots[start:start + n], None])
             start += n
         return out.to(x.dtype).reshape(*lead, -1)
+
+    def _on_device(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """Every (row, expert) pair in one launch per projection, the experts read by index on the device (no host
+        sync: steps replay as CUDA graphs); each row's experts summed in ascending order, as everywhere."""
+        from kernels.moe import experts_linear, weighted_rows
+        from kernels.norms import act_mul
+
+        chosen, order = chosen.sort(dim=-1)
+        weights, flat, held = weights.gather(-1, order), chosen.reshape(-1), self._stacked
+        gate_up = experts_linear(x, held.gate_up_format, held.gate_up, flat, self.top_k)
+        act = act_mul(gate_up, held.act, impl="triton" if x.is_cuda else "reference")
+        return weighted_rows(experts_linear(act, held.down_format, held.down, flat, 1), weights)
 
     def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
                  library: "LibraryExperts | None") -> torch.Tensor:
@@ -108,6 +135,63 @@ class LibraryExperts:
             return None
         return LibraryExperts([q.blocks for q in gate_up], kinds[0].pop(), [q.blocks for q in down], kinds[1].pop(),
                               first.act_kernel)
+
+
+@dataclass(frozen=True, slots=True)
+class StackedExperts:
+    """Every expert's fused gate|up and down buffers stacked along a first axis (kernels/moe.py's formats), the experts'
+    own modules left holding views of them (no second copy)."""
+
+    gate_up_format: str
+    gate_up: dict[str, torch.Tensor]
+    down_format: str
+    down: dict[str, torch.Tensor]
+    act: str
+
+    @staticmethod
+    def stack(experts: nn.ModuleList) -> "StackedExperts | None":
+        first = experts[0]
+        if not first.act_kernel or first.gate_up_proj is None:
+            return None
+        gate_up = _stack([e.gate_up_proj for e in experts])
+        down = _stack([e.down_proj for e in experts]) if gate_up is not None else None
+        if down is None:
+            return None
+        return StackedExperts(gate_up[0], gate_up[1], down[0], down[1], first.act_kernel)
+
+
+BUFFERS = {"int4": ("words", "pairs"), "int8": ("codes", "scale"), "bf16": ("weight",)}
+
+
+def _stack(linears: list[nn.Module]) -> tuple[str, dict[str, torch.Tensor]] | None:
+    """(format, buffers stacked) of same-shaped, same-format matrices without biases, each module then holding a view
+    of its slice; None where they differ or a format has no stacked kernel."""
+    if any(m.bias is not None for m in linears):
+        return None
+    if all(type(m) is Linear for m in linears):
+        fmt, owners = "bf16", linears
+    elif all(isinstance(m, QuantLinear) and isinstance(m.qweight, QuantTensor) for m in linears):
+        fmt, owners = linears[0].qweight.format, [m.qweight for m in linears]
+        if fmt not in BUFFERS or any(q.format != fmt for q in owners):
+            return None
+    else:
+        return None
+    stacked = {}
+    for name in BUFFERS[fmt]:
+        parts = [getattr(o, name) for o in owners]
+        if any(p.shape != parts[0].shape or p.dtype != parts[0].dtype for p in parts):
+            return None
+    for name in BUFFERS[fmt]:
+        parts = [getattr(o, name) for o in owners]
+        out = torch.empty((len(parts), *parts[0].shape), dtype=parts[0].dtype, device=parts[0].device)
+        for i, (owner, part) in enumerate(zip(owners, parts)):
+            out[i].copy_(part)
+            if isinstance(owner, Linear):  # the module keeps a view: the old tensor goes
+                owner.weight = nn.Parameter(out[i], requires_grad=False)
+            else:
+                owner._buffers[name] = out[i]
+        stacked[name] = out
+    return fmt, stacked
 
 
 def _library_experts(lib: LibraryExperts, x: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:

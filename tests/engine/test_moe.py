@@ -116,13 +116,18 @@ def test_mlx_holds_the_experts_quantized(files, every_expert):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_on_cuda(files, tmp_path):
-    """Eager steps (routing is decided on the host: no decode graphs), bf16: near exact and batched == alone, floats
-    and quantized (near exact where no routing can flip); the routed quantized model batched == alone."""
+    """The experts stacked and read by index on the device, so decode steps replay as graphs, bf16: near exact and
+    batched == alone, floats and quantized (near exact where no routing can flip); the routed quantized model batched
+    == alone."""
+    from bench.runs import RunConfig, make_batcher
+
     check.assert_on_cuda(files[1][1], "dequantized")
     check.assert_on_cuda(_every_expert_files(tmp_path, files[0])[3], "quantized")
     lm = load_model(files[1][3], LoadOptions(device="cuda", dtype="bfloat16", weights="quantized"))
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
+    assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
+    assert all(layer.mlp.replayable for layer in lm.model.model.layers)
 
 
 def test_routing_is_row_by_row():
@@ -145,6 +150,29 @@ def test_routing_is_row_by_row():
         weight = torch.zeros_like(probs).scatter(1, top.indices, top.values / top.values.sum(-1, keepdim=True))
         dense = sum(weight[:, e, None] * expert(x) for e, expert in enumerate(moe.experts))
     torch.testing.assert_close(together, dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [1, 3])  # floats, Q4_0's int4
+def test_experts_stacked_for_the_device_give_the_module_path(files, kind):
+    """CUDA's path (every pair by index from stacked experts; here its PyTorch reference on the CPU): the sorted
+    routing, the pairs' rows and the weighted sums give the expert-by-expert result, and the modules keep views."""
+    from engine.models.moe import StackedExperts
+
+    lm = load_model(files[1][kind], LoadOptions(weights="dequantized" if kind == 1 else "quantized", device="cpu"))
+    moe = lm.model.model.layers[0].mlp
+    for expert in moe.experts:
+        expert.fuse_projections()
+    x = torch.randn(7, lm.args.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = moe(x)
+        if kind == 3:  # the CPU's blocks format has no stacked kernel: nothing is stacked
+            assert StackedExperts.stack(moe.experts) is None
+            return
+        moe._stacked = StackedExperts.stack(moe.experts)
+        got = moe._on_device(x, *moe.route(x))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    stacked = moe._stacked.gate_up["weight"]
+    assert moe.experts[2].gate_up_proj.weight.data_ptr() == stacked[2].data_ptr()
 
 
 def test_bad_mixture_metadata_is_refused(tmp_path):

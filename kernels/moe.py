@@ -1,0 +1,88 @@
+"""A mixture of experts' chosen experts on the GPU without the host: every (row, expert) pair's product, the experts
+read from a stacked tensor by index on the device (kernels/moe_triton.py), and each row's experts summed with their
+weights; with the implementation switch of the other ops (`impl="reference"` is plain PyTorch, `"triton"` the
+kernels)."""
+from __future__ import annotations
+
+import torch
+
+from kernels.attention import _use_triton
+from kernels.quant_linear import int4_rows_reference
+
+FORMATS = ("int4", "int8", "bf16")
+
+
+def experts_linear(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor], experts: torch.Tensor, x_div: int,
+                   *, impl: str = "auto") -> torch.Tensor:
+    """(P, N) in x's dtype: row p = x[p // x_div] @ W_{experts[p]}ᵀ, for P = len(experts) pairs; `stacked` holds every
+    expert's buffers of format `fmt` along a first axis (int4: words, pairs; int8: codes, scale; bf16: weight)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"format must be one of {FORMATS}, not {fmt!r}")
+    pairs = experts.shape[0]
+    if _use_triton(impl, x):
+        return _experts_triton(x, fmt, stacked, experts, x_div, pairs)
+    rows = x.index_select(0, torch.arange(pairs, device=x.device) // x_div)
+    out = [rows[p:p + 1].float() @ _dense(fmt, stacked, int(e), x.shape[1]).t() for p, e in enumerate(experts.tolist())]
+    return torch.cat(out).to(x.dtype)
+
+
+def weighted_rows(y: torch.Tensor, weights: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
+    """(T, H) in y's dtype: row t = Σ_j weights[t, j] · y[t·k + j] in fp32, j in order; y (T·k, H), weights (T, k)."""
+    t, k = weights.shape
+    if _use_triton(impl, y):
+        from kernels.moe_triton import _weighted_rows
+
+        out = torch.empty(t, y.shape[1], dtype=y.dtype, device=y.device)
+        block = 1024
+        _weighted_rows[(t, -(-y.shape[1] // block))](y, weights.float().contiguous(), out, y.shape[1], KTOP=k,
+                                                    BLOCK_H=block)
+        return out
+    parts = y.float().reshape(t, k, -1) * weights.float()[..., None]
+    total = parts[:, 0]
+    for j in range(1, k):
+        total = total + parts[:, j]
+    return total.to(y.dtype)
+
+
+def _dense(fmt: str, stacked: dict[str, torch.Tensor], e: int, k: int) -> torch.Tensor:
+    """Expert e's matrix in fp32."""
+    if fmt == "int4":
+        return int4_rows_reference(stacked["words"][e], stacked["pairs"][e], torch.float32, k)
+    if fmt == "int8":
+        return stacked["codes"][e].float() * stacked["scale"][e].float()[:, None]
+    return stacked["weight"][e].float()
+
+
+def _experts_triton(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor], experts: torch.Tensor, x_div: int,
+                    pairs: int) -> torch.Tensor:
+    import triton
+
+    from kernels.moe_triton import _int4_experts, _rows_experts
+    from kernels.quant_linear_triton import _asm, int4_layout, int4_tiles, int8_tiles
+
+    x = x if x.stride(1) == 1 else x.contiguous()
+    experts = experts.to(torch.int32).contiguous()
+    interpret = x.device.type == "cpu"
+    dot_fp32 = interpret and x.dtype == torch.bfloat16
+    k = x.shape[1]
+    if fmt == "int4":
+        words, pairs_, tile = int4_layout(stacked["words"][0], stacked["pairs"][0])
+        n, kp = words.shape[0], words.shape[1] * 8
+        bn, step, stages, warps = int4_tiles(n, kp // 128, interpret, 16)
+        y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+        _int4_experts[(triton.cdiv(n, bn), pairs)](
+            x, stacked["words"], stacked["pairs"], experts, y, n, k, kp, x_div, x.stride(0),
+            stacked["words"].stride(0), words.stride(0) * tile, stacked["pairs"].stride(0), pairs_.stride(0) * tile,
+            y.stride(0), BLOCK_N=bn, CHUNKS=step, DOT_FP32=dot_fp32, ASM=_asm(x), TILE=tile, num_warps=warps,
+            num_stages=stages)
+        return y
+    codes = stacked["codes"] if fmt == "int8" else stacked["weight"]
+    scale = stacked["scale"] if fmt == "int8" else codes
+    n = codes.shape[1]
+    bn, bk, stages, warps = int8_tiles(n, interpret, 16)
+    y = torch.empty(pairs, n, dtype=x.dtype, device=x.device)
+    _rows_experts[(triton.cdiv(n, bn), pairs)](
+        x, codes, scale, experts, y, n, k, x_div, x.stride(0), codes.stride(0), codes.stride(1),
+        scale.stride(0), y.stride(0), BLOCK_N=bn, BLOCK_K=bk, DOT_FP32=dot_fp32, SCALED=fmt == "int8",
+        num_warps=warps, num_stages=stages)
+    return y
