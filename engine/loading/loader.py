@@ -110,9 +110,6 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         args, weights, tok, kind = _read_gguf_cached(source, options, progress)
     read_s = time.perf_counter() - start
     args = fit_context(args, options.context)
-    if args.num_experts and options.device.startswith("cuda"):
-        notices.append(f"{source.name}: a mixture of experts runs eager steps on CUDA (its routing is decided on the "
-                       "host, so no decode graphs): decode is far slower than a dense model's; the CPU may be faster.")
     model = build_model(args, weights, options.torch_dtype, options.device)
     del weights
     return_freed_memory()

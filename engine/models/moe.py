@@ -17,8 +17,9 @@ class SparseMoE(nn.Module):
 
     Experts run in ascending order, each on the rows that chose it, gathered: a row's result depends only on the row
     (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. On the CPU library's
-    super-block formats a step's experts run as two library calls for all of them (`LibraryExperts`). The gather needs
-    the routing on the host (one sync per layer): MoE models run eager steps, never replayed graphs or tapes."""
+    super-block formats a step's experts run as two library calls for all of them (`LibraryExperts`); the gather reads
+    the routing on the host (one sync a layer), so CPU steps are never taped. On CUDA's fused kernels the experts are
+    stacked and every (row, expert) pair runs by index on the device (`_on_device`): steps replay as graphs."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
