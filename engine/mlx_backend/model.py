@@ -117,8 +117,18 @@ class SparseMoE(nn.Module):
         self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act)
                         for _ in range(args.num_experts)]
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
+        if args.shared_expert_size:  # Qwen2-MoE's
+            self.shared_expert = MLP(args.hidden_size, args.shared_expert_size, args.hidden_act)
+            self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+        self.shared = bool(args.shared_expert_size)
 
     def __call__(self, x: mx.array) -> mx.array:
+        out = self._routed(x)
+        if not self.shared:
+            return out
+        return out + mx.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+    def _routed(self, x: mx.array) -> mx.array:
         probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1)
         chosen = mx.argsort(-probs, axis=-1)[:, :self.top_k]
         weights = mx.take_along_axis(probs, chosen, axis=-1)

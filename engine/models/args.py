@@ -21,6 +21,10 @@ GGUF_BLOCK_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     "ffn_gate_inp": "mlp.gate",  # a mixture of experts' router (its experts: gguf_weights.EXPERTS)
+    "ffn_gate_inp_shexp": "mlp.shared_expert_gate",  # Qwen2-MoE's expert every token takes, and its gate
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj",
+    "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }
 
 GLOBAL = "global"
@@ -87,6 +91,7 @@ class ModelArgs:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1 (Mixtral, Qwen3-MoE)
     dense_layers: list[int] = field(default_factory=list)  # layers of an MoE model that keep a dense MLP
+    shared_expert_size: int = 0  # > 0: every token also takes one gated MLP of this width, sigmoid-gated (Qwen2-MoE)
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -27,6 +27,11 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
+        if args.shared_expert_size:  # Qwen2-MoE: one more expert every row takes, scaled by sigmoid(its gate)
+            self.shared_expert = GatedMLP(args.hidden_size, args.shared_expert_size, args.hidden_act)
+            self.shared_expert_gate = Linear(args.hidden_size, 1, bias=False)
+        else:
+            self.shared_expert = self.shared_expert_gate = None
         self._held: tuple = (None, None)  # (what it was found for, LibraryExperts or None): `_library`
         self._stacked: StackedExperts | None = None  # on CUDA's fused kernels: every expert in one tensor per buffer
 
@@ -50,6 +55,14 @@ class SparseMoE(nn.Module):
         return weights, chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._routed(x)
+        if self.shared_expert is None:
+            return out
+        shared = _whole(self.shared_expert(x), x.dtype)
+        return out + torch.sigmoid(self.shared_expert_gate(x)) * shared
+
+    def _routed(self, x: torch.Tensor) -> torch.Tensor:
+        """The routed experts' weighted sum, in x's dtype."""
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
         weights, chosen = self.route(x2)
         if self._stacked is not None and x.is_cuda and not torch.compiler.is_compiling():

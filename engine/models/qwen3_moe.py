@@ -15,7 +15,12 @@ gguf_fix = qwen3.gguf_fix
 
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
-    where = "config.json (qwen3_moe)"
+    return hf_args(config, "qwen3_moe", qk_norm=True, attention_bias=bool(config.get("attention_bias", False)))
+
+
+def hf_args(config: dict[str, Any], model_type: str, **overrides: Any) -> ModelArgs:
+    """A Qwen MoE folder's ModelArgs: its experts, and the layers transformers gives a dense MLP."""
+    where = f"config.json ({model_type})"
     n_layers = require(config, "num_hidden_layers", where)
     experts = config.get("num_experts", config.get("num_local_experts"))  # the Hub's key, transformers 5's
     if experts is None:
@@ -24,8 +29,7 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     only = set(config.get("mlp_only_layers") or [])
     dense = [i for i in range(n_layers) if i in only or (i + 1) % step]  # transformers' rule for a layer's MLP
     return llama.args_from_hf(
-        config, "qwen3_moe", qk_norm=True, attention_bias=bool(config.get("attention_bias", False)),
-        num_experts=experts,
+        config, model_type, **overrides, num_experts=experts,
         experts_per_token=require(config, "num_experts_per_tok", where),
         moe_intermediate_size=require(config, "moe_intermediate_size", where),
         norm_topk_prob=bool(config.get("norm_topk_prob", False)), dense_layers=dense)

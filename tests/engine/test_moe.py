@@ -1,6 +1,7 @@
-"""Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`): logits
-equal to transformers' (HF folder and GGUF, both layouts) and to llama.cpp's, experts held quantized, greedy batched ==
-alone, MLX equal to PyTorch, the CUDA path, and bad files refused in one line."""
+"""Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`, Qwen2-MoE
+`qwen2_moe` / `qwen2moe` with its shared expert): logits equal to transformers' (HF folder and GGUF, both layouts) and to
+llama.cpp's, experts held quantized, greedy batched == alone, MLX equal to PyTorch, the CUDA path, and bad files refused
+in one line."""
 from __future__ import annotations
 
 import pytest
@@ -18,7 +19,7 @@ from tests.support.tiny_models import make_tiny_hf
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["qwen3_moe", "mixtral", "olmoe"]
+ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
 # llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
 LLAMA_CPP_TOLERANCE = 2e-3
 
@@ -61,7 +62,7 @@ def every_expert(files, tmp_path_factory) -> tuple:
 
 
 def _every_expert_files(root, arch: str) -> tuple:
-    return check.tiny_files(root, arch, config={"num_experts_per_tok": 4 if arch == "mixtral" else 8})
+    return check.tiny_files(root, arch, config={"num_experts_per_tok": 4 if arch == "mixtral" else 8})  # all of them
 
 
 @pytest.mark.parametrize("kind", [2, 3])
@@ -164,7 +165,7 @@ def test_experts_stacked_for_the_device_give_the_module_path(files, kind):
         expert.fuse_projections()
     x = torch.randn(7, lm.args.hidden_size, generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
-        want = moe(x)
+        want = moe._routed(x)  # the routed experts (a shared expert is added after either path)
         if kind == 3:  # the CPU's blocks format has no stacked kernel: nothing is stacked
             assert StackedExperts.stack(moe.experts) is None
             return
@@ -217,7 +218,7 @@ def test_unsupported_refusal_names_the_moe_models():
     from engine.models import architecture
 
     with pytest.raises(UnsupportedModelError, match="qwen3_moe"):
-        architecture("qwen2_moe")
+        architecture("deepseek_v2")
 
 
 def test_k_quant_experts_run_in_two_library_calls(tmp_path):

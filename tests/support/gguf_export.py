@@ -21,18 +21,18 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone",
-             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe"}
+             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe", "qwen2_moe": "qwen2moe"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE,
-                "olmoe": MODEL_ARCH.OLMOE}
+                "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone",
-                 "qwen3moe": "qwen2", "olmoe": "dbrx"}
+                 "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
@@ -114,6 +114,8 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_expert_used_count(cfg["num_experts_per_tok"])
         if "moe_intermediate_size" in cfg:
             w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        if "shared_expert_intermediate_size" in cfg:
+            w.add_expert_shared_feed_forward_length(cfg["shared_expert_intermediate_size"])
     if arch == "starcoder2":  # TextModel's: a LayerNorm eps (norm_epsilon), no sliding window
         w.add_layer_norm_eps(cfg["norm_epsilon"])
         return
@@ -343,7 +345,8 @@ def llama3_rope_factors(cfg: dict) -> np.ndarray:
 def _storage_type(name: str, data: np.ndarray, qtype: QType) -> QType:
     # Converter rule: 1-D tensors, norms and anything not a ".weight" (biases, rope_freqs) stay F32.
     # A mixture's router too (prepare_tensors keeps FFN_GATE_INP in F32).
-    if data.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight")) or not name.endswith(".weight"):
+    if data.ndim <= 1 or name.endswith(("_norm.weight", "ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight")) \
+            or not name.endswith(".weight"):
         return QType.F32
     return qtype
 

@@ -129,7 +129,7 @@ TOK_SPECS: dict[str, _TokSpec] = {
         ("<eos>", "<end_of_turn>"),
     ),
 }
-TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2"]
+TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS["qwen2"]
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
@@ -138,9 +138,9 @@ TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["co
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
-                "olmoe": False}
+                "olmoe": False, "qwen2_moe": False}
 EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
-               "qwen3_moe", "mixtral", "olmoe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+               "qwen3_moe", "mixtral", "olmoe", "qwen2_moe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -280,6 +280,16 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                 "sliding_window": None, "router_jitter_noise": 0.0,
                                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
                              | common | {"intermediate_size": 32} | (overrides or {}))
+    if arch == "qwen2_moe":
+        from transformers import Qwen2MoeConfig
+
+        # 8 experts, 2 per token, unnormalised, and the shared expert (Qwen1.5-MoE-A2.7B: 60 of 4, shared 5632)
+        return Qwen2MoeConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "rms_norm_eps": 1e-6, "num_experts": 8, "num_experts_per_tok": 2,
+                                 "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48,
+                                 "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                                 "use_sliding_window": False, "qkv_bias": True,
+                                 "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}} | common)
     if arch == "olmoe":
         from transformers import OlmoeConfig
 
@@ -366,7 +376,8 @@ def _model_class(arch: str):
             "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-            "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}[arch]
+            "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
+            "qwen2_moe": "Qwen2MoeForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
@@ -380,7 +391,7 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
             p.copy_(0.3 * noise if arch.startswith("gemma") else 1.0 + 0.3 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.2 * noise)
-        elif name.endswith("mlp.gate.weight"):  # a router: wide margins, so that quantized weights pick the same experts
+        elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # a router: wide margins, so that quantized weights pick the same experts
             p.copy_(6.0 * noise / p.shape[-1] ** 0.5)
         elif name.endswith("embed_tokens.weight"):
             p.copy_((0.125 if arch.startswith("gemma") else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
