@@ -92,8 +92,8 @@ class DecodeTapes:
         """Whether a model and cache can run taped steps: an fp32 `sequence` cache on the CPU library, one-row
         attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`); not a mixture of
         experts (its routing decides on the host which products run)."""
-        return (not model.args.num_experts and isinstance(cache, SequenceKVCache) and not cache.uses_kernels and cache.native_rows()
-                and any(getattr(m, "native", False) for m in model.modules()))
+        return (not model.args.num_experts and isinstance(cache, SequenceKVCache) and not cache.uses_kernels
+                and cache.native_rows() and any(getattr(m, "native", False) for m in model.modules()))
 
     def accepts(self, batch: StepBatch) -> bool:
         """A step of at most MAX_ROWS rows, every one a one-row query and sampled, in order: decode rows, and verify
