@@ -24,6 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.cache import SequenceKVCache
 from engine.models.layers import CausalLM, RopeInputs
+from engine.models.moe import SparseMoE
 from engine.step import StepBatch
 from kernels import cpu_native
 
@@ -90,10 +91,11 @@ class DecodeTapes:
     @staticmethod
     def fits(model: CausalLM, cache) -> bool:
         """Whether a model and cache can run taped steps: an fp32 `sequence` cache on the CPU library, one-row
-        attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`); not a mixture of
-        experts (its routing decides on the host which products run)."""
-        return (not model.args.num_experts and isinstance(cache, SequenceKVCache) and not cache.uses_kernels
-                and cache.native_rows() and any(getattr(m, "native", False) for m in model.modules()))
+        attention in it, and a model on the library's ops (`native`, set by `CausalLM.prepare`); a mixture of experts
+        only where each of its layers is one library call (routing as data: `SparseMoE.tapeable`)."""
+        return (isinstance(cache, SequenceKVCache) and not cache.uses_kernels and cache.native_rows()
+                and any(getattr(m, "native", False) for m in model.modules())
+                and all(m.tapeable for m in model.modules() if isinstance(m, SparseMoE)))
 
     def accepts(self, batch: StepBatch) -> bool:
         """A step of at most MAX_ROWS rows, every one a one-row query and sampled, in order: decode rows, and verify

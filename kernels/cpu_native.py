@@ -30,6 +30,7 @@ SIGNATURES = {  # name: (restype, argtypes)
     "parley_kgemm": (_INT, [_P, _I64, _I64, _P, _INT, _I64, _P, _P, _INT]),
     "parley_kq_interleave": (None, [_P, _P, _I64, _INT, _INT]),
     "parley_kgemm_grouped": (_INT, [_P, _I64, _I64, _P, _P, _P, _I64, _INT, _I64, _P, _INT]),
+    "parley_moe": (_INT, [_P, _I64, _I64, _P, _I64, _INT, _INT, _P, _INT, _I64, _P, _INT, _INT, _P, _INT]),
     "parley_q8gemm": (_INT, [_P, _I64, _I64, _P, _P, _INT, _I64, _P, _P, _INT]),
     "parley_attend_rows": (_INT, [_P, _P, _P, _P, _P, _I64, _INT, _INT, _INT, _F, _F, _P, _INT]),
     "parley_rms_norm": (None, [_P, _I64, _INT, _P, _F, _P]),

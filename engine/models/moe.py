@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -10,6 +11,9 @@ from engine.models.args import ModelArgs
 from engine.models.layers import GatedMLP, Linear, QuantLinear, mlp
 from engine.quant.weight import QuantTensor
 
+if TYPE_CHECKING:
+    from kernels.cpu_moe import ExpertBlocks
+
 
 class SparseMoE(nn.Module):
     """Each token's row goes through the `top_k` experts its router scores highest; their outputs are summed with the
@@ -17,9 +21,9 @@ class SparseMoE(nn.Module):
 
     Experts run in ascending order, each on the rows that chose it, gathered: a row's result depends only on the row
     (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. On the CPU library's
-    super-block formats a step's experts run as two library calls for all of them (`LibraryExperts`); the gather reads
-    the routing on the host (one sync a layer), so CPU steps are never taped. On CUDA's fused kernels the experts are
-    stacked and every (row, expert) pair runs by index on the device (`_on_device`): steps replay as graphs."""
+    super-block formats the whole layer is one library call (kernels/cpu_moe.py): routing is data there, not a host
+    sync, so CPU decode steps are taped. On CUDA's fused kernels the experts are stacked and every (row, expert) pair
+    runs by index on the device (`_on_device`): steps replay as graphs."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -32,8 +36,14 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = Linear(args.hidden_size, 1, bias=False)
         else:
             self.shared_expert = self.shared_expert_gate = None
-        self._held: tuple = (None, None)  # (what it was found for, LibraryExperts or None): `_library`
+        self._held: tuple = (None, None)  # (what it was found for, ExpertBlocks or None): `_library`
         self._stacked: StackedExperts | None = None  # on CUDA's fused kernels: every expert in one tensor per buffer
+
+    @property
+    def tapeable(self) -> bool:
+        """Whether a CPU step through this layer is all library calls (a CPU tape can replay it): the one-call
+        mixture, and no shared expert (its sigmoid gate runs in torch)."""
+        return self.shared_expert is None and self._library() is not None
 
     @property
     def replayable(self) -> bool:
@@ -64,25 +74,26 @@ class SparseMoE(nn.Module):
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts' weighted sum, in x's dtype."""
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
+        library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+        if library is not None:  # routing, experts and sum in one library call: no host sync, so steps are taped
+            from kernels.cpu_moe import moe
+
+            return moe(x2, self.gate.weight, library, self.top_k, self.norm_topk, impl="native").reshape(*lead, -1)
         weights, chosen = self.route(x2)
         if self._stacked is not None and x.is_cuda and not torch.compiler.is_compiling():
             return self._on_device(x2, weights, chosen).reshape(*lead, -1)
-        library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         if x2.shape[0] == 1:
-            return self._one_row(x2, weights, chosen, library).reshape(*lead, -1)
+            return self._one_row(x2, weights, chosen).reshape(*lead, -1)
         flat = chosen.reshape(-1)
         order = torch.argsort(flat, stable=True)  # (row, slot) pairs grouped by expert, rows ascending within each
         counts = torch.bincount(flat, minlength=len(self.experts)).tolist()  # the one host sync
         rows, slots = order // self.top_k, order % self.top_k
-        if library is not None:  # every expert's rows in two library calls
-            ys = _library_experts(library, x2.index_select(0, rows), [(e, n) for e, n in enumerate(counts) if n])
         out = torch.zeros(x2.shape, dtype=torch.float32, device=x.device)  # the k outputs summed in fp32
         start = 0
         for e, n in enumerate(counts):
             if n:
                 r = rows[start:start + n]
-                y = ys[start:start + n] if library is not None else \
-                    _whole(self.experts[e](x2.index_select(0, r)), x.dtype).float()
+                y = _whole(self.experts[e](x2.index_select(0, r)), x.dtype).float()
                 out.index_add_(0, r, y * weights[r, slots[start:start + n], None])
             start += n
         return out.to(x.dtype).reshape(*lead, -1)
@@ -99,56 +110,49 @@ class SparseMoE(nn.Module):
         act = act_mul(gate_up, held.act, impl="triton" if x.is_cuda else "reference")
         return weighted_rows(experts_linear(act, held.down_format, held.down, flat, 1), weights)
 
-    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor,
-                 library: "LibraryExperts | None") -> torch.Tensor:
+    def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """`forward` of one row (a lone session's decode step) without the gathers: the same products and sums in
         the same order (0 + a is a), so its bits are the batched path's."""
         picks = sorted(zip(chosen[0].tolist(), range(self.top_k)))  # ascending experts, as the batched path runs
-        if library is not None:
-            ys = _library_experts(library, x.expand(len(picks), -1), [(e, 1) for e, _ in picks]).split(1)
-        else:
-            ys = [_whole(self.experts[e](x), x.dtype).float() for e, _ in picks]
         out = None
-        for y, (_, slot) in zip(ys, picks):
-            y = y * weights[:, slot, None]
+        for e, slot in picks:
+            y = _whole(self.experts[e](x), x.dtype).float() * weights[:, slot, None]
             out = y if out is None else out + y
         return out.to(x.dtype)
 
-    def _library(self) -> "LibraryExperts | None":
-        """The experts as the CPU library's one-call product takes them, or None; found once the model is prepared
-        (the experts' `native` flag and fused gate|up, `CausalLM.prepare`)."""
+    def _library(self) -> "ExpertBlocks | None":
+        """The router and experts as the CPU library's one-call mixture takes them (kernels/cpu_moe.py), or None;
+        found once the model is prepared (the experts' `native` flag and fused gate|up, `CausalLM.prepare`)."""
         first = self.experts[0]
         key = (first.native, id(first.gate_up_proj))
         if self._held[0] != key:
-            self._held = (key, LibraryExperts.of(self.experts))
+            self._held = (key, _expert_blocks(self.experts) if _plain_router(self.gate) else None)
         return self._held[1]
 
 
-@dataclass(frozen=True, slots=True)
-class LibraryExperts:
+def _plain_router(gate: nn.Module) -> bool:
+    """A router the library reads: fp32 weights on the CPU, no bias (GGUF files keep it F32)."""
+    return type(gate) is Linear and gate.bias is None and gate.weight.dtype == torch.float32 \
+        and gate.weight.device.type == "cpu"
+
+
+def _expert_blocks(experts: nn.ModuleList) -> "ExpertBlocks | None":
     """Every expert's fused gate|up and down super-blocks (one type each across the layer, as a GGUF file stacks
-    them) and the activation: what kernels.cpu_kgemm.kgemm_grouped multiplies."""
+    them) and the activation, or None where the experts are held otherwise."""
+    from kernels.cpu_moe import ExpertBlocks
 
-    gate_up: list[torch.Tensor]
-    gate_up_type: str
-    down: list[torch.Tensor]
-    down_type: str
-    act: str
-
-    @staticmethod
-    def of(experts: nn.ModuleList) -> "LibraryExperts | None":
-        first = experts[0]
-        if not (first.native and first.act_kernel) or not all(
-                isinstance(e.gate_up_proj, QuantLinear) and isinstance(e.down_proj, QuantLinear)
-                and e.gate_up_proj.bias is None and e.down_proj.bias is None for e in experts):
-            return None
-        gate_up = [e.gate_up_proj.qweight for e in experts]
-        down = [e.down_proj.qweight for e in experts]
-        kinds = [{q.code_layout.raw if q.format == "blocks" else "" for q in part} for part in (gate_up, down)]
-        if any(len(k) != 1 or "" in k for k in kinds):
-            return None
-        return LibraryExperts([q.blocks for q in gate_up], kinds[0].pop(), [q.blocks for q in down], kinds[1].pop(),
-                              first.act_kernel)
+    first = experts[0]
+    if not (first.native and first.act_kernel) or not all(
+            isinstance(e.gate_up_proj, QuantLinear) and isinstance(e.down_proj, QuantLinear)
+            and e.gate_up_proj.bias is None and e.down_proj.bias is None for e in experts):
+        return None
+    gate_up = [e.gate_up_proj.qweight for e in experts]
+    down = [e.down_proj.qweight for e in experts]
+    kinds = [{q.code_layout.raw if q.format == "blocks" else "" for q in part} for part in (gate_up, down)]
+    if any(len(k) != 1 or "" in k for k in kinds):
+        return None
+    return ExpertBlocks.of([q.blocks for q in gate_up], kinds[0].pop(), [q.blocks for q in down], kinds[1].pop(),
+                           first.act_kernel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,20 +210,6 @@ def _stack(linears: list[nn.Module]) -> tuple[str, dict[str, torch.Tensor]] | No
                 owner._buffers[name] = out[i]
         stacked[name] = out
     return fmt, stacked
-
-
-def _library_experts(lib: LibraryExperts, x: torch.Tensor, groups: list[tuple[int, int]]) -> torch.Tensor:
-    """Rows x (R, D), in groups of (expert, rows) side by side, through their experts in two library calls: (R, D)
-    fp32, each row exactly what its expert's module gives on this path (the same products, row by row, and the same
-    activation)."""
-    from kernels.cpu_act import gated_act
-    from kernels.cpu_kgemm import kgemm_grouped
-
-    counts = [n for _, n in groups]
-    gate_up = kgemm_grouped(x, [lib.gate_up[e] for e, _ in groups], counts, lib.gate_up_type, impl="native")
-    inter = gate_up.shape[1] // 2
-    act = gated_act(gate_up[:, :inter], gate_up[:, inter:], lib.act, impl="native")
-    return kgemm_grouped(act, [lib.down[e] for e, _ in groups], counts, lib.down_type, impl="native")
 
 
 def _whole(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

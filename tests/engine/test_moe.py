@@ -221,9 +221,9 @@ def test_unsupported_refusal_names_the_moe_models():
         architecture("deepseek_v2")
 
 
-def test_k_quant_experts_run_in_two_library_calls(tmp_path):
-    """A Q4_K_M file (llama.cpp's own quantizer): the rows' chosen experts go through two library calls, with the bits
-    of the expert-by-expert path; greedy batched == alone in both layouts."""
+@pytest.fixture(scope="module")
+def k_quant_moe(tmp_path_factory):
+    """A Qwen3-MoE Q4_K_M file (llama.cpp's own quantizer), loaded quantized: its experts in the library's super-blocks."""
     pytest.importorskip("llama_cpp")
     from bench.synthetic_gguf import quantize_mix
     from kernels.cpu_native import cpu_kernel
@@ -231,16 +231,58 @@ def test_k_quant_experts_run_in_two_library_calls(tmp_path):
 
     if cpu_kernel() is None:
         pytest.skip("the CPU kernel does not build here")
-    hf = make_tiny_hf("qwen3_moe", tmp_path / "hf", config={"hidden_size": 256, "moe_intermediate_size": 256})
-    path = tmp_path / "q4_k_m.gguf"
-    quantize_mix(write_gguf(hf, tmp_path / "f32.gguf"), path, "Q4_K_M", threads=2)
-    lm = load_model(path, LoadOptions(weights="quantized"))
+    root = tmp_path_factory.mktemp("k_quant_moe")
+    hf = make_tiny_hf("qwen3_moe", root / "hf", config={"hidden_size": 256, "moe_intermediate_size": 256})
+    path = root / "q4_k_m.gguf"
+    quantize_mix(write_gguf(hf, root / "f32.gguf"), path, "Q4_K_M", threads=2)
+    return load_model(path, LoadOptions(weights="quantized"))
+
+
+def test_k_quant_experts_run_in_one_library_call(k_quant_moe):
+    """Each layer's routing, chosen experts and sum in one library call: every row exactly as alone, close to the
+    expert-by-expert path (whose router softmax rounds otherwise) and to the PyTorch reference; greedy batched == alone
+    in both layouts."""
+    from kernels.cpu_moe import moe as library_moe
+
+    lm = k_quant_moe
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)  # prepares the model for the CPU library
     moe = lm.model.model.layers[0].mlp
-    assert moe._library() is not None
+    blocks = moe._library()
+    assert blocks is not None and moe.tapeable
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
-        fast = [moe(x), moe(x[:1])]  # the rows' groups, and a lone row's
-        moe._held = ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)  # module by module
-        assert torch.equal(moe(x), fast[0]) and torch.equal(moe(x[:1]), fast[1])
+        fast = moe(x)
+        for i in range(len(x)):
+            assert torch.equal(moe(x[i:i + 1])[0], fast[i])
+        reference = library_moe(x, moe.gate.weight, blocks, moe.top_k, moe.norm_topk, impl="reference")
+        held, moe._held = moe._held, ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)
+        try:
+            modules = moe(x)  # module by module
+        finally:
+            moe._held = held
+    torch.testing.assert_close(fast, modules, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(fast, reference, atol=2e-3, rtol=2e-3)
+
+
+def test_k_quant_mixture_decode_steps_are_taped(k_quant_moe):
+    """With routing as data, a mixture's CPU decode steps replay from tapes and give the eager steps' tokens."""
+    from bench.runs import RunConfig, make_batcher
+    from engine.sampling import SamplingParams
+    from tests.support.engine_helpers import run_staggered
+
+    lm = k_quant_moe
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29)]
+    params = [SamplingParams(max_tokens=n) for n in (12, 5, 9)]
+    run = RunConfig(max_seq_len=128, step_tokens=16, chunk_tokens=8)
+    outs = []
+    for taped in (False, True):
+        batcher = make_batcher(lm, len(prompts), run)
+        assert batcher.runner.tapes is not None
+        if not taped:
+            batcher.runner.tapes = None
+        outs.append(run_staggered(batcher, prompts, [0, 0, 2], params))
+        tapes = batcher.runner.tapes
+    assert outs[1] == outs[0]
+    assert tapes.refused is None and len(tapes.tapes) >= 2

@@ -1,0 +1,114 @@
+/* A sparse mixture-of-experts MLP in one library call: the router, each row's top-k experts, their gated MLPs over
+   K-quant super-blocks, and the weighted sum. Routing decides which products run, so done in Python it syncs on the
+   host every layer and keeps CPU decode steps out of the tapes (engine/cpu_tape.py); here it is data, not control
+   flow, and a tape replays the step.
+
+   Per row, alone (so greedy batched == alone holds): logits l_e = x·router_e (eight lanes, then in order), softmax
+   p = exp(l − max) / Σ, the k largest (ties: the lower expert), renormalised over the chosen with `norm_topk`; then
+   the row's experts in ascending order, out = Σ w·down_e(act(gate_e(x)) · up_e(x)) from 0. The products run grouped:
+   every (row, expert) pair of the call, grouped by expert, through parley_kgemm_grouped (each row exactly kgemm's). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <math.h>
+
+#include "simd.h"
+
+int parley_kgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *const *mats, const int64_t *first,
+                         const int64_t *count, int64_t M, int kind, int64_t N, float *y, int threads);
+void parley_gated_act(const float *gate, const float *up, int64_t R, int64_t I, int64_t stride, int act, float *out);
+
+/* Row r's picks: experts ascending in ids[0..k), their weights in w. */
+static void route_row(const float *x, int64_t D, const float *router, int64_t E, int k, int norm_topk,
+                      float *logits, int *ids, float *w) {
+    float top = -INFINITY;
+    for (int64_t e = 0; e < E; e++) {
+        logits[e] = dot_f32(x, router + e * D, D);
+        if (logits[e] > top) top = logits[e];
+    }
+    float total = 0.0f;
+    for (int64_t e = 0; e < E; e++) {
+        logits[e] = expf(logits[e] - top);
+        total += logits[e];
+    }
+    float picked = 0.0f;
+    for (int i = 0; i < k; i++) {  /* the k largest, best first; a taken expert is marked −1 */
+        int best = 0;
+        for (int64_t e = 1; e < E; e++)
+            if (logits[e] > logits[best]) best = (int)e;
+        ids[i] = best;
+        w[i] = logits[best] / total;
+        picked += w[i];
+        logits[best] = -1.0f;
+    }
+    if (norm_topk)
+        for (int i = 0; i < k; i++) w[i] /= picked;
+    for (int i = 1; i < k; i++)  /* ascending experts: the order the sum runs in */
+        for (int j = i; j > 0 && ids[j] < ids[j - 1]; j--) {
+            const int t = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = t;
+            const float f = w[j]; w[j] = w[j - 1]; w[j - 1] = f;
+        }
+}
+
+/* x (R, D) fp32 -> out (R, D). router (E, D) fp32; gate_up[e] the expert's fused gate|up super-blocks (2I rows of
+   `gu_kind`, K = D), down[e] its down (D rows of `dn_kind`, K = I); act as parley_gated_act's. Returns 0, −1 without
+   scratch memory, −2 for shapes the products do not take. */
+int parley_moe(const float *x, int64_t R, int64_t D, const float *router, int64_t E, int k, int norm_topk,
+               const uint8_t *const *gate_up, int gu_kind, int64_t I, const uint8_t *const *down, int dn_kind,
+               int act, float *out, int threads) {
+    if (k < 1 || k > E) return -2;
+    if (R == 0) return 0;
+    const int64_t P = R * k;
+    int *ids = malloc(sizeof(int) * (size_t)P);
+    float *w = malloc(sizeof(float) * (size_t)P);
+    float *logits = malloc(sizeof(float) * (size_t)(E * R));
+    int64_t *at = malloc(sizeof(int64_t) * (size_t)(P + 4 * E));  /* pair p's position; per expert its count and
+                                                                     first pair; per group its first and count */
+    float *xg = malloc(sizeof(float) * (size_t)(P * D));
+    float *gu = malloc(sizeof(float) * (size_t)(P * 2 * I));
+    float *a = malloc(sizeof(float) * (size_t)(P * I));
+    float *y = malloc(sizeof(float) * (size_t)(P * D));
+    const uint8_t **mats = malloc(sizeof(void *) * (size_t)(2 * E));
+    int rc = -1;
+    if (!ids || !w || !logits || !at || !xg || !gu || !a || !y || !mats) goto done;
+
+    #pragma omp parallel for schedule(static) num_threads(threads) if (R * E * D > (1 << 20))
+    for (int64_t r = 0; r < R; r++)
+        route_row(x + r * D, D, router, E, k, norm_topk, logits + r * E, ids + r * k, w + r * k);
+
+    int64_t *pos = at, *count = at + P, *first = at + P + E, *gfirst = at + P + 2 * E, *gcount = at + P + 3 * E;
+    for (int64_t e = 0; e < E; e++) count[e] = 0;
+    for (int64_t p = 0; p < P; p++) count[ids[p]]++;
+    int64_t M = 0, next = 0;
+    for (int64_t e = 0; e < E; e++) {  /* the experts some row chose, ascending: one group each */
+        first[e] = next;
+        if (count[e]) {
+            mats[M] = gate_up[e];
+            mats[E + M] = down[e];
+            gfirst[M++] = next;
+        }
+        next += count[e];
+    }
+    for (int64_t p = 0; p < P; p++) {  /* rows ascending within an expert's group */
+        pos[p] = first[ids[p]]++;
+        memcpy(xg + pos[p] * D, x + p / k * D, sizeof(float) * (size_t)D);
+    }
+    for (int64_t m = 0; m < M; m++) gcount[m] = (m + 1 < M ? gfirst[m + 1] : P) - gfirst[m];
+
+    rc = parley_kgemm_grouped(xg, P, D, mats, gfirst, gcount, M, gu_kind, 2 * I, gu, threads);
+    if (rc != 0) goto done;
+    parley_gated_act(gu, gu + I, P, I, 2 * I, act, a);
+    rc = parley_kgemm_grouped(a, P, I, mats + E, gfirst, gcount, M, dn_kind, D, y, threads);
+    if (rc != 0) goto done;
+
+    for (int64_t r = 0; r < R; r++) {  /* each row's experts ascending, from 0 */
+        float *o = out + r * D;
+        for (int64_t d = 0; d < D; d++) o[d] = 0.0f;
+        for (int i = 0; i < k; i++) {
+            const float wi = w[r * k + i], *yi = y + pos[r * k + i] * D;
+            for (int64_t d = 0; d < D; d++) o[d] += wi * yi[d];
+        }
+    }
+done:
+    free(ids); free(w); free(logits); free(at); free(xg); free(gu); free(a); free(y); free((void *)mats);
+    return rc;
+}

@@ -1,0 +1,85 @@
+"""A sparse mixture-of-experts MLP in one library call (kernels/cpu/moe.c): router, top-k, the chosen experts' gated
+MLPs over K-quant super-blocks, weighted sum. Plain PyTorch reference beside it (`impl="reference"`)."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+
+import torch
+
+from kernels import cpu_native
+from kernels.cpu_act import ACTS, gated_act_reference
+from kernels.cpu_kgemm import KINDS, QK, kgemm_reference
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertBlocks:
+    """A layer's experts as the library takes them: each one's fused gate|up (2I rows) and down (D rows) super-blocks,
+    one type per projection, with their addresses gathered once (a step passes them without touching each expert)."""
+
+    gate_up: tuple[torch.Tensor, ...] = field(repr=False)
+    gate_up_type: str
+    down: tuple[torch.Tensor, ...] = field(repr=False)
+    down_type: str
+    act: str
+    gate_up_at: ctypes.Array = field(repr=False)
+    down_at: ctypes.Array = field(repr=False)
+
+    @staticmethod
+    def of(gate_up: list[torch.Tensor], gate_up_type: str, down: list[torch.Tensor], down_type: str,
+           act: str) -> "ExpertBlocks":
+        if gate_up_type not in KINDS or down_type not in KINDS or act not in ACTS:
+            raise ValueError(f"experts of {gate_up_type}/{down_type} with {act} are not the library's")
+        if len(gate_up) != len(down) or any(g.shape != gate_up[0].shape for g in gate_up) \
+                or any(d.shape != down[0].shape for d in down):
+            raise ValueError("every expert must have the same shapes")
+        at = ctypes.c_void_p * len(gate_up)
+        return ExpertBlocks(tuple(gate_up), gate_up_type, tuple(down), down_type, act,
+                            at(*[g.data_ptr() for g in gate_up]), at(*[d.data_ptr() for d in down]))
+
+    @property
+    def inter(self) -> int:
+        """I: the experts' intermediate width (the down projection's K)."""
+        return self.down[0].shape[1] // KINDS[self.down_type][1] * QK
+
+
+def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool, *,
+        impl: str = "auto") -> torch.Tensor:
+    """x (R, D) fp32 -> (R, D) fp32: each row through the `top_k` experts its router (E, D) fp32 scores highest, their
+    outputs weighted by the softmax over all experts (renormalised over the chosen with `norm_topk`) and summed,
+    experts ascending. Each row alone: its result never depends on the other rows."""
+    e, d = router.shape
+    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e:
+        raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
+                         f"top {top_k}: they do not fit")
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        return moe_reference(x, router, experts, top_k, norm_topk)
+    x, router = x.float().contiguous(), router.float().contiguous()
+    out = torch.empty(x.shape, dtype=torch.float32)
+    rc = kernel.lib.parley_moe(x.data_ptr(), x.shape[0], d, router.data_ptr(), e, top_k, int(norm_topk),
+                               experts.gate_up_at, KINDS[experts.gate_up_type][0], experts.inter, experts.down_at,
+                               KINDS[experts.down_type][0], ACTS[experts.act], out.data_ptr(), torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"the library's experts do not take D = {d}, I = {experts.inter}")
+    if rc != 0:
+        raise MemoryError(f"no memory for a mixture step of {x.shape[0]} rows")
+    return out
+
+
+def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int,
+                  norm_topk: bool) -> torch.Tensor:
+    """The same arithmetic in plain PyTorch: the products as kgemm_reference's (activations quantized per 32)."""
+    x = x.float()
+    probs = torch.softmax(x @ router.float().t(), dim=-1)
+    weights, chosen = torch.topk(probs, top_k, dim=-1)
+    if norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = torch.zeros_like(x)
+    inter = experts.inter
+    for r in range(x.shape[0]):
+        for e, w in sorted(zip(chosen[r].tolist(), weights[r].tolist())):
+            gu = kgemm_reference(x[r:r + 1], experts.gate_up[e], experts.gate_up_type)
+            act = gated_act_reference(gu[:, :inter], gu[:, inter:], experts.act)
+            out[r] += w * kgemm_reference(act, experts.down[e], experts.down_type)[0]
+    return out

@@ -1,0 +1,77 @@
+"""A mixture-of-experts layer in one library call (kernels/cpu/moe.c): near its PyTorch reference for each K-quant
+pairing, with and without renormalised weights; every row exactly as alone (greedy batched == alone); a row's result
+the chosen experts' products through the library, summed; bad shapes refused."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.cpu_act import gated_act
+from kernels.cpu_kgemm import kgemm
+from kernels.cpu_moe import ExpertBlocks, moe
+from kernels.cpu_native import cpu_kernel
+from tests.kernels.test_cpu_kgemm import _blocks
+
+pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
+D, I, E = 256, 512, 6
+
+
+def _experts(gate_up_type: str, down_type: str, act: str = "silu") -> ExpertBlocks:
+    return ExpertBlocks.of([_blocks(gate_up_type, 2 * I, D, seed=e) for e in range(E)], gate_up_type,
+                           [_blocks(down_type, D, I, seed=100 + e) for e in range(E)], down_type, act)
+
+
+def _inputs(rows: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(rows, D, generator=g), torch.randn(E, D, generator=g) * 0.2
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q6_K"), ("Q5_K", "Q4_K"), ("Q6_K", "Q5_K")])
+@pytest.mark.parametrize("norm", [True, False])
+def test_the_library_mixture_is_near_its_reference(types, norm):
+    experts = _experts(*types, act="silu" if norm else "gelu_tanh")
+    x, router = _inputs()
+    got = moe(x, router, experts, 2, norm, impl="native")
+    want = moe(x, router, experts, 2, norm, impl="reference")
+    scale = want.abs().max()
+    assert (got - want).abs().max() <= 2e-4 * scale, ((got - want).abs().max(), scale)
+    alone = torch.cat([moe(x[i:i + 1], router, experts, 2, norm, impl="native") for i in range(len(x))])
+    assert torch.equal(got, alone)  # a row never depends on the rows routed beside it
+
+
+def test_a_row_is_its_experts_library_products_summed():
+    """The one call gives, per row, the library's own products of its chosen experts (the routing's weights aside:
+    they are taken from torch's softmax here, so the sum is compared to the float rounding)."""
+    experts = _experts("Q4_K", "Q6_K")
+    x, router = _inputs(5)
+    got = moe(x, router, experts, 3, True, impl="native")
+    probs = torch.softmax(x @ router.t(), -1)
+    top = probs.topk(3, -1)
+    for r in range(len(x)):
+        want = torch.zeros(D)
+        for e, w in sorted(zip(top.indices[r].tolist(), (top.values[r] / top.values[r].sum()).tolist())):
+            gu = kgemm(x[r:r + 1], experts.gate_up[e], "Q4_K", impl="native")
+            act = gated_act(gu[:, :I], gu[:, I:], "silu", impl="native")
+            want += w * kgemm(act, experts.down[e], "Q6_K", impl="native")[0]
+        assert (got[r] - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_every_expert_chosen_by_every_row_and_no_rows():
+    experts = _experts("Q4_K", "Q4_K")
+    x, router = _inputs(4)
+    got = moe(x, router, experts, E, True, impl="native")
+    torch.testing.assert_close(got, moe(x, router, experts, E, True, impl="reference"), atol=1e-3, rtol=2e-4)
+    assert moe(x[:0], router, experts, 2, True, impl="native").shape == (0, D)
+
+
+def test_bad_shapes_are_refused():
+    experts = _experts("Q4_K", "Q6_K")
+    x, router = _inputs(2)
+    with pytest.raises(ValueError, match="do not fit"):
+        moe(x, router, experts, E + 1, True, impl="native")
+    with pytest.raises(ValueError, match="do not fit"):
+        moe(x[:, :128], router, experts, 2, True, impl="native")
+    with pytest.raises(ValueError, match="not the library's"):
+        ExpertBlocks.of(list(experts.gate_up), "Q8_0", list(experts.down), "Q6_K", "silu")
+    with pytest.raises(ValueError, match="same shapes"):
+        ExpertBlocks.of(list(experts.gate_up), "Q4_K", list(experts.down[:-1]), "Q6_K", "silu")
