@@ -157,8 +157,15 @@ def main() -> None:
     ap.add_argument("--verify-rows", type=int, nargs="+", default=[0],
                     help="rows a quantized step with drafts may take (0: the runner's own, ModelRunner.verify_rows); "
                     "each a run against bf16 with its runner's own")
+    ap.add_argument("--moe-group-rows", type=int, default=None,
+                    help="a mixture's steps group their (row, expert) pairs by expert from this many rows on "
+                    "(SparseMoE.group_rows; a huge value: never)")
     opts = ap.parse_args()
     from engine.models.kernel_choice import _pdl
+    from engine.models.moe import SparseMoE
+
+    if opts.moe_group_rows is not None:
+        SparseMoE.group_rows = opts.moe_group_rows
     from engine.process import configure_process
 
     device = torch.device("cuda")
@@ -181,6 +188,8 @@ def main() -> None:
                         row = {"shape": shape, "weights": weights, "sessions": n, "verify_rows": b.runner.verify_rows,
                                "speculative": opts.speculative, **timed(b, args, n),
                                "weight_mb": round(weight_mb(model), 1)}
+                        if args.num_experts:
+                            row["moe_group_rows"] = SparseMoE.group_rows
                         key = weights, n, rows
                         best[key] = max(row["tok_s"], best.get(key, 0.0))
                         if weights == "quantized" and ("bf16", n, 0) in best:

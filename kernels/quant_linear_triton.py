@@ -123,7 +123,12 @@ def _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w, acc, DOT_FP32: tl.constexpr)
 @triton.jit
 def _chunk_dots(X, rows, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc, DOT_FP32: tl.constexpr):
     # acc += x[rows, chunk] @ chunk's weightsᵀ: eight 16-deep dots over the chunk's slices, k its first slice's offsets
-    m_ok = rows < M
+    return _chunk_dots_at(X, rows, rows < M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc, DOT_FP32)
+
+
+@triton.jit
+def _chunk_dots_at(X, rows, m_ok, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc, DOT_FP32: tl.constexpr):
+    # `_chunk_dots` for any rows of X (gathered), those where m_ok
     acc = _slice_dot(X, rows, m_ok, k, K, stride_xm, w0, acc, DOT_FP32)
     acc = _slice_dot(X, rows, m_ok, k + 16, K, stride_xm, w1, acc, DOT_FP32)
     acc = _slice_dot(X, rows, m_ok, k + 32, K, stride_xm, w2, acc, DOT_FP32)

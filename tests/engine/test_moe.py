@@ -116,15 +116,16 @@ def test_mlx_holds_the_experts_quantized(files, every_expert):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_on_cuda(files, tmp_path):
+def test_on_cuda(files, tmp_path, monkeypatch):
     """The experts stacked and read by index on the device, so decode steps replay as graphs, bf16: near exact and
     batched == alone, floats and quantized (near exact where no routing can flip); the routed quantized model batched
-    == alone."""
+    == alone, also where batched steps group their pairs by expert and a lone row's do not."""
     from bench.runs import RunConfig, make_batcher
 
     check.assert_on_cuda(files[1][1], "dequantized")
     check.assert_on_cuda(_every_expert_files(tmp_path, files[0])[3], "quantized")
     lm = load_model(files[1][3], LoadOptions(device="cuda", dtype="bfloat16", weights="quantized"))
+    monkeypatch.setattr(SparseMoE, "group_rows", 2)  # batched steps grouped, a lone row's not
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
     assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None

@@ -64,3 +64,47 @@ def test_weighted_rows_sum_in_order():
     got = weighted_rows(y, w, impl="triton")
     torch.testing.assert_close(got.float(), weighted_rows(y, w, impl="reference").float(), atol=1e-5, rtol=1e-5)
     assert torch.equal(weighted_rows(y[4:8], w[1:2], impl="triton"), got[1:2])
+
+
+@needs_triton
+def test_pair_tiles_group_each_experts_pairs_by_sixteen():
+    from kernels.moe import pair_tiles, tile_capacity
+
+    experts = torch.tensor([3, 0, 3, 1] * 10 + [3] * 9, device=DEVICE)  # expert 3: 29 pairs, two tiles
+    got = pair_tiles(experts, E, impl="triton")
+    want = pair_tiles(experts.cpu(), E, impl="reference")
+    assert torch.equal(got.order.cpu(), want.order) and torch.equal(got.experts.cpu(), want.experts)
+    assert torch.equal(got.starts.cpu(), want.starts)
+    assert got.capacity == tile_capacity(len(experts), E)
+    # experts 0, 1 (10 pairs each), then 3's 29 in 16 + 13; the rest empty (start = P)
+    assert want.starts.tolist() == [0, 10, 20, 36] + [len(experts)] * (got.capacity - 3)
+    assert want.order[20:].tolist() == [i for i, e in enumerate(experts.tolist()) if e == 3]
+    many = torch.randint(0, 40, (300,), generator=torch.Generator().manual_seed(8)).to(DEVICE)  # compared in chunks
+    got, want = pair_tiles(many, 40, impl="triton"), pair_tiles(many.cpu(), 40, impl="reference")
+    assert all(torch.equal(a.cpu(), b) for a, b in zip((got.order, got.experts, got.starts),
+                                                        (want.order, want.experts, want.starts)))
+
+
+@needs_triton
+@pytest.mark.parametrize("fmt", ["int4", "int8", "bf16"])
+def test_grouped_tiles_give_each_pair_its_own_bits(fmt):
+    """An expert's pairs side by side in one tile (more than 16 of one expert: two tiles) give every row the bits it
+    has alone in a tile on the GPU (each row its own row of the MMA): a step may group or not without changing a
+    token. The interpreter's dots are NumPy's, whose rounding may depend on a row's place: there, to an ulp."""
+    from kernels.moe import pair_tiles
+
+    n, k = SHAPES[0]
+    stacked = _stacked(fmt, n, k)
+    x = torch.randn(25, k, generator=torch.Generator().manual_seed(5)).to(DTYPE).to(DEVICE)
+    experts = torch.randint(0, E, (50,), generator=torch.Generator().manual_seed(6)).to(DEVICE)
+    experts[::2] = 2  # expert 2 takes over 16 pairs
+    tiles = pair_tiles(experts, E)
+    grouped = experts_linear(x, fmt, stacked, experts, 2, tiles=tiles, impl="triton")
+    single = experts_linear(x, fmt, stacked, experts, 2, impl="triton")
+    if ON_GPU:
+        assert torch.equal(grouped, single)
+    else:
+        torch.testing.assert_close(grouped, single, atol=1e-6 * single.abs().max().item(), rtol=1e-6)
+    want = experts_linear(x, fmt, stacked, experts, 2, impl="reference")
+    tol = 2e-2 if DTYPE == torch.bfloat16 else 1e-4
+    torch.testing.assert_close(grouped.float(), want.float(), atol=tol * want.float().abs().max().item(), rtol=tol)
