@@ -134,6 +134,9 @@ class SparseMoE(nn.Module):
         weights = mx.take_along_axis(probs, chosen, axis=-1)
         if self.norm_topk:
             weights = weights / weights.sum(axis=-1, keepdims=True)
+        stacked = self._stack()
+        if stacked is not None:
+            return self._gathered(x, stacked, chosen, weights)
         picks = np.array(chosen)  # which rows each expert takes: decided on the host, as in PyTorch
         out = mx.zeros(x.shape, dtype=mx.float32)
         for e in np.unique(picks).tolist():
@@ -142,6 +145,27 @@ class SparseMoE(nn.Module):
             y = self.experts[e](x[r]).astype(mx.float32) * weights[r, mx.array(slots)][:, None]
             out = out.at[r].add(y)
         return out.astype(x.dtype)
+
+    def _gathered(self, x: mx.array, stacked, chosen: mx.array, weights: mx.array) -> mx.array:
+        """Every (row, expert) pair by index in the graph (engine/mlx_backend/experts.py); each row's experts summed
+        in ascending order from 0, as the host path sums them."""
+        if x.shape[0] == 0:
+            return mx.zeros(x.shape, dtype=x.dtype)
+        order = mx.argsort(chosen, axis=-1)
+        chosen, weights = mx.take_along_axis(chosen, order, axis=-1), mx.take_along_axis(weights, order, axis=-1)
+        y = stacked(x, chosen, self.experts[0].act).astype(mx.float32) * weights[..., None]
+        out = mx.zeros((x.shape[0], x.shape[1]), dtype=mx.float32)
+        for j in range(self.top_k):
+            out = out + y[:, j]
+        return out.astype(x.dtype)
+
+    def _stack(self):
+        """The experts stacked for gathered products (once), or None where they cannot be (the host path then)."""
+        if "_stacked" not in self.__dict__:
+            from engine.mlx_backend.experts import StackedExperts
+
+            self.__dict__["_stacked"] = StackedExperts.of(self.experts)
+        return self.__dict__["_stacked"]
 
 
 def _feed_forward(args: ModelArgs, layer_id: int) -> nn.Module:

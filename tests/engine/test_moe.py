@@ -92,7 +92,7 @@ def test_mlx_matches_torch(files):
 def test_mlx_holds_the_experts_quantized(files, every_expert):
     """The quantized experts converted to MLX's affine format (fused gate|up split back per expert): MLX's logits are
     torch's in fp32 on the same dequantized weights, no further from torch's quantized kernels than those are (every
-    expert used: no choice to flip); greedy batched == alone."""
+    expert used: no choice to flip); greedy batched == alone, the experts stacked for MLX's gathered products."""
     pytest.importorskip("mlx.core", reason="the MLX backend needs mlx (pip install 'mlx[cpu]' on Linux)")
     import dataclasses
 
@@ -110,8 +110,11 @@ def test_mlx_holds_the_experts_quantized(files, every_expert):
     assert (on_mlx - on_quantized).abs().max() <= (on_fp32 - on_quantized).abs().max() + 2e-4
     lm = load_model(files[1][3], LoadOptions(weights="quantized"))
     prompts, params = _prompts(lm.args.vocab_size), SamplingParams(max_tokens=12)
-    batched = run_staggered(make_batcher(lm, 6, _run("mlx")), prompts, ARRIVALS, params)
+    batcher = make_batcher(lm, 6, _run("mlx"))
+    batched = run_staggered(batcher, prompts, ARRIVALS, params)
     assert batched == [run_staggered(make_batcher(lm, 1, _run("mlx")), [p], [0], params)[0] for p in prompts]
+    # the experts went through MLX's gathered products (routing never read on the host)
+    assert all(layer.mlp._stack() is not None for layer in batcher.runner.model.model.layers)
 
 
 @pytest.mark.gpu
