@@ -13,6 +13,22 @@ from kernels.cpu_kgemm import KINDS, QK, kgemm_reference
 
 
 @dataclass(frozen=True, slots=True)
+class SharedExpert:
+    """Qwen2-MoE's shared expert, which every row takes, scaled by σ(x·gate): its fused gate|up and down super-blocks
+    and its gate (D,) fp32."""
+
+    gate_up: torch.Tensor = field(repr=False)
+    gate_up_type: str
+    down: torch.Tensor = field(repr=False)
+    down_type: str
+    gate: torch.Tensor = field(repr=False)
+
+    @property
+    def inter(self) -> int:
+        return self.down.shape[1] // KINDS[self.down_type][1] * QK
+
+
+@dataclass(frozen=True, slots=True)
 class ExpertBlocks:
     """A layer's experts as the library takes them: each one's fused gate|up (2I rows) and down (D rows) super-blocks,
     one type per projection, with their addresses gathered once (a step passes them without touching each expert)."""
@@ -24,18 +40,22 @@ class ExpertBlocks:
     act: str
     gate_up_at: ctypes.Array = field(repr=False)
     down_at: ctypes.Array = field(repr=False)
+    shared: SharedExpert | None = None
 
     @staticmethod
     def of(gate_up: list[torch.Tensor], gate_up_type: str, down: list[torch.Tensor], down_type: str,
-           act: str) -> "ExpertBlocks":
-        if gate_up_type not in KINDS or down_type not in KINDS or act not in ACTS:
-            raise ValueError(f"experts of {gate_up_type}/{down_type} with {act} are not the library's")
+           act: str, shared: SharedExpert | None = None) -> "ExpertBlocks":
+        types = {gate_up_type, down_type} | ({shared.gate_up_type, shared.down_type} if shared else set())
+        if not types <= set(KINDS) or act not in ACTS:
+            raise ValueError(f"experts of {'/'.join(sorted(types))} with {act} are not the library's")
+        if shared is not None and (shared.gate.dtype != torch.float32 or not shared.gate.is_contiguous()):
+            raise ValueError("the shared expert's gate must be contiguous fp32")
         if len(gate_up) != len(down) or any(g.shape != gate_up[0].shape for g in gate_up) \
                 or any(d.shape != down[0].shape for d in down):
             raise ValueError("every expert must have the same shapes")
         at = ctypes.c_void_p * len(gate_up)
         return ExpertBlocks(tuple(gate_up), gate_up_type, tuple(down), down_type, act,
-                            at(*[g.data_ptr() for g in gate_up]), at(*[d.data_ptr() for d in down]))
+                            at(*[g.data_ptr() for g in gate_up]), at(*[d.data_ptr() for d in down]), shared)
 
     @property
     def inter(self) -> int:
@@ -47,7 +67,8 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
         impl: str = "auto") -> torch.Tensor:
     """x (R, D) fp32 -> (R, D) fp32: each row through the `top_k` experts its router (E, D) fp32 scores highest, their
     outputs weighted by the softmax over all experts (renormalised over the chosen with `norm_topk`) and summed,
-    experts ascending. Each row alone: its result never depends on the other rows."""
+    experts ascending, plus the shared expert's gated output where there is one. Each row alone: its result never
+    depends on the other rows."""
     e, d = router.shape
     if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e:
         raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
@@ -57,9 +78,13 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
         return moe_reference(x, router, experts, top_k, norm_topk)
     x, router = x.float().contiguous(), router.float().contiguous()
     out = torch.empty(x.shape, dtype=torch.float32)
+    sh = experts.shared
+    shared = (sh.gate_up.data_ptr(), KINDS[sh.gate_up_type][0], sh.inter, sh.down.data_ptr(), KINDS[sh.down_type][0],
+              sh.gate.data_ptr()) if sh is not None else (None, 0, 0, None, 0, None)
     rc = kernel.lib.parley_moe(x.data_ptr(), x.shape[0], d, router.data_ptr(), e, top_k, int(norm_topk),
                                experts.gate_up_at, KINDS[experts.gate_up_type][0], experts.inter, experts.down_at,
-                               KINDS[experts.down_type][0], ACTS[experts.act], out.data_ptr(), torch.get_num_threads())
+                               KINDS[experts.down_type][0], ACTS[experts.act], *shared, out.data_ptr(),
+                               torch.get_num_threads())
     if rc == -2:
         raise ValueError(f"the library's experts do not take D = {d}, I = {experts.inter}")
     if rc != 0:
@@ -82,4 +107,9 @@ def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, 
             gu = kgemm_reference(x[r:r + 1], experts.gate_up[e], experts.gate_up_type)
             act = gated_act_reference(gu[:, :inter], gu[:, inter:], experts.act)
             out[r] += w * kgemm_reference(act, experts.down[e], experts.down_type)[0]
+    sh = experts.shared
+    if sh is not None:
+        gu = kgemm_reference(x, sh.gate_up, sh.gate_up_type)
+        act = gated_act_reference(gu[:, :sh.inter], gu[:, sh.inter:], experts.act)
+        out += torch.sigmoid(x @ sh.gate.float())[:, None] * kgemm_reference(act, sh.down, sh.down_type)
     return out

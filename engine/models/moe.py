@@ -45,9 +45,8 @@ class SparseMoE(nn.Module):
 
     @property
     def tapeable(self) -> bool:
-        """Whether a CPU step through this layer is all library calls (a CPU tape can replay it): the one-call
-        mixture, and no shared expert (its sigmoid gate runs in torch)."""
-        return self.shared_expert is None and self._library() is not None
+        """Whether a CPU step through this layer is one library call (a CPU tape can replay it)."""
+        return self._library() is not None
 
     @property
     def replayable(self) -> bool:
@@ -69,6 +68,12 @@ class SparseMoE(nn.Module):
         return weights, chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
+        if library is not None:  # routing, experts, shared expert and sums in one library call: steps are taped
+            from kernels.cpu_moe import moe
+
+            return moe(x.reshape(-1, x.shape[-1]), self.gate.weight, library, self.top_k, self.norm_topk,
+                       impl="native").reshape(x.shape)
         out = self._routed(x)
         if self.shared_expert is None:
             return out
@@ -78,11 +83,6 @@ class SparseMoE(nn.Module):
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
         """The routed experts' weighted sum, in x's dtype."""
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
-        library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
-        if library is not None:  # routing, experts and sum in one library call: no host sync, so steps are taped
-            from kernels.cpu_moe import moe
-
-            return moe(x2, self.gate.weight, library, self.top_k, self.norm_topk, impl="native").reshape(*lead, -1)
         weights, chosen = self.route(x2)
         if self._stacked is not None and x.is_cuda and not torch.compiler.is_compiling():
             return self._on_device(x2, weights, chosen).reshape(*lead, -1)
@@ -133,7 +133,9 @@ class SparseMoE(nn.Module):
         first = self.experts[0]
         key = (first.native, id(first.gate_up_proj))
         if self._held[0] != key:
-            self._held = (key, _expert_blocks(self.experts) if _plain_router(self.gate) else None)
+            routers = [self.gate] + ([self.shared_expert_gate] if self.shared_expert is not None else [])
+            self._held = (key, _expert_blocks(self.experts, self.shared_expert, self.shared_expert_gate)
+                          if all(map(_plain_router, routers)) else None)
         return self._held[1]
 
 
@@ -143,23 +145,37 @@ def _plain_router(gate: nn.Module) -> bool:
         and gate.weight.device.type == "cpu"
 
 
-def _expert_blocks(experts: nn.ModuleList) -> "ExpertBlocks | None":
+def _expert_blocks(experts: nn.ModuleList, shared: GatedMLP | None, shared_gate: Linear | None) -> "ExpertBlocks | None":
     """Every expert's fused gate|up and down super-blocks (one type each across the layer, as a GGUF file stacks
-    them) and the activation, or None where the experts are held otherwise."""
-    from kernels.cpu_moe import ExpertBlocks
+    them), the activation and the shared expert if any, or None where they are held otherwise."""
+    from kernels.cpu_moe import ExpertBlocks, SharedExpert
 
-    first = experts[0]
-    if not (first.native and first.act_kernel) or not all(
-            isinstance(e.gate_up_proj, QuantLinear) and isinstance(e.down_proj, QuantLinear)
-            and e.gate_up_proj.bias is None and e.down_proj.bias is None for e in experts):
+    parts = [_library_blocks(e) for e in [*experts, *([shared] if shared is not None else [])]]
+    if any(p is None for p in parts) or not experts[0].act_kernel:
         return None
-    gate_up = [e.gate_up_proj.qweight for e in experts]
-    down = [e.down_proj.qweight for e in experts]
-    kinds = [{q.code_layout.raw if q.format == "blocks" else "" for q in part} for part in (gate_up, down)]
-    if any(len(k) != 1 or "" in k for k in kinds):
+    routed = parts[:len(experts)]
+    kinds = [{p[i] for p in routed} for i in (1, 3)]
+    if any(len(k) != 1 for k in kinds):
+        return None  # types differ across the layer's experts: module by module
+    held = None
+    if shared is not None:
+        gu, gu_type, dn, dn_type = parts[-1]
+        held = SharedExpert(gu, gu_type, dn, dn_type, shared_gate.weight.reshape(-1).contiguous())
+    return ExpertBlocks.of([p[0] for p in routed], kinds[0].pop(), [p[2] for p in routed], kinds[1].pop(),
+                           experts[0].act_kernel, held)
+
+
+def _library_blocks(mlp: GatedMLP) -> tuple[torch.Tensor, str, torch.Tensor, str] | None:
+    """(gate|up blocks, type, down blocks, type) of a gated MLP held in the CPU library's super-blocks, or None."""
+    if not (mlp.native and mlp.act_kernel) or not all(
+            isinstance(m, QuantLinear) and m.bias is None for m in (mlp.gate_up_proj, mlp.down_proj)):
         return None
-    return ExpertBlocks.of([q.blocks for q in gate_up], kinds[0].pop(), [q.blocks for q in down], kinds[1].pop(),
-                           first.act_kernel)
+    from kernels.cpu_kgemm import KINDS
+
+    gu, dn = mlp.gate_up_proj.qweight, mlp.down_proj.qweight
+    if any(q.format != "blocks" or q.code_layout.raw not in KINDS for q in (gu, dn)):
+        return None  # not super-blocks: module by module
+    return gu.blocks, gu.code_layout.raw, dn.blocks, dn.code_layout.raw
 
 
 @dataclass(frozen=True, slots=True)

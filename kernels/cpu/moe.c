@@ -15,6 +15,8 @@
 
 int parley_kgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *const *mats, const int64_t *first,
                          const int64_t *count, int64_t M, int kind, int64_t N, float *y, int threads);
+int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, int kind, int64_t N, const float *bias,
+                 float *y, int threads);
 void parley_gated_act(const float *gate, const float *up, int64_t R, int64_t I, int64_t stride, int act, float *out);
 
 /* Row r's picks: experts ascending in ids[0..k), their weights in w. */
@@ -49,12 +51,34 @@ static void route_row(const float *x, int64_t D, const float *router, int64_t E,
         }
 }
 
+/* out (R, D) += σ(x·gate) · down(act(gate_up(x))): Qwen2-MoE's shared expert, every row through it (gate_up 2I rows
+   of `gu_kind`, down D rows of `dn_kind`, gate (D,) fp32). Returns as parley_moe. */
+static int shared_expert(const float *x, int64_t R, int64_t D, const uint8_t *gate_up, int gu_kind, int64_t I,
+                         const uint8_t *down, int dn_kind, const float *gate, int act, float *out, int threads) {
+    float *gu = malloc(sizeof(float) * (size_t)(R * 2 * I)), *a = malloc(sizeof(float) * (size_t)(R * I));
+    float *y = malloc(sizeof(float) * (size_t)(R * D));
+    int rc = -1;
+    if (gu && a && y && (rc = parley_kgemm(x, R, D, gate_up, gu_kind, 2 * I, NULL, gu, threads)) == 0) {
+        parley_gated_act(gu, gu + I, R, I, 2 * I, act, a);
+        rc = parley_kgemm(a, R, I, down, dn_kind, D, NULL, y, threads);
+    }
+    if (rc == 0)
+        for (int64_t r = 0; r < R; r++) {
+            const float g = 1.0f / (1.0f + expf(-dot_f32(x + r * D, gate, D)));
+            for (int64_t d = 0; d < D; d++) out[r * D + d] += g * y[r * D + d];
+        }
+    free(gu); free(a); free(y);
+    return rc;
+}
+
 /* x (R, D) fp32 -> out (R, D). router (E, D) fp32; gate_up[e] the expert's fused gate|up super-blocks (2I rows of
-   `gu_kind`, K = D), down[e] its down (D rows of `dn_kind`, K = I); act as parley_gated_act's. Returns 0, −1 without
-   scratch memory, −2 for shapes the products do not take. */
+   `gu_kind`, K = D), down[e] its down (D rows of `dn_kind`, K = I); act as parley_gated_act's. A shared expert
+   (shared_gate_up not NULL: 2·SI rows of `sgu_kind`, shared_down of `sdn_kind`, shared_gate (D,) fp32) adds its
+   gated output to every row's. Returns 0, −1 without scratch memory, −2 for shapes the products do not take. */
 int parley_moe(const float *x, int64_t R, int64_t D, const float *router, int64_t E, int k, int norm_topk,
                const uint8_t *const *gate_up, int gu_kind, int64_t I, const uint8_t *const *down, int dn_kind,
-               int act, float *out, int threads) {
+               int act, const uint8_t *shared_gate_up, int sgu_kind, int64_t SI, const uint8_t *shared_down,
+               int sdn_kind, const float *shared_gate, float *out, int threads) {
     if (k < 1 || k > E) return -2;
     if (R == 0) return 0;
     const int64_t P = R * k;
@@ -108,6 +132,8 @@ int parley_moe(const float *x, int64_t R, int64_t D, const float *router, int64_
             for (int64_t d = 0; d < D; d++) o[d] += wi * yi[d];
         }
     }
+    if (shared_gate_up)
+        rc = shared_expert(x, R, D, shared_gate_up, sgu_kind, SI, shared_down, sdn_kind, shared_gate, act, out, threads);
 done:
     free(ids); free(w); free(logits); free(at); free(xg); free(gu); free(a); free(y); free((void *)mats);
     return rc;

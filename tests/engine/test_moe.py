@@ -225,9 +225,10 @@ def test_unsupported_refusal_names_the_moe_models():
         architecture("deepseek_v2")
 
 
-@pytest.fixture(scope="module")
-def k_quant_moe(tmp_path_factory):
-    """A Qwen3-MoE Q4_K_M file (llama.cpp's own quantizer), loaded quantized: its experts in the library's super-blocks."""
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe"])
+def k_quant_moe(request, tmp_path_factory):
+    """A Q4_K_M file (llama.cpp's own quantizer), loaded quantized: its experts in the library's super-blocks; Qwen2-MoE
+    with its shared expert."""
     pytest.importorskip("llama_cpp")
     from bench.synthetic_gguf import quantize_mix
     from kernels.cpu_native import cpu_kernel
@@ -235,8 +236,10 @@ def k_quant_moe(tmp_path_factory):
 
     if cpu_kernel() is None:
         pytest.skip("the CPU kernel does not build here")
-    root = tmp_path_factory.mktemp("k_quant_moe")
-    hf = make_tiny_hf("qwen3_moe", root / "hf", config={"hidden_size": 256, "moe_intermediate_size": 256})
+    root = tmp_path_factory.mktemp(request.param)
+    sizes = {"hidden_size": 256, "moe_intermediate_size": 256, "shared_expert_intermediate_size": 512}
+    hf = make_tiny_hf(request.param, root / "hf", config=sizes if request.param == "qwen2_moe" else
+                      {k: v for k, v in sizes.items() if not k.startswith("shared")})
     path = root / "q4_k_m.gguf"
     quantize_mix(write_gguf(hf, root / "f32.gguf"), path, "Q4_K_M", threads=2)
     return load_model(path, LoadOptions(weights="quantized"))
@@ -253,7 +256,7 @@ def test_k_quant_experts_run_in_one_library_call(k_quant_moe):
         assert_batched_equals_alone(lm, layout)  # prepares the model for the CPU library
     moe = lm.model.model.layers[0].mlp
     blocks = moe._library()
-    assert blocks is not None and moe.tapeable
+    assert blocks is not None and moe.tapeable and (blocks.shared is not None) == (moe.shared_expert is not None)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         fast = moe(x)

@@ -8,7 +8,7 @@ import torch
 
 from kernels.cpu_act import gated_act
 from kernels.cpu_kgemm import kgemm
-from kernels.cpu_moe import ExpertBlocks, moe
+from kernels.cpu_moe import ExpertBlocks, SharedExpert, moe
 from kernels.cpu_native import cpu_kernel
 from tests.kernels.test_cpu_kgemm import _blocks
 
@@ -16,9 +16,9 @@ pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel doe
 D, I, E = 256, 512, 6
 
 
-def _experts(gate_up_type: str, down_type: str, act: str = "silu") -> ExpertBlocks:
+def _experts(gate_up_type: str, down_type: str, act: str = "silu", shared: SharedExpert | None = None) -> ExpertBlocks:
     return ExpertBlocks.of([_blocks(gate_up_type, 2 * I, D, seed=e) for e in range(E)], gate_up_type,
-                           [_blocks(down_type, D, I, seed=100 + e) for e in range(E)], down_type, act)
+                           [_blocks(down_type, D, I, seed=100 + e) for e in range(E)], down_type, act, shared)
 
 
 def _inputs(rows: int = 13) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,6 +37,25 @@ def test_the_library_mixture_is_near_its_reference(types, norm):
     assert (got - want).abs().max() <= 2e-4 * scale, ((got - want).abs().max(), scale)
     alone = torch.cat([moe(x[i:i + 1], router, experts, 2, norm, impl="native") for i in range(len(x))])
     assert torch.equal(got, alone)  # a row never depends on the rows routed beside it
+
+
+def test_a_shared_expert_adds_its_gated_output():
+    """Qwen2-MoE's shared expert (its own width and types) in the same call: near the reference, rows alone, and the
+    routed part unchanged by it (the difference is exactly the shared term, to the float rounding)."""
+    shared = SharedExpert(_blocks("Q5_K", 4 * I, D, seed=50), "Q5_K", _blocks("Q6_K", D, 2 * I, seed=51), "Q6_K",
+                          torch.randn(D, generator=torch.Generator().manual_seed(52)) * 0.1)
+    with_shared, routed = _experts("Q4_K", "Q6_K", shared=shared), _experts("Q4_K", "Q6_K")
+    x, router = _inputs()
+    got = moe(x, router, with_shared, 2, False, impl="native")
+    want = moe(x, router, with_shared, 2, False, impl="reference")
+    assert (got - want).abs().max() <= 2e-4 * want.abs().max()
+    assert torch.equal(got, torch.cat([moe(x[i:i + 1], router, with_shared, 2, False, impl="native")
+                                       for i in range(len(x))]))
+    term = got - moe(x, router, routed, 2, False, impl="native")
+    gu = kgemm(x, shared.gate_up, "Q5_K", impl="native")
+    act = gated_act(gu[:, :2 * I], gu[:, 2 * I:], "silu", impl="native")
+    expect = torch.sigmoid(x @ shared.gate)[:, None] * kgemm(act, shared.down, "Q6_K", impl="native")
+    assert (term - expect).abs().max() <= 1e-5 * got.abs().max()
 
 
 def test_a_row_is_its_experts_library_products_summed():
