@@ -58,6 +58,9 @@ SHAPES = {
     # a small mixture of experts: 32 experts of 768, 4 per token (Qwen3-30B-A3B: 128 of 768, 8 per token)
     "moe-mini": Shape(hidden=1024, layers=16, heads=16, kv_heads=4, ffn=768, tied=True, rope_factor=32.0, experts=32,
                       experts_used=4),
+    # Qwen3-30B-A3B's layers (2048 wide, 32 heads of 128 over 4 KV heads, 128 experts of 768, 8 per token), 6 of its 48
+    "moe-30b-slice": Shape(hidden=2048, layers=6, heads=32, kv_heads=4, ffn=768, tied=False, rope_factor=32.0,
+                           head_dim=128, experts=128, experts_used=8),
     "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
                       head_dim=128),
 }
