@@ -13,6 +13,7 @@ from kernels.quant_linear import int4_rows_reference
 
 FORMATS = ("int4", "int8", "bf16")
 TILE_ROWS = 16  # pairs of one expert a grouped tile takes: one 16-row dot
+TABLE_PAIRS = 1024  # pairs up to which one program lays out the tiles (a decode step's; prefill chunks: torch's sort)
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,10 +37,12 @@ def tile_capacity(pairs: int, num_experts: int) -> int:
 
 
 def pair_tiles(experts: torch.Tensor, num_experts: int, *, impl: str = "auto") -> PairTiles:
-    """The tiles of pairs whose experts are `experts` (P,): on the device in one launch, no host sync."""
+    """The tiles of pairs whose experts are `experts` (P,), on the device without a host sync: a decode step's in one
+    launch; beyond TABLE_PAIRS pairs (prefill chunks, whose one program would compare every pair with every other)
+    through torch's sort and a few element-wise ops, which give the same tiles."""
     p = experts.shape[0]
     capacity = tile_capacity(p, num_experts)
-    if _use_triton(impl, experts):
+    if _use_triton(impl, experts) and p <= TABLE_PAIRS:
         import triton
 
         from kernels.moe_triton import _pair_tiles
@@ -55,10 +58,13 @@ def pair_tiles(experts: torch.Tensor, num_experts: int, *, impl: str = "auto") -
     i = torch.arange(p, device=experts.device)
     new = torch.ones(p, dtype=torch.bool, device=experts.device)
     new[1:] = sorted_experts[1:] != sorted_experts[:-1]
-    first = torch.cummax(torch.where(new, i, 0), 0).values
+    first = torch.cummax(torch.where(new, i, 0), 0).values  # each pair's expert's first sorted pair
     opens = (i - first) % TILE_ROWS == 0
-    starts = torch.full((capacity + 1,), p, dtype=torch.int32, device=experts.device)
-    starts[: int(opens.sum())] = i[opens].to(torch.int32)
+    tile = torch.cumsum(opens, 0) - 1
+    starts = torch.full((capacity + 2,), p, dtype=torch.int32, device=experts.device)
+    starts.scatter_(0, torch.where(opens, tile, capacity + 1), i.to(torch.int32))  # the last slot: a dump
+    slots = torch.arange(capacity + 1, device=experts.device)
+    starts = torch.where(slots < opens.sum(), starts[:capacity + 1], p).to(torch.int32)
     return PairTiles(order.to(torch.int32), sorted_experts, starts)
 
 
