@@ -94,3 +94,14 @@ def test_bad_shapes_are_refused():
         ExpertBlocks.of(list(experts.gate_up), "Q8_0", list(experts.down), "Q6_K", "silu")
     with pytest.raises(ValueError, match="same shapes"):
         ExpertBlocks.of(list(experts.gate_up), "Q4_K", list(experts.down[:-1]), "Q6_K", "silu")
+
+
+def test_a_row_of_nans_stays_its_own():
+    """A row gone bad (NaN, inf) routes somewhere and yields non-finite values without touching the other rows."""
+    experts = _experts("Q4_K", "Q6_K")
+    x, router = _inputs(4)
+    good = moe(x, router, experts, 2, True, impl="native")
+    x[1, 7], x[2, 3] = float("nan"), float("inf")
+    got = moe(x, router, experts, 2, True, impl="native")
+    assert torch.equal(got[[0, 3]], good[[0, 3]])
+    assert not torch.isfinite(got[1]).all() and not torch.isfinite(got[2]).all()
