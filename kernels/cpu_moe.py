@@ -25,7 +25,7 @@ class SharedExpert:
 
     @property
     def inter(self) -> int:
-        return self.down.shape[1] // KINDS[self.down_type][1] * QK
+        return _k(self.down, self.down_type)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +60,12 @@ class ExpertBlocks:
     @property
     def inter(self) -> int:
         """I: the experts' intermediate width (the down projection's K)."""
-        return self.down[0].shape[1] // KINDS[self.down_type][1] * QK
+        return _k(self.down[0], self.down_type)
+
+
+def _k(blocks: torch.Tensor, type_name: str) -> int:
+    """The K of a matrix held as rows of `type_name` super-blocks."""
+    return blocks.shape[1] // KINDS[type_name][1] * QK
 
 
 def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool, *,
