@@ -337,16 +337,21 @@ def int4_tiles(n: int, n_chunks: int, interpret: bool = False, rows: int = ROW_T
     tiles for the LM head, narrow ones (more programs) for layers, and below 16384 columns two warps and one chunk a
     step (fewer warps share the activations' shared-memory reads; 8B at one row: qkv 20.3 → 11.9 µs, o 10.0 → 8.6, down
     27.9 → 25.5; 270M gate/up 3.3 → 2.9), at 16384-65535 columns one chunk a step (8B gate/up at 1 / 8 / 16 rows
-    35.5 / 37.3 / 39.1 → 33.5 / 34.9 / 37.1 µs, 1B 14.3 / 15.3 / 16.2 → 12.9 / 13.4 / 14.3); above 16 rows 64 columns,
+    35.5 / 37.3 / 39.1 → 33.5 / 34.9 / 37.1 µs, 1B 14.3 / 15.3 / 16.2 → 12.9 / 13.4 / 14.3). Since a sweep of warps
+    1-4 (docs/bench/h200-int4-warp-columns.jsonl), 64 columns a warp from 4096 columns up: 128 columns and 2 warps at
+    16384-65535 (8B gate/up at 1 / 16 rows 33.8 → 30.5 / 31.8 µs), 64 and one warp at 4096-16383 (8B o 6.8 → 6.2,
+    down 18.3 → 16.1 µs, in the 8 K slices the narrower tiles' count gives); above 16 rows 64 columns,
     128 where N >= 6144 (8B at 64 rows: gate/up 135 → 90 µs, down 116 → 64, qkv 70 → 27, o 37 → 20 against the one-row
     tiles)."""
     if interpret:
         return 16, 1, 1, 4
     if rows > ROW_TILE and n < 65536:
         return (128, 2 if n_chunks % 2 == 0 else 1, 3, 4) if n >= 6144 else (64, 1, 3, 4)
-    if n < 16384:
-        return 32, 1, 4, 2
-    return (128, 1, 3, 4) if n >= 65536 else (64, 1, 3, 4)
+    if n >= 65536:
+        return 128, 1, 3, 4
+    if n >= 16384:
+        return 128, 1, 3, 2
+    return (64, 1, 3, 1) if n >= 4096 else (32, 1, 4, 2)
 
 
 def int4_splits(n: int, n_chunks: int, device: torch.device) -> int:

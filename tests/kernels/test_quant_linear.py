@@ -181,8 +181,9 @@ def test_tiles_above_sixteen_rows_are_wider_and_keep_a_rows_bits():
     row's bits stay those of the one-row tile (test_a_row_does_not_depend_on_the_row_count)."""
     from kernels.quant_linear_triton import int4_tiles
 
-    assert int4_tiles(28672, 32, rows=16) == (64, 1, 3, 4)
-    assert int4_tiles(6144, 32, rows=16) == (32, 1, 4, 2)
+    assert int4_tiles(28672, 32, rows=16) == (128, 1, 3, 2)
+    assert int4_tiles(6144, 32, rows=16) == (64, 1, 3, 1)
+    assert int4_tiles(2048, 64, rows=16) == (32, 1, 4, 2)
     assert int4_tiles(28672, 32, rows=64) == (128, 2, 3, 4)
     assert int4_tiles(4096, 112, rows=32) == (64, 1, 3, 4)
     assert int4_tiles(6144, 5, rows=48) == (128, 1, 3, 4)
