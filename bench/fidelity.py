@@ -6,6 +6,8 @@ compared as they are made, so no text's full logits are held twice.
 
     python -m bench.fidelity [--model PATH] [--weights quantized dequantized cuda-values] [--threads 2]
 Prints a header, one JSON line per (weights, text kind) and one per weights overall ("kind": "all").
+Each line also counts agreement over the positions where llama.cpp's top-1 leads its top-2 by at least 0.1, 0.25, 0.5
+and 1 logit ("by_ref_lead"): a base model's near-ties flip with any rounding, a clear lead should not.
 "cuda-values": every matrix at the values the CUDA quantized path holds (4-bit types exactly, other quantized
 types re-quantized to int8 rows, F16 as bf16), run in fp32 on the CPU: the weights' part of CUDA's distance from
 llama.cpp, without its bf16 activations.
@@ -16,7 +18,7 @@ import argparse
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -206,6 +208,9 @@ interest. Once those are going well, add a patio tomato next spring.<end_of_turn
 """
 
 TEXTS = {"prose": PROSE, "code": CODE, "cjk": CJK, "chat": CHAT}
+# llama.cpp's top-1 lead over its top-2 (logits): agreement is also counted over the positions whose lead is at least
+# each of these, so disagreements on near-ties (where any rounding flips the top-1) show apart from real ones
+MARGINS = (0.1, 0.25, 0.5, 1.0)
 
 
 @dataclass(slots=True)
@@ -219,6 +224,8 @@ class Agreement:
     max_abs: float = 0.0
     sum_abs: float = 0.0
     elements: int = 0
+    margin_positions: list[int] = field(default_factory=lambda: [0] * len(MARGINS))
+    margin_agree: list[int] = field(default_factory=lambda: [0] * len(MARGINS))
 
     def add(self, ours: torch.Tensor, ref: torch.Tensor) -> None:
         diff = (ours - ref).abs()
@@ -232,6 +239,11 @@ class Agreement:
         self.max_abs = max(self.max_abs, float(diff.max()))
         self.sum_abs += float(diff.sum(dtype=torch.float64))
         self.elements += diff.numel()
+        top2 = ref.topk(2, -1).values
+        lead, agree = top2[:, 0] - top2[:, 1], top_ours == top_ref
+        for i, m in enumerate(MARGINS):
+            self.margin_positions[i] += int((lead >= m).sum())
+            self.margin_agree[i] += int((agree & (lead >= m)).sum())
 
     def merge(self, other: "Agreement") -> None:
         self.positions += other.positions
@@ -241,12 +253,17 @@ class Agreement:
         self.max_abs = max(self.max_abs, other.max_abs)
         self.sum_abs += other.sum_abs
         self.elements += other.elements
+        self.margin_positions = [a + b for a, b in zip(self.margin_positions, other.margin_positions)]
+        self.margin_agree = [a + b for a, b in zip(self.margin_agree, other.margin_agree)]
 
     def row(self) -> dict:
         return {"positions": self.positions, "top1_agree_pct": round(100 * self.agree / self.positions, 2),
                 "ref_top1_in_top5_pct": round(100 * self.in_top5 / self.positions, 2),
                 "max_ref_gap_where_differ": round(self.max_gap, 4),
-                "max_abs_diff": round(self.max_abs, 4), "mean_abs_diff": round(self.sum_abs / self.elements, 5)}
+                "max_abs_diff": round(self.max_abs, 4), "mean_abs_diff": round(self.sum_abs / self.elements, 5),
+                "by_ref_lead": {f">={m}": {"positions_pct": round(100 * n / self.positions, 1),
+                                           "top1_agree_pct": round(100 * k / n, 2) if n else None}
+                                for m, n, k in zip(MARGINS, self.margin_positions, self.margin_agree)}}
 
 
 def parley_chunks(lm, ids: list[int], chunk: int):
