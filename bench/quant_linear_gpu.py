@@ -54,10 +54,11 @@ def main() -> None:
     dev = torch.device("cuda")
     configs = opts.configs or [dict()]
     if opts.sweep or opts.narrow_sweep:
-        bns, stages = ([32, 64, 128], [3, 4]) if opts.narrow_sweep else ([16, 32, 64, 128], [2, 3, 4])
+        bns, stages = ([32, 64, 128], [3, 4]) if opts.narrow_sweep else ([16, 32, 64, 128, 256], [2, 3, 4])
         chunks = [{"chunks": 1}, {"chunks": 2}] if opts.kernel == "int4" else [{}]  # chunks a loop step: int4's only
+        # 1-2 warps too: 64 columns a warp was the best one-row int4 tile, which sweeps of 4-8 warps never tried
         configs = [dict(block_n=bn, num_warps=w, num_stages=s) | c for bn, w, s, c in
-                   itertools.product(bns, [4, 8], stages, chunks)]
+                   itertools.product(bns, [1, 2, 4, 8], stages, chunks) if bn >= 16 * w]
     configs = [c | ({"splits": s} if s > 1 else {}) for c in configs for s in opts.splits]
     for name in opts.matrices:
         n, k = MATRICES[name]
