@@ -58,7 +58,7 @@ def main() -> None:
         chunks = [{"chunks": 1}, {"chunks": 2}] if opts.kernel == "int4" else [{}]  # chunks a loop step: int4's only
         # 1-2 warps too: 64 columns a warp was the best one-row int4 tile, which sweeps of 4-8 warps never tried
         configs = [dict(block_n=bn, num_warps=w, num_stages=s) | c for bn, w, s, c in
-                   itertools.product(bns, [1, 2, 4, 8], stages, chunks) if bn >= 16 * w]
+                   itertools.product(bns, [1, 2, 4, 8], stages, chunks)]
     configs = [c | ({"splits": s} if s > 1 else {}) for c in configs for s in opts.splits]
     for name in opts.matrices:
         n, k = MATRICES[name]
