@@ -2,7 +2,8 @@
 
 Same thread count on both sides (torch.set_num_threads and llama.cpp n_threads), interleaved rounds so that a
 busy machine slows every candidate alike. Measured:
-  decode1   one session, greedy, from the first generated token to the last (prefill excluded)
+  decode1   one session, greedy, from the first generated token to the last (prefill excluded); with --context N
+            after an N-token prompt, so every step attends over N keys and more
   decode8   Parley only: 8 different prompts in one batch (bench/runs.generate), aggregate tok/s after every
             session has its first token; `total_tok_s` counts the whole run, prefills included
   prefill   a ~500-token prompt to its first token (Parley) / through llama_decode (llama.cpp)
@@ -58,7 +59,7 @@ def parley_decode1(lm, impl: str, ids: list[int], n: int) -> Timing:
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 
-    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=1024))
+    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=max(1024, len(ids) + n + 8)))
     seq = Sequence(0, list(ids), SamplerState(SamplingParams(max_tokens=n + 1)))
     batcher.add(seq)
     while not seq.generated:  # prefill (possibly several chunks) + first token
@@ -112,10 +113,10 @@ def parley_prefill(lm, impl: str, ids: list[int]) -> Timing:
 
 # -- llama.cpp
 
-def load_llama(path: Path, threads: int, flash_attn: bool):
+def load_llama(path: Path, threads: int, flash_attn: bool, n_ctx: int = 1024):
     import llama_cpp
 
-    return llama_cpp.Llama(model_path=str(path), n_ctx=1024, n_threads=threads, n_threads_batch=threads,
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                            flash_attn=flash_attn, verbose=False)
 
 
@@ -202,6 +203,8 @@ def _args() -> argparse.Namespace:
     ap.add_argument("--prefill-tokens", type=int, default=500, help="0: skip the prefill measurement")
     ap.add_argument("--dequantized", action="store_true", help="also time Parley on fp32 weights (slow)")
     ap.add_argument("--flash-attn", action="store_true", help="llama.cpp with flash attention")
+    ap.add_argument("--context", type=int, default=0,
+                    help="decode1 after a prompt of this many tokens (attention over a long context), not a short one")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     return ap.parse_args()
 
@@ -218,12 +221,14 @@ def main() -> None:
     parleys = {"parley-quantized": load_parley(a.model, "quantized", a.data_dir / "cache")}
     if a.dequantized:
         parleys["parley-dequantized"] = load_parley(a.model, "dequantized", a.data_dir / "cache")
-    llm = load_llama(a.model, a.threads, a.flash_attn)
+    llm = load_llama(a.model, a.threads, a.flash_attn, max(1024, a.context + a.tokens + 64))
     tok = parleys["parley-quantized"].tokenizer
-    ids = {"short": tok.encode(PROMPTS[0], add_bos=True), "batch": [tok.encode(p, add_bos=True) for p in PROMPTS],
+    first = long_prompt(tok, a.context) if a.context else tok.encode(PROMPTS[0], add_bos=True)
+    ids = {"short": first, "batch": [tok.encode(p, add_bos=True) for p in PROMPTS],
            "long": long_prompt(tok, a.prefill_tokens) if a.prefill_tokens else []}
     emit(model=str(a.model), threads=a.threads, torch=torch.__version__, llama_cpp=llama_cpp.__version__,
          isa=torch.backends.cpu.get_cpu_capability(), tokens=a.tokens, rounds=a.rounds, flash_attn=a.flash_attn,
+         context=len(ids["short"]),
          quantization=parleys["parley-quantized"].quantization())
     _round(parleys, llm, ids, 4, False)  # warm-up: first-call allocations and kernel choices
     timings = []

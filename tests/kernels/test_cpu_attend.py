@@ -45,6 +45,27 @@ def test_matches_reference_and_rows_are_independent(h, hkv, d, softcap):
         assert torch.equal(alone[i + 1], got[i + 1])
 
 
+@pytest.mark.parametrize("h, hkv, d", [(4, 1, 256), (14, 2, 40), (6, 2, 20), (32, 8, 64)])
+def test_heads_sharing_a_kv_head_together_equal_each_head_alone(h, hkv, d):
+    """A job takes up to four query heads of one KV head (keys and values read once) where every thread still gets
+    a job, else one head: the two give the same bits (G = 7 splits into 4 + 3; D not a multiple of 32 too)."""
+    q, k, v, keys, table = _case(h, hkv, d, [1, 40])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)  # S · Hkv >= threads: grouped jobs
+        grouped = torch.zeros_like(q)
+        attend_rows(q, k, v, keys, table, 0.125, grouped, softcap=1.5, impl="native")
+        torch.set_num_threads(2 * hkv + 1)  # fewer (row, KV head) pairs than threads: one head a job
+        single = torch.zeros_like(q)
+        attend_rows(q, k, v, keys, table, 0.125, single, softcap=1.5, impl="native")
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(grouped, single)
+    ref = torch.zeros_like(q)
+    attend_rows_reference(q, k, v, keys, table, 0.125, ref, 1.5)
+    torch.testing.assert_close(grouped, ref, atol=1e-5, rtol=1e-5)
+
+
 def test_refuses_other_dtypes():
     q, k, v, keys, table = _case(2, 1, 16, [3])
     with pytest.raises(ValueError, match="fp32"):
