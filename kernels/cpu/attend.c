@@ -81,12 +81,23 @@ static inline __attribute__((always_inline)) void weighted_sums(float *out, cons
         if (i < D) weighted_sum(out + g * D + i, p + g * n, vc + i, keys, n, stride, D - i, inv[g]);
 }
 
-/* Softmax weights in place over n scores (max subtracted, exp, summed in order); returns 1 / the sum (0 when n = 0). */
+/* Softmax weights in place over n scores (max subtracted, exp, summed in eight lanes and then in order: one fixed
+   order for a row's n); returns 1 / the sum (0 when n = 0). A NaN score makes the row NaN, as torch's softmax does. */
 static inline float softmax_weights(float *p, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t j = 0; j < n; j++) m = p[j] > m ? p[j] : m;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));
+    float m = hmax8(mv);
+    for (; j < n; j++) m = p[j] > m ? p[j] : m;
+    const __m256 mb = _mm256_set1_ps(m);
+    __m256 sv = _mm256_setzero_ps();
+    for (j = 0; j + 8 <= n; j += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(p + j), mb));
+        _mm256_storeu_ps(p + j, e);
+        sv = _mm256_add_ps(sv, e);
+    }
+    float sum = hsum8(sv);
+    for (; j < n; j++) {
         p[j] = expf(p[j] - m);
         sum += p[j];
     }

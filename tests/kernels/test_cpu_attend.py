@@ -66,6 +66,26 @@ def test_heads_sharing_a_kv_head_together_equal_each_head_alone(h, hkv, d):
     torch.testing.assert_close(grouped, ref, atol=1e-5, rtol=1e-5)
 
 
+def test_a_non_finite_key_makes_only_the_rows_that_read_it_nan():
+    """The vector exp keeps a NaN score NaN (torch's softmax gives a NaN row): a row whose keys hold one is NaN, as the
+    reference's, and the rows that do not read it keep their values."""
+    q, k, v, keys, table = _case(8, 2, 64, [9, 40])
+    first, second = keys[:9].tolist(), set(keys[9:].tolist())
+    bad = next(key for key in first if key not in second)  # read by the first query row only
+    k[bad, 0, 5] = float("nan")
+    got, ref = torch.zeros_like(q), torch.zeros_like(q)
+    attend_rows(q, k, v, keys, table, 0.125, got, impl="native")
+    attend_rows_reference(q, k, v, keys, table, 0.125, ref)
+    for i, (row, at, n) in enumerate(table.tolist()):
+        reads = bad in keys[at:at + n].tolist()
+        heads = slice(0, 4)  # the query heads of KV head 0
+        assert reads == (i == 0)
+        assert torch.isnan(got[row, heads]).all() == reads == torch.isnan(ref[row, heads]).all(), i
+        assert torch.isfinite(got[row, 4:]).all()
+        if not reads:
+            torch.testing.assert_close(got[row], ref[row], atol=1e-5, rtol=1e-5)
+
+
 def test_refuses_other_dtypes():
     q, k, v, keys, table = _case(2, 1, 16, [3])
     with pytest.raises(ValueError, match="fp32"):
