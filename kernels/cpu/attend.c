@@ -24,21 +24,11 @@ static inline float dot_wide(const float *a, const float *b, int n) {
     return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) + tail;
 }
 
-/* out = inv · Σ_j p[j]·v_j over the keys, each output summed over j in order. 64 outputs at a time stay in registers
-   while every key passes (no store between keys), then 8, then the tail. v_j = vc + keys[j]·stride. */
+/* out = inv · Σ_j p[j]·v_j over the keys, each output summed over j in order: eight outputs at a time, then the tail
+   (the outputs weighted_sums' passes leave). v_j = vc + keys[j]·stride. */
 static void weighted_sum(float *out, const float *p, const float *vc, const int64_t *keys, int64_t n, int64_t stride,
                          int D, float inv) {
     int i = 0;
-    for (; i + 64 <= D; i += 64) {
-        __m256 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-            const float *v = vc + keys[j] * stride + i;
-            const __m256 pj = _mm256_set1_ps(p[j]);
-            for (int c = 0; c < 8; c++) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(v + 8 * c), acc[c]);
-        }
-        for (int c = 0; c < 8; c++) _mm256_storeu_ps(out + i + 8 * c, _mm256_mul_ps(acc[c], _mm256_set1_ps(inv)));
-    }
     for (; i + 8 <= D; i += 8) {
         __m256 acc = _mm256_setzero_ps();
         for (int64_t j = 0; j < n; j++)
