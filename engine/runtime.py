@@ -284,6 +284,17 @@ class ModelRuntime:
                 "notices": list(self.lm.notices)}
 
 
+def cache_dtype(lm: LoadedModel, device: torch.device, backend: str) -> str:
+    """The KV cache's storage: fp16 on torch's CPU backend for quantized weights where Parley's library reads and
+    writes it (half the bytes a token, as llama.cpp keeps its cache; each value rounded once as written); else the
+    weights' dtype (the dequantized fp32 path keeps transformers' numbers; MLX keeps its own)."""
+    from kernels.cpu_native import cpu_kernel
+
+    if backend == "torch" and device.type == "cpu" and lm.is_quantized() and cpu_kernel() is not None:
+        return "float16"
+    return dtype_name(next(lm.model.parameters()).dtype)
+
+
 def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
                   tuning: RuntimeTuning = RuntimeTuning(), draft: LoadedModel | DFlashNet | None = None) -> ModelRuntime:
     """The runtime for a loaded model. `keep_finished`: a finished sequence keeps its cache slot (sessions reuse it
@@ -295,18 +306,18 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     if config.max_session_tokens is not None:
         limit = min(config.max_session_tokens, limit)
     weights_device = next(lm.model.parameters()).device
+    backend = resolve_backend(config.backend, str(weights_device))
     cache_config = CacheConfig(
         layout=config.kv_layout,
         max_seqs=config.max_sessions,
         max_seq_len=limit,
         capacity=config.max_sessions * limit,
-        dtype=dtype_name(next(lm.model.parameters()).dtype),
+        dtype=cache_dtype(lm, weights_device, backend),
         max_step_tokens=config.chunk_tokens,
         initial_capacity=config.max_sessions * limit if tuning.preallocate else None,
     )
     sched = config.scheduler_config()
     release = not keep_finished
-    backend = resolve_backend(config.backend, str(weights_device))
     if backend == "mlx":
         batcher = _mlx_batcher(lm, cache_config, sched, release, make_drafter(config.speculative))
     else:

@@ -12,16 +12,20 @@ def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, key
                 scale: float, out: torch.Tensor, *, softcap: float = 0.0, impl: str = "auto") -> None:
     """For each table entry (query row, offset, count): out[row] = softmax(scale · q[row] · kᵀ) · v over the cache rows
     keys[offset : offset + count] (scores capped as `capped` when softcap > 0). q, out (T, H, D) fp32; k_rows, v_rows
-    (rows, Hkv, D) fp32; keys int64; table (S, 3) int64. `impl` "auto"/"native" runs the C kernel, "reference" torch."""
+    (rows, Hkv, D) fp32 or both fp16 (a half-size cache: widened exactly as read); keys int64; table (S, 3) int64.
+    `impl` "auto"/"native" runs the C kernel, "reference" torch."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         attend_rows_reference(q, k_rows, v_rows, keys, table, scale, out, softcap)
         return
-    for t in (q, k_rows, v_rows, out):
-        if t.dtype != torch.float32 or not t.is_contiguous():
-            raise ValueError("attend_rows takes contiguous fp32 tensors")
+    kv = k_rows.dtype
+    if kv not in (torch.float32, torch.float16) or v_rows.dtype != kv \
+            or any(t.dtype != torch.float32 for t in (q, out)) \
+            or not all(t.is_contiguous() for t in (q, k_rows, v_rows, out)):
+        raise ValueError("attend_rows takes contiguous fp32 queries and fp32 or fp16 caches")
     _, h, d = q.shape
-    rc = kernel.lib.parley_attend_rows(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), keys.data_ptr(),
+    call = kernel.lib.parley_attend_rows if kv == torch.float32 else kernel.lib.parley_attend_rows_f16
+    rc = call(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), keys.data_ptr(),
                                        table.data_ptr(), table.shape[0], h, k_rows.shape[1], d, scale,
                                        softcap, out.data_ptr(), torch.get_num_threads())
     if rc != 0:

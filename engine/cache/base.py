@@ -10,6 +10,8 @@ from engine.cache.book import CacheBook, Segment
 from engine.cache.config import CacheConfig
 from kernels.cpu_attend import attention_row
 
+NATIVE_DTYPES = (torch.float32, torch.float16)  # CPU cache storage the library reads (and the rope prologue writes)
+
 
 class CacheObserver(Protocol):
     def on_clone(self, src: int, dst: int) -> None:
@@ -109,12 +111,12 @@ class KVCache:
         raise NotImplementedError
 
     def native_rows(self) -> bool:
-        """Whether every query row attends alone in the CPU library (an fp32 cache on the CPU, the library built
-        here). A row's result then depends on its query and its keys only, never on how its prompt was cut into
+        """Whether every query row attends alone in the CPU library (an fp32 or fp16 cache on the CPU, the library
+        built here). A row's result then depends on its query and its keys only, never on how its prompt was cut into
         steps: chunked prefill, a reused prefix, a verified draft and a one-token step all compute it alike."""
         from kernels.cpu_native import cpu_kernel
 
-        return self.device.type == "cpu" and self.config.torch_dtype == torch.float32 and cpu_kernel() is not None
+        return self.device.type == "cpu" and self.config.torch_dtype in NATIVE_DTYPES and cpu_kernel() is not None
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """(K store, V store, flat slots) for a kernel that writes this step's K/V itself, then calls

@@ -12,7 +12,7 @@ import heapq
 
 import torch
 
-from engine.cache.base import KVCache, attend_segments, one_row_plan, visible
+from engine.cache.base import NATIVE_DTYPES, KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
 from engine.errors import CacheError
 
@@ -105,8 +105,9 @@ class CellKVCache(KVCache):
         return s.q_start, s.q_len, cells.to(self.device), mask
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """A CPU library call may write an fp32 cache itself (kernels/cpu_rope.py); the GPU's pool is written here."""
-        if self.device.type != "cpu" or self.k[layer_id].dtype != torch.float32:
+        """A CPU library call may write an fp32 or fp16 cache itself (kernels/cpu_rope.py); the GPU's pool is written
+        here."""
+        if self.device.type != "cpu" or self.k[layer_id].dtype not in NATIVE_DTYPES:
             return None
         return self.k[layer_id], self.v[layer_id], self._step["write"]
 

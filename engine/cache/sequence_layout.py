@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.cache.base import KVCache, attend_segments, one_row_plan, visible
+from engine.cache.base import NATIVE_DTYPES, KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
 from engine.cache.rings import RingedLayout
 
@@ -147,9 +147,9 @@ class SequenceKVCache(RingedLayout, KVCache):
         self._plan = plan
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        if not self.uses_kernels:  # the loop's plan: a CPU library call may write an fp32 cache (kernels/cpu_rope.py)
-            fp32 = self.device.type == "cpu" and self.k[layer_id].dtype == torch.float32
-            return (self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]][0]) if fp32 else None
+        if not self.uses_kernels:  # the loop's plan: a CPU library call may write the cache (kernels/cpu_rope.py)
+            native = self.device.type == "cpu" and self.k[layer_id].dtype in NATIVE_DTYPES
+            return (self.k[layer_id], self.v[layer_id], self._step[self.windows[layer_id]][0]) if native else None
         p = self._plan
         if p is None:
             return None

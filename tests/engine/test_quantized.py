@@ -121,6 +121,20 @@ def assert_batched_equals_alone(lm, layout: str) -> None:
         assert got == alone
 
 
+def test_cpu_cache_is_fp16_for_quantized_weights_fp32_for_dequantized(tiny_models_q4):
+    """Quantized weights on the CPU keep their KV cache in fp16 where the library reads it (half the bytes a token, as
+    llama.cpp); the dequantized path keeps fp32, the numbers transformers computes."""
+    from kernels.cpu_native import cpu_kernel
+
+    path = tiny_models_q4[ARCHS[0]].gguf_path
+    run = RunConfig(max_seq_len=64)
+    quantized = make_batcher(load_model(path, LoadOptions(weights="quantized")), 1, run).cache
+    dequantized = make_batcher(load_model(path, LoadOptions(weights="dequantized")), 1, run).cache
+    assert quantized.config.dtype == ("float16" if cpu_kernel() is not None else "float32")
+    assert quantized.k[0].dtype == quantized.config.torch_dtype
+    assert dequantized.config.dtype == "float32"
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_quantized_logits_near_dequantized(tiny_models_q8, arch):
     """Q8_0 requantized to int8 rows with bf16 activations stays close to the exact fp32 dequantization."""

@@ -1,5 +1,5 @@
 """One-row attention over the KV cache in place (kernels/cpu/attend.c): against its torch reference, and each row's
-result independent of the other rows of the call (batched == alone, bit for bit)."""
+result independent of the other rows of the call (batched == alone, bit for bit); fp16 caches as fp32 ones."""
 from __future__ import annotations
 
 import pytest
@@ -86,7 +86,29 @@ def test_a_non_finite_key_makes_only_the_rows_that_read_it_nan():
             torch.testing.assert_close(got[row], ref[row], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("h, hkv, d", [(4, 1, 256), (8, 2, 64), (2, 2, 20)])
+def test_fp16_cache_reads_as_the_same_values_in_fp32(h, hkv, d):
+    """An fp16 cache (half the bytes) is widened exactly as it is read: the same bits as the fp32 kernel over the
+    widened values, rows still independent of each other."""
+    counts = [1, 9, 64]
+    q, k, v, keys, table = _case(h, hkv, d, counts)
+    k16, v16 = k.half(), v.half()
+    got, wide = torch.zeros_like(q), torch.zeros_like(q)
+    attend_rows(q, k16, v16, keys, table, 0.125, got, softcap=1.5, impl="native")
+    attend_rows(q, k16.float(), v16.float(), keys, table, 0.125, wide, softcap=1.5, impl="native")
+    assert torch.equal(got, wide)
+    ref = torch.zeros_like(q)
+    attend_rows_reference(q, k16.float(), v16.float(), keys, table, 0.125, ref, 1.5)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    for i in range(len(counts)):
+        alone = torch.zeros_like(q)
+        attend_rows(q, k16, v16, keys, table[i:i + 1], 0.125, alone, softcap=1.5, impl="native")
+        assert torch.equal(alone[i + 1], got[i + 1])
+
+
 def test_refuses_other_dtypes():
     q, k, v, keys, table = _case(2, 1, 16, [3])
     with pytest.raises(ValueError, match="fp32"):
         attend_rows(q, k.bfloat16(), v, keys, table, 1.0, torch.zeros_like(q), impl="native")
+    with pytest.raises(ValueError, match="fp16"):  # both caches of one type
+        attend_rows(q, k.half(), v, keys, table, 1.0, torch.zeros_like(q), impl="native")

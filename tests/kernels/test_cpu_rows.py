@@ -52,12 +52,27 @@ def test_prologue_matches_reference_and_writes_the_cache(h, hkv, d, normed):
         assert torch.equal(kc1.reshape(-1, hkv, d)[slots[i]], kc.reshape(-1, hkv, d)[slots[i]])
 
 
+@pytest.mark.parametrize("h, hkv, d, normed", [(4, 1, 256, True), (8, 2, 64, False), (2, 2, 20, True)])
+def test_prologue_writes_an_fp16_cache_as_the_fp32_values_rounded(h, hkv, d, normed):
+    qkv, cos, sin, (qw, kw), slots = _rope_case(5, h, hkv, d)
+    q, k, v = qkv.split([h * d, hkv * d, hkv * d], dim=-1)
+    weights = (qw, kw) if normed else (None, None)
+    kc, vc = _caches(hkv, d)
+    k16, v16 = (c.half() for c in _caches(hkv, d))
+    want = qk_rope_write(q, k, v, *weights, 1e-6, cos, sin, slots, kc, vc, impl="native")
+    got = qk_rope_write(q, k, v, *weights, 1e-6, cos, sin, slots, k16, v16, impl="native")
+    assert torch.equal(got, want)  # q is the same
+    assert torch.equal(k16, kc.half()) and torch.equal(v16, vc.half())  # rounded to nearest, as .half() rounds
+
+
 def test_prologue_refuses_what_it_cannot_take():
     qkv, cos, sin, _, slots = _rope_case(2, 2, 1, 16)
     q, k, v = qkv.split([32, 16, 16], dim=-1)
     kc, vc = _caches(1, 16)
     with pytest.raises(ValueError, match="fp32"):
         qk_rope_write(q, k, v, None, None, 1e-6, cos, sin, slots, kc.bfloat16(), vc, impl="native")
+    with pytest.raises(ValueError, match="fp16"):  # both caches of one type
+        qk_rope_write(q, k, v, None, None, 1e-6, cos, sin, slots, kc.half(), vc, impl="native")
     with pytest.raises(ValueError, match="one stride"):
         qk_rope_write(q, k.clone(), v, None, None, 1e-6, cos, sin, slots, kc, vc, impl="native")
 
