@@ -38,27 +38,16 @@ from kernels.skinny_linear_triton import skinny_linear_triton
 # $8-11 the chunk's pairs (s0|s2, s1|s3, z0|z2, z1|z3), $12-15 activation pairs of rows g, $16-19 of rows g + 8 (element
 # e: (x[16p + 4q + e], x[16p + 64 + 4q + e])), $20-23 the accumulators in. Dequantizing: (w & 0x000f000f) | 0x43004300 is
 # the bf16 pair (128 + code p, 128 + code p + 4); minus 136 is (code - 8), exact; one bf16x2 FMA applies (scale, zero).
-_MMA_STEPS = """
-{{
-.reg .b32 q, t, m136, one, b0, b1, b2, b3;
-mov.b32 m136, 0xC308C308;
-mov.b32 one, 0x3F803F80;
-lop3.b32 q, $4, 0x000f000f, 0x43004300, 0xea;
+_DEQUANT = """
+lop3.b32 q, ${w}, 0x000f000f, 0x43004300, 0xea;
 fma.rn.bf16x2 t, q, one, m136;
-fma.rn.bf16x2 b0, t, ${s}, ${z};
-lop3.b32 q, $5, 0x000f000f, 0x43004300, 0xea;
-fma.rn.bf16x2 t, q, one, m136;
-fma.rn.bf16x2 b1, t, ${s}, ${z};
-lop3.b32 q, $6, 0x000f000f, 0x43004300, 0xea;
-fma.rn.bf16x2 t, q, one, m136;
-fma.rn.bf16x2 b2, t, ${s}, ${z};
-lop3.b32 q, $7, 0x000f000f, 0x43004300, 0xea;
-fma.rn.bf16x2 t, q, one, m136;
-fma.rn.bf16x2 b3, t, ${s}, ${z};
+fma.rn.bf16x2 b{w4}, t, ${{s}}, ${{z}};"""
+_MMA_STEPS = ("{{\n.reg .b32 q, t, m136, one, b0, b1, b2, b3;\nmov.b32 m136, 0xC308C308;\nmov.b32 one, 0x3F803F80;"
+              + "".join(_DEQUANT.format(w=4 + i, w4=i) for i in range(4)) + """
 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{$12, $16, $13, $17}}, {{b0, b1}}, {{$20, $21, $22, $23}};
 mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{$0, $1, $2, $3}}, {{$14, $18, $15, $19}}, {{b2, b3}}, {{$0, $1, $2, $3}};
 }}
-"""
+""")
 MMA_GROUPS_02 = tl.constexpr(_MMA_STEPS.format(s=8, z=10))  # nibble pairs 0, 1: groups 0 and 2
 MMA_GROUPS_13 = tl.constexpr(_MMA_STEPS.format(s=9, z=11))  # nibble pairs 2, 3: groups 1 and 3
 
