@@ -7,6 +7,8 @@ import torch
 from kernels import cpu_native
 from kernels.reference import capped
 
+CACHE_DTYPES = (torch.float32, torch.float16)  # KV cache storage attend.c reads (and rope.c writes)
+
 
 def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, keys: torch.Tensor, table: torch.Tensor,
                 scale: float, out: torch.Tensor, *, softcap: float = 0.0, impl: str = "auto") -> None:
@@ -19,15 +21,14 @@ def attend_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, key
         attend_rows_reference(q, k_rows, v_rows, keys, table, scale, out, softcap)
         return
     kv = k_rows.dtype
-    if kv not in (torch.float32, torch.float16) or v_rows.dtype != kv \
+    if kv not in CACHE_DTYPES or v_rows.dtype != kv \
             or any(t.dtype != torch.float32 for t in (q, out)) \
             or not all(t.is_contiguous() for t in (q, k_rows, v_rows, out)):
         raise ValueError("attend_rows takes contiguous fp32 queries and fp32 or fp16 caches")
     _, h, d = q.shape
     call = kernel.lib.parley_attend_rows if kv == torch.float32 else kernel.lib.parley_attend_rows_f16
-    rc = call(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), keys.data_ptr(),
-                                       table.data_ptr(), table.shape[0], h, k_rows.shape[1], d, scale,
-                                       softcap, out.data_ptr(), torch.get_num_threads())
+    rc = call(q.data_ptr(), k_rows.data_ptr(), v_rows.data_ptr(), keys.data_ptr(), table.data_ptr(), table.shape[0], h,
+              k_rows.shape[1], d, scale, softcap, out.data_ptr(), torch.get_num_threads())
     if rc != 0:
         raise MemoryError("no memory for the attention scores")
 

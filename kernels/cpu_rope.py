@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_native
+from kernels.cpu_attend import CACHE_DTYPES
 
 MAX_HEAD_DIM = 1024  # the kernel's one-head scratch
 
@@ -22,7 +23,7 @@ def qk_rope_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: t
         return qk_rope_write_reference(q, k, v, q_weight, k_weight, eps, cos, sin, slots, k_cache, v_cache)
     t, d, n_kv = q.shape[0], k_cache.shape[-1], k_cache.shape[-2]
     if not all(x.dtype == torch.float32 for x in (q, k, v, cos, sin)) \
-            or k_cache.dtype not in (torch.float32, torch.float16) or v_cache.dtype != k_cache.dtype:
+            or k_cache.dtype not in CACHE_DTYPES or v_cache.dtype != k_cache.dtype:
         raise ValueError("qk_rope_write takes fp32 tensors, and fp32 or fp16 caches")
     if d > MAX_HEAD_DIM or any(x.stride(-1) != 1 for x in (q, k, v)) or k.stride(0) != v.stride(0) \
             or not (k_cache.is_contiguous() and v_cache.is_contiguous()):

@@ -8,9 +8,7 @@ import torch
 
 from engine.cache.book import CacheBook, Segment
 from engine.cache.config import CacheConfig
-from kernels.cpu_attend import attention_row
-
-NATIVE_DTYPES = (torch.float32, torch.float16)  # CPU cache storage the library reads (and the rope prologue writes)
+from kernels.cpu_attend import CACHE_DTYPES as NATIVE_DTYPES, attention_row
 
 
 class CacheObserver(Protocol):
