@@ -46,16 +46,16 @@ def _scalars(embedding: Any, residual: Any, attention: Any, logits: Any) -> dict
                 query_pre_attn_scalar=attention ** -2, logits_scaling=float(logits))
 
 
-def args_from_hf(config: dict[str, Any]) -> ModelArgs:
-    return llama.args_from_hf(config, ARCH, **_scalars(
+def args_from_hf(config: dict[str, Any], arch: str = ARCH, **overrides: Any) -> ModelArgs:
+    return llama.args_from_hf(config, arch, **_scalars(
         config.get("embedding_multiplier", 1.0), config.get("residual_multiplier", 1.0),
-        config.get("attention_multiplier", 1.0), config.get("logits_scaling", 1.0)))
+        config.get("attention_multiplier", 1.0), config.get("logits_scaling", 1.0)), **overrides)
 
 
 @gguf_metadata_errors
-def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
+def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str = ARCH) -> ModelArgs:
     def get(key: str) -> Any:
-        return meta.get(f"{ARCH}.{key}", 1.0)
+        return meta.get(f"{arch}.{key}", 1.0)
 
-    return llama.args_from_gguf(meta, shapes, ARCH, **_scalars(
+    return llama.args_from_gguf(meta, shapes, arch, **_scalars(
         get("embedding_scale"), get("residual_scale"), get("attention.scale"), get("logit_scale")))

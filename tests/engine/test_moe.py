@@ -1,5 +1,5 @@
 """Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`, Qwen2-MoE
-`qwen2_moe` / `qwen2moe` with its shared expert): logits equal to transformers' (HF folder and GGUF, both layouts) and to
+`qwen2_moe` / `qwen2moe` with its shared expert, Granite MoE `granitemoe` with Granite's scalars and stacked experts): logits equal to transformers' (HF folder and GGUF, both layouts) and to
 llama.cpp's, experts held quantized, greedy batched == alone, MLX equal to PyTorch, the CUDA path, and bad files refused
 in one line."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tests.support.tiny_models import make_tiny_hf
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
+ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe"]
 # llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
 LLAMA_CPP_TOLERANCE = 2e-3
 
@@ -196,6 +196,18 @@ def test_experts_tensor_of_the_wrong_count_is_refused(tmp_path):
                                                                            "qwen3moe.expert_used_count": 2})
     with pytest.raises(ModelLoadError, match="does not hold the model's 4 experts"):
         load_model(bad, LoadOptions(weights="dequantized"))
+
+
+def test_stacked_experts_of_the_wrong_shape_are_refused(tmp_path):
+    """A Granite MoE folder whose config names fewer experts than its stacked tensors hold: one line naming the
+    tensor, no partial model."""
+    import json
+
+    hf = make_tiny_hf("granitemoe", tmp_path / "hf")
+    config = json.loads((hf / "config.json").read_text())
+    (hf / "config.json").write_text(json.dumps(config | {"num_local_experts": 4}))
+    with pytest.raises(UnsupportedModelError, match=r"block_sparse_moe\.\w+\.weight has shape \(8, "):
+        load_model(hf, LoadOptions(weights="dequantized"))
 
 
 def test_the_estimate_counts_experts_quantized(tmp_path):

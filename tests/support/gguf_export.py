@@ -21,22 +21,23 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone",
-             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe", "qwen2_moe": "qwen2moe"}
+             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe", "qwen2_moe": "qwen2moe",
+             "granitemoe": "granitemoe"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE,
-                "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE}
+                "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone",
-                 "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2"}
+                 "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
-LLAMA_LIKE = ("llama", "granite", "smollm3")  # converted by LlamaModel or a subclass: Q/K rows permuted
+LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3")  # converted by LlamaModel or a subclass: Q/K rows permuted
 EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp|block_sparse_moe))\.experts\.(\d+)\.(\w+)\.weight")
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
@@ -131,7 +132,7 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if cfg.get("head_dim") is not None:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    if arch == "granite":  # GraniteModel.set_gguf_parameters: LlamaModel's, then the four scalars
+    if arch in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: LlamaModel's, then the four scalars
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
@@ -282,6 +283,12 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     for hf_name in sorted(weights, key=_layer_order):
         data = weights[hf_name].astype(np.float32)
         if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if hf_name.endswith("block_sparse_moe.input_linear.weight"):  # GraniteMoeModel: gate rows, then up rows
+            layer = int(hf_name.split(".")[2])
+            gate, up = np.split(data, 2, axis=-2)
+            yield f"blk.{layer}.ffn_gate_exps.weight", gate
+            yield f"blk.{layer}.ffn_up_exps.weight", up
             continue
         if m := EXPERT.fullmatch(hf_name):  # the converters stack each projection's experts into one tensor
             stack = experts.setdefault(f"{m.group(1)}.experts.{m.group(3)}.weight", {})

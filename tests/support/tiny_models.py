@@ -130,7 +130,7 @@ TOK_SPECS: dict[str, _TokSpec] = {
     ),
 }
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS["qwen2"]
-TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["llama"]
+TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
 TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
@@ -138,9 +138,9 @@ TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["co
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
-                "olmoe": False, "qwen2_moe": False}
+                "olmoe": False, "qwen2_moe": False, "granitemoe": True}
 EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
-               "qwen3_moe", "mixtral", "olmoe", "qwen2_moe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+               "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -312,6 +312,16 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         # 5 layers: the fourth attends without rotary positions (no_rope_layer_interval 4)
         return SmolLM3Config(num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
                              rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}, **common)
+    if arch == "granitemoe":
+        from transformers import GraniteMoeConfig
+
+        # Granite's scalars as its test has them; 8 experts of 2 per token (Granite 3 1B-A400M: 32 of 8)
+        return GraniteMoeConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                   "rms_norm_eps": 1e-5, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                                   "attention_multiplier": 0.4, "logits_scaling": 2.5, "num_local_experts": 8,
+                                   "num_experts_per_tok": 2,
+                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+                                | common | {"intermediate_size": 32} | (overrides or {}))
     if arch == "granite":
         from transformers import GraniteConfig
 
@@ -377,7 +387,7 @@ def _model_class(arch: str):
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
-            "qwen2_moe": "Qwen2MoeForCausalLM"}[arch]
+            "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
@@ -391,7 +401,7 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
             p.copy_(0.3 * noise if arch.startswith("gemma") else 1.0 + 0.3 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.2 * noise)
-        elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # a router: wide margins, so that quantized weights pick the same experts
+        elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "block_sparse_moe.router.weight")):  # a router: wide margins, so that quantized weights pick the same experts
             p.copy_(6.0 * noise / p.shape[-1] ** 0.5)
         elif name.endswith("embed_tokens.weight"):
             p.copy_((0.125 if arch.startswith("gemma") else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
