@@ -21,11 +21,16 @@ RENAMES = ((".block_sparse_moe.gate.", ".mlp.gate."), (".block_sparse_moe.expert
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     where = "config.json (mixtral)"
-    args = llama.args_from_hf(
+    return every_layer_slides(llama.args_from_hf(
         config, ARCH, num_experts=require(config, "num_local_experts", where),
         experts_per_token=require(config, "num_experts_per_tok", where),
-        moe_intermediate_size=require(config, "intermediate_size", where), norm_topk_prob=True)
-    if config.get("sliding_window"):  # transformers' Mixtral: every layer slides when the config has a window
+        moe_intermediate_size=require(config, "intermediate_size", where), norm_topk_prob=True), config)
+
+
+def every_layer_slides(args: ModelArgs, config: dict[str, Any]) -> ModelArgs:
+    """transformers' Mistral and Mixtral: every layer attends to the last `sliding_window` keys when the config has
+    one (Mistral 7B v0.1: 4,096), to all of them otherwise."""
+    if config.get("sliding_window"):
         args.layer_types = [SLIDING] * args.num_layers
         args.sliding_window = int(config["sliding_window"])
         args.rope[SLIDING] = args.rope[GLOBAL]

@@ -130,7 +130,7 @@ TOK_SPECS: dict[str, _TokSpec] = {
     ),
 }
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS["qwen2"]
-TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["llama"]
+TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
 TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
@@ -138,9 +138,9 @@ TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["co
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
-                "olmoe": False, "qwen2_moe": False, "granitemoe": True}
+                "olmoe": False, "qwen2_moe": False, "granitemoe": True, "mistral": False}
 EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
-               "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe")  # built by their own tests only (every ARCHS entry runs through the whole suite)
+               "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "mistral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
 def _pre_tokenizer(split: str | None) -> pre_tokenizers.PreTokenizer:
@@ -312,6 +312,15 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         # 5 layers: the fourth attends without rotary positions (no_rope_layer_interval 4)
         return SmolLM3Config(num_hidden_layers=5, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
                              rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}, **common)
+    if arch == "mistral":
+        from transformers import MistralConfig
+
+        # heads wider than hidden / heads, as Mistral NeMo's 128 against 5120 / 32; a window of 8 keys (Mistral 7B
+        # v0.1: 4096) crossed by the tests' 21-token prompts, unless overridden (a GGUF file has none)
+        return MistralConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 32, "rms_norm_eps": 1e-5, "sliding_window": 8,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}}
+                             | common | (overrides or {}))
     if arch == "granitemoe":
         from transformers import GraniteMoeConfig
 
@@ -387,7 +396,8 @@ def _model_class(arch: str):
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
-            "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM"}[arch]
+            "qwen2_moe": "Qwen2MoeForCausalLM", "granitemoe": "GraniteMoeForCausalLM",
+            "mistral": "MistralForCausalLM"}[arch]
     return getattr(transformers, name)
 
 
