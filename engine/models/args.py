@@ -43,6 +43,8 @@ class RopeArgs:
     # loader moves so that they pair as a whole head's do (engine/models/partial_rotary.py); the rest get frequency
     # 0. 0: no rotation at all (NOPE layers)
     rotary_dim: int | None = None
+    # YaRN's scale of cos and sin (transformers' attention_factor; llama.cpp's mscale): q·k by its square
+    attn_factor: float = 1.0
 
     def pairs(self, head_dim: int) -> int:
         """How many (dim, dim + half) pairs rotate: one factor each."""
@@ -126,6 +128,19 @@ class ModelArgs:
         for kind in set(self.layer_types):
             if kind not in self.rope:
                 raise UnsupportedModelError(f"No rotary embedding settings for {kind} layers.")
+        self._take_yarn_gain()
+
+    def _take_yarn_gain(self) -> None:
+        # YaRN scales cos and sin, which is attn_factor's LongRoPE scale: one per model, so every layer kind alike
+        gains = {self.rope[kind].attn_factor for kind in set(self.layer_types)}
+        if gains == {1.0}:
+            return
+        if len(gains) > 1:
+            raise UnsupportedModelError("YaRN rotary scaling on some layer kinds only is not supported.")
+        gain = gains.pop()
+        if self.attn_factor not in (1.0, gain):
+            raise UnsupportedModelError("YaRN rotary scaling together with LongRoPE's attention factor is not supported.")
+        self.attn_factor = gain
 
     @property
     def attn_scale(self) -> float:
@@ -181,8 +196,9 @@ def fit_context(args: ModelArgs, context: int | None) -> ModelArgs:
     return replace(args, rope={kind: args.long_rope for kind in args.rope}, long_rope=None)
 
 
-def rope_from_hf(params: dict[str, Any], head_dim: int) -> RopeArgs:
-    """Reads one HF rope parameter dict (v4 `rope_scaling` merged with `rope_theta`, or v5 `rope_parameters`)."""
+def rope_from_hf(params: dict[str, Any], head_dim: int, max_positions: int | None = None) -> RopeArgs:
+    """Reads one HF rope parameter dict (v4 `rope_scaling` merged with `rope_theta`, or v5 `rope_parameters`);
+    `max_positions` (the config's max_position_embeddings) stands in for YaRN's original context where it has none."""
     theta = float(params.get("rope_theta", 10000.0))
     kind = params.get("rope_type") or params.get("type") or "default"
     if kind == "default":
@@ -191,7 +207,53 @@ def rope_from_hf(params: dict[str, Any], head_dim: int) -> RopeArgs:
         return RopeArgs(theta, [float(params["factor"])] * (head_dim // 2))
     if kind == "llama3":
         return RopeArgs(theta, llama3_factors(theta, head_dim, params))
+    if kind == "yarn":
+        return _yarn_from_hf(theta, head_dim, params, max_positions)
     raise UnsupportedModelError(f"Rotary scaling type {kind!r} is not supported yet.")
+
+
+def _yarn_from_hf(theta: float, head_dim: int, p: dict[str, Any], max_positions: int | None) -> RopeArgs:
+    original = p.get("original_max_position_embeddings") or max_positions
+    if not original:
+        raise UnsupportedModelError("YaRN rotary scaling without original_max_position_embeddings is not supported.")
+    factor = p.get("factor") or (max_positions or original) / original  # DeepSeek-V3 gives the two contexts only
+    if not float(factor) >= 1.0:
+        raise UnsupportedModelError(f"YaRN's scaling factor must be at least 1, not {factor!r}.")
+    mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
+    gain = p.get("attention_factor")
+    if gain is None:
+        gain = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all) if mscale and mscale_all \
+            else yarn_mscale(factor)
+    dims = int(head_dim * p.get("partial_rotary_factor", 1.0))
+    return RopeArgs(theta, yarn_factors(theta, dims, float(factor), int(original), float(p.get("beta_fast") or 32),
+                                        float(p.get("beta_slow") or 1), bool(p.get("truncate", True))),
+                    attn_factor=float(gain))
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context `factor` times the original: 1 + 0.1 · mscale · ln(factor)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def yarn_factors(theta: float, dims: int, factor: float, original: int, beta_fast: float = 32.0,
+                 beta_slow: float = 1.0, truncate: bool = True) -> list[float]:
+    """YaRN's frequencies as divisors of inv_freq: pairs that turn more than `beta_fast` times within the original
+    context keep their frequency, those under `beta_slow` turns are divided by `factor`, a linear ramp between (as
+    transformers and llama.cpp compute them)."""
+    def pair_of(turns: float) -> float:  # the pair index whose wavelength fits `turns` times in the original context
+        return dims * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_of(beta_fast), pair_of(beta_slow)
+    if truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dims - 1)
+    if low == high:
+        high += 0.001  # as both references: no division by zero
+    out = []
+    for j in range(dims // 2):
+        keep = 1.0 - min(max((j - low) / (high - low), 0.0), 1.0)  # 1: the original frequency, 0: divided by factor
+        out.append(1.0 / ((1.0 - keep) / factor + keep))
+    return out
 
 
 def llama3_factors(theta: float, head_dim: int, p: dict[str, Any]) -> list[float]:

@@ -19,6 +19,8 @@ from engine.models.args import (
     positive,
     require,
     rope_from_hf,
+    yarn_factors,
+    yarn_mscale,
 )
 from engine.models.layers import Attention, CausalLM, RMSNorm, add_and_norm
 from engine.models.moe import feed_forward
@@ -66,7 +68,8 @@ def args_from_hf(config: dict[str, Any], model_type: str = ARCH, **overrides: An
         num_kv_heads=config.get("num_key_value_heads") or heads,
         head_dim=head_dim,
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)),
-        rope=overrides.get("rope") or {GLOBAL: rope_from_hf(hf_rope_params(config), head_dim)},
+        rope=overrides.get("rope") or {GLOBAL: rope_from_hf(hf_rope_params(config), head_dim,
+                                                            config.get("max_position_embeddings"))},
         layer_types=[GLOBAL] * n_layers,
         max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
@@ -100,6 +103,9 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
         rope.factors = []  # filled from the rope_freqs tensor by the loader
     elif meta.get(f"{arch}.rope.scaling.type") == "linear":
         rope.factors = [float(meta[f"{arch}.rope.scaling.factor"])] * (head_dim // 2)
+    elif meta.get(f"{arch}.rope.scaling.type") == "yarn":
+        rope = _yarn_from_gguf(meta, arch, rope.theta, int(get("rope.dimension_count", head_dim)),
+                               int(get("context_length", 4096)))
     kw: dict[str, Any] = dict(
         model_type=arch,
         vocab_size=int(shapes["token_embd.weight"][0]),
@@ -121,6 +127,18 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
     kw.update(gguf_experts(meta, shapes, arch))
     kw.update(overrides)
     return ModelArgs(**kw)
+
+
+def _yarn_from_gguf(meta: dict[str, Any], arch: str, theta: float, dims: int, context: int) -> RopeArgs:
+    """llama.cpp's YaRN keys (its converters write the factor and the original context; the betas default as in
+    transformers), read as rope_from_hf reads a config's."""
+    factor = float(require(meta, f"{arch}.rope.scaling.factor", "The GGUF metadata"))
+    original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or context)
+    if not factor >= 1.0:
+        raise UnsupportedModelError(f"YaRN's scaling factor must be at least 1, not {factor!r}.")
+    factors = yarn_factors(theta, dims, factor, original, float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                           float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)))
+    return RopeArgs(theta, factors, attn_factor=yarn_mscale(factor))
 
 
 def gguf_experts(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str) -> dict[str, Any]:

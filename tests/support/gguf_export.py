@@ -110,6 +110,10 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg.get("num_key_value_heads", cfg["num_attention_heads"]))
     w.add_rope_freq_base(_rope(cfg).get("rope_theta", 10000.0))
+    if _rope(cfg).get("rope_type") == "yarn":  # TextModel's (Qwen2Model's before it): the factor, the original context
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(_rope(cfg)["factor"])
+        w.add_rope_scaling_orig_ctx_len(_rope(cfg)["original_max_position_embeddings"])
     if experts := cfg.get("num_experts", cfg.get("num_local_experts")):  # TextModel's, then Qwen2MoeModel's
         w.add_expert_count(experts)
         w.add_expert_used_count(cfg["num_experts_per_tok"])

@@ -356,9 +356,9 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         from transformers import Qwen3Config
 
         # head_dim * heads (128) != hidden (64), as in the real Qwen3 checkpoints.
-        return Qwen3Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                           rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-                           **common)
+        return Qwen3Config(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "head_dim": 32, "rms_norm_eps": 1e-6,
+                              "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}} | common)
     return _gemma3_config(common)
 
 
