@@ -106,6 +106,8 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
     elif meta.get(f"{arch}.rope.scaling.type") == "yarn":
         rope = _yarn_from_gguf(meta, arch, rope.theta, int(get("rope.dimension_count", head_dim)),
                                int(get("context_length", 4096)))
+    elif meta.get(f"{arch}.rope.scaling.type") not in (None, "none", "longrope"):  # LongRoPE: phi3.py, by its tensors
+        raise UnsupportedModelError(f"Rotary scaling type {meta[f'{arch}.rope.scaling.type']!r} is not supported.")
     kw: dict[str, Any] = dict(
         model_type=arch,
         vocab_size=int(shapes["token_embd.weight"][0]),

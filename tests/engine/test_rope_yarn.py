@@ -72,7 +72,9 @@ def test_on_cuda(files, weights, kind):
     check.assert_on_cuda(files[kind], weights)
 
 
-def test_bad_yarn_settings_are_refused():
+def test_bad_yarn_settings_are_refused(files, tmp_path):
+    check.assert_refused(files[1], tmp_path, "qwen3.rope.scaling.factor", 0.25, "at least 1")
+    check.assert_refused(files[1], tmp_path, "qwen3.rope.scaling.type", "dynamic", "scaling type 'dynamic'")
     with pytest.raises(UnsupportedModelError, match="at least 1"):
         rope_from_hf({"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 64}, 64)
     with pytest.raises(UnsupportedModelError, match="original_max_position_embeddings"):
