@@ -217,8 +217,6 @@ def _yarn_from_hf(theta: float, head_dim: int, p: dict[str, Any], max_positions:
     if not original:
         raise UnsupportedModelError("YaRN rotary scaling without original_max_position_embeddings is not supported.")
     factor = p.get("factor") or (max_positions or original) / original  # DeepSeek-V3 gives the two contexts only
-    if not float(factor) >= 1.0:
-        raise UnsupportedModelError(f"YaRN's scaling factor must be at least 1, not {factor!r}.")
     mscale, mscale_all = p.get("mscale"), p.get("mscale_all_dim")
     gain = p.get("attention_factor")
     if gain is None:
@@ -240,6 +238,9 @@ def yarn_factors(theta: float, dims: int, factor: float, original: int, beta_fas
     """YaRN's frequencies as divisors of inv_freq: pairs that turn more than `beta_fast` times within the original
     context keep their frequency, those under `beta_slow` turns are divided by `factor`, a linear ramp between (as
     transformers and llama.cpp compute them)."""
+    if not factor >= 1.0:
+        raise UnsupportedModelError(f"YaRN's scaling factor must be at least 1, not {factor!r}.")
+
     def pair_of(turns: float) -> float:  # the pair index whose wavelength fits `turns` times in the original context
         return dims * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
 

@@ -101,13 +101,13 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
     rope = RopeArgs(float(get("rope.freq_base", 10000.0)))
     if "rope_freqs.weight" in shapes:
         rope.factors = []  # filled from the rope_freqs tensor by the loader
-    elif meta.get(f"{arch}.rope.scaling.type") == "linear":
+    elif (scaling := meta.get(f"{arch}.rope.scaling.type")) == "linear":
         rope.factors = [float(meta[f"{arch}.rope.scaling.factor"])] * (head_dim // 2)
-    elif meta.get(f"{arch}.rope.scaling.type") == "yarn":
+    elif scaling == "yarn":
         rope = _yarn_from_gguf(meta, arch, rope.theta, int(get("rope.dimension_count", head_dim)),
                                int(get("context_length", 4096)))
-    elif meta.get(f"{arch}.rope.scaling.type") not in (None, "none", "longrope"):  # LongRoPE: phi3.py, by its tensors
-        raise UnsupportedModelError(f"Rotary scaling type {meta[f'{arch}.rope.scaling.type']!r} is not supported.")
+    elif scaling not in (None, "none", "longrope"):  # LongRoPE: phi3.py, by its tensors
+        raise UnsupportedModelError(f"Rotary scaling type {scaling!r} is not supported.")
     kw: dict[str, Any] = dict(
         model_type=arch,
         vocab_size=int(shapes["token_embd.weight"][0]),
@@ -136,8 +136,6 @@ def _yarn_from_gguf(meta: dict[str, Any], arch: str, theta: float, dims: int, co
     transformers), read as rope_from_hf reads a config's."""
     factor = float(require(meta, f"{arch}.rope.scaling.factor", "The GGUF metadata"))
     original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or context)
-    if not factor >= 1.0:
-        raise UnsupportedModelError(f"YaRN's scaling factor must be at least 1, not {factor!r}.")
     factors = yarn_factors(theta, dims, factor, original, float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
                            float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)))
     return RopeArgs(theta, factors, attn_factor=yarn_mscale(factor))
