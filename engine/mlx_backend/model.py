@@ -43,7 +43,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.scale = args.attn_scale
+        self.scale = args.attn_scale(layer_id)
         self.softcap = args.attn_softcap or 0.0
         gain = args.q_gain()
         self._q_gain = None if gain is None else mx.array(gain)  # private: not a parameter
@@ -293,8 +293,8 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
 
 
 # by model type (Gemma's by prefix, the rest Llama's)
-BLOCKS = {"olmo2": Olmo2Block, "cohere": LayerNormBlock, "cohere2": LayerNormBlock, "stablelm": LayerNormBlock,
-          "starcoder2": LayerNormBlock}
+BLOCKS = {"olmo2": Olmo2Block, "olmo3": Olmo2Block, "exaone4": Olmo2Block, "cohere": LayerNormBlock,
+          "cohere2": LayerNormBlock, "stablelm": LayerNormBlock, "starcoder2": LayerNormBlock}
 
 
 class Body(nn.Module):

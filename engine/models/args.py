@@ -46,6 +46,11 @@ class RopeArgs:
     # YaRN's scale of cos and sin (transformers' attention_factor; llama.cpp's mscale): q·k by its square
     attn_factor: float = 1.0
 
+    def __post_init__(self) -> None:
+        if not 0 < self.attn_factor < math.inf:  # also NaN
+            raise UnsupportedModelError(
+                f"The rotary attention factor must be a positive number, not {self.attn_factor}.")
+
     def pairs(self, head_dim: int) -> int:
         """How many (dim, dim + half) pairs rotate: one factor each."""
         return (head_dim if self.rotary_dim is None else self.rotary_dim) // 2
@@ -131,20 +136,25 @@ class ModelArgs:
         self._take_yarn_gain()
 
     def _take_yarn_gain(self) -> None:
-        # YaRN scales cos and sin, which is attn_factor's LongRoPE scale: one per model, so every layer kind alike
-        gains = {self.rope[kind].attn_factor for kind in set(self.layer_types)}
+        # YaRN scales cos and sin. One gain on every layer kind is attn_factor's LongRoPE scale; gains that differ by
+        # kind (OLMo 3: YaRN on its full-attention layers only) stay on their kinds and scale those layers' q·k
+        kinds = set(self.layer_types)
+        gains = {self.rope[kind].attn_factor for kind in kinds}
         if gains == {1.0}:
             return
-        if len(gains) > 1:
-            raise UnsupportedModelError("YaRN rotary scaling on some layer kinds only is not supported.")
-        gain = gains.pop()
-        if self.attn_factor not in (1.0, gain):
+        if self.attn_factor != 1.0 and gains != {self.attn_factor}:
             raise UnsupportedModelError("YaRN rotary scaling together with LongRoPE's attention factor is not supported.")
-        self.attn_factor = gain
+        if len(gains) == 1:
+            self.attn_factor = gains.pop()
+        elif any(self.rope[kind].rotary_dim for kind in kinds):
+            raise UnsupportedModelError("YaRN rotary scaling on some layer kinds of a partly rotated head is not "
+                                        "supported.")
 
-    @property
-    def attn_scale(self) -> float:
-        factor = 1.0 if self.rotated_gain() else self.attn_factor ** 2
+    def attn_scale(self, layer_id: int) -> float:
+        """q·k's scale in layer `layer_id`: 1/sqrt(head_dim or query_pre_attn_scalar), times the square of the rotary's
+        attention gain (LongRoPE's, or YaRN's of the layer's kind) where it scales every dim of q and k."""
+        gain = self.attn_factor if self.attn_factor != 1.0 else self.rope[self.layer_types[layer_id]].attn_factor
+        factor = 1.0 if self.rotated_gain() else gain ** 2
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5 * factor
 
     def rotated_gain(self) -> float | None:
@@ -295,6 +305,20 @@ def hf_layer_types(config: dict[str, Any], num_layers: int, default_pattern: int
     if pattern:
         return [GLOBAL if (i + 1) % pattern == 0 else SLIDING for i in range(num_layers)]
     return [GLOBAL] * num_layers
+
+
+def gguf_layer_kinds(pattern: Any, n: int, key: str) -> list[str]:
+    """llama.cpp's sliding_window_pattern: one flag per layer (true: sliding), or a period whose last layer is global
+    (0: every layer slides)."""
+    if pattern == 0:
+        return [SLIDING] * n
+    if isinstance(pattern, list):
+        if len(pattern) != n:
+            raise UnsupportedModelError(
+                f"The sliding window pattern lists {len(pattern)} layers but the model has {n}.")
+        return [SLIDING if flag else GLOBAL for flag in pattern]
+    period = positive(pattern, key)
+    return [SLIDING if (i + 1) % period else GLOBAL for i in range(n)]
 
 
 def positive(value: Any, what: str, most: int = MAX_COUNT) -> int:

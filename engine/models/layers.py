@@ -329,7 +329,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv, self.head_dim = args.num_heads, args.num_kv_heads, args.head_dim
-        self.scale = args.attn_scale
+        self.scale = args.attn_scale(layer_id)
         self.softcap = args.attn_softcap or 0.0
         gain = args.q_gain()  # a partial rotary's LongRoPE factor, on its rotated dims only (CPU: reset_buffers moves it)
         self.q_gain = None if gain is None else torch.tensor(gain, dtype=torch.float32, device="cpu")

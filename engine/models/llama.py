@@ -133,12 +133,14 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arc
 
 def _yarn_from_gguf(meta: dict[str, Any], arch: str, theta: float, dims: int, context: int) -> RopeArgs:
     """llama.cpp's YaRN keys (its converters write the factor and the original context; the betas default as in
-    transformers), read as rope_from_hf reads a config's."""
+    transformers), read as rope_from_hf reads a config's. A config's explicit attention_factor comes as
+    yarn_attn_factor (or attn_factor from older OLMo 3 conversions): the whole gain, as transformers applies it."""
     factor = float(require(meta, f"{arch}.rope.scaling.factor", "The GGUF metadata"))
     original = int(meta.get(f"{arch}.rope.scaling.original_context_length") or context)
     factors = yarn_factors(theta, dims, factor, original, float(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
                            float(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)))
-    return RopeArgs(theta, factors, attn_factor=yarn_mscale(factor))
+    gain = meta.get(f"{arch}.rope.scaling.yarn_attn_factor") or meta.get(f"{arch}.rope.scaling.attn_factor")
+    return RopeArgs(theta, factors, attn_factor=float(gain or yarn_mscale(factor)))
 
 
 def gguf_experts(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch: str) -> dict[str, Any]:

@@ -1,17 +1,22 @@
 """OLMo 2: the Llama block with its norms moved: each sublayer's output is normed before its residual add (no input
-norms), and the q/k norms span the whole projection rather than each head."""
+norms), and the q/k norms span the whole projection rather than each head. llama.cpp writes OLMo 3 (engine/models/
+olmo3.py) as this architecture with a sliding window: its sliding layers rotate without the file's YaRN scaling."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 from torch import nn
 
 from engine.models import llama
-from engine.models.args import GGUF_BLOCK_NAMES, ModelArgs
+from engine.models.args import (
+    GGUF_BLOCK_NAMES, GLOBAL, SLIDING, ModelArgs, RopeArgs, gguf_layer_kinds, gguf_metadata_errors, positive,
+)
 from engine.models.layers import Attention, CausalLM, GatedMLP, RMSNorm, add_and_norm
 
 ARCH = "olmo2"
+SLIDING_PERIOD = 4  # OLMo 3: every fourth layer attends to the whole context (llama.cpp's and transformers' default)
 GGUF_BLOCK_NAMES = {**GGUF_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm",
                     "post_ffw_norm": "post_feedforward_layernorm"}
 sanitize = llama.sanitize
@@ -44,8 +49,18 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     return llama.args_from_hf(config, ARCH, qk_norm=True, qk_norm_whole=True)
 
 
+@gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
-    return llama.args_from_gguf(meta, shapes, ARCH, qk_norm=True, qk_norm_whole=True)
+    args = llama.args_from_gguf(meta, shapes, ARCH, qk_norm=True, qk_norm_whole=True)
+    window = meta.get(f"{ARCH}.attention.sliding_window") or 0
+    if not window:
+        return args
+    kinds = gguf_layer_kinds(meta.get(f"{ARCH}.attention.sliding_window_pattern", SLIDING_PERIOD), args.num_layers,
+                             f"{ARCH}.attention.sliding_window_pattern")
+    sliding = RopeArgs(float(meta.get(f"{ARCH}.rope.freq_base_swa") or args.rope[GLOBAL].theta))
+    # the file's YaRN gain moves from the whole model to the full layers' rotary, which keeps it
+    return replace(args, layer_types=kinds, sliding_window=positive(window, f"{ARCH}.attention.sliding_window"),
+                   rope={GLOBAL: args.rope[GLOBAL], SLIDING: sliding}, attn_factor=1.0)
 
 
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:

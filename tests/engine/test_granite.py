@@ -19,7 +19,7 @@ def test_both_sources_read_the_scalars(granite):
     for path in granite[:2]:
         args = load_model(path).args
         assert (args.embedding_multiplier, args.residual_multiplier, args.logits_scaling) == (3.0, 0.5, 2.5)
-        assert args.attn_scale == pytest.approx(0.4, rel=1e-6)
+        assert args.attn_scale(0) == pytest.approx(0.4, rel=1e-6)
 
 
 @pytest.mark.parametrize("key, value, words", [

@@ -19,20 +19,23 @@ from safetensors.numpy import load_file
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma3": "gemma3",
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
-             "olmo2": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
-             "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone",
-             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe", "qwen2_moe": "qwen2moe",
-             "granitemoe": "granitemoe", "mistral": "llama"}
+             "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
+             "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
+             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
                 "gemma2": MODEL_ARCH.GEMMA2, "granite": MODEL_ARCH.GRANITE, "smollm3": MODEL_ARCH.SMOLLM3,
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
-                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "qwen3moe": MODEL_ARCH.QWEN3MOE,
+                "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
+                "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5, "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
-                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2", "starcoder2": "starcoder", "exaone": "exaone",
+                 "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
+                 "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
+                 "ernie4_5": "default",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
@@ -136,6 +139,13 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if cfg.get("head_dim") is not None:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
+    if arch == "exaone4":  # Exaone4Model.set_gguf_parameters: TextModel's, the vocabulary size, the window
+        w.add_vocab_size(cfg["vocab_size"])
+    if arch in ("olmo2", "exaone4") and cfg.get("sliding_window"):  # Olmo2Model (OLMo 3), Exaone4Model: a flag per layer
+        if "attention_factor" in _rope(cfg):
+            w.add_rope_scaling_yarn_attn_factor(_rope(cfg)["attention_factor"])
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
     if arch in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: LlamaModel's, then the four scalars
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
@@ -275,7 +285,7 @@ def _vocab_tokens(hf_dir: Path) -> tuple[list[str], list[int]]:
 
 def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     """Yield (gguf_name, float32 array) in the converter's conventions (float32 safetensors only)."""
-    if arch in ("llama", "exaone") and _rope(cfg).get("rope_type") == "llama3":
+    if arch in ("llama", "exaone", "exaone4") and _rope(cfg).get("rope_type") == "llama3":
         yield "rope_freqs.weight", llama3_rope_factors(cfg)
     if arch == "phi3" and _rope(cfg).get("rope_type") == "longrope":
         yield "rope_factors_long.weight", np.asarray(_rope(cfg)["long_factor"], dtype=np.float32)
@@ -412,9 +422,9 @@ def _mid_metadata_offset(reader: gguf.GGUFReader) -> int:
 
 
 def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, retype: str | None = None,
-             extra: dict[str, int | float | str] | None = None) -> Path:
+             extra: dict[str, int | float | str | list] | None = None) -> Path:
     """Copy a GGUF field by field and tensor by tensor, optionally renaming the arch, retyping one tensor or setting
-    integer, float or string keys."""
+    integer, float, string or array keys."""
     old_arch = reader.fields["general.architecture"].contents()
     new_arch = arch or old_arch
     writer = GGUFWriter(path, new_arch)
@@ -424,6 +434,8 @@ def rewrite_gguf(reader: gguf.GGUFReader, path: Path, arch: str | None = None, r
             writer.add_string(key, value)
         elif isinstance(value, float):
             writer.add_float32(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
         else:
             writer.add_uint32(key, value)
     for t in reader.tensors:

@@ -7,6 +7,7 @@ Every weight, norms and biases included, is random with a fixed seed: default in
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -133,13 +134,13 @@ TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
-                "smollm3": True, "olmo2": False, "cohere": True,
+                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
                 "olmoe": False, "qwen2_moe": False, "granitemoe": True, "mistral": False}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "cohere", "cohere2", "stablelm", "starcoder2",
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "cohere", "cohere2", "stablelm", "starcoder2",
                "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "mistral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
@@ -240,6 +241,44 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
 
         return Olmo2Config(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
                            rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, **common)
+    if arch == "olmo3":
+        from transformers import Olmo3Config
+
+        # 5 layers: the fourth full, the others sliding over 8 keys (crossed by the tests' prompts); YaRN (factor 4
+        # over 64 original positions, as Olmo-3-7B's 8 over 8,192) on the full layer only
+        rope = {"full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                   "original_max_position_embeddings": 64, "attention_factor": 1 + 0.1 * math.log(4.0)},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0}}
+        return Olmo3Config(**{"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+                              "rms_norm_eps": 1e-6, "sliding_window": 8, "rope_parameters": rope}
+                           | common | (overrides or {}))
+    if arch == "exaone4":
+        from transformers import Exaone4Config
+
+        # 5 layers: the fourth global without rotary positions, the others sliding over 8 keys (EXAONE 4.0 32B's
+        # "LLLG" over 4,096) with Llama 3's scaling in all three bands (as the 32B's factor 16 over 8,192)
+        rope = {"rope_type": "llama3", "rope_theta": 1000000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+        return Exaone4Config(**{"num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "rms_norm_eps": 1e-5, "sliding_window": 8, "sliding_window_pattern": 4,
+                                "rope_parameters": rope} | common | (overrides or {}))
+    if arch == "seed_oss":
+        from transformers import SeedOssConfig
+
+        # q/k/v biases; heads wider than hidden / heads (Seed-OSS-36B: 128 against 5120 / 80)
+        return SeedOssConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 32, "rms_norm_eps": 1e-6, "attention_bias": True,
+                                "attention_out_bias": False, "mlp_bias": False,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 10000000.0}}
+                             | common | (overrides or {}))
+    if arch == "ernie4_5":
+        from transformers import Ernie4_5Config
+
+        # rotary over adjacent pairs; heads wider than hidden / heads (ERNIE-4.5-0.3B: 128 against 1024 / 16), tied
+        return Ernie4_5Config(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                 "head_dim": 32, "rms_norm_eps": 1e-5, "use_bias": False,
+                                 "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
+                              | common | (overrides or {}))
     if arch == "cohere":
         from transformers import CohereConfig
 
@@ -392,7 +431,8 @@ def _model_class(arch: str):
     name = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
             "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gemma2": "Gemma2ForCausalLM",
             "granite": "GraniteForCausalLM", "smollm3": "SmolLM3ForCausalLM",
-            "olmo2": "Olmo2ForCausalLM", "cohere": "CohereForCausalLM",
+            "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
+            "seed_oss": "SeedOssForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM", "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM",
