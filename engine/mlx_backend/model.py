@@ -293,8 +293,8 @@ class QuantizedEmbedding(nn.QuantizedEmbedding):
 
 
 # by model type (Gemma's by prefix, the rest Llama's)
-BLOCKS = {"olmo2": Olmo2Block, "olmo3": Olmo2Block, "exaone4": Olmo2Block, "cohere": LayerNormBlock,
-          "cohere2": LayerNormBlock, "stablelm": LayerNormBlock, "starcoder2": LayerNormBlock}
+BLOCKS = {"olmo2": Olmo2Block, "olmo3": Olmo2Block, "exaone4": Olmo2Block, "glm4": Gemma3Block,
+          "cohere": LayerNormBlock, "cohere2": LayerNormBlock, "stablelm": LayerNormBlock, "starcoder2": LayerNormBlock}
 
 
 class Body(nn.Module):

@@ -34,16 +34,18 @@ GGUF_BLOCK_NAMES = {
 
 
 class Block(nn.Module):
+    gemma_norm = True  # norms scale by (1 + w); GLM-4's sandwich (engine/models/glm4.py) by w
+
     def __init__(self, args: ModelArgs, layer_id: int):
         super().__init__()
         self.kind = args.layer_types[layer_id]
-        dim, eps = args.hidden_size, args.rms_norm_eps
-        self.input_layernorm = RMSNorm(dim, eps, gemma=True)
-        self.self_attn = Attention(args, layer_id, gemma_norm=True)
-        self.post_attention_layernorm = RMSNorm(dim, eps, gemma=True)
-        self.pre_feedforward_layernorm = RMSNorm(dim, eps, gemma=True)
+        dim, eps, gemma = args.hidden_size, args.rms_norm_eps, self.gemma_norm
+        self.input_layernorm = RMSNorm(dim, eps, gemma=gemma)
+        self.self_attn = Attention(args, layer_id, gemma_norm=gemma)
+        self.post_attention_layernorm = RMSNorm(dim, eps, gemma=gemma)
+        self.pre_feedforward_layernorm = RMSNorm(dim, eps, gemma=gemma)
         self.mlp = GatedMLP(dim, args.intermediate_size, args.hidden_act)
-        self.post_feedforward_layernorm = RMSNorm(dim, eps, gemma=True)
+        self.post_feedforward_layernorm = RMSNorm(dim, eps, gemma=gemma)
 
     def forward(self, h: torch.Tensor, rope, cache, x: torch.Tensor | None = None,
                 next_norm: RMSNorm | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:

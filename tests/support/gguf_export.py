@@ -21,7 +21,7 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
-             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "glm4": "glm4", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
@@ -29,13 +29,14 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
-                "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5, "qwen3moe": MODEL_ARCH.QWEN3MOE,
+                "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5, "glm4": MODEL_ARCH.GLM4,
+                "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
                  "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
-                 "ernie4_5": "default",
+                 "ernie4_5": "default", "glm4": "glm4",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
@@ -139,6 +140,8 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if cfg.get("head_dim") is not None:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
+    if arch == "glm4":  # Glm4Model.set_gguf_parameters: TextModel's, the rotated dims
+        w.add_rope_dimension_count(int(_head_dim(cfg) * _rope(cfg)["partial_rotary_factor"]))
     if arch == "exaone4":  # Exaone4Model.set_gguf_parameters: TextModel's, the vocabulary size, the window
         w.add_vocab_size(cfg["vocab_size"])
     if arch in ("olmo2", "exaone4") and cfg.get("sliding_window"):  # Olmo2Model (OLMo 3), Exaone4Model: a flag per layer
