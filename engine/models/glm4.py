@@ -12,7 +12,7 @@ import torch
 from engine.models import gemma3, llama, phi3
 from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, hf_rope_params, rope_from_hf
 from engine.models.layers import CausalLM
-from engine.models.partial_rotary import partial_rotary_order, rotary_dim
+from engine.models.partial_rotary import partial_rotary_order, reorder_qk, rotary_dim
 
 ARCH = "glm4"
 GGUF_BLOCK_NAMES = gemma3.GGUF_BLOCK_NAMES  # post_attention_norm, ffn_norm (before the MLP), post_ffw_norm
@@ -79,8 +79,4 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
 
 
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
-    if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return _rows(tensor, args.num_heads, args)
-    if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return _rows(tensor, args.num_kv_heads, args)
-    return tensor
+    return reorder_qk(name, tensor, args, _rows)

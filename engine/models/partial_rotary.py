@@ -3,6 +3,8 @@ q/k rows are reordered at load so that the rotated dims pair as a whole head's d
 (layers.inv_freq), so no rotary kernel changes."""
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from engine.errors import UnsupportedModelError
@@ -39,8 +41,14 @@ def rotary_rows(w: torch.Tensor, heads: int, args: ModelArgs) -> torch.Tensor:
 
 def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
     """A NEOX-rope file's q/k rows (llama.cpp keeps them as HF has them) in the partial rotary's order."""
+    return reorder_qk(name, tensor, args, rotary_rows)
+
+
+def reorder_qk(name: str, tensor: torch.Tensor, args: ModelArgs,
+               rows: Callable[[torch.Tensor, int, ModelArgs], torch.Tensor]) -> torch.Tensor:
+    """A file's q or k rows (and biases) through `rows(tensor, heads, args)`; any other tensor as it is."""
     if name.endswith(("attn_q.weight", "attn_q.bias")):
-        return rotary_rows(tensor, args.num_heads, args)
+        return rows(tensor, args.num_heads, args)
     if name.endswith(("attn_k.weight", "attn_k.bias")):
-        return rotary_rows(tensor, args.num_kv_heads, args)
+        return rows(tensor, args.num_kv_heads, args)
     return tensor

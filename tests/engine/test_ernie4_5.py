@@ -1,54 +1,33 @@
-"""ERNIE 4.5 dense (`ernie4_5`): the Llama block with a rotary over adjacent pairs of dims, in folders and files alike."""
+"""ERNIE 4.5 dense (`ernie4_5`): the Llama block with a rotary over adjacent pairs of dims, in folders and files alike.
+The shared checks (transformers, llama.cpp, quantized, MLX, CUDA) are in test_arch_suite.py; they fail when the q/k
+rows are not reordered into the half-split rotary's order."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.loading.loader import LoadOptions, load_model
-from engine.models.ernie4_5 import args_from_hf
-from tests.support import arch_checks as check
+from engine.models import llama
+from engine.models.ernie4_5 import args_from_hf, sanitize
 
-pytestmark = pytest.mark.slow  # needs transformers
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> tuple:
-    return check.tiny_files(tmp_path_factory.mktemp("ernie4_5"), "ernie4_5")
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 300}
 
 
-@pytest.mark.parametrize("source, layout", [(0, "sequence"), (1, "sequence"), (1, "cell")])  # folder, F32 GGUF
-def test_logits_match_transformers(files, source, layout):
-    """Both sources' q/k rows reordered into the half-split rotary's order (else every position past 0 differs)."""
-    lm = check.assert_matches_transformers(files[0], files[source], layout)
-    assert lm.args.tie_word_embeddings and lm.args.head_dim == 32
+def test_adjacent_pairs_become_halves():
+    """Dims (2i, 2i + 1) of each head, which rotate together, move to (i, i + 4) of an 8-dim head."""
+    args = args_from_hf(TINY)
+    q = torch.arange(4 * 8, dtype=torch.float32)[:, None]
+    out = sanitize({"model.layers.0.self_attn.q_proj.weight": q}, args)["model.layers.0.self_attn.q_proj.weight"]
+    assert out[:8, 0].tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
+    assert torch.equal(out, llama.unpermute(q, 4))
 
 
-def test_llama_cpp_reads_the_same_model(files):
-    pytest.importorskip("llama_cpp")
-    got, want = check.against_llama_cpp(files[1])
-    assert (got - want).abs().max() < 1e-3 * max(5.0, float(want.abs().max())), (got - want).abs().max()
-
-
-def test_quantized_near_exact_and_invariant(files):
-    check.assert_quantized_near_exact_and_invariant(files[3])
-
-
-def test_on_mlx(files):
-    pytest.importorskip("mlx.core")
-    from tests.engine.test_mlx_backend import assert_mlx_matches_torch
-
-    assert_mlx_matches_torch(load_model(files[1], LoadOptions(weights="dequantized")))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
-def test_on_cuda(files, weights, kind):
-    check.assert_on_cuda(files[kind], weights)
+def test_embeddings_are_tied_by_default():
+    assert args_from_hf(TINY).tie_word_embeddings and not args_from_hf({**TINY, "tie_word_embeddings": False}) \
+        .tie_word_embeddings
 
 
 def test_biased_projections_are_refused():
     with pytest.raises(UnsupportedModelError, match="use_bias"):
-        args_from_hf({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-                      "vocab_size": 300, "use_bias": True})
+        args_from_hf({**TINY, "use_bias": True})

@@ -1,5 +1,6 @@
 """OLMo 3 (`olmo3` folders; llama.cpp writes `olmo2` files with a sliding window): three layers of four slide, and
-YaRN scales the full-attention layers only, as transformers and llama.cpp run them."""
+YaRN scales the full-attention layers only, as transformers and llama.cpp run them. The shared checks
+(transformers, llama.cpp, quantized, MLX, CUDA) are in test_arch_suite.py."""
 from __future__ import annotations
 
 import math
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.loading.loader import LoadOptions, load_model
+from engine.loading.loader import load_model
 from engine.models.args import GLOBAL, SLIDING
 from engine.models.olmo3 import args_from_hf
 from tests.support import arch_checks as check
@@ -26,18 +27,12 @@ def files(tmp_path_factory) -> tuple:
     return check.tiny_files(tmp_path_factory.mktemp("olmo3"), "olmo3")
 
 
-@pytest.mark.parametrize("source, layout", [(0, "sequence"), (1, "sequence"), (1, "cell")])  # folder, F32 GGUF
-def test_logits_match_transformers(files, source, layout):
-    lm = check.assert_matches_transformers(files[0], files[source], layout)
-    assert lm.args.layer_types == KINDS and lm.args.sliding_window == 8
-    assert lm.args.rope[GLOBAL].attn_factor == pytest.approx(1 + 0.1 * math.log(4.0))
-    assert lm.args.rope[SLIDING].factors is None and lm.args.rope[SLIDING].attn_factor == 1.0
-
-
-def test_llama_cpp_reads_the_same_model(files):
-    pytest.importorskip("llama_cpp")
-    got, want = check.against_llama_cpp(files[1])
-    assert (got - want).abs().max() < 1e-3 * max(5.0, float(want.abs().max())), (got - want).abs().max()
+@pytest.mark.parametrize("source", [0, 1])  # the folder, its F32 GGUF (logits: test_arch_suite.py)
+def test_both_sources_read_the_layout(files, source):
+    args = load_model(files[source]).args
+    assert args.layer_types == KINDS and args.sliding_window == 8
+    assert args.rope[GLOBAL].attn_factor == pytest.approx(1 + 0.1 * math.log(4.0))
+    assert args.rope[SLIDING].factors is None and args.rope[SLIDING].attn_factor == 1.0
 
 
 def test_the_window_and_the_full_layers_own_scaling_matter(files, tmp_path):
@@ -72,26 +67,6 @@ def test_a_hub_config_reads_as_transformers_reads_it():
     torch.testing.assert_close(base / torch.tensor(args.rope[GLOBAL].factors, dtype=torch.float64), inv_freq.double(),
                                rtol=1e-6, atol=0)
     assert gain == pytest.approx(args.rope[GLOBAL].attn_factor)
-
-
-def test_quantized_near_exact_and_invariant(files):
-    check.assert_quantized_near_exact_and_invariant(files[3])
-
-
-def test_on_mlx(files):
-    """Per-kind attention scales and rotaries on the MLX backend, past the window."""
-    pytest.importorskip("mlx.core")
-    from tests.engine.test_mlx_backend import assert_mlx_matches_torch
-
-    for source in files[:2]:  # an olmo3 folder, an olmo2 file
-        assert_mlx_matches_torch(load_model(source, LoadOptions(weights="dequantized")))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
-def test_on_cuda(files, weights, kind):
-    check.assert_on_cuda(files[kind], weights)
 
 
 def test_bad_window_settings_are_refused(files, tmp_path):
