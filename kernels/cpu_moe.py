@@ -14,14 +14,14 @@ from kernels.cpu_kgemm import KINDS, QK, kgemm_reference
 
 @dataclass(frozen=True, slots=True)
 class SharedExpert:
-    """Qwen2-MoE's shared expert, which every row takes, scaled by σ(x·gate): its fused gate|up and down super-blocks
-    and its gate (D,) fp32."""
+    """A shared expert, which every row takes: its fused gate|up and down super-blocks and its gate (D,) fp32 that
+    scales it by σ(x·gate) (Qwen2-MoE's), or None (ERNIE 4.5's, added as it is)."""
 
     gate_up: torch.Tensor = field(repr=False)
     gate_up_type: str
     down: torch.Tensor = field(repr=False)
     down_type: str
-    gate: torch.Tensor = field(repr=False)
+    gate: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def inter(self) -> int:
@@ -48,7 +48,8 @@ class ExpertBlocks:
         types = {gate_up_type, down_type} | ({shared.gate_up_type, shared.down_type} if shared else set())
         if not types <= set(KINDS) or act not in ACTS:
             raise ValueError(f"experts of {'/'.join(sorted(types))} with {act} are not the library's")
-        if shared is not None and (shared.gate.dtype != torch.float32 or not shared.gate.is_contiguous()):
+        if shared is not None and shared.gate is not None and (shared.gate.dtype != torch.float32
+                                                                 or not shared.gate.is_contiguous()):
             raise ValueError("the shared expert's gate must be contiguous fp32")
         if len(gate_up) != len(down) or any(g.shape != gate_up[0].shape for g in gate_up) \
                 or any(d.shape != down[0].shape for d in down):
@@ -68,25 +69,28 @@ def _k(blocks: torch.Tensor, type_name: str) -> int:
     return blocks.shape[1] // KINDS[type_name][1] * QK
 
 
-def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool, *,
-        impl: str = "auto") -> torch.Tensor:
-    """x (R, D) fp32 -> (R, D) fp32: each row through the `top_k` experts its router (E, D) fp32 scores highest, their
-    outputs weighted by the softmax over all experts (renormalised over the chosen with `norm_topk`) and summed,
-    experts ascending, plus the shared expert's gated output where there is one. Each row alone: its result never
-    depends on the other rows."""
+def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool,
+        select_bias: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
+    """x (R, D) fp32 -> (R, D) fp32: each row through the `top_k` experts its router (E, D) fp32 scores highest (by
+    softmax + `select_bias` (E,) where given, ERNIE 4.5's), their outputs weighted by the softmax over all experts
+    (renormalised over the chosen with `norm_topk`) and summed, experts ascending, plus the shared expert's (gated)
+    output where there is one. Each row alone: its result never depends on the other rows."""
     e, d = router.shape
-    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e:
+    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e or (
+            select_bias is not None and select_bias.shape != (e,)):
         raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
                          f"top {top_k}: they do not fit")
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        return moe_reference(x, router, experts, top_k, norm_topk)
+        return moe_reference(x, router, experts, top_k, norm_topk, select_bias)
     x, router = x.float().contiguous(), router.float().contiguous()
+    bias = select_bias.float().contiguous() if select_bias is not None else None
     out = torch.empty(x.shape, dtype=torch.float32)
     sh = experts.shared
     shared = (sh.gate_up.data_ptr(), KINDS[sh.gate_up_type][0], sh.inter, sh.down.data_ptr(), KINDS[sh.down_type][0],
-              sh.gate.data_ptr()) if sh is not None else (None, 0, 0, None, 0, None)
-    rc = kernel.lib.parley_moe(x.data_ptr(), x.shape[0], d, router.data_ptr(), e, top_k, int(norm_topk),
+              sh.gate.data_ptr() if sh.gate is not None else None) if sh is not None else (None, 0, 0, None, 0, None)
+    rc = kernel.lib.parley_moe(x.data_ptr(), x.shape[0], d, router.data_ptr(),
+                               bias.data_ptr() if bias is not None else None, e, top_k, int(norm_topk),
                                experts.gate_up_at, KINDS[experts.gate_up_type][0], experts.inter, experts.down_at,
                                KINDS[experts.down_type][0], ACTS[experts.act], *shared, out.data_ptr(),
                                torch.get_num_threads())
@@ -98,11 +102,14 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
 
 
 def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int,
-                  norm_topk: bool) -> torch.Tensor:
+                  norm_topk: bool, select_bias: torch.Tensor | None = None) -> torch.Tensor:
     """The same arithmetic in plain PyTorch: the products as kgemm_reference's (activations quantized per 32)."""
     x = x.float()
     probs = torch.softmax(x @ router.float().t(), dim=-1)
     weights, chosen = torch.topk(probs, top_k, dim=-1)
+    if select_bias is not None:
+        chosen = torch.topk(probs + select_bias.float(), top_k, dim=-1).indices
+        weights = probs.gather(-1, chosen)
     if norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     out = torch.zeros_like(x)
@@ -116,5 +123,6 @@ def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, 
     if sh is not None:
         gu = kgemm_reference(x, sh.gate_up, sh.gate_up_type)
         act = gated_act_reference(gu[:, :sh.inter], gu[:, sh.inter:], experts.act)
-        out += torch.sigmoid(x @ sh.gate.float())[:, None] * kgemm_reference(act, sh.down, sh.down_type)
+        gate = torch.sigmoid(x @ sh.gate.float())[:, None] if sh.gate is not None else 1.0
+        out += gate * kgemm_reference(act, sh.down, sh.down_type)
     return out

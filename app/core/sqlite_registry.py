@@ -43,7 +43,8 @@ def _check_gguf(p: Path) -> str:
     if arch not in SUPPORTED:
         raise ValueError(f"{p.name}: architecture {arch or '(none)'!r} is not supported. {RUNS}")
     experts = header.scalars.get(f"{arch}.expert_count")
-    if experts and not any(t.name == "blk.0.ffn_gate_exps.weight" for t in header.tensors):
+    # in any layer: ERNIE 4.5's first is dense
+    if experts and not any(t.name.endswith(".ffn_gate_exps.weight") for t in header.tensors):
         raise ValueError(f"{p.name} says it is a mixture of {experts} experts but holds no expert tensors in the "
                          "layout llama.cpp writes today (blk.N.ffn_gate_exps).")
     if "tokenizer.ggml.model" not in header.scalars or not header.array_lengths.get("tokenizer.ggml.tokens"):

@@ -108,6 +108,12 @@ class PlainMLP(nn.Module):
         return self.down_proj(self.act(self.up_proj(x)))
 
 
+class SelectBias(nn.Module):
+    def __init__(self, experts: int):
+        super().__init__()
+        self.bias = mx.zeros((experts,))
+
+
 class SparseMoE(nn.Module):
     """engine/models/moe.py's experts: each row through its router's top-k gated MLPs, weighted, in expert order."""
 
@@ -117,20 +123,26 @@ class SparseMoE(nn.Module):
         self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act)
                         for _ in range(args.num_experts)]
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
-        if args.shared_expert_size:  # Qwen2-MoE's
+        if args.expert_select_bias:  # ERNIE 4.5's: added to the softmax for the choice only
+            self.select = SelectBias(args.num_experts)
+        if args.shared_expert_size:  # Qwen2-MoE's (gated), ERNIE 4.5's
             self.shared_expert = MLP(args.hidden_size, args.shared_expert_size, args.hidden_act)
-            self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
+            if args.shared_expert_gated:
+                self.shared_expert_gate = nn.Linear(args.hidden_size, 1, bias=False)
         self.shared = bool(args.shared_expert_size)
 
     def __call__(self, x: mx.array) -> mx.array:
         out = self._routed(x)
         if not self.shared:
             return out
+        if "shared_expert_gate" not in self:
+            return out + self.shared_expert(x)
         return out + mx.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
     def _routed(self, x: mx.array) -> mx.array:
         probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1)
-        chosen = mx.argsort(-probs, axis=-1)[:, :self.top_k]
+        scores = probs + self.select.bias.astype(mx.float32) if "select" in self else probs
+        chosen = mx.argsort(-scores, axis=-1)[:, :self.top_k]
         weights = mx.take_along_axis(probs, chosen, axis=-1)
         if self.norm_topk:
             weights = weights / weights.sum(axis=-1, keepdims=True)

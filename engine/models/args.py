@@ -99,6 +99,8 @@ class ModelArgs:
     norm_topk_prob: bool = True  # the chosen experts' weights renormalised to sum to 1 (Mixtral, Qwen3-MoE)
     dense_layers: list[int] = field(default_factory=list)  # layers of an MoE model that keep a dense MLP
     shared_expert_size: int = 0  # > 0: every token also takes one gated MLP of this width, sigmoid-gated (Qwen2-MoE)
+    shared_expert_gated: bool = True  # False: the shared expert's output added as it is (ERNIE 4.5)
+    expert_select_bias: bool = False  # the router chooses by softmax + a per-expert bias (ERNIE 4.5's moe_statics)
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -152,7 +152,7 @@ def gguf_experts(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch:
     if "blk.0.ffn_gate.0.weight" in shapes:
         raise UnsupportedModelError("This mixture-of-experts file stores each expert as a tensor of its own (an "
                                     "older llama.cpp conversion); convert the model again with a current llama.cpp.")
-    if "blk.0.ffn_gate_exps.weight" not in shapes:
+    if not any(name.endswith(".ffn_gate_exps.weight") for name in shapes):  # layer 0 may be dense (ERNIE 4.5)
         raise ModelLoadError(f"The metadata says the model is a mixture of {experts} experts, but the file holds no "
                              "expert tensors (blk.0.ffn_gate_exps.weight).")
     used = require(meta, f"{arch}.expert_used_count", "The GGUF metadata")

@@ -35,11 +35,13 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
-        if args.shared_expert_size:  # Qwen2-MoE: one more expert every row takes, scaled by sigmoid(its gate)
+        # ERNIE 4.5: a per-expert bias added to the softmax for the choice only (the weights stay the softmax's)
+        self.select = SelectBias(args.num_experts) if args.expert_select_bias else None
+        self.shared_expert = self.shared_expert_gate = None
+        if args.shared_expert_size:  # one more expert every row takes; Qwen2-MoE scales it by sigmoid(its gate)
             self.shared_expert = GatedMLP(args.hidden_size, args.shared_expert_size, args.hidden_act)
-            self.shared_expert_gate = Linear(args.hidden_size, 1, bias=False)
-        else:
-            self.shared_expert = self.shared_expert_gate = None
+            if args.shared_expert_gated:
+                self.shared_expert_gate = Linear(args.hidden_size, 1, bias=False)
         self._held: tuple = (None, None)  # (what it was found for, ExpertBlocks or None): `_library`
         self._stacked: StackedExperts | None = None  # on CUDA's fused kernels: every expert in one tensor per buffer
 
@@ -62,7 +64,11 @@ class SparseMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
         probs = torch.softmax(self.gate(x).float(), dim=-1)
-        weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        if self.select is None:
+            weights, chosen = torch.topk(probs, self.top_k, dim=-1)
+        else:
+            chosen = torch.topk(probs + self.select.bias.float(), self.top_k, dim=-1).indices
+            weights = probs.gather(-1, chosen)
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, chosen
@@ -73,11 +79,13 @@ class SparseMoE(nn.Module):
             from kernels.cpu_moe import moe
 
             return moe(x.reshape(-1, x.shape[-1]), self.gate.weight, library, self.top_k, self.norm_topk,
-                       impl="native").reshape(x.shape)
+                       self.select.bias if self.select is not None else None, impl="native").reshape(x.shape)
         out = self._routed(x)
         if self.shared_expert is None:
             return out
         shared = _whole(self.shared_expert(x), x.dtype)
+        if self.shared_expert_gate is None:
+            return out + shared
         return out + torch.sigmoid(self.shared_expert_gate(x)) * shared
 
     def _routed(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,10 +141,18 @@ class SparseMoE(nn.Module):
         first = self.experts[0]
         key = (first.native, id(first.gate_up_proj))
         if self._held[0] != key:
-            routers = [self.gate] + ([self.shared_expert_gate] if self.shared_expert is not None else [])
+            routers = [self.gate] + [g for g in (self.shared_expert_gate,) if g is not None]
             self._held = (key, _expert_blocks(self.experts, self.shared_expert, self.shared_expert_gate)
                           if all(map(_plain_router, routers)) else None)
         return self._held[1]
+
+
+class SelectBias(nn.Module):
+    """A router's per-expert selection bias (its GGUF name: exp_probs_b.bias)."""
+
+    def __init__(self, experts: int):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
 
 
 def _plain_router(gate: nn.Module) -> bool:
@@ -160,7 +176,8 @@ def _expert_blocks(experts: nn.ModuleList, shared: GatedMLP | None, shared_gate:
     held = None
     if shared is not None:
         gu, gu_type, dn, dn_type = parts[-1]
-        held = SharedExpert(gu, gu_type, dn, dn_type, shared_gate.weight.reshape(-1).contiguous())
+        held = SharedExpert(gu, gu_type, dn, dn_type,
+                            shared_gate.weight.reshape(-1).contiguous() if shared_gate is not None else None)
     return ExpertBlocks.of([p[0] for p in routed], kinds[0].pop(), [p[2] for p in routed], kinds[1].pop(),
                            experts[0].act_kernel, held)
 

@@ -4,7 +4,8 @@
    flow, and a tape replays the step.
 
    Per row, alone (so greedy batched == alone holds): logits l_e = x·router_e (eight lanes, then in order), softmax
-   p = exp(l − max) / Σ, the k largest (ties: the lower expert), renormalised over the chosen with `norm_topk`; then
+   p = exp(l − max) / Σ, the k largest (ties: the lower expert; by p_e + bias_e where a selection bias is given, ERNIE
+   4.5's, the weights still p), renormalised over the chosen with `norm_topk`; then
    the row's experts in ascending order, out = Σ w·down_e(act(gate_e(x)) · up_e(x)) from 0. The products run grouped:
    every (row, expert) pair of the call, grouped by expert, through parley_kgemm_grouped (each row exactly kgemm's). */
 #include <stdint.h>
@@ -19,9 +20,10 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
                  float *y, int threads);
 void parley_gated_act(const float *gate, const float *up, int64_t R, int64_t I, int64_t stride, int act, float *out);
 
-/* Row r's picks: experts ascending in ids[0..k), their weights in w. */
-static void route_row(const float *x, int64_t D, const float *router, int64_t E, int k, int norm_topk,
-                      float *logits, int *ids, float *w) {
+/* Row r's picks: experts ascending in ids[0..k), their weights in w. `bias` (E,) or NULL: added to each p for the
+   choice only. */
+static void route_row(const float *x, int64_t D, const float *router, const float *bias, int64_t E, int k,
+                      int norm_topk, float *logits, int *ids, float *w) {
     float top = -INFINITY;
     for (int64_t e = 0; e < E; e++) {
         logits[e] = dot_f32(x, router + e * D, D);
@@ -33,10 +35,14 @@ static void route_row(const float *x, int64_t D, const float *router, int64_t E,
         total += logits[e];
     }
     float picked = 0.0f;
-    for (int i = 0; i < k; i++) {  /* the k largest, best first; a taken expert is marked −1 */
-        int best = 0;
-        for (int64_t e = 1; e < E; e++)
-            if (logits[e] > logits[best]) best = (int)e;
+    for (int i = 0; i < k; i++) {  /* the k largest, best first; a taken expert is marked taken */
+        int best = -1;
+        float best_score = 0.0f;
+        for (int64_t e = 0; e < E; e++) {
+            if (logits[e] < 0.0f) continue;
+            const float score = bias ? logits[e] / total + bias[e] : logits[e];
+            if (best < 0 || score > best_score) { best = (int)e; best_score = score; }
+        }
         ids[i] = best;
         w[i] = logits[best] / total;
         picked += w[i];
@@ -52,7 +58,7 @@ static void route_row(const float *x, int64_t D, const float *router, int64_t E,
 }
 
 /* out (R, D) += σ(x·gate) · down(act(gate_up(x))): Qwen2-MoE's shared expert, every row through it (gate_up 2I rows
-   of `gu_kind`, down D rows of `dn_kind`, gate (D,) fp32). Returns as parley_moe. */
+   of `gu_kind`, down D rows of `dn_kind`, gate (D,) fp32, or NULL: ungated, as ERNIE 4.5's). Returns as parley_moe. */
 static int shared_expert(const float *x, int64_t R, int64_t D, const uint8_t *gate_up, int gu_kind, int64_t I,
                          const uint8_t *down, int dn_kind, const float *gate, int act, float *out, int threads) {
     float *gu = malloc(sizeof(float) * (size_t)(R * 2 * I)), *a = malloc(sizeof(float) * (size_t)(R * I));
@@ -64,18 +70,19 @@ static int shared_expert(const float *x, int64_t R, int64_t D, const uint8_t *ga
     }
     if (rc == 0)
         for (int64_t r = 0; r < R; r++) {
-            const float g = 1.0f / (1.0f + expf(-dot_f32(x + r * D, gate, D)));
+            const float g = gate ? 1.0f / (1.0f + expf(-dot_f32(x + r * D, gate, D))) : 1.0f;
             for (int64_t d = 0; d < D; d++) out[r * D + d] += g * y[r * D + d];
         }
     free(gu); free(a); free(y);
     return rc;
 }
 
-/* x (R, D) fp32 -> out (R, D). router (E, D) fp32; gate_up[e] the expert's fused gate|up super-blocks (2I rows of
+/* x (R, D) fp32 -> out (R, D). router (E, D) fp32, select_bias (E,) fp32 or NULL; gate_up[e] the expert's fused gate|up super-blocks (2I rows of
    `gu_kind`, K = D), down[e] its down (D rows of `dn_kind`, K = I); act as parley_gated_act's. A shared expert
-   (shared_gate_up not NULL: 2·SI rows of `sgu_kind`, shared_down of `sdn_kind`, shared_gate (D,) fp32) adds its
-   gated output to every row's. Returns 0, −1 without scratch memory, −2 for shapes the products do not take. */
-int parley_moe(const float *x, int64_t R, int64_t D, const float *router, int64_t E, int k, int norm_topk,
+   (shared_gate_up not NULL: 2·SI rows of `sgu_kind`, shared_down of `sdn_kind`, shared_gate (D,) fp32 or NULL) adds
+   its (gated) output to every row's. Returns 0, −1 without scratch memory, −2 for shapes the products do not take. */
+int parley_moe(const float *x, int64_t R, int64_t D, const float *router, const float *select_bias, int64_t E, int k,
+               int norm_topk,
                const uint8_t *const *gate_up, int gu_kind, int64_t I, const uint8_t *const *down, int dn_kind,
                int act, const uint8_t *shared_gate_up, int sgu_kind, int64_t SI, const uint8_t *shared_down,
                int sdn_kind, const float *shared_gate, float *out, int threads) {
@@ -97,7 +104,7 @@ int parley_moe(const float *x, int64_t R, int64_t D, const float *router, int64_
 
     #pragma omp parallel for schedule(static) num_threads(threads) if (R * E * D > (1 << 20))
     for (int64_t r = 0; r < R; r++)
-        route_row(x + r * D, D, router, E, k, norm_topk, logits + r * E, ids + r * k, w + r * k);
+        route_row(x + r * D, D, router, select_bias, E, k, norm_topk, logits + r * E, ids + r * k, w + r * k);
 
     int64_t *pos = at, *count = at + P, *first = at + P + E, *gfirst = at + P + 2 * E, *gcount = at + P + 3 * E;
     for (int64_t e = 0; e < E; e++) count[e] = 0;

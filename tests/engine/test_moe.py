@@ -1,5 +1,7 @@
 """Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`, Qwen2-MoE
-`qwen2_moe` / `qwen2moe` with its shared expert, Granite MoE `granitemoe` with Granite's scalars and stacked experts): logits equal to transformers' (HF folder and GGUF, both layouts) and to
+`qwen2_moe` / `qwen2moe` with its shared expert, Granite MoE `granitemoe` with Granite's scalars and stacked experts,
+ERNIE 4.5 MoE `ernie4_5_moe` / `ernie4_5-moe` with a dense first layer, a selection bias and ungated shared experts):
+logits equal to transformers' (HF folder and GGUF, both layouts) and to
 llama.cpp's, experts held quantized, greedy batched == alone, MLX equal to PyTorch, the CUDA path, and bad files refused
 in one line."""
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tests.support.tiny_models import make_tiny_hf
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe"]
+ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "ernie4_5_moe"]
 # llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
 LLAMA_CPP_TOLERANCE = 2e-3
 
@@ -35,7 +37,8 @@ def files(request, tmp_path_factory) -> tuple:
 def test_logits_match_transformers(files, source, layout):
     lm = check.assert_matches_transformers(files[1][0], files[1][source], layout)
     layers = lm.model.model.layers
-    assert lm.args.num_experts and all(isinstance(layer.mlp, SparseMoE) for layer in layers)
+    assert lm.args.num_experts and all(isinstance(layer.mlp, SparseMoE) == lm.args.sparse_layer(i)
+                                       for i, layer in enumerate(layers))
 
 
 def test_llama_cpp_reads_the_same_model(files):
@@ -48,7 +51,7 @@ def test_llama_cpp_reads_the_same_model(files):
 def test_quantized_experts_batched_equals_alone(files, kind):
     """Every expert held quantized; batched rows route and multiply exactly as alone, in both layouts."""
     lm = load_model(files[1][kind], LoadOptions(weights="quantized"))
-    experts = lm.model.model.layers[0].mlp.experts
+    experts = _first_moe(lm).experts
     assert all(isinstance(m, QuantTensor) for e in experts for m in (e.gate_proj.qweight, e.down_proj.qweight))
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
@@ -114,7 +117,7 @@ def test_mlx_holds_the_experts_quantized(files, every_expert):
     batched = run_staggered(batcher, prompts, ARRIVALS, params)
     assert batched == [run_staggered(make_batcher(lm, 1, _run("mlx")), [p], [0], params)[0] for p in prompts]
     # the experts went through MLX's gathered products (routing never read on the host)
-    assert all(layer.mlp._stack() is not None for layer in batcher.runner.model.model.layers)
+    assert all(layer.mlp._stack() is not None for layer in batcher.runner.model.model.layers if "experts" in layer.mlp)
 
 
 @pytest.mark.gpu
@@ -132,7 +135,11 @@ def test_on_cuda(files, tmp_path, monkeypatch):
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
     assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
-    assert all(layer.mlp.replayable for layer in lm.model.model.layers)
+    assert all(layer.mlp.replayable for layer in lm.model.model.layers if isinstance(layer.mlp, SparseMoE))
+
+
+def _first_moe(lm) -> SparseMoE:
+    return next(layer.mlp for layer in lm.model.model.layers if isinstance(layer.mlp, SparseMoE))
 
 
 def test_routing_is_row_by_row():
@@ -164,7 +171,7 @@ def test_experts_stacked_for_the_device_give_the_module_path(files, kind):
     from engine.models.moe import StackedExperts
 
     lm = load_model(files[1][kind], LoadOptions(weights="dequantized" if kind == 1 else "quantized", device="cpu"))
-    moe = lm.model.model.layers[0].mlp
+    moe = _first_moe(lm)
     for expert in moe.experts:
         expert.fuse_projections()
     x = torch.randn(7, lm.args.hidden_size, generator=torch.Generator().manual_seed(3))
@@ -237,10 +244,10 @@ def test_unsupported_refusal_names_the_moe_models():
         architecture("deepseek_v2")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe", "ernie4_5_moe"])
 def k_quant_moe(request, tmp_path_factory):
     """A Q4_K_M file (llama.cpp's own quantizer), loaded quantized: its experts in the library's super-blocks; Qwen2-MoE
-    with its shared expert."""
+    with its shared expert, ERNIE 4.5 with its selection bias and ungated shared experts."""
     pytest.importorskip("llama_cpp")
     from bench.synthetic_gguf import quantize_mix
     from kernels.cpu_native import cpu_kernel
@@ -266,7 +273,7 @@ def test_k_quant_experts_run_in_one_library_call(k_quant_moe):
     lm = k_quant_moe
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)  # prepares the model for the CPU library
-    moe = lm.model.model.layers[0].mlp
+    moe = _first_moe(lm)
     blocks = moe._library()
     assert blocks is not None and moe.tapeable and (blocks.shared is not None) == (moe.shared_expert is not None)
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(4))
@@ -274,7 +281,8 @@ def test_k_quant_experts_run_in_one_library_call(k_quant_moe):
         fast = moe(x)
         for i in range(len(x)):
             assert torch.equal(moe(x[i:i + 1])[0], fast[i])
-        reference = library_moe(x, moe.gate.weight, blocks, moe.top_k, moe.norm_topk, impl="reference")
+        reference = library_moe(x, moe.gate.weight, blocks, moe.top_k, moe.norm_topk,
+                                moe.select.bias if moe.select is not None else None, impl="reference")
         held, moe._held = moe._held, ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)
         try:
             modules = moe(x)  # module by module

@@ -58,6 +58,24 @@ def test_a_shared_expert_adds_its_gated_output():
     assert (term - expect).abs().max() <= 1e-5 * got.abs().max()
 
 
+def test_a_selection_bias_and_an_ungated_shared_expert():
+    """ERNIE 4.5's routing: experts chosen by softmax + bias, weighted by the softmax alone, and a shared expert added
+    without a gate; near the reference, rows alone, and the bias really changes the choice."""
+    shared = SharedExpert(_blocks("Q4_K", 2 * I, D, seed=60), "Q4_K", _blocks("Q6_K", D, I, seed=61), "Q6_K")
+    experts = _experts("Q4_K", "Q6_K", shared=shared)
+    x, router = _inputs()
+    bias = torch.linspace(-0.5, 0.5, E)
+    got = moe(x, router, experts, 2, True, bias, impl="native")
+    want = moe(x, router, experts, 2, True, bias, impl="reference")
+    assert (got - want).abs().max() <= 2e-4 * want.abs().max()
+    assert torch.equal(got, torch.cat([moe(x[i:i + 1], router, experts, 2, True, bias, impl="native")
+                                       for i in range(len(x))]))
+    assert (got - moe(x, router, experts, 2, True, impl="native")).abs().max() > 1e-2 * got.abs().max()
+    # the weights stay the softmax's: a bias equal for every expert changes nothing
+    assert torch.equal(moe(x, router, experts, 2, True, torch.full((E,), 0.25), impl="native"),
+                       moe(x, router, experts, 2, True, torch.zeros(E), impl="native"))
+
+
 def test_a_row_is_its_experts_library_products_summed():
     """The one call gives, per row, the library's own products of its chosen experts (the routing's weights aside:
     they are taken from torch's softmax here, so the sum is compared to the float rounding)."""

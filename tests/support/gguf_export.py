@@ -21,7 +21,7 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
-             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "glm4": "glm4", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
@@ -29,14 +29,15 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "olmo2": MODEL_ARCH.OLMO2, "command-r": MODEL_ARCH.COMMAND_R,
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
-                "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5, "glm4": MODEL_ARCH.GLM4,
+                "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5,
+                "ernie4_5-moe": MODEL_ARCH.ERNIE4_5_MOE, "glm4": MODEL_ARCH.GLM4,
                 "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
                  "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
-                 "ernie4_5": "default", "glm4": "glm4",
+                 "ernie4_5": "default", "ernie4_5-moe": "default", "glm4": "glm4",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
@@ -140,6 +141,14 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
     if cfg.get("head_dim") is not None:
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
+    if arch == "ernie4_5-moe":  # Ernie4_5MoeModel.set_gguf_parameters: TextModel's, then the experts' layout
+        w.add_expert_count(cfg["moe_num_experts"])
+        w.add_expert_used_count(cfg["moe_k"])
+        w.add_interleave_moe_layer_step(cfg["moe_layer_interval"])
+        w.add_leading_dense_block_count(cfg["moe_layer_start_index"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg["moe_num_shared_experts"])
+        w.add_expert_shared_feed_forward_length(cfg["moe_intermediate_size"] * cfg["moe_num_shared_experts"])
     if arch == "glm4":  # Glm4Model.set_gguf_parameters: TextModel's, the rotated dims
         w.add_rope_dimension_count(int(_head_dim(cfg) * _rope(cfg)["partial_rotary_factor"]))
     if arch == "exaone4":  # Exaone4Model.set_gguf_parameters: TextModel's, the vocabulary size, the window
@@ -296,10 +305,13 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     weights = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg.get("num_hidden_layers", cfg.get("num_layers")))
     experts: dict[str, dict[int, np.ndarray]] = {}
-    n_experts = cfg.get("num_experts", cfg.get("num_local_experts"))
+    n_experts = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("moe_num_experts")))
     for hf_name in sorted(weights, key=_layer_order):
         data = weights[hf_name].astype(np.float32)
         if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):
+            continue
+        if hf_name.endswith("e_score_correction_bias"):  # Ernie4_5MoeModel: the selection bias, squeezed to (E,)
+            yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data.reshape(-1)
             continue
         if hf_name.endswith("block_sparse_moe.input_linear.weight"):  # GraniteMoeModel: gate rows, then up rows
             layer = int(hf_name.split(".")[2])
