@@ -102,7 +102,7 @@ class PlainMLP(nn.Module):
         super().__init__()
         self.up_proj = nn.Linear(hidden, inter, bias=bias)
         self.down_proj = nn.Linear(inter, hidden, bias=bias)
-        self.act = nn.silu if act == "silu" else nn.gelu_approx
+        self.act = {"silu": nn.silu, "relu2": lambda x: mx.square(nn.relu(x))}.get(act, nn.gelu_approx)
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(self.act(self.up_proj(x)))
@@ -182,8 +182,7 @@ class SparseMoE(nn.Module):
 
 def _feed_forward(args: ModelArgs, layer_id: int) -> nn.Module:
     """A layer's MLP: routed experts where the model has them, else dense."""
-    return SparseMoE(args) if args.sparse_layer(layer_id) else MLP(args.hidden_size, args.intermediate_size,
-                                                                   args.hidden_act)
+    return SparseMoE(args) if args.sparse_layer(layer_id) else _mlp(args)
 
 
 def _mlp(args: ModelArgs) -> nn.Module:

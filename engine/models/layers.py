@@ -314,6 +314,8 @@ def _activation(name: str):
         return lambda x: F.gelu(x, approximate="tanh")
     if name == "gelu":
         return F.gelu
+    if name == "relu2":  # Arcee's, Nemotron's: relu(x)²
+        return lambda x: F.relu(x).square()
     from engine.errors import UnsupportedModelError
 
     raise UnsupportedModelError(f"Activation {name!r} is not supported.")

@@ -12,10 +12,18 @@ from tests.support import arch_checks as check
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ("olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4")
+ARCHS = ("olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4", "arcee")
 # llama-cpp-python 0.3.36 runs EXAONE 4's hybrid attention all-global (its graph predates llama.cpp's hybrid one), so
 # llama.cpp checks the 1.2B's layout; test_exaone4.py checks the hybrid one against transformers
 LLAMA_CPP_CONFIG = {"exaone4": {"sliding_window": None, "layer_types": ["full_attention"] * 5}}
+
+
+def test_every_model_type_has_its_module_and_refusals_name_real_ones():
+    from engine.models import MODULES, NAMED, RUNS, architecture
+
+    for model_type in MODULES:
+        assert architecture(model_type).ARCH  # imports, and names the arch its files say
+    assert set(NAMED) <= set(MODULES) and all(t in RUNS for t in NAMED)
 
 
 @pytest.fixture(scope="module")

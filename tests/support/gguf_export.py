@@ -21,7 +21,8 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "phi3": "phi3", "gemma2": "gemma2", "granite": "granite", "smollm3": "smollm3",
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
-             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4",
+             "arcee": "arcee", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
@@ -30,19 +31,19 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "cohere2": MODEL_ARCH.COHERE2, "stablelm": MODEL_ARCH.STABLELM,
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
                 "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5,
-                "ernie4_5-moe": MODEL_ARCH.ERNIE4_5_MOE, "glm4": MODEL_ARCH.GLM4,
+                "ernie4_5-moe": MODEL_ARCH.ERNIE4_5_MOE, "glm4": MODEL_ARCH.GLM4, "arcee": MODEL_ARCH.ARCEE,
                 "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
                  "gemma2": "default", "granite": "refact", "smollm3": "llama-bpe",
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
                  "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
-                 "ernie4_5": "default", "ernie4_5-moe": "default", "glm4": "glm4",
+                 "ernie4_5": "default", "ernie4_5-moe": "default", "glm4": "glm4", "arcee": "llama-bpe",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
-LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3")  # converted by LlamaModel or a subclass: Q/K rows permuted
+LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3", "arcee")  # converted by LlamaModel or a subclass: Q/K rows permuted
 EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp|block_sparse_moe))\.experts\.(\d+)\.(\w+)\.weight")
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
