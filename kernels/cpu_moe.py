@@ -70,11 +70,13 @@ def _k(blocks: torch.Tensor, type_name: str) -> int:
 
 
 def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool,
-        select_bias: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
+        select_bias: torch.Tensor | None = None, *, sigmoid: bool = False, scaling: float = 1.0,
+        impl: str = "auto") -> torch.Tensor:
     """x (R, D) fp32 -> (R, D) fp32: each row through the `top_k` experts its router (E, D) fp32 scores highest (by
-    softmax + `select_bias` (E,) where given, ERNIE 4.5's), their outputs weighted by the softmax over all experts
-    (renormalised over the chosen with `norm_topk`) and summed, experts ascending, plus the shared expert's (gated)
-    output where there is one. Each row alone: its result never depends on the other rows."""
+    score + `select_bias` (E,) where given, ERNIE 4.5's and GLM-4.5's), their outputs weighted by the scores (the
+    softmax over all experts, or each one's sigmoid with `sigmoid`; renormalised over the chosen with `norm_topk`,
+    times `scaling`) and summed, experts ascending, plus the shared expert's (gated) output where there is one. Each
+    row alone: its result never depends on the other rows."""
     e, d = router.shape
     if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e or (
             select_bias is not None and select_bias.shape != (e,)):
@@ -82,7 +84,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
                          f"top {top_k}: they do not fit")
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        return moe_reference(x, router, experts, top_k, norm_topk, select_bias)
+        return moe_reference(x, router, experts, top_k, norm_topk, select_bias, sigmoid, scaling)
     x, router = x.float().contiguous(), router.float().contiguous()
     bias = select_bias.float().contiguous() if select_bias is not None else None
     out = torch.empty(x.shape, dtype=torch.float32)
@@ -90,7 +92,8 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
     shared = (sh.gate_up.data_ptr(), KINDS[sh.gate_up_type][0], sh.inter, sh.down.data_ptr(), KINDS[sh.down_type][0],
               sh.gate.data_ptr() if sh.gate is not None else None) if sh is not None else (None, 0, 0, None, 0, None)
     rc = kernel.lib.parley_moe(x.data_ptr(), x.shape[0], d, router.data_ptr(),
-                               bias.data_ptr() if bias is not None else None, e, top_k, int(norm_topk),
+                               bias.data_ptr() if bias is not None else None, e, top_k, int(norm_topk), int(sigmoid),
+                               scaling,
                                experts.gate_up_at, KINDS[experts.gate_up_type][0], experts.inter, experts.down_at,
                                KINDS[experts.down_type][0], ACTS[experts.act], *shared, out.data_ptr(),
                                torch.get_num_threads())
@@ -101,17 +104,19 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
     return out
 
 
-def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int,
-                  norm_topk: bool, select_bias: torch.Tensor | None = None) -> torch.Tensor:
+def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int, norm_topk: bool,
+                  select_bias: torch.Tensor | None = None, sigmoid: bool = False, scaling: float = 1.0) -> torch.Tensor:
     """The same arithmetic in plain PyTorch: the products as kgemm_reference's (activations quantized per 32)."""
     x = x.float()
-    probs = torch.softmax(x @ router.float().t(), dim=-1)
+    logits = x @ router.float().t()
+    probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
     weights, chosen = torch.topk(probs, top_k, dim=-1)
     if select_bias is not None:
         chosen = torch.topk(probs + select_bias.float(), top_k, dim=-1).indices
         weights = probs.gather(-1, chosen)
     if norm_topk:
         weights = weights / weights.sum(dim=-1, keepdim=True)
+    weights = weights * scaling
     out = torch.zeros_like(x)
     inter = experts.inter
     for r in range(x.shape[0]):

@@ -48,8 +48,11 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
     rope_target = getattr(arch, "gguf_rope_factors", _rope_freqs)
+    skip = getattr(arch, "gguf_skip", None)  # tensors the model does not run (GLM-4.5's next-token prediction layer)
     for i, whole in enumerate(gf.tensors):
-        if (rope := rope_target(whole.name, args)) is not None:
+        if skip is not None and skip(whole.name, args):
+            pass
+        elif (rope := rope_target(whole.name, args)) is not None:
             _read_rope_factors(gf, whole, args, rope)
         else:
             for t in _parts(gf, whole, arch, args):

@@ -123,7 +123,8 @@ class SparseMoE(nn.Module):
         self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act)
                         for _ in range(args.num_experts)]
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
-        if args.expert_select_bias:  # ERNIE 4.5's: added to the softmax for the choice only
+        self.sigmoid, self.scaling = args.router_sigmoid, args.routed_scaling  # GLM-4.5's
+        if args.expert_select_bias:  # ERNIE 4.5's, GLM-4.5's: added to the scores for the choice only
             self.select = SelectBias(args.num_experts)
         if args.shared_expert_size:  # Qwen2-MoE's (gated), ERNIE 4.5's
             self.shared_expert = MLP(args.hidden_size, args.shared_expert_size, args.hidden_act)
@@ -140,12 +141,15 @@ class SparseMoE(nn.Module):
         return out + mx.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
 
     def _routed(self, x: mx.array) -> mx.array:
-        probs = mx.softmax(self.gate(x).astype(mx.float32), axis=-1)
+        logits = self.gate(x).astype(mx.float32)
+        probs = mx.sigmoid(logits) if self.sigmoid else mx.softmax(logits, axis=-1)
         scores = probs + self.select.bias.astype(mx.float32) if "select" in self else probs
         chosen = mx.argsort(-scores, axis=-1)[:, :self.top_k]
         weights = mx.take_along_axis(probs, chosen, axis=-1)
         if self.norm_topk:
             weights = weights / weights.sum(axis=-1, keepdims=True)
+        if self.scaling != 1.0:
+            weights = weights * self.scaling
         stacked = self._stack()
         if stacked is not None:
             return self._gathered(x, stacked, chosen, weights)

@@ -100,7 +100,9 @@ class ModelArgs:
     dense_layers: list[int] = field(default_factory=list)  # layers of an MoE model that keep a dense MLP
     shared_expert_size: int = 0  # > 0: every token also takes one gated MLP of this width, sigmoid-gated (Qwen2-MoE)
     shared_expert_gated: bool = True  # False: the shared expert's output added as it is (ERNIE 4.5)
-    expert_select_bias: bool = False  # the router chooses by softmax + a per-expert bias (ERNIE 4.5's moe_statics)
+    expert_select_bias: bool = False  # the router chooses by its scores + a per-expert bias (ERNIE 4.5, GLM-4.5)
+    router_sigmoid: bool = False  # the router's scores: a sigmoid per expert (GLM-4.5), else the softmax over them
+    routed_scaling: float = 1.0  # the chosen experts' weights times this, after renormalising (GLM-4.5's 2.5)
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -118,7 +120,7 @@ class ModelArgs:
             raise UnsupportedModelError(
                 f"{self.num_heads} attention heads do not divide into {self.num_kv_heads} KV heads."
             )
-        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling", "routed_scaling"):
             if not getattr(self, name) > 0:  # also NaN
                 raise UnsupportedModelError(f"{name} must be a positive number, not {getattr(self, name)}.")
         for name in ("final_logit_softcapping", "attn_softcap"):

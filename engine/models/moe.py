@@ -35,7 +35,8 @@ class SparseMoE(nn.Module):
         self.experts = nn.ModuleList(
             GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
-        # ERNIE 4.5: a per-expert bias added to the softmax for the choice only (the weights stay the softmax's)
+        self.sigmoid, self.scaling = args.router_sigmoid, args.routed_scaling  # GLM-4.5's scores and weights' scale
+        # ERNIE 4.5, GLM-4.5: a per-expert bias added to the scores for the choice only (the weights stay the scores)
         self.select = SelectBias(args.num_experts) if args.expert_select_bias else None
         self.shared_expert = self.shared_expert_gate = None
         if args.shared_expert_size:  # one more expert every row takes; Qwen2-MoE scales it by sigmoid(its gate)
@@ -63,7 +64,8 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
-        probs = torch.softmax(self.gate(x).float(), dim=-1)
+        logits = self.gate(x).float()
+        probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         if self.select is None:
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         else:
@@ -71,7 +73,7 @@ class SparseMoE(nn.Module):
             weights = probs.gather(-1, chosen)
         if self.norm_topk:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, chosen
+        return (weights * self.scaling if self.scaling != 1.0 else weights), chosen
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
@@ -79,7 +81,8 @@ class SparseMoE(nn.Module):
             from kernels.cpu_moe import moe
 
             return moe(x.reshape(-1, x.shape[-1]), self.gate.weight, library, self.top_k, self.norm_topk,
-                       self.select.bias if self.select is not None else None, impl="native").reshape(x.shape)
+                       self.select.bias if self.select is not None else None, sigmoid=self.sigmoid,
+                       scaling=self.scaling, impl="native").reshape(x.shape)
         out = self._routed(x)
         if self.shared_expert is None:
             return out

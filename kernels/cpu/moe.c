@@ -4,8 +4,9 @@
    flow, and a tape replays the step.
 
    Per row, alone (so greedy batched == alone holds): logits l_e = x·router_e (eight lanes, then in order), softmax
-   p = exp(l − max) / Σ, the k largest (ties: the lower expert; by p_e + bias_e where a selection bias is given, ERNIE
-   4.5's, the weights still p), renormalised over the chosen with `norm_topk`; then
+   p = exp(l − max) / Σ (or with `sigmoid` p = σ(l), GLM-4.5's), the k largest (ties: the lower expert; by p_e + bias_e
+   where a selection bias is given, the weights still p), renormalised over the chosen with `norm_topk`, times
+   `scale`; then
    the row's experts in ascending order, out = Σ w·down_e(act(gate_e(x)) · up_e(x)) from 0. The products run grouped:
    every (row, expert) pair of the call, grouped by expert, through parley_kgemm_grouped (each row exactly kgemm's). */
 #include <stdint.h>
@@ -23,16 +24,16 @@ void parley_gated_act(const float *gate, const float *up, int64_t R, int64_t I, 
 /* Row r's picks: experts ascending in ids[0..k), their weights in w. `bias` (E,) or NULL: added to each p for the
    choice only. */
 static void route_row(const float *x, int64_t D, const float *router, const float *bias, int64_t E, int k,
-                      int norm_topk, float *logits, int *ids, float *w) {
+                      int norm_topk, int sigmoid, float scale, float *logits, int *ids, float *w) {
     float top = -INFINITY;
     for (int64_t e = 0; e < E; e++) {
         logits[e] = dot_f32(x, router + e * D, D);
         if (logits[e] > top) top = logits[e];
     }
-    float total = 0.0f;
+    float total = sigmoid ? 1.0f : 0.0f;
     for (int64_t e = 0; e < E; e++) {
-        logits[e] = expf(logits[e] - top);
-        total += logits[e];
+        logits[e] = sigmoid ? 1.0f / (1.0f + expf(-logits[e])) : expf(logits[e] - top);
+        if (!sigmoid) total += logits[e];
     }
     float picked = 0.0f;
     for (int i = 0; i < k; i++) {  /* the k largest, best first; a taken expert is marked taken */
@@ -50,6 +51,8 @@ static void route_row(const float *x, int64_t D, const float *router, const floa
     }
     if (norm_topk)
         for (int i = 0; i < k; i++) w[i] /= picked;
+    if (scale != 1.0f)
+        for (int i = 0; i < k; i++) w[i] *= scale;
     for (int i = 1; i < k; i++)  /* ascending experts: the order the sum runs in */
         for (int j = i; j > 0 && ids[j] < ids[j - 1]; j--) {
             const int t = ids[j]; ids[j] = ids[j - 1]; ids[j - 1] = t;
@@ -77,12 +80,13 @@ static int shared_expert(const float *x, int64_t R, int64_t D, const uint8_t *ga
     return rc;
 }
 
-/* x (R, D) fp32 -> out (R, D). router (E, D) fp32, select_bias (E,) fp32 or NULL; gate_up[e] the expert's fused gate|up super-blocks (2I rows of
+/* x (R, D) fp32 -> out (R, D). router (E, D) fp32, select_bias (E,) fp32 or NULL, sigmoid and scale as route_row's;
+   gate_up[e] the expert's fused gate|up super-blocks (2I rows of
    `gu_kind`, K = D), down[e] its down (D rows of `dn_kind`, K = I); act as parley_gated_act's. A shared expert
    (shared_gate_up not NULL: 2·SI rows of `sgu_kind`, shared_down of `sdn_kind`, shared_gate (D,) fp32 or NULL) adds
    its (gated) output to every row's. Returns 0, −1 without scratch memory, −2 for shapes the products do not take. */
 int parley_moe(const float *x, int64_t R, int64_t D, const float *router, const float *select_bias, int64_t E, int k,
-               int norm_topk,
+               int norm_topk, int sigmoid, float scale,
                const uint8_t *const *gate_up, int gu_kind, int64_t I, const uint8_t *const *down, int dn_kind,
                int act, const uint8_t *shared_gate_up, int sgu_kind, int64_t SI, const uint8_t *shared_down,
                int sdn_kind, const float *shared_gate, float *out, int threads) {
@@ -104,7 +108,8 @@ int parley_moe(const float *x, int64_t R, int64_t D, const float *router, const 
 
     #pragma omp parallel for schedule(static) num_threads(threads) if (R * E * D > (1 << 20))
     for (int64_t r = 0; r < R; r++)
-        route_row(x + r * D, D, router, select_bias, E, k, norm_topk, logits + r * E, ids + r * k, w + r * k);
+        route_row(x + r * D, D, router, select_bias, E, k, norm_topk, sigmoid, scale, logits + r * E, ids + r * k,
+                  w + r * k);
 
     int64_t *pos = at, *count = at + P, *first = at + P + E, *gfirst = at + P + 2 * E, *gcount = at + P + 3 * E;
     for (int64_t e = 0; e < E; e++) count[e] = 0;

@@ -1,6 +1,7 @@
 """Mixtures of experts (Qwen3-MoE `qwen3_moe` / `qwen3moe`, Mixtral `mixtral` / GGUF `llama`, OLMoE `olmoe`, Qwen2-MoE
 `qwen2_moe` / `qwen2moe` with its shared expert, Granite MoE `granitemoe` with Granite's scalars and stacked experts,
-ERNIE 4.5 MoE `ernie4_5_moe` / `ernie4_5-moe` with a dense first layer, a selection bias and ungated shared experts):
+ERNIE 4.5 MoE `ernie4_5_moe` / `ernie4_5-moe` with a dense first layer, a selection bias and ungated shared experts,
+GLM-4.5 `glm4_moe` / `glm4moe` with sigmoid scores, the bias and a scale):
 logits equal to transformers' (HF folder and GGUF, both layouts) and to
 llama.cpp's, experts held quantized, greedy batched == alone, MLX equal to PyTorch, the CUDA path, and bad files refused
 in one line."""
@@ -21,7 +22,7 @@ from tests.support.tiny_models import make_tiny_hf
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "ernie4_5_moe"]
+ARCHS = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "ernie4_5_moe", "glm4_moe"]
 # llama.cpp's f16 cache; the tiny routers' wide margins (tiny_models._randomize) scale its rounding a little further
 LLAMA_CPP_TOLERANCE = 2e-3
 
@@ -244,7 +245,7 @@ def test_unsupported_refusal_names_the_moe_models():
         architecture("deepseek_v2")
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe", "ernie4_5_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "qwen2_moe", "ernie4_5_moe", "glm4_moe"])
 def k_quant_moe(request, tmp_path_factory):
     """A Q4_K_M file (llama.cpp's own quantizer), loaded quantized: its experts in the library's super-blocks; Qwen2-MoE
     with its shared expert, ERNIE 4.5 with its selection bias and ungated shared experts."""
@@ -282,7 +283,8 @@ def test_k_quant_experts_run_in_one_library_call(k_quant_moe):
         for i in range(len(x)):
             assert torch.equal(moe(x[i:i + 1])[0], fast[i])
         reference = library_moe(x, moe.gate.weight, blocks, moe.top_k, moe.norm_topk,
-                                moe.select.bias if moe.select is not None else None, impl="reference")
+                                moe.select.bias if moe.select is not None else None, sigmoid=moe.sigmoid,
+                                scaling=moe.scaling, impl="reference")
         held, moe._held = moe._held, ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)
         try:
             modules = moe(x)  # module by module

@@ -76,6 +76,19 @@ def test_a_selection_bias_and_an_ungated_shared_expert():
                        moe(x, router, experts, 2, True, torch.zeros(E), impl="native"))
 
 
+def test_sigmoid_scores_scaled():
+    """GLM-4.5's routing: each expert's sigmoid, the bias for the choice, renormalised and scaled by 2.5."""
+    experts = _experts("Q4_K", "Q6_K")
+    x, router = _inputs()
+    bias = torch.linspace(0.3, -0.3, E)
+    got = moe(x, router, experts, 2, True, bias, sigmoid=True, scaling=2.5, impl="native")
+    want = moe(x, router, experts, 2, True, bias, sigmoid=True, scaling=2.5, impl="reference")
+    assert (got - want).abs().max() <= 2e-4 * want.abs().max()
+    unscaled = moe(x, router, experts, 2, True, bias, sigmoid=True, impl="native")
+    torch.testing.assert_close(got, 2.5 * unscaled, rtol=1e-5, atol=1e-5)
+    assert (unscaled - moe(x, router, experts, 2, True, bias, impl="native")).abs().max() > 1e-3 * got.abs().max()
+
+
 def test_a_row_is_its_experts_library_products_summed():
     """The one call gives, per row, the library's own products of its chosen experts (the routing's weights aside:
     they are taken from torch's softmax here, so the sum is compared to the float rounding)."""

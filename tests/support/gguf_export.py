@@ -22,7 +22,7 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
              "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4",
-             "arcee": "arcee", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "arcee": "arcee", "glm4_moe": "glm4moe", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
@@ -32,6 +32,7 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
                 "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5,
                 "ernie4_5-moe": MODEL_ARCH.ERNIE4_5_MOE, "glm4": MODEL_ARCH.GLM4, "arcee": MODEL_ARCH.ARCEE,
+                "glm4moe": MODEL_ARCH.GLM4_MOE,
                 "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
@@ -39,6 +40,7 @@ TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemm
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
                  "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
                  "ernie4_5": "default", "ernie4_5-moe": "default", "glm4": "glm4", "arcee": "llama-bpe",
+                 "glm4moe": "glm4",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
@@ -150,6 +152,17 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
         w.add_expert_shared_count(cfg["moe_num_shared_experts"])
         w.add_expert_shared_feed_forward_length(cfg["moe_intermediate_size"] * cfg["moe_num_shared_experts"])
+    if arch == "glm4moe":  # Glm4MoeModel.set_gguf_parameters: TextModel's, then the experts' layout and routing
+        w.add_rope_dimension_count(int(_head_dim(cfg) * _rope(cfg)["partial_rotary_factor"]))
+        w.add_expert_count(cfg["n_routed_experts"])
+        w.add_expert_used_count(cfg["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_shared_count(cfg["n_shared_experts"])
+        w.add_leading_dense_block_count(cfg["first_k_dense_replace"])
+        w.add_expert_weights_scale(cfg["routed_scaling_factor"])
+        w.add_expert_weights_norm(cfg["norm_topk_prob"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_nextn_predict_layers(0)  # the tiny model has none
     if arch == "glm4":  # Glm4Model.set_gguf_parameters: TextModel's, the rotated dims
         w.add_rope_dimension_count(int(_head_dim(cfg) * _rope(cfg)["partial_rotary_factor"]))
     if arch == "exaone4":  # Exaone4Model.set_gguf_parameters: TextModel's, the vocabulary size, the window
@@ -306,7 +319,8 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
     weights = load_file(str(hf_dir / "model.safetensors"))
     names = gguf.get_tensor_name_map(MODEL_ARCHES[arch], cfg.get("num_hidden_layers", cfg.get("num_layers")))
     experts: dict[str, dict[int, np.ndarray]] = {}
-    n_experts = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("moe_num_experts")))
+    n_experts = cfg.get("num_experts", cfg.get("num_local_experts", cfg.get("moe_num_experts",
+                                                                            cfg.get("n_routed_experts"))))
     for hf_name in sorted(weights, key=_layer_order):
         data = weights[hf_name].astype(np.float32)
         if hf_name == "lm_head.weight" and cfg.get("tie_word_embeddings"):

@@ -134,13 +134,13 @@ TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
-                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "cohere": True,
+                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
                 "olmoe": False, "qwen2_moe": False, "granitemoe": True, "mistral": False}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "cohere", "cohere2", "stablelm", "starcoder2",
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "glm4_moe", "cohere", "cohere2", "stablelm", "starcoder2",
                "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "mistral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
@@ -290,6 +290,19 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                      "moe_layer_start_index": 1, "moe_layer_interval": 1,
                                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
                                   | common | (overrides or {}))
+    if arch == "glm4_moe":
+        from transformers import Glm4MoeConfig
+
+        # a dense first layer, then 8 experts of 2 per token by sigmoid scores with the selection bias, scaled by 2.5
+        # (GLM-4.5: 160 of 8, 2.5), one shared expert; half of each 32-dim head rotates; q/k/v biases and q/k norms
+        return Glm4MoeConfig(**{"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                "head_dim": 32, "rms_norm_eps": 1e-5, "attention_bias": True, "use_qk_norm": True,
+                                "n_routed_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                                "n_shared_experts": 1, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+                                "norm_topk_prob": True, "n_group": 1, "topk_group": 1,
+                                "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                                    "partial_rotary_factor": 0.5}}
+                             | common | (overrides or {}))
     if arch == "arcee":
         from transformers import ArceeConfig
 
@@ -462,7 +475,7 @@ def _model_class(arch: str):
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "glm4": "Glm4ForCausalLM",
-            "arcee": "ArceeForCausalLM",
+            "arcee": "ArceeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
             "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
