@@ -16,6 +16,7 @@ from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
 from engine.models import architecture
+from engine.models.moe import keeps_fp32
 from engine.models.args import ModelArgs, fit_context
 from engine.models.layers import CausalLM
 from engine.quant.from_float import SCHEMES, quantize_matrix
@@ -156,7 +157,7 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
         if isinstance(value, QuantTensor):
             model.install_quantized(key.removesuffix(".weight"), value, dtype)
         else:
-            state[key] = value.to(device=device, dtype=dtype)
+            state[key] = value.to(device=device, dtype=torch.float32 if keeps_fp32(key) else dtype)
     try:
         result = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:

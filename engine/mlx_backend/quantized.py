@@ -28,6 +28,7 @@ from engine.memory import return_freed_memory
 from engine.mlx_backend.model import DTYPES, CausalLM, QuantizedEmbedding, QuantizedLinear
 from engine.models.args import ModelArgs
 from engine.models.layers import QuantEmbedding, QuantLinear
+from engine.models.moe import keeps_fp32
 from engine.quant.gguf_blocks import GROUP
 from engine.quant.weight import QuantTensor, _int4_block
 
@@ -105,7 +106,8 @@ def from_torch_quantized(args: ModelArgs, torch_model: torch.nn.Module, dtype: s
                     new[f"{name}.bias"] = part_bias
         else:
             new = {name: part.weight for key, t in _own_state(module)
-                   for name, part, _ in _split(path, Matrix(_float(t, target)), None, args, leaf=key)}
+                   for name, part, _ in _split(path, Matrix(_float(t, mx.float32 if keeps_fp32(f"{path}.{key}")
+                                                                  else target)), None, args, leaf=key)}
         weights.update(new)
         if release:
             mx.eval(list(new.values()))

@@ -151,11 +151,17 @@ class SparseMoE(nn.Module):
 
 
 class SelectBias(nn.Module):
-    """A router's per-expert selection bias (its GGUF name: exp_probs_b.bias)."""
+    """A router's per-expert selection bias (its GGUF name: exp_probs_b.bias), held fp32 in every dtype: choices
+    between near scores must not round (transformers and llama.cpp keep it fp32 too)."""
 
     def __init__(self, experts: int):
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
+
+
+def keeps_fp32(name: str) -> bool:
+    """Whether the weight `name` stays fp32 whatever the model's dtype (a router's selection bias)."""
+    return name.endswith(".mlp.select.bias")
 
 
 def _plain_router(gate: nn.Module) -> bool:

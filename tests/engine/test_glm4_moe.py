@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.loading.loader import load_model
+from engine.loading.loader import LoadOptions, load_model
 from engine.models.glm4_moe import args_from_hf, gguf_skip, sanitize
 from tests.support import arch_checks as check
 from tests.support.engine_helpers import full_logits
@@ -56,6 +56,13 @@ def test_the_prediction_layer_is_left_out(files, tmp_path):
     args = args_from_hf(TINY)
     kept = sanitize({"model.layers.3.eh_proj.weight": torch.zeros(2, 2), "model.norm.weight": torch.ones(64)}, args)
     assert list(kept) == ["model.norm.weight"]
+
+
+def test_the_selection_bias_stays_fp32_in_bf16(files):
+    """A bf16 model's router bias is not rounded: sigmoid scores a few thousandths apart still choose as in fp32."""
+    lm = load_model(files[1], LoadOptions(dtype="bfloat16", weights="dequantized"))
+    moe = lm.model.model.layers[1].mlp
+    assert moe.select.bias.dtype == torch.float32 and moe.gate.weight.dtype == torch.bfloat16
 
 
 def test_group_limited_routing_is_refused():
