@@ -1,8 +1,10 @@
 """Granite MoE (IBM Granite 3.x 1B-A400M, 3B-A800M): Granite's block and four scalars, its MLP routed experts; each
-token takes the top k by router logit, weighted by a softmax over those k (the full softmax renormalised over them)."""
+token takes the top k by router logit, weighted by a softmax over those k (the full softmax renormalised over them).
+Files of Granite 4.0 models with experts but without Mamba layers add an ungated shared expert (ffn_*_shexp)."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -32,6 +34,9 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     args = granite.args_from_gguf(meta, shapes, ARCH)
     if not args.num_experts:
         raise UnsupportedModelError("This granitemoe file names no experts (granitemoe.expert_count).")
+    if "blk.0.ffn_gate_shexp.weight" in shapes:  # Granite MoE Shared (Granite 4.0's experts): ungated
+        args = replace(args, shared_expert_size=int(shapes["blk.0.ffn_gate_shexp.weight"][0]),
+                       shared_expert_gated=False)
     return args
 
 

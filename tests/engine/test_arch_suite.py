@@ -12,7 +12,7 @@ from tests.support import arch_checks as check
 
 pytestmark = pytest.mark.slow  # needs transformers
 
-ARCHS = ("olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4", "arcee")
+ARCHS = ("olmo3", "exaone4", "seed_oss", "ernie4_5", "glm4", "arcee", "granitemoehybrid")
 # llama-cpp-python 0.3.36 runs EXAONE 4's hybrid attention all-global (its graph predates llama.cpp's hybrid one), so
 # llama.cpp checks the 1.2B's layout; test_exaone4.py checks the hybrid one against transformers
 LLAMA_CPP_CONFIG = {"exaone4": {"sliding_window": None, "layer_types": ["full_attention"] * 5}}

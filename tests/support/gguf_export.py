@@ -22,7 +22,8 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
              "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4",
-             "arcee": "arcee", "glm4_moe": "glm4moe", "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
+             "arcee": "arcee", "glm4_moe": "glm4moe",
+             "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
                 "gemma3": MODEL_ARCH.GEMMA3, "phi3": MODEL_ARCH.PHI3,
@@ -45,7 +46,8 @@ TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemm
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
                 "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
-LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3", "arcee")  # converted by LlamaModel or a subclass: Q/K rows permuted
+# converted by LlamaModel or a subclass: Q/K rows permuted
+LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3", "arcee")
 EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp|block_sparse_moe))\.experts\.(\d+)\.(\w+)\.weight")
 UNSUPPORTED_QTYPE = QType.Q8_1  # a real ggml type that gguf.quants.dequantize has no kernel for
 
@@ -55,7 +57,7 @@ def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32", overrides
     tensor's name to another key (a Q4_K_M file's "more bits" attn_v: {"attn_v": "Q8_0"})."""
     hf_dir, out_path = Path(hf_dir), Path(out_path)
     cfg = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
-    arch = GGUF_ARCH[cfg["model_type"]]
+    arch = _gguf_arch(cfg)
     qtype, ftype = TENSOR_TYPES[tensor_type]
     writer = GGUFWriter(out_path, arch)
     writer.add_type(gguf.GGUFType.MODEL)
@@ -69,6 +71,12 @@ def write_gguf(hf_dir: Path, out_path: Path, tensor_type: str = "F32", overrides
         _add_tensor(writer, name, data, own)
     _finish(writer)
     return out_path
+
+
+def _gguf_arch(cfg: dict) -> str:
+    if cfg["model_type"] == "granitemoehybrid":  # GraniteHybridModel: without Mamba layers, granite or granitemoe
+        return "granitemoe" if cfg.get("num_local_experts") else "granite"
+    return GGUF_ARCH[cfg["model_type"]]
 
 
 def _finish(writer: GGUFWriter) -> None:
@@ -172,7 +180,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
             w.add_rope_scaling_yarn_attn_factor(_rope(cfg)["attention_factor"])
         w.add_sliding_window(cfg["sliding_window"])
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
-    if arch in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: LlamaModel's, then the four scalars
+    if arch == "granitemoe" and cfg.get("shared_intermediate_size"):  # GraniteMoeModel's shared expert
+        w.add_expert_shared_feed_forward_length(cfg["shared_intermediate_size"])
+    if arch in ("granite", "granitemoe"):  # GraniteModel.set_gguf_parameters: LlamaModel's, the scalars
         w.add_embedding_scale(cfg["embedding_multiplier"])
         w.add_residual_scale(cfg["residual_multiplier"])
         w.add_attention_scale(cfg["attention_multiplier"])
@@ -327,6 +337,15 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
             continue
         if hf_name.endswith("e_score_correction_bias"):  # Ernie4_5MoeModel: the selection bias, squeezed to (E,)
             yield f"blk.{hf_name.split('.')[2]}.exp_probs_b.bias", data.reshape(-1)
+            continue
+        if ".shared_mlp." in hf_name:  # GraniteMoeModel: its gate rows, then up rows; the dense MLP without experts
+            layer, suffix = int(hf_name.split(".")[2]), "_shexp" if cfg.get("num_local_experts") else ""
+            if hf_name.endswith("input_linear.weight"):
+                gate, up = np.split(data, 2, axis=-2)
+                yield f"blk.{layer}.ffn_gate{suffix}.weight", gate
+                yield f"blk.{layer}.ffn_up{suffix}.weight", up
+            else:
+                yield f"blk.{layer}.ffn_down{suffix}.weight", data
             continue
         if hf_name.endswith("block_sparse_moe.input_linear.weight"):  # GraniteMoeModel: gate rows, then up rows
             layer = int(hf_name.split(".")[2])

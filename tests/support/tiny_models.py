@@ -134,13 +134,13 @@ TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["granitemoehybrid"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
-                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "cohere": True,
+                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "granitemoehybrid": True, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
                 "olmoe": False, "qwen2_moe": False, "granitemoe": True, "mistral": False}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "glm4_moe", "cohere", "cohere2", "stablelm", "starcoder2",
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "glm4_moe", "granitemoehybrid", "cohere", "cohere2", "stablelm", "starcoder2",
                "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "mistral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
@@ -290,6 +290,19 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                      "moe_layer_start_index": 1, "moe_layer_interval": 1,
                                      "rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
                                   | common | (overrides or {}))
+    if arch == "granitemoehybrid":
+        from transformers import GraniteMoeHybridConfig
+
+        # Granite 4.0 Micro's layout (every layer attention, the dense "shared" MLP, rotary positions) with Granite's
+        # scalars as test_granite.py has them; experts and no rotary are config overrides
+        return GraniteMoeHybridConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                         "rms_norm_eps": 1e-5, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
+                                         "attention_multiplier": 0.4, "logits_scaling": 2.5, "num_local_experts": 0,
+                                         "shared_intermediate_size": 128, "position_embedding_type": "rope",
+                                         "layer_types": ["attention", "attention"], "mamba_n_heads": 8,
+                                         "mamba_d_head": 16, "mamba_d_state": 16,
+                                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+                                      | common | (overrides or {}))
     if arch == "glm4_moe":
         from transformers import Glm4MoeConfig
 
@@ -476,6 +489,7 @@ def _model_class(arch: str):
             "seed_oss": "SeedOssForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "glm4": "Glm4ForCausalLM",
             "arcee": "ArceeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+            "granitemoehybrid": "GraniteMoeHybridForCausalLM",
             "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
             "starcoder2": "Starcoder2ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
