@@ -219,6 +219,12 @@ def _token_ids(arch: str) -> dict[str, int | list[int] | None]:
     }
 
 
+# Granite's scalars made large enough to matter in a tiny model (Granite 3 2B's: 12, 0.22, 0.015625, 8)
+GRANITE_LAYOUT = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5,
+                  "embedding_multiplier": 3.0, "residual_multiplier": 0.5, "attention_multiplier": 0.4,
+                  "logits_scaling": 2.5, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+
+
 def _config(arch: str, tied: bool, overrides: dict | None = None):
     ids = _token_ids(arch)
     common = dict(
@@ -295,13 +301,9 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
 
         # Granite 4.0 Micro's layout (every layer attention, the dense "shared" MLP, rotary positions) with Granite's
         # scalars as test_granite.py has them; experts and no rotary are config overrides
-        return GraniteMoeHybridConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                         "rms_norm_eps": 1e-5, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
-                                         "attention_multiplier": 0.4, "logits_scaling": 2.5, "num_local_experts": 0,
-                                         "shared_intermediate_size": 128, "position_embedding_type": "rope",
-                                         "layer_types": ["attention", "attention"], "mamba_n_heads": 8,
-                                         "mamba_d_head": 16, "mamba_d_state": 16,
-                                         "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+        return GraniteMoeHybridConfig(**{**GRANITE_LAYOUT, "num_local_experts": 0, "shared_intermediate_size": 128,
+                                         "position_embedding_type": "rope", "layer_types": ["attention"] * 2,
+                                         "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_d_state": 16}
                                       | common | (overrides or {}))
     if arch == "glm4_moe":
         from transformers import Glm4MoeConfig
@@ -418,20 +420,12 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
         from transformers import GraniteMoeConfig
 
         # Granite's scalars as its test has them; 8 experts of 2 per token (Granite 3 1B-A400M: 32 of 8)
-        return GraniteMoeConfig(**{"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                   "rms_norm_eps": 1e-5, "embedding_multiplier": 3.0, "residual_multiplier": 0.5,
-                                   "attention_multiplier": 0.4, "logits_scaling": 2.5, "num_local_experts": 8,
-                                   "num_experts_per_tok": 2,
-                                   "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}
+        return GraniteMoeConfig(**{**GRANITE_LAYOUT, "num_local_experts": 8, "num_experts_per_tok": 2}
                                 | common | {"intermediate_size": 32} | (overrides or {}))
     if arch == "granite":
         from transformers import GraniteConfig
 
-        # Granite 3's scalars, made large enough to matter in a tiny model (the 2B: 12, 0.22, 0.015625, 8)
-        return GraniteConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
-                             embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.4,
-                             logits_scaling=2.5, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-                             **common)
+        return GraniteConfig(**GRANITE_LAYOUT, **common)
     if arch == "llama":
         from transformers import LlamaConfig
 
