@@ -157,7 +157,7 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
         if isinstance(value, QuantTensor):
             model.install_quantized(key.removesuffix(".weight"), value, dtype)
         else:
-            state[key] = value.to(device=device, dtype=torch.float32 if keeps_fp32(key) else dtype)
+            state[key] = value.to(device=device, dtype=torch.float32 if keeps_fp32(key, args) else dtype)
     try:
         result = model.load_state_dict(state, strict=False, assign=True)
     except RuntimeError as exc:

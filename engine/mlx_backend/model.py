@@ -374,7 +374,7 @@ def from_torch(args: ModelArgs, state: dict, dtype: str = "float32") -> CausalLM
     """The MLX model holding the weights of a loaded PyTorch model (same names)."""
     model = CausalLM(args, dtype)
     target = DTYPES[dtype]
-    weights = [(name, mx.array(t.float().numpy()).astype(mx.float32 if keeps_fp32(name) else target))
+    weights = [(name, mx.array(t.float().numpy()).astype(mx.float32 if keeps_fp32(name, args) else target))
                for name, t in state.items()]
     model.load_weights(weights, strict=True)
     mx.eval(model.parameters())

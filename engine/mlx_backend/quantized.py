@@ -106,7 +106,7 @@ def from_torch_quantized(args: ModelArgs, torch_model: torch.nn.Module, dtype: s
                     new[f"{name}.bias"] = part_bias
         else:
             new = {name: part.weight for key, t in _own_state(module)
-                   for name, part, _ in _split(path, Matrix(_float(t, mx.float32 if keeps_fp32(f"{path}.{key}")
+                   for name, part, _ in _split(path, Matrix(_float(t, mx.float32 if keeps_fp32(f"{path}.{key}", args)
                                                                   else target)), None, args, leaf=key)}
         weights.update(new)
         if release:

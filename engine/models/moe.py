@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.models.args import ModelArgs
@@ -64,7 +65,11 @@ class SparseMoE(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
-        logits = self.gate(x).float()
+        gate = self.gate
+        if type(gate) is Linear and gate.weight.dtype == torch.float32 and x.dtype != torch.float32:
+            logits = F.linear(x.float(), gate.weight)  # an fp32 router (keeps_fp32) in a bf16 model
+        else:
+            logits = gate(x).float()
         probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
         if self.select is None:
             weights, chosen = torch.topk(probs, self.top_k, dim=-1)
@@ -159,9 +164,10 @@ class SelectBias(nn.Module):
         self.bias = nn.Parameter(torch.zeros(experts), requires_grad=False)
 
 
-def keeps_fp32(name: str) -> bool:
-    """Whether the weight `name` stays fp32 whatever the model's dtype (a router's selection bias)."""
-    return name.endswith(".mlp.select.bias")
+def keeps_fp32(name: str, args: ModelArgs) -> bool:
+    """Whether the weight `name` stays fp32 whatever the model's dtype: a router's selection bias, and the router of a
+    model that has one (transformers keeps both fp32 for ERNIE 4.5 and GLM-4.5: choices between near scores)."""
+    return name.endswith(".mlp.select.bias") or (args.expert_select_bias and name.endswith(".mlp.gate.weight"))
 
 
 def _plain_router(gate: nn.Module) -> bool:
