@@ -4,6 +4,7 @@ per-expert bias (the choice only; the weights are the softmax's, renormalised), 
 added without a gate."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -51,10 +52,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     lead = int(meta.get(f"{ARCH}.leading_dense_block_count", 0))
     step = positive(meta.get(f"{ARCH}.interleave_moe_layer_step", 1), f"{ARCH}.interleave_moe_layer_step")
     dense = [i for i in range(base.num_layers) if i < lead or (i + 1) % step]  # llama.cpp's rule
-    sparse = next((i for i in range(base.num_layers) if i not in dense), None)
-    shared = shapes.get(f"blk.{sparse}.ffn_gate_shexp.weight", (0,))[0] if sparse is not None else 0
-    return llama.args_from_gguf(meta, shapes, ARCH, dense_layers=dense, shared_expert_size=int(shared),
-                                shared_expert_gated=False, expert_select_bias=True)
+    return replace(base, dense_layers=dense, shared_expert_gated=False, expert_select_bias=True)
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

@@ -4,15 +4,14 @@ order, in folders and files alike). The loader reorders q/k rows into the half-s
 rotary's (engine/models/partial_rotary.py): q·k does not depend on the order, only on q and k sharing it."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from engine.models import gemma3, llama, phi3
-from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, hf_rope_params, rope_from_hf
+from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors
 from engine.models.layers import CausalLM
-from engine.models.partial_rotary import partial_rotary_order, reorder_qk, rotary_dim
+from engine.models.partial_rotary import hf_partial_rope, partial, partial_rotary_order, reorder_qk
 
 ARCH = "glm4"
 GGUF_BLOCK_NAMES = gemma3.GGUF_BLOCK_NAMES  # post_attention_norm, ffn_norm (before the MLP), post_ffw_norm
@@ -32,23 +31,16 @@ class Model(CausalLM):
 
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
-    params = hf_rope_params(config)
     heads = llama.require(config, "num_attention_heads", f"config.json ({ARCH})")
     head_dim = config.get("head_dim") or llama.require(config, "hidden_size", f"config.json ({ARCH})") // heads
-    fraction = params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.5
-    rot = rotary_dim(float(fraction), head_dim, "GLM-4")
-    rope = rope_from_hf(params, rot, config.get("max_position_embeddings"))
-    rope.rotary_dim = rot if rot < head_dim else None
     return llama.args_from_hf(config, ARCH, attention_bias=bool(config.get("attention_bias", True)),
-                              rope={GLOBAL: rope})
+                              rope={GLOBAL: hf_partial_rope(config, head_dim, "GLM-4", 0.5)})
 
 
 @gguf_metadata_errors
 def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> ModelArgs:
     args = llama.args_from_gguf(meta, shapes, ARCH)
-    rot = rotary_dim(float(meta.get(f"{ARCH}.rope.dimension_count", args.head_dim // 2)) / args.head_dim,
-                     args.head_dim, "GLM-4")
-    return replace(args, rope={GLOBAL: replace(args.rope[GLOBAL], rotary_dim=rot if rot < args.head_dim else None)})
+    return partial(args, float(meta.get(f"{ARCH}.rope.dimension_count", args.head_dim // 2)) / args.head_dim, "GLM-4")
 
 
 def head_order(args: ModelArgs) -> torch.Tensor:

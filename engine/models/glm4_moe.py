@@ -13,8 +13,8 @@ import torch
 
 from engine.errors import UnsupportedModelError
 from engine.models import llama, partial_rotary
-from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, hf_rope_params, require, rope_from_hf
-from engine.models.partial_rotary import rotary_dim, rotary_rows
+from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, require
+from engine.models.partial_rotary import rotary_rows
 
 ARCH = "glm4moe"  # llama.cpp's name; transformers' is glm4_moe
 # llama.cpp names the norm before the MLP post_attention_norm here
@@ -29,18 +29,14 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     where = "config.json (glm4_moe)"
     heads = require(config, "num_attention_heads", where)
     head_dim = config.get("head_dim") or require(config, "hidden_size", where) // heads
-    params = hf_rope_params(config)
-    rot = rotary_dim(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or 0.5),
-                     head_dim, "GLM-4.5")
-    rope = rope_from_hf(params, rot, config.get("max_position_embeddings"))
-    rope.rotary_dim = rot if rot < head_dim else None
     groups, chosen_groups = int(config.get("n_group") or 1), int(config.get("topk_group") or 1)
     if chosen_groups < groups:  # DeepSeek-V3's group-limited routing; every GLM-4.5 has one group
         raise UnsupportedModelError(f"Routing within {chosen_groups} of {groups} expert groups is not supported.")
     inter = int(require(config, "moe_intermediate_size", where))
     return llama.args_from_hf(
         config, "glm4_moe", attention_bias=bool(config.get("attention_bias", False)),
-        qk_norm=bool(config.get("use_qk_norm", False)), rope={GLOBAL: rope},
+        qk_norm=bool(config.get("use_qk_norm", False)),
+        rope={GLOBAL: partial_rotary.hf_partial_rope(config, head_dim, "GLM-4.5", 0.5)},
         num_experts=config.get("n_routed_experts", config.get("num_local_experts")),
         experts_per_token=require(config, "num_experts_per_tok", where), moe_intermediate_size=inter,
         norm_topk_prob=bool(config.get("norm_topk_prob", True)),
@@ -60,14 +56,12 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
         raise UnsupportedModelError(f"The file's {base.num_layers} blocks are all next-token prediction layers.")
     if int(get("expert_gating_func", SIGMOID_GATING)) != SIGMOID_GATING:
         raise UnsupportedModelError("GLM-4.5 files whose experts are scored by a softmax are not supported.")
-    rot = rotary_dim(float(get("rope.dimension_count", base.head_dim // 2)) / base.head_dim, base.head_dim, "GLM-4.5")
-    sparse = next((i for i in range(n) if f"blk.{i}.ffn_gate_shexp.weight" in shapes), None)
+    base = partial_rotary.partial(base, float(get("rope.dimension_count", base.head_dim // 2)) / base.head_dim,
+                                  "GLM-4.5")
     return replace(
         base, num_layers=n, layer_types=base.layer_types[:n],
-        rope={GLOBAL: replace(base.rope[GLOBAL], rotary_dim=rot if rot < base.head_dim else None)},
         dense_layers=list(range(int(get("leading_dense_block_count", 1)))),
         norm_topk_prob=bool(get("expert_weights_norm", True)), routed_scaling=float(get("expert_weights_scale", 1.0)),
-        shared_expert_size=int(shapes[f"blk.{sparse}.ffn_gate_shexp.weight"][0]) if sparse is not None else 0,
         shared_expert_gated=False, expert_select_bias=True, router_sigmoid=True)
 
 

@@ -34,10 +34,8 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     args = granite.args_from_gguf(meta, shapes, ARCH)
     if not args.num_experts:
         raise UnsupportedModelError("This granitemoe file names no experts (granitemoe.expert_count).")
-    if "blk.0.ffn_gate_shexp.weight" in shapes:  # Granite MoE Shared (Granite 4.0's experts): ungated
-        args = replace(args, shared_expert_size=int(shapes["blk.0.ffn_gate_shexp.weight"][0]),
-                       shared_expert_gated=False)
-    return args
+    # Granite MoE Shared (Granite 4.0's experts): its shared expert ungated
+    return replace(args, shared_expert_gated=False) if args.shared_expert_size else args
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

@@ -41,10 +41,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
     kv = meta.get(f"{ARCH}.attention.head_count_kv")
     if isinstance(kv, list) and not all(kv):  # a layer without KV heads is a Mamba-2 layer
         raise UnsupportedModelError(MAMBA)
-    args = granite.args_from_gguf(meta, shapes, ARCH)
-    sparse = next((n for n in shapes if n.endswith(".ffn_gate_shexp.weight")), None)
-    if args.num_experts and sparse is not None:
-        args = replace(args, shared_expert_size=int(shapes[sparse][0]), shared_expert_gated=False)
+    args = replace(granite.args_from_gguf(meta, shapes, ARCH), shared_expert_gated=False)
     # llama.cpp rotates only where the converter marked the rotary as trained in (rope.scaling.finetuned)
     return args if meta.get(f"{ARCH}.rope.scaling.finetuned") else _without_rope(args)
 

@@ -158,8 +158,11 @@ def gguf_experts(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]], arch:
     used = require(meta, f"{arch}.expert_used_count", "The GGUF metadata")
     inter = meta.get(f"{arch}.expert_feed_forward_length") or require(meta, f"{arch}.feed_forward_length",
                                                                         "The GGUF metadata")
+    # a shared expert every token takes: its width from its tensors (the first layers may be dense)
+    shared = next((shape[0] for name, shape in shapes.items() if name.endswith(".ffn_gate_shexp.weight")), 0)
     return dict(num_experts=positive(experts, f"{arch}.expert_count", 4096), experts_per_token=int(used),
-                moe_intermediate_size=positive(inter, f"{arch}.expert_feed_forward_length"), norm_topk_prob=True)
+                moe_intermediate_size=positive(inter, f"{arch}.expert_feed_forward_length"), norm_topk_prob=True,
+                shared_expert_size=int(shared))
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:

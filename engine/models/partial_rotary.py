@@ -3,12 +3,13 @@ q/k rows are reordered at load so that the rotated dims pair as a whole head's d
 (layers.inv_freq), so no rotary kernel changes."""
 from __future__ import annotations
 
-from typing import Callable
+from dataclasses import replace
+from typing import Any, Callable
 
 import torch
 
 from engine.errors import UnsupportedModelError
-from engine.models.args import GLOBAL, ModelArgs
+from engine.models.args import GLOBAL, ModelArgs, RopeArgs, hf_rope_params, rope_from_hf
 
 
 def rotary_dim(fraction: float, head_dim: int, model: str) -> int:
@@ -18,6 +19,22 @@ def rotary_dim(fraction: float, head_dim: int, model: str) -> int:
         raise UnsupportedModelError(f"This {model} model rotates {fraction:.0%} of each {head_dim}-dim attention head "
                                     f"({rot} dims); a rotary embedding needs an even number of them.")
     return rot
+
+
+def partial(args: ModelArgs, fraction: float, model: str) -> ModelArgs:
+    """`args` with the first `fraction` of each head rotating (a whole head: as before), as a file's
+    rope.dimension_count / head_dim gives it."""
+    rot = rotary_dim(fraction, args.head_dim, model)
+    return replace(args, rope={GLOBAL: replace(args.rope[GLOBAL], rotary_dim=rot if rot < args.head_dim else None)})
+
+
+def hf_partial_rope(config: dict[str, Any], head_dim: int, model: str, default: float = 1.0) -> RopeArgs:
+    """A folder's rotary over its `partial_rotary_factor` of each head (scaling factors for those dims' pairs)."""
+    params = hf_rope_params(config)
+    rot = rotary_dim(float(params.get("partial_rotary_factor") or config.get("partial_rotary_factor") or default),
+                     head_dim, model)
+    return replace(rope_from_hf(params, rot, config.get("max_position_embeddings")),
+                   rotary_dim=rot if rot < head_dim else None)
 
 
 def partial_rotary_order(head_dim: int, rot: int) -> torch.Tensor:

@@ -4,15 +4,14 @@ side on one norm (`use_parallel_residual`; in GGUF, no ffn_norm) runs them as Co
 q/k norms are refused."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch
 
 from engine.errors import UnsupportedModelError
 from engine.models import layernorm_block, llama, partial_rotary
-from engine.models.args import GLOBAL, ModelArgs, gguf_metadata_errors, hf_rope_params
-from engine.models.partial_rotary import rotary_dim, rotary_rows
+from engine.models.args import ModelArgs, gguf_metadata_errors, hf_rope_params
+from engine.models.partial_rotary import rotary_rows
 
 ARCH = "stablelm"
 GGUF_BLOCK_NAMES = llama.GGUF_BLOCK_NAMES
@@ -27,12 +26,6 @@ def _refuse_qk_norms() -> None:
     raise UnsupportedModelError("StableLM 2 12B (per-head q/k LayerNorms) is not supported; the 1.6B and 3B are.")
 
 
-def _partial(args: ModelArgs, fraction: float) -> ModelArgs:
-    rot = rotary_dim(fraction, args.head_dim, "StableLM")
-    rope = replace(args.rope[GLOBAL], rotary_dim=rot if rot < args.head_dim else None)
-    return replace(args, rope={GLOBAL: rope})
-
-
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     if config.get("qk_layernorm"):
         _refuse_qk_norms()
@@ -40,7 +33,7 @@ def args_from_hf(config: dict[str, Any]) -> ModelArgs:
     args = llama.args_from_hf(config, ARCH, rms_norm_eps=float(config.get("layer_norm_eps", 1e-5)),
                               attention_bias=bool(config.get("use_qkv_bias", False)),
                               parallel_residual=bool(config.get("use_parallel_residual", False)))
-    return _partial(args, float(fraction))
+    return partial_rotary.partial(args, float(fraction), "StableLM")
 
 
 @gguf_metadata_errors
@@ -51,7 +44,7 @@ def args_from_gguf(meta: dict[str, Any], shapes: dict[str, tuple[int, ...]]) -> 
                                 rms_norm_eps=float(meta.get(f"{ARCH}.attention.layer_norm_epsilon", 1e-5)),
                                 parallel_residual="blk.0.ffn_norm.weight" not in shapes)
     rot = meta.get(f"{ARCH}.rope.dimension_count", args.head_dim)
-    return _partial(args, float(rot) / args.head_dim)
+    return partial_rotary.partial(args, float(rot) / args.head_dim, "StableLM")
 
 
 def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
