@@ -43,6 +43,7 @@ def sdpa_varlen(
     rows_are_ring: bool | None = None,
     num_splits: int | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
     impl: str = "auto",
 ) -> torch.Tensor:  # (T, H, D), q's dtype
     """Attention of a packed step's queries over each segment's column of the KV store.
@@ -54,10 +55,11 @@ def sdpa_varlen(
     read on the device. Rows that no segment covers come back zero. `rows_are_ring`
     defaults to `bool(window)`; `num_splits` (None: planned from the bounds) forces the
     split-K width. `softcap` > 0 caps each score as softcap · tanh(score / softcap) (Gemma 2).
+    `sinks` (H,) fp32: a logit per query head that joins every row's softmax without a value (gpt-oss).
     """
     kwargs = dict(
         scale=scale, max_q_len=max_q_len, max_kv_len=max_kv_len, causal=causal,
-        window=window, rows_are_ring=rows_are_ring, num_splits=num_splits, softcap=softcap,
+        window=window, rows_are_ring=rows_are_ring, num_splits=num_splits, softcap=softcap, sinks=sinks,
     )
     if _use_triton(impl, q):
         from kernels.sdpa_varlen_triton import sdpa_varlen_triton

@@ -35,6 +35,7 @@ def sdpa_varlen_reference(
     rows_are_ring: bool | None = None,
     num_splits: int | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:  # (T, H, D), q's dtype
     """Varlen attention by gather + `scaled_dot_product_attention` with an explicit mask (`masked_sdpa`).
 
@@ -77,7 +78,8 @@ def sdpa_varlen_reference(
         qs = q[q_start : q_start + q_len].to(work)
         qs = qs.view(q_len, Hkv, G, D).permute(1, 2, 0, 3).reshape(Hkv, G * q_len, D)
         mask = allowed.repeat(G, 1)  # (G * q_len, L)
-        o = masked_sdpa(qs, k, v, mask, scale, softcap)
+        sink = None if sinks is None else sinks.to(work).view(Hkv, G, 1, 1).expand(Hkv, G, q_len, 1).reshape(Hkv, -1, 1)
+        o = masked_sdpa(qs, k, v, mask, scale, softcap, sink)
         o = o.view(Hkv, G, q_len, D).permute(2, 0, 1, 3).reshape(q_len, H, D)
         out[q_start : q_start + q_len] = o
     return out.to(q.dtype)
@@ -88,15 +90,25 @@ def capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
     return softcap * torch.tanh(scores / softcap) if softcap else scores
 
 
+def sink_softmax(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last axis; with `sinks` (broadcast to scores' (..., 1)) each row's sink logit joins the
+    softmax as a key without a value (gpt-oss's attention sinks), so the row's weights sum to less than 1."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.to(scores.dtype).expand(*scores.shape[:-1], 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
 def masked_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-                softcap: float = 0.0) -> torch.Tensor:
+                softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(scores) · v with scores = scale · q·kᵀ, or softcap · tanh(scale · q·kᵀ / softcap) when `softcap` > 0
-    (Gemma 2), masked where `mask` is False. q (..., M, D), k/v (..., L, D) with the same leading dims."""
-    if not softcap:
+    (Gemma 2), masked where `mask` is False; `sinks` (broadcast to (..., M, 1)) as `sink_softmax`. q (..., M, D),
+    k/v (..., L, D) with the same leading dims."""
+    if not softcap and sinks is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     scores = capped(torch.matmul(q, k.transpose(-1, -2)) * scale, softcap)
     scores = scores.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), v)
+    return torch.matmul(sink_softmax(scores, sinks), v)
 
 
 def kv_write_reference(

@@ -69,7 +69,7 @@ def _split_rows(lo_row, hi_row, kv_lo, kv_hi, split, NUM_SPLITS: tl.constexpr, T
 
 @triton.jit
 def _sdpa_varlen_fwd(
-    Q, K, V, SeqInfo, Out, OPart, LsePart,
+    Q, K, V, SeqInfo, Out, OPart, LsePart, Sinks,
     stride_qt, stride_qh,
     stride_kr, stride_kc, stride_kh,
     stride_vr, stride_vc, stride_vh,
@@ -81,7 +81,7 @@ def _sdpa_varlen_fwd(
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     CAUSAL: tl.constexpr, WINDOWED: tl.constexpr, RING: tl.constexpr,
     NUM_SPLITS: tl.constexpr, TARGET: tl.constexpr, DOT_FP32: tl.constexpr, IEEE: tl.constexpr,
-    SOFTCAP: tl.constexpr, PDL: tl.constexpr,
+    SOFTCAP: tl.constexpr, SINKS: tl.constexpr, PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
     pid_sq = tl.program_id(0)
@@ -177,6 +177,10 @@ def _sdpa_varlen_fwd(
     o = acc / l_safe[:, None]
     t = q_start + qi
     if NUM_SPLITS == 1:
+        if SINKS:  # the head's sink joins the sum (acc and l_i are relative to the pivot): gpt-oss
+            pivot = tl.where(m_i == float("-inf"), 0.0, m_i)
+            sink = tl.load(Sinks + head, mask=row_valid, other=0.0) * LOG2E_C
+            o = acc / (l_i + tl.exp2(sink - pivot))[:, None]
         o_ptrs = Out + t[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, o.to(Out.dtype.element_ty), mask=row_valid[:, None] & d_ok[None, :])
     else:
@@ -188,12 +192,13 @@ def _sdpa_varlen_fwd(
 
 @triton.jit
 def _sdpa_varlen_merge(
-    SeqInfo, Out, OPart, LsePart,
+    SeqInfo, Out, OPart, LsePart, Sinks,
     stride_ot, stride_oh,
     stride_ps, stride_pt, stride_ph,
     stride_ls, stride_lt, stride_lh,
     num_segments, D,
-    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SEGS_P2: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, SEGS_P2: tl.constexpr, SINKS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     wait_for_previous(PDL)
     # One program per (packed row, head, d-block), the splits taken in order: a split with no keys adds exact
@@ -224,6 +229,8 @@ def _sdpa_varlen_merge(
         o = tl.load(OPart + sp * stride_ps + t * stride_pt + h * stride_ph + offs_d, mask=o_ok, other=0.0)
         acc += w * o
         l_sum += w
+    if SINKS:  # the head's sink joins the sum only (gpt-oss)
+        l_sum += tl.exp2(tl.load(Sinks + h) * LOG2E_C - m)
     out = acc / tl.where(l_sum == 0.0, 1.0, l_sum)
     tl.store(Out + t * stride_ot + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
@@ -271,6 +278,7 @@ def sdpa_varlen_triton(
     num_warps: int | None = None,
     num_stages: int | None = None,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,  # (H,) fp32
 ) -> torch.Tensor:  # (T, H, D), q's dtype
     T, H, D = q.shape
     rows, C, Hkv, Dk = k_cache.shape
@@ -283,6 +291,7 @@ def sdpa_varlen_triton(
     assert seq_info.dtype == torch.int32 and seq_info.shape == (S, 4) and seq_info.is_contiguous()
     assert q.device == k_cache.device == v_cache.device == seq_info.device
     assert max_q_len >= 0 and max_kv_len >= 0
+    assert sinks is None or (sinks.shape == (H,) and sinks.dtype == torch.float32 and sinks.device == q.device)
     G = H // Hkv
     interpret = q.device.type == "cpu"
     windowed = bool(window)
@@ -306,8 +315,9 @@ def sdpa_varlen_triton(
     warps = num_warps or (4 if block_m * D <= 16 * 256 else 8)
     stages = num_stages or 2
     grid = (S * q_tiles, Hkv, splits)
+    sink_ptr = sinks if sinks is not None else lse_part  # any tensor keeps the signature
     _sdpa_varlen_fwd[grid](
-        q, k_cache, v_cache, seq_info, out, o_part, lse_part,
+        q, k_cache, v_cache, seq_info, out, o_part, lse_part, sink_ptr,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -318,17 +328,17 @@ def sdpa_varlen_triton(
         G=G, HEAD_DIM=D, BLOCK_D=max(16, triton.next_power_of_2(D)), BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=bn,
         CAUSAL=causal, WINDOWED=windowed, RING=ring, NUM_SPLITS=splits, TARGET=0 if num_splits else split_target(q.device),
         DOT_FP32=interpret and q.dtype == torch.bfloat16, IEEE=q.dtype == torch.float32, SOFTCAP=bool(softcap),
-        num_warps=warps, num_stages=stages, **launch_options(q),
+        SINKS=sinks is not None, num_warps=warps, num_stages=stages, **launch_options(q),
     )
     if splits > 1:
         block_d = min(triton.next_power_of_2(D), 128)
         _sdpa_varlen_merge[(T, H, triton.cdiv(D, block_d))](
-            seq_info, out, o_part, lse_part,
+            seq_info, out, o_part, lse_part, sink_ptr,
             out.stride(0), out.stride(1),
             o_part.stride(0), o_part.stride(1), o_part.stride(2),
             lse_part.stride(0), lse_part.stride(1), lse_part.stride(2),
             S, D,
             BLOCK_D=block_d, NUM_SPLITS=splits,
-            SEGS_P2=triton.next_power_of_2(S), num_warps=4, **launch_options(q),
+            SEGS_P2=triton.next_power_of_2(S), SINKS=sinks is not None, num_warps=4, **launch_options(q),
         )
     return out

@@ -105,7 +105,7 @@ class KVCache:
         self.segments = []
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               softcap: float = 0.0) -> torch.Tensor:
+               softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
     def native_rows(self) -> bool:
@@ -144,14 +144,17 @@ def visible(key_pos: torch.Tensor, query_pos: torch.Tensor, window: int | None) 
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float,
-              softcap: float = 0.0) -> torch.Tensor:
-    """Reference SDPA: q (Tq, H, D), k/v (Tk, Hkv, D), mask (Tq, Tk) -> (Tq, H, D); softcap > 0 caps the scores."""
-    if softcap:  # SDPA has no cap: scores by hand, each KV head repeated for its query heads
+              softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Reference SDPA: q (Tq, H, D), k/v (Tk, Hkv, D), mask (Tq, Tk) -> (Tq, H, D); softcap > 0 caps the scores,
+    `sinks` (H,) join each head's softmax (kernels.reference.sink_softmax)."""
+    if softcap or sinks is not None:  # SDPA has neither: scores by hand, each KV head repeated for its query heads
         from kernels.reference import masked_sdpa
 
         g = q.shape[1] // k.shape[1]
         k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
-        return masked_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap).transpose(0, 1)
+        sink = None if sinks is None else sinks.view(-1, 1, 1)
+        return masked_sdpa(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, softcap,
+                           sink).transpose(0, 1)
     out = torch.nn.functional.scaled_dot_product_attention(
         q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale, enable_gqa=True
     )
@@ -182,40 +185,40 @@ def one_row_plan(segments, window: int | None) -> tuple[torch.Tensor, torch.Tens
 
 
 def attend_one_rows(q: torch.Tensor, k_rows: torch.Tensor, v_rows: torch.Tensor, rows: tuple[torch.Tensor, torch.Tensor],
-                    scale: float, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Every row of `rows` (`one_row_plan`) attended in the CPU library; rows it does not name (padding, masked
     segments) are zero."""
     from kernels.cpu_attend import attend_rows
 
     keys, table = rows
     out = q.new_empty(q.shape) if table.shape[0] == q.shape[0] else q.new_zeros(q.shape)
-    attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out, softcap=softcap)
+    attend_rows(q.contiguous(), k_rows, v_rows, keys, table, scale, out, softcap=softcap, sinks=sinks)
     return out
 
 
 def attend_segments(q: torch.Tensor, kf: torch.Tensor, vf: torch.Tensor, segments: list, rows, window: int | None,
-                    scale: float, softcap: float = 0.0) -> torch.Tensor:
+                    scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Each segment over its own keys, gathered in position order from the flat stores `kf` / `vf`: one-row queries in
     the CPU library where `rows` (`one_row_plan`) is planned, a masked segment in one call, a rowwise one row by row.
     A row's result depends on its sequence's keys only, never on the other sequences of its step."""
     if rows is not None and q.dtype == torch.float32:  # every one-row query in one call, in place
-        out = attend_one_rows(q, kf, vf, rows, scale, softcap)
+        out = attend_one_rows(q, kf, vf, rows, scale, softcap, sinks)
         segments = [s for s in segments if s[1] > 1 and s[3] is not None]
     else:
         out = q.new_zeros(q.shape)
     for q_start, q_len, gather, mask in segments:
         keys, values = kf.index_select(0, gather).to(q.dtype), vf.index_select(0, gather).to(q.dtype)
         if q_len == 1:  # a decode row sees every key gathered (the window already cut them)
-            out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale, softcap)
+            out[q_start : q_start + 1] = attention_row(q[q_start : q_start + 1], keys, values, scale, softcap, sinks)
             continue
         if mask is not None:
             out[q_start : q_start + q_len] = attention(q[q_start : q_start + q_len], keys, values, mask, scale,
-                                                       softcap)
+                                                       softcap, sinks)
             continue
         n = len(gather) - q_len  # keys before the segment's first row
         for j in range(q_len):  # rowwise: each row over its own keys, as a one-token step computes it
             hi = n + j + 1
             lo = max(0, hi - window) if window else 0
             out[q_start + j : q_start + j + 1] = attention_row(q[q_start + j : q_start + j + 1], keys[lo:hi],
-                                                               values[lo:hi], scale, softcap)
+                                                               values[lo:hi], scale, softcap, sinks)
     return out

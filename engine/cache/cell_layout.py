@@ -112,14 +112,14 @@ class CellKVCache(KVCache):
         return self.k[layer_id], self.v[layer_id], self._step["write"]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float, softcap: float = 0.0) -> torch.Tensor:
+               scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         write = self._step["write"]
         if k is not None:  # None: the caller wrote them (direct_write)
             self.k[layer_id].index_copy_(0, write, k.to(self.k[layer_id].dtype))
             self.v[layer_id].index_copy_(0, write, v.to(self.v[layer_id].dtype))
         segments, rows = self._step[self.windows[layer_id]]
         return attend_segments(q, self.k[layer_id], self.v[layer_id], segments, rows, self.windows[layer_id], scale,
-                               softcap)
+                               softcap, sinks)
 
     def commit_step(self) -> None:
         self._new_cells = []

@@ -156,11 +156,11 @@ class SequenceKVCache(RingedLayout, KVCache):
         return self.k[layer_id], self.v[layer_id], p.layer_slots[layer_id]
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float, softcap: float = 0.0) -> torch.Tensor:
+               scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
         if self.uses_kernels:
             p = self._plan
             args = (q, k, v, self.k[layer_id], self.v[layer_id], p.seq_info, p.layer_slots[layer_id], scale,
-                    p.max_q_len, p.max_kv_len, self.windows[layer_id] or 0, self.attention_impl, softcap)
+                    p.max_q_len, p.max_kv_len, self.windows[layer_id] or 0, self.attention_impl, softcap, sinks)
             if torch.compiler.is_compiling():  # one opaque op: torch.compile fuses around it
                 return torch.ops.parley.sequence_attend(*args)
             return sequence_attend(*args)
@@ -170,7 +170,7 @@ class SequenceKVCache(RingedLayout, KVCache):
         if k is not None:  # None: the caller wrote them (direct_write)
             kf.index_copy_(0, write, k.to(kf.dtype))
             vf.index_copy_(0, write, v.to(vf.dtype))
-        return attend_segments(q, kf, vf, segments, rows, self.windows[layer_id], scale, softcap)
+        return attend_segments(q, kf, vf, segments, rows, self.windows[layer_id], scale, softcap, sinks)
 
     def _copy_sequence(self, src: int, dst: int) -> None:
         for t in self.k + self.v:
@@ -191,6 +191,7 @@ def sequence_attend(
     window: int,  # 0: global
     impl: str,
     softcap: float = 0.0,  # 0: scores uncapped
+    sinks: torch.Tensor | None = None,  # (H,) fp32: gpt-oss's per-head sink logits
 ) -> torch.Tensor:  # (T, H, D) in q's dtype
     from kernels import kv_write, sdpa_varlen
 
@@ -198,7 +199,7 @@ def sequence_attend(
         kv_write(k_cache, v_cache, _unit_stride(k), _unit_stride(v), slots, impl=impl)
     out = sdpa_varlen(
         _unit_stride(q.to(k_cache.dtype)), k_cache, v_cache, seq_info, scale=scale, max_q_len=max_q_len,
-        max_kv_len=max_kv_len, window=window or None, softcap=softcap, impl=impl,
+        max_kv_len=max_kv_len, window=window or None, softcap=softcap, sinks=sinks, impl=impl,
     )
     return out.to(q.dtype).contiguous()
 
@@ -212,12 +213,12 @@ def _unit_stride(x: torch.Tensor) -> torch.Tensor:
 def _sequence_attend_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     seq_info: torch.Tensor, slots: torch.Tensor, scale: float, max_q_len: int, max_kv_len: int, window: int, impl: str,
-    softcap: float,
+    softcap: float, sinks: torch.Tensor | None,
 ) -> torch.Tensor:
     return sequence_attend(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl,
-                           softcap)
+                           softcap, sinks)
 
 
 @_sequence_attend_op.register_fake
-def _(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl, softcap):
+def _(q, k, v, k_cache, v_cache, seq_info, slots, scale, max_q_len, max_kv_len, window, impl, softcap, sinks):
     return q.new_empty(q.shape)  # contiguous, like the real output

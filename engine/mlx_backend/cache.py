@@ -75,7 +75,7 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
         return s.q_start, s.q_len, mx.array(gather), mx.array(mask)
 
     def attend(self, layer_id: int, q: mx.array, k: mx.array, v: mx.array, scale: float,
-               softcap: float = 0.0) -> mx.array:
+               softcap: float = 0.0, sinks: mx.array | None = None) -> mx.array:
         write, segments = self._step[self.windows[layer_id]]
         kc, vc = self.k[layer_id], self.v[layer_id]
         kc[write] = k.astype(kc.dtype)
@@ -86,7 +86,7 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
             ks = kc[gather].astype(q.dtype).transpose(1, 0, 2)[None]  # (1, Hkv, S, D)
             vs = vc[gather].astype(q.dtype).transpose(1, 0, 2)[None]
             out = _capped_sdpa(qs, ks, vs, scale, mask, softcap) if softcap else \
-                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=mask)
+                mx.fast.scaled_dot_product_attention(qs, ks, vs, scale=scale, mask=mask, sinks=sinks)
             parts.append(out[0].transpose(1, 0, 2))
             covered = q_start + q_len
         if covered < q.shape[0]:  # padding rows: no segment covers them

@@ -9,13 +9,16 @@
 #include "simd.h"
 
 /* Softmax weights in place over n scores (max subtracted, exp, summed in eight lanes and then in order: one fixed
-   order for a row's n); returns 1 / the sum (0 when n = 0). A NaN score makes the row NaN, as torch's softmax does. */
-static inline float softmax_weights(float *p, int64_t n) {
+   order for a row's n); returns 1 / the sum (0 when n = 0). A NaN score makes the row NaN, as torch's softmax does.
+   A finite `sink` (gpt-oss's per-head logit) joins the max and the sum only: it takes weight from every key. */
+static inline float softmax_weights(float *p, int64_t n, float sink) {
     __m256 mv = _mm256_set1_ps(-INFINITY);
     int64_t j = 0;
     for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(p + j));
     float m = hmax8(mv);
     for (; j < n; j++) m = p[j] > m ? p[j] : m;
+    const int sunk = sink > -INFINITY;
+    if (sunk && sink > m) m = sink;
     const __m256 mb = _mm256_set1_ps(m);
     __m256 sv = _mm256_setzero_ps();
     for (j = 0; j + 8 <= n; j += 8) {
@@ -28,6 +31,7 @@ static inline float softmax_weights(float *p, int64_t n) {
         p[j] = expf(p[j] - m);
         sum += p[j];
     }
+    if (sunk) sum += expf(sink - m);
     return n > 0 ? 1.0f / sum : 0.0f;
 }
 

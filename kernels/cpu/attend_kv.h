@@ -94,8 +94,8 @@ static inline __attribute__((always_inline)) void KV(scores8)(const float *qh, c
    eights, the rest and any D not a multiple of 8 one at a time), so a head's scores, weights and output are those it
    gets alone. p: ng · n floats. */
 static void KV(attend_heads)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *keys, int64_t n, int64_t row,
-                         int h0, int ng, int kvh, int H, int Hkv, int D, float scale, float softcap, float *p,
-                         float *out) {
+                         int h0, int ng, int kvh, int H, int Hkv, int D, float scale, float softcap,
+                         const float *sinks, float *p, float *out) {
     const float *qh = q + (row * H + h0) * D;
     int64_t j = 0;
     if (D % 8 == 0)
@@ -114,7 +114,7 @@ static void KV(attend_heads)(const float *q, const KV_T *kc, const KV_T *vc, con
         for (int g = 0; g < ng; g++)
             for (int64_t i = 0; i < n; i++) p[g * n + i] = softcap * tanhf(p[g * n + i] / softcap);
     float inv[4];
-    for (int g = 0; g < ng; g++) inv[g] = softmax_weights(p + g * n, n);
+    for (int g = 0; g < ng; g++) inv[g] = softmax_weights(p + g * n, n, sinks ? sinks[h0 + g] : -INFINITY);
     float *o = out + (row * H + h0) * D;
     const int64_t stride = (int64_t)Hkv * D;
     switch (ng) {  /* a constant head count, so the accumulators stay in registers */
@@ -127,11 +127,13 @@ static void KV(attend_heads)(const float *q, const KV_T *kc, const KV_T *vc, con
 
 /* q (T, H, D) fp32; caches (rows, Hkv, D) of KV_T (fp32, or fp16 in parley_attend_rows_f16); keys: the cache rows, concatenated; table (S, 3) int64: per query row
    its row in q, the offset of its keys in `keys` and their count. out (T, H, D): rows the table names are written.
-   softcap > 0 caps each score as softcap · tanh(score / softcap) (Gemma 2). A job is up to four query heads sharing a
+   softcap > 0 caps each score as softcap · tanh(score / softcap) (Gemma 2); sinks (H,), or NULL: a logit per query
+   head that joins each row's softmax without a value (gpt-oss). A job is up to four query heads sharing a
    KV head (their keys and values read once), or one head where that would leave a thread without a job (a head's
    result is the same either way). Returns 0, or -1 when scratch could not be allocated. */
 int KV(parley_attend_rows)(const float *q, const KV_T *kc, const KV_T *vc, const int64_t *keys, const int64_t *table,
-                       int64_t S, int H, int Hkv, int D, float scale, float softcap, float *out, int threads) {
+                       int64_t S, int H, int Hkv, int D, float scale, float softcap, const float *sinks, float *out,
+                       int threads) {
     const int G = H / Hkv;
     const int per_job = S * Hkv >= threads ? (G < 4 ? G : 4) : 1;  /* query heads a job takes */
     const int jobs_per_kv = (G + per_job - 1) / per_job;
@@ -152,7 +154,7 @@ int KV(parley_attend_rows)(const float *q, const KV_T *kc, const KV_T *vc, const
             const int kvh = (int)(job / jobs_per_kv % Hkv), h0 = kvh * G + (int)(job % jobs_per_kv) * per_job;
             const int ng = G - (h0 - kvh * G) < per_job ? G - (h0 - kvh * G) : per_job;
             const int64_t row = table[3 * s], at = table[3 * s + 1], n = table[3 * s + 2];
-            KV(attend_heads)(q, kc, vc, keys + at, n, row, h0, ng, kvh, H, Hkv, D, scale, softcap, p, out);
+            KV(attend_heads)(q, kc, vc, keys + at, n, row, h0, ng, kvh, H, Hkv, D, scale, softcap, sinks, p, out);
         }
         free(p);
     }

@@ -45,6 +45,34 @@ def test_matches_reference_and_rows_are_independent(h, hkv, d, softcap):
         assert torch.equal(alone[i + 1], got[i + 1])
 
 
+@pytest.mark.parametrize("h, hkv, d", [(8, 2, 64), (6, 2, 20)])
+def test_sinks_join_the_softmax_as_transformers_computes_them(h, hkv, d):
+    """gpt-oss's sinks: a logit per query head appended to each row's scores and dropped after the softmax (as
+    transformers' eager attention does it); one sink far above the scores takes nearly all weight from that head."""
+    counts = [1, 7, 33, 64]
+    q, k, v, keys, table = _case(h, hkv, d, counts)
+    sinks = torch.linspace(-2.0, 3.0, h)
+    sinks[0] = 40.0
+    got, ref = torch.zeros_like(q), torch.zeros_like(q)
+    attend_rows(q, k, v, keys, table, 0.125, got, sinks=sinks, impl="native")
+    attend_rows_reference(q, k, v, keys, table, 0.125, ref, sinks=sinks)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    row, at, n = table[2].tolist()  # by hand: softmax over [scores, sink], the sink's weight dropped
+    for head in range(h):
+        kv = head // (h // hkv)
+        ks, vs = k[keys[at:at + n], kv], v[keys[at:at + n], kv]
+        p = torch.softmax(torch.cat([0.125 * ks @ q[row, head], sinks[head:head + 1]]), 0)[:-1]
+        torch.testing.assert_close(got[row, head], p @ vs, atol=1e-5, rtol=1e-5)
+    assert got[1:, 0].abs().max() < 1e-6  # the sink at 40 leaves head 0 almost nothing
+    plain = torch.zeros_like(q)
+    attend_rows(q, k, v, keys, table, 0.125, plain, impl="native")
+    assert (plain - got).abs().max() > 1e-2
+    for i in range(len(counts)):  # each entry alone
+        alone = torch.zeros_like(q)
+        attend_rows(q, k, v, keys, table[i:i + 1], 0.125, alone, sinks=sinks, impl="native")
+        assert torch.equal(alone[i + 1], got[i + 1])
+
+
 @pytest.mark.parametrize("h, hkv, d", [(4, 1, 256), (14, 2, 40), (6, 2, 20), (32, 8, 64)])
 def test_heads_sharing_a_kv_head_together_equal_each_head_alone(h, hkv, d):
     """A job takes up to four query heads of one KV head (keys and values read once) where every thread still gets

@@ -106,20 +106,22 @@ def _draw(shape: tuple[int, ...], gen: torch.Generator, exact: bool, sparse: boo
     return torch.randint(-2, 3, shape, generator=gen).float()
 
 
-def oracle(step: Step, *, causal: bool, window: int | None, softcap: float = 0.0) -> torch.Tensor:
+def oracle(step: Step, *, causal: bool, window: int | None, softcap: float = 0.0,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
     return sdpa_varlen_reference(
         step.q.double(), step.k_flat.double(), step.v_flat.double(), step.seq_info,
         scale=SCALE, max_q_len=step.max_q_len, max_kv_len=step.max_kv_len,
         causal=causal, window=window, rows_are_ring=False, softcap=softcap,
+        sinks=None if sinks is None else sinks.double(),
     )
 
 
 def run_triton(step: Step, *, causal: bool, window: int | None, num_splits: int | None = None,
-               softcap: float = 0.0) -> torch.Tensor:
+               softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     return sdpa_varlen(
         step.q, step.k_cache, step.v_cache, step.seq_info,
         scale=SCALE, max_q_len=step.max_q_len, max_kv_len=step.max_kv_len,
-        causal=causal, window=window, num_splits=num_splits, softcap=softcap, impl="triton",
+        causal=causal, window=window, num_splits=num_splits, softcap=softcap, sinks=sinks, impl="triton",
     )
 
 
@@ -289,6 +291,37 @@ def test_softcap(dtype: torch.dtype, window: int | None, num_splits: int | None)
     check(run_triton(step, causal=True, window=window, num_splits=num_splits, softcap=0.5), ref, step)
     uncapped = oracle(step, causal=True, window=window)
     assert (uncapped - ref)[step.covered].abs().max() > 0.05
+
+
+@needs_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, num_splits", [(None, 1), (None, None), (8 if not ON_GPU else 512, 3)])
+def test_sinks(dtype: torch.dtype, window: int | None, num_splits: int | None) -> None:
+    """gpt-oss's attention sinks (a logit per query head in each softmax, without a value), whole and split (the
+    merge adds the sink once), windowed over a ring; one sink high enough to take most of its head's weight."""
+    rows = (window + max(q for q, _ in MIXED) - 1) if window else None
+    step = make_step(MIXED, Hkv=2, G=2, D=32, dtype=dtype, rows=rows, seed=5)
+    sinks = torch.tensor([0.5, -1.0, 4.0, 2.0], device=step.q.device)
+    ref = oracle(step, causal=True, window=window, sinks=sinks)
+    check(run_triton(step, causal=True, window=window, num_splits=num_splits, sinks=sinks), ref, step)
+    plain = oracle(step, causal=True, window=window)
+    assert (plain - ref)[step.covered].abs().max() > 0.05
+
+
+def test_reference_sinks_match_transformers_softmax() -> None:
+    """The reference's sinks as transformers' gpt-oss attention computes them: the sink appended to the scores, the
+    softmax taken, its column dropped."""
+    step = make_step([(3, 6)], Hkv=1, G=2, D=16, dtype=torch.float64, gaps=False, seed=4)
+    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64)
+    out = sdpa_varlen_reference(step.q, step.k_flat, step.v_flat, step.seq_info, scale=SCALE, max_q_len=3,
+                                max_kv_len=6, sinks=sinks)
+    col = int(step.seq_info[0, 2])
+    k, v = step.k_flat[:, col, 0], step.v_flat[:, col, 0]
+    for i, qpos in enumerate(range(3, 6)):
+        for g in range(2):
+            scores = SCALE * (k[: qpos + 1] @ step.q[i, g])
+            p = torch.softmax(torch.cat([scores, sinks[g:g + 1]]), 0)[:-1]
+            torch.testing.assert_close(out[i, g], p @ v[: qpos + 1], atol=1e-12, rtol=1e-12)
 
 
 def test_reference_matches_explicit_softmax() -> None:
