@@ -40,12 +40,14 @@ class GGUFTensor:
         return part
 
     def expert(self, name: str, e: int) -> "GGUFTensor":
-        """Expert `e`'s matrix of a mixture of experts' stacked (experts, rows, cols) tensor: the same bytes, no copy."""
-        if len(self.shape) != 3 or not 0 <= e < int(self.shape[2]) or self.n_bytes % int(self.shape[2]):
+        """Expert `e`'s matrix (or bias) of a mixture of experts' stacked (experts, rows, cols) (or (experts, rows))
+        tensor: the same bytes, no copy."""
+        n = int(self.shape[-1]) if len(self.shape) in (2, 3) else 0
+        if not 0 <= e < n or self.n_bytes % n:
             raise ValueError(f"expert {e} of {self.name} (shape {list(self.shape)}) does not exist")
         part = object.__new__(GGUFTensor)
-        size = self.n_bytes // int(self.shape[2])
-        part.name, part.shape, part.tensor_type = name, list(self.shape[:2]), self.tensor_type
+        size = self.n_bytes // n
+        part.name, part.shape, part.tensor_type = name, list(self.shape[:-1]), self.tensor_type
         part._file, part.offset, part.n_bytes = self._file, self.offset + e * size, size
         return part
 

@@ -20,8 +20,8 @@ TOP_LEVEL = {
 }
 BLOCK = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # a mixture of experts' (experts, rows, cols) tensors, split into one matrix per expert (`_parts`)
-EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight")
-EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(\d+)\.weight")
+EXPERTS = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(weight|bias)")  # biases: (experts, rows) (gpt-oss)
+EXPERT = re.compile(r"blk\.(\d+)\.ffn_(gate|up|down)_exps\.(\d+)\.(weight|bias)")
 
 
 def tensor_shapes(gf: GGUFFile) -> dict[str, tuple[int, ...]]:
@@ -32,8 +32,11 @@ def hf_name(name: str, arch: ModuleType) -> str | None:
     if name in TOP_LEVEL:
         return TOP_LEVEL[name]
     if m := EXPERT.fullmatch(name):
-        return f"model.layers.{m.group(1)}.mlp.experts.{m.group(3)}.{m.group(2)}_proj.weight"
+        return f"model.layers.{m.group(1)}.mlp.experts.{m.group(3)}.{m.group(2)}_proj.{m.group(4)}"
     m = BLOCK.fullmatch(name)
+    params = getattr(arch, "GGUF_BLOCK_PARAMS", {})  # tensors that are a module's parameter itself (gpt-oss's sinks)
+    if m and m.group(3) == "weight" and m.group(2) in params:
+        return f"model.layers.{m.group(1)}.{params[m.group(2)]}"
     if m and m.group(2) in arch.GGUF_BLOCK_NAMES:
         return f"model.layers.{m.group(1)}.{arch.GGUF_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
     return None
@@ -91,10 +94,11 @@ def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
     experts tensor's matrices."""
     split = getattr(arch, "gguf_split", None)
     if m := EXPERTS.fullmatch(t.name):
-        if len(t.shape) != 3 or int(t.shape[2]) != args.num_experts:
+        if len(t.shape) != (3 if m.group(3) == "weight" else 2) or int(t.shape[-1]) != args.num_experts:
             raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not hold the "
                                  f"model's {args.num_experts} experts.")
-        return [t.expert(f"blk.{m.group(1)}.ffn_{m.group(2)}_exps.{e}.weight", e) for e in range(args.num_experts)]
+        return [t.expert(f"blk.{m.group(1)}.ffn_{m.group(2)}_exps.{e}.{m.group(3)}", e)
+                for e in range(args.num_experts)]
     try:
         ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
         return [t] if ranges is None else [t.rows(name, start, stop) for name, start, stop in ranges]

@@ -53,6 +53,8 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, args.hidden_size, bias=args.dense_bias)
+        if args.attn_sinks:  # gpt-oss: a logit per head in each softmax, without a value
+            self.sinks = mx.zeros((self.n_heads,))
         self.whole_norm = args.qk_norm and args.qk_norm_whole  # OLMo 2: over the projection, before the heads split
         if args.qk_norm:
             whole = self.whole_norm
@@ -74,7 +76,8 @@ class Attention(nn.Module):
             q = q * self._q_gain.astype(q.dtype)
         cos, sin = rope
         q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
+        sinks = self.sinks if "sinks" in self else None
+        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap, sinks)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))
 
 
@@ -85,15 +88,22 @@ def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, inter: int, act: str):
+    def __init__(self, hidden: int, inter: int, act: str, bias: bool = False, glu: tuple[float, float] | None = None):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, inter, bias=False)
-        self.up_proj = nn.Linear(hidden, inter, bias=False)
-        self.down_proj = nn.Linear(inter, hidden, bias=False)
+        self.gate_proj = nn.Linear(hidden, inter, bias=bias)
+        self.up_proj = nn.Linear(hidden, inter, bias=bias)
+        self.down_proj = nn.Linear(inter, hidden, bias=bias)
         self.act = nn.silu if act == "silu" else nn.gelu_approx
+        # gpt-oss's clamped gate (engine/models/layers.ClampedGLU); plain floats: not parameters
+        self.glu_alpha, self.glu_limit = glu if glu is not None else (None, None)
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.glu_limit is None:
+            return self.down_proj(self.act(gate) * up)
+        alpha, limit = self.glu_alpha, self.glu_limit
+        gate, up = mx.minimum(gate, limit), mx.clip(up, -limit, limit)
+        return self.down_proj(gate * mx.sigmoid(gate * alpha) * (up + 1))
 
 
 class PlainMLP(nn.Module):
@@ -120,8 +130,9 @@ class SparseMoE(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=False)
-        self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act)
+        self.gate = nn.Linear(args.hidden_size, args.num_experts, bias=args.router_bias)
+        glu = (args.glu_alpha, args.glu_limit) if args.glu_limit is not None else None
+        self.experts = [MLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act, args.expert_bias, glu)
                         for _ in range(args.num_experts)]
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
         self.sigmoid, self.scaling = args.router_sigmoid, args.routed_scaling  # GLM-4.5's

@@ -103,6 +103,12 @@ class ModelArgs:
     expert_select_bias: bool = False  # the router chooses by its scores + a per-expert bias (ERNIE 4.5, GLM-4.5)
     router_sigmoid: bool = False  # the router's scores: a sigmoid per expert (GLM-4.5), else the softmax over them
     routed_scaling: float = 1.0  # the chosen experts' weights times this, after renormalising (GLM-4.5's 2.5)
+    router_bias: bool = False  # a bias on the router's logits (gpt-oss)
+    expert_bias: bool = False  # biases on every expert's matrices (gpt-oss)
+    # gpt-oss's experts: the gate capped at `glu_limit`, the up clamped at ±it, gate · sigmoid(alpha · gate) · (up + 1)
+    glu_limit: float | None = None
+    glu_alpha: float = 1.702
+    attn_sinks: bool = False  # a learned logit per head joins every softmax without a value (gpt-oss)
     name: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 

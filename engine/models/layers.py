@@ -18,8 +18,9 @@ class AttentionCache(Protocol):
     """What a layer needs from the KV cache: write this step's K/V and attend with the cache's mask."""
 
     def attend(self, layer_id: int, q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None,
-               scale: float, softcap: float = 0.0) -> torch.Tensor:
-        ...  # q (T, H, D), k/v (T, Hkv, D) or None when already written -> (T, H, D); softcap > 0 caps the scores
+               scale: float, softcap: float = 0.0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+        ...  # q (T, H, D), k/v (T, Hkv, D) or None when already written -> (T, H, D); softcap > 0 caps the scores;
+        # sinks (H,) fp32: a logit per head in each row's softmax without a value (gpt-oss)
 
     def direct_write(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         ...  # (K store, V store, flat slots) a kernel may write this step's K/V into, or None
@@ -250,14 +251,16 @@ class GatedMLP(nn.Module):
     fused = False  # with fused gate/up on CUDA: act(gate) * up in one Triton launch
     native = False  # on Parley's CPU kernels (blocks weights): act(gate) * up in one library call (kernels/cpu_act.py)
 
-    def __init__(self, hidden: int, inter: int, act: str):
+    def __init__(self, hidden: int, inter: int, act: str, bias: bool = False, glu: "ClampedGLU | None" = None):
         super().__init__()
-        self.gate_proj = Linear(hidden, inter, bias=False)
-        self.up_proj = Linear(hidden, inter, bias=False)
-        self.down_proj = Linear(inter, hidden, bias=False)
+        self.gate_proj = Linear(hidden, inter, bias=bias)
+        self.up_proj = Linear(hidden, inter, bias=bias)
+        self.down_proj = Linear(inter, hidden, bias=bias)
         self.gate_up_proj: Linear | None = None
         self.act = _activation(act)
-        self.act_kernel = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
+        self.glu = glu  # gpt-oss's clamped gate and up (no fused kernel: the torch path)
+        self.act_kernel = None if glu is not None else \
+            {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh"}.get(act)
 
     def fuse_projections(self) -> None:
         if self.gate_up_proj is None and (fused := fused_linear([self.gate_proj, self.up_proj])) is not None:
@@ -284,7 +287,19 @@ class GatedMLP(nn.Module):
             from kernels.cpu_act import gated_act
 
             return self.down_proj.partial_sums(gated_act(gate, up, self.act_kernel, impl="native"))
-        return self.down_proj.partial_sums(self.act(gate) * up)
+        return self.down_proj.partial_sums(self.glu(gate, up) if self.glu is not None else self.act(gate) * up)
+
+
+class ClampedGLU:
+    """gpt-oss's gated activation: the gate capped above and the up clamped at ±`limit`, then
+    gate · sigmoid(alpha · gate) · (up + 1)."""
+
+    def __init__(self, alpha: float, limit: float):
+        self.alpha, self.limit = alpha, limit
+
+    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate.clamp(max=self.limit), up.clamp(-self.limit, self.limit)
+        return gate * torch.sigmoid(gate * self.alpha) * (up + 1)
 
 
 class MLP(nn.Module):
@@ -340,6 +355,8 @@ class Attention(nn.Module):
         self.k_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.v_proj = Linear(args.hidden_size, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = Linear(self.n_heads * self.head_dim, args.hidden_size, bias=args.dense_bias)
+        # gpt-oss: a learned logit per head that joins the softmax without a value (fp32 in every dtype: keeps_fp32)
+        self.sinks = nn.Parameter(torch.zeros(self.n_heads), requires_grad=False) if args.attn_sinks else None
         self.whole_norm = args.qk_norm and args.qk_norm_whole  # over all heads at once: before the heads split
         if args.qk_norm:
             q_dim, k_dim = (self.n_heads * self.head_dim, self.n_kv * self.head_dim) if self.whole_norm else \
@@ -368,7 +385,7 @@ class Attention(nn.Module):
         if fusable and self.qkv_proj is not None and _fused(self, x) and (stores := cache.direct_write(self.layer_id)):
             # norms, rope and the K/V write: one launch, which also sums the GEMM's split-K partials
             q = self._fused_prologue(self.qkv_proj.partial_sums(x), rope, stores)
-            out = cache.attend(self.layer_id, q, None, None, self.scale, self.softcap)
+            out = cache.attend(self.layer_id, q, None, None, self.scale, self.softcap, self.sinks)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q, k, v = self._qkv(x)
         if self.whole_norm:  # new k rows: v's alike, as the CPU prologue wants k and v rows of one stride
@@ -376,7 +393,7 @@ class Attention(nn.Module):
         if self.q_gain is None and self.native and x.dim() == 2 and q.dtype == torch.float32 \
                 and (stores := cache.direct_write(self.layer_id)):
             out = cache.attend(self.layer_id, self._native_prologue(q, k, v, rope, stores), None, None, self.scale,
-                               self.softcap)
+                               self.softcap, self.sinks)
             return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
         q = q.reshape(t, self.n_heads, self.head_dim)
         k = k.reshape(t, self.n_kv, self.head_dim)
@@ -395,7 +412,7 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.q_gain is not None:  # after any q norm; equal within each rotated pair, so after the rotary as before
             q = q * self.q_gain.to(q.dtype)
-        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap)  # (T, H, D)
+        out = cache.attend(self.layer_id, q, k, v, self.scale, self.softcap, self.sinks)  # (T, H, D)
         return self.o_proj.partial_sums(out.reshape(t, self.n_heads * self.head_dim))
 
     def _native_prologue(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rope: RopeInputs,
@@ -403,6 +420,10 @@ class Attention(nn.Module):
         from kernels.cpu_rope import qk_rope_write
 
         qn, kn = (None, None) if self.whole_norm else (self.q_norm, self.k_norm)  # whole norms: applied already
+        if any(t.stride(-1) != 1 for t in (q, k, v)) or k.stride(0) != v.stride(0):
+            # float projections beside quantized ones (a file's F32 attention, MXFP4 experts): the CPU's W @ xᵀ
+            # product is a transposed view
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         cos, sin = rope.tables()
         k_store, v_store, slots = stores
         return qk_rope_write(q, k, v, qn.weight if qn else None, kn.weight if kn else None, qn.eps if qn else 0.0,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.models.args import ModelArgs
-from engine.models.layers import GatedMLP, Linear, QuantLinear, mlp
+from engine.models.layers import ClampedGLU, GatedMLP, Linear, QuantLinear, mlp
 from engine.quant.weight import QuantTensor
 
 if TYPE_CHECKING:
@@ -32,9 +32,11 @@ class SparseMoE(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        self.gate = Linear(args.hidden_size, args.num_experts, bias=False)
+        self.gate = Linear(args.hidden_size, args.num_experts, bias=args.router_bias)
+        glu = ClampedGLU(args.glu_alpha, args.glu_limit) if args.glu_limit is not None else None
         self.experts = nn.ModuleList(
-            GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act) for _ in range(args.num_experts))
+            GatedMLP(args.hidden_size, args.moe_intermediate_size, args.hidden_act, args.expert_bias, glu)
+            for _ in range(args.num_experts))
         self.top_k, self.norm_topk = args.experts_per_token, args.norm_topk_prob
         self.sigmoid, self.scaling = args.router_sigmoid, args.routed_scaling  # GLM-4.5's scores and weights' scale
         # ERNIE 4.5, GLM-4.5: a per-expert bias added to the scores for the choice only (the weights stay the scores)
@@ -67,7 +69,7 @@ class SparseMoE(nn.Module):
         """(weights (T, k) fp32, chosen experts (T, k)) of rows x (T, D), best first."""
         gate = self.gate
         if type(gate) is Linear and gate.weight.dtype == torch.float32 and x.dtype != torch.float32:
-            logits = F.linear(x.float(), gate.weight)  # an fp32 router (keeps_fp32) in a bf16 model
+            logits = F.linear(x.float(), gate.weight, gate.bias)  # an fp32 router (keeps_fp32) in a bf16 model
         else:
             logits = gate(x).float()
         probs = torch.sigmoid(logits) if self.sigmoid else torch.softmax(logits, dim=-1)
@@ -165,9 +167,10 @@ class SelectBias(nn.Module):
 
 
 def keeps_fp32(name: str, args: ModelArgs) -> bool:
-    """Whether the weight `name` stays fp32 whatever the model's dtype: a router's selection bias, and the router of a
-    model that has one (transformers keeps both fp32 for ERNIE 4.5 and GLM-4.5: choices between near scores)."""
-    return name.endswith(".mlp.select.bias") or (args.expert_select_bias and name.endswith(".mlp.gate.weight"))
+    """Whether the weight `name` stays fp32 whatever the model's dtype: a router's selection bias, gpt-oss's attention
+    sinks, and the router of a model that has one (transformers keeps both fp32 for ERNIE 4.5 and GLM-4.5: choices between near scores)."""
+    return name.endswith((".mlp.select.bias", ".self_attn.sinks")) or \
+        (args.expert_select_bias and name.endswith(".mlp.gate.weight"))
 
 
 def _plain_router(gate: nn.Module) -> bool:

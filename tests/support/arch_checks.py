@@ -37,13 +37,14 @@ def assert_matches_transformers(hf: Path, source: Path, layout: str, options: Lo
     return lm
 
 
-def against_llama_cpp(path: Path, context: int = 256, options: LoadOptions | None = None):
+def against_llama_cpp(path: Path, context: int = 256, options: LoadOptions | None = None, f32_cache: bool = False):
     """(Parley's logits, llama.cpp's) at every position of the same file, from llama.cpp's own graph (its f16 cache
-    leaves them ~1e-3 apart)."""
+    leaves them ~1e-3 apart; `f32_cache` keeps llama.cpp's cache fp32, as Parley's dequantized one)."""
     import llama_cpp
 
     ids = prompt()
-    ref = llama_cpp.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False)
+    kw = dict(type_k=0, type_v=0) if f32_cache else {}  # GGML_TYPE_F32
+    ref = llama_cpp.Llama(model_path=str(path), n_ctx=context, logits_all=True, verbose=False, **kw)
     ref.eval(ids)
     want = torch.tensor(ref.scores[: len(ids)])
     return full_logits(load_model(path, options or LoadOptions(context=context)), ids), want

@@ -22,7 +22,7 @@ GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text"
              "olmo2": "olmo2", "olmo3": "olmo2", "cohere": "command-r", "cohere2": "cohere2",
              "stablelm": "stablelm", "starcoder2": "starcoder2", "exaone": "exaone", "exaone4": "exaone4",
              "seed_oss": "seed_oss", "ernie4_5": "ernie4_5", "ernie4_5_moe": "ernie4_5-moe", "glm4": "glm4",
-             "arcee": "arcee", "glm4_moe": "glm4moe",
+             "arcee": "arcee", "glm4_moe": "glm4moe", "gpt_oss": "gpt-oss",
              "qwen3_moe": "qwen3moe", "mixtral": "llama", "olmoe": "olmoe",
              "qwen2_moe": "qwen2moe", "granitemoe": "granitemoe", "mistral": "llama"}
 MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": MODEL_ARCH.QWEN3,
@@ -33,7 +33,7 @@ MODEL_ARCHES = {"llama": MODEL_ARCH.LLAMA, "qwen2": MODEL_ARCH.QWEN2, "qwen3": M
                 "starcoder2": MODEL_ARCH.STARCODER2, "exaone": MODEL_ARCH.EXAONE, "exaone4": MODEL_ARCH.EXAONE4,
                 "seed_oss": MODEL_ARCH.SEED_OSS, "ernie4_5": MODEL_ARCH.ERNIE4_5,
                 "ernie4_5-moe": MODEL_ARCH.ERNIE4_5_MOE, "glm4": MODEL_ARCH.GLM4, "arcee": MODEL_ARCH.ARCEE,
-                "glm4moe": MODEL_ARCH.GLM4_MOE,
+                "glm4moe": MODEL_ARCH.GLM4_MOE, "gpt-oss": MODEL_ARCH.GPT_OSS,
                 "qwen3moe": MODEL_ARCH.QWEN3MOE,
                 "olmoe": MODEL_ARCH.OLMOE, "qwen2moe": MODEL_ARCH.QWEN2MOE, "granitemoe": MODEL_ARCH.GRANITE_MOE}
 TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemma3": "default", "phi3": "qwen2",
@@ -41,11 +41,12 @@ TOKENIZER_PRE = {"llama": "llama-bpe", "qwen2": "qwen2", "qwen3": "qwen2", "gemm
                  "olmo2": "dbrx", "command-r": "command-r", "cohere2": "command-r", "stablelm": "stablelm2",
                  "starcoder2": "starcoder", "exaone": "exaone", "exaone4": "exaone4", "seed_oss": "seed-coder",
                  "ernie4_5": "default", "ernie4_5-moe": "default", "glm4": "glm4", "arcee": "llama-bpe",
-                 "glm4moe": "glm4",
+                 "glm4moe": "glm4", "gpt-oss": "gpt-4o",
                  "qwen3moe": "qwen2", "olmoe": "dbrx", "qwen2moe": "qwen2", "granitemoe": "refact"}
 TENSOR_TYPES = {"F32": (QType.F32, LlamaFileType.ALL_F32), "F16": (QType.F16, LlamaFileType.MOSTLY_F16),
                 "BF16": (QType.BF16, LlamaFileType.MOSTLY_BF16), "Q8_0": (QType.Q8_0, LlamaFileType.MOSTLY_Q8_0),
-                "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1)}
+                "Q4_0": (QType.Q4_0, LlamaFileType.MOSTLY_Q4_0), "Q4_1": (QType.Q4_1, LlamaFileType.MOSTLY_Q4_1),
+                "MXFP4": (QType.MXFP4, LlamaFileType.MOSTLY_MXFP4_MOE)}
 # converted by LlamaModel or a subclass: Q/K rows permuted
 LLAMA_LIKE = ("llama", "granite", "granitemoe", "smollm3", "arcee")
 EXPERT = re.compile(r"(model\.layers\.\d+\.(?:mlp|block_sparse_moe))\.experts\.(\d+)\.(\w+)\.weight")
@@ -171,6 +172,9 @@ def _write_hparams(w: GGUFWriter, arch: str, cfg: dict) -> None:
         w.add_expert_weights_norm(cfg["norm_topk_prob"])
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_nextn_predict_layers(0)  # the tiny model has none
+    if arch == "gpt-oss":  # GptOssModel.set_gguf_parameters: TextModel's, the window, the experts' width
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_expert_feed_forward_length(cfg["intermediate_size"])
     if arch == "glm4":  # Glm4Model.set_gguf_parameters: TextModel's, the rotated dims
         w.add_rope_dimension_count(int(_head_dim(cfg) * _rope(cfg)["partial_rotary_factor"]))
     if arch == "exaone4":  # Exaone4Model.set_gguf_parameters: TextModel's, the vocabulary size, the window
@@ -353,6 +357,12 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
             yield f"blk.{layer}.ffn_gate_exps.weight", gate
             yield f"blk.{layer}.ffn_up_exps.weight", up
             continue
+        if arch == "gpt-oss" and ".mlp.experts." in hf_name:  # GptOssModel: gate/up de-interleaved, (out, in) rows
+            yield from _gpt_oss_experts(hf_name, data)
+            continue
+        if arch == "gpt-oss" and hf_name.endswith(".sinks"):  # GptOssModel.filter_tensors: a ".weight" name
+            yield f"blk.{hf_name.split('.')[2]}.attn_sinks.weight", data
+            continue
         if m := EXPERT.fullmatch(hf_name):  # the converters stack each projection's experts into one tensor
             stack = experts.setdefault(f"{m.group(1)}.experts.{m.group(3)}.weight", {})
             stack[int(m.group(2))] = data
@@ -363,6 +373,20 @@ def _converted_tensors(hf_dir: Path, arch: str, cfg: dict, n_vocab: int):
         if gguf_name is None:
             raise ValueError(f"cannot map HF tensor {hf_name!r} for {arch}")
         yield gguf_name, _transform(arch, cfg, hf_name, data, n_vocab)
+
+
+def _gpt_oss_experts(hf_name: str, data: np.ndarray):
+    """GptOssModel.modify_tensors of a float (not MXFP4) checkpoint: weights (E, in, out) -> (E, out, in); gate/up
+    rows and biases interleaved in HF, apart in the file."""
+    layer, kind = hf_name.split(".")[2], hf_name.rpartition(".")[2]
+    bias = kind.endswith("_bias")
+    if kind.startswith("gate_up_proj"):
+        rows = data if bias else data.swapaxes(-1, -2)
+        for part, at in (("gate", 0), ("up", 1)):
+            yield f"blk.{layer}.ffn_{part}_exps.{'bias' if bias else 'weight'}", np.ascontiguousarray(rows[:, at::2])
+    else:
+        yield f"blk.{layer}.ffn_down_exps.{'bias' if bias else 'weight'}", \
+            np.ascontiguousarray(data if bias else data.swapaxes(-1, -2))
 
 
 def _layer_order(name: str) -> tuple[int, str]:

@@ -134,13 +134,13 @@ TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["granitemoehybrid"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["gpt_oss"] = TOK_SPECS["granitemoehybrid"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
-                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "granitemoehybrid": True, "cohere": True,
+                "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "gpt_oss": False, "granitemoehybrid": True, "cohere": True,
                 "cohere2": True, "stablelm": False, "starcoder2": True, "qwen3_moe": False, "mixtral": False,
                 "olmoe": False, "qwen2_moe": False, "granitemoe": True, "mistral": False}
-EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "glm4_moe", "granitemoehybrid", "cohere", "cohere2", "stablelm", "starcoder2",
+EXTRA_ARCHS = ("phi3", "gemma2", "granite", "smollm3", "olmo2", "olmo3", "exaone4", "seed_oss", "ernie4_5", "ernie4_5_moe", "glm4", "arcee", "glm4_moe", "gpt_oss", "granitemoehybrid", "cohere", "cohere2", "stablelm", "starcoder2",
                "qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "granitemoe", "mistral")  # built by their own tests only (every ARCHS entry runs through the whole suite)
 
 
@@ -318,6 +318,17 @@ def _config(arch: str, tied: bool, overrides: dict | None = None):
                                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
                                                     "partial_rotary_factor": 0.5}}
                              | common | (overrides or {}))
+    if arch == "gpt_oss":
+        from transformers import GptOssConfig
+
+        # sliding layers over 8 keys around a full one (gpt-oss: 128), YaRN over 64 original positions untruncated (its
+        # 32 over 4,096), 8 experts of 2 per token (gpt-oss-20b: 32 of 4), sinks and biases everywhere
+        rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 64}
+        return GptOssConfig(**{"num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                               "head_dim": 16, "rms_norm_eps": 1e-5, "num_local_experts": 8,
+                               "num_experts_per_tok": 2, "sliding_window": 8, "rope_parameters": rope}
+                            | common | {"intermediate_size": 32} | (overrides or {}))
     if arch == "arcee":
         from transformers import ArceeConfig
 
@@ -482,7 +493,7 @@ def _model_class(arch: str):
             "olmo2": "Olmo2ForCausalLM", "olmo3": "Olmo3ForCausalLM", "exaone4": "Exaone4ForCausalLM",
             "seed_oss": "SeedOssForCausalLM", "ernie4_5": "Ernie4_5ForCausalLM",
             "ernie4_5_moe": "Ernie4_5_MoeForCausalLM", "glm4": "Glm4ForCausalLM",
-            "arcee": "ArceeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+            "arcee": "ArceeForCausalLM", "glm4_moe": "Glm4MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
             "granitemoehybrid": "GraniteMoeHybridForCausalLM",
             "cohere": "CohereForCausalLM",
             "cohere2": "Cohere2ForCausalLM", "stablelm": "StableLmForCausalLM",
@@ -503,7 +514,10 @@ def _randomize(model: torch.nn.Module, arch: str, seed: int) -> None:
             p.copy_(0.3 * noise if arch.startswith("gemma") else 1.0 + 0.3 * noise)
         elif name.endswith(".bias"):
             p.copy_(0.2 * noise)
-        elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "block_sparse_moe.router.weight")):  # a router: wide margins, so that quantized weights pick the same experts
+        elif arch == "gpt_oss" and name.endswith("experts.gate_up_proj"):  # wide enough that its clamps at ±7 bite
+            p.copy_(6.0 * noise / p.shape[1] ** 0.5)
+        elif name.endswith(("mlp.gate.weight", "shared_expert_gate.weight", "block_sparse_moe.router.weight",
+                            "mlp.router.weight")):  # a router: wide margins, so that quantized weights pick the same experts
             p.copy_(6.0 * noise / p.shape[-1] ** 0.5)
         elif name.endswith("embed_tokens.weight"):
             p.copy_((0.125 if arch.startswith("gemma") else 0.5) * noise)  # Gemma multiplies embeddings by sqrt(hidden)
