@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from engine.tokenizer import Tokenizer
+from engine.tokenizer.harmony import HarmonyText
 
 
 class TextStream:
     def __init__(self, tokenizer: Tokenizer, stop: list[str], context: list[int] | tuple[int, ...] = ()):
         self.detok = tokenizer.detokenizer(skip_special=True, context=context)
+        self.harmony = HarmonyText() if getattr(tokenizer, "harmony", False) else None  # gpt-oss's channels
         self.stop = [s for s in stop if s]
         self.text = ""  # everything released so far
         self._held = ""
@@ -14,10 +16,14 @@ class TextStream:
 
     def push(self, token_id: int) -> str:
         """Returns the newly releasable text; sets `stopped` when a stop string completes."""
-        return self._feed(self.detok.push(token_id))
+        piece = self.detok.push(token_id)
+        return self._feed(self.harmony.feed(piece) if self.harmony is not None else piece)
 
     def finish(self) -> str:
-        out = self._feed(self.detok.flush())
+        piece = self.detok.flush()
+        if self.harmony is not None:
+            piece = self.harmony.feed(piece) + self.harmony.finish()
+        out = self._feed(piece)
         if not self.stopped:
             out += self._held
             self.text += self._held

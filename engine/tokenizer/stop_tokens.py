@@ -3,8 +3,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-# Gemma, Llama 3 (end of turn, end of message), ChatML/Qwen, GPT-style, Phi-3.
-END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>")
+# Gemma, Llama 3 (end of turn, end of message), ChatML/Qwen, GPT-style, Phi-3, harmony (gpt-oss: the answer's end, a
+# tool call)
+END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>",
+                      "<|return|>", "<|call|>")
 
 
 def collect_stop_ids(token_to_id: Callable[[str], int | None], eos_id: int | None, extra_ids: Iterable[int],
@@ -13,4 +15,6 @@ def collect_stop_ids(token_to_id: Callable[[str], int | None], eos_id: int | Non
     ids = {eos_id} if eos_id is not None else set()
     ids.update(i for i in map(token_to_id, END_OF_TURN_TOKENS) if i is not None)
     ids.update(extra_ids)
+    if all(token_to_id(t) is not None for t in ("<|return|>", "<|call|>")):
+        ids.discard(token_to_id("<|end|>"))  # harmony: <|end|> closes one message (the thought), not the answer
     return frozenset(i for i in ids if 0 <= i < vocab_size)

@@ -10,6 +10,7 @@ from engine.errors import TemplateError, TokenizerError
 from engine.tokenizer.backend import TokenizerBackend
 from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.detokenizer import IncrementalDetokenizer
+from engine.tokenizer.harmony import TAGS as HARMONY_TAGS, is_harmony, without_thought
 from engine.tokenizer.hf_backend import HFBackend
 from engine.tokenizer.sentencepiece_backend import MODEL_FILE as SENTENCEPIECE_FILE, SentencePieceBackend
 
@@ -74,7 +75,9 @@ class Tokenizer:
         self.add_bos = info.add_bos
         self.stop_ids = info.stop_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
-        shown = {backend.token_to_id(text) for text in SHOWN_CONTROL} - {None}
+        self.harmony = is_harmony(backend.token_to_id)  # gpt-oss: answers on channels (engine/tokenizer/harmony.py)
+        kept = (*SHOWN_CONTROL, *(HARMONY_TAGS if self.harmony else ()))
+        shown = {backend.token_to_id(text) for text in kept} - {None}
         self._shown = frozenset(shown & backend.special_ids)  # control tags that skip_special keeps
 
     @property
@@ -126,6 +129,9 @@ class Tokenizer:
         end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
         `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it); None leaves the template's default.
         """
+        if self.harmony:  # its template keeps earlier answers' replies only
+            messages = [{**m, "content": without_thought(m["content"])} if m.get("role") == "assistant"
+                        and isinstance(m.get("content"), str) else m for m in messages]
         messages, typed = self._defuse(messages)
         extra = {} if thinking is None else {"enable_thinking": thinking}
         if continue_final:

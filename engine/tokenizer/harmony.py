@@ -1,0 +1,84 @@
+"""gpt-oss's harmony format at the text edge: an answer is messages on channels
+(`<|channel|>analysis<|message|>…<|end|><|start|>assistant<|channel|>final<|message|>…`), shown as a reasoning
+model's text: the analysis in `<think>…</think>`, the final message as the reply, the markup gone. Earlier answers go
+back to the template without their thought (its own rule: only final messages are kept)."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+CHANNEL, MESSAGE, START, END, RETURN, CALL = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"
+TAGS = (CHANNEL, MESSAGE, START, END, RETURN, CALL, "<|constrain|>")
+THOUGHT = re.compile(r"^\s*<think>.*?</think>\s*", re.DOTALL)
+
+
+def is_harmony(token_to_id: Callable[[str], int | None]) -> bool:
+    """Whether a vocabulary speaks harmony (gpt-oss's o200k_harmony)."""
+    return all(token_to_id(t) is not None for t in (CHANNEL, MESSAGE, RETURN, CALL))
+
+
+def without_thought(text: str) -> str:
+    """An earlier answer as harmony's template takes it back: the reply only."""
+    return THOUGHT.sub("", text, count=1)
+
+
+class HarmonyText:
+    """Streams an answer's text (its harmony tags shown by the detokenizer) as thought-tagged text."""
+
+    def __init__(self) -> None:
+        self._held = ""
+        self._channel: str | None = None  # None: between messages (a header is being read)
+
+    def feed(self, piece: str) -> str:
+        self._held += piece
+        out = []
+        while self._held:
+            if self._channel is None:
+                if not self._read_header(out):
+                    break
+            elif not self._read_body(out):
+                break
+        return "".join(out)
+
+    def finish(self) -> str:
+        """What is held at the end: a message's partial text (a header's is dropped)."""
+        held, self._held = self._held, ""
+        return held if self._channel is not None else ""
+
+    def _read_header(self, out: list[str]) -> bool:
+        text = self._held.lstrip()
+        if text and not text.startswith("<|") and not "<|".startswith(text):
+            self._channel, self._held = "final", text  # no header: plain text is the reply
+            return True
+        at = text.find(MESSAGE)
+        if at < 0:
+            return False
+        header, self._held = text[:at], text[at + len(MESSAGE):]
+        name = header.rpartition(CHANNEL)[2].split()
+        self._channel = name[0] if name else "final"
+        if self._channel == "analysis":
+            out.append("<think>")
+        return True
+
+    def _read_body(self, out: list[str]) -> bool:
+        ends = [(i, tag) for tag in (END, RETURN, CALL, START) if (i := self._held.find(tag)) >= 0]
+        if not ends:
+            keep = _partial_tag(self._held)
+            out.append(self._held[:len(self._held) - keep])
+            self._held = self._held[len(self._held) - keep:]
+            return False
+        at, tag = min(ends)
+        out.append(self._held[:at])
+        if self._channel == "analysis":
+            out.append("</think>")
+        self._held = self._held[at + (len(tag) if tag != START else 0):]
+        self._channel = None
+        return True
+
+
+def _partial_tag(text: str) -> int:
+    """Length of the longest suffix of `text` that begins a tag (held until the tag completes or cannot)."""
+    for n in range(min(len(text), max(map(len, TAGS)) - 1), 0, -1):
+        if any(t.startswith(text[-n:]) for t in TAGS):
+            return n
+    return 0

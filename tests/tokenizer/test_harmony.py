@@ -1,0 +1,55 @@
+"""gpt-oss's harmony answers at the text edge: channels shown as a thought and a reply however the text arrives, the
+answer's end and tool calls stop it while a message's end does not, earlier answers go back without their thought."""
+from __future__ import annotations
+
+import pytest
+
+from engine.tokenizer.harmony import HarmonyText, is_harmony, without_thought
+from engine.tokenizer.stop_tokens import collect_stop_ids
+
+ANSWER = ("<|channel|>analysis<|message|>The user greets. Reply warmly.<|end|>"
+          "<|start|>assistant<|channel|>final<|message|>Hello! How can I help?")
+
+
+def _stream(pieces: list[str]) -> str:
+    h = HarmonyText()
+    return "".join(h.feed(p) for p in pieces) + h.finish()
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 1000])
+def test_channels_become_a_thought_and_a_reply_however_the_text_arrives(size):
+    pieces = [ANSWER[i:i + size] for i in range(0, len(ANSWER), size)]
+    assert _stream(pieces) == "<think>The user greets. Reply warmly.</think>Hello! How can I help?"
+
+
+def test_text_is_released_as_it_streams_not_held_to_the_end():
+    h = HarmonyText()
+    assert h.feed("<|channel|>analysis<|message|>") == "<think>"
+    assert h.feed("Think") == "Think"
+    assert h.feed("ing <") == "ing "  # a tag may be starting: held
+    assert h.feed("3") == "<3"
+    assert h.feed("<|end|><|start|>assistant<|channel|>final") == "</think>"
+    assert h.feed("<|message|>Hi") == "Hi"
+
+
+def test_an_answer_cut_short_while_thinking_stays_an_open_thought():
+    assert _stream(["<|channel|>analysis<|message|>Still going"]) == "<think>Still going"
+
+
+def test_text_without_a_header_is_the_reply_and_other_channels_show_plainly():
+    assert _stream(["Just text, no channel."]) == "Just text, no channel."
+    assert _stream(["<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}"]) == "{}"
+
+
+def test_the_answers_end_stops_and_a_messages_end_does_not():
+    vocab = {"<|end|>": 5, "<|return|>": 6, "<|call|>": 7, "<|channel|>": 8, "<|message|>": 9, "<|endoftext|>": 10}
+    stops = collect_stop_ids(vocab.get, 6, [], 20)
+    assert stops == {6, 7, 10}
+    assert is_harmony(vocab.get)
+    phi3 = {"<|end|>": 5, "<|endoftext|>": 10}  # Phi-3's <|end|> ends its turn
+    assert collect_stop_ids(phi3.get, 10, [], 20) == {5, 10} and not is_harmony(phi3.get)
+
+
+def test_earlier_answers_go_back_without_their_thought():
+    assert without_thought("<think>private\nplan</think>\n\nThe reply.") == "The reply."
+    assert without_thought("No thought here.") == "No thought here."
