@@ -49,7 +49,7 @@ SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U3
 HEADER_LIMIT = 100 << 20  # a safetensors header is JSON of names and shapes: larger is a damaged file
 
 
-def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], int]]:
+def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], float]]:
     """(shape, bytes per element) of every tensor in the folder's shards, from their headers alone (nothing loads)."""
     out = []
     for f in safetensor_files(folder):
@@ -62,8 +62,14 @@ def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], int]]:
             except (ValueError, UnicodeDecodeError) as exc:
                 raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: {exc})") from exc
         for name, info in header.items():
-            if name != "__metadata__":
-                out.append((tuple(int(d) for d in info["shape"]), SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))
+            if name == "__metadata__":
+                continue
+            shape = tuple(int(d) for d in info["shape"])
+            if name.endswith("_blocks") and info["dtype"] == "U8" and len(shape) >= 2:  # MXFP4 (gpt-oss): 2 per byte
+                shape = (*shape[:-2], shape[-2] * shape[-1] * 2)
+                out.append((shape, 0.5))
+            else:
+                out.append((shape, SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))
     return out
 
 

@@ -110,6 +110,19 @@ def test_mxfp4_blocks_read_as_transformers_reads_them():
         sanitize({"model.layers.0.mlp.experts.down_proj_blocks": blocks}, args)
 
 
+def test_mxfp4_blocks_are_estimated_as_the_floats_they_become(tmp_path):
+    """The memory estimate counts an MXFP4 tensor as its decoded elements (half a byte each as stored), so a folder
+    too large once decoded is refused before it is read."""
+    from safetensors.torch import save_file
+
+    from engine.loading.hf_folder import tensor_shapes
+
+    save_file({"model.layers.0.mlp.experts.down_proj_blocks": torch.zeros(2, 6, 2, 16, dtype=torch.uint8),
+               "model.layers.0.mlp.experts.down_proj_scales": torch.zeros(2, 6, 2, dtype=torch.uint8)},
+              str(tmp_path / "model.safetensors"))
+    assert sorted(tensor_shapes(tmp_path)) == [((2, 6, 2), 1), ((2, 6, 64), 0.5)]
+
+
 def test_mxfp4_file_experts_load(files, tmp_path):
     """A file whose experts are MXFP4 (as llama.cpp writes gpt-oss): read, held as int8 groups with a notice, as near
     the file's exact values as llama.cpp's native MXFP4 run of it."""
