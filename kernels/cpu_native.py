@@ -26,7 +26,7 @@ FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
-    "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _INT, _INT, _I64, _P, _P, _INT]),
+    "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _P, _INT, _INT, _I64, _P, _P, _INT]),
     "parley_kgemm": (_INT, [_P, _I64, _I64, _P, _INT, _I64, _P, _P, _INT]),
     "parley_kq_interleave": (None, [_P, _P, _I64, _INT, _INT]),
     "parley_kgemm_grouped": (_INT, [_P, _I64, _I64, _P, _P, _P, _I64, _INT, _I64, _P, _INT]),

@@ -10,16 +10,20 @@ QB = 32  # activation block
 
 
 def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,
-          group: int, zero: int, bias: torch.Tensor | None = None, *, impl: str = "auto") -> torch.Tensor:
+          group: int, zero: int, bias: torch.Tensor | None = None, *, lut: torch.Tensor | None = None,
+          impl: str = "auto") -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in block codes (engine/quant/block_codes.py): codes
-    (N, K·bits/8) uint8, scales and offsets (N, K/group) fp16, bias (N,) fp32. `impl` "auto"/"native" runs the C
-    kernel, "reference" plain PyTorch."""
+    (N, K·bits/8) uint8, scales and offsets (N, K/group) fp16, bias (N,) fp32; `lut` (16,) uint8: 4-bit codes are
+    indices into it (MXFP4). `impl` "auto"/"native" runs the C kernel, "reference" plain PyTorch."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
-        y = qgemm_reference(x, codes, scales, offsets, bits, group, zero)
+        y = qgemm_reference(x, codes, scales, offsets, bits, group, zero, lut)
         return y if bias is None else y + bias.float()
+    if lut is not None and (lut.dtype != torch.uint8 or lut.shape != (16,) or not lut.is_contiguous() or bits != 4):
+        raise ValueError("qgemm's lut is 16 contiguous uint8 codes for 4-bit indices")
     return run_product(kernel.lib.parley_qgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(),
-                       offsets.data_ptr() if offsets is not None else None, bits, group, zero)
+                       offsets.data_ptr() if offsets is not None else None, bits,
+                       lut.data_ptr() if lut is not None else None, group, zero)
 
 
 def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights) -> torch.Tensor:
@@ -70,11 +74,12 @@ def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, tor
 
 
 def qgemm_reference(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
-                    bits: int, group: int, zero: int) -> torch.Tensor:
+                    bits: int, group: int, zero: int, lut: torch.Tensor | None = None) -> torch.Tensor:
     """The same arithmetic in float64: quantized activations times the dequantized codes, blockwise."""
     r, k = x.shape
     a, d, _ = quantize_activations(x, group)
-    u = unpack_codes(codes, bits, k).double()
+    u = unpack_codes(codes, bits, k)
+    u = (u if lut is None else lut[u.long()]).double()
     s = scales.double().repeat_interleave(group, dim=1)
     o = -zero * s if offsets is None else offsets.double().repeat_interleave(group, dim=1)
     xq = a.double() * d.double().repeat_interleave(QB, dim=1)

@@ -1,8 +1,9 @@
 """GGUF blocks as the CPU kernels' codes. Q4_K, Q5_K and Q6_K rows whose length is a whole number of super-blocks keep
 the file's bytes, codes reordered (kernels/cpu/kgemm.c); every other type becomes unsigned codes u with, per group of 16
 or 32 weights, a scale s and offset o, w = s·u + o (kernels/cpu/qgemm.c; byte codes with zero 128 reordered in units
-for kernels/cpu/q8gemm.c). The common types map exactly (up to the fp16 rounding of s and o); any other type is
-re-quantized from its dequantized rows to symmetric int8 groups of 32."""
+for kernels/cpu/q8gemm.c). The common types map exactly (up to the fp16 rounding of s and o), and MXFP4 (gpt-oss's
+experts) as 4-bit indices into FP4_CODES; any other type is re-quantized from its dequantized rows to symmetric int8
+groups of 32."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,12 +13,17 @@ import numpy as np
 from engine.quant.gguf_blocks import ROW_SLICE_BYTES, _f16, _k_scale_min, _nibbles, to_float32
 from kernels.kquant_layout import natural_codes
 
-EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0")
+EXACT = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "MXFP4")
 FOUR_BIT = ("Q4_0", "Q4_1", "Q4_K")
 SUPER = ("Q4_K", "Q5_K", "Q6_K")  # kept as super-blocks (codes interleaved for kgemm.c) where K allows
 # (bytes per block, weights per block)
 BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32), "Q5_1": (24, 32),
-         "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32)}
+         "Q5_K": (176, 256), "Q6_K": (210, 256), "Q8_0": (34, 32), "MXFP4": (17, 32)}
+# MXFP4's 16 4-bit floats (e2m1: ±0, 0.5, 1, 1.5, 2, 3, 4, 6) doubled and moved by 12: codes 0..24 with zero 12, so
+# w = s·(code - 12) with s = 2^(e - 128) for the block's exponent e (its own scale is 2^(e - 127))
+FP4_CODES = np.array([12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0], dtype=np.uint8)
+FP4_INDEX = np.zeros(25, dtype=np.uint8)
+FP4_INDEX[FP4_CODES[::-1]] = np.arange(15, -1, -1, dtype=np.uint8)  # each code's index (the first for 0: +0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +36,7 @@ class CodeLayout:
     zero: int  # -1: offsets stored
     raw: str = ""  # a type name: that type's super-blocks, codes interleaved (kernels/kquant_layout.py; kgemm.c's)
     units: bool = False  # byte codes interleaved in units of 256 (kernels/kquant_layout.py; q8gemm.c's)
+    lut: bool = False  # 4-bit indices into FP4_CODES (MXFP4): held as indices, the kernel looks the codes up
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
@@ -59,6 +66,8 @@ def layout(type_name: str) -> CodeLayout:
         return CodeLayout(5, 32, -1)
     if type_name == "Q6_K":
         return CodeLayout(8, 16, 32)
+    if type_name == "MXFP4":
+        return CodeLayout(4, 32, 12, lut=True)
     return CodeLayout(8, 32, 128)  # Q8_0, and every re-quantized type
 
 
@@ -153,8 +162,14 @@ def _q8_0(b, n, k):
     return Codes(u.reshape(n, k), _f16(b[..., 0:2]), None)
 
 
+def _mxfp4(b, n, k):
+    """A block: its exponent byte e, then 16 bytes of 4-bit floats (element j low in byte j, j + 16 high)."""
+    scale = np.ldexp(np.float32(1.0), b[..., 0].astype(np.int32) - 128).astype(np.float32)
+    return Codes(FP4_CODES[_nibbles(b[..., 1:])].reshape(n, k), scale, None)
+
+
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,
-             "Q6_K": _q6_k, "Q8_0": _q8_0}
+             "Q6_K": _q6_k, "Q8_0": _q8_0, "MXFP4": _mxfp4}
 
 
 def pack_nibbles(codes: np.ndarray) -> np.ndarray:

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, CodeLayout, codes_layout, held_layout, superblock_rows
+from engine.quant.block_codes import BLOCK, FP4_CODES, CodeLayout, codes_layout, held_layout, superblock_rows
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
+
+FP4_LUT = torch.from_numpy(FP4_CODES)  # MXFP4's codes by index (engine/quant/block_codes.py)
 
 FORMATS = ("int4", "int8", "bf16", "blocks")
 CHUNK = 128  # weights per chunk of the CUDA int4 layout
@@ -87,7 +89,7 @@ class QuantTensor(WeightMatrix):
             lay = self.code_layout
             # native: a blocks matrix exists only where the library built; never the float64 reference at run time
             y = qgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, getattr(self, "offsets", None), lay.bits,
-                      lay.group, max(lay.zero, 0), bias, impl="native")
+                      lay.group, max(lay.zero, 0), bias, lut=FP4_LUT if lay.lut else None, impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":
@@ -169,6 +171,10 @@ class QuantTensor(WeightMatrix):
         interleaving and the 5-bit packings (Q5_0 in units, Q5_1/Q5_K in blocks) undone."""
         codes = self.codes if ids is None else self.codes[ids]
         lay = self.code_layout
+        if lay.lut:
+            from kernels.cpu_qgemm import unpack_codes
+
+            return FP4_LUT[unpack_codes(codes, 4, self.shape[1]).long()], 8
         if not lay.units:
             if lay.bits == 5:
                 from kernels.cpu_qgemm import unpack_codes
@@ -349,7 +355,10 @@ class BlockRows:
         from engine.quant.block_codes import pack_fives, pack_nibbles
 
         stop = start + len(c.codes)
-        codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
+        from engine.quant.block_codes import FP4_INDEX
+
+        codes = FP4_INDEX[c.codes] if self.layout.lut else c.codes  # MXFP4: held as indices, looked up in the kernel
+        codes = pack_nibbles(codes) if self.layout.bits == 4 else codes
         codes = pack_fives(codes) if self.layout.bits == 5 and not self.layout.units else codes
         if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
             from kernels.kquant_layout import interleave_units, pack_fifths

@@ -4,6 +4,7 @@
    weights an fp16 scale s and offset o: w = s·u + o. Symmetric formats store no offsets: o = -zero·s.
    A 4-bit block of 32 is 16 bytes, byte j holding weight j (low nibble) and weight j + 16 (high nibble); a 5-bit
    block (Q5_1, Q5_K) is those 16 bytes then 4 whose bit j is weight j's fifth bit (16), as GGUF's Q5 blocks.
+   With a `lut` (MXFP4's 4-bit floats), a 4-bit code is an index: its code is lut[index] (one byte shuffle).
 
    Activations are quantized per block of 32, as llama.cpp does for its quantized dot products: x ≈ d·a with
    a in int8, d = max|x| / 127. A block's dot is then d·(s·Σ u·a) + o·d·Σa (one integer dot product per block and
@@ -21,7 +22,7 @@
 
 static inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
 
-static inline __m256i load_codes(const uint8_t *w, int bits, int b) {
+static inline __m256i load_codes(const uint8_t *w, int bits, int b, const uint8_t *lut) {
     if (bits == 8)
         return _mm256_loadu_si256((const __m256i *)(w + (size_t)b * QB));
     const uint8_t *p = w + (size_t)b * (QB / 8 * bits);
@@ -33,6 +34,8 @@ static inline __m256i load_codes(const uint8_t *w, int bits, int b) {
         memcpy(&high, p + QB / 2, 4);
         u = _mm256_or_si256(u, fifth_bits(high));
     }
+    if (lut)  /* each nibble an index into the 16 codes (both 128-bit lanes look up the same table) */
+        u = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lut)), u);
     return u;
 }
 
@@ -103,16 +106,20 @@ static inline __attribute__((always_inline)) void block8(__m256 *acc, const int 
 #define TILE 8  /* rows held in registers against one weight chunk (32 vector registers) */
 
 /* Two blocks of codes in one register: block b in lanes 0-7, b + 1 in lanes 8-15. */
-static inline __m512i load_codes2(const uint8_t *w, int bits, int64_t b) {
+static inline __m512i load_codes2(const uint8_t *w, int bits, int64_t b, const uint8_t *lut) {
     if (bits == 8)
         return _mm512_loadu_si512((const void *)(w + b * QB));
     if (bits == 5)
-        return _mm512_inserti64x4(_mm512_castsi256_si512(load_codes(w, 5, (int)b)), load_codes(w, 5, (int)b + 1), 1);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(load_codes(w, 5, (int)b, NULL)),
+                                  load_codes(w, 5, (int)b + 1, NULL), 1);
     __m256i v = _mm256_loadu_si256((const __m256i *)(w + b * (QB / 2)));
     __m256i m = _mm256_set1_epi8(0x0F);
     __m512i lo = _mm512_castsi256_si512(_mm256_and_si256(v, m));
     __m512i hi = _mm512_castsi256_si512(_mm256_and_si256(_mm256_srli_epi16(v, 4), m));
-    return _mm512_permutex2var_epi64(lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
+    __m512i u = _mm512_permutex2var_epi64(lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
+    if (lut)
+        u = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lut)), u);
+    return u;
 }
 
 static inline __m512 block_scales2(const uint16_t *s, int group, int64_t b) {
@@ -132,7 +139,8 @@ static inline __m512 block_scales2(const uint16_t *s, int group, int64_t b) {
    offsets o_g as fp32 (-zero·s_g for symmetric formats). NR is a constant at each call site, so the accumulators
    stay in registers. */
 static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0, const int NR, const uint8_t *w,
-        const uint16_t *s, const float *of, int bits, int group, int wide, float *y, int64_t ystride) {
+        const uint16_t *s, const float *of, int bits, const uint8_t *lut, int group, int wide, float *y,
+        int64_t ystride) {
     const int64_t R = x->R, K = x->K, nb = K / QB, ng = K / group;
     __m512 acc[TILE];
     __m256 tail[TILE];
@@ -141,7 +149,7 @@ static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0
     const float *dl = x->dl + r0 * 16;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2, a += R * CH, dl += R * 16) {
-        __m512i u = load_codes2(w, bits, b);
+        __m512i u = load_codes2(w, bits, b, lut);
         __m512 sv = block_scales2(s, group, b);
         for (int i = 0; i < NR; i++) {
             __m512i dp = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u,
@@ -152,7 +160,7 @@ static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0
     }
     for (int i = 0; i < NR; i++) tail[i] = _mm256_setzero_ps();
     if (b < nb)  /* an odd last block: the first half of its chunk */
-        block8(tail, NR, load_codes(w, bits, (int)b), block_scales(s, group, b), a, dl, wide);
+        block8(tail, NR, load_codes(w, bits, (int)b, lut), block_scales(s, group, b), a, dl, wide);
     for (int i = 0; i < NR; i++)
         y[(r0 + i) * ystride] = _mm512_reduce_add_ps(acc[i]) + hsum8(tail[i])
             + dot_f32(of, x->dsum + (r0 + i) * ng, ng);
@@ -161,13 +169,14 @@ static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0
 #define TILE 4
 
 static inline __attribute__((always_inline)) void tile(const Acts *x, int64_t r0, const int NR, const uint8_t *w,
-        const uint16_t *s, const float *of, int bits, int group, int wide, float *y, int64_t ystride) {
+        const uint16_t *s, const float *of, int bits, const uint8_t *lut, int group, int wide, float *y,
+        int64_t ystride) {
     const int64_t R = x->R, K = x->K, nb = K / QB, ng = K / group;
     __m256 acc[TILE];
     for (int i = 0; i < NR; i++) acc[i] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const int64_t at = (b / 2) * R + r0, half = b % 2;
-        block8(acc, NR, load_codes(w, bits, (int)b), block_scales(s, group, b), x->a + at * CH + half * QB,
+        block8(acc, NR, load_codes(w, bits, (int)b, lut), block_scales(s, group, b), x->a + at * CH + half * QB,
                x->dl + at * 16 + half * 8, wide);
     }
     for (int i = 0; i < NR; i++)
@@ -207,11 +216,12 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_
 }
 
 /* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8, bits 4, 5 or 8;
-   scales, offsets (N, K/group) fp16 (offsets NULL: symmetric around `zero`). K a multiple of 32. Returns 0, or -1
-   when scratch could not be allocated. */
+   scales, offsets (N, K/group) fp16 (offsets NULL: symmetric around `zero`); lut: NULL, or with 4-bit codes the 16
+   codes (at most 127) their indices stand for. K a multiple of 32. Returns 0, or -1 when scratch could not be
+   allocated. */
 int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, const uint16_t *scales,
-                 const uint16_t *offsets, int bits, int group, int zero, int64_t N, const float *bias, float *y,
-                 int threads) {
+                 const uint16_t *offsets, int bits, const uint8_t *lut, int group, int zero, int64_t N,
+                 const float *bias, float *y, int threads) {
     const int64_t ng = K / group, row_bytes = K * bits / 8;
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
@@ -244,17 +254,17 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
             else
                 halves_to_f32(of, s, ng, -zero_f);
             int64_t r0 = 0;
-            for (; r0 + TILE <= R; r0 += TILE) tile(&acts, r0, TILE, w, s, of, bits, group, wide, y + n, N);
+            for (; r0 + TILE <= R; r0 += TILE) tile(&acts, r0, TILE, w, s, of, bits, lut, group, wide, y + n, N);
             switch (R - r0) {  /* constant row counts: each call keeps its accumulators in registers */
 #if TILE > 4
-                case 7: tile(&acts, r0, 7, w, s, of, bits, group, wide, y + n, N); break;
-                case 6: tile(&acts, r0, 6, w, s, of, bits, group, wide, y + n, N); break;
-                case 5: tile(&acts, r0, 5, w, s, of, bits, group, wide, y + n, N); break;
-                case 4: tile(&acts, r0, 4, w, s, of, bits, group, wide, y + n, N); break;
+                case 7: tile(&acts, r0, 7, w, s, of, bits, lut, group, wide, y + n, N); break;
+                case 6: tile(&acts, r0, 6, w, s, of, bits, lut, group, wide, y + n, N); break;
+                case 5: tile(&acts, r0, 5, w, s, of, bits, lut, group, wide, y + n, N); break;
+                case 4: tile(&acts, r0, 4, w, s, of, bits, lut, group, wide, y + n, N); break;
 #endif
-                case 3: tile(&acts, r0, 3, w, s, of, bits, group, wide, y + n, N); break;
-                case 2: tile(&acts, r0, 2, w, s, of, bits, group, wide, y + n, N); break;
-                case 1: tile(&acts, r0, 1, w, s, of, bits, group, wide, y + n, N); break;
+                case 3: tile(&acts, r0, 3, w, s, of, bits, lut, group, wide, y + n, N); break;
+                case 2: tile(&acts, r0, 2, w, s, of, bits, lut, group, wide, y + n, N); break;
+                case 1: tile(&acts, r0, 1, w, s, of, bits, lut, group, wide, y + n, N); break;
                 default: break;
             }
             if (bias)  /* after the sum, as torch's y + b rounds it */

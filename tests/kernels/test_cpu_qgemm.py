@@ -14,6 +14,7 @@ import torch
 
 from engine.quant.block_codes import (BLOCK, CodeLayout, layout, pack_fives, pack_nibbles, requantize, row_slices,
                                       slice_codes)
+from engine.quant.weight import FP4_LUT
 from kernels import cpu_native
 from kernels.cpu_native import cpu_kernel
 from kernels.cpu_qgemm import q8gemm, qgemm, qgemm_reference
@@ -26,6 +27,9 @@ def _random_blocks(name: str, n: int, k: int, rng: np.random.Generator) -> np.nd
     """Random block bytes with sane fp16 scales (random bits there would be inf/NaN)."""
     size, per = BLOCK[name]
     b = rng.integers(0, 256, (n, k // per, size), dtype=np.uint8)
+    if name == "MXFP4":  # a power-of-two exponent byte: weights of 2^-18 .. 2^7 (what fp16 scales hold)
+        b[..., 0] = rng.integers(110, 135, b.shape[:2])
+        return b.reshape(n, -1)
     fields = {"Q4_0": [0], "Q5_0": [0], "Q8_0": [0], "Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2],
               "Q5_K": [0, 2], "Q6_K": [208]}[name]
     for off in fields:
@@ -46,7 +50,7 @@ def test_gguf_blocks_decode_exactly(name):
     got = slice_codes(gguf.GGMLQuantizationType[name], name, raw, 512)
     ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(6, 512)
     lay = layout(name)
-    assert got.codes.max() < (16 if lay.bits == 4 else 256)
+    assert got.codes.max() < (25 if lay.lut else 16 if lay.bits == 4 else 256)
     np.testing.assert_array_equal(_dequantized(got, lay), ref)
 
 
@@ -69,7 +73,7 @@ def _weights(lay: CodeLayout, n: int, k: int, seed: int):
 
 
 LAYOUTS = [CodeLayout(8, 32, 128), CodeLayout(4, 32, 8), CodeLayout(4, 32, -1), CodeLayout(8, 16, 32),
-           CodeLayout(8, 32, -1), CodeLayout(5, 32, -1)]
+           CodeLayout(8, 32, -1), CodeLayout(5, 32, -1), CodeLayout(4, 32, 12, lut=True)]  # the last: MXFP4
 
 
 def _check_against_reference(run, lay: CodeLayout, k: int, weights=None) -> None:
@@ -77,7 +81,7 @@ def _check_against_reference(run, lay: CodeLayout, k: int, weights=None) -> None
     x = torch.randn(11, k, generator=torch.Generator().manual_seed(7)) * 3
     x[3, 5] = 80.0  # an outlier: its block's other values lose precision, as in llama.cpp
     x[4] = 0.0  # an all-zero row
-    ref = qgemm_reference(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0))
+    ref = qgemm_reference(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), _lut(lay))
     for rows in (1, 3, 4, 8, 11):  # every tile remainder
         got = run(x[:rows], codes, scales, offsets, lay)
         torch.testing.assert_close(got, ref[:rows], atol=1e-4, rtol=1e-5)
@@ -86,12 +90,16 @@ def _check_against_reference(run, lay: CodeLayout, k: int, weights=None) -> None
     assert torch.equal(together, alone)  # a row's sum never depends on the rows beside it
 
 
+def _lut(lay: CodeLayout) -> torch.Tensor | None:
+    return FP4_LUT if lay.lut else None
+
+
 @needs_kernel
 @pytest.mark.parametrize("k", [640, 96])  # an even and an odd number of 32-blocks
 @pytest.mark.parametrize("lay", LAYOUTS, ids=str)
 def test_kernel_matches_reference_and_rows_are_independent(lay, k):
     def run(x, codes, scales, offsets, lay):
-        return qgemm(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), impl="native")
+        return qgemm(x, codes, scales, offsets, lay.bits, lay.group, max(lay.zero, 0), lut=_lut(lay), impl="native")
 
     _check_against_reference(run, lay, k)
 
@@ -133,8 +141,9 @@ def test_each_instruction_set_path(tmp_path, lay, march, extra, isa):
         x = x.contiguous()
         y = torch.empty(x.shape[0], codes.shape[0])
         rc = lib.parley_qgemm(x.data_ptr(), x.shape[0], x.shape[1], codes.data_ptr(), scales.data_ptr(),
-                              offsets.data_ptr() if offsets is not None else None, lay.bits, lay.group,
-                              max(lay.zero, 0), codes.shape[0], None, y.data_ptr(), 2)
+                              offsets.data_ptr() if offsets is not None else None, lay.bits,
+                              FP4_LUT.data_ptr() if lay.lut else None, lay.group, max(lay.zero, 0), codes.shape[0],
+                              None, y.data_ptr(), 2)
         assert rc == 0
         return y
 
