@@ -123,14 +123,26 @@ def test_mxfp4_blocks_are_estimated_as_the_floats_they_become(tmp_path):
     assert sorted(tensor_shapes(tmp_path)) == [((2, 6, 2), 1), ((2, 6, 64), 0.5)]
 
 
-def test_mxfp4_file_experts_load(files, tmp_path):
-    """A file whose experts are MXFP4 (as llama.cpp writes gpt-oss): read, held as int8 groups with a notice, as near
-    the file's exact values as llama.cpp's native MXFP4 run of it."""
+def test_mxfp4_file_experts_stay_mxfp4(files, tmp_path):
+    """A file whose experts are MXFP4 (as llama.cpp writes gpt-oss): on the CPU's own kernels held as they are (4-bit
+    indices into the 16 values, the block's power-of-two scale; no notice), elsewhere as int8 groups with a notice; as
+    near the file's exact values as llama.cpp's native MXFP4 run of it; greedy batched == alone."""
+    from engine.quant.block_codes import FP4_CODES
+    from kernels.cpu_native import cpu_kernel
+    from tests.support.arch_checks import assert_batched_equals_alone
     from tests.support.gguf_export import write_gguf
 
     path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "F32", overrides={"_exps.weight": "MXFP4"})
     lm = _assert_drift_within_llama_cpp(path)
-    assert any("MXFP4" in n for n in lm.notices)
+    down = lm.model.model.layers[0].mlp.experts[0].down_proj.qweight
+    if cpu_kernel() is not None:
+        assert down.format == "blocks" and down.code_layout.lut and not lm.notices
+        assert down.codes.numel() == down.shape[0] * down.shape[1] // 2  # 4 bits a weight
+        assert sorted(set(down.natural_codes()[0].unique().tolist())) <= sorted(set(FP4_CODES.tolist()))
+    else:
+        assert any("MXFP4" in n for n in lm.notices)
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
 
 
 def _assert_drift_within_llama_cpp(path):
@@ -141,6 +153,27 @@ def _assert_drift_within_llama_cpp(path):
     ours = (full_logits(lm, check.prompt()) - exact).abs().max()
     assert ours < 1.25 * (llama - exact).abs().max() + 0.01 * exact.abs().max(), (ours, (llama - exact).abs().max())
     return lm
+
+
+@pytest.mark.parametrize("source", [0, 1])  # the folder's tokenizer, the file's
+def test_harmony_answers_stream_as_a_thought_and_a_reply(files, source):
+    """The model's tokens of a harmony answer, through the engine's text stream: the analysis channel as a thought, the
+    final message as the reply, no markup; <|return|> ends the answer and <|end|> does not; an earlier answer goes
+    back to the template without its thought."""
+    from engine.text_stream import TextStream
+
+    tok = load_model(files[source]).tokenizer
+    assert tok.harmony
+    assert tok.token_to_id("<|return|>") in tok.stop_ids and tok.token_to_id("<|end|>") not in tok.stop_ids
+    ids = tok.encode("<|channel|>analysis<|message|>The user greets.<|end|><|start|>assistant<|channel|>final"
+                     "<|message|>Hello there!", add_bos=False)
+    assert tok.token_to_id("<|channel|>") in ids  # the tags are single tokens, as the model writes them
+    stream = TextStream(tok, [])
+    assert "".join(stream.push(i) for i in ids) + stream.finish() == "<think>The user greets.</think>Hello there!"
+    prompt = tok.decode(tok.apply_chat_template([{"role": "user", "content": "Hi"},
+                                                 {"role": "assistant", "content": "<think>Greet.</think>Hello!"},
+                                                 {"role": "user", "content": "Again"}]))
+    assert "final<|message|>Hello!<|end|>" in prompt and "Greet" not in prompt and prompt.endswith("<|start|>assistant")
 
 
 def test_on_mlx(files):

@@ -130,11 +130,22 @@ TOK_SPECS: dict[str, _TokSpec] = {
         ("<eos>", "<end_of_turn>"),
     ),
 }
+# harmony (gpt-oss): messages on channels; a template of the same shape as gpt-oss's, without its system preamble
+TOK_SPECS["gpt_oss"] = _TokSpec(
+    ("<|startoftext|>", "<|endoftext|>", "<|return|>", "<|call|>", "<|start|>", "<|end|>", "<|message|>",
+     "<|channel|>", "<|constrain|>"),
+    False, None, "<|return|>", "<|endoftext|>", False, LLAMA3_SPLIT,
+    "{%- for m in messages %}{%- if m['role'] == 'assistant' %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + m['content'] + '<|end|>' }}"
+    "{%- else %}{{- '<|start|>' + m['role'] + '<|message|>' + m['content'] + '<|end|>' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}",
+    ("<|return|>", "<|call|>", "<|endoftext|>"),
+)
 TOK_SPECS["qwen3"] = TOK_SPECS["qwen3_moe"] = TOK_SPECS["qwen2_moe"] = TOK_SPECS["qwen2"]
 TOK_SPECS["mixtral"] = TOK_SPECS["olmoe"] = TOK_SPECS["granitemoe"] = TOK_SPECS["mistral"] = TOK_SPECS["llama"]
 TOK_SPECS["phi3"] = TOK_SPECS["qwen2"]  # the tokenizer is not what a phi3 test looks at
 TOK_SPECS["gemma2"] = TOK_SPECS["gemma3"]
-TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["gpt_oss"] = TOK_SPECS["granitemoehybrid"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
+TOK_SPECS["granite"] = TOK_SPECS["smollm3"] = TOK_SPECS["olmo2"] = TOK_SPECS["olmo3"] = TOK_SPECS["exaone4"] = TOK_SPECS["seed_oss"] = TOK_SPECS["ernie4_5"] = TOK_SPECS["ernie4_5_moe"] = TOK_SPECS["arcee"] = TOK_SPECS["glm4_moe"] = TOK_SPECS["granitemoehybrid"] = TOK_SPECS["glm4"] = TOK_SPECS["cohere"] = TOK_SPECS["cohere2"] = TOK_SPECS["stablelm"] = TOK_SPECS["starcoder2"] = TOK_SPECS["llama"]
 
 DEFAULT_TIED = {"llama": False, "qwen2": True, "qwen3": False, "gemma3": True, "phi3": False, "gemma2": True, "granite": True,
                 "smollm3": True, "olmo2": False, "olmo3": False, "exaone4": False, "seed_oss": False, "ernie4_5": True, "ernie4_5_moe": True, "glm4": False, "arcee": False, "glm4_moe": False, "gpt_oss": False, "granitemoehybrid": True, "cohere": True,
