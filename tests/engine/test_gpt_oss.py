@@ -145,6 +145,21 @@ def test_mxfp4_file_experts_stay_mxfp4(files, tmp_path):
         assert_batched_equals_alone(lm, layout)
 
 
+def test_mlx_holds_mxfp4_experts_exactly(files, tmp_path):
+    """The MXFP4 experts on MLX (their codes as MLX's affine bytes): MLX's logits are torch's in fp32 on the same
+    dequantized weights."""
+    pytest.importorskip("mlx.core")
+    from engine.loading.loader import build_model
+    from tests.engine.test_mlx_backend import _logits, _prompts
+    from tests.support.gguf_export import write_gguf
+
+    path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "F32", overrides={"_exps.weight": "MXFP4"})
+    lm = load_model(path, LoadOptions(weights="quantized"))
+    ids = _prompts(lm.args.vocab_size)[4]
+    floats = dataclasses.replace(lm, model=build_model(lm.args, lm.model.float_state_dict(), torch.float32, "cpu"))
+    torch.testing.assert_close(_logits(lm, ids, "mlx"), _logits(floats, ids, "torch"), atol=2e-4, rtol=1e-4)
+
+
 def _assert_drift_within_llama_cpp(path):
     """The file held quantized: its logits no further from the file's exact values than llama.cpp's; the model."""
     pytest.importorskip("llama_cpp")
