@@ -132,8 +132,16 @@ class SparseMoE(nn.Module):
         weights, flat, held = weights.gather(-1, order), chosen.reshape(-1), self._stacked
         tiles = pair_tiles(flat, len(self.experts)) if x.shape[0] >= self.group_rows else None
         gate_up = experts_linear(x, held.gate_up_format, held.gate_up, flat, self.top_k, tiles=tiles)
-        act = act_mul(gate_up, held.act, impl="triton" if x.is_cuda else "reference")
-        return weighted_rows(experts_linear(act, held.down_format, held.down, flat, 1, tiles=tiles), weights)
+        if held.gate_up_bias is not None:  # gpt-oss: each pair's expert's bias, gathered on the device
+            gate_up = gate_up + held.gate_up_bias.index_select(0, flat)
+        if held.glu is not None:  # gpt-oss's clamped activation: element-wise ops, captured with the rest
+            act = held.glu(*gate_up.chunk(2, dim=-1))
+        else:
+            act = act_mul(gate_up, held.act, impl="triton" if x.is_cuda else "reference")
+        down = experts_linear(act, held.down_format, held.down, flat, 1, tiles=tiles)
+        if held.down_bias is not None:
+            down = down + held.down_bias.index_select(0, flat)
+        return weighted_rows(down, weights)
 
     def _one_row(self, x: torch.Tensor, weights: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
         """`forward` of one row (a lone session's decode step) without the gathers: the same products and sums in
@@ -222,28 +230,34 @@ class StackedExperts:
     gate_up: dict[str, torch.Tensor]
     down_format: str
     down: dict[str, torch.Tensor]
-    act: str
+    act: str | None
+    glu: ClampedGLU | None = None  # gpt-oss's activation (in place of `act`)
+    gate_up_bias: torch.Tensor | None = None  # (experts, 2I): gpt-oss's biases, stacked
+    down_bias: torch.Tensor | None = None  # (experts, H)
 
     @staticmethod
     def stack(experts: nn.ModuleList) -> "StackedExperts | None":
         first = experts[0]
-        if not first.act_kernel or first.gate_up_proj is None:
+        if not (first.act_kernel or first.glu is not None) or first.gate_up_proj is None:
+            return None
+        if any((e.gate_up_proj.bias is None) != (first.gate_up_proj.bias is None) or
+               (e.down_proj.bias is None) != (first.down_proj.bias is None) for e in experts):
             return None
         gate_up = _stack([e.gate_up_proj for e in experts])
         down = _stack([e.down_proj for e in experts]) if gate_up is not None else None
         if down is None:
             return None
-        return StackedExperts(gate_up[0], gate_up[1], down[0], down[1], first.act_kernel)
+        biases = [None if first.gate_up_proj.bias is None else torch.stack([e.gate_up_proj.bias for e in experts]),
+                  None if first.down_proj.bias is None else torch.stack([e.down_proj.bias for e in experts])]
+        return StackedExperts(gate_up[0], gate_up[1], down[0], down[1], first.act_kernel, first.glu, *biases)
 
 
 BUFFERS = {"int4": ("words", "pairs"), "int8": ("codes", "scale"), "bf16": ("weight",)}
 
 
 def _stack(linears: list[nn.Module]) -> tuple[str, dict[str, torch.Tensor]] | None:
-    """(format, buffers stacked) of same-shaped, same-format matrices without biases, each module then holding a view
-    of its slice; None where they differ or a format has no stacked kernel."""
-    if any(m.bias is not None for m in linears):
-        return None
+    """(format, buffers stacked) of same-shaped, same-format matrices (their biases are the caller's), each module then
+    holding a view of its slice; None where they differ or a format has no stacked kernel."""
     if all(type(m) is Linear for m in linears):
         fmt, owners = "bf16", linears
     elif all(isinstance(m, QuantLinear) and isinstance(m.qweight, QuantTensor) for m in linears):

@@ -191,6 +191,25 @@ def test_harmony_answers_stream_as_a_thought_and_a_reply(files, source):
     assert "final<|message|>Hello!<|end|>" in prompt and "Greet" not in prompt and prompt.endswith("<|start|>assistant")
 
 
+def test_experts_stacked_for_the_device_give_the_module_path(files):
+    """CUDA's path (every pair by index from stacked experts, each pair's expert's biases gathered, the clamped
+    activation; here its PyTorch reference on the CPU) gives the expert-by-expert result: the decode graphs can
+    capture the mixture."""
+    from engine.models.moe import StackedExperts
+
+    lm = load_model(files[1], LoadOptions(weights="dequantized"))
+    moe = lm.model.model.layers[0].mlp
+    for expert in moe.experts:
+        expert.fuse_projections()
+    x = torch.randn(7, lm.args.hidden_size, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = moe._routed(x)
+        moe._stacked = StackedExperts.stack(moe.experts)
+        assert moe.replayable and moe._stacked.glu is not None and moe._stacked.down_bias is not None
+        got = moe._on_device(x, *moe.route(x))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_on_mlx(files):
     pytest.importorskip("mlx.core")
     from tests.engine.test_mlx_backend import assert_mlx_matches_torch
@@ -202,7 +221,13 @@ def test_on_mlx(files):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("weights, kind", [("dequantized", 1), ("quantized", 3)])
 def test_on_cuda(files, weights, kind):
-    check.assert_on_cuda(files[kind], weights)
+    """bf16 and int8/int4 weights near the exact model, batched == alone, and decode steps replayed from CUDA graphs
+    (the experts stacked on the device, their biases and activation included)."""
+    from bench.runs import RunConfig, make_batcher
+
+    lm = check.assert_on_cuda(files[kind], weights)
+    assert all(layer.mlp.replayable for layer in lm.model.model.layers)
+    assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
 
 
 def _config() -> dict:
