@@ -226,7 +226,7 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
     const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
-    const int64_t nc = (K + CH - 1) / CH;
+    const int64_t nc = (K + CH - 1) / CH, run = column_run(N, threads);
     int8_t *a = malloc((size_t)(nc * R * CH));
     float *dl = malloc(sizeof(float) * (size_t)(nc * R * 16));
     float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
@@ -244,7 +244,7 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
             #pragma omp atomic write
             failed = 1;
         }
-        #pragma omp for schedule(static)
+        #pragma omp for schedule(dynamic, run)  /* long runs taken in turn: a core slowed by the VM's neighbours takes fewer */
         for (int64_t n = 0; n < N; n++) {
             if (!of) continue;
             const uint8_t *w = codes + n * row_bytes;
