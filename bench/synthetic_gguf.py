@@ -1,5 +1,6 @@
 """Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M (Q5_K_M, Q6_K, Q8_0) by
-llama.cpp.
+llama.cpp; and gpt-oss-architecture ones (its biases, sinks, 128-key windows, YaRN), their experts quantized to MXFP4 as
+llama.cpp writes gpt-oss (`--kind MXFP4_MOE`).
 
     python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16] [--kind Q5_K_M|Q6_K|Q8_0]
 
@@ -47,6 +48,7 @@ class Shape:
     rms_eps: float = 1e-5
     experts: int = 0  # a mixture of experts (Mixtral's layout: "llama" with stacked experts; `ffn` each expert's)
     experts_used: int = 0
+    arch: str = "llama"  # or "gpt-oss": biases on attention, router and experts, sinks, alternating 128-key windows
 
 
 SHAPES = {
@@ -63,11 +65,15 @@ SHAPES = {
                            head_dim=128, experts=128, experts_used=8),
     "llama-8b": Shape(hidden=4096, layers=32, heads=32, kv_heads=8, ffn=14336, tied=False, rope_factor=8.0,
                       head_dim=128),
+    # gpt-oss-20b's layers (2880 wide, 64 heads of 64 over 8 KV heads, 32 experts of 2880, 4 per token), 8 of its 24
+    "gpt-oss-20b-slice": Shape(hidden=2880, layers=8, heads=64, kv_heads=8, ffn=2880, tied=False, rope_factor=32.0,
+                               experts=32, experts_used=4, arch="gpt-oss", rope_theta=150000.0, context=131072),
 }
 
 
 FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",  # llama.cpp's quantizer mixes
-          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0"}
+          "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+          "MXFP4_MOE": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE"}
 
 
 def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True, kind: str = "Q4_K_M") -> Path:
@@ -111,7 +117,7 @@ def quantize_mix(src: Path, dst: Path, kind: str = "Q4_K_M", threads: int | None
 
 def write_f16(s: Shape, path: Path, name: str) -> None:
     """Header, vocab and tensor table first, then each tensor generated and written in turn."""
-    w = gguf.GGUFWriter(path, "llama")
+    w = gguf.GGUFWriter(path, s.arch)
     _write_header(w, s, name)
     tensors = list(_tensors(s))
     for tname, dims, kind in tensors:
@@ -127,6 +133,9 @@ def write_f16(s: Shape, path: Path, name: str) -> None:
 
 def _tensors(s: Shape):
     """(name, numpy shape, kind) in the converter's order; kind: matrix (random F16), norm (ones), rope."""
+    if s.arch == "gpt-oss":
+        yield from _gpt_oss_tensors(s)
+        return
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     yield "rope_freqs.weight", (s.head_dim // 2,), "rope"
     yield "token_embd.weight", (s.vocab, s.hidden), "matrix"
@@ -152,6 +161,28 @@ def _tensors(s: Shape):
         yield "output.weight", (s.vocab, s.hidden), "matrix"
 
 
+def _gpt_oss_tensors(s: Shape):
+    """gpt-oss's tensors in llama.cpp's names: every projection with its bias, sinks, experts apart (gate, up, down)."""
+    q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    yield "token_embd.weight", (s.vocab, s.hidden), "matrix"
+    for i in range(s.layers):
+        b = f"blk.{i}"
+        yield f"{b}.attn_norm.weight", (s.hidden,), "norm"
+        for name, rows, cols in (("attn_q", q, s.hidden), ("attn_k", kv, s.hidden), ("attn_v", kv, s.hidden),
+                                 ("attn_output", s.hidden, q)):
+            yield f"{b}.{name}.weight", (rows, cols), "matrix"
+            yield f"{b}.{name}.bias", (rows,), "bias"
+        yield f"{b}.attn_sinks.weight", (s.heads,), "bias"
+        yield f"{b}.post_attention_norm.weight", (s.hidden,), "norm"
+        yield f"{b}.ffn_gate_inp.weight", (s.experts, s.hidden), "router"
+        yield f"{b}.ffn_gate_inp.bias", (s.experts,), "bias"
+        for name, rows, cols in (("gate", s.ffn, s.hidden), ("up", s.ffn, s.hidden), ("down", s.hidden, s.ffn)):
+            yield f"{b}.ffn_{name}_exps.weight", (s.experts, rows, cols), "matrix"
+            yield f"{b}.ffn_{name}_exps.bias", (s.experts, rows), "bias"
+    yield "output_norm.weight", (s.hidden,), "norm"
+    yield "output.weight", (s.vocab, s.hidden), "matrix"
+
+
 def _values(s: Shape, name: str, dims: tuple[int, ...], kind: str) -> np.ndarray:
     if kind == "norm":
         return np.ones(dims, dtype=np.float32)
@@ -160,6 +191,8 @@ def _values(s: Shape, name: str, dims: tuple[int, ...], kind: str) -> np.ndarray
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))  # the same file every time
     if kind == "router":
         return torch.empty(dims, dtype=torch.float32).normal_(0.0, 1.0, generator=g).numpy() / math.sqrt(dims[1])
+    if kind == "bias":
+        return torch.empty(dims, dtype=torch.float32).normal_(0.0, 0.1, generator=g).numpy()
     return torch.empty(dims, dtype=torch.float16).normal_(0.0, STD, generator=g).numpy()
 
 
@@ -189,6 +222,12 @@ def _write_header(w: gguf.GGUFWriter, s: Shape, name: str) -> None:
     w.add_value_length(s.head_dim)
     w.add_vocab_size(s.vocab)
     w.add_rope_dimension_count(s.head_dim)
+    if s.arch == "gpt-oss":  # GptOssModel's keys: the window, the experts' width, YaRN over 4,096 positions
+        w.add_sliding_window(128)
+        w.add_expert_feed_forward_length(s.ffn)
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(s.rope_factor)
+        w.add_rope_scaling_orig_ctx_len(4096)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     tokens, merges = byte_level_vocab(s.vocab)

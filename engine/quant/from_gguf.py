@@ -8,8 +8,8 @@ import torch
 
 from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, pack_int4,
-                                 superblocks)
+from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, mxfp4_blocks,
+                                 pack_int4, superblocks)
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
@@ -22,6 +22,8 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
     fmt = choose_format(type_name, n, k, device)
     if fmt == "blocks" and held_layout(type_name, k).raw:
         return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order)
+    if fmt == "blocks" and type_name == "MXFP4":  # the file's nibbles are the kernel's indices: no decode
+        return mxfp4_blocks(np.asarray(t.data).reshape(n, -1), k, row_order)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):

@@ -380,6 +380,25 @@ class BlockRows:
                            self.type_name, self.layout, **tensors)
 
 
+def mxfp4_blocks(raw: np.ndarray, k: int, row_order: torch.Tensor | None = None) -> QuantTensor:
+    """An (N, K) MXFP4 matrix in the blocks format straight from the file's (N, K/32 · 17) bytes: its nibbles are the
+    kernel's indices already (element j low in byte j, j + 16 high, as pack_nibbles lays codes out), its exponent
+    bytes become fp16 scales; a bounded slice of rows at a time."""
+    n = raw.shape[0]
+    lay = codes_layout("MXFP4", k)
+    codes = torch.empty(n, k // 2, dtype=torch.uint8)
+    scales = torch.empty(n, k // 32, dtype=torch.float16)
+    step = max(1, (32 << 20) // max(1, raw.shape[1]))
+    for start in range(0, n, step):
+        b = np.ascontiguousarray(raw[start:start + step], dtype=np.uint8).reshape(-1, k // 32, 17)
+        codes[start:start + len(b)] = torch.from_numpy(np.ascontiguousarray(b[..., 1:]).reshape(len(b), -1))
+        e = b[..., 0].astype(np.int32) - 128
+        scales[start:start + len(b)] = torch.from_numpy(np.ldexp(np.float32(1.0), e).astype(np.float16))
+    if row_order is not None:
+        codes, scales = codes[row_order], scales[row_order]
+    return QuantTensor("blocks", (n, k), "MXFP4", lay, codes=codes, scales=scales)
+
+
 def int4_fits(n: int, k: int) -> bool:
     """Whole packing blocks only: rows of a partial last block are laid out differently (and models' N are 64·m)."""
     block = _int4_block()

@@ -54,6 +54,18 @@ def test_gguf_blocks_decode_exactly(name):
     np.testing.assert_array_equal(_dequantized(got, lay), ref)
 
 
+def test_mxfp4_files_bytes_are_held_as_they_are():
+    """MXFP4 rows straight from the file (its nibbles the kernel's indices, -0 included; exponents as fp16 scales):
+    the same weights as gguf decodes, and the kernel's product the reference's."""
+    from engine.quant.weight import mxfp4_blocks
+
+    raw = _random_blocks("MXFP4", 40, 256, np.random.default_rng(5))
+    held = mxfp4_blocks(raw, 256)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.MXFP4).reshape(40, 256)
+    np.testing.assert_array_equal(held.dequantize().numpy(), ref)
+    assert held.codes.shape == (40, 128) and held.code_layout.lut
+
+
 def test_other_types_requantize_within_half_a_step():
     w = np.random.default_rng(2).standard_normal((8, 64)).astype(np.float32)
     c = requantize(w)
