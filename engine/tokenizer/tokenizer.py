@@ -127,13 +127,16 @@ class Tokenizer:
 
         `continue_final` leaves the last message open: the text ends right after its content, with no
         end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
-        `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it); None leaves the template's default.
+        `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it), and harmony's `reasoning_effort` (gpt-oss
+        always reasons: off is "low", on "high"); None leaves the template's default.
         """
         if self.harmony:  # its template keeps earlier answers' replies only
             messages = [{**m, "content": without_thought(m["content"])} if m.get("role") == "assistant"
                         and isinstance(m.get("content"), str) else m for m in messages]
         messages, typed = self._defuse(messages)
         extra = {} if thinking is None else {"enable_thinking": thinking}
+        if self.harmony and thinking is not None:
+            extra["reasoning_effort"] = "high" if thinking else "low"
         if continue_final:
             text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
                                        messages)

@@ -189,6 +189,13 @@ def test_harmony_answers_stream_as_a_thought_and_a_reply(files, source):
                                                  {"role": "assistant", "content": "<think>Greet.</think>Hello!"},
                                                  {"role": "user", "content": "Again"}]))
     assert "final<|message|>Hello!<|end|>" in prompt and "Greet" not in prompt and prompt.endswith("<|start|>assistant")
+    # the thinking switch as harmony's reasoning effort (its template reads `reasoning_effort`)
+    from engine.tokenizer.chat_template import ChatTemplate
+
+    tok.chat_template = ChatTemplate("{{ reasoning_effort | default('medium') }}")
+    efforts = [tok.decode(tok.apply_chat_template([{"role": "user", "content": "Hi"}], thinking=t)) for t in
+               (None, False, True)]
+    assert efforts == ["medium", "low", "high"]
 
 
 def test_experts_stacked_for_the_device_give_the_module_path(files):
