@@ -217,6 +217,19 @@ def test_experts_stacked_for_the_device_give_the_module_path(files):
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
+def test_unsupported_layouts_are_refused_in_one_line(files):
+    """A file whose experts' gate and up are fused (a newer converter's option) and a folder without its window size
+    are refused naming what is wrong, before any weight is read."""
+    from engine.errors import UnsupportedModelError
+    from engine.models.gpt_oss import args_from_gguf
+
+    meta = {"gpt-oss.expert_count": 8}
+    with pytest.raises(UnsupportedModelError, match="fuses its experts' gate and up"):
+        args_from_gguf(meta, {"blk.0.ffn_gate_up_exps.weight": (8, 64, 64)})
+    with pytest.raises(UnsupportedModelError, match="no window size"):
+        args_from_hf({**_config(), "sliding_window": None})
+
+
 def test_on_mlx(files):
     pytest.importorskip("mlx.core")
     from tests.engine.test_mlx_backend import assert_mlx_matches_torch
