@@ -1,5 +1,6 @@
 """A sparse mixture-of-experts MLP in one library call (kernels/cpu/moe.c): router, top-k, the chosen experts' gated
-MLPs over K-quant super-blocks, weighted sum. Plain PyTorch reference beside it (`impl="reference"`)."""
+MLPs over K-quant super-blocks (`moe`) or the codes layout (`moe_codes`: gpt-oss's MXFP4, with biases and its clamped
+activation), weighted sum. Plain PyTorch references beside them (`impl="reference"`)."""
 from __future__ import annotations
 
 import ctypes
@@ -130,4 +131,109 @@ def moe_reference(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, 
         act = gated_act_reference(gu[:, :sh.inter], gu[:, sh.inter:], experts.act)
         gate = torch.sigmoid(x @ sh.gate.float())[:, None] if sh.gate is not None else 1.0
         out += gate * kgemm_reference(act, sh.down, sh.down_type)
+    return out
+
+
+CODE_ACTS = {"silu": 0, "gelu_tanh": 1, "clamped": 2}  # parley_moe_codes' act: "clamped" is gpt-oss's
+
+
+@dataclass(frozen=True, slots=True)
+class CodeExperts:
+    """A layer's experts in the codes layout (kernels/cpu/qgemm.c's symmetric codes in groups of 32, one layout for
+    every matrix: MXFP4's 4-bit indices with their `lut`, Q4_0's or Q8_0's codes) as parley_moe_codes takes them: each
+    one's fused gate|up (2I rows) and down (D rows) codes and fp16 scales, their biases stacked fp32 (or None), the
+    activation ("clamped": gpt-oss's, with `alpha` and `limit`), the addresses gathered once."""
+
+    gate_up: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(repr=False)  # (codes, scales) per expert
+    down: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(repr=False)
+    gate_up_bias: torch.Tensor | None = field(repr=False)  # (E, 2I)
+    down_bias: torch.Tensor | None = field(repr=False)  # (E, D)
+    bits: int
+    zero: int
+    lut: torch.Tensor | None = field(repr=False)
+    act: str
+    alpha: float
+    limit: float
+    at: tuple[ctypes.Array, ...] = field(repr=False)  # gate|up codes, scales; down codes, scales
+
+    @staticmethod
+    def of(gate_up: list[tuple[torch.Tensor, torch.Tensor]], down: list[tuple[torch.Tensor, torch.Tensor]],
+           gate_up_bias: torch.Tensor | None, down_bias: torch.Tensor | None, bits: int, zero: int,
+           lut: torch.Tensor | None, act: str, alpha: float = 1.702, limit: float = 7.0) -> "CodeExperts":
+        if act not in CODE_ACTS or bits not in (4, 8) or (lut is not None and (bits != 4 or lut.shape != (16,))):
+            raise ValueError(f"experts of {bits}-bit codes with {act} are not the library's")
+        if len(gate_up) != len(down) or any(g[0].shape != gate_up[0][0].shape for g in gate_up) \
+                or any(d[0].shape != down[0][0].shape for d in down):
+            raise ValueError("every expert must have the same shapes")
+        for b in (gate_up_bias, down_bias):
+            if b is not None and (b.dtype != torch.float32 or not b.is_contiguous() or b.shape[0] != len(gate_up)):
+                raise ValueError("the experts' biases must be one contiguous fp32 row each")
+        at = ctypes.c_void_p * len(gate_up)
+        arrays = tuple(at(*[t[i].data_ptr() for t in parts]) for parts in (gate_up, down) for i in (0, 1))
+        return CodeExperts(tuple(gate_up), tuple(down), gate_up_bias, down_bias, bits, zero, lut, act, alpha, limit,
+                           arrays)
+
+    @property
+    def inter(self) -> int:
+        """I: the experts' intermediate width (the down projection's K)."""
+        return self.down[0][0].shape[1] * 8 // self.bits
+
+
+def moe_codes(x: torch.Tensor, router: torch.Tensor, router_bias: torch.Tensor | None, experts: CodeExperts,
+              top_k: int, norm_topk: bool, *, impl: str = "auto") -> torch.Tensor:
+    """x (R, D) fp32 -> (R, D) fp32: as `moe`, over experts in the codes layout, the router's logits plus
+    `router_bias` (E,) where given, each expert's biases added after its products (gpt-oss). Each row alone."""
+    e, d = router.shape
+    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e or (
+            router_bias is not None and router_bias.shape != (e,)):
+        raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
+                         f"top {top_k}: they do not fit")
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        return moe_codes_reference(x, router, router_bias, experts, top_k, norm_topk)
+    x, router = x.float().contiguous(), router.float().contiguous()
+    rb = router_bias.float().contiguous() if router_bias is not None else None
+    out = torch.empty(x.shape, dtype=torch.float32)
+
+    def ptr(t: torch.Tensor | None):
+        return t.data_ptr() if t is not None else None
+
+    rc = kernel.lib.parley_moe_codes(x.data_ptr(), x.shape[0], d, router.data_ptr(), ptr(rb), e, top_k,
+                                     int(norm_topk), experts.at[0], experts.at[1], ptr(experts.gate_up_bias),
+                                     experts.at[2], experts.at[3], ptr(experts.down_bias), experts.bits,
+                                     ptr(experts.lut), experts.zero, experts.inter, CODE_ACTS[experts.act],
+                                     experts.alpha, experts.limit, out.data_ptr(), torch.get_num_threads())
+    if rc == -2:
+        raise ValueError(f"the library's experts do not take D = {d}, I = {experts.inter}")
+    if rc != 0:
+        raise MemoryError(f"no memory for a mixture step of {x.shape[0]} rows")
+    return out
+
+
+def moe_codes_reference(x: torch.Tensor, router: torch.Tensor, router_bias: torch.Tensor | None,
+                        experts: CodeExperts, top_k: int, norm_topk: bool) -> torch.Tensor:
+    """The same arithmetic in plain PyTorch: the products as qgemm_reference's (activations quantized per 32)."""
+    from kernels.cpu_qgemm import qgemm_reference
+
+    x = x.float()
+    logits = x @ router.float().t() + (router_bias.float() if router_bias is not None else 0.0)
+    weights, chosen = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+    if norm_topk:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    out, inter = torch.zeros_like(x), experts.inter
+
+    def product(rows: torch.Tensor, held: tuple[torch.Tensor, torch.Tensor], bias: torch.Tensor | None, e: int):
+        y = qgemm_reference(rows, held[0], held[1], None, experts.bits, 32, experts.zero, experts.lut)
+        return y if bias is None else y + bias[e]
+
+    for r in range(x.shape[0]):
+        for e, w in sorted(zip(chosen[r].tolist(), weights[r].tolist())):
+            gu = product(x[r:r + 1], experts.gate_up[e], experts.gate_up_bias, e)
+            gate, up = gu[:, :inter], gu[:, inter:]
+            if experts.act == "clamped":
+                gate, up = gate.clamp(max=experts.limit), up.clamp(-experts.limit, experts.limit)
+                act = gate * torch.sigmoid(experts.alpha * gate) * (up + 1)
+            else:
+                act = gated_act_reference(gate, up, experts.act)
+            out[r] += w * product(act, experts.down[e], experts.down_bias, e)[0]
     return out

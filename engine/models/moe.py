@@ -13,7 +13,7 @@ from engine.models.layers import ClampedGLU, GatedMLP, Linear, QuantLinear, mlp
 from engine.quant.weight import QuantTensor
 
 if TYPE_CHECKING:
-    from kernels.cpu_moe import ExpertBlocks
+    from kernels.cpu_moe import CodeExperts, ExpertBlocks
 
 
 class SparseMoE(nn.Module):
@@ -23,7 +23,8 @@ class SparseMoE(nn.Module):
     Experts run in ascending order, each on the rows that chose it, gathered: a row's result depends only on the row
     (every product here is row-wise), so greedy batched == alone holds as for a dense MLP. On the CPU library's
     super-block formats the whole layer is one library call (kernels/cpu_moe.py): routing is data there, not a host
-    sync, so CPU decode steps are taped. On CUDA's fused kernels the experts are stacked and every (row, expert) pair
+    sync, so CPU decode steps are taped (super-blocks: `parley_moe`; the codes layout, gpt-oss's MXFP4 with its biases:
+    `parley_moe_codes`). On CUDA's fused kernels the experts are stacked and every (row, expert) pair
     runs by index on the device (`_on_device`): steps replay as graphs."""
 
     # steps of at least this many rows group their (row, expert) pairs by expert on the device (H200, Qwen3-30B-A3B
@@ -85,8 +86,11 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         library = self._library() if x.device.type == "cpu" and x.dtype == torch.float32 else None
         if library is not None:  # routing, experts, shared expert and sums in one library call: steps are taped
-            from kernels.cpu_moe import moe
+            from kernels.cpu_moe import CodeExperts, moe, moe_codes
 
+            if isinstance(library, CodeExperts):  # experts in the codes layout (gpt-oss's MXFP4)
+                return moe_codes(x.reshape(-1, x.shape[-1]), self.gate.weight, self.gate.bias, library, self.top_k,
+                                 self.norm_topk, impl="native").reshape(x.shape)
             return moe(x.reshape(-1, x.shape[-1]), self.gate.weight, library, self.top_k, self.norm_topk,
                        self.select.bias if self.select is not None else None, sigmoid=self.sigmoid,
                        scaling=self.scaling, impl="native").reshape(x.shape)
@@ -153,15 +157,21 @@ class SparseMoE(nn.Module):
             out = y if out is None else out + y
         return out.to(x.dtype)
 
-    def _library(self) -> "ExpertBlocks | None":
-        """The router and experts as the CPU library's one-call mixture takes them (kernels/cpu_moe.py), or None;
-        found once the model is prepared (the experts' `native` flag and fused gate|up, `CausalLM.prepare`)."""
+    def _library(self) -> "ExpertBlocks | CodeExperts | None":
+        """The router and experts as the CPU library's one-call mixture takes them (kernels/cpu_moe.py: super-blocks,
+        or the codes layout), or None; found once the model is prepared (the experts' `native` flag and fused gate|up,
+        `CausalLM.prepare`)."""
         first = self.experts[0]
         key = (first.native, id(first.gate_up_proj))
         if self._held[0] != key:
             routers = [self.gate] + [g for g in (self.shared_expert_gate,) if g is not None]
-            self._held = (key, _expert_blocks(self.experts, self.shared_expert, self.shared_expert_gate)
-                          if all(map(_plain_router, routers)) else None)
+            held = None
+            if all(map(_plain_router, routers)):
+                held = _expert_blocks(self.experts, self.shared_expert, self.shared_expert_gate)
+            if held is None and self.select is None and not self.sigmoid and self.scaling == 1.0 \
+                    and self.shared_expert is None and _plain_router(self.gate, biased=True):
+                held = _code_experts(self.experts)
+            self._held = (key, held)
         return self._held[1]
 
 
@@ -181,10 +191,41 @@ def keeps_fp32(name: str, args: ModelArgs) -> bool:
         (args.expert_select_bias and name.endswith(".mlp.gate.weight"))
 
 
-def _plain_router(gate: nn.Module) -> bool:
-    """A router the library reads: fp32 weights on the CPU, no bias (GGUF files keep it F32)."""
-    return type(gate) is Linear and gate.bias is None and gate.weight.dtype == torch.float32 \
-        and gate.weight.device.type == "cpu"
+def _plain_router(gate: nn.Module, biased: bool = False) -> bool:
+    """A router the library reads: fp32 weights on the CPU (GGUF files keep it F32), no bias (`biased`: an fp32 one
+    allowed, gpt-oss's)."""
+    bias_ok = gate.bias is None or (biased and gate.bias.dtype == torch.float32)
+    return type(gate) is Linear and bias_ok and gate.weight.dtype == torch.float32 and gate.weight.device.type == "cpu"
+
+
+def _code_experts(experts: nn.ModuleList) -> "CodeExperts | None":
+    """Every expert's fused gate|up and down in the codes layout (one symmetric layout of groups of 32 for all, the
+    library's qgemm), their biases stacked, for parley_moe_codes; None where they are held otherwise."""
+    from kernels.cpu_moe import CodeExperts
+
+    first = experts[0]
+    if not first.native or not (first.act_kernel or first.glu is not None):
+        return None
+    mats = [(e.gate_up_proj, e.down_proj) for e in experts]
+    if not all(isinstance(m, QuantLinear) and m.qweight.format == "blocks" for pair in mats for m in pair):
+        return None
+    lay = first.gate_up_proj.qweight.code_layout
+    if lay.raw or lay.units or lay.bits == 5 or lay.zero < 0 or lay.group != 32 \
+            or any(m.qweight.code_layout != lay for pair in mats for m in pair):
+        return None
+    biases = []
+    for proj in ("gate_up_proj", "down_proj"):
+        held = [getattr(e, proj).bias for e in experts]
+        if any((b is None) != (held[0] is None) for b in held):
+            return None
+        biases.append(None if held[0] is None else torch.stack([b.float() for b in held]).contiguous())
+    from engine.quant.weight import FP4_LUT
+
+    glu = first.glu
+    return CodeExperts.of([(g.qweight.codes, g.qweight.scales) for g, _ in mats],
+                          [(d.qweight.codes, d.qweight.scales) for _, d in mats], *biases, lay.bits, lay.zero,
+                          FP4_LUT if lay.lut else None, "clamped" if glu is not None else first.act_kernel,
+                          *((glu.alpha, glu.limit) if glu is not None else ()))
 
 
 def _expert_blocks(experts: nn.ModuleList, shared: GatedMLP | None, shared_gate: Linear | None) -> "ExpertBlocks | None":

@@ -36,3 +36,18 @@ void parley_gated_act(const float *gate, const float *up, int64_t R, int64_t I, 
         for (; i < I; i++) o[i] = g[i] / (1.0f + expf(-gate_arg(g[i], act))) * u[i];
     }
 }
+
+/* gpt-oss's gated activation over a fused gate|up product: the gate capped at `limit`, the up clamped to ±limit, out
+   (R, I) = gate · σ(alpha · gate) · (up + 1), each value as the scalar code computes it (expf), row by row. */
+void parley_clamped_glu(const float *gate, const float *up, int64_t R, int64_t I, int64_t stride, float alpha,
+                        float limit, float *out) {
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = gate + r * stride, *u = up + r * stride;
+        float *o = out + r * I;
+        for (int64_t i = 0; i < I; i++) {
+            const float gi = g[i] > limit ? limit : g[i];  /* a NaN stays NaN, as torch's clamp keeps it */
+            const float ui = u[i] < -limit ? -limit : u[i] > limit ? limit : u[i];
+            o[i] = gi / (1.0f + expf(-alpha * gi)) * (ui + 1.0f);
+        }
+    }
+}

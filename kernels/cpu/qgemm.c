@@ -215,6 +215,25 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int group, int8_
     }
 }
 
+/* x's activations quantized for the products (quantize_rows) in scratch of their own: 0, or -1 without memory. */
+static int make_acts(const float *x, int64_t R, int64_t K, int group, Acts *acts) {
+    const int64_t nc = (K + CH - 1) / CH;
+    int8_t *a = malloc((size_t)(nc * R * CH));
+    float *dl = malloc(sizeof(float) * (size_t)(nc * R * 16));
+    float *dsum = malloc(sizeof(float) * (size_t)(R * (K / group)));
+    if (!a || !dl || !dsum) {
+        free(a); free(dl); free(dsum);
+        return -1;
+    }
+    quantize_rows(x, R, K, group, a, dl, dsum);
+    *acts = (Acts){a, dl, dsum, R, K};
+    return 0;
+}
+
+static void free_acts(const Acts *acts) {
+    free((void *)acts->a); free((void *)acts->dl); free((void *)acts->dsum);
+}
+
 /* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N, K·bits/8) uint8, bits 4, 5 or 8;
    scales, offsets (N, K/group) fp16 (offsets NULL: symmetric around `zero`); lut: NULL, or with 4-bit codes the 16
    codes (at most 127) their indices stand for. K a multiple of 32. Returns 0, or -1 when scratch could not be
@@ -226,16 +245,9 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
     const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
-    const int64_t nc = (K + CH - 1) / CH, run = column_run(N, threads);
-    int8_t *a = malloc((size_t)(nc * R * CH));
-    float *dl = malloc(sizeof(float) * (size_t)(nc * R * 16));
-    float *dsum = malloc(sizeof(float) * (size_t)(R * ng));
-    if (!a || !dl || !dsum) {
-        free(a); free(dl); free(dsum);
-        return -1;
-    }
-    quantize_rows(x, R, K, group, a, dl, dsum);
-    const Acts acts = {a, dl, dsum, R, K};
+    const int64_t run = column_run(N, threads);
+    Acts acts;
+    if (make_acts(x, R, K, group, &acts) != 0) return -1;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     {
@@ -272,7 +284,54 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
         }
         free(of);
     }
-    free(a); free(dl); free(dsum);
+    free_acts(&acts);
+    return failed ? -1 : 0;
+}
+
+/* parley_qgemm over groups of rows, each against its own matrix: group m's rows first[m] .. first[m] + count[m] - 1
+   of x times matrix m (codes[m], scales[m]: symmetric codes of one layout, as parley_qgemm's) plus bias[m] (N,)
+   where `bias` and bias[m] are not NULL, into the same rows of y (R, N): a mixture of experts' chosen experts in one
+   call, every group's weight rows shared out among the threads together. Each value is exactly parley_qgemm's for
+   that weight row and x row. Returns 0; -1 without scratch memory; -2 for a group outside x. */
+int parley_qgemm_grouped(const float *x, int64_t R, int64_t K, const uint8_t *const *codes,
+                         const uint16_t *const *scales, int bits, const uint8_t *lut, int group, int zero,
+                         const float *const *bias, const int64_t *first, const int64_t *count, int64_t M, int64_t N,
+                         float *y, int threads) {
+    int64_t widest = 0;
+    for (int64_t m = 0; m < M; m++) {
+        if (first[m] < 0 || count[m] < 1 || first[m] + count[m] > R) return -2;
+        if (count[m] > widest) widest = count[m];
+    }
+    const int64_t ng = K / group, row_bytes = K * bits / 8;
+    const int wide = bits == 8 && zero == 128 && WIDE_SHIFT != 0;
+    const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
+    const int64_t total = M * N, run = column_run(total, threads);
+    Acts acts;
+    if (make_acts(x, R, K, group, &acts) != 0) return -1;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) if (worth_threads(total, K, widest))
+    {
+        float *of = malloc(sizeof(float) * (size_t)ng);
+        if (!of) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(dynamic, run)
+        for (int64_t j = 0; j < total; j++) {
+            if (!of) continue;
+            const int64_t m = j / N, n = j - m * N, r = first[m];
+            const uint8_t *w = codes[m] + n * row_bytes;
+            const uint16_t *s = scales[m] + n * ng;
+            halves_to_f32(of, s, ng, -zero_f);
+#define GTILE(r0, nr) tile(&acts, r + (r0), nr, w, s, of, bits, lut, group, wide, y + n, N)
+            EACH_TILE(count[m], TILE, GTILE);
+#undef GTILE
+            if (bias && bias[m])  /* after the sum, as parley_qgemm adds it */
+                for (int64_t i = r; i < r + count[m]; i++) y[i * N + n] += bias[m][n];
+        }
+        free(of);
+    }
+    free_acts(&acts);
     return failed ? -1 : 0;
 }
 

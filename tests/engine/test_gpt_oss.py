@@ -145,6 +145,49 @@ def test_mxfp4_file_experts_stay_mxfp4(files, tmp_path):
         assert_batched_equals_alone(lm, layout)
 
 
+@pytest.mark.parametrize("kind", ["mxfp4", 2, 3])  # MXFP4 experts, Q8_0, Q4_0
+def test_quantized_layers_are_one_library_call_and_taped(files, tmp_path, kind):
+    """Each layer's routing (the router's bias included), chosen experts (their biases, the clamped activation) and
+    sum in one library call: near the expert-by-expert path, every row as alone; decode steps replay from CPU tapes
+    and give the eager steps' tokens."""
+    from bench.runs import RunConfig, make_batcher
+    from engine.sampling import SamplingParams
+    from kernels.cpu_moe import CodeExperts
+    from kernels.cpu_native import cpu_kernel
+    from tests.support.engine_helpers import run_staggered
+    from tests.support.gguf_export import write_gguf
+
+    if cpu_kernel() is None:
+        pytest.skip("the CPU kernel does not build here")
+    # MXFP4 experts beside Q8_0 matrices, as llama.cpp's gpt-oss files (an F32 attention would run in torch: no tape)
+    path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "Q8_0", overrides={"_exps.weight": "MXFP4"}) \
+        if kind == "mxfp4" else files[kind]
+    lm = load_model(path, LoadOptions(weights="quantized"))
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (3, 11, 29)]
+    params = [SamplingParams(max_tokens=n) for n in (12, 5, 9)]
+    outs = []
+    for taped in (False, True):
+        batcher = make_batcher(lm, len(prompts), RunConfig(max_seq_len=128, step_tokens=16, chunk_tokens=8))
+        if not taped:
+            batcher.runner.tapes = None
+        outs.append(run_staggered(batcher, prompts, [0, 0, 2], params))
+        tapes = batcher.runner.tapes
+    assert outs[1] == outs[0] and tapes.refused is None and len(tapes.tapes) >= 2
+    moe = lm.model.model.layers[0].mlp
+    assert isinstance(moe._library(), CodeExperts) and moe.tapeable
+    x = torch.randn(9, lm.args.hidden_size, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        fast = moe(x)
+        assert all(torch.equal(moe(x[i:i + 1])[0], fast[i]) for i in range(len(x)))
+        held, moe._held = moe._held, ((moe.experts[0].native, id(moe.experts[0].gate_up_proj)), None)
+        try:
+            modules = moe(x)  # expert by expert
+        finally:
+            moe._held = held
+    torch.testing.assert_close(fast, modules, atol=1e-4 * float(modules.abs().max()), rtol=1e-4)
+
+
 def test_mlx_holds_mxfp4_experts_exactly(files, tmp_path):
     """The MXFP4 experts on MLX (their codes as MLX's affine bytes): MLX's logits are torch's in fp32 on the same
     dequantized weights."""

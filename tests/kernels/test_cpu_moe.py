@@ -136,3 +136,39 @@ def test_a_row_of_nans_stays_its_own():
     got = moe(x, router, experts, 2, True, impl="native")
     assert torch.equal(got[[0, 3]], good[[0, 3]])
     assert not torch.isfinite(got[1]).all() and not torch.isfinite(got[2]).all()
+
+
+def _code_experts(bits: int, lut: bool, act: str, biased: bool) -> "CodeExperts":
+    """E experts in the codes layout (MXFP4's indices with its lut, or 8-bit codes with zero 128), random."""
+    from engine.quant.weight import FP4_LUT
+    from kernels.cpu_moe import CodeExperts
+
+    g = torch.Generator().manual_seed(7)
+
+    def matrix(n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        codes = torch.randint(0, 256, (n, k * bits // 8), dtype=torch.uint8, generator=g)
+        return codes, (torch.rand(n, k // 32, generator=g) * (0.004 if bits == 8 else 0.05) + 1e-3).half()
+
+    gu, dn = [matrix(2 * I, D) for _ in range(E)], [matrix(D, I) for _ in range(E)]
+    biases = (torch.randn(E, 2 * I, generator=g), torch.randn(E, D, generator=g)) if biased else (None, None)
+    return CodeExperts.of(gu, dn, *biases, bits, 12 if lut else 128, FP4_LUT if lut else None, act, 1.702, 1.5)
+
+
+@pytest.mark.parametrize("bits, lut, act, biased", [(4, True, "clamped", True), (8, False, "silu", False)],
+                         ids=["mxfp4-gpt-oss", "q8-silu"])
+def test_codes_layout_mixture_is_near_its_reference(bits, lut, act, biased):
+    """gpt-oss's layer in one call (MXFP4 experts, router and experts' biases, the clamped activation at a limit low
+    enough to bite), and a plain 8-bit one: near the reference, every row as alone, and the router bias really moves
+    the choice."""
+    from kernels.cpu_moe import moe_codes
+
+    experts = _code_experts(bits, lut, act, biased)
+    x, router = _inputs()
+    rb = torch.linspace(-1.0, 1.0, E) if biased else None
+    got = moe_codes(x, router, rb, experts, 2, True, impl="native")
+    want = moe_codes(x, router, rb, experts, 2, True, impl="reference")
+    assert (got - want).abs().max() <= 2e-4 * want.abs().max(), ((got - want).abs().max(), want.abs().max())
+    alone = torch.cat([moe_codes(x[i:i + 1], router, rb, experts, 2, True, impl="native") for i in range(len(x))])
+    assert torch.equal(got, alone)
+    if biased:
+        assert (got - moe_codes(x, router, None, experts, 2, True, impl="native")).abs().max() > 1e-2 * got.abs().max()
