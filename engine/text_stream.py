@@ -8,7 +8,7 @@ from engine.tokenizer.harmony import HarmonyText
 class TextStream:
     def __init__(self, tokenizer: Tokenizer, stop: list[str], context: list[int] | tuple[int, ...] = ()):
         self.detok = tokenizer.detokenizer(skip_special=True, context=context)
-        self.harmony = HarmonyText() if getattr(tokenizer, "harmony", False) else None  # gpt-oss's channels
+        self.harmony = HarmonyText() if tokenizer.harmony else None  # gpt-oss's channels
         self.stop = [s for s in stop if s]
         self.text = ""  # everything released so far
         self._held = ""

@@ -78,11 +78,7 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
     softmax over all experts, or each one's sigmoid with `sigmoid`; renormalised over the chosen with `norm_topk`,
     times `scaling`) and summed, experts ascending, plus the shared expert's (gated) output where there is one. Each
     row alone: its result never depends on the other rows."""
-    e, d = router.shape
-    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e or (
-            select_bias is not None and select_bias.shape != (e,)):
-        raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
-                         f"top {top_k}: they do not fit")
+    e, d = _check_routing(x, router, len(experts.gate_up), top_k, select_bias)
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         return moe_reference(x, router, experts, top_k, norm_topk, select_bias, sigmoid, scaling)
@@ -98,10 +94,25 @@ def moe(x: torch.Tensor, router: torch.Tensor, experts: ExpertBlocks, top_k: int
                                experts.gate_up_at, KINDS[experts.gate_up_type][0], experts.inter, experts.down_at,
                                KINDS[experts.down_type][0], ACTS[experts.act], *shared, out.data_ptr(),
                                torch.get_num_threads())
+    return _checked(rc, out, experts.inter)
+
+
+def _check_routing(x: torch.Tensor, router: torch.Tensor, experts: int, top_k: int,
+                   bias: torch.Tensor | None) -> tuple[int, int]:
+    """(E, D) of a router that fits x, its experts, top_k and a per-expert bias (E,) or None; else ValueError."""
+    e, d = router.shape
+    if x.shape[-1] != d or experts != e or not 1 <= top_k <= e or (bias is not None and bias.shape != (e,)):
+        raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {experts} experts, top {top_k}: they do "
+                         "not fit")
+    return e, d
+
+
+def _checked(rc: int, out: torch.Tensor, inter: int) -> torch.Tensor:
+    """A library mixture's result, or its failure as an exception."""
     if rc == -2:
-        raise ValueError(f"the library's experts do not take D = {d}, I = {experts.inter}")
+        raise ValueError(f"the library's experts do not take D = {out.shape[-1]}, I = {inter}")
     if rc != 0:
-        raise MemoryError(f"no memory for a mixture step of {x.shape[0]} rows")
+        raise MemoryError(f"no memory for a mixture step of {out.shape[0]} rows")
     return out
 
 
@@ -183,11 +194,7 @@ def moe_codes(x: torch.Tensor, router: torch.Tensor, router_bias: torch.Tensor |
               top_k: int, norm_topk: bool, *, impl: str = "auto") -> torch.Tensor:
     """x (R, D) fp32 -> (R, D) fp32: as `moe`, over experts in the codes layout, the router's logits plus
     `router_bias` (E,) where given, each expert's biases added after its products (gpt-oss). Each row alone."""
-    e, d = router.shape
-    if x.shape[-1] != d or len(experts.gate_up) != e or not 1 <= top_k <= e or (
-            router_bias is not None and router_bias.shape != (e,)):
-        raise ValueError(f"x {list(x.shape)}, router {list(router.shape)}, {len(experts.gate_up)} experts, "
-                         f"top {top_k}: they do not fit")
+    e, d = _check_routing(x, router, len(experts.gate_up), top_k, router_bias)
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         return moe_codes_reference(x, router, router_bias, experts, top_k, norm_topk)
@@ -203,11 +210,7 @@ def moe_codes(x: torch.Tensor, router: torch.Tensor, router_bias: torch.Tensor |
                                      experts.at[2], experts.at[3], ptr(experts.down_bias), experts.bits,
                                      ptr(experts.lut), experts.zero, experts.inter, CODE_ACTS[experts.act],
                                      experts.alpha, experts.limit, out.data_ptr(), torch.get_num_threads())
-    if rc == -2:
-        raise ValueError(f"the library's experts do not take D = {d}, I = {experts.inter}")
-    if rc != 0:
-        raise MemoryError(f"no memory for a mixture step of {x.shape[0]} rows")
-    return out
+    return _checked(rc, out, experts.inter)
 
 
 def moe_codes_reference(x: torch.Tensor, router: torch.Tensor, router_bias: torch.Tensor | None,

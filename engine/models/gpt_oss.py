@@ -2,7 +2,8 @@
 logit per head in each attention softmax, sliding-window layers (128 keys) alternating with full ones, YaRN, and a
 mixture of experts: a router with a bias, softmax over the top 4, experts with biases and a clamped gated activation
 (engine/models/layers.ClampedGLU). Folders hold the experts' gate and up interleaved (and often as MXFP4 blocks:
-dequantized here); llama.cpp's files hold them apart, the experts' MXFP4 held as int8 groups (a notice says so).
+dequantized here); llama.cpp's files hold them apart, their MXFP4 experts kept 4-bit on the CPU's own kernels
+(engine/quant/block_codes.py) and re-quantized to int8 groups elsewhere (a notice says so).
 A GGUF's YaRN frequencies are llama.cpp's (its ramp is truncated; transformers' config says not to): each runs as
 its own reference does."""
 from __future__ import annotations
@@ -13,19 +14,16 @@ from typing import Any
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.models import llama
+from engine.models import llama, qwen2
+from engine.quant.block_codes import FP4_CODES
 from engine.models.args import GLOBAL, SLIDING, ModelArgs, gguf_metadata_errors, hf_layer_types, positive, require
 
 ARCH = "gpt-oss"  # llama.cpp's name; transformers' is gpt_oss
 GGUF_BLOCK_NAMES = {**llama.GGUF_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm"}
 GGUF_BLOCK_PARAMS = {"attn_sinks": "self_attn.sinks"}  # blk.N.attn_sinks.weight: the parameter itself
 Model = llama.Model
-FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+gguf_fix = qwen2.gguf_fix  # NEOX rope: the files keep transformers' q/k row order
 LIMIT, ALPHA = 7.0, 1.702  # the reference's clamp and sigmoid slope (llama.cpp's files do not store them)
-
-
-def gguf_fix(name: str, tensor: torch.Tensor, args: ModelArgs) -> torch.Tensor:
-    return tensor  # NEOX rope: the files keep transformers' q/k row order
 
 
 def args_from_hf(config: dict[str, Any]) -> ModelArgs:
@@ -114,7 +112,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
             or blocks.shape[-1] != 16:
         raise ModelLoadError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match.")
-    lut = torch.tensor(FP4_VALUES, dtype=torch.float32)
+    lut = (torch.from_numpy(FP4_CODES).float() - 12) / 2  # the 16 e2m1 values (FP4_CODES are them doubled, + 12)
     values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
     values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])
     return values.flatten(-2)

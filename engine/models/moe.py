@@ -213,19 +213,29 @@ def _code_experts(experts: nn.ModuleList) -> "CodeExperts | None":
     if lay.raw or lay.units or lay.bits == 5 or lay.zero < 0 or lay.group != 32 \
             or any(m.qweight.code_layout != lay for pair in mats for m in pair):
         return None
-    biases = []
-    for proj in ("gate_up_proj", "down_proj"):
-        held = [getattr(e, proj).bias for e in experts]
-        if any((b is None) != (held[0] is None) for b in held):
-            return None
-        biases.append(None if held[0] is None else torch.stack([b.float() for b in held]).contiguous())
+    biases = _stacked_biases(experts)
+    if biases is None:
+        return None
     from engine.quant.weight import FP4_LUT
 
     glu = first.glu
     return CodeExperts.of([(g.qweight.codes, g.qweight.scales) for g, _ in mats],
-                          [(d.qweight.codes, d.qweight.scales) for _, d in mats], *biases, lay.bits, lay.zero,
+                          [(d.qweight.codes, d.qweight.scales) for _, d in mats],
+                          *(b.float() if b is not None else None for b in biases), lay.bits, lay.zero,
                           FP4_LUT if lay.lut else None, "clamped" if glu is not None else first.act_kernel,
                           *((glu.alpha, glu.limit) if glu is not None else ()))
+
+
+def _stacked_biases(experts: nn.ModuleList) -> list[torch.Tensor | None] | None:
+    """The experts' gate|up and down biases, each stacked (experts, rows), or None for a projection without; None
+    where only some experts have them."""
+    out = []
+    for proj in ("gate_up_proj", "down_proj"):
+        held = [getattr(e, proj).bias for e in experts]
+        if any((b is None) != (held[0] is None) for b in held):
+            return None
+        out.append(None if held[0] is None else torch.stack(held))
+    return out
 
 
 def _expert_blocks(experts: nn.ModuleList, shared: GatedMLP | None, shared_gate: Linear | None) -> "ExpertBlocks | None":
@@ -281,15 +291,13 @@ class StackedExperts:
         first = experts[0]
         if not (first.act_kernel or first.glu is not None) or first.gate_up_proj is None:
             return None
-        if any((e.gate_up_proj.bias is None) != (first.gate_up_proj.bias is None) or
-               (e.down_proj.bias is None) != (first.down_proj.bias is None) for e in experts):
+        biases = _stacked_biases(experts)
+        if biases is None:
             return None
         gate_up = _stack([e.gate_up_proj for e in experts])
         down = _stack([e.down_proj for e in experts]) if gate_up is not None else None
         if down is None:
             return None
-        biases = [None if first.gate_up_proj.bias is None else torch.stack([e.gate_up_proj.bias for e in experts]),
-                  None if first.down_proj.bias is None else torch.stack([e.down_proj.bias for e in experts])]
         return StackedExperts(gate_up[0], gate_up[1], down[0], down[1], first.act_kernel, first.glu, *biases)
 
 

@@ -22,8 +22,6 @@ BLOCK = {"Q4_0": (18, 32), "Q4_1": (20, 32), "Q4_K": (144, 256), "Q5_0": (22, 32
 # MXFP4's 16 4-bit floats (e2m1: ±0, 0.5, 1, 1.5, 2, 3, 4, 6) doubled and moved by 12: codes 0..24 with zero 12, so
 # w = s·(code - 12) with s = 2^(e - 128) for the block's exponent e (its own scale is 2^(e - 127))
 FP4_CODES = np.array([12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0], dtype=np.uint8)
-FP4_INDEX = np.zeros(25, dtype=np.uint8)
-FP4_INDEX[FP4_CODES[::-1]] = np.arange(15, -1, -1, dtype=np.uint8)  # each code's index (the first for 0: +0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,10 +160,14 @@ def _q8_0(b, n, k):
     return Codes(u.reshape(n, k), _f16(b[..., 0:2]), None)
 
 
+def fp4_scales(exponents: np.ndarray) -> np.ndarray:
+    """MXFP4 blocks' exponent bytes e as the scales of FP4_CODES: 2^(e - 128), fp32."""
+    return np.ldexp(np.float32(1.0), exponents.astype(np.int32) - 128).astype(np.float32)
+
+
 def _mxfp4(b, n, k):
     """A block: its exponent byte e, then 16 bytes of 4-bit floats (element j low in byte j, j + 16 high)."""
-    scale = np.ldexp(np.float32(1.0), b[..., 0].astype(np.int32) - 128).astype(np.float32)
-    return Codes(FP4_CODES[_nibbles(b[..., 1:])].reshape(n, k), scale, None)
+    return Codes(FP4_CODES[_nibbles(b[..., 1:])].reshape(n, k), fp4_scales(b[..., 0]), None)
 
 
 _DECODERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q4_K": _q4_k, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q5_K": _q5_k,

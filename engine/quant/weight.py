@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import BLOCK, FP4_CODES, CodeLayout, codes_layout, held_layout, superblock_rows
+from engine.quant.block_codes import (BLOCK, FP4_CODES, CodeLayout, codes_layout, fp4_scales, held_layout,
+                                      superblock_rows)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 
 FP4_LUT = torch.from_numpy(FP4_CODES)  # MXFP4's codes by index (engine/quant/block_codes.py)
@@ -347,6 +348,8 @@ class BlockRows:
     def __init__(self, n: int, k: int, type_name: str):
         self.type_name, self.layout = type_name, codes_layout(type_name, k)
         lay = self.layout
+        if lay.lut:  # its codes are indices, held as the file has them
+            raise ValueError("MXFP4 rows are held from the file's bytes (mxfp4_blocks), not through BlockRows")
         self.codes = torch.empty(n, k * lay.bits // 8, dtype=torch.uint8)
         self.scales = torch.empty(n, k // lay.group, dtype=torch.float16)
         self.offsets = torch.empty(n, k // lay.group, dtype=torch.float16) if lay.zero < 0 else None
@@ -355,10 +358,7 @@ class BlockRows:
         from engine.quant.block_codes import pack_fives, pack_nibbles
 
         stop = start + len(c.codes)
-        from engine.quant.block_codes import FP4_INDEX
-
-        codes = FP4_INDEX[c.codes] if self.layout.lut else c.codes  # MXFP4: held as indices, looked up in the kernel
-        codes = pack_nibbles(codes) if self.layout.bits == 4 else codes
+        codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
         codes = pack_fives(codes) if self.layout.bits == 5 and not self.layout.units else codes
         if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
             from kernels.kquant_layout import interleave_units, pack_fifths
@@ -392,8 +392,7 @@ def mxfp4_blocks(raw: np.ndarray, k: int, row_order: torch.Tensor | None = None)
     for start in range(0, n, step):
         b = np.ascontiguousarray(raw[start:start + step], dtype=np.uint8).reshape(-1, k // 32, 17)
         codes[start:start + len(b)] = torch.from_numpy(np.ascontiguousarray(b[..., 1:]).reshape(len(b), -1))
-        e = b[..., 0].astype(np.int32) - 128
-        scales[start:start + len(b)] = torch.from_numpy(np.ldexp(np.float32(1.0), e).astype(np.float16))
+        scales[start:start + len(b)] = torch.from_numpy(fp4_scales(b[..., 0]).astype(np.float16))
     if row_order is not None:
         codes, scales = codes[row_order], scales[row_order]
     return QuantTensor("blocks", (n, k), "MXFP4", lay, codes=codes, scales=scales)
