@@ -2,7 +2,7 @@
 Triton skinny GEMM, per row count, with a sweep of tile shapes. Prints JSON lines: shape, rows, kind, config, us,
 gb_s (weight bytes over time), speedup_vs_bf16.
 
-    python -m bench.quant_linear_gpu --rows 1 8 64 [--sweep]
+    python -m bench.quant_linear_gpu --rows 1 8 64 [--sweep] [--int8] [--fp4]
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ MATRICES = {  # name: (N, K)
     "8b.down": (4096, 14336), "8b.head": (128256, 4096), "1b.qkv": (3072, 2048), "1b.o": (2048, 2048),
     "1b.gate_up": (16384, 2048), "1b.down": (2048, 8192), "270m.qkv": (1536, 640), "270m.o": (640, 1024),
     "270m.gate_up": (4096, 640), "270m.down": (640, 2048), "270m.head": (262144, 640),
+    "oss.expert_gate_up": (5760, 2880), "oss.expert_down": (2880, 2880),  # one gpt-oss-20b expert
 }
 
 
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--sweep", action="store_true", help="try tile shapes (block_n, warps, stages) of --kernel")
     ap.add_argument("--matrices", nargs="+", default=list(MATRICES))
     ap.add_argument("--int8", action="store_true", help="also the int8-row kernel")
+    ap.add_argument("--fp4", action="store_true", help="also MXFP4's 4-bit floats in int4's words (the same kernel)")
     ap.add_argument("--splits", type=int, nargs="+", default=[1],
                     help="K slices tried (fp32 partials a consumer sums; the sum is not timed)")
     ap.add_argument("--narrow-sweep", action="store_true", help="a smaller sweep: block_n 32-128, stages 3-4")
@@ -64,8 +66,10 @@ def main() -> None:
         n, k = MATRICES[name]
         copies = max(2, min(18, (256 << 20) // (n * k)))  # more bytes than L2 holds, as in a step's chain of layers
         ws = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-        q4 = [(torch.randint(-2**31, 2**31 - 1, (n, k // 8), dtype=torch.int32, device=dev),
-               torch.full((n, k // 128, 4), 0x3C003C00, dtype=torch.int32, device=dev)) for _ in range(copies)]
+        kp = -(-k // 128) * 128  # K padded to whole chunks
+        q4 = [(torch.randint(-2**31, 2**31 - 1, (n, kp // 8), dtype=torch.int32, device=dev),
+               torch.full((n, kp // 128, 4), 0x3C003C00, dtype=torch.int32, device=dev)) for _ in range(copies)]
+        fp4 = [(w, torch.full((n, kp // 128, 1), 0x7A7A7A7A, dtype=torch.int32, device=dev)) for w, _ in q4]
         q8 = [(torch.randint(-127, 128, (n, k), dtype=torch.int8, device=dev),
                torch.full((n,), 1e-3, device=dev, dtype=torch.bfloat16)) for _ in range(copies)]
         for m in opts.rows:
@@ -76,8 +80,11 @@ def main() -> None:
             int4 = ("int4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **_kernel_args(c))
                                               for a in _layout(q4, c)], n * k * 5 // 8)
             int8 = ("int8", lambda c: [lambda a=a: int8_linear_triton(x, *a, **c) for a in q8], n * k)
+            mx = ("fp4", lambda c: [lambda a=a: int4_linear_triton(x, *a, **_kernel_args(c))
+                                    for a in _layout(fp4, c)], n * k * 17 // 32)
             # tiles given or swept are one kernel's; with none, --int8 adds the int8 kernel's default beside int4's
             kinds = (int8,) if opts.kernel == "int8" else (int4, int8) if opts.int8 and len(configs) == 1 else (int4,)
+            kinds += (mx,) if opts.fp4 else ()
             for kind, calls, nbytes in kinds:
                 results = []
                 for c in configs:

@@ -99,5 +99,5 @@ def _verify_rows(model: CausalLM, graphs) -> int | None:
         return None
     from kernels.quant_linear_triton import ROW_TILE
 
-    quantized = any(isinstance(m, QuantTensor) and m.format in ("int4", "int8") for m in model.modules())
+    quantized = any(isinstance(m, QuantTensor) and m.format in ("int4", "fp4", "int8") for m in model.modules())
     return min(graphs.buckets[-1], ROW_TILE) if quantized else graphs.buckets[-1]

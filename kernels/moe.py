@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention import _use_triton
-from kernels.quant_linear import int4_rows_reference
+from kernels.quant_linear import WORDS, int4_rows_reference
 
-FORMATS = ("int4", "int8", "bf16")
+FORMATS = ("int4", "fp4", "int8", "bf16")
 TILE_ROWS = 16  # pairs of one expert a grouped tile takes: one 16-row dot
 TABLE_PAIRS = 1024  # pairs up to which one program lays out the tiles (a decode step's; prefill chunks: torch's sort)
 
@@ -104,7 +104,7 @@ def weighted_rows(y: torch.Tensor, weights: torch.Tensor, *, impl: str = "auto")
 
 def _dense(fmt: str, stacked: dict[str, torch.Tensor], e: int, k: int) -> torch.Tensor:
     """Expert e's matrix in fp32."""
-    if fmt == "int4":
+    if fmt in WORDS:
         return int4_rows_reference(stacked["words"][e], stacked["pairs"][e], torch.float32, k)
     if fmt == "int8":
         return stacked["codes"][e].float() * stacked["scale"][e].float()[:, None]
@@ -116,7 +116,7 @@ def _experts_triton(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor],
     import triton
 
     from kernels.moe_triton import _int4_experts, _rows_experts
-    from kernels.quant_linear_triton import _asm, int4_layout, int4_tiles, int8_tiles
+    from kernels.quant_linear_triton import _asm, int4_layout, int4_tiles, int8_tiles, is_fp4
 
     x = x if x.stride(1) == 1 else x.contiguous()
     experts = experts.contiguous()  # any integer type: the kernels read it as it is
@@ -126,7 +126,7 @@ def _experts_triton(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor],
     interpret = x.device.type == "cpu"
     dot_fp32 = interpret and x.dtype == torch.bfloat16
     k = x.shape[1]
-    if fmt == "int4":
+    if fmt in WORDS:
         words, pairs_, tile = int4_layout(stacked["words"][0], stacked["pairs"][0])
         n, kp = words.shape[0], words.shape[1] * 8
         bn, step, stages, warps = int4_tiles(n, kp // 128, interpret, 16)
@@ -135,7 +135,7 @@ def _experts_triton(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor],
             x, stacked["words"], stacked["pairs"], ex, order, starts, y, n, k, kp, x_div, x.stride(0),
             stacked["words"].stride(0), words.stride(0) * tile, stacked["pairs"].stride(0), pairs_.stride(0) * tile,
             y.stride(0), BLOCK_N=bn, CHUNKS=step, DOT_FP32=dot_fp32, ASM=_asm(x), TILE=tile,
-            GROUPED=tiles is not None, num_warps=warps, num_stages=stages)
+            GROUPED=tiles is not None, FP4=is_fp4(pairs_), num_warps=warps, num_stages=stages)
         return y
     codes = stacked["codes"] if fmt == "int8" else stacked["weight"]
     scale = stacked["scale"] if fmt == "int8" else codes

@@ -1,7 +1,7 @@
 """Triton products of a mixture of experts' chosen experts for decode-sized steps, the routing read on the device.
 
 Every expert of a layer is stacked in one tensor per buffer (engine/models/moe.py `StackedExperts`), in the layouts of
-kernels/quant_linear_triton.py (int4 words and pairs, int8 codes and row scales) or bf16. One program owns a BLOCK_N
+kernels/quant_linear_triton.py (int4 or fp4 words and pairs, int8 codes and row scales) or bf16. One program owns a BLOCK_N
 slice of one tile's output: one (row, expert) pair in row 0 of a 16-row dot, or (GROUPED) up to 16 pairs of one expert
 side by side, so that a step of many sessions reads an expert once per 16 rows that chose it, not once per row. It
 reads the tile's expert (and, grouped, its pairs) on the device: no host sync and no per-expert launch, and a step
@@ -45,7 +45,7 @@ def _store_pairs(Y, pair, ok, offs_n, n_ok, acc, stride_ym):
 @triton.jit
 def _int4_experts(X, Q, P, E, ORDER, STARTS, Y, N, K, KP, XDIV, stride_xm, stride_qe, stride_qn, stride_pe, stride_pn,
                   stride_ym, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, DOT_FP32: tl.constexpr, ASM: tl.constexpr,
-                  TILE: tl.constexpr, GROUPED: tl.constexpr):
+                  TILE: tl.constexpr, GROUPED: tl.constexpr, FP4: tl.constexpr):
     # tile t = program_id(1): its pairs' x rows (pair // XDIV) against their expert's int4 matrix, to their Y rows
     pair, ok, xrow, e, count = _tile(tl.program_id(1), ORDER, STARTS, E, XDIV, GROUPED)
     if count > 0:
@@ -59,7 +59,7 @@ def _int4_experts(X, Q, P, E, ORDER, STARTS, Y, N, K, KP, XDIV, stride_xm, strid
             for c in tl.static_range(CHUNKS):
                 chunk = c0 + c
                 w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt,
-                                                              ASM, TILE)
+                                                              ASM, TILE, FP4)
                 acc = _chunk_dots_at(X, xrow, ok, chunk * 128 + tl.arange(0, 16), K, stride_xm, w0, w1, w2, w3, w4,
                                      w5, w6, w7, acc, DOT_FP32)
         _store_pairs(Y, pair, ok, offs_n, n_ok, acc, stride_ym)

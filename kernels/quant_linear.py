@@ -13,27 +13,30 @@ from kernels.attention import _use_triton
 
 MAX_ROWS = 64
 GROUP = 32
+WORDS = ("int4", "fp4")  # the formats held in int4's words and pairs (fp4: MXFP4, its pairs one int32 of exponents)
+FP4_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])  # E2M1, by nibble
 
 
 def int4_tiled(words: torch.Tensor, pairs: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row-major int4 words (N, KP/8) and pairs (N, KP/128, 4) in the tiled layout of kernels/quant_linear_triton.py:
-    (N/tile, KP/128, tile, 16) and (N/tile, KP/128, tile, 4); N a multiple of `tile`."""
-    n, chunks = pairs.shape[:2]
+    """Row-major int4 words (N, KP/8) and pairs (N, KP/128, W) in the tiled layout of kernels/quant_linear_triton.py:
+    (N/tile, KP/128, tile, 16) and (N/tile, KP/128, tile, W); N a multiple of `tile`."""
+    n, chunks, width = pairs.shape
     assert n % tile == 0, (n, tile)
     return (words.reshape(n // tile, tile, chunks, 16).transpose(1, 2).contiguous(),
-            pairs.reshape(n // tile, tile, chunks, 4).transpose(1, 2).contiguous())
+            pairs.reshape(n // tile, tile, chunks, width).transpose(1, 2).contiguous())
 
 
 def int4_row_major(words: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Either int4 layout as row-major words (N, KP/8) and pairs (N, KP/128, 4) (a copy where tiled)."""
+    """Either int4 layout as row-major words (N, KP/8) and pairs (N, KP/128, W) (a copy where tiled)."""
     if words.dim() == 2:
         return words, pairs
     g, chunks, tile, _ = words.shape
-    return (words.transpose(1, 2).reshape(g * tile, chunks * 16), pairs.transpose(1, 2).reshape(g * tile, chunks, 4))
+    return (words.transpose(1, 2).reshape(g * tile, chunks * 16),
+            pairs.transpose(1, 2).reshape(g * tile, chunks, pairs.shape[-1]))
 
 
 def int4_gather_rows(words: torch.Tensor, pairs: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows `ids` (1-D) of either int4 layout, row-major: an embedding lookup's (T, KP/8) words, (T, KP/128, 4) pairs."""
+    """Rows `ids` (1-D) of either int4 layout, row-major: an embedding lookup's (T, KP/8) words, (T, KP/128, W) pairs."""
     if words.dim() == 2:
         return words[ids], pairs[ids]
     tile = words.shape[2]
@@ -42,12 +45,17 @@ def int4_gather_rows(words: torch.Tensor, pairs: torch.Tensor, ids: torch.Tensor
 
 def int4_rows_reference(words: torch.Tensor, pairs: torch.Tensor, dtype: torch.dtype,
                        k: int | None = None) -> torch.Tensor:
-    """Rows of either int4 layout (row-major: (T, KP/8) words, (T, KP/128, 4) pairs) -> (T, k) in `dtype` (k: the
-    unpadded width, default KP): (code - 8) * scale + zero in fp32."""
+    """Rows of either int4 layout (row-major: (T, KP/8) words, (T, KP/128, W) pairs) -> (T, k) in `dtype` (k: the
+    unpadded width, default KP): (code - 8) * scale + zero in fp32, or for fp4 (W = 1) fp4 * 2^(e - 127)."""
     words, pairs = int4_row_major(words, pairs)
     t, chunks = words.shape[0], words.shape[1] // 16
     w = words.reshape(t, chunks, 1, 16)
     codes = (w >> (4 * torch.arange(8, device=words.device, dtype=words.dtype))[:, None]) & 0xF  # (T, C, 8, 16)
+    if pairs.shape[-1] == 1:
+        e = pairs.reshape(t, chunks, 1) >> (8 * torch.arange(4, device=words.device, dtype=pairs.dtype)) & 0xFF
+        scale = torch.ldexp(torch.ones(e.shape, device=words.device), e - 127).repeat_interleave(GROUP, dim=-1)
+        rows = FP4_VALUES.to(words.device)[codes.reshape(t, chunks, 128).long()] * scale
+        return rows.reshape(t, chunks * 128)[:, :k].to(dtype)
     p = pairs.reshape(t, chunks, 4)
     def halves(a, b):  # the four groups' values (T, C, 4) of two bf16 pairs
         return torch.stack([_low(a), _low(b), _high(a), _high(b)], dim=-1)

@@ -17,6 +17,10 @@ Layouts (engine/quant/weight.py builds them):
         Tiled (where N is a multiple of 16, engine/quant/weight.py): words (N/16, KP/128, 16, 16) and pairs
         (N/16, KP/128, 16, 4), a chunk's 16 rows side by side, so a program's load of a chunk is one contiguous run
         (H200, one row: 8B gate/up 39.4 → 37.7 µs, o 8.6 → 8.0, 270M head 56 → 52; 64 rows: 270M head 139 → 109).
+  fp4   MXFP4 (gpt-oss's experts) in int4's words, each nibble a 4-bit float (E2M1: sign, two exponent bits, one
+        mantissa bit); pairs (N, KP/128, 1) int32: the chunk's four groups' exponent bytes e (low byte first),
+        w = fp4 * 2^(e - 127) (e <= 128; padding: code 0). Tiled as int4, pairs (N/16, KP/128, 16, 1). The kernels
+        tell the two kinds apart by the pairs' last dimension (`is_fp4`).
   int8  codes (N, K) int8 and scale (N,): w = code * scale, the scale applied to the output column
 """
 from __future__ import annotations
@@ -56,13 +60,19 @@ def _code(word, i: tl.constexpr, pairs_a, pairs_b, zeros_a, zeros_b, dt: tl.cons
 
 @triton.jit
 def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constexpr, ASM: tl.constexpr,
-                 TILE: tl.constexpr):
+                 TILE: tl.constexpr, FP4: tl.constexpr = False):
     # the chunk's eight (BLOCK_N, 16) slices of dequantized weights, slice i = K offsets 16 i .. 16 i + 15; a chunk's
     # TILE rows lie together (1: row-major), stride_qn and stride_pn step one TILE-row group
     w_ok = n_ok[:, None]
     group, r = (offs_n // TILE)[:, None], (offs_n % TILE)[:, None]
     word = tl.load(Q + group * stride_qn + chunk * (16 * TILE) + r * 16 + tl.arange(0, 16)[None, :], mask=w_ok,
                    other=0)
+    if FP4:
+        e = tl.load(P + group * stride_pn + chunk * TILE + r, mask=w_ok, other=0)  # the four groups' exponent bytes
+        # groups (0 | 2) and (1 | 3) as bf16 pairs 2^(e - 1): exponent field e + 126 (e <= 128)
+        s_a = ((e & 0x00FF00FF) + 0x007E007E) << 7
+        s_b = (((e >> 8) & 0x00FF00FF) + 0x007E007E) << 7
+        return _fp4_codes(word, tl.broadcast_to(s_a, word.shape), tl.broadcast_to(s_b, word.shape), dt, ASM)
     # the chunk's four pairs in one 16-byte load per row (four 4-byte loads each touched the row's 32-byte sector: the
     # H200's 8B gate/up at one row 67 → 45.5 µs)
     pairs = tl.load(P + group * stride_pn + chunk * (4 * TILE) + r * 4 + tl.arange(0, 4)[None, :], mask=w_ok, other=0)
@@ -112,6 +122,61 @@ def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constex
 
 
 @triton.jit
+def _fp4_codes(word, s_a, s_b, dt: tl.constexpr, ASM: tl.constexpr):
+    # `_chunk_codes`' slices of 4-bit floats: the nibble's bits placed in a bf16 as sign, the exponent field's two low
+    # bits and the mantissa's top bit make fp4 * 2^-126 (subnormal where the exponent is 0), exact; times the group's
+    # 2^(e - 1) (one bf16x2 FMA, exact) it is fp4 * 2^(e - 127)
+    if ASM:
+        return tl.inline_asm_elementwise(
+            """
+            {
+            .reg .b32 a, b, t, z;
+            mov.b32 z, 0x80008000;
+            shl.b32 a, $8, 12;
+            shl.b32 b, $8, 6;
+            and.b32 b, b, 0x01C001C0;
+            lop3.b32 t, a, 0x80008000, b, 0xea;
+            fma.rn.bf16x2 t, t, $9, z;
+            mov.b32 {$0, $4}, t;
+            shl.b32 a, $8, 8;
+            shl.b32 b, $8, 2;
+            and.b32 b, b, 0x01C001C0;
+            lop3.b32 t, a, 0x80008000, b, 0xea;
+            fma.rn.bf16x2 t, t, $9, z;
+            mov.b32 {$1, $5}, t;
+            shl.b32 a, $8, 4;
+            shr.b32 b, $8, 2;
+            and.b32 b, b, 0x01C001C0;
+            lop3.b32 t, a, 0x80008000, b, 0xea;
+            fma.rn.bf16x2 t, t, $10, z;
+            mov.b32 {$2, $6}, t;
+            shr.b32 b, $8, 6;
+            and.b32 b, b, 0x01C001C0;
+            lop3.b32 t, $8, 0x80008000, b, 0xea;
+            fma.rn.bf16x2 t, t, $10, z;
+            mov.b32 {$3, $7}, t;
+            }
+            """, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [word, s_a, s_b],
+            dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
+                   tl.bfloat16), is_pure=True, pack=1,
+        )
+    return (_fp4(word, 0, s_a, dt), _fp4(word, 1, s_a, dt), _fp4(word, 2, s_b, dt), _fp4(word, 3, s_b, dt),
+            _fp4(word, 4, s_a, dt), _fp4(word, 5, s_a, dt), _fp4(word, 6, s_b, dt), _fp4(word, 7, s_b, dt))
+
+
+@triton.jit
+def _fp4(word, i: tl.constexpr, scales, dt: tl.constexpr):
+    # nibble i of each word as a 4-bit float times its group's scale, in fp32 (exact), then to dt: the portable path
+    q = (word >> (4 * i)) & 0xF
+    mag = q & 7
+    power = tl.where(mag < 4, 0.5, tl.where(mag < 6, 1.0, 2.0))  # 2^(exponent - 2), exponent 1..3
+    value = tl.where(mag < 2, mag.to(tl.float32) * 0.5, ((mag & 1) + 2).to(tl.float32) * power)
+    value = tl.where(q >= 8, -value, value)
+    scale = _bf16_half(scales, i >= 4) * 1.1754943508222875e-38  # 2^(e - 1) * 2^-126
+    return (value * scale).to(dt)
+
+
+@triton.jit
 def _slice_dot(X, offs_m, m_ok, k, K, stride_xm, w, acc, DOT_FP32: tl.constexpr):
     # acc += x[:, k : k + 16] @ wᵀ
     x = tl.load(X + offs_m[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
@@ -144,7 +209,7 @@ def _int4_linear(
     X, Q, P, Y, M, N, K, KP, CS,
     stride_xm, stride_qn, stride_pn, stride_ym, stride_ys,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CHUNKS: tl.constexpr, DOT_FP32: tl.constexpr, ASM: tl.constexpr,
-    TILE: tl.constexpr, PDL: tl.constexpr,
+    TILE: tl.constexpr, PDL: tl.constexpr, FP4: tl.constexpr,
 ):
     # program (n, s) sums chunks [s * CS, (s + 1) * CS) and stores at Y[s] (fp32 partials when split); a tile of more
     # than 16 rows dequantizes each chunk once for one 16-row dot per 16 rows (a 64-row dot's wgmma would take the
@@ -163,7 +228,7 @@ def _int4_linear(
         for c in tl.static_range(CHUNKS):
             chunk = c0 + c
             w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM,
-                                                          TILE)
+                                                          TILE, FP4)
             k = chunk * 128 + tl.arange(0, 16)
             acc0 = _chunk_dots(X, rows, M, k, K, stride_xm, w0, w1, w2, w3, w4, w5, w6, w7, acc0, DOT_FP32)
             if BLOCK_M >= 32:
@@ -235,13 +300,14 @@ def _store_rows(out, rows, M, n_ok, y, stride_ym):
 
 @triton.jit
 def _int4_dequantize(Q, P, W, N, K, stride_qn, stride_pn, stride_wn, BLOCK_N: tl.constexpr, ASM: tl.constexpr,
-                     TILE: tl.constexpr):
+                     TILE: tl.constexpr, FP4: tl.constexpr):
     # W[n, k] = (code - 8) * scale + zero in W's dtype, one chunk per program column: a prefill GEMM's weight
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     chunk = tl.program_id(1)
     n_ok = offs_n < N
     dt: tl.constexpr = W.dtype.element_ty
-    w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM, TILE)
+    w0, w1, w2, w3, w4, w5, w6, w7 = _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt, ASM, TILE,
+                                                  FP4)
     k = chunk * 128 + tl.arange(0, 16)
     at = W + offs_n[:, None] * stride_wn + k[None, :]
     _store_slice(at, 0, w0, n_ok, k, K)
@@ -260,14 +326,20 @@ def _store_slice(at, offset: tl.constexpr, w, n_ok, k, K):
 
 
 def int4_layout(words: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """(words (N, KP/8), pairs (N, KP/128, 4), tile): the kernels' view of either int4 layout, rows in tile order
-    (tile 1: row-major; the strides the kernels take are one tile-row group's, `stride(0) * tile`)."""
+    """(words (N, KP/8), pairs (N, KP/128, 4 or 1), tile): the kernels' view of either int4 layout (or fp4's), rows in
+    tile order (tile 1: row-major; the strides the kernels take are one tile-row group's, `stride(0) * tile`)."""
     if words.dim() == 2:
         return words, pairs, 1
     g, chunks, tile, _ = words.shape
-    assert words.is_contiguous() and pairs.is_contiguous() and pairs.shape == (g, chunks, tile, 4), \
+    width = pairs.shape[-1]
+    assert words.is_contiguous() and pairs.is_contiguous() and pairs.shape == (g, chunks, tile, width), \
         (words.shape, pairs.shape)
-    return words.view(g * tile, chunks * 16), pairs.view(g * tile, chunks, 4), tile
+    return words.view(g * tile, chunks * 16), pairs.view(g * tile, chunks, width), tile
+
+
+def is_fp4(pairs: torch.Tensor) -> bool:
+    """Whether int4 words hold MXFP4's 4-bit floats: their pairs are one int32 of exponent bytes per chunk."""
+    return pairs.shape[-1] == 1
 
 
 def _rows(x: torch.Tensor) -> int:
@@ -379,7 +451,7 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
     M, K = x.shape
     words, pairs, tile = int4_layout(words, pairs)
     N, kp = words.shape[0], words.shape[1] * 8
-    assert kp % CHUNK == 0 and K <= kp < K + CHUNK and pairs.shape == (N, kp // CHUNK, 4), \
+    assert kp % CHUNK == 0 and K <= kp < K + CHUNK and pairs.shape[:2] == (N, kp // CHUNK), \
         (x.shape, words.shape, pairs.shape)
     assert x.stride(1) == 1 and words.stride(1) == 1 and pairs.is_contiguous()
     rows = _rows(x)
@@ -400,7 +472,7 @@ def int4_linear_triton(x: torch.Tensor, words: torch.Tensor, pairs: torch.Tensor
         x, words, pairs, y, M, N, K, kp, cs, x.stride(0), words.stride(0) * tile, pairs.stride(0) * tile,
         y.stride(-2), y.stride(0) if splits > 1 else 0,
         BLOCK_M=rows, BLOCK_N=bn, CHUNKS=step, DOT_FP32=interpret and x.dtype == torch.bfloat16, ASM=_asm(x),
-        TILE=tile, num_warps=warps, num_stages=stages, **launch_options(x),
+        TILE=tile, FP4=is_fp4(pairs), num_warps=warps, num_stages=stages, **launch_options(x),
     )
     return y
 
@@ -475,6 +547,6 @@ def int4_dequantize_triton(words: torch.Tensor, pairs: torch.Tensor, dtype: torc
     _int4_dequantize[(triton.cdiv(N, bn), kp // CHUNK)](
         words, pairs, w, N, k, words.stride(0) * tile, pairs.stride(0) * tile, w.stride(0), BLOCK_N=bn,
         ASM=words.is_cuda and dtype == torch.bfloat16 and torch.cuda.get_device_capability(words.device)[0] >= 8,
-        TILE=tile,
+        TILE=tile, FP4=is_fp4(pairs),
     )
     return w

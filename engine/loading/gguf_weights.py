@@ -78,8 +78,8 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
 
 
 def _kept_as_is(matrix: QuantTensor) -> bool:
-    """A type outside the common ones that still has a kernel of its own here (MXFP4 on the CPU's)."""
-    return matrix.format == "blocks" and matrix.code_layout.lut
+    """A type outside the common ones that still has a kernel of its own here (MXFP4 on the CPU's and CUDA's)."""
+    return matrix.format == "fp4" or (matrix.format == "blocks" and matrix.code_layout.lut)
 
 
 def _rope_freqs(name: str, args: ModelArgs) -> RopeArgs | None:

@@ -301,7 +301,7 @@ class StackedExperts:
         return StackedExperts(gate_up[0], gate_up[1], down[0], down[1], first.act_kernel, first.glu, *biases)
 
 
-BUFFERS = {"int4": ("words", "pairs"), "int8": ("codes", "scale"), "bf16": ("weight",)}
+BUFFERS = {"int4": ("words", "pairs"), "fp4": ("words", "pairs"), "int8": ("codes", "scale"), "bf16": ("weight",)}
 
 
 def _stack(linears: list[nn.Module]) -> tuple[str, dict[str, torch.Tensor]] | None:

@@ -9,7 +9,7 @@ import torch
 from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
 from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, mxfp4_blocks,
-                                 pack_int4, superblocks)
+                                 mxfp4_words, pack_int4, superblocks)
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
@@ -24,6 +24,11 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
         return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order)
     if fmt == "blocks" and type_name == "MXFP4":  # the file's nibbles are the kernel's indices: no decode
         return mxfp4_blocks(np.asarray(t.data).reshape(n, -1), k, row_order)
+    if fmt == "fp4":
+        held = mxfp4_words(np.asarray(t.data).reshape(n, -1), k, row_order)
+        if held is not None:
+            return held
+        fmt = "int8"  # scales beyond the kernels' bf16 ones: re-quantized (the loader's notice names the type)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from engine.quant.weight import QuantTensor, WeightMatrix, concat_rows
+from kernels.quant_linear import WORDS
 
 
 class StackedRows(WeightMatrix):
@@ -67,7 +68,7 @@ class StackedRows(WeightMatrix):
         x, start = _unit_stride(x), 0
         for p in self.parts:
             out = y[..., start:start + p.shape[0]]
-            if p.format == "int4":
+            if p.format in WORDS:
                 int4_linear_triton(x, p.words, p.pairs, splits=splits, out=out, out_dtype=y.dtype)
             else:
                 int8_linear_triton(x, p.codes, p.scale, splits=splits, out=out, out_dtype=y.dtype)
@@ -99,7 +100,7 @@ def _slices_of(p: QuantTensor, splits: int) -> int:
     from kernels.quant_linear_triton import int4_slices, int8_slices
 
     interpret = next(p.buffers()).device.type == "cpu"
-    if p.format == "int4":
+    if p.format in WORDS:
         return int4_slices(p.shape[0], p.pairs.shape[1], splits, interpret)  # pairs: (rows or tiles, chunks, ...)
     return int8_slices(p.shape[1], splits, interpret)
 
@@ -107,9 +108,9 @@ def _slices_of(p: QuantTensor, splits: int) -> int:
 def stack_rows(parts: list[QuantTensor]) -> StackedRows | None:
     """The parts' rows as one matrix where their formats differ on CUDA (int4 and int8 rows), adjacent parts of one
     format concatenated (one launch each); None where a part is not a CUDA int4/int8 matrix."""
-    if not all(p.format in ("int4", "int8") and next(p.buffers()).is_cuda for p in parts):
+    if not all((p.format in WORDS or p.format == "int8") and next(p.buffers()).is_cuda for p in parts):
         return None
-    if any(p.format == "int4" and not hasattr(p, "words") for p in parts):
+    if any(p.format in WORDS and not hasattr(p, "words") for p in parts):
         return None
     runs: list[list[QuantTensor]] = []
     for p in parts:

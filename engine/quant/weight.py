@@ -4,6 +4,8 @@ Formats (chosen per tensor by `choose_format`, measured in docs/QUANTIZED.md):
   int4  4-bit codes in groups of 32 with a bf16 scale and zero: Q4_0, Q4_1, Q4_K exactly. On the CPU in torch's
         int4pack layout (`packed`, `scale_zero`); on CUDA as int32 words of eight codes with bf16 (scale, zero)
         pairs (`words`, `pairs`) for the Triton kernels of kernels/quant_linear_triton.py
+  fp4   CUDA only: MXFP4 (gpt-oss's experts) in int4's words, each nibble a 4-bit float, with one exponent byte per
+        group of 32 (`pairs`, one int32 per chunk of 128): the file's values exactly, 4.25 bits a weight
   int8  int8 codes with one bf16 scale per row (torch's int8pack; the same on CUDA): every other quantized type,
         re-quantized
   bf16  F16/BF16 tensors, and shapes the packed kernels do not take
@@ -25,11 +27,12 @@ from torch import nn
 
 from engine.quant.block_codes import (BLOCK, FP4_CODES, CodeLayout, codes_layout, fp4_scales, held_layout,
                                       superblock_rows)
-from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
+from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups, _nibbles
+from kernels.quant_linear import WORDS
 
 FP4_LUT = torch.from_numpy(FP4_CODES)  # MXFP4's codes by index (engine/quant/block_codes.py)
 
-FORMATS = ("int4", "int8", "bf16", "blocks")
+FORMATS = ("int4", "fp4", "int8", "bf16", "blocks")
 CHUNK = 128  # weights per chunk of the CUDA int4 layout
 TILE_ROWS = 16  # CUDA int4 rows whose chunks lie side by side (kernels/quant_linear_triton.py: contiguous loads)
 
@@ -105,7 +108,7 @@ class QuantTensor(WeightMatrix):
         from kernels.quant_linear import int4_linear, int8_linear
 
         lead, x2 = x.shape[:-1], x.reshape(-1, x.shape[-1])
-        if self.format == "int4":
+        if self.format in WORDS:
             y = int4_linear(x2, self.words, self.pairs, out_dtype=out_dtype)
         elif self.format == "int8":
             y = int8_linear(x2, self.codes, self.scale, out_dtype=out_dtype)
@@ -116,7 +119,7 @@ class QuantTensor(WeightMatrix):
     def partials(self, x: torch.Tensor, splits: int) -> torch.Tensor:
         """x (T, K) @ Wᵀ as split-K fp32 partials (S, T, N) for a consumer that sums them (CUDA int4 and int8 decode
         steps), else the product itself (T, N)."""
-        if x.is_cuda and self.format == "int4" and splits > 1:
+        if x.is_cuda and self.format in WORDS and splits > 1:
             from kernels.quant_linear import int4_partials
 
             return int4_partials(x, self.words, self.pairs, splits)
@@ -132,7 +135,7 @@ class QuantTensor(WeightMatrix):
             from kernels.quant_linear_triton import int8_splits
 
             return int8_splits(*self.shape, self.codes.device)
-        if self.format != "int4" or not hasattr(self, "words"):
+        if self.format not in WORDS or not hasattr(self, "words"):
             return 0
         from kernels.quant_linear_triton import int4_splits
 
@@ -206,7 +209,7 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
         names = [name for name, _ in parts[0].named_buffers()]
         return QuantTensor(fmt, (n, k), source, parts[0].code_layout,
                            **{name: torch.cat([getattr(p, name) for p in parts]) for name in names})
-    if fmt == "int4" and hasattr(parts[0], "words"):
+    if fmt in WORDS and hasattr(parts[0], "words"):
         return _concat_words(parts, source)
     if fmt == "int4":
         return QuantTensor(fmt, (n, k), source, packed=torch.cat([p.packed for p in parts]),
@@ -218,19 +221,26 @@ def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
 
 
 def _concat_words(parts: list[QuantTensor], source: str) -> QuantTensor:
-    """CUDA int4 parts as one matrix: tiles concatenate as they are; a part of rows that are not whole tiles makes
-    the whole row-major (then tiled again where the sum is whole tiles)."""
-    from kernels.quant_linear import int4_row_major, int4_tiled
+    """CUDA int4 (or fp4) parts as one matrix: tiles concatenate as they are; a part of rows that are not whole tiles
+    makes the whole row-major (then tiled again where the sum is whole tiles)."""
+    from kernels.quant_linear import int4_row_major
 
-    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
+    n, k, fmt = sum(p.shape[0] for p in parts), parts[0].shape[1], parts[0].format
     if all(p.words.dim() == 4 for p in parts):
-        return QuantTensor("int4", (n, k), source, words=torch.cat([p.words for p in parts]),
+        return QuantTensor(fmt, (n, k), source, words=torch.cat([p.words for p in parts]),
                            pairs=torch.cat([p.pairs for p in parts]))
     rows = [int4_row_major(p.words, p.pairs) for p in parts]
-    words, pairs = torch.cat([w for w, _ in rows]), torch.cat([q for _, q in rows])
-    if n % TILE_ROWS == 0:
+    return _words_tensor(fmt, (n, k), source, torch.cat([w for w, _ in rows]), torch.cat([q for _, q in rows]))
+
+
+def _words_tensor(fmt: str, shape: tuple[int, int], source: str, words: torch.Tensor,
+                  pairs: torch.Tensor) -> QuantTensor:
+    """A CUDA int4/fp4 matrix from row-major words and pairs, tiled where its rows are whole tiles."""
+    if shape[0] % TILE_ROWS == 0:
+        from kernels.quant_linear import int4_tiled
+
         words, pairs = int4_tiled(words, pairs, TILE_ROWS)
-    return QuantTensor("int4", (n, k), source, words=words, pairs=pairs)
+    return QuantTensor(fmt, shape, source, words=words, pairs=pairs)
 
 
 def _common_units(parts: list[QuantTensor]) -> list[QuantTensor]:
@@ -264,29 +274,56 @@ def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
     n, k = groups.codes.shape
     kp = -(-k // CHUNK) * CHUNK
     chunks = kp // CHUNK
-    codes = np.full((n, kp), 8, dtype=np.uint32)
-    codes[:, :k] = groups.codes
-    c = codes.reshape(n, chunks, 8, 16)
-    words = np.zeros((n, chunks, 16), dtype=np.uint32)
-    for i in range(8):
-        words |= c[:, :, i] << np.uint32(4 * i)
+    words = _nibble_words(groups.codes, 8)
     sz = np.zeros((2, n, kp // GROUP), dtype=np.float32)
     sz[0, :, :k // GROUP], sz[1, :, :k // GROUP] = groups.scale, groups.zero
     bits = torch.from_numpy(sz).bfloat16().view(torch.int16).int() & 0xFFFF  # (2, N, KP/32)
     g = bits.reshape(2, n, chunks, 4)
     pairs = torch.stack([g[0, ..., 0] | g[0, ..., 2] << 16, g[0, ..., 1] | g[0, ..., 3] << 16,
                          g[1, ..., 0] | g[1, ..., 2] << 16, g[1, ..., 1] | g[1, ..., 3] << 16], dim=-1)
-    words, pairs = torch.from_numpy(words.view(np.int32).reshape(n, -1)), pairs.to(torch.int32).contiguous()
-    if n % TILE_ROWS == 0:
-        from kernels.quant_linear import int4_tiled
+    return _words_tensor("int4", (n, k), source_type, words, pairs.to(torch.int32).contiguous())
 
-        words, pairs = int4_tiled(words, pairs, TILE_ROWS)
-    return QuantTensor("int4", (n, k), source_type, words=words, pairs=pairs)
+
+def _nibble_words(codes: np.ndarray, pad: int) -> torch.Tensor:
+    """(N, K) codes 0..15 -> the CUDA words (N, KP/8) int32: K padded to chunks of 128 with `pad`; in a chunk, nibble i
+    of word w is code 16 i + w."""
+    n, k = codes.shape
+    chunks = -(-k // CHUNK)
+    padded = np.full((n, chunks * CHUNK), pad, dtype=np.uint32)
+    padded[:, :k] = codes
+    c = padded.reshape(n, chunks, 8, 16)
+    words = np.zeros((n, chunks, 16), dtype=np.uint32)
+    for i in range(8):
+        words |= c[:, :, i] << np.uint32(4 * i)
+    return torch.from_numpy(words.view(np.int32).reshape(n, -1))
+
+
+FP4_MAX_EXPONENT = 128  # fp4 scales 2^(e - 127) reach the kernels as bf16 2^(e - 1): e <= 128
+
+
+def mxfp4_words(raw: np.ndarray, k: int, row_order: torch.Tensor | None = None) -> QuantTensor | None:
+    """An (N, K) MXFP4 matrix in CUDA's fp4 format from the file's (N, K/32 · 17) bytes (each block: its exponent
+    byte, then element j low in byte j, j + 16 high), or None where an exponent is above FP4_MAX_EXPONENT (weights of
+    2^2 and up: int8 rows hold those)."""
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, k // 32, 17)
+    if n and blocks[..., 0].max() > FP4_MAX_EXPONENT:
+        return None
+    chunks = -(-k // CHUNK)
+    exps = np.full((n, chunks * 4), 127, dtype=np.uint8)  # padding groups: code 0 (+0) whatever their scale
+    exps[:, :k // 32] = blocks[..., 0]
+    words = _nibble_words(_nibbles(blocks[..., 1:]).reshape(n, k), 0)
+    pairs = torch.from_numpy(exps.view(np.int32).reshape(n, chunks, 1).copy())
+    if row_order is not None:
+        words, pairs = words[row_order], pairs[row_order]
+    return _words_tensor("fp4", (n, k), "MXFP4", words, pairs)
 
 
 def choose_format(type_name: str, n: int, k: int, device: str = "cpu") -> str:
     """The format of an (n, k) matrix stored as `type_name` (not F32, which stays exact) on `device`'s kernels."""
     if device.startswith("cuda"):  # the Triton kernels take any N and mask K; int4 needs whole groups
+        if type_name == "MXFP4" and k % GROUP == 0:
+            return "fp4"
         return "int4" if type_name in FOUR_BIT and k % GROUP == 0 else "bf16" if type_name in FLOAT else "int8"
     if type_name not in FLOAT and k % GROUP == 0 and blocks_available():
         return "blocks"
@@ -307,6 +344,8 @@ def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
         return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
         return n * k // 2 + n * k // 8  # codes + a bf16 scale and zero per 32 (CUDA pads K to 128: at most 80 B/row)
+    if fmt == "fp4":
+        return n * k // 2 + n * k // 32  # codes + an exponent byte per 32
     if fmt == "int8":
         return n * k + 2 * n  # codes + a bf16 scale per row
     return 2 * n * k

@@ -293,6 +293,21 @@ def test_on_cuda(files, weights, kind):
     assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_mxfp4_experts_stay_4_bit_on_cuda(files, tmp_path):
+    """A file's MXFP4 experts on CUDA: held as fp4 words (the file's values, 4.25 bits a weight; no notice) and
+    multiplied by the same kernels as int4; near the exact model, batched == alone, decode steps replayed as graphs."""
+    from bench.runs import RunConfig, make_batcher
+    from tests.support.gguf_export import write_gguf
+
+    path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "Q8_0", overrides={"_exps.weight": "MXFP4"})
+    lm = check.assert_on_cuda(path, "quantized")
+    assert not any("MXFP4" in n for n in lm.notices)
+    assert all(layer.mlp.replayable and layer.mlp._stacked.gate_up_format == "fp4" for layer in lm.model.model.layers)
+    assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
+
+
 def _config() -> dict:
     return {"hidden_size": 64, "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300, "num_local_experts": 8,

@@ -8,7 +8,7 @@ import torch
 from kernels import triton_available
 from kernels.moe import experts_linear, weighted_rows
 from kernels.quant_linear import int4_linear, int8_linear
-from tests.kernels.test_quant_linear import DEVICE, ON_GPU, _int4
+from tests.kernels.test_quant_linear import DEVICE, ON_GPU, _fp4, _int4
 
 needs_triton = pytest.mark.skipif(not triton_available(), reason="triton is not installed (CPU uses the reference)")
 pytestmark = pytest.mark.gpu
@@ -20,8 +20,8 @@ DTYPE = torch.bfloat16 if ON_GPU else torch.float32
 
 def _stacked(fmt: str, n: int, k: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(n + k)
-    if fmt == "int4":
-        parts = [_int4(n, k, seed=e)[:2] for e in range(E)]
+    if fmt in ("int4", "fp4"):
+        parts = [_int4(n, k, seed=e)[:2] if fmt == "int4" else _fp4(n, k, seed=e) for e in range(E)]
         return {"words": torch.stack([w for w, _ in parts]), "pairs": torch.stack([p for _, p in parts])}
     if fmt == "int8":
         return {"codes": torch.randint(-127, 128, (E, n, k), dtype=torch.int8, generator=g).to(DEVICE),
@@ -31,7 +31,7 @@ def _stacked(fmt: str, n: int, k: int) -> dict[str, torch.Tensor]:
 
 def _one(fmt: str, stacked: dict[str, torch.Tensor], e: int, x: torch.Tensor) -> torch.Tensor:
     """The dense decode kernel's product of x with expert e."""
-    if fmt == "int4":
+    if fmt in ("int4", "fp4"):
         return int4_linear(x, stacked["words"][e], stacked["pairs"][e], impl="triton")
     if fmt == "int8":
         return int8_linear(x, stacked["codes"][e], stacked["scale"][e], impl="triton")
@@ -39,7 +39,7 @@ def _one(fmt: str, stacked: dict[str, torch.Tensor], e: int, x: torch.Tensor) ->
 
 
 @needs_triton
-@pytest.mark.parametrize("fmt", ["int4", "int8", "bf16"])
+@pytest.mark.parametrize("fmt", ["int4", "fp4", "int8", "bf16"])
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_pairs_match_reference_and_the_dense_kernel(fmt, n, k):
     stacked = _stacked(fmt, n, k)
@@ -89,7 +89,7 @@ def test_pair_tiles_group_each_experts_pairs_by_sixteen():
 
 
 @needs_triton
-@pytest.mark.parametrize("fmt", ["int4", "int8", "bf16"])
+@pytest.mark.parametrize("fmt", ["int4", "fp4", "int8", "bf16"])
 def test_grouped_tiles_give_each_pair_its_own_bits(fmt):
     """An expert's pairs side by side in one tile (more than 16 of one expert: two tiles) give every row the bits it
     has alone in a tile on the GPU (each row its own row of the MMA): a step may group or not without changing a

@@ -32,6 +32,23 @@ def _int4(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, In
     return q.words.to(DEVICE), q.pairs.to(DEVICE), g
 
 
+def _mxfp4_raw(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """(N, K/32 · 17) bytes of MXFP4 blocks: realistic exponents (2^-17 .. 2^0 scales) and the edges 0, 1 and 128."""
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (n, k // 32, 17), dtype=np.uint8)
+    blocks[..., 0] = rng.integers(110, 128, (n, k // 32))
+    edges = np.array([0, 1, 128], dtype=np.uint8)
+    blocks.reshape(-1, 17)[:3, 0] = edges
+    return blocks.reshape(n, -1)
+
+
+def _fp4(n: int, k: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    from engine.quant.weight import mxfp4_words
+
+    q = mxfp4_words(_mxfp4_raw(n, k, seed), k)
+    return q.words.to(DEVICE), q.pairs.to(DEVICE)
+
+
 def _x(m: int, k: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.randn(m, k, generator=torch.Generator().manual_seed(m + k)).to(dtype).to(DEVICE)
 
@@ -314,3 +331,51 @@ def test_fused_int4_parts_keep_their_rows_in_either_layout():
         assert fused.shape == (total, 256) and fused.words.dim() == (4 if total % 16 == 0 else 2), sizes
         want = torch.cat([p.rows(torch.arange(p.shape[0], device=DEVICE)) for p in parts])
         assert torch.equal(fused.rows(torch.arange(total, device=DEVICE)), want), sizes
+
+
+def test_fp4_layout_holds_the_files_values():
+    """MXFP4 in CUDA's fp4 words: every weight is the file's 4-bit float times its block's 2^(e - 127), exactly as the
+    CPU's decoder reads it (exponents 0 and 128 included, K padded with zeros); a block above 2^1 is left to int8."""
+    from engine.quant.block_codes import slice_codes
+    from engine.quant.weight import choose_format, format_bytes, mxfp4_words
+
+    n, k = 32, 96
+    raw = _mxfp4_raw(n, k)
+    q = mxfp4_words(raw, k)
+    assert q.format == "fp4" and q.words.shape == (2, 1, 16, 16) and q.pairs.shape == (2, 1, 16, 1)
+    codes = slice_codes(None, "MXFP4", raw, k)  # the CPU's: FP4_CODES (zero 12) times 2^(e - 128)
+    want = torch.from_numpy(codes.codes.astype(np.float32) - 12) * torch.from_numpy(codes.scale).repeat_interleave(32, 1)
+    assert torch.equal(q.dequantize(), want)
+    assert torch.equal(int4_rows_reference(q.words, q.pairs, torch.float32), torch.cat([want, torch.zeros(n, 32)], 1))
+    row_major = mxfp4_words(raw[:20], k)
+    assert row_major.words.dim() == 2 and torch.equal(row_major.dequantize(), want[:20])
+    assert choose_format("MXFP4", 2880, 2880, "cuda") == "fp4" and format_bytes("fp4", 64, 2880) == 64 * 2880 * 17 // 32
+    high = raw.copy().reshape(n, -1, 17)
+    high[3, 1, 0] = 129
+    assert mxfp4_words(high.reshape(n, -1), k) is None
+
+
+@needs_triton
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_fp4_kernels_match_reference(n, k):
+    """The decode GEMM, its split-K partials and the dequantizing kernel on fp4 words: the reference's values (the
+    dequantized matrix bit for bit), a row's bits independent of the row count, tiles equal to row-major rows."""
+    from kernels.quant_linear import int4_row_major
+
+    words, pairs = _fp4(n, k)
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    ref_w = int4_rows_reference(words, pairs, dtype, k)
+    assert torch.equal(int4_dequantize(words, pairs, dtype, k, impl="triton"), ref_w)
+    x = _x(MAX_M, k, dtype)
+    ref = x.double() @ ref_w.double().t()
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    got = int4_linear(x, words, pairs, out_dtype=torch.float32, impl="triton")
+    assert (got.double() - ref).abs().max() <= tol * ref.abs().max()
+    for m in (1, 5):
+        assert torch.equal(int4_linear(x[:m], words, pairs, out_dtype=torch.float32, impl="triton"), got[:m]), m
+    parts = int4_partials(x, words, pairs, 4, impl="triton")
+    assert (parts.double().sum(0) - ref).abs().max() <= tol * ref.abs().max()
+    if words.dim() == 4:
+        flat_w, flat_p = int4_row_major(words, pairs)
+        assert torch.equal(int4_linear(x[:1], flat_w, flat_p, impl="triton"), int4_linear(x[:1], words, pairs,
+                                                                                          impl="triton"))
