@@ -121,6 +121,20 @@ def _chunk_codes(Q, P, offs_n, n_ok, chunk, stride_qn, stride_pn, dt: tl.constex
             _code(word, 6, s_a, s_b, z_a, z_b, dt), _code(word, 7, s_a, s_b, z_a, z_b, dt))
 
 
+def _fp4_pair_ptx(j: int) -> str:
+    """PTX for nibbles j and j + 4 of word $8 -> outputs $j and $(j + 4): the sign moved to bit 15 (and 31), the other
+    three bits to bits 6-8 (and 22-24), times scale pair $9 (j < 2: groups 0 | 2) or $10 (groups 1 | 3)."""
+    sign = f"shl.b32 a, $8, {12 - 4 * j};" if j < 3 else "mov.b32 a, $8;"
+    rest = f"shl.b32 b, $8, {6 - 4 * j};" if j < 2 else f"shr.b32 b, $8, {4 * j - 6};"
+    return (f"{sign} {rest} and.b32 b, b, 0x01C001C0; lop3.b32 t, a, 0x80008000, b, 0xea; "
+            f"fma.rn.bf16x2 t, t, ${9 if j < 2 else 10}, z; mov.b32 {{${j}, ${j + 4}}}, t;")
+
+
+# eight bf16 weights out of one fp4 word, two at a time (`_fp4_codes`); z: the product's addend, -0
+FP4_PTX = tl.constexpr("{ .reg .b32 a, b, t, z; mov.b32 z, 0x80008000; "
+                       + " ".join(_fp4_pair_ptx(j) for j in range(4)) + " }")
+
+
 @triton.jit
 def _fp4_codes(word, s_a, s_b, dt: tl.constexpr, ASM: tl.constexpr):
     # `_chunk_codes`' slices of 4-bit floats: the nibble's bits placed in a bf16 as sign, the exponent field's two low
@@ -128,35 +142,7 @@ def _fp4_codes(word, s_a, s_b, dt: tl.constexpr, ASM: tl.constexpr):
     # 2^(e - 1) (one bf16x2 FMA, exact) it is fp4 * 2^(e - 127)
     if ASM:
         return tl.inline_asm_elementwise(
-            """
-            {
-            .reg .b32 a, b, t, z;
-            mov.b32 z, 0x80008000;
-            shl.b32 a, $8, 12;
-            shl.b32 b, $8, 6;
-            and.b32 b, b, 0x01C001C0;
-            lop3.b32 t, a, 0x80008000, b, 0xea;
-            fma.rn.bf16x2 t, t, $9, z;
-            mov.b32 {$0, $4}, t;
-            shl.b32 a, $8, 8;
-            shl.b32 b, $8, 2;
-            and.b32 b, b, 0x01C001C0;
-            lop3.b32 t, a, 0x80008000, b, 0xea;
-            fma.rn.bf16x2 t, t, $9, z;
-            mov.b32 {$1, $5}, t;
-            shl.b32 a, $8, 4;
-            shr.b32 b, $8, 2;
-            and.b32 b, b, 0x01C001C0;
-            lop3.b32 t, a, 0x80008000, b, 0xea;
-            fma.rn.bf16x2 t, t, $10, z;
-            mov.b32 {$2, $6}, t;
-            shr.b32 b, $8, 6;
-            and.b32 b, b, 0x01C001C0;
-            lop3.b32 t, $8, 0x80008000, b, 0xea;
-            fma.rn.bf16x2 t, t, $10, z;
-            mov.b32 {$3, $7}, t;
-            }
-            """, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [word, s_a, s_b],
+            FP4_PTX, "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [word, s_a, s_b],
             dtype=(tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16, tl.bfloat16,
                    tl.bfloat16), is_pure=True, pack=1,
         )
