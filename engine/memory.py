@@ -73,17 +73,20 @@ def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, d
 
 
 def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, float_bytes: int,
-                quantize: str | None, device: str) -> tuple[int, int]:
+                quantize: str | None, device: str, mxfp4: bool = False) -> tuple[int, int]:
     """(CPU bytes at the load's peak, bytes on `device` after it) for a Hugging Face folder's tensors (shape, bytes
     per element as stored): the shards are read whole, then each tensor is converted to the runtime's dtype (or
-    quantized, `quantize` "q8"/"q4" on the CPU) while the read copy is still alive."""
+    quantized, `quantize` "q8"/"q4" on the CPU) while the read copy is still alive. `mxfp4`: MXFP4 tensors (half a
+    byte an element as stored) stay 4-bit in the runtime's MXFP4 format."""
     stored = final = 0
     for shape, elem in shapes:
         n = 1
         for d in shape:
             n *= d
         stored += n * elem
-        if quantize and device == "cpu" and len(shape) == 2:
+        if mxfp4 and elem == 0.5:
+            final += matrix_bytes("MXFP4", n // shape[-1], shape[-1], True, float_bytes, device)
+        elif quantize and device == "cpu" and len(shape) == 2:
             final += quantize_bytes(quantize, shape[0], shape[1])
         else:
             final += n * float_bytes

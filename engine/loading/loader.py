@@ -20,6 +20,7 @@ from engine.models.moe import keeps_fp32
 from engine.models.args import ModelArgs, fit_context
 from engine.models.layers import CausalLM
 from engine.quant.from_float import SCHEMES, quantize_matrix
+from engine.quant.mxfp4 import Mxfp4Rows
 from engine.quant.weight import QuantTensor, weights_summary
 from engine.tokenizer import Tokenizer, tokenizer_from_hf_dir
 
@@ -101,7 +102,8 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress, options)
         if options.quantize and options.device == "cpu":
-            weights = {k: quantize_matrix(v, options.quantize) if v.dim() == 2 and k.endswith(".weight") else v
+            weights = {k: quantize_matrix(v, options.quantize)
+                       if isinstance(v, torch.Tensor) and v.dim() == 2 and k.endswith(".weight") else v
                        for k, v in weights.items()}
         kind = "hf"
     elif (options := _resolve_weights(source, options)).quantized:
@@ -189,7 +191,7 @@ def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> Non
     """Refuses before reading a folder's shards: the CPU's peak (read copy + converted), and the GPU's final size."""
     quantize = options.quantize if options.device == "cpu" else None
     staging, final = hf_estimate(hf_folder.tensor_shapes(folder), args.vocab_size, options.torch_dtype.itemsize,
-                                 quantize, options.device)
+                                 quantize, options.device, mxfp4=_keeps_mxfp4(options))
     check_fits(staging, "cpu", folder.name)
     if options.device.startswith("cuda"):
         check_fits(final, options.device, folder.name)
@@ -203,7 +205,17 @@ def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions):
     _check_hf_memory(folder, args, options)
     tok = tokenizer_from_hf_dir(folder)
     weights = arch.sanitize(hf_folder.read_weights(folder, progress), args)
+    keep = _keeps_mxfp4(options)
+    for name, value in weights.items():  # a folder's MXFP4 matrices (gpt-oss's experts), one at a time
+        if isinstance(value, Mxfp4Rows):
+            weights[name] = value.held(options.device).to(options.device) if keep else value.dequantize()
     return args, weights, tok
+
+
+def _keeps_mxfp4(options: LoadOptions) -> bool:
+    """Whether a folder's MXFP4 matrices stay 4-bit (the CPU's and CUDA's kernels read them exactly) rather than
+    becoming `dtype` floats: unless the load asks for dequantized weights."""
+    return options.weights != "dequantized" and options.device.split(":")[0] in ("cpu", "cuda")
 
 
 def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, notices: list[str] | None = None):

@@ -1,9 +1,10 @@
 """gpt-oss (OpenAI gpt-oss-20b, gpt-oss-120b): Llama's blocks with biases on every attention projection, a learned sink
 logit per head in each attention softmax, sliding-window layers (128 keys) alternating with full ones, YaRN, and a
 mixture of experts: a router with a bias, softmax over the top 4, experts with biases and a clamped gated activation
-(engine/models/layers.ClampedGLU). Folders hold the experts' gate and up interleaved (and often as MXFP4 blocks:
-dequantized here); llama.cpp's files hold them apart, their MXFP4 experts kept 4-bit on the CPU's own kernels
-(engine/quant/block_codes.py) and re-quantized to int8 groups elsewhere (a notice says so).
+(engine/models/layers.ClampedGLU). Folders hold the experts' gate and up interleaved (and often as MXFP4 blocks);
+llama.cpp's files hold them apart. MXFP4 experts, from either, stay 4-bit on the CPU's own kernels and on CUDA
+(engine/quant/mxfp4.py, engine/quant/from_gguf.py `mxfp4_matrix`), and are re-quantized to int8 rows on torch's CPU
+kernels (a notice says so).
 A GGUF's YaRN frequencies are llama.cpp's (its ramp is truncated; transformers' config says not to): each runs as
 its own reference does."""
 from __future__ import annotations
@@ -15,8 +16,8 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.models import llama, qwen2
-from engine.quant.block_codes import FP4_CODES
 from engine.models.args import GLOBAL, SLIDING, ModelArgs, gguf_metadata_errors, hf_layer_types, positive, require
+from engine.quant.mxfp4 import Mxfp4Rows, stacked_mxfp4
 
 ARCH = "gpt-oss"  # llama.cpp's name; transformers' is gpt_oss
 GGUF_BLOCK_NAMES = {**llama.GGUF_BLOCK_NAMES, "post_attention_norm": "post_attention_layernorm"}
@@ -64,10 +65,10 @@ def _windowed(args: ModelArgs, types: list[str], window: Any) -> ModelArgs:
     return replace(args, layer_types=types, sliding_window=int(window), rope={**args.rope, SLIDING: args.rope[GLOBAL]})
 
 
-def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
-    """transformers' names and stacked experts -> one module per expert (gate and up de-interleaved, MXFP4 blocks
-    dequantized)."""
-    out: dict[str, torch.Tensor] = {}
+def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor | Mxfp4Rows]:
+    """transformers' names and stacked experts -> one module per expert (gate and up de-interleaved); MXFP4 blocks
+    stay blocks (`Mxfp4Rows`, per expert matrix: the loader holds them 4-bit or decodes them)."""
+    out: dict[str, torch.Tensor | Mxfp4Rows] = {}
     for name in list(weights):
         if name.endswith("_scales"):
             continue
@@ -77,7 +78,7 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
             scales = weights.pop(f"{stem}_scales", None)
             if scales is None:
                 raise ModelLoadError(f"{name} has no {stem}_scales beside it.")
-            tensor, name = dequantize_mxfp4(tensor, scales).transpose(1, 2), stem
+            tensor, name = stacked_mxfp4(tensor, scales, name), stem
         if ".mlp.experts." in name:
             out.update(_experts(name, tensor, args))
         else:
@@ -85,34 +86,29 @@ def sanitize(weights: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, tor
     return llama.sanitize(out, args)
 
 
-def _experts(name: str, stacked: torch.Tensor, args: ModelArgs) -> dict[str, torch.Tensor]:
-    """One stacked experts tensor -> each expert's gate/up/down weight or bias (HF holds weights as (in, out))."""
+def _experts(name: str, stacked: torch.Tensor | list[Mxfp4Rows],
+             args: ModelArgs) -> dict[str, torch.Tensor | Mxfp4Rows]:
+    """One stacked experts tensor (or MXFP4 matrices, one per expert, already (out, in)) -> each expert's gate/up/down
+    weight or bias (HF holds float weights as (in, out))."""
     prefix, _, kind = name.rpartition(".mlp.experts.")
-    if stacked.shape[0] != args.num_experts:
-        raise ModelLoadError(f"{name} holds {stacked.shape[0]} experts, the model has {args.num_experts}.")
+    if len(stacked) != args.num_experts:
+        raise ModelLoadError(f"{name} holds {len(stacked)} experts, the model has {args.num_experts}.")
     bias = kind.endswith("_bias")
     proj = kind.removesuffix("_bias")
     out = {}
     for e in range(args.num_experts):
-        t = stacked[e] if bias else stacked[e].t()
+        t = stacked[e] if bias or isinstance(stacked, list) else stacked[e].t()
         at = f"{prefix}.mlp.experts.{e}"
         suffix = "bias" if bias else "weight"
         if proj == "gate_up_proj":  # rows interleaved: gate, up, gate, up, ...
-            out[f"{at}.gate_proj.{suffix}"], out[f"{at}.up_proj.{suffix}"] = t[0::2].contiguous(), t[1::2].contiguous()
+            out[f"{at}.gate_proj.{suffix}"], out[f"{at}.up_proj.{suffix}"] = _rows(t, 0), _rows(t, 1)
         elif proj == "down_proj":
-            out[f"{at}.down_proj.{suffix}"] = t.contiguous()
+            out[f"{at}.down_proj.{suffix}"] = t if isinstance(t, Mxfp4Rows) else t.contiguous()
         else:
             raise ModelLoadError(f"Unexpected experts tensor {name}.")
     return out
 
 
-def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """MXFP4 (…, groups, 16) bytes — two 4-bit floats each, low nibble first — and (…, groups) power-of-two scales
-    (biased by 127) -> fp32 (…, groups · 32)."""
-    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
-            or blocks.shape[-1] != 16:
-        raise ModelLoadError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match.")
-    lut = (torch.from_numpy(FP4_CODES).float() - 12) / 2  # the 16 e2m1 values (FP4_CODES are them doubled, + 12)
-    values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
-    values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])
-    return values.flatten(-2)
+def _rows(t: torch.Tensor | Mxfp4Rows, first: int) -> torch.Tensor | Mxfp4Rows:
+    """Every other row of `t` from `first` (gate: 0, up: 1)."""
+    return t.rows(slice(first, None, 2)) if isinstance(t, Mxfp4Rows) else t[first::2].contiguous()

@@ -8,8 +8,8 @@ import torch
 
 from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, mxfp4_blocks,
-                                 mxfp4_words, pack_int4, superblocks)
+from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, int8_fits,
+                                 mxfp4_blocks, mxfp4_words, pack_int4, superblocks)
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
@@ -19,16 +19,11 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
     The layout is `device`'s (built on the CPU; the caller moves it)."""
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
+    if type_name == "MXFP4":
+        return mxfp4_matrix(np.asarray(t.data).reshape(n, -1), n, k, row_order, device)
     fmt = choose_format(type_name, n, k, device)
     if fmt == "blocks" and held_layout(type_name, k).raw:
         return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order)
-    if fmt == "blocks" and type_name == "MXFP4":  # the file's nibbles are the kernel's indices: no decode
-        return mxfp4_blocks(np.asarray(t.data).reshape(n, -1), k, row_order)
-    if fmt == "fp4":
-        held = mxfp4_words(np.asarray(t.data).reshape(n, -1), k, row_order)
-        if held is not None:
-            return held
-        fmt = "int8"  # scales beyond the kernels' bf16 ones: re-quantized (the loader's notice names the type)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):
@@ -50,6 +45,31 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
     if row_order is not None:
         out.codes, out.scale = out.codes[row_order], out.scale[row_order]
     return out.done(type_name)
+
+
+def mxfp4_matrix(raw: np.ndarray, n: int, k: int, row_order: torch.Tensor | None, device: str) -> QuantTensor:
+    """An (n, k) MXFP4 matrix from its GGUF block bytes (n, k/32 · 17), a file's or a folder's (engine/quant/mxfp4.py):
+    the CPU's own kernels and CUDA keep its 4-bit floats as they are; elsewhere, or with scales beyond CUDA's (2^2 and
+    up), int8 rows (or bf16 where K does not suit them) of its exact values."""
+    fmt = choose_format("MXFP4", n, k, device)
+    if fmt == "blocks":  # the file's nibbles are the kernel's indices: no decode
+        return mxfp4_blocks(raw, k, row_order)
+    held = mxfp4_words(raw, k, row_order) if fmt == "fp4" else None
+    if held is not None:
+        return held
+    out = Int8Rows(n, k) if fmt != "bf16" and int8_fits(k) else None
+    w = None if out is not None else torch.empty(n, k, dtype=torch.bfloat16)
+    for start, c in row_slices(None, "MXFP4", raw, n, k):  # exact: FP4_CODES (zero 12) times 2^(e - 128)
+        rows = (c.codes.astype(np.float32) - 12) * np.repeat(c.scale, 32, axis=1)
+        if out is not None:
+            out.put(start, rows)
+        else:
+            w[start:start + len(rows)] = torch.from_numpy(rows)
+    if out is None:
+        return bf16_tensor(w if row_order is None else w[row_order], "MXFP4")
+    if row_order is not None:
+        out.codes, out.scale = out.codes[row_order], out.scale[row_order]
+    return out.done("MXFP4")
 
 
 def is_native(type_name: str) -> bool:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
 from engine.loading.loader import LoadOptions, load_model
-from engine.models.gpt_oss import args_from_hf, dequantize_mxfp4, sanitize
+from engine.models.gpt_oss import args_from_hf, sanitize
+from engine.quant.mxfp4 import Mxfp4Rows, dequantize_mxfp4
 from tests.support import arch_checks as check
 from tests.support.engine_helpers import full_logits
 
@@ -105,9 +107,83 @@ def test_mxfp4_blocks_read_as_transformers_reads_them():
     args = dataclasses.replace(args_from_hf(_config()), num_experts=2)
     out = sanitize({"model.layers.0.mlp.experts.gate_up_proj_blocks": blocks,
                     "model.layers.0.mlp.experts.gate_up_proj_scales": scales}, args)
-    torch.testing.assert_close(out["model.layers.0.mlp.experts.1.up_proj.weight"], want[1].t()[1::2])
+    up = out["model.layers.0.mlp.experts.1.up_proj.weight"]
+    assert isinstance(up, Mxfp4Rows)  # still blocks: the loader holds them 4-bit or decodes them
+    torch.testing.assert_close(up.dequantize(), want[1].t()[1::2], atol=0, rtol=0)
     with pytest.raises(Exception, match="no .*scales"):
         sanitize({"model.layers.0.mlp.experts.down_proj_blocks": blocks}, args)
+
+
+def test_a_folders_mxfp4_matrix_is_held_as_a_files_would_be(monkeypatch):
+    """A folder's MXFP4 rows in each runtime's format hold exactly the values transformers decodes: the CPU's own
+    blocks, CUDA's fp4 words (built on the CPU); int8 rows near them on torch's CPU kernels, and on CUDA for scales
+    beyond its bf16 ones."""
+    gen = torch.Generator().manual_seed(4)
+    rows = Mxfp4Rows(torch.randint(0, 256, (16, 3, 16), generator=gen, dtype=torch.uint8),
+                     torch.randint(118, 129, (16, 3), generator=gen, dtype=torch.uint8))
+    want = rows.dequantize()
+    assert torch.equal(rows.held("cuda").dequantize(), want) and rows.held("cuda").format == "fp4"
+    assert torch.equal(rows.held("cpu").dequantize(), want)
+    high = Mxfp4Rows(rows.blocks, rows.scales.clone().index_fill_(0, torch.tensor([3]), 130))
+    assert high.held("cuda").format == "int8"
+    monkeypatch.setattr("engine.quant.weight.blocks_available", lambda: False)  # torch's CPU kernels
+    for held, values in ((rows.held("cpu"), want), (high.held("cuda"), high.dequantize())):
+        assert held.format == "int8" and (held.dequantize() - values).abs().max() <= values.abs().max() / 127
+
+
+def test_a_folders_mxfp4_experts_stay_4_bit(files, tmp_path):
+    """A folder whose experts are MXFP4 blocks (as openai/gpt-oss-20b ships): held 4-bit at load unless dequantized
+    weights are asked for, and then the model a GGUF file of the same blocks gives (logits within fp32 sums' order;
+    that file's drift is checked against llama.cpp's above); the memory estimate counts them 4-bit; greedy batched ==
+    alone."""
+    from engine.loading.hf_folder import tensor_shapes
+    from engine.memory import hf_estimate
+    from kernels.cpu_native import cpu_kernel
+    from tests.support.arch_checks import assert_batched_equals_alone
+    from tests.support.gguf_export import write_gguf
+
+    path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "F32", overrides={"_exps.weight": "MXFP4"})
+    folder = _folder_from_gguf_experts(path, files[0], tmp_path / "mxfp4")
+    lm, from_file, exact = load_model(folder), load_model(path), load_model(folder, LoadOptions(weights="dequantized"))
+    down = lm.model.model.layers[0].mlp.experts[0].down_proj.qweight
+    assert down.source_type == "MXFP4" and (down.format == "blocks") == (cpu_kernel() is not None)
+    assert not exact.is_quantized()
+    ids = check.prompt()
+    got, want = full_logits(lm, ids, "sequence"), full_logits(from_file, ids, "sequence")
+    # the same experts' bits (fp32 sums elsewhere ordered apart: ~5e-6); a nibble or row out of place moves them ~0.3
+    assert (got - want).abs().max() < 1e-4 * want.abs().max()
+    shapes = tensor_shapes(folder)
+    assert hf_estimate(shapes, 300, 4, None, "cpu", mxfp4=True)[1] < hf_estimate(shapes, 300, 4, None, "cpu")[1]
+    for layout in ("sequence", "cell"):
+        assert_batched_equals_alone(lm, layout)
+
+
+def _folder_from_gguf_experts(path, src, dst):
+    """`src` (the folder `path` was written from) with its experts' matrices replaced by `path`'s MXFP4 blocks in
+    transformers' layout: gate and up rows interleaved, (experts, out, in/32, 16) bytes (element 2j low, 2j + 1
+    high) and (experts, out, in/32) exponents."""
+    import shutil
+
+    import gguf
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    tensors = load_file(str(dst / "model.safetensors"))
+    raw = {t.name: torch.from_numpy(np.array(t.data)) for t in gguf.GGUFReader(path).tensors if "_exps." in t.name}
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        layer = name.split(".")[2]
+        if name.endswith("gate_up_proj"):
+            gate, up = raw[f"blk.{layer}.ffn_gate_exps.weight"], raw[f"blk.{layer}.ffn_up_exps.weight"]
+            blocks = torch.stack([gate, up], dim=2).flatten(1, 2)  # rows gate, up, gate, up, ...
+        else:
+            blocks = raw[f"blk.{layer}.ffn_down_exps.weight"]
+        b = blocks.reshape(*blocks.shape[:2], -1, 17)
+        elements = torch.cat([b[..., 1:] & 0x0F, b[..., 1:] >> 4], dim=-1)  # GGUF: element j low, j + 16 high
+        del tensors[name]
+        tensors[f"{name}_blocks"] = elements[..., 0::2] | (elements[..., 1::2] << 4)
+        tensors[f"{name}_scales"] = b[..., 0].contiguous()
+    save_file(tensors, str(dst / "model.safetensors"))
+    return dst
 
 
 def test_mxfp4_blocks_are_estimated_as_the_floats_they_become(tmp_path):
@@ -306,6 +382,15 @@ def test_mxfp4_experts_stay_4_bit_on_cuda(files, tmp_path):
     assert not any("MXFP4" in n for n in lm.notices)
     assert all(layer.mlp.replayable and layer.mlp._stacked.gate_up_format == "fp4" for layer in lm.model.model.layers)
     assert make_batcher(lm, 2, RunConfig(max_seq_len=128)).runner.graphs is not None
+    # a folder of the same blocks (as openai's): fp4 on CUDA too (auto weights), its experts' bits the file's
+    f32 = write_gguf(files[0], tmp_path / "mxfp4-f32.gguf", "F32", overrides={"_exps.weight": "MXFP4"})
+    folder = _folder_from_gguf_experts(f32, files[0], tmp_path / "mxfp4-folder")
+    options = LoadOptions(device="cuda", dtype="bfloat16")
+    held, from_file = load_model(folder, options), load_model(f32, LoadOptions(device="cuda", dtype="bfloat16",
+                                                                                weights="quantized"))
+    for a, b in zip(held.model.model.layers, from_file.model.model.layers):
+        assert a.mlp._stacked.gate_up_format == "fp4" and torch.equal(a.mlp._stacked.gate_up["words"],
+                                                                       b.mlp._stacked.gate_up["words"])
 
 
 def _config() -> dict:
