@@ -389,8 +389,11 @@ def test_mxfp4_experts_stay_4_bit_on_cuda(files, tmp_path):
     held, from_file = load_model(folder, options), load_model(f32, LoadOptions(device="cuda", dtype="bfloat16",
                                                                                 weights="quantized"))
     for a, b in zip(held.model.model.layers, from_file.model.model.layers):
-        assert a.mlp._stacked.gate_up_format == "fp4" and torch.equal(a.mlp._stacked.gate_up["words"],
-                                                                       b.mlp._stacked.gate_up["words"])
+        for mine, theirs in zip(a.mlp.experts, b.mlp.experts):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                q, r = getattr(mine, proj).qweight, getattr(theirs, proj).qweight
+                assert q.format == "fp4" and q.words.is_cuda and torch.equal(q.words, r.words), proj
+                assert torch.equal(q.pairs, r.pairs)
 
 
 def _config() -> dict:
