@@ -27,7 +27,7 @@ from torch import nn
 
 from engine.quant.block_codes import (BLOCK, FP4_CODES, CodeLayout, codes_layout, fp4_scales, held_layout,
                                       superblock_rows)
-from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups, _nibbles
+from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
 FP4_LUT = torch.from_numpy(FP4_CODES)  # MXFP4's codes by index (engine/quant/block_codes.py)
@@ -274,7 +274,7 @@ def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
     n, k = groups.codes.shape
     kp = -(-k // CHUNK) * CHUNK
     chunks = kp // CHUNK
-    words = _nibble_words(groups.codes, 8)
+    words = _nibble_words(groups.codes)
     sz = np.zeros((2, n, kp // GROUP), dtype=np.float32)
     sz[0, :, :k // GROUP], sz[1, :, :k // GROUP] = groups.scale, groups.zero
     bits = torch.from_numpy(sz).bfloat16().view(torch.int16).int() & 0xFFFF  # (2, N, KP/32)
@@ -284,12 +284,12 @@ def _pack_int4_words(groups: Int4Groups, source_type: str) -> QuantTensor:
     return _words_tensor("int4", (n, k), source_type, words, pairs.to(torch.int32).contiguous())
 
 
-def _nibble_words(codes: np.ndarray, pad: int) -> torch.Tensor:
-    """(N, K) codes 0..15 -> the CUDA words (N, KP/8) int32: K padded to chunks of 128 with `pad`; in a chunk, nibble i
-    of word w is code 16 i + w."""
+def _nibble_words(codes: np.ndarray) -> torch.Tensor:
+    """(N, K) codes 0..15 -> the CUDA words (N, KP/8) int32: K padded to chunks of 128 with code 8 (weight 0 where
+    scale and zero are 0); in a chunk, nibble i of word w is code 16 i + w."""
     n, k = codes.shape
     chunks = -(-k // CHUNK)
-    padded = np.full((n, chunks * CHUNK), pad, dtype=np.uint32)
+    padded = np.full((n, chunks * CHUNK), 8, dtype=np.uint32)
     padded[:, :k] = codes
     c = padded.reshape(n, chunks, 8, 16)
     words = np.zeros((n, chunks, 16), dtype=np.uint32)
@@ -310,10 +310,14 @@ def mxfp4_words(raw: np.ndarray, k: int, row_order: torch.Tensor | None = None) 
     if n and blocks[..., 0].max() > FP4_MAX_EXPONENT:
         return None
     chunks = -(-k // CHUNK)
-    exps = np.full((n, chunks * 4), 127, dtype=np.uint8)  # padding groups: code 0 (+0) whatever their scale
-    exps[:, :k // 32] = blocks[..., 0]
-    words = _nibble_words(_nibbles(blocks[..., 1:]).reshape(n, k), 0)
-    pairs = torch.from_numpy(exps.view(np.int32).reshape(n, chunks, 1).copy())
+    padded = np.zeros((n, chunks * 4, 17), dtype=np.uint8)  # padding groups: code 0 (+0), exponent 127
+    padded[:, :k // 32] = blocks
+    padded[:, k // 32:, 0] = 127
+    # word w of a chunk holds weights w, 16 + w, ..., 112 + w: nibbles 2b and 2b + 1 are the low and high halves of
+    # byte w of the chunk's block b, so each word is byte w of its four blocks, a byte transpose of the file's
+    quads = padded[..., 1:].reshape(n, chunks, 4, 16).transpose(0, 1, 3, 2)
+    words = torch.from_numpy(np.ascontiguousarray(quads).view(np.int32).reshape(n, chunks * 16))
+    pairs = torch.from_numpy(np.ascontiguousarray(padded[..., 0]).view(np.int32).reshape(n, chunks, 1))
     if row_order is not None:
         words, pairs = words[row_order], pairs[row_order]
     return _words_tensor("fp4", (n, k), "MXFP4", words, pairs)
