@@ -1,6 +1,6 @@
 """Llama-architecture GGUF files of real models' shapes with random weights, quantized to Q4_K_M (Q5_K_M, Q6_K, Q8_0) by
 llama.cpp; and gpt-oss-architecture ones (its biases, sinks, 128-key windows, YaRN), their experts quantized to MXFP4 as
-llama.cpp writes gpt-oss (`--kind MXFP4_MOE`).
+llama.cpp writes gpt-oss (`--kind MXFP4_MOE`), or written as random MXFP4 blocks beside F16 (`--raw-mxfp4`).
 
     python bench/synthetic_gguf.py --shape llama-1b [--out-dir DIR] [--f16] [--kind Q5_K_M|Q6_K|Q8_0]
 
@@ -68,7 +68,12 @@ SHAPES = {
     # gpt-oss-20b's layers (2880 wide, 64 heads of 64 over 8 KV heads, 32 experts of 2880, 4 per token), 8 of its 24
     "gpt-oss-20b-slice": Shape(hidden=2880, layers=8, heads=64, kv_heads=8, ffn=2880, tied=False, rope_factor=32.0,
                                experts=32, experts_used=4, arch="gpt-oss", rope_theta=150000.0, context=131072),
+    # gpt-oss-20b's 24 layers (with the others' 128,256-token vocabulary, not its 201,088: the synthetic byte-level
+    # vocabulary stops short of it); `--raw-mxfp4` writes it without llama.cpp
+    "gpt-oss-20b": Shape(hidden=2880, layers=24, heads=64, kv_heads=8, ffn=2880, tied=False, rope_factor=32.0,
+                         experts=32, experts_used=4, arch="gpt-oss", rope_theta=150000.0, context=131072),
 }
+MXFP4_EXPONENTS = (119, 122)  # random MXFP4 blocks' scales 2^-8 .. 2^-6: weights of about STD's size
 
 
 FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M",  # llama.cpp's quantizer mixes
@@ -76,17 +81,18 @@ FTYPES = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q
           "MXFP4_MOE": "LLAMA_FTYPE_MOSTLY_MXFP4_MOE"}
 
 
-def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True, kind: str = "Q4_K_M") -> Path:
-    """The `kind` (a key of FTYPES) file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file),
-    written unless it is already there."""
+def synthetic_gguf(shape: str, out_dir: Path, quantize: bool = True, kind: str = "Q4_K_M",
+                   raw_mxfp4: bool = False) -> Path:
+    """The `kind` (a key of FTYPES) file of `shape` (a key of SHAPES) in `out_dir` (`quantize` False: the F16 file;
+    `raw_mxfp4`: F16 with the experts written as random MXFP4 blocks, no quantizer run), written unless it is there."""
     out_dir = Path(out_dir)
-    target = out_dir / f"synthetic-{shape}-{kind if quantize else 'F16'}.gguf"
+    target = out_dir / f"synthetic-{shape}-{'F16-MXFP4' if raw_mxfp4 else kind if quantize else 'F16'}.gguf"
     if target.exists():
         return target
     out_dir.mkdir(parents=True, exist_ok=True)
-    if not quantize:
+    if not quantize or raw_mxfp4:
         part = out_dir / f".{target.name}.part"
-        write_f16(SHAPES[shape], part, f"synthetic-{shape}")
+        write_f16(SHAPES[shape], part, f"synthetic-{shape}", raw_mxfp4)
         os.replace(part, target)
         return target
     f16 = out_dir / f".synthetic-{shape}-F16.gguf"
@@ -115,20 +121,35 @@ def quantize_mix(src: Path, dst: Path, kind: str = "Q4_K_M", threads: int | None
 # -- the F16 file
 
 
-def write_f16(s: Shape, path: Path, name: str) -> None:
-    """Header, vocab and tensor table first, then each tensor generated and written in turn."""
+def write_f16(s: Shape, path: Path, name: str, raw_mxfp4: bool = False) -> None:
+    """Header, vocab and tensor table first, then each tensor generated and written in turn (`raw_mxfp4`: the experts'
+    matrices as random MXFP4 blocks)."""
     w = gguf.GGUFWriter(path, s.arch)
     _write_header(w, s, name)
-    tensors = list(_tensors(s))
+    tensors = [(t, dims, "mxfp4" if raw_mxfp4 and kind == "matrix" and "_exps." in t else kind)
+               for t, dims, kind in _tensors(s)]
     for tname, dims, kind in tensors:
+        if kind == "mxfp4":
+            shape = (*dims[:-1], dims[-1] // 32 * 17)
+            w.add_tensor_info(tname, shape, np.dtype(np.uint8), math.prod(shape),
+                              raw_dtype=gguf.GGMLQuantizationType.MXFP4)
+            continue
         dtype = np.float16 if kind == "matrix" else np.float32
         w.add_tensor_info(tname, dims, np.dtype(dtype), math.prod(dims) * np.dtype(dtype).itemsize)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     for tname, dims, kind in tensors:
-        w.write_tensor_data(_values(s, tname, dims, kind))
+        w.write_tensor_data(_mxfp4_values(tname, dims) if kind == "mxfp4" else _values(s, tname, dims, kind))
     w.close()
+
+
+def _mxfp4_values(name: str, dims: tuple[int, ...]) -> np.ndarray:
+    """Random MXFP4 blocks of a (…, K) matrix: (…, K/32 · 17) bytes, each an exponent byte then 16 of nibbles."""
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    blocks = rng.integers(0, 256, (*dims[:-1], dims[-1] // 32, 17), dtype=np.uint8)
+    blocks[..., 0] = rng.integers(*MXFP4_EXPONENTS, blocks.shape[:-1], dtype=np.uint8)
+    return blocks.reshape(*dims[:-1], -1)
 
 
 def _tensors(s: Shape):
@@ -286,9 +307,11 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench" / "synthetic")
     ap.add_argument("--f16", action="store_true", help="keep the F16 file; skip llama.cpp's quantizer")
     ap.add_argument("--kind", choices=sorted(FTYPES), default="Q4_K_M")
+    ap.add_argument("--raw-mxfp4", action="store_true",
+                    help="F16 with the experts as random MXFP4 blocks, written directly (no llama.cpp)")
     a = ap.parse_args()
     start = time.perf_counter()
-    path = synthetic_gguf(a.shape, a.out_dir, quantize=not a.f16, kind=a.kind)
+    path = synthetic_gguf(a.shape, a.out_dir, quantize=not a.f16, kind=a.kind, raw_mxfp4=a.raw_mxfp4)
     print(json.dumps(dict(shape=a.shape, path=str(path), file_bytes=path.stat().st_size,
                           seconds=round(time.perf_counter() - start, 1))), flush=True)
 
