@@ -49,19 +49,21 @@ class Mxfp4Rows:
 
 def stacked_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, name: str) -> list[Mxfp4Rows]:
     """A folder's stacked (E, N, K/32, 16) blocks and (E, N, K/32) scales as one Mxfp4Rows per expert."""
-    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
-            or blocks.shape[-1] != 16 or blocks.dim() != 4:
-        raise ModelLoadError(f"{name}: MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not "
-                             "match.")
+    _check(blocks, scales, f"{name}: ", dims=4)
     return [Mxfp4Rows(blocks[e], scales[e]) for e in range(blocks.shape[0])]
+
+
+def _check(blocks: torch.Tensor, scales: torch.Tensor, where: str = "", dims: int | None = None) -> None:
+    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
+            or blocks.shape[-1] != 16 or (dims is not None and blocks.dim() != dims):
+        raise ModelLoadError(f"{where}MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not "
+                             "match.")
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """MXFP4 (…, groups, 16) bytes — two 4-bit floats each, low nibble first — and (…, groups) power-of-two scales
     (biased by 127) -> fp32 (…, groups · 32)."""
-    if blocks.dtype != torch.uint8 or scales.dtype != torch.uint8 or blocks.shape[:-1] != scales.shape \
-            or blocks.shape[-1] != 16:
-        raise ModelLoadError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not match.")
+    _check(blocks, scales)
     lut = (torch.from_numpy(FP4_CODES).float() - 12) / 2  # the 16 e2m1 values (FP4_CODES are them doubled, + 12)
     values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
     values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])

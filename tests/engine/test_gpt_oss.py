@@ -112,6 +112,9 @@ def test_mxfp4_blocks_read_as_transformers_reads_them():
     torch.testing.assert_close(up.dequantize(), want[1].t()[1::2], atol=0, rtol=0)
     with pytest.raises(Exception, match="no .*scales"):
         sanitize({"model.layers.0.mlp.experts.down_proj_blocks": blocks}, args)
+    with pytest.raises(Exception, match="down_proj_blocks: MXFP4 blocks .* do not match"):  # a damaged folder
+        sanitize({"model.layers.0.mlp.experts.down_proj_blocks": blocks,
+                  "model.layers.0.mlp.experts.down_proj_scales": scales[:, :5]}, args)
 
 
 def test_a_folders_mxfp4_matrix_is_held_as_a_files_would_be(monkeypatch):
