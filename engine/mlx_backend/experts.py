@@ -14,13 +14,15 @@ import mlx.nn as nn
 
 @dataclass(frozen=True)
 class StackedProjection:
-    """One projection of every expert: packed codes (E, N, K·bits/32) with scales and biases, or floats (E, K, N)."""
+    """One projection of every expert: packed codes (E, N, K·bits/32) with scales (and, affine, biases), or floats
+    (E, K, N)."""
 
     weight: mx.array
     scales: mx.array | None = None
     biases: mx.array | None = None
     group_size: int = 0
     bits: int | None = None
+    mode: str = "affine"  # or "mxfp4" (no biases)
 
     @staticmethod
     def of(modules: list[nn.Module]) -> StackedProjection | None:
@@ -30,17 +32,21 @@ class StackedProjection:
         if any("bias" in m for m in modules):
             return None
         if all(isinstance(m, nn.QuantizedLinear) for m in modules):
-            if any((m.bits, m.group_size, m.weight.shape, m.scales.shape) !=
-                   (first.bits, first.group_size, first.weight.shape, first.scales.shape) for m in modules):
+            if any((m.bits, m.group_size, m.mode, m.weight.shape, m.scales.shape) !=
+                   (first.bits, first.group_size, first.mode, first.weight.shape, first.scales.shape) for m in modules):
                 return None
             # bf16 scales widen to fp32 exactly where the experts differ (the products promote them to fp32 anyway)
             dtype = first.scales.dtype if all(m.scales.dtype == first.scales.dtype for m in modules) else mx.float32
+            affine = first.mode == "affine"
             held = StackedProjection(mx.stack([m.weight for m in modules]),
                                      mx.stack([m.scales.astype(dtype) for m in modules]),
-                                     mx.stack([m.biases.astype(dtype) for m in modules]), first.group_size, first.bits)
-            mx.eval(held.weight, held.scales, held.biases)
+                                     mx.stack([m.biases.astype(dtype) for m in modules]) if affine else None,
+                                     first.group_size, first.bits, first.mode)
+            mx.eval(held.weight, held.scales, *([held.biases] if affine else []))
             for e, m in enumerate(modules):
-                m.weight, m.scales, m.biases = held.weight[e], held.scales[e], held.biases[e]
+                m.weight, m.scales = held.weight[e], held.scales[e]
+                if affine:
+                    m.biases = held.biases[e]
             return held
         if all(type(m) is nn.Linear for m in modules) and all(m.weight.shape == first.weight.shape for m in modules):
             held = StackedProjection(mx.stack([m.weight.T for m in modules]))
@@ -55,7 +61,7 @@ class StackedProjection:
         if self.bits is None:
             return mx.gather_mm(x, self.weight, rhs_indices=experts)
         return mx.gather_qmm(x, self.weight, self.scales, self.biases, rhs_indices=experts, transpose=True,
-                             group_size=self.group_size, bits=self.bits).astype(x.dtype)
+                             group_size=self.group_size, bits=self.bits, mode=self.mode).astype(x.dtype)
 
 
 @dataclass(frozen=True)

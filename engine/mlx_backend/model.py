@@ -281,11 +281,13 @@ class QuantizedLinear(nn.QuantizedLinear):
     """nn.QuantizedLinear made from given arrays (mlx_backend.quantized); its product comes back in the input's
     dtype (fp32 scales would otherwise promote a bf16 model's activations)."""
 
-    def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array, group_size: int, bits: int,
-                 bias: mx.array | None = None):
+    def __init__(self, weight: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
+                 bias: mx.array | None = None, mode: str = "affine"):
         nn.Module.__init__(self)
-        self.group_size, self.bits, self.mode = group_size, bits, "affine"
-        self.weight, self.scales, self.biases = weight, scales, biases
+        self.group_size, self.bits, self.mode = group_size, bits, mode
+        self.weight, self.scales = weight, scales
+        if biases is not None:  # "affine" only ("mxfp4" has scales alone)
+            self.biases = biases
         if bias is not None:
             self.bias = bias
         self.freeze()

@@ -6,7 +6,8 @@ first into uint32 words (element i of a word in bits [bits·i, bits·(i+1))). Th
   int8  w = c·s, one s per row, c in -127..127      -> bits 8, the largest group (128, 64, 32) dividing K:
                                                        q = c + 128, scale = s (every group of the row), bias = -128s
   bf16  a plain bf16 matrix
-  blocks  w = u·s + o per 32 (x86 only; an Apple CPU never builds it) -> the same bits and group, as they are
+  blocks  w = u·s + o per 32 (x86 only; an Apple CPU never builds it) -> the same bits and group, as they are;
+        MXFP4's 4-bit floats (gpt-oss's experts) -> MLX's own "mxfp4" mode (4 bits and an exponent byte per 32)
 q·scale is exact in fp32 (4 or 8 bits times bf16's 8) and so is bias whenever it is held exactly, so MLX's q·scale +
 bias is the one rounding of the same real number as torch's (c - 8)·s + z: the fp32 weights are identical.
 Scales and biases are bf16 (torch's own size) when bf16 holds the bias exactly: int8 always, int4 when z - 8s fits
@@ -47,21 +48,22 @@ class Matrix:
     scales: mx.array | None = None
     biases: mx.array | None = None
     inexact: int = 0  # groups whose bias could not be held exactly
+    mode: str = "affine"  # or "mxfp4": 4-bit floats times a power of two per group, no biases
 
     def rows(self, start: int, stop: int) -> Matrix:
         cut = (lambda a: None if a is None else a[start:stop])
         return Matrix(self.weight[start:stop], self.bits, self.group_size, cut(self.scales), cut(self.biases),
-                      self.inexact)
+                      self.inexact, self.mode)
 
     def arrays(self) -> dict[str, mx.array]:
         if self.bits is None:
             return {"weight": self.weight}
-        return {"weight": self.weight, "scales": self.scales, "biases": self.biases}
+        return {"weight": self.weight, "scales": self.scales} | ({} if self.biases is None else {"biases": self.biases})
 
 
 @dataclass(slots=True)
 class ConversionReport:
-    formats: dict[str, int] = field(default_factory=dict)  # "int4" / "int8" / "bf16" -> matrices converted
+    formats: dict[str, int] = field(default_factory=dict)  # "int4" / "int8" / "bf16" / "blocks" / "mxfp4" -> count
     fp32_scales: int = 0  # int4 matrices whose biases needed fp32 scales and biases
     inexact_groups: int = 0  # groups whose bias no float32 holds exactly (rounded): 0 for every GGUF type tried
 
@@ -93,7 +95,8 @@ def from_torch_quantized(args: ModelArgs, torch_model: torch.nn.Module, dtype: s
             continue  # read through its QuantLinear / QuantEmbedding
         if isinstance(module, (QuantLinear, QuantEmbedding)):
             m = convert(module.qweight)
-            report.formats[module.qweight.format] = report.formats.get(module.qweight.format, 0) + 1
+            kind = "mxfp4" if m.mode == "mxfp4" else module.qweight.format
+            report.formats[kind] = report.formats.get(kind, 0) + 1
             report.inexact_groups += m.inexact
             report.fp32_scales += int(m.bits == 4 and m.scales.dtype == mx.float32)
             bias = getattr(module, "bias", None)
@@ -159,6 +162,8 @@ def _blocks(qt: QuantTensor) -> Matrix:
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:
         return Matrix(mx.array(qt.dequantize().numpy()))
+    if lay.lut and (held := _mxfp4(qt)) is not None:
+        return held
     if lay.raw:  # super-blocks (Q4_K, Q5_K): codes with exact fp32 scales and offsets
         c = superblock_codes(file_order(qt.blocks.numpy(), lay.raw), lay.raw)
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
@@ -173,6 +178,21 @@ def _blocks(qt: QuantTensor) -> Matrix:
     packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
     scales, biases, inexact = _scales_biases(s, o)
     return Matrix(mx.array(np.ascontiguousarray(packed).view(np.uint32)), lay.bits, GROUP, scales, biases, inexact)
+
+
+def _mxfp4(qt: QuantTensor) -> Matrix | None:
+    """MXFP4 rows in MLX's "mxfp4" mode: MLX quantizes the exact values (every block's power of two and 4-bit floats
+    are again a power of two and 4-bit floats, whatever exponent MLX picks), then checked to give them back bit for
+    bit; None where they do not, or where this MLX has no such mode (the affine bytes serve then)."""
+    values = mx.array(qt.dequantize().numpy())
+    try:
+        weight, scales = mx.quantize(values, group_size=GROUP, bits=4, mode="mxfp4")
+        back = mx.dequantize(weight, scales, group_size=GROUP, bits=4, mode="mxfp4", dtype=mx.float32)
+    except (TypeError, ValueError):
+        return None
+    if not mx.array_equal(back, values).item():
+        return None
+    return Matrix(weight, 4, GROUP, scales, None, mode="mxfp4")
 
 
 def _int4_codes(packed: torch.Tensor, k: int, start: int, stop: int) -> np.ndarray:
@@ -226,7 +246,7 @@ def _install(model: CausalLM, path: str, m: Matrix, bias: mx.array | None, embed
     if embedding:
         module = QuantizedEmbedding(m.weight, m.scales, m.biases, m.group_size, m.bits)
     else:
-        module = QuantizedLinear(m.weight, m.scales, m.biases, m.group_size, m.bits, bias)
+        module = QuantizedLinear(m.weight, m.scales, m.biases, m.group_size, m.bits, bias, m.mode)
     parent_path, _, leaf = path.rpartition(".")
     parent = model
     for part in parent_path.split(".") if parent_path else []:

@@ -268,8 +268,8 @@ def test_quantized_layers_are_one_library_call_and_taped(files, tmp_path, kind):
 
 
 def test_mlx_holds_mxfp4_experts_exactly(files, tmp_path):
-    """The MXFP4 experts on MLX (their codes as MLX's affine bytes): MLX's logits are torch's in fp32 on the same
-    dequantized weights."""
+    """The MXFP4 experts on MLX (in MLX's own "mxfp4" mode: 4-bit floats and an exponent byte per 32): MLX's logits
+    are torch's in fp32 on the same dequantized weights."""
     pytest.importorskip("mlx.core")
     from engine.loading.loader import build_model
     from tests.engine.test_mlx_backend import _logits, _prompts
@@ -280,6 +280,39 @@ def test_mlx_holds_mxfp4_experts_exactly(files, tmp_path):
     ids = _prompts(lm.args.vocab_size)[4]
     floats = dataclasses.replace(lm, model=build_model(lm.args, lm.model.float_state_dict(), torch.float32, "cpu"))
     torch.testing.assert_close(_logits(lm, ids, "mlx"), _logits(floats, ids, "torch"), atol=2e-4, rtol=1e-4)
+    down = lm.model.mlx_model.model.layers[0].mlp.experts[0].down_proj
+    assert down.mode == "mxfp4" and down.bits == 4 and "biases" not in down
+    assert lm.model.mlx_model.conversion.formats.get("mxfp4") == 3 * lm.args.num_experts * lm.args.num_layers
+
+
+def test_mlx_holds_mxfp4_as_its_own_mode_or_as_affine_bytes(monkeypatch):
+    """One MXFP4 matrix converted for MLX: its "mxfp4" mode where MLX has it, else 8-bit affine bytes; both give the
+    file's values bit for bit."""
+    mx = pytest.importorskip("mlx.core")
+    import numpy as np
+
+    from engine.mlx_backend import quantized
+    from engine.quant.weight import mxfp4_blocks
+    from tests.kernels.test_quant_linear import _mxfp4_raw
+
+    qt = mxfp4_blocks(_mxfp4_raw(8, 64), 64)
+    want = qt.dequantize().numpy()
+    native = quantized.convert(qt)
+    assert (native.mode, native.bits, native.biases) == ("mxfp4", 4, None)
+    got = mx.dequantize(native.weight, native.scales, group_size=32, bits=4, mode="mxfp4", dtype=mx.float32)
+    assert np.array_equal(np.array(got), want)
+
+    def no_mode(*args, mode="affine", **kw):
+        if mode != "affine":
+            raise ValueError(f"no mode {mode}")
+        return quantize(*args, **kw)
+    quantize = mx.quantize
+    monkeypatch.setattr(mx, "quantize", no_mode)
+    affine = quantized.convert(qt)
+    assert (affine.mode, affine.bits) == ("affine", 8)
+    got = mx.dequantize(affine.weight, affine.scales.astype(mx.float32), affine.biases.astype(mx.float32),
+                        group_size=32, bits=8)
+    assert np.array_equal(np.array(got), want)
 
 
 def _assert_drift_within_llama_cpp(path):
