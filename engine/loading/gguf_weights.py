@@ -64,7 +64,7 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
                     raise ModelLoadError(f"{gf.path.name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
                 if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
                     weights[target] = _matrix(gf, t, arch, args, device)
-                    if not is_native(t.tensor_type.name) and not _kept_as_is(weights[target]):
+                    if not is_native(t.tensor_type.name) and not kept_as_is(weights[target]):
                         odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
                 else:
                     weights[target] = _fixed(gf, t, arch, args)
@@ -72,12 +72,15 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
         if progress:
             progress("Decoding weights", (i + 1) / total)
     if notices is not None:
-        notices.extend(f"{gf.path.name}: {n} tensor(s) of type {q} have no kernel of their own: re-quantized to int8."
-                       for q, n in sorted(odd.items()))
+        notices.extend(requantized_notice(gf.path.name, q, n) for q, n in sorted(odd.items()))
     return weights
 
 
-def _kept_as_is(matrix: QuantTensor) -> bool:
+def requantized_notice(source: str, type_name: str, count: int) -> str:
+    return f"{source}: {count} tensor(s) of type {type_name} have no kernel of their own: re-quantized to int8."
+
+
+def kept_as_is(matrix: QuantTensor) -> bool:
     """A type outside the common ones that still has a kernel of its own here (MXFP4 on the CPU's and CUDA's)."""
     return matrix.format == "fp4" or (matrix.format == "blocks" and matrix.code_layout.lut)
 

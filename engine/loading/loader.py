@@ -12,7 +12,7 @@ import torch
 from engine.errors import ModelLoadError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
-from engine.loading.gguf_weights import read_gguf_weights, tensor_shapes
+from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
 from engine.models import architecture
@@ -100,7 +100,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         raise ModelLoadError(f"Model not found: {source}")
     notices: list[str] = []
     if source.is_dir():
-        args, weights, tok = _read_hf(source, progress, options)
+        args, weights, tok = _read_hf(source, progress, options, notices)
         if options.quantize and options.device == "cpu":
             weights = {k: quantize_matrix(v, options.quantize)
                        if isinstance(v, torch.Tensor) and v.dim() == 2 and k.endswith(".weight") else v
@@ -197,7 +197,7 @@ def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> Non
         check_fits(final, options.device, folder.name)
 
 
-def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions):
+def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions, notices: list[str]):
     config = hf_folder.read_config(folder)
     arch = architecture(hf_folder.model_type(config))
     args = arch.args_from_hf(config)
@@ -205,10 +205,13 @@ def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions):
     _check_hf_memory(folder, args, options)
     tok = tokenizer_from_hf_dir(folder)
     weights = arch.sanitize(hf_folder.read_weights(folder, progress), args)
-    keep = _keeps_mxfp4(options)
+    keep, requantized = _keeps_mxfp4(options), 0
     for name, value in weights.items():  # a folder's MXFP4 matrices (gpt-oss's experts), one at a time
         if isinstance(value, Mxfp4Rows):
             weights[name] = value.held(options.device).to(options.device) if keep else value.dequantize()
+            requantized += keep and not kept_as_is(weights[name])
+    if requantized:  # torch's CPU kernels, or scales beyond CUDA's: as a file's MXFP4 says
+        notices.append(requantized_notice(folder.name, "MXFP4", requantized))
     return args, weights, tok
 
 

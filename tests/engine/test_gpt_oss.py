@@ -157,8 +157,22 @@ def test_a_folders_mxfp4_experts_stay_4_bit(files, tmp_path):
     assert (got - want).abs().max() < 1e-4 * want.abs().max()
     shapes = tensor_shapes(folder)
     assert hf_estimate(shapes, 300, 4, None, "cpu", mxfp4=True)[1] < hf_estimate(shapes, 300, 4, None, "cpu")[1]
+    assert not lm.notices
     for layout in ("sequence", "cell"):
         assert_batched_equals_alone(lm, layout)
+
+
+def test_a_folders_mxfp4_on_torchs_kernels_says_it_is_requantized(files, tmp_path, monkeypatch):
+    """Without the CPU's own kernels a folder's MXFP4 experts become int8 rows, with the notice a file's get."""
+    from tests.support.gguf_export import write_gguf
+
+    path = write_gguf(files[0], tmp_path / "mxfp4.gguf", "F32", overrides={"_exps.weight": "MXFP4"})
+    folder = _folder_from_gguf_experts(path, files[0], tmp_path / "mxfp4")
+    monkeypatch.setattr("engine.quant.weight.blocks_available", lambda: False)
+    lm = load_model(folder)
+    assert lm.model.model.layers[0].mlp.experts[0].down_proj.qweight.format == "int8"
+    experts = 3 * lm.args.num_experts * lm.args.num_layers
+    assert lm.notices == [f"mxfp4: {experts} tensor(s) of type MXFP4 have no kernel of their own: re-quantized to int8."]
 
 
 def _folder_from_gguf_experts(path, src, dst):
