@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from kernels.attention import _use_triton
-from kernels.quant_linear import WORDS, int4_rows_reference
+from kernels.quant_linear import WORDS, int4_rows_reference, is_fp4
 
 FORMATS = ("int4", "fp4", "int8", "bf16")
 TILE_ROWS = 16  # pairs of one expert a grouped tile takes: one 16-row dot
@@ -116,7 +116,7 @@ def _experts_triton(x: torch.Tensor, fmt: str, stacked: dict[str, torch.Tensor],
     import triton
 
     from kernels.moe_triton import _int4_experts, _rows_experts
-    from kernels.quant_linear_triton import _asm, int4_layout, int4_tiles, int8_tiles, is_fp4
+    from kernels.quant_linear_triton import _asm, int4_layout, int4_tiles, int8_tiles
 
     x = x if x.stride(1) == 1 else x.contiguous()
     experts = experts.contiguous()  # any integer type: the kernels read it as it is

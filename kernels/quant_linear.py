@@ -17,6 +17,11 @@ WORDS = ("int4", "fp4")  # the formats held in int4's words and pairs (fp4: MXFP
 FP4_VALUES = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])  # E2M1, by nibble
 
 
+def is_fp4(pairs: torch.Tensor) -> bool:
+    """Whether int4 words hold MXFP4's 4-bit floats: their pairs are one int32 of exponent bytes per chunk."""
+    return pairs.shape[-1] == 1
+
+
 def int4_tiled(words: torch.Tensor, pairs: torch.Tensor, tile: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Row-major int4 words (N, KP/8) and pairs (N, KP/128, W) in the tiled layout of kernels/quant_linear_triton.py:
     (N/tile, KP/128, tile, 16) and (N/tile, KP/128, tile, W); N a multiple of `tile`."""
@@ -51,7 +56,7 @@ def int4_rows_reference(words: torch.Tensor, pairs: torch.Tensor, dtype: torch.d
     t, chunks = words.shape[0], words.shape[1] // 16
     w = words.reshape(t, chunks, 1, 16)
     codes = (w >> (4 * torch.arange(8, device=words.device, dtype=words.dtype))[:, None]) & 0xF  # (T, C, 8, 16)
-    if pairs.shape[-1] == 1:
+    if is_fp4(pairs):
         e = pairs.reshape(t, chunks, 1) >> (8 * torch.arange(4, device=words.device, dtype=pairs.dtype)) & 0xFF
         scale = torch.ldexp(torch.ones(e.shape, device=words.device), e - 127).repeat_interleave(GROUP, dim=-1)
         rows = FP4_VALUES.to(words.device)[codes.reshape(t, chunks, 128).long()] * scale

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from kernels.pdl import launch_options, prefetch_l2_rows, wait_for_previous
+from kernels.quant_linear import is_fp4
 
 CHUNK = 128  # weights per int4 chunk
 # int8 codes up to this size prefetch into L2 during the previous kernel (H200, one row: 8B v 13.0 → 8.6 µs, 270M
@@ -321,11 +322,6 @@ def int4_layout(words: torch.Tensor, pairs: torch.Tensor) -> tuple[torch.Tensor,
     assert words.is_contiguous() and pairs.is_contiguous() and pairs.shape == (g, chunks, tile, width), \
         (words.shape, pairs.shape)
     return words.view(g * tile, chunks * 16), pairs.view(g * tile, chunks, width), tile
-
-
-def is_fp4(pairs: torch.Tensor) -> bool:
-    """Whether int4 words hold MXFP4's 4-bit floats: their pairs are one int32 of exponent bytes per chunk."""
-    return pairs.shape[-1] == 1
 
 
 def _rows(x: torch.Tensor) -> int:

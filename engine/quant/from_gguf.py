@@ -8,8 +8,8 @@ import torch
 
 from engine.quant.block_codes import held_layout, row_slices
 from engine.quant.gguf_blocks import FLOAT, NATIVE, dequantized_rows, int4_groups
-from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, int8_fits,
-                                 mxfp4_blocks, mxfp4_words, pack_int4, superblocks)
+from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, choose_format, mxfp4_blocks,
+                                 mxfp4_words, pack_int4, superblocks)
 
 
 def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
@@ -34,13 +34,19 @@ def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu"
         if row_order is not None:
             g.codes, g.scale, g.zero = (a[row_order.numpy()] for a in (g.codes, g.scale, g.zero))
         return pack_int4(g, type_name, device)
+    return _float_rows(fmt, t.tensor_type, type_name, t.data, n, k, row_order)
+
+
+def _float_rows(fmt: str, type_id, type_name: str, raw, n: int, k: int,
+                row_order: torch.Tensor | None) -> QuantTensor:
+    """A matrix of any type gguf reads, from its dequantized rows a slice at a time: bf16 (`fmt`), else int8 rows."""
     if fmt == "bf16":
         w = torch.empty(n, k, dtype=torch.bfloat16)
-        for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
+        for start, rows in dequantized_rows(type_id, raw, n, k):
             w[start:start + len(rows)] = torch.from_numpy(rows)
         return bf16_tensor(w if row_order is None else w[row_order], type_name)
     out = Int8Rows(n, k)
-    for start, rows in dequantized_rows(t.tensor_type, t.data, n, k):
+    for start, rows in dequantized_rows(type_id, raw, n, k):
         out.put(start, rows)
     if row_order is not None:
         out.codes, out.scale = out.codes[row_order], out.scale[row_order]
@@ -57,19 +63,10 @@ def mxfp4_matrix(raw: np.ndarray, n: int, k: int, row_order: torch.Tensor | None
     held = mxfp4_words(raw, k, row_order) if fmt == "fp4" else None
     if held is not None:
         return held
-    out = Int8Rows(n, k) if fmt != "bf16" and int8_fits(k) else None
-    w = None if out is not None else torch.empty(n, k, dtype=torch.bfloat16)
-    for start, c in row_slices(None, "MXFP4", raw, n, k):  # exact: FP4_CODES (zero 12) times 2^(e - 128)
-        rows = (c.codes.astype(np.float32) - 12) * np.repeat(c.scale, 32, axis=1)
-        if out is not None:
-            out.put(start, rows)
-        else:
-            w[start:start + len(rows)] = torch.from_numpy(rows)
-    if out is None:
-        return bf16_tensor(w if row_order is None else w[row_order], "MXFP4")
-    if row_order is not None:
-        out.codes, out.scale = out.codes[row_order], out.scale[row_order]
-    return out.done("MXFP4")
+    import gguf
+
+    return _float_rows("int8" if fmt == "fp4" else fmt, gguf.GGMLQuantizationType.MXFP4, "MXFP4", raw, n, k,
+                       row_order)
 
 
 def is_native(type_name: str) -> bool:

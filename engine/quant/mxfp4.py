@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError
-from engine.quant.block_codes import FP4_CODES
+from kernels.quant_linear import FP4_VALUES
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +64,6 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
     """MXFP4 (…, groups, 16) bytes — two 4-bit floats each, low nibble first — and (…, groups) power-of-two scales
     (biased by 127) -> fp32 (…, groups · 32)."""
     _check(blocks, scales)
-    lut = (torch.from_numpy(FP4_CODES).float() - 12) / 2  # the 16 e2m1 values (FP4_CODES are them doubled, + 12)
-    values = torch.stack((lut[(blocks & 0x0F).long()], lut[(blocks >> 4).long()]), dim=-1).flatten(-2)
+    values = torch.stack((FP4_VALUES[(blocks & 0x0F).long()], FP4_VALUES[(blocks >> 4).long()]), dim=-1).flatten(-2)
     values = torch.ldexp(values, (scales.to(torch.int32) - 127)[..., None])
     return values.flatten(-2)
