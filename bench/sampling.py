@@ -1,0 +1,112 @@
+"""What sampling costs: decode tokens per second with each sampler setting against greedy, in one process.
+
+    python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
+
+Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1);
+`t1` (temperature 1, nothing else: an OpenAI-style request's defaults); `top_p` (temperature 0.8, top-p 0.9, no top-k);
+`min_p` (temperature 1, min-p 0.05). On the CPU the embedded model; on CUDA a model of `--shape` with random bf16
+weights on the decode graphs (random weights give flat distributions: top-p's nucleus is large, the worst case).
+The settings run interleaved, `rounds` times, the best round of each counts. Decode rate = tokens after each
+session's first / time from the step after which every session has its first token to the end. One JSON line
+per (setting, sessions): tok/s, ms per step, the ratio to greedy.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.common import emit  # noqa: E402
+
+SETTINGS = {
+    "greedy": {},
+    "app": dict(temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1),
+    "t1": dict(temperature=1.0),
+    "top_p": dict(temperature=0.8, top_p=0.9),
+    "min_p": dict(temperature=1.0, min_p=0.05),
+}
+
+
+def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, device, stop_ids=frozenset()) -> dict:
+    """Runs every prompt as one sequence of a batch; the decode rate after each sequence's first token."""
+    import torch
+
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    seqs = []
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_tokens=tokens, seed=100 + i, **SETTINGS[setting])
+        seqs.append(Sequence(i, list(ids), SamplerState(params, torch.device(device)), stop_ids))
+        batcher.add(seqs[-1])
+    start, steps = None, 0
+    while batcher.has_work():
+        batcher.step()
+        if start is None and all(s.generated for s in seqs):
+            start, first = time.perf_counter(), sum(len(s.generated) for s in seqs)
+        elif start is not None:
+            steps += 1
+    elapsed = time.perf_counter() - start
+    made = sum(len(s.generated) for s in seqs) - first
+    return {"tok_s": made / elapsed, "ms_per_step": 1e3 * elapsed / max(1, steps)}
+
+
+def cpu_batchers(sessions: list[int], data_dir: Path):
+    from bench.common import embedded_model
+    from bench.common_text import PROMPTS
+    from bench.runs import RunConfig, make_batcher
+
+    _, lm = embedded_model(data_dir)
+    ids = [lm.tokenizer.encode(p, add_bos=True) for p in PROMPTS]
+    for n in sessions:
+        yield n, make_batcher(lm, n, RunConfig(max_seq_len=1024)), [ids[i % len(ids)] for i in range(n)]
+
+
+def cuda_batchers(sessions: list[int], shape: str):
+    import torch
+
+    from bench.decode_gpu import make_batcher, prompts
+    from bench.quant_gpu import SHAPES, build
+    from engine.models.kernel_choice import _pdl
+    from engine.process import configure_process
+
+    device = torch.device("cuda")
+    configure_process(device, compile_decode=False)
+    args = SHAPES[shape]()
+    model = build(args, False, device)
+    for n in sessions:
+        batcher = make_batcher(model, args, n, 1024, graphs=True, fused_kernels=True, decode_gemm=_pdl(device),
+                               speculative="off")
+        yield n, batcher, prompts(args, n, length=64)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
+    ap.add_argument("--shape", default="gemma-270m", help="CUDA: the random-weights shape (bench/quant_gpu.py)")
+    ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
+    a = ap.parse_args()
+    made = cpu_batchers(a.sessions, a.data_dir) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
+    for n, batcher, prompts in made:
+        timed_run(batcher, prompts, "app", 8, a.device)  # warm-up: graphs, kernels, the sampler's first calls
+        best: dict[str, dict] = {}
+        for _ in range(a.rounds):
+            for setting in ["greedy", *(s for s in a.settings if s != "greedy")]:
+                r = timed_run(batcher, prompts, setting, a.tokens, a.device)
+                if setting not in best or r["tok_s"] > best[setting]["tok_s"]:
+                    best[setting] = r
+        for setting, r in best.items():
+            emit(device=a.device, shape=a.shape if a.device == "cuda" else "embedded", sessions=n, setting=setting,
+                 tok_s=round(r["tok_s"], 1), ms_per_step=round(r["ms_per_step"], 3),
+                 vs_greedy=round(r["tok_s"] / best["greedy"]["tok_s"], 3))
+
+
+if __name__ == "__main__":
+    main()
