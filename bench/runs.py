@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
 
 from engine.batcher import Batcher
 from engine.errors import ContextOverflowError
@@ -58,8 +57,7 @@ def generate(
     for i, ids in enumerate(prompts):
         if len(ids) >= limit:
             raise ContextOverflowError(f"Prompt {i} has {len(ids)} tokens; the context holds {limit}.")
-        sampler = SamplerState(params, torch.device(batcher.device))  # seeded draws on the logits' device
-        seq = Sequence(i, list(ids), sampler, lm.tokenizer.stop_ids, max_len=limit)
+        seq = Sequence(i, list(ids), SamplerState(params), lm.tokenizer.stop_ids, max_len=limit)
         seqs.append(seq)
         batcher.add(seq)
     while batcher.has_work():

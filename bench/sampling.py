@@ -30,17 +30,15 @@ SETTINGS = {
 }
 
 
-def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, device, stop_ids=frozenset()) -> dict:
+def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop_ids=frozenset()) -> dict:
     """Runs every prompt as one sequence of a batch; the decode rate after each sequence's first token."""
-    import torch
-
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 
     seqs = []
     for i, ids in enumerate(prompts):
         params = SamplingParams(max_tokens=tokens, seed=100 + i, **SETTINGS[setting])
-        seqs.append(Sequence(i, list(ids), SamplerState(params, torch.device(device)), stop_ids))
+        seqs.append(Sequence(i, list(ids), SamplerState(params), stop_ids))
         batcher.add(seqs[-1])
     start, steps = None, 0
     while batcher.has_work():
@@ -95,11 +93,11 @@ def main() -> None:
     a = ap.parse_args()
     made = cpu_batchers(a.sessions, a.data_dir) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
     for n, batcher, prompts in made:
-        timed_run(batcher, prompts, "app", 8, a.device)  # warm-up: graphs, kernels, the sampler's first calls
+        timed_run(batcher, prompts, "app", 8)  # warm-up: graphs, kernels, the sampler's first calls
         best: dict[str, dict] = {}
         for _ in range(a.rounds):
             for setting in ["greedy", *(s for s in a.settings if s != "greedy")]:
-                r = timed_run(batcher, prompts, setting, a.tokens, a.device)
+                r = timed_run(batcher, prompts, setting, a.tokens)
                 if setting not in best or r["tok_s"] > best[setting]["tok_s"]:
                     best[setting] = r
         for setting, r in best.items():

@@ -81,7 +81,7 @@ def run_once(rt, prompts: list[list[int]], params) -> dict:
         old = rt.batcher.drafter  # draft from the last round's answers; the same settings
         rt.batcher.drafter = PromptLookup(old.config)
         rt.batcher.drafter.max_sequences = old.max_sequences
-    seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i), rt.device),
+    seqs = [Sequence(i, list(p), SamplerState(replace(params, seed=params.seed and params.seed + i)),
                      rt.lm.tokenizer.stop_ids, rt.limit) for i, p in enumerate(prompts)]
     b = rt.batcher
     for s in seqs:

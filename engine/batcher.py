@@ -3,7 +3,7 @@
 Look-ahead: when a decode step's sequences all go on decoding, the next step is launched from the
 sampled ids still on the device, before the host reads them; the host then does its bookkeeping
 while the GPU runs. A token sampled for a sequence that meanwhile finished (a stop token, a stop
-string) is dropped (a draw consumes no random state: engine/sampling.py keys noise by position). The cache then holds one token more
+string) is dropped (a draw consumes no random state: engine/sampling.py keys each draw by position). The cache then holds one token more
 than a plain run would have cached, a token of the history, so what it holds stays true.
 """
 from __future__ import annotations
@@ -194,10 +194,13 @@ class Batcher:
         """Queues forward and sampling and commits the cache step (its writes precede any later read); returns the
         sampled ids on the device. `ahead`: a look-ahead step, whose ids go one place after the unread ones."""
         try:
-            logits, greedy = self._run(batch)
             seqs = batch.samplers
+            # the previous step's ids, which the host lacks yet, count for penalties: kept before the forward, whose
+            # decode graph writes its own ids over them
+            pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
+            logits, greedy = self._run(batch)
             ids = sample_ids(logits, [s.sampler for s in seqs], [s.token_ids for s in seqs], greedy,
-                             [len(s.token_ids) + ahead for s in seqs])
+                             [len(s.token_ids) + ahead for s in seqs], pending)
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
             raise
@@ -236,7 +239,7 @@ class Batcher:
         # no sequence may draft next step (`_drafting`): too many, or no rows left for drafts
         drafting = self._drafting(len(prev.samplers), sum(map(_draftable, prev.samplers)))
         for seq in prev.samplers:
-            if seq.status is not Status.RUNNING or seq.num_uncached != 0 or penalised(seq.sampler.params):
+            if seq.status is not Status.RUNNING or seq.num_uncached != 0:
                 return False
             if drafting and _draftable(seq) and self.drafter.may_draft(seq):
                 return False  # its next step may verify drafts, which need this step's token on the host

@@ -308,7 +308,7 @@ class Engine:
 
     def _open(self, c: cmd.OpenSession) -> None:
         host = self._host(c.model_id)
-        self._sessions[c.session_id] = Session(c.session_id, c.model_id, SamplerState(SamplingParams(), host.sampler_device),
+        self._sessions[c.session_id] = Session(c.session_id, c.model_id, SamplerState(SamplingParams()),
                                                c.overflow, c.raw)
 
     def _start_turn(self, c: cmd.StartTurn) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-import torch
 
 from engine import events as ev
 from engine.session import Session, TurnRequest
@@ -17,7 +16,6 @@ Emit = Callable[[ev.Event], None]
 
 class ModelHost(Protocol):
     model_id: int
-    sampler_device: torch.device  # where its sessions' random generators live
 
     def info(self) -> dict: ...
 

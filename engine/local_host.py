@@ -29,7 +29,6 @@ class LocalHost:
     def __init__(self, runtime: ModelRuntime, emit: Emit, post: Callable[..., None] | None = None,
                  workers: PromptWorkers | None = None):
         self.runtime, self.model_id, self._emit = runtime, runtime.model_id, emit
-        self.sampler_device = runtime.device
         self._sessions: dict[int, Session] = {}  # the sessions whose sequences run here, by seq id
         self._post = post  # runs a function on the engine thread; None: prompts render inline (tools, tests)
         self._workers = workers

@@ -14,7 +14,6 @@ from typing import Callable, Iterator
 from urllib.parse import urlsplit
 
 import httpx
-import torch
 
 from engine import events as ev
 from engine.errors import ParleyError
@@ -228,8 +227,6 @@ def probe_in_background(remote: RemoteModel, on_ready: Callable[[dict], None], o
 class RemoteHost:
     """The sessions on one remote model: each turn streams from the endpoint on its own worker thread, whose
     results come back to the engine thread through `post`. A turn that already ended ignores them."""
-
-    sampler_device = torch.device("cpu")  # the endpoint samples; the session's generator is never drawn from
 
     def __init__(self, model_id: int, remote: RemoteModel, post: Post, emit: Callable[[ev.Event], None]):
         self.model_id, self.remote = model_id, remote

@@ -85,8 +85,7 @@ class SamplerState:
     verified draft (engine/speculative/verify.py). The key is the seed when one is set (the same turn draws the same
     tokens), else fresh random bits each turn (a regenerated answer differs)."""
 
-    def __init__(self, params: SamplingParams, device: torch.device | str = "cpu"):
-        self.generator = torch.Generator(device=device)
+    def __init__(self, params: SamplingParams):
         self.params = params
         self.key = 0
         self.begin_turn()
@@ -96,17 +95,12 @@ class SamplerState:
 
     def fork(self) -> "SamplerState":
         """A copy with the same key."""
-        child = SamplerState(self.params, self.generator.device)
+        child = SamplerState(self.params)
         child.key = self.key
         return child
 
     def update(self, params: SamplingParams) -> None:
         self.params = params
-
-    def noise(self, position: int, like: torch.Tensor) -> torch.Tensor:
-        """Exp(1) noise, shaped like `like`, for the token at `position`."""
-        self.generator.manual_seed(_mix(self.key, position))
-        return torch.empty_like(like).exponential_(generator=self.generator)
 
 
 def _mix(key: int, position: int) -> int:
@@ -118,35 +112,149 @@ def _mix(key: int, position: int) -> int:
 
 
 def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
-               argmax: torch.Tensor | None = None, positions: list[int] | None = None) -> torch.Tensor:
+               argmax: torch.Tensor | None = None, positions: list[int] | None = None,
+               pending: torch.Tensor | None = None) -> torch.Tensor:
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
-    waits for the GPU here. `argmax`: the logits' row argmax when the step computed it already (used unless
-    penalties change the logits). `positions`: where each id goes in its context (default: after its history)."""
-    penalised = penalise(logits, states, histories)
+    waits for the device here. `argmax`: the logits' row argmax when the step computed it already (used unless
+    penalties change the logits). `positions`: where each id goes in its context (default: after its history).
+    `pending` (R,), on the device: a token each history lacks yet (a look-ahead step's input), penalised as its last."""
+    penalised = penalise(logits, states, histories, pending)
     if argmax is None or penalised is not logits:
         argmax = _argmax(penalised)
     logits = penalised
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
         return argmax
-    greedy_ids = argmax.clone()  # the graph's output buffer is not ours to write
-    picked = [states[i] for i in drawing]
-    at = [positions[i] if positions is not None else len(histories[i]) for i in drawing]
-    probs = probabilities(logits[drawing], picked)
-    greedy_ids[drawing] = draw(probs, picked, at)
-    return greedy_ids
+    ids = argmax.clone()  # the graph's output buffer is not ours to write
+    at = [positions[i] if positions is not None else len(histories[i]) + (pending is not None) for i in drawing]
+    ids[drawing] = choose(logits if len(drawing) == len(states) else logits[drawing],  # all rows: no copy
+                          [states[i] for i in drawing], at)
+    return ids
+
+
+def choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
+    """Each drawing row's token at its position (`draw` over its `candidates`). Rows with filters and rows without
+    draw apart, so a row's token never depends on what shares its step."""
+    out = torch.empty(len(states), dtype=torch.long, device=rows.device)
+    for group in _groups(states):
+        picked = [states[i] for i in group]
+        sub = rows if len(group) == len(states) else rows[group]
+        out[group] = draw(*candidates(sub, picked), picked, [positions[i] for i in group])
+    return out
 
 
 def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-    """What each drawing row samples from: softmax at its temperature, then top-k, top-p and min-p."""
-    temps = torch.tensor([s.params.temperature for s in states], device=rows.device)
-    return _filter(torch.softmax(rows / temps[:, None], dim=-1), states)
+    """What each drawing row samples from, over the whole vocabulary, normalised (`candidates`, spread out)."""
+    out = torch.empty_like(rows, dtype=torch.float32)
+    for group in _groups(states):
+        ids, weights = candidates(rows[group], [states[i] for i in group])
+        if ids is not None:
+            weights = torch.zeros_like(rows[group], dtype=weights.dtype).scatter(-1, ids, weights)
+        out[group] = weights / weights.sum(dim=-1, keepdim=True)
+    return out
 
 
-def draw(probs: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
-    """One id per row of `probs` (unnormalised weights will do), with its state's noise for its position."""
-    noise = torch.stack([s.noise(p, probs[0]) for s, p in zip(states, positions)])
-    return _argmax(probs / noise)  # exponential race: an exact draw from `probs`
+def _filters(p: SamplingParams) -> bool:
+    return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
+
+
+def _groups(states: list[SamplerState]) -> list[list[int]]:
+    """The rows without filters, then the rows with (either may be empty: left out)."""
+    groups = [[i for i, s in enumerate(states) if _filters(s.params) == f] for f in (False, True)]
+    return [g for g in groups if g]
+
+
+def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """What rows draw from: the softmax at each row's temperature; without filters (every row: `_groups`) the whole
+    vocabulary's probabilities (ids None); with them, the top-k, top-p and min-p tokens as (ids, weights), in id order,
+    a weight 0 where a filter drops the token (unnormalised: the draw does not need it).
+
+    Only the tokens a filter can keep are ranked (a top-k of the row, not a sort of the vocabulary: on a CPU the sort
+    of 262,144 probabilities cost 21 ms a row). Rows without top-k widen the ranked set until their nucleus / min-p
+    boundary falls inside it (on CUDA, where that check would wait for the device, they rank the whole row)."""
+    vocab = rows.shape[-1]
+    temps = _on([s.params.temperature for s in states], rows.device, torch.float32)
+    probs = torch.softmax(rows / temps[:, None], dim=-1)
+    if not any(_filters(s.params) for s in states):
+        return None, probs
+    limits = [min(s.params.top_k, vocab) for s in states]
+    open_ended = any(k == 0 for k in limits)
+    first = max([k for k in limits if k] + ([FIRST_WIDTH] if open_ended else []))
+    width = vocab if open_ended and rows.is_cuda else min(vocab, first)
+    while True:
+        top, ids = probs.topk(width, dim=-1)
+        keep, bounded = _kept(top, states, limits)
+        if width == vocab or not open_ended or bool(bounded.all()):
+            ids, order = ids.sort(dim=-1)  # id order: ties in probability, ranked either way, draw the same token
+            return ids, (top * keep).gather(1, order)
+        width = min(vocab, width * 8)
+
+
+FIRST_WIDTH = 256  # tokens ranked first for a row without top-k: a chat model's nucleus at p 0.9-0.95 is mostly inside
+
+
+def _kept(top: torch.Tensor, states: list[SamplerState], limits: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which of each row's `top` (sorted probabilities) its filters keep, and per row whether its boundary lies inside
+    them (top-k does, or the next token down is dropped: the mass above it reaches top-p, or it is under min-p)."""
+    dev = top.device
+    top_k = _on([k or top.shape[-1] for k in limits], dev)
+    top_p = _on([s.params.top_p for s in states], dev, torch.float32)[:, None]
+    min_p = _on([s.params.min_p for s in states], dev, torch.float32)
+    rank = torch.arange(top.shape[-1], device=dev)[None, :]
+    mass = top.cumsum(dim=-1)
+    before = mass - top  # mass strictly above this token
+    floor = (min_p * top[:, 0])[:, None]
+    keep = (rank < top_k[:, None]) & ((before < top_p) | (top_p >= 1)) & (top >= floor)  # p 1: rounding drops none
+    keep[:, 0] = True
+    open_rows = _on([k == 0 for k in limits], dev)
+    return keep, ((mass[:, -1:] >= top_p) & (top_p < 1) | (top[:, -1:] < floor))[:, 0] | ~open_rows
+
+
+def _on(values: list, device: torch.device, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A small host list on `device`, queued behind the device's work (a blocking copy would wait for it)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def draw(ids: torch.Tensor | None, weights: torch.Tensor, states: list[SamplerState],
+         positions: list[int]) -> torch.Tensor:
+    """One id per row of `candidates`' (ids, weights): where the weights' cumulative sum passes one uniform number
+    per row, which comes from (the turn's key, the position) alone. An exact draw with one number a row (a seeded
+    generator's noise over the whole vocabulary cost a launch and 5 ms of the CPU per row)."""
+    u = _on([[(_mix(s.key, p) >> 11) * 2.0**-53] for s, p in zip(states, positions)], weights.device, torch.float64)
+    at = _inverse_cdf(weights, u)
+    return at[:, 0] if ids is None else ids.gather(1, at)[:, 0]
+
+
+CDF_BLOCK = 512  # weights summed in fp32 blocks of this many: fp64 over a whole 262k row cost 1.1 ms a row on a CPU
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row (R, 1) the first index where the weights' cumulative sum passes u times their total (u in [0, 1), fp64):
+    the block found over the fp32 block sums (cumulated in fp64), then the index inside it in fp64. A weight of 0 is
+    never chosen."""
+    rows, n = weights.shape
+    full, tail = divmod(n, CDF_BLOCK)
+    sums = [weights[:, : full * CDF_BLOCK].reshape(rows, full, CDF_BLOCK).sum(-1)] if full else []
+    if tail:
+        sums.append(weights[:, full * CDF_BLOCK :].sum(-1, keepdim=True))
+    cum = torch.cat(sums, dim=-1).double().cumsum(dim=-1)
+    block, below, target = _passing(cum, u * cum[:, -1:])
+    cols = block * CDF_BLOCK + torch.arange(CDF_BLOCK, device=weights.device)
+    inside = weights.gather(1, cols.clamp(max=n - 1)).double() * (cols < n)
+    within = inside.cumsum(dim=-1)
+    mass = cum.gather(1, block) - below  # the block's weight as it was found (> 0: searchsorted passed it)
+    at, _, _ = _passing(within, (target - below) / mass * within[:, -1:])
+    return block * CDF_BLOCK + at
+
+
+def _passing(cum: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The first index whose cumulative value exceeds `target` (kept below the last value: rounding never passes it),
+    the value before that index, and the target used."""
+    last = cum[:, -1:]
+    target = torch.minimum(target.clamp(min=0), torch.nextafter(last, torch.zeros_like(last)))
+    at = torch.searchsorted(cum, target, right=True).clamp_(max=cum.shape[-1] - 1)
+    below = torch.where(at > 0, cum.gather(1, (at - 1).clamp(min=0)), torch.zeros_like(target))
+    return at, below, target
 
 
 def _argmax(rows: torch.Tensor) -> torch.Tensor:
@@ -158,44 +266,37 @@ def _argmax(rows: torch.Tensor) -> torch.Tensor:
     return argmax_rows(rows, impl="auto")
 
 
-def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
-    """Repetition, presence and frequency penalties of each row's state over its history; `logits` itself when no
-    row has any (else a penalised copy)."""
-    rows = [i for i, s in enumerate(states) if penalised(s.params) and histories[i]]
+def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
+             pending: torch.Tensor | None = None) -> torch.Tensor:
+    """Repetition, presence and frequency penalties of each row's state over its history (and its `pending` token);
+    `logits` itself when no row has any (else a penalised copy). Batched on the logits' device, with nothing read
+    back (a look-ahead step samples before the host knows the previous token)."""
+    rows = [i for i, s in enumerate(states) if penalised(s.params) and (histories[i] or pending is not None)]
     if not rows:
         return logits
-    logits = logits.clone()
-    for i in rows:
-        p = states[i].params
-        ids, counts = torch.tensor(histories[i], device=logits.device).unique(return_counts=True)
-        row = logits[i]
-        seen = row[ids]
-        if p.repetition_penalty != 1.0:
-            seen = torch.where(seen > 0, seen / p.repetition_penalty, seen * p.repetition_penalty)
-        seen = seen - p.presence_penalty - p.frequency_penalty * counts.to(seen.dtype)
-        row[ids] = seen
-    return logits
+    dev, vocab = logits.device, logits.shape[-1]
+    lens = [len(histories[i]) for i in rows]
+    width = max(lens) + (pending is not None)
+    pad = [vocab] * width  # after every real id when sorted: no real id counts it
+    hist = _on([histories[i] + pad[: width - n] for i, n in zip(rows, lens)], dev)
+    at = _on(rows, dev)
+    if pending is not None:
+        hist.scatter_(1, _on(lens, dev)[:, None], pending[at][:, None])
+    ordered = hist.sort(dim=-1).values
+    counts = torch.searchsorted(ordered, hist, right=True) - torch.searchsorted(ordered, hist)
+    real = hist < vocab
+    ids = torch.where(real, hist, hist[:, :1])  # pads repeat the first id, which is real, with its value
+    out = logits.clone(memory_format=torch.contiguous_format)
+    flat = (at[:, None] * vocab + ids).flatten()  # into the (R * V) copy: no other copy of the rows
+    seen = out.view(-1).take(flat).view(ids.shape)
+    rep, presence, frequency = _on([[getattr(states[i].params, f"{name}_penalty") for i in rows]
+                                    for name in ("repetition", "presence", "frequency")], dev, logits.dtype)[:, :, None]
+    seen = torch.where(seen > 0, seen / rep, seen * rep)
+    seen = seen - presence - frequency * counts.to(seen.dtype)
+    seen = torch.where(real, seen, seen[:, :1])
+    out.view(-1).scatter_(0, flat, seen.flatten())
+    return out
 
 
 def penalised(p: SamplingParams) -> bool:
     return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
-
-
-def _filter(probs: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
-    """top-k, top-p and min-p as one masked renormalisation per row."""
-    if all(s.params.top_k == 0 and s.params.top_p >= 1 and s.params.min_p == 0 for s in states):
-        return probs
-    dev = probs.device
-    vocab = probs.shape[-1]
-    top_k = torch.tensor([min(s.params.top_k or vocab, vocab) for s in states], device=dev)  # never past int64
-    top_p = torch.tensor([s.params.top_p for s in states], device=dev)
-    min_p = torch.tensor([s.params.min_p for s in states], device=dev)
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=dev)[None, :]
-    keep = rank < top_k[:, None]
-    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above this token
-    keep &= before < top_p[:, None]
-    keep &= sorted_p >= min_p[:, None] * sorted_p[:, :1]
-    keep[:, 0] = True
-    filtered = torch.zeros_like(probs).scatter(-1, order, sorted_p * keep)
-    return filtered / filtered.sum(dim=-1, keepdim=True)

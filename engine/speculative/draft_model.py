@@ -60,7 +60,7 @@ class DraftModel(Paced):
     def _state(self, seq: Sequence) -> _State:
         state = seq.draft_state
         if not isinstance(state, _State):
-            shadow = Sequence(self._next_id, [], SamplerState(SamplingParams(), self.runtime.device), frozenset(),
+            shadow = Sequence(self._next_id, [], SamplerState(SamplingParams()), frozenset(),
                               self.runtime.limit)
             shadow.status = Status.FINISHED
             self._next_id += 1
@@ -80,7 +80,7 @@ class DraftModel(Paced):
                 if not self._evict(busy={id(s) for _, s, _ in batch}):
                     return False
         shadow.new_turn(seq.token_ids)
-        shadow.sampler = SamplerState(SamplingParams(max_tokens=k), rt.device)
+        shadow.sampler = SamplerState(SamplingParams(max_tokens=k))
         self._shadows[id(shadow)] = shadow
         self._shadows.move_to_end(id(shadow))
         try:

@@ -2,8 +2,8 @@
 
 A sequence with k drafts runs k + 1 rows: its last token, then the drafts; row j's logits predict the token after
 draft j - 1. Each row's token is chosen exactly as plain decoding would choose it at that position: the argmax
-(greedy), or the exponential race over the row's probabilities with the sampler's noise for that position
-(engine/sampling.py: the noise depends on the turn's key and the position only). Drafts are kept while each equals
+(greedy), or the draw from the row's probabilities with the sampler's uniform number for that position
+(engine/sampling.py: the number depends on the turn's key and the position only). Drafts are kept while each equals
 its row's token; the first row that differs gives the token after them. So every token equals what plain decoding
 would have produced, greedy or sampled, seeded or not: verification is lossless by construction (each token is an
 exact draw from its row's distribution given the tokens before it). Penalties see each row's own history: the
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplerState, draw, penalise, probabilities
+from engine.sampling import SamplerState, choose, penalise
 
 
 def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]],
@@ -29,9 +29,8 @@ def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[i
     chosen = logits.argmax(dim=-1)
     drawing = [r for r, s in enumerate(row_states) if not s.params.greedy]
     if drawing:
-        picked = [row_states[r] for r in drawing]
-        probs = probabilities(logits[drawing], picked)
-        chosen[drawing] = draw(probs, picked, [len(row_histories[r]) for r in drawing])
+        rows = logits if len(drawing) == len(row_states) else logits[drawing]
+        chosen[drawing] = choose(rows, [row_states[r] for r in drawing], [len(row_histories[r]) for r in drawing])
     tokens = chosen.tolist()
     out, at = [], 0
     for draft, n in zip(drafts, counts):

@@ -265,7 +265,25 @@ def test_step_advance_equals_host_copies(gpu_model):
     runs = {}
     for advance in (True, False):
         b = make_batcher(model, args, 5, 400, graphs=True, step_advance=advance)
-        runs[advance] = run_staggered(b, ids, [0, 0, 2, 5, 7], params, device="cuda")
+        runs[advance] = run_staggered(b, ids, [0, 0, 2, 5, 7], params)
         assert b.runner.graphs.step_advance == advance and b.lookahead_steps > 10
     assert runs[True] == runs[False]
     assert [len(t) for t in runs[True]] == [40, 12, 33, 40, 30]
+
+
+@needs_cuda
+def test_penalised_sequences_run_ahead_through_graphs(gpu_model):
+    """Penalties of a look-ahead step count the previous step's token from the device, taken before the graph writes
+    its own ids over it: the same tokens as without look-ahead (all sessions arrive together: the same graphs)."""
+    args, model = gpu_model
+    ids = [p[:n] for p, n in zip(prompts(args, 4, length=120, seed=13), [9, 60, 120, 33])]
+    params = [SamplingParams(max_tokens=32, repetition_penalty=1.5, frequency_penalty=0.3),
+              SamplingParams(max_tokens=32, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=4),
+              SamplingParams(max_tokens=32, temperature=1.0, seed=5),
+              SamplingParams(max_tokens=32)]
+    runs = {}
+    for ahead in (False, True):
+        b = make_batcher(model, args, 4, 400, graphs=True, lookahead=ahead)
+        runs[ahead] = run_staggered(b, ids, [0] * 4, params)
+        assert (b.lookahead_steps > 10) == ahead
+    assert runs[True] == runs[False]

@@ -42,6 +42,23 @@ def test_greedy_tokens_equal_plain_and_lookahead_runs(lm, layout):
     assert b.lookahead_steps > 10  # it did run ahead
 
 
+@pytest.mark.parametrize("params", [
+    SamplingParams(max_tokens=24, repetition_penalty=1.5, presence_penalty=0.4, frequency_penalty=0.3),
+    SamplingParams(max_tokens=24, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=3),  # the app's
+], ids=["greedy", "app"])
+def test_penalised_sequences_run_ahead_with_the_same_tokens(lm, params):
+    """A look-ahead step's penalties count the previous step's token, which only the device holds yet."""
+    prompts = _prompts(lm.args.vocab_size)
+    plain = run_staggered(make_batcher(lm, 6, _run(False)), prompts, ARRIVALS, params)
+    b = make_batcher(lm, 6, _run(True))
+    assert run_staggered(b, prompts, ARRIVALS, params) == plain
+    assert b.lookahead_steps > 10
+    unpenalised = run_staggered(make_batcher(lm, 6, _run(False)), prompts, ARRIVALS,
+                                SamplingParams(max_tokens=24, temperature=params.temperature, top_p=params.top_p,
+                                               top_k=params.top_k, seed=params.seed))
+    assert unpenalised != plain  # the penalties did change the answers
+
+
 def test_stop_tokens_mid_flight_drop_the_extra_token(lm):
     """Each sequence stops on a token it meets a few steps in, while a step for it is queued ahead."""
     params = SamplingParams(max_tokens=30)

@@ -103,3 +103,87 @@ def test_a_draw_depends_on_the_turn_key_and_position_only():
 def test_invalid_params_are_clear_errors(bad):
     with pytest.raises(ParleyError, match="Invalid sampling setting"):
         SamplingParams(**bad)
+
+
+# -- the filters rank only the tokens they can keep: the same distribution as the plain definition over a sorted row
+def _plain(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+    """Softmax at the temperature over the whole row, sorted; top-k, then top-p (the mass above a token), min-p."""
+    probs = torch.softmax(logits / p.temperature, dim=-1)
+    sorted_p, order = probs.sort(descending=True)
+    rank = torch.arange(len(probs))
+    keep = (rank < (p.top_k or len(probs))) & ((sorted_p.cumsum(0) - sorted_p < p.top_p) | (p.top_p >= 1))
+    keep &= sorted_p >= p.min_p * sorted_p[0]
+    keep[0] = True
+    out = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)
+    return out / out.sum()
+
+
+FILTERS = [
+    dict(temperature=0.7, top_k=40, top_p=0.95),
+    dict(temperature=1.5, top_p=0.9),  # a flat row: the nucleus lies far past the first tokens ranked
+    dict(temperature=2.0, min_p=0.001),  # min-p's boundary past them too
+    dict(temperature=1.0, top_k=3000),  # top-k wider than the first ranking
+    dict(temperature=0.5, top_p=0.5, min_p=0.2),
+    dict(temperature=1.0),  # no filter: the whole row
+]
+
+
+def test_filters_equal_the_plain_definition_row_by_row_and_mixed():
+    from engine.sampling import probabilities
+
+    logits = torch.randn(len(FILTERS), 20_000, generator=torch.Generator().manual_seed(3)) * 2
+    states = [SamplerState(SamplingParams(**f)) for f in FILTERS]
+    mixed = probabilities(logits, states)  # every kind of row in one batch
+    for i, state in enumerate(states):
+        want = _plain(logits[i], state.params)
+        alone = probabilities(logits[i : i + 1], [state])[0]
+        assert torch.equal((alone > 0), (want > 0)) and torch.equal((mixed[i] > 0), (want > 0)), FILTERS[i]
+        assert torch.allclose(alone, want, atol=1e-7) and torch.allclose(mixed[i], want, atol=1e-7), FILTERS[i]
+    assert 300 < int((mixed[1] > 0).sum()) < 20_000  # the flat row's nucleus did need the widening
+
+
+def test_draws_are_the_same_alone_and_batched_and_follow_a_wide_nucleus():
+    """A token depends on its row's logits, the turn's key and the position only, whatever shares the step; a flat
+    top-p row (ranked past the first width) draws its nucleus in proportion."""
+    logits = torch.randn(len(FILTERS), 5_000, generator=torch.Generator().manual_seed(4))
+    states = [SamplerState(SamplingParams(seed=9 + i, **f)) for i, f in enumerate(FILTERS)]
+    for position in range(20):
+        batched = sample(logits, states, [[]] * len(states), [position] * len(states))
+        assert batched == [sample(logits[i : i + 1], [s], [[]], [position])[0] for i, s in enumerate(states)]
+    state = SamplerState(SamplingParams(temperature=3.0, top_p=0.5, seed=1))
+    row = torch.linspace(0, 1, 2_000)[None, :]  # a nucleus of ~1,100 tokens
+    ids = torch.tensor([sample(row, [state], [[]], [p])[0] for p in range(3_000)])
+    from engine.sampling import probabilities
+
+    want = probabilities(row, [state])[0]
+    assert set(ids.tolist()) <= set(want.nonzero().flatten().tolist())
+    inside = want > 0  # the upper half of the nucleus should hold its share of the draws
+    upper = want.nonzero().flatten()[int(inside.sum()) // 2 :]
+    share = float(want[upper].sum())
+    assert abs(float(torch.isin(ids, upper).float().mean()) - share) < 0.04
+
+
+def _plain_penalties(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]]) -> torch.Tensor:
+    out = logits.clone()
+    for i, (s, h) in enumerate(zip(states, histories)):
+        p = s.params
+        for tok in set(h):
+            v = out[i, tok]
+            v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
+            out[i, tok] = v - p.presence_penalty - p.frequency_penalty * h.count(tok)
+    return out
+
+
+def test_penalties_batched_equal_a_plain_loop_and_count_a_pending_token():
+    from engine.sampling import penalise
+
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(5)) * 3
+    states = [SamplerState(SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25)),
+              SamplerState(SamplingParams()),  # no penalty: untouched
+              SamplerState(SamplingParams(frequency_penalty=1.0)),
+              SamplerState(SamplingParams(repetition_penalty=2.0))]
+    histories = [[1, 2, 2, 9, 2], [3, 4], [7, 7, 7], []]
+    assert torch.allclose(penalise(logits, states, histories), _plain_penalties(logits, states, histories), atol=1e-6)
+    pending = torch.tensor([2, 5, 8, 0])  # a look-ahead step's input, not in the host's histories yet
+    with_pending = [h + [int(t)] for h, t in zip(histories, pending)]
+    assert torch.equal(penalise(logits, states, histories, pending), penalise(logits, states, with_pending))

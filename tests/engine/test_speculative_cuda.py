@@ -54,7 +54,7 @@ def _recorded(batcher, prompts: list[list[int]]) -> tuple[list[list[int]], list[
         return logits, argmax
 
     batcher.runner.run = recording
-    tokens = run_staggered(batcher, prompts, ARRIVALS, PARAMS, device="cuda")
+    tokens = run_staggered(batcher, prompts, ARRIVALS, PARAMS)
     return tokens, [[rows[i][d] for d in range(len(t))] for i, t in enumerate(tokens)]
 
 

@@ -26,12 +26,12 @@ def full_logits(lm: LoadedModel, ids: list[int], layout: str = "sequence", chunk
 
 def run_staggered(
     batcher: Batcher, prompts: list[list[int]], arrivals: list[int], params: SamplingParams | list[SamplingParams],
-    stop_ids=frozenset(), device: str = "cpu",
+    stop_ids=frozenset(),
 ) -> list[list[int]]:
     """Adds prompt i at step arrivals[i]; runs until all finish; returns each one's generated ids. `params`: one
-    for all, or one per prompt; `device`: where the samplers' generators live (the logits' device)."""
+    for all, or one per prompt."""
     each = params if isinstance(params, list) else [params] * len(prompts)
-    seqs = [Sequence(i, list(p), SamplerState(sp, device), stop_ids) for i, (p, sp) in enumerate(zip(prompts, each))]
+    seqs = [Sequence(i, list(p), SamplerState(sp), stop_ids) for i, (p, sp) in enumerate(zip(prompts, each))]
     step = 0
     while step <= max(arrivals) or batcher.has_work():
         for i, at in enumerate(arrivals):
