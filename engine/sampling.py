@@ -125,21 +125,25 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
     if not drawing:
         return argmax
-    ids = argmax.clone()  # the graph's output buffer is not ours to write
     at = [positions[i] if positions is not None else len(histories[i]) + (pending is not None) for i in drawing]
-    ids[drawing] = choose(logits if len(drawing) == len(states) else logits[drawing],  # all rows: no copy
-                          [states[i] for i in drawing], at)
+    if len(drawing) == len(states):
+        return choose(logits, states, at)
+    index = _on(drawing, logits.device)  # a device index: a list would be copied up with a wait
+    ids = argmax.clone()  # the graph's output buffer is not ours to write
+    ids[index] = choose(logits.index_select(0, index), [states[i] for i in drawing], at)
     return ids
 
 
 def choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
     """Each drawing row's token at its position (`draw` over its `candidates`). Rows with filters and rows without
     draw apart, so a row's token never depends on what shares its step."""
+    groups = _groups(states)
+    if len(groups) == 1:
+        return draw(*candidates(rows, states), states, positions)
     out = torch.empty(len(states), dtype=torch.long, device=rows.device)
-    for group in _groups(states):
-        picked = [states[i] for i in group]
-        sub = rows if len(group) == len(states) else rows[group]
-        out[group] = draw(*candidates(sub, picked), picked, [positions[i] for i in group])
+    for group in groups:
+        index, picked = _on(group, rows.device), [states[i] for i in group]
+        out[index] = draw(*candidates(rows.index_select(0, index), picked), picked, [positions[i] for i in group])
     return out
 
 
