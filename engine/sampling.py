@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import ParleyError
+from kernels.cpu_sampling import draw_rows, top_rows
 
 # Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
 # cannot mean anything useful and (top_k 1e20, seed 2**70) fails the batched step of every chat sharing it.
@@ -139,12 +140,20 @@ def choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int])
     draw apart, so a row's token never depends on what shares its step."""
     groups = _groups(states)
     if len(groups) == 1:
-        return draw(*candidates(rows, states), states, positions)
+        return _choose_group(rows, states, positions)
     out = torch.empty(len(states), dtype=torch.long, device=rows.device)
     for group in groups:
         index, picked = _on(group, rows.device), [states[i] for i in group]
-        out[index] = draw(*candidates(rows.index_select(0, index), picked), picked, [positions[i] for i in group])
+        out[index] = _choose_group(rows.index_select(0, index), picked, [positions[i] for i in group])
     return out
+
+
+def _choose_group(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
+    if not _filters(states[0].params):  # the whole row: the CPU library draws without the softmax written out
+        drawn = draw_rows(rows, [s.params.temperature for s in states], _uniforms(states, positions))
+        if drawn is not None:
+            return drawn
+    return draw(*candidates(rows, states), states, positions)
 
 
 def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
@@ -177,21 +186,29 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
     of 262,144 probabilities cost 21 ms a row). Rows without top-k widen the ranked set until their nucleus / min-p
     boundary falls inside it (on CUDA, where that check would wait for the device, they rank the whole row)."""
     vocab = rows.shape[-1]
-    temps = _on([s.params.temperature for s in states], rows.device, torch.float32)
-    probs = torch.softmax(rows / temps[:, None], dim=-1)
+    temps = [s.params.temperature for s in states]
+    probs = None
     if not any(_filters(s.params) for s in states):
-        return None, probs
+        return None, _softmax(rows, temps)
     limits = [min(s.params.top_k, vocab) for s in states]
     open_ended = any(k == 0 for k in limits)
     first = max([k for k in limits if k] + ([FIRST_WIDTH] if open_ended else []))
     width = vocab if open_ended and rows.is_cuda else min(vocab, first)
     while True:
-        top, ids = probs.topk(width, dim=-1)
+        ranked = top_rows(rows, temps, width) if width < vocab else None  # the CPU library's, where built
+        if ranked is None:
+            probs = _softmax(rows, temps) if probs is None else probs
+            ranked = probs.topk(width, dim=-1)
+        top, ids = ranked
         keep, bounded = _kept(top, states, limits)
         if width == vocab or not open_ended or bool(bounded.all()):
             ids, order = ids.sort(dim=-1)  # id order: ties in probability, ranked either way, draw the same token
             return ids, (top * keep).gather(1, order)
         width = min(vocab, width * 8)
+
+
+def _softmax(rows: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    return torch.softmax(rows / _on(temperatures, rows.device, torch.float32)[:, None], dim=-1)
 
 
 FIRST_WIDTH = 256  # tokens ranked first for a row without top-k: a chat model's nucleus at p 0.9-0.95 is mostly inside
@@ -224,9 +241,14 @@ def draw(ids: torch.Tensor | None, weights: torch.Tensor, states: list[SamplerSt
     """One id per row of `candidates`' (ids, weights): where the weights' cumulative sum passes one uniform number
     per row, which comes from (the turn's key, the position) alone. An exact draw with one number a row (a seeded
     generator's noise over the whole vocabulary cost a launch and 5 ms of the CPU per row)."""
-    u = _on([[(_mix(s.key, p) >> 11) * 2.0**-53] for s, p in zip(states, positions)], weights.device, torch.float64)
+    u = _on(_uniforms(states, positions), weights.device, torch.float64)[:, None]
     at = _inverse_cdf(weights, u)
     return at[:, 0] if ids is None else ids.gather(1, at)[:, 0]
+
+
+def _uniforms(states: list[SamplerState], positions: list[int]) -> list[float]:
+    """Each row's number in [0, 1) for its draw: 53 bits of (the turn's key, the position)."""
+    return [(_mix(s.key, p) >> 11) * 2.0**-53 for s, p in zip(states, positions)]
 
 
 CDF_BLOCK = 512  # weights summed in fp32 blocks of this many: fp64 over a whole 262k row cost 1.1 ms a row on a CPU

@@ -46,6 +46,8 @@ SIGNATURES = {  # name: (restype, argtypes)
                                         _P]),
     "parley_gated_act": (None, [_P, _P, _I64, _I64, _I64, _INT, _P]),
     "parley_argmax_rows": (None, [_P, _I64, _I64, _P, _INT]),
+    "parley_top_rows": (_INT, [_P, _I64, _I64, _I64, _P, _P, _P, _P, _INT]),
+    "parley_draw_rows": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT]),
     "parley_qgemm_isa": (ctypes.c_char_p, []),
 }
 

@@ -128,7 +128,15 @@ FILTERS = [
 ]
 
 
-def test_filters_equal_the_plain_definition_row_by_row_and_mixed():
+@pytest.fixture(params=["library", "torch"])
+def ranking(request, monkeypatch):
+    """The CPU library's ranking (where built), and torch's softmax and topk."""
+    if request.param == "torch":
+        monkeypatch.setattr("engine.sampling.top_rows", lambda *args: None)
+    return request.param
+
+
+def test_filters_equal_the_plain_definition_row_by_row_and_mixed(ranking):
     from engine.sampling import probabilities
 
     logits = torch.randn(len(FILTERS), 20_000, generator=torch.Generator().manual_seed(3)) * 2
@@ -142,7 +150,7 @@ def test_filters_equal_the_plain_definition_row_by_row_and_mixed():
     assert 300 < int((mixed[1] > 0).sum()) < 20_000  # the flat row's nucleus did need the widening
 
 
-def test_draws_are_the_same_alone_and_batched_and_follow_a_wide_nucleus():
+def test_draws_are_the_same_alone_and_batched_and_follow_a_wide_nucleus(ranking):
     """A token depends on its row's logits, the turn's key and the position only, whatever shares the step; a flat
     top-p row (ranked past the first width) draws its nucleus in proportion."""
     logits = torch.randn(len(FILTERS), 5_000, generator=torch.Generator().manual_seed(4))

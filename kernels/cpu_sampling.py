@@ -1,0 +1,52 @@
+"""Sampling on the CPU, one library call each (kernels/cpu/sampling.c), without a softmax written out over the whole
+row: each row's k most likely tokens and their probabilities (`top_rows`), or a draw from the whole row (`draw_rows`).
+torch is the reference: engine/sampling.py runs its softmax, topk and `_inverse_cdf` where the library is not built."""
+from __future__ import annotations
+
+import torch
+
+from kernels.cpu_native import cpu_kernel
+
+
+def _rows(rows: torch.Tensor):
+    """The library and the rows as it reads them (fp32, contiguous), or None where it does not apply."""
+    kernel = cpu_kernel() if rows.device.type == "cpu" and rows.dim() == 2 and rows.shape[1] else None
+    if kernel is None:
+        return None
+    return kernel, rows if rows.dtype == torch.float32 and rows.is_contiguous() else rows.float().contiguous()
+
+
+def draw_rows(rows: torch.Tensor, temperatures: list[float], uniforms: list[float]) -> torch.Tensor | None:
+    """rows (R, V) logits -> (R,) ids: where softmax(row / T)'s cumulative sum passes u times its total (u in [0, 1)),
+    a token of probability 0 never. None where the library does not apply."""
+    found = _rows(rows)
+    if found is None:
+        return None
+    kernel, x = found
+    temps = torch.tensor(temperatures, dtype=torch.float32)
+    u = torch.tensor(uniforms, dtype=torch.float64)
+    ids = torch.empty(x.shape[0], dtype=torch.int64)
+    if kernel.lib.parley_draw_rows(x.data_ptr(), x.shape[0], x.shape[1], temps.data_ptr(), u.data_ptr(),
+                                   ids.data_ptr(), torch.get_num_threads()):
+        return None
+    return ids
+
+
+def top_rows(rows: torch.Tensor, temperatures: list[float], k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """rows (R, V) logits, 1 <= k <= V -> (probabilities (R, k) fp32, descending, ids (R, k)): softmax(row / T)'s k
+    largest, equal values at the smaller id first. None where the library does not apply (not built, not on the
+    CPU, or it could not get its scratch memory)."""
+    found = _rows(rows) if 1 <= k <= rows.shape[-1] else None
+    if found is None:
+        return None
+    kernel, x = found
+    n_rows = x.shape[0]
+    temps = torch.tensor(temperatures, dtype=torch.float32)
+    ids = torch.empty(n_rows, k, dtype=torch.int64)
+    maxes = torch.empty(n_rows, dtype=torch.float32)
+    sums = torch.empty(n_rows, dtype=torch.float64)
+    if kernel.lib.parley_top_rows(x.data_ptr(), n_rows, x.shape[1], k, temps.data_ptr(), ids.data_ptr(),
+                                  maxes.data_ptr(), sums.data_ptr(), torch.get_num_threads()):
+        return None
+    scaled = x.gather(1, ids) / temps[:, None] - maxes[:, None] / temps[:, None]  # rounded as softmax(x / t)'s inputs
+    return (scaled.exp() / sums[:, None].float()), ids

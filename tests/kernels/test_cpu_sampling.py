@@ -1,0 +1,62 @@
+"""Sampling's ranking in the CPU library (kernels/cpu/sampling.c) against torch's softmax and topk."""
+import pytest
+import torch
+
+from kernels.cpu_native import cpu_kernel
+from kernels.cpu_sampling import top_rows
+
+pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
+
+
+@pytest.mark.parametrize("vocab, k", [(262_144, 40), (1000, 256), (37, 37), (9, 1), (5003, 2048)])
+def test_the_k_most_likely_tokens_and_their_probabilities(vocab, k):
+    g = torch.Generator().manual_seed(vocab + k)
+    rows = torch.randn(3, vocab, generator=g) * 4
+    temps = [0.7, 1.0, 2.5]
+    probs, ids = top_rows(rows, temps, k)
+    exact = torch.softmax(rows.double() / torch.tensor(temps, dtype=torch.float64)[:, None], dim=-1)
+    want = exact.topk(k, dim=-1)
+    assert torch.equal(ids, want.indices)
+    assert torch.allclose(probs.double(), want.values, rtol=2e-6, atol=0)  # closer than torch's fp32 softmax here
+
+
+def test_equal_logits_rank_by_id_and_odd_rows_stay_in_range():
+    rows = torch.zeros(2, 100)
+    rows[0, [70, 10, 40]] = 3.0  # a tie at the top: the smaller id first
+    rows[1, 50] = float("nan")  # a broken row: valid ids, whatever the values
+    probs, ids = top_rows(rows, [1.0, 1.0], 5)
+    assert ids[0, :3].tolist() == [10, 40, 70] and ids[0, 3:].tolist() == [0, 1]
+    assert ((ids >= 0) & (ids < 100)).all()
+    assert torch.allclose(probs[0, :3].sum(), torch.softmax(rows[0], 0)[[10, 40, 70]].sum())
+
+
+def test_rows_are_ranked_alone_however_many_share_the_call():
+    rows = torch.randn(6, 4096, generator=torch.Generator().manual_seed(1))
+    temps = [0.5, 0.8, 1.0, 1.2, 3.0, 0.9]
+    batched = top_rows(rows, temps, 64)
+    for i in range(6):
+        alone = top_rows(rows[i : i + 1], temps[i : i + 1], 64)
+        assert torch.equal(alone[1][0], batched[1][i]) and torch.equal(alone[0][0], batched[0][i])
+
+
+def test_what_the_library_cannot_take_is_left_to_torch():
+    rows = torch.randn(2, 50)
+    assert top_rows(rows, [1.0, 1.0], 0) is None and top_rows(rows, [1.0, 1.0], 51) is None
+
+
+def test_a_draw_from_the_whole_row_is_where_the_exact_cumulative_sum_passes_u():
+    from kernels.cpu_sampling import draw_rows
+
+    g = torch.Generator().manual_seed(2)
+    rows = torch.randn(5, 3000, generator=g) * 3
+    rows[:, 600:1100] = float("-inf")  # a whole block and parts of two more of probability 0
+    temps = [1.0, 0.6, 2.0, 1.0, 1.0]
+    for _ in range(40):
+        u = torch.rand(5, dtype=torch.float64, generator=g)
+        u[3], u[4] = 0.0, 1 - 2**-53  # the ends
+        ids = draw_rows(rows, temps, u.tolist())
+        probs = torch.softmax(rows.double() / torch.tensor(temps, dtype=torch.float64)[:, None], dim=-1)
+        cum = probs.cumsum(-1)
+        want = torch.searchsorted(cum, (u[:, None] * cum[:, -1:]).clamp(max=1 - 1e-12), right=True)[:, 0]
+        assert (probs.gather(1, ids[:, None]) > 0).all()  # never a token of probability 0
+        assert torch.equal(ids, want)
