@@ -179,17 +179,18 @@ def _groups(states: list[SamplerState]) -> list[list[int]]:
 
 def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Tensor | None, torch.Tensor]:
     """What rows draw from: the softmax at each row's temperature; without filters (every row: `_groups`) the whole
-    vocabulary's probabilities (ids None); with them, the top-k, top-p and min-p tokens as (ids, weights), in id order,
-    a weight 0 where a filter drops the token (unnormalised: the draw does not need it).
+    vocabulary's probabilities (ids None); with them, the top-k, top-p and min-p tokens as (ids, weights), in id order
+    (ids None where the whole row was ranked), a weight 0 where a filter drops the token (unnormalised: the draw does
+    not need it).
 
     Only the tokens a filter can keep are ranked (a top-k of the row, not a sort of the vocabulary: on a CPU the sort
     of 262,144 probabilities cost 21 ms a row). Rows without top-k widen the ranked set until their nucleus / min-p
     boundary falls inside it (on CUDA, where that check would wait for the device, they rank the whole row)."""
     vocab = rows.shape[-1]
     temps = [s.params.temperature for s in states]
-    probs = None
     if not any(_filters(s.params) for s in states):
         return None, _softmax(rows, temps)
+    probs = None
     limits = [min(s.params.top_k, vocab) for s in states]
     open_ended = any(k == 0 for k in limits)
     first = max([k for k in limits if k] + ([FIRST_WIDTH] if open_ended else []))
@@ -201,7 +202,9 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
             ranked = probs.topk(width, dim=-1)
         top, ids = ranked
         keep, bounded = _kept(top, states, limits)
-        if width == vocab or not open_ended or bool(bounded.all()):
+        if width == vocab:  # the whole row ranked: back in id order, as the unfiltered rows draw
+            return None, torch.zeros_like(top).scatter(1, ids, top * keep)
+        if not open_ended or bool(bounded.all()):
             ids, order = ids.sort(dim=-1)  # id order: ties in probability, ranked either way, draw the same token
             return ids, (top * keep).gather(1, order)
         width = min(vocab, width * 8)
