@@ -195,3 +195,13 @@ def test_penalties_batched_equal_a_plain_loop_and_count_a_pending_token():
     pending = torch.tensor([2, 5, 8, 0])  # a look-ahead step's input, not in the host's histories yet
     with_pending = [h + [int(t)] for h, t in zip(histories, pending)]
     assert torch.equal(penalise(logits, states, histories, pending), penalise(logits, states, with_pending))
+
+
+def test_counts_of_each_entry_in_its_row():
+    from engine.sampling import _counts
+
+    hist = torch.tensor([[5, 3, 5, 9, 5, 3], [7, 7, 7, 7, 1, 2], [4, 4, 4, 4, 4, 4]])
+    want = [[h.count(x) for x in h] for h in hist.tolist()]
+    assert _counts(hist).tolist() == want
+    rows = torch.randint(0, 30, (5, 200), generator=torch.Generator().manual_seed(6))
+    assert _counts(rows).tolist() == [[h.count(x) for x in h] for h in rows.tolist()]
