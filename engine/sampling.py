@@ -129,14 +129,14 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
         return argmax
     at = [positions[i] if positions is not None else len(histories[i]) + (pending is not None) for i in drawing]
     if len(drawing) == len(states):
-        return choose(logits, states, at)
+        return _choose(logits, states, at)
     index = _on(drawing, logits.device)  # a device index: a list would be copied up with a wait
     ids = argmax.clone()  # the graph's output buffer is not ours to write
-    ids[index] = choose(logits.index_select(0, index), [states[i] for i in drawing], at)
+    ids[index] = _choose(logits.index_select(0, index), [states[i] for i in drawing], at)
     return ids
 
 
-def choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
+def _choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
     """Each drawing row's token at its position (`draw` over its `candidates`). Rows with filters and rows without
     draw apart, so a row's token never depends on what shares its step."""
     groups = _groups(states)

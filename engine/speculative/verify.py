@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling import SamplerState, choose, penalise
+from engine.sampling import SamplerState, sample_ids
 
 
 def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]],
@@ -25,13 +25,7 @@ def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[i
     assert sum(counts) == logits.shape[0], "one row per drafted token plus one per sampler"
     row_states = [s for s, n in zip(states, counts) for _ in range(n)]
     row_histories = [h + d[:j] for h, d in zip(histories, drafts) for j in range(len(d) + 1)]
-    logits = penalise(logits, row_states, row_histories)
-    chosen = logits.argmax(dim=-1)
-    drawing = [r for r, s in enumerate(row_states) if not s.params.greedy]
-    if drawing:
-        rows = logits if len(drawing) == len(row_states) else logits[drawing]
-        chosen[drawing] = choose(rows, [row_states[r] for r in drawing], [len(row_histories[r]) for r in drawing])
-    tokens = chosen.tolist()
+    tokens = sample_ids(logits, row_states, row_histories).tolist()  # each row as plain decoding at its position
     out, at = [], 0
     for draft, n in zip(drafts, counts):
         out.append(_kept(draft, tokens[at : at + n]))

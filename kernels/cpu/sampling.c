@@ -51,24 +51,6 @@ static float row_max(const float *x, int64_t n) {
     return m;
 }
 
-/* Σ exp(x / t − m / t), rounded as torch's softmax of x / t rounds its inputs; fp32 lanes over runs of 1024, the
-   runs added in fp64 */
-static double exp_sum(const float *x, int64_t n, float m, float t) {
-    const float top = m / t;
-    const __m256 mv = _mm256_set1_ps(top), tv = _mm256_set1_ps(t);
-    double total = 0.0;
-    int64_t i = 0;
-    while (i + 8 <= n) {
-        __m256 acc = _mm256_setzero_ps();
-        const int64_t end = i + 1024 < n ? i + 1024 : n;
-        for (; i + 8 <= end; i += 8)
-            acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), tv), mv)));
-        total += hsum8(acc);
-    }
-    for (; i < n; i++) total += expf(x[i] / t - top);
-    return total;
-}
-
 #define BLOCK 512
 
 /* Σ exp(x / t − top) over one block (n ≤ BLOCK): fp32 lanes */
@@ -79,6 +61,13 @@ static double block_sum(const float *x, int64_t n, float t, float top) {
     for (; i + 8 <= n; i += 8) acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), tv), mv)));
     double total = hsum8(acc);
     for (; i < n; i++) total += expf(x[i] / t - top);
+    return total;
+}
+
+/* Σ exp(x / t − m / t), rounded as torch's softmax of x / t rounds its inputs: the blocks' sums added in fp64 */
+static double exp_sum(const float *x, int64_t n, float m, float t) {
+    double total = 0.0;
+    for (int64_t b = 0; b < n; b += BLOCK) total += block_sum(x + b, n - b < BLOCK ? n - b : BLOCK, t, m / t);
     return total;
 }
 
