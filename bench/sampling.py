@@ -1,6 +1,7 @@
 """What sampling costs: decode tokens per second with each sampler setting against greedy, in one process.
 
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
+                             [--context 0]
 
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1);
 `t1` (temperature 1, nothing else: an OpenAI-style request's defaults); `top_p` (temperature 0.8, top-p 0.9, no top-k);
@@ -52,15 +53,17 @@ def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop
     return {"tok_s": made / elapsed, "ms_per_step": 1e3 * elapsed / max(1, steps)}
 
 
-def cpu_batchers(sessions: list[int], data_dir: Path):
+def cpu_batchers(sessions: list[int], data_dir: Path, context: int):
     from bench.common import embedded_model
-    from bench.common_text import PROMPTS
+    from bench.common_text import PROMPTS, long_prompt
     from bench.runs import RunConfig, make_batcher
 
     _, lm = embedded_model(data_dir)
-    ids = [lm.tokenizer.encode(p, add_bos=True) for p in PROMPTS]
+    prose = long_prompt(lm.tokenizer, context) if context else []
+    ids = [prose + lm.tokenizer.encode(" " + p if context else p, add_bos=not context) for p in PROMPTS]
     for n in sessions:
-        yield n, make_batcher(lm, n, RunConfig(max_seq_len=1024)), [ids[i % len(ids)] for i in range(n)]
+        config = RunConfig(max_seq_len=max(1024, context + 512))
+        yield n, make_batcher(lm, n, config), [ids[i % len(ids)] for i in range(n)]
 
 
 def cuda_batchers(sessions: list[int], shape: str):
@@ -89,9 +92,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--shape", default="gemma-270m", help="CUDA: the random-weights shape (bench/quant_gpu.py)")
+    ap.add_argument("--context", type=int, default=0, help="CPU: tokens of prose before each prompt")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
-    made = cpu_batchers(a.sessions, a.data_dir) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
+    made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
     for n, batcher, prompts in made:
         timed_run(batcher, prompts, "app", 8)  # warm-up: graphs, kernels, the sampler's first calls
         best: dict[str, dict] = {}
@@ -101,7 +105,7 @@ def main() -> None:
                 if setting not in best or r["tok_s"] > best[setting]["tok_s"]:
                     best[setting] = r
         for setting, r in best.items():
-            emit(device=a.device, shape=a.shape if a.device == "cuda" else "embedded", sessions=n, setting=setting,
+            emit(device=a.device, shape=a.shape if a.device == "cuda" else "embedded", sessions=n, context=a.context, setting=setting,
                  tok_s=round(r["tok_s"], 1), ms_per_step=round(r["ms_per_step"], 3),
                  vs_greedy=round(r["tok_s"] / best["greedy"]["tok_s"], 3))
 

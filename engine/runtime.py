@@ -206,7 +206,7 @@ class ModelRuntime:
             seq.status, seq.finish_reason = Status.FINISHED, reason
             return
         if drop:
-            del seq.token_ids[-drop:], seq.generated[-drop:]
+            seq.drop_last(drop)
             if seq.slot is not None and seq.num_cached >= len(seq.token_ids):
                 seq.num_cached = len(seq.token_ids) - 1
                 self.cache.rewind(seq.slot, seq.num_cached)

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 import secrets
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -113,27 +115,28 @@ def _mix(key: int, position: int) -> int:
     return z ^ (z >> 31)
 
 
-def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
+def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int] | array],
                argmax: torch.Tensor | None = None, positions: list[int] | None = None,
                pending: torch.Tensor | None = None) -> torch.Tensor:
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
-    waits for the device here. `argmax`: the logits' row argmax when the step computed it already (used unless
-    penalties change the logits). `positions`: where each id goes in its context (default: after its history).
-    `pending` (R,), on the device: a token each history lacks yet (a look-ahead step's input), penalised as its last."""
-    penalised = penalise(logits, states, histories, pending)
-    if argmax is None or penalised is not logits:
-        argmax = _argmax(penalised)
-    logits = penalised
+    waits for the device here. `histories`: each row's tokens (an int64 array is copied fastest: Sequence.history).
+    `argmax`: the logits' row argmax when the step computed it already (used unless penalties change the logits).
+    `positions`: where each id goes in its context (default: after its history). `pending` (R,), on the device: a
+    token each history lacks yet (a look-ahead step's input), penalised as its last. The logits are left as they came
+    (penalties are applied in place and taken back)."""
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
-    if not drawing:
-        return argmax
-    at = [positions[i] if positions is not None else len(histories[i]) + (pending is not None) for i in drawing]
-    if len(drawing) == len(states):
-        return _choose(logits, states, at)
-    index = _on(drawing, logits.device)  # a device index: a list would be copied up with a wait
-    ids = argmax.clone()  # the graph's output buffer is not ours to write
-    ids[index] = _choose(logits.index_select(0, index), [states[i] for i in drawing], at)
-    return ids
+    with _penalties(logits, states, histories, pending) as (logits, changed):
+        if (argmax is None or changed) and (len(drawing) < len(states) or not drawing):  # some row is greedy
+            argmax = _argmax(logits)
+        if not drawing:
+            return argmax
+        at = [positions[i] if positions is not None else len(histories[i]) + (pending is not None) for i in drawing]
+        if len(drawing) == len(states):
+            return _choose(logits, states, at)
+        index = _on(drawing, logits.device)  # a device index: a list would be copied up with a wait
+        ids = argmax.clone()  # the graph's output buffer is not ours to write
+        ids[index] = _choose(logits.index_select(0, index), [states[i] for i in drawing], at)
+        return ids
 
 
 def _choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
@@ -296,21 +299,54 @@ def _argmax(rows: torch.Tensor) -> torch.Tensor:
     return argmax_rows(rows, impl="auto")
 
 
-def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int]],
+def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int] | array],
              pending: torch.Tensor | None = None) -> torch.Tensor:
-    """Repetition, presence and frequency penalties of each row's state over its history (and its `pending` token);
-    `logits` itself when no row has any (else a penalised copy). Batched on the logits' device, with nothing read
-    back (a look-ahead step samples before the host knows the previous token)."""
-    rows = [i for i, s in enumerate(states) if penalised(s.params) and (histories[i] or pending is not None)]
+    """Repetition, presence and frequency penalties of each row's state over its history (and its `pending` token):
+    a penalised copy of the logits, or `logits` itself when no row has any."""
+    rows = _penalised_rows(states, histories, pending)
     if not rows:
         return logits
-    dev, vocab = logits.device, logits.shape[-1]
+    out = logits.clone(memory_format=torch.contiguous_format)
+    _apply_penalties(out, rows, states, histories, pending)
+    return out
+
+
+@contextmanager
+def _penalties(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int] | array],
+               pending: torch.Tensor | None) -> Iterator[tuple[torch.Tensor, bool]]:
+    """The logits with `penalise`'s penalties, and whether any row has one. Written into the logits themselves and
+    the values they replaced put back on exit: a copy of (R, V) logits cost more than the penalties themselves."""
+    rows = _penalised_rows(states, histories, pending)
+    if not rows:
+        yield logits, False
+    elif not logits.is_contiguous():
+        yield penalise(logits, states, histories, pending), True
+    else:
+        with torch.inference_mode():  # the runner's logits are inference tensors: written only in that mode
+            flat, original = _apply_penalties(logits, rows, states, histories, pending)
+        try:
+            yield logits, True
+        finally:
+            with torch.inference_mode():
+                logits.view(-1).scatter_(0, flat, original)
+
+
+def _penalised_rows(states: list[SamplerState], histories: list, pending: torch.Tensor | None) -> list[int]:
+    return [i for i, s in enumerate(states) if penalised(s.params) and (len(histories[i]) or pending is not None)]
+
+
+def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerState], histories: list,
+                     pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Penalises `rows` of `out` (R, V, contiguous) in place, batched on its device with nothing read back (a
+    look-ahead step samples before the host knows the previous token); returns the flat indices written and the
+    values they held."""
+    dev, vocab = out.device, out.shape[-1]
     lens = [len(histories[i]) for i in rows]
     width = max(lens) + (pending is not None)
     pad = array("q", [vocab]) * width  # after every real id when sorted: no real id counts it
     buf = array("q")
-    for i, n in zip(rows, lens):  # an int64 array from the lists: 7x faster than torch.tensor of nested lists
-        buf.extend(histories[i])
+    for i, n in zip(rows, lens):  # one int64 buffer: an array's bytes are copied, a list's ints converted
+        buf.extend(histories[i] if isinstance(histories[i], array) else array("q", histories[i]))
         buf.extend(pad[: width - n])
     hist = torch.frombuffer(buf, dtype=torch.int64).view(len(rows), width).to(dev, non_blocking=True)
     at = _on(rows, dev)
@@ -318,18 +354,18 @@ def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[l
         hist.scatter_(1, _on(lens, dev)[:, None], pending[at][:, None])
     real = hist < vocab
     ids = torch.where(real, hist, hist[:, :1])  # pads repeat the first id, which is real, with its value
-    out = logits.clone(memory_format=torch.contiguous_format)
-    flat = (at[:, None] * vocab + ids).flatten()  # into the (R * V) copy: no other copy of the rows
-    seen = out.view(-1).take(flat).view(ids.shape)
+    flat = (at[:, None] * vocab + ids).flatten()  # into the (R * V) logits: no other copy of the rows
+    original = out.view(-1).take(flat)
+    seen = original.view(ids.shape)
     rep, presence, frequency = _on([[getattr(states[i].params, f"{name}_penalty") for i in rows]
-                                    for name in ("repetition", "presence", "frequency")], dev, logits.dtype)[:, :, None]
+                                    for name in ("repetition", "presence", "frequency")], dev, out.dtype)[:, :, None]
     seen = torch.where(seen > 0, seen / rep, seen * rep)
     seen = seen - presence
     if any(states[i].params.frequency_penalty for i in rows):
         seen = seen - frequency * _counts(hist).to(seen.dtype)
     seen = torch.where(real, seen, seen[:, :1])
     out.view(-1).scatter_(0, flat, seen.flatten())
-    return out
+    return flat, original
 
 
 def _counts(hist: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """Sequence: one generation's tokens and cache slot, flowing scheduler -> runner -> sampler."""
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -33,9 +34,12 @@ class Sequence:
     num_steps: int = 0  # this turn's decode steps: generated / num_steps is the tokens one step yields
     num_drafted: int = 0  # this turn's drafted tokens, and the ones the model accepted
     num_accepted: int = 0
+    # token_ids as int64, kept in step with the list: penalties read the whole history every step (engine/sampling.py)
+    token_array: array = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.num_prompt = len(self.token_ids)
+        self.token_array = array("q", self.token_ids)
 
     @property
     def num_uncached(self) -> int:
@@ -44,8 +48,21 @@ class Sequence:
     def new_turn(self, ids: list[int]) -> None:
         """The next turn's tokens; its counters start again."""
         self.token_ids, self.num_prompt, self.generated, self.finish_reason = list(ids), len(ids), [], None
+        self.token_array = array("q", self.token_ids)
         self.draft, self.num_steps, self.num_drafted, self.num_accepted = [], 0, 0, 0
 
     def append(self, token: int) -> None:
         self.token_ids.append(token)
+        self.token_array.append(token)
         self.generated.append(token)
+
+    def history(self) -> array:
+        """token_ids as int64: what the penalties read every step (copying an array's bytes, not unboxing ints)."""
+        ids, arr = self.token_ids, self.token_array
+        if len(arr) != len(ids) or (ids and arr[-1] != ids[-1]):  # the list was changed around append / drop_last
+            self.token_array = arr = array("q", ids)
+        return arr
+
+    def drop_last(self, n: int) -> None:
+        """Takes back the last n generated tokens."""
+        del self.token_ids[-n:], self.token_array[-n:], self.generated[-n:]

@@ -12,19 +12,21 @@ one-token step computes (engine/cache/book.py `attention_segments`), so the logi
 """
 from __future__ import annotations
 
+from array import array
+
 import torch
 
 from engine.sampling import SamplerState, sample_ids
 
 
 def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]],
-           histories: list[list[int]]) -> list[list[int]]:
+           histories: list[list[int] | array]) -> list[list[int]]:
     """logits (R, V): every sampler's len(draft) + 1 rows in order -> per sampler its accepted drafts and the
     token that follows them (1 to k + 1 tokens). `histories`: each sampler's tokens so far."""
     counts = [len(d) + 1 for d in drafts]
     assert sum(counts) == logits.shape[0], "one row per drafted token plus one per sampler"
     row_states = [s for s, n in zip(states, counts) for _ in range(n)]
-    row_histories = [h + d[:j] for h, d in zip(histories, drafts) for j in range(len(d) + 1)]
+    row_histories = [array("q", h) + array("q", d[:j]) for h, d in zip(histories, drafts) for j in range(len(d) + 1)]
     tokens = sample_ids(logits, row_states, row_histories).tolist()  # each row as plain decoding at its position
     out, at = [], 0
     for draft, n in zip(drafts, counts):

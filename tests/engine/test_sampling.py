@@ -1,4 +1,7 @@
 """Sampler distributions: temperature, top-k, top-p, min-p and penalties, drawn many times."""
+from array import array
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -197,6 +200,47 @@ def test_penalties_batched_equal_a_plain_loop_and_count_a_pending_token():
     assert torch.equal(penalise(logits, states, histories, pending), penalise(logits, states, with_pending))
 
 
+def test_penalised_sampling_leaves_the_logits_as_they_came_and_reads_arrays_as_lists():
+    """Penalties are written into the step's logits and taken back: the buffer is the runner's, and what else reads
+    it (a verify row, a drafter) must see the model's values."""
+    gen = torch.Generator().manual_seed(8)
+    logits = torch.randn(4, 300, generator=gen) * 4
+    before = logits.clone()
+    params = [SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5),  # greedy, penalised
+              SamplingParams(temperature=0.9, top_k=20, repetition_penalty=1.2, seed=1),
+              SamplingParams(temperature=0.7, seed=2),  # no penalty
+              SamplingParams(temperature=1.1, top_p=0.9, presence_penalty=1.0, seed=3)]
+    histories = [[int(t) for t in torch.randint(0, 300, (n,), generator=gen)] for n in (40, 7, 12, 90)]
+    pending = torch.tensor([3, 3, 250, 17])
+    want = _penalised_first(logits, params, histories)
+    for hist in (histories, [array("q", h) for h in histories]):
+        assert sample_ids(logits, _states(params), hist).tolist() == want
+        assert torch.equal(logits, before)
+    with_pending = [h + [int(t)] for h, t in zip(histories, pending)]
+    got = sample_ids(logits, _states(params), histories, positions=[len(h) for h in with_pending], pending=pending)
+    assert got.tolist() == _penalised_first(logits, params, with_pending)
+    assert torch.equal(logits, before)
+    with torch.inference_mode():  # as the runner's logits come
+        frozen = logits.clone()
+    assert sample_ids(frozen, _states(params), histories).tolist() == want
+    assert torch.equal(frozen, before)
+    strided = torch.randn(4, 600, generator=gen)[:, ::2]  # not contiguous: penalised in a copy
+    strided_before = strided.clone()
+    assert sample_ids(strided, _states(params), histories).tolist() == _penalised_first(strided, params, histories)
+    assert torch.equal(strided, strided_before)
+
+
+def _states(params: list[SamplingParams]) -> list[SamplerState]:
+    return [SamplerState(p) for p in params]
+
+
+def _penalised_first(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> list[int]:
+    """The plain loop's penalties, then the same draws without penalties."""
+    plain = [replace(p, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0) for p in params]
+    penalised = _plain_penalties(logits, _states(params), histories)
+    return sample_ids(penalised, _states(plain), histories).tolist()
+
+
 def test_counts_of_each_entry_in_its_row():
     from engine.sampling import _counts
 
@@ -205,3 +249,19 @@ def test_counts_of_each_entry_in_its_row():
     assert _counts(hist).tolist() == want
     rows = torch.randint(0, 30, (5, 200), generator=torch.Generator().manual_seed(6))
     assert _counts(rows).tolist() == [[h.count(x) for x in h] for h in rows.tolist()]
+
+
+def test_a_sequences_history_array_follows_its_tokens():
+    from engine.sequence import Sequence
+
+    seq = Sequence(0, [5, 6, 7], SamplerState(SamplingParams()))
+    for t in (8, 9, 10):
+        seq.append(t)
+    seq.drop_last(2)
+    assert seq.history().tolist() == seq.token_ids == [5, 6, 7, 8]
+    seq.new_turn([1, 2])
+    assert seq.history().tolist() == [1, 2]
+    seq.token_ids.append(3)  # changed around the methods (a test, a future caller): rebuilt, not stale
+    assert seq.history().tolist() == [1, 2, 3]
+    seq.token_ids[-1] = 4
+    assert seq.history().tolist() == [1, 2, 4]
