@@ -1,7 +1,7 @@
 """What sampling costs: decode tokens per second with each sampler setting against greedy, in one process.
 
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
-                             [--context 0]
+                             [--context 0] [--sampler-only]
 
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1);
 `t1` (temperature 1, nothing else: an OpenAI-style request's defaults); `top_p` (temperature 0.8, top-p 0.9, no top-k);
@@ -84,6 +84,34 @@ def cuda_batchers(sessions: list[int], shape: str):
         yield n, batcher, prompts(args, n, length=64)
 
 
+def sampler_only(sessions: list[int], settings: list[str], context: int, rounds: int, vocab: int = 262_144) -> None:
+    """ms per sample_ids call for each setting, histories as the engine passes them (Sequence.history where it has
+    one, else the token lists)."""
+    import random
+    from array import array
+
+    import torch
+
+    from engine.sampling import SamplerState, SamplingParams, sample_ids
+    from engine.sequence import Sequence
+
+    rng = random.Random(0)
+    for n in sessions:
+        logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(n))
+        tokens = [[rng.randrange(vocab // 8) for _ in range(context)] for _ in range(n)]
+        histories = [array("q", t) for t in tokens] if hasattr(Sequence, "history") else tokens
+        for setting in settings:
+            states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting])) for i in range(n)]
+            sample_ids(logits, states, histories)
+            best = float("inf")
+            for _ in range(rounds):
+                start = time.perf_counter()
+                for _ in range(20):
+                    sample_ids(logits, states, histories)
+                best = min(best, (time.perf_counter() - start) / 20)
+            emit(device="cpu", sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -93,8 +121,11 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", choices=sorted(SETTINGS), default=list(SETTINGS))
     ap.add_argument("--shape", default="gemma-270m", help="CUDA: the random-weights shape (bench/quant_gpu.py)")
     ap.add_argument("--context", type=int, default=0, help="CPU: tokens of prose before each prompt")
+    ap.add_argument("--sampler-only", action="store_true", help="time the sampler alone on random logits")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
+    if a.sampler_only:
+        return sampler_only(a.sessions, a.settings, a.context, a.rounds)
     made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
     for n, batcher, prompts in made:
         timed_run(batcher, prompts, "app", 8)  # warm-up: graphs, kernels, the sampler's first calls
