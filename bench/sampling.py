@@ -3,7 +3,8 @@
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
                              [--context 0] [--sampler-only]
 
-Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1);
+Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1 over the
+last 64 tokens); `app_whole` (the same penalty over the whole history);
 `t1` (temperature 1, nothing else: an OpenAI-style request's defaults); `top_p` (temperature 0.8, top-p 0.9, no top-k);
 `min_p` (temperature 1, min-p 0.05). On the CPU the embedded model; on CUDA a model of `--shape` with random bf16
 weights on the decode graphs (random weights give flat distributions: top-p's nucleus is large, the worst case).
@@ -24,7 +25,8 @@ from bench.common import emit  # noqa: E402
 
 SETTINGS = {
     "greedy": {},
-    "app": dict(temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1),
+    "app": dict(temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, repeat_last_n=64),
+    "app_whole": dict(temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1),  # the penalty over all tokens
     "t1": dict(temperature=1.0),
     "top_p": dict(temperature=0.8, top_p=0.9),
     "min_p": dict(temperature=1.0, min_p=0.05),

@@ -17,7 +17,7 @@ import httpx
 
 from engine import events as ev
 from engine.errors import ParleyError
-from engine.sampling import SamplingParams
+from engine.sampling import SamplingParams, penalised
 from engine.session import Session, Turn, TurnRequest
 
 Post = Callable[..., None]  # post(fn, *args): runs fn(*args) on the engine thread
@@ -105,23 +105,25 @@ def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0
 
 
 def request_params(p: SamplingParams) -> dict:
-    """SamplingParams as OpenAI fields; top_k, min_p, repetition_penalty and the thinking switch go as the usual
-    extensions."""
+    """SamplingParams as OpenAI fields; top_k, min_p, repetition_penalty, repeat_last_n and the thinking switch go as
+    the usual extensions."""
     out = {"temperature": p.temperature, "top_p": p.top_p, "max_tokens": p.max_tokens}
     if p.stop:
         out["stop"] = list(p.stop)
     if p.seed is not None:
         out["seed"] = p.seed
-    if p.presence_penalty:
-        out["presence_penalty"] = p.presence_penalty
-    if p.frequency_penalty:
-        out["frequency_penalty"] = p.frequency_penalty
     if p.top_k:
         out["top_k"] = p.top_k
     if p.min_p:
         out["min_p"] = p.min_p
-    if p.repetition_penalty != 1.0:
-        out["repetition_penalty"] = p.repetition_penalty
+    if penalised(p):  # a window of 0 turns them off
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(p, name):
+                out[name] = getattr(p, name)
+        if p.repetition_penalty != 1.0:
+            out["repetition_penalty"] = p.repetition_penalty
+        if p.repeat_last_n != -1:  # llama.cpp's and Ollama's servers read it; others ignore it
+            out["repeat_last_n"] = p.repeat_last_n
     if p.thinking is not None:  # as vLLM, llama.cpp's server and Parley's take the switch
         out["chat_template_kwargs"] = {"enable_thinking": p.thinking}
     return out

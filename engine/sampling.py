@@ -32,6 +32,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    # the penalties read the last this many tokens (-1: the whole history; 0: penalties off). llama.cpp, Ollama and
+    # GPT4All use 64, so a chat's earlier turns and its template's tokens are not penalised for ever
+    repeat_last_n: int = -1
     seed: int | None = None
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
@@ -49,6 +52,7 @@ class SamplingParams:
             (0 < self.repetition_penalty <= MAX_PENALTY, f"repetition_penalty must be in (0, {MAX_PENALTY:g}]"),
             (abs(self.presence_penalty) <= MAX_PENALTY, f"presence_penalty must be between ±{MAX_PENALTY:g}"),
             (abs(self.frequency_penalty) <= MAX_PENALTY, f"frequency_penalty must be between ±{MAX_PENALTY:g}"),
+            (-1 <= self.repeat_last_n <= MAX_INT32, f"repeat_last_n must be between -1 (the whole history) and {MAX_INT32}"),
             (self.seed is None or 0 <= self.seed < 2**64, "seed must be between 0 and 2**64 - 1"),
             (1 <= self.max_tokens <= MAX_INT32, f"max_tokens must be between 1 and {MAX_INT32}"),
             (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
@@ -69,7 +73,7 @@ def _check_types(p: SamplingParams) -> None:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ParleyError(f"Invalid sampling setting: {name} must be a finite number, not {value!r}.")
-    for name in ("top_k", "max_tokens", "seed"):
+    for name in ("top_k", "repeat_last_n", "max_tokens", "seed"):
         value = getattr(p, name)
         if not (value is None and name == "seed") and (isinstance(value, bool) or not isinstance(value, int)):
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
@@ -341,12 +345,13 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     look-ahead step samples before the host knows the previous token); returns the flat indices written and the
     values they held."""
     dev, vocab = out.device, out.shape[-1]
-    lens = [len(histories[i]) for i in rows]
+    read = [_window(histories[i], states[i].params.repeat_last_n, pending is not None) for i in rows]
+    lens = [len(h) for h in read]
     width = max(lens) + (pending is not None)
     pad = array("q", [vocab]) * width  # after every real id when sorted: no real id counts it
     buf = array("q")
-    for i, n in zip(rows, lens):  # one int64 buffer: an array's bytes are copied, a list's ints converted
-        buf.extend(histories[i] if isinstance(histories[i], array) else array("q", histories[i]))
+    for h, n in zip(read, lens):  # one int64 buffer: an array's bytes are copied, a list's ints converted
+        buf.extend(h if isinstance(h, array) else array("q", h))
         buf.extend(pad[: width - n])
     hist = torch.frombuffer(buf, dtype=torch.int64).view(len(rows), width).to(dev, non_blocking=True)
     at = _on(rows, dev)
@@ -368,6 +373,13 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     return flat, original
 
 
+def _window(history: list[int] | array, last_n: int, pending: bool) -> list[int] | array:
+    """The history tokens the penalties read: the last `last_n` (-1: all), the pending token counted as the last."""
+    if last_n < 0:
+        return history
+    return history[max(0, len(history) + pending - last_n) :]
+
+
 def _counts(hist: torch.Tensor) -> torch.Tensor:
     """(P, L) ids -> how often each entry's id occurs in its row: runs of the sorted rows, their lengths scattered
     back (a size known on the host: nothing waits for the device)."""
@@ -380,4 +392,5 @@ def _counts(hist: torch.Tensor) -> torch.Tensor:
 
 
 def penalised(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    some = p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+    return some and p.repeat_last_n != 0

@@ -110,7 +110,7 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
 
 
 def sampling(data: dict, context_limit: int) -> SamplingParams:
-    """OpenAI sampling fields (plus top_k, min_p, repetition_penalty) -> SamplingParams."""
+    """OpenAI sampling fields (plus top_k, min_p, repetition_penalty, repeat_last_n) -> SamplingParams."""
     max_tokens = _number(data, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = _number(data, "max_tokens", int, None)
@@ -126,6 +126,10 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
     top_k = _number(data, "top_k", int, 0)
     if not -1 <= top_k <= MAX_INT32:
         raise APIError(400, f"'top_k' must be between -1 (off) and {MAX_INT32}, not {top_k}.", "top_k")
+    repeat_last_n = _number(data, "repeat_last_n", int, -1)
+    if not -1 <= repeat_last_n <= MAX_INT32:
+        raise APIError(400, f"'repeat_last_n' must be between -1 (the whole text) and {MAX_INT32}, not "
+                            f"{repeat_last_n}.", "repeat_last_n")
     seed = _number(data, "seed", int, None)
     if seed is not None and not 0 <= seed < 2**64:
         raise APIError(400, f"'seed' must be between 0 and 2**64 - 1, not {seed}.", "seed")
@@ -136,6 +140,7 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
         repetition_penalty=_ranged(data, "repetition_penalty", 1.0, 0.01, 10.0),
         presence_penalty=_ranged(data, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=_ranged(data, "frequency_penalty", 0.0, -2.0, 2.0),
+        repeat_last_n=repeat_last_n,  # llama.cpp's and Ollama's name: the penalties read the last n tokens
         top_k=0 if top_k == -1 else top_k,  # vLLM spells "off" as -1
         seed=seed,
         max_tokens=max_tokens,

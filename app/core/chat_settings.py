@@ -18,6 +18,7 @@ class ChatSettings:
     top_k: int = 40
     min_p: float = 0.0
     repetition_penalty: float = 1.1
+    repeat_last_n: int = 64  # the penalty reads the last 64 tokens, as llama.cpp / Ollama: not the chat's earlier turns
     seed: int | None = None
     max_tokens: int = 512
     overflow: str = "truncate"
@@ -32,7 +33,7 @@ class ChatSettings:
     def sampling(self) -> SamplingParams:
         return SamplingParams(
             temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-            repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=self.max_tokens,
+            repetition_penalty=self.repetition_penalty, repeat_last_n=self.repeat_last_n, seed=self.seed, max_tokens=self.max_tokens,
             speculative=self.speculative, thinking=self.thinking,
         )
 
@@ -50,7 +51,7 @@ class ChatSettings:
 
 SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T 0.2"
     ("temperature", "T"), ("top_p", "top-p"), ("top_k", "top-k"), ("min_p", "min-p"),
-    ("repetition_penalty", "rep"), ("seed", "seed"), ("max_tokens", "max"), ("system_prompt", "system"),
+    ("repetition_penalty", "rep"), ("repeat_last_n", "rep window"), ("seed", "seed"), ("max_tokens", "max"), ("system_prompt", "system"),
     ("thinking", "thinking"),
 )
 
@@ -74,4 +75,6 @@ def _short(label: str, value) -> str:
         return {None: "thinking default", True: "thinking on", False: "thinking off"}[value]
     if value is None:
         return f"{label} random"
+    if label == "rep window" and value < 0:
+        return "rep window all"
     return f"{label} {value:g}" if isinstance(value, float) else f"{label} {value}"

@@ -52,6 +52,10 @@ class SettingsForm(QWidget):
         self.top_k = _int(0, 100000)
         self.min_p = _double(0, 0.99, 0.01, 2)
         self.repetition = _double(0.5, 2, 0.01, 2)
+        self.repeat_last_n = _int(-1, 2**31 - 1)
+        self.repeat_last_n.setSpecialValueText(self.tr("the whole chat"))
+        self.repeat_last_n.setToolTip(self.tr("How many of the latest tokens the repetition penalty looks at "
+                                              "(0 = none)"))
         self.seed = _int(-1, 2**31 - 1)
         self.seed.setSpecialValueText("random")
         self.max_tokens = _int(1, 32768)
@@ -72,7 +76,8 @@ class SettingsForm(QWidget):
         form.addRow("Model", model_row)
         form.addRow("System prompt", self.system)
         for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
-                         ("Min-p", self.min_p), ("Repetition penalty", self.repetition), ("Seed", self.seed),
+                         ("Min-p", self.min_p), ("Repetition penalty", self.repetition),
+                         (self.tr("Penalty window (tokens)"), self.repeat_last_n), ("Seed", self.seed),
                          ("Max tokens", self.max_tokens), ("Context overflow", self.overflow),
                          (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking)]:
             form.addRow(label, w)
@@ -134,6 +139,7 @@ class SettingsForm(QWidget):
         self.top_k.setValue(s.top_k)
         self.min_p.setValue(s.min_p)
         self.repetition.setValue(s.repetition_penalty)
+        self.repeat_last_n.setValue(s.repeat_last_n)
         self.seed.setValue(-1 if s.seed is None else s.seed)
         self.max_tokens.setValue(s.max_tokens)
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
@@ -145,6 +151,7 @@ class SettingsForm(QWidget):
             model=self.model.key(), system_prompt=self.system.toPlainText().strip(),
             temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
             min_p=self.min_p.value(), repetition_penalty=self.repetition.value(),
+            repeat_last_n=self.repeat_last_n.value(),
             seed=None if self.seed.value() < 0 else self.seed.value(), max_tokens=self.max_tokens.value(),
             overflow=self.overflow.currentData(), speculative=self.speculative.isChecked(),
             thinking=self.thinking.currentData(),

@@ -135,6 +135,9 @@ def test_settings_take_effect_on_the_next_turn(parley, qtbot):
     dialog.form.seed.setValue(7)
     dialog.form.overflow.setCurrentIndex(dialog.form.overflow.findData("stop"))
     dialog.form.thinking.setCurrentIndex(2)  # "Answer without thinking"
+    assert dialog.form.repeat_last_n.value() == 64  # a new chat's penalty window, as llama.cpp and Ollama
+    dialog.form.repeat_last_n.setValue(-1)
+    assert dialog.form.repeat_last_n.text() == "the whole chat"
     w.apply_settings(conv, dialog.settings())
     w.chat.send("two")
     wait_idle(parley, qtbot, conv)
@@ -142,7 +145,7 @@ def test_settings_take_effect_on_the_next_turn(parley, qtbot):
     assert answer.stats["completion_tokens"] <= 3
     turn = last_turn(parley, conv)
     assert turn["params"].max_tokens == 3 and turn["params"].temperature == 0.5 and turn["params"].seed == 7
-    assert turn["params"].thinking is False
+    assert turn["params"].thinking is False and turn["params"].repeat_last_n == -1
     assert turn["system"] == "Answer in three tokens." and parley.service.live(conv).overflow == "stop"
     assert handed(parley, conv)[:1] == ["one"]
 

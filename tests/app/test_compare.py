@@ -199,3 +199,10 @@ def test_presets_apply_to_a_chat_and_a_column_and_survive_a_restart(parley, qtbo
         assert again.window.presets.get("Terse answers").top_k == 40
     finally:
         again.close()
+
+
+def test_column_labels_name_the_penalty_window():
+    from app.core.chat_settings import ChatSettings, differences
+
+    assert differences([ChatSettings(), ChatSettings(repeat_last_n=-1)]) == [["rep window 64"], ["rep window all"]]
+    assert ChatSettings().sampling().repeat_last_n == 64

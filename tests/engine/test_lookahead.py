@@ -44,8 +44,12 @@ def test_greedy_tokens_equal_plain_and_lookahead_runs(lm, layout):
 
 @pytest.mark.parametrize("params", [
     SamplingParams(max_tokens=24, repetition_penalty=1.5, presence_penalty=0.4, frequency_penalty=0.3),
-    SamplingParams(max_tokens=24, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=3),  # the app's
-], ids=["greedy", "app"])
+    SamplingParams(max_tokens=24, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, seed=3),
+    # the app's, its window short enough to slide within the answer (the pending token is its newest)
+    SamplingParams(max_tokens=24, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, repeat_last_n=6,
+                   seed=3),
+    SamplingParams(max_tokens=24, repetition_penalty=1.5, frequency_penalty=0.3, repeat_last_n=5),
+], ids=["greedy", "app-whole", "app-window", "greedy-window"])
 def test_penalised_sequences_run_ahead_with_the_same_tokens(lm, params):
     """A look-ahead step's penalties count the previous step's token, which only the device holds yet."""
     prompts = _prompts(lm.args.vocab_size)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.errors import ParleyError
-from engine.sampling import SamplerState, SamplingParams, sample_ids
+from engine.sampling import SamplerState, SamplingParams, penalised, sample_ids
 
 PROBS = torch.tensor([0.4, 0.3, 0.15, 0.1, 0.05])
 LOGITS = PROBS.log()
@@ -178,6 +178,7 @@ def _plain_penalties(logits: torch.Tensor, states: list[SamplerState], histories
     out = logits.clone()
     for i, (s, h) in enumerate(zip(states, histories)):
         p = s.params
+        h = h if p.repeat_last_n < 0 else h[len(h) - p.repeat_last_n :] if p.repeat_last_n else []
         for tok in set(h):
             v = out[i, tok]
             v = v / p.repetition_penalty if v > 0 else v * p.repetition_penalty
@@ -237,8 +238,29 @@ def _states(params: list[SamplingParams]) -> list[SamplerState]:
 def _penalised_first(logits: torch.Tensor, params: list[SamplingParams], histories: list[list[int]]) -> list[int]:
     """The plain loop's penalties, then the same draws without penalties."""
     plain = [replace(p, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0) for p in params]
-    penalised = _plain_penalties(logits, _states(params), histories)
-    return sample_ids(penalised, _states(plain), histories).tolist()
+    after = _plain_penalties(logits, _states(params), histories)
+    return sample_ids(after, _states(plain), histories).tolist()
+
+
+def test_penalties_read_the_last_repeat_last_n_tokens_pending_included():
+    from engine.sampling import penalise
+
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(9)) * 3
+    history = [3, 3, 5, 7, 9, 11, 3, 13]
+    states = [SamplerState(SamplingParams(repetition_penalty=1.5, frequency_penalty=0.5, repeat_last_n=n))
+              for n in (-1, 0, 1, 3, 64)]
+    histories = [history] * 5
+    got = penalise(logits, states, histories)
+    assert torch.allclose(got, _plain_penalties(logits, states, histories), atol=1e-6)
+    assert torch.equal(got[1], logits[1])  # 0: off
+    changed = [set(torch.nonzero(got[i] != logits[i]).flatten().tolist()) for i in range(5)]
+    assert changed[2] == {13} and changed[3] == {3, 11, 13} and changed[0] == changed[4] == set(history)
+    pending = torch.tensor([20, 20, 20, 20, 20])
+    with_pending = [history + [20]] * 5
+    assert torch.equal(penalise(logits, states, histories, pending), penalise(logits, states, with_pending))
+    assert not penalised(SamplingParams(repetition_penalty=1.3, repeat_last_n=0))
+    with pytest.raises(ParleyError, match="repeat_last_n"):
+        SamplingParams(repeat_last_n=-2)
 
 
 def test_counts_of_each_entry_in_its_row():

@@ -118,11 +118,11 @@ def test_a_stop_token_inside_accepted_drafts_ends_the_answer_there(models):
     assert got == expected
 
 
-@pytest.mark.parametrize("layout", ["sequence", "cell"])
-def test_penalties_see_each_rows_drafts_so_penalised_greedy_stays_exact(models, layout):
+@pytest.mark.parametrize("layout, window", [("sequence", -1), ("cell", -1), ("sequence", 5)])
+def test_penalties_see_each_rows_drafts_so_penalised_greedy_stays_exact(models, layout, window):
     lm = models["qwen3"]
     prompts = _prompts(lm.args.vocab_size)
-    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4)
+    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4, repeat_last_n=window)
     plain = run_staggered(make_batcher(lm, 4, _run(layout)), prompts, ARRIVALS, params)
     batcher = make_batcher(lm, 4, _run(layout))
     batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=5, vocab=lm.args.vocab_size)

@@ -74,6 +74,10 @@ MALFORMED = [
     ("temperature Infinity", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "temperature": Infinity}',
      "temperature", "number"),
     ("top_k 1e20", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_k": 1e20}', "top_k", "between"),
+    ("repeat_last_n -2", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "repeat_last_n": -2}',
+     "repeat_last_n", "between"),
+    ("repeat_last_n 1.5", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "repeat_last_n": 1.5}',
+     "repeat_last_n", "integer"),
     ("seed 2**70", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": 1180591620717411303424}',
      "seed", "between"),
 ]

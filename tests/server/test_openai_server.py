@@ -116,7 +116,7 @@ def test_stop_strings_and_seeded_sampling(server):
     stopped, reason, _ = stream_text(c, PROMPTS[5], max_tokens=24, stop=[cut])
     assert stopped == text[: text.index(cut)] and reason == "stop"
     kw = dict(temperature=0.9, top_p=0.95, seed=7, max_tokens=16, presence_penalty=0.5, frequency_penalty=0.2,
-              extra_body={"top_k": 40, "min_p": 0.01, "repetition_penalty": 1.1})
+              extra_body={"top_k": 40, "min_p": 0.01, "repetition_penalty": 1.1, "repeat_last_n": 64})
     a, b = stream_text(c, PROMPTS[6], **kw), stream_text(c, PROMPTS[6], **kw)
     assert a[0] == b[0]
 

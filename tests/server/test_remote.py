@@ -71,6 +71,10 @@ def test_the_thinking_switch_reaches_the_endpoint(remote_client, bridge, server)
 
     assert request_params(replace(GREEDY, thinking=False))["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in request_params(GREEDY)
+    windowed = request_params(replace(GREEDY, repetition_penalty=1.1, repeat_last_n=64))
+    assert windowed["repetition_penalty"] == 1.1 and windowed["repeat_last_n"] == 64
+    off = request_params(replace(GREEDY, repetition_penalty=1.1, presence_penalty=0.5, repeat_last_n=0))
+    assert not {"repetition_penalty", "presence_penalty", "repeat_last_n"} & off.keys()  # a window of 0: none
     loaded = add_remote(remote_client, server.url, bridge.models[0].id)
     sid = remote_client.open(loaded.model_id, params=replace(GREEDY, thinking=False))
     answer = remote_client.ask(sid, "Hello there")
