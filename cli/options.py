@@ -42,6 +42,13 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
+                   help="divides the logits of tokens seen in the last --repeat-last-n tokens (1 is off)")
+    p.add_argument("--presence-penalty", type=float, default=0.0)
+    p.add_argument("--frequency-penalty", type=float, default=0.0)
+    p.add_argument("--repeat-last-n", type=int, default=64,
+                   help="how many of the latest tokens the penalties read (-1: all, 0: none; llama.cpp's default 64)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--thinking", default=None, choices=["on", "off"],
                    help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
@@ -74,6 +81,8 @@ def sampling_params(args: argparse.Namespace):
 
     thinking = getattr(args, "thinking", None)
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed, max_tokens=args.max_tokens,
-        thinking=None if thinking is None else thinking == "on",
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+        max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
     )

@@ -17,6 +17,19 @@ def test_no_subcommand_launches_the_gui(monkeypatch, tmp_path):
     assert args.func is terminal.chat
 
 
+def test_sampling_flags_reach_the_sampler():
+    from cli.options import sampling_params
+
+    args = cli.build_parser().parse_args(["generate", "--prompt", "x", "--temperature", "0.7", "--top-k", "40",
+                                          "--min-p", "0.05", "--repeat-penalty", "1.1", "--presence-penalty", "0.2",
+                                          "--frequency-penalty", "0.1", "--repeat-last-n", "-1", "--seed", "3"])
+    p = sampling_params(args)
+    assert (p.temperature, p.top_k, p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty,
+            p.repeat_last_n, p.seed) == (0.7, 40, 0.05, 1.1, 0.2, 0.1, -1, 3)
+    plain = sampling_params(cli.build_parser().parse_args(["chat"]))
+    assert plain.repetition_penalty == 1.0 and plain.repeat_last_n == 64  # off, llama.cpp's window when turned on
+
+
 def test_version_flag(capsys):
     import pytest
 
