@@ -47,6 +47,7 @@ class RemoteModel:
     api_key: str | None = None
     timeout: float = 60.0  # connect, and the longest wait between two streamed chunks
     info: dict = field(default_factory=dict)  # filled by probe()
+    extensions: bool = True  # False once the endpoint refused a field outside OpenAI's own (OpenAI's API does)
 
     def __post_init__(self) -> None:
         self.base_url = api_base(self.base_url)
@@ -74,12 +75,19 @@ class RemoteModel:
 
     def stream_chat(self, messages: list[dict], params: SamplingParams, cancelled: threading.Event) -> Iterator[tuple]:
         """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError."""
+        fields = request_params(params)
+        if not self.extensions:
+            fields = {k: v for k, v in fields.items() if k not in EXTENSIONS}
         body = {"model": self.model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, **request_params(params)}
+                "stream_options": {"include_usage": True}, **fields}
         try:
             with self._client() as client, client.stream("POST", "/chat/completions", json=body) as response:
                 if response.status_code >= 400:
                     response.read()
+                    if self.extensions and _refused_extension(response, fields):
+                        self.extensions = False  # asked again without them, and from now on
+                        yield from self.stream_chat(messages, params, cancelled)
+                        return
                     raise RemoteError(http_error(self.base_url, response, self.model), _code(_json(response)))
                 yield from _read_stream(response, cancelled)
         except httpx.HTTPError as exc:
@@ -127,6 +135,18 @@ def request_params(p: SamplingParams) -> dict:
     if p.thinking is not None:  # as vLLM, llama.cpp's server and Parley's take the switch
         out["chat_template_kwargs"] = {"enable_thinking": p.thinking}
     return out
+
+
+# the fields request_params adds beyond OpenAI's own (vLLM, SGLang, llama.cpp, Ollama and Parley read them)
+EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "repeat_last_n", "chat_template_kwargs")
+
+
+def _refused_extension(response: httpx.Response, fields: dict) -> bool:
+    """A 400 that names one of the extension fields sent (OpenAI: "Unrecognized request argument supplied: top_k")."""
+    body = _json(response)
+    err = body.get("error") if isinstance(body, dict) else None
+    named = f"{_message(body)} {err.get('param') if isinstance(err, dict) else ''}"
+    return response.status_code == 400 and any(k in fields and k in named for k in EXTENSIONS)
 
 
 def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterator[tuple]:

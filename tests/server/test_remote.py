@@ -168,3 +168,42 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
             assert refused.value.code == "context_length_exceeded", refused.value
     finally:
         front.shutdown()
+
+
+def test_an_endpoint_that_refuses_extension_fields_is_asked_again_without_them(monkeypatch):
+    """OpenAI's own API answers 400 to top_k, min_p, repetition_penalty...: the app's default settings send some, so
+    the turn is sent again without them (and later turns leave them out); other 400s stay errors."""
+    import json
+    import threading
+
+    import httpx
+
+    from engine.remote import RemoteError, RemoteModel
+
+    bodies = []
+
+    def strict(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        bodies.append(body)
+        extra = sorted(set(body) & {"top_k", "min_p", "repetition_penalty", "repeat_last_n"})
+        if extra:
+            return httpx.Response(400, json={"error": {"message": f"Unrecognized request argument supplied: {extra[0]}",
+                                                       "type": "invalid_request_error", "param": None}})
+        if body["temperature"] > 1.5:
+            return httpx.Response(400, json={"error": {"message": "temperature is too high", "param": "temperature"}})
+        chunk = {"choices": [{"delta": {"content": "hi"}, "finish_reason": "stop"}]}
+        return httpx.Response(200, text=f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n",
+                              headers={"content-type": "text/event-stream"})
+
+    monkeypatch.setattr(RemoteModel, "_client", lambda self: httpx.Client(
+        base_url=self.base_url, transport=httpx.MockTransport(strict)))
+    remote = RemoteModel("http://strict.example", "gpt")
+    app_like = SamplingParams(temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1, repeat_last_n=64)
+    messages = [{"role": "user", "content": "hello"}]
+    assert list(remote.stream_chat(messages, app_like, threading.Event())) == [("delta", "hi"), ("done", "stop", None)]
+    assert "top_k" in bodies[0] and not {"top_k", "repetition_penalty", "repeat_last_n"} & bodies[1].keys()
+    assert bodies[1]["temperature"] == 0.7 and bodies[1]["top_p"] == 0.95  # OpenAI's own fields stay
+    list(remote.stream_chat(messages, app_like, threading.Event()))
+    assert len(bodies) == 3 and "top_k" not in bodies[2]  # remembered: asked once
+    with pytest.raises(RemoteError, match="temperature is too high"):
+        list(remote.stream_chat(messages, SamplingParams(temperature=1.8), threading.Event()))
