@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.errors import ParleyError
-from kernels.cpu_sampling import draw_rows, top_rows
+from kernels.cpu_sampling import draw_rows, sample_top, top_rows
 
 # Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
 # cannot mean anything useful and (top_k 1e20, seed 2**70) fails the batched step of every chat sharing it.
@@ -144,8 +144,8 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
 
 
 def _choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
-    """Each drawing row's token at its position (`draw` over its `candidates`). Rows with filters and rows without
-    draw apart, so a row's token never depends on what shares its step."""
+    """Each drawing row's token at its position (`draw` over its `candidates`, or the CPU library's draw). Each kind
+    of row (`_groups`) draws apart, so a row's token never depends on what shares its step."""
     groups = _groups(states)
     if len(groups) == 1:
         return _choose_group(rows, states, positions)
@@ -157,11 +157,15 @@ def _choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]
 
 
 def _choose_group(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
-    if not _filters(states[0].params):  # the whole row: the CPU library draws without the softmax written out
-        drawn = draw_rows(rows, [s.params.temperature for s in states], _uniforms(states, positions))
-        if drawn is not None:
-            return drawn
-    return draw(*candidates(rows, states), states, positions)
+    params, temps = [s.params for s in states], [s.params.temperature for s in states]
+    if not _filters(params[0]):  # the whole row: the CPU library draws without the softmax written out
+        drawn = draw_rows(rows, temps, _uniforms(states, positions))
+    elif params[0].top_k:  # the CPU library's whole top-k draw, filters included, in one call
+        drawn = sample_top(rows, [min(p.top_k, rows.shape[-1]) for p in params], temps, [p.top_p for p in params],
+                           [p.min_p for p in params], _uniforms(states, positions))
+    else:
+        drawn = None
+    return drawn if drawn is not None else draw(*candidates(rows, states), states, positions)
 
 
 def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
@@ -180,8 +184,10 @@ def _filters(p: SamplingParams) -> bool:
 
 
 def _groups(states: list[SamplerState]) -> list[list[int]]:
-    """The rows without filters, then the rows with (either may be empty: left out)."""
-    groups = [[i for i, s in enumerate(states) if _filters(s.params) == f] for f in (False, True)]
+    """The rows without filters, the rows with a top-k, the rows with other filters only (empty ones left out): each
+    kind draws by its own path, whatever shares the step."""
+    kind = [0 if not _filters(s.params) else 1 if s.params.top_k else 2 for s in states]
+    groups = [[i for i, c in enumerate(kind) if c == g] for g in range(3)]
     return [g for g in groups if g]
 
 
@@ -207,7 +213,8 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
         ranked = top_rows(rows, temps, width) if width < vocab else None  # the CPU library's, where built
         if ranked is None:
             probs = _softmax(rows, temps) if probs is None else probs
-            ranked = probs.topk(width, dim=-1)
+            # the whole row: a stable sort (ties by id, as the library ranks them) costs less than topk of all
+            ranked = probs.topk(width, dim=-1) if width < vocab else probs.sort(dim=-1, descending=True, stable=True)
         top, ids = ranked
         keep, bounded = _kept(top, states, limits)
         if width == vocab:  # the whole row ranked: back in id order, as the unfiltered rows draw
@@ -215,7 +222,7 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
         if not open_ended or bool(bounded.all()):
             ids, order = ids.sort(dim=-1)  # id order: ties in probability, ranked either way, draw the same token
             return ids, (top * keep).gather(1, order)
-        width = min(vocab, width * 8)
+        width = min(vocab, width * 8) if width < WIDEST else vocab
 
 
 def _softmax(rows: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
@@ -223,6 +230,7 @@ def _softmax(rows: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
 
 
 FIRST_WIDTH = 256  # tokens ranked first for a row without top-k: a chat model's nucleus at p 0.9-0.95 is mostly inside
+WIDEST = 16_384  # widest selection before the whole row is sorted instead (a flat row's nucleus: 37 ms at 131,072)
 
 
 def _kept(top: torch.Tensor, states: list[SamplerState], limits: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

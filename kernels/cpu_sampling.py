@@ -1,5 +1,6 @@
 """Sampling on the CPU, one library call each (kernels/cpu/sampling.c), without a softmax written out over the whole
-row: each row's k most likely tokens and their probabilities (`top_rows`), or a draw from the whole row (`draw_rows`).
+row: each row's k most likely tokens and their probabilities (`top_rows`), a draw from the whole row (`draw_rows`),
+or a draw among each row's top-k tokens with its top-p and min-p (`sample_top`).
 torch is the reference: engine/sampling.py runs its softmax, topk and `_inverse_cdf` where the library is not built."""
 from __future__ import annotations
 
@@ -50,3 +51,22 @@ def top_rows(rows: torch.Tensor, temperatures: list[float], k: int) -> tuple[tor
         return None
     scaled = x.gather(1, ids) / temps[:, None] - maxes[:, None] / temps[:, None]  # rounded as softmax(x / t)'s inputs
     return (scaled.exp() / sums[:, None].float()), ids
+
+
+def sample_top(rows: torch.Tensor, top_k: list[int], temperatures: list[float], top_p: list[float],
+               min_p: list[float], uniforms: list[float]) -> torch.Tensor | None:
+    """rows (R, V) logits, per row 1 <= top_k <= V -> (R,) ids: softmax(row / T)'s top_k most likely tokens, the
+    prefix of them top-p and min-p keep (the first always), and among those, in id order, where their cumulative sum
+    passes u times their total. None where the library does not apply."""
+    found = _rows(rows) if all(1 <= k <= rows.shape[-1] for k in top_k) else None
+    if found is None:
+        return None
+    kernel, x = found
+    ks = torch.tensor(top_k, dtype=torch.int64)
+    temps = torch.tensor(temperatures, dtype=torch.float32)
+    p, m, u = (torch.tensor(v, dtype=torch.float64) for v in (top_p, min_p, uniforms))
+    ids = torch.empty(x.shape[0], dtype=torch.int64)
+    if kernel.lib.parley_sample_top(x.data_ptr(), x.shape[0], x.shape[1], ks.data_ptr(), temps.data_ptr(),
+                                    p.data_ptr(), m.data_ptr(), u.data_ptr(), ids.data_ptr(), torch.get_num_threads()):
+        return None
+    return ids

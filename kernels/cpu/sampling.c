@@ -5,7 +5,10 @@
      torch's softmax and top-k over the whole row.
    - parley_draw_rows: per row the token where softmax(x / t)'s cumulative sum passes u · its total, without the
      softmax written out: blocks of 512 summed (fp32 lanes, fp64 over blocks), the block found, the token inside it
-     in fp64 (engine/sampling.py `_inverse_cdf` is the same rule in torch). */
+     in fp64 (engine/sampling.py `_inverse_cdf` is the same rule in torch).
+   - parley_sample_top: per row a whole top-k / top-p / min-p draw in one call (the selection of parley_top_rows, the
+     filters and the draw over the kept tokens in fp64), where torch's dozen small operations on them cost more than
+     the selection itself. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
@@ -166,6 +169,74 @@ int parley_top_rows(const float *x, int64_t R, int64_t n, int64_t k, const float
             top_row(row, n, k, h, ids + r * k);
         }
         free(h);
+    }
+    return failed ? -1 : 0;
+}
+
+typedef struct {
+    int64_t i;
+    double p;
+} Kept;
+
+static int by_id(const void *a, const void *b) {
+    const int64_t x = ((const Kept *)a)->i, y = ((const Kept *)b)->i;
+    return (x > y) - (x < y);
+}
+
+/* one row's draw among its k most likely tokens: probabilities in fp64 from the row's max and normaliser, the kept
+   prefix by rank (top-k, top-p's mass strictly above a token below p, min-p's floor; the first always), then in id
+   order the token where their cumulative sum passes u times their total */
+static int64_t top_draw(const float *x, int64_t n, int64_t k, float t, double top_p, double min_p, double u,
+                        Entry *h, int64_t *rank, Kept *kept) {
+    const float m = row_max(x, n);
+    const double sum = exp_sum(x, n, m, t);
+    top_row(x, n, k, h, rank);
+    double before = 0.0, first = 0.0, total = 0.0;
+    int64_t count = 0;
+    for (int64_t j = 0; j < k; j++) {
+        const double p = exp((double)(x[rank[j]] / t - m / t)) / sum;
+        if (j == 0)
+            first = p;
+        else if ((top_p < 1.0 && before >= top_p) || p < min_p * first)
+            break;  /* ranked by probability: every later token fails the same test */
+        kept[count++] = (Kept){rank[j], p};
+        before += p;
+    }
+    qsort(kept, count, sizeof(Kept), by_id);
+    for (int64_t j = 0; j < count; j++) total += kept[j].p;
+    const double target = u * total;
+    double run = 0.0;
+    for (int64_t j = 0; j < count; j++) {
+        run += kept[j].p;
+        if (run > target && kept[j].p > 0.0) return kept[j].i;
+    }
+    for (int64_t j = count - 1; j > 0; j--)  /* rounding ran past the end: the last token of any weight */
+        if (kept[j].p > 0.0) return kept[j].i;
+    return kept[0].i;
+}
+
+/* x (R, n) fp32; per row 1 ≤ k ≤ n, t > 0, top_p in (0, 1], min_p in [0, 1), u in [0, 1) -> ids (R,).
+   Returns 0, or -1 when memory for the selection could not be had. */
+int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, const float *t, const double *top_p,
+                      const double *min_p, const double *u, int64_t *ids, int threads) {
+    int64_t most = 1;
+    for (int64_t r = 0; r < R; r++) most = k[r] > most ? k[r] : most;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) if (R > 1)
+    {
+        Entry *h = malloc(sizeof(Entry) * (size_t)most);
+        int64_t *rank = malloc(sizeof(int64_t) * (size_t)most);
+        Kept *kept = malloc(sizeof(Kept) * (size_t)most);
+        if (!h || !rank || !kept) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        #pragma omp for schedule(static)
+        for (int64_t r = 0; r < R; r++)
+            if (h && rank && kept) ids[r] = top_draw(x + r * n, n, k[r], t[r], top_p[r], min_p[r], u[r], h, rank, kept);
+        free(h);
+        free(rank);
+        free(kept);
     }
     return failed ? -1 : 0;
 }
