@@ -153,6 +153,19 @@ def test_filters_equal_the_plain_definition_row_by_row_and_mixed(ranking):
     assert 300 < int((mixed[1] > 0).sum()) < 20_000  # the flat row's nucleus did need the widening
 
 
+def test_a_nucleus_past_the_widest_selection_sorts_the_whole_row(ranking):
+    from engine.sampling import WIDEST, probabilities
+
+    logits = torch.randn(2, 3 * WIDEST, generator=torch.Generator().manual_seed(12)) * 0.3  # nearly flat
+    states = [SamplerState(SamplingParams(temperature=1.0, top_p=0.95)),
+              SamplerState(SamplingParams(temperature=1.0, min_p=0.2))]
+    got = probabilities(logits, states)
+    for i, state in enumerate(states):
+        want = _plain(logits[i], state.params)
+        assert torch.equal(got[i] > 0, want > 0) and torch.allclose(got[i], want, atol=1e-7)
+    assert int((got[0] > 0).sum()) > WIDEST and int((got[1] > 0).sum()) > WIDEST
+
+
 def test_draws_are_the_same_alone_and_batched_and_follow_a_wide_nucleus(ranking):
     """A token depends on its row's logits, the turn's key and the position only, whatever shares the step; a flat
     top-p row (ranked past the first width) draws its nucleus in proportion."""
