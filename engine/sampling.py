@@ -313,8 +313,8 @@ def _argmax(rows: torch.Tensor) -> torch.Tensor:
 
 def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int] | array],
              pending: torch.Tensor | None = None) -> torch.Tensor:
-    """Repetition, presence and frequency penalties of each row's state over its history (and its `pending` token):
-    a penalised copy of the logits, or `logits` itself when no row has any."""
+    """Repetition, presence and frequency penalties of each row's state over its history's last `repeat_last_n`
+    tokens (its `pending` token the newest): a penalised copy of the logits, or `logits` itself when no row has any."""
     rows = _penalised_rows(states, histories, pending)
     if not rows:
         return logits
