@@ -160,11 +160,9 @@ def _choose_group(rows: torch.Tensor, states: list[SamplerState], positions: lis
     params, temps = [s.params for s in states], [s.params.temperature for s in states]
     if not _filters(params[0]):  # the whole row: the CPU library draws without the softmax written out
         drawn = draw_rows(rows, temps, _uniforms(states, positions))
-    elif params[0].top_k:  # the CPU library's whole top-k draw, filters included, in one call
+    else:  # the CPU library's whole filtered draw in one call
         drawn = sample_top(rows, [min(p.top_k, rows.shape[-1]) for p in params], temps, [p.top_p for p in params],
                            [p.min_p for p in params], _uniforms(states, positions))
-    else:
-        drawn = None
     return drawn if drawn is not None else draw(*candidates(rows, states), states, positions)
 
 

@@ -55,10 +55,11 @@ def top_rows(rows: torch.Tensor, temperatures: list[float], k: int) -> tuple[tor
 
 def sample_top(rows: torch.Tensor, top_k: list[int], temperatures: list[float], top_p: list[float],
                min_p: list[float], uniforms: list[float]) -> torch.Tensor | None:
-    """rows (R, V) logits, per row 1 <= top_k <= V -> (R,) ids: softmax(row / T)'s top_k most likely tokens, the
-    prefix of them top-p and min-p keep (the first always), and among those, in id order, where their cumulative sum
-    passes u times their total. None where the library does not apply."""
-    found = _rows(rows) if all(1 <= k <= rows.shape[-1] for k in top_k) else None
+    """rows (R, V) logits, per row 0 <= top_k <= V (0: none) -> (R,) ids: softmax(row / T)'s top_k most likely tokens
+    (all without one), the prefix of them top-p and min-p keep (the first always), and among those, in id order,
+    where their cumulative sum passes u times their total. None where the library does not apply (or, past 2**31
+    tokens, cannot)."""
+    found = _rows(rows) if all(0 <= k <= rows.shape[-1] for k in top_k) and rows.shape[-1] < 2**31 else None
     if found is None:
         return None
     kernel, x = found

@@ -183,29 +183,12 @@ static int by_id(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* one row's draw among its k most likely tokens: probabilities in fp64 from the row's max and normaliser, the kept
-   prefix by rank (top-k, top-p's mass strictly above a token below p, min-p's floor; the first always), then in id
-   order the token where their cumulative sum passes u times their total */
-static int64_t top_draw(const float *x, int64_t n, int64_t k, float t, double top_p, double min_p, double u,
-                        Entry *h, int64_t *rank, Kept *kept) {
-    const float m = row_max(x, n);
-    const double sum = exp_sum(x, n, m, t);
-    top_row(x, n, k, h, rank);
-    double before = 0.0, first = 0.0, total = 0.0;
-    int64_t count = 0;
-    for (int64_t j = 0; j < k; j++) {
-        const double p = exp((double)(x[rank[j]] / t - m / t)) / sum;
-        if (j == 0)
-            first = p;
-        else if ((top_p < 1.0 && before >= top_p) || p < min_p * first)
-            break;  /* ranked by probability: every later token fails the same test */
-        kept[count++] = (Kept){rank[j], p};
-        before += p;
-    }
+/* in id order, the token where the kept probabilities' cumulative sum passes u times their total (fp64) */
+static int64_t draw_kept(Kept *kept, int64_t count, double u) {
     qsort(kept, count, sizeof(Kept), by_id);
+    double total = 0.0, run = 0.0;
     for (int64_t j = 0; j < count; j++) total += kept[j].p;
     const double target = u * total;
-    double run = 0.0;
     for (int64_t j = 0; j < count; j++) {
         run += kept[j].p;
         if (run > target && kept[j].p > 0.0) return kept[j].i;
@@ -215,28 +198,135 @@ static int64_t top_draw(const float *x, int64_t n, int64_t k, float t, double to
     return kept[0].i;
 }
 
-/* x (R, n) fp32; per row 1 ≤ k ≤ n, t > 0, top_p in (0, 1], min_p in [0, 1), u in [0, 1) -> ids (R,).
+/* The prefix of the k most likely tokens (by rank) that top-k, top-p (the mass strictly above a token below p) and
+   min-p (at least min_p times the first's probability) keep, the first always, into `kept`; probabilities in fp64
+   from the row's max and normaliser. Returns whether a filter cut the ranked tokens short (else k were all kept). */
+static int kept_prefix(const float *x, int64_t n, int64_t k, float t, double top_p, double min_p, Entry *h,
+                       int64_t *rank, Kept *kept, int64_t *count) {
+    const float m = row_max(x, n);
+    const double sum = exp_sum(x, n, m, t);
+    top_row(x, n, k, h, rank);
+    double before = 0.0, first = 0.0;
+    *count = 0;
+    for (int64_t j = 0; j < k; j++) {
+        const double p = exp((double)(x[rank[j]] / t - m / t)) / sum;
+        if (j == 0)
+            first = p;
+        else if ((top_p < 1.0 && before >= top_p) || p < min_p * first)
+            return 1;  /* ranked by probability: every later token fails the same test */
+        kept[(*count)++] = (Kept){rank[j], p};
+        before += p;
+    }
+    return 0;
+}
+
+typedef struct {
+    float w;
+    int32_t i;
+} Weight;
+
+/* a ranks before b: a larger weight, or an equal one at a smaller id (a strict total order) */
+static inline int ahead(Weight a, Weight b) { return a.w > b.w || (a.w == b.w && a.i < b.i); }
+
+/* The last token the nucleus keeps, in rank order: the first whose mass with everything ranked before it reaches
+   `target` (the last of all when rounding never reaches it). Selection by mass over a scratch copy: O(n) expected. */
+static Weight nucleus_end(Weight *a, int64_t n, double target) {
+    int64_t lo = 0, hi = n;  /* the answer lies in a[lo, hi); `base`, the mass ranked before it, stays below target */
+    double base = 0.0;
+    while (lo < hi) {
+        Weight tmp = a[lo + (hi - lo) / 2];
+        a[lo + (hi - lo) / 2] = a[hi - 1];
+        a[hi - 1] = tmp;
+        const Weight pivot = tmp;
+        int64_t i = lo;
+        double above = 0.0;
+        for (int64_t q = lo; q < hi - 1; q++)
+            if (ahead(a[q], pivot)) {
+                above += a[q].w;
+                tmp = a[i]; a[i] = a[q]; a[q] = tmp;
+                i++;
+            }
+        a[hi - 1] = a[i];
+        a[i] = pivot;
+        if (base + above >= target) {
+            hi = i;
+        } else if (base + above + pivot.w >= target) {
+            return pivot;
+        } else {
+            base += above + pivot.w;
+            lo = i + 1;
+        }
+    }
+    Weight last = a[0];  /* rounding: the whole row's mass stayed below target */
+    for (int64_t q = 1; q < n; q++)
+        if (ahead(last, a[q])) last = a[q];
+    return last;
+}
+
+/* An open row (no top-k) whose boundary lies past its first `k` ranked tokens: the whole row's weights
+   w = exp(x / t − max / t), the nucleus's last token by a selection by mass, then the draw in id order. */
+static int64_t open_draw(const float *x, int64_t n, float t, double top_p, double min_p, double u, Weight *a) {
+    const float m = row_max(x, n), top = m / t;
+    double total = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = (Weight){expf(x[i] / t - top), (int32_t)i};
+        total += a[i].w;
+    }
+    Weight end = {-1.0f, INT32_MAX};  /* top-p 1: every token */
+    if (top_p < 1.0) end = nucleus_end(a, n, top_p * total);
+    for (int64_t i = 0; i < n; i++) a[i] = (Weight){expf(x[i] / t - top), (int32_t)i};  /* id order again */
+    const float floor = (float)min_p;  /* the first token's weight is exp(0) = 1 */
+    double kept = 0.0, run = 0.0;
+    for (int64_t i = 0; i < n; i++)
+        if (!ahead(end, a[i]) && a[i].w >= floor) kept += a[i].w;
+    const double target = u * kept;
+    int64_t last = -1;
+    for (int64_t i = 0; i < n; i++) {
+        if (ahead(end, a[i]) || a[i].w < floor || !(a[i].w > 0.0f)) continue;
+        last = i;
+        run += a[i].w;
+        if (run > target) return i;
+    }
+    return last >= 0 ? last : 0;
+}
+
+#define OPEN_FIRST 256  /* tokens ranked first for an open row: a chat model's nucleus is mostly inside */
+
+/* x (R, n) fp32; per row 0 ≤ k ≤ n (0: no top-k), t > 0, top_p in (0, 1], min_p in [0, 1), u in [0, 1) -> ids (R,).
    Returns 0, or -1 when memory for the selection could not be had. */
 int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, const float *t, const double *top_p,
                       const double *min_p, const double *u, int64_t *ids, int threads) {
-    int64_t most = 1;
-    for (int64_t r = 0; r < R; r++) most = k[r] > most ? k[r] : most;
+    int64_t most = n < OPEN_FIRST ? n : OPEN_FIRST, open = 0;
+    for (int64_t r = 0; r < R; r++) {
+        most = k[r] > most ? k[r] : most;
+        open |= k[r] == 0;
+    }
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (R > 1)
     {
         Entry *h = malloc(sizeof(Entry) * (size_t)most);
         int64_t *rank = malloc(sizeof(int64_t) * (size_t)most);
         Kept *kept = malloc(sizeof(Kept) * (size_t)most);
-        if (!h || !rank || !kept) {
+        Weight *whole = open ? malloc(sizeof(Weight) * (size_t)n) : NULL;
+        const int ok = h && rank && kept && (whole || !open);
+        if (!ok) {
             #pragma omp atomic write
             failed = 1;
         }
         #pragma omp for schedule(static)
-        for (int64_t r = 0; r < R; r++)
-            if (h && rank && kept) ids[r] = top_draw(x + r * n, n, k[r], t[r], top_p[r], min_p[r], u[r], h, rank, kept);
+        for (int64_t r = 0; r < R; r++) {
+            if (!ok) continue;
+            const float *row = x + r * n;
+            const int64_t first = k[r] ? k[r] : most < OPEN_FIRST ? most : OPEN_FIRST;
+            int64_t count = 0;
+            const int cut = kept_prefix(row, n, first, t[r], top_p[r], min_p[r], h, rank, kept, &count);
+            ids[r] = k[r] == 0 && !cut && first < n ? open_draw(row, n, t[r], top_p[r], min_p[r], u[r], whole)
+                                                     : draw_kept(kept, count, u[r]);
+        }
         free(h);
         free(rank);
         free(kept);
+        free(whole);
     }
     return failed ? -1 : 0;
 }
