@@ -8,7 +8,8 @@
      in fp64 (engine/sampling.py `_inverse_cdf` is the same rule in torch).
    - parley_sample_top: per row a whole top-k / top-p / min-p draw in one call (the selection of parley_top_rows, the
      filters and the draw over the kept tokens in fp64), where torch's dozen small operations on them cost more than
-     the selection itself. */
+     the selection itself. A row without top-k whose boundary lies past its first 256 ranked tokens finds its nucleus
+     over the whole row by a selection by mass (no sort of the vocabulary). */
 #include <stdint.h>
 #include <stdlib.h>
 #include <math.h>
