@@ -1,7 +1,7 @@
 """What sampling costs: decode tokens per second with each sampler setting against greedy, in one process.
 
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
-                             [--context 0] [--sampler-only]
+                             [--context 0] [--sampler-only] [--torch-sampler]
 
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1 over the
 last 64 tokens); `app_whole` (the same penalty over the whole history);
@@ -10,7 +10,8 @@ last 64 tokens); `app_whole` (the same penalty over the whole history);
 weights on the decode graphs (random weights give flat distributions: top-p's nucleus is large, the worst case).
 The settings run interleaved, `rounds` times, the best round of each counts. Decode rate = tokens after each
 session's first / time from the step after which every session has its first token to the end. One JSON line
-per (setting, sessions): tok/s, ms per step, the ratio to greedy.
+per (setting, sessions): tok/s, ms per step, the ratio to greedy. `--torch-sampler` (CUDA): each setting also as
+`setting/torch`, drawn by torch's operations instead of kernels/sampling_triton.py, interleaved in the same process.
 """
 from __future__ import annotations
 
@@ -33,8 +34,23 @@ SETTINGS = {
 }
 
 
+def torch_sampler(setting: str):
+    """For a `…/torch` setting, the GPU draw by torch's operations (kernels/sampling_triton.py turned off)."""
+    from contextlib import nullcontext
+    from unittest import mock
+
+    from engine import sampling
+
+    return mock.patch.object(sampling, "_gpu_draw", lambda *a: None) if setting.endswith("/torch") else nullcontext()
+
+
 def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop_ids=frozenset()) -> dict:
     """Runs every prompt as one sequence of a batch; the decode rate after each sequence's first token."""
+    with torch_sampler(setting):
+        return _timed_run(batcher, prompts, setting.removesuffix("/torch"), tokens, stop_ids)
+
+
+def _timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop_ids=frozenset()) -> dict:
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 
@@ -86,9 +102,10 @@ def cuda_batchers(sessions: list[int], shape: str):
         yield n, batcher, prompts(args, n, length=64)
 
 
-def sampler_only(sessions: list[int], settings: list[str], context: int, rounds: int, vocab: int = 262_144) -> None:
+def sampler_only(sessions: list[int], settings: list[str], context: int, rounds: int, vocab: int = 262_144,
+                 device: str = "cpu") -> None:
     """ms per sample_ids call for each setting, histories as the engine passes them (Sequence.history where it has
-    one, else the token lists)."""
+    one, else the token lists); on CUDA each call waits for its ids."""
     import random
     from array import array
 
@@ -99,19 +116,21 @@ def sampler_only(sessions: list[int], settings: list[str], context: int, rounds:
 
     rng = random.Random(0)
     for n in sessions:
-        logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(n))
+        logits = torch.randn(n, vocab, generator=torch.Generator().manual_seed(n)).to(device)
         tokens = [[rng.randrange(vocab // 8) for _ in range(context)] for _ in range(n)]
         histories = [array("q", t) for t in tokens] if hasattr(Sequence, "history") else tokens
         for setting in settings:
-            states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting])) for i in range(n)]
-            sample_ids(logits, states, histories)
+            states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting.removesuffix("/torch")]))
+                      for i in range(n)]
             best = float("inf")
-            for _ in range(rounds):
-                start = time.perf_counter()
-                for _ in range(20):
-                    sample_ids(logits, states, histories)
-                best = min(best, (time.perf_counter() - start) / 20)
-            emit(device="cpu", sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3))
+            with torch_sampler(setting):
+                sample_ids(logits, states, histories).tolist()
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    for _ in range(20):
+                        sample_ids(logits, states, histories).tolist()  # .tolist(): waits for the device
+                    best = min(best, (time.perf_counter() - start) / 20)
+            emit(device=device, sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3))
 
 
 def main() -> None:
@@ -124,10 +143,13 @@ def main() -> None:
     ap.add_argument("--shape", default="gemma-270m", help="CUDA: the random-weights shape (bench/quant_gpu.py)")
     ap.add_argument("--context", type=int, default=0, help="CPU: tokens of prose before each prompt")
     ap.add_argument("--sampler-only", action="store_true", help="time the sampler alone on random logits")
+    ap.add_argument("--torch-sampler", action="store_true", help="CUDA: each setting by torch's operations too")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
+    if a.torch_sampler:
+        a.settings = [x for s in a.settings for x in ([s] if s == "greedy" else [s, s + "/torch"])]
     if a.sampler_only:
-        return sampler_only(a.sessions, a.settings, a.context, a.rounds)
+        return sampler_only(a.sessions, a.settings, a.context, a.rounds, device=a.device)
     made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
     for n, batcher, prompts in made:
         timed_run(batcher, prompts, "app", 8)  # warm-up: graphs, kernels, the sampler's first calls

@@ -4,13 +4,14 @@ from __future__ import annotations
 import math
 import secrets
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
 from engine.errors import ParleyError
+from kernels.attention import triton_available
 from kernels.cpu_sampling import draw_rows, sample_top, top_rows
 
 # Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
@@ -158,12 +159,36 @@ def _choose(rows: torch.Tensor, states: list[SamplerState], positions: list[int]
 
 def _choose_group(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor:
     params, temps = [s.params for s in states], [s.params.temperature for s in states]
+    if rows.is_cuda:  # the Triton kernel's draw in one launch (torch's: dozens of launches and copies a step)
+        drawn = _gpu_draw(rows, states, positions)
+        if drawn is not None:
+            return drawn
     if not _filters(params[0]):  # the whole row: the CPU library draws without the softmax written out
         drawn = draw_rows(rows, temps, _uniforms(states, positions))
     else:  # the CPU library's whole filtered draw in one call
         drawn = sample_top(rows, [min(p.top_k, rows.shape[-1]) for p in params], temps, [p.top_p for p in params],
                            [p.min_p for p in params], _uniforms(states, positions))
     return drawn if drawn is not None else draw(*candidates(rows, states), states, positions)
+
+
+GPU_CANDIDATES = 1024  # the largest top-k the GPU kernel ranks (comparisons of every pair); above it torch's path
+
+
+def _gpu_draw(rows: torch.Tensor, states: list[SamplerState], positions: list[int]) -> torch.Tensor | None:
+    """One group's draw by kernels/sampling_triton.py: top-k rows rank the step's k largest logits, open rows first
+    their FIRST_WIDTH largest (the kernel goes on over the whole row where the nucleus lies past them), rows without
+    filters none. None without Triton or past GPU_CANDIDATES."""
+    vocab, params = rows.shape[-1], [s.params for s in states]
+    limits = [min(p.top_k, vocab) for p in params]
+    width = max(limits) if limits[0] else min(FIRST_WIDTH, vocab) if _filters(params[0]) else 0
+    if width > GPU_CANDIDATES or not triton_available():
+        return None
+    from kernels.sampling_triton import sample_rows_triton
+
+    rows = rows if rows.dtype == torch.float32 and rows.stride(-1) == 1 else rows.float().contiguous()
+    table = [[p.temperature, k, p.top_p, p.min_p, u] for p, k, u in zip(params, limits, _uniforms(states, positions))]
+    candidates = rows.topk(width, dim=-1, sorted=False) if width else None
+    return sample_rows_triton(rows, _on(table, rows.device, torch.float64), candidates)
 
 
 def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:
@@ -317,7 +342,7 @@ def penalise(logits: torch.Tensor, states: list[SamplerState], histories: list[l
     if not rows:
         return logits
     out = logits.clone(memory_format=torch.contiguous_format)
-    _apply_penalties(out, rows, states, histories, pending)
+    _apply_penalties(out, rows, states, histories, pending)  # a copy: nothing to take back
     return out
 
 
@@ -333,12 +358,12 @@ def _penalties(logits: torch.Tensor, states: list[SamplerState], histories: list
         yield penalise(logits, states, histories, pending), True
     else:
         with torch.inference_mode():  # the runner's logits are inference tensors: written only in that mode
-            flat, original = _apply_penalties(logits, rows, states, histories, pending)
+            restore = _apply_penalties(logits, rows, states, histories, pending)
         try:
             yield logits, True
         finally:
             with torch.inference_mode():
-                logits.view(-1).scatter_(0, flat, original)
+                restore()
 
 
 def _penalised_rows(states: list[SamplerState], histories: list, pending: torch.Tensor | None) -> list[int]:
@@ -346,10 +371,9 @@ def _penalised_rows(states: list[SamplerState], histories: list, pending: torch.
 
 
 def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerState], histories: list,
-                     pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+                     pending: torch.Tensor | None) -> Callable[[], object]:
     """Penalises `rows` of `out` (R, V, contiguous) in place, batched on its device with nothing read back (a
-    look-ahead step samples before the host knows the previous token); returns the flat indices written and the
-    values they held."""
+    look-ahead step samples before the host knows the previous token); returns what puts the values back."""
     dev, vocab = out.device, out.shape[-1]
     read = [_window(histories[i], states[i].params.repeat_last_n, pending is not None) for i in rows]
     lens = [len(h) for h in read]
@@ -363,20 +387,28 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     at = _on(rows, dev)
     if pending is not None:
         hist.scatter_(1, _on(lens, dev)[:, None], pending[at][:, None])
+    frequency = any(states[i].params.frequency_penalty for i in rows)
+    if out.is_cuda and out.dtype == torch.float32 and triton_available():  # kernels/penalties_triton.py: 2 launches
+        from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
+
+        params = _on([[getattr(states[i].params, f"{name}_penalty") for name in ("repetition", "presence", "frequency")]
+                      for i in rows], dev, torch.float32)
+        original = penalise_rows_triton(out, at, hist, params, _counts(hist).float() if frequency else None)
+        return lambda: restore_rows_triton(out, at, hist, original)
     real = hist < vocab
     ids = torch.where(real, hist, hist[:, :1])  # pads repeat the first id, which is real, with its value
     flat = (at[:, None] * vocab + ids).flatten()  # into the (R * V) logits: no other copy of the rows
     original = out.view(-1).take(flat)
     seen = original.view(ids.shape)
-    rep, presence, frequency = _on([[getattr(states[i].params, f"{name}_penalty") for i in rows]
+    rep, presence, frequencies = _on([[getattr(states[i].params, f"{name}_penalty") for i in rows]
                                     for name in ("repetition", "presence", "frequency")], dev, out.dtype)[:, :, None]
     seen = torch.where(seen > 0, seen / rep, seen * rep)
     seen = seen - presence
-    if any(states[i].params.frequency_penalty for i in rows):
-        seen = seen - frequency * _counts(hist).to(seen.dtype)
+    if frequency:
+        seen = seen - frequencies * _counts(hist).to(seen.dtype)
     seen = torch.where(real, seen, seen[:, :1])
     out.view(-1).scatter_(0, flat, seen.flatten())
-    return flat, original
+    return lambda: out.view(-1).scatter_(0, flat, original)
 
 
 def _window(history: list[int] | array, last_n: int, pending: bool) -> list[int] | array:

@@ -4,6 +4,7 @@ import torch
 
 from kernels.cpu_native import cpu_kernel
 from kernels.cpu_sampling import top_rows
+from tests.support.sampling_reference import plain_top_draw
 
 pytestmark = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
 
@@ -62,34 +63,6 @@ def test_a_draw_from_the_whole_row_is_where_the_exact_cumulative_sum_passes_u():
         assert torch.equal(ids, want)
 
 
-def _plain_top_draw(row: torch.Tensor, k: int, t: float, top_p: float, min_p: float, u: float):
-    """The definition in fp64: rank by probability (ties by id), keep the prefix top-k / top-p / min-p allow (the first
-    always), draw in id order where the cumulative sum passes u times the kept total. Also how close the draw and the
-    cut came to a boundary (rounding may go either way there)."""
-    p = torch.softmax(row.double() / t, dim=-1)
-    order = sorted(range(len(p)), key=lambda i: (-float(p[i]), i))[: k or len(p)]
-    kept, before, margin = [], 0.0, 1.0
-    for j, i in enumerate(order):
-        pi = float(p[i])
-        if j and ((top_p < 1 and before >= top_p) or pi < min_p * float(p[order[0]])):
-            break
-        margin = min(margin, abs(before - top_p) if top_p < 1 else 1.0, abs(pi - min_p * float(p[order[0]])) if j else 1.0)
-        kept.append(i)
-        before += pi
-    if len(kept) < len(order):  # the first token cut: how close it came
-        pi = float(p[order[len(kept)]])
-        margin = min(margin, abs(before - top_p) if top_p < 1 else 1.0, abs(pi - min_p * float(p[order[0]])))
-    kept.sort()
-    weights = [float(p[i]) for i in kept]
-    target, run = u * sum(weights), 0.0
-    for i, w in zip(kept, weights):
-        margin = min(margin, abs(run + w - target))
-        run += w
-        if run > target:
-            return i, margin
-    return kept[-1], margin
-
-
 def test_a_whole_filtered_draw_equals_the_plain_definition():
     """Top-k rows, and open rows (top_k 0): their nucleus found in the first tokens ranked, or past them (a flat row,
     temperature 8: the whole row's selection by mass)."""
@@ -107,7 +80,7 @@ def test_a_whole_filtered_draw_equals_the_plain_definition():
         u = torch.rand(len(cases), generator=g, dtype=torch.float64).tolist()
         ids = sample_top(rows, *[list(c) for c in zip(*cases)], u)
         for r, (k, t, top_p, min_p) in enumerate(cases):
-            want, margin = _plain_top_draw(rows[r], k, t, top_p, min_p, u[r])
+            want, margin = plain_top_draw(rows[r], k, t, top_p, min_p, u[r])
             if margin > 1e-6:  # not at a boundary, where fp32 logits / t round either way
                 assert int(ids[r]) == want, (trial, r)
                 checked += 1
