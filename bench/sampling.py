@@ -103,9 +103,9 @@ def cuda_batchers(sessions: list[int], shape: str):
 
 
 def sampler_only(sessions: list[int], settings: list[str], context: int, rounds: int, vocab: int = 262_144,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", profile: bool = False) -> None:
     """ms per sample_ids call for each setting, histories as the engine passes them (Sequence.history where it has
-    one, else the token lists); on CUDA each call waits for its ids."""
+    one, else the token lists); on CUDA each call waits for its ids. `profile` (CUDA): each kernel's device time too."""
     import random
     from array import array
 
@@ -130,7 +130,21 @@ def sampler_only(sessions: list[int], settings: list[str], context: int, rounds:
                     for _ in range(20):
                         sample_ids(logits, states, histories).tolist()  # .tolist(): waits for the device
                     best = min(best, (time.perf_counter() - start) / 20)
-            emit(device=device, sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3))
+                kernels = profile_calls(lambda: sample_ids(logits, states, histories).tolist()) if profile else {}
+            emit(device=device, sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3),
+                 **({"device_us_per_call": kernels} if profile else {}))
+
+
+def profile_calls(call, calls: int = 10) -> dict[str, float]:
+    """The device time per call of each kernel `call` launches (torch.profiler), the 8 largest, µs."""
+    import torch
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+    rows = [(e.key, e.device_time_total / calls) for e in prof.key_averages() if e.device_time_total > 0]
+    rows.sort(key=lambda r: -r[1])
+    return {name[:60]: round(us, 1) for name, us in rows[:8]}
 
 
 def main() -> None:
@@ -144,12 +158,13 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=0, help="CPU: tokens of prose before each prompt")
     ap.add_argument("--sampler-only", action="store_true", help="time the sampler alone on random logits")
     ap.add_argument("--torch-sampler", action="store_true", help="CUDA: each setting by torch's operations too")
+    ap.add_argument("--profile", action="store_true", help="--sampler-only on CUDA: each kernel's device time")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
     if a.torch_sampler:
         a.settings = [x for s in a.settings for x in ([s] if s == "greedy" else [s, s + "/torch"])]
     if a.sampler_only:
-        return sampler_only(a.sessions, a.settings, a.context, a.rounds, device=a.device)
+        return sampler_only(a.sessions, a.settings, a.context, a.rounds, device=a.device, profile=a.profile)
     made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
     for n, batcher, prompts in made:
         timed_run(batcher, prompts, "app", 8)  # warm-up: graphs, kernels, the sampler's first calls
