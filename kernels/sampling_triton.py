@@ -20,9 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK = 4096  # logits a pass reads at a time
+BLOCK = 8192  # logits a pass reads at a time (one program walks a row: bytes in flight per step)
 WAYS = 16  # thresholds a pass of the nucleus search tries at once: 4 bits of the key a pass
-SEARCH = 512  # logits a pass of that search reads at a time (a (SEARCH, WAYS) tile)
+SEARCH = 1024  # logits a pass of that search reads at a time (a (SEARCH, WAYS) tile)
 CHUNK = 16  # candidates compared against all the others at a time
 PARAMS = 5  # per row: temperature, top-k (0 none), top-p, min-p, u
 
@@ -113,45 +113,42 @@ def _nucleus_cut(row, V, m, inv_t, target, BLOCK: tl.constexpr, WAYS: tl.constex
 
 
 @triton.jit
+def _kept_block(row, start, V, m, inv_t, key, last, floor, BLOCK: tl.constexpr):
+    """A block's ids, kept weights (0 where dropped) and kept mask: at or above `key` (ids up to `last` among those
+    at it) and of weight at least `floor`."""
+    offs = start + tl.arange(0, BLOCK)
+    x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
+    k = _ordered(x)
+    w = tl.exp((x - m) * inv_t)
+    kept = (offs < V) & ((k > key) | ((k == key) & (offs <= last))) & (w >= floor)
+    return offs, tl.where(kept, w, 0.0), kept
+
+
+@triton.jit
 def _draw_whole_row(row, V, m, inv_t, key, last, floor, u, BLOCK: tl.constexpr):
-    """The id-order draw over the row's kept tokens: at or above `key` (ids up to `last` among those at it) and of
-    weight at least `floor`."""
+    """The id-order draw over the row's kept tokens (`_kept_block`)."""
     total = tl.zeros([], tl.float64)
     for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-        k = _ordered(x)
-        w = tl.exp((x - m) * inv_t)
-        kept = (offs < V) & ((k > key) | ((k == key) & (offs <= last))) & (w >= floor)
-        total += tl.sum(tl.where(kept, w, 0.0), 0).to(tl.float64)
+        _, w, _ = _kept_block(row, start, V, m, inv_t, key, last, floor, BLOCK)
+        total += tl.sum(w, 0).to(tl.float64)
     target = u * total
     run = tl.zeros([], tl.float64)
     below = tl.zeros([], tl.float64)
     found = tl.zeros([], tl.int32)
     block = tl.zeros([], tl.int32)
     for start in range(0, V, BLOCK):  # the block where the running sum passes the target (the same sums as above)
-        offs = start + tl.arange(0, BLOCK)
-        x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-        k = _ordered(x)
-        w = tl.exp((x - m) * inv_t)
-        kept = (offs < V) & ((k > key) | ((k == key) & (offs <= last))) & (w >= floor)
-        s = tl.sum(tl.where(kept, w, 0.0), 0).to(tl.float64)
+        _, w, _ = _kept_block(row, start, V, m, inv_t, key, last, floor, BLOCK)
+        s = tl.sum(w, 0).to(tl.float64)
         hit = (found == 0) & ((run + s > target) | ((start + BLOCK >= V) & (s > 0)))
         block = tl.where(hit, start, block)
         below = tl.where(hit, run, below)
         found = tl.where(hit, 1, found)
         run += s
-    last_nonzero = tl.zeros([], tl.int32)
-    offs = block + tl.arange(0, BLOCK)
-    x = tl.load(row + offs, mask=offs < V, other=float("-inf"))
-    k = _ordered(x)
-    w = tl.exp((x - m) * inv_t)
-    kept = (offs < V) & ((k > key) | ((k == key) & (offs <= last))) & (w >= floor)
-    w = tl.where(kept, w, 0.0).to(tl.float64)
-    within = below + tl.cumsum(w, 0)
+    offs, w, kept = _kept_block(row, block, V, m, inv_t, key, last, floor, BLOCK)
+    within = below + tl.cumsum(w.to(tl.float64), 0)
     passed = tl.min(tl.where((within > target) & kept, offs, V), 0)
-    last_nonzero = tl.max(tl.where(kept, offs, -1), 0)
-    return tl.where(passed < V, passed, tl.maximum(last_nonzero, 0))
+    last_kept = tl.max(tl.where(kept, offs, -1), 0)
+    return tl.where(passed < V, passed, tl.maximum(last_kept, 0))
 
 
 @triton.jit
@@ -235,5 +232,5 @@ def sample_rows_triton(logits: torch.Tensor, params: torch.Tensor,
     scratch = torch.empty(R, wb, dtype=torch.float64, device=logits.device) if candidates is not None else out
     _sample_rows[(R,)](logits, logits.stride(0), V, params, out, cx, cid, w, cid.stride(0) if w else 0, scratch,
                        BLOCK=BLOCK, WB=wb, CHUNK=CHUNK, CANDIDATES=candidates is not None,
-                       WAYS=WAYS, SEARCH=SEARCH, num_warps=8)
+                       WAYS=WAYS, SEARCH=SEARCH, num_warps=16)
     return out
