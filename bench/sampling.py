@@ -1,7 +1,7 @@
 """What sampling costs: decode tokens per second with each sampler setting against greedy, in one process.
 
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
-                             [--context 0] [--sampler-only] [--torch-sampler]
+                             [--context 0] [--sampler-only] [--torch-sampler] [--launches] [--host-profile]
 
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1 over the
 last 64 tokens); `app_whole` (the same penalty over the whole history);
@@ -11,7 +11,9 @@ weights on the decode graphs (random weights give flat distributions: top-p's nu
 The settings run interleaved, `rounds` times, the best round of each counts. Decode rate = tokens after each
 session's first / time from the step after which every session has its first token to the end. One JSON line
 per (setting, sessions): tok/s, ms per step, the ratio to greedy. `--torch-sampler` (CUDA): each setting also as
-`setting/torch`, drawn by torch's operations instead of kernels/sampling_triton.py, interleaved in the same process.
+`setting/torch`, drawn by torch's operations instead of kernels/sampling_triton.py, interleaved in the same process;
+`--launches` (CUDA): each also as `setting/launches`, its kernels launched one by one instead of replayed from the
+sampling graphs (engine/sampling_graphs.py). `--host-profile`: host time by function (cProfile), ms per step.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ SETTINGS = {
 
 
 def torch_sampler(setting: str):
-    """For a `…/torch` setting, the GPU draw by torch's operations (kernels/sampling_triton.py turned off)."""
+    """For a `…/torch` setting, the GPU draw by torch's operations (kernels/sampling_triton.py and the sampling
+    graphs turned off)."""
     from contextlib import nullcontext
     from unittest import mock
 
@@ -44,10 +47,21 @@ def torch_sampler(setting: str):
     return mock.patch.object(sampling, "_gpu_draw", lambda *a: None) if setting.endswith("/torch") else nullcontext()
 
 
+VARIANTS = ("/torch", "/launches")  # torch's operations; the kernels launched one by one (no sampling graphs)
+
+
 def timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop_ids=frozenset()) -> dict:
     """Runs every prompt as one sequence of a batch; the decode rate after each sequence's first token."""
-    with torch_sampler(setting):
-        return _timed_run(batcher, prompts, setting.removesuffix("/torch"), tokens, stop_ids)
+    runner = batcher.runner
+    graphs = getattr(runner, "sampling_graphs", None)
+    if setting.endswith(VARIANTS):
+        runner.sampling_graphs = None
+    try:
+        with torch_sampler(setting):
+            return _timed_run(batcher, prompts, setting.split("/")[0], tokens, stop_ids)
+    finally:
+        if graphs is not None:
+            runner.sampling_graphs = graphs
 
 
 def _timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, stop_ids=frozenset()) -> dict:
@@ -68,7 +82,7 @@ def _timed_run(batcher, prompts: list[list[int]], setting: str, tokens: int, sto
             steps += 1
     elapsed = time.perf_counter() - start
     made = sum(len(s.generated) for s in seqs) - first
-    return {"tok_s": made / elapsed, "ms_per_step": 1e3 * elapsed / max(1, steps)}
+    return {"tok_s": made / elapsed, "ms_per_step": 1e3 * elapsed / max(1, steps), "steps": max(1, steps)}
 
 
 def cpu_batchers(sessions: list[int], data_dir: Path, context: int):
@@ -112,6 +126,7 @@ def sampler_only(sessions: list[int], settings: list[str], context: int, rounds:
     import torch
 
     from engine.sampling import SamplerState, SamplingParams, sample_ids
+    from engine.sampling_graphs import SamplingGraphs
     from engine.sequence import Sequence
 
     rng = random.Random(0)
@@ -120,17 +135,18 @@ def sampler_only(sessions: list[int], settings: list[str], context: int, rounds:
         tokens = [[rng.randrange(vocab // 8) for _ in range(context)] for _ in range(n)]
         histories = [array("q", t) for t in tokens] if hasattr(Sequence, "history") else tokens
         for setting in settings:
-            states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting.removesuffix("/torch")]))
-                      for i in range(n)]
+            states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting.split("/")[0]])) for i in range(n)]
+            graphs = SamplingGraphs(device) if device == "cuda" and not setting.endswith(VARIANTS) else None
+            call = lambda: sample_ids(logits, states, histories, graphs=graphs).tolist()  # noqa: E731 (waits for the ids)
             best = float("inf")
             with torch_sampler(setting):
-                sample_ids(logits, states, histories).tolist()
+                call(), call()  # the second call captures a graph
                 for _ in range(rounds):
                     start = time.perf_counter()
                     for _ in range(20):
-                        sample_ids(logits, states, histories).tolist()  # .tolist(): waits for the device
+                        call()
                     best = min(best, (time.perf_counter() - start) / 20)
-                kernels = profile_calls(lambda: sample_ids(logits, states, histories).tolist()) if profile else {}
+                kernels = profile_calls(call) if profile else {}
             emit(device=device, sessions=n, context=context, setting=setting, sampler_ms=round(1e3 * best, 3),
                  **({"device_us_per_call": kernels} if profile else {}))
 
@@ -147,6 +163,24 @@ def profile_calls(call, calls: int = 10) -> dict[str, float]:
     return {name[:60]: round(us, 1) for name, us in rows[:8]}
 
 
+def host_profile(run, top: int = 12) -> dict[str, dict[str, float]]:
+    """cProfile over one `run` (it returns its step count), ms per step: the `top` functions by own host time, and
+    the repository's `top` by cumulative time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    steps = prof.runcall(run)["steps"]
+    stats = pstats.Stats(prof).stats
+    name = lambda k: f"{Path(k[0]).parent.name}/{Path(k[0]).name}:{k[1]}:{k[2]}"[:70]  # noqa: E731
+    own = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    ours = [kv for kv in stats.items() if "/engine/" in kv[0][0] or "/kernels/" in kv[0][0]]
+    cumulative = sorted(ours, key=lambda kv: -kv[1][3])[:top]
+    per_step = lambda t: round(1e3 * t / steps, 4)  # noqa: E731
+    return {"own": {name(k): per_step(v[2]) for k, v in own},
+            "cumulative": {name(k): per_step(v[3]) for k, v in cumulative}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -158,11 +192,16 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=0, help="CPU: tokens of prose before each prompt")
     ap.add_argument("--sampler-only", action="store_true", help="time the sampler alone on random logits")
     ap.add_argument("--torch-sampler", action="store_true", help="CUDA: each setting by torch's operations too")
+    ap.add_argument("--launches", action="store_true",
+                    help="CUDA: each setting also with its kernels launched one by one (no sampling graphs)")
     ap.add_argument("--profile", action="store_true", help="--sampler-only on CUDA: each kernel's device time")
+    ap.add_argument("--host-profile", action="store_true",
+                    help="end to end: after the rounds, one more run of each setting under cProfile (host time by function)")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
-    if a.torch_sampler:
-        a.settings = [x for s in a.settings for x in ([s] if s == "greedy" else [s, s + "/torch"])]
+    for flag, suffix in ((a.torch_sampler, "/torch"), (a.launches, "/launches")):
+        if flag:
+            a.settings = [x for s in a.settings for x in ([s] if s == "greedy" or "/" in s else [s, s + suffix])]
     if a.sampler_only:
         return sampler_only(a.sessions, a.settings, a.context, a.rounds, device=a.device, profile=a.profile)
     made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)
@@ -178,6 +217,10 @@ def main() -> None:
             emit(device=a.device, shape=a.shape if a.device == "cuda" else "embedded", sessions=n, context=a.context, setting=setting,
                  tok_s=round(r["tok_s"], 1), ms_per_step=round(r["ms_per_step"], 3),
                  vs_greedy=round(r["tok_s"] / best["greedy"]["tok_s"], 3))
+        if a.host_profile:
+            for setting in best:
+                emit(device=a.device, sessions=n, setting=setting,
+                     host_ms_per_step=host_profile(lambda: timed_run(batcher, prompts, setting, a.tokens)))
 
 
 if __name__ == "__main__":

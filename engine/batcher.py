@@ -200,7 +200,8 @@ class Batcher:
             pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
             logits, greedy = self._run(batch)
             ids = sample_ids(logits, [s.sampler for s in seqs], [s.history() for s in seqs], greedy,
-                             [len(s.token_ids) + ahead for s in seqs], pending)
+                             [len(s.token_ids) + ahead for s in seqs], pending,
+                             getattr(self.runner, "sampling_graphs", None))
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
             raise

@@ -11,6 +11,7 @@ from engine.models.layers import CausalLM
 from engine.quant.weight import QuantTensor
 from engine.step import StepBatch
 from engine.step_inputs import StepInputs, pow2_bucket
+from kernels.attention import triton_available
 
 
 class ModelRunner:
@@ -34,11 +35,15 @@ class ModelRunner:
             graphs = cache.device.type == "cuda" and kernel_cache
         # a mixture whose experts are routed on the host (not stacked on the device) cannot replay its steps
         graphs = graphs and all(getattr(m, "replayable", True) for m in model.modules())
-        self.graphs = None
+        self.graphs = self.sampling_graphs = None
         if graphs:
             from engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.inputs, compile_model=compile_decode, step_advance=step_advance)
+            if triton_available():  # a step whose rows all draw: its penalties and draw from one graph too
+                from engine.sampling_graphs import SamplingGraphs
+
+                self.sampling_graphs = SamplingGraphs(cache.device)
         self.tapes = None
         if tapes is not False and self.graphs is None and DecodeTapes.fits(model, cache):
             self.tapes = DecodeTapes(model, cache)

@@ -7,12 +7,16 @@ from array import array
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.errors import ParleyError
 from kernels.attention import triton_available
 from kernels.cpu_sampling import draw_rows, sample_top, top_rows
+
+if TYPE_CHECKING:
+    from engine.sampling_graphs import SamplingGraphs
 
 # Bounds every value entering from a chat file, the server or settings is checked against: beyond them a value
 # cannot mean anything useful and (top_k 1e20, seed 2**70) fails the batched step of every chat sharing it.
@@ -122,14 +126,20 @@ def _mix(key: int, position: int) -> int:
 
 def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list[list[int] | array],
                argmax: torch.Tensor | None = None, positions: list[int] | None = None,
-               pending: torch.Tensor | None = None) -> torch.Tensor:
+               pending: torch.Tensor | None = None, graphs: "SamplingGraphs | None" = None) -> torch.Tensor:
     """logits (R, V) fp32, one row per sampling session -> the chosen ids (R,), on the logits' device: nothing
     waits for the device here. `histories`: each row's tokens (an int64 array is copied fastest: Sequence.history).
     `argmax`: the logits' row argmax when the step computed it already (used unless penalties change the logits).
     `positions`: where each id goes in its context (default: after its history). `pending` (R,), on the device: a
     token each history lacks yet (a look-ahead step's input), penalised as its last. The logits are left as they came
-    (penalties are applied in place and taken back)."""
+    (penalties are applied in place and taken back). `graphs` (a CUDA runner's): a step whose rows all draw replays
+    its penalties and draw from a graph, the same tokens with one copy and one launch."""
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
+    if graphs is not None and drawing and len(drawing) == len(states):
+        at = positions if positions is not None else [len(h) + (pending is not None) for h in histories]
+        ids = graphs.sample(logits, states, histories, at, pending)
+        if ids is not None:
+            return ids
     with _penalties(logits, states, histories, pending) as (logits, changed):
         if (argmax is None or changed) and (len(drawing) < len(states) or not drawing):  # some row is greedy
             argmax = _argmax(logits)

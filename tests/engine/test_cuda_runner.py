@@ -272,6 +272,25 @@ def test_step_advance_equals_host_copies(gpu_model):
 
 
 @needs_cuda
+def test_drawn_steps_replay_their_draw_from_graphs(gpu_model):
+    """Every session draws (the app's defaults: penalties, a look-ahead's pending token, arrivals changing the rows):
+    the draw replayed from the sampling graphs (engine/sampling_graphs.py) gives the launch-by-launch draw's tokens."""
+    args, model = gpu_model
+    ids = [p[:n] for p, n in zip(prompts(args, 3, length=100, seed=17), [12, 70, 31])]
+    params = [SamplingParams(max_tokens=40, temperature=0.7, top_p=0.95, top_k=40, repetition_penalty=1.1,
+                             repeat_last_n=64, seed=s) for s in (1, 2, 3)]
+    runs = {}
+    for graphed in (False, True):
+        b = make_batcher(model, args, 3, 400, graphs=True)
+        if not graphed:
+            b.runner.sampling_graphs = None
+        runs[graphed] = run_staggered(b, ids, [0, 0, 3], params)
+        assert b.lookahead_steps > 10
+    assert b.runner.sampling_graphs.replays > 20
+    assert runs[True] == runs[False]
+
+
+@needs_cuda
 def test_penalised_sequences_run_ahead_through_graphs(gpu_model):
     """Penalties of a look-ahead step count the previous step's token from the device, taken before the graph writes
     its own ids over it: the same tokens as without look-ahead (all sessions arrive together: the same graphs)."""

@@ -1,0 +1,122 @@
+"""engine/sampling_graphs.py: a step's penalties and draw from one staged copy (and, on a GPU, a replayed graph) give
+the tokens of the launch-by-launch path (`sampling._penalties` + `sampling._gpu_draw`), leave the logits as they
+came, and decline the steps they do not cover. Interpreted on the CPU (no capture there), captured on a GPU."""
+from array import array
+
+import pytest
+import torch
+
+from engine import sampling
+from engine.sampling import SamplerState, SamplingParams, sample_ids
+from engine.sampling_graphs import SamplingGraphs
+
+pytestmark = pytest.mark.gpu
+
+VOCAB = 3000
+APP = dict(temperature=0.7, top_k=40, top_p=0.95, repetition_penalty=1.1, repeat_last_n=64)
+SETTINGS = {
+    "app": [APP] * 3,
+    "frequency": [dict(temperature=1.0, top_k=50, presence_penalty=0.5, frequency_penalty=0.7, repeat_last_n=-1),
+                  dict(temperature=0.8, top_k=20), dict(temperature=1.2, top_k=5, repetition_penalty=1.3)],
+    "open": [dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, min_p=0.05, repetition_penalty=1.2),
+             dict(temperature=6.0, top_p=0.5)],  # a flat row: its nucleus lies past the first candidates
+    "whole_row": [dict(temperature=1.0), dict(temperature=0.6, repetition_penalty=1.5, repeat_last_n=8)],
+}
+
+
+def _stepwise(logits, states, histories, positions, pending):
+    """The launch-by-launch path the graph replaces, on the same kernels."""
+    with sampling._penalties(logits, states, histories, pending) as (penalised, _):
+        return sampling._gpu_draw(penalised, states, positions)
+
+
+def _histories(g: torch.Generator, rows: int, length: int) -> list[array]:
+    # ids repeat (a frequency penalty counts them) and reach past the first chunks of the vocabulary
+    return [array("q", torch.randint(0, VOCAB, (length + 7 * r,), generator=g).tolist()) for r in range(rows)]
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+@pytest.mark.parametrize("ahead", [False, True])
+def test_graph_draws_equal_the_launch_by_launch_path(device, setting, ahead):
+    g = torch.Generator().manual_seed(len(setting) + ahead)
+    graphs = SamplingGraphs(device)
+    states = [SamplerState(SamplingParams(seed=i, **p)) for i, p in enumerate(SETTINGS[setting])]
+    logits = torch.empty(len(states), VOCAB, device=device)  # one buffer, as a decode graph's: the key repeats
+    histories = _histories(g, len(states), 30)
+    for step in range(4):
+        logits.copy_(torch.randn(len(states), VOCAB, generator=g) * 3)
+        if step == 1:
+            logits[:, : VOCAB // 2] = logits[:, : VOCAB // 2].round()  # ties ranked by id
+        before = logits.clone()
+        pending = torch.randint(0, VOCAB, (len(states),), generator=g).to(device) if ahead else None
+        positions = [len(h) + ahead for h in histories]
+        want = _stepwise(logits, states, histories, positions, pending).cpu()
+        got = graphs.sample(logits, states, histories, positions, pending)
+        assert got is not None
+        assert got.cpu().tolist() == want.tolist(), (setting, step)
+        assert torch.equal(logits, before)  # the penalties taken back, bit for bit
+        for h, t in zip(histories, got.cpu().tolist()):
+            h.append(t)
+    if device.type == "cuda":  # drawn eagerly once, captured once, then replayed
+        assert graphs.captures == 1 and graphs.replays == 3
+
+
+def test_sample_ids_uses_the_graphs_where_every_row_draws(device):
+    g = torch.Generator().manual_seed(3)
+    graphs = SamplingGraphs(device)
+    states = [SamplerState(SamplingParams(seed=i, **APP)) for i in range(4)]
+    logits = (torch.randn(4, VOCAB, generator=g) * 3).to(device)
+    histories = _histories(g, 4, 70)  # longer than the penalty's window
+    want = _stepwise(logits, states, histories, [len(h) for h in histories], None)
+    got = sample_ids(logits, states, histories, graphs=graphs)
+    assert got.cpu().tolist() == want.cpu().tolist()
+    assert not got.is_inference()  # the caller may write it
+
+
+def test_steps_the_graphs_do_not_cover_are_declined(device):
+    graphs = SamplingGraphs(device)
+    logits = torch.randn(2, VOCAB, device=device)
+    states = lambda *ps: [SamplerState(SamplingParams(seed=1, **p)) for p in ps]  # noqa: E731
+    histories = [array("q", [1, 2, 3])] * 2
+    declined = [
+        states(APP, dict(temperature=0.8, top_p=0.9)),  # rows of two kinds draw apart
+        states(APP, {}),  # a greedy row beside a drawn one
+        states(dict(temperature=1.0, top_k=2000), APP),  # top-k past the kernel's candidates
+    ]
+    for s in declined:
+        assert graphs.sample(logits, s, histories, [3, 3], None) is None
+    assert graphs.sample(logits.t().contiguous().t(), states(APP, APP), histories, [3, 3], None) is None
+    # sample_ids then draws as before, greedy rows by their argmax
+    mixed = states(APP, {})
+    ids = sample_ids(logits, mixed, histories, graphs=graphs)
+    assert int(ids[1]) == int(logits[1].argmax())
+
+
+def test_a_row_draws_the_same_alone_and_batched(device):
+    g = torch.Generator().manual_seed(9)
+    params = [APP, dict(APP, temperature=1.1), dict(APP, top_k=7)]
+    logits = (torch.randn(3, VOCAB, generator=g) * 2).to(device)
+    histories = _histories(g, 3, 40)
+    positions = [len(h) for h in histories]
+    states = [SamplerState(SamplingParams(seed=i, **p)) for i, p in enumerate(params)]
+    batched = SamplingGraphs(device).sample(logits, states, histories, positions, None).cpu().tolist()
+    for r in range(3):
+        alone = SamplingGraphs(device).sample(logits[r : r + 1].contiguous(), states[r : r + 1], histories[r : r + 1],
+                                              positions[r : r + 1], None)
+        assert int(alone[0]) == batched[r]
+
+
+@pytest.mark.parametrize("ahead", [False, True])
+def test_penalties_count_each_seen_id_and_the_pending_token(device, ahead):
+    """Logits where each penalty decides the token (temperature 0.05: the largest penalised logit): A seen twice,
+    B once, D the pending token (or the history's last), C unseen. Frequency 2.5 per sighting: A 10 -> 5, B 9 -> 6.5,
+    D 9 -> 6.5, C stays 7, the token. A presence penalty in its place would leave A at 7.5; D not counted, at 9."""
+    a, b, c, d = 11, 1500, 2999, 700
+    logits = torch.full((1, VOCAB), -5.0)
+    logits[0, [a, b, c, d]] = torch.tensor([10.0, 9.0, 7.0, 9.0])
+    logits = logits.to(device)
+    history = array("q", [a, 3, b, a] + ([] if ahead else [d]))
+    pending = torch.tensor([d], device=device) if ahead else None
+    state = SamplerState(SamplingParams(seed=1, temperature=0.05, top_k=4, frequency_penalty=2.5, repeat_last_n=-1))
+    got = SamplingGraphs(device).sample(logits, [state], [history], [len(history) + ahead], pending)
+    assert got.cpu().tolist() == [c]
