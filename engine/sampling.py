@@ -132,12 +132,12 @@ def sample_ids(logits: torch.Tensor, states: list[SamplerState], histories: list
     `argmax`: the logits' row argmax when the step computed it already (used unless penalties change the logits).
     `positions`: where each id goes in its context (default: after its history). `pending` (R,), on the device: a
     token each history lacks yet (a look-ahead step's input), penalised as its last. The logits are left as they came
-    (penalties are applied in place and taken back). `graphs` (a CUDA runner's): a step whose rows all draw replays
-    its penalties and draw from a graph, the same tokens with one copy and one launch."""
+    (penalties are applied in place and taken back). `graphs` (a CUDA runner's): a step with drawn rows replays its
+    penalties and draw from a graph (engine/sampling_graphs.py), the same tokens with one copy and one launch."""
     drawing = [i for i, s in enumerate(states) if not s.params.greedy]
-    if graphs is not None and drawing and len(drawing) == len(states):
+    if graphs is not None and drawing:
         at = positions if positions is not None else [len(h) + (pending is not None) for h in histories]
-        ids = graphs.sample(logits, states, histories, at, pending)
+        ids = graphs.sample(logits, states, histories, at, pending, argmax)
         if ids is not None:
             return ids
     with _penalties(logits, states, histories, pending) as (logits, changed):

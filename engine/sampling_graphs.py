@@ -4,12 +4,14 @@ Drawn one launch at a time, a sampled step of the app's defaults cost the host ~
 270M shape: 0.45x greedy): three small host-to-device copies, the penalty kernels, topk, the draw kernel and the
 penalties taken back, each launched from Python. Here a step's host inputs (each row's draw parameters and uniform,
 its penalties and its penalised history) are written into pinned staging memory and sent in one copy to a device
-buffer a captured graph reads as data; the graph runs the same kernels in the same order as
-`sampling._penalties` + `sampling._gpu_draw`, so a row draws the same token either way (tested).
+buffer a captured graph reads as data; the graph runs the same kernels in the same order as `sampling.sample_ids`
+launch by launch (penalties, greedy rows' argmax, each kind of row's candidates and draw, penalties taken back), so a
+row draws the same token either way (tested).
 
-A graph is kept per (logits' address, rows, vocabulary, candidates, history width, frequency, pending token) and
-captured the second time its key comes (a one-off step draws eagerly). Steps it does not cover (greedy rows beside
-drawn ones, rows of several kinds, top-k past the kernel's) return None: the caller draws as before.
+A graph is kept per step shape (logits' address, rows, which rows are greedy and which draw together, candidates,
+history width, frequency, pending token) and captured the second time its shape comes (a one-off step draws eagerly
+from the same buffers). Steps past what it takes (top-k past the kernel's, penalised histories past MAX_HISTORY)
+return None: the caller draws launch by launch.
 """
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.sampling import (FIRST_WIDTH, GPU_CANDIDATES, _argmax, _counts, _filters, _groups, _penalised_rows,
+                             _uniforms, _window)
 from engine.step_inputs import pow2_bucket
+from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
+from kernels.sampling_triton import sample_rows_triton
 
 PARAMS, PENALTIES = 5, 3  # per row: the draw's (T, top-k, top-p, min-p, u); (repetition, presence, frequency)
 MAX_HISTORY = 4096  # penalised history widths (powers of two) a graph takes; past it the eager path
@@ -35,10 +41,12 @@ class _Key:
     logits: int  # data_ptr: a graph reads the logits where they were at capture
     rows: int
     vocab: int
-    width: int  # candidates per row (topk), 0: none
+    groups: tuple[tuple[tuple[int, ...], int], ...]  # drawn rows of one kind and their candidates (topk; 0: none)
+    greedy: tuple[int, ...]  # rows that take the argmax
     history: int  # penalised history width, 0: no penalties
     frequency: bool
     pending: bool
+    argmax: bool  # the step's argmax comes with it (greedy rows, no penalties): copied in, as sample_ids uses it
 
 
 class _Entry:
@@ -50,6 +58,8 @@ class _Entry:
         self.inputs = torch.zeros(self.size, dtype=torch.int64, device=device)  # laid out as `_layout` says
         self.pending = torch.zeros(r, dtype=torch.int64, device=device)
         self.rows = torch.arange(r, device=device)
+        self.index = [torch.tensor(rows, device=device) for rows, _ in key.groups]
+        self.argmax = torch.zeros(r, dtype=torch.int64, device=device) if key.argmax else None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         self.seen = 0
@@ -76,34 +86,23 @@ class SamplingGraphs:
         self.captures = self.replays = 0
 
     def sample(self, logits: torch.Tensor, states: list, histories: list, positions: list[int],
-               pending: torch.Tensor | None) -> torch.Tensor | None:
-        """The drawn ids (R,) of a step whose every row draws, as `sampling.sample_ids` would give them; None where
-        this step is not one a graph covers. `positions`: each row's position; `pending`: see `sample_ids`."""
-        from engine.sampling import GPU_CANDIDATES, _groups, _penalised_rows, _uniforms, _window
-
+               pending: torch.Tensor | None, argmax: torch.Tensor | None = None) -> torch.Tensor | None:
+        """The ids (R,) `sampling.sample_ids` gives for a step with drawn rows; None where the step is past what a graph
+        takes. `positions`: each row's position; `pending`, `argmax`: as `sample_ids` takes them."""
         if logits.dim() != 2 or logits.dtype != torch.float32 or not logits.is_contiguous() or not logits.numel():
             return None
-        if len(_groups(states)) != 1 or any(s.params.greedy for s in states):
+        step = _plan(logits, states, histories, pending, argmax)
+        if step is None:
             return None
-        params = [s.params for s in states]
-        rows, vocab = logits.shape
-        width = _width(params, vocab)
-        penalised_rows = set(_penalised_rows(states, histories, pending))
-        windows = [_window(histories[i], params[i].repeat_last_n, pending is not None) if i in penalised_rows else ()
-                   for i in range(rows)]
-        longest = max(map(len, windows)) + (pending is not None) if penalised_rows else 0
-        if width > GPU_CANDIDATES or longest > MAX_HISTORY:
-            return None
-        key = _Key(logits.data_ptr(), rows, vocab, width, pow2_bucket(longest, 16) if longest else 0,
-                   any(params[i].frequency_penalty for i in penalised_rows), pending is not None and bool(longest))
+        key, windows, factors = step
         entry = self._entry(key)
-        uniforms = _uniforms(states, positions)
-        table = [(p.temperature, min(p.top_k, vocab), p.top_p, p.min_p, u) for p, u in zip(params, uniforms)]
-        factors = [(p.repetition_penalty, p.presence_penalty, p.frequency_penalty) if i in penalised_rows
-                   else (1.0, 0.0, 0.0) for i, p in enumerate(params)]  # a row without penalties: written back as is
+        table = [(p.temperature, min(p.top_k, key.vocab), p.top_p, p.min_p, u)
+                 for p, u in zip((s.params for s in states), _uniforms(states, positions))]
         self._send(entry, table, factors, windows)
         if key.pending:
             entry.pending.copy_(pending, non_blocking=True)
+        if key.argmax:
+            entry.argmax.copy_(argmax, non_blocking=True)
         with torch.inference_mode():  # the runner's logits are inference tensors, written by the penalties
             out = self._run(entry, logits)
         return out.clone()  # outside inference mode: the caller's tensor; and a graph's next replay writes over its own
@@ -180,33 +179,68 @@ class SamplingGraphs:
         self.captures += 1
 
 
+def _plan(logits: torch.Tensor, states: list, histories: list, pending: torch.Tensor | None,
+          argmax: torch.Tensor | None) -> tuple[_Key, list, list[tuple]] | None:
+    """The step's key, each row's penalised history window and its penalty factors; None past what a graph takes."""
+    rows, vocab = logits.shape
+    params = [s.params for s in states]
+    greedy = tuple(i for i, p in enumerate(params) if p.greedy)
+    drawn = [i for i, p in enumerate(params) if not p.greedy]
+    groups = tuple((tuple(drawn[j] for j in g), _width([params[drawn[j]] for j in g], vocab))
+                   for g in _groups([states[i] for i in drawn]))
+    penalised = set(_penalised_rows(states, histories, pending))
+    windows = [_window(histories[i], params[i].repeat_last_n, pending is not None) if i in penalised else ()
+               for i in range(rows)]
+    longest = max(map(len, windows)) + (pending is not None) if penalised else 0
+    if not groups or max(w for _, w in groups) > GPU_CANDIDATES or longest > MAX_HISTORY:
+        return None
+    factors = [(p.repetition_penalty, p.presence_penalty, p.frequency_penalty) if i in penalised
+               else (1.0, 0.0, 0.0) for i, p in enumerate(params)]  # a row without penalties: written back as is
+    key = _Key(logits.data_ptr(), rows, vocab, groups, greedy, pow2_bucket(longest, 16) if longest else 0,
+               any(params[i].frequency_penalty for i in penalised), pending is not None and bool(penalised),
+               bool(greedy) and not penalised and argmax is not None)
+    return key, windows, factors
+
+
 def _width(params: list, vocab: int) -> int:
     """Candidates a row group takes (as `sampling._gpu_draw`): top-k rows their largest k, open rows FIRST_WIDTH."""
-    from engine.sampling import FIRST_WIDTH, _filters
-
     limits = [min(p.top_k, vocab) for p in params]
     return max(limits) if limits[0] else min(FIRST_WIDTH, vocab) if _filters(params[0]) else 0
 
 
 def _draw(entry: _Entry, logits: torch.Tensor) -> torch.Tensor:
-    """What a graph runs: the penalties written into the logits, the candidates, the draw, the logits put back.
-    The same kernels as `sampling._apply_penalties` and `sampling._gpu_draw`, on the entry's inputs."""
-    from engine.sampling import _counts
-    from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
-    from kernels.sampling_triton import sample_rows_triton
-
+    """What a graph runs, on the entry's inputs, as `sampling.sample_ids` launches it: the penalties written into the
+    logits, the greedy rows' argmax, each group's candidates and draw (`sampling._gpu_draw`), the logits put back."""
     key, inputs = entry.key, entry.inputs
-    table, penalties, lengths, history = _layout(key)
-    hist = inputs[history].view(key.rows, key.history)
+    at_table, at_factors, at_lengths, at_history = _layout(key)
+    hist = inputs[at_history].view(key.rows, key.history)
     original = None
     if key.history:
         if key.pending:
-            hist.scatter_(1, inputs[lengths][:, None], entry.pending[:, None])
+            hist.scatter_(1, inputs[at_lengths][:, None], entry.pending[:, None])
         counts = _counts(hist).float() if key.frequency else None
-        factors = inputs[penalties].view(torch.float64).view(key.rows, PENALTIES).float()
+        factors = inputs[at_factors].view(torch.float64).view(key.rows, PENALTIES).float()
         original = penalise_rows_triton(logits, entry.rows, hist, factors, counts)
-    candidates = logits.topk(key.width, dim=-1, sorted=False) if key.width else None
-    out = sample_rows_triton(logits, inputs[table].view(torch.float64).view(key.rows, PARAMS), candidates)
+    ids = _draw_groups(entry, logits, inputs[at_table].view(torch.float64).view(key.rows, PARAMS))
     if original is not None:
         restore_rows_triton(logits, entry.rows, hist, original)
-    return out
+    return ids
+
+
+def _draw_groups(entry: _Entry, logits: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    key = entry.key
+    if key.greedy:  # the step's argmax as given, or the penalised logits' (`sampling._argmax` on a GPU)
+        ids = entry.argmax.clone() if key.argmax else _argmax(logits)
+    else:
+        ids = torch.empty(key.rows, dtype=torch.int64, device=logits.device)
+    for (rows, width), index in zip(key.groups, entry.index):
+        if len(rows) == key.rows:  # every row draws alike: the logits themselves, as sample_ids passes them
+            group, params = logits, table
+        else:
+            group, params = logits.index_select(0, index), table.index_select(0, index)
+        candidates = group.topk(width, dim=-1, sorted=False) if width else None
+        drawn = sample_rows_triton(group, params, candidates)
+        if len(rows) == key.rows:
+            return drawn
+        ids.index_copy_(0, index, drawn)
+    return ids

@@ -1,6 +1,7 @@
 """engine/sampling_graphs.py: a step's penalties and draw from one staged copy (and, on a GPU, a replayed graph) give
-the tokens of the launch-by-launch path (`sampling._penalties` + `sampling._gpu_draw`), leave the logits as they
-came, and decline the steps they do not cover. Interpreted on the CPU (no capture there), captured on a GPU."""
+the tokens of the launch-by-launch path (`sampling.sample_ids` on a GPU: penalties, argmax, each group's
+`_gpu_draw`), leave the logits as they came, and decline the steps past them. Interpreted on the CPU (no capture
+there), captured on a GPU."""
 from array import array
 
 import pytest
@@ -21,13 +22,22 @@ SETTINGS = {
     "open": [dict(temperature=0.8, top_p=0.9), dict(temperature=1.0, min_p=0.05, repetition_penalty=1.2),
              dict(temperature=6.0, top_p=0.5)],  # a flat row: its nucleus lies past the first candidates
     "whole_row": [dict(temperature=1.0), dict(temperature=0.6, repetition_penalty=1.5, repeat_last_n=8)],
+    # side by side: greedy rows (one penalised) beside rows of each kind
+    "mixed": [APP, {}, dict(temperature=0.8, top_p=0.9), dict(repetition_penalty=1.3), dict(temperature=1.0)],
+    "compare": [{}, dict(temperature=0.7, top_k=40)],  # no penalties: the greedy row takes the step's argmax
 }
 
 
-def _stepwise(logits, states, histories, positions, pending):
-    """The launch-by-launch path the graph replaces, on the same kernels."""
-    with sampling._penalties(logits, states, histories, pending) as (penalised, _):
-        return sampling._gpu_draw(penalised, states, positions)
+def _stepwise(logits, states, histories, positions, pending, argmax=None):
+    """The launch-by-launch path the graph replaces, on the same kernels: `sample_ids` as it runs on a GPU."""
+    drawing = [i for i, s in enumerate(states) if not s.params.greedy]
+    with sampling._penalties(logits, states, histories, pending) as (penalised, changed):
+        ids = (argmax if argmax is not None and not changed else sampling._argmax(penalised)).clone()
+        for group in sampling._groups([states[i] for i in drawing]):
+            rows = [drawing[j] for j in group]
+            ids[rows] = sampling._gpu_draw(penalised[rows].contiguous(), [states[i] for i in rows],
+                                           [positions[i] for i in rows])
+        return ids
 
 
 def _histories(g: torch.Generator, rows: int, length: int) -> list[array]:
@@ -50,8 +60,9 @@ def test_graph_draws_equal_the_launch_by_launch_path(device, setting, ahead):
         before = logits.clone()
         pending = torch.randint(0, VOCAB, (len(states),), generator=g).to(device) if ahead else None
         positions = [len(h) + ahead for h in histories]
-        want = _stepwise(logits, states, histories, positions, pending).cpu()
-        got = graphs.sample(logits, states, histories, positions, pending)
+        argmax = torch.full((len(states),), 7, device=device)  # a step's own argmax, used as given where it stands
+        want = _stepwise(logits, states, histories, positions, pending, argmax).cpu()
+        got = graphs.sample(logits, states, histories, positions, pending, argmax)
         assert got is not None
         assert got.cpu().tolist() == want.tolist(), (setting, step)
         assert torch.equal(logits, before)  # the penalties taken back, bit for bit
@@ -73,23 +84,20 @@ def test_sample_ids_uses_the_graphs_where_every_row_draws(device):
     assert not got.is_inference()  # the caller may write it
 
 
-def test_steps_the_graphs_do_not_cover_are_declined(device):
+def test_steps_past_the_graphs_are_declined(device):
     graphs = SamplingGraphs(device)
     logits = torch.randn(2, VOCAB, device=device)
     states = lambda *ps: [SamplerState(SamplingParams(seed=1, **p)) for p in ps]  # noqa: E731
     histories = [array("q", [1, 2, 3])] * 2
-    declined = [
-        states(APP, dict(temperature=0.8, top_p=0.9)),  # rows of two kinds draw apart
-        states(APP, {}),  # a greedy row beside a drawn one
-        states(dict(temperature=1.0, top_k=2000), APP),  # top-k past the kernel's candidates
-    ]
-    for s in declined:
-        assert graphs.sample(logits, s, histories, [3, 3], None) is None
+    assert graphs.sample(logits, states(dict(temperature=1.0, top_k=2000), APP), histories, [3, 3], None) is None
     assert graphs.sample(logits.t().contiguous().t(), states(APP, APP), histories, [3, 3], None) is None
-    # sample_ids then draws as before, greedy rows by their argmax
-    mixed = states(APP, {})
-    ids = sample_ids(logits, mixed, histories, graphs=graphs)
-    assert int(ids[1]) == int(logits[1].argmax())
+    whole = dict(APP, repeat_last_n=-1)
+    long = [array("q", range(5000))] * 2  # a penalised history past MAX_HISTORY
+    assert graphs.sample(logits, states(whole, whole), long, [5000, 5000], None) is None
+    assert graphs.sample(logits, states({}, {}), histories, [3, 3], None) is None  # nothing drawn
+    # sample_ids then draws launch by launch
+    ids = sample_ids(logits, states(whole, {}), long, graphs=graphs)
+    assert int(ids[1]) == int(sampling.penalise(logits, states(whole, {}), long)[1].argmax())
 
 
 def test_a_row_draws_the_same_alone_and_batched(device):
