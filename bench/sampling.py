@@ -6,7 +6,7 @@
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1 over the
 last 64 tokens); `app_whole` (the same penalty over the whole history);
 `t1` (temperature 1, nothing else: an OpenAI-style request's defaults); `top_p` (temperature 0.8, top-p 0.9, no top-k);
-`min_p` (temperature 1, min-p 0.05). On the CPU the embedded model; on CUDA a model of `--shape` with random bf16
+`min_p` (temperature 1, min-p 0.05); `hot` (temperature 1.5, top-p 0.95). On the CPU the embedded model; on CUDA a model of `--shape` with random bf16
 weights on the decode graphs (random weights give flat distributions: top-p's nucleus is large, the worst case).
 The settings run interleaved, `rounds` times, the best round of each counts. Decode rate = tokens after each
 session's first / time from the step after which every session has its first token to the end. One JSON line
@@ -33,6 +33,7 @@ SETTINGS = {
     "t1": dict(temperature=1.0),
     "top_p": dict(temperature=0.8, top_p=0.9),
     "min_p": dict(temperature=1.0, min_p=0.05),
+    "hot": dict(temperature=1.5, top_p=0.95),  # a "creative" preset: flatter rows, the nucleus often past 256 tokens
 }
 
 

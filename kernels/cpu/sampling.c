@@ -9,9 +9,11 @@
    - parley_sample_top: per row a whole top-k / top-p / min-p draw in one call (the selection of parley_top_rows, the
      filters and the draw over the kept tokens in fp64), where torch's dozen small operations on them cost more than
      the selection itself. A row without top-k whose boundary lies past its first 256 ranked tokens finds its nucleus
-     over the whole row by a selection by mass (no sort of the vocabulary). */
+     over the whole row by a histogram of its weights' mass and a selection by mass inside one bucket (no sort of the
+     vocabulary), and draws by blocks. */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 #include <math.h>
 #include <immintrin.h>
 #include "simd.h"
@@ -264,31 +266,143 @@ static Weight nucleus_end(Weight *a, int64_t n, double target) {
     return last;
 }
 
-/* An open row (no top-k) whose boundary lies past its first `k` ranked tokens: the whole row's weights
-   w = exp(x / t − max / t), the nucleus's last token by a selection by mass, then the draw in id order. */
-static int64_t open_draw(const float *x, int64_t n, float t, double top_p, double min_p, double u, Weight *a) {
-    const float m = row_max(x, n), top = m / t;
+/* w[i] = exp(x[i] / t − top) in fp32 lanes (0 where the exponent is below −87, where expf underflows, or NaN: a
+   masked or broken logit is never drawn); returns their sum, fp64 over blocks */
+static double row_weights(const float *x, int64_t n, float t, float top, float *w) {
+    const __m256 tv = _mm256_set1_ps(t), mv = _mm256_set1_ps(top), lo = _mm256_set1_ps(-87.0f);
     double total = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        a[i] = (Weight){expf(x[i] / t - top), (int32_t)i};
-        total += a[i].w;
+    for (int64_t b = 0; b < n; b += BLOCK) {
+        const int64_t end = b + BLOCK < n ? b + BLOCK : n;
+        __m256 acc = _mm256_setzero_ps();
+        int64_t i = b;
+        for (; i + 8 <= end; i += 8) {
+            const __m256 a = _mm256_sub_ps(_mm256_div_ps(_mm256_loadu_ps(x + i), tv), mv);
+            const __m256 e = _mm256_and_ps(exp8(a), _mm256_cmp_ps(a, lo, _CMP_GE_OQ));
+            _mm256_storeu_ps(w + i, e);
+            acc = _mm256_add_ps(acc, e);
+        }
+        double sum = hsum8(acc);
+        for (; i < end; i++) {
+            const float a = x[i] / t - top;
+            w[i] = a >= -87.0f ? expf(a) : 0.0f;
+            sum += w[i];
+        }
+        total += sum;
     }
-    Weight end = {-1.0f, INT32_MAX};  /* top-p 1: every token */
-    if (top_p < 1.0) end = nucleus_end(a, n, top_p * total);
-    for (int64_t i = 0; i < n; i++) a[i] = (Weight){expf(x[i] / t - top), (int32_t)i};  /* id order again */
-    const float floor = (float)min_p;  /* the first token's weight is exp(0) = 1 */
-    double kept = 0.0, run = 0.0;
-    for (int64_t i = 0; i < n; i++)
-        if (!ahead(end, a[i]) && a[i].w >= floor) kept += a[i].w;
-    const double target = u * kept;
+    return total;
+}
+
+#define BUCKETS 1024  /* a weight's top bits (exponent, 3 of the mantissa) from 2^-40 up: ordered as the weights */
+#define LOWEST_BITS (87 << 4)  /* bits >> 19 of 2^-40: every smaller weight (a negligible mass) shares bucket 0 */
+#define COPIES 4  /* histograms filled in turn: a run of weights in one bucket does not wait on its last sum */
+
+static inline int bucket_of(float w) {
+    uint32_t bits;
+    memcpy(&bits, &w, sizeof bits);
+    const int b = w > 0.0f ? (int)(bits >> 19) - LOWEST_BITS : 0;  /* weights are at most 1: bucket 640 at most */
+    return b > 0 ? b : 0;
+}
+
+/* bucket_of for each weight, into `out` */
+static void buckets(const float *w, int64_t n, int32_t *out) {
+    const __m256i lowest = _mm256_set1_epi32(LOWEST_BITS), zero = _mm256_setzero_si256();
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(w + i);
+        __m256i b = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_castps_si256(v), 19), lowest);
+        b = _mm256_and_si256(_mm256_max_epi32(b, zero), _mm256_castps_si256(_mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_GT_OQ)));
+        _mm256_storeu_si256((__m256i *)(out + i), b);
+    }
+    for (; i < n; i++) out[i] = bucket_of(w[i]);
+}
+
+/* The nucleus's last token (`nucleus_end`) without ordering the row: a histogram of the weights' mass by bucket
+   finds the bucket where the mass ranked before reaches `target`, and the selection runs over that bucket only.
+   `scratch`: n Weights (their memory holds the buckets first). */
+static Weight nucleus_end_by_buckets(const float *w, int64_t n, double target, Weight *scratch) {
+    int32_t *bucket = (int32_t *)scratch + n;  /* the upper half: the bucket's Weights fill the lower from the start */
+    buckets(w, n, bucket);
+    double mass[COPIES][BUCKETS] = {{0.0}};
+    int64_t i = 0;
+    for (; i + COPIES <= n; i += COPIES)
+        for (int c = 0; c < COPIES; c++) mass[c][bucket[i + c]] += w[i + c];
+    for (; i < n; i++) mass[0][bucket[i]] += w[i];
+    for (int c = 1; c < COPIES; c++)
+        for (int b = 0; b < BUCKETS; b++) mass[0][b] += mass[c][b];
+    double base = 0.0;  /* the mass of every bucket above b */
+    int b = BUCKETS - 1;
+    while (b > 0 && base + mass[0][b] < target) base += mass[0][b--];
+    int64_t m = 0;
+    for (i = 0; i < n; i++)  /* Weight m (8 bytes) ends at or before bucket i's int32: nothing unread is overwritten */
+        if (bucket[i] == b) scratch[m++] = (Weight){w[i], (int32_t)i};
+    if (!m) return (Weight){-1.0f, INT32_MAX};  /* no weight at all (a NaN row): every token, and the draw's fallback */
+    return nucleus_end(scratch, m, target - base);
+}
+
+/* a token the draw keeps: at or before the nucleus's end in rank order, at least min-p's floor, of some weight */
+static inline int kept_token(float w, int64_t i, Weight end, float floor) {
+    return w >= floor && w > 0.0f && !ahead(end, (Weight){w, (int32_t)i});
+}
+
+/* Σ of the kept weights of w[lo, lo + len): fp32 lanes */
+static double kept_block(const float *w, int64_t lo, int64_t len, Weight end, float floor) {
+    const __m256 ew = _mm256_set1_ps(end.w), fl = _mm256_set1_ps(floor), zero = _mm256_setzero_ps();
+    const __m256i ei = _mm256_set1_epi32(end.i), step = _mm256_set1_epi32(8);
+    __m256i idx = _mm256_add_epi32(_mm256_set1_epi32((int32_t)lo), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256 acc = zero;
+    int64_t i = lo;
+    for (; i + 8 <= lo + len; i += 8, idx = _mm256_add_epi32(idx, step)) {
+        const __m256 v = _mm256_loadu_ps(w + i);
+        const __m256 tie = _mm256_andnot_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(idx, ei)),
+                                            _mm256_cmp_ps(v, ew, _CMP_EQ_OQ));  /* equal weight, id not after */
+        __m256 keep = _mm256_or_ps(_mm256_cmp_ps(v, ew, _CMP_GT_OQ), tie);
+        keep = _mm256_and_ps(keep, _mm256_and_ps(_mm256_cmp_ps(v, fl, _CMP_GE_OQ), _mm256_cmp_ps(v, zero, _CMP_GT_OQ)));
+        acc = _mm256_add_ps(acc, _mm256_and_ps(v, keep));
+    }
+    double sum = hsum8(acc);
+    for (; i < lo + len; i++)
+        if (kept_token(w[i], i, end, floor)) sum += w[i];
+    return sum;
+}
+
+/* In id order, the kept token where the kept weights' cumulative sum passes u times their total: the block found
+   by blocks' sums (`sums`: one per BLOCK), the token inside it in fp64, as draw_row finds it. */
+static int64_t draw_kept_row(const float *w, int64_t n, Weight end, float floor, double u, double *sums) {
+    const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+    double total = 0.0;
+    for (int64_t b = 0; b < blocks; b++)
+        total += sums[b] = kept_block(w, b * BLOCK, n - b * BLOCK < BLOCK ? n - b * BLOCK : BLOCK, end, floor);
+    const double target = u * total;
+    double below = 0.0;
+    int64_t b = 0;
+    while (b + 1 < blocks && (below + sums[b] <= target || sums[b] <= 0.0)) below += sums[b++];
+    while (b > 0 && sums[b] <= 0.0) below -= sums[--b];  /* rounding past the end: the last block of any weight */
+    const int64_t lo = b * BLOCK, len = n - lo < BLOCK ? n - lo : BLOCK;
+    double inner = 0.0;
+    for (int64_t i = lo; i < lo + len; i++)
+        if (kept_token(w[i], i, end, floor)) inner += w[i];
+    const double want = sums[b] > 0.0 ? (target - below) / sums[b] * inner : 0.0;  /* where in the block, as found */
+    double run = 0.0;
     int64_t last = -1;
-    for (int64_t i = 0; i < n; i++) {
-        if (ahead(end, a[i]) || a[i].w < floor || !(a[i].w > 0.0f)) continue;
+    for (int64_t i = lo; i < lo + len; i++) {
+        if (!kept_token(w[i], i, end, floor)) continue;
         last = i;
-        run += a[i].w;
-        if (run > target) return i;
+        run += w[i];
+        if (run > want) return i;
     }
-    return last >= 0 ? last : 0;
+    return last >= 0 ? last : lo;  /* rounding ran past the block's end: its last kept token */
+}
+
+/* An open row (no top-k) whose boundary lies past its first `k` ranked tokens: the whole row's weights
+   w = exp(x / t − max / t), the nucleus's last token by mass, then the draw in id order over the kept tokens.
+   `w`: n floats; `scratch`: n Weights. */
+static int64_t open_draw(const float *x, int64_t n, float t, double top_p, double min_p, double u, float *w,
+                         Weight *scratch) {
+    const float m = row_max(x, n), top = m / t;
+    const double total = row_weights(x, n, t, top, w);
+    Weight end = {-1.0f, INT32_MAX};  /* top-p 1: every token */
+    if (top_p < 1.0) end = nucleus_end_by_buckets(w, n, top_p * total, scratch);
+    return draw_kept_row(w, n, end, (float)min_p, u, (double *)scratch);  /* min-p: the first's weight is exp(0) = 1 */
 }
 
 #define OPEN_FIRST 256  /* tokens ranked first for an open row: a chat model's nucleus is mostly inside */
@@ -308,8 +422,9 @@ int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, co
         Entry *h = malloc(sizeof(Entry) * (size_t)most);
         int64_t *rank = malloc(sizeof(int64_t) * (size_t)most);
         Kept *kept = malloc(sizeof(Kept) * (size_t)most);
+        float *weights = open ? malloc(sizeof(float) * (size_t)n) : NULL;
         Weight *whole = open ? malloc(sizeof(Weight) * (size_t)n) : NULL;
-        const int ok = h && rank && kept && (whole || !open);
+        const int ok = h && rank && kept && ((weights && whole) || !open);
         if (!ok) {
             #pragma omp atomic write
             failed = 1;
@@ -321,12 +436,13 @@ int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, co
             const int64_t first = k[r] ? k[r] : most < OPEN_FIRST ? most : OPEN_FIRST;
             int64_t count = 0;
             const int cut = kept_prefix(row, n, first, t[r], top_p[r], min_p[r], h, rank, kept, &count);
-            ids[r] = k[r] == 0 && !cut && first < n ? open_draw(row, n, t[r], top_p[r], min_p[r], u[r], whole)
+            ids[r] = k[r] == 0 && !cut && first < n ? open_draw(row, n, t[r], top_p[r], min_p[r], u[r], weights, whole)
                                                      : draw_kept(kept, count, u[r]);
         }
         free(h);
         free(rank);
         free(kept);
+        free(weights);
         free(whole);
     }
     return failed ? -1 : 0;

@@ -87,3 +87,30 @@ def test_a_whole_filtered_draw_equals_the_plain_definition():
             alone = sample_top(rows[r : r + 1], [k], [t], [top_p], [min_p], [u[r]])
             assert int(alone[0]) == int(ids[r])  # a row draws the same alone as batched
     assert checked > 120
+
+
+def test_open_rows_over_a_wide_vocabulary_with_masked_tokens():
+    """Flat open rows over many blocks (the nucleus found by buckets of the weights' mass, the draw by blocks), a
+    masked span of -inf: the plain definition's token, never a masked one; a row of NaN still gives a valid id."""
+    from kernels.cpu_sampling import sample_top
+
+    g = torch.Generator().manual_seed(12)
+    vocab = 20_000
+    cases = [(0, 8.0, 0.9, 0.0), (0, 4.0, 0.97, 0.0), (0, 6.0, 1.0, 0.1), (0, 8.0, 0.6, 0.3), (0, 3.0, 0.8, 0.0)]
+    checked = 0
+    for trial in range(4):
+        rows = torch.randn(len(cases), vocab + trial, generator=g) * 3  # rows not a multiple of 8 too
+        rows[:, 5000:7000] = float("-inf")
+        if trial % 2:
+            rows = rows.round()  # ties at the nucleus's end, kept by id
+        u = torch.rand(len(cases), generator=g, dtype=torch.float64).tolist()
+        ids = sample_top(rows, *[list(c) for c in zip(*cases)], u)
+        for r, (k, t, top_p, min_p) in enumerate(cases):
+            assert not 5000 <= int(ids[r]) < 7000
+            want, margin = plain_top_draw(rows[r], k, t, top_p, min_p, u[r])
+            if margin > 1e-6:
+                assert int(ids[r]) == want, (trial, r)
+                checked += 1
+    assert checked > 10
+    broken = torch.full((1, vocab), float("nan"))
+    assert 0 <= int(sample_top(broken, [0], [1.0], [0.9], [0.0], [0.5])[0]) < vocab
