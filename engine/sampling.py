@@ -13,7 +13,7 @@ import torch
 
 from engine.errors import ParleyError
 from kernels.attention import triton_available
-from kernels.cpu_sampling import draw_rows, sample_top, top_rows
+from kernels.cpu_sampling import draw_rows, penalise_rows, sample_top, top_rows
 
 if TYPE_CHECKING:
     from engine.sampling_graphs import SamplingGraphs
@@ -398,11 +398,16 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     if pending is not None:
         hist.scatter_(1, _on(lens, dev)[:, None], pending[at][:, None])
     frequency = any(states[i].params.frequency_penalty for i in rows)
+    factors = [[getattr(states[i].params, f"{name}_penalty") for name in ("repetition", "presence", "frequency")]
+               for i in rows]
+    if not out.is_cuda:  # the CPU library: one call each way (torch's dozen small operations cost ~0.25 ms a step)
+        restore = penalise_rows(out, rows, hist, factors, _counts(hist) if frequency else None)
+        if restore is not None:
+            return restore
     if out.is_cuda and out.dtype == torch.float32 and triton_available():  # kernels/penalties_triton.py: 2 launches
         from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
 
-        params = _on([[getattr(states[i].params, f"{name}_penalty") for name in ("repetition", "presence", "frequency")]
-                      for i in rows], dev, torch.float32)
+        params = _on(factors, dev, torch.float32)
         original = penalise_rows_triton(out, at, hist, params, _counts(hist).float() if frequency else None)
         return lambda: restore_rows_triton(out, at, hist, original)
     real = hist < vocab

@@ -49,6 +49,7 @@ SIGNATURES = {  # name: (restype, argtypes)
     "parley_top_rows": (_INT, [_P, _I64, _I64, _I64, _P, _P, _P, _P, _INT]),
     "parley_draw_rows": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT]),
     "parley_sample_top": (_INT, [_P, _I64, _I64, _P, _P, _P, _P, _P, _P, _INT]),
+    "parley_penalise_rows": (None, [_P, _I64, _I64, _P, _P, _I64, _P, _P, _P, _INT]),
     "parley_qgemm_isa": (ctypes.c_char_p, []),
 }
 

@@ -1,8 +1,11 @@
 """Sampling on the CPU, one library call each (kernels/cpu/sampling.c), without a softmax written out over the whole
 row: each row's k most likely tokens and their probabilities (`top_rows`), a draw from the whole row (`draw_rows`),
-or a draw among each row's top-k tokens with its top-p and min-p (`sample_top`).
+or a draw among each row's top-k tokens with its top-p and min-p (`sample_top`); and the penalties written into the
+rows and taken back (`penalise_rows`).
 torch is the reference: engine/sampling.py runs its softmax, topk and `_inverse_cdf` where the library is not built."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -71,3 +74,27 @@ def sample_top(rows: torch.Tensor, top_k: list[int], temperatures: list[float], 
                                     p.data_ptr(), m.data_ptr(), u.data_ptr(), ids.data_ptr(), torch.get_num_threads()):
         return None
     return ids
+
+
+def penalise_rows(logits: torch.Tensor, rows: list[int], hist: torch.Tensor, factors: list[list[float]],
+                  counts: torch.Tensor | None) -> Callable[[], None] | None:
+    """Penalises `rows` of `logits` (R, V) fp32, contiguous, on the CPU, in place, in one call: `hist` (P, H) int64 their
+    ids (V or more: padding), `factors` per row (repetition, presence, frequency), `counts` (P, H) each entry's id's
+    count (None: no frequency penalty). Returns what puts the values back; None where the library does not apply."""
+    kernel = cpu_kernel() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+    if kernel is None or not logits.is_contiguous() or logits.dim() != 2:
+        return None
+    P, H = hist.shape
+    index = torch.tensor(rows, dtype=torch.int64)
+    hist = hist.contiguous()
+    table = torch.tensor(factors, dtype=torch.float32).reshape(P, 3)
+    counts = counts.float().contiguous() if counts is not None else None
+    original = torch.empty(P, H, dtype=torch.float32)
+
+    def call(restore: int) -> None:
+        kernel.lib.parley_penalise_rows(logits.data_ptr(), logits.shape[1], P, index.data_ptr(), hist.data_ptr(), H,
+                                        table.data_ptr(), counts.data_ptr() if counts is not None else None,
+                                        original.data_ptr(), restore)
+
+    call(0)
+    return lambda: call(1)

@@ -447,3 +447,34 @@ int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, co
     }
     return failed ? -1 : 0;
 }
+
+/* Repetition, presence and frequency penalties of P rows of x (·, n) fp32, in place: rows (P,) their indices, hist
+   (P, H) int64 the ids each has seen (n or more: padding), params (P, 3) fp32 (repetition, presence, frequency),
+   counts (P, H) fp32 each entry's id's count, or NULL without a frequency penalty; original (P, H) receives the values
+   replaced. A row's seen logits are all read before any is written: an id seen twice is penalised once. With
+   `restore`, `original` is written back instead. The operations and their rounding are engine/sampling.py's torch
+   path's: a division or a product, then each subtraction apart. */
+void parley_penalise_rows(float *x, int64_t n, int64_t P, const int64_t *rows, const int64_t *hist, int64_t H,
+                          const float *params, const float *counts, float *original, int restore) {
+    for (int64_t p = 0; p < P; p++) {
+        float *row = x + rows[p] * n, *orig = original + p * H;
+        const int64_t *ids = hist + p * H;
+        if (restore) {
+            for (int64_t h = 0; h < H; h++)
+                if (ids[h] >= 0 && ids[h] < n) row[ids[h]] = orig[h];
+            continue;
+        }
+        for (int64_t h = 0; h < H; h++) orig[h] = ids[h] >= 0 && ids[h] < n ? row[ids[h]] : 0.0f;
+        const float rep = params[3 * p], presence = params[3 * p + 1], frequency = params[3 * p + 2];
+        for (int64_t h = 0; h < H; h++) {
+            if (ids[h] < 0 || ids[h] >= n) continue;
+            float v = orig[h] > 0.0f ? orig[h] / rep : orig[h] * rep;
+            v = v - presence;
+            if (counts) {
+                volatile float times = frequency * counts[p * H + h];  /* rounded apart, as torch's product: no FMA */
+                v = v - times;
+            }
+            row[ids[h]] = v;
+        }
+    }
+}

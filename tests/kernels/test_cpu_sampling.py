@@ -114,3 +114,35 @@ def test_open_rows_over_a_wide_vocabulary_with_masked_tokens():
     assert checked > 10
     broken = torch.full((1, vocab), float("nan"))
     assert 0 <= int(sample_top(broken, [0], [1.0], [0.9], [0.0], [0.5])[0]) < vocab
+
+
+@pytest.mark.parametrize("frequency", [0.0, 0.4])
+def test_penalties_in_the_library_equal_torch_s_bit_for_bit_and_come_back(monkeypatch, frequency):
+    from engine import sampling
+    from engine.sampling import SamplerState, SamplingParams, penalise
+
+    g = torch.Generator().manual_seed(4)
+    vocab = 3000
+    logits = torch.randn(5, vocab, generator=g) * 4
+    params = [SamplingParams(repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=frequency),
+              SamplingParams(),  # no penalties: untouched
+              SamplingParams(repetition_penalty=2.0, repeat_last_n=16),
+              SamplingParams(presence_penalty=-0.7, frequency_penalty=frequency),
+              SamplingParams(repetition_penalty=0.8)]
+    histories = [[int(t) for t in torch.randint(0, 60, (700,), generator=g)],  # many repeats
+                 [1, 2, 3],
+                 [int(t) for t in torch.randint(0, vocab, (100,), generator=g)],
+                 [5, 5, 5, 9],
+                 []]
+    states = [SamplerState(p) for p in params]
+    pending = torch.tensor([7, 7, 2999, 5, 0])
+    library = [penalise(logits, states, histories), penalise(logits, states, histories, pending)]
+    monkeypatch.setattr(sampling, "penalise_rows", lambda *a: None)  # torch's operations
+    assert torch.equal(library[0], penalise(logits, states, histories))
+    assert torch.equal(library[1], penalise(logits, states, histories, pending))
+    assert not torch.equal(library[0], logits) and torch.equal(library[0][1], logits[1])
+    monkeypatch.undo()
+    out = logits.clone()
+    with sampling._penalties(out, states, histories, pending) as (penalised, changed):
+        assert changed and penalised is out and torch.equal(out, library[1])
+    assert torch.equal(out, logits)  # the originals put back
