@@ -126,12 +126,12 @@ class SamplingGraphs:
         floats[at_table] = np.asarray(table, dtype=np.float64).ravel()
         floats[at_factors] = np.asarray(factors, dtype=np.float64).ravel()
         flat[at_lengths] = [len(w) for w in windows]
-        if key.history:
-            hist = flat[at_history].reshape(key.rows, key.history)
-            hist.fill(key.vocab)  # padding: past every real id
-            for i, w in enumerate(windows):
-                if len(w):
-                    hist[i, : len(w)] = np.frombuffer(w, dtype=np.int64) if isinstance(w, array) else w
+        if key.history:  # one int64 buffer, each window padded past every real id: an array's bytes copy fastest
+            pad, buf = array("q", [key.vocab]) * key.history, array("q")
+            for w in windows:
+                buf.extend(w if isinstance(w, array) else array("q", w))
+                buf.extend(pad[: key.history - len(w)])
+            flat[at_history] = np.frombuffer(buf, dtype=np.int64)
         entry.inputs.copy_(host[: entry.size], non_blocking=True)
         if sent is not None:
             sent.record()
