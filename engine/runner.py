@@ -40,7 +40,7 @@ class ModelRunner:
             from engine.cuda_graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, self.inputs, compile_model=compile_decode, step_advance=step_advance)
-            if triton_available():  # a step whose rows all draw: its penalties and draw from one graph too
+            if triton_available():  # a step with drawn rows: its penalties and draw from one graph too
                 from engine.sampling_graphs import SamplingGraphs
 
                 self.sampling_graphs = SamplingGraphs(cache.device)

@@ -400,7 +400,7 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     frequency = any(states[i].params.frequency_penalty for i in rows)
     factors = [[getattr(states[i].params, f"{name}_penalty") for name in ("repetition", "presence", "frequency")]
                for i in rows]
-    if not out.is_cuda:  # the CPU library: one call each way (torch's dozen small operations cost ~0.25 ms a step)
+    if not out.is_cuda:  # the CPU library: one call each way (a dozen torch operations: the sampler 0.22 -> 0.29 ms)
         restore = penalise_rows(out, rows, hist, factors, _counts(hist) if frequency else None)
         if restore is not None:
             return restore

@@ -74,7 +74,7 @@ def _layout(key: _Key) -> tuple[slice, slice, slice, slice]:
 
 
 class SamplingGraphs:
-    """Owned by a CUDA runner; `sample` once per step whose rows all draw."""
+    """Owned by a CUDA runner; `sample` once per step with drawn rows."""
 
     def __init__(self, device: torch.device, capture: bool = True):
         self.device = torch.device(device)
