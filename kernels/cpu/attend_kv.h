@@ -13,7 +13,7 @@ static inline float KV(dot_wide)(const float *a, const KV_T *b, int n) {
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), KV_LOAD8(b + i), s0);
     float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * KV_LOAD1(b + i);
+    for (; i < n; i++) tail = fmaf(a[i], KV_LOAD1(b + i), tail);  /* fmaf, not `+= a * b`: gcc contracted that for fp32 only */
     return hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) + tail;
 }
 
