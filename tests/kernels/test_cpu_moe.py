@@ -85,7 +85,9 @@ def test_sigmoid_scores_scaled():
     want = moe(x, router, experts, 2, True, bias, sigmoid=True, scaling=2.5, impl="reference")
     assert (got - want).abs().max() <= 2e-4 * want.abs().max()
     unscaled = moe(x, router, experts, 2, True, bias, sigmoid=True, impl="native")
-    torch.testing.assert_close(got, 2.5 * unscaled, rtol=1e-5, atol=1e-5)
+    # the scale goes into the weights before the sum: equal within the rounding of the row's largest terms (random
+    # experts' outputs cancel: on an AVX2 CPU an output of 3e4 in a row whose largest is 4e7 moved by 0.48)
+    assert ((got - 2.5 * unscaled).abs() <= 1e-6 * got.abs().amax(1, keepdim=True)).all()
     assert (unscaled - moe(x, router, experts, 2, True, bias, impl="native")).abs().max() > 1e-3 * got.abs().max()
 
 
