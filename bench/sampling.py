@@ -2,6 +2,7 @@
 
     python -m bench.sampling [--device cpu|cuda] [--sessions 1 8] [--tokens 96] [--rounds 2] [--shape gemma-270m]
                              [--context 0] [--sampler-only] [--torch-sampler] [--launches] [--host-profile]
+                             [--staging]
 
 Settings: greedy; `app` (the app's defaults: temperature 0.7, top-p 0.95, top-k 40, repetition penalty 1.1 over the
 last 64 tokens); `app_whole` (the same penalty over the whole history);
@@ -14,6 +15,8 @@ per (setting, sessions): tok/s, ms per step, the ratio to greedy. `--torch-sampl
 `setting/torch`, drawn by torch's operations instead of kernels/sampling_triton.py, interleaved in the same process;
 `--launches` (CUDA): each also as `setting/launches`, its kernels launched one by one instead of replayed from the
 sampling graphs (engine/sampling_graphs.py). `--host-profile`: host time by function (cProfile), ms per step.
+`--staging`: the sampling graphs' host side alone (`SamplingGraphs.stage`: a step's plan and its inputs written to
+the staging buffer and queued in one copy), µs per step, without and with a look-ahead's pending token; any device.
 """
 from __future__ import annotations
 
@@ -152,6 +155,41 @@ def sampler_only(sessions: list[int], settings: list[str], context: int, rounds:
                  **({"device_us_per_call": kernels} if profile else {}))
 
 
+def staging(sessions: list[int], settings: list[str], context: int, rounds: int, vocab: int = 262_144,
+            device: str = "cpu") -> None:
+    """µs per `SamplingGraphs.stage` call for each drawn setting, each session's history growing a token a step."""
+    import random
+    from array import array
+
+    import torch
+
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sampling_graphs import SamplingGraphs
+
+    rng = random.Random(0)
+    for n, setting, ahead in ((n, s, a) for n in sessions for s in settings if s != "greedy" for a in (False, True)):
+        logits = torch.zeros(n, vocab, device=device)
+        histories = [array("q", (rng.randrange(vocab) for _ in range(context + i))) for i in range(n)]
+        states = [SamplerState(SamplingParams(seed=i, **SETTINGS[setting])) for i in range(n)]
+        pending = torch.zeros(n, dtype=torch.int64, device=device) if ahead else None
+        graphs = SamplingGraphs(torch.device(device), capture=False)
+
+        def step():
+            graphs.stage(logits, states, histories, [len(h) + ahead for h in histories], pending)
+            for h in histories:
+                h.append(rng.randrange(vocab))
+
+        best, calls = float("inf"), 2000 // n + 50
+        for _ in range(20):
+            step()
+        for _ in range(rounds):
+            start = time.perf_counter()
+            for _ in range(calls):
+                step()
+            best = min(best, (time.perf_counter() - start) / calls)
+        emit(device=device, sessions=n, context=context, setting=setting, pending=ahead, staging_us=round(1e6 * best, 1))
+
+
 def profile_calls(call, calls: int = 10) -> dict[str, float]:
     """The device time per call of each kernel `call` launches (torch.profiler), the 8 largest, µs."""
     import torch
@@ -198,11 +236,14 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="--sampler-only on CUDA: each kernel's device time")
     ap.add_argument("--host-profile", action="store_true",
                     help="end to end: after the rounds, one more run of each setting under cProfile (host time by function)")
+    ap.add_argument("--staging", action="store_true", help="time the sampling graphs' host side alone")
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "parley-bench")
     a = ap.parse_args()
     for flag, suffix in ((a.torch_sampler, "/torch"), (a.launches, "/launches")):
         if flag:
             a.settings = [x for s in a.settings for x in ([s] if s == "greedy" or "/" in s else [s, s + suffix])]
+    if a.staging:
+        return staging(a.sessions, a.settings, a.context, a.rounds, device=a.device)
     if a.sampler_only:
         return sampler_only(a.sessions, a.settings, a.context, a.rounds, device=a.device, profile=a.profile)
     made = cpu_batchers(a.sessions, a.data_dir, a.context) if a.device == "cpu" else cuda_batchers(a.sessions, a.shape)

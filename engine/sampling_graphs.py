@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.sampling import (FIRST_WIDTH, GPU_CANDIDATES, _argmax, _counts, _filters, _groups, _penalised_rows,
-                             _uniforms, _window)
+from engine.sampling import (FIRST_WIDTH, GPU_CANDIDATES, SamplerState, _argmax, _counts, _filters, _groups,
+                             _uniforms, _window, penalised)
 from engine.step_inputs import pow2_bucket
 from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
 from kernels.sampling_triton import sample_rows_triton
@@ -32,6 +32,7 @@ from kernels.sampling_triton import sample_rows_triton
 PARAMS, PENALTIES = 5, 3  # per row: the draw's (T, top-k, top-p, min-p, u); (repetition, presence, frequency)
 MAX_HISTORY = 4096  # penalised history widths (powers of two) a graph takes; past it the eager path
 MAX_GRAPHS = 32  # kept graphs, least recently used dropped first (each holds its candidates and scratch)
+LANES_FROM = 16  # rows from which the uniforms are computed in numpy's lanes
 STAGING = 4  # pinned staging buffers in turn: the host writes one while the device may still copy the last
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,20 @@ class SamplingGraphs:
         self.device = torch.device(device)
         self.capture = capture and self.device.type == "cuda"  # False: the same buffers, run eagerly (tests, CPU)
         self._entries: OrderedDict[_Key, _Entry] = OrderedDict()
-        self._staging: list[tuple[torch.Tensor, torch.cuda.Event | None]] = []
+        self._staging: list[tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]] = []
         self._turn = 0
         self._pool = None
+        self._rows: _Rows | None = None
         self.captures = self.replays = 0
+
+    def _rows_of(self, states: list, vocab: int) -> _Rows:
+        """The step's rows as their parameters decide them: the last step's where each row has the same parameters
+        object (a setting changed replaces it: `SamplerState.update`), as most steps do."""
+        last = self._rows
+        if (last is None or last.vocab != vocab or len(last.params) != len(states)
+                or any(p is not s.params for p, s in zip(last.params, states))):
+            last = self._rows = _Rows.of(tuple(s.params for s in states), vocab)
+        return last
 
     def sample(self, logits: torch.Tensor, states: list, histories: list, positions: list[int],
                pending: torch.Tensor | None, argmax: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -91,21 +102,30 @@ class SamplingGraphs:
         takes. `positions`: each row's position; `pending`, `argmax`: as `sample_ids` takes them."""
         if logits.dim() != 2 or logits.dtype != torch.float32 or not logits.is_contiguous() or not logits.numel():
             return None
-        step = _plan(logits, states, histories, pending, argmax)
+        entry = self.stage(logits, states, histories, positions, pending, argmax)
+        if entry is None:
+            return None
+        with torch.inference_mode():  # the runner's logits are inference tensors, written by the penalties
+            out = self._run(entry, logits)
+        return out.clone()  # outside inference mode: the caller's tensor; and a graph's next replay writes over its own
+
+    def stage(self, logits: torch.Tensor, states: list, histories: list, positions: list[int],
+              pending: torch.Tensor | None, argmax: torch.Tensor | None = None) -> _Entry | None:
+        """The host's part of `sample`: the step's key, and its inputs queued to that key's device buffers."""
+        rows = self._rows_of(states, logits.shape[1])
+        step = _plan(logits, rows, histories, pending, argmax)
         if step is None:
             return None
         key, windows, factors = step
         entry = self._entry(key)
-        table = [(p.temperature, min(p.top_k, key.vocab), p.top_p, p.min_p, u)
-                 for p, u in zip((s.params for s in states), _uniforms(states, positions))]
+        table = rows.table.copy()
+        table[:, -1] = _uniforms_array(states, positions)
         self._send(entry, table, factors, windows)
         if key.pending:
             entry.pending.copy_(pending, non_blocking=True)
         if key.argmax:
             entry.argmax.copy_(argmax, non_blocking=True)
-        with torch.inference_mode():  # the runner's logits are inference tensors, written by the penalties
-            out = self._run(entry, logits)
-        return out.clone()  # outside inference mode: the caller's tensor; and a graph's next replay writes over its own
+        return entry
 
     def _entry(self, key: _Key) -> _Entry:
         entry = self._entries.get(key)
@@ -116,15 +136,15 @@ class SamplingGraphs:
         self._entries.move_to_end(key)
         return entry
 
-    def _send(self, entry: _Entry, table: list[tuple], factors: list[tuple], windows: list) -> None:
+    def _send(self, entry: _Entry, table: np.ndarray, factors: np.ndarray, windows: list) -> None:
         """Writes the step's inputs into the next staging buffer and queues its one copy to the entry's inputs."""
         key = entry.key
-        host, sent = self._staging_buffer(entry.size)
-        flat = host.numpy()[: entry.size]
+        host, view, sent = self._staging_buffer(entry.size)
+        flat = view[: entry.size]
         floats = flat.view(np.float64)
         at_table, at_factors, at_lengths, at_history = _layout(key)
-        floats[at_table] = np.asarray(table, dtype=np.float64).ravel()
-        floats[at_factors] = np.asarray(factors, dtype=np.float64).ravel()
+        floats[at_table] = table.ravel()
+        floats[at_factors] = factors.ravel()
         flat[at_lengths] = [len(w) for w in windows]
         if key.history:  # one int64 buffer, each window padded past every real id: an array's bytes copy fastest
             pad, buf = array("q", [key.vocab]) * key.history, array("q")
@@ -136,19 +156,21 @@ class SamplingGraphs:
         if sent is not None:
             sent.record()
 
-    def _staging_buffer(self, size: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The next pinned buffer of at least `size` int64, once the copy that last read it has run."""
+    def _staging_buffer(self, size: int) -> tuple[torch.Tensor, np.ndarray, torch.cuda.Event | None]:
+        """The next pinned buffer of at least `size` int64 (and its numpy view), once the copy that last read it ran."""
         pin = self.device.type == "cuda"
         if len(self._staging) < STAGING:
-            self._staging.append((torch.zeros(0, dtype=torch.int64), torch.cuda.Event() if pin else None))
+            empty = torch.zeros(0, dtype=torch.int64)
+            self._staging.append((empty, empty.numpy(), torch.cuda.Event() if pin else None))
         self._turn = (self._turn + 1) % len(self._staging)
-        host, sent = self._staging[self._turn]
+        host, view, sent = self._staging[self._turn]
         if sent is not None:
             sent.synchronize()
         if host.numel() < size:
             host = torch.zeros(pow2_bucket(size, 1024), dtype=torch.int64, pin_memory=pin)
-            self._staging[self._turn] = host, sent
-        return host, sent
+            view = host.numpy()
+            self._staging[self._turn] = host, view, sent
+        return host, view, sent
 
     def _run(self, entry: _Entry, logits: torch.Tensor) -> torch.Tensor:
         entry.seen += 1
@@ -179,27 +201,71 @@ class SamplingGraphs:
         self.captures += 1
 
 
-def _plan(logits: torch.Tensor, states: list, histories: list, pending: torch.Tensor | None,
-          argmax: torch.Tensor | None) -> tuple[_Key, list, list[tuple]] | None:
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """What a step's rows' parameters alone decide: kept from step to step while they stay (`SamplingGraphs._rows_of`)."""
+    params: tuple
+    vocab: int
+    greedy: tuple[int, ...]
+    groups: tuple[tuple[tuple[int, ...], int], ...]  # as `_Key.groups`
+    penalisable: tuple[int, ...]  # rows with penalties, penalised once they have a history
+    frequency: bool  # some penalisable row has a frequency penalty
+    table: np.ndarray  # (R, PARAMS) fp64 draw table, its uniforms' column left to each step
+    factors: np.ndarray  # (R, PENALTIES) fp64 when every penalisable row is penalised; (1, 0, 0) for other rows
+
+    @staticmethod
+    def of(params: tuple, vocab: int) -> _Rows:
+        greedy = tuple(i for i, p in enumerate(params) if p.greedy)
+        drawn = [i for i, p in enumerate(params) if not p.greedy]
+        groups = tuple((tuple(drawn[j] for j in g), _width([params[drawn[j]] for j in g], vocab))
+                       for g in _groups([SamplerState(params[i]) for i in drawn]))
+        penalisable = tuple(i for i, p in enumerate(params) if penalised(p))
+        table = np.array([(p.temperature, min(p.top_k, vocab), p.top_p, p.min_p, 0.0) for p in params],
+                         dtype=np.float64).reshape(len(params), PARAMS)
+        return _Rows(params, vocab, greedy, groups, penalisable, any(params[i].frequency_penalty for i in penalisable),
+                     table, _factors(params, penalisable))
+
+
+def _factors(params: tuple, penalised_rows) -> np.ndarray:
+    """Each row's (repetition, presence, frequency); a row without penalties (1, 0, 0): its logits written back as is."""
+    out = np.tile(np.array([1.0, 0.0, 0.0]), (len(params), 1))
+    for i in penalised_rows:
+        p = params[i]
+        out[i] = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+    return out
+
+
+def _plan(logits: torch.Tensor, rows: _Rows, histories: list, pending: torch.Tensor | None,
+          argmax: torch.Tensor | None) -> tuple[_Key, list, np.ndarray] | None:
     """The step's key, each row's penalised history window and its penalty factors; None past what a graph takes."""
-    rows, vocab = logits.shape
-    params = [s.params for s in states]
-    greedy = tuple(i for i, p in enumerate(params) if p.greedy)
-    drawn = [i for i, p in enumerate(params) if not p.greedy]
-    groups = tuple((tuple(drawn[j] for j in g), _width([params[drawn[j]] for j in g], vocab))
-                   for g in _groups([states[i] for i in drawn]))
-    penalised = set(_penalised_rows(states, histories, pending))
-    windows = [_window(histories[i], params[i].repeat_last_n, pending is not None) if i in penalised else ()
-               for i in range(rows)]
-    longest = max(map(len, windows)) + (pending is not None) if penalised else 0
-    if not groups or max(w for _, w in groups) > GPU_CANDIDATES or longest > MAX_HISTORY:
+    n, vocab = logits.shape
+    ahead = pending is not None
+    penalised_rows = [i for i in rows.penalisable if ahead or len(histories[i])]
+    windows: list = [()] * n
+    for i in penalised_rows:
+        windows[i] = _window(histories[i], rows.params[i].repeat_last_n, ahead)
+    longest = max(len(windows[i]) for i in penalised_rows) + ahead if penalised_rows else 0
+    if not rows.groups or max(w for _, w in rows.groups) > GPU_CANDIDATES or longest > MAX_HISTORY:
         return None
-    factors = [(p.repetition_penalty, p.presence_penalty, p.frequency_penalty) if i in penalised
-               else (1.0, 0.0, 0.0) for i, p in enumerate(params)]  # a row without penalties: written back as is
-    key = _Key(logits.data_ptr(), rows, vocab, groups, greedy, pow2_bucket(longest, 16) if longest else 0,
-               any(params[i].frequency_penalty for i in penalised), pending is not None and bool(penalised),
-               bool(greedy) and not penalised and argmax is not None)
+    every = len(penalised_rows) == len(rows.penalisable)  # a row not yet penalised: written back as is
+    factors = rows.factors if every else _factors(rows.params, penalised_rows)
+    frequency = rows.frequency if every else any(rows.params[i].frequency_penalty for i in penalised_rows)
+    key = _Key(logits.data_ptr(), n, vocab, rows.groups, rows.greedy, pow2_bucket(longest, 16) if longest else 0,
+               frequency, ahead and bool(penalised_rows), bool(rows.greedy) and not penalised_rows and argmax is not None)
     return key, windows, factors
+
+
+def _uniforms_array(states: list, positions: list[int]) -> np.ndarray | list[float]:
+    """`sampling._uniforms`, in uint64 lanes for many rows (numpy's products wrap mod 2**64 as its masks do): the
+    same numbers; a few rows as it computes them (numpy's calls cost more than a few rows' Python)."""
+    if len(states) < LANES_FROM:
+        return _uniforms(states, positions)
+    key = np.fromiter((s.key for s in states), dtype=np.uint64, count=len(states))
+    z = key + (np.asarray(positions, dtype=np.uint64) + np.uint64(1)) * np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 
 def _width(params: list, vocab: int) -> int:

@@ -7,7 +7,7 @@ from array import array
 import pytest
 import torch
 
-from engine import sampling
+from engine import sampling, sampling_graphs
 from engine.sampling import SamplerState, SamplingParams, sample_ids
 from engine.sampling_graphs import SamplingGraphs
 
@@ -128,3 +128,34 @@ def test_penalties_count_each_seen_id_and_the_pending_token(device, ahead):
     state = SamplerState(SamplingParams(seed=1, temperature=0.05, top_k=4, frequency_penalty=2.5, repeat_last_n=-1))
     got = SamplingGraphs(device).sample(logits, [state], [history], [len(history) + ahead], pending)
     assert got.cpu().tolist() == [c]
+
+
+def test_uniforms_in_lanes_equal_the_samplers_own():
+    g = torch.Generator().manual_seed(5)
+    states = [SamplerState(SamplingParams(seed=s)) for s in (0, 1, 2**64 - 1, 2**63, 12345678901234567)]
+    states += [SamplerState(SamplingParams()) for _ in range(20)]  # fresh random keys
+    positions = [0, 1, 2**31 - 1, 7, 2**40] + torch.randint(0, 2**20, (20,), generator=g).tolist()
+    assert len(states) >= sampling_graphs.LANES_FROM
+    assert sampling_graphs._uniforms_array(states, positions).tolist() == sampling._uniforms(states, positions)
+
+
+def test_a_setting_changed_between_steps_draws_by_the_new_one(device):
+    """The graphs keep what the rows' parameters decide from step to step; a row whose setting changes (a new
+    parameters object, as the app's settings give) or whose history was empty is planned afresh."""
+    g = torch.Generator().manual_seed(11)
+    graphs = SamplingGraphs(device)
+    states = [SamplerState(SamplingParams(seed=i, **p)) for i, p in enumerate([APP, dict(temperature=0.9, top_p=0.8)])]
+    logits = torch.empty(2, VOCAB, device=device)
+    histories = [array("q"), array("q", [5, 6, 7])]  # the first row has nothing to penalise yet
+    changes = {2: (0, dict(temperature=1.3, top_k=3, frequency_penalty=1.0)), 3: (1, {}), 4: (1, APP)}
+    for step in range(6):
+        if step in changes:
+            row, params = changes[step]
+            states[row].update(SamplingParams(seed=row, **params))
+        logits.copy_(torch.randn(2, VOCAB, generator=g) * 3)
+        positions = [len(h) for h in histories]
+        want = _stepwise(logits, states, histories, positions, None).cpu().tolist()
+        got = graphs.sample(logits, states, histories, positions, None)
+        assert got is not None and got.cpu().tolist() == want, step
+        for h, t in zip(histories, want):
+            h.append(t)
