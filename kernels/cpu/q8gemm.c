@@ -104,7 +104,11 @@ static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t 
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = _mm512_reduce_add_ps(facc[i]);
 }
 #else
+#if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define TILE 4
+#else
+#define TILE 8
+#endif
 
 /* c + Σ (u − 128)·a over each 4 consecutive bytes, eight int32 lanes; z the lanes' 128·Σa. */
 static inline __m256i dot4(__m256i c, __m256i u, __m256i a) {
