@@ -190,7 +190,7 @@ def _gpu_draw(rows: torch.Tensor, states: list[SamplerState], positions: list[in
     filters none. None without Triton or past GPU_CANDIDATES."""
     vocab, params = rows.shape[-1], [s.params for s in states]
     limits = [min(p.top_k, vocab) for p in params]
-    width = max(limits) if limits[0] else min(FIRST_WIDTH, vocab) if _filters(params[0]) else 0
+    width = candidate_width(params, vocab)
     if width > GPU_CANDIDATES or not triton_available():
         return None
     from kernels.sampling_triton import sample_rows_triton
@@ -216,10 +216,20 @@ def _filters(p: SamplingParams) -> bool:
     return p.top_k > 0 or p.top_p < 1 or p.min_p > 0
 
 
+def candidate_width(params: list[SamplingParams], vocab: int) -> int:
+    """Candidates a group of one kind ranks on a GPU: top-k rows their largest k, open rows FIRST_WIDTH, others none."""
+    limits = [min(p.top_k, vocab) for p in params]
+    return max(limits) if limits[0] else min(FIRST_WIDTH, vocab) if _filters(params[0]) else 0
+
+
 def _groups(states: list[SamplerState]) -> list[list[int]]:
+    return param_groups([s.params for s in states])
+
+
+def param_groups(params: list[SamplingParams]) -> list[list[int]]:
     """The rows without filters, the rows with a top-k, the rows with other filters only (empty ones left out): each
     kind draws by its own path, whatever shares the step."""
-    kind = [0 if not _filters(s.params) else 1 if s.params.top_k else 2 for s in states]
+    kind = [0 if not _filters(p) else 1 if p.top_k else 2 for p in params]
     groups = [[i for i, c in enumerate(kind) if c == g] for g in range(3)]
     return [g for g in groups if g]
 
@@ -398,8 +408,7 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     if pending is not None:
         hist.scatter_(1, _on(lens, dev)[:, None], pending[at][:, None])
     frequency = any(states[i].params.frequency_penalty for i in rows)
-    factors = [[getattr(states[i].params, f"{name}_penalty") for name in ("repetition", "presence", "frequency")]
-               for i in rows]
+    factors = [penalty_factors(states[i].params) for i in rows]
     if not out.is_cuda:  # the CPU library: one call each way (a dozen torch operations: the sampler 0.22 -> 0.29 ms)
         restore = penalise_rows(out, rows, hist, factors, _counts(hist) if frequency else None)
         if restore is not None:
@@ -415,8 +424,7 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     flat = (at[:, None] * vocab + ids).flatten()  # into the (R * V) logits: no other copy of the rows
     original = out.view(-1).take(flat)
     seen = original.view(ids.shape)
-    rep, presence, frequencies = _on([[getattr(states[i].params, f"{name}_penalty") for i in rows]
-                                    for name in ("repetition", "presence", "frequency")], dev, out.dtype)[:, :, None]
+    rep, presence, frequencies = _on(factors, dev, out.dtype).T[:, :, None]
     seen = torch.where(seen > 0, seen / rep, seen * rep)
     seen = seen - presence
     if frequency:
@@ -424,6 +432,10 @@ def _apply_penalties(out: torch.Tensor, rows: list[int], states: list[SamplerSta
     seen = torch.where(real, seen, seen[:, :1])
     out.view(-1).scatter_(0, flat, seen.flatten())
     return lambda: out.view(-1).scatter_(0, flat, original)
+
+
+def penalty_factors(p: SamplingParams) -> tuple[float, float, float]:
+    return p.repetition_penalty, p.presence_penalty, p.frequency_penalty
 
 
 def _window(history: list[int] | array, last_n: int, pending: bool) -> list[int] | array:

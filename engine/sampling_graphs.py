@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.sampling import (FIRST_WIDTH, GPU_CANDIDATES, SamplerState, _argmax, _counts, _filters, _groups,
-                             _uniforms, _window, penalised)
+from engine.sampling import (GPU_CANDIDATES, _argmax, _counts, _uniforms, _window, candidate_width, param_groups,
+                             penalised, penalty_factors)
 from engine.step_inputs import pow2_bucket
 from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
 from kernels.sampling_triton import sample_rows_triton
@@ -217,8 +217,8 @@ class _Rows:
     def of(params: tuple, vocab: int) -> _Rows:
         greedy = tuple(i for i, p in enumerate(params) if p.greedy)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        groups = tuple((tuple(drawn[j] for j in g), _width([params[drawn[j]] for j in g], vocab))
-                       for g in _groups([SamplerState(params[i]) for i in drawn]))
+        groups = tuple((tuple(drawn[j] for j in g), candidate_width([params[drawn[j]] for j in g], vocab))
+                       for g in param_groups([params[i] for i in drawn]))
         penalisable = tuple(i for i, p in enumerate(params) if penalised(p))
         table = np.array([(p.temperature, min(p.top_k, vocab), p.top_p, p.min_p, 0.0) for p in params],
                          dtype=np.float64).reshape(len(params), PARAMS)
@@ -230,8 +230,7 @@ def _factors(params: tuple, penalised_rows) -> np.ndarray:
     """Each row's (repetition, presence, frequency); a row without penalties (1, 0, 0): its logits written back as is."""
     out = np.tile(np.array([1.0, 0.0, 0.0]), (len(params), 1))
     for i in penalised_rows:
-        p = params[i]
-        out[i] = p.repetition_penalty, p.presence_penalty, p.frequency_penalty
+        out[i] = penalty_factors(params[i])
     return out
 
 
@@ -266,12 +265,6 @@ def _uniforms_array(states: list, positions: list[int]) -> np.ndarray | list[flo
     z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
     z = z ^ (z >> np.uint64(31))
     return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-def _width(params: list, vocab: int) -> int:
-    """Candidates a row group takes (as `sampling._gpu_draw`): top-k rows their largest k, open rows FIRST_WIDTH."""
-    limits = [min(p.top_k, vocab) for p in params]
-    return max(limits) if limits[0] else min(FIRST_WIDTH, vocab) if _filters(params[0]) else 0
 
 
 def _draw(entry: _Entry, logits: torch.Tensor) -> torch.Tensor:
