@@ -283,10 +283,13 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 }
 #endif
 
-/* One weight row against every row of x. */
-static inline __attribute__((always_inline)) void kcolumn(const KActs *x, const uint8_t *w, const int kind, float *y,
-                                                          int64_t N) {
-#define KTILE(r0, nr) ktile(x, r0, nr, w, kind, y, N)
+/* Weight rows n0 .. n1 - 1 against every row of x: each tile of x's rows meets the whole run of weight rows before the
+   next tile, so a prefill's activations are read once a run (they outgrow L2: 500 rows of a 2,048-deep product are
+   1 MB) and the run's weight rows come from L2 for every tile after the first. A row's value is the same whatever the
+   order: each tile sums its rows apart. */
+static inline __attribute__((always_inline)) void kcolumns(const KActs *x, const uint8_t *blocks, int64_t row_bytes,
+        const int kind, int64_t n0, int64_t n1, float *y, int64_t N) {
+#define KTILE(r0, nr) for (int64_t n = n0; n < n1; n++) ktile(x, r0, nr, blocks + n * row_bytes, kind, y + n, N)
     EACH_TILE(x->R, TILE, KTILE);
 #undef KTILE
 }
@@ -300,18 +303,19 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     const int64_t row_bytes = K / QK * sb_bytes(kind);
     KActs acts;
     if (quantize_acts(x, R, K, kind, &acts) != 0) return -1;
-    const int64_t run = column_run(N, threads);
-    #pragma omp parallel for schedule(dynamic, run) num_threads(threads) if (worth_threads(N, K, R))
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *w = blocks + n * row_bytes;
+    const int64_t nb = block_run(R, TILE, row_bytes, column_run(N, threads)), runs = (N + nb - 1) / nb;
+    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (worth_threads(N, K, R))
+    for (int64_t j = 0; j < runs; j++) {
+        const int64_t n0 = j * nb, n1 = n0 + nb < N ? n0 + nb : N;
         if (kind == Q4_K)
-            kcolumn(&acts, w, Q4_K, y + n, N);
+            kcolumns(&acts, blocks, row_bytes, Q4_K, n0, n1, y, N);
         else if (kind == Q5_K)
-            kcolumn(&acts, w, Q5_K, y + n, N);
+            kcolumns(&acts, blocks, row_bytes, Q5_K, n0, n1, y, N);
         else
-            kcolumn(&acts, w, Q6_K, y + n, N);
+            kcolumns(&acts, blocks, row_bytes, Q6_K, n0, n1, y, N);
         if (bias)  /* after the sum, as torch's y + b rounds it */
-            for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
     }
     release_acts(&acts);
     return 0;

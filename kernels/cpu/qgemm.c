@@ -245,44 +245,41 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
     const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
-    const int64_t run = column_run(N, threads);
+    const int64_t nb = block_run(R, TILE, row_bytes + 2 * ng * (offsets ? 2 : 1), column_run(N, threads));
+    const int64_t runs = (N + nb - 1) / nb;
     Acts acts;
     if (make_acts(x, R, K, group, &acts) != 0) return -1;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     {
-        float *of = malloc(sizeof(float) * (size_t)ng);
-        if (!of) {
+        float *offs = malloc(sizeof(float) * (size_t)(ng * nb));  /* a run's offsets as fp32, a column's ng apart */
+        if (!offs) {
             #pragma omp atomic write
             failed = 1;
         }
-        #pragma omp for schedule(dynamic, run)  /* long runs taken in turn: a core slowed by the VM's neighbours takes fewer */
-        for (int64_t n = 0; n < N; n++) {
-            if (!of) continue;
-            const uint8_t *w = codes + n * row_bytes;
-            const uint16_t *s = scales + n * ng;
-            if (offsets)
-                halves_to_f32(of, offsets + n * ng, ng, 1.0f);
-            else
-                halves_to_f32(of, s, ng, -zero_f);
-            int64_t r0 = 0;
-            for (; r0 + TILE <= R; r0 += TILE) tile(&acts, r0, TILE, w, s, of, bits, lut, group, wide, y + n, N);
-            switch (R - r0) {  /* constant row counts: each call keeps its accumulators in registers */
-#if TILE > 4
-                case 7: tile(&acts, r0, 7, w, s, of, bits, lut, group, wide, y + n, N); break;
-                case 6: tile(&acts, r0, 6, w, s, of, bits, lut, group, wide, y + n, N); break;
-                case 5: tile(&acts, r0, 5, w, s, of, bits, lut, group, wide, y + n, N); break;
-                case 4: tile(&acts, r0, 4, w, s, of, bits, lut, group, wide, y + n, N); break;
-#endif
-                case 3: tile(&acts, r0, 3, w, s, of, bits, lut, group, wide, y + n, N); break;
-                case 2: tile(&acts, r0, 2, w, s, of, bits, lut, group, wide, y + n, N); break;
-                case 1: tile(&acts, r0, 1, w, s, of, bits, lut, group, wide, y + n, N); break;
-                default: break;
+        /* runs taken in turn: a core slowed by the VM's neighbours takes fewer; past a tile of rows, each tile of x
+           meets the whole run (block_run) */
+        #pragma omp for schedule(dynamic, 1)
+        for (int64_t j = 0; j < runs; j++) {
+            if (!offs) continue;
+            const int64_t n0 = j * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            for (int64_t n = n0; n < n1; n++) {
+                if (offsets)
+                    halves_to_f32(offs + (n - n0) * ng, offsets + n * ng, ng, 1.0f);
+                else
+                    halves_to_f32(offs + (n - n0) * ng, scales + n * ng, ng, -zero_f);
             }
+#define QTILE(r0, nr)                                                                                        \
+            for (int64_t n = n0; n < n1; n++)                                                                \
+                tile(&acts, r0, nr, codes + n * row_bytes, scales + n * ng, offs + (n - n0) * ng, bits, lut, \
+                     group, wide, y + n, N)
+            EACH_TILE(R, TILE, QTILE);
+#undef QTILE
             if (bias)  /* after the sum, as torch's y + b rounds it */
-                for (int64_t r = 0; r < R; r++) y[r * N + n] += bias[n];
+                for (int64_t r = 0; r < R; r++)
+                    for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
         }
-        free(of);
+        free(offs);
     }
     free_acts(&acts);
     return failed ? -1 : 0;

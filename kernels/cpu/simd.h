@@ -46,6 +46,15 @@ static inline int64_t column_run(int64_t N, int threads) {
     return run > 16 ? run : 16;
 }
 
+/* Weight rows a thread takes at a time when x has more rows than one tile: about 128 KB of weights, which stay in L2
+   while every tile of x's rows meets them (a prefill's activations outgrow L2; read so, they stream once a run).
+   A decode's rows are one tile: its runs stay column_run's. */
+static inline int64_t block_run(int64_t R, int tile, int64_t row_bytes, int64_t run) {
+    if (R <= tile) return run;
+    const int64_t fit = (128 << 10) / row_bytes;
+    return fit < 4 ? 4 : fit < run ? fit : run;
+}
+
 /* Whether a product is worth the threads: small ones run on the calling thread. */
 static inline int worth_threads(int64_t N, int64_t K, int64_t R) { return N * K * (R < 8 ? R : 8) > (1 << 18); }
 

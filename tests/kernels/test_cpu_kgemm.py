@@ -108,7 +108,7 @@ def test_kernel_matches_reference_and_rows_are_independent(name, k):
 
 @needs_kernel
 def test_bias_is_added_as_torch_adds_it():
-    blocks, x, bias = _blocks("Q4_K", 40, 512, seed=4), torch.randn(3, 512), torch.randn(40)
+    blocks, x, bias = _blocks("Q4_K", 40, 512, seed=4), torch.randn(11, 512), torch.randn(40)  # runs of columns past a tile
     plain = kgemm(x, blocks, "Q4_K", impl="native")
     assert torch.equal(kgemm(x, blocks, "Q4_K", bias, impl="native"), plain + bias)
 

@@ -271,7 +271,7 @@ def test_units_kernel_on_each_instruction_set_path(tmp_path, march, extra, isa):
 def test_units_kernel_bias_and_refusals():
     codes, scales, _ = _weights(BYTES, 40, 256, seed=5)
     held = torch.from_numpy(interleave_units(codes.numpy()))
-    x, bias = torch.randn(3, 256), torch.randn(40)
+    x, bias = torch.randn(11, 256), torch.randn(40)  # runs of columns past a tile
     assert torch.equal(q8gemm(x, held, scales, bias, impl="native"), q8gemm(x, held, scales, impl="native") + bias)
     with pytest.raises(ValueError, match="does not take K = 96"):
         q8gemm(torch.randn(1, 96), held[:, :96].contiguous(), scales[:, :3].contiguous(), impl="native")
