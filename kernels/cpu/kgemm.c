@@ -283,10 +283,8 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 }
 #endif
 
-/* Weight rows n0 .. n1 - 1 against every row of x: each tile of x's rows meets the whole run of weight rows before the
-   next tile, so a prefill's activations are read once a run (they outgrow L2: 500 rows of a 2,048-deep product are
-   1 MB) and the run's weight rows come from L2 for every tile after the first. A row's value is the same whatever the
-   order: each tile sums its rows apart. */
+/* Weight rows n0 .. n1 - 1 (a block_cols block) against every row of x, each tile of x's rows against the whole block
+   before the next tile. A row's value is the same whatever the order: each tile sums its rows apart. */
 static inline __attribute__((always_inline)) void kcolumns(const KActs *x, const uint8_t *blocks, int64_t row_bytes,
         const int kind, int64_t n0, int64_t n1, float *y, int64_t N) {
 #define KTILE(r0, nr) for (int64_t n = n0; n < n1; n++) ktile(x, r0, nr, blocks + n * row_bytes, kind, y + n, N)
@@ -303,19 +301,18 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     const int64_t row_bytes = K / QK * sb_bytes(kind);
     KActs acts;
     if (quantize_acts(x, R, K, kind, &acts) != 0) return -1;
-    const int64_t nb = block_run(R, TILE, row_bytes, column_run(N, threads)), runs = (N + nb - 1) / nb;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (worth_threads(N, K, R))
-    for (int64_t j = 0; j < runs; j++) {
-        const int64_t n0 = j * nb, n1 = n0 + nb < N ? n0 + nb : N;
+    const int64_t cols = block_cols(row_bytes), nblk = (N + cols - 1) / cols;
+    #pragma omp parallel for schedule(dynamic, block_chunk(N, threads, cols)) num_threads(threads) \
+        if (worth_threads(N, K, R))
+    for (int64_t j = 0; j < nblk; j++) {
+        const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;
         if (kind == Q4_K)
             kcolumns(&acts, blocks, row_bytes, Q4_K, n0, n1, y, N);
         else if (kind == Q5_K)
             kcolumns(&acts, blocks, row_bytes, Q5_K, n0, n1, y, N);
         else
             kcolumns(&acts, blocks, row_bytes, Q6_K, n0, n1, y, N);
-        if (bias)  /* after the sum, as torch's y + b rounds it */
-            for (int64_t r = 0; r < R; r++)
-                for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
+        if (bias) add_bias(y, bias, R, N, n0, n1);
     }
     release_acts(&acts);
     return 0;

@@ -170,21 +170,20 @@ static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t 
 #endif
 
 /* Every column n of y: codes rows of K·bits/8 bytes; `bits` a constant at each call, so the tiles unpack or not.
-   Runs of columns (block_run), each tile of x's rows against the whole run before the next tile. */
+   Blocks of columns (block_cols), each tile of x's rows against the whole block before the next tile. */
 static inline __attribute__((always_inline)) void columns(const UActs *acts, const uint8_t *codes,
         const uint16_t *scales, int64_t N, const float *bias, float *y, int threads, const int bits) {
     const int64_t R = acts->R, K = acts->K, row_bytes = K / 8 * bits;
-    const int64_t nb = block_run(R, TILE, row_bytes + K / 16, column_run(N, threads)), runs = (N + nb - 1) / nb;
-    #pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (worth_threads(N, K, R))
-    for (int64_t j = 0; j < runs; j++) {
-        const int64_t n0 = j * nb, n1 = n0 + nb < N ? n0 + nb : N;
+    const int64_t cols = block_cols(row_bytes + K / 16), nblk = (N + cols - 1) / cols;
+    #pragma omp parallel for schedule(dynamic, block_chunk(N, threads, cols)) num_threads(threads) \
+        if (worth_threads(N, K, R))
+    for (int64_t j = 0; j < nblk; j++) {
+        const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;
 #define UTILE(r0, nr) \
         for (int64_t n = n0; n < n1; n++) utile(acts, r0, nr, codes + n * row_bytes, scales + n * (K / 32), y + n, N, bits)
         EACH_TILE(R, TILE, UTILE);
 #undef UTILE
-        if (bias)  /* after the sum, as torch's y + b rounds it */
-            for (int64_t r = 0; r < R; r++)
-                for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
+        if (bias) add_bias(y, bias, R, N, n0, n1);
     }
 }
 

@@ -245,24 +245,22 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
     /* a `wide` AVX2 dot takes 128 off each code: the same as 128 more on the zero */
     const int wide = bits == 8 && !offsets && zero == 128 && WIDE_SHIFT != 0;
     const float zero_f = (float)(zero - (wide ? WIDE_SHIFT : 0));
-    const int64_t nb = block_run(R, TILE, row_bytes + 2 * ng * (offsets ? 2 : 1), column_run(N, threads));
-    const int64_t runs = (N + nb - 1) / nb;
+    const int64_t cols = block_cols(row_bytes + 2 * ng * (offsets ? 2 : 1)), nblk = (N + cols - 1) / cols;
     Acts acts;
     if (make_acts(x, R, K, group, &acts) != 0) return -1;
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (N * K * (R < 8 ? R : 8) > (1 << 18))
     {
-        float *offs = malloc(sizeof(float) * (size_t)(ng * nb));  /* a run's offsets as fp32, a column's ng apart */
+        float *offs = malloc(sizeof(float) * (size_t)(ng * cols));  /* a block's offsets as fp32, a column's ng apart */
         if (!offs) {
             #pragma omp atomic write
             failed = 1;
         }
-        /* runs taken in turn: a core slowed by the VM's neighbours takes fewer; past a tile of rows, each tile of x
-           meets the whole run (block_run) */
-        #pragma omp for schedule(dynamic, 1)
-        for (int64_t j = 0; j < runs; j++) {
+        /* long runs taken in turn: a core slowed by the VM's neighbours takes fewer; each tile of x meets a whole block */
+        #pragma omp for schedule(dynamic, block_chunk(N, threads, cols))
+        for (int64_t j = 0; j < nblk; j++) {
             if (!offs) continue;
-            const int64_t n0 = j * nb, n1 = n0 + nb < N ? n0 + nb : N;
+            const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;
             for (int64_t n = n0; n < n1; n++) {
                 if (offsets)
                     halves_to_f32(offs + (n - n0) * ng, offsets + n * ng, ng, 1.0f);
@@ -275,9 +273,7 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
                      group, wide, y + n, N)
             EACH_TILE(R, TILE, QTILE);
 #undef QTILE
-            if (bias)  /* after the sum, as torch's y + b rounds it */
-                for (int64_t r = 0; r < R; r++)
-                    for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
+            if (bias) add_bias(y, bias, R, N, n0, n1);
         }
         free(offs);
     }

@@ -46,13 +46,24 @@ static inline int64_t column_run(int64_t N, int threads) {
     return run > 16 ? run : 16;
 }
 
-/* Weight rows a thread takes at a time when x has more rows than one tile: about 128 KB of weights, which stay in L2
-   while every tile of x's rows meets them (a prefill's activations outgrow L2; read so, they stream once a run).
-   A decode's rows are one tile: its runs stay column_run's. */
-static inline int64_t block_run(int64_t R, int tile, int64_t row_bytes, int64_t run) {
-    if (R <= tile) return run;
+/* Columns a block of a product: about 128 KB of weight rows, which stay in L2 while every tile of x's rows meets them
+   (a prefill's activations outgrow L2; read tile by tile against a block, they stream once a block, not once a
+   column). A decode's rows are one tile: its blocks run one after another as one stream. */
+static inline int64_t block_cols(int64_t row_bytes) {
     const int64_t fit = (128 << 10) / row_bytes;
-    return fit < 4 ? 4 : fit < run ? fit : run;
+    return fit > 4 ? fit : 4;
+}
+
+/* Blocks a thread takes at a time: about column_run's columns, so each weight stream stays long. */
+static inline int64_t block_chunk(int64_t N, int threads, int64_t cols) {
+    const int64_t chunk = column_run(N, threads) / cols;
+    return chunk > 1 ? chunk : 1;
+}
+
+/* y's columns n0 .. n1 - 1 of every row plus bias, after the sums, as torch's y + b rounds it. */
+static inline void add_bias(float *y, const float *bias, int64_t R, int64_t N, int64_t n0, int64_t n1) {
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t n = n0; n < n1; n++) y[r * N + n] += bias[n];
 }
 
 /* Whether a product is worth the threads: small ones run on the calling thread. */
