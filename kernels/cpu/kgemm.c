@@ -302,7 +302,7 @@ int parley_kgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, in
     KActs acts;
     if (quantize_acts(x, R, K, kind, &acts) != 0) return -1;
     const int64_t cols = block_cols(row_bytes), nblk = (N + cols - 1) / cols;
-    #pragma omp parallel for schedule(dynamic, block_chunk(N, threads, cols)) num_threads(threads) \
+    #pragma omp parallel for schedule(dynamic, block_chunk(R, TILE, N, threads, cols)) num_threads(threads) \
         if (worth_threads(N, K, R))
     for (int64_t j = 0; j < nblk; j++) {
         const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;

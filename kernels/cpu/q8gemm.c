@@ -175,7 +175,7 @@ static inline __attribute__((always_inline)) void columns(const UActs *acts, con
         const uint16_t *scales, int64_t N, const float *bias, float *y, int threads, const int bits) {
     const int64_t R = acts->R, K = acts->K, row_bytes = K / 8 * bits;
     const int64_t cols = block_cols(row_bytes + K / 16), nblk = (N + cols - 1) / cols;
-    #pragma omp parallel for schedule(dynamic, block_chunk(N, threads, cols)) num_threads(threads) \
+    #pragma omp parallel for schedule(dynamic, block_chunk(R, TILE, N, threads, cols)) num_threads(threads) \
         if (worth_threads(N, K, R))
     for (int64_t j = 0; j < nblk; j++) {
         const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;

@@ -257,7 +257,7 @@ int parley_qgemm(const float *x, int64_t R, int64_t K, const uint8_t *codes, con
             failed = 1;
         }
         /* long runs taken in turn: a core slowed by the VM's neighbours takes fewer; each tile of x meets a whole block */
-        #pragma omp for schedule(dynamic, block_chunk(N, threads, cols))
+        #pragma omp for schedule(dynamic, block_chunk(R, TILE, N, threads, cols))
         for (int64_t j = 0; j < nblk; j++) {
             if (!offs) continue;
             const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;

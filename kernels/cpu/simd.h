@@ -54,10 +54,11 @@ static inline int64_t block_cols(int64_t row_bytes) {
     return fit > 4 ? fit : 4;
 }
 
-/* Blocks a thread takes at a time: about column_run's columns, so each weight stream stays long. */
-static inline int64_t block_chunk(int64_t N, int threads, int64_t cols) {
+/* Blocks a thread takes at a time: a decode (rows in one tile, bound by memory) about column_run's columns, so each
+   weight stream stays long; more rows (bound by arithmetic) one block, so the threads end together. */
+static inline int64_t block_chunk(int64_t R, int tile, int64_t N, int threads, int64_t cols) {
     const int64_t chunk = column_run(N, threads) / cols;
-    return chunk > 1 ? chunk : 1;
+    return R > tile || chunk < 1 ? 1 : chunk;
 }
 
 /* y's columns n0 .. n1 - 1 of every row plus bias, after the sums, as torch's y + b rounds it. */
