@@ -102,7 +102,7 @@ def parley_prefill(lm, impl: str, ids: list[int]) -> Timing:
     from engine.sampling import SamplerState, SamplingParams
     from engine.sequence import Sequence
 
-    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=1024))
+    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=max(1024, len(ids) + 8)))
     seq = Sequence(0, list(ids), SamplerState(SamplingParams(max_tokens=1)))
     batcher.add(seq)
     start = time.perf_counter()
@@ -221,7 +221,7 @@ def main() -> None:
     parleys = {"parley-quantized": load_parley(a.model, "quantized", a.data_dir / "cache")}
     if a.dequantized:
         parleys["parley-dequantized"] = load_parley(a.model, "dequantized", a.data_dir / "cache")
-    llm = load_llama(a.model, a.threads, a.flash_attn, max(1024, a.context + a.tokens + 64))
+    llm = load_llama(a.model, a.threads, a.flash_attn, max(1024, a.context + a.tokens + 64, a.prefill_tokens + 64))
     tok = parleys["parley-quantized"].tokenizer
     first = long_prompt(tok, a.context) if a.context else tok.encode(PROMPTS[0], add_bos=True)
     ids = {"short": first, "batch": [tok.encode(p, add_bos=True) for p in PROMPTS],
