@@ -7,6 +7,7 @@ from PySide6.QtCore import QCoreApplication, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.core.live import ChatStatus
+from app.qt.elided_label import ElidedLabel
 
 TICKING = ("loading", "queued", "prefilling")  # phases with no other movement: the seconds count up
 TICK_MS = 1000
@@ -19,9 +20,9 @@ def tr(text: str) -> str:
 class StatusLine(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.text = QLabel(objectName="statusText")
+        self.text = ElidedLabel(objectName="statusText")  # a narrow window elides the line (its tooltip has it all)
         self.text.setAccessibleName(tr("Chat status"))
-        self.text.setMinimumWidth(80)  # a narrow window clips the line (its tooltip has it all), never grows
+        self.text.setMinimumWidth(80)
         self.meter = QProgressBar(objectName="contextMeter")
         self.meter.setMinimumWidth(110)
         self.meter.setMaximumWidth(220)
@@ -41,7 +42,6 @@ class StatusLine(QWidget):
     def show_status(self, s: ChatStatus, loading: str = "") -> None:
         self._shown = (s, loading)
         self.text.setText(describe(s, loading))
-        self.text.setToolTip(self.text.text())
         limit = max(1, s.context_limit)
         self.meter.setRange(0, limit)
         self.meter.setValue(min(s.context_used, limit))

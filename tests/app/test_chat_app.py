@@ -39,7 +39,7 @@ def test_two_chats_stream_at_once(parley, qtbot):
         status = service.status(conv)
         assert status.context_limit == 512 and 0 < status.context_used <= 512
         assert status.ttft_s is not None
-    assert "TTFT" in w.chat.status.text.text() and "qwen3" in w.chat.status.text.text()
+    assert "TTFT" in w.chat.status.text.full_text() and "qwen3" in w.chat.status.text.full_text()
     assert w.chat.status.meter.format().endswith("/ 512")
     assert w.chat.status.meter.value() == service.status(a).context_used
 

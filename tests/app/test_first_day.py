@@ -306,7 +306,7 @@ def test_ttft_does_not_change_and_status_follows_the_version(parley, qtbot):
     conv = w.current()
     configure(parley, conv, temperature=0.0, max_tokens=3)
     seen: list[str] = []
-    parley.service.status_changed.connect(lambda _c: seen.extend(_ttfts(w.chat.status.text.text())))
+    parley.service.status_changed.connect(lambda _c: seen.extend(_ttfts(w.chat.status.text.full_text())))
     w.chat.send("time me")
     wait_idle(parley, qtbot, conv)
     first = last(parley, conv)
@@ -318,7 +318,7 @@ def test_ttft_does_not_change_and_status_follows_the_version(parley, qtbot):
     assert second.stats["context_used"] != first.stats["context_used"]
     w.chat.view.activate(second, "prev:")
     assert w.chat.status.meter.value() == first.stats["context_used"]
-    assert _ttfts(w.chat.status.text.text()) == [f"{first.stats['ttft_s'] * 1000:.0f}"]
+    assert _ttfts(w.chat.status.text.full_text()) == [f"{first.stats['ttft_s'] * 1000:.0f}"]
     w.chat.view.activate(first, "next:")
     assert w.chat.status.meter.value() == second.stats["context_used"]
 

@@ -281,3 +281,20 @@ def test_a_dflash_drafter_file_drafts_for_models_loaded_later_and_is_remembered(
     qtbot.waitUntil(lambda: engine.config.speculative == "auto", timeout=10_000)
     assert parley.settings.draft_model == "" and dialog.dflash_button.text() == "DFlash drafter…"
     dialog.close()
+
+
+def test_a_narrow_status_line_ends_in_an_ellipsis_and_keeps_it_all_in_its_tooltip(qtbot):
+    from app.core.live import ChatStatus
+    from app.qt.status_line import StatusLine
+
+    line = StatusLine()
+    qtbot.addWidget(line)
+    line.resize(420, 30)
+    line.show()
+    line.show_status(ChatStatus(model="A model with a rather long name", state="streaming", tokens_per_s=41.5,
+                                context_used=70, context_limit=4096))
+    full = line.text.full_text()
+    assert "TTFT …" in full and line.text.toolTip() == full
+    assert line.text.text() != full and line.text.text().endswith("…")  # elided, not clipped mid-word
+    line.resize(1400, 30)
+    qtbot.waitUntil(lambda: line.text.text() == full)
