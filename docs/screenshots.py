@@ -39,7 +39,7 @@ def main_window(app) -> list[int]:
     ask(app, first, "Write a Python function that reverses a string.\n\n```python", max_tokens=60, temperature=0.0)
     pump_until(lambda: not svc.busy(first), 600)
     streaming = [w.new_chat(), w.new_chat()]
-    ask(app, streaming[0], "Tell me a story about a lighthouse keeper.", max_tokens=400, temperature=0.7, seed=3)
+    ask(app, streaming[0], "Tell me a story about a lighthouse keeper.", max_tokens=400, temperature=0.7, seed=7)
     ask(app, streaming[1], "What are good habits for learning a language?", max_tokens=400, temperature=0.7, seed=5)
     pump_until(lambda: all(len(svc.store.path(c)[-1].content) > 160 for c in streaming), 600)
     w.open_chat(streaming[0])
@@ -91,9 +91,9 @@ def sized_set(app, width: int, height: int) -> None:
     settle()
     w.grab().save(str(OUT / f"empty-{tag}.png"))
     chats = [w.new_chat() for _ in range(3)]
-    for conv, (prompt, seed) in zip(chats, [("Tell me a story about a lighthouse keeper.", 3),
+    for conv, (prompt, seed) in zip(chats, [("Tell me a story about a lighthouse keeper.", 7),
                                             ("What are good habits for learning a language?", 5),
-                                            ("Once upon a time, in a village by the sea, there lived", 7)]):
+                                            ("Once upon a time, in a village by the sea, there lived", 3)]):
         ask(app, conv, prompt, max_tokens=300, temperature=0.7, seed=seed)
     w.live_panel.show()
     pump_until(lambda: all(len(svc.store.path(c)[-1].content) > 80 for c in chats), 600)
