@@ -198,7 +198,15 @@ def _gpu_draw(rows: torch.Tensor, states: list[SamplerState], positions: list[in
     rows = rows if rows.dtype == torch.float32 and rows.stride(-1) == 1 else rows.float().contiguous()
     table = [[p.temperature, k, p.top_p, p.min_p, u] for p, k, u in zip(params, limits, _uniforms(states, positions))]
     candidates = rows.topk(width, dim=-1, sorted=False) if width else None
-    return sample_rows_triton(rows, _on(table, rows.device, torch.float64), candidates)
+    whole, nucleus = whole_row(params)
+    return sample_rows_triton(rows, _on(table, rows.device, torch.float64), candidates, whole=whole, nucleus=nucleus)
+
+
+def whole_row(params: list[SamplingParams]) -> tuple[bool, bool]:
+    """For the GPU's draw: whether some row (one without top-k) may go on over its whole row, and whether one of
+    those searches the row for its nucleus (a top-p below 1): the launches it may skip."""
+    open_rows = [p for p in params if not p.top_k]
+    return bool(open_rows), any(p.top_p < 1 for p in open_rows)
 
 
 def probabilities(rows: torch.Tensor, states: list[SamplerState]) -> torch.Tensor:

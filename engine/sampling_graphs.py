@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from engine.sampling import (GPU_CANDIDATES, _argmax, _counts, _uniforms, _window, candidate_width, param_groups,
-                             penalised, penalty_factors)
+                             penalised, penalty_factors, whole_row)
 from engine.step_inputs import pow2_bucket
 from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
 from kernels.sampling_triton import sample_rows_triton
@@ -35,6 +35,7 @@ MAX_GRAPHS = 32  # kept graphs, least recently used dropped first (each holds it
 LANES_FROM = 16  # rows from which the uniforms are computed in numpy's lanes
 STAGING = 4  # pinned staging buffers in turn: the host writes one while the device may still copy the last
 log = logging.getLogger(__name__)
+_Group = tuple[tuple[int, ...], int, tuple[bool, bool]]
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class _Key:
     logits: int  # data_ptr: a graph reads the logits where they were at capture
     rows: int
     vocab: int
-    groups: tuple[tuple[tuple[int, ...], int], ...]  # drawn rows of one kind and their candidates (topk; 0: none)
+    groups: tuple[_Group, ...]  # drawn rows of one kind, their candidates (topk; 0: none) and `whole_row`
     greedy: tuple[int, ...]  # rows that take the argmax
     history: int  # penalised history width, 0: no penalties
     frequency: bool
@@ -59,7 +60,7 @@ class _Entry:
         self.inputs = torch.zeros(self.size, dtype=torch.int64, device=device)  # laid out as `_layout` says
         self.pending = torch.zeros(r, dtype=torch.int64, device=device)
         self.rows = torch.arange(r, device=device)
-        self.index = [torch.tensor(rows, device=device) for rows, _ in key.groups]
+        self.index = [torch.tensor(rows, device=device) for rows, _, _ in key.groups]
         self.argmax = torch.zeros(r, dtype=torch.int64, device=device) if key.argmax else None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
@@ -207,7 +208,7 @@ class _Rows:
     params: tuple
     vocab: int
     greedy: tuple[int, ...]
-    groups: tuple[tuple[tuple[int, ...], int], ...]  # as `_Key.groups`
+    groups: tuple[_Group, ...]  # as `_Key.groups`
     penalisable: tuple[int, ...]  # rows with penalties, penalised once they have a history
     frequency: bool  # some penalisable row has a frequency penalty
     table: np.ndarray  # (R, PARAMS) fp64 draw table, its uniforms' column left to each step
@@ -217,8 +218,9 @@ class _Rows:
     def of(params: tuple, vocab: int) -> _Rows:
         greedy = tuple(i for i, p in enumerate(params) if p.greedy)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        groups = tuple((tuple(drawn[j] for j in g), candidate_width([params[drawn[j]] for j in g], vocab))
-                       for g in param_groups([params[i] for i in drawn]))
+        kinds = [[drawn[j] for j in g] for g in param_groups([params[i] for i in drawn])]
+        groups = tuple((tuple(rows), candidate_width([params[i] for i in rows], vocab),
+                        whole_row([params[i] for i in rows])) for rows in kinds)
         penalisable = tuple(i for i, p in enumerate(params) if penalised(p))
         table = np.array([(p.temperature, min(p.top_k, vocab), p.top_p, p.min_p, 0.0) for p in params],
                          dtype=np.float64).reshape(len(params), PARAMS)
@@ -244,7 +246,7 @@ def _plan(logits: torch.Tensor, rows: _Rows, histories: list, pending: torch.Ten
     for i in penalised_rows:
         windows[i] = _window(histories[i], rows.params[i].repeat_last_n, ahead)
     longest = max(len(windows[i]) for i in penalised_rows) + ahead if penalised_rows else 0
-    if not rows.groups or max(w for _, w in rows.groups) > GPU_CANDIDATES or longest > MAX_HISTORY:
+    if not rows.groups or max(w for _, w, _ in rows.groups) > GPU_CANDIDATES or longest > MAX_HISTORY:
         return None
     every = len(penalised_rows) == len(rows.penalisable)  # a row not yet penalised: written back as is
     factors = rows.factors if every else _factors(rows.params, penalised_rows)
@@ -292,13 +294,13 @@ def _draw_groups(entry: _Entry, logits: torch.Tensor, table: torch.Tensor) -> to
         ids = entry.argmax.clone() if key.argmax else _argmax(logits)
     else:
         ids = torch.empty(key.rows, dtype=torch.int64, device=logits.device)
-    for (rows, width), index in zip(key.groups, entry.index):
+    for (rows, width, (whole, nucleus)), index in zip(key.groups, entry.index):
         if len(rows) == key.rows:  # every row draws alike: the logits themselves, as sample_ids passes them
             group, params = logits, table
         else:
             group, params = logits.index_select(0, index), table.index_select(0, index)
         candidates = group.topk(width, dim=-1, sorted=False) if width else None
-        drawn = sample_rows_triton(group, params, candidates)
+        drawn = sample_rows_triton(group, params, candidates, whole=whole, nucleus=nucleus)
         if len(rows) == key.rows:
             return drawn
         ids.index_copy_(0, index, drawn)

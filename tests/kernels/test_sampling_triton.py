@@ -1,4 +1,4 @@
-"""The GPU's one-launch draw (kernels/sampling_triton.py) against the plain fp64 definition of engine/sampling.py (on
+"""The GPU's draw (kernels/sampling_triton.py) against the plain fp64 definition of engine/sampling.py (on
 a GPU when there is one, else interpreted), and against the torch path it replaces."""
 import pytest
 import torch
@@ -27,7 +27,8 @@ def _draw(rows: torch.Tensor, cases: list[tuple], u: list[float]) -> torch.Tenso
                              dtype=torch.float64, device=rows.device)
         width = max(cases[i][0] for i in at) if kind == 0 else min(256, rows.shape[1]) if kind == 1 else 0
         candidates = group.topk(width, dim=-1, sorted=False) if width else None
-        out[at] = sample_rows_triton(group, table, candidates).cpu()
+        nucleus = any(cases[i][2] < 1 for i in at)  # the launches engine/sampling.py's whole_row lets it skip
+        out[at] = sample_rows_triton(group, table, candidates, whole=kind > 0, nucleus=kind > 0 and nucleus).cpu()
     return out
 
 
