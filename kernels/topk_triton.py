@@ -133,7 +133,7 @@ def topk_triton(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
         _fix_digit[(R,)](state, counts, nb, k, SHIFT=shift, FIRST=first, NBP=nbp, BINS=BINS, num_warps=4)
     split_counts = torch.empty(2, R, nb, dtype=torch.int32, device=logits.device)
     _block_split[(R, nb)](*x, state, split_counts[0], split_counts[1], nb, SPLIT=split, num_warps=4)
-    _write[(R, nb)](*x, state, split_counts[0], split_counts[1], values, ids, nb, k, SPLIT=split, NBP=nbp, num_warps=4)
+    _write[(R, nb)](*x, state, split_counts[0], split_counts[1], values, ids, nb, k, SPLIT=split, NBP=nbp, num_warps=8)
     return values, ids
 
 
