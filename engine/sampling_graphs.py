@@ -23,8 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.sampling import (GPU_CANDIDATES, _argmax, _counts, _uniforms, _window, candidate_width, gpu_candidates,
-                             param_groups, penalised, penalty_factors, whole_row)
+from engine.sampling import (GPU_CANDIDATES, _argmax, _counts, _uniforms, _window, candidate_width, param_groups,
+                             penalised, penalty_factors, whole_row)
 from engine.step_inputs import pow2_bucket
 from kernels.penalties_triton import penalise_rows_triton, restore_rows_triton
 from kernels.sampling_triton import sample_rows_triton
@@ -299,7 +299,7 @@ def _draw_groups(entry: _Entry, logits: torch.Tensor, table: torch.Tensor) -> to
             group, params = logits, table
         else:
             group, params = logits.index_select(0, index), table.index_select(0, index)
-        candidates = gpu_candidates(group, width)
+        candidates = group.topk(width, dim=-1, sorted=False) if width else None
         drawn = sample_rows_triton(group, params, candidates, whole=whole, nucleus=nucleus)
         if len(rows) == key.rows:
             return drawn
