@@ -347,5 +347,5 @@ def sample_rows_triton(logits: torch.Tensor, params: torch.Tensor,
         _tie_stats[(R, nb)](*x, params, maxes, out, bounds, above, tied, weight, nb, **sizes, num_warps=4)
         _tie_cut[(R,)](*x, params, sums, out, bounds, cut, above, tied, weight, nb, **sizes, num_warps=4)
     _kept_sums[(R, nb)](*x, params, maxes, out, cut, kept, nb, **sizes, num_warps=4)
-    _draw_rows[(R,)](*x, params, maxes, out, cut, kept, nb, **sizes, num_warps=8)
+    _draw_rows[(R,)](*x, params, maxes, out, cut, kept, nb, **sizes, num_warps=4)
     return out
