@@ -218,14 +218,19 @@ class _Rows:
     def of(params: tuple, vocab: int) -> _Rows:
         greedy = tuple(i for i, p in enumerate(params) if p.greedy)
         drawn = [i for i, p in enumerate(params) if not p.greedy]
-        kinds = [[drawn[j] for j in g] for g in param_groups([params[i] for i in drawn])]
-        groups = tuple((tuple(rows), candidate_width([params[i] for i in rows], vocab),
-                        whole_row([params[i] for i in rows])) for rows in kinds)
+        groups = tuple(_group(tuple(drawn[j] for j in g), params, vocab)
+                       for g in param_groups([params[i] for i in drawn]))
         penalisable = tuple(i for i, p in enumerate(params) if penalised(p))
         table = np.array([(p.temperature, min(p.top_k, vocab), p.top_p, p.min_p, 0.0) for p in params],
                          dtype=np.float64).reshape(len(params), PARAMS)
         return _Rows(params, vocab, greedy, groups, penalisable, any(params[i].frequency_penalty for i in penalisable),
                      table, _factors(params, penalisable))
+
+
+def _group(rows: tuple[int, ...], params: tuple, vocab: int) -> _Group:
+    """Drawn rows of one kind, their candidates' width and `whole_row`."""
+    kind = [params[i] for i in rows]
+    return rows, candidate_width(kind, vocab), whole_row(kind)
 
 
 def _factors(params: tuple, penalised_rows) -> np.ndarray:
