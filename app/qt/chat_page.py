@@ -67,7 +67,7 @@ class ChatPage(QWidget):
         service.path_changed.connect(self._on_status)
         service.status_changed.connect(self._on_status)
         service.conversations_changed.connect(self._on_titles)
-        models.changed.connect(lambda _key: self._on_status(self.conv_id))
+        models.changed.connect(self._on_models_changed)  # bound: it stops with the page, a lambda would not
 
     def open(self, conv_id: int | None) -> None:
         """Switching chats only swaps the model behind the view: instant, even while chats stream."""
@@ -142,6 +142,9 @@ class ChatPage(QWidget):
     def _on_titles(self) -> None:
         ok = self.conv_id is not None and self.service.store.has(self.conv_id)
         self.title.setText(self.service.store.get(self.conv_id).title if ok else "")
+
+    def _on_models_changed(self, _key: str) -> None:
+        self._on_status(self.conv_id)
 
     def _on_status(self, conv_id: int | None) -> None:
         if conv_id is None or conv_id != self.conv_id or not self.service.store.has(conv_id):

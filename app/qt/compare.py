@@ -86,7 +86,7 @@ class CompareView(QWidget):
         service.turn_done.connect(self._on_turn_done)
         service.status_changed.connect(self._on_status)
         service.settings_changed.connect(self._on_settings)
-        models.changed.connect(lambda _key: self._relabel())
+        models.changed.connect(self._relabel)  # bound: it stops with the view, a lambda would not
         self._prune_orphans()
         self._restore()
 
@@ -234,7 +234,7 @@ class CompareView(QWidget):
             column.edit_settings()
 
     # -- labels: "B: qwen3 · T 0.2"
-    def _relabel(self) -> None:
+    def _relabel(self, *_key: str) -> None:
         if not self.columns or not all(self.service.store.has(c.conv_id) for c in self.columns):
             return
         labels = self.labels()

@@ -54,7 +54,8 @@ class CompareColumn(QFrame):
         self.settings_button.clicked.connect(self.edit_settings)
         self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
         service.status_changed.connect(self._on_status)
-        models.changed.connect(lambda _key: self._on_status(self.conv_id))  # loading progress, then its name
+        # loading progress, then its name; a bound slot, so a removed column stops listening when it is deleted
+        models.changed.connect(self._on_models_changed)
         self.attach(conv_id)
 
     def attach(self, conv_id: int) -> None:
@@ -97,6 +98,9 @@ class CompareColumn(QFrame):
     def _on_model(self, *_args) -> None:
         settings = self.service.store.get(self.conv_id).settings
         self.service.set_settings(self.conv_id, settings.copy(model=self.picker.key()))
+
+    def _on_models_changed(self, _key: str) -> None:
+        self._on_status(self.conv_id)
 
     def _on_status(self, conv_id: int) -> None:
         if conv_id != self.conv_id or not self.service.store.has(conv_id):

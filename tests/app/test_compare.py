@@ -1,7 +1,7 @@
 """Compare view: one prompt to several columns, each with its own model and history; one-at-a-time; promote."""
 from __future__ import annotations
 
-from PySide6.QtCore import QPoint, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, QPoint, Qt
 
 from tests.app.helpers import handed, hold_engine, wait_idle
 
@@ -166,6 +166,9 @@ def test_fewer_columns_keep_a_removed_columns_answers(parley, qtbot):
     view.count.setValue(3)
     view.count.setValue(2)  # an empty column just goes
     assert len(parley.store.conversations(include_hidden=True)) == 1 + 3
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # the removed columns' widgets are gone
+    key = parley.store.get(convs[0]).settings.model
+    parley.models.changed.emit(key)  # a load's progress: only the live columns listen (a dead one's label raised)
 
 
 def test_presets_apply_to_a_chat_and_a_column_and_survive_a_restart(parley, qtbot, tiny_models, tmp_path):
