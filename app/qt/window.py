@@ -23,6 +23,7 @@ from app.qt.models_dialog import ModelsDialog
 from app.qt.settings_dialog import SettingsDialog
 from app.qt.sidebar import Sidebar
 from app.qt.theme import THEMES, apply_theme, icon
+from engine.loading.default_model import DEFAULT_NAME
 
 
 UNDO_MS = 10_000  # how long a deleted chat can be brought back
@@ -81,6 +82,7 @@ class MainWindow(QMainWindow):
         return self.chat.conv_id
 
     def new_chat(self) -> int:
+        self.sidebar.search.clear()  # a search would hide the new chat from the list
         conv_id = self.service.new_conversation()
         self.open_chat(conv_id)
         self.chat.composer.edit.setFocus()
@@ -196,7 +198,7 @@ class MainWindow(QMainWindow):
         dialog = ModelsDialog(self.models, self)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         dialog.import_requested.connect(self.import_file)
-        dialog.removed.connect(self._on_imported)
+        dialog.removed.connect(self._on_removed)
         dialog.open()
         self.models_dialog = dialog
         return dialog
@@ -208,6 +210,19 @@ class MainWindow(QMainWindow):
         entry = self.models.registry.get(key)
         if entry is not None:
             self.statusBar().showMessage(self.tr("Imported %1").replace("%1", entry.name), 5000)
+
+    def _on_removed(self, key: str) -> None:
+        """A model taken off the list: its chats move to the embedded model and it is unloaded, so a picker never
+        names one model while another answers."""
+        moved = [c for c in self.service.store.conversations(include_hidden=True) if c.settings.model == key]
+        for conv in moved:
+            self.service.set_settings(conv.id, conv.settings.copy(model=DEFAULT_NAME))
+        self.models.unload(key)
+        self._on_imported(key)
+        if moved:
+            chats = self.tr("1 chat") if len(moved) == 1 else self.tr("%1 chats").replace("%1", str(len(moved)))
+            self.statusBar().showMessage(self.tr("Model removed from the list: %1 moved to %2").replace("%1", chats)
+                                         .replace("%2", self.models.registry.default.name), 8000)
 
     def _on_already_there(self, path: str, key: str) -> None:
         name = self.models.registry.get(key).name

@@ -202,10 +202,15 @@ def test_model_list_describes_each_model(parley, qtbot, imported_llama, tiny_mod
     assert rows[default][1] == "loaded" and rows[default][2] == "qwen3"
     dialog.table.setCurrentItem(dialog.table.topLevelItem(0))
     assert not dialog.remove_button.isEnabled()  # the embedded model stays
+    conv = w.chat.conv_id
+    configure(parley, conv, model=imported_llama)  # a chat on the model about to go
     dialog.table.setCurrentItem(dialog.table.topLevelItem(1))
     dialog.remove_button.click()
     assert parley.models.registry.get(imported_llama) is None and w.chat.picker.findData(imported_llama) < 0
     assert dialog.table.topLevelItemCount() == 1
+    # its chat moves to the embedded model, the one its picker now names, and the removed model is unloaded
+    assert parley.store.get(conv).settings.model == "default" == w.chat.picker.key()
+    assert parley.models.state(imported_llama) is None and "1 chat moved to" in w.statusBar().currentMessage()
     dialog.close()
 
 
