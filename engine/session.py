@@ -103,7 +103,8 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
                                           thinking=request.params.thinking)
             if len(ids) < limit:
                 return ids, skip
-    raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False))
+    raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
+                                                   alone=_alone(request)))
 
 
 def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int) -> None:
@@ -113,16 +114,21 @@ def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     chars = sum(len(m["content"]) for m in kept) + (0 if raw else len(request.system_prompt or ""))
     least = chars // (2 * tok.max_token_chars)  # 2x: normalisation may lengthen text a little
     if least >= limit:
-        raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True))
+        raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True, alone=_alone(request)))
 
 
-def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool) -> str:
-    """What did not fit and the one remedy that helps: with `truncate` only the last message can be too long (older
-    turns are dropped already), so "start a new chat" would not help there."""
+def _alone(request: TurnRequest) -> bool:
+    """Whether the turn's message is the conversation's only one (besides a system prompt): no older turns to drop."""
+    return sum(m["role"] != "system" for m in request.messages) <= 1
+
+
+def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool, alone: bool = False) -> str:
+    """What did not fit and the one remedy that helps: with `truncate`, or with no older turns, only the last message
+    can be too long, so "leave out the oldest turns" would not help there."""
     count = f"{'at least ' if at_least else ''}{needed:,} tokens but the context holds {limit:,}"
     if raw:
         return f"The prompt needs {count}. Shorten it."
-    if overflow == "truncate":
+    if overflow == "truncate" or alone:
         return f"The last message (with the system prompt) needs {count}. Shorten it."
     return f"The conversation needs {count}. Shorten the message or leave out the oldest turns."
 
