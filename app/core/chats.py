@@ -200,11 +200,16 @@ class ChatService:
         return True
 
     def edit(self, msg_id: int, text: str) -> bool:
-        """A new version of an earlier user message: a new branch from its parent; the old one stays."""
+        """A new version of an earlier user message: a new branch from its parent; the old one stays. While the chat
+        answers, the answer stops and the edited message goes once it has."""
         old = self.store.message(msg_id)
         text = text.strip()
-        if not text or self.busy(old.conversation_id):
+        if not text:
             return False
+        if self.busy(old.conversation_id):
+            self.live(old.conversation_id).edit_after_stop = (msg_id, text)
+            self.stop(old.conversation_id)
+            return True
         base = self._path_to(old.conversation_id, old.parent_id)
         user = self.store.add_message(old.conversation_id, old.parent_id, "user", text)
         self._begin(old.conversation_id, base, user, "submit")
@@ -436,6 +441,10 @@ class ChatService:
         self._set_state(conv_id, msg_id, state)
         self.status_changed.emit(conv_id)
         self.turn_done.emit(conv_id, msg_id)
+        edit, live.edit_after_stop = live.edit_after_stop, None
+        if edit is not None and self.store.has(conv_id):
+            self.edit(*edit)
+            return
         self._next_queued(conv_id, live, state)
 
     def _next_queued(self, conv_id: int, live: LiveChat, state: str) -> None:

@@ -49,6 +49,7 @@ class LiveChat:
     status: ChatStatus = field(default_factory=ChatStatus)
     context_base: int = 0  # prompt tokens of the running turn, for the live context meter
     queued: list[str] = field(default_factory=list)  # messages sent while it answered: they go next, in order
+    edit_after_stop: tuple[int, str] | None = None  # an earlier message edited while it answered: goes once stopped
 
     @property
     def busy(self) -> bool:

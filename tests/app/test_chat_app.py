@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt
 
-from tests.app.helpers import configure, handed, last, last_turn, wait_idle
+from tests.app.helpers import configure, handed, hold_engine, last, last_turn, wait_idle
 
 
 def test_two_chats_stream_at_once(parley, qtbot):
@@ -120,6 +120,28 @@ def test_edit_makes_a_branch_and_the_old_one_stays(parley, qtbot):
     assert handed(parley, conv) == [m.content for m in path][:-1]
 
 
+def test_an_edit_sent_while_the_chat_answers_stops_the_answer_and_goes(parley, qtbot):
+    w, store = parley.window, parley.store
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=6)
+    w.chat.send("first")
+    wait_idle(parley, qtbot, conv)
+    first = store.path(conv)[0]
+    configure(parley, conv, max_tokens=400)
+    hold_engine(parley, 0.5)  # the next answer is still running when the edit is sent
+    w.chat.send("second")
+    answer = store.path(conv)[-1]
+    assert parley.service.busy(conv) and answer.role == "assistant"
+    w.chat.view.activate(first, "edit:")
+    w.chat.composer.edit.setPlainText("first, edited")
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    assert not w.chat.composer.banner.isVisibleTo(w)  # taken, not silently dropped
+    qtbot.waitUntil(lambda: [m.content for m in store.path(conv)][:1] == ["first, edited"], timeout=30_000)
+    wait_idle(parley, qtbot, conv)
+    assert store.versions(store.path(conv)[0])[0].id == first.id and store.path(conv)[-1].state == "done"
+    assert store.message(answer.id).state == "stopped"  # the answer the edit cut short stays on the old branch
+
+
 def test_settings_take_effect_on_the_next_turn(parley, qtbot):
     from app.qt.settings_dialog import SettingsDialog
 
@@ -198,7 +220,9 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
     assert w.sidebar.ids() == [a]
     w.sidebar.search.setText("grocer")  # title
     assert w.sidebar.ids() == [b]
-    w.sidebar.search.clear()
+    c = w.new_chat()  # the search goes, or the new chat would be missing from the list
+    assert w.sidebar.search.text() == "" and c in w.sidebar.ids() and w.sidebar.list.currentItem() is not None
+    service.delete(c)
     w.open_chat(b)
     service.delete(b)
     assert b not in w.sidebar.ids() and w.current() == a
