@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 
 from app.core.version import parley_version
 from cli.serve import add_serve_parser
@@ -19,7 +21,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if argv is None:  # the process's own command line: the process is ours to end
+            _end_if_workers_busy(130)
         return 130
+
+
+def _end_if_workers_busy(code: int) -> None:
+    """Ends the process at once where a worker thread is still inside torch (Ctrl-C during a load): the interpreter's
+    teardown under a running C++ thread aborts ("terminate called without an active exception", exit 134)."""
+    if any(t.is_alive() for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def build_parser() -> argparse.ArgumentParser:

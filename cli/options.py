@@ -66,7 +66,9 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
 
     from engine.errors import ParleyError
 
-    draft = Path(args.draft_model).expanduser() if args.draft_model else None
+    from engine.loading.default_model import resolve_model
+
+    draft = resolve_model(args.draft_model, paths.models) if args.draft_model else None  # 'default' too, as --model
     try:
         return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                             compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,

@@ -5,6 +5,7 @@ import argparse
 import json
 import os
 import sys
+import unicodedata
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -65,12 +66,12 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
 
 
 def generate(args: argparse.Namespace) -> int:
+    params = sampling_params(args)  # a bad setting is one line before the model loads, not after
     cli, model_id, loaded = open_engine(args, max_sessions=max(1, len(args.prompt)))
     try:
-        params = sampling_params(args)
         sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in args.prompt]
         stream = not args.json and (len(args.prompt) == 1 or args.sequential)
-        on_text = (lambda _turn, text: (sys.stdout.write(text), sys.stdout.flush())) if stream else None
+        on_text = _write if stream else None
         turns = []
         for sid, prompt in zip(sessions, args.prompt):
             turns.append(cli.engine.submit(sid, [{"role": "user", "content": prompt}], params))
@@ -87,7 +88,7 @@ def generate(args: argparse.Namespace) -> int:
                 print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text,
                                   "reason": end.reason, **_timings(end.stats)}, ensure_ascii=False))
             elif not stream:
-                print(f"--- prompt {i} ({end.reason})\n{end.text}")
+                print(f"--- prompt {i} ({end.reason})\n{safe_output(end.text)}")
         if args.json:
             print(json.dumps(_load_line(loaded.info), ensure_ascii=False))
     finally:
@@ -115,10 +116,10 @@ def _round(x: float | None) -> float | None:
 
 
 def chat(args: argparse.Namespace) -> int:
+    params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
     cli, model_id, loaded = open_engine(args, max_sessions=1)
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
-        params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
         print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
         while True:
             try:
@@ -131,7 +132,7 @@ def chat(args: argparse.Namespace) -> int:
             turn = cli.engine.submit(sid, messages, params, args.system)
             with keys_held_back(sys.stdin):
                 try:
-                    cli.run([turn], lambda _t, text: (sys.stdout.write(text), sys.stdout.flush()))
+                    cli.run([turn], _write)
                 except KeyboardInterrupt:
                     cli.engine.cancel(sid)
                     cli.run([turn])
@@ -172,6 +173,19 @@ def keys_held_back(stream) -> Iterator[None]:
     finally:
         termios.tcflush(fd, termios.TCIFLUSH)
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def safe_output(text: str) -> str:
+    """A model's text for the terminal: control characters other than newline and tab shown escaped (a model led
+    to emit ESC ] 0 ; … would retitle the window, ESC [ 2 J clear it, \\r overwrite a line); the rest of Unicode
+    (joiners of emoji, no-break spaces) passes as it is."""
+    text = text.replace("\r\n", "\n")
+    return "".join(ascii(ch)[1:-1] if unicodedata.category(ch) == "Cc" and ch not in "\n\t" else ch for ch in text)
+
+
+def _write(_turn, text: str) -> None:
+    sys.stdout.write(safe_output(text))
+    sys.stdout.flush()
 
 
 def printable(text: str) -> str:
