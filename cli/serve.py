@@ -11,7 +11,7 @@ from cli.options import add_engine_options, engine_config, paths_of
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=_port, default=8000, help="0 to 65535 (0: any free port)")
     add_engine_options(s, many_models=True)
     s.add_argument("--remote", action="append", default=[], metavar="URL[#MODEL]",
                    help="also serve a model of an OpenAI-compatible endpoint, e.g. http://gpu-box:8000/v1#Qwen/Qwen3-32B")
@@ -19,13 +19,37 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY)")
     s.add_argument("--api-key", default=os.environ.get("PARLEY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none: no key needed)")
-    s.add_argument("--max-sessions", type=int, default=8, help="requests generating at once per model; more wait")
-    s.add_argument("--context", type=int, default=8192, help="tokens per request (prompt + answer)")
-    s.add_argument("--max-body-mb", type=float, default=8.0, help="largest request body accepted (larger: 413)")
+    s.add_argument("--max-sessions", type=_at_least_one, default=8, help="requests generating at once per model; more wait")
+    s.add_argument("--context", type=_at_least_one, default=8192, help="tokens per request (prompt + answer)")
+    s.add_argument("--max-body-mb", type=_megabytes, default=8.0, help="largest request body accepted (larger: 413)")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="another name the Host header may carry besides --host (e.g. a reverse proxy's); repeatable")
     s.set_defaults(func=serve)
     return s
+
+
+def _port(text: str) -> int:
+    port = int(text) if text.strip().isdigit() else -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a whole number from 0 to 65535, not {text!r}")
+    return port
+
+
+def _at_least_one(text: str) -> int:
+    n = int(text) if text.strip().isdigit() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return n
+
+
+def _megabytes(text: str) -> float:
+    try:
+        mb = float(text)
+    except ValueError:
+        mb = float("nan")
+    if not 0 < mb < 1 << 20:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a size in MB above 0, not {text!r}")
+    return mb
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -33,11 +57,12 @@ def serve(args: argparse.Namespace) -> int:
     from cli.terminal import printable
     from server.app import ServerSettings
     from server.bridge import ServerBridge
-    from server.run import serve_forever
+    from server.run import listening_socket, serve_forever
 
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                   allowed_hosts=tuple(args.allow_host))
+        sock = listening_socket(args.host, args.port)
     except ValueError as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
@@ -52,7 +77,8 @@ def serve(args: argparse.Namespace) -> int:
             url, _, name = spec.partition("#")
             m = bridge.add_remote(url, name or None, args.remote_api_key)
             print(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}", file=sys.stderr)
-        serve_forever(bridge, args.host, args.port, args.api_key, settings)
+        serve_forever(bridge, args.host, args.port, args.api_key, settings, sock)
     finally:
+        sock.close()
         bridge.shutdown()
     return 0

@@ -30,12 +30,31 @@ def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000,
     return uvicorn.Server(config)
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The socket `serve` will listen on, bound before any model loads, so that a busy port or an unknown host is one
+    line at once rather than an error after the load. ValueError names the address and the reason."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as exc:
+        raise ValueError(f"Cannot listen on {host!r}: not an address or a known host name ({exc}).") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        if sys.platform != "win32":  # a server restarted at once finds its port in TIME_WAIT otherwise
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"Cannot listen on {host}:{port}: {exc.strerror or exc}.") from None
+    return sock
+
+
 def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | None,
-                  settings: ServerSettings | None = None) -> None:
+                  settings: ServerSettings | None = None, sock: socket.socket | None = None) -> None:
+    """Serves until interrupted, on `sock` (from `listening_socket`) or a socket of its own on host:port."""
     if not is_loopback(host) and api_key is None:
         print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
     server = make_server(bridge, host, port, api_key, log_level="info", settings=settings)
-    server.run()
+    server.run(sockets=[sock] if sock is not None else None)
 
 
 class BackgroundServer:

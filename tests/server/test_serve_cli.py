@@ -45,3 +45,40 @@ def test_parley_serve_subprocess(tiny_models, tmp_path):
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode in (0, 130), out
     assert f"serving {model.id}" in out
+
+
+def test_a_port_it_cannot_listen_on_is_one_line_before_any_model_loads(tmp_path):
+    import socket
+
+    from cli.main import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        started = time.monotonic()
+        code = main(["--data-dir", str(tmp_path), "serve", "--port", str(busy), "--model", str(tmp_path / "none.gguf")])
+    assert code == 2 and time.monotonic() - started < 5  # no model was read: that one does not even exist
+    for bad in (["--port", "70000"], ["--port", "-1"], ["--max-body-mb", "nan"], ["--context", "0"]):
+        proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", *bad], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr and f"argument {bad[0]}" in proc.stderr, proc.stderr
+
+
+def test_listening_socket_names_the_address_and_the_reason():
+    import socket
+
+    import pytest
+
+    from server.run import listening_socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ValueError, match=f"127.0.0.1:{taken.getsockname()[1]}: .*in use"):
+            listening_socket("127.0.0.1", taken.getsockname()[1])
+    with pytest.raises(ValueError, match="'999.1.1.1': not an address or a known host name"):
+        listening_socket("999.1.1.1", 8000)
+    sock = listening_socket("127.0.0.1", 0)
+    assert sock.getsockname()[1] > 0
+    sock.close()
