@@ -169,8 +169,8 @@ def _thinking(data: dict) -> bool | None:
 def _reject_unsupported(data: dict, chat: bool) -> None:
     if data.get("n", 1) != 1:
         raise APIError(400, "Only n=1 is supported.", "n")
-    for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs"):
-        if data.get(name) not in (None, False, [], 0, 1 if name == "best_of" else 0):
+    for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
+        if data.get(name) not in (None, False, [], {}, 0, 1 if name == "best_of" else 0):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
     fmt = data.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):

@@ -51,6 +51,8 @@ BAD = [
      "enable_thinking", "boolean"),
     ("tools", "/chat/completions", CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "not supported"),
+    ("logit_bias", "/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"1": 100}}, 400, "logit_bias",
+     "not supported"),  # refused, not silently dropped
     ("prompt over context", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": "word " * 2000}]},
      400, "messages", "context"),
     ("completion prompt ids", "/completions", {"model": "tiny", "prompt": [1, 2, 3]}, 400, "prompt", "string"),
