@@ -15,9 +15,12 @@ def read_config(folder: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ModelLoadError(f"{folder} has no config.json: it is not a Hugging Face model folder.")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"{path} is not a JSON object of settings.")
+    return config
 
 
 def model_type(config: dict[str, Any]) -> str:
@@ -32,8 +35,7 @@ def model_type(config: dict[str, Any]) -> str:
 def safetensor_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        files = [folder / n for n in names]
+        files = [folder / n for n in _indexed_shards(index)]
     else:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
@@ -42,6 +44,19 @@ def safetensor_files(folder: Path) -> list[Path]:
     if missing:
         raise ModelLoadError(f"{folder} is missing weight shards: {', '.join(missing)}")
     return files
+
+
+def _indexed_shards(index: Path) -> list[str]:
+    """The shard file names an index maps tensors to: plain names inside the folder, or one clear error."""
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise ModelLoadError(f"{index} is not a safetensors index (a JSON object with a weight_map): {exc!s}") from exc
+    outside = [n for n in names if not isinstance(n, str) or Path(n).name != n or n in ("", ".", "..")]
+    if outside:  # "../other/model.safetensors" would read weights from elsewhere on the disk
+        raise ModelLoadError(f"{index} maps tensors to files outside the folder: {', '.join(map(str, outside[:3]))}")
+    return names
 
 
 SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
@@ -200,7 +200,12 @@ def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> Non
 def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions, notices: list[str]):
     config = hf_folder.read_config(folder)
     arch = architecture(hf_folder.model_type(config))
-    args = arch.args_from_hf(config)
+    try:
+        args = arch.args_from_hf(config)
+    except (TypeError, ValueError, KeyError, ZeroDivisionError, AttributeError, IndexError) as exc:
+        # a value of the wrong type or zero (hidden_size "abc", num_attention_heads 0): named, not a Python error
+        raise UnsupportedModelError(f"{folder.name}'s config.json does not describe a model Parley can build: "
+                                    f"{type(exc).__name__}: {exc}") from exc
     args.name = folder.name
     _check_hf_memory(folder, args, options)
     tok = tokenizer_from_hf_dir(folder)

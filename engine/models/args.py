@@ -47,6 +47,8 @@ class RopeArgs:
     attn_factor: float = 1.0
 
     def __post_init__(self) -> None:
+        if not 1 < self.theta < math.inf:  # also NaN: every frequency would be NaN, every answer token 0
+            raise UnsupportedModelError(f"The rotary base (rope theta) must be a number above 1, not {self.theta}.")
         if not 0 < self.attn_factor < math.inf:  # also NaN
             raise UnsupportedModelError(
                 f"The rotary attention factor must be a positive number, not {self.attn_factor}.")
@@ -116,6 +118,8 @@ class ModelArgs:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
                      "head_dim", "max_position_embeddings"):
             positive(getattr(self, name), name)
+        if not 0 <= self.rms_norm_eps < 1:  # also NaN, which made every logit NaN and every token 0
+            raise UnsupportedModelError(f"The norm epsilon must be a small number from 0 to 1, not {self.rms_norm_eps}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise UnsupportedModelError(f"The sliding window must be a positive number of tokens, not {self.sliding_window}.")
         if len(self.layer_types) != self.num_layers:

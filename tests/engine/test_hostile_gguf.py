@@ -138,6 +138,18 @@ def test_impossible_counts_are_clear_errors(llama, tmp_path, key, value, words):
     assert "ZeroDivisionError" not in str(result)
 
 
+@pytest.mark.parametrize("key, value, words", [
+    ("llama.attention.layer_norm_rms_epsilon", float("nan"), "norm epsilon"),
+    ("llama.attention.layer_norm_rms_epsilon", 5.0, "norm epsilon"),
+    ("llama.rope.freq_base", -1.0, "rotary base"),
+    ("llama.rope.freq_base", float("inf"), "rotary base"),
+])
+def test_float_settings_that_make_every_logit_nan_are_refused(llama, tmp_path, key, value, words):
+    """They loaded, and every answer was token 0 (empty text, exit 0)."""
+    result = load_bounded(llama.set(key, V.FLOAT32, value).write(tmp_path / "m.gguf"))
+    assert isinstance(result, ParleyError) and words in str(result), result
+
+
 def test_negative_sliding_window_fails_at_load(gemma, tmp_path):
     """Item 17: not at the first generation."""
     result = load_bounded(gemma.set("gemma3.attention.sliding_window", V.INT32, -5).write(tmp_path / "m.gguf"))
@@ -306,3 +318,13 @@ def test_terminal_output_escapes_control_characters():
 
     assert printable("model \x1b[2J\x07name\u202e") == "model \\x1b[2J\\x07name\\u202e"
     assert printable("two\nlines, ünïcode") == "two\nlines, ünïcode"
+
+
+def test_a_models_streamed_text_reaches_the_terminal_without_control_sequences(capsys):
+    """A model led to emit ESC ] 0 ; … BEL would retitle the terminal: generate and chat stream through `_write`."""
+    from cli.terminal import _write, safe_output
+
+    _write(None, "a\x1b]0;PWNED\x07b\rc\r\nd\te")
+    assert capsys.readouterr().out == "a\\x1b]0;PWNED\\x07b\\rc\nd\te"
+    family = "👨\u200d👩\u200d👧 no\u00a0break, ünïcode, \u05e9\u05dc\u05d5\u05dd"  # joiners, NBSP, RTL pass
+    assert safe_output(family) == family

@@ -55,6 +55,37 @@ def test_folder_with_unknown_architecture(tiny_models, tmp_path):
         load_model(folder)
 
 
+@pytest.mark.parametrize("change, words", [
+    (lambda c: [1, 2], "not a JSON object"),
+    # without head_dim, hidden_size // num_attention_heads comes first
+    (lambda c: {**{k: v for k, v in c.items() if k != "head_dim"}, "num_attention_heads": 0}, "config.json does not"),
+    (lambda c: {**{k: v for k, v in c.items() if k != "head_dim"}, "hidden_size": "abc"}, "config.json does not"),
+    (lambda c: {**c, "num_attention_heads": 0}, "num_heads must be a whole number"),
+])
+def test_a_folder_config_of_the_wrong_shape_is_one_clear_error(tiny_models, tmp_path, change, words):
+    """Not AttributeError / ZeroDivisionError / TypeError reprs."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["llama"].hf_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(change(config)))
+    with pytest.raises((ModelLoadError, UnsupportedModelError), match=words) as err:
+        load_model(folder)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("index, words", [
+    ("{oops", "not a safetensors index"),
+    ("{}", "not a safetensors index"),
+    ('{"weight_map": {"w": "../elsewhere/model.safetensors"}}', "outside the folder"),
+])
+def test_a_bad_safetensors_index_is_one_clear_error(tiny_models, tmp_path, index, words):
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_models["llama"].hf_dir, folder)
+    (folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(ModelLoadError, match=words):
+        load_model(folder)
+
+
 def test_folder_without_weights(tiny_models, tmp_path):
     folder = tmp_path / "m"
     shutil.copytree(tiny_models["llama"].hf_dir, folder)
