@@ -77,11 +77,10 @@ def generate(args: argparse.Namespace) -> int:
             turns.append(cli.engine.submit(sid, [{"role": "user", "content": prompt}], params))
             if args.sequential:
                 cli.run(turns[-1:], on_text)
-                if stream:
-                    print()
+                _end_line(cli, turns[-1], stream)
         cli.run(turns, on_text)
-        if stream and not args.sequential:
-            print()
+        if not args.sequential:
+            _end_line(cli, turns[0], stream)
         for i, turn in enumerate(turns):
             end = cli.result(turn)
             if args.json:
@@ -94,6 +93,12 @@ def generate(args: argparse.Namespace) -> int:
     finally:
         cli.close()
     return 0
+
+
+def _end_line(cli, turn, stream: bool) -> None:
+    """The streamed answer's line ended; a refused turn streamed nothing, and its error line follows alone."""
+    if stream and not isinstance(cli.ended.get(turn), ev.Error):
+        print()
 
 
 def _timings(s) -> dict:
