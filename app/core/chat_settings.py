@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
+from engine.errors import ParleyError
 from engine.sampling import SamplingParams
 
 OVERFLOW_CHOICES = ("stop", "truncate")
@@ -26,6 +27,8 @@ class ChatSettings:
     thinking: bool | None = None  # a thinking model (Qwen3, SmolLM3) thinks first or not; None: the model's default
 
     def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not isinstance(self.system_prompt, str):
+            raise TypeError("model and system_prompt must be text")
         if self.overflow not in OVERFLOW_CHOICES:
             raise ValueError(f"overflow must be one of {OVERFLOW_CHOICES}")
         self.sampling()  # validates the sampling values once, with the engine's own checks
@@ -47,6 +50,19 @@ class ChatSettings:
     def from_dict(cls, data: dict) -> "ChatSettings":
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def readable(cls, data) -> "ChatSettings":
+        """Settings from a file that may be damaged or edited by hand: a value that does not read (a wrong type, out
+        of range) keeps its default and the others are kept; never raises (one bad value kept the app from opening)."""
+        settings = cls()
+        for f in fields(cls) if isinstance(data, dict) else ():
+            if f.name in data:
+                try:
+                    settings = replace(settings, **{f.name: data[f.name]})
+                except (ParleyError, ValueError, TypeError):
+                    continue
+        return settings
 
 
 SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T 0.2"

@@ -17,7 +17,7 @@ class Presets:
 
     def get(self, name: str, model: str | None = None) -> ChatSettings:
         """The preset's settings, with `model` as the model (a preset never changes which model answers)."""
-        return ChatSettings.from_dict({**self._settings.presets[name], "model": model})
+        return ChatSettings.from_dict({**self._settings.presets[name], **({"model": model} if model else {})})
 
     def save(self, name: str, settings: ChatSettings) -> str:
         """Stores `settings` (without its model) as `name` (trimmed; replaces a preset of that name); the name."""

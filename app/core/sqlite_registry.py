@@ -78,13 +78,26 @@ class SqliteModelRegistry(ModelRegistry):
     def __init__(self, store: SqliteConversationStore, default_spec: str = DEFAULT_NAME, legacy_file: Path | None = None):
         super().__init__(None, default_spec)
         self.store = store
-        if not store.models and legacy_file is not None and legacy_file.is_file():
-            old = ModelRegistry(legacy_file, default_spec)
-            for entry in old.entries()[1:]:
-                store.save_model(entry.key, entry.name, entry.path, entry.kind)
+        if not store.models and legacy_file is not None and legacy_file.is_file() and not store.locked_out:
+            self._migrate(legacy_file, default_spec)
         for row in store.models.values():
             if row["key"] != DEFAULT_NAME:
                 self._imported[row["key"]] = ModelEntry(row["key"], row["name"], row["path"], row["kind"])
+
+    def _migrate(self, legacy_file: Path, default_spec: str) -> None:
+        """The old models.json's entries into the store, once: the file is renamed after (a model removed later came
+        back at the next start, which read the file again). A file that does not read brings nothing over."""
+        try:
+            entries = ModelRegistry(legacy_file, default_spec).entries()[1:]
+        except (OSError, ValueError, TypeError, KeyError):  # damaged or hand-edited: it kept the app from opening
+            entries = []
+        for entry in entries:
+            self.store.save_model(entry.key, entry.name, entry.path, entry.kind)
+        if self.store.persistent:
+            try:
+                legacy_file.replace(legacy_file.with_name(legacy_file.name + ".migrated"))
+            except OSError:
+                pass
 
     def candidate(self, path: str | Path, name: str | None = None) -> ModelEntry:
         check_model(path)

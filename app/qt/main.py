@@ -53,12 +53,14 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     from app.qt.window import MainWindow
 
     paths = Paths.resolve(data_dir)
-    settings = AppSettings.load(paths.data / "settings.json")
+    store = SqliteConversationStore(paths.data / "parley.db")
+    # a second Parley on the same folder shows its chats read-only, and its settings too: closing it must not write
+    # over the first one's presets and drafts
+    settings = AppSettings.load(paths.data / "settings.json", read_only=store.locked_out)
     if theme is not None:
         settings.theme = theme
     config = engine or EngineConfig(cache_dir=paths.cache, weights=settings.weights, **GUI_ENGINE)
     bridge = EngineBridge(config).start()
-    store = SqliteConversationStore(paths.data / "parley.db")
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")
     models = ModelManager(bridge, registry, paths.models)
     if settings.draft_model.startswith(DFLASH_KEY):

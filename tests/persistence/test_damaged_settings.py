@@ -1,0 +1,85 @@
+"""settings.json, a chat's stored settings and the old models.json as a damaged or hand-edited data folder leaves
+them: the app opens with what still reads, keeps what does not aside, and never writes over another Parley's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from app.core.app_settings import AppSettings
+from app.core.chat_settings import ChatSettings
+from app.core.sqlite_registry import SqliteModelRegistry
+from app.core.sqlite_store import SqliteConversationStore
+
+
+@pytest.mark.parametrize("content", [b"null", b"[]", b"5", b"{not json", b'{"theme": "\xff\xfe"}'])
+def test_a_file_that_is_not_settings_is_kept_aside_and_defaults_load(tmp_path, content):
+    file = tmp_path / "settings.json"
+    file.write_bytes(content)
+    settings = AppSettings.load(file)
+    assert settings.theme == "system" and settings.defaults == ChatSettings() and not file.exists()
+    aside = list(tmp_path.glob("settings.json.damaged-*"))
+    assert len(aside) == 1 and aside[0].read_bytes() == content  # the user's bytes, kept
+    assert settings.save() and json.loads(file.read_text())["theme"] == "system"
+
+
+def test_each_value_that_does_not_read_keeps_its_default_and_the_rest_are_kept(tmp_path):
+    file = tmp_path / "settings.json"
+    file.write_text(json.dumps({
+        "theme": 5, "weights": "fp3", "one_at_a_time": "false", "draft_model": 7,
+        "defaults": {"temperature": -3, "top_p": 0.5, "max_tokens": "lots", "model": 9, "system_prompt": "Be brief."},
+        "window": {"geometry": 5, "sidebar": 99999999999}, "drafts": "x",
+        "presets": {"Bad": {"temperature": -1}, "Good": {"temperature": 0.2}, "Odd": "x"}}))
+    s = AppSettings.load(file)
+    assert (s.theme, s.weights, s.one_at_a_time, s.draft_model, s.window, s.drafts) == ("system", "auto", False, "",
+                                                                                       {}, {})
+    assert (s.defaults.temperature, s.defaults.top_p, s.defaults.max_tokens) == (ChatSettings().temperature, 0.5,
+                                                                                ChatSettings().max_tokens)
+    assert s.defaults.model == "default" and s.defaults.system_prompt == "Be brief." and list(s.presets) == ["Good"]
+
+
+def test_a_read_only_instance_never_writes_or_moves_the_file(tmp_path):
+    file = tmp_path / "settings.json"
+    file.write_text(json.dumps({"presets": {"Mine": {"temperature": 0.3}}}))
+    other = AppSettings.load(file, read_only=True)
+    other.presets, other.drafts = {}, {}
+    assert not other.save() and "Mine" in file.read_text()
+    file.write_text("{damaged")
+    AppSettings.load(file, read_only=True)
+    assert file.read_text() == "{damaged" and not list(tmp_path.glob("*.damaged-*"))
+
+
+def test_a_chat_row_whose_settings_do_not_read_opens_with_what_does(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db")
+    a, b = store.create("a"), store.create("b")
+    store.close()
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "p.db")
+    db.execute("UPDATE conversation SET settings_json = ? WHERE id = ?", (json.dumps({"top_p": 0, "seed": 3}), a.id))
+    db.execute("UPDATE conversation SET settings_json = ? WHERE id = ?", ("5", b.id))
+    db.commit()
+    db.close()
+    again = SqliteConversationStore(tmp_path / "p.db")
+    assert again.get(a.id).settings.top_p == ChatSettings().top_p and again.get(a.id).settings.seed == 3
+    assert again.get(b.id).settings == ChatSettings()
+
+
+@pytest.mark.parametrize("text", ["{not json", json.dumps({"a": 1}), json.dumps([{"key": 1}])])
+def test_a_damaged_old_models_json_does_not_keep_the_app_from_opening(tmp_path, text):
+    legacy = tmp_path / "models.json"
+    legacy.write_text(text)
+    registry = SqliteModelRegistry(SqliteConversationStore(tmp_path / "p.db"), legacy_file=legacy)
+    assert [e.key for e in registry.entries()] == ["default"]
+
+
+def test_the_old_models_json_is_read_once_so_a_removed_model_stays_removed(tmp_path):
+    legacy = tmp_path / "models.json"
+    legacy.write_text(json.dumps([{"key": "/m/a.gguf", "name": "a", "path": "/m/a.gguf", "kind": "gguf"}]))
+    store = SqliteConversationStore(tmp_path / "p.db")
+    registry = SqliteModelRegistry(store, legacy_file=legacy)
+    assert [e.key for e in registry.entries()] == ["default", "/m/a.gguf"]
+    registry.remove("/m/a.gguf")
+    store.close()
+    again = SqliteModelRegistry(SqliteConversationStore(tmp_path / "p.db"), legacy_file=legacy)
+    assert [e.key for e in again.entries()] == ["default"] and (tmp_path / "models.json.migrated").exists()
