@@ -423,9 +423,9 @@ def _json(value) -> str | None:
 def _conversation(row: tuple) -> Conversation:
     cid, title, pinned, hidden, created, updated, leaf, settings_json = row
     try:
-        settings = ChatSettings.from_dict(json.loads(settings_json))
+        settings = ChatSettings.readable(json.loads(settings_json))  # what this version cannot read: the defaults
     except (ValueError, TypeError):
-        settings = ChatSettings()  # settings this version cannot read fall back to the defaults
+        settings = ChatSettings()
     return Conversation(cid, title, settings, bool(pinned), bool(hidden), leaf, created, updated)
 
 
@@ -459,7 +459,7 @@ def _why(exc: Exception, path: Path) -> str:
     if "full" in text or getattr(exc, "errno", None) == 28:
         reason = "the disk is full"
     elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
-        reason = "the data folder is read-only"
+        reason = "the data folder is read-only" if not os.access(path.parent, os.W_OK) else f"{path.name} is read-only"
     else:
         reason = str(exc)
     return f"Chats cannot be saved to {path} ({reason}); they are kept in memory until Parley quits."

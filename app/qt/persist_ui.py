@@ -36,7 +36,9 @@ class PersistenceUI(QObject):
             self.store.flush()
 
     def show_warning(self, text: str) -> None:
-        self.warning.setText("⚠ Not saving chats")
+        # a damaged database set aside and a new one started still saves: only a store in memory does not
+        saving = getattr(self.store, "persistent", False) and not getattr(self.store, "locked_out", False)
+        self.warning.setText("⚠ Chat database replaced" if saving else "⚠ Not saving chats")
         self.warning.setToolTip(text)
         self.warning.show()
         self.window.statusBar().showMessage(text, 15000)

@@ -83,11 +83,20 @@ def test_unwritable_database_is_reported_and_chat_still_works(start, qtbot, tmp_
     app = start(tmp_path)
     ui = app.extra["persistence"]
     assert not app.store.persistent and not ui.warning.isHidden() and "cannot be saved" in ui.warning.toolTip()
+    assert ui.warning.text() == "⚠ Not saving chats"
     conv = app.window.current()
     configure(app, conv, max_tokens=3, temperature=0.0)
     assert app.service.send(conv, "hi")
     wait_idle(app, qtbot, conv)
     assert app.store.path(conv)[-1].state == "done"
+
+
+def test_a_damaged_database_set_aside_is_reported_as_replaced_not_as_unsaved(start, tmp_path):
+    (tmp_path / "parley.db").write_bytes(b"SQLite format 3\x00" + bytes(range(256)) * 40)
+    app = start(tmp_path)
+    ui = app.extra["persistence"]
+    assert app.store.persistent and ui.warning.text() == "⚠ Chat database replaced"
+    assert "damaged" in ui.warning.toolTip() and list(tmp_path.glob("parley.db.damaged-*"))
 
 
 def test_export_and_import_from_the_window(start, tmp_path):
