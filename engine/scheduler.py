@@ -47,10 +47,13 @@ class Scheduler:
         self._turn += 1
         budget, rows = self.config.step_tokens, 0
         out: list[tuple[Sequence, int]] = []
+        # every other step a waiting prompt's next chunk is kept room for: where decodes could fill the budget
+        # (step_tokens near chunk_tokens) a prompt otherwise waited for every answer to end
+        held = self._held_for_prefill(order) if self._turn % 2 else 0
         for seq in order:
-            if seq.num_uncached == 1 and budget and rows < self.config.max_sampled_rows:
+            if seq.num_uncached == 1 and budget > held and rows < self.config.max_sampled_rows:
                 n = 1 + len(seq.draft)  # drafted tokens are verified in the same step, one sampled row each
-                if n > min(budget, self.config.chunk_tokens) or rows + n > self.config.max_sampled_rows:
+                if n > min(budget - held, self.config.chunk_tokens) or rows + n > self.config.max_sampled_rows:
                     seq.draft, n = [], 1  # no room for its drafts this step: a plain decode
                 out.append((seq, n))
                 budget, rows = budget - n, rows + n
@@ -61,6 +64,12 @@ class Scheduler:
                 out.append((seq, n))
                 budget, rows = budget - n, rows + last
         return out
+
+    def _held_for_prefill(self, order: list[Sequence]) -> int:
+        """The first prefilling sequence's next chunk, where the decodes would leave less than that."""
+        chunk = next((min(self.config.chunk_tokens, s.num_uncached) for s in order if s.num_uncached > 1), 0)
+        decodes = sum(1 + len(s.draft) for s in order if s.num_uncached == 1)
+        return chunk if self.config.step_tokens - decodes < chunk else 0
 
     def adopt(self, seq: Sequence) -> None:
         """Runs a sequence that already holds a cache slot (a fork)."""
