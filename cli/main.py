@@ -21,6 +21,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if sys.stdout.isatty():  # a streamed answer cut short: the shell's prompt on a line of its own
+            print()
         if argv is None:  # the process's own command line: the process is ours to end
             _end_if_workers_busy(130)
         return 130
