@@ -7,6 +7,7 @@ thread and session state is only touched there. A RemoteHost is the engine's Mod
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,10 @@ from engine.sampling import SamplingParams, penalised
 from engine.session import Session, Turn, TurnRequest
 
 Post = Callable[..., None]  # post(fn, *args): runs fn(*args) on the engine thread
+MAX_LINE = 1 << 20  # bytes of one streamed line (a chunk is a few hundred): past it the endpoint is broken
+MAX_ERROR_BODY = 64 << 10  # bytes of an error answer read for its message
+MAX_MODEL_LIST = 16 << 20  # bytes of a /models answer
+FINISH_GRACE_S = 2.0  # after the finish reason, how long the usage and [DONE] may take before the answer ends
 
 
 class RemoteError(ParleyError):
@@ -59,8 +64,8 @@ class RemoteModel:
     # -- blocking calls (worker threads only)
     def probe(self) -> dict:
         """Checks that the endpoint answers and serves the model; returns ModelLoaded.info."""
-        models = list_models(self.base_url, self.api_key, self.timeout)
-        ids = [m.get("id") for m in models]
+        models = [m for m in list_models(self.base_url, self.api_key, self.timeout) if isinstance(m.get("id"), str)]
+        ids = [m["id"] for m in models]
         if self.model is None:
             if len(ids) != 1:
                 raise RemoteError(f"{self.base_url} serves {len(ids)} models ({_names(ids)}); name the one to use.")
@@ -69,12 +74,15 @@ class RemoteModel:
             raise RemoteError(f"{self.base_url} has no model '{self.model}'; it serves {_names(ids)}.")
         entry = models[ids.index(self.model)]
         context = entry.get("max_model_len") or entry.get("context_length")
-        self.info = {"remote": True, "base_url": self.base_url, "model": self.model,
-                     "context": context if isinstance(context, int) else None, "owned_by": entry.get("owned_by")}
+        context = context if type(context) is int and context > 0 else None  # not True, not -5
+        self.info = {"remote": True, "base_url": self.base_url, "model": self.model, "context": context,
+                     "owned_by": entry.get("owned_by")}
         return self.info
 
-    def stream_chat(self, messages: list[dict], params: SamplingParams, cancelled: threading.Event) -> Iterator[tuple]:
-        """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError."""
+    def stream_chat(self, messages: list[dict], params: SamplingParams, cancelled: threading.Event,
+                    opened: Callable[[Callable[[], None]], None] | None = None) -> Iterator[tuple]:
+        """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError. `opened` receives a
+        function that ends the connection from any thread (a cancel reaches the endpoint at once)."""
         fields = request_params(params)
         if not self.extensions:
             fields = {k: v for k, v in fields.items() if k not in EXTENSIONS}
@@ -83,12 +91,14 @@ class RemoteModel:
         try:
             with self._client() as client, client.stream("POST", "/chat/completions", json=body) as response:
                 if response.status_code >= 400:
-                    response.read()
-                    if self.extensions and _refused_extension(response, fields):
+                    body = _json(_read_at_most(response, MAX_ERROR_BODY)[0])
+                    if self.extensions and _refused_extension(response.status_code, body, fields):
                         self.extensions = False  # asked again without them, and from now on
-                        yield from self.stream_chat(messages, params, cancelled)
+                        yield from self.stream_chat(messages, params, cancelled, opened)
                         return
-                    raise RemoteError(http_error(self.base_url, response, self.model), _code(_json(response)))
+                    raise RemoteError(http_error(self.base_url, response.status_code, body, self.model), _code(body))
+                if opened is not None:
+                    opened(lambda: _interrupt(response))
                 yield from _read_stream(response, cancelled)
         except httpx.HTTPError as exc:
             raise RemoteError(transport_error(self.base_url, exc, self.timeout)) from exc
@@ -99,13 +109,16 @@ def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0
     base = api_base(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        response = httpx.get(base + "/models", headers=headers, timeout=timeout)
+        with httpx.stream("GET", base + "/models", headers=headers, timeout=timeout) as response:
+            content, whole = _read_at_most(response, MAX_MODEL_LIST)
     except httpx.HTTPError as exc:
         raise RemoteError(transport_error(base, exc, timeout)) from exc
     if response.status_code >= 400:
-        raise RemoteError(http_error(base, response))
+        raise RemoteError(http_error(base, response.status_code, _json(content)))
+    if not whole:
+        raise RemoteError(f"{base}/models answered more than {MAX_MODEL_LIST >> 20} MB: not an OpenAI model list.")
     try:
-        data = response.json()["data"]
+        data = _json(content)["data"]
         assert isinstance(data, list) and all(isinstance(m, dict) for m in data)
     except Exception:
         raise RemoteError(f"{base}/models did not answer with an OpenAI model list.") from None
@@ -141,49 +154,133 @@ def request_params(p: SamplingParams) -> dict:
 EXTENSIONS = ("top_k", "min_p", "repetition_penalty", "repeat_last_n", "chat_template_kwargs")
 
 
-def _refused_extension(response: httpx.Response, fields: dict) -> bool:
+def _refused_extension(status: int, body, fields: dict) -> bool:
     """A 400 that names one of the extension fields sent (OpenAI: "Unrecognized request argument supplied: top_k")."""
-    body = _json(response)
     err = body.get("error") if isinstance(body, dict) else None
     named = f"{_message(body)} {err.get('param') if isinstance(err, dict) else ''}"
-    return response.status_code == 400 and any(k in fields and k in named for k in EXTENSIONS)
+    return status == 400 and any(k in fields and k in named for k in EXTENSIONS)
 
 
 def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterator[tuple]:
-    reason, usage, done = None, None, False
-    for line in response.iter_lines():
-        if cancelled.is_set():
-            return  # leaving the `with` closes the connection, which stops the server's generation
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            done = True
-            break
-        try:
-            chunk = json.loads(data)
-        except json.JSONDecodeError:
-            raise RemoteError(f"{response.url} sent a stream Parley cannot read: {data[:80]!r}") from None
-        if "error" in chunk:
-            raise RemoteError(f"{response.url} failed mid-answer: {_message(chunk)}")
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or []:
-            text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
-            if text:
-                yield ("delta", text)
-            reason = choice.get("finish_reason") or reason
+    """The answer's pieces from an OpenAI stream. Values of the wrong type are read as absent, and lone surrogates
+    become U+FFFD, so nothing an endpoint sends can break the turn's end; an answer that has its finish reason ends
+    within FINISH_GRACE_S even where [DONE] never comes."""
+    reason, usage, done, grace = None, None, False, None
+    try:
+        for line in _lines(response):
+            if cancelled.is_set():
+                return  # leaving the `with` closes the connection, which stops the server's generation
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = _chunk(response, data)
+            usage = _usage(chunk.get("usage")) or usage
+            for choice in chunk.get("choices") if isinstance(chunk.get("choices"), list) else ():
+                text = _text(choice) if isinstance(choice, dict) else ""
+                if text:
+                    yield ("delta", text)
+                finish = choice.get("finish_reason") if isinstance(choice, dict) else None
+                reason = finish if isinstance(finish, str) and finish else reason
+            if reason is not None and grace is None:  # the usage chunk and [DONE] may follow; not for ever
+                grace = threading.Timer(FINISH_GRACE_S, _interrupt, (response,))
+                grace.daemon = True
+                grace.start()
+    except httpx.HTTPError:
+        if reason is None or cancelled.is_set():
+            raise
+    finally:
+        if grace is not None:
+            grace.cancel()
+    if cancelled.is_set():
+        return
     if not done and reason is None:
         raise RemoteError(f"The connection to {response.url} was lost mid-answer.")
     yield ("done", reason, usage)
 
 
-def http_error(base: str, response: httpx.Response, model: str | None = None) -> str:
-    status, detail = response.status_code, _message(_json(response)) or response.text[:200].strip()
+def _lines(response: httpx.Response) -> Iterator[str]:
+    """The stream's lines, none longer than MAX_LINE bytes (a line without end would fill the memory)."""
+    pending = b""
+    for data in response.iter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if len(pending) > MAX_LINE:
+            raise RemoteError(f"{response.url} sent a line of over {MAX_LINE >> 20} MB: not an OpenAI stream.")
+    if pending:
+        yield pending.decode("utf-8", "replace")
+
+
+def _chunk(response: httpx.Response, data: str) -> dict:
+    try:
+        chunk = json.loads(data)
+    except (json.JSONDecodeError, RecursionError):
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise RemoteError(f"{response.url} sent a stream Parley cannot read: {_quoted(data)}")
+    if chunk.get("error") is not None:
+        raise RemoteError(f"{response.url} failed mid-answer: {_message(chunk) or _quoted(data)}")
+    return chunk
+
+
+def _text(choice: dict) -> str:
+    """A choice's new text: the delta's content (a string, or a list of text parts) or a completion's text."""
+    delta = choice.get("delta")
+    content = delta.get("content") if isinstance(delta, dict) else choice.get("text")
+    if isinstance(content, list):
+        content = "".join(p.get("text") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    if not isinstance(content, str):
+        return ""
+    return content.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a lone surrogate: U+FFFD
+
+
+def _usage(value) -> dict | None:
+    """The usage counts that are whole numbers of tokens; None where none are."""
+    if not isinstance(value, dict):
+        return None
+    counts = {k: value[k] for k in ("prompt_tokens", "completion_tokens")
+              if type(value.get(k)) is int and 0 <= value[k] < 1 << 31}
+    return counts or None
+
+
+def _quoted(text: str, n: int = 80) -> str:
+    return ascii(text[:n])
+
+
+def _read_at_most(response: httpx.Response, limit: int) -> tuple[bytes, bool]:
+    """The body's first `limit` bytes, and whether that is all of it (a 300 MB answer is not read into memory)."""
+    body = b""
+    for data in response.iter_bytes():
+        body += data
+        if len(body) > limit:
+            return body[:limit], False
+    return body, True
+
+
+def _interrupt(response: httpx.Response) -> None:
+    """Ends a streamed response's connection from another thread: its blocked read returns at once (closing the
+    socket alone would leave it blocked until the read timeout, and the endpoint generating)."""
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def http_error(base: str, status: int, body, model: str | None = None) -> str:
+    """One line for an error answer: its status and the endpoint's message (JSON's, or the start of its text)."""
+    detail = _message(body) or (body.decode("utf-8", "replace")[:200].strip() if isinstance(body, bytes) else "")
     if status in (401, 403):
         return f"{base} refused the request ({status}): check the API key. {detail}".strip()
     if status == 404 and model is not None:
         return f"{base} answered 404 for model '{model}': {detail}".strip()
-    return f"{base} answered {status}: {detail}".strip()
+    return f"{base} answered {status}: {detail or '(no message)'}".strip()
 
 
 def transport_error(base: str, exc: httpx.HTTPError, timeout: float) -> str:
@@ -196,11 +293,12 @@ def transport_error(base: str, exc: httpx.HTTPError, timeout: float) -> str:
     return f"Request to {base} failed: {exc!r}"
 
 
-def _json(response: httpx.Response):
+def _json(content: bytes):
+    """The JSON an answer holds, or its bytes where it is not JSON (quoted by http_error)."""
     try:
-        return response.json()
-    except Exception:
-        return None
+        return json.loads(content)
+    except (ValueError, RecursionError):
+        return content
 
 
 def _message(body) -> str:
@@ -225,9 +323,22 @@ def _names(ids: list) -> str:
 @dataclass(eq=False, slots=True)
 class _Running:
     turn_id: int
+    max_tokens: int = 1 << 31  # the turn's limit: an endpoint that ignores it is cut here (a chunk is >= 1 token)
     cancelled: threading.Event = field(default_factory=threading.Event)
     parts: list[str] = field(default_factory=list)
     chunks: int = 0
+    interrupt: Callable[[], None] | None = None  # ends the stream's connection (set by its worker once open)
+
+    def opened(self, interrupt: Callable[[], None]) -> None:
+        self.interrupt = interrupt
+        if self.cancelled.is_set():  # cancelled while it connected
+            interrupt()
+
+    def stop(self) -> None:
+        """The worker stops, and the endpoint with it: the connection ends now, not at the next chunk."""
+        self.cancelled.set()
+        if self.interrupt is not None:
+            self.interrupt()
 
 
 def probe_in_background(remote: RemoteModel, on_ready: Callable[[dict], None], on_error: Callable[[str], None]) -> None:
@@ -265,7 +376,7 @@ class RemoteHost:
         session.begin(request)
         session.turn = Turn(turn_id, stream=None)
         session.last_used = time.monotonic()
-        run = _Running(turn_id)
+        run = _Running(turn_id, request.params.max_tokens)
         self._running[session.session_id] = (session, run)
         messages = request.conversation()
         if session.raw:  # no template on our side: the document goes as one user message
@@ -301,7 +412,7 @@ class RemoteHost:
     def _end_turn(self, session: Session, reason: str, usage: dict | None = None) -> None:
         """Ends the running turn now (cancel, close or the stream's end); a cancelled worker stops at its next chunk."""
         _, run = self._running.pop(session.session_id)
-        run.cancelled.set()
+        run.stop()
         text = "".join(run.parts)
         stats = self._stats(session, run, usage)
         session.turn = None
@@ -323,7 +434,7 @@ class RemoteHost:
     # -- the worker thread of one turn
     def _work(self, sid: int, run: _Running, messages: list[dict], params: SamplingParams) -> None:
         try:
-            for item in self.remote.stream_chat(messages, params, run.cancelled):
+            for item in self.remote.stream_chat(messages, params, run.cancelled, run.opened):
                 self._post(self._on_item, sid, run, item)
         except ParleyError as exc:
             self._post(self._on_error, sid, run, str(exc), exc.code)
@@ -345,6 +456,8 @@ class RemoteHost:
             run.parts.append(item[1])
             run.chunks += 1
             self._emit(ev.TokenDelta(sid, run.turn_id, [], item[1]))
+            if run.chunks > run.max_tokens:  # more chunks than tokens asked for: it ignored max_tokens
+                self._end_turn(session, "length")
         else:
             _, reason, usage = item
             self._end_turn(session, {"stop": "stop", "length": "length"}.get(reason, reason), usage)

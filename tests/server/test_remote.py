@@ -140,6 +140,61 @@ def test_a_dropped_connection_mid_answer_is_an_error(remote_client):
         assert texts == ["Hel"] and isinstance(end, ev.Error) and "lost mid-answer" in end.message
 
 
+def _ask(client: Client, url: str, timeout: float = 30) -> tuple[int, ev.Event, list[str]]:
+    loaded = add_remote(client, url, MODEL, timeout=timeout)
+    assert isinstance(loaded, ev.ModelLoaded), loaded
+    sid = client.open(loaded.model_id, params=GREEDY)
+    turn = client.send(sid, "hello")
+    end = client.wait(turn, timeout=20)
+    return sid, end, [e.text for e in client.by_turn[turn] if isinstance(e, ev.TokenDelta)]
+
+
+def test_fields_of_the_wrong_type_are_read_as_absent_and_the_chat_stays_usable(remote_client):
+    """A list of content parts, usage counts as text, a finish reason in a list, a lone surrogate: the turn hung
+    (its end raised on the engine thread) and the chat answered "still answering" for ever."""
+    with StallServer("typed") as typed:
+        sid, end, texts = _ask(remote_client, typed.url)
+        assert isinstance(end, ev.Finished) and end.reason == "stop" and end.text == "Hi\ufffd there"
+        assert texts == ["Hi", "\ufffd there"] and end.stats.prompt_tokens == 0 and end.stats.completion_tokens == 2
+        again = remote_client.wait(remote_client.send(sid, "again"), timeout=20)
+        assert isinstance(again, ev.Finished)
+
+
+def test_an_answer_with_its_finish_reason_ends_though_done_never_comes(remote_client):
+    with StallServer("no-done") as held:
+        t0 = time.monotonic()
+        _, end, texts = _ask(remote_client, held.url)
+        assert isinstance(end, ev.Finished) and end.text == "Hi" and end.reason == "stop"
+        assert time.monotonic() - t0 < 10  # the grace, not the 30 s read timeout
+
+
+def test_a_cancel_reaches_the_endpoint_at_once(remote_client):
+    with StallServer("hold") as hold:
+        loaded = add_remote(remote_client, hold.url, MODEL, timeout=30)
+        sid = remote_client.open(loaded.model_id, params=GREEDY)
+        turn = remote_client.send(sid, "hello")
+        remote_client.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == turn)
+        remote_client.engine.cancel(sid)
+        assert isinstance(remote_client.wait(turn, timeout=5), ev.Finished)
+        assert hold.closed.wait(5)  # the connection ended (it waited for the 30 s read timeout)
+
+
+def test_an_endpoint_that_ignores_max_tokens_is_cut_at_it(remote_client):
+    with StallServer("forever") as forever:
+        _, end, texts = _ask(remote_client, forever.url)
+        assert isinstance(end, ev.Finished) and end.reason == "length" and len(texts) == GREEDY.max_tokens + 1
+        assert forever.closed.wait(5)
+
+
+def test_a_line_without_end_and_a_huge_model_list_are_refused_not_read_into_memory(remote_client):
+    with StallServer("long-line") as long_line:
+        _, end, _ = _ask(remote_client, long_line.url)
+        assert isinstance(end, ev.Error) and "a line of over 1 MB" in end.message
+    with StallServer("big-models") as big:
+        failed = add_remote(remote_client, big.url, MODEL, timeout=30)
+        assert isinstance(failed, ev.ModelFailed) and "more than 16 MB" in failed.message
+
+
 def test_bad_url_is_refused_at_once(remote_client):
     with pytest.raises(ParleyError, match="not an http"):
         remote_client.engine.add_remote_model("ftp://example", "m")
