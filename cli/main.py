@@ -8,7 +8,7 @@ import threading
 
 from app.core.version import parley_version
 from cli.serve import add_serve_parser
-from cli.terminal import add_terminal_parsers
+from cli.terminal import add_terminal_parsers, printable
 from engine.errors import ParleyError
 
 
@@ -17,8 +17,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except ParleyError as exc:
-        print(f"parley: {exc}", file=sys.stderr)
+    except ParleyError as exc:  # its text may quote a file or an endpoint: escape sequences shown, not run
+        print(f"parley: {printable(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if sys.stdout.isatty():  # a streamed answer cut short: the shell's prompt on a line of its own

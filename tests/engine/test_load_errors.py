@@ -112,6 +112,13 @@ def test_cli_reports_one_line_without_traceback(corrupt_ggufs, tmp_path, capsys)
     assert "Traceback" not in err
 
 
+def test_an_error_quoting_a_path_or_an_endpoint_shows_escape_sequences_escaped(tmp_path, capsys):
+    code = main(["--data-dir", str(tmp_path), "generate", "--model", str(tmp_path / "x\x1b]0;PWNED\x07.gguf"),
+                 "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code == 2 and "\x1b" not in err and "\\x1b]0;PWNED\\x07" in err
+
+
 def test_cli_subprocess_missing_model(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "cli.main", "--data-dir", str(tmp_path), "generate", "--model", str(tmp_path / "x.gguf"), "--prompt", "hi"],
