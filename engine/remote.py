@@ -206,9 +206,10 @@ def _lines(response: httpx.Response) -> Iterator[str]:
     pending = b""
     for data in response.iter_bytes():
         pending += data
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8", "replace")
+        if b"\n" in data:  # split only where a line ended: a long line is not scanned again for every piece
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                yield line.rstrip(b"\r").decode("utf-8", "replace")
         if len(pending) > MAX_LINE:
             raise RemoteError(f"{response.url} sent a line of over {MAX_LINE >> 20} MB: not an OpenAI stream.")
     if pending:
@@ -410,7 +411,7 @@ class RemoteHost:
             self._end_turn(session, "closed")
 
     def _end_turn(self, session: Session, reason: str, usage: dict | None = None) -> None:
-        """Ends the running turn now (cancel, close or the stream's end); a cancelled worker stops at its next chunk."""
+        """Ends the running turn now (cancel, close or the stream's end); its connection is ended with it."""
         _, run = self._running.pop(session.session_id)
         run.stop()
         text = "".join(run.parts)
