@@ -8,14 +8,15 @@ from typing import Protocol
 
 
 class TokenizerBackend(Protocol):
-    """Text <-> ids for one vocabulary. `Tokenizer` adds the dummy prefix, bos, chat templates and streaming."""
+    """Text <-> ids for one vocabulary. `Tokenizer` adds bos, chat templates and streaming."""
 
     special_pattern: re.Pattern | None  # the special tokens' texts, longest match first (None: there are none)
     max_token_chars: int  # the most characters one token stands for, plus one
     special_ids: frozenset[int]  # the ids `decode(..., skip_special=True)` leaves out
 
-    def encode(self, text: str, literal: bool = False) -> list[int]:
-        """Ids for `text`, special-token texts as their ids; `literal` reads them as plain text instead."""
+    def encode(self, text: str, literal: bool = False, start: bool = True) -> list[int]:
+        """Ids for `text`, special-token texts as their ids; `literal` reads them as plain text instead. `start`: the
+        text begins the sequence (not a continuation of text encoded before it), where a dummy prefix may go."""
         ...
 
     def decode(self, ids: list[int], skip_special: bool) -> str:

@@ -25,7 +25,8 @@ class HFBackend:
         self.special_ids = frozenset(i for i, t in added.items() if t.special)
         self.max_token_chars = max(map(len, hf.get_vocab(with_added_tokens=True)), default=1) + 1
 
-    def encode(self, text: str, literal: bool = False) -> list[int]:
+    def encode(self, text: str, literal: bool = False, start: bool = True) -> list[int]:
+        del start  # a tokenizer.json's own normalizer places any prefix
         hf = self._literal_copy() if literal else self.hf
         if len(text) > GIL_FREE_CHARS:  # `encode` holds the GIL throughout: the engine thread would stall
             return hf.encode_batch([text], add_special_tokens=False)[0].ids

@@ -19,6 +19,7 @@ MODEL_FILE = "tokenizer.model"
 TABLES_FILE = "sentencepiece_tables.json"
 SPACE_MARK = "\u2581"  # "▁", SentencePiece's visible space
 # A byte piece as `tokenizers`' ByteFallback decoder reads one (Rust's u8::from_str_radix takes a "+" sign).
+NOTHING = re.compile(r"(?!)")  # matches nowhere: a vocabulary without added tokens
 BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2}|\+[0-9A-Fa-f])>")
 
 
@@ -31,7 +32,7 @@ class PieceTables:
     special: list[int]  # ids that decode may skip: control, unknown and unused tokens
     renamed: dict[int, str] = field(default_factory=dict)  # ids the model stores under a stand-in text: real text
     max_token_chars: int = 1  # the most characters one token stands for, plus one
-    strip_prefix: bool = False  # decode drops one leading space: the dummy prefix that Tokenizer.encode adds
+    strip_prefix: bool = False  # the dummy prefix: encode adds a space (see SentencePieceBackend), decode drops one
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), ensure_ascii=False)
@@ -45,8 +46,12 @@ class PieceTables:
 
 class SentencePieceBackend:
     """Special and user-defined token texts are cut out first (longest match first, as `tokenizers` matches its
-    added tokens); SentencePiece encodes the text between them. The literal path leaves the cutting to
-    SentencePiece, which matches user-defined pieces and never control ones."""
+    added tokens); SentencePiece encodes the text between them. The literal path cuts out user-defined ones only
+    (llama.cpp's rule for text whose control tokens are not parsed).
+
+    With the dummy prefix (GGUF `add_space_prefix`), a space goes before every stretch of text that starts the
+    sequence or follows an added token, as llama.cpp and a legacy `tokenizers` normaliser place it: "<s>[INST]" is
+    `<s> ▁[INST]`, never `▁ <s> [INST]`, and "a</s>b" ends `</s> ▁b`."""
 
     FILES = (MODEL_FILE, TABLES_FILE)
 
@@ -54,23 +59,24 @@ class SentencePieceBackend:
         self._sp = SentencePieceProcessor(model_proto=model)
         self._tables = tables
         self._special = self.special_ids = frozenset(tables.special)
-        self._added = literal_pattern(tables.added)
+        self._added = literal_pattern(tables.added) or NOTHING
+        self._user_defined = literal_pattern(t for t, i in tables.added.items() if i not in self._special) or NOTHING
         self.special_pattern = literal_pattern(t for t, i in tables.added.items() if i in self._special)
         self.max_token_chars = tables.max_token_chars
         # the stand-in unknown piece after the vocabulary, when there is one: never an id the model may see
         self._stand_in = tables.size if self._sp.get_piece_size() > tables.size else None
 
-    def encode(self, text: str, literal: bool = False) -> list[int]:
-        if literal or self._added is None:
-            ids = self._sp.encode(text)
-        else:
-            ids, start = [], 0
-            for match in self._added.finditer(text):
-                ids += self._sp.encode(text[start : match.start()])
-                ids.append(self._tables.added[match.group()])
-                start = match.end()
-            ids += self._sp.encode(text[start:])
+    def encode(self, text: str, literal: bool = False, start: bool = True) -> list[int]:
+        ids, at = [], 0
+        for match in (self._user_defined if literal else self._added).finditer(text):
+            ids += self._sp.encode(self._prefixed(text[at : match.start()], start))
+            ids.append(self._tables.added[match.group()])
+            at, start = match.end(), True
+        ids += self._sp.encode(self._prefixed(text[at:], start))
         return ids if self._stand_in is None else [i for i in ids if i != self._stand_in]
+
+    def _prefixed(self, text: str, lead: bool) -> str:
+        return " " + text if lead and text and self._tables.strip_prefix else text
 
     def decode(self, ids: list[int], skip_special: bool) -> str:
         ids = [i for i in ids if 0 <= i < self._tables.size and not (skip_special and i in self._special)]

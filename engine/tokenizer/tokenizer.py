@@ -35,7 +35,7 @@ class TokenizerInfo:
     chat_template: str
     bos_token: str = ""
     eos_token: str = ""
-    space_prefix: bool = False  # SentencePiece's dummy prefix: one space before the whole text
+    space_prefix: bool = False  # SentencePiece's dummy prefix (its backend places it: sentencepiece_backend.py)
     version: int = field(default=INFO_VERSION)
 
     def __post_init__(self) -> None:
@@ -87,10 +87,7 @@ class Tokenizer:
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Token ids for `text`; `add_bos=None` follows the model's default."""
-        text = SURROGATES.sub("\ufffd", text)
-        if self._info.space_prefix and text:
-            text = " " + text
-        ids = self._backend.encode(text)
+        ids = self._backend.encode(SURROGATES.sub("\ufffd", text))
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids
@@ -166,11 +163,9 @@ class Tokenizer:
         ids: list[int] = []
         for i, part in enumerate(re.split(f"([{''.join(typed)}])", text)):
             if part in typed:
-                literal = (" " if i == 0 and self._info.space_prefix else "") + typed[part]
-                ids += self._backend.encode(literal, literal=True)
+                ids += self._backend.encode(typed[part], literal=True, start=i == 0)
             elif part:
-                ids += self.encode(part, add_bos=False) if i == 0 else \
-                    self._backend.encode(SURROGATES.sub("\ufffd", part))
+                ids += self._backend.encode(SURROGATES.sub("\ufffd", part), start=i == 0)
         if (self.add_bos if add_bos is None else add_bos) and self.bos_id is not None:
             return [self.bos_id, *ids]
         return ids

@@ -35,9 +35,10 @@ def build_sentencepiece_bpe(vocab: GGUFVocab) -> Backend:
         fuse_unk=True,
     )
     backend = Backend(model)
-    # The dummy-prefix space (add_space_prefix) is added by Tokenizer.encode, once per text, as
-    # SentencePiece does; a normaliser would add it after every special token instead.
-    backend.normalizer = normalizers.Replace(" ", SPACE_MARK)
+    # The dummy-prefix space (add_space_prefix) before every stretch of text between added tokens, as llama.cpp.
+    replace = normalizers.Replace(" ", SPACE_MARK)
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE_MARK), replace]) \
+        if vocab.add_space_prefix else replace
     backend.decoder = _decoder(vocab.add_space_prefix)
     added = vocab.added_tokens(skip=space_runs)
     backend.add_special_tokens([t for t in added if t.special])

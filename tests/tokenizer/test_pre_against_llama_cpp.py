@@ -76,3 +76,46 @@ def test_token_ids_equal_llama_cpp(vocab_gguf, tmp_path, pre):
     for text in TEXTS:
         assert ours.encode(text, add_bos=False) == ref.tokenize(text.encode(), add_bos=False, special=False), \
             (pre, text)
+
+
+SPM_TEXTS = ["Hello world", "<s>Hello", "a</s>b", "</s>", "<s>[INST] Hi there[/INST] Fine.</s>[INST] And you?[/INST]",
+             "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", " leading", "two  spaces\n\nlines",
+             "</s> after", "x<start_of_turn>y", "日本語 and émoji 🙂"]
+
+
+@pytest.mark.parametrize("space_prefix", [True, False])
+def test_sentencepiece_vocab_against_llama_cpp(tmp_path, space_prefix: bool) -> None:
+    """A `llama` (SentencePiece) vocabulary with and without the dummy prefix: the space goes before the text and after
+    each special or user-defined token, never before a bos the text starts with (Llama 2, Mistral's GGUFs)."""
+    import gguf
+    llama_cpp = pytest.importorskip("llama_cpp")
+
+    from tests.support.gemma import sentencepiece_metadata, train_sentencepiece
+
+    meta = sentencepiece_metadata(train_sentencepiece(add_dummy_prefix=space_prefix), space_prefix)
+    path = tmp_path / "spm.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(1)
+    writer.add_context_length(256)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(8)
+    writer.add_head_count(1)
+    writer.add_tokenizer_model("llama")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(meta["tokenizer.ggml.tokens"])
+    writer.add_token_scores(meta["tokenizer.ggml.scores"])
+    writer.add_token_types(meta["tokenizer.ggml.token_type"])
+    writer.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    writer.add_add_bos_token(True)
+    writer.add_add_space_prefix(space_prefix)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reference = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    tok = tokenizer_from_gguf(open_gguf(path).metadata)
+    for text in SPM_TEXTS:
+        for bos in (False, True):
+            assert tok.encode(text, add_bos=bos) == reference.tokenize(text.encode(), add_bos=bos, special=True), \
+                (text, bos)

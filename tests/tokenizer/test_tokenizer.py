@@ -96,6 +96,8 @@ def test_sentencepiece_vocab_matches_sentencepiece(space_prefix: bool) -> None:
     sp = train_sentencepiece(add_dummy_prefix=space_prefix)
     tok = tokenizer_from_gguf(sentencepiece_metadata(sp, space_prefix))
     for text in CORPUS + TRAINING_TEXT.split("\n"):
+        if space_prefix and "_of_turn>" in text:  # llama.cpp's prefix after each special token: test_against_llama_cpp
+            continue
         assert tok.encode(text, add_bos=False) == sp.encode(text), repr(text)
         assert tok.decode(tok.encode(text, add_bos=False)) == text
 
