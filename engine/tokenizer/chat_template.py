@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 from jinja2.utils import Namespace
 
@@ -75,7 +76,19 @@ class ChatTemplate:
     def render(self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **extra: Any) -> str:
         """Renders the conversation; `extra` adds or overrides template variables (e.g. tools). A template without a
         system role (Gemma 2's refuses one, others drop it) gets the system prompt at the head of the first user
-        message, as llama.cpp and Ollama give it."""
+        message, as llama.cpp and Ollama give it. A template that refuses two messages of one role in a row (Gemma,
+        Mistral: roles must alternate) gets them joined, as after an answer that failed or a client's two user
+        messages."""
+        try:
+            return self._render_with_system(messages, add_generation_prompt, extra)
+        except TemplateRefusal:
+            joined = _same_roles_joined(messages)
+            if joined is None:
+                raise
+            return self._render_with_system(joined, add_generation_prompt, extra)
+
+    def _render_with_system(self, messages: list[dict[str, str]], add_generation_prompt: bool,
+                            extra: dict[str, Any]) -> str:
         merged = _system_in_first_user(messages)
         if merged is None:
             return self._render(messages, add_generation_prompt, extra)
@@ -83,8 +96,18 @@ class ChatTemplate:
             text = self._render(messages, add_generation_prompt, extra)
         except TemplateRefusal:
             return self._render(merged, add_generation_prompt, extra)
-        dropped = str(messages[0].get("content", "")).strip() not in text
-        return self._render(merged, add_generation_prompt, extra) if dropped else text
+        if str(messages[0].get("content", "")).strip() in text or not self._ignores_system(messages, text,
+                                                                                            add_generation_prompt, extra):
+            return text  # a template may rewrite the system text (SmolLM3 takes "/no_think" out of it)
+        return self._render(merged, add_generation_prompt, extra)
+
+    def _ignores_system(self, messages: list[dict[str, str]], text: str, add_generation_prompt: bool,
+                        extra: dict[str, Any]) -> bool:
+        """Whether the conversation renders as it does without its system message."""
+        try:
+            return self._render(messages[1:], add_generation_prompt, extra) == text
+        except TemplateError:
+            return False
 
     def _render(self, messages: list[dict[str, str]], add_generation_prompt: bool, extra: dict[str, Any]) -> str:
         variables = {
@@ -92,6 +115,8 @@ class ChatTemplate:
             "add_generation_prompt": add_generation_prompt,
             "bos_token": self.bos_token,
             "eos_token": self.eos_token,
+            "tools": None,  # as transformers passes them: "tools is not none" must be false without tools
+            "documents": None,
             **extra,
         }
         budget = _Budget.for_messages(messages)
@@ -116,15 +141,42 @@ class TemplateRefusal(TemplateError):
 
 
 def _system_in_first_user(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
-    """The conversation with its leading system message folded into the first user message, or None where there is
-    none to fold (no system message, an empty one, or no user message right after it)."""
+    """The conversation with its leading system message folded into the first user message (left out where it is
+    blank), or None where there is none to fold (no system message, or no user message right after it)."""
     if len(messages) < 2 or not all(isinstance(m, dict) for m in messages[:2]):
         return None
     system, first = messages[0], messages[1]
-    if system.get("role") != "system" or first.get("role") != "user" or not str(system.get("content", "")).strip():
+    if system.get("role") != "system" or first.get("role") != "user":
         return None
+    if not str(system.get("content", "")).strip():
+        return list(messages[1:])
     folded = {**first, "content": f"{system['content']}\n\n{first.get('content', '')}"}
     return [folded, *messages[2:]]
+
+
+def _same_roles_joined(messages: list[dict[str, str]]) -> list[dict[str, str]] | None:
+    """The conversation with each run of text messages of one role made one message (blank-line separated), or None
+    where no two follow each other."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        before = out[-1] if out else None
+        if before is not None and isinstance(m, dict) and isinstance(before, dict) and m.get("role") == before.get("role") \
+                and isinstance(m.get("content"), str) and isinstance(before.get("content"), str):
+            out[-1] = {**before, "content": f"{before['content']}\n\n{m['content']}"}
+        else:
+            out.append(m)
+    return out if len(out) < len(messages) else None
+
+
+class _GenerationTags(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}` (SmolLM3's and TRL-saved templates mark an answer's text for training
+    with it): the text inside, as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[Any]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 def gemma_chat_template() -> ChatTemplate:
@@ -273,7 +325,7 @@ def _bounded_filter(name: str, fn):
 
 def _compile(source: str) -> jinja2.Template:
     env = _BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTags]
     )
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -298,5 +350,9 @@ def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False) -> str:
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys)
+def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False,
+            separators: tuple[str, str] | list[str] | None = None) -> str:
+    if separators is not None and not (len(separators) == 2 and all(isinstance(p, str) for p in separators)):
+        raise TemplateError("tojson's separators are two strings (between items, after keys).")
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
+                      separators=None if separators is None else tuple(separators))

@@ -105,8 +105,7 @@ def test_a_template_with_a_system_role_renders_as_written() -> None:
 
 
 def test_other_refusals_still_refuse() -> None:
-    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"},
-             {"role": "user", "content": "b"}]  # two user turns in a row
+    turns = [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]  # an answer first
     with pytest.raises(TemplateError, match="roles must alternate"):
         ChatTemplate(NO_SYSTEM_TEMPLATE).render(turns)
 
@@ -132,3 +131,44 @@ def test_apply_chat_template_adds_bos_once(writes_bos: bool) -> None:
     tok = tokenizer_from_gguf(metadata)
     ids = tok.apply_chat_template([{"role": "user", "content": "hello"}])
     assert ids == tok.encode("hello") and ids.count(tok.bos_id) == 1
+
+
+def test_two_user_messages_in_a_row_are_joined_where_roles_must_alternate() -> None:
+    """As after an answer that failed (the app leaves it out) or an API client's two user messages."""
+    template = ChatTemplate(NO_SYSTEM_TEMPLATE, "<bos>")  # no system role, and roles must alternate
+    messages = [{"role": "user", "content": "Hi"}, {"role": "user", "content": "Hi again"}]
+    joined = "<bos><start_of_turn>user\n{}Hi\n\nHi again<end_of_turn>\n<start_of_turn>model\n"
+    assert template.render(messages) == joined.format("")
+    both = [{"role": "system", "content": "Be brief."}, *messages]
+    assert template.render(both) == joined.format("Be brief.\n\n")
+    # a template that takes them as they are keeps them apart
+    assert ChatTemplate(CHATML_TEMPLATE).render(messages).count("<|im_start|>user") == 2
+
+
+def test_a_blank_system_prompt_is_left_out_where_the_template_has_no_system_role() -> None:
+    template = ChatTemplate(NO_SYSTEM_TEMPLATE, "<bos>")
+    for blank in ("\n", "  ", ""):
+        messages = [{"role": "system", "content": blank}, {"role": "user", "content": "Hi"}]
+        assert template.render(messages) == "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+def test_a_system_prompt_the_template_rewrites_is_not_folded_into_the_user_turn() -> None:
+    """SmolLM3's template takes its /no_think switch out of the system text; it still uses the rest."""
+    rewrites = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'].replace('/no_think', '').strip() }}"
+                "{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+    messages = [{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "Hi"}]
+    assert ChatTemplate(rewrites).render(messages) == "<system>Be brief.<user>Hi<assistant>"
+    drops = ("{% for m in messages %}{% if m['role'] != 'system' %}<{{ m['role'] }}>{{ m['content'] }}{% endif %}"
+             "{% endfor %}")
+    assert ChatTemplate(drops).render(messages, add_generation_prompt=False) == "<user>Be brief. /no_think\n\nHi"
+
+
+def test_generation_tags_tojson_separators_and_absent_tools_render_as_transformers_does() -> None:
+    template = ChatTemplate(
+        "{% for m in messages %}{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}"
+        "{{ {'a': 1, 'b': [1, 2]} | tojson(separators=(',', ':')) }}"
+        "{% if tools is not none %}TOOLS{% endif %}{% if documents is not none %}DOCS{% endif %}")
+    assert template.render([{"role": "user", "content": "Hi"}]) == 'Hi{"a":1,"b":[1,2]}'
+    assert "TOOLS" in template.render([{"role": "user", "content": "Hi"}], tools=[{"type": "function"}])
+    with pytest.raises(TemplateError, match="separators"):
+        ChatTemplate("{{ 1 | tojson(separators=(1, 2)) }}").render([])
