@@ -18,12 +18,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--remote-api-key", default=os.environ.get("PARLEY_REMOTE_API_KEY"),
                    help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY)")
     s.add_argument("--api-key", default=os.environ.get("PARLEY_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none: no key needed)")
+                   help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none or empty: no key needed)")
     s.add_argument("--max-sessions", type=_at_least_one, default=8, help="requests generating at once per model; more wait")
     s.add_argument("--context", type=_at_least_one, default=8192, help="tokens per request (prompt + answer)")
     s.add_argument("--max-body-mb", type=_megabytes, default=8.0, help="largest request body accepted (larger: 413)")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="another name the Host header may carry besides --host (e.g. a reverse proxy's); repeatable")
+    s.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                   help="a web page origin whose scripts may call the API (e.g. http://localhost:3000, or * for any); "
+                        "repeatable; none by default")
     s.set_defaults(func=serve)
     return s
 
@@ -52,6 +55,11 @@ def _megabytes(text: str) -> float:
     return mb
 
 
+def api_key(given: str | None) -> str | None:
+    """The key clients must send; an empty one (PARLEY_API_KEY= in a compose file) asks for none."""
+    return (given or "").strip() or None
+
+
 def serve(args: argparse.Namespace) -> int:
     from engine.loading.default_model import resolve_model
     from cli.terminal import printable
@@ -61,7 +69,7 @@ def serve(args: argparse.Namespace) -> int:
 
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
-                                  allowed_hosts=tuple(args.allow_host))
+                                  allowed_hosts=tuple(args.allow_host), cors_origins=tuple(args.cors_origin))
         sock = listening_socket(args.host, args.port)
     except ValueError as exc:
         print(f"parley: {exc}", file=sys.stderr)
@@ -77,7 +85,7 @@ def serve(args: argparse.Namespace) -> int:
             url, _, name = spec.partition("#")
             m = bridge.add_remote(url, name or None, args.remote_api_key)
             print(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}", file=sys.stderr)
-        serve_forever(bridge, args.host, args.port, args.api_key, settings, sock)
+        serve_forever(bridge, args.host, args.port, api_key(args.api_key), settings, sock)
     finally:
         sock.close()
         bridge.shutdown()

@@ -16,6 +16,8 @@ from urllib.parse import urlsplit
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -37,10 +39,18 @@ class ServerSettings:
     bound_host: str = "127.0.0.1"  # the address listened on; Host headers must name it
     max_body_bytes: int = 8 << 20  # a chat request is kilobytes; tens of MB only tie up the tokenizer
     allowed_hosts: tuple[str, ...] = ()  # extra names for Host (e.g. a reverse proxy's)
+    cors_origins: tuple[str, ...] = ()  # web page origins whose scripts may call the API ("*": any); none by default
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, not {self.max_body_bytes}")
+        for origin in self.cors_origins:
+            parts = urlsplit(origin)
+            if origin != "*" and not (parts.scheme and parts.netloc and not parts.path.strip("/")):
+                raise ValueError(f"a CORS origin is a scheme and a host (http://localhost:3000) or *, not {origin!r}")
+
+    def cors_allows(self, origin: str) -> bool:
+        return "*" in self.cors_origins or origin.rstrip("/") in (o.rstrip("/") for o in self.cors_origins)
 
 
 def build_app(bridge: ServerBridge, api_key: str | None = None, settings: ServerSettings | None = None) -> Starlette:
@@ -65,7 +75,10 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
         Route("/health", lambda _request: JSONResponse({"status": "ok"}), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
-    return Starlette(routes=routes, exception_handlers=handlers)
+    middleware = [Middleware(CORSMiddleware, allow_origins=[o.rstrip("/") for o in settings.cors_origins],
+                             allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])] \
+        if settings.cors_origins else []  # answers preflights and marks answers readable by those pages
+    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
 
 
 # -- endpoints
@@ -74,6 +87,8 @@ async def list_models(request: Request, bridge: ServerBridge) -> Response:
 
 
 async def get_model(request: Request, bridge: ServerBridge) -> Response:
+    if not request.path_params["model"]:  # "/v1/models/": the list
+        return await list_models(request, bridge)
     return JSONResponse(_model_card(_model(bridge, request.path_params["model"])))
 
 
@@ -105,7 +120,12 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if isinstance(end, ev.Error):
         raise _turn_error(end, req)
     build = api.completion_response if req.raw else api.chat_response
-    return JSONResponse(build(rid, model.id, end.text, end.reason, end.stats))
+    return JSONResponse(build(rid, model.id, _new_text(end.text, req), end.reason, end.stats, req.created))
+
+
+def _new_text(text: str, req: api.TurnRequest) -> str:
+    """A continued answer's Finished holds all of it; the client sent the part before and gets what came after."""
+    return text[len(req.prompt):] if req.continue_final and text.startswith(req.prompt) else text
 
 
 async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
@@ -114,8 +134,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
     A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
     sid, queue = bridge.open(model, req.raw)
     try:
-        messages = req.history + [{"role": "user", "content": req.prompt}]
-        bridge.engine.submit(sid, messages, req.params, req.system)
+        bridge.engine.submit(sid, req.messages(), req.params, req.system, continue_final=req.continue_final)
         while True:
             e = await _poll(client, queue)
             if e is None:
@@ -152,24 +171,24 @@ async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio
     """The turn as server-sent events; leaving early (client gone: Starlette cancels us) cancels the turn."""
     try:
         if not req.raw:
-            yield _event(api.chat_chunk(rid, model, {"role": "assistant", "content": ""}))
+            yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}))
         while True:
             e = await _next_event(client, queue)
             if e is None:
                 return  # the client went away: `finally` cancels the turn
             if isinstance(e, ev.TokenDelta):
                 if e.text:
-                    yield _event(api.completion_chunk(rid, model, e.text) if req.raw
-                                 else api.chat_chunk(rid, model, {"content": e.text}))
+                    yield _event(api.completion_chunk(rid, model, req, e.text) if req.raw
+                                 else api.chat_chunk(rid, model, req, {"content": e.text}))
                 continue
             if isinstance(e, ev.Error):
                 yield _event(_turn_error(e, req).body())
                 break
-            yield _event(api.completion_chunk(rid, model, "", e.reason) if req.raw
-                         else api.chat_chunk(rid, model, {}, e.reason))
+            yield _event(api.completion_chunk(rid, model, req, "", e.reason) if req.raw
+                         else api.chat_chunk(rid, model, req, {}, e.reason))
             if req.include_usage:
                 build = api.completion_chunk if req.raw else api.chat_chunk
-                yield _event(build(rid, model, "" if req.raw else {}, stats=e.stats))
+                yield _event(build(rid, model, req, "" if req.raw else {}, stats=e.stats))
             break
         yield "data: [DONE]\n\n"
     finally:
@@ -226,7 +245,7 @@ async def _read_body(request: Request) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise refused
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-        # a browser may POST text/plain cross-site without asking first; JSON needs a preflight we never grant
+        # a browser may POST text/plain cross-site without asking first; JSON needs a preflight (--cors-origin only)
         raise api.APIError(415, "Send the request body as 'Content-Type: application/json'.")
     chunks, size = [], 0
     async for chunk in request.stream():
@@ -244,6 +263,8 @@ def _check_origin(request: Request, settings: ServerSettings) -> None:
     if not _allowed_host(_hostname(host), settings):
         raise api.APIError(421, f"This server does not answer to the host {host!r}.", code="host_not_allowed")
     origin = request.headers.get("origin")
+    if origin is not None and settings.cors_allows(origin):
+        return
     if origin is not None and origin != "null" and not _allowed_host(urlsplit(origin).hostname or "", settings):
         raise api.APIError(403, f"Requests from web pages of {origin!r} are not allowed.", code="origin_not_allowed")
     if origin == "null":
@@ -309,7 +330,9 @@ def _error(exc: api.APIError) -> JSONResponse:
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
-    return _error(api.APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}."))
+    response = _error(api.APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}."))
+    response.headers.update(exc.headers or {})  # a 405's Allow
+    return response
 
 
 async def _internal_error(request: Request, exc: Exception) -> Response:

@@ -55,9 +55,18 @@ class ServerBridge:
         if isinstance(e, ev.ModelFailed):
             raise ModelLoadError(e.message)
         context = e.info.get("context") or 4096  # a remote endpoint that does not say: its own limit applies
-        served = ServedModel(e.name, model_id, context, aliases=(alias,) if alias and alias != e.name else (), info=e.info)
+        name = self._unique(e.name)  # two files of one model (two quantisations) must each be reachable
+        served = ServedModel(name, model_id, context, aliases=(alias,) if alias and alias != name else (), info=e.info)
         self.models.append(served)
         return served
+
+    def _unique(self, name: str) -> str:
+        taken = {m.id for m in self.models} | {a for m in self.models for a in m.aliases}
+        unique, n = name, 1
+        while unique in taken:
+            n += 1
+            unique = f"{name} ({n})"
+        return unique
 
     def find(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if name == m.id or name in m.aliases), None)

@@ -12,6 +12,7 @@ from engine.sampling import MAX_INT32, SamplingParams
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
 
 
 class APIError(Exception):
@@ -19,6 +20,7 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error"):
+        message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate a client sent
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
 
@@ -36,7 +38,13 @@ class TurnRequest:
     raw: bool  # /v1/completions: BOS + prompt, no chat template
     system: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)  # user/assistant messages before the last one
-    prompt: str = ""  # the last user message, or the raw document
+    prompt: str = ""  # the last user message, or the raw document, or the answer to continue
+    continue_final: bool = False  # the last message is the assistant's: the answer goes on from its text
+    created: int = field(default_factory=lambda: int(time.time()))  # one value for every chunk of the answer
+
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation the engine answers (without the system prompt)."""
+        return [*self.history, {"role": "assistant" if self.continue_final else "user", "content": self.prompt}]
 
 
 def parse_json(body: bytes) -> dict:
@@ -63,11 +71,16 @@ def parse_chat(data: dict, context_limit: int) -> TurnRequest:
             system.append(content)
         else:
             turns.append({"role": role, "content": content})
-    if not turns or turns[-1]["role"] != "user":
-        raise APIError(400, "The last message must come from the user.", "messages")
+    if len(turns) > 1 and turns[-1]["role"] == "assistant" and not turns[-1]["content"]:
+        turns.pop()  # an empty answer last asks for the answer, as OpenAI reads it
+    if not turns:
+        raise APIError(400, "The messages need one from the user (or an answer to continue).", "messages")
     req = _common(data, context_limit, raw=False)
     req.system = "\n\n".join(system) or None
     req.history, req.prompt = turns[:-1], turns[-1]["content"]
+    req.continue_final = turns[-1]["role"] == "assistant"  # a prefilled answer goes on, as llama.cpp's server does
+    if req.continue_final and not req.prompt:
+        raise APIError(400, "The messages need one from the user (or an answer to continue).", "messages")
     return req
 
 
@@ -106,16 +119,16 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean.", "stream_options")
-    return TurnRequest(sampling(data, context_limit), stream, include_usage, raw)
+    return TurnRequest(sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None), stream, include_usage, raw)
 
 
-def sampling(data: dict, context_limit: int) -> SamplingParams:
+def sampling(data: dict, context_limit: int, default_max_tokens: int | None = None) -> SamplingParams:
     """OpenAI sampling fields (plus top_k, min_p, repetition_penalty, repeat_last_n) -> SamplingParams."""
     max_tokens = _number(data, "max_completion_tokens", int, None)
     if max_tokens is None:
         max_tokens = _number(data, "max_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = context_limit  # as OpenAI: up to the context; the engine stops when it is full
+    if max_tokens is None:  # as OpenAI: chat up to the context (the engine stops when it is full), completions 16
+        max_tokens = min(default_max_tokens or context_limit, context_limit)
     if not 1 <= max_tokens <= context_limit:
         raise APIError(400, f"max_tokens must be between 1 and this model's context of {context_limit} tokens, "
                             f"not {max_tokens}.", "max_tokens")
@@ -131,8 +144,10 @@ def sampling(data: dict, context_limit: int) -> SamplingParams:
         raise APIError(400, f"'repeat_last_n' must be between -1 (the whole text) and {MAX_INT32}, not "
                             f"{repeat_last_n}.", "repeat_last_n")
     seed = _number(data, "seed", int, None)
-    if seed is not None and not 0 <= seed < 2**64:
-        raise APIError(400, f"'seed' must be between 0 and 2**64 - 1, not {seed}.", "seed")
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise APIError(400, f"'seed' must be a 64-bit integer, not {seed}.", "seed")
+    if seed is not None and seed < 0:  # OpenAI's seed is an int64; -1 is llama.cpp's "random"
+        seed = None if seed == -1 else seed % 2**64
     fields = dict(
         temperature=_ranged(data, "temperature", 1.0, 0.0, 2.0),
         top_p=_ranged(data, "top_p", 1.0, 0.0, 1.0),
@@ -167,7 +182,7 @@ def _thinking(data: dict) -> bool | None:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    if data.get("n", 1) != 1:
+    if data.get("n") not in (None, 1):
         raise APIError(400, "Only n=1 is supported.", "n")
     for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
         if data.get(name) not in (None, False, [], {}, 0, 1 if name == "best_of" else 0):
@@ -218,33 +233,38 @@ def finish_reason(reason: str) -> str:
     return FINISH_REASONS.get(reason, "stop")
 
 
-def chat_response(rid: str, model: str, text: str, reason: str, stats) -> dict:
+def chat_response(rid: str, model: str, text: str, reason: str, stats, created: int) -> dict:
     choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
               "finish_reason": finish_reason(reason)}
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [choice], "usage": usage(stats)}
 
 
-def chat_chunk(rid: str, model: str, delta: dict, reason: str | None = None, stats=None) -> dict:
+def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str | None = None, stats=None) -> dict:
     choices = [] if stats is not None else [
         {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
-    chunk = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-             "choices": choices}
-    if stats is not None:
-        chunk["usage"] = usage(stats)
-    return chunk
+    return _chunk({"id": rid, "object": "chat.completion.chunk", "created": req.created, "model": model,
+                   "choices": choices}, req, stats)
 
 
-def completion_response(rid: str, model: str, text: str, reason: str, stats) -> dict:
+def completion_response(rid: str, model: str, text: str, reason: str, stats, created: int) -> dict:
     choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+    return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": [choice], "usage": usage(stats)}
 
 
-def completion_chunk(rid: str, model: str, text: str, reason: str | None = None, stats=None) -> dict:
+def completion_chunk(rid: str, model: str, req: TurnRequest, text: str, reason: str | None = None,
+                     stats=None) -> dict:
     choices = [] if stats is not None else [
         {"index": 0, "text": text, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
-    chunk = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": choices}
+    return _chunk({"id": rid, "object": "text_completion", "created": req.created, "model": model,
+                   "choices": choices}, req, stats)
+
+
+def _chunk(chunk: dict, req: TurnRequest, stats) -> dict:
+    """With include_usage every chunk carries "usage": null but the last, which carries the counts (as OpenAI)."""
     if stats is not None:
         chunk["usage"] = usage(stats)
+    elif req.include_usage:
+        chunk["usage"] = None
     return chunk

@@ -39,8 +39,10 @@ BAD = [
      "messages[0].content", "string"),
     ("image part", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]}, 400, "messages[0].content", "text parts"),
-    ("last is assistant", "/chat/completions", CHAT | {"messages": [{"role": "assistant", "content": "x"}]}, 400,
-     "messages", "last message"),
+    ("only a system message", "/chat/completions", CHAT | {"messages": [{"role": "system", "content": "x"}]}, 400,
+     "messages", "one from the user"),
+    ("empty answer only", "/chat/completions", CHAT | {"messages": [{"role": "assistant", "content": ""}]}, 400,
+     "messages", "one from the user"),
     ("stop wrong type", "/chat/completions", CHAT | {"stop": [1, 2]}, 400, "stop", "stop"),
     ("n=2", "/chat/completions", CHAT | {"n": 2}, 400, "n", "n=1"),
     ("template kwargs not an object", "/chat/completions", CHAT | {"chat_template_kwargs": "x"}, 400,

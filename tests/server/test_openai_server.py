@@ -147,3 +147,51 @@ def test_api_key_is_required_when_set(keyed_server):
     assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
     text, _, _ = stream_text(client(keyed_server, API_KEY), PROMPTS[0])
     assert text
+
+
+def test_an_answer_last_is_continued_and_only_its_new_text_comes_back(server, bridge):
+    """A prefilled answer (SillyTavern's continue, llama.cpp's server): the reply is the text after it."""
+    c = client(server)
+    messages = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+    reply = c.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=6)
+    text = reply.choices[0].message.content
+    finished = [e for e in bridge.seen if isinstance(e, ev.Finished)][-1]
+    assert text and finished.text == "The colour is" + text
+    parts = [ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="tiny", messages=messages, temperature=0, max_tokens=6, stream=True) if ch.choices]
+    assert "".join(parts) == text
+    asked = c.chat.completions.create(model="tiny", temperature=0, max_tokens=6,
+                                      messages=[*messages[:1], {"role": "assistant", "content": ""}])
+    assert asked.choices[0].message.content == c.chat.completions.create(
+        model="tiny", messages=messages[:1], temperature=0, max_tokens=6).choices[0].message.content
+
+
+def test_openai_field_conventions(server):
+    """n null, a negative seed (llama.cpp's -1: random; others a fixed seed), one `created` per stream with
+    "usage": null on every chunk but the last, 16 tokens for a completion without max_tokens, the list at
+    /v1/models/, a 405 naming what is allowed."""
+    c = client(server)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    assert httpx.post(server.url + "/chat/completions", json=body | {"n": None}, timeout=30).status_code == 200
+    seeded = [c.chat.completions.create(**body, temperature=1.0, seed=-5).choices[0].message.content for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    assert httpx.post(server.url + "/chat/completions", json=body | {"seed": -1}, timeout=30).status_code == 200
+    chunks = list(c.chat.completions.create(**body, stream=True, stream_options={"include_usage": True}))
+    assert len({ch.created for ch in chunks}) == 1
+    raw = httpx.post(server.url + "/chat/completions", timeout=30,
+                     json=body | {"stream": True, "stream_options": {"include_usage": True}}).text
+    events = [line for line in raw.splitlines() if line.startswith("data: {")]
+    assert all('"usage": null' in line for line in events[:-1]) and '"usage": {' in events[-1]
+    done = c.completions.create(model="tiny", prompt="Once upon a time", temperature=0)
+    assert done.usage.completion_tokens <= 16
+    assert httpx.get(server.url + "/models/", timeout=30).json()["object"] == "list"
+    wrong = httpx.get(server.url + "/chat/completions", timeout=30)
+    assert wrong.status_code == 405 and "POST" in wrong.headers.get("allow", "")
+
+
+def test_a_lone_surrogate_in_the_model_name_is_a_404_not_a_dropped_connection(server):
+    with httpx.Client(timeout=30) as http:
+        r = http.post(server.url + "/chat/completions", content=b'{"model": "\\ud800x", "messages": []}',
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 404 and "\\\\ud800x" in r.text
+        assert http.get(server.url + "/models").status_code == 200  # the same connection goes on
