@@ -135,14 +135,25 @@ class Tokenizer:
         if self.harmony and thinking is not None:
             extra["reasoning_effort"] = "high" if thinking else "low"
         if continue_final:
-            text = _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
-                                       messages)
+            text = self._open_answer(messages, extra)
         else:
             text = self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **extra)
         bos = self.chat_template.bos_token
         writes_bos = bool(bos) and text.startswith(bos)
         add_bos = False if writes_bos else None
         return self._encode_with_literals(text, typed, add_bos) if typed else self.encode(text, add_bos=add_bos)
+
+    def _open_answer(self, messages: list[dict[str, str]], extra: dict) -> str:
+        """The conversation cut after the last answer's text; where the template does not show that text (DeepSeek-R1's
+        and QwQ's drop an answer's thought), the answer after a generation prompt, as a prefill."""
+        try:
+            return _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
+                                       messages)
+        except TemplateError:
+            if len(messages) < 2:
+                raise
+            prompt = self.chat_template.render(messages[:-1], add_generation_prompt=True, **extra)
+            return _joined(prompt, messages[-1]["content"])
 
     def _defuse(self, messages: list[dict[str, str]]) -> tuple[list[dict[str, str]], dict[str, str]]:
         """Messages whose typed control-token text ("<start_of_turn>") is swapped for placeholders, so that only the
@@ -205,3 +216,15 @@ def _open_final_message(text: str, messages: list[dict[str, str]]) -> str:
         if at >= 0:
             return text[: at + len(needle)]
     raise TemplateError("The chat template does not show the last message's text, so it cannot be continued.")
+
+
+JOIN_CHARS = 64  # a generation prompt's opening tags are short
+
+
+def _joined(prompt: str, answer: str) -> str:
+    """`answer` after `prompt`, sharing the text the prompt ends with and the answer starts with (a generation prompt
+    that opens "<think>\n" and an answer that holds it)."""
+    for n in range(min(len(prompt), len(answer), JOIN_CHARS), 0, -1):
+        if prompt.endswith(answer[:n]):
+            return prompt + answer[n:]
+    return prompt + answer

@@ -172,3 +172,20 @@ def test_generation_tags_tojson_separators_and_absent_tools_render_as_transforme
     assert "TOOLS" in template.render([{"role": "user", "content": "Hi"}], tools=[{"type": "function"}])
     with pytest.raises(TemplateError, match="separators"):
         ChatTemplate("{{ 1 | tojson(separators=(1, 2)) }}").render([])
+
+
+def test_an_answer_whose_thought_the_template_drops_is_continued_as_a_prefill() -> None:
+    """DeepSeek-R1's distills and QwQ show past answers without their thought, so the answer to continue is not in
+    the rendered conversation: it goes after the generation prompt, sharing the "<think>\\n" that prompt opens."""
+    r1 = ("{% for m in messages %}{% if m['role'] == 'user' %}<|User|>{{ m['content'] }}"
+          "{% else %}<|Assistant|>{{ m['content'].split('</think>')[-1] }}<|end|>{% endif %}{% endfor %}"
+          "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+    metadata = sentencepiece_metadata(train_sentencepiece(add_dummy_prefix=False), False)
+    metadata["tokenizer.chat_template"] = r1
+    tok = tokenizer_from_gguf(metadata)
+    answer = "<think>\nLet me add.\n</think>\n\nThe answer is"
+    ids = tok.apply_chat_template([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": answer}],
+                                  continue_final=True)
+    assert tok.decode(ids, skip_special=True).endswith("<|User|>2+2?<|Assistant|>" + answer)
+    with pytest.raises(TemplateError, match="cannot be continued"):  # nothing before it to prefill after
+        tok.apply_chat_template([{"role": "assistant", "content": answer}], continue_final=True)
