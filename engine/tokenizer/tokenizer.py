@@ -79,6 +79,7 @@ class Tokenizer:
         kept = (*SHOWN_CONTROL, *(HARMONY_TAGS if self.harmony else ()))
         shown = {backend.token_to_id(text) for text in kept} - {None}
         self._shown = frozenset(shown & backend.special_ids)  # control tags that skip_special keeps
+        self._own_tags = frozenset(t for t in kept if backend.token_to_id(t) in self._shown)  # their texts
 
     @property
     def backend(self) -> TokenizerBackend:
@@ -166,7 +167,10 @@ class Tokenizer:
         typed: dict[str, str] = {}  # text -> placeholder while building
         def swap(match: re.Match) -> str:
             return typed.setdefault(match.group(0), next(free))
-        out = [dict(m, content=pattern.sub(swap, m["content"])) if m.get("content") else dict(m) for m in messages]
+        def keep_own(match: re.Match) -> str:  # an answer's thought tags are the model's own tokens ([THINK])
+            return match.group(0) if match.group(0) in self._own_tags else swap(match)
+        out = [dict(m, content=pattern.sub(keep_own if m.get("role") == "assistant" else swap, m["content"]))
+               if m.get("content") else dict(m) for m in messages]
         return out, {mark: text for text, mark in typed.items()}
 
     def _encode_with_literals(self, text: str, typed: dict[str, str], add_bos: bool | None) -> list[int]:

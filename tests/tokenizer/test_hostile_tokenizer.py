@@ -60,3 +60,25 @@ def test_continuing_an_answer_with_typed_control_text(tokenizers):
     assert _controls(tok, ids) == _controls(tok, tok.apply_chat_template([{"role": "user", "content": "q"},
                                                                            {"role": "assistant", "content": "p"}],
                                                                           continue_final=True))
+
+
+def test_an_answers_own_thought_tags_stay_control_tokens_where_typed_ones_do_not(trained_byte_level):
+    """A vocabulary whose thought tags are control tokens (Magistral's [THINK]): the answer's own tags are the ids the
+    model wrote (continuing it, or reading it back), while the same text typed by the user stays text."""
+    from tokenizers import Tokenizer
+
+    from tests.support.gemma import CHATML_TEMPLATE, byte_level_metadata
+
+    backend = Tokenizer.from_str(trained_byte_level.to_str())  # a copy: the fixture is shared
+    backend.add_special_tokens(["[THINK]", "[/THINK]"])
+    metadata = byte_level_metadata(backend, **{"tokenizer.chat_template": CHATML_TEMPLATE})
+    tags = [metadata["tokenizer.ggml.tokens"].index(t) for t in ("[THINK]", "[/THINK]")]
+    for i in tags:
+        metadata["tokenizer.ggml.token_type"][i] = 3  # control
+    tok = tokenizer_from_gguf(metadata)
+    answer = "[THINK]Let me add.[/THINK]4, and"
+    ids = tok.apply_chat_template([{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": answer}],
+                                  continue_final=True)
+    assert all(i in ids for i in tags) and tok.decode(ids).endswith(answer)
+    typed = tok.apply_chat_template([{"role": "user", "content": answer}])
+    assert not any(i in typed for i in tags) and answer in tok.decode(typed)
