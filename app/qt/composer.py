@@ -55,8 +55,12 @@ class Composer(QWidget):
         self.stop_button.clicked.connect(self.stop_requested)
 
     def set_busy(self, busy: bool) -> None:
+        hiding = self.send_button if busy else self.stop_button
+        had_focus = hiding.isVisible() and self.window().focusWidget() is hiding
         self.send_button.setVisible(not busy)
         self.stop_button.setVisible(busy)
+        if had_focus:  # Qt would pass focus on to the next widget (New chat, where a second Space makes a chat)
+            self.edit.setFocus()
 
     def begin_edit(self, text: str) -> None:
         self.banner.setText(self.tr("Editing an earlier message: sending makes a new branch (the old one stays). Esc cancels."))

@@ -495,6 +495,24 @@ def test_tab_leaves_the_composer(parley, qtbot):
     assert edit.toPlainText() == "hi" and not edit.hasFocus()
 
 
+def test_send_and_stop_by_keyboard_leave_the_focus_in_the_composer(parley, qtbot):
+    """Space on Send or Stop hides it: the focus goes to the message box, not on to New chat (a second Space)."""
+    w = parley.window
+    conv = w.current()
+    composer = w.chat.composer
+    configure(parley, conv, temperature=0.0, max_tokens=400)
+    w.activateWindow()
+    composer.edit.setPlainText("go on and on")
+    hold_engine(parley, 1.0)
+    for button in composer.send_button, composer.stop_button:
+        button.setFocus()
+        qtbot.waitUntil(button.hasFocus)
+        qtbot.keyClick(button, Qt.Key.Key_Space)
+        qtbot.waitUntil(lambda: not button.isVisible())  # Stop hides when the answer has stopped
+        assert composer.edit.hasFocus(), f"{button.text()}: focus went to {w.focusWidget()!r}"
+    assert last(parley, conv).state == "stopped" and w.current() == conv
+
+
 def test_messages_and_controls_have_accessible_names(parley, qtbot):
     w = parley.window
     conv = w.current()
