@@ -96,10 +96,19 @@ class MainWindow(QMainWindow):
     def delete_chat(self, conv_id: int) -> None:
         """Gone from the list at once; Undo (the status bar's button, Ctrl+Shift+Z) brings it back for a while."""
         title = self.service.store.get(conv_id).title
+        if conv_id == self.current():
+            self._open_neighbour(conv_id)
         self.service.trash(conv_id)
         self.undo_button.show()
         self.statusBar().showMessage(self.tr("Deleted “%1”.").replace("%1", title), UNDO_MS)
         self._undo_timer.start()
+
+    def _open_neighbour(self, conv_id: int) -> None:
+        """The chat below in the list, or above for the last one: the selection stays where the user was."""
+        ids = self.sidebar.ids()
+        if conv_id in ids and len(ids) > 1:
+            i = ids.index(conv_id)
+            self.open_chat(ids[i + 1] if i + 1 < len(ids) else ids[i - 1])
 
     def delete_current(self) -> None:
         if self.current() is not None and self.stack.currentWidget() is self.chat:

@@ -426,6 +426,21 @@ def test_delete_can_be_undone(parley, qtbot):
     assert not parley.store.has(a) and not w.undo_button.isVisible()
 
 
+def test_delete_key_moves_on_to_the_next_chat(parley, qtbot):
+    """Like any list: Delete selects the chat below (above, for the last), so a second Delete takes that one."""
+    w = parley.window
+    for i in range(3):
+        parley.service.rename(w.new_chat(), f"chat {i}")
+    ids = w.sidebar.ids()  # newest first
+    w.activateWindow()
+    w.sidebar.list.setFocus()
+    qtbot.waitUntil(w.sidebar.list.hasFocus)
+    w.sidebar.list.setCurrentRow(1)
+    for expected in ids[2], ids[3], ids[0]:
+        qtbot.keyClick(w.sidebar.list, Qt.Key.Key_Delete)
+        assert w.current() == expected and w.sidebar.list.currentItem().data(Qt.ItemDataRole.UserRole) == expected
+
+
 def _link_x(doc: QTextDocument, text: str) -> float:
     doc.size()  # lays the document out
     cursor = doc.find(text)
