@@ -1,7 +1,7 @@
 """Chat settings: model, system prompt, sampling, max tokens, overflow policy; optionally the defaults for new chats."""
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog,
     QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
@@ -13,12 +13,18 @@ from app.core.presets import Presets
 from app.qt.theme import icon
 
 
+MIN_CHARS = 24  # the picker's width in characters: most model names whole, a long one elided
+
+
 class ModelPicker(QComboBox):
     """The registry's models; `import_requested` asks the window to import one from disk."""
 
     def __init__(self, registry: ModelRegistry, parent=None):
         super().__init__(parent)
         self.registry = registry
+        # a long model name (a GGUF file stem) elides instead of widening the window or the settings dialog
+        self.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.setMinimumContentsLength(MIN_CHARS)
         self.reload()
 
     def reload(self, key: str | None = None) -> None:
@@ -27,7 +33,7 @@ class ModelPicker(QComboBox):
         self.clear()
         for entry in self.registry.entries():
             self.addItem(entry.name, entry.key)
-            self.setItemData(self.count() - 1, entry.path, 3)  # tooltip
+            self.setItemData(self.count() - 1, f"{entry.name}\n{entry.path}", Qt.ItemDataRole.ToolTipRole)
         if key is not None and self.findData(key) >= 0:
             self.setCurrentIndex(self.findData(key))
         self.blockSignals(False)

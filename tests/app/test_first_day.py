@@ -81,6 +81,26 @@ def test_a_long_title_or_the_live_panel_never_widens_the_window(parley, qtbot):
     assert w.width() == 800, f"the live panel widened the window to {w.width()} px"
 
 
+def test_a_long_model_name_never_widens_the_window(qtbot, qapp, tiny_models, tmp_path):
+    """The picker sizes itself on first show: after a restart a GGUF file stem elides (full name in the tooltip)."""
+    from app.core.model_registry import ModelEntry
+
+    name = "Meta-Llama-3.1-70B-Instruct-abliterated-uncensored-Q4_K_M-imatrix-calibrated-v2.1-final"
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    app.models.registry.add(ModelEntry("/m/long.gguf", name, "/m/long.gguf", "gguf"))
+    app.close()
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        w = app.window
+        w.resize(800, 600)
+        qtbot.wait(20)
+        assert w.width() == 800 and w.chat.title.width() > 100, (w.width(), w.chat.title.width())
+        picker = w.chat.picker
+        assert name in picker.itemData(picker.findData("/m/long.gguf"), Qt.ItemDataRole.ToolTipRole)
+    finally:
+        app.close()
+
+
 def test_a_new_column_names_its_loaded_model(parley, qtbot):
     w = parley.window
     w.show_compare()
