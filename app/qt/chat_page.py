@@ -94,6 +94,7 @@ class ChatPage(QWidget):
             self._cancel_edit()
             if not was_editing:
                 self.composer.edit.clear()
+            self.view.follow()  # the message just sent is on screen, however far up the user had scrolled
         return ok
 
     def stop(self) -> None:

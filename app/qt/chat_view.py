@@ -243,6 +243,11 @@ class ChatView(QListView):
         self.chat_model.set_conversation(conv_id)
         self.scrollToBottom()
 
+    def follow(self) -> None:
+        """Back to the bottom, and kept there as the answer grows (after a send, even from far up)."""
+        self._stick = True
+        self.scrollToBottom()
+
     def set_dark(self, dark: bool) -> None:
         self.delegate.set_dark(dark)
         self.chat_model.set_conversation(self.chat_model.conv_id)

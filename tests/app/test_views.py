@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 import time
 
-from PySide6.QtCore import QPoint
+from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QDesktopServices, QGuiApplication
 
 from app.core.markdown_render import link_tip
@@ -37,6 +37,24 @@ def test_thousand_message_chat_opens_and_scrolls_smoothly(parley, qtbot):
         w.chat.view.viewport().repaint()
         worst = max(worst, time.perf_counter() - t)
     assert worst < 0.5, f"a scroll step took {worst * 1000:.0f} ms"
+
+
+def test_sending_while_scrolled_up_scrolls_to_the_message_sent(parley, qtbot):
+    store, w = parley.store, parley.window
+    conv = w.current()
+    parent = None
+    for i in range(30):
+        parent = store.add_message(conv, parent, "user" if i % 2 == 0 else "assistant", f"Message {i}: " + "word " * 80).id
+    configure(parley, conv, max_tokens=3)
+    w.open_chat(conv)
+    qtbot.wait(20)
+    bar = w.chat.view.verticalScrollBar()
+    bar.setValue(bar.maximum() // 2)
+    qtbot.keyClicks(w.chat.composer.edit, "one more")
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    wait_idle(parley, qtbot, conv)
+    qtbot.wait(20)
+    assert bar.value() == bar.maximum() > 0, f"left at {bar.value()} of {bar.maximum()}"
 
 
 def test_markdown_code_block_and_copy_link(parley, qtbot):
