@@ -20,7 +20,7 @@ class AppSettings:
     defaults: ChatSettings = field(default_factory=ChatSettings)
     one_at_a_time: bool = False  # compare view: columns answer in turn (small machines)
     weights: str = "auto"  # how models load (engine --weights): auto, quantized, or dequantized floats
-    window: dict = field(default_factory=dict)  # geometry (base64 of Qt's saveGeometry), splitter sizes
+    window: dict = field(default_factory=dict)  # geometry (base64 of Qt's saveGeometry), splitter sizes, open chat
     drafts: dict[int, str] = field(default_factory=dict)  # unsent text per chat, kept across restarts
     presets: dict[str, dict] = field(default_factory=dict)  # name -> ChatSettings fields (app/core/presets.py)
     file: Path | None = None
@@ -74,7 +74,7 @@ def _set_aside(file: Path) -> None:
 
 
 def _window(data) -> dict:
-    """The window's saved geometry (base64 text of Qt's saveGeometry) and sidebar width, where they read."""
+    """The window's saved geometry (base64 text of Qt's saveGeometry), sidebar width and open chat, where they read."""
     if not isinstance(data, dict):
         return {}
     out = {}
@@ -82,6 +82,8 @@ def _window(data) -> dict:
         out["geometry"] = data["geometry"]
     if type(data.get("sidebar")) is int and 0 < data["sidebar"] < 1 << 16:
         out["sidebar"] = data["sidebar"]
+    if type(data.get("chat")) is int:
+        out["chat"] = data["chat"]
     return out
 
 

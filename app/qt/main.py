@@ -73,9 +73,10 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     app = Parley(paths, settings, bridge, models, store, service)
     app.window = MainWindow(service, models, settings)
     app.extra["persistence"] = PersistenceUI(app.window, service)
-    chats = store.conversations()
+    chats = [c.id for c in store.conversations()]
     if chats:
-        app.window.open_chat(chats[0].id)
+        last = settings.window.get("chat")  # the chat open at close, if it is still there
+        app.window.open_chat(last if last in chats else chats[0])
     else:
         app.window.new_chat()
     if show:

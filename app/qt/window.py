@@ -300,9 +300,11 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
     def _save_geometry(self) -> None:
-        """Window size and place, the sidebar's width and every chat's draft, into settings.json."""
+        """Window size and place, the sidebar's width, the open chat and every chat's draft, into settings.json."""
         self.app_settings.window = {"geometry": bytes(self.saveGeometry().toBase64()).decode("ascii"),
                                     "sidebar": self.splitter.sizes()[0]}
+        if self.current() is not None:
+            self.app_settings.window["chat"] = self.current()
         self.app_settings.drafts = self.service.drafts()  # unsent text comes back with the app
         self.app_settings.save()
 

@@ -592,6 +592,21 @@ def test_window_size_and_place_are_restored(qtbot, qapp, tiny_models, tmp_path):
         again.close()
 
 
+def test_the_chat_open_at_close_is_open_after_a_restart(qtbot, qapp, tiny_models, tmp_path):
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    older = app.window.current()
+    app.service.rename(older, "older")
+    app.service.rename(app.window.new_chat(), "newer")  # the top of the list
+    app.window.open_chat(older)
+    app.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        assert again.window.current() == older
+        assert again.window.sidebar.list.currentItem().data(Qt.ItemDataRole.UserRole) == older
+    finally:
+        again.close()
+
+
 def test_context_limit_says_why(parley, qtbot):
     w = parley.window
     conv = w.current()
