@@ -37,10 +37,12 @@ class Sidebar(QWidget):
         layout.addWidget(self.list, 1)
         self._current: int | None = None
         self._refreshing = False
+        self._stale = False  # a refresh waits for the rename editor to close
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.refresh)
         self.list.currentItemChanged.connect(self._on_current)
         self.list.itemChanged.connect(self._on_renamed)
+        self.list.itemDelegate().closeEditor.connect(self._after_edit)
         self.list.customContextMenuRequested.connect(self._menu)
         service.conversations_changed.connect(self.refresh)
         service.status_changed.connect(self._on_status)
@@ -59,6 +61,10 @@ class Sidebar(QWidget):
         return [self.list.item(i).data(CONV_ROLE) for i in range(self.list.count())]
 
     def refresh(self) -> None:
+        if self.list.state() == self.list.State.EditingState:  # clearing the list would throw the rename away
+            self._stale = True
+            return
+        self._stale = False
         self._refreshing = True
         self.list.clear()
         for conv in self.service.visible(self.search.text()):
@@ -71,6 +77,10 @@ class Sidebar(QWidget):
             if conv.id == self._current:
                 self.list.setCurrentItem(item)
         self._refreshing = False
+
+    def _after_edit(self, *_args) -> None:
+        if self._stale:
+            self.refresh()
 
     def _mark(self, item: QListWidgetItem) -> None:
         """Busy and pinned show as icons (an emoji is a box without an emoji font) and in the accessible name."""
@@ -105,7 +115,7 @@ class Sidebar(QWidget):
             self.selected.emit(self._current)
 
     def _on_renamed(self, item: QListWidgetItem) -> None:
-        if self._refreshing:
+        if self._refreshing or not self.service.store.has(item.data(CONV_ROLE)):  # deleted while being renamed
             return
         self.service.rename(item.data(CONV_ROLE), item.text())
 

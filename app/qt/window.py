@@ -319,7 +319,8 @@ class MainWindow(QMainWindow):
     def _on_conversations(self) -> None:
         gone = self.current() is not None and (not self.service.store.has(self.current()) or self.service.trashed(self.current()))
         if gone:
-            ids = self.sidebar.ids()
+            # the list may lag (a refresh waits for a rename to end): only chats still there
+            ids = [i for i in self.sidebar.ids() if self.service.store.has(i) and not self.service.trashed(i)]
             if ids:
                 self.open_chat(ids[0])
             else:

@@ -228,6 +228,28 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
     assert b not in w.sidebar.ids() and w.current() == a
 
 
+def test_a_rename_in_progress_survives_another_chat_changing(parley, qtbot):
+    """The list waits for the rename editor to close before it refreshes (a queued message's send refreshes it)."""
+    w, service = parley.window, parley.service
+    other = w.current()
+    service.rename(other, "old name")
+    busy = w.new_chat()
+    configure(parley, busy, max_tokens=4)
+    hold_engine(parley, 0.5)
+    assert w.chat.send("one") and w.chat.send("two")  # the second waits its turn
+    row = w.sidebar.ids().index(other)
+    item = w.sidebar.list.item(row)
+    w.sidebar.list.editItem(item)
+    editor = w.sidebar.list.indexWidget(w.sidebar.list.indexFromItem(item))
+    qtbot.keyClick(editor, Qt.Key.Key_End)  # the editor opens with the title selected
+    qtbot.keyClicks(editor, " NEW")
+    qtbot.waitUntil(lambda: not service.busy(busy) and not service.queued(busy), timeout=60_000)
+    assert w.sidebar.list.state() == w.sidebar.list.State.EditingState
+    qtbot.keyClick(editor, Qt.Key.Key_Return)  # the delegate commits on the next turn of the event loop
+    qtbot.waitUntil(lambda: parley.store.get(other).title == "old name NEW")
+    assert w.sidebar.list.item(w.sidebar.ids().index(other)).text() == "old name NEW"
+
+
 def test_shortcuts_new_next_previous_compare(parley, qtbot):
     w = parley.window
     first = w.current()
