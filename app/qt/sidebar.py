@@ -12,6 +12,17 @@ CONV_ROLE = Qt.ItemDataRole.UserRole
 MARK_ROLE = Qt.ItemDataRole.UserRole + 1  # which icon the item shows: "busy", "pin" or ""
 
 
+class SearchBox(QLineEdit):
+    """Esc clears a search (and goes no further); in an empty box it reaches the window, which stops the answer."""
+
+    def keyPressEvent(self, event) -> None:
+        if event.key() == Qt.Key.Key_Escape and not event.modifiers() and self.text():
+            self.clear()
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+
 class Sidebar(QWidget):
     selected = Signal(int)  # conversation
     new_requested = Signal()
@@ -23,7 +34,7 @@ class Sidebar(QWidget):
         self.setMinimumWidth(180)
         self.new_button = QPushButton(icon("new"), self.tr("New chat"))
         self.new_button.setToolTip(self.tr("New chat (Ctrl+N)"))
-        self.search = QLineEdit(placeholderText=self.tr("Search chats…"), clearButtonEnabled=True)
+        self.search = SearchBox(placeholderText=self.tr("Search chats…"), clearButtonEnabled=True)
         self.search.setAccessibleName(self.tr("Search chats"))
         self.list = QListWidget(objectName="sidebarList")
         self.list.setAccessibleName(self.tr("Chats"))

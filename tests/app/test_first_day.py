@@ -519,6 +519,24 @@ def test_escape_stops_from_anywhere_in_the_window(parley, qtbot):
     assert last(parley, conv).state == "stopped"
 
 
+def test_escape_in_the_search_box_clears_it_first(parley, qtbot):
+    """Esc clears a search and the answer goes on; a second Esc (the box empty) stops it, as anywhere else."""
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=400)
+    hold_engine(parley, 1.0)
+    assert w.chat.send("go on and on")
+    w.activateWindow()
+    w.sidebar.search.setFocus()
+    qtbot.waitUntil(w.sidebar.search.hasFocus)
+    qtbot.keyClicks(w.sidebar.search, "go")
+    qtbot.keyClick(w.sidebar.search, Qt.Key.Key_Escape)
+    assert w.sidebar.search.text() == "" and parley.service.busy(conv)
+    qtbot.keyClick(w.sidebar.search, Qt.Key.Key_Escape)
+    wait_idle(parley, qtbot, conv)
+    assert last(parley, conv).state == "stopped"
+
+
 def test_tab_leaves_the_composer(parley, qtbot):
     w = parley.window
     w.activateWindow()
