@@ -27,6 +27,7 @@ from engine.loading.default_model import DEFAULT_NAME
 
 
 UNDO_MS = 10_000  # how long a deleted chat can be brought back
+DRAFT_SAVE_MS = 1500  # drafts reach settings.json this long after the last keystroke (a crash keeps them)
 
 
 class MainWindow(QMainWindow):
@@ -40,6 +41,8 @@ class MainWindow(QMainWindow):
         self._undo_timer.timeout.connect(self._forget_trash)
         self._load_ticker = QTimer(self, interval=500)  # a load with no new progress still shows time passing
         self._load_ticker.timeout.connect(lambda: self._on_model_state(""))
+        self._draft_timer = QTimer(self, singleShot=True, interval=DRAFT_SAVE_MS)  # restarted by every edit
+        self._draft_timer.timeout.connect(self._save_drafts)
         self.sidebar = Sidebar(service)
         self.chat = ChatPage(service, models)
         self.presets = Presets(settings)
@@ -66,6 +69,8 @@ class MainWindow(QMainWindow):
         self.sidebar.new_requested.connect(self.new_chat)
         self.sidebar.delete_requested.connect(self.delete_chat)
         self.chat.settings_requested.connect(self.edit_settings)
+        self.chat.composer.edit.textChanged.connect(self._draft_timer.start)
+        service.draft_changed.connect(self._draft_timer.start)
         self.compare.promoted.connect(self.open_chat)
         self.compare.one_at_a_time.toggled.connect(self._save_one_at_a_time)
         service.conversations_changed.connect(self._on_conversations)
@@ -305,6 +310,10 @@ class MainWindow(QMainWindow):
                                     "sidebar": self.splitter.sizes()[0]}
         if self.current() is not None:
             self.app_settings.window["chat"] = self.current()
+        self._save_drafts()
+
+    def _save_drafts(self) -> None:
+        self._draft_timer.stop()
         self.app_settings.drafts = self.service.drafts()  # unsent text comes back with the app
         self.app_settings.save()
 

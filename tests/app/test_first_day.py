@@ -214,6 +214,15 @@ def test_drafts_survive_a_restart(qtbot, qapp, tiny_models, tmp_path):
         again.close()
 
 
+def test_a_draft_is_saved_while_typing_not_only_at_close(parley, qtbot):
+    """A crash (no closeEvent) keeps what was typed: settings.json has it soon after the last key."""
+    from app.core.app_settings import AppSettings
+
+    conv = parley.window.current()
+    qtbot.keyClicks(parley.window.chat.composer.edit, "half a thought")
+    qtbot.waitUntil(lambda: AppSettings.load(parley.settings.file).drafts == {conv: "half a thought"}, timeout=5_000)
+
+
 # -- 7: Enter while a chat answers queues the next turn, visibly
 def test_enter_while_busy_queues_the_next_turn(parley, qtbot):
     w = parley.window
