@@ -22,6 +22,16 @@ def without_thought(text: str) -> str:
     return THOUGHT.sub("", text, count=1)
 
 
+def answer_markup(text: str) -> str:
+    """An answer as harmony writes it after the generation prompt's `<|start|>assistant`, to continue it: its thought
+    on the analysis channel (left open where the answer was cut while thinking), its reply on the final one."""
+    if not text.lstrip().startswith("<think>"):
+        return f"{CHANNEL}final{MESSAGE}{text}"
+    thought, closed, reply = text.lstrip()[len("<think>"):].partition("</think>")
+    analysis = f"{CHANNEL}analysis{MESSAGE}{thought}"
+    return f"{analysis}{END}{START}assistant{CHANNEL}final{MESSAGE}{reply.lstrip()}" if closed else analysis
+
+
 class HarmonyText:
     """Streams an answer's text (its harmony tags shown by the detokenizer) as thought-tagged text."""
 

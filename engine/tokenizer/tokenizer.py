@@ -10,7 +10,7 @@ from engine.errors import TemplateError, TokenizerError
 from engine.tokenizer.backend import TokenizerBackend
 from engine.tokenizer.chat_template import ChatTemplate
 from engine.tokenizer.detokenizer import IncrementalDetokenizer
-from engine.tokenizer.harmony import TAGS as HARMONY_TAGS, is_harmony, without_thought
+from engine.tokenizer.harmony import TAGS as HARMONY_TAGS, answer_markup, is_harmony, without_thought
 from engine.tokenizer.hf_backend import HFBackend
 from engine.tokenizer.sentencepiece_backend import MODEL_FILE as SENTENCEPIECE_FILE, SentencePieceBackend
 
@@ -128,9 +128,10 @@ class Tokenizer:
         `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it), and harmony's `reasoning_effort` (gpt-oss
         always reasons: off is "low", on "high"); None leaves the template's default.
         """
-        if self.harmony:  # its template keeps earlier answers' replies only
-            messages = [{**m, "content": without_thought(m["content"])} if m.get("role") == "assistant"
-                        and isinstance(m.get("content"), str) else m for m in messages]
+        if self.harmony:  # its template keeps earlier answers' replies only (an answer to continue keeps its thought)
+            kept = len(messages) - 1 if continue_final else len(messages)
+            messages = [{**m, "content": without_thought(m["content"])} if i < kept and m.get("role") == "assistant"
+                        and isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
         messages, typed = self._defuse(messages)
         extra = {} if thinking is None else {"enable_thinking": thinking}
         if self.harmony and thinking is not None:
@@ -147,6 +148,9 @@ class Tokenizer:
     def _open_answer(self, messages: list[dict[str, str]], extra: dict) -> str:
         """The conversation cut after the last answer's text; where the template does not show that text (DeepSeek-R1's
         and QwQ's drop an answer's thought), the answer after a generation prompt, as a prefill."""
+        if self.harmony and len(messages) >= 2:  # the answer's channels, as the model wrote them
+            prompt = self.chat_template.render(messages[:-1], add_generation_prompt=True, **extra)
+            return prompt + answer_markup(messages[-1]["content"])
         try:
             return _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
                                        messages)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.tokenizer.harmony import HarmonyText, is_harmony, without_thought
+from engine.tokenizer.harmony import HarmonyText, answer_markup, is_harmony, without_thought
 from engine.tokenizer.stop_tokens import collect_stop_ids
 
 ANSWER = ("<|channel|>analysis<|message|>The user greets. Reply warmly.<|end|>"
@@ -53,3 +53,12 @@ def test_the_answers_end_stops_and_a_messages_end_does_not():
 def test_earlier_answers_go_back_without_their_thought():
     assert without_thought("<think>private\nplan</think>\n\nThe reply.") == "The reply."
     assert without_thought("No thought here.") == "No thought here."
+
+
+@pytest.mark.parametrize("written", [ANSWER, "<|channel|>analysis<|message|>Cut while thinking",
+                                     "<|channel|>final<|message|>A reply only"])
+def test_an_answer_to_continue_goes_back_on_the_channels_it_came_on(written):
+    """Continue writes the shown answer back as harmony markup (an open thought on the analysis channel, where the model
+    goes on thinking), which streams to the same shown text."""
+    shown = _stream([written])
+    assert answer_markup(shown) == written and _stream([answer_markup(shown)]) == shown
