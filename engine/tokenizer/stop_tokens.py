@@ -4,9 +4,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 # Gemma, Llama 3 (end of turn, end of message), ChatML/Qwen, GPT-style, Phi-3, harmony (gpt-oss: the answer's end, a
-# tool call)
+# tool call), Command-R, EXAONE, Granite and Llama 3's end of text (files that name another eos still end there)
 END_OF_TURN_TOKENS = ("<end_of_turn>", "<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>", "<|end|>",
-                      "<|return|>", "<|call|>")
+                      "<|return|>", "<|call|>", "<|END_OF_TURN_TOKEN|>", "[|endofturn|]", "<|end_of_text|>")
 
 
 def collect_stop_ids(token_to_id: Callable[[str], int | None], eos_id: int | None, extra_ids: Iterable[int],

@@ -62,3 +62,10 @@ def test_an_answer_to_continue_goes_back_on_the_channels_it_came_on(written):
     goes on thinking), which streams to the same shown text."""
     shown = _stream([written])
     assert answer_markup(shown) == written and _stream([answer_markup(shown)]) == shown
+
+
+@pytest.mark.parametrize("family, token", [("Command-R", "<|END_OF_TURN_TOKEN|>"), ("EXAONE", "[|endofturn|]"),
+                                           ("Granite", "<|end_of_text|>")])
+def test_a_familys_end_of_turn_stops_where_the_file_names_another_eos(family, token):
+    vocab = {"<eos>": 1, token: 9}
+    assert 9 in collect_stop_ids(vocab.get, 1, [], 20), family
