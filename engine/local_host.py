@@ -166,7 +166,8 @@ class LocalHost:
             self.runtime.stop(seq, "stop_string", drop=after)
             after = 0
         if seq.status is Status.FINISHED and not after:  # else its last tokens of this step are still to come
-            self._end_turn(session, seq.finish_reason or "stop")
+            # a stop string completed by the last token the answer may have is still the stop string's end
+            self._end_turn(session, "stop_string" if turn.stream.stopped else seq.finish_reason or "stop")
 
     def _end_turn(self, session: Session, reason: str) -> None:
         turn, seq = session.turn, session.seq

@@ -120,6 +120,18 @@ def test_stop_string_ends_the_turn_and_is_not_shown(client):
     assert end.text == probe.text[: probe.text.index(stop)]
 
 
+def test_a_stop_string_completed_by_the_last_allowed_token_ends_as_a_stop_string(client):
+    sid = client.open(client.model, params=GREEDY)
+    probe = client.ask(sid, "find a stop")
+    pieces = [e.text for e in client.by_turn[probe.turn_id] if isinstance(e, ev.TokenDelta)]
+    at = next((k for k in range(1, len(pieces)) if pieces[k].strip() and pieces[k] not in "".join(pieces[:k])), None)
+    if at is None:
+        pytest.skip("the tiny model's answer has no piece to stop on")
+    sid2 = client.open(client.model, params=SamplingParams(max_tokens=at + 1, stop=[pieces[at]]))
+    end = client.ask(sid2, "find a stop")
+    assert end.reason == "stop_string" and end.text == "".join(pieces[:at])
+
+
 def test_context_overflow_policies(client):
     long = "word " * 400  # over the 256-token context
     sid = client.open(client.model, params=GREEDY)
