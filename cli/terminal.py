@@ -22,7 +22,7 @@ def add_terminal_parsers(sub) -> None:
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
-    g.add_argument("--sequential", action="store_true", help="run prompts one after another (fresh state each)")
+    g.add_argument("--sequential", action="store_true", help="run prompts one after another, each in a session of its own (not batched)")
     g.set_defaults(func=generate)
     c = sub.add_parser("chat", help="a conversation in the terminal")
     add_engine_options(c)
