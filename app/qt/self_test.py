@@ -23,7 +23,15 @@ async def check(app, timeout: float = 240.0) -> dict:
     chats = [window.current(), window.new_chat()]
     for conv_id in chats:
         service.set_settings(conv_id, service.store.get(conv_id).settings.copy(max_tokens=24, temperature=0.0))
-    await _wait(lambda: service.models.model_id(service.store.get(chats[0]).settings.model) is not None, timeout, "the model")
+    key = service.store.get(chats[0]).settings.model
+
+    def model_ready() -> bool:
+        state = service.models.state(key)
+        if state is not None and state.status == "failed":  # say why now, not after the whole timeout
+            raise RuntimeError(f"the model did not load: {state.message}")
+        return service.models.model_id(key) is not None
+
+    await _wait(model_ready, timeout, "the model")
     for conv_id, prompt in zip(chats, PROMPTS):
         window.open_chat(conv_id)
         assert window.chat.send(prompt), "the composer refused to send"
