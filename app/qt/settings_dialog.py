@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog,
-    QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget,
+    QPlainTextEdit, QPushButton, QSpinBox, QStyle, QStyleOptionComboBox, QStylePainter, QVBoxLayout, QWidget,
 )
 
 from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
@@ -40,6 +40,22 @@ class ModelPicker(QComboBox):
 
     def key(self) -> str:
         return self.currentData()
+
+    def shown_text(self) -> str:
+        """The current name as the closed picker shows it: elided in the middle, so a quantisation suffix stays."""
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
+                                            QStyle.SubControl.SC_ComboBoxEditField, self)
+        return self.fontMetrics().elidedText(opt.currentText, Qt.TextElideMode.ElideMiddle, field.width())
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        painter = QStylePainter(self)
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
+        painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        opt.currentText = self.shown_text()
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
 
 class SettingsForm(QWidget):

@@ -97,6 +97,9 @@ def test_a_long_model_name_never_widens_the_window(qtbot, qapp, tiny_models, tmp
         assert w.width() == 800 and w.chat.title.width() > 100, (w.width(), w.chat.title.width())
         picker = w.chat.picker
         assert name in picker.itemData(picker.findData("/m/long.gguf"), Qt.ItemDataRole.ToolTipRole)
+        picker.setCurrentIndex(picker.findData("/m/long.gguf"))
+        shown = picker.shown_text()  # elided in the middle: the start and the quantisation stay readable
+        assert shown.startswith("Meta-Llama") and shown.endswith("final") and "…" in shown and len(shown) < len(name)
     finally:
         app.close()
 
