@@ -96,8 +96,8 @@ class ChatTemplate:
             text = self._render(messages, add_generation_prompt, extra)
         except TemplateRefusal:
             return self._render(merged, add_generation_prompt, extra)
-        if str(messages[0].get("content", "")).strip() in text or not self._ignores_system(messages, text,
-                                                                                            add_generation_prompt, extra):
+        shown = str(messages[0].get("content", "")).strip() in text
+        if shown or not self._ignores_system(messages, text, add_generation_prompt, extra):
             return text  # a template may rewrite the system text (SmolLM3 takes "/no_think" out of it)
         return self._render(merged, add_generation_prompt, extra)
 
