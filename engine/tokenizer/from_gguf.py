@@ -43,7 +43,6 @@ def gguf_tokenizer_info(vocab: GGUFVocab, metadata: dict[str, Any], backend: Tok
         chat_template=_template_source(metadata),
         bos_token=_token_text(vocab, vocab.bos_id),
         eos_token=_token_text(vocab, vocab.eos_id),
-        space_prefix=vocab.model == "llama" and vocab.add_space_prefix,
     )
 
 

@@ -15,7 +15,7 @@ from engine.tokenizer.hf_backend import HFBackend
 from engine.tokenizer.sentencepiece_backend import MODEL_FILE as SENTENCEPIECE_FILE, SentencePieceBackend
 
 INFO_FILE = "parley_tokenizer.json"
-INFO_VERSION = 1
+INFO_VERSION = 2  # 2: the dummy prefix is the SentencePiece backend's alone (no space_prefix here)
 SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UTF-8): `tokenizers` refuses them
 PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in for control text typed in messages
 # a reasoning model's thought tags stay in streamed text even where the vocabulary types them control (Magistral's
@@ -35,7 +35,6 @@ class TokenizerInfo:
     chat_template: str
     bos_token: str = ""
     eos_token: str = ""
-    space_prefix: bool = False  # SentencePiece's dummy prefix (its backend places it: sentencepiece_backend.py)
     version: int = field(default=INFO_VERSION)
 
     def __post_init__(self) -> None:
