@@ -47,7 +47,10 @@ def tex_html(tex: str) -> str:
     if len(tex) > MAX_CHARS:
         return html.escape(tex)
     tokens = [m for m in TOKEN.finditer(tex)]
-    out, _ = _sequence(tokens, 0, stop_at_brace=False)
+    try:
+        out, _ = _sequence(tokens, 0, stop_at_brace=False)
+    except RecursionError:  # a few hundred nested groups or scripts (`\frac\frac…`, `^^^…`) fit in MAX_CHARS
+        return html.escape(tex)
     return out
 
 
