@@ -84,7 +84,9 @@ class MarkdownRenderer:
             f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{bg}" style="margin-top:4px">'
             f'<tr><td><span style="color:#8b949e">{label}</span></td>'
             f'<td align="right"><a href="copy:{n}">Copy</a></td></tr>'
-            f'<tr><td colspan="2"><pre style="margin:0">{body}</pre></td></tr></table>\n'
+            # pre-wrap: a long line wraps inside the bubble (unwrapped it widened the table past the bubble's edge,
+            # clipping the line and the Copy link); spaces and tabs are kept either way
+            f'<tr><td colspan="2"><pre style="margin:0; white-space:pre-wrap">{body}</pre></td></tr></table>\n'
         )
 
     def _image(self, tokens, idx) -> str:

@@ -13,3 +13,18 @@ def test_deeply_nested_math_is_shown_as_written(tex):
     assert tex_html(tex) == tex
     body, _ = MarkdownRenderer().render(f"before ${tex}$ after")
     assert "before" in body and "after" in body
+
+
+@pytest.mark.parametrize("user", [False, True])
+def test_a_long_code_line_wraps_inside_the_message(qapp, user):
+    """A 400-character line made the code block as wide as the line: the bubble clipped it and its Copy link."""
+    from PySide6.QtGui import QTextDocument
+
+    code = "x = '" + "a" * 400 + "'\n\tindented  twice\n"
+    renderer = MarkdownRenderer()
+    body, blocks = (renderer.render_typed if user else renderer.render)(f"see:\n```python\n{code}```")
+    doc = QTextDocument()
+    doc.setHtml(body)
+    doc.setTextWidth(600)
+    assert doc.idealWidth() <= 600
+    assert blocks == [code] and code in doc.toPlainText()  # wrapping changes only the drawing
