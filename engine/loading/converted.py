@@ -15,13 +15,27 @@ from engine.models.args import ModelArgs
 from engine.tokenizer import Tokenizer
 
 FORMAT = 1
+SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # pieces of a file read into its key: 1 MB, spread from its start to its end
 
 
 def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", version: str = str(FORMAT)) -> Path:
-    """One folder per (path, size, mtime, version) under `folder`: a replaced file gets a fresh entry."""
+    """One folder per (path, size, mtime, sampled content, version) under `folder`: a replaced file gets a fresh
+    entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive)."""
     st = gguf_path.stat()
-    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{version}"
+    key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sampled_digest(gguf_path, st.st_size)}|{version}"
     return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def _sampled_digest(path: Path, size: int) -> str:
+    """A digest of SAMPLES pieces of the file at even steps (the whole file when it is smaller): two models of one
+    size differ in their header or in every tensor's bytes, so some piece tells them apart."""
+    digest = hashlib.sha256()
+    step = max(SAMPLE_BYTES, size // SAMPLES)
+    with path.open("rb") as f:
+        for offset in range(0, size, step):
+            f.seek(offset)
+            digest.update(f.read(SAMPLE_BYTES))
+    return digest.hexdigest()[:16]
 
 
 def write_entry(d: Path, fill: Callable[[Path], None]) -> None:

@@ -1,0 +1,40 @@
+"""Model files users bring: a replaced file's caches, quantization types and shapes the common files do not have."""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.loading.loader import LoadOptions, load_model
+from tests.support.gguf_export import write_gguf
+from tests.support.tiny_models import make_tiny_hf
+
+
+@pytest.fixture(scope="module")
+def two_llamas(tmp_path_factory) -> tuple[Path, Path]:
+    """Two tiny llama GGUFs of the same size and different weights."""
+    root = tmp_path_factory.mktemp("two_llamas")
+    a, b = (write_gguf(make_tiny_hf("llama", root / f"hf{seed}", seed=seed), root / f"{seed}.gguf")
+            for seed in (0, 1))
+    assert a.stat().st_size == b.stat().st_size
+    return a, b
+
+
+def _embedding(path: Path, cache: Path) -> tuple[torch.Tensor, str]:
+    lm = load_model(path, LoadOptions(weights="dequantized", cache_dir=cache))
+    return lm.model.state_dict()["model.embed_tokens.weight"], lm.timings["from"]
+
+
+def test_a_file_replaced_with_its_date_kept_is_not_read_from_the_stale_cache(two_llamas, tmp_path):
+    """cp -p / rsync -a put another model of the same size and mtime at the path: its own weights, not the cached."""
+    a, b = two_llamas
+    target, cache = tmp_path / "model.gguf", tmp_path / "cache"
+    shutil.copy2(a, target)
+    first, _ = _embedding(target, cache)
+    assert _embedding(target, cache)[1] == "converted-cache"
+    shutil.copy2(b, target)
+    os.utime(target, ns=(a.stat().st_atime_ns, a.stat().st_mtime_ns))
+    replaced, source = _embedding(target, cache)
+    assert source == "gguf"
+    assert torch.equal(replaced, _embedding(b, None)[0]) and not torch.equal(replaced, first)
