@@ -26,11 +26,14 @@ MAX_TEMPERATURE = 100.0
 MAX_PENALTY = 100.0
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
+# below it a temperature decodes greedily: logits / T overflowed fp32 from ~1e-38 (token 0, or an id past the
+# vocabulary), and a draw this cold is the argmax all but always (vLLM takes the same bound)
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
+    temperature: float = 0.0  # 0 (and below GREEDY_BELOW) = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0
@@ -69,7 +72,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def _check_types(p: SamplingParams) -> None:

@@ -1,0 +1,30 @@
+"""Sampling settings at their edges mean what the docs say, on every draw path (the CPU library's and torch's)."""
+import pytest
+import torch
+
+from engine.sampling import SamplerState, SamplingParams, sample_ids
+
+
+@pytest.fixture(params=["library", "torch"])
+def path(request, monkeypatch):
+    """The CPU library's draw (where built), and torch's softmax, ranking and inverse CDF."""
+    if request.param == "torch":
+        for name in ("draw_rows", "sample_top", "top_rows"):
+            monkeypatch.setattr(f"engine.sampling.{name}", lambda *args: None)
+    return request.param
+
+
+def _logits(vocab: int = 1000, top: int = 5) -> torch.Tensor:
+    logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(0)) * 3
+    logits[0, top] = 20.0
+    return logits
+
+
+@pytest.mark.parametrize("temperature", [1e-38, 1e-45, 5e-324])
+@pytest.mark.parametrize("filters", [{}, dict(top_k=5), dict(top_p=0.9), dict(min_p=0.1)])
+def test_a_tiny_temperature_takes_the_argmax(path, temperature, filters):
+    """logits / T overflowed: the library drew token 0, torch an id past the vocabulary (or failed on top-k)."""
+    logits = _logits()
+    state = SamplerState(SamplingParams(temperature=temperature, seed=1, **filters))
+    ids = {int(sample_ids(logits.clone(), [state], [[]], positions=[p])[0]) for p in range(8)}
+    assert ids == {5}
