@@ -214,8 +214,8 @@ def _number(data: dict, name: str, kind: type, default):
 
 def _ranged(data: dict, name: str, default: float, lo: float, hi: float) -> float:
     value = _number(data, name, float, default)
-    if not lo <= value <= hi:
-        raise APIError(400, f"'{name}' must be between {lo:g} and {hi:g}, not {value:g}.", name)
+    if not lo <= value <= hi:  # the value as sent: `:g` wrote 2.0000001 as "2", an allowed value
+        raise APIError(400, f"'{name}' must be between {lo:g} and {hi:g}, not {data[name]!r}.", name)
     return value
 
 

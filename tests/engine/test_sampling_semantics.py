@@ -28,3 +28,13 @@ def test_a_tiny_temperature_takes_the_argmax(path, temperature, filters):
     state = SamplerState(SamplingParams(temperature=temperature, seed=1, **filters))
     ids = {int(sample_ids(logits.clone(), [state], [[]], positions=[p])[0]) for p in range(8)}
     assert ids == {5}
+
+
+@pytest.mark.parametrize("name, value", [("temperature", 2.0000001), ("presence_penalty", -2.0000001),
+                                         ("top_p", 1.0000001)])
+def test_the_server_names_an_out_of_range_value_as_sent(name, value):
+    """`:g` wrote 2.0000001 as "2": "'temperature' must be between 0 and 2, not 2." named an allowed value."""
+    from server.protocol import APIError, sampling
+
+    with pytest.raises(APIError, match=rf"not {value!r}\.$"):
+        sampling({name: value}, 1024)
