@@ -75,9 +75,25 @@ def load(cache_dir: Path, gguf_path: Path):
 def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer) -> None:
     from safetensors.torch import save_file
 
+    source = str(gguf_path.resolve())
+
     def fill(tmp: Path) -> None:
         save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
         (tmp / "args.json").write_text(json.dumps(args.to_dict()))
         tok.save(tmp / "tokenizer")
+        (tmp / "source").write_text(source, encoding="utf-8")
 
-    write_entry(entry_dir(cache_dir, gguf_path), fill)
+    d = entry_dir(cache_dir, gguf_path)
+    write_entry(d, fill)
+    drop_older(d, source)
+
+
+def drop_older(d: Path, source: str) -> None:
+    """Removes the other entries of the same file (an older version of it, or of Parley): one entry per file, so a
+    replaced model's converted copy (four bytes a weight) does not stay on disk for good."""
+    for entry in d.parent.glob("*"):
+        try:
+            if entry != d and (entry / "source").read_text(encoding="utf-8") == source:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import engine.tokenizer
 from engine.errors import TokenizerError
-from engine.loading.converted import entry_dir, write_entry
+from engine.loading.converted import drop_older, entry_dir, write_entry
 from engine.loading.gguf_file import GGUFFile
 from engine.tokenizer import Tokenizer
 from engine.tokenizer.from_gguf import tokenizer_from_gguf
@@ -39,18 +39,8 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
         (tmp / "source").write_text(source, encoding="utf-8")
 
     write_entry(d, fill)
-    _drop_older(d, source)
+    drop_older(d, source)
     return tok
-
-
-def _drop_older(d: Path, source: str) -> None:
-    """Removes the other entries of the same file (an older version of it, or of Parley): one entry per file."""
-    for entry in d.parent.glob("*"):
-        try:
-            if entry != d and (entry / "source").read_text(encoding="utf-8") == source:
-                shutil.rmtree(entry, ignore_errors=True)
-        except OSError:
-            continue
 
 
 @lru_cache(maxsize=1)

@@ -38,3 +38,14 @@ def test_a_file_replaced_with_its_date_kept_is_not_read_from_the_stale_cache(two
     replaced, source = _embedding(target, cache)
     assert source == "gguf"
     assert torch.equal(replaced, _embedding(b, None)[0]) and not torch.equal(replaced, first)
+
+
+def test_a_replaced_file_leaves_one_converted_entry(two_llamas, tmp_path):
+    """The older version's fp32 copy (four bytes a weight) is removed once the new one is written."""
+    a, b = two_llamas
+    target, cache = tmp_path / "model.gguf", tmp_path / "cache"
+    shutil.copy(a, target)
+    _embedding(target, cache)
+    shutil.copy(b, target)
+    _embedding(target, cache)
+    assert len(list((cache / "converted").iterdir())) == 1
