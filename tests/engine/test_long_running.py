@@ -1,0 +1,51 @@
+"""A day of use: long chats, many sessions; what must stay bounded (renders, slots, memory) as they grow."""
+import random
+
+import pytest
+
+from engine.loading.loader import LoadOptions, load_model
+from engine.sampling import SamplingParams
+from engine.session import TurnRequest, render_turn
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting how often a turn renders the whole chat template."""
+
+    def __init__(self, tok):
+        self.tok, self.renders = tok, 0
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.renders += 1
+        return self.tok.apply_chat_template(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.tok, name)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return load_model(tiny_models["qwen3"].gguf_path, LoadOptions(device="cpu", dtype="float32")).tokenizer
+
+
+def _long_chat(messages: int) -> TurnRequest:
+    rnd = random.Random(0)
+    words = "river lamp kettle window orange token cache memory".split()
+    chat = tuple({"role": "user" if k % 2 == 0 else "assistant", "content": " ".join(rnd.choices(words, k=rnd.randint(5, 40)))}
+                 for k in range(messages + 1))
+    return TurnRequest(chat, SamplingParams(), system_prompt="Be brief.")
+
+
+def test_truncating_a_long_chat_renders_it_a_few_times_not_once_per_message(tokenizer):
+    """Under `truncate` a turn of a 300-message chat keeps the fewest old turns out, as a scan from the oldest
+    would, but renders the template O(log n) times: once per dropped message took minutes on a long chat."""
+    request, limit = _long_chat(300), 1024
+    expected = None
+    for skip in range(1, len(request.messages)):  # the definition: the first user turn from which the rest fits
+        if request.messages[skip]["role"] == "user":
+            ids = tokenizer.apply_chat_template(request.conversation(skip))
+            if len(ids) < limit:
+                expected = (ids, skip)
+                break
+    counting = CountingTokenizer(tokenizer)
+    assert render_turn(request, False, "truncate", counting, limit) == expected
+    assert expected[1] > 100 and counting.renders <= 10
