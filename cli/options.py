@@ -40,8 +40,8 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0, help="0: only the most likely token (greedy)")
+    p.add_argument("--top-k", type=int, default=0, help="0 or -1: off")
     p.add_argument("--min-p", type=float, default=0.0)
     p.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
                    help="divides the logits of tokens seen in the last --repeat-last-n tokens (1 is off)")
@@ -49,7 +49,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="how many of the latest tokens the penalties read (-1: all, 0: none; llama.cpp's default 64)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None, help="-1: a random one")
     p.add_argument("--thinking", default=None, choices=["on", "off"],
                    help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
 
@@ -82,9 +82,13 @@ def sampling_params(args: argparse.Namespace):
     from engine.sampling import SamplingParams
 
     thinking = getattr(args, "thinking", None)
+    # top-k -1 (off), seed -1 (a random one) and top-p 0 (the most likely token) read as the server reads them
+    greedy = args.top_p == 0
     return SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        temperature=0.0 if greedy else args.temperature, top_p=1.0 if greedy else args.top_p,
+        top_k=0 if args.top_k == -1 else args.top_k, min_p=args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+        frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
+        seed=None if args.seed == -1 else args.seed,
         max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
     )

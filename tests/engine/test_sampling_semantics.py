@@ -38,3 +38,18 @@ def test_the_server_names_an_out_of_range_value_as_sent(name, value):
 
     with pytest.raises(APIError, match=rf"not {value!r}\.$"):
         sampling({name: value}, 1024)
+
+
+@pytest.mark.parametrize("flags, fields", [
+    (["--top-k", "-1", "--temperature", "0.8"], dict(top_k=-1, temperature=0.8)),
+    (["--seed", "-1", "--temperature", "0.8"], dict(seed=-1, temperature=0.8)),
+    (["--top-p", "0", "--temperature", "0.8"], dict(top_p=0, temperature=0.8)),
+])
+def test_the_command_line_reads_a_setting_as_the_server_does(flags, fields):
+    """The server (and the app's "random" seed) took -1 and top-p 0; `parley generate` refused them."""
+    from cli.main import build_parser
+    from cli.options import sampling_params
+    from server.protocol import sampling
+
+    args = build_parser().parse_args(["generate", "--prompt", "x", "--max-tokens", "8", "--repeat-last-n", "-1", *flags])
+    assert sampling_params(args) == sampling(dict(fields, max_tokens=8), 1024)
