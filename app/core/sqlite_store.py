@@ -8,6 +8,7 @@ sets `warning`, which the GUI shows.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import json
 import os
@@ -173,8 +174,9 @@ class SqliteConversationStore(ConversationStore):
 
     def _load(self, db: sqlite3.Connection) -> None:
         top = 0
+        read: dict[str, ChatSettings] = {}  # settings JSON -> its settings: most chats share a few (see _conversation)
         for row in db.execute(f"SELECT {CONV_COLUMNS} FROM conversation ORDER BY id"):
-            conv = _conversation(row)
+            conv = _conversation(row, read)
             self._conversations[conv.id] = conv
             top = max(top, conv.id)
         for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message ORDER BY id"):
@@ -420,13 +422,20 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value, default=str)
 
 
-def _conversation(row: tuple) -> Conversation:
+def _conversation(row: tuple, read: dict[str, ChatSettings]) -> Conversation:
+    """`read`: settings already read this load, by their JSON; reading them validates every field apart (1.4 ms a
+    chat: 2.8 s of opening 2,000 chats), and each chat gets its own copy."""
     cid, title, pinned, hidden, created, updated, leaf, settings_json = row
+    if settings_json not in read:
+        read[settings_json] = _settings(settings_json)
+    return Conversation(cid, title, copy.copy(read[settings_json]), bool(pinned), bool(hidden), leaf, created, updated)
+
+
+def _settings(settings_json: str) -> ChatSettings:
     try:
-        settings = ChatSettings.readable(json.loads(settings_json))  # what this version cannot read: the defaults
+        return ChatSettings.readable(json.loads(settings_json))  # what this version cannot read: the defaults
     except (ValueError, TypeError):
-        settings = ChatSettings()
-    return Conversation(cid, title, settings, bool(pinned), bool(hidden), leaf, created, updated)
+        return ChatSettings()
 
 
 def _message(row: tuple) -> Message:

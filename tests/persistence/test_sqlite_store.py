@@ -194,3 +194,33 @@ def test_compare_groups_persist(tmp_path):
     assert again.compare_groups() == {gid: [b.id]}
     again.delete_compare_group(gid)
     assert again.compare_groups() == {}
+
+
+def _many_chats(store, chats: int, messages: int, settings: ChatSettings | None = None) -> list[int]:
+    ids = []
+    with store.batch():
+        for i in range(chats):
+            conv = store.create(f"chat {i}", settings)
+            parent = None
+            for k in range(messages):
+                text = f"chat {i} message {k}: " + " ".join(f"w{(i * 31 + k * 7 + j) % 997}" for j in range(40))
+                parent = store.add_message(conv.id, parent, "user" if k % 2 == 0 else "assistant", text).id
+            ids.append(conv.id)
+    return ids
+
+
+def test_opening_reads_each_distinct_settings_once_and_chats_keep_their_own(tmp_path, monkeypatch):
+    """Reading settings validates every field apart (1.4 ms a chat, 2.8 s of opening 2,000 chats): chats that share
+    their settings read them once, and each still gets a copy of its own."""
+    store = SqliteConversationStore(tmp_path / "p.db")
+    ids = _many_chats(store, 30, 1) + _many_chats(store, 20, 1, ChatSettings(temperature=0.2, seed=5))
+    store.close()
+    reads = []
+    real = ChatSettings.readable.__func__
+    monkeypatch.setattr(ChatSettings, "readable", classmethod(lambda cls, data: reads.append(data) or real(cls, data)))
+    again = SqliteConversationStore(tmp_path / "p.db")
+    assert len(reads) == 2
+    assert [again.get(i).settings for i in ids] == [ChatSettings()] * 30 + [ChatSettings(temperature=0.2, seed=5)] * 20
+    again.get(ids[0]).settings.temperature = 1.5
+    assert again.get(ids[1]).settings.temperature == ChatSettings().temperature
+
