@@ -25,6 +25,7 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+COMPACT_SHARE = 4  # closing compacts the file once the messages deleted since opening are a quarter of those left
 
 _HELD: dict[str, list] = {}  # lock file -> [descriptor, stores of this process using it]
 
@@ -46,6 +47,7 @@ class SqliteConversationStore(ConversationStore):
         self._last_flush = clock()
         self._dirty: set[int] = set()
         self._batch = 0
+        self._deleted = 0  # messages deleted since the file was opened (see _compact)
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
@@ -280,11 +282,24 @@ class SqliteConversationStore(ConversationStore):
         db, self._db = self._db, None
         if db is not None:
             try:
+                self._compact(db)
                 db.execute("PRAGMA optimize")
                 db.close()
             except (sqlite3.Error, OSError):
                 pass
         self._unlock()
+
+    def _compact(self, db: sqlite3.Connection) -> None:
+        """Gives deleted chats' space back: SQLite only marks their pages free and the search index only records their
+        removal, so the file never shrank (27 MB after deleting 1,001 of 2,001 chats; 11.8 MB compacted)."""
+        if not self._deleted or self._deleted * COMPACT_SHARE < len(self._messages):
+            return
+        try:
+            if self.has_fts:
+                db.execute("INSERT INTO message_fts(message_fts) VALUES ('optimize')")  # merges away the removal records
+            db.execute("VACUUM")
+        except (sqlite3.Error, OSError):
+            pass  # a full disk, say: the space stays taken, nothing is lost
 
     # -- conversations
     def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
@@ -299,7 +314,9 @@ class SqliteConversationStore(ConversationStore):
 
     def delete(self, conv_id: int) -> None:
         self._dirty = {i for i in self._dirty if self._messages[i].conversation_id != conv_id}
+        before = len(self._messages)
         super().delete(conv_id)
+        self._deleted += before - len(self._messages)
         for gid in [g for g, members in self._compare.items() if conv_id in members]:
             self._compare[gid].remove(conv_id)
         self._write([("DELETE FROM message WHERE conversation_id = ?", (conv_id,)),

@@ -224,3 +224,22 @@ def test_opening_reads_each_distinct_settings_once_and_chats_keep_their_own(tmp_
     again.get(ids[0]).settings.temperature = 1.5
     assert again.get(ids[1]).settings.temperature == ChatSettings().temperature
 
+
+def test_deleting_most_chats_shrinks_the_file_on_close(tmp_path):
+    """Deleted chats' pages and their search index entries are given back when the store closes: the file shrank
+    never (a freed page is only marked free, and the index only records the removal)."""
+    path = tmp_path / "p.db"
+    store = SqliteConversationStore(path)
+    ids = _many_chats(store, 120, 10)
+    store.close()
+    full = path.stat().st_size
+    store = SqliteConversationStore(path)
+    for conv_id in ids[:90]:
+        store.delete(conv_id)
+    kept = _snapshot(store)
+    store.close()
+    assert path.stat().st_size < 0.5 * full
+    again = SqliteConversationStore(path)
+    assert _snapshot(again) == kept
+    assert [c.id for c in again.search("message 3: w")] == [c.id for c in again.conversations()]
+    assert again.search("chat 5 message") == []  # a deleted chat's text is not found
