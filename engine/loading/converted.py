@@ -73,12 +73,16 @@ def load(cache_dir: Path, gguf_path: Path):
 
 
 def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer) -> None:
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     source = str(gguf_path.resolve())
 
     def fill(tmp: Path) -> None:
-        save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        try:
+            save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        except SafetensorError as exc:  # its I/O errors (a full disk) are no OSError: the entry is given up as for one
+            raise OSError(str(exc)) from exc
         (tmp / "args.json").write_text(json.dumps(args.to_dict()))
         tok.save(tmp / "tokenizer")
         (tmp / "source").write_text(source, encoding="utf-8")

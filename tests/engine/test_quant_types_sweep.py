@@ -1,6 +1,9 @@
 """Model files users bring: a replaced file's caches, quantization types and shapes the common files do not have."""
 import os
+import resource
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,16 @@ def test_a_replaced_file_leaves_one_converted_entry(two_llamas, tmp_path):
     shutil.copy(b, target)
     _embedding(target, cache)
     assert len(list((cache / "converted").iterdir())) == 1
+
+
+def test_a_full_cache_disk_only_costs_the_entry(two_llamas, tmp_path):
+    """Writing the converted copy fails (a file size limit: what a full disk does to the write): the model still
+    loads, and no half-written entry is left."""
+    code = ("import sys; from engine.loading.loader import LoadOptions, load_model; "
+            "load_model(sys.argv[1], LoadOptions(weights='dequantized', cache_dir=sys.argv[2]))")
+    limit = two_llamas[0].stat().st_size // 2
+    done = subprocess.run([sys.executable, "-c", code, str(two_llamas[0]), str(tmp_path)], capture_output=True,
+                          text=True, cwd=Path(__file__).parents[2], timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert done.returncode == 0, done.stderr[-500:]
+    assert list((tmp_path / "converted").iterdir()) == []
