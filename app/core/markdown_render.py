@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import html
+import re
+from collections import OrderedDict
 from urllib.parse import urlsplit
 
 from markdown_it import MarkdownIt
@@ -27,6 +29,10 @@ COMMON_LANGUAGES = ("python", "bash", "json", "javascript", "c", "cpp", "rust", 
 CODE_BACKGROUND = {False: "#f3f4f6", True: "#23241f"}
 RULE_COLOR = {False: "#c9ced6", True: "#4a505c"}  # table borders and the block-quote bar
 QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
+STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is highlighted once the answer ends
+STREAM_CACHE = 512  # finished blocks of streaming answers kept rendered
+FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+LIST_ITEM = re.compile(r"([-+*]|\d{1,9}[.)])(\s|$)")
 
 
 class MarkdownRenderer:
@@ -48,6 +54,7 @@ class MarkdownRenderer:
         for name, rule in rules.items():
             self._md.add_render_rule(name, lambda *args, rule=rule: rule(args[-4], args[-3]))
         self._typed = MarkdownIt("zero").enable("fence")  # finds a user's fenced blocks, nothing else
+        self._finished: OrderedDict[tuple[str, int], tuple[str, list[str]]] = OrderedDict()
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -55,6 +62,33 @@ class MarkdownRenderer:
         env = {"code_blocks": []}
         body = self._md.render(text, env)
         return body, env["code_blocks"]
+
+    def render_streaming(self, text: str) -> tuple[str, list[str]]:
+        """render() of an answer still streaming, at a cost that follows its last block, not its length (re-rendering a
+        50,000-character answer on every token froze the window): the blocks before its last blank line outside code
+        are rendered once and reused, and a code block over STREAM_HIGHLIGHT_LINES lines is highlighted at the end.
+        Blocks render apart, so a reference link defined further down resolves once the answer ends."""
+        parts, blocks = [], []
+        chunks = _split_blocks(text)
+        for i, chunk in enumerate(chunks):
+            body, found = self._render_block(chunk, len(blocks), keep=i < len(chunks) - 1)
+            parts.append(body)
+            blocks += found
+        return "".join(parts), blocks
+
+    def _render_block(self, text: str, first_code: int, keep: bool) -> tuple[str, list[str]]:
+        """One block of a streaming answer; `first_code` numbers its code blocks' copy links after the earlier ones."""
+        key = (text, first_code)
+        if key in self._finished:
+            self._finished.move_to_end(key)
+            return self._finished[key]
+        env = {"code_blocks": [""] * first_code, "streaming": True}
+        rendered = self._md.render(text, env), env["code_blocks"][first_code:]
+        if keep:  # the last block still grows: keeping each of its versions would only fill the cache
+            self._finished[key] = rendered
+            while len(self._finished) > STREAM_CACHE:
+                self._finished.popitem(last=False)
+        return rendered
 
     def render_typed(self, text: str) -> tuple[str, list[str]]:
         """(html, code blocks) of text shown as typed, spaces and line breaks kept, fenced code blocks as code:
@@ -77,7 +111,8 @@ class MarkdownRenderer:
         lang = token.info.strip().split(" ")[0] if token.info else ""
         n = len(env["code_blocks"])
         env["code_blocks"].append(code)
-        body = highlight(code, self._lexer(lang, code), self._formatter)
+        long = env.get("streaming") and code.count("\n") > STREAM_HIGHLIGHT_LINES  # re-highlighting it per token stalled
+        body = highlight(code, TextLexer() if long else self._lexer(lang, code), self._formatter)
         label = html.escape(lang or "code")
         bg = CODE_BACKGROUND[self.dark]
         return (
@@ -126,6 +161,25 @@ def _verbatim(lines: list[str]) -> str:
         return ""
     body = html.escape("\n".join(lines))
     return f'<p style="white-space:pre-wrap">{body}</p>\n'
+
+
+def _split_blocks(text: str) -> list[str]:
+    """The text cut before each line that starts a top-level block after a blank line, outside fenced code; not before
+    a list item (a list with blank lines between its items stays one list)."""
+    lines = text.split("\n")
+    chunks, start, fence = [], 0, ""
+    for i, line in enumerate(lines):
+        mark = FENCE.match(line)
+        if fence:
+            if mark and mark.group(1)[0] == fence[0] and len(mark.group(1)) >= len(fence) and not line[mark.end():].strip():
+                fence = ""
+        elif mark and not (mark.group(1)[0] == "`" and "`" in line[mark.end():]):  # an info string has no backtick
+            fence = mark.group(1)
+        elif i > start and not lines[i - 1].strip() and line[:1].strip() and not LIST_ITEM.match(line):
+            chunks.append("\n".join(lines[start:i]) + "\n")
+            start = i
+    chunks.append("\n".join(lines[start:]))
+    return chunks
 
 
 OPEN = "open:"  # the verb of a link of the message's own text

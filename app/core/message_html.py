@@ -39,7 +39,8 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         thought = ""
     else:
         reasoning = split_reasoning(msg.content)
-        body, blocks = renderer.render(reasoning.reply) if reasoning.reply else ("", [])
+        render = renderer.render_streaming if msg.state == "streaming" else renderer.render
+        body, blocks = render(reasoning.reply) if reasoning.reply else ("", [])
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
     if msg.state == "streaming":
         body += f'<p style="color:#888">{CURSOR}</p>'
