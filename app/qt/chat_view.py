@@ -187,9 +187,12 @@ class MessageDelegate(QStyledItemDelegate):
         painter.translate(box.left() + PAD, box.top() + PAD)
         ctx = QAbstractTextDocumentLayout.PaintContext()
         ctx.palette = self.view.palette()
-        ctx.clip = QRect(0, 0, box.width(), box.height())
+        # only the part on screen: drawing all of a 2,000-line answer on every token cost more than rendering it
+        on_screen = self.view.viewport().rect().translated(-box.left() - PAD, -box.top() - PAD)
+        ctx.clip = QRect(0, 0, box.width(), box.height()).intersected(on_screen)
         painter.setClipRect(ctx.clip)
-        doc.documentLayout().draw(painter, ctx)
+        if not ctx.clip.isEmpty():  # an empty clip would draw it all
+            doc.documentLayout().draw(painter, ctx)
         painter.restore()
         if int(doc.size().height()) != self._reported.get(msg.id):
             self._recheck[msg.id] = QPersistentModelIndex(index)

@@ -76,3 +76,31 @@ def test_a_long_code_block_is_highlighted_once_the_answer_ends():
     assert keyword not in live.html and keyword in done.html
     short = Message(2, 1, None, "assistant", "```python\ndef f():\n    pass\n", "streaming")
     assert keyword in message_html(short, 1, 1, renderer, busy=False).html  # a short one is highlighted as it streams
+
+
+def test_a_long_message_draws_only_what_is_on_screen(parley, qtbot):
+    """Every repaint drew all of a 2,000-line answer, most of it off screen: on each token of a streaming one."""
+    from PySide6.QtGui import QPainter, QPicture
+    from PySide6.QtWidgets import QStyleOptionViewItem
+
+    def drawn(lines: int) -> int:
+        conv = parley.service.new_conversation()
+        user = parley.store.add_message(conv, None, "user", "code?")
+        code = "".join(f"x{i} = {i}\n" for i in range(lines))
+        answer = parley.store.add_message(conv, user.id, "assistant", f"```python\n{code}```")
+        parley.window.open_chat(conv)
+        view = parley.window.chat.view
+        height = view.delegate.document(answer)[0].size().height()
+        view.model().message_changed(answer.id)  # laid out at its real height, not the estimate
+        index = view.model().index(1, 0)
+        qtbot.waitUntil(lambda: view.visualRect(index).height() > height
+                        and view.visualRect(index).intersects(view.viewport().rect()))
+        option = QStyleOptionViewItem()
+        option.rect = view.visualRect(index)
+        picture = QPicture()  # records what is drawn
+        painter = QPainter(picture)
+        view.delegate.paint(painter, option, index)
+        painter.end()
+        return picture.size()
+
+    assert drawn(2000) < 2 * drawn(100)
