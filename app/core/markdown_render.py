@@ -32,6 +32,7 @@ QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
 STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is highlighted once the answer ends
 STREAM_CACHE = 512  # finished blocks of streaming answers kept rendered
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter -> its closing one
 LIST_ITEM = re.compile(r"([-+*]|\d{1,9}[.)])(\s|$)")
 
 
@@ -219,9 +220,14 @@ def _warm_lexers() -> None:
 
 
 def _math_inline(state, silent: bool) -> bool:
-    """`$x$` and `$$x$$` inside a line; "$5 and $6" stays money (no space after the opening `$`,
+    """`$x$`, `$$x$$`, `\\(x\\)` and `\\[x\\]` inside a line; "$5 and $6" stays money (no space after the opening `$`,
     none before the closing one, no digit right after it)."""
     src, pos = state.src, state.pos
+    if src.startswith(("\\(", "\\["), pos):  # LaTeX's delimiters, which many models write instead of dollars
+        end = src.find(BRACKETS[src[pos:pos + 2]], pos + 2)
+        if end in (-1, pos + 2) or end + 2 > state.posMax:
+            return False
+        return _push_math(state, silent, src[pos + 2:end], end + 2)
     if src[pos] != "$":
         return False
     delim = "$$" if src.startswith("$$", pos) else "$"
@@ -236,22 +242,26 @@ def _math_inline(state, silent: bool) -> bool:
     after = end + len(delim)
     if delim == "$" and (src[end - 1].isspace() or (after < len(src) and src[after].isdigit())):
         return False
+    return _push_math(state, silent, src[start:end], after)
+
+
+def _push_math(state, silent: bool, tex: str, after: int) -> bool:
     if not silent:
-        token = state.push("math_inline", "math", 0)
-        token.content, token.markup = src[start:end], delim
+        state.push("math_inline", "math", 0).content = tex
     state.pos = after
     return True
 
 
 def _math_block(state, start_line: int, end_line: int, silent: bool) -> bool:
-    """A `$$` … `$$` block, on one line or several."""
+    """A `$$` … `$$` or `\\[` … `\\]` block, on one line or several."""
     if state.sCount[start_line] - state.blkIndent >= 4:
         return False
     first = state.src[state.bMarks[start_line] + state.tShift[start_line]:state.eMarks[start_line]]
-    if not first.startswith("$$"):
+    close = BRACKETS.get(first[:2]) if not first.startswith("\\(") else None  # `\\(` opens inline math only
+    if close is None:
         return False
     body, line = first[2:].strip(), start_line
-    while not (body.endswith("$$") and (line > start_line or len(body) >= 2)):
+    while not (body.endswith(close) and (line > start_line or len(body) >= 2)):
         line += 1
         if line >= end_line:
             return False

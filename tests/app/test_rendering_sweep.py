@@ -104,3 +104,18 @@ def test_a_long_message_draws_only_what_is_on_screen(parley, qtbot):
         return picture.size()
 
     assert drawn(2000) < 2 * drawn(100)
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("Area \\(\\pi r^2\\), sides \\(a_1 \\le b\\).", "Area π r², sides a₁ ≤ b."),
+    ("Hence\n\\[\n\\frac{a+b}{2} \\ge \\sqrt{ab}\n\\]\nas claimed.", "Hence\n(a+b)/2 ≥ √ab\nas claimed."),
+    ("On one line: \\[x^2\\] and \\(y\\).", "On one line: x² and y."),
+    ("Kept: \\\\(not math\\\\) and \\( unclosed", "Kept: \\(not math\\) and ( unclosed"),
+])
+def test_latex_bracket_delimiters_are_math(qapp, text, shown):
+    """Models write `\\(…\\)` and `\\[…\\]` as often as dollars: they were shown as bare TeX ("(\\pi r^2)")."""
+    from PySide6.QtGui import QTextDocument
+
+    doc = QTextDocument()
+    doc.setHtml(MarkdownRenderer().render(text)[0])
+    assert doc.toPlainText().strip() == shown
