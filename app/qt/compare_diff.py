@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout
 
-from app.core.comparison import similarity, word_diff_html
+from app.core.comparison import word_diff
 
 if TYPE_CHECKING:
     from app.qt.compare import CompareView
@@ -47,5 +47,6 @@ class DiffDialog(QDialog):
             return
         a = self.view.last_answer(self.view.columns[self.left.currentData()])
         b = self.view.last_answer(self.view.columns[self.right.currentData()])
-        self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{similarity(a, b) * 100:.0f}"))
-        self.text.setHtml(word_diff_html(a, b))  # escaped text only: nothing for the editor to load
+        diff, agree = word_diff(a, b)
+        self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{agree * 100:.0f}"))
+        self.text.setHtml(diff)  # escaped text only: nothing for the editor to load

@@ -1,0 +1,31 @@
+"""Held-out cases of the compare view and model management: long diffs."""
+from __future__ import annotations
+
+import random
+import re
+import time
+
+from app.core.comparison import similarity, word_diff_html
+
+STRUCK = re.compile(r"<s>(.*?)</s>")
+ADDED = re.compile(r'color:#055d20">(.*?)</span>')
+
+
+def _long_answer(words: int, seed: int) -> list[str]:
+    """Text-like words: a few frequent ones ("the", "of") and a long tail, as an answer has."""
+    rng = random.Random(seed)
+    common = "the of and a to in is it that on for as with was".split()
+    rare = [f"word{i}" for i in range(2000)]
+    return rng.choices(common + rare, [40] * len(common) + [1] * len(rare), k=words)
+
+
+def test_the_diff_of_two_long_answers_takes_no_time():
+    a = _long_answer(3000, seed=1)
+    b = list(a)
+    b[1000], b[2000] = "changed", "different"
+    old, new = " ".join(a), " ".join(b)
+    start = time.perf_counter()
+    text, agree = word_diff_html(old, new), similarity(old, new)
+    assert time.perf_counter() - start < 2.0  # it took 10 s and more, the window frozen meanwhile
+    assert STRUCK.findall(text) == [a[1000], a[2000]] and ADDED.findall(text) == ["changed", "different"]
+    assert agree > 0.99
