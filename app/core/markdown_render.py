@@ -253,22 +253,29 @@ def _push_math(state, silent: bool, tex: str, after: int) -> bool:
 
 
 def _math_block(state, start_line: int, end_line: int, silent: bool) -> bool:
-    """A `$$` … `$$` or `\\[` … `\\]` block, on one line or several."""
+    """A `$$` … `$$` or `\\[` … `\\]` block, on one line or several, with nothing after its end and no blank line
+    inside: `$$a$$ and $$b$$` is two inline formulas, not one block showing "$$ and $$"."""
     if state.sCount[start_line] - state.blkIndent >= 4:
         return False
-    first = state.src[state.bMarks[start_line] + state.tShift[start_line]:state.eMarks[start_line]]
+    first = _line(state, start_line)
     close = BRACKETS.get(first[:2]) if not first.startswith("\\(") else None  # `\\(` opens inline math only
     if close is None:
         return False
-    body, line = first[2:].strip(), start_line
-    while not (body.endswith(close) and (line > start_line or len(body) >= 2)):
+    body, line = first[2:], start_line
+    while (end := body.find(close)) == -1:
         line += 1
-        if line >= end_line:
+        if line >= end_line or not _line(state, line).strip():
             return False
-        body += "\n" + state.src[state.bMarks[line] + state.tShift[line]:state.eMarks[line]].strip()
+        body += "\n" + _line(state, line)
+    if body[end + 2:].strip():
+        return False
     if silent:
         return True
     token = state.push("math_block", "math", 0)
-    token.block, token.content, token.map = True, body[:-2].strip(), [start_line, line + 1]
+    token.block, token.content, token.map = True, body[:end].strip(), [start_line, line + 1]
     state.line = line + 1
     return True
+
+
+def _line(state, n: int) -> str:
+    return state.src[state.bMarks[n] + state.tShift[n]:state.eMarks[n]]

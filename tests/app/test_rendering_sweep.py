@@ -119,3 +119,17 @@ def test_latex_bracket_delimiters_are_math(qapp, text, shown):
     doc = QTextDocument()
     doc.setHtml(MarkdownRenderer().render(text)[0])
     assert doc.toPlainText().strip() == shown
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("$$a^2$$ and $$b^2$$", "a² and b²"),
+    ("$$x$$ is here\nand\n\nnot $$", "x is here\nand\nnot $$"),
+    ("$$\n\\frac{a}{b}\n$$\nafter", "a/b\nafter"),
+])
+def test_a_display_formula_ends_at_its_closing_dollars(qapp, text, shown):
+    """A line opening with `$$` ran to the next line ending in `$$`: "$$a^2$$ and $$b^2$$" showed "a²$$ and $$b²"."""
+    from PySide6.QtGui import QTextDocument
+
+    doc = QTextDocument()
+    doc.setHtml(MarkdownRenderer().render(text)[0])
+    assert doc.toPlainText().strip() == shown
