@@ -10,7 +10,9 @@ from app.core.chat_settings import differences
 from app.core.conversations import ConversationStore
 
 TITLE_CHARS = 60
-PIECES = re.compile(r"\s*\S+|\s+")  # a word with the space before it
+# Chinese and Japanese put no spaces between words: each of their characters counts as a word of its own
+CJK = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef\U00020000-\U0002fa1f"
+PIECES = re.compile(rf"\s*(?:[{CJK}]|[^\s{CJK}]+)|\s+")  # a word with the space before it
 EXACT_PAIRS = 1_000_000  # words × words up to which the matching is exact (~1,000-word answers, under a second)
 
 

@@ -1,4 +1,4 @@
-"""Held-out cases of the compare view and model management: long diffs."""
+"""Held-out cases of the compare view and model management: long and CJK diffs, imports and removals while loading."""
 from __future__ import annotations
 
 import random
@@ -29,3 +29,10 @@ def test_the_diff_of_two_long_answers_takes_no_time():
     assert time.perf_counter() - start < 2.0  # it took 10 s and more, the window frozen meanwhile
     assert STRUCK.findall(text) == [a[1000], a[2000]] and ADDED.findall(text) == ["changed", "different"]
     assert agree > 0.99
+
+
+def test_a_chinese_or_japanese_answer_is_compared_character_by_character():
+    text = word_diff_html("我喜欢猫。它们很可爱。", "我喜欢狗。它们很可爱。")
+    assert STRUCK.findall(text) == ["猫"] and ADDED.findall(text) == ["狗"]
+    assert similarity("今日は良い天気です", "今日は悪い天気です") > 0.8  # was 0: one "word" each
+    assert "cat" in STRUCK.findall(word_diff_html("the cat sat", "the dog sat"))
