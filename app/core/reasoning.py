@@ -23,7 +23,9 @@ def split_reasoning(text: str) -> Reasoning:
             thought, closed, reply = stripped[len(open_tag):].partition(close_tag)
             return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
     thought, closed, reply = text.partition(CLOSE)
-    if closed and OPEN not in thought:
+    # "the `</think>` tag", or the tag in a code block: an answer about tags, not the end of a thought
+    quoted = thought.endswith("`") or reply.startswith("`") or thought.count("```") % 2 == 1
+    if closed and OPEN not in thought and not quoted:
         return Reasoning(thought.strip(), reply.lstrip(), False)
     return Reasoning(None, text, False)
 

@@ -133,3 +133,13 @@ def test_a_display_formula_ends_at_its_closing_dollars(qapp, text, shown):
     doc = QTextDocument()
     doc.setHtml(MarkdownRenderer().render(text)[0])
     assert doc.toPlainText().strip() == shown
+
+
+@pytest.mark.parametrize("text", ["Close it with `</think>` and go on.", "```\n</think>\n```\nThat tag ends a thought."])
+def test_an_answer_quoting_the_closing_tag_is_all_reply(text):
+    """A bare `</think>` ends an R1 distill's thought; quoted in an answer it hid the text before it as a "thought",
+    and Copy and the next turn's history lost it."""
+    from app.core.reasoning import reply_text, split_reasoning
+
+    assert split_reasoning(text).thought is None and reply_text(text) == text
+    assert split_reasoning("Let me think.\n</think>\n\nFour.").reply == "Four."  # the distill's own form still splits
