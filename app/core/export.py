@@ -169,7 +169,7 @@ def _markdown_chat(block: str) -> dict:
         raise ImportFormatError("A chat in Markdown starts with a '# title' line.")
     title = title_line[2:].strip()[:200] or "Imported chat"
     marks = list(MD_MARK.finditer(body))
-    if not marks:
+    if not marks and body.strip():  # a title alone is a chat without messages, as exported
         raise ImportFormatError(f"{title_line[2:80]!r} has no Parley message markers (<!-- parley:user -->).")
     if len(marks) > MAX_MESSAGES:
         raise ImportFormatError(f"{title[:80]!r} holds more than {MAX_MESSAGES:,} messages.")

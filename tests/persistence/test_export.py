@@ -131,3 +131,18 @@ def test_fuzzed_bytes_never_crash(raw):
         import_json(ConversationStore(), raw)
     except ImportFormatError:
         pass
+
+
+def test_markdown_of_every_chat_imports_with_an_empty_one_among_them():
+    """A new chat has no messages yet: its '# title' alone made the whole "Export all chats" file refuse to import."""
+    src = ConversationStore()
+    chat = src.create("Real chat")
+    src.add_message(chat.id, None, "user", "hello")
+    src.create("New chat")
+    src.create("Rules only", ChatSettings(system_prompt="Be terse."))
+    dst = ConversationStore()
+    ids = import_markdown(dst, export_markdown(src))
+    assert [dst.get(i).title for i in ids] == [c.title for c in src.conversations()]
+    assert [[m.content for m in dst.path(i)] for i in ids] == [[m.content for m in src.path(c.id)] for c in src.conversations()]
+    with pytest.raises(ImportFormatError, match="markers"):  # text without markers is still no Parley export
+        import_markdown(ConversationStore(), "# Notes\n\njust text")
