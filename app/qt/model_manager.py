@@ -132,6 +132,8 @@ class ModelManager(QObject):
         if self.registry.get(entry.key) is not None:
             self.imported.emit(entry.key)
             return entry.key
+        if entry.key in self._importing:  # imported again while it loads: `imported` comes once it has
+            return entry.key
         same = self._same_model(entry.path)
         if same is not None:  # a copy: no second load, no second converted cache, no second entry
             self.imported.emit(same)

@@ -36,3 +36,22 @@ def test_a_chinese_or_japanese_answer_is_compared_character_by_character():
     assert STRUCK.findall(text) == ["猫"] and ADDED.findall(text) == ["狗"]
     assert similarity("今日は良い天気です", "今日は悪い天気です") > 0.8  # was 0: one "word" each
     assert "cat" in STRUCK.findall(word_diff_html("the cat sat", "the dog sat"))
+
+
+def _resident(app) -> int:
+    return len(app.bridge.engine.inspect()["models"])
+
+
+def _count_loads(app) -> list:
+    loads, real = [], app.bridge.engine.load_model
+    app.bridge.engine.load_model = lambda *args, **kw: loads.append(args) or real(*args, **kw)
+    return loads
+
+
+def test_a_model_imported_again_while_it_loads_is_loaded_once(parley, qtbot, tiny_models):
+    models, loads = parley.models, _count_loads(parley)
+    first = models.import_path(tiny_models["llama"].gguf_path)
+    assert models.import_path(tiny_models["llama"].gguf_path) == first  # a second click before the first loaded
+    qtbot.waitUntil(lambda: models.registry.get(first) is not None, timeout=60_000)
+    qtbot.wait(300)
+    assert len(loads) == 1 and _resident(parley) == 2  # the default and one llama
