@@ -149,7 +149,8 @@ class ModelManager(QObject):
         wanted = fingerprint(path)
         files = {**{e.key: e.path for e in self.registry.entries() if e.kind != "embedded"}, **self._files}
         for key, other in files.items():
-            if self.registry.get(key) is not None and other != path and fingerprint(other) == wanted:
+            # the same path counts too: the embedded model's file imported by its path is the embedded model
+            if self.registry.get(key) is not None and fingerprint(other) == wanted:
                 return key
         return None
 

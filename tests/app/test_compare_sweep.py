@@ -55,3 +55,10 @@ def test_a_model_imported_again_while_it_loads_is_loaded_once(parley, qtbot, tin
     qtbot.waitUntil(lambda: models.registry.get(first) is not None, timeout=60_000)
     qtbot.wait(300)
     assert len(loads) == 1 and _resident(parley) == 2  # the default and one llama
+
+
+def test_the_embedded_models_own_file_imported_is_the_embedded_model(parley, qtbot, tiny_models):
+    models, loads = parley.models, _count_loads(parley)
+    assert models.import_path(tiny_models["qwen3"].gguf_path) == "default"  # the file the default loads from
+    qtbot.wait(300)
+    assert loads == [] and [e.key for e in models.registry.entries()] == ["default"] and _resident(parley) == 1
