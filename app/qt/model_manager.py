@@ -48,6 +48,7 @@ class ModelManager(QObject):
         self.states: dict[str, ModelState] = {}
         self._by_id: dict[int, str] = {}
         self._importing: set[str] = set()
+        self._dropped: set[int] = set()  # loads given up (their model went off the list): freed when they arrive
         self._files: dict[str, str] = {}  # key -> the file or folder it loads (the embedded one once assembled)
         self.draft_key = ""  # the model that drafts for models loaded from now on (speculative decoding)
         bridge.model_progress.connect(self._on_progress)
@@ -100,14 +101,25 @@ class ModelManager(QObject):
         return self.draft_key[len(DFLASH_KEY):] if self.draft_key.startswith(DFLASH_KEY) else None
 
     def unload(self, key: str) -> bool:
-        """Frees a loaded model (its chats' running turns end as closed; their next turn loads it again)."""
+        """Frees a loaded model (its chats' running turns end as closed; their next turn loads it again). A model
+        still loading is given up: chats waiting for it end with an error, and it is freed once it arrives."""
         state = self.states.get(key)
+        if state is not None and state.status == "loading" and state.model_id is not None:
+            return self._give_up(key, state.model_id)
         if state is None or state.status != "loaded" or state.model_id is None:
             return False
         self.bridge.engine.unload_model(state.model_id)
         self._by_id.pop(state.model_id, None)
         del self.states[key]
         self.changed.emit(key)
+        return True
+
+    def _give_up(self, key: str, model_id: int) -> bool:
+        self._dropped.add(model_id)
+        self._by_id.pop(model_id, None)
+        del self.states[key]
+        self.changed.emit(key)
+        self.failed.emit(key, "it was unloaded or taken off the list before it finished loading.")
         return True
 
     def ensure(self, key: str) -> None:
@@ -178,6 +190,10 @@ class ModelManager(QObject):
             self.changed.emit(key)
 
     def _on_loaded(self, model_id: int, name: str, info: object) -> None:
+        if model_id in self._dropped:  # nobody waits for it any more
+            self._dropped.discard(model_id)
+            self.bridge.engine.unload_model(model_id)
+            return
         key = self._by_id.get(model_id)
         if key is None:
             return
@@ -195,6 +211,7 @@ class ModelManager(QObject):
         self.loaded.emit(key)
 
     def _on_failed(self, model_id: int, message: str) -> None:
+        self._dropped.discard(model_id)
         key = self._by_id.get(model_id)
         if key is not None:
             self._fail(key, message)

@@ -148,6 +148,7 @@ class ModelsDialog(QDialog):
     def _remove(self) -> None:
         key = self._selected()
         if key is not None and self.models.registry.get(key) is not None:
+            self.models.unload(key)  # while its chats still name it: those waiting for it to load end, none hangs
             self.models.registry.remove(key)
             self.refresh()
             self.removed.emit(key)

@@ -62,3 +62,22 @@ def test_the_embedded_models_own_file_imported_is_the_embedded_model(parley, qtb
     assert models.import_path(tiny_models["qwen3"].gguf_path) == "default"  # the file the default loads from
     qtbot.wait(300)
     assert loads == [] and [e.key for e in models.registry.entries()] == ["default"] and _resident(parley) == 1
+
+
+def test_a_model_removed_while_it_loads_is_freed_and_its_chat_does_not_hang(parley, qtbot, imported_llama):
+    models, w = parley.models, parley.window
+    models.unload(imported_llama)
+    qtbot.waitUntil(lambda: _resident(parley) == 1, timeout=10_000)
+    arrived = []
+    parley.bridge.model_loaded.connect(lambda *args: arrived.append(args))
+    conv = w.current()
+    w.apply_settings(conv, parley.store.get(conv).settings.copy(model=imported_llama, max_tokens=4))
+    assert parley.service.send(conv, "hello") and models.state(imported_llama).status == "loading"
+    dialog = w.show_models()
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(1))
+    dialog.remove_button.click()
+    qtbot.waitUntil(lambda: bool(arrived), timeout=60_000)
+    qtbot.waitUntil(lambda: not parley.service.busy(conv), timeout=10_000)  # it waited for a model that never came
+    assert "did not load" in parley.store.path(conv)[-1].error
+    qtbot.waitUntil(lambda: _resident(parley) == 1, timeout=10_000)  # the removed model does not stay in memory
+    assert models.state(imported_llama) is None and parley.store.get(conv).settings.model == "default"
