@@ -315,7 +315,7 @@ class ChatView(QListView):
                            lambda n=n: self.activate(msg, f"copy:{n}", blocks))
         for href in _links(doc):
             url = link_url(href)
-            label = url if len(url) <= 60 else url[:57] + "…"
+            label = (url if len(url) <= 60 else url[:57] + "…").replace("&", "&&")  # a lone & would mark a shortcut
             menu.addAction(self.tr("Open %1").replace("%1", label), lambda h=href: self.activate(msg, h, blocks))
         menu.popup(pos)
         self.last_menu = menu

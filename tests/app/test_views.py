@@ -127,7 +127,7 @@ def test_links_open_in_the_browser_and_never_name_an_action(parley, monkeypatch)
     assert opened == ["https://example.org/a?b=1&c=2"] and regenerated == []
     menu = w.chat.view.show_actions(w.chat.view.chat_model.index(1, 0), w.chat.view.mapToGlobal(QPoint(5, 5)))
     opens = [a for a in menu.actions() if a.text().startswith("Open ")]  # keyboard users reach links by the menu
-    assert [a.text() for a in opens] == ["Open https://example.org/a?b=1&c=2"]
+    assert [a.iconText() for a in opens] == ["Open https://example.org/a?b=1&c=2"]  # as shown: "&c" is no shortcut
     opens[0].trigger()
     menu.close()
     assert opened == ["https://example.org/a?b=1&c=2"] * 2 and regenerated == []
