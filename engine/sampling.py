@@ -1,4 +1,11 @@
-"""SamplingParams and the per-session sampler state; sampling of a whole step is batched on the device."""
+"""SamplingParams and the per-session sampler state; sampling of a whole step is batched on the device.
+
+The order, per row: the penalties (repetition, presence, frequency) over the last `repeat_last_n` tokens of the
+context, the prompt's included, as llama.cpp's command line and server count them; the temperature (below
+GREEDY_BELOW the argmax instead); then top-k, top-p and min-p as one filter on that tempered softmax of the whole row
+(top-p counts the whole row's mass above a token, not renormalised after top-k); the draw among what is kept. As
+transformers' processors, the temperature comes before the filters (llama.cpp's chain applies it after top-p and min-p);
+both renormalise over the top-k before top-p, so with top-k and top-p together Parley keeps a few more tokens."""
 from __future__ import annotations
 
 import math
