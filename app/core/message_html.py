@@ -51,9 +51,9 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
 def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> str:
     """The thought's line ("Thinking…" while it streams, then its length and a Show/Hide link) and, while it streams
     or when shown, its text as written, dimmed beside a bar."""
-    if reasoning.thought is None:
-        return ""
     live = reasoning.thinking and streaming
+    if reasoning.thought is None or not (reasoning.thought or live):  # an empty thought has nothing to show
+        return ""
     words = len(reasoning.thought.split())
     label = "Thinking…" if live else f"Thought for {words} word{'s' if words != 1 else ''}"
     link = "" if live else f' &nbsp; <a href="think:">{"Hide" if shown else "Show"}</a>'

@@ -143,3 +143,16 @@ def test_an_answer_quoting_the_closing_tag_is_all_reply(text):
 
     assert split_reasoning(text).thought is None and reply_text(text) == text
     assert split_reasoning("Let me think.\n</think>\n\nFour.").reply == "Four."  # the distill's own form still splits
+
+
+def test_an_empty_thought_shows_no_thought_line():
+    """Qwen3 told /no_think (and R1 on a greeting) writes an empty `<think></think>`: it showed "Thought for 0 words"
+    with a Show link that showed nothing."""
+    from app.core.conversations import Message
+    from app.core.message_html import message_html
+
+    renderer = MarkdownRenderer()
+    done = message_html(Message(1, 1, None, "assistant", "<think>\n\n</think>\n\nFour.", "done"), 1, 1, renderer, False)
+    assert "Thought for" not in done.html and "think:" not in done.html and "Four." in done.html
+    live = message_html(Message(1, 1, None, "assistant", "<think>\n", "streaming"), 1, 1, renderer, False)
+    assert "Thinking…" in live.html  # a thought that has only begun still says so
