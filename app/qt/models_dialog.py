@@ -149,6 +149,8 @@ class ModelsDialog(QDialog):
         key = self._selected()
         if key is not None and self.models.registry.get(key) is not None:
             self.models.unload(key)  # while its chats still name it: those waiting for it to load end, none hangs
+            if key == self.models.draft_key:  # models loaded from now on must not draft with one off the list
+                self.models.use_as_draft(None)
             self.models.registry.remove(key)
             self.refresh()
             self.removed.emit(key)

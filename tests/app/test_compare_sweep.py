@@ -81,3 +81,13 @@ def test_a_model_removed_while_it_loads_is_freed_and_its_chat_does_not_hang(parl
     assert "did not load" in parley.store.path(conv)[-1].error
     qtbot.waitUntil(lambda: _resident(parley) == 1, timeout=10_000)  # the removed model does not stay in memory
     assert models.state(imported_llama) is None and parley.store.get(conv).settings.model == "default"
+
+
+def test_removing_the_draft_model_stops_drafting_with_it(parley, imported_llama):
+    models = parley.models
+    assert models.use_as_draft(imported_llama)
+    dialog = parley.window.show_models()
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(1))
+    dialog.remove_button.click()
+    assert models.registry.get(imported_llama) is None
+    assert models.draft_key == "" and parley.settings.draft_model == ""  # it drafted on, named nowhere
