@@ -8,6 +8,7 @@ thought (app/core/reasoning.py), which streams in view and folds away once the r
 from __future__ import annotations
 
 import html
+import re
 from dataclasses import dataclass
 
 from app.core.conversations import Message
@@ -22,6 +23,9 @@ STATE_NOTES = {
     "interrupted": "Interrupted — Parley closed before this answer finished",
 }
 CURSOR = "▍"
+# a Chinese or Japanese character (those scripts put no spaces between words: word processors count characters), or a
+# run of other characters between spaces; _words keeps those with a letter or digit (not "—" or "。")
+WORD = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +58,7 @@ def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> 
     live = reasoning.thinking and streaming
     if reasoning.thought is None or not (reasoning.thought or live):  # an empty thought has nothing to show
         return ""
-    words = len(reasoning.thought.split())
+    words = _words(reasoning.thought)
     label = "Thinking…" if live else f"Thought for {words} word{'s' if words != 1 else ''}"
     link = "" if live else f' &nbsp; <a href="think:">{"Hide" if shown else "Show"}</a>'
     head = f'<p style="color:#888"><i>{label}</i>{link}</p>'
@@ -64,6 +68,10 @@ def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> 
     return (f'{head}<table width="100%" cellspacing="0" cellpadding="0" style="margin-bottom:6px"><tr>'
             f'<td width="3" bgcolor="{RULE_COLOR[dark]}"></td><td width="10"></td>'
             f'<td style="color:{QUOTE_TEXT[dark]}; white-space:pre-wrap">{text}</td></tr></table>')
+
+
+def _words(text: str) -> int:
+    return sum(1 for word in WORD.findall(text) if any(c.isalnum() for c in word))
 
 
 def message_actions(msg: Message, version: int, versions: int, busy: bool) -> list[tuple[str, str]]:

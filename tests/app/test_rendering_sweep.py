@@ -156,3 +156,13 @@ def test_an_empty_thought_shows_no_thought_line():
     assert "Thought for" not in done.html and "think:" not in done.html and "Four." in done.html
     live = message_html(Message(1, 1, None, "assistant", "<think>\n", "streaming"), 1, 1, renderer, False)
     assert "Thinking…" in live.html  # a thought that has only begun still says so
+
+
+@pytest.mark.parametrize("thought, words", [("用户问的是二加二。", 8), ("Two plus two, 二加二 is 四.", 8), ("one — two\nthree", 3)])
+def test_a_chinese_thought_counts_its_words(thought, words):
+    """Qwen3 thinks in Chinese for a Chinese prompt: a long thought without spaces said "Thought for 1 word"."""
+    from app.core.conversations import Message
+    from app.core.message_html import message_html
+
+    msg = Message(1, 1, None, "assistant", f"<think>{thought}</think>答案是四", "done")
+    assert f"Thought for {words} words" in message_html(msg, 1, 1, MarkdownRenderer(), False).html
