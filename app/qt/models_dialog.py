@@ -84,6 +84,9 @@ class ModelsDialog(QDialog):
             item = QTreeWidgetItem(cells)
             item.setData(0, KEY_ROLE, entry.key)
             item.setToolTip(0, entry.path)
+            state = self.models.state(entry.key)
+            if state is not None and state.status == "failed":
+                item.setToolTip(1, state.message)  # why it failed: the status bar only says that it did
             for col in (4, 5, 6):
                 item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
             self.table.addTopLevelItem(item)
@@ -96,6 +99,8 @@ class ModelsDialog(QDialog):
         info = (state.info or {}) if state is not None else {}
         status = {None: self.tr("not loaded"), "loading": self.tr("loading"), "loaded": self.tr("loaded"),
                   "failed": self.tr("failed")}[state.status if state is not None else None]
+        if state is None and entry.kind != "embedded" and not Path(entry.path).exists():
+            status = self.tr("file not found")  # moved or deleted since it was imported: Load would fail
         if entry.key == self.models.draft_key:
             status += self.tr(" · drafts for the others")
         context = f"{info['context']:,}" if info.get("context") else "—"

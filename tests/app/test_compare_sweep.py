@@ -91,3 +91,22 @@ def test_removing_the_draft_model_stops_drafting_with_it(parley, imported_llama)
     dialog.remove_button.click()
     assert models.registry.get(imported_llama) is None
     assert models.draft_key == "" and parley.settings.draft_model == ""  # it drafted on, named nowhere
+
+
+def test_a_model_whose_file_went_away_says_so_in_the_list(parley, qtbot, tiny_models, tmp_path):
+    import shutil
+
+    copy = tmp_path / "moved later.gguf"
+    shutil.copyfile(tiny_models["llama"].gguf_path, copy)
+    models = parley.models
+    key = models.import_path(copy)
+    qtbot.waitUntil(lambda: models.registry.get(key) is not None, timeout=60_000)
+    models.unload(key)
+    copy.unlink()
+    dialog = parley.window.show_models()
+    assert dialog.rows()[1][1] == "file not found"
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(1))
+    dialog.load_button.click()
+    qtbot.waitUntil(lambda: models.state(key).status == "failed", timeout=10_000)
+    row = dialog.table.topLevelItem(1)
+    assert row.text(1) == "failed" and "not found" in row.toolTip(1)  # the reason, not only that it failed
