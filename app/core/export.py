@@ -155,6 +155,8 @@ def import_markdown(store: ConversationStore, text: str) -> list[int]:
     text is checked before anything is written, and it is written in one batch."""
     if len(text) > MAX_IMPORT_BYTES:
         raise ImportFormatError("The text is too large to import.")
+    if text.partition("\n")[0].endswith("\r"):  # saved again with Windows line ends: its markers would not match
+        text = text.replace("\r\n", "\n")
     chats = [_markdown_chat(block) for block in re.split(r"\n\n---\n\n(?=# )", text.strip())]
     if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
         raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")

@@ -146,3 +146,14 @@ def test_markdown_of_every_chat_imports_with_an_empty_one_among_them():
     assert [[m.content for m in dst.path(i)] for i in ids] == [[m.content for m in src.path(c.id)] for c in src.conversations()]
     with pytest.raises(ImportFormatError, match="markers"):  # text without markers is still no Parley export
         import_markdown(ConversationStore(), "# Notes\n\njust text")
+
+
+def test_markdown_saved_with_windows_line_ends_imports(tmp_path):
+    """An export opened and saved in a Windows editor ends its lines in CRLF: no marker matched and it was refused."""
+    src = ConversationStore()
+    conv, _ = _branched(src)
+    (tmp_path / "chats.md").write_bytes(export_markdown(src).replace("\n", "\r\n").encode())
+    dst = ConversationStore()
+    [cid] = import_file(dst, tmp_path / "chats.md")
+    assert [(m.role, m.content) for m in dst.path(cid)] == [(m.role, m.content) for m in src.path(conv.id)]
+    assert dst.get(cid).settings.system_prompt == "Be brief."
