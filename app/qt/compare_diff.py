@@ -48,5 +48,6 @@ class DiffDialog(QDialog):
         a = self.view.last_answer(self.view.columns[self.left.currentData()])
         b = self.view.last_answer(self.view.columns[self.right.currentData()])
         diff, agree = word_diff(a, b)
-        self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{agree * 100:.0f}"))
+        self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{agree * 100:.0f}") if a or b
+                             else self.tr("Neither column has answered yet."))  # two nothings "agreed" 100 %
         self.text.setHtml(diff)  # escaped text only: nothing for the editor to load

@@ -110,3 +110,10 @@ def test_a_model_whose_file_went_away_says_so_in_the_list(parley, qtbot, tiny_mo
     qtbot.waitUntil(lambda: models.state(key).status == "failed", timeout=10_000)
     row = dialog.table.topLevelItem(1)
     assert row.text(1) == "failed" and "not found" in row.toolTip(1)  # the reason, not only that it failed
+
+
+def test_the_diff_of_two_columns_without_answers_says_so(parley):
+    parley.window.show_compare()
+    dialog = parley.window.compare.show_diff()
+    assert "%" not in dialog.summary.text() and "answered" in dialog.summary.text()
+    dialog.close()
