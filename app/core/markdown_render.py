@@ -75,6 +75,8 @@ class MarkdownRenderer:
             body, found = self._render_block(chunk, len(blocks), keep=i < len(chunks) - 1)
             parts.append(body)
             blocks += found
+        while len(self._finished) > max(STREAM_CACHE, len(chunks)):  # never this answer's own: each update needs them
+            self._finished.popitem(last=False)
         return "".join(parts), blocks
 
     def _render_block(self, text: str, first_code: int, keep: bool) -> tuple[str, list[str]]:
@@ -87,8 +89,6 @@ class MarkdownRenderer:
         rendered = self._md.render(text, env), env["code_blocks"][first_code:]
         if keep:  # the last block still grows: keeping each of its versions would only fill the cache
             self._finished[key] = rendered
-            while len(self._finished) > STREAM_CACHE:
-                self._finished.popitem(last=False)
         return rendered
 
     def render_typed(self, text: str) -> tuple[str, list[str]]:

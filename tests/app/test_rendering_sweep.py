@@ -166,3 +166,18 @@ def test_a_chinese_thought_counts_its_words(thought, words):
 
     msg = Message(1, 1, None, "assistant", f"<think>{thought}</think>答案是四", "done")
     assert f"Thought for {words} words" in message_html(msg, 1, 1, MarkdownRenderer(), False).html
+
+
+def test_an_answer_of_more_blocks_than_the_cache_holds_still_streams_cheaply():
+    """With more finished blocks than the cache kept, each update evicted the very blocks the next one needed."""
+    from app.core.markdown_render import STREAM_CACHE
+
+    text = "".join(f"Point {i} is *short*.\n\n" for i in range(STREAM_CACHE + 200))
+    renderer = MarkdownRenderer()
+    parsed: list[int] = []
+    parse = renderer._md.render
+    renderer._md.render = lambda src, env=None: parsed.append(len(src)) or parse(src, env)
+    renderer.render_streaming(text)
+    parsed.clear()
+    renderer.render_streaming(text + "And")
+    assert sum(parsed) < 100
