@@ -181,3 +181,10 @@ def test_an_answer_of_more_blocks_than_the_cache_holds_still_streams_cheaply():
     parsed.clear()
     renderer.render_streaming(text + "And")
     assert sum(parsed) < 100
+    others = ["".join(f"Chat {c}, point {i}.\n\n" for i in range(400)) for c in range(4)]  # four chats stream at once
+    for other in others:
+        renderer.render_streaming(other)
+    parsed.clear()
+    for other in others:
+        renderer.render_streaming(other + "And")
+    assert sum(parsed) < 100
