@@ -109,7 +109,7 @@ class SafeDocument(QTextDocument):
 
 
 class MessageDelegate(QStyledItemDelegate):
-    """Paints messages as QTextDocuments cached per (content, state, width, theme)."""
+    """Paints messages as QTextDocuments cached per (content, state, theme); a new width only lays one out again."""
 
     def __init__(self, service: ChatService, view: QListView):
         super().__init__(view)
@@ -128,17 +128,19 @@ class MessageDelegate(QStyledItemDelegate):
     def text_width(self) -> int:
         return max(120, self.view.viewport().width() - 2 * (MARGIN + PAD))
 
-    def _key(self, msg: Message, width: int) -> tuple:
+    def _key(self, msg: Message) -> tuple:
         versions = self.service.store.versions(msg)
-        return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), width, self.renderer.dark,
+        return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), self.renderer.dark,
                 msg.id in self.shown_thoughts)
 
     def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
         width = self.text_width()
-        key = self._key(msg, width)
+        key = self._key(msg)
         hit = self._docs.get(msg.id)
         if hit is not None and hit[0] == key:
             self._docs.move_to_end(msg.id)
+            if hit[1].textWidth() != width:  # resized: laid out again, not rendered again (each step of a drag)
+                hit[1].setTextWidth(width)
             return hit[1], hit[2]
         versions = self.service.store.versions(msg)
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False,
@@ -161,7 +163,7 @@ class MessageDelegate(QStyledItemDelegate):
             return QSize(0, 0)
         width = self.text_width()
         hit = self._docs.get(msg.id)
-        if hit is not None and hit[0] == self._key(msg, width):
+        if hit is not None and hit[0] == self._key(msg) and hit[1].textWidth() == width:
             height = int(hit[1].size().height())
         else:
             height = _estimate(msg.content, width)

@@ -188,3 +188,22 @@ def test_an_answer_of_more_blocks_than_the_cache_holds_still_streams_cheaply():
     for other in others:
         renderer.render_streaming(other + "And")
     assert sum(parsed) < 100
+
+
+def test_resizing_the_window_lays_messages_out_again_without_rendering_them(parley, qtbot):
+    """Each step of a window resize rendered every message on screen from its Markdown again (a long answer: a stall
+    per step of the drag); only the layout depends on the width."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "long?")
+    answer = store.add_message(conv, user.id, "assistant", "A **long** answer. " * 400)
+    w.open_chat(conv)
+    view = w.chat.view
+    qtbot.wait(20)
+    doc, _ = view.delegate.document(answer)
+    renders, tall = view.delegate.renders, doc.size().height()
+    w.resize(w.width() - 250, w.height())
+    qtbot.waitUntil(lambda: view.delegate.document(answer)[0].textWidth() == view.delegate.text_width())
+    view.viewport().repaint()
+    assert view.delegate.renders == renders and view.delegate.document(answer)[0] is doc
+    assert doc.size().height() > tall  # narrower: laid out again, taller
