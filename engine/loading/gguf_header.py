@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, UnsupportedModelError
 
 MAX_STRING_BYTES = 16 << 20  # chat templates are tens of KB; nothing in a header needs more
 MAX_ARRAY_ITEMS = 2_000_000  # the largest vocabularies (and merge lists) stay well below
@@ -25,6 +25,7 @@ MAX_TENSORS = 100_000
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 40
 MAX_ALIGNMENT = 1 << 20
+NEWER_TYPES_BELOW = 256  # ggml numbers its types from 0 (43 of them in 2026): a larger number is a damaged field
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 STRING, ARRAY = 8, 9
@@ -218,6 +219,9 @@ def _tensor_info(c: _Cursor, gguf) -> TensorInfo:
     try:
         block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(qtype)]
     except (ValueError, KeyError):
+        if qtype < NEWER_TYPES_BELOW:  # llama.cpp adds types (Q2_0 is 42): a newer file, not a damaged one
+            raise UnsupportedModelError(f"{c.name}: tensor {name} uses GGML type {qtype}, which this Parley does not "
+                                        "know (a newer llama.cpp quantization): it cannot read it yet.") from None
         raise c.fail(f"tensor {name} has unknown type {qtype}") from None
     n = 1
     for d in dims:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.errors import UnsupportedModelError
 from engine.loading.loader import LoadOptions, load_model
 from tests.support.gguf_export import write_gguf
 from tests.support.tiny_models import make_tiny_hf
@@ -65,3 +66,21 @@ def test_a_full_cache_disk_only_costs_the_entry(two_llamas, tmp_path):
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     assert done.returncode == 0, done.stderr[-500:]
     assert list((tmp_path / "converted").iterdir()) == []
+
+
+def test_a_type_newer_than_parley_is_unsupported_not_damaged(two_llamas, tmp_path):
+    """llama.cpp's Q2_0 (type 42, after gguf-py's list): a valid file Parley cannot read yet, not a damaged one."""
+    import ctypes
+
+    import gguf
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    if not hasattr(llama_cpp, "LLAMA_FTYPE_MOSTLY_Q2_0") or hasattr(gguf.GGMLQuantizationType, "Q2_0"):
+        pytest.skip("needs a llama.cpp with Q2_0 and a gguf-py without it")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype, params.nthread = llama_cpp.LLAMA_FTYPE_MOSTLY_Q2_0, 1
+    out = tmp_path / "q2_0.gguf"
+    assert llama_cpp.llama_model_quantize(str(two_llamas[0]).encode(), str(out).encode(), ctypes.byref(params)) == 0
+    with pytest.raises(UnsupportedModelError, match="does not know") as err:
+        load_model(out)
+    assert "damaged" not in str(err.value)
