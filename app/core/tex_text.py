@@ -30,6 +30,7 @@ SYMBOLS = {
     "lvert": "|", "rvert": "|", "vert": "|", "lVert": "‖", "rVert": "‖", "log": "log", "ln": "ln",
     "exp": "exp", "sin": "sin", "cos": "cos", "tan": "tan", "lim": "lim", "max": "max", "min": "min",
     "det": "det", "dim": "dim", "gcd": "gcd", "arg": "arg", "sup": "sup", "inf": "inf", "Pr": "Pr",
+    "top": "⊤", "intercal": "⊺", "dagger": "†", "ast": "∗", "mod": " mod ", "bmod": " mod ",
 }
 BLACKBOARD = {"R": "ℝ", "N": "ℕ", "Z": "ℤ", "Q": "ℚ", "C": "ℂ", "P": "ℙ", "E": "𝔼"}
 SUPER = dict(zip("0123456789+-=()niaeoxhjklmnprstuvwxyzABDEGHIJKLMNOPRTUVW",
@@ -38,6 +39,9 @@ SUB = dict(zip("0123456789+-=()aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈�
 TEXT_COMMANDS = ("text", "mathrm", "mathit", "mathbf", "mathsf", "mathtt", "operatorname", "textbf", "textit",
                  "boldsymbol", "mathcal", "mathscr", "mathfrak", "bm")
 DROPPED = ("left", "right", "big", "Big", "bigg", "Bigg", "displaystyle", "limits", "nolimits", "textstyle")
+# an environment's delimiters (its rows are shown one a line); any other (aligned, matrix, array…) shows its rows only
+ENVIRONMENTS = {"pmatrix": ("(", ")"), "bmatrix": ("[", "]"), "Bmatrix": ("{", "}"), "vmatrix": ("|", "|"),
+                "Vmatrix": ("‖", "‖"), "cases": ("{ ", "")}
 MAX_CHARS = 2000  # beyond this the source is shown as it is: no pathological input reaches the parser
 TOKEN = re.compile(r"\\([A-Za-z]+|.)|([{}^_])|(\s+)|(.)", re.DOTALL)
 
@@ -94,7 +98,7 @@ def _atom(tokens: list, i: int) -> tuple[str, int]:
     if brace in ("^", "_"):
         body, plain, j = _group(tokens, i + 1)
         return _script(body, plain, brace == "^"), j
-    if space is not None:
+    if space is not None or char == "&":  # `&` aligns columns
         return " ", i + 1
     return html.escape(char), i + 1
 
@@ -105,8 +109,9 @@ def _command(name: str, tokens: list, i: int) -> tuple[str, int]:
         bottom, bottom_plain, i = _group(tokens, i)
         return f"{_wrap(top, top_plain)}/{_wrap(bottom, bottom_plain)}", i
     if name == "sqrt":
+        index, i = _optional(tokens, i)
         body, plain, i = _group(tokens, i)
-        return f"√{_wrap(body, plain)}", i
+        return f"{_script(html.escape(index), index, True) if index else ''}√{_wrap(body, plain)}", i
     if name in TEXT_COMMANDS:
         body, _, i = _group(tokens, i)
         return body, i
@@ -120,7 +125,42 @@ def _command(name: str, tokens: list, i: int) -> tuple[str, int]:
         return body + mark, i
     if name in DROPPED:
         return "", i
-    return html.escape(SYMBOLS.get(name, name)), i
+    arranged = _arranged(name, tokens, i)
+    return arranged if arranged is not None else (html.escape(SYMBOLS.get(name, name)), i)
+
+
+def _arranged(name: str, tokens: list, i: int) -> tuple[str, int] | None:
+    """Commands that arrange their arguments (a boxed answer, a binomial, mod, an environment, a new row); None for
+    any other. Without this `\\boxed{42}` read "boxed42" and a matrix "beginpmatrix a & b …"."""
+    if name == "boxed":
+        body, _, i = _group(tokens, i)
+        return f"<b>{body}</b>", i
+    if name == "binom":
+        top, _, i = _group(tokens, i)
+        bottom, _, i = _group(tokens, i)
+        return f"C({top}, {bottom})", i
+    if name == "pmod":
+        body, _, i = _group(tokens, i)
+        return f" (mod {body})", i
+    if name in ("begin", "end"):
+        _, env, i = _group(tokens, i)
+        if name == "begin" and env == "array":
+            _, _, i = _group(tokens, i)  # its column spec
+        return ENVIRONMENTS.get(env.strip().rstrip("*"), ("", ""))[name == "end"], i
+    if name == "\\":
+        return "<br>", i
+    return None
+
+
+def _optional(tokens: list, i: int) -> tuple[str, int]:
+    """An optional `[…]` argument's plain text (a root's index), and the index after it."""
+    j = i
+    while j < len(tokens) and tokens[j].group(3):
+        j += 1
+    if j >= len(tokens) or tokens[j].group(4) != "[":
+        return "", i
+    end = next((k for k in range(j + 1, len(tokens)) if tokens[k].group(4) == "]"), None)
+    return ("", i) if end is None else (_plain(tokens[j + 1:end]), end + 1)
 
 
 def _wrap(body: str, plain: str) -> str:

@@ -207,3 +207,17 @@ def test_resizing_the_window_lays_messages_out_again_without_rendering_them(parl
     view.viewport().repaint()
     assert view.delegate.renders == renders and view.delegate.document(answer)[0] is doc
     assert doc.size().height() > tall  # narrower: laid out again, taller
+
+
+@pytest.mark.parametrize("tex, shown", [
+    ("x = \\boxed{42}", "x = <b>42</b>"),  # how reasoning models mark their final answer
+    ("\\binom{n}{k}", "C(n, k)"),
+    ("\\sqrt[3]{8} = 2", "³√8 = 2"),
+    ("a \\equiv b \\pmod{n}", "a ≡ b  (mod n)"),
+    ("A^\\top", "A<sup>⊤</sup>"),
+    ("\\begin{pmatrix} a & b \\\\ c & d \\end{pmatrix}", "( a   b <br> c   d )"),
+    ("\\begin{aligned} x &= 1 \\end{aligned}", " x  = 1 "),
+])
+def test_common_tex_commands_are_laid_out(tex, shown):
+    """`\\boxed{42}` read "boxed42", a matrix "beginpmatrix a &amp; b …", `\\binom{n}{k}` "binomnk"."""
+    assert tex_html(tex) == shown
