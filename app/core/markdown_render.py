@@ -14,7 +14,7 @@ import functools
 import html
 import re
 from collections import OrderedDict
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 from markdown_it import MarkdownIt
 from pygments import highlight
@@ -33,6 +33,7 @@ STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is hig
 STREAM_CACHE = 4096  # finished blocks of streaming answers kept rendered (several chats stream at once)
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter -> its closing one
+MAIL_FIELDS = {"to", "cc", "bcc", "subject", "body"}  # a mailto: link's fields that only fill in a message
 LIST_ITEM = re.compile(r"([-+*]|\d{1,9}[.)])(\s|$)")
 
 
@@ -199,8 +200,12 @@ def link_url(href: str) -> str | None:
 
 def openable(url: str) -> bool:
     """Whether a link of a message opens when clicked: web and mail addresses only (a `file:` or custom scheme from a
-    model's answer could start a program)."""
-    return urlsplit(url).scheme.lower() in ("http", "https", "mailto")
+    model's answer could start a program), mail without fields such as `attach=` (some mail programs attach the file
+    it names: a model's link could send ~/.ssh away)."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() == "mailto":
+        return all(key.lower() in MAIL_FIELDS for key, _ in parse_qsl(parts.query, keep_blank_values=True))
+    return parts.scheme.lower() in ("http", "https")
 
 
 def link_tip(href: str) -> str:
@@ -209,7 +214,10 @@ def link_tip(href: str) -> str:
     url = link_url(href)
     if url is None:
         return ""
-    return url if openable(url) else f"{url} (only web and mail links open)"
+    if openable(url):
+        return url
+    mail = urlsplit(url).scheme.lower() == "mailto"
+    return f"{url} ({'a mail link that attaches files does not open' if mail else 'only web and mail links open'})"
 
 
 @functools.cache

@@ -221,3 +221,24 @@ def test_resizing_the_window_lays_messages_out_again_without_rendering_them(parl
 def test_common_tex_commands_are_laid_out(tex, shown):
     """`\\boxed{42}` read "boxed42", a matrix "beginpmatrix a &amp; b …", `\\binom{n}{k}` "binomnk"."""
     assert tex_html(tex) == shown
+
+
+def test_a_mail_link_that_attaches_a_file_does_not_open(parley, monkeypatch):
+    """Some mail programs attach the file a mailto: link's `attach=` names: a model's link could mail ~/.ssh away."""
+    from PySide6.QtGui import QDesktopServices
+
+    from app.core.markdown_render import link_tip
+
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "mail?")
+    answer = store.add_message(conv, user.id, "assistant", "[mail](mailto:a@b.org?attach=/home/u/.ssh/id_rsa) "
+                                                           "[write](mailto:a@b.org?subject=Hi&body=there)")
+    w.open_chat(conv)
+    opened = []
+    monkeypatch.setattr(QDesktopServices, "openUrl", lambda url: opened.append(url.toString()))
+    for href in ("open:mailto:a@b.org?attach=/home/u/.ssh/id_rsa", "open:MAILTO:a@b.org?Attachment=x",
+                 "open:mailto:a@b.org?subject=Hi&body=there"):
+        w.chat.view.activate(answer, href)
+    assert opened == ["mailto:a@b.org?subject=Hi&body=there"]
+    assert link_tip("open:mailto:a@b.org?attach=x").endswith("(a mail link that attaches files does not open)")
