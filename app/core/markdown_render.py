@@ -33,6 +33,7 @@ STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is hig
 STREAM_CACHE = 4096  # finished blocks of streaming answers kept rendered (several chats stream at once)
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter -> its closing one
+MAX_QUOTE_BARS = 4  # block quotes nested deeper are indented without their bar (a table each: 20 took Qt a minute)
 MAIL_FIELDS = {"to", "cc", "bcc", "subject", "body"}  # a mailto: link's fields that only fill in a message
 LIST_ITEM = re.compile(r"([-+*]|\d{1,9}[.)])(\s|$)")
 
@@ -51,10 +52,11 @@ class MarkdownRenderer:
         self._md.inline.ruler.before("escape", "math_inline", _math_inline)
         rules = {"math_inline": lambda t, i: f'<span style="font-family:serif">{tex_html(t[i].content)}</span>',
                  "math_block": lambda t, i: f'<p align="center" style="font-family:serif">{tex_html(t[i].content)}</p>\n',
-                 "image": self._image, "link_open": _link_open, "table_open": self._table_open,
-                 "blockquote_open": self._quote_open, "blockquote_close": lambda t, i: "</td></tr></table>\n"}
+                 "image": self._image, "link_open": _link_open, "table_open": self._table_open}
         for name, rule in rules.items():
             self._md.add_render_rule(name, lambda *args, rule=rule: rule(args[-4], args[-3]))
+        self._md.add_render_rule("blockquote_open", lambda *args: self._quote_open(args[-1]))
+        self._md.add_render_rule("blockquote_close", lambda *args: _quote_close(args[-1]))
         self._typed = MarkdownIt("zero").enable("fence")  # finds a user's fenced blocks, nothing else
         self._finished: OrderedDict[tuple[str, int], tuple[str, list[str]]] = OrderedDict()
         _warm_lexers()
@@ -136,7 +138,10 @@ class MarkdownRenderer:
         return (f'<table border="1" cellspacing="0" cellpadding="5" style="border-collapse:collapse; border-style:solid; '
                 f'border-color:{RULE_COLOR[self.dark]}; margin-top:4px; margin-bottom:4px">\n')
 
-    def _quote_open(self, tokens, idx) -> str:
+    def _quote_open(self, env: dict) -> str:
+        env["quotes"] = env.get("quotes", 0) + 1
+        if env["quotes"] > MAX_QUOTE_BARS:  # indented only: Qt lays nested tables out in time exponential in depth
+            return f'<blockquote style="margin-left:12px; margin-right:0px; color:{QUOTE_TEXT[self.dark]}">\n'
         # QTextDocument draws no CSS border-left: the bar is a narrow coloured cell beside the quote
         return (f'<table width="100%" cellspacing="0" cellpadding="0" style="margin-top:4px; margin-bottom:4px">'
                 f'<tr><td width="4" bgcolor="{RULE_COLOR[self.dark]}"></td><td width="10"></td>'
@@ -150,6 +155,11 @@ class MarkdownRenderer:
             return get_lexer_by_name(lang) if lang else TextLexer()
         except ClassNotFound:
             return TextLexer()
+
+
+def _quote_close(env: dict) -> str:
+    env["quotes"] -= 1
+    return "</blockquote>\n" if env["quotes"] >= MAX_QUOTE_BARS else "</td></tr></table>\n"
 
 
 def _verbatim(lines: list[str]) -> str:

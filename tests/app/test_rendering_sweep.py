@@ -242,3 +242,19 @@ def test_a_mail_link_that_attaches_a_file_does_not_open(parley, monkeypatch):
         w.chat.view.activate(answer, href)
     assert opened == ["mailto:a@b.org?subject=Hi&body=there"]
     assert link_tip("open:mailto:a@b.org?attach=x").endswith("(a mail link that attaches files does not open)")
+
+
+def test_deeply_nested_quotes_lay_out_at_once(qapp):
+    """Each quote level was a table in a table: Qt lays those out in time exponential in their depth, and 20 levels
+    (markdown-it's limit) of `> > > …` froze the window for a minute."""
+    from PySide6.QtGui import QTextDocument
+
+    def depth(frame) -> int:
+        return 1 + max((depth(child) for child in frame.childFrames()), default=0)
+
+    text = "".join("> " * level + f"level {level}\n" for level in range(1, 20))  # markdown-it drops a 20th
+    doc = QTextDocument()
+    doc.setHtml(MarkdownRenderer().render(text)[0])
+    doc.setTextWidth(600)
+    assert depth(doc.rootFrame()) <= 6
+    assert all(f"level {level}" in doc.toPlainText() for level in range(1, 20))
