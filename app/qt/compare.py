@@ -92,9 +92,15 @@ class CompareView(QWidget):
 
     # -- columns
     def ensure_columns(self) -> None:
-        """The first time the view is used: two columns with the default settings."""
+        """The first time the view is used: two columns with the default settings. The columns' models load."""
         if not self.columns:
             self.set_columns(MIN_COLUMNS)
+        self._warm()
+
+    def _warm(self) -> None:
+        """Starts loading the columns' models while the user types (as a chat on screen does)."""
+        for column in self.columns:
+            self.models.ensure(self.service.store.get(column.conv_id).settings.model)
 
     def set_columns(self, n: int) -> None:
         n = max(MIN_COLUMNS, min(MAX_COLUMNS, n))
@@ -166,8 +172,9 @@ class CompareView(QWidget):
         self.group_id = group_id
         for conv_id in members[:MAX_COLUMNS]:
             self._add_column(conv_id)
-            self.models.ensure(self.service.store.get(conv_id).settings.model)
         self.set_columns(len(self.columns))  # a comparison left with one column gets its second back
+        if self.isVisible():  # restored at start behind the chat page: its models load when it is shown
+            self._warm()
 
     def _discard_if_empty(self) -> None:
         ids = [c.conv_id for c in self.columns]

@@ -117,3 +117,20 @@ def test_the_diff_of_two_columns_without_answers_says_so(parley):
     dialog = parley.window.compare.show_diff()
     assert "%" not in dialog.summary.text() and "answered" in dialog.summary.text()
     dialog.close()
+
+
+def test_a_saved_comparisons_models_load_when_it_is_shown_not_at_start(parley, qtbot, tiny_models, tmp_path,
+                                                                       imported_llama):
+    from tests.app.helpers import start_app
+
+    parley.window.show_compare()
+    parley.window.compare.columns[1].set_model(imported_llama)
+    parley.window.open_chat(parley.window.current())  # closed on the chat page
+    parley.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        assert again.models.state(imported_llama) is None  # a model no page on screen uses stays on disk
+        again.window.show_compare()
+        qtbot.waitUntil(lambda: again.models.model_id(imported_llama) is not None, timeout=60_000)
+    finally:
+        again.close()
