@@ -1,4 +1,5 @@
-"""Sampling settings at their edges mean what the docs say, on every draw path (the CPU library's and torch's)."""
+"""Sampling settings at their edges mean what the docs say, on every draw path (the CPU library's and torch's), and the
+command line and the server read them alike."""
 import pytest
 import torch
 
