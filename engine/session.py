@@ -15,6 +15,7 @@ from engine.text_stream import TextStream
 from engine.tokenizer import Tokenizer
 
 OVERFLOW_POLICIES = ("stop", "truncate")
+ANSWER_ROOM_SHARE = 4  # `truncate` keeps room for the answer: its max_tokens, at most a quarter of the context
 ROLES = ("user", "assistant")
 
 
@@ -93,20 +94,34 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
         ids = tok.apply_chat_template(request.conversation(), continue_final=cont, thinking=request.params.thinking)
-    if len(ids) < limit:
-        return ids, 0
-    if overflow == "truncate" and not raw:
-        fitting = _fewest_dropped(request, tok, limit)
+    if overflow != "truncate" or raw:
+        if len(ids) < limit:
+            return ids, 0
+    else:
+        fitting = _truncated(request, ids, tok, limit)
         if fitting is not None:
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
                                                    alone=_alone(request)))
 
 
+def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int) -> tuple[list[int], int] | None:
+    """`truncate`: the conversation as it is while it leaves room for the answer (its max_tokens, at most a quarter of
+    the context), else without the fewest oldest turns that make that room: dropping only what kept the prompt under
+    the limit left later answers cut by `context_full` a few tokens in. Where no drop makes room, the fewest that fit."""
+    room = min(request.params.max_tokens, limit // ANSWER_ROOM_SHARE)
+    if len(ids) + room <= limit:
+        return ids, 0
+    fitting = _fewest_dropped(request, tok, limit - room + 1)
+    if fitting is None and len(ids) < limit:
+        return ids, 0
+    return fitting or _fewest_dropped(request, tok, limit)
+
+
 def _fewest_dropped(request: TurnRequest, tok: Tokenizer, limit: int) -> tuple[list[int], int] | None:
-    """(ids, dropped) leaving out the fewest oldest messages that make the conversation fit, resuming at a user turn;
-    None when even the last user turn alone does not fit. A binary search: dropping more never renders longer, and
-    rendering once per dropped message took minutes on a long chat (500 messages: 113 s before every answer)."""
+    """(ids, dropped) leaving out the fewest oldest messages that make the conversation shorter than `limit`, resuming
+    at a user turn; None when even the last user turn alone does not fit. A binary search: dropping more never renders
+    longer, and rendering once per dropped message took minutes on a long chat (500 messages: 113 s before every answer)."""
     starts = [k for k in range(1, len(request.messages)) if request.messages[k]["role"] == "user"]
     lo, hi, found = 0, len(starts) - 1, None
     while lo <= hi:

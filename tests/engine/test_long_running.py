@@ -3,9 +3,12 @@ import random
 
 import pytest
 
+from engine import events as ev
 from engine.loading.loader import LoadOptions, load_model
+from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from engine.session import TurnRequest, render_turn
+from tests.support.engine_client import Client
 
 
 class CountingTokenizer:
@@ -32,20 +35,38 @@ def _long_chat(messages: int) -> TurnRequest:
     words = "river lamp kettle window orange token cache memory".split()
     chat = tuple({"role": "user" if k % 2 == 0 else "assistant", "content": " ".join(rnd.choices(words, k=rnd.randint(5, 40)))}
                  for k in range(messages + 1))
-    return TurnRequest(chat, SamplingParams(), system_prompt="Be brief.")
+    return TurnRequest(chat, SamplingParams(max_tokens=100), system_prompt="Be brief.")
 
 
 def test_truncating_a_long_chat_renders_it_a_few_times_not_once_per_message(tokenizer):
-    """Under `truncate` a turn of a 300-message chat keeps the fewest old turns out, as a scan from the oldest
-    would, but renders the template O(log n) times: once per dropped message took minutes on a long chat."""
+    """Under `truncate` a turn of a 300-message chat leaves out the fewest old turns that leave room for its answer,
+    as a scan from the oldest would, but renders the template O(log n) times: once per dropped message took minutes
+    on a long chat."""
     request, limit = _long_chat(300), 1024
     expected = None
     for skip in range(1, len(request.messages)):  # the definition: the first user turn from which the rest fits
         if request.messages[skip]["role"] == "user":
             ids = tokenizer.apply_chat_template(request.conversation(skip))
-            if len(ids) < limit:
+            if len(ids) + 100 <= limit:  # the answer's max_tokens
                 expected = (ids, skip)
                 break
     counting = CountingTokenizer(tokenizer)
     assert render_turn(request, False, "truncate", counting, limit) == expected
     assert expected[1] > 100 and counting.renders <= 10
+
+
+
+def test_a_chat_past_its_context_keeps_room_for_its_answers(tiny_models):
+    """`truncate`, turn after turn past the context: dropping only what kept the prompt under the limit left answers
+    cut by `context_full` a few tokens in; now the oldest turns make room for the answer's max_tokens."""
+    client = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
+    client.engine.start()
+    try:
+        model = client.load(tiny_models["qwen3"].gguf_path)
+        sid = client.open(model, params=SamplingParams(max_tokens=24), overflow="truncate")
+        ends = [client.ask(sid, f"question {k} about rivers and lamps") for k in range(24)]
+    finally:
+        client.engine.shutdown()
+    assert [e.dropped_messages for e in client.all if isinstance(e, ev.ContextUsage)][-1] > 0  # it passed its context
+    assert [e.reason for e in ends if e.reason == "context_full"] == []
+    assert all(e.stats.completion_tokens == 24 for e in ends if e.reason == "length")
