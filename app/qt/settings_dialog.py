@@ -11,6 +11,7 @@ from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSetti
 from app.core.model_registry import ModelRegistry
 from app.core.presets import Presets
 from app.qt.theme import icon
+from engine.sampling import MAX_INT32
 
 
 MIN_CHARS = 24  # the picker's width in characters: most model names whole, a long one elided
@@ -69,18 +70,18 @@ class SettingsForm(QWidget):
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("Optional instructions for the model")
         self.system.setFixedHeight(70)
-        self.temperature = _double(0, 5, 0.05, 2)
-        self.top_p = _double(0.01, 1, 0.01, 2)
-        self.top_k = _int(0, 100000)
-        self.min_p = _double(0, 0.99, 0.01, 2)
-        self.repetition = _double(0.5, 2, 0.01, 2)
+        self.temperature = _double(0, 5, 0.05, 3)
+        self.top_p = _double(0.001, 1, 0.01, 3)
+        self.top_k = _int(0, MAX_INT32)
+        self.min_p = _double(0, 0.999, 0.01, 3)
+        self.repetition = _double(0.5, 5, 0.01, 2)
         self.repeat_last_n = _int(-1, 2**31 - 1)
         self.repeat_last_n.setSpecialValueText(self.tr("the whole chat"))
         self.repeat_last_n.setToolTip(self.tr("How many of the latest tokens the repetition penalty looks at "
                                               "(0 = none)"))
-        self.seed = _int(-1, 2**31 - 1)
+        self.seed = _int(-1, MAX_INT32)
         self.seed.setSpecialValueText("random")
-        self.max_tokens = _int(1, 32768)
+        self.max_tokens = _int(1, MAX_INT32)
         self.speculative = QCheckBox(self.tr("Draft ahead (the same answer; faster when it repeats the prompt)"))
         self.thinking = QComboBox()
         for value, label in THINKING_CHOICES:
@@ -104,7 +105,13 @@ class SettingsForm(QWidget):
                          (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking)]:
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
+        self._loaded, self._shown = settings, {}
         self.set_settings(settings)
+
+    def _numbers(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
+                "repetition_penalty": self.repetition, "repeat_last_n": self.repeat_last_n, "seed": self.seed,
+                "max_tokens": self.max_tokens}
 
     def _preset_row(self) -> QHBoxLayout:
         """Pick a preset (fills the form, the model stays), save the form as one, or delete the one picked."""
@@ -156,28 +163,31 @@ class SettingsForm(QWidget):
     def set_settings(self, s: ChatSettings) -> None:
         self.model.reload(s.model)
         self.system.setPlainText(s.system_prompt)
-        self.temperature.setValue(s.temperature)
-        self.top_p.setValue(s.top_p)
-        self.top_k.setValue(s.top_k)
-        self.min_p.setValue(s.min_p)
-        self.repetition.setValue(s.repetition_penalty)
-        self.repeat_last_n.setValue(s.repeat_last_n)
-        self.seed.setValue(-1 if s.seed is None else s.seed)
-        self.max_tokens.setValue(s.max_tokens)
+        for name, w in self._numbers().items():
+            value = getattr(s, name)
+            value = -1 if value is None else value  # the seed's "random"
+            w.setValue(min(max(value, w.minimum()), w.maximum()))  # clamped: a seed past 2**31 overflowed Qt's int
+        # what the form showed for each loaded value: a field left as shown keeps the value loaded (the form rounds
+        # 0.005 at its decimals and clamps an imported seed past 2**31; saving must not change what was not touched)
+        self._loaded, self._shown = s, {name: w.value() for name, w in self._numbers().items()}
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
         self.speculative.setChecked(s.speculative)
         self.thinking.setCurrentIndex([value for value, _ in THINKING_CHOICES].index(s.thinking))
 
     def settings(self) -> ChatSettings:
         return ChatSettings(
-            model=self.model.key(), system_prompt=self.system.toPlainText().strip(),
-            temperature=self.temperature.value(), top_p=self.top_p.value(), top_k=self.top_k.value(),
-            min_p=self.min_p.value(), repetition_penalty=self.repetition.value(),
-            repeat_last_n=self.repeat_last_n.value(),
-            seed=None if self.seed.value() < 0 else self.seed.value(), max_tokens=self.max_tokens.value(),
+            model=self.model.key(), system_prompt=self.system.toPlainText().strip(), **self._number_values(),
             overflow=self.overflow.currentData(), speculative=self.speculative.isChecked(),
             thinking=self.thinking.currentData(),
         )
+
+    def _number_values(self) -> dict[str, int | float | None]:
+        out = {}
+        for name, w in self._numbers().items():
+            out[name] = getattr(self._loaded, name) if w.value() == self._shown.get(name) else w.value()
+        if out["seed"] is not None and out["seed"] < 0:
+            out["seed"] = None
+        return out
 
 
 class SettingsDialog(QDialog):

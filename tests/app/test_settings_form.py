@@ -1,0 +1,48 @@
+"""The chat settings form saves what it was given where the user changed nothing, whatever its fields can show."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from app.core.chat_settings import ChatSettings
+from app.core.sqlite_registry import SqliteModelRegistry
+from app.core.sqlite_store import SqliteConversationStore
+
+
+@pytest.fixture
+def form(qtbot, tmp_path):
+    from app.qt.settings_dialog import SettingsForm
+
+    def make(settings: ChatSettings) -> SettingsForm:
+        registry = SqliteModelRegistry(SqliteConversationStore(tmp_path / "p.db"), legacy_file=tmp_path / "m.json")
+        w = SettingsForm(registry, settings)
+        qtbot.addWidget(w)
+        return w
+
+    return make
+
+
+@pytest.mark.parametrize("changes", [
+    {"seed": 2**31}, {"seed": 2**63 + 5}, {"temperature": 0.005}, {"temperature": 0.0004}, {"temperature": 20.0},
+    {"top_k": 200_000}, {"repetition_penalty": 7.0}, {"top_p": 0.0005}, {"max_tokens": 100_000},
+    {"min_p": 0.9995},
+])
+def test_a_value_the_form_cannot_show_is_saved_as_it_was(form, changes):
+    settings = ChatSettings(**changes)
+    assert form(settings).settings() == settings
+
+
+def test_a_changed_field_takes_the_new_value_and_the_others_stay(form):
+    w = form(ChatSettings(seed=2**40, temperature=0.005))
+    w.temperature.setValue(0.25)
+    assert w.settings() == ChatSettings(seed=2**40, temperature=0.25)
+    w.seed.setValue(-1)
+    assert w.settings().seed is None
+
+
+def test_small_values_can_be_typed(form):
+    w = form(ChatSettings())
+    w.temperature.setValue(0.005)
+    w.top_p.setValue(0.005)
+    assert (w.settings().temperature, w.settings().top_p) == (0.005, 0.005)
