@@ -49,7 +49,9 @@ class ModelRegistry:
 
     def candidate(self, path: str | Path, name: str | None = None) -> ModelEntry:
         """An entry for a path not yet added; raises ValueError when it is neither a GGUF file nor a HF folder."""
-        p = Path(path).expanduser().resolve()
+        p = Path(path).expanduser()
+        # a file keeps its own name: the Hugging Face cache links model.gguf to a blob named by its hash alone
+        p = p.resolve() if p.is_dir() else p.parent.resolve() / p.name
         kind = kind_of(p)
         if kind is None:
             raise ValueError(f"{p} is neither a .gguf file nor a Hugging Face folder with config.json.")

@@ -134,3 +134,23 @@ def test_a_saved_comparisons_models_load_when_it_is_shown_not_at_start(parley, q
         qtbot.waitUntil(lambda: again.models.model_id(imported_llama) is not None, timeout=60_000)
     finally:
         again.close()
+
+
+def _hf_cache(tiny_models, tmp_path):
+    """Tiny models laid out as huggingface_hub does: a snapshot folder (Qwen3's) whose GGUF (Llama's) links to a blob."""
+    import shutil
+
+    repo = tmp_path / "hub" / "models--Qwen--Qwen3-0.6B"
+    snapshot = repo / "snapshots" / "0f3c1e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e"
+    shutil.copytree(tiny_models["qwen3"].hf_dir, snapshot)
+    (repo / "blobs").mkdir()
+    shutil.copyfile(tiny_models["llama"].gguf_path, repo / "blobs" / "9a1b2c3d4e5f")
+    (snapshot / "qwen3-0.6b-q8_0.gguf").symlink_to(repo / "blobs" / "9a1b2c3d4e5f")
+    return snapshot
+
+
+def test_a_gguf_linked_from_the_hugging_face_cache_can_be_imported(parley, qtbot, tiny_models, tmp_path):
+    link = _hf_cache(tiny_models, tmp_path) / "qwen3-0.6b-q8_0.gguf"
+    key = parley.models.import_path(link)  # refused: the link's target has no .gguf suffix
+    qtbot.waitUntil(lambda: parley.models.registry.get(key) is not None, timeout=60_000)
+    assert parley.models.registry.get(key).path == str(link) and parley.models.model_id(key) is not None
