@@ -30,6 +30,16 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
+def _display_name(path: Path, kind: str) -> str:
+    """A file's stem, a folder's name; in the Hugging Face cache (models--org--name/snapshots/<commit>/) the repo's
+    id, not the commit hash that names the folder."""
+    cache = path if kind == "hf" else path.parent
+    if cache.parent.name == "snapshots" and cache.parent.parent.name.startswith("models--"):
+        repo = cache.parent.parent.name[len("models--"):].replace("--", "/")
+        return repo if kind == "hf" else f"{repo} · {path.stem}"
+    return path.stem if kind == "gguf" else path.name
+
+
 class ModelRegistry:
     def __init__(self, file: Path | None = None, default_spec: str = DEFAULT_NAME):
         self.file = file
@@ -55,7 +65,7 @@ class ModelRegistry:
         kind = kind_of(p)
         if kind is None:
             raise ValueError(f"{p} is neither a .gguf file nor a Hugging Face folder with config.json.")
-        return ModelEntry(str(p), name or p.stem if kind == "gguf" else name or p.name, str(p), kind)
+        return ModelEntry(str(p), name or _display_name(p, kind), str(p), kind)
 
     def add(self, entry: ModelEntry) -> None:
         """Adds an entry that has been validated (loaded by the engine)."""

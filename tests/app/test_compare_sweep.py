@@ -154,3 +154,13 @@ def test_a_gguf_linked_from_the_hugging_face_cache_can_be_imported(parley, qtbot
     key = parley.models.import_path(link)  # refused: the link's target has no .gguf suffix
     qtbot.waitUntil(lambda: parley.models.registry.get(key) is not None, timeout=60_000)
     assert parley.models.registry.get(key).path == str(link) and parley.models.model_id(key) is not None
+
+
+def test_a_model_from_the_hugging_face_cache_is_named_by_its_repo(tiny_models, tmp_path):
+    from app.core.model_registry import ModelRegistry
+
+    snapshot = _hf_cache(tiny_models, tmp_path)
+    registry = ModelRegistry()
+    assert registry.candidate(snapshot).name == "Qwen/Qwen3-0.6B"  # was the commit hash
+    assert registry.candidate(snapshot / "qwen3-0.6b-q8_0.gguf").name == "Qwen/Qwen3-0.6B · qwen3-0.6b-q8_0"
+    assert registry.candidate(tiny_models["qwen3"].gguf_path).name == "qwen3-f32"
