@@ -35,6 +35,9 @@ class CompareColumn(QFrame):
         self.picker.setSizeAdjustPolicy(ModelPicker.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.picker.setMinimumContentsLength(8)
         self.settings_button = QToolButton(icon=icon("settings"))
+        self.stop_button = QToolButton(icon=icon("stop"))  # this column only; the composer's Stop stops them all
+        self.stop_button.setToolTip(self.tr("Stop this column's answer; the others go on"))
+        self.stop_button.hide()
         self.promote_button = QToolButton(text=self.tr("Make chat"))
         self.promote_button.setToolTip(self.tr("Move this column to the sidebar as a normal chat"))
         self.view = ChatView(service)
@@ -42,6 +45,7 @@ class CompareColumn(QFrame):
         self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         head = QHBoxLayout()
         head.addWidget(self.picker, 1)
+        head.addWidget(self.stop_button)
         head.addWidget(self.settings_button)
         head.addWidget(self.promote_button)
         layout = QVBoxLayout(self)
@@ -52,6 +56,7 @@ class CompareColumn(QFrame):
         layout.addWidget(self.stats)
         self.picker.currentIndexChanged.connect(self._on_model)
         self.settings_button.clicked.connect(self.edit_settings)
+        self.stop_button.clicked.connect(lambda: self.service.stop(self.conv_id))
         self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
         service.status_changed.connect(self._on_status)
         # loading progress, then its name; a bound slot, so a removed column stops listening when it is deleted
@@ -67,6 +72,7 @@ class CompareColumn(QFrame):
     def set_letter(self, letter: str) -> None:
         self.letter = letter
         self.settings_button.setToolTip(self.tr("Settings of column %1").replace("%1", letter))
+        self.stop_button.setAccessibleName(self.tr("Stop column %1").replace("%1", letter))
         self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
         self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))
 
@@ -105,6 +111,7 @@ class CompareColumn(QFrame):
     def _on_status(self, conv_id: int) -> None:
         if conv_id != self.conv_id or not self.service.store.has(conv_id):
             return
+        self.stop_button.setVisible(self.service.busy(conv_id))
         s = self.service.status(conv_id)
         state = self.models.state(self.service.store.get(conv_id).settings.model)
         loading = ""

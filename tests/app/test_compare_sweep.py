@@ -164,3 +164,25 @@ def test_a_model_from_the_hugging_face_cache_is_named_by_its_repo(tiny_models, t
     assert registry.candidate(snapshot).name == "Qwen/Qwen3-0.6B"  # was the commit hash
     assert registry.candidate(snapshot / "qwen3-0.6b-q8_0.gguf").name == "Qwen/Qwen3-0.6B · qwen3-0.6b-q8_0"
     assert registry.candidate(tiny_models["qwen3"].gguf_path).name == "qwen3-f32"
+
+
+def test_one_column_stops_while_the_others_answer_on(parley, qtbot):
+    from tests.app.helpers import wait_idle
+
+    view = parley.window.compare
+    parley.window.show_compare()
+    view.set_columns(3)
+    for column in view.columns:
+        conv = parley.store.get(column.conv_id)
+        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=60))
+    assert not view.columns[1].stop_button.isVisibleTo(view)
+    view.send("go on")
+    convs = [c.conv_id for c in view.columns]
+    qtbot.waitUntil(lambda: all(parley.store.path(c)[-1].content for c in convs), timeout=60_000)
+    assert view.columns[1].stop_button.isVisibleTo(view)
+    view.columns[1].stop_button.click()
+    qtbot.waitUntil(lambda: not parley.service.busy(convs[1]), timeout=10_000)
+    assert parley.service.busy(convs[0]) and parley.service.busy(convs[2])  # only column B stopped
+    wait_idle(parley, qtbot, *convs)
+    assert [parley.store.path(c)[-1].state for c in convs] == ["done", "stopped", "done"]
+    assert not view.columns[1].stop_button.isVisibleTo(view)
