@@ -126,6 +126,7 @@ class CompareView(QWidget):
 
     def _remove_column(self, column: CompareColumn) -> None:
         """A column taken away: an empty one goes; one with answers becomes a chat, so nothing is lost."""
+        self._queue = [(c, text) for c, text in self._queue if c is not column]  # its turn would go to a gone chat
         column.view.set_conversation(None)
         column.deleteLater()
         if not self.service.store.path(column.conv_id):

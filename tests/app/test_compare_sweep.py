@@ -186,3 +186,18 @@ def test_one_column_stops_while_the_others_answer_on(parley, qtbot):
     wait_idle(parley, qtbot, *convs)
     assert [parley.store.path(c)[-1].state for c in convs] == ["done", "stopped", "done"]
     assert not view.columns[1].stop_button.isVisibleTo(view)
+
+
+def test_a_column_taken_away_while_waiting_its_turn_is_skipped(parley, qtbot):
+    view = parley.window.compare
+    parley.window.show_compare()
+    view.set_columns(3)
+    for column in view.columns:
+        conv = parley.store.get(column.conv_id)
+        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=6))
+    view.one_at_a_time.setChecked(True)
+    convs = [c.conv_id for c in view.columns]
+    assert view.send("in turns")
+    view.set_columns(2)  # column C, still waiting for its turn, goes (it has nothing yet)
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)  # C's turn raised KeyError on the deleted chat
+    assert [parley.store.path(c)[-1].state for c in convs[:2]] == ["done", "done"] and not parley.store.has(convs[2])
