@@ -169,7 +169,8 @@ class Batcher:
         try:
             logits, _ = self._run(batch)
             seqs = batch.samplers
-            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs], [s.history() for s in seqs])
+            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs],
+                              [s.penalty_history() for s in seqs], [len(s.token_ids) for s in seqs])
         except BaseException:
             self.cache.abort_step()
             raise
@@ -199,7 +200,7 @@ class Batcher:
             # decode graph writes its own ids over them
             pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
             logits, greedy = self._run(batch)
-            ids = sample_ids(logits, [s.sampler for s in seqs], [s.history() for s in seqs], greedy,
+            ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs], greedy,
                              [len(s.token_ids) + ahead for s in seqs], pending,
                              getattr(self.runner, "sampling_graphs", None))
         except BaseException:

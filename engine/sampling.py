@@ -50,6 +50,9 @@ class SamplingParams:
     # the penalties read the last this many tokens (-1: the whole history; 0: penalties off). llama.cpp, Ollama and
     # GPT4All use 64, so a chat's earlier turns and its template's tokens are not penalised for ever
     repeat_last_n: int = -1
+    # False: the window stops at this turn's prompt, so only the answer's own tokens are penalised: OpenAI counts
+    # presence / frequency over sampled tokens (a prompt's end-of-turn token penalised made answers run on)
+    penalize_prompt: bool = True
     seed: int | None = None
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
@@ -92,6 +95,8 @@ def _check_types(p: SamplingParams) -> None:
         value = getattr(p, name)
         if not (value is None and name == "seed") and (isinstance(value, bool) or not isinstance(value, int)):
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
+    if not isinstance(p.penalize_prompt, bool):
+        raise ParleyError(f"Invalid sampling setting: penalize_prompt must be true or false, not {p.penalize_prompt!r}.")
     if not isinstance(p.speculative, bool):
         raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
     if p.thinking is not None and not isinstance(p.thinking, bool):

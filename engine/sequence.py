@@ -63,6 +63,11 @@ class Sequence:
             self.token_array = arr = array("q", ids)
         return arr
 
+    def penalty_history(self) -> array:
+        """What the penalties read: the history, or only this turn's answer where the params keep the prompt out."""
+        history = self.history()
+        return history if self.sampler.params.penalize_prompt else history[self.num_prompt:]
+
     def drop_last(self, n: int) -> None:
         """Takes back the last n generated tokens."""
         del self.token_ids[-n:], self.token_array[-n:], self.generated[-n:]

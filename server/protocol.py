@@ -122,6 +122,14 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
     return TurnRequest(sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None), stream, include_usage, raw)
 
 
+def _penalize_prompt(data: dict, fields: dict) -> bool:
+    """Whether the penalties read the prompt: not where presence / frequency penalties are asked without a window,
+    as OpenAI (and vLLM) count them over the answer's own tokens; a repetition penalty alone reads the whole text, as
+    transformers and vLLM; `repeat_last_n` sent means llama.cpp's rule, the last n tokens of the whole text."""
+    answer_only = fields["presence_penalty"] != 0 or fields["frequency_penalty"] != 0
+    return "repeat_last_n" in data or not answer_only
+
+
 def sampling(data: dict, context_limit: int, default_max_tokens: int | None = None) -> SamplingParams:
     """OpenAI sampling fields (plus top_k, min_p, repetition_penalty, repeat_last_n) -> SamplingParams."""
     max_tokens = _number(data, "max_completion_tokens", int, None)
@@ -162,6 +170,7 @@ def sampling(data: dict, context_limit: int, default_max_tokens: int | None = No
         stop=stop,
     )
     fields["thinking"] = _thinking(data)
+    fields["penalize_prompt"] = _penalize_prompt(data, fields)
     if fields["top_p"] == 0:
         fields["top_p"], fields["temperature"] = 1.0, 0.0  # "only the most likely token"
     try:

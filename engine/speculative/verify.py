@@ -20,14 +20,18 @@ from engine.sampling import SamplerState, sample_ids
 
 
 def accept(logits: torch.Tensor, states: list[SamplerState], drafts: list[list[int]],
-           histories: list[list[int] | array]) -> list[list[int]]:
+           histories: list[list[int] | array], positions: list[int] | None = None) -> list[list[int]]:
     """logits (R, V): every sampler's len(draft) + 1 rows in order -> per sampler its accepted drafts and the
-    token that follows them (1 to k + 1 tokens). `histories`: each sampler's tokens so far."""
+    token that follows them (1 to k + 1 tokens). `histories`: what each sampler's penalties read so far;
+    `positions`: where each sampler's first row's token goes (default: after its history)."""
     counts = [len(d) + 1 for d in drafts]
     assert sum(counts) == logits.shape[0], "one row per drafted token plus one per sampler"
     row_states = [s for s, n in zip(states, counts) for _ in range(n)]
     row_histories = [array("q", h) + array("q", d[:j]) for h, d in zip(histories, drafts) for j in range(len(d) + 1)]
-    tokens = sample_ids(logits, row_states, row_histories).tolist()  # each row as plain decoding at its position
+    starts = positions if positions is not None else [len(h) for h in histories]
+    row_positions = [start + j for start, n in zip(starts, counts) for j in range(n)]
+    # each row as plain decoding at its position
+    tokens = sample_ids(logits, row_states, row_histories, positions=row_positions).tolist()
     out, at = [], 0
     for draft, n in zip(drafts, counts):
         out.append(_kept(draft, tokens[at : at + n]))

@@ -54,3 +54,33 @@ def test_the_command_line_reads_a_setting_as_the_server_does(flags, fields):
 
     args = build_parser().parse_args(["generate", "--prompt", "x", "--max-tokens", "8", "--repeat-last-n", "-1", *flags])
     assert sampling_params(args) == sampling(dict(fields, max_tokens=8), 1024)
+
+
+def test_penalties_kept_off_the_prompt_read_the_answer_alone():
+    """OpenAI counts presence / frequency over the answer's sampled tokens: a prompt token (a chat's end-of-turn
+    token) is not penalised, the answer's own tokens are."""
+    from engine.sequence import Sequence
+
+    prompt, params = [5, 6, 7], SamplingParams(presence_penalty=100.0, penalize_prompt=False)
+    seq = Sequence(0, list(prompt), SamplerState(params))
+    logits = _logits(vocab=10, top=7)
+    first = sample_ids(logits.clone(), [seq.sampler], [seq.penalty_history()], positions=[3])
+    assert int(first[0]) == 7  # the prompt's 7 is not penalised
+    seq.append(7)
+    assert list(seq.penalty_history()) == [7]
+    assert int(sample_ids(logits.clone(), [seq.sampler], [seq.penalty_history()], positions=[4])[0]) != 7
+    whole = Sequence(1, list(prompt), SamplerState(SamplingParams(presence_penalty=100.0)))
+    assert int(sample_ids(logits.clone(), [whole.sampler], [whole.penalty_history()], positions=[3])[0]) not in prompt
+
+
+@pytest.mark.parametrize("body, reads_prompt", [
+    ({"presence_penalty": 1.5}, False), ({"frequency_penalty": 0.5}, False),
+    ({"presence_penalty": 1.5, "repeat_last_n": 64}, True), ({"repetition_penalty": 1.1}, True), ({}, True),
+])
+def test_the_server_keeps_openai_penalties_off_the_prompt(body, reads_prompt):
+    """Qwen3's suggested presence_penalty 1.5 over the whole text weighed on its end-of-turn token, in every turn's
+    prompt: answers ran on. As OpenAI and vLLM, presence / frequency count the answer's tokens; a window sent is
+    llama.cpp's rule, over the whole text."""
+    from server.protocol import sampling
+
+    assert sampling(body, 4096).penalize_prompt is reads_prompt

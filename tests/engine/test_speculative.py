@@ -118,11 +118,13 @@ def test_a_stop_token_inside_accepted_drafts_ends_the_answer_there(models):
     assert got == expected
 
 
-@pytest.mark.parametrize("layout, window", [("sequence", -1), ("cell", -1), ("sequence", 5)])
-def test_penalties_see_each_rows_drafts_so_penalised_greedy_stays_exact(models, layout, window):
+@pytest.mark.parametrize("layout, window, prompt", [("sequence", -1, True), ("cell", -1, True), ("sequence", 5, True),
+                                                   ("cell", -1, False), ("sequence", 5, False)])
+def test_penalties_see_each_rows_drafts_so_penalised_greedy_stays_exact(models, layout, window, prompt):
     lm = models["qwen3"]
     prompts = _prompts(lm.args.vocab_size)
-    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4, repeat_last_n=window)
+    params = SamplingParams(max_tokens=24, repetition_penalty=1.3, frequency_penalty=0.4, repeat_last_n=window,
+                            penalize_prompt=prompt)
     plain = run_staggered(make_batcher(lm, 4, _run(layout)), prompts, ARRIVALS, params)
     batcher = make_batcher(lm, 4, _run(layout))
     batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=5, vocab=lm.args.vocab_size)
@@ -207,12 +209,15 @@ def test_the_chi_squared_check_catches_a_broken_rejection_rule():
     assert min(_check_distribution(broken, [0, 1])) < 1e-6
 
 
-@pytest.mark.parametrize("layout", ["sequence", "cell"])
-def test_seeded_sampling_with_drafts_gives_plain_sampling_tokens(models, layout):
-    """Sampled answers, with drafts right and wrong and without: token for token the same, batched or alone."""
+@pytest.mark.parametrize("layout, penalties", [("sequence", {}), ("cell", {}),
+                                               ("sequence", dict(presence_penalty=0.8, penalize_prompt=False))])
+def test_seeded_sampling_with_drafts_gives_plain_sampling_tokens(models, layout, penalties):
+    """Sampled answers, with drafts right and wrong and without: token for token the same, batched or alone (with
+    the penalties reading the answer alone, a verified row still draws with its own position's noise)."""
     lm = models["gemma3"]
     prompts = _prompts(lm.args.vocab_size)
-    each = [SamplingParams(temperature=t, top_p=0.9, seed=s, max_tokens=24) for t, s in [(0.7, 1), (1.0, 2), (0.4, 3), (1.3, 4)]]
+    each = [SamplingParams(temperature=t, top_p=0.9, seed=s, max_tokens=24, **penalties)
+            for t, s in [(0.7, 1), (1.0, 2), (0.4, 3), (1.3, 4)]]
     plain = run_staggered(make_batcher(lm, 4, _run(layout)), prompts, ARRIVALS, each)
     batcher = make_batcher(lm, 4, _run(layout))
     batcher.drafter = drafter = ScriptedDrafter(dict(enumerate(plain)), wrong=4, vocab=lm.args.vocab_size)
