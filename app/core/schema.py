@@ -116,7 +116,15 @@ def migrate(db: sqlite3.Connection) -> int:
         except BaseException:
             db.execute("ROLLBACK")
             raise
+    ensure_indexes(db)
     return VERSION
+
+
+def ensure_indexes(db: sqlite3.Connection) -> None:
+    """Indexes that change no meaning, outside the versions (an older Parley opens the file as before): deleting a
+    message looks up its replies through the parent_id cascade, a scan of every message without this one (a
+    500-message chat took 7-14 s to delete, the window frozen)."""
+    db.execute("CREATE INDEX IF NOT EXISTS message_parent ON message(parent_id)")
 
 
 def ensure_search_index(db: sqlite3.Connection) -> bool:
