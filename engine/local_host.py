@@ -44,7 +44,8 @@ class LocalHost:
         continued = request.messages[-1]["content"] if request.continue_final else None
         session.turn = turn = Turn(turn_id, None, continues=continued)  # no stream yet: its prompt is rendering
         session.last_used = time.monotonic()
-        job = partial(render_turn, request, session.raw, session.overflow, rt.lm.tokenizer, rt.limit)
+        job = partial(render_turn, request, session.raw, session.overflow, rt.lm.tokenizer, rt.limit,
+                      session.resume_at(request))
         if self._post is None or self._workers is None:
             self._begin_generation(session, turn, request, job())
             return
@@ -66,6 +67,7 @@ class LocalHost:
                           rendered: tuple[list[int], int]) -> None:
         rt = self.runtime
         ids, dropped = rendered
+        session.remember_cut(request, dropped)
         seq = self._prepare_sequence(session, ids)
         context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
         turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context)

@@ -70,6 +70,17 @@ class Session:
     seq: Sequence | None = None  # its slot and cached tokens survive between turns
     turn: Turn | None = None
     last_used: float = field(default_factory=time.monotonic)
+    cut: tuple[int, dict] | None = None  # the oldest messages the last turn left out, and the first one it kept
+
+    def resume_at(self, request: TurnRequest) -> int:
+        """The last turn's cut where this request still holds its first kept message there (0: none)."""
+        if self.cut is None:
+            return 0
+        dropped, first = self.cut
+        return dropped if dropped < len(request.messages) and request.messages[dropped] == first else 0
+
+    def remember_cut(self, request: TurnRequest, dropped: int) -> None:
+        self.cut = (dropped, dict(request.messages[dropped])) if dropped else None
 
     def begin(self, request: TurnRequest) -> None:
         """Takes the turn's params; a seed set in them seeds every turn, so the same turn draws the same tokens."""
@@ -82,11 +93,13 @@ class Session:
         return self.seq.token_ids[: self.seq.num_cached]
 
 
-def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int) -> tuple[list[int], int]:
+def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, limit: int,
+                resume: int = 0) -> tuple[list[int], int]:
     """Token ids of the whole conversation plus the generation prompt, applying the overflow policy.
 
     `continue_final` leaves the last (assistant) message open instead, to generate more of it.
-    Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`.
+    Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`. `resume`: how many the
+    session's last turn left out (`Session.resume_at`), kept while the rest fits, so its tokens stay cached.
     """
     _check_size(request, raw, overflow, tok, limit)
     cont = request.continue_final
@@ -98,21 +111,30 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
         if len(ids) < limit:
             return ids, 0
     else:
-        fitting = _truncated(request, ids, tok, limit)
+        fitting = _truncated(request, ids, tok, limit, resume)
         if fitting is not None:
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
                                                    alone=_alone(request)))
 
 
-def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int) -> tuple[list[int], int] | None:
+def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,
+               resume: int) -> tuple[list[int], int] | None:
     """`truncate`: the conversation as it is while it leaves room for the answer (its max_tokens, at most a quarter of
-    the context), else without the fewest oldest turns that make that room: dropping only what kept the prompt under
-    the limit left later answers cut by `context_full` a few tokens in. Where no drop makes room, the fewest that fit."""
+    the context); else from where the last turn cut it, while that leaves the room; else without the fewest oldest
+    turns that bring it under half the context, as llama.cpp's context shift halves it: a cut moved every turn made
+    every turn past the context prefill its whole prompt again (90 s a turn at 8k on a CPU), and dropping only what
+    kept the prompt under the limit left later answers cut by `context_full` a few tokens in. Where no cut reaches
+    half, the fewest that make the room; where none makes it, the fewest that fit."""
     room = min(request.params.max_tokens, limit // ANSWER_ROOM_SHARE)
     if len(ids) + room <= limit:
         return ids, 0
-    fitting = _fewest_dropped(request, tok, limit - room + 1)
+    if 0 < resume < len(request.messages) - 1 and request.messages[resume]["role"] == "user":
+        kept = tok.apply_chat_template(request.conversation(resume), continue_final=request.continue_final,
+                                       thinking=request.params.thinking)
+        if len(kept) + room <= limit:
+            return kept, resume
+    fitting = _fewest_dropped(request, tok, limit // 2) or _fewest_dropped(request, tok, limit - room + 1)
     if fitting is None and len(ids) < limit:
         return ids, 0
     return fitting or _fewest_dropped(request, tok, limit)

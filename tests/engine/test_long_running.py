@@ -39,15 +39,15 @@ def _long_chat(messages: int) -> TurnRequest:
 
 
 def test_truncating_a_long_chat_renders_it_a_few_times_not_once_per_message(tokenizer):
-    """Under `truncate` a turn of a 300-message chat leaves out the fewest old turns that leave room for its answer,
-    as a scan from the oldest would, but renders the template O(log n) times: once per dropped message took minutes
-    on a long chat."""
+    """Under `truncate` a turn of a 300-message chat leaves out the fewest old turns that bring it under half the
+    context, as a scan from the oldest would, but renders the template O(log n) times: once per dropped message took
+    minutes on a long chat."""
     request, limit = _long_chat(300), 1024
     expected = None
     for skip in range(1, len(request.messages)):  # the definition: the first user turn from which the rest fits
         if request.messages[skip]["role"] == "user":
             ids = tokenizer.apply_chat_template(request.conversation(skip))
-            if len(ids) + 100 <= limit:  # the answer's max_tokens
+            if len(ids) < limit // 2:
                 expected = (ids, skip)
                 break
     counting = CountingTokenizer(tokenizer)
@@ -70,3 +70,24 @@ def test_a_chat_past_its_context_keeps_room_for_its_answers(tiny_models):
     assert [e.dropped_messages for e in client.all if isinstance(e, ev.ContextUsage)][-1] > 0  # it passed its context
     assert [e.reason for e in ends if e.reason == "context_full"] == []
     assert all(e.stats.completion_tokens == 24 for e in ends if e.reason == "length")
+
+
+def test_a_chat_past_its_context_keeps_its_cut_so_later_turns_reuse_the_cache(tiny_models):
+    """`truncate`: a cut moved by every turn past the context made every such turn prefill its whole prompt again
+    (915 of 915 tokens at 1024; 90 s a turn at 8k on a CPU). Cut under half the context and kept while the rest fits,
+    most later turns prefill only their new message."""
+    client = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
+    client.engine.start()
+    try:
+        model = client.load(tiny_models["qwen3"].gguf_path)
+        sid = client.open(model, params=SamplingParams(max_tokens=12), overflow="truncate")
+        ends = [client.ask(sid, f"question {k} about rivers and lamps") for k in range(30)]
+    finally:
+        client.engine.shutdown()
+    usage = [e for e in client.all if isinstance(e, ev.ContextUsage)]
+    past = [k for k, u in enumerate(usage) if u.dropped_messages]
+    assert len(past) > 10  # most turns ran past the context
+    whole = [k for k in past if ends[k].stats.prefilled_tokens > ends[k].stats.prompt_tokens // 2]
+    # a new cut now and then (at this 256-token context, every third turn), not every turn
+    assert len(whole) <= len(past) // 2, (len(whole), len(past))
+    assert all(u.used < u.limit for u in usage) and [e.reason for e in ends if e.reason == "context_full"] == []
