@@ -102,9 +102,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress, options, notices)
         if options.quantize and options.device == "cpu":
-            weights = {k: quantize_matrix(v, options.quantize)
-                       if isinstance(v, torch.Tensor) and v.dim() == 2 and k.endswith(".weight") else v
-                       for k, v in weights.items()}
+            weights = _quantized_at_load(weights, options.quantize)
         kind = "hf"
     elif (options := _resolve_weights(source, options)).quantized:
         args, weights, tok = _read_gguf(source, progress, options, notices=notices)
@@ -120,6 +118,13 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)
+
+
+def _quantized_at_load(weights: dict, scheme: str) -> dict:
+    """A folder's matrices quantized, its other tensors copied: a view into the shards' mapping (an fp32 folder's
+    norms) would keep the whole file mapped and resident beside the quantized model."""
+    return {k: quantize_matrix(v, scheme) if isinstance(v, torch.Tensor) and v.dim() == 2 and k.endswith(".weight")
+            else v.clone() if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
 
 
 def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
