@@ -15,6 +15,7 @@ class EngineCLI:
         self.engine = Engine(config).start()
         self.tokens: dict[int, list[int]] = {}
         self.ended: dict[int, ev.Event] = {}
+        self.dropped: dict[int, int] = {}  # per session: the oldest messages its last turn left out (`truncate`)
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -40,6 +41,8 @@ class EngineCLI:
                 self.tokens.setdefault(turn, []).extend(e.token_ids)
                 if on_text and e.text:
                     on_text(turn, e.text)
+            elif isinstance(e, ev.ContextUsage):
+                self.dropped[e.session_id] = e.dropped_messages
             elif isinstance(e, (ev.Finished, ev.Error)) and turn is not None:
                 self.ended[turn] = e
                 pending.discard(turn)

@@ -149,11 +149,25 @@ def chat(args: argparse.Namespace) -> int:
                 continue
             if end.text or end.reason != "cancelled":  # later turns read the reply, not the thought (as the app's)
                 messages.append({"role": "assistant", "content": reply_text(end.text)})
-            s = end.stats
-            rate = f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else ""
-            print(f"[{s.completion_tokens} tokens{rate}, context {s.context_used}/{s.context_limit}]", file=sys.stderr)
+            print(_status_line(end, cli.dropped.get(sid, 0)), file=sys.stderr)
     finally:
         cli.close()
+
+
+# why an answer ended, where it did not end by itself: the user should know it was cut and why
+ENDINGS = {"length": "cut at the max tokens", "context_full": "cut: the context is full", "cancelled": "stopped"}
+
+
+def _status_line(end: ev.Finished, dropped: int) -> str:
+    """[tokens, rate, context used; how it ended where it was cut; the oldest messages left out to fit]."""
+    s = end.stats
+    parts = [f"{s.completion_tokens} tokens" + (f", {s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else ""),
+             f"context {s.context_used}/{s.context_limit}"]
+    if end.reason in ENDINGS:
+        parts.append(ENDINGS[end.reason])
+    if dropped:
+        parts.append(f"{dropped} oldest message{'s' if dropped != 1 else ''} left out to fit")
+    return f"[{', '.join(parts)}]"
 
 
 @contextmanager

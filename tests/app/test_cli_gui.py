@@ -106,3 +106,18 @@ def _drain(fd: int) -> str:
             break
         out += chunk
     return out.decode("utf-8", "replace")
+
+
+def test_chat_says_when_an_answer_was_cut_and_old_turns_left_out():
+    """`parley chat` truncates a chat past its context and cuts answers at max tokens; its status line said neither."""
+    from cli.terminal import _status_line
+    from engine import events as ev
+
+    stats = ev.TurnStats(prompt_tokens=90, prefilled_tokens=20, completion_tokens=4, ttft_s=0.1, tokens_per_s=12.5,
+                         context_used=94, context_limit=256)
+    done = ev.Finished(1, 1, "stop", "text", stats)
+    assert _status_line(done, 0) == "[4 tokens, 12.5 tok/s, context 94/256]"
+    cut = ev.Finished(1, 2, "length", "text", stats)
+    assert _status_line(cut, 6) == "[4 tokens, 12.5 tok/s, context 94/256, cut at the max tokens, 6 oldest messages left out to fit]"
+    full = ev.Finished(1, 3, "context_full", "text", stats)
+    assert "the context is full" in _status_line(full, 1) and "1 oldest message left out" in _status_line(full, 1)
