@@ -72,15 +72,21 @@ SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T
 )
 
 
+DRAW_ONLY = frozenset({"top_p", "top_k", "min_p", "seed"})  # they change nothing in a greedy column (T 0)
+
+
 def differences(columns: list[ChatSettings]) -> list[list[str]]:
-    """Per column, the sampling settings in which the columns differ, e.g. ["T 0.2", "seed 7"]."""
+    """Per column, the sampling settings in which the columns differ, e.g. ["T 0.2", "seed 7"]; a greedy column is
+    not labelled with settings that only change a draw ("seed random" beside T 0)."""
     out: list[list[str]] = [[] for _ in columns]
+    drawn = [not s.sampling().greedy for s in columns]
     for name, label in SHOWN_SETTINGS:
-        values = [getattr(s, name) for s in columns]
+        counted = [i for i in range(len(columns)) if name not in DRAW_ONLY or drawn[i]]
+        values = [getattr(columns[i], name) for i in counted]
         if len(set(values)) < 2:
             continue
-        for shown, value in zip(out, values):
-            shown.append(_short(label, value))
+        for i, value in zip(counted, values):
+            out[i].append(_short(label, value))
     return out
 
 

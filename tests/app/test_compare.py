@@ -204,8 +204,13 @@ def test_presets_apply_to_a_chat_and_a_column_and_survive_a_restart(parley, qtbo
         again.close()
 
 
-def test_column_labels_name_the_penalty_window():
+def test_column_labels_name_what_differs_and_what_matters():
     from app.core.chat_settings import ChatSettings, differences
 
     assert differences([ChatSettings(), ChatSettings(repeat_last_n=-1)]) == [["rep window 64"], ["rep window all"]]
+    # a seed or a top-p means nothing at temperature 0: "T 0 · seed random" read as if the column drew at random
+    greedy, drawn = ChatSettings(temperature=0.0), ChatSettings(temperature=0.8, seed=7, top_p=0.5)
+    assert differences([greedy, drawn]) == [["T 0"], ["T 0.8"]]
+    assert differences([greedy, drawn, ChatSettings(temperature=0.8)]) == [["T 0"], ["T 0.8", "top-p 0.5", "seed 7"],
+                                                                           ["T 0.8", "top-p 0.95", "seed random"]]
     assert ChatSettings().sampling().repeat_last_n == 64
