@@ -2,10 +2,10 @@
 
 The order, per row: the penalties (repetition, presence, frequency) over the last `repeat_last_n` tokens of the
 context, the prompt's included, as llama.cpp's command line and server count them; the temperature (below
-GREEDY_BELOW the argmax instead); then top-k, top-p and min-p as one filter on that tempered softmax of the whole row
-(top-p counts the whole row's mass above a token, not renormalised after top-k); the draw among what is kept. As
-transformers' processors, the temperature comes before the filters (llama.cpp's chain applies it after top-p and min-p);
-both renormalise over the top-k before top-p, so with top-k and top-p together Parley keeps a few more tokens."""
+GREEDY_BELOW the argmax instead); then top-k, top-p and min-p as one filter on that tempered softmax (top-p counts
+the mass above a token within what top-k keeps, renormalised, as llama.cpp's chain and transformers' processors
+apply it; min-p, relative to the first token, is the same either way); the draw among what is kept. As transformers'
+processors, the temperature comes before the filters (llama.cpp's chain applies it after top-p and min-p)."""
 from __future__ import annotations
 
 import math
@@ -310,9 +310,12 @@ def _kept(top: torch.Tensor, states: list[SamplerState], limits: list[int]) -> t
     mass = top.cumsum(dim=-1)
     before = mass - top  # mass strictly above this token
     floor = (min_p * top[:, 0])[:, None]
-    keep = (rank < top_k[:, None]) & ((before < top_p) | (top_p >= 1)) & (top >= floor)  # p 1: rounding drops none
-    keep[:, 0] = True
     open_rows = _on([k == 0 for k in limits], dev)
+    in_k = rank < top_k[:, None]
+    # top-p over what top-k keeps, renormalised, as llama.cpp's chain and transformers' processors apply it
+    nucleus = top_p * torch.where(open_rows, 1.0, (top * in_k).sum(dim=-1))[:, None]
+    keep = in_k & ((before < nucleus) | (top_p >= 1)) & (top >= floor)  # p 1: rounding drops none
+    keep[:, 0] = True
     return keep, ((mass[:, -1:] >= top_p) & (top_p < 1) | (top[:, -1:] < floor))[:, 0] | ~open_rows
 
 

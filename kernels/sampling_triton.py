@@ -125,8 +125,11 @@ def _sample_rows(X, stride_x, V, PARAMS_, MAXES, SUMS, OUT, CUT, BOUNDS, CAND_X,
             before += tl.sum(tl.where(first, pi[:, None], 0.0), 0)
         p_max = tl.max(p, 0)
         limit = tl.where(top_k > 0, top_k, W)
+        in_k = valid & (rank < limit)
+        # top-p over what top-k keeps, renormalised, as llama.cpp's chain and transformers' processors apply it
+        scale = tl.where(top_k > 0, tl.sum(tl.where(in_k, p, 0.0), 0), 1.0)
         top_p_all = tl.zeros([WB], tl.float64) + top_p  # (a scalar bool does not broadcast in the interpreter)
-        keep = valid & (rank < limit) & ((before < top_p_all) | (top_p_all >= 1)) & (p >= min_p * p_max)
+        keep = in_k & ((before < top_p_all * scale) | (top_p_all >= 1)) & (p >= min_p * p_max)
         keep = keep | (valid & (rank == 0))
         bounded = (top_k > 0) | (W >= V) | (tl.sum((valid & ~keep).to(tl.int32), 0) > 0)
         if bounded:

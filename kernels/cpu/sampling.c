@@ -201,21 +201,29 @@ static int64_t draw_kept(Kept *kept, int64_t count, double u) {
     return kept[0].i;
 }
 
-/* The prefix of the k most likely tokens (by rank) that top-k, top-p (the mass strictly above a token below p) and
-   min-p (at least min_p times the first's probability) keep, the first always, into `kept`; probabilities in fp64
-   from the row's max and normaliser. Returns whether a filter cut the ranked tokens short (else k were all kept). */
-static int kept_prefix(const float *x, int64_t n, int64_t k, float t, double top_p, double min_p, Entry *h,
-                       int64_t *rank, Kept *kept, int64_t *count) {
+/* The prefix of the k most likely tokens (by rank) that top-k, top-p (the mass strictly above a token below p; of
+   a top-k row, p of the top-k's mass, as llama.cpp and transformers renormalise) and min-p (at least min_p times the
+   first's probability) keep, the first always, into `kept`; probabilities in fp64 from the row's max and
+   normaliser. `topk`: k is the row's top-k (else the first tokens ranked of an open row). Returns whether a filter
+   cut the ranked tokens short (else k were all kept). */
+static int kept_prefix(const float *x, int64_t n, int64_t k, int topk, float t, double top_p, double min_p,
+                       Entry *h, int64_t *rank, Kept *kept, int64_t *count) {
     const float m = row_max(x, n);
     const double sum = exp_sum(x, n, m, t);
     top_row(x, n, k, h, rank);
-    double before = 0.0, first = 0.0;
+    double before = 0.0, first = 0.0, nucleus = top_p;
+    if (topk && top_p < 1.0) {
+        double mass = 0.0;
+        for (int64_t j = 0; j < k; j++)
+            mass += exp((double)(x[rank[j]] / t - m / t)) / sum;
+        nucleus = top_p * mass;
+    }
     *count = 0;
     for (int64_t j = 0; j < k; j++) {
         const double p = exp((double)(x[rank[j]] / t - m / t)) / sum;
         if (j == 0)
             first = p;
-        else if ((top_p < 1.0 && before >= top_p) || p < min_p * first)
+        else if ((top_p < 1.0 && before >= nucleus) || p < min_p * first)
             return 1;  /* ranked by probability: every later token fails the same test */
         kept[(*count)++] = (Kept){rank[j], p};
         before += p;
@@ -435,7 +443,7 @@ int parley_sample_top(const float *x, int64_t R, int64_t n, const int64_t *k, co
             const float *row = x + r * n;
             const int64_t first = k[r] ? k[r] : most < OPEN_FIRST ? most : OPEN_FIRST;
             int64_t count = 0;
-            const int cut = kept_prefix(row, n, first, t[r], top_p[r], min_p[r], h, rank, kept, &count);
+            const int cut = kept_prefix(row, n, first, k[r] != 0, t[r], top_p[r], min_p[r], h, rank, kept, &count);
             ids[r] = k[r] == 0 && !cut && first < n ? open_draw(row, n, t[r], top_p[r], min_p[r], u[r], weights, whole)
                                                      : draw_kept(kept, count, u[r]);
         }

@@ -110,11 +110,14 @@ def test_invalid_params_are_clear_errors(bad):
 
 # -- the filters rank only the tokens they can keep: the same distribution as the plain definition over a sorted row
 def _plain(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Softmax at the temperature over the whole row, sorted; top-k, then top-p (the mass above a token), min-p."""
+    """Softmax at the temperature over the whole row, sorted; top-k, then top-p (the mass above a token, of the
+    top-k's mass renormalised, as llama.cpp and transformers), min-p."""
     probs = torch.softmax(logits / p.temperature, dim=-1)
     sorted_p, order = probs.sort(descending=True)
     rank = torch.arange(len(probs))
-    keep = (rank < (p.top_k or len(probs))) & ((sorted_p.cumsum(0) - sorted_p < p.top_p) | (p.top_p >= 1))
+    in_k = rank < (p.top_k or len(probs))
+    nucleus = p.top_p * sorted_p[in_k].sum()
+    keep = in_k & ((sorted_p.cumsum(0) - sorted_p < nucleus) | (p.top_p >= 1))
     keep &= sorted_p >= p.min_p * sorted_p[0]
     keep[0] = True
     out = torch.zeros_like(probs).scatter(0, order, sorted_p * keep)

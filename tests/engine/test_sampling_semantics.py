@@ -3,7 +3,7 @@ command line and the server read them alike."""
 import pytest
 import torch
 
-from engine.sampling import SamplerState, SamplingParams, sample_ids
+from engine.sampling import SamplerState, SamplingParams, probabilities, sample_ids
 
 
 @pytest.fixture(params=["library", "torch"])
@@ -84,3 +84,16 @@ def test_the_server_keeps_openai_penalties_off_the_prompt(body, reads_prompt):
     from server.protocol import sampling
 
     assert sampling(body, 4096).penalize_prompt is reads_prompt
+
+
+@pytest.mark.parametrize("k, p, t", [(5, 0.5, 0.7), (20, 0.8, 1.5), (40, 0.95, 0.7), (100, 0.9, 1.0)])
+def test_top_p_after_top_k_keeps_what_transformers_keeps(k, p, t):
+    """Top-p counts mass within what top-k keeps, renormalised (llama.cpp's chain and transformers' processors);
+    over the whole row's mass it kept every top-k token here (20 where transformers keeps 11)."""
+    warpers = pytest.importorskip("transformers.generation.logits_process")
+    logits = torch.randn(1, 5000, generator=torch.Generator().manual_seed(k)) * 3
+    ours = probabilities(logits.clone(), [SamplerState(SamplingParams(temperature=t, top_k=k, top_p=p))])
+    x = warpers.TemperatureLogitsWarper(t)(None, logits.clone())
+    x = warpers.TopPLogitsWarper(p)(None, warpers.TopKLogitsWarper(k)(None, x))
+    want = torch.softmax(x, dim=-1)
+    assert torch.equal(ours > 0, want > 0) and torch.allclose(ours, want, atol=1e-6)

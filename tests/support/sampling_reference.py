@@ -4,10 +4,12 @@ import torch
 
 def plain_top_draw(row: torch.Tensor, k: int, t: float, top_p: float, min_p: float, u: float):
     """The definition in fp64: rank by probability (ties by id), keep the prefix top-k / top-p / min-p allow (the first
-    always), draw in id order where the cumulative sum passes u times the kept total. Also how close the draw and the
-    cut came to a boundary (rounding may go either way there)."""
+    always; top-p of the top-k's mass, renormalised as llama.cpp and transformers), draw in id order where the
+    cumulative sum passes u times the kept total. Also how close the draw and the cut came to a boundary (rounding
+    may go either way there)."""
     p = torch.softmax(row.double() / t, dim=-1)
     order = sorted(range(len(p)), key=lambda i: (-float(p[i]), i))[: k or len(p)]
+    top_p = top_p * sum(float(p[i]) for i in order) if k and top_p < 1 else top_p
     kept, before, margin = [], 0.0, 1.0
     for j, i in enumerate(order):
         pi = float(p[i])
