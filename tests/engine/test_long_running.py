@@ -56,18 +56,24 @@ def test_truncating_a_long_chat_renders_it_a_few_times_not_once_per_message(toke
 
 
 
-def test_a_chat_past_its_context_keeps_room_for_its_answers(tiny_models):
-    """`truncate`, turn after turn past the context: dropping only what kept the prompt under the limit left answers
-    cut by `context_full` a few tokens in; now the oldest turns make room for the answer's max_tokens."""
+def _past_the_context(tiny_models, max_tokens: int, turns: int) -> tuple[list, list]:
+    """A `truncate` chat of `turns` short questions on a 256-token context: each turn's end and ContextUsage."""
     client = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
     client.engine.start()
     try:
         model = client.load(tiny_models["qwen3"].gguf_path)
-        sid = client.open(model, params=SamplingParams(max_tokens=24), overflow="truncate")
-        ends = [client.ask(sid, f"question {k} about rivers and lamps") for k in range(24)]
+        sid = client.open(model, params=SamplingParams(max_tokens=max_tokens), overflow="truncate")
+        ends = [client.ask(sid, f"question {k} about rivers and lamps") for k in range(turns)]
     finally:
         client.engine.shutdown()
-    assert [e.dropped_messages for e in client.all if isinstance(e, ev.ContextUsage)][-1] > 0  # it passed its context
+    return ends, [e for e in client.all if isinstance(e, ev.ContextUsage)]
+
+
+def test_a_chat_past_its_context_keeps_room_for_its_answers(tiny_models):
+    """`truncate`, turn after turn past the context: dropping only what kept the prompt under the limit left answers
+    cut by `context_full` a few tokens in; now the oldest turns make room for the answer's max_tokens."""
+    ends, usage = _past_the_context(tiny_models, max_tokens=24, turns=24)
+    assert usage[-1].dropped_messages > 0  # it passed its context
     assert [e.reason for e in ends if e.reason == "context_full"] == []
     assert all(e.stats.completion_tokens == 24 for e in ends if e.reason == "length")
 
@@ -76,15 +82,7 @@ def test_a_chat_past_its_context_keeps_its_cut_so_later_turns_reuse_the_cache(ti
     """`truncate`: a cut moved by every turn past the context made every such turn prefill its whole prompt again
     (915 of 915 tokens at 1024; 90 s a turn at 8k on a CPU). Cut under half the context and kept while the rest fits,
     most later turns prefill only their new message."""
-    client = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
-    client.engine.start()
-    try:
-        model = client.load(tiny_models["qwen3"].gguf_path)
-        sid = client.open(model, params=SamplingParams(max_tokens=12), overflow="truncate")
-        ends = [client.ask(sid, f"question {k} about rivers and lamps") for k in range(30)]
-    finally:
-        client.engine.shutdown()
-    usage = [e for e in client.all if isinstance(e, ev.ContextUsage)]
+    ends, usage = _past_the_context(tiny_models, max_tokens=12, turns=30)
     past = [k for k, u in enumerate(usage) if u.dropped_messages]
     assert len(past) > 10  # most turns ran past the context
     whole = [k for k in past if ends[k].stats.prefilled_tokens > ends[k].stats.prompt_tokens // 2]
