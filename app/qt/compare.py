@@ -380,6 +380,8 @@ class CompareView(QWidget):
     def promote(self, column: CompareColumn) -> None:
         conv_id = column.conv_id
         settings = self.service.store.get(conv_id).settings
+        # a turn it still waited for would go to the empty chat the column starts again with
+        self._queue = [(c, text) for c, text in self._queue if c is not column]
         self.service.promote(conv_id)
         column.attach(self.service.new_conversation(settings, hidden=True))
         self._save_group()

@@ -201,3 +201,23 @@ def test_a_column_taken_away_while_waiting_its_turn_is_skipped(parley, qtbot):
     view.set_columns(2)  # column C, still waiting for its turn, goes (it has nothing yet)
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)  # C's turn raised KeyError on the deleted chat
     assert [parley.store.path(c)[-1].state for c in convs[:2]] == ["done", "done"] and not parley.store.has(convs[2])
+
+
+def test_a_column_made_a_chat_while_waiting_its_turn_gives_it_up(parley, qtbot):
+    """"Make chat" on a column waiting its turn: the queued prompt went to the new, empty chat the column restarts with."""
+    view = parley.window.compare
+    parley.window.show_compare()
+    view.set_columns(3)
+    for column in view.columns:
+        conv = parley.store.get(column.conv_id)
+        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=6))
+    view.one_at_a_time.setChecked(True)
+    assert view.send("first")
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert view.send("in turns")
+    waiting = view.columns[2]
+    old = waiting.conv_id
+    view.promote(waiting)
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert parley.store.path(waiting.conv_id) == []  # the column's new chat got no prompt of its own
+    assert [m.content for m in parley.store.path(old) if m.role == "user"] == ["first"]
