@@ -131,7 +131,7 @@ class MessageDelegate(QStyledItemDelegate):
     def _key(self, msg: Message) -> tuple:
         versions = self.service.store.versions(msg)
         return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), self.renderer.dark,
-                msg.id in self.shown_thoughts)
+                msg.id in self.shown_thoughts, self.service.busy(msg.conversation_id))
 
     def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
         width = self.text_width()
@@ -143,7 +143,8 @@ class MessageDelegate(QStyledItemDelegate):
                 hit[1].setTextWidth(width)
             return hit[1], hit[2]
         versions = self.service.store.versions(msg)
-        rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=False,
+        # busy: the chat's answer streams, and links it would refuse (Regenerate, Continue) are not shown
+        rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
                                 show_thought=msg.id in self.shown_thoughts)
         doc = SafeDocument()
         doc.setDocumentMargin(0)
@@ -242,6 +243,12 @@ class ChatView(QListView):
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
+        service.status_changed.connect(self._on_status)
+
+    def _on_status(self, conv_id: int) -> None:
+        """A turn starting or ending shows or hides the links a busy chat refuses: the messages on screen drawn again."""
+        if conv_id == self.chat_model.conv_id:
+            self.viewport().update()
 
     def set_conversation(self, conv_id: int | None) -> None:
         self._stick = True

@@ -321,3 +321,17 @@ def test_a_narrow_status_line_ends_in_an_ellipsis_and_keeps_it_all_in_its_toolti
     assert line.text.text() != full and line.text.text().endswith("…")  # elided, not clipped mid-word
     line.resize(1400, 30)
     qtbot.waitUntil(lambda: line.text.text() == full)
+
+
+def test_links_the_chat_would_refuse_while_it_answers_are_not_shown(parley, monkeypatch):
+    """Regenerate showed in a message while its chat answered, and clicking it did nothing (the service refuses)."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "hello")
+    answer = store.add_message(conv, user.id, "assistant", "hi")
+    w.open_chat(conv)
+    assert 'href="regen:"' in w.chat.view.delegate.document(answer)[0].toHtml()
+    monkeypatch.setattr(parley.service, "busy", lambda conv_id: conv_id == conv)
+    assert 'href="regen:"' not in w.chat.view.delegate.document(answer)[0].toHtml()
+    monkeypatch.undo()
+    assert 'href="regen:"' in w.chat.view.delegate.document(answer)[0].toHtml()
