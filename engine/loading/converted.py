@@ -15,6 +15,7 @@ from engine.models.args import ModelArgs
 from engine.tokenizer import Tokenizer
 
 FORMAT = 1
+HASH_CHARS = 17  # "-" and 16 hex digits after the file's stem in an entry's name
 SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # pieces of a file read into its key: 1 MB, spread from its start to its end
 
 
@@ -23,7 +24,7 @@ def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", versi
     entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive)."""
     st = gguf_path.stat()
     key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sampled_digest(gguf_path, st.st_size)}|{version}"
-    return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:HASH_CHARS - 1]}"
 
 
 def _sampled_digest(path: Path, size: int) -> str:
@@ -96,8 +97,20 @@ def drop_older(d: Path, source: str) -> None:
     """Removes the other entries of the same file (an older version of it, or of Parley): one entry per file, so a
     replaced model's converted copy (four bytes a weight) does not stay on disk for good."""
     for entry in d.parent.glob("*"):
-        try:
-            if entry != d and (entry / "source").read_text(encoding="utf-8") == source:
-                shutil.rmtree(entry, ignore_errors=True)
-        except OSError:
-            continue
+        if entry != d and (_written_by(entry) == source or _older_format_of(entry, d)):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _written_by(entry: Path) -> str | None:
+    try:
+        return (entry / "source").read_text(encoding="utf-8")
+    except OSError:
+        return None
+
+
+def _older_format_of(entry: Path, d: Path) -> bool:
+    """A complete entry of a file of the same name without a `source` (older Parleys wrote none): nothing
+    told it apart, so an upgrade left a model's whole converted copy on disk for good; at worst another folder's file
+    of that name is converted again."""
+    same_name = len(entry.name) == len(d.name) and entry.name[:-HASH_CHARS] == d.name[:-HASH_CHARS]
+    return same_name and (entry / "complete").exists() and not (entry / "source").exists()
