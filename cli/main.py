@@ -13,6 +13,7 @@ from engine.errors import ParleyError
 
 
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -26,6 +27,16 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the process's own command line: the process is ours to end
             _end_if_workers_busy(130)
         return 130
+
+
+def _tolerant_streams() -> None:
+    """Text the terminal's encoding cannot hold (an emoji under PYTHONIOENCODING=latin-1 or ascii) is written escaped
+    and input it cannot decode is kept as escapes (see cli.terminal.typed): both raised mid-answer, a traceback."""
+    # surrogateescape too: an ASCII locale Python did not switch to UTF-8 gives stdout that, which still raises
+    for stream, weak, errors in ((sys.stdout, ("strict", "surrogateescape"), "backslashreplace"),
+                                 (sys.stdin, ("strict",), "surrogateescape")):
+        if getattr(stream, "errors", None) in weak and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors=errors)
 
 
 def _end_if_workers_busy(code: int) -> None:

@@ -74,7 +74,7 @@ def generate(args: argparse.Namespace) -> int:
         on_text = _write if stream else None
         turns = []
         for sid, prompt in zip(sessions, args.prompt):
-            turns.append(cli.engine.submit(sid, [{"role": "user", "content": prompt}], params))
+            turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params))
             if args.sequential:
                 cli.run(turns[-1:], on_text)
                 _end_line(cli, turns[-1], stream)
@@ -128,7 +128,7 @@ def chat(args: argparse.Namespace) -> int:
         print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
         while True:
             try:
-                line = input("> ").strip()
+                line = typed(input("> ")).strip()
             except EOFError:
                 return 0
             if not line:
@@ -192,6 +192,16 @@ def keys_held_back(stream) -> Iterator[None]:
     finally:
         termios.tcflush(fd, termios.TCIFLUSH)
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+def typed(text: str) -> str:
+    """A prompt from the command line or standard input as typed: bytes the locale could not decode (an ASCII locale
+    Python did not switch to UTF-8, PYTHONIOENCODING=ascii) arrive as surrogate escapes and are read as UTF-8, not
+    handed to the model as escapes."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte: kept as it came
+        return text
 
 
 def safe_output(text: str) -> str:

@@ -1,0 +1,48 @@
+"""The terminal commands under locales that are not UTF-8: an answer the terminal's encoding cannot hold is written
+escaped (it raised UnicodeEncodeError mid-answer), and a prompt typed as UTF-8 under an ASCII locale reaches the
+model as typed, not as surrogate escapes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from cli.terminal import typed
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "hi 東京 👋"
+
+
+def _run(args: list[str], env: dict[str, str], tmp_path: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PARLEY_HOME": str(tmp_path / "home"), **env}
+    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, input=stdin and stdin.encode(),
+                          capture_output=True, timeout=120)
+
+
+def test_text_the_terminal_cannot_encode_is_written_escaped(tmp_path):
+    code = "from cli.main import _tolerant_streams; _tolerant_streams(); print('東京 👋')"
+    for encoding in ("ascii", "latin-1"):
+        proc = _run(["-c", code], {"PYTHONIOENCODING": encoding}, tmp_path)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.stdout.decode("ascii").strip() == "\\u6771\\u4eac \\U0001f44b"
+
+
+def test_typed_reads_undecoded_bytes_as_utf8():
+    assert typed(PROMPT.encode().decode("ascii", "surrogateescape")) == PROMPT
+    assert typed(PROMPT) == PROMPT
+    assert typed(b"\xff ok".decode("ascii", "surrogateescape")) == "\ufffd ok"  # not UTF-8 either: one mark
+
+
+def _prompt_tokens(tiny_models, tmp_path: Path, env: dict[str, str]) -> int:
+    model = str(tiny_models["qwen3"].gguf_path)
+    proc = _run(["-m", "cli.main", "generate", "--model", model, "--prompt", PROMPT, "--max-tokens", "2", "--json"],
+                env, tmp_path)
+    assert proc.returncode == 0, proc.stderr.decode()
+    return json.loads(proc.stdout.decode().splitlines()[0])["prompt_tokens"]
+
+
+def test_a_prompt_under_an_ascii_locale_reaches_the_model_as_typed(tiny_models, tmp_path):
+    ascii_locale = {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}  # argv arrives surrogate-escaped
+    assert _prompt_tokens(tiny_models, tmp_path, ascii_locale) == _prompt_tokens(tiny_models, tmp_path, {"LC_ALL": "C.UTF-8"})
