@@ -5,6 +5,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.errors import ParleyError
+from engine.loading.default_model import expand_home
+
 
 @dataclass(frozen=True, slots=True)
 class Paths:
@@ -16,7 +19,7 @@ class Paths:
     def resolve(cls, data_dir: str | None = None) -> "Paths":
         root = data_dir or os.environ.get("PARLEY_HOME")
         if root:
-            base = Path(root).expanduser()
+            base = expand_home(root, ParleyError)
             return cls(base, base / "models", base / "cache")
         import platformdirs
 

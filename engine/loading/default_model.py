@@ -5,7 +5,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, ParleyError
 
 DEFAULT_NAME = "default"
 FILE_NAME = "gemma-3-270m-Q4_K_M.gguf"
@@ -43,4 +43,13 @@ def default_model_path(models_dir: Path) -> Path:
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
     """'default' -> the embedded GGUF; anything else is a path to a .gguf file or a HF folder."""
-    return default_model_path(models_dir) if spec == DEFAULT_NAME else Path(spec).expanduser()
+    return default_model_path(models_dir) if spec == DEFAULT_NAME else expand_home(spec)
+
+
+def expand_home(path: str | Path, error: type[ParleyError] = ModelLoadError) -> Path:
+    """`path` with a leading ~ or ~user read as that home folder; `error` (one line) where it names no user's home:
+    Path.expanduser raised RuntimeError, a traceback."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:
+        raise error(f"{path}: {Path(path).parts[0]} is no user's home folder here.") from None

@@ -11,6 +11,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
+from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
@@ -94,7 +95,7 @@ class LoadedModel:
 def load_model(source: str | Path, options: LoadOptions | None = None, progress: Progress | None = None) -> LoadedModel:
     """Loads a .gguf file or a HF folder; errors are ModelLoadError/UnsupportedModelError with a clear message."""
     options = options or LoadOptions()
-    source = Path(source).expanduser()
+    source = expand_home(source)
     start = time.perf_counter()
     if not source.exists():
         raise ModelLoadError(f"Model not found: {source}")

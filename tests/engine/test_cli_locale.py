@@ -46,3 +46,14 @@ def _prompt_tokens(tiny_models, tmp_path: Path, env: dict[str, str]) -> int:
 def test_a_prompt_under_an_ascii_locale_reaches_the_model_as_typed(tiny_models, tmp_path):
     ascii_locale = {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}  # argv arrives surrogate-escaped
     assert _prompt_tokens(tiny_models, tmp_path, ascii_locale) == _prompt_tokens(tiny_models, tmp_path, {"LC_ALL": "C.UTF-8"})
+
+
+
+def test_a_path_naming_no_users_home_is_one_line(tmp_path):
+    """~someone/ for a user this machine does not have: Path.expanduser raised RuntimeError, a traceback."""
+    model, data = "~no-such-user-7/m.gguf", "~no-such-user-7/data"
+    for args, path in ((["generate", "--model", model, "--prompt", "x"], model),
+                       (["--data-dir", data, "generate", "--model", "default", "--prompt", "x"], data)):
+        proc = _run(["-m", "cli.main", *args], {}, tmp_path)
+        assert proc.returncode == 2, proc.stderr.decode()
+        assert proc.stderr.decode().strip() == f"parley: {path}: ~no-such-user-7 is no user's home folder here."
