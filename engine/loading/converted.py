@@ -24,7 +24,7 @@ def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", versi
     entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive)."""
     st = gguf_path.stat()
     key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sampled_digest(gguf_path, st.st_size)}|{version}"
-    return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(key.encode()).hexdigest()[:HASH_CHARS - 1]}"
+    return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(os.fsencode(key)).hexdigest()[:HASH_CHARS - 1]}"
 
 
 def _sampled_digest(path: Path, size: int) -> str:
@@ -77,7 +77,7 @@ def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, t
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    source = str(gguf_path.resolve())
+    source = os.fsencode(gguf_path.resolve())  # bytes: a folder the locale cannot encode (Jöse under LANG=C) too
 
     def fill(tmp: Path) -> None:
         try:
@@ -86,14 +86,14 @@ def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, t
             raise OSError(str(exc)) from exc
         (tmp / "args.json").write_text(json.dumps(args.to_dict()))
         tok.save(tmp / "tokenizer")
-        (tmp / "source").write_text(source, encoding="utf-8")
+        (tmp / "source").write_bytes(source)
 
     d = entry_dir(cache_dir, gguf_path)
     write_entry(d, fill)
     drop_older(d, source)
 
 
-def drop_older(d: Path, source: str) -> None:
+def drop_older(d: Path, source: bytes) -> None:
     """Removes the other entries of the same file (an older version of it, or of Parley): one entry per file, so a
     replaced model's converted copy (four bytes a weight) does not stay on disk for good."""
     for entry in d.parent.glob("*"):
@@ -101,9 +101,9 @@ def drop_older(d: Path, source: str) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _written_by(entry: Path) -> str | None:
+def _written_by(entry: Path) -> bytes | None:
     try:
-        return (entry / "source").read_text(encoding="utf-8")
+        return (entry / "source").read_bytes()
     except OSError:
         return None
 

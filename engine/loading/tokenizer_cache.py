@@ -6,6 +6,7 @@ tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import sys
 from functools import lru_cache
@@ -32,11 +33,11 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
         except TokenizerError:
             shutil.rmtree(d, ignore_errors=True)  # a damaged entry is rebuilt
     tok = tokenizer_from_gguf(gf.metadata)
-    source = str(gf.path.resolve())
+    source = os.fsencode(gf.path.resolve())
 
     def fill(tmp: Path) -> None:
         tok.save(tmp / "tokenizer")
-        (tmp / "source").write_text(source, encoding="utf-8")
+        (tmp / "source").write_bytes(source)
 
     write_entry(d, fill)
     drop_older(d, source)

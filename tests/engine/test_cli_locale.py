@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,19 @@ def test_a_path_naming_no_users_home_is_one_line(tmp_path):
         proc = _run(["-m", "cli.main", *args], {}, tmp_path)
         assert proc.returncode == 2, proc.stderr.decode()
         assert proc.stderr.decode().strip() == f"parley: {path}: ~no-such-user-7 is no user's home folder here."
+
+
+def test_a_model_in_a_folder_the_locale_cannot_encode_is_converted_and_cached(tiny_models, tmp_path):
+    """Under an ASCII locale a folder named Jöse reaches Python as surrogate escapes: the cache's key and its
+    `source` file were encoded as UTF-8 text, which raised, and the model did not load."""
+    folder = tmp_path / "Jöse 模型"
+    folder.mkdir()
+    model = folder / "model file.gguf"
+    shutil.copyfile(tiny_models["qwen3"].gguf_path, model)
+    ascii_locale = {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    for _ in range(2):  # the second load reads the entry the first wrote
+        proc = _run(["-m", "cli.main", "generate", "--weights", "dequantized", "--model", str(model), "--prompt", "x",
+                     "--max-tokens", "1", "--json"], ascii_locale, tmp_path)
+        assert proc.returncode == 0, proc.stderr.decode()
+    (entry,) = (tmp_path / "home" / "cache" / "converted").iterdir()
+    assert (entry / "source").read_bytes() == os.fsencode(model.resolve())

@@ -4,6 +4,8 @@ fails a load."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -49,6 +51,35 @@ def test_a_later_load_reads_the_saved_tokenizer(gguf, tmp_path, monkeypatch):
     assert len(entries) == 1 and (entries[0] / "complete").exists()
     _no_build(monkeypatch)
     _same(gguf_tokenizer(gguf, cache), built)
+
+
+
+LOAD_TWICE = """
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from engine.loading import tokenizer_cache
+from tests.support.gemma import sentencepiece_metadata, train_sentencepiece
+gguf = SimpleNamespace(path=Path(sys.argv[1]), metadata=sentencepiece_metadata(
+    train_sentencepiece(add_dummy_prefix=True), add_space_prefix=True))
+tokenizer_cache.gguf_tokenizer(gguf, Path(sys.argv[2]))
+tokenizer_cache.tokenizer_from_gguf = None  # the second load must read the entry
+tokenizer_cache.gguf_tokenizer(gguf, Path(sys.argv[2]))
+"""
+
+
+def test_a_file_whose_name_the_locale_cannot_encode_is_cached(tmp_path):
+    """Under an ASCII locale "Jöse.gguf" reaches Python as surrogate escapes: the entry's key and `source` were
+    encoded as UTF-8 text, which raised, and the model did not load."""
+    path = tmp_path / "Jöse 模型.gguf"
+    path.write_bytes(b"GGUF stand-in")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    proc = subprocess.run([sys.executable, "-c", LOAD_TWICE, str(path), str(tmp_path / "cache")], env=env, cwd=root,
+                          capture_output=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr.decode()
+    (entry,) = (tmp_path / "cache" / "tokenizers").iterdir()
+    assert (entry / "source").read_bytes() == os.fsencode(path.resolve())
 
 
 def test_a_damaged_entry_is_rebuilt(gguf, tmp_path):
