@@ -166,15 +166,21 @@ def test_a_model_from_the_hugging_face_cache_is_named_by_its_repo(tiny_models, t
     assert registry.candidate(tiny_models["qwen3"].gguf_path).name == "qwen3-f32"
 
 
-def test_one_column_stops_while_the_others_answer_on(parley, qtbot):
-    from tests.app.helpers import wait_idle
-
+def _three_greedy_columns(parley, max_tokens: int):
+    """The compare view shown with three columns answering greedily, up to `max_tokens`."""
     view = parley.window.compare
     parley.window.show_compare()
     view.set_columns(3)
     for column in view.columns:
         conv = parley.store.get(column.conv_id)
-        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=60))
+        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=max_tokens))
+    return view
+
+
+def test_one_column_stops_while_the_others_answer_on(parley, qtbot):
+    from tests.app.helpers import wait_idle
+
+    view = _three_greedy_columns(parley, max_tokens=60)
     assert not view.columns[1].stop_button.isVisibleTo(view)
     view.send("go on")
     convs = [c.conv_id for c in view.columns]
@@ -189,12 +195,7 @@ def test_one_column_stops_while_the_others_answer_on(parley, qtbot):
 
 
 def test_a_column_taken_away_while_waiting_its_turn_is_skipped(parley, qtbot):
-    view = parley.window.compare
-    parley.window.show_compare()
-    view.set_columns(3)
-    for column in view.columns:
-        conv = parley.store.get(column.conv_id)
-        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=6))
+    view = _three_greedy_columns(parley, max_tokens=6)
     view.one_at_a_time.setChecked(True)
     convs = [c.conv_id for c in view.columns]
     assert view.send("in turns")
@@ -205,12 +206,7 @@ def test_a_column_taken_away_while_waiting_its_turn_is_skipped(parley, qtbot):
 
 def test_a_column_made_a_chat_while_waiting_its_turn_gives_it_up(parley, qtbot):
     """"Make chat" on a column waiting its turn: the queued prompt went to the new, empty chat the column restarts with."""
-    view = parley.window.compare
-    parley.window.show_compare()
-    view.set_columns(3)
-    for column in view.columns:
-        conv = parley.store.get(column.conv_id)
-        parley.service.set_settings(column.conv_id, conv.settings.copy(temperature=0.0, max_tokens=6))
+    view = _three_greedy_columns(parley, max_tokens=6)
     view.one_at_a_time.setChecked(True)
     assert view.send("first")
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
