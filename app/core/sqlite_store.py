@@ -486,6 +486,9 @@ def _why(exc: Exception, path: Path) -> str:
         reason = "the disk is full"
     elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
         reason = "the data folder is read-only" if not os.access(path.parent, os.W_OK) else f"{path.name} is read-only"
+    elif isinstance(exc, (FileExistsError, NotADirectoryError)):  # "[Errno 17] File exists" said nothing useful
+        blocking = next((p for p in path.parents if p.is_file()), path.parent)
+        reason = f"{blocking} is a file, not a folder"
     else:
         reason = str(exc)
     return f"Chats cannot be saved to {path} ({reason}); they are kept in memory until Parley quits."

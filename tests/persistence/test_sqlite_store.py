@@ -152,6 +152,9 @@ def test_data_folder_that_cannot_exist(tmp_path):
     blocker.write_text("a file where the folder should be")
     store = SqliteConversationStore(blocker / "parley.db")
     assert not store.persistent and "cannot be saved" in store.warning
+    assert f"({blocker} is a file, not a folder)" in store.warning  # it read "([Errno 17] File exists: …)"
+    nested = SqliteConversationStore(blocker / "deeper" / "parley.db")
+    assert f"({blocker} is a file, not a folder)" in nested.warning
     conv = store.create()
     store.add_message(conv.id, None, "user", "hi")
     assert store.search("hi") == [conv]
