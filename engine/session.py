@@ -102,11 +102,10 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     session's last turn left out (`Session.resume_at`), kept while the rest fits, so its tokens stay cached.
     """
     _check_size(request, raw, overflow, tok, limit)
-    cont = request.continue_final
     if raw:
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
-        ids = tok.apply_chat_template(request.conversation(), continue_final=cont, thinking=request.params.thinking)
+        ids = _render(request, tok)
     if overflow != "truncate" or raw:
         if len(ids) < limit:
             return ids, 0
@@ -116,6 +115,12 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
                                                    alone=_alone(request)))
+
+
+def _render(request: TurnRequest, tok: Tokenizer, skip: int = 0) -> list[int]:
+    """The chat template over the conversation without its `skip` oldest messages."""
+    return tok.apply_chat_template(request.conversation(skip), continue_final=request.continue_final,
+                                   thinking=request.params.thinking)
 
 
 def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,
@@ -130,8 +135,7 @@ def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,
     if len(ids) + room <= limit:
         return ids, 0
     if 0 < resume < len(request.messages) - 1 and request.messages[resume]["role"] == "user":
-        kept = tok.apply_chat_template(request.conversation(resume), continue_final=request.continue_final,
-                                       thinking=request.params.thinking)
+        kept = _render(request, tok, resume)
         if len(kept) + room <= limit:
             return kept, resume
     fitting = _fewest_dropped(request, tok, limit // 2) or _fewest_dropped(request, tok, limit - room + 1)
@@ -148,8 +152,7 @@ def _fewest_dropped(request: TurnRequest, tok: Tokenizer, limit: int) -> tuple[l
     lo, hi, found = 0, len(starts) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        ids = tok.apply_chat_template(request.conversation(starts[mid]), continue_final=request.continue_final,
-                                      thinking=request.params.thinking)
+        ids = _render(request, tok, starts[mid])
         if len(ids) < limit:
             found, hi = (ids, starts[mid]), mid - 1
         else:
