@@ -4,6 +4,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 REPLACEMENT = "\ufffd"
+MAX_HELD = 16  # ids held back at most before settling them: a character spans 4 byte tokens at most
+KEEP = 4  # ids a settle leaves held back: they may still begin a character
 
 
 class IncrementalDetokenizer:
@@ -20,32 +22,48 @@ class IncrementalDetokenizer:
         but the first new id decodes as it would after them (a leading space stays a space)."""
         self._decode = decode
         self._skip_special = skip_special
-        self._ids: list[int] = list(context)
-        self._prefix = 0  # start of the context window; its text up to _read has been emitted
+        self._ids: list[int] = list(context)  # the window: ids whose text was emitted last, then those held back
         self._read = len(self._ids)  # ids before this index have had their text emitted
         self.text = ""
 
     def push(self, token_id: int) -> str:
         """Adds one id and returns the text it completes (possibly empty)."""
         self._ids.append(token_id)
-        new = self._pending()
-        if not new or new.endswith(REPLACEMENT):
-            return ""
-        return self._emit(new)
+        new = self._pending(len(self._ids))
+        if new and not new.endswith(REPLACEMENT):
+            return self._emit(new, len(self._ids))
+        if len(self._ids) - self._read > MAX_HELD:  # a long run of invalid bytes or skipped tokens
+            return self._settle()
+        return ""
 
     def flush(self) -> str:
         """Returns whatever is held back; incomplete byte sequences become U+FFFD."""
-        new = self._pending()
-        return self._emit(new) if new else ""
+        new = self._pending(len(self._ids))
+        return self._emit(new, len(self._ids)) if new else ""
 
-    def _pending(self) -> str:
-        done = self._decode(self._ids[self._prefix : self._read], self._skip_special)
-        full = self._decode(self._ids[self._prefix :], self._skip_special)
+    def _pending(self, end: int) -> str:
+        done = self._decode(self._ids[: self._read], self._skip_special)
+        full = self._decode(self._ids[:end], self._skip_special)
         # Decoding more ids only appends text: the window already emitted is a prefix of the longer one.
         return full[len(done) :]
 
-    def _emit(self, new: str) -> str:
-        self._prefix, self._read = self._read, len(self._ids)
+    def _settle(self) -> str:
+        """Emits the held ids but the last few, or drops them where they add no text, so that the window (and the
+        cost of each push) stays short however long a run of U+FFFD or skipped control tokens grows."""
+        cut = len(self._ids) - KEEP
+        full = self._decode(self._ids, self._skip_special)
+        head = self._decode(self._ids[:cut], self._skip_special)
+        if not full.startswith(head):  # a character runs across the cut: it completes within the kept ids
+            return ""
+        done = self._decode(self._ids[: self._read], self._skip_special)
+        if len(head) > len(done):
+            return self._emit(head[len(done) :], cut)
+        if self._decode(self._ids[: self._read] + self._ids[cut:], self._skip_special) == full:
+            del self._ids[self._read : cut]  # they show nothing, and nothing after them changes without them
+        return ""
+
+    def _emit(self, new: str, end: int) -> str:
+        del self._ids[: self._read]  # the ids just emitted stay as the next window's context
+        self._read = end - self._read
         self.text += new
         return new
-
