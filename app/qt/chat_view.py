@@ -116,7 +116,8 @@ class MessageDelegate(QStyledItemDelegate):
         self.service, self.view = service, view
         self.renderer = MarkdownRenderer(dark=view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
-        self._reported: dict[int, int] = {}  # height last given to the view per message
+        self._reported: dict[int, int] = {}  # height the view's last layout pass placed each message at
+        self.laying_out = False  # set by the view around a layout pass: other sizeHint calls (painting) move nothing
         self._recheck: dict[int, QPersistentModelIndex] = {}
         self.shown_thoughts: set[int] = set()  # messages whose finished thought the user unfolded
         self.renders = 0  # documents built (tests and benchmarks read it)
@@ -168,7 +169,8 @@ class MessageDelegate(QStyledItemDelegate):
             height = int(hit[1].size().height())
         else:
             height = _estimate(msg.content, width)
-        self._reported[msg.id] = height
+        if self.laying_out:
+            self._reported[msg.id] = height
         return QSize(width, height + 2 * PAD + MARGIN)
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
@@ -244,6 +246,13 @@ class ChatView(QListView):
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
         service.status_changed.connect(self._on_status)
+
+    def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
+        self.delegate.laying_out = True
+        try:
+            super().doItemsLayout()
+        finally:
+            self.delegate.laying_out = False
 
     def _on_status(self, conv_id: int) -> None:
         """A turn starting or ending shows or hides the links a busy chat refuses: the messages on screen drawn again."""

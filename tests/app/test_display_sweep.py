@@ -1,0 +1,53 @@
+"""Display and accessibility for demanding users: large fonts, small windows, themes switched at runtime."""
+from __future__ import annotations
+
+import gc
+
+import pytest
+from PySide6.QtGui import QFont
+from PySide6.QtWidgets import QApplication
+
+from tests.app.helpers import start_app
+
+
+@pytest.fixture
+def large_font_app(qtbot, qapp, tiny_models, tmp_path):
+    """The app built under a 20 pt application font (a user's large-text setting)."""
+    normal = QApplication.font()
+    large = QFont(normal)
+    large.setPointSize(20)
+    QApplication.setFont(large)
+    gc.collect()
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    yield app
+    app.bridge.shutdown()
+    QApplication.setFont(normal)
+
+
+def _chat(parley, user: str, answer: str) -> int:
+    store = parley.store
+    conv = parley.service.new_conversation()
+    first = store.add_message(conv, None, "user", user)
+    store.add_message(conv, first.id, "assistant", answer)
+    parley.window.open_chat(conv)
+    return conv
+
+
+def _gaps(view) -> list[int]:
+    """Space between each message and the next as laid out: negative where one is drawn over the other."""
+    model = view.model()
+    rects = [view.visualRect(model.index(r, 0)) for r in range(model.rowCount())]
+    return [b.top() - a.bottom() - 1 for a, b in zip(rects, rects[1:])]
+
+
+def test_messages_never_overlap_after_a_resize_with_a_large_font(large_font_app, qtbot):
+    w = large_font_app.window
+    _chat(large_font_app, "Why is the sky blue? " * 3,
+          "Because of **Rayleigh** scattering.\n\n```python\nprint('hi')\n```\n\nSee [link](https://example.com).")
+    view = w.chat.view
+    qtbot.wait(100)
+    for height in range(600, 720, 12):  # through the height where the messages just overflow the view
+        w.resize(1000, height)
+        qtbot.wait(100)
+        # the scroll bar coming and going at the edge must not leave a message placed by its size estimate
+        assert _gaps(view) == [0], height
