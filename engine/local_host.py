@@ -90,9 +90,20 @@ class LocalHost:
         seq.sampler, seq.max_len = session.sampler, rt.limit
         live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
                 if s is not session and s.seq is not None and s.seq.slot is not None]
-        rt.reuse_prefix(seq, ids, live)
+        rt.reuse_prefix(seq, ids, live, spare=self._spare_idle)
         rt.follow(seq, [s.seq for s in self._sessions.values() if s is not session and s.seq is not None])
         return seq
+
+    def _spare_idle(self, keep: int) -> bool:
+        """Frees the least recently used idle session's slot other than `keep` (the prefix about to be copied), as
+        `_make_room` would once the turn waited: the turn then copies that prefix instead of prefilling it again."""
+        if self.runtime.waiting():
+            return False  # turns queued first get the slots idle sessions give up
+        idle = [s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot not in (None, keep)]
+        if not idle:
+            return False
+        self.runtime.release(min(idle, key=lambda s: s.last_used).seq)
+        return True
 
     def cancel(self, session: Session) -> None:
         self._stop_turn(session, "cancelled")

@@ -77,6 +77,16 @@ class PrefixCache:
             self._parked.move_to_end(best.slot)  # recently used
         return best
 
+    def holds(self, slot: int) -> bool:
+        return slot in self._parked
+
+    def take(self, match: Match) -> int:
+        """The matched parked slot itself, cut to the match: where no slot is free to copy into, the parked prefix
+        becomes the turn's own (it leaves the cache, as it would to make room for the turn)."""
+        del self._parked[match.slot]
+        self.cache.rewind(match.slot, match.length)
+        return match.slot
+
     def adopt(self, match: Match) -> int:
         """A new slot holding the first `match.length` tokens of the matched slot (a copy on the device)."""
         slot = self.cache.seq_clone(match.slot)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -223,9 +224,11 @@ class ModelRuntime:
         else:
             self.release(seq)
 
-    def reuse_prefix(self, seq: Sequence, ids: list[int], live: list[tuple[int, list[int]]]) -> int:
+    def reuse_prefix(self, seq: Sequence, ids: list[int], live: list[tuple[int, list[int]]],
+                     spare: Callable[[int], bool] | None = None) -> int:
         """Before a turn of `ids`: when another slot (`live` (slot, cached tokens) or parked) holds a longer prefix
-        than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached."""
+        than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached.
+        `spare(keep)`: where no slot is free, frees an idle session's slot other than `keep` (the caller's sessions)."""
         own = seq.num_cached if seq.slot is not None else 0
         if not self.share_prefixes:
             return own
@@ -235,7 +238,11 @@ class ModelRuntime:
         if seq.slot is not None:
             self.release(seq)  # its own, shorter prefix makes room for the copy
         elif not self.cache.book.free_slots and not self._unpark_one(keep=match.slot):
-            return 0  # no slot to copy into now: it prefills through admission as before
+            if self.prefixes.holds(match.slot):  # the match is the only parked slot: it becomes the turn's own
+                seq.slot, seq.num_cached = self.prefixes.take(match), match.length
+                return match.length
+            if spare is None or not spare(match.slot):
+                return 0  # no slot to copy into now: it prefills through admission as before
         seq.slot, seq.num_cached = self.prefixes.adopt(match), match.length
         return match.length
 

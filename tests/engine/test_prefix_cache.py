@@ -202,3 +202,19 @@ def test_a_long_prompt_is_snapshotted_before_the_answer_moves_the_rings_on(model
     off = runtime(lm, "sequence")  # the default threshold: a 29-token prompt is not copied
     turn(off, 0, system + prompt(lm, 4, 26))
     assert off.prefixes.parked == 0
+
+
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_a_parked_prefix_seeds_a_turn_when_no_slot_is_free_to_copy_into(models, layout):
+    """Every slot taken, the only parked one holding the new turn's prefix: the turn takes that slot over (it used to
+    prefill everything, then evict the very prefix it needed to get a slot)."""
+    lm = models["llama"]
+    rt = runtime(lm, layout, sessions=2)
+    system = prompt(lm, 30, 28)
+    rt.park(turn(rt, 0, system + prompt(lm, 4, 29)))
+    turn(rt, 1, prompt(lm, 12, 30))  # a live chat holds the other slot
+    assert rt.cache.book.free_slots == 0 and rt.prefixes.parked == 1
+    c_ids = system + prompt(lm, 6, 31)
+    c = turn(rt, 2, c_ids)
+    assert KEPT[2] == len(system) and rt.prefixes.parked == 0
+    assert c.generated == alone(lm, layout, c_ids)
