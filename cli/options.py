@@ -62,8 +62,6 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
     """The EngineConfig of the parsed device options; `sizes` are max_sessions, max_session_tokens..."""
     from engine.runtime import EngineConfig
 
-    from engine.speculative.dflash_net import draft_mode
-
     from engine.errors import ParleyError
 
     from engine.loading.default_model import resolve_model
@@ -73,9 +71,26 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
         return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                             compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,
                             quantize=args.quantize, draft_model=draft,
-                            speculative=draft_mode(draft) if draft is not None else args.speculative, **sizes)
+                            speculative=speculative_mode(args.speculative, draft), **sizes)
     except ValueError as exc:  # options that do not go together: one line, as for any other bad input
         raise ParleyError(str(exc)) from exc
+
+
+def speculative_mode(requested: str, draft: Path | None) -> str:
+    """The mode of --speculative with --draft-model: the one the file implies (draft, or dflash for a DFlash drafter)
+    where --speculative is auto or names it; any other mode would silently not be what was asked, so it is refused."""
+    from engine.speculative.dflash_net import draft_mode
+
+    if draft is None:
+        return requested
+    implied = draft_mode(draft)
+    if requested in ("auto", implied):
+        return implied
+    if requested == "dflash":
+        raise ValueError(f"--speculative dflash needs a DFlash drafter file (training/dflash.py); {draft} is not one")
+    kind = "a DFlash drafter" if implied == "dflash" else "a draft model"
+    raise ValueError(f"--speculative {requested} does not go with --draft-model ({draft.name} is {kind}: "
+                     f"--speculative {implied}, or leave --speculative out)")
 
 
 def sampling_params(args: argparse.Namespace):
