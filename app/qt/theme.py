@@ -4,8 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPalette, QPixmap
+from PySide6.QtCore import QByteArray, QRect, QSize, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QIconEngine, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
 from PySide6.QtWidgets import QApplication
 
@@ -66,16 +66,42 @@ def palette(dark: bool) -> QPalette:
     return p
 
 
-def icon(name: str, color: QColor | str | None = None, size: int = 24) -> QIcon:
-    """An icon from resources/icons, its `currentColor` painted in `color` (the palette's text colour by default)."""
+def icon(name: str, color: QColor | str | None = None) -> QIcon:
+    """An icon from resources/icons, its `currentColor` painted in `color`, or else in the palette's text colour
+    at the time it is drawn (a theme switched at runtime recolours every icon already on screen)."""
     svg = (RESOURCES / "icons" / f"{name}.svg").read_text(encoding="utf-8")
-    if color is None:
-        color = QGuiApplication.palette().color(QPalette.ColorRole.WindowText)
-    svg = svg.replace("currentColor", QColor(color).name())
-    renderer = QSvgRenderer(QByteArray(svg.encode()))
-    pixmap = QPixmap(size * 2, size * 2)
-    pixmap.fill(Qt.GlobalColor.transparent)
-    painter = QPainter(pixmap)
-    renderer.render(painter)
-    painter.end()
-    return QIcon(pixmap)
+    return QIcon(TintedSvgEngine(svg, QColor(color) if color is not None else None))
+
+
+class TintedSvgEngine(QIconEngine):
+    """Draws an SVG whose `currentColor` is a fixed colour or the application palette's text colour."""
+
+    def __init__(self, svg: str, color: QColor | None = None):
+        super().__init__()
+        self._svg, self._color = svg, color
+        self._cache: dict[tuple[str, int, int], QPixmap] = {}
+
+    def color(self, mode: QIcon.Mode = QIcon.Mode.Normal) -> QColor:
+        if self._color is not None:
+            return self._color
+        group = QPalette.ColorGroup.Disabled if mode == QIcon.Mode.Disabled else QPalette.ColorGroup.Active
+        return QGuiApplication.palette().color(group, QPalette.ColorRole.WindowText)
+
+    def paint(self, painter: QPainter, rect: QRect, mode: QIcon.Mode, state: QIcon.State) -> None:
+        painter.drawPixmap(rect, self.pixmap(rect.size(), mode, state))
+
+    def pixmap(self, size: QSize, mode: QIcon.Mode, state: QIcon.State) -> QPixmap:
+        color = self.color(mode).name(QColor.NameFormat.HexArgb)
+        key = (color, size.width(), size.height())
+        if key not in self._cache:
+            renderer = QSvgRenderer(QByteArray(self._svg.replace("currentColor", self.color(mode).name()).encode()))
+            pixmap = QPixmap(size)
+            pixmap.fill(Qt.GlobalColor.transparent)
+            painter = QPainter(pixmap)
+            renderer.render(painter)
+            painter.end()
+            self._cache[key] = pixmap
+        return self._cache[key]
+
+    def clone(self) -> QIconEngine:
+        return TintedSvgEngine(self._svg, self._color)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gc
 
 import pytest
+from PySide6.QtCore import QSize
 from PySide6.QtGui import QFont
 from PySide6.QtWidgets import QApplication
 
@@ -51,3 +52,26 @@ def test_messages_never_overlap_after_a_resize_with_a_large_font(large_font_app,
         qtbot.wait(100)
         # the scroll bar coming and going at the edge must not leave a message placed by its size estimate
         assert _gaps(view) == [0], height
+
+
+def _ink(icon) -> float:
+    """The mean lightness (0–255) of an icon's opaque pixels: what colour it is drawn in."""
+    image = icon.pixmap(QSize(24, 24)).toImage()
+    shades = [image.pixelColor(x, y).lightness() for x in range(image.width()) for y in range(image.height())
+              if image.pixelColor(x, y).alpha() > 200]
+    assert shades, "the icon draws nothing"
+    return sum(shades) / len(shades)
+
+
+def test_icons_take_the_new_themes_colour_when_it_is_switched_at_runtime(parley):
+    w = parley.window
+    w.set_theme("light")
+    icons = {"new chat": w.sidebar.new_button, "chat settings": w.chat.settings_button,
+             "new comparison": w.compare.clear_button, "live stop": w.live_panel.stop_button}
+    assert all(_ink(b.icon()) < 100 for b in icons.values())
+    w.set_theme("dark")
+    # drawn dark on a dark button they were all but invisible until a restart
+    assert {name: _ink(b.icon()) > 150 for name, b in icons.items()} == dict.fromkeys(icons, True)
+    assert _ink(w.sidebar._icons["pin"]) > 150
+    w.set_theme("light")
+    assert _ink(w.sidebar.new_button.icon()) < 100
