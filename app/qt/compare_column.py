@@ -72,6 +72,7 @@ class CompareColumn(QFrame):
     def set_letter(self, letter: str) -> None:
         self.letter = letter
         self.settings_button.setToolTip(self.tr("Settings of column %1").replace("%1", letter))
+        self.settings_button.setAccessibleName(self.tr("Settings of column %1").replace("%1", letter))  # icon only
         self.stop_button.setAccessibleName(self.tr("Stop column %1").replace("%1", letter))
         self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
         self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))

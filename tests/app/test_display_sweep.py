@@ -5,8 +5,8 @@ import gc
 
 import pytest
 from PySide6.QtCore import QSize
-from PySide6.QtGui import QFont
-from PySide6.QtWidgets import QApplication
+from PySide6.QtGui import QAccessible, QFont
+from PySide6.QtWidgets import QAbstractButton, QApplication
 
 from tests.app.helpers import start_app
 
@@ -75,3 +75,16 @@ def test_icons_take_the_new_themes_colour_when_it_is_switched_at_runtime(parley)
     assert _ink(w.sidebar._icons["pin"]) > 150
     w.set_theme("light")
     assert _ink(w.sidebar.new_button.icon()) < 100
+
+
+def test_every_button_a_screen_reader_meets_has_a_name(parley, qtbot):
+    w = parley.window
+    w.show_compare()
+    w.compare.set_columns(3)
+    qtbot.wait(50)
+    buttons = [b for b in w.findChildren(QAbstractButton) if b.isVisibleTo(w)]
+    nameless = [(type(b.parent()).__name__, b.toolTip()) for b in buttons
+                if not QAccessible.queryAccessibleInterface(b).text(QAccessible.Text.Name).strip()]
+    assert buttons and nameless == []
+    names = [QAccessible.queryAccessibleInterface(c.settings_button).text(QAccessible.Text.Name) for c in w.compare.columns]
+    assert names == ["Settings of column A", "Settings of column B", "Settings of column C"]
