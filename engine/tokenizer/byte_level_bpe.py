@@ -16,6 +16,11 @@ LLAMA3_SPLIT = (
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 QWEN2_SPLIT = LLAMA3_SPLIT.replace(r"\p{N}{1,3}", r"\p{N}")
+# Qwen 3.5: combining marks (Thai, Devanagari vowel signs) stay in their word, never start a symbol run
+QWEN35_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
+    r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 # o200k (GPT-4o, Phi-4-mini, Llama 4): a word's case run and its contraction stay one piece, "/" joins a symbol run
 _UPPER, _LOWER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
@@ -91,11 +96,13 @@ def pre_tokenizer_style(pre: str) -> PreTokenizerStyle:
         return PreTokenizerStyle(r"\p{N}{1,3}", then=("[一-龥\u3040-ゟ゠-ヿ]+", DEEPSEEK3_SPLIT))
     if pre == "seed-coder":
         return PreTokenizerStyle(SEED_CODER_SPLIT)
-    if pre in ("dbrx", "smaug-bpe"):  # cl100k vocabularies: Llama 3's split, merges applied as usual
+    if pre in ("dbrx", "smaug-bpe", "chatglm-bpe", "glm4"):  # cl100k-style (and GLM-4's): Llama 3's split, merges as usual
         return PreTokenizerStyle(LLAMA3_SPLIT)
     if pre in ("gpt-4o", "llama4"):
         return PreTokenizerStyle(GPT4O_SPLIT)
-    if pre in ("qwen2", "qwen3", "deepseek-r1-qwen", "qwen35", "megrez", "stablelm2"):  # the R1 distills of Qwen 2.5
+    if pre == "qwen35":
+        return PreTokenizerStyle(QWEN35_SPLIT, nfc=True)
+    if pre in ("qwen2", "qwen3", "deepseek-r1-qwen", "megrez", "stablelm2"):  # the R1 distills of Qwen 2.5
         return PreTokenizerStyle(QWEN2_SPLIT, nfc=True)
     if pre in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"):  # Granite 3: refact
         return PreTokenizerStyle(GPT2_SPLIT, single_digits=True)
