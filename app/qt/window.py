@@ -5,7 +5,7 @@ import time
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QIcon, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
     QStackedWidget,
@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         models.already_there.connect(self._on_already_there)
         self.dark = False
         self.set_theme(settings.theme)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
         self._restore_geometry()
 
     # -- chats
@@ -290,6 +291,11 @@ class MainWindow(QMainWindow):
             view.set_dark(self.dark)
         for action in self._theme_actions.actions():
             action.setChecked(action.data() == mode)
+
+    def _on_color_scheme(self, _scheme: Qt.ColorScheme) -> None:
+        """The desktop went light or dark (at sunset, say): a window set to follow it follows it now."""
+        if self.app_settings.theme == "system":
+            self.set_theme("system")
 
     def _save_theme(self, mode: str) -> None:
         self.set_theme(mode)

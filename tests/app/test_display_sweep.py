@@ -4,8 +4,8 @@ from __future__ import annotations
 import gc
 
 import pytest
-from PySide6.QtCore import QSize
-from PySide6.QtGui import QAccessible, QFont
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QAccessible, QFont, QGuiApplication, QPalette
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
 from tests.app.helpers import start_app
@@ -88,3 +88,21 @@ def test_every_button_a_screen_reader_meets_has_a_name(parley, qtbot):
     assert buttons and nameless == []
     names = [QAccessible.queryAccessibleInterface(c.settings_button).text(QAccessible.Text.Name) for c in w.compare.columns]
     assert names == ["Settings of column A", "Settings of column B", "Settings of column C"]
+
+
+def test_the_system_theme_is_followed_when_the_desktop_switches_while_parley_runs(parley, monkeypatch):
+    from app.qt import theme
+
+    w = parley.window
+    desktop = {"dark": False}
+    # the offscreen platform has no colour scheme to switch: the test answers for the desktop and sends its signal
+    monkeypatch.setattr(theme, "is_dark", lambda mode: mode == "dark" or (mode == "system" and desktop["dark"]))
+    w.set_theme("system")
+    assert not w.dark
+    desktop["dark"] = True
+    QGuiApplication.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
+    assert w.dark and w.chat.view.delegate.renderer.dark
+    assert QGuiApplication.palette().color(QPalette.ColorRole.Base).lightness() < 80
+    w.set_theme("light")  # a theme the user picked stays, whatever the desktop does
+    QGuiApplication.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
+    assert not w.dark
