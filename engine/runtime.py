@@ -28,10 +28,9 @@ from engine.session import common_prefix
 from engine.speculative import Drafter, check_mode, make_drafter
 from engine.speculative.dflash import DFlashDrafter
 from engine.speculative.dflash_net import DFlashNet
-from engine.speculative.draft_model import DraftModel
+from engine.speculative.draft_model import DraftModel, mismatch
 
 
-VOCAB_PROBE = "Parley drafts: 12,345 naïve cafés — ünïcode, code() {}\n"  # a draft model must tokenise this alike
 SNAPSHOT_MIN_TOKENS = 256  # prompts at least this long keep a parked copy when the cache has sliding rings
 FOLLOW_MIN_GAIN = 32  # tokens a leader's prefix must save before a turn waits for it (shorter: prefill at once)
 
@@ -353,12 +352,12 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
 def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> Drafter | None:
     """The draft model's drafter: its own runtime, as many slots as the target's, no prefix cache, no drafter. A
     draft model whose tokenizer differs cannot draft: the model loads with prompt lookup and a one-line notice."""
-    if draft.args.vocab_size != lm.args.vocab_size or draft.tokenizer.encode(VOCAB_PROBE) != lm.tokenizer.encode(VOCAB_PROBE):
-        lm.notices.append(f"{draft.name} cannot draft for {lm.name}: their tokenizers differ ({draft.args.vocab_size:,} "
-                          f"and {lm.args.vocab_size:,} tokens); drafting from the prompt instead.")
+    why = mismatch(draft, lm)
+    if why is not None:
+        lm.notices.append(f"{draft.name} cannot draft for {lm.name}: {why}; drafting from the prompt instead.")
         return make_drafter("lookup")
     own = replace(config, speculative="off", draft_model=None, prefix_cache=False)
-    return DraftModel(build_runtime(draft, own, keep_finished=True))
+    return DraftModel(build_runtime(draft, own, keep_finished=True), vocab=lm.args.vocab_size)
 
 
 def dflash_drafter(lm: LoadedModel, net: DFlashNet, batcher: Batcher) -> Drafter | None:

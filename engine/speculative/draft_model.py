@@ -20,6 +20,19 @@ from engine.speculative.drafter import Paced, Pacing, PacingConfig
 
 log = logging.getLogger(__name__)
 
+PROBE = "Parley drafts: 12,345 naïve cafés — ünïcode, code() {}\n"  # a draft model must tokenise this alike
+# rows past the tokenizer's that pad an embedding: Qwen2.5 to 7B has 151,936, from 14B 152,064 (one tokenizer)
+PADDING_ROWS = 128
+
+
+def mismatch(draft, target) -> str | None:
+    """Why `draft` (a LoadedModel) cannot draft for `target`: their tokenizers differ; None where it can. Vocabulary
+    sizes may differ by padding rows; drafts past the target's are cut (DraftModel's `vocab`)."""
+    a, b = draft.args.vocab_size, target.args.vocab_size
+    if abs(a - b) > PADDING_ROWS or draft.tokenizer.encode(PROBE) != target.tokenizer.encode(PROBE):
+        return f"their tokenizers differ ({a:,} and {b:,} tokens)"
+    return None
+
 
 @dataclass(slots=True)
 class _State:
@@ -30,9 +43,10 @@ class _State:
 class DraftModel(Paced):
     name = "draft"
 
-    def __init__(self, runtime, pacing: PacingConfig | None = None):
-        """`runtime`: the draft model's ModelRuntime, built with keep_finished=True and no drafter of its own."""
-        self.runtime = runtime
+    def __init__(self, runtime, pacing: PacingConfig | None = None, vocab: int | None = None):
+        """`runtime`: the draft model's ModelRuntime, built with keep_finished=True and no drafter of its own; `vocab`:
+        the target's vocabulary size, where the draft model's is larger (padding rows the target lacks)."""
+        self.runtime, self.vocab = runtime, vocab
         self.pacing = pacing or PacingConfig()
         self.max_sequences = self.pacing.most_sequences
         self._shadows: OrderedDict[int, Sequence] = OrderedDict()  # id(shadow) -> shadow, least recently used first
@@ -55,7 +69,14 @@ class DraftModel(Paced):
             self.runtime.fail_in_flight()
             return
         for seq, shadow, k in batch:
-            seq.draft = list(shadow.generated[:k])
+            seq.draft = self._within_vocab(shadow.generated[:k])
+
+    def _within_vocab(self, draft: list[int]) -> list[int]:
+        """The draft up to its first token the target has no row for (it could not even be verified)."""
+        for i, token in enumerate(draft):
+            if self.vocab is not None and token >= self.vocab:
+                return draft[:i]
+        return list(draft)
 
     def _state(self, seq: Sequence) -> _State:
         state = seq.draft_state
@@ -71,8 +92,12 @@ class DraftModel(Paced):
         """Points the shadow at the target's tokens (keeping its cached prefix) and schedules k greedy tokens; False
         when no cache slot can be had."""
         rt = self.runtime
+        keep = 0
         if shadow.slot is not None:
             keep = min(common_prefix(seq.token_ids, shadow.token_ids[: shadow.num_cached]), len(seq.token_ids) - 1)
+        if max(seq.token_ids[keep:]) >= rt.lm.args.vocab_size:
+            return False  # a token of the target's padding rows, which the draft model lacks: it cannot run them
+        if shadow.slot is not None:
             rt.keep_prefix(shadow, keep)
         else:
             waiting = sum(s.slot is None for _, s, _ in batch)  # earlier shadows of this batch not admitted yet

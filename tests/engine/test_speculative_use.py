@@ -46,3 +46,45 @@ def test_a_mode_the_draft_model_file_cannot_serve_is_refused_in_one_line(files, 
     with pytest.raises(ParleyError, match=words) as info:
         _config("--speculative", mode, "--draft-model", str(files[file]))
     assert "\n" not in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def padded_pair(tmp_path_factory):
+    """One tokenizer, two embedding sizes: the second model has 128 padding rows more (as Qwen2.5 14B+ against 7B and
+    smaller: 152,064 and 151,936)."""
+    import json
+
+    from tests.support.tiny_models import make_tiny_hf
+
+    root = tmp_path_factory.mktemp("padded")
+    small = make_tiny_hf("llama", root / "small")
+    vocab = json.loads((small / "config.json").read_text())["vocab_size"]
+    return small, make_tiny_hf("llama", root / "padded", config={"vocab_size": vocab + 128})
+
+
+def _answer(model, **config):
+    from engine import events as ev
+    from engine.runtime import EngineConfig
+    from engine.sampling import SamplingParams
+    from tests.support.engine_client import Client
+
+    c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16, **config))
+    with c.engine:
+        model_id = c.load(model)
+        info = c.wait_for(lambda e: isinstance(e, ev.ModelLoaded)).info
+        sid = c.open(model_id, params=SamplingParams(max_tokens=40), raw=True)
+        return info, c.ask(sid, "one two three four five six " * 3)
+
+
+@pytest.mark.parametrize("order", ["padded target", "padded draft"])
+def test_a_draft_model_whose_vocabulary_differs_by_padding_rows_drafts(padded_pair, order, caplog):
+    """Such a pair was refused ("their tokenizers differ"), and drafts of the padded draft model's extra rows, or a
+    padded target's tokens the draft model lacks, would fail the turn (an embedding index out of range)."""
+    small, padded = padded_pair
+    target, draft = (padded, small) if order == "padded target" else (small, padded)
+    _, plain = _answer(target, speculative="off")
+    info, drafted = _answer(target, speculative="draft", draft_model=draft)
+    assert info["speculative"] == "draft" and not info["notices"]
+    assert drafted.text == plain.text and drafted.stats.completion_tokens == plain.stats.completion_tokens
+    assert drafted.stats.drafted_tokens > 0
+    assert "draft model step failed" not in caplog.text  # it never ran a token it has no row for
