@@ -101,4 +101,15 @@ def check_fits(needed: int, device: str, name: str) -> None:
     free = available_bytes(device)
     if needed + HEADROOM > free:
         where = "GPU memory" if device.startswith("cuda") else "memory"
-        raise ModelLoadError(f"{name} needs ~{needed / 2**30:.1f} GB, {free / 2**30:.1f} GB of {where} free.")
+        # the need named includes the headroom: "needs ~0.4 GB, 0.6 GB free" read as a refusal of a model that fits
+        need, have = _gb_pair(needed + HEADROOM, free)
+        raise ModelLoadError(f"{name} needs ~{need} GB, {have} GB of {where} free.")
+
+
+def _gb_pair(need: int, free: int) -> tuple[str, str]:
+    """Both sizes in GB with one decimal, or two where one would show them equal (0.75 GB vs 0.72 GB)."""
+    for digits in (1, 2):
+        pair = (f"{need / 2**30:.{digits}f}", f"{free / 2**30:.{digits}f}")
+        if pair[0] != pair[1]:
+            break
+    return pair
