@@ -15,7 +15,9 @@ from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import open_gguf
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
-from engine.memory import available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory
+from engine.memory import (
+    LOAD_SCRATCH, available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory,
+)
 from engine.models import architecture
 from engine.models.moe import keeps_fp32
 from engine.models.args import ModelArgs, fit_context
@@ -256,6 +258,9 @@ def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
     CUDA, one matrix at a time), the GPU its formats or its dtype."""
     cuda = options.device.startswith("cuda")
     staging = gguf_estimate(gf.tensors, args.vocab_size, options.quantized, 4, staged=cuda and options.quantized)
+    if not cuda and not options.quantized and options.torch_dtype.itemsize != 4:
+        # build_model makes each fp32 tensor a `dtype` copy while the fp32 dict is alive: both at the peak
+        staging += gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize) - LOAD_SCRATCH
     check_fits(staging, "cpu", name)
     if cuda:
         final = gguf_estimate(gf.tensors, 0, options.quantized, options.torch_dtype.itemsize, device=options.device)

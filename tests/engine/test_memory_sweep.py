@@ -25,3 +25,20 @@ def test_refusal_names_a_need_larger_than_what_is_free(monkeypatch, needed_gb, f
         check_fits(int(needed_gb * 2**30), "cpu", "m.gguf")
     need, free = _sizes(str(err.value))
     assert need > free
+
+
+def test_dequantized_bfloat16_on_the_cpu_counts_the_fp32_read_and_its_copy(tiny_models_q8, monkeypatch):
+    """`--weights dequantized --dtype bfloat16` on the CPU holds the fp32 tensors read from the file and their bf16
+    copies at once (measured on a Llama-1B-shaped Q4_K_M file: 7.5 GB at the peak, estimated 5.1): free memory that
+    covers only the fp32 read is refused, not an out-of-memory kill halfway through."""
+    from engine.loading.gguf_file import open_gguf
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.memory import HEADROOM, gguf_estimate
+
+    path = tiny_models_q8["llama"].gguf_path
+    lm = load_model(path, LoadOptions(weights="dequantized", dtype="bfloat16"))
+    fp32 = gguf_estimate(open_gguf(path).tensors, lm.args.vocab_size, False, 4)
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: fp32 + HEADROOM + lm.weight_bytes() // 2)
+    with pytest.raises(ModelLoadError, match="needs"):
+        load_model(path, LoadOptions(weights="dequantized", dtype="bfloat16"))
+    load_model(path, LoadOptions(weights="dequantized", dtype="float32"))  # the fp32 load alone still fits
