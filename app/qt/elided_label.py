@@ -20,6 +20,7 @@ class ElidedLabel(QLabel):
         self._full = text
         self.setToolTip(text if text else "")
         self._elide()
+        self.updateGeometry()  # the size hint is the full text's: a layout must hear of it even when "…" stays "…"
 
     def full_text(self) -> str:
         return self._full

@@ -7,7 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QIcon, QKeySequence
 from PySide6.QtWidgets import (
-    QApplication, QFileDialog, QLabel, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
+    QApplication, QFileDialog, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
     QStackedWidget,
 )
 
@@ -17,6 +17,7 @@ from app.qt.about import show_about
 from app.qt.chat_page import ChatPage
 from app.core.chats import ChatService
 from app.qt.compare import CompareView
+from app.qt.elided_label import ElidedLabel
 from app.qt.live_panel import LivePanel
 from app.qt.model_manager import ModelManager
 from app.qt.models_dialog import ModelsDialog
@@ -249,7 +250,8 @@ class MainWindow(QMainWindow):
         self.undo_button.setToolTip(self.tr("Bring back the chat just deleted (Ctrl+Shift+Z)"))
         self.undo_button.clicked.connect(self.undo_delete)
         self.undo_button.hide()
-        self.load_label = QLabel()
+        self.load_label = ElidedLabel()  # a long model name ends in "…" (its tooltip has it all), never cut mid-word
+        self.load_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
         self.load_progress = QProgressBar(maximumWidth=240, maximumHeight=14)
         self.load_progress.setRange(0, 100)
         self.load_progress.setAccessibleName(self.tr("Model loading progress"))

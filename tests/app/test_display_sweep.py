@@ -106,3 +106,23 @@ def test_the_system_theme_is_followed_when_the_desktop_switches_while_parley_run
     w.set_theme("light")  # a theme the user picked stays, whatever the desktop does
     QGuiApplication.styleHints().colorSchemeChanged.emit(Qt.ColorScheme.Dark)
     assert not w.dark
+
+
+def test_a_long_model_name_loading_is_elided_in_the_status_bar_not_cut(parley, qtbot):
+    from app.core.model_registry import ModelEntry
+    from app.qt.model_manager import ModelState
+
+    w, models = parley.window, parley.models
+    name = "Very-Long-Model-Name-" + "x" * 160 + "-Instruct-Q4_K_M"
+    entry = ModelEntry("/models/long.gguf", name, "/models/long.gguf", "gguf")
+    models.states[entry.key] = ModelState(entry, stage="Reading model file")
+    w.resize(640, 480)
+    models.changed.emit(entry.key)
+    qtbot.wait(50)
+    label = w.load_label
+    shown = label.text()
+    assert w.width() == 640 and shown.endswith("…")
+    assert label.fontMetrics().horizontalAdvance(shown) <= label.width()  # all of it on screen, nothing clipped
+    assert name in label.toolTip()
+    del models.states[entry.key]
+    models.changed.emit(entry.key)

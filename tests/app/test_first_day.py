@@ -415,9 +415,9 @@ def test_loading_shows_time_passing_and_a_moving_bar(parley, qtbot):
     state.started -= 12
     models.changed.emit(entry.key)
     assert w.load_progress.isVisible() and w.load_progress.maximum() == 0  # busy: the bar moves by itself
-    assert "Reading model file" in w.load_label.text() and "12 s" in w.load_label.text()
+    assert "Reading model file" in w.load_label.full_text() and "12 s" in w.load_label.full_text()
     state.started -= 3
-    qtbot.waitUntil(lambda: "15 s" in w.load_label.text(), timeout=3000)  # no new event: the seconds still count
+    qtbot.waitUntil(lambda: "15 s" in w.load_label.full_text(), timeout=3000)  # no new event: the seconds still count
     state.fraction = 0.4
     models.changed.emit(entry.key)
     assert w.load_progress.maximum() == 100 and w.load_progress.value() == 40
