@@ -24,8 +24,7 @@ class StatusLine(QWidget):
         self.text.setAccessibleName(tr("Chat status"))
         self.text.setMinimumWidth(80)
         self.meter = QProgressBar(objectName="contextMeter")
-        self.meter.setMinimumWidth(110)
-        self.meter.setMaximumWidth(220)
+        self.meter.setMaximumHeight(max(14, self.meter.fontMetrics().height()))  # slim, but a large font's figures whole
         self.meter.setTextVisible(True)
         self.meter.setAccessibleName(tr("Context used"))
         layout = QHBoxLayout(self)
@@ -46,6 +45,7 @@ class StatusLine(QWidget):
         self.meter.setRange(0, limit)
         self.meter.setValue(min(s.context_used, limit))
         self.meter.setFormat(f"{s.context_used:,} / {s.context_limit:,}" if s.context_limit else "—")
+        self._fit_meter()
         dropped = tr("; %1 oldest messages left out").replace("%1", str(s.dropped_messages)) if s.dropped_messages else ""
         self.meter.setToolTip(tr("This chat's share of the context window") + dropped + self._why_limit(s.context_limit))
         if s.state in TICKING and not self._ticker.isActive():
@@ -53,6 +53,11 @@ class StatusLine(QWidget):
         elif s.state not in TICKING:
             self._ticker.stop()
 
+    def _fit_meter(self) -> None:
+        """Wide enough for its figures (a large font or a long context), else 110–220 px."""
+        need = self.meter.fontMetrics().horizontalAdvance(self.meter.text()) + 16
+        self.meter.setMinimumWidth(max(110, need))
+        self.meter.setMaximumWidth(max(220, need))
 
     def _why_limit(self, limit: int) -> str:
         """Why a chat holds `limit` tokens (the terminal chat holds more: it has the memory to itself)."""

@@ -252,7 +252,8 @@ class MainWindow(QMainWindow):
         self.undo_button.hide()
         self.load_label = ElidedLabel()  # a long model name ends in "…" (its tooltip has it all), never cut mid-word
         self.load_label.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
-        self.load_progress = QProgressBar(maximumWidth=240, maximumHeight=14)
+        self.load_progress = QProgressBar(maximumWidth=240)
+        self.load_progress.setMaximumHeight(max(14, self.load_progress.fontMetrics().height()))  # its "40%" whole
         self.load_progress.setRange(0, 100)
         self.load_progress.setAccessibleName(self.tr("Model loading progress"))
         self.statusBar().addPermanentWidget(self.undo_button)

@@ -126,3 +126,18 @@ def test_a_long_model_name_loading_is_elided_in_the_status_bar_not_cut(parley, q
     assert name in label.toolTip()
     del models.states[entry.key]
     models.changed.emit(entry.key)
+
+
+def test_a_large_font_keeps_the_context_meter_and_load_bar_readable(large_font_app, qtbot):
+    from app.core.live import ChatStatus
+
+    w = large_font_app.window
+    meter = w.chat.status.meter
+    w.chat.status.show_status(ChatStatus(model="m", context_used=12_345, context_limit=40_960))
+    qtbot.wait(50)
+    text = meter.text()
+    assert text == "12,345 / 40,960"
+    # the style sheet held both bars at 14 px whatever the font: a 20 pt figure was cut through the middle
+    assert meter.height() >= meter.fontMetrics().height()
+    assert meter.width() >= meter.fontMetrics().horizontalAdvance(text)
+    assert w.load_progress.maximumHeight() >= w.load_progress.fontMetrics().height()
