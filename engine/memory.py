@@ -73,12 +73,13 @@ def gguf_estimate(tensors, vocab_size: int, quantized: bool, float_bytes: int, d
 
 
 def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, float_bytes: int,
-                quantize: str | None, device: str, mxfp4: bool = False) -> tuple[int, int]:
+                quantize: str | None, device: str, mxfp4: bool = False, mapped: bool = False) -> tuple[int, int]:
     """(CPU bytes at the load's peak, bytes on `device` after it) for a Hugging Face folder's tensors (shape, bytes
     per element as stored): the shards are read whole, then each tensor is converted to the runtime's dtype (or
     quantized, `quantize` "q8"/"q4" on the CPU) while the read copy is still alive. `mxfp4`: MXFP4 tensors (half a
-    byte an element as stored) stay 4-bit in the runtime's MXFP4 format."""
-    stored = final = 0
+    byte an element as stored) stay 4-bit in the runtime's MXFP4 format. `mapped`: a tensor stored in the runtime's
+    dtype is used as read, without a copy (a converted-cache entry's), so it counts once on the CPU."""
+    stored = final = kept = 0
     for shape, elem in shapes:
         n = 1
         for d in shape:
@@ -90,9 +91,10 @@ def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, floa
             final += quantize_bytes(quantize, shape[0], shape[1])
         else:
             final += n * float_bytes
+            kept += n * float_bytes if mapped and elem == float_bytes else 0
     extra = LOAD_SCRATCH + vocab_size * TOKENIZER_BYTES_PER_TOKEN
     if device == "cpu":
-        return stored + final + extra, final
+        return stored + final - kept + extra, final
     return stored + extra, final
 
 

@@ -56,8 +56,9 @@ def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load(cache_dir: Path, gguf_path: Path):
-    """(args, weights, tokenizer) from the cache, or None when absent or unreadable."""
+def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], None] | None = None):
+    """(args, weights, tokenizer) from the cache, or None when absent or unreadable. `check(args, weights file)` runs
+    before the weights are read: its error (a model that does not fit) is the caller's, the entry stays."""
     from safetensors.torch import load_file
 
     d = entry_dir(cache_dir, gguf_path)
@@ -65,6 +66,12 @@ def load(cache_dir: Path, gguf_path: Path):
         return None
     try:
         args = ModelArgs.from_dict(json.loads((d / "args.json").read_text()))
+    except Exception:
+        shutil.rmtree(d, ignore_errors=True)  # a damaged entry is rebuilt from the GGUF
+        return None
+    if check is not None:
+        check(args, d / "model.safetensors")
+    try:
         weights = load_file(str(d / "model.safetensors"))
         tok = Tokenizer.load(d / "tokenizer")
     except Exception:

@@ -66,25 +66,29 @@ HEADER_LIMIT = 100 << 20  # a safetensors header is JSON of names and shapes: la
 
 def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], float]]:
     """(shape, bytes per element) of every tensor in the folder's shards, from their headers alone (nothing loads)."""
+    return [shape for f in safetensor_files(folder) for shape in file_tensor_shapes(f)]
+
+
+def file_tensor_shapes(f: Path) -> list[tuple[tuple[int, ...], float]]:
+    """(shape, bytes per element) of every tensor in one safetensors file, from its header alone."""
     out = []
-    for f in safetensor_files(folder):
-        with f.open("rb") as fh:
-            size = int.from_bytes(fh.read(8), "little")
-            if not 0 < size <= HEADER_LIMIT:
-                raise ModelLoadError(f"{f.name} is not a safetensors file (header of {size} bytes).")
-            try:
-                header = json.loads(fh.read(size))
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: {exc})") from exc
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            shape = tuple(int(d) for d in info["shape"])
-            if name.endswith("_blocks") and info["dtype"] == "U8" and len(shape) >= 2:  # MXFP4 (gpt-oss): 2 per byte
-                shape = (*shape[:-2], shape[-2] * shape[-1] * 2)
-                out.append((shape, 0.5))
-            else:
-                out.append((shape, SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))
+    with f.open("rb") as fh:
+        size = int.from_bytes(fh.read(8), "little")
+        if not 0 < size <= HEADER_LIMIT:
+            raise ModelLoadError(f"{f.name} is not a safetensors file (header of {size} bytes).")
+        try:
+            header = json.loads(fh.read(size))
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: {exc})") from exc
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        shape = tuple(int(d) for d in info["shape"])
+        if name.endswith("_blocks") and info["dtype"] == "U8" and len(shape) >= 2:  # MXFP4 (gpt-oss): 2 per byte
+            shape = (*shape[:-2], shape[-2] * shape[-1] * 2)
+            out.append((shape, 0.5))
+        else:
+            out.append((shape, SAFETENSORS_DTYPE_BYTES.get(info["dtype"], 4)))
     return out
 
 

@@ -267,10 +267,20 @@ def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
         check_fits(final, options.device, name)
 
 
+def _check_converted(args: ModelArgs, weights_file: Path, options: LoadOptions, name: str) -> None:
+    """Refuses a converted copy that cannot fit, as the file it came from would be (its fp32 tensors are used as read
+    when the runtime's dtype is fp32, copied to it otherwise)."""
+    staging, final = hf_estimate(hf_folder.file_tensor_shapes(weights_file), args.vocab_size,
+                                 options.torch_dtype.itemsize, None, options.device, mapped=True)
+    check_fits(staging, "cpu", name)
+    if options.device.startswith("cuda"):
+        check_fits(final, options.device, name)
+
+
 def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None):
     cache_dir = options.cache_dir
     if cache_dir is not None:
-        hit = converted.load(cache_dir, path)
+        hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, path.name))
         if hit is not None:
             return (*hit, "converted-cache")
     args, weights, tok = _read_gguf(path, progress, options)

@@ -42,3 +42,34 @@ def test_dequantized_bfloat16_on_the_cpu_counts_the_fp32_read_and_its_copy(tiny_
     with pytest.raises(ModelLoadError, match="needs"):
         load_model(path, LoadOptions(weights="dequantized", dtype="bfloat16"))
     load_model(path, LoadOptions(weights="dequantized", dtype="float32"))  # the fp32 load alone still fits
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_converted_copy_is_refused_as_its_file_is(tiny_models_q8, tmp_path, monkeypatch, dtype):
+    """A dequantized model read back from the converted cache was loaded without any estimate (on CUDA straight
+    onto a GPU that may not hold it): it is refused as the GGUF file is, and its entry stays for a later load."""
+    from engine.loading.loader import LoadOptions, load_model
+
+    path, cache = tiny_models_q8["llama"].gguf_path, tmp_path / "cache"
+    options = LoadOptions(weights="dequantized", dtype=dtype, cache_dir=cache)
+    assert load_model(path, options).timings["from"] == "gguf"
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: 1 << 20)
+    with pytest.raises(ModelLoadError, match=r"needs ~.* GB of memory free\."):
+        load_model(path, options)
+    monkeypatch.undo()
+    assert load_model(path, options).timings["from"] == "converted-cache"
+
+
+def test_a_converted_copy_estimate_covers_what_it_holds(tiny_models_q8, tmp_path):
+    """The cache's fp32 tensors are used as read by an fp32 load (counted once), copied by a bf16 one."""
+    from engine.loading import converted, hf_folder
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.memory import LOAD_SCRATCH, hf_estimate
+
+    path, cache = tiny_models_q8["llama"].gguf_path, tmp_path / "cache"
+    lm = load_model(path, LoadOptions(weights="dequantized", cache_dir=cache))
+    shapes = hf_folder.file_tensor_shapes(converted.entry_dir(cache, path) / "model.safetensors")
+    fp32, _ = hf_estimate(shapes, 0, 4, None, "cpu", mapped=True)
+    bf16, _ = hf_estimate(shapes, 0, 2, None, "cpu", mapped=True)
+    assert abs(fp32 - LOAD_SCRATCH - lm.weight_bytes()) <= 0.05 * lm.weight_bytes()
+    assert abs(bf16 - LOAD_SCRATCH - 1.5 * lm.weight_bytes()) <= 0.05 * lm.weight_bytes()
