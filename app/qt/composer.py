@@ -7,6 +7,12 @@ from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, 
 from app.qt.theme import icon
 
 
+def lines_high(edit: QPlainTextEdit, lines: int, least: int) -> int:
+    """A fixed height that shows `lines` lines of the edit's font (and never less than `least` px)."""
+    margins = 2 * (edit.document().documentMargin() + edit.frameWidth()) + 12  # + the style sheet's 6 px padding
+    return max(least, int(lines * edit.fontMetrics().lineSpacing() + margins))
+
+
 class PromptEdit(QPlainTextEdit):
     submitted = Signal()
     escaped = Signal()
@@ -35,7 +41,7 @@ class Composer(QWidget):
         self.edit.setPlaceholderText(placeholder or self.tr("Message — Enter sends, Shift+Enter for a new line"))
         self.edit.setAccessibleName(self.tr("Message"))
         self.edit.setTabChangesFocus(True)  # Tab moves on to Send (keyboard users are not trapped); Shift+Enter breaks lines
-        self.edit.setFixedHeight(72)
+        self.edit.setFixedHeight(lines_high(self.edit, 3, 72))  # three lines at any font size
         self.send_button = QPushButton(icon("send", "#ffffff"), self.tr("Send"), objectName="sendButton")
         self.send_button.setToolTip(self.tr("Send (Enter); while the chat answers, the message waits its turn"))
         self.stop_button = QPushButton(icon("stop", "#ffffff"), self.tr("Stop"), objectName="stopButton")

@@ -10,6 +10,7 @@ from PySide6.QtWidgets import (
 from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
 from app.core.model_registry import ModelRegistry
 from app.core.presets import Presets
+from app.qt.composer import lines_high
 from app.qt.theme import icon
 from engine.sampling import MAX_INT32
 
@@ -69,7 +70,7 @@ class SettingsForm(QWidget):
         self.import_button = QPushButton(icon("import"), "Import…")
         self.system = QPlainTextEdit()
         self.system.setPlaceholderText("Optional instructions for the model")
-        self.system.setFixedHeight(70)
+        self.system.setFixedHeight(lines_high(self.system, 3, 70))
         self.temperature = _double(0, 5, 0.05, 3)
         self.top_p = _double(0.001, 1, 0.01, 3)
         self.top_k = _int(0, MAX_INT32)

@@ -141,3 +141,16 @@ def test_a_large_font_keeps_the_context_meter_and_load_bar_readable(large_font_a
     assert meter.height() >= meter.fontMetrics().height()
     assert meter.width() >= meter.fontMetrics().horizontalAdvance(text)
     assert w.load_progress.maximumHeight() >= w.load_progress.fontMetrics().height()
+
+
+def test_a_large_font_keeps_three_lines_in_the_composer(large_font_app, qtbot):
+    from app.qt.settings_dialog import SettingsForm
+
+    edit = large_font_app.window.chat.composer.edit
+    qtbot.wait(50)
+    # a fixed 72 px showed a line and a half of 20 pt text behind a scroll bar
+    assert edit.viewport().height() >= 3 * edit.fontMetrics().lineSpacing()
+    form = SettingsForm(large_font_app.models.registry, large_font_app.service.defaults)
+    qtbot.addWidget(form)
+    assert form.system.height() >= 3 * form.system.fontMetrics().lineSpacing()
+
