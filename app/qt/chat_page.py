@@ -5,7 +5,7 @@ import html
 from dataclasses import replace
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QTextCursor
+from PySide6.QtGui import QFont, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
@@ -19,6 +19,16 @@ from app.qt.status_line import StatusLine
 from app.qt.theme import icon
 
 
+def scaled(font: QFont, factor: float) -> QFont:
+    """`font` `factor` times larger, whether it is sized in points or in pixels."""
+    out = QFont(font)
+    if font.pointSizeF() > 0:
+        out.setPointSizeF(font.pointSizeF() * factor)
+    else:
+        out.setPixelSize(round(font.pixelSize() * factor))
+    return out
+
+
 class ChatPage(QWidget):
     settings_requested = Signal()
 
@@ -28,6 +38,7 @@ class ChatPage(QWidget):
         self.conv_id: int | None = None
         self.editing: int | None = None  # the user message being edited
         self.title = ElidedLabel(objectName="chatTitle")  # a long title elides, never widens the window
+        self.title.setFont(scaled(self.title.font(), 1.15))  # a step above the text at any font size (was 15 px)
         self.picker = ModelPicker(models.registry)
         self.picker.setToolTip(self.tr("Model for this chat (takes effect on the next turn)"))
         self.picker.setAccessibleName(self.tr("Model for this chat"))

@@ -154,3 +154,8 @@ def test_a_large_font_keeps_three_lines_in_the_composer(large_font_app, qtbot):
     qtbot.addWidget(form)
     assert form.system.height() >= 3 * form.system.fontMetrics().lineSpacing()
 
+
+def test_a_large_font_keeps_the_chat_title_above_the_text(large_font_app):
+    w = large_font_app.window
+    # the style sheet's 15 px made the title smaller than every message under a 20 pt font
+    assert w.chat.title.fontMetrics().height() > w.chat.composer.edit.fontMetrics().height()
