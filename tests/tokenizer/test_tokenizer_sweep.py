@@ -1,9 +1,12 @@
 """Held-out cases for tokenizers, streaming text and stop strings: long runs, typed control text, stops."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from engine.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf
+from engine.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 from tests.support.gemma import sentencepiece_metadata, train_sentencepiece
 
 
@@ -28,3 +31,51 @@ def test_a_long_run_without_text_streams_in_linear_time(sp_tokenizer: Tokenizer,
     pieces = [detok.push(i) for i in ids] + [detok.flush()]
     assert "".join(pieces) == sp_tokenizer.decode(ids, skip_special=True)
     assert decoded[0] < 100 * len(ids)
+
+
+MISTRAL_TEMPLATE = ("{{ bos_token }}{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+                    "{% else %}{{ m['content'] }}{{ eos_token }}{% endif %}{% endfor %}")
+
+
+def _llama2_hf_dir(path: Path, pre_tokenizer: dict | None = None) -> Path:
+    """A Llama 2 / Mistral style tokenizer.json (SentencePiece pieces, a dummy "▁" prefix) in a model folder; with
+    `pre_tokenizer`, a Metaspace one places the prefix instead of the Prepend normalizer."""
+    from engine.tokenizer.from_gguf import _unknown_id
+    from engine.tokenizer.gguf_vocab import vocab_from_metadata
+    from tests.support.sentencepiece_bpe import build_sentencepiece_bpe
+
+    vocab = vocab_from_metadata(sentencepiece_metadata(train_sentencepiece(True), True))
+    vocab.unk_id = _unknown_id(vocab)
+    data = json.loads(build_sentencepiece_bpe(vocab).to_str())
+    if pre_tokenizer is not None:
+        data["normalizer"], data["pre_tokenizer"] = None, pre_tokenizer
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    config = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": MISTRAL_TEMPLATE}
+    (path / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
+def test_typed_control_text_gets_no_extra_spaces_in_a_prefixing_hf_tokenizer(tmp_path: Path) -> None:
+    """HTML's <s>strikethrough</s> typed to a Llama 2 style tokenizer.json: the text reads as plain text, as the
+    tokenizer itself reads it with special tokens off, not with a dummy "▁" before and after each typed tag."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = _llama2_hf_dir(tmp_path / "llama2")
+    tok = tokenizer_from_hf_dir(path)
+    messages = [{"role": "user", "content": "see <s>struck</s> here"}]
+    text = tok.chat_template.render(messages, add_generation_prompt=True)
+    plain = HFTokenizer.from_file(str(path / "tokenizer.json"))
+    plain.encode_special_tokens = True
+    assert text.startswith("<s>[INST]")
+    assert tok.apply_chat_template(messages) == [tok.bos_id, *plain.encode(text[3:], add_special_tokens=False).ids]
+
+
+def test_typed_control_text_in_a_metaspace_first_tokenizer_decodes_as_typed(tmp_path: Path) -> None:
+    metaspace = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+    tok = tokenizer_from_hf_dir(_llama2_hf_dir(tmp_path / "mistral", metaspace))
+    messages = [{"role": "user", "content": "a <s> b</s>c"}, {"role": "assistant", "content": "ok"},
+                {"role": "user", "content": "<unk> again"}]
+    ids = tok.apply_chat_template(messages)
+    assert tok.decode(ids) == tok.chat_template.render(messages, add_generation_prompt=True)
+    assert ids.count(tok.bos_id) == 1
