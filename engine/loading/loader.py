@@ -270,8 +270,12 @@ def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
 def _check_converted(args: ModelArgs, weights_file: Path, options: LoadOptions, name: str) -> None:
     """Refuses a converted copy that cannot fit, as the file it came from would be (its fp32 tensors are used as read
     when the runtime's dtype is fp32, copied to it otherwise)."""
-    staging, final = hf_estimate(hf_folder.file_tensor_shapes(weights_file), args.vocab_size,
-                                 options.torch_dtype.itemsize, None, options.device, mapped=True)
+    try:
+        shapes = hf_folder.file_tensor_shapes(weights_file)
+    except (ModelLoadError, OSError, KeyError, TypeError, ValueError, AttributeError):
+        return  # a damaged entry: the load rebuilds it from the GGUF file, which is checked then
+    staging, final = hf_estimate(shapes, args.vocab_size, options.torch_dtype.itemsize, None, options.device,
+                                 mapped=True)
     check_fits(staging, "cpu", name)
     if options.device.startswith("cuda"):
         check_fits(final, options.device, name)

@@ -73,3 +73,17 @@ def test_a_converted_copy_estimate_covers_what_it_holds(tiny_models_q8, tmp_path
     bf16, _ = hf_estimate(shapes, 0, 2, None, "cpu", mapped=True)
     assert abs(fp32 - LOAD_SCRATCH - lm.weight_bytes()) <= 0.05 * lm.weight_bytes()
     assert abs(bf16 - LOAD_SCRATCH - 1.5 * lm.weight_bytes()) <= 0.05 * lm.weight_bytes()
+
+
+@pytest.mark.parametrize("damage", [b"\xff" * 8, b"\x10\x00\x00\x00\x00\x00\x00\x00{not json", b""])
+def test_a_damaged_converted_copy_is_rebuilt_not_refused(tiny_models_q8, tmp_path, damage):
+    """Sizing a converted entry reads its safetensors header: a damaged one is rebuilt from the GGUF, as before."""
+    from engine.loading import converted
+    from engine.loading.loader import LoadOptions, load_model
+
+    path, cache = tiny_models_q8["llama"].gguf_path, tmp_path / "cache"
+    options = LoadOptions(weights="dequantized", cache_dir=cache)
+    load_model(path, options)
+    (converted.entry_dir(cache, path) / "model.safetensors").write_bytes(damage)
+    assert load_model(path, options).timings["from"] == "gguf"
+    assert load_model(path, options).timings["from"] == "converted-cache"
