@@ -32,6 +32,7 @@ class LocalHost:
         self._sessions: dict[int, Session] = {}  # the sessions whose sequences run here, by seq id
         self._post = post  # runs a function on the engine thread; None: prompts render inline (tools, tests)
         self._workers = workers
+        runtime.spare_idle = self._spare_idle  # a prefix copy may take an idle session's slot (engine/prefix_cache.py)
 
     def info(self) -> dict:
         return self.runtime.info()
@@ -90,13 +91,14 @@ class LocalHost:
         seq.sampler, seq.max_len = session.sampler, rt.limit
         live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
                 if s is not session and s.seq is not None and s.seq.slot is not None]
-        rt.reuse_prefix(seq, ids, live, spare=self._spare_idle)
+        rt.reuse_prefix(seq, ids, live)
         rt.follow(seq, [s.seq for s in self._sessions.values() if s is not session and s.seq is not None])
         return seq
 
     def _spare_idle(self, keep: int) -> bool:
         """Frees the least recently used idle session's slot other than `keep` (the prefix about to be copied), as
-        `_make_room` would once the turn waited: the turn then copies that prefix instead of prefilling it again."""
+        `_make_room` would once the turn waited: the turn (or a compare column that waited for another's prefill)
+        then copies that prefix instead of prefilling it again."""
         if self.runtime.waiting():
             return False  # turns queued first get the slots idle sessions give up
         idle = [s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot not in (None, keep)]

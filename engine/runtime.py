@@ -95,6 +95,9 @@ class ModelRuntime:
         self.share_prefixes = share_prefixes  # turns may start from other slots' prefixes (EngineConfig.prefix_cache)
         self.snapshot_min = SNAPSHOT_MIN_TOKENS
         self._followers: dict[Sequence, tuple[Sequence, int]] = {}  # held back -> (its leader, prefix it waits for)
+        # frees an idle session's slot other than the one given, where no slot is free to copy a prefix into (set by
+        # the host that keeps the sessions; None: the copy waits for a free slot)
+        self.spare_idle: Callable[[int], bool] | None = None
 
     @property
     def scheduler(self):
@@ -223,11 +226,9 @@ class ModelRuntime:
         else:
             self.release(seq)
 
-    def reuse_prefix(self, seq: Sequence, ids: list[int], live: list[tuple[int, list[int]]],
-                     spare: Callable[[int], bool] | None = None) -> int:
+    def reuse_prefix(self, seq: Sequence, ids: list[int], live: list[tuple[int, list[int]]]) -> int:
         """Before a turn of `ids`: when another slot (`live` (slot, cached tokens) or parked) holds a longer prefix
-        than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached.
-        `spare(keep)`: where no slot is free, frees an idle session's slot other than `keep` (the caller's sessions)."""
+        than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached."""
         own = seq.num_cached if seq.slot is not None else 0
         if not self.share_prefixes:
             return own
@@ -240,7 +241,7 @@ class ModelRuntime:
             if self.prefixes.holds(match.slot):  # the match is the only parked slot: it becomes the turn's own
                 seq.slot, seq.num_cached = self.prefixes.take(match), match.length
                 return match.length
-            if spare is None or not spare(match.slot):
+            if self.spare_idle is None or not self.spare_idle(match.slot):
                 return 0  # no slot to copy into now: it prefills through admission as before
         seq.slot, seq.num_cached = self.prefixes.adopt(match), match.length
         return match.length

@@ -29,3 +29,14 @@ def test_an_idle_chats_prefix_seeds_a_new_chat_when_every_slot_is_held(client):
     b = client.ask(client.open(client.model, GREEDY, SYSTEM), "hello")
     assert b.stats.prefilled_tokens <= 1 and client.tokens(b.turn_id) == client.tokens(a.turn_id)
     assert client.ask(first, "and then?").stats.prefilled_tokens < a.stats.prompt_tokens  # the source kept its cache
+
+
+def test_compare_columns_share_their_prompt_when_idle_chats_hold_the_slots(client):
+    """The same prompt sent to two columns while an idle chat holds a slot: the second column still copies the
+    first one's prefill (it prefilled it all again when no slot was free at the copy)."""
+    client.ask(client.open(client.model, GREEDY, "Be brief."), "an earlier chat")
+    columns = [client.open(client.model, GREEDY, SYSTEM) for _ in range(2)]
+    turns = [client.send(sid, "the same question") for sid in columns]
+    ends = [client.wait(t) for t in turns]
+    assert sorted(e.stats.prefilled_tokens for e in ends)[0] <= 1
+    assert client.tokens(turns[0]) == client.tokens(turns[1])
