@@ -5,6 +5,7 @@ import ctypes
 import gc
 import sys
 import threading
+from pathlib import Path
 
 import psutil
 import torch
@@ -17,6 +18,10 @@ from engine.quant.weight import choose_format, format_bytes, quantize_bytes
 TOKENIZER_BYTES_PER_TOKEN = 400
 LOAD_SCRATCH = 64 << 20  # a slice of dequantized rows and the allocator's slack while converting
 HEADROOM = 256 << 20  # left for the app, the KV cache's first pages and the OS
+CGROUP_ROOT, OWN_CGROUP = Path("/sys/fs/cgroup"), Path("/proc/self/cgroup")
+V2_FILES = ("memory.max", "memory.current", "inactive_file")
+V1_FILES = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+NO_LIMIT = 1 << 60  # a cgroup v1 without a limit reads 2^63 rounded down to a page
 
 
 def return_freed_memory() -> None:
@@ -36,11 +41,53 @@ def resident_bytes() -> int:
 
 
 def available_bytes(device: str) -> int:
-    """Free memory where the weights will live: the GPU's free memory on CUDA, else the RAM the OS can give."""
+    """Free memory where the weights will live: the GPU's free memory on CUDA, else the RAM the OS can give, within
+    this process's memory cgroup's limit (a container's or a systemd slice's) where it has one."""
     if device.startswith("cuda"):
         free, _total = torch.cuda.mem_get_info(torch.device(device))
         return int(free)
-    return int(psutil.virtual_memory().available)
+    free = int(psutil.virtual_memory().available)
+    limited = cgroup_free_bytes(CGROUP_ROOT, OWN_CGROUP)
+    return free if limited is None else min(free, limited)
+
+
+def cgroup_free_bytes(root: Path, own: Path) -> int | None:
+    """What this process's memory cgroup and its parents still let it take (cgroup v2 or v1), or None where none sets
+    a limit. /proc/meminfo shows the whole machine inside a container: past the limit the kernel kills the process
+    whatever the machine has free."""
+    try:
+        lines = own.read_text().splitlines()
+    except OSError:
+        return None
+    frees = []
+    for line in lines:
+        hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if hierarchy == "0" and controllers == "":
+            frees += [_level_free(d, *V2_FILES) for d in _levels(root, path)]
+        elif "memory" in controllers.split(","):
+            frees += [_level_free(d, *V1_FILES) for d in _levels(root / "memory", path)]
+    frees = [f for f in frees if f is not None]
+    return min(frees) if frees else None
+
+
+def _levels(base: Path, path: str) -> list[Path]:
+    """The cgroup's folder and each parent up to the mount (a container sees its own cgroup at the mount)."""
+    parts = [p for p in path.strip().split("/") if p and p != ".."]
+    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _level_free(folder: Path, limit_file: str, usage_file: str, inactive_key: str) -> int | None:
+    """Limit minus usage, counting inactive page cache as free (the kernel reclaims it first); None without a limit."""
+    try:
+        limit = (folder / limit_file).read_text().strip()
+        usage = int((folder / usage_file).read_text())
+        stat = (folder / "memory.stat").read_text().splitlines()
+    except (OSError, ValueError):
+        return None
+    if not limit.isdigit() or int(limit) >= NO_LIMIT:  # "max" (v2), or v1's page-rounded 2^63
+        return None
+    inactive = next((int(v) for k, _, v in (ln.partition(" ") for ln in stat) if k == inactive_key and v.isdigit()), 0)
+    return max(0, int(limit) - usage + inactive)
 
 
 def matrix_bytes(type_name: str, n: int, k: int, quantized: bool, float_bytes: int, device: str = "cpu") -> int:

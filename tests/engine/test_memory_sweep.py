@@ -87,3 +87,61 @@ def test_a_damaged_converted_copy_is_rebuilt_not_refused(tiny_models_q8, tmp_pat
     (converted.entry_dir(cache, path) / "model.safetensors").write_bytes(damage)
     assert load_model(path, options).timings["from"] == "gguf"
     assert load_model(path, options).timings["from"] == "converted-cache"
+
+
+GiB = 1 << 30
+
+
+def _cgroup(folder, limit: str, usage: int, stat: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    v2 = "inactive_file" in stat and "total_" not in stat
+    (folder / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(limit + "\n")
+    (folder / ("memory.current" if v2 else "memory.usage_in_bytes")).write_text(f"{usage}\n")
+    (folder / "memory.stat").write_text(stat)
+
+
+def test_cgroup_v2_limit_and_its_parents(tmp_path):
+    """cgroup v2 (systemd slices, Docker, Podman): the tightest of the cgroup's and its parents' limits, less what
+    they use, the inactive page cache counting as free; "max" is no limit."""
+    from engine.memory import cgroup_free_bytes
+
+    root, own = tmp_path / "sys", tmp_path / "cgroup"
+    own.write_text("0::/user.slice/app.scope\n")
+    _cgroup(root / "user.slice/app.scope", str(2 * GiB), GiB + GiB // 2, f"anon 1\ninactive_file {GiB // 4}\n")
+    _cgroup(root / "user.slice", "max", 5 * GiB, "inactive_file 0\n")
+    assert cgroup_free_bytes(root, own) == GiB // 2 + GiB // 4
+    _cgroup(root / "user.slice", str(3 * GiB), 3 * GiB - GiB // 8, "inactive_file 0\n")
+    assert cgroup_free_bytes(root, own) == GiB // 8
+    (root / "user.slice/app.scope/memory.max").write_text("max\n")
+    (root / "user.slice/memory.max").write_text("max\n")
+    assert cgroup_free_bytes(root, own) is None
+
+
+def test_cgroup_v1_container_sees_its_own_cgroup_at_the_mount(tmp_path):
+    """cgroup v1 in Docker: /proc/self/cgroup names /docker/<id>, while the mount shows that cgroup itself; a v1 cgroup
+    without a limit reads 2^63 rounded to a page."""
+    from engine.memory import cgroup_free_bytes
+
+    root, own = tmp_path / "sys", tmp_path / "cgroup"
+    own.write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")
+    _cgroup(root / "memory", str(4 * GiB), 3 * GiB, f"cache 9\ntotal_inactive_file {GiB}\n")
+    assert cgroup_free_bytes(root, own) == 2 * GiB
+    (root / "memory/memory.limit_in_bytes").write_text("9223372036854771712\n")
+    assert cgroup_free_bytes(root, own) is None
+    assert cgroup_free_bytes(root, tmp_path / "absent") is None
+
+
+def test_a_model_larger_than_the_containers_limit_is_refused(tiny_models_q8, tmp_path, monkeypatch):
+    """Inside a container /proc/meminfo shows the host's memory: a model over the container's limit passed the check
+    and the kernel killed Parley mid-load. The free memory is the limit's, and the refusal one line."""
+    import engine.memory as memory
+    from engine.loading.loader import LoadOptions, load_model
+
+    own = tmp_path / "cgroup"
+    own.write_text("0::/\n")
+    _cgroup(tmp_path / "sys", str(GiB), GiB - (100 << 20), "inactive_file 0\n")
+    monkeypatch.setattr(memory, "CGROUP_ROOT", tmp_path / "sys")
+    monkeypatch.setattr(memory, "OWN_CGROUP", own)
+    assert memory.available_bytes("cpu") == 100 << 20
+    with pytest.raises(ModelLoadError, match=r"^\S+ needs ~\d+\.\d+ GB, 0\.1 GB of memory free\.$"):
+        load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
