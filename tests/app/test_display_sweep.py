@@ -6,6 +6,7 @@ import gc
 import pytest
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QAccessible, QFont, QGuiApplication, QPalette
+from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
 from tests.app.helpers import start_app
@@ -159,3 +160,27 @@ def test_a_large_font_keeps_the_chat_title_above_the_text(large_font_app):
     w = large_font_app.window
     # the style sheet's 15 px made the title smaller than every message under a 20 pt font
     assert w.chat.title.fontMetrics().height() > w.chat.composer.edit.fontMetrics().height()
+
+
+def _changed_pixels(a, b) -> int:
+    """Pixels of two same-sized images that differ clearly (a focus ring, not antialiasing noise)."""
+    return sum(1 for x in range(a.width()) for y in range(a.height())
+               if max(abs(c1 - c2) for c1, c2 in zip(a.pixelColor(x, y).getRgb(), b.pixelColor(x, y).getRgb())) > 60)
+
+
+@pytest.mark.parametrize("mode", ["light", "dark"])
+def test_tabbing_onto_send_shows_where_the_focus_is(parley, qtbot, mode):
+    w = parley.window
+    w.set_theme(mode)
+    w.activateWindow()
+    composer = w.chat.composer
+    composer.edit.setFocus()
+    qtbot.wait(50)
+    before = composer.send_button.grab().toImage()
+    QTest.keyClick(composer.edit, Qt.Key.Key_Tab)  # Tab leaves the box for Send
+    qtbot.wait(50)
+    assert QApplication.focusWidget() is composer.send_button
+    after = composer.send_button.grab().toImage()
+    # a filled button's style sheet hid Fusion's focus frame: a keyboard user could not see Send was focused
+    assert before.size() == after.size() and _changed_pixels(before, after) > 2 * (after.width() + after.height())
+    w.set_theme("light")
