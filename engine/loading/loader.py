@@ -198,8 +198,9 @@ def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
 def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> None:
     """Refuses before reading a folder's shards: the CPU's peak (read copy + converted), and the GPU's final size."""
     quantize = options.quantize if options.device == "cpu" else None
+    # mapped: a tensor already in the runtime's dtype is used as read from the shard's mapping, not copied
     staging, final = hf_estimate(hf_folder.tensor_shapes(folder), args.vocab_size, options.torch_dtype.itemsize,
-                                 quantize, options.device, mxfp4=_keeps_mxfp4(options))
+                                 quantize, options.device, mxfp4=_keeps_mxfp4(options), mapped=True)
     check_fits(staging, "cpu", folder.name)
     if options.device.startswith("cuda"):
         check_fits(final, options.device, folder.name)

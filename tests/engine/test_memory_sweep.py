@@ -145,3 +145,40 @@ def test_a_model_larger_than_the_containers_limit_is_refused(tiny_models_q8, tmp
     assert memory.available_bytes("cpu") == 100 << 20
     with pytest.raises(ModelLoadError, match=r"^\S+ needs ~\d+\.\d+ GB, 0\.1 GB of memory free\.$"):
         load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"))
+
+
+def _float32_folder(tiny_models, out):
+    """The tiny Llama's tokenizer with 4 layers 512 wide: ~60 MB of fp32 safetensors."""
+    import json
+    import shutil
+
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    src = tiny_models["llama"].hf_dir
+    shutil.copytree(src, out, ignore=shutil.ignore_patterns("*.safetensors*"))
+    config = json.loads((src / "config.json").read_text())
+    config.update(hidden_size=512, intermediate_size=2048, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=2, head_dim=64)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(**config)).float().save_pretrained(out, safe_serialization=True)
+    return out
+
+
+def test_a_folder_in_the_runtime_dtype_counts_once(tiny_models, tmp_path, monkeypatch):
+    """An fp32 folder loaded as fp32 on the CPU is used as read from its shards' mapping (resident growth ~0 at load;
+    measured 15 MB for 733 MB of shards), yet it was estimated at twice its size: refused with room for it and more.
+    A folder converted to another dtype still counts both copies."""
+    from engine.loading.hf_folder import safetensor_files
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.memory import HEADROOM, LOAD_SCRATCH, TOKENIZER_BYTES_PER_TOKEN, resident_bytes
+
+    folder = _float32_folder(tiny_models, tmp_path / "llama-fp32")
+    size = sum(f.stat().st_size for f in safetensor_files(folder))
+    room = size + size // 4 + LOAD_SCRATCH + 1024 * TOKENIZER_BYTES_PER_TOKEN + HEADROOM
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: room)
+    before = resident_bytes()
+    lm = load_model(folder, LoadOptions())
+    assert resident_bytes() - before < size // 2 and lm.weight_bytes() > 0.9 * size
+    with pytest.raises(ModelLoadError, match="needs"):
+        load_model(folder, LoadOptions(dtype="bfloat16"))
