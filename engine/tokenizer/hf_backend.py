@@ -32,14 +32,15 @@ class HFBackend:
                      True: literal_pattern(t.content for t in added.values() if not t.special) or NOTHING}
 
     def encode(self, text: str, literal: bool = False, start: bool = True) -> list[int]:
-        if start:
-            return self._encode(self._copy(literal, True), text)
+        whole = self._copy(literal, True)
+        if start or self._copy(literal, False) is whole:
+            return self._encode(whole, text)
         # A continuation: its text up to the first added token gets no dummy prefix; after that token the
         # tokenizer's own rules apply, as they would in one pass over the whole text.
         cut = self._cut[literal].search(text)
         at = cut.start() if cut else len(text)
         head = self._encode(self._copy(literal, False), text[:at]) if at else []
-        return head + (self._encode(self._copy(literal, True), text[at:]) if at < len(text) else [])
+        return head + (self._encode(whole, text[at:]) if at < len(text) else [])
 
     @staticmethod
     def _encode(hf: HFTokenizer, text: str) -> list[int]:
