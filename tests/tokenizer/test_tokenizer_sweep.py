@@ -79,3 +79,28 @@ def test_typed_control_text_in_a_metaspace_first_tokenizer_decodes_as_typed(tmp_
     ids = tok.apply_chat_template(messages)
     assert tok.decode(ids) == tok.chat_template.render(messages, add_generation_prompt=True)
     assert ids.count(tok.bos_id) == 1
+
+
+def test_typed_control_text_keeps_lstrip_tokens_absorbing_their_space(trained_byte_level) -> None:
+    """A byte-level tokenizer (no dummy prefix) with an lstrip added token: the text after a typed control tag still
+    reads in one pass, the space before the token absorbed into it as the tokenizer itself does."""
+    from tokenizers import AddedToken, Tokenizer as HFTokenizer
+
+    from engine.tokenizer.hf_backend import HFBackend
+    from engine.tokenizer.tokenizer import TokenizerInfo
+    from tests.support.gemma import CHATML_TEMPLATE
+
+    hf = HFTokenizer.from_str(trained_byte_level.to_str())
+    hf.add_tokens([AddedToken("<tool>", lstrip=True, special=False, normalized=False)])
+    info = TokenizerInfo(vocab_size=hf.get_vocab_size(), bos_id=None, eos_id=hf.token_to_id("<|im_end|>"),
+                         add_bos=False, stop_ids=frozenset(), chat_template=CHATML_TEMPLATE)
+    tok = Tokenizer(HFBackend(hf), info)
+    content = "a <|im_start|> b <tool> c"
+    plain = HFTokenizer.from_str(hf.to_str())
+    plain.encode_special_tokens = True
+    messages = [{"role": "user", "content": content}]
+    opening, user_turn = "<|im_start|>", tok.chat_template.render(messages, add_generation_prompt=True)
+    turn, end, rest = user_turn.removeprefix(opening).partition("<|im_end|>")
+    expected = [hf.token_to_id(opening), *plain.encode(turn, add_special_tokens=False).ids,
+                *hf.encode(end + rest, add_special_tokens=False).ids]
+    assert tok.apply_chat_template(messages) == expected
