@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from engine.tokenizer import Tokenizer
+from engine.tokenizer.detokenizer import joined
 from engine.tokenizer.harmony import HarmonyText
 
 
@@ -10,7 +11,7 @@ class TextStream:
         self.detok = tokenizer.detokenizer(skip_special=True, context=context)
         self.harmony = HarmonyText() if tokenizer.harmony else None  # gpt-oss's channels
         self.stop = [s for s in stop if s]
-        self.text = ""  # everything released so far
+        self._released: list[str] = []  # joined when read: `str +=` on an attribute copies the whole text each time
         self._held = ""
         self.stopped = False
 
@@ -25,10 +26,14 @@ class TextStream:
             piece = self.harmony.feed(piece) + self.harmony.finish()
         out = self._feed(piece)
         if not self.stopped:
-            out += self._held
-            self.text += self._held
+            out += self._release(self._held)
             self._held = ""
         return out
+
+    @property
+    def text(self) -> str:
+        """Everything released so far."""
+        return joined(self._released)
 
     def _feed(self, piece: str) -> str:
         if self.stopped or not piece and not self._held:
@@ -53,5 +58,5 @@ class TextStream:
         return best
 
     def _release(self, text: str) -> str:
-        self.text += text
+        self._released.append(text)
         return text

@@ -24,7 +24,12 @@ class IncrementalDetokenizer:
         self._skip_special = skip_special
         self._ids: list[int] = list(context)  # the window: ids whose text was emitted last, then those held back
         self._read = len(self._ids)  # ids before this index have had their text emitted
-        self.text = ""
+        self._pieces: list[str] = []  # joined when read: `str +=` on an attribute copies the whole text each time
+
+    @property
+    def text(self) -> str:
+        """Everything emitted so far."""
+        return joined(self._pieces)
 
     def push(self, token_id: int) -> str:
         """Adds one id and returns the text it completes (possibly empty)."""
@@ -65,5 +70,12 @@ class IncrementalDetokenizer:
     def _emit(self, new: str, end: int) -> str:
         del self._ids[: self._read]  # the ids just emitted stay as the next window's context
         self._read = end - self._read
-        self.text += new
+        self._pieces.append(new)
         return new
+
+
+def joined(pieces: list[str]) -> str:
+    """The pieces as one string, kept as the list's only piece so that reading it again costs nothing."""
+    if len(pieces) > 1:
+        pieces[:] = ["".join(pieces)]
+    return pieces[0] if pieces else ""

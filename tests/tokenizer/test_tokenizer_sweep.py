@@ -104,3 +104,25 @@ def test_typed_control_text_keeps_lstrip_tokens_absorbing_their_space(trained_by
     expected = [hf.token_to_id(opening), *plain.encode(turn, add_special_tokens=False).ids,
                 *hf.encode(end + rest, add_special_tokens=False).ids]
     assert tok.apply_chat_template(messages) == expected
+
+
+def test_a_long_answer_gathers_its_text_in_linear_time() -> None:
+    """A 100-character token 30,000 times (3 MB of text): the detokenizer and the stream keep their text as pieces,
+    where `text += piece` copied all the text so far on every token (tens of seconds; under one here)."""
+    import time
+
+    from engine.text_stream import TextStream
+
+    tokens = ["<unk>", "<s>", "</s>", "a", "a" * 100]
+    tok = tokenizer_from_gguf({"general.architecture": "llama", "tokenizer.ggml.model": "llama",
+                               "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": [2, 3, 3, 1, 1],
+                               "tokenizer.ggml.scores": [0.0] * 5, "tokenizer.ggml.bos_token_id": 1,
+                               "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.add_space_prefix": False})
+    stream = TextStream(tok, ["stop"])
+    started = time.perf_counter()
+    for _ in range(30_000):
+        stream.push(4)
+    stream.finish()
+    elapsed = time.perf_counter() - started
+    assert stream.text == stream.detok.text == "a" * 3_000_000
+    assert elapsed < 8
