@@ -6,11 +6,11 @@ from dataclasses import replace
 
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QFont, QTextCursor
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QStackedWidget, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
 from app.qt.chat_view import ChatView
-from app.qt.composer import Composer
+from app.qt.composer import Composer, LinkNote
 from app.qt.elided_label import ElidedLabel
 from app.qt.empty_state import EmptyState
 from app.qt.model_manager import ModelManager
@@ -52,7 +52,7 @@ class ChatPage(QWidget):
         self.status = StatusLine()
         config = models.bridge.engine.config
         self.status.capacity = (config.max_sessions, config.max_session_tokens)
-        self.queued = QLabel(objectName="queuedNote", wordWrap=True)
+        self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
         self.queued.hide()
         self.composer = Composer()
         head = QHBoxLayout()

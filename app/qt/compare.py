@@ -22,7 +22,7 @@ from app.core.presets import Presets
 from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
 from app.qt.compare_diff import DiffDialog
-from app.qt.composer import Composer
+from app.qt.composer import Composer, LinkNote
 from app.qt.model_manager import ModelManager
 from app.qt.theme import icon
 
@@ -68,7 +68,7 @@ class CompareView(QWidget):
         self.scroll.setWidget(self.grid_host)
         self.composer = Composer(self.tr("One prompt for every column — Enter sends"))
         self.composer.edit.setAccessibleName(self.tr("Prompt for every column"))
-        self.queued = QLabel(objectName="queuedNote", wordWrap=True)
+        self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
         self.queued.hide()
         self.queued.linkActivated.connect(lambda _href: self.unqueue())
         self._next: list[str] = []  # prompts sent while the columns answered: each goes when they are all done

@@ -13,6 +13,22 @@ def lines_high(edit: QPlainTextEdit, lines: int, least: int) -> int:
     return max(least, int(lines * edit.fontMetrics().lineSpacing() + margins))
 
 
+class LinkNote(QLabel):
+    """A note above the box whose link the keyboard reaches too: Tab lands on the link itself, Enter follows it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(wordWrap=True, **kwargs)
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.LinksAccessibleByMouse
+                                     | Qt.TextInteractionFlag.LinksAccessibleByKeyboard)
+
+    def focusInEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().focusInEvent(event)
+        reason = event.reason()
+        if reason in (Qt.FocusReason.TabFocusReason, Qt.FocusReason.BacktabFocusReason):
+            # onto the link (a note without one passes the focus on)
+            self.focusNextPrevChild(reason == Qt.FocusReason.TabFocusReason)
+
+
 class PromptEdit(QPlainTextEdit):
     submitted = Signal()
     escaped = Signal()

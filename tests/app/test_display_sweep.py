@@ -9,7 +9,7 @@ from PySide6.QtGui import QAccessible, QFont, QGuiApplication, QPalette
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
-from tests.app.helpers import start_app
+from tests.app.helpers import configure, hold_engine, start_app, wait_idle
 
 
 @pytest.fixture
@@ -184,3 +184,24 @@ def test_tabbing_onto_send_shows_where_the_focus_is(parley, qtbot, mode):
     # a filled button's style sheet hid Fusion's focus frame: a keyboard user could not see Send was focused
     assert before.size() == after.size() and _changed_pixels(before, after) > 2 * (after.width() + after.height())
     w.set_theme("light")
+
+
+def test_a_keyboard_user_can_take_a_queued_message_back_without_stopping_the_answer(parley, qtbot):
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=400)
+    w.activateWindow()
+    hold_engine(parley, 1.0)
+    assert w.chat.send("first")
+    w.chat.composer.edit.setPlainText("not yet")
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    note = w.chat.queued
+    assert note.isVisibleTo(w)
+    # the note's "Back to the box" link answered the mouse only: Tab passed it by and Enter did nothing
+    assert QApplication.focusWidget() is w.chat.composer.edit
+    qtbot.keyClick(w.chat.composer.edit, Qt.Key.Key_Backtab, Qt.KeyboardModifier.ShiftModifier)  # just above the box
+    assert QApplication.focusWidget() is note
+    qtbot.keyClick(note, Qt.Key.Key_Return)
+    assert w.chat.composer.edit.toPlainText() == "not yet" and parley.service.busy(conv)
+    w.stop()
+    wait_idle(parley, qtbot, conv)
