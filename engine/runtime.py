@@ -31,6 +31,11 @@ from engine.speculative.dflash_net import DFlashNet
 from engine.speculative.draft_model import DraftModel, mismatch
 
 
+NEEDS_DRAFTER = {  # a mode that drafts from a file, without one
+    "draft": "speculative 'draft' needs a draft model: a smaller model with the same tokenizer (--draft-model PATH)",
+    "dflash": "speculative 'dflash' needs a DFlash drafter trained for the model (--draft-model DRAFTER.safetensors, "
+              "made by python -m training.dflash); none is shipped",
+}
 SNAPSHOT_MIN_TOKENS = 256  # prompts at least this long keep a parked copy when the cache has sliding rings
 FOLLOW_MIN_GAIN = 32  # tokens a leader's prefix must save before a turn waits for it (shorter: prefill at once)
 
@@ -66,7 +71,7 @@ class EngineConfig:
             raise ValueError("prefix_tokens must be at least 0")
         check_mode(self.speculative)
         if self.speculative in ("draft", "dflash") and self.draft_model is None:
-            raise ValueError(f"speculative {self.speculative!r} needs a draft model (--draft-model PATH)")
+            raise ValueError(NEEDS_DRAFTER[self.speculative])
 
     def scheduler_config(self) -> SchedulerConfig:
         return SchedulerConfig(self.step_tokens, self.chunk_tokens, self.max_sampled_rows)

@@ -88,3 +88,12 @@ def test_a_draft_model_whose_vocabulary_differs_by_padding_rows_drafts(padded_pa
     assert drafted.text == plain.text and drafted.stats.completion_tokens == plain.stats.completion_tokens
     assert drafted.stats.drafted_tokens > 0
     assert "draft model step failed" not in caplog.text  # it never ran a token it has no row for
+
+
+def test_dflash_without_a_drafter_says_what_file_it_needs():
+    """It read "needs a draft model (--draft-model PATH)": a smaller model, which dflash cannot use."""
+    with pytest.raises(ParleyError, match="needs a DFlash drafter trained for the model") as info:
+        _config("--speculative", "dflash")
+    assert "training.dflash" in str(info.value) and "\n" not in str(info.value)
+    with pytest.raises(ParleyError, match="needs a draft model: a smaller model with the same tokenizer"):
+        _config("--speculative", "draft")
