@@ -63,8 +63,13 @@ class LivePanel(QDockWidget):
             title = conv.title if not conv.hidden else self.tr("Compare column: %1").replace("%1", conv.title)
             state = phase(s) or s.state
             rate = f"{s.tokens_per_s:.1f}" if s.tokens_per_s else "—"
-            out.append((conv_id, title, s.model or conv.settings.model, state, rate))
+            out.append((conv_id, title, s.model or self._model_name(conv.settings.model), state, rate))
         return out
+
+    def _model_name(self, key: str) -> str:
+        """The name the picker shows (a chat waiting for its model has no name from the engine yet; the key is a path)."""
+        entry = self.service.models.registry.get(key)
+        return entry.name if entry is not None else key
 
     def refresh(self) -> None:
         rows = self.rows()

@@ -205,3 +205,21 @@ def test_a_keyboard_user_can_take_a_queued_message_back_without_stopping_the_ans
     assert w.chat.composer.edit.toPlainText() == "not yet" and parley.service.busy(conv)
     w.stop()
     wait_idle(parley, qtbot, conv)
+
+
+def test_the_live_panel_names_a_loading_chats_model_not_its_file_path(parley, qtbot):
+    from app.core.model_registry import ModelEntry
+    from app.qt.model_manager import ModelState
+
+    w, models = parley.window, parley.models
+    entry = ModelEntry("/models/Big-Model-Q4_K_M.gguf", "Big Model", "/models/Big-Model-Q4_K_M.gguf", "gguf")
+    models.registry.add(entry)
+    models.states[entry.key] = ModelState(entry, stage="Reading model file")  # a load that takes its time
+    conv = w.new_chat()
+    configure(parley, conv, model=entry.key)
+    assert w.chat.send("hello")
+    rows = {row[0]: row for row in w.live_panel.rows()}
+    # the chat's settings hold the model's key, its path: the panel showed that path until the model loaded
+    assert rows[conv][2] == "Big Model"
+    w.stop()
+    del models.states[entry.key]
