@@ -24,8 +24,9 @@ class LivePanel(QDockWidget):
         self.table.setHeaderLabels([self.tr("Chat"), self.tr("Model"), self.tr("State"), self.tr("tok/s")])
         header = self.table.header()
         header.setStretchLastSection(False)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)  # the chat's title takes what is left
-        for column in (1, 2, 3):
+        for column in (0, 1):  # the chat's title and the model's name share what is left, elided if need be
+            header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch)
+        for column in (2, 3):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
         self.table.setAccessibleName(self.tr("Live generations"))
         # compact buttons: the dock must fit beside a chat in a small window without widening it
@@ -79,6 +80,8 @@ class LivePanel(QDockWidget):
         for conv_id, *cells in rows:
             item = QTreeWidgetItem(cells)
             item.setData(0, CONV_ROLE, conv_id)
+            for column in (0, 1):
+                item.setToolTip(column, cells[column])  # the whole of a title or name elided in its cell
             item.setTextAlignment(3, Qt.AlignmentFlag.AlignRight)
             self.table.addTopLevelItem(item)
             if conv_id == selected:

@@ -223,3 +223,27 @@ def test_the_live_panel_names_a_loading_chats_model_not_its_file_path(parley, qt
     assert rows[conv][2] == "Big Model"
     w.stop()
     del models.states[entry.key]
+
+
+def test_a_long_model_name_leaves_the_live_panels_state_and_speed_in_view(parley, qtbot):
+    from app.core.model_registry import ModelEntry
+    from app.qt.model_manager import ModelState
+
+    w, models = parley.window, parley.models
+    name = "Very-Long-Model-Name-" + "x" * 160 + "-Instruct-Q4_K_M"
+    entry = ModelEntry("/models/long.gguf", name, "/models/long.gguf", "gguf")
+    models.registry.add(entry)
+    models.states[entry.key] = ModelState(entry, stage="Reading model file")
+    conv = w.new_chat()
+    configure(parley, conv, model=entry.key)
+    w.resize(1000, 500)
+    assert w.chat.send("hello")
+    w.live_panel.show()
+    qtbot.wait(100)
+    table = w.live_panel.table
+    # the Model column grew to the name's 1,400 px and pushed State and tok/s out of sight
+    assert table.horizontalScrollBar().maximum() == 0
+    assert sum(table.columnWidth(c) for c in range(4)) <= table.viewport().width()
+    assert table.topLevelItem(0).toolTip(1) == name
+    w.stop()
+    del models.states[entry.key]
