@@ -17,7 +17,7 @@ from engine.host import Emit
 from engine.prompt_worker import PromptWorkers
 from engine.runtime import ModelRuntime
 from engine.sequence import Sequence, Status
-from engine.session import Session, Turn, TurnRequest, common_prefix, render_turn
+from engine.session import Session, Turn, TurnRequest, as_prompted, common_prefix, render_turn
 from engine.text_stream import TextStream
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,8 @@ class LocalHost:
         session.remember_cut(request, dropped)
         seq = self._prepare_sequence(session, ids)
         context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
+        if turn.continues is not None:
+            turn.continues = as_prompted(turn.continues, rt.lm.tokenizer.decode(context))
         turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context)
         turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
         self._sessions[session.session_id] = session

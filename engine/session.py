@@ -186,6 +186,15 @@ def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_leas
     return f"The conversation needs {count}. Shorten the message or leave out the oldest turns."
 
 
+def as_prompted(answer: str, prompt_tail: str) -> str:
+    """The continued `answer` as its prompt ends (`prompt_tail`: the prompt's last text): without its trailing
+    whitespace where the chat template trimmed it (Gemma's `| trim`, transformers' cut), since the new text the model
+    writes then starts from the trimmed end; appended to the untrimmed answer it would double a newline or a space."""
+    kept = answer.rstrip()
+    tail = answer[len(kept):]
+    return answer if not tail or prompt_tail.endswith(tail) else kept
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     for i in range(n):

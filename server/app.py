@@ -124,8 +124,13 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
-    """A continued answer's Finished holds all of it; the client sent the part before and gets what came after."""
-    return text[len(req.prompt):] if req.continue_final and text.startswith(req.prompt) else text
+    """A continued answer's Finished holds all of it; the client sent the part before and gets what came after (the
+    part without its trailing whitespace where the chat template trimmed it: the new text starts from there)."""
+    if req.continue_final:
+        for sent in (req.prompt, req.prompt.rstrip()):
+            if text.startswith(sent):
+                return text[len(sent):]
+    return text
 
 
 async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,

@@ -76,3 +76,28 @@ def test_template_that_hides_the_answer_continues_it_after_the_generation_prompt
                                      "{% endfor %}{% if add_generation_prompt %}A:{% endif %}")
     ids = tok.apply_chat_template(QUESTION + [{"role": "assistant", "content": "The sea"}], continue_final=True)
     assert tok.decode(ids).endswith("\nA:The sea")
+
+
+TRIMMING = ("{% for m in messages %}<{{ m.role }}>{{ m.content | trim }}</{{ m.role }}>\n{% endfor %}"
+            "{% if add_generation_prompt %}<assistant>{% endif %}")
+KEEPING = TRIMMING.replace(" | trim", "")
+
+
+@pytest.mark.parametrize("template", [TRIMMING, KEEPING], ids=["trimming", "keeping"])
+def test_a_continued_answer_ending_in_whitespace_joins_where_its_prompt_ends(client, template):
+    """An answer cut after "\\n\\n" or " ": where the template trims it (Gemma's), the model writes on from the trimmed
+    end, so the old whitespace goes; else it stays. Appending the new text to the untrimmed answer doubled it."""
+    from engine.session import as_prompted
+    from engine.tokenizer.chat_template import ChatTemplate
+
+    client.engine.loaded_model(client.model).tokenizer.chat_template = ChatTemplate(template)
+    sid = client.open(client.model, params=SamplingParams(max_tokens=6))
+    client.ask(sid, "hello there")
+    for answer in ("The sea is wide.\n\n", "Once upon a time "):
+        client.chats[sid].messages[-1]["content"] = answer
+        turn = client.continue_answer(sid)
+        end = client.wait(turn)
+        assert isinstance(end, ev.Finished)
+        before = answer.rstrip() if template == TRIMMING else answer
+        assert end.text == before + client.text(turn)
+    assert as_prompted("time ", "a time ") == "time " and as_prompted("wide.\n\n", "wide.") == "wide."

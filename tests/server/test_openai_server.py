@@ -195,3 +195,15 @@ def test_a_lone_surrogate_in_the_model_name_is_a_404_not_a_dropped_connection(se
                       headers={"content-type": "application/json"})
         assert r.status_code == 404 and "\\\\ud800x" in r.text
         assert http.get(server.url + "/models").status_code == 200  # the same connection goes on
+
+
+def test_a_continued_answer_s_reply_starts_where_its_trimmed_prompt_ended():
+    """The engine joins the new text to the answer without its trailing whitespace where the template trimmed it; the
+    reply is still only the new text (it did read back the whole answer, prefix included)."""
+    from types import SimpleNamespace
+
+    from server.app import _new_text
+
+    req = SimpleNamespace(continue_final=True, prompt="The sea is wide.\n\n")
+    assert _new_text("The sea is wide.\nIt is blue.", req) == "\nIt is blue."
+    assert _new_text("The sea is wide.\n\nIt is blue.", req) == "It is blue."
