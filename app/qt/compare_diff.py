@@ -3,12 +3,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QDialog, QDialogButtonBox, QHBoxLayout, QLabel, QTextEdit, QVBoxLayout
 
 from app.core.comparison import word_diff
 
 if TYPE_CHECKING:
     from app.qt.compare import CompareView
+
+PICKER_CHARS = 24  # each column picker's width in characters: the dialog fits any screen
 
 
 class DiffDialog(QDialog):
@@ -19,10 +22,11 @@ class DiffDialog(QDialog):
         self.view = view
         self.setWindowTitle(self.tr("Compare two answers"))
         self.resize(720, 480)
-        self.left, self.right = QComboBox(), QComboBox()
+        self.left, self.right = _picker(), _picker()
         for i, column in enumerate(view.columns):
             for box in (self.left, self.right):
                 box.addItem(column.label.full_text() or column.letter, i)
+                box.setItemData(i, column.label.full_text(), Qt.ItemDataRole.ToolTipRole)
         self.right.setCurrentIndex(min(1, self.right.count() - 1))
         self.summary = QLabel()
         self.text = QTextEdit(readOnly=True)
@@ -51,3 +55,11 @@ class DiffDialog(QDialog):
         self.summary.setText(self.tr("%1% of the words agree").replace("%1", f"{agree * 100:.0f}") if a or b
                              else self.tr("Neither column has answered yet."))  # two nothings "agreed" 100 %
         self.text.setHtml(diff)  # escaped text only: nothing for the editor to load
+
+
+def _picker() -> QComboBox:
+    """A column picker that elides a long label (a 200-character model name) instead of widening the dialog."""
+    box = QComboBox()
+    box.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+    box.setMinimumContentsLength(PICKER_CHARS)
+    return box

@@ -247,3 +247,21 @@ def test_a_long_model_name_leaves_the_live_panels_state_and_speed_in_view(parley
     assert table.topLevelItem(0).toolTip(1) == name
     w.stop()
     del models.states[entry.key]
+
+
+def test_long_column_labels_keep_the_diff_dialog_on_screen(parley, qtbot):
+    from app.core.model_registry import ModelEntry
+
+    w = parley.window
+    name = "Very-Long-Model-Name-" + "x" * 160 + "-Instruct-Q4_K_M"
+    entry = ModelEntry("/models/long.gguf", name, "/models/long.gguf", "gguf")
+    parley.models.registry.add(entry)
+    w.show_compare()
+    for column in w.compare.columns:
+        parley.service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(model=entry.key))
+    dialog = w.compare.show_diff()
+    qtbot.wait(50)
+    # each picker was as wide as its 200-character label: a 2,900 px dialog with Close off the screen
+    assert dialog.minimumSizeHint().width() <= 800 and dialog.width() <= 800
+    assert name in dialog.left.itemData(0, Qt.ItemDataRole.ToolTipRole)
+    dialog.close()
