@@ -6,6 +6,7 @@ import html
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from app.core.version import parley_version
+from app.qt.models_dialog import size_text
 from engine.loading.default_model import LICENSE_NOTE
 
 
@@ -26,7 +27,8 @@ def about_html(models=None) -> str:
 def _described(state) -> str:
     """A loaded model's name with how its weights are held and their size, e.g. "gemma (Q4_K→int4 ×27 …, 248 MB)"."""
     info = state.info or {}
-    parts = [p for p in (info.get("quantization"), f"{info['weights_mb']:.0f} MB" if info.get("weights_mb") else None) if p]
+    size = size_text(info["weights_mb"] * 1e6) if info.get("weights_mb") else None
+    parts = [p for p in (info.get("quantization"), size) if p]
     return html.escape(state.name + (f" ({', '.join(parts)})" if parts else ""))
 
 

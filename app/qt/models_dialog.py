@@ -104,7 +104,7 @@ class ModelsDialog(QDialog):
         if entry.key == self.models.draft_key:
             status += self.tr(" · drafts for the others")
         context = f"{info['context']:,}" if info.get("context") else "—"
-        memory = f"{info['weights_mb']:,.0f} MB" if info.get("weights_mb") else "—"
+        memory = size_text(info["weights_mb"] * 1e6) if info.get("weights_mb") else "—"
         return [entry.name, status, str(info.get("architecture") or "—"), str(info.get("quantization") or "—"),
                 context, _file_size(self.models.file_of(entry.key)), memory]
 
@@ -162,7 +162,7 @@ class ModelsDialog(QDialog):
 
 
 def _file_size(path: str | None) -> str:
-    """Bytes on disk of a GGUF file or a Hugging Face folder's files, as MB."""
+    """Bytes on disk of a GGUF file or a Hugging Face folder's files."""
     if not path:
         return "—"
     p = Path(path)
@@ -170,4 +170,11 @@ def _file_size(path: str | None) -> str:
         total = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) if p.is_dir() else p.stat().st_size
     except OSError:
         return "—"
-    return f"{total / 1e6:,.0f} MB"
+    return size_text(total)
+
+
+def size_text(n: float) -> str:
+    """Bytes as MB, or GB from a thousand MB on ("4.9 GB", not "4,943 MB"); one decimal under 10 MB (not "0 MB")."""
+    if n >= 1e9:
+        return f"{n / 1e9:,.1f} GB"
+    return f"{n / 1e6:.1f} MB" if n < 1e7 else f"{n / 1e6:,.0f} MB"

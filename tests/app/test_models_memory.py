@@ -33,3 +33,18 @@ def test_a_model_refused_for_memory_leaves_the_app_usable(parley, qtbot, importe
     w.chat.send("again")
     wait_idle(parley, qtbot, other)
     assert last(parley, other).state == "done" and parley.models.model_id(imported_llama) is not None
+
+
+def test_model_sizes_read_in_mb_or_gb(parley, imported_llama):
+    """The model list and About showed a small model as "0 MB" and an 8B one as "4,943 MB" (About "4943 MB")."""
+    import re
+
+    from app.qt.about import about_html
+    from app.qt.models_dialog import ModelsDialog
+
+    memory = {row[0]: row[6] for row in ModelsDialog(parley.models).rows()}
+    assert all(re.fullmatch(r"\d\.\d MB", m) for m in memory.values()), memory
+    assert " 0 MB)" not in about_html(parley.models)
+    from app.qt.models_dialog import size_text
+    assert [size_text(n) for n in (4943.2e6, 249.4e6, 12.3e6, 0.4e6, 38_512e6)] == \
+        ["4.9 GB", "249 MB", "12 MB", "0.4 MB", "38.5 GB"]

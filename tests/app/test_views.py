@@ -216,7 +216,7 @@ def test_model_list_describes_each_model(parley, qtbot, imported_llama, tiny_mod
     default = parley.models.registry.get("default").name
     size = tiny_models["llama"].gguf_path.stat().st_size
     assert rows[llama][1:5] == ["loaded", "llama", rows[llama][3], "512"] and rows[llama][3] != "—"
-    assert rows[llama][5] == f"{size / 1e6:,.0f} MB" and rows[llama][6].endswith("MB")
+    assert rows[llama][5] == f"{size / 1e6:.1f} MB" and rows[llama][6].endswith("MB")
     assert rows[default][1] == "loaded" and rows[default][2] == "qwen3"
     dialog.table.setCurrentItem(dialog.table.topLevelItem(0))
     assert not dialog.remove_button.isEnabled()  # the embedded model stays
