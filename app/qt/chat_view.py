@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from PySide6.QtCore import (
-    QAbstractListModel, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, QUrl, Signal,
+    QAbstractListModel, QEvent, QModelIndex, QPersistentModelIndex, QPoint, QRect, QSize, Qt, QTimer, QUrl, Signal,
 )
 from PySide6.QtGui import (QAbstractTextDocumentLayout, QColor, QDesktopServices, QGuiApplication, QPainter, QPalette,
                            QTextDocument)
@@ -124,6 +124,10 @@ class MessageDelegate(QStyledItemDelegate):
 
     def set_dark(self, dark: bool) -> None:
         self.renderer = MarkdownRenderer(dark=dark)
+        self.forget()
+
+    def forget(self) -> None:
+        """Drops every rendered message (a new theme or font): each renders again when next on screen."""
         self._docs.clear()
 
     def text_width(self) -> int:
@@ -272,6 +276,12 @@ class ChatView(QListView):
     def set_dark(self, dark: bool) -> None:
         self.delegate.set_dark(dark)
         self.chat_model.set_conversation(self.chat_model.conv_id)
+
+    def changeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:  # the desktop's text size: every message is laid out anew
+            self.delegate.forget()
+            self.scheduleDelayedItemsLayout()
 
     def mouseMoveEvent(self, event) -> None:
         href = self._href(event.position().toPoint())[0]

@@ -265,3 +265,19 @@ def test_long_column_labels_keep_the_diff_dialog_on_screen(parley, qtbot):
     assert dialog.minimumSizeHint().width() <= 800 and dialog.width() <= 800
     assert name in dialog.left.itemData(0, Qt.ItemDataRole.ToolTipRole)
     dialog.close()
+
+
+def test_a_font_change_while_a_chat_is_open_reaches_its_messages(parley, qtbot):
+    w = parley.window
+    conv = _chat(parley, "hello", "hi there")
+    view = w.chat.view
+    qtbot.wait(50)
+    message = parley.store.path(conv)[-1]
+    before = view.delegate.document(message)[0].defaultFont().pointSizeF()
+    larger = QFont(view.font())
+    larger.setPointSizeF(before * 2)
+    view.setFont(larger)  # what a desktop's text-size setting does to a running app
+    qtbot.wait(50)
+    # the cached documents kept the old size until each message changed
+    assert view.delegate.document(message)[0].defaultFont().pointSizeF() == before * 2
+    assert _gaps(view) == [0]
