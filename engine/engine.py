@@ -198,9 +198,7 @@ class Engine:
         while not self._stopping:
             busy = any(h.has_work() for h in self._hosts.values())
             self._drain(block=not busy)
-            for host in list(self._hosts.values()):
-                if host.has_work() and not self._stopping:
-                    host.step()
+            self._step_hosts()
         for host in self._hosts.values():
             host.shutdown()  # device state is released by the thread that owns it
         self._hosts.clear()
@@ -213,6 +211,12 @@ class Engine:
                 self._refuse(self._commands.get_nowait())
             except queue.Empty:
                 return
+
+    def _step_hosts(self) -> None:
+        """One step of each model with work (a function: a loop variable left in `_loop` kept an unloaded model alive)."""
+        for host in list(self._hosts.values()):
+            if host.has_work() and not self._stopping:
+                host.step()
 
     def _drain(self, block: bool) -> None:
         try:

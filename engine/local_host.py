@@ -243,6 +243,7 @@ class LocalHost:
 
     def shutdown(self) -> None:
         self.runtime.close()
+        self.runtime.spare_idle = None  # the runtime and this host refer to each other: unloaded, both go at once
 
     def inspect(self) -> dict:
         """Counters for tests and benchmarks (engine thread)."""

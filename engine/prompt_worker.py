@@ -52,3 +52,4 @@ class PromptWorkers:
                 done(None, exc)
             else:
                 done(result, None)
+            item = job = done = result = None  # an idle worker must not keep its last turn (and through it a model's cache) alive

@@ -40,3 +40,29 @@ def test_unloading_a_model_closes_its_chats_and_frees_it(tiny_models):
         assert cli.result(t).stats.completion_tokens == 3
     finally:
         cli.close()
+
+
+def test_an_unloaded_model_s_cache_and_tokenizer_go_at_once(tiny_models):
+    """Unloading the last model freed its weights but not its runtime (KV cache, tokenizer, prefix cache): the
+    engine loop's variable, the last prompt job and a host <-> runtime cycle kept it (~95 MB more resident per
+    load/unload cycle of the embedded model). Now it goes by reference counting alone, before any collection."""
+    import gc
+    import weakref
+
+    from cli.engine_cli import EngineCLI
+    from engine import events as ev
+
+    cli = EngineCLI(EngineConfig(max_sessions=2, max_session_tokens=128))
+    gc.disable()  # only reference counting: a cycle or a stray reference keeps it
+    try:
+        model_id, _ = cli.load(tiny_models["llama"].gguf_path)
+        runtime = cli.engine.call(lambda engine: weakref.ref(engine._hosts[model_id].runtime))
+        sid = cli.engine.open_session(model_id)
+        cli.run([cli.engine.submit(sid, [{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3))])
+        cli.engine.unload_model(model_id)
+        while not isinstance(cli.engine.events.get(timeout=30), ev.ModelUnloaded):
+            pass
+        assert runtime() is None
+    finally:
+        gc.enable()
+        cli.close()
