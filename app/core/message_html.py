@@ -34,6 +34,12 @@ class Rendered:
     code_blocks: list[str]
 
 
+# notes' colours at WCAG AA contrast (4.5:1) on the message background of each theme: #d33, #b58900 and #888 gave
+# 3.7:1 (error, dark), 3.2:1 (queued, light) and 3.5:1 (notes, light)
+NOTE_COLOR = {"error": {False: "#c62828", True: "#ff7b72"}, "queued": {False: "#8a6100", True: "#e3b341"},
+              "muted": {False: "#656d76", True: "#8b949e"}}
+
+
 def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool,
                  show_thought: bool = False) -> Rendered:
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
@@ -48,7 +54,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
     if msg.state == "streaming":
         body += f'<p style="color:#888">{CURSOR}</p>'
-    parts = [_header(msg, version, versions, busy), thought, body, _note(msg)]
+    parts = [_header(msg, version, versions, busy), thought, body, _note(msg, renderer.dark)]
     return Rendered("".join(parts), blocks)
 
 
@@ -61,7 +67,7 @@ def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> 
     words = _words(reasoning.thought)
     label = "Thinking…" if live else f"Thought for {words} word{'s' if words != 1 else ''}"
     link = "" if live else f' &nbsp; <a href="think:">{"Hide" if shown else "Show"}</a>'
-    head = f'<p style="color:#888"><i>{label}</i>{link}</p>'
+    head = f'<p style="color:{NOTE_COLOR["muted"][dark]}"><i>{label}</i>{link}</p>'
     if not (live or shown) or not reasoning.thought:
         return head
     text = html.escape(reasoning.thought).replace("\n", "<br>")
@@ -136,21 +142,22 @@ def accessible_text(msg: Message, version: int, versions: int) -> str:
     return f"{head}: {text}" if text else head
 
 
-def _note(msg: Message) -> str:
+def _note(msg: Message, dark: bool) -> str:
+    error, queued, muted = (NOTE_COLOR[k][dark] for k in ("error", "queued", "muted"))
     if msg.state == "error":
-        return f'<p style="color:#d33"><b>Error:</b> {html.escape(msg.error or "the turn failed")}</p>'
+        return f'<p style="color:{error}"><b>Error:</b> {html.escape(msg.error or "the turn failed")}</p>'
     if msg.state == "queued":
         detail = f" ({html.escape(msg.error)})" if msg.error else ""
-        return f'<p style="color:#b58900"><i>{STATE_NOTES["queued"]}{detail}</i></p>'
+        return f'<p style="color:{queued}"><i>{STATE_NOTES["queued"]}{detail}</i></p>'
     if msg.state in STATE_NOTES:
-        return f'<p style="color:#888"><i>{STATE_NOTES[msg.state]}</i></p>'
+        return f'<p style="color:{muted}"><i>{STATE_NOTES[msg.state]}</i></p>'
     reason = (msg.stats or {}).get("reason")
     if reason in ("length", "context_full"):
         why = "max tokens reached" if reason == "length" else "the context is full"
         if msg.role == "assistant" and split_reasoning(msg.content).thinking:  # the reply never began
             hint = "Continue, or raise Max tokens or turn Thinking off in the chat settings"
-            return f'<p style="color:#888"><i>Cut short while thinking: {why}. {hint}.</i></p>'
-        return f'<p style="color:#888"><i>Cut short: {why}</i></p>'
+            return f'<p style="color:{muted}"><i>Cut short while thinking: {why}. {hint}.</i></p>'
+        return f'<p style="color:{muted}"><i>Cut short: {why}</i></p>'
     if msg.error:
-        return f'<p style="color:#d33">{html.escape(msg.error)}</p>'
+        return f'<p style="color:{error}">{html.escape(msg.error)}</p>'
     return ""

@@ -258,3 +258,33 @@ def test_deeply_nested_quotes_lay_out_at_once(qapp):
     doc.setTextWidth(600)
     assert depth(doc.rootFrame()) <= 6
     assert all(f"level {level}" in doc.toPlainText() for level in range(1, 20))
+
+
+def _contrast(a: str, b: str) -> float:
+    """WCAG's contrast ratio of two #rrggbb colours."""
+    def luminance(c: str) -> float:
+        rgb = [int(c[i:i + 2], 16) / 255 for i in (1, 3, 5)]
+        r, g, b = [x / 12.92 if x <= 0.03928 else ((x + 0.055) / 1.055) ** 2.4 for x in rgb]
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+@pytest.mark.parametrize("state, error, stats", [("error", "boom", None), ("queued", "", None), ("stopped", "", None),
+                                                 ("done", "", {"reason": "length"}), ("done", "a warning", None)])
+def test_a_message_s_note_is_readable_on_its_theme(dark, state, error, stats):
+    """A message's error, queued and cut-short notes at WCAG AA (4.5:1) against the theme's message background: the
+    error's #d33 was 3.7:1 on dark, the queued note's #b58900 3.2:1 and the grey notes' #888 3.5:1 on white."""
+    import re
+
+    from app.core.conversations import Message
+    from app.core.message_html import message_html
+    from app.qt.theme import _COLORS
+
+    msg = Message(1, 1, None, "assistant", "Some text.", state=state, error=error, stats=stats)
+    shown = message_html(msg, 1, 1, MarkdownRenderer(dark=dark), busy=False).html
+    colours = [c if len(c) == 7 else "#" + "".join(x * 2 for x in c[1:])
+               for c in re.findall(r'<p style="color:(#[0-9a-f]{6}|#[0-9a-f]{3})"', shown)]
+    assert colours
+    assert all(_contrast(c, _COLORS[dark]["base"]) >= 4.5 for c in colours), colours
