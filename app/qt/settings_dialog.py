@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog,
-    QPlainTextEdit, QPushButton, QSpinBox, QStyle, QStyleOptionComboBox, QStylePainter, QVBoxLayout, QWidget,
+    QFrame, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QStyle, QStyleOptionComboBox, QStylePainter, QVBoxLayout, QWidget,
 )
 
 from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
@@ -202,10 +203,24 @@ class SettingsDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
+        scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        scroll.setWidget(self.form)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.form)
+        layout.addWidget(scroll, 1)
         layout.addWidget(self.as_default)
         layout.addWidget(buttons)
+        self._fit_screen(scroll, self.as_default.sizeHint().height() + buttons.sizeHint().height())
+
+    def _fit_screen(self, scroll: QScrollArea, below: int) -> None:
+        """The form at its whole size where the screen holds it, else as much as fits and it scrolls: under a large
+        font it was taller than a laptop's screen, OK and Cancel off its bottom."""
+        screen = (self.parentWidget() or self).screen() or QGuiApplication.primaryScreen()
+        room = screen.availableGeometry()
+        hint = self.form.sizeHint()
+        chrome = 3 * self.layout().spacing() + 2 * self.style().pixelMetric(QStyle.PixelMetric.PM_LayoutTopMargin) + 48
+        height = min(hint.height(), room.height() - below - chrome)
+        bar = scroll.verticalScrollBar().sizeHint().width() if height < hint.height() else 0
+        scroll.setMinimumSize(min(hint.width() + bar, room.width() - 48), height)
 
     def settings(self) -> ChatSettings:
         return self.form.settings()

@@ -46,3 +46,32 @@ def test_small_values_can_be_typed(form):
     w.temperature.setValue(0.005)
     w.top_p.setValue(0.005)
     assert (w.settings().temperature, w.settings().top_p) == (0.005, 0.005)
+
+
+@pytest.mark.parametrize("points", [0, 20], ids=["usual-font", "20pt"])
+def test_the_settings_dialog_fits_the_screen_at_any_font_size(qtbot, qapp, tmp_path, points):
+    """At 20 pt the dialog's form made it 1297 x 793 with no way to shrink it, OK and Cancel off a laptop's screen; the
+    form now scrolls where the screen cannot hold it, and at the usual size it shows whole, without a scroll bar."""
+    from app.qt.settings_dialog import SettingsDialog
+
+    before = qapp.font()
+    if points:
+        font = qapp.font()
+        font.setPointSize(points)
+        qapp.setFont(font)
+    try:
+        registry = SqliteModelRegistry(SqliteConversationStore(tmp_path / "p.db"), legacy_file=tmp_path / "m.json")
+        dialog = SettingsDialog(registry, ChatSettings())
+        qtbot.addWidget(dialog)
+        room = dialog.screen().availableGeometry()
+        hint = dialog.minimumSizeHint()
+        assert hint.height() <= room.height() and hint.width() <= room.width(), (hint, room)
+        if not points:
+            from PySide6.QtWidgets import QScrollArea
+
+            dialog.show()
+            qtbot.waitExposed(dialog)
+            scroll = dialog.findChild(QScrollArea)
+            assert scroll is not None and not scroll.verticalScrollBar().isVisible()  # shown whole
+    finally:
+        qapp.setFont(before)
