@@ -178,7 +178,8 @@ def _alone(request: TurnRequest) -> bool:
 def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool, alone: bool = False) -> str:
     """What did not fit and the one remedy that helps: with `truncate`, or with no older turns, only the last message
     can be too long, so "leave out the oldest turns" would not help there."""
-    count = f"{'at least ' if at_least else ''}{needed:,} tokens but the context holds {limit:,}"
+    # the answer needs a token of room too: "needs 384 tokens but the context holds 384" read as if it fitted
+    count = f"{'at least ' if at_least else ''}{needed:,} tokens and one more for the answer, but the context holds {limit:,}"
     if raw:
         return f"The prompt needs {count}. Shorten it."
     if overflow == "truncate" or alone:

@@ -138,6 +138,7 @@ def test_context_overflow_policies(client):
     err = client.wait(client.send(sid, long))
     assert isinstance(err, ev.Error) and "context" in err.message and err.code == "context_length_exceeded"
     assert err.message.startswith("The last message")  # the only message: no older turns to leave out
+    assert "one more for the answer" in err.message  # a prompt of exactly the context read "needs 384, holds 384"
     assert client.ask(sid, "short").reason in ("stop", "length")  # the refused message was not kept
     err = client.wait(client.send(sid, long))
     assert "leave out the oldest turns" in err.message  # under `stop`, after a turn, dropping old turns would help
