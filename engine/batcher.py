@@ -186,7 +186,7 @@ class Batcher:
                 seq.num_cached -= drafted - kept
                 self.cache.rewind(seq.slot, seq.num_cached)
             if drafted:
-                seq.num_drafted, seq.num_accepted = seq.num_drafted + drafted, seq.num_accepted + kept
+                seq.num_drafted += drafted  # the kept ones count as they join the answer (_resolve)
                 self.drafter.observe(seq, drafted, kept)
             seq.draft = []
         return Launched(batch.samplers, None, None, None, False, verified=accepted)
@@ -274,8 +274,8 @@ class Batcher:
             if seq.status is not Status.RUNNING:  # finished after this step was queued: drop its token
                 continue
             seq.num_steps += 1
-            for token in new:
-                seq.append(token)
+            for j, token in enumerate(new):
+                seq.append(token, draft=j < len(new) - 1)  # a verify step's tokens: its kept drafts, then its own
                 out.append((seq, token))
                 reason = finish_reason(seq, token)
                 if reason:

@@ -32,8 +32,9 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # tokens proposed to follow token_ids, verified by the next step
     draft_state: Any = None  # the drafter's own per-sequence state (engine/speculative)
     num_steps: int = 0  # this turn's decode steps: generated / num_steps is the tokens one step yields
-    num_drafted: int = 0  # this turn's drafted tokens, and the ones the model accepted
+    num_drafted: int = 0  # this turn's drafted tokens, and the accepted ones that are in its answer
     num_accepted: int = 0
+    from_draft: bytearray = field(default_factory=bytearray)  # per generated token: 1 where it was an accepted draft
     # token_ids as int64, kept in step with the list: penalties read the whole history every step (engine/sampling.py)
     token_array: array = field(init=False, repr=False)
 
@@ -49,12 +50,15 @@ class Sequence:
         """The next turn's tokens; its counters start again."""
         self.token_ids, self.num_prompt, self.generated, self.finish_reason = list(ids), len(ids), [], None
         self.token_array = array("q", self.token_ids)
-        self.draft, self.num_steps, self.num_drafted, self.num_accepted = [], 0, 0, 0
+        self.draft, self.num_steps, self.num_drafted, self.num_accepted, self.from_draft = [], 0, 0, 0, bytearray()
 
-    def append(self, token: int) -> None:
+    def append(self, token: int, draft: bool = False) -> None:
+        """`draft`: an accepted draft (engine/speculative), counted in num_accepted while it stays in the answer."""
         self.token_ids.append(token)
         self.token_array.append(token)
         self.generated.append(token)
+        self.from_draft.append(draft)
+        self.num_accepted += draft
 
     def history(self) -> array:
         """token_ids as int64: what the penalties read every step (copying an array's bytes, not unboxing ints)."""
@@ -70,4 +74,5 @@ class Sequence:
 
     def drop_last(self, n: int) -> None:
         """Takes back the last n generated tokens."""
-        del self.token_ids[-n:], self.token_array[-n:], self.generated[-n:]
+        self.num_accepted -= sum(self.from_draft[-n:])
+        del self.token_ids[-n:], self.token_array[-n:], self.generated[-n:], self.from_draft[-n:]

@@ -97,3 +97,83 @@ def test_dflash_without_a_drafter_says_what_file_it_needs():
     assert "training.dflash" in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(ParleyError, match="needs a draft model: a smaller model with the same tokenizer"):
         _config("--speculative", "draft")
+
+
+def _drafted_answer(lm, prompt, answer, stop_ids=frozenset()):
+    """A greedy answer with every step drafting the next 8 tokens of `answer` (all right): the sequence afterwards."""
+    from bench.runs import RunConfig, make_batcher
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+
+    class Script:
+        name, max_sequences = "script", 4
+
+        def may_draft(self, seq):
+            return True
+
+        def propose(self, seqs, room):
+            for seq, most in zip(seqs, room):
+                done = len(seq.generated)
+                seq.draft = answer[done : done + min(8, most)]
+
+        def observe(self, seq, drafted, accepted):
+            pass
+
+    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=160, step_tokens=24, chunk_tokens=8))
+    batcher.drafter = Script()
+    seq = Sequence(0, list(prompt), SamplerState(SamplingParams(max_tokens=24)), stop_ids)
+    batcher.add(seq)
+    while batcher.has_work():
+        batcher.step()
+    return seq
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(padded_pair):
+    from engine.loading.loader import load_model
+
+    return load_model(padded_pair[0])
+
+
+def test_accepted_tokens_count_only_drafts_the_answer_keeps(tiny_llama):
+    """A stop token inside a verify step's accepted drafts ends the answer there; the drafts after it were counted
+    as accepted all the same (accepted_tokens above completion_tokens - decode_steps)."""
+    from bench.runs import RunConfig, make_batcher
+    from engine.sampling import SamplingParams
+    from tests.support.engine_helpers import run_staggered
+
+    prompt = list(range(10, 31))
+    plain = run_staggered(make_batcher(tiny_llama, 1, RunConfig(max_seq_len=160)), [prompt], [0],
+                          SamplingParams(max_tokens=24))[0]
+    whole = _drafted_answer(tiny_llama, prompt, plain)
+    assert whole.generated == plain and whole.num_accepted == len(plain) - whole.num_steps
+    stop = plain[5]
+    cut = _drafted_answer(tiny_llama, prompt, plain, frozenset({stop}))
+    assert cut.generated == plain[: plain.index(stop) + 1]
+    # every token after the first step's came from a draft, the stop token too
+    assert cut.num_accepted == len(cut.generated) - 1 and cut.num_accepted == sum(cut.from_draft)
+
+
+def test_a_stop_string_inside_accepted_drafts_takes_them_out_of_the_count(padded_pair, tmp_path):
+    """The model's own copy drafts (every draft kept); a stop string ends the answer inside a verify step's drafts,
+    whose drafts past it were still counted as accepted (accepted_tokens 10 with 8 completion tokens)."""
+    import shutil
+
+    from engine.sampling import SamplingParams
+    from tests.support.engine_client import Client
+    from engine.runtime import EngineConfig
+
+    target = padded_pair[0]
+    draft = shutil.copytree(target, tmp_path / "copy")
+    c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16,
+                            speculative="draft", draft_model=draft))
+    with c.engine:
+        model = c.load(target)
+        text = c.ask(c.open(model, params=SamplingParams(max_tokens=30), raw=True), "one two three").text
+        for at in range(4, 24, 3):
+            params = SamplingParams(max_tokens=30, stop=[text[at : at + 2]])
+            end = c.ask(c.open(model, params=params, raw=True), "one two three")
+            s = end.stats
+            assert end.reason == "stop_string" and end.text == text[: text.index(text[at : at + 2])]
+            # each step yields its own token after its drafts, but the last one, which a stop may cut short
+            assert s.completion_tokens - s.decode_steps <= s.accepted_tokens <= s.completion_tokens - s.decode_steps + 1
