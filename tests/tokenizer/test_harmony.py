@@ -69,3 +69,25 @@ def test_an_answer_to_continue_goes_back_on_the_channels_it_came_on(written):
 def test_a_familys_end_of_turn_stops_where_the_file_names_another_eos(family, token):
     vocab = {"<eos>": 1, token: 9}
     assert 9 in collect_stop_ids(vocab.get, 1, [], 20), family
+
+
+TWO_THOUGHTS = ("<|channel|>analysis<|message|>First idea.<|end|><|start|>assistant<|channel|>analysis<|message|>"
+                "Second idea.<|end|><|start|>assistant<|channel|>final<|message|>Done.")
+
+
+@pytest.mark.parametrize("size", [1, 3, 1000])
+def test_analysis_messages_in_a_row_are_one_thought(size):
+    """gpt-oss may think in several analysis messages: they read as one thought, not a second one in the reply."""
+    pieces = [TWO_THOUGHTS[i:i + size] for i in range(0, len(TWO_THOUGHTS), size)]
+    assert _stream(pieces) == "<think>First idea.\n\nSecond idea.</think>Done."
+
+
+def test_reply_messages_are_paragraphs_and_thinking_after_the_reply_is_not_shown():
+    preamble = ("<|channel|>analysis<|message|>Plan.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking."
+                "<|end|><|start|>assistant<|channel|>analysis<|message|>More plan.<|end|>"
+                "<|start|>assistant<|channel|>final<|message|>The answer.")
+    assert _stream([preamble]) == "<think>Plan.</think>Checking.\n\nThe answer."
+
+
+def test_a_thought_whose_message_ended_closes_at_the_end():
+    assert _stream(["<|channel|>analysis<|message|>Only this.<|end|>"]) == "<think>Only this.</think>"
