@@ -21,6 +21,7 @@ PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in f
 # a reasoning model's thought tags stay in streamed text even where the vocabulary types them control (Magistral's
 # [THINK]): the app folds the thought they enclose, which would otherwise read as the reply
 SHOWN_CONTROL = ("<think>", "</think>", "[THINK]", "[/THINK]")
+THOUGHT_OPEN, THOUGHT_CLOSE = SHOWN_CONTROL[0::2], SHOWN_CONTROL[1::2]
 
 
 @dataclass(slots=True)
@@ -150,6 +151,12 @@ class Tokenizer:
         if self.harmony and len(messages) >= 2:  # the answer's channels, as the model wrote them
             prompt = self.chat_template.render(messages[:-1], add_generation_prompt=True, **extra)
             return prompt + answer_markup(messages[-1]["content"])
+        if len(messages) >= 2 and not any(close in messages[-1]["content"] for close in THOUGHT_CLOSE):
+            # cut while thinking: a template renders an unclosed thought as a reply (Qwen3's puts an empty thought
+            # before it, DeepSeek-R1's drops the `<think>` its generation prompt opened), so it goes on from that prompt
+            prompt = self.chat_template.render(messages[:-1], add_generation_prompt=True, **extra)
+            if messages[-1]["content"].lstrip().startswith(THOUGHT_OPEN) or prompt.rstrip().endswith(THOUGHT_OPEN):
+                return _joined(prompt, messages[-1]["content"])
         try:
             return _open_final_message(self.chat_template.render(messages, add_generation_prompt=False, **extra),
                                        messages)

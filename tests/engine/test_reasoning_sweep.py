@@ -1,0 +1,53 @@
+"""Reasoning models end to end at the engine's text edge: an answer cut while thinking continues from the prompt the
+model wrote it after, whatever the template does with an unclosed thought."""
+from __future__ import annotations
+
+import pytest
+
+from engine.tokenizer import tokenizer_from_gguf
+from tests.support.gemma import CHATML_TEMPLATE, byte_level_metadata
+
+# Written here in the shape of Qwen3's template: an answer's thought is split off at `</think>`; the last answer is
+# shown with a thought block (an empty one where its text has no closed thought), earlier ones without.
+QWEN3_SHAPE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}"
+    "{% set c = m.content %}{% set r = '' %}"
+    "{% if '</think>' in c %}{% set r = c.split('</think>')[0].split('<think>')[-1].strip('\\n') %}"
+    "{% set c = c.split('</think>')[-1].lstrip('\\n') %}{% endif %}"
+    "{% if loop.last %}{{ '<|im_start|>assistant\\n<think>\\n' + r + '\\n</think>\\n\\n' + c + '<|im_end|>\\n' }}"
+    "{% else %}{{ '<|im_start|>assistant\\n' + c + '<|im_end|>\\n' }}{% endif %}"
+    "{% else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+# In the shape of DeepSeek-R1's distills': the generation prompt opens the thought; answers are shown without theirs.
+R1_SHAPE = (
+    "{% for m in messages %}{% if m.role == 'assistant' %}{% set c = m.content %}"
+    "{% if '</think>' in c %}{% set c = c.split('</think>')[-1] %}{% endif %}"
+    "{{ '<|im_start|>assistant\\n' + c + '<|im_end|>' }}"
+    "{% else %}{{ '<|im_start|>user\\n' + m.content + '<|im_end|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n<think>\\n' }}{% endif %}")
+
+
+def _continued(backend, template: str, answer: str) -> str:
+    tok = tokenizer_from_gguf(byte_level_metadata(backend, "qwen2", **{"tokenizer.chat_template": template}))
+    ids = tok.apply_chat_template([{"role": "user", "content": "Why?"}, {"role": "assistant", "content": answer}],
+                                  continue_final=True)
+    return tok.decode(ids)
+
+
+@pytest.mark.parametrize("template, answer, prompt", [
+    (QWEN3_SHAPE, "<think>\nLet me see", "<|im_start|>assistant\n<think>\nLet me see"),  # not after an empty thought
+    (R1_SHAPE, "Let me see", "<|im_start|>assistant\n<think>\nLet me see"),  # the prompt's <think> kept
+    (R1_SHAPE, "<think>\nLet me see", "<|im_start|>assistant\n<think>\nLet me see"),
+    (CHATML_TEMPLATE, "<think>\nLet me see", "<|im_start|>assistant\n<think>\nLet me see"),
+])
+def test_an_answer_cut_while_thinking_continues_inside_its_thought(trained_byte_level, template, answer, prompt):
+    assert _continued(trained_byte_level, template, answer).partition("Why?<|im_end|>")[2].lstrip("\n") == prompt
+
+
+@pytest.mark.parametrize("template, answer, tail", [
+    (QWEN3_SHAPE, "<think>\nPlan.\n</think>\n\nThe ans", "assistant\n<think>\nPlan.\n</think>\n\nThe ans"),
+    (R1_SHAPE, "Plan.\n</think>\n\nThe ans", "assistant\n<think>\nPlan.\n</think>\n\nThe ans"),
+    (CHATML_TEMPLATE, "Hello the", "assistant\nHello the"),
+])
+def test_an_answer_past_its_thought_continues_as_before(trained_byte_level, template, answer, tail):
+    assert _continued(trained_byte_level, template, answer).endswith(tail)
