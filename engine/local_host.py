@@ -73,7 +73,8 @@ class LocalHost:
         context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
         if turn.continues is not None:
             turn.continues = as_prompted(turn.continues, rt.lm.tokenizer.decode(context))
-        turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context)
+        opened = "" if turn.continues is not None or session.raw else rt.lm.tokenizer.opened_thought(ids)
+        turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context, opened)
         turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
         self._sessions[session.session_id] = session
         rt.run(seq)

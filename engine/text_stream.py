@@ -7,18 +7,22 @@ from engine.tokenizer.harmony import HarmonyText
 
 
 class TextStream:
-    def __init__(self, tokenizer: Tokenizer, stop: list[str], context: list[int] | tuple[int, ...] = ()):
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], context: list[int] | tuple[int, ...] = (),
+                 opened: str = ""):
+        """`opened`: a thought tag the prompt ended with (an R1 distill's `<think>\n`): the answer's text starts with
+        it, as the model's thought does."""
         self.detok = tokenizer.detokenizer(skip_special=True, context=context)
         self.harmony = HarmonyText() if tokenizer.harmony else None  # gpt-oss's channels
         self.stop = [s for s in stop if s]
-        self._released: list[str] = []  # joined when read: `str +=` on an attribute copies the whole text each time
+        self._released: list[str] = [opened] if opened else []  # joined when read: `str +=` copies it all each time
+        self._unsent = opened  # released with the first piece
         self._held = ""
         self.stopped = False
 
     def push(self, token_id: int) -> str:
         """Returns the newly releasable text; sets `stopped` when a stop string completes."""
         piece = self.detok.push(token_id)
-        return self._feed(self.harmony.feed(piece) if self.harmony is not None else piece)
+        return self._sent(self._feed(self.harmony.feed(piece) if self.harmony is not None else piece))
 
     def finish(self) -> str:
         piece = self.detok.flush()
@@ -28,6 +32,10 @@ class TextStream:
         if not self.stopped:
             out += self._release(self._held)
             self._held = ""
+        return self._sent(out)
+
+    def _sent(self, out: str) -> str:
+        out, self._unsent = self._unsent + out, ""
         return out
 
     @property

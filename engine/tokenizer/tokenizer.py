@@ -22,6 +22,7 @@ PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in f
 # [THINK]): the app folds the thought they enclose, which would otherwise read as the reply
 SHOWN_CONTROL = ("<think>", "</think>", "[THINK]", "[/THINK]")
 THOUGHT_OPEN, THOUGHT_CLOSE = SHOWN_CONTROL[0::2], SHOWN_CONTROL[1::2]
+OPENED_TAIL_IDS = 8  # a generation prompt's last ids hold its opening thought tag and the whitespace after it
 
 
 @dataclass(slots=True)
@@ -144,6 +145,13 @@ class Tokenizer:
         writes_bos = bool(bos) and text.startswith(bos)
         add_bos = False if writes_bos else None
         return self._encode_with_literals(text, typed, add_bos) if typed else self.encode(text, add_bos=add_bos)
+
+    def opened_thought(self, prompt_ids: list[int]) -> str:
+        """The thought tag a chat prompt ends with, and the whitespace after it (DeepSeek-R1's distills, QwQ and Qwen3's
+        thinking-only models open the answer's `<think>` in their generation prompt); "" where it opens none."""
+        tail = self.decode(list(prompt_ids[-OPENED_TAIL_IDS:]))
+        body = tail.rstrip()
+        return next((tag + tail[len(body):] for tag in THOUGHT_OPEN if body.endswith(tag)), "")
 
     def _open_answer(self, messages: list[dict[str, str]], extra: dict) -> str:
         """The conversation cut after the last answer's text; where the template does not show that text (DeepSeek-R1's

@@ -51,3 +51,48 @@ def test_an_answer_cut_while_thinking_continues_inside_its_thought(trained_byte_
 ])
 def test_an_answer_past_its_thought_continues_as_before(trained_byte_level, template, answer, tail):
     assert _continued(trained_byte_level, template, answer).endswith(tail)
+
+
+@pytest.fixture
+def client(tiny_models):
+    from engine.runtime import EngineConfig
+    from tests.support.engine_client import Client
+
+    c = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=32, chunk_tokens=16))
+    c.engine.start()
+    c.model = c.load(tiny_models["qwen3"].gguf_path)
+    yield c
+    c.engine.shutdown()
+
+
+def _use_template(client, template: str) -> None:
+    from engine.tokenizer.chat_template import ChatTemplate
+
+    client.engine._hosts[client.model].runtime.lm.tokenizer.chat_template = ChatTemplate(template)
+
+
+def test_a_thought_the_prompt_opened_streams_as_a_thought(client):
+    """An R1 distill's generation prompt opens `<think>`: the answer's text starts inside it, so the app shows it under
+    "Thinking…" (not as the reply), and Continue and the next turn read it as the thought it is."""
+    from engine import events as ev
+    from engine.sampling import SamplingParams
+
+    _use_template(client, R1_SHAPE)
+    sid = client.open(client.model, params=SamplingParams(max_tokens=5))
+    first = client.ask(sid, "Why?")
+    turn = max(client.by_turn)
+    assert first.text.startswith("<think>\n") and client.text(turn) == first.text
+    more = client.continue_answer(sid)
+    end = client.wait(more)
+    assert isinstance(end, ev.Finished) and end.text == first.text + client.text(more)
+    assert end.text.count("<think>") == 1  # the continued text does not open the thought again
+
+
+def test_a_prompt_that_opens_no_thought_adds_nothing(client):
+    from engine.sampling import SamplingParams
+
+    _use_template(client, QWEN3_SHAPE)
+    sid = client.open(client.model, params=SamplingParams(max_tokens=5))
+    raw = client.open(client.model, params=SamplingParams(max_tokens=5), raw=True)
+    assert not client.ask(sid, "Why?").text.startswith("<think>")
+    assert not client.ask(raw, "So <think>\n").text.startswith("<think>")  # a raw document is the user's text
