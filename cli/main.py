@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     except ParleyError as exc:  # its text may quote a file or an endpoint: escape sequences shown, not run
         print(f"parley: {printable(str(exc))}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `parley generate | head -1`: the reader has gone, which is no error of ours to report
+        _quiet_stdout()
+        return 141  # as a process SIGPIPE ends (128 + 13), which a shell's pipefail reads as usual
     except KeyboardInterrupt:
         if sys.stdout.isatty():  # a streamed answer cut short: the shell's prompt on a line of its own
             print()
@@ -37,6 +40,13 @@ def _tolerant_streams() -> None:
                                  (sys.stdin, ("strict",), "surrogateescape")):
         if getattr(stream, "errors", None) in weak and hasattr(stream, "reconfigure"):
             stream.reconfigure(errors=errors)
+
+
+def _quiet_stdout() -> None:
+    """Standard output onto /dev/null: the interpreter's last flush into the closed pipe would print its traceback."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _end_if_workers_busy(code: int) -> None:
