@@ -188,10 +188,43 @@ def keys_held_back(stream) -> Iterator[None]:
     quiet[3] &= ~termios.ECHO
     termios.tcsetattr(fd, termios.TCSANOW, quiet)
     try:
-        yield
+        with _restored_before_signals(lambda: termios.tcsetattr(fd, termios.TCSANOW, saved)):
+            yield
     finally:
         termios.tcflush(fd, termios.TCIFLUSH)
         termios.tcsetattr(fd, termios.TCSANOW, saved)
+
+
+@contextmanager
+def _restored_before_signals(restore) -> Iterator[None]:
+    """SIGTERM, SIGHUP or SIGQUIT mid-answer: `restore` runs, then the signal does what it did before (killed with
+    echo off, the process left the user's shell showing no keys typed)."""
+    import signal
+    import threading
+
+    names = ("SIGTERM", "SIGHUP", "SIGQUIT")
+    signums = [getattr(signal, n) for n in names if hasattr(signal, n)]
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    # None: a handler set outside Python, which cannot be put back: the default's ending instead
+    previous = {signum: signal.getsignal(signum) or signal.SIG_DFL for signum in signums}
+
+    def handler(signum, _frame) -> None:
+        try:
+            restore()
+        except OSError:  # the terminal hung up: nothing left to restore
+            pass
+        signal.signal(signum, previous[signum])
+        os.kill(os.getpid(), signum)
+
+    for signum in signums:
+        signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        for signum, action in previous.items():
+            signal.signal(signum, action)
 
 
 def typed(text: str) -> str:

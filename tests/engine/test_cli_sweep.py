@@ -23,3 +23,40 @@ def test_a_pipe_closed_before_the_output_is_no_traceback(tiny_models, tmp_path):
     _, err = proc.communicate(timeout=120)
     assert err.decode() == ""
     assert proc.returncode == 141
+
+
+def _read_until(fd: int, marker: bytes, timeout: float = 60.0) -> bytes:
+    import select
+    import time
+
+    out, end = b"", time.monotonic() + timeout
+    while marker not in out and time.monotonic() < end:
+        if select.select([fd], [], [], 0.2)[0]:
+            out += os.read(fd, 4096)
+    return out
+
+
+def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
+    """`kill PID` while `parley chat` answered: it died with the terminal's echo off (the shell then showed no keys)."""
+    import pty
+    import signal
+    import termios
+
+    master, slave = pty.openpty()
+    args = [sys.executable, "-m", "cli.main", "chat", "--model", str(tiny_models["qwen3"].gguf_path),
+            "--max-tokens", "100000", "--temperature", "1", "--seed", "1", "--device", "cpu"]
+    proc = subprocess.Popen(args, env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
+                            start_new_session=True)
+    try:
+        assert b"> " in _read_until(master, b"> ")
+        os.write(master, b"hello\n")
+        _read_until(master, b"hello", 10)
+        _read_until(master, b"\x00", 2)  # an answer streams a while (no NUL ever comes)
+        assert not termios.tcgetattr(slave)[3] & termios.ECHO, "the answer ended before the signal: no test"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == -signal.SIGTERM
+        assert termios.tcgetattr(slave)[3] & termios.ECHO
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
