@@ -413,7 +413,9 @@ class ChatService:
         if not found:
             return
         conv_id, live = found
-        if turn_id is None and live.turn.turn_id is not None:
+        if turn_id is None and live.turn.turn_id is None:
+            return  # an earlier command's failure (a stale session): this turn, still waiting for its model, sent none
+        if turn_id is None:
             # A command failed (not the turn itself): the turn may still run, so only report it.
             self.store.update_message(live.turn.message_id, error=message)
             self.message_changed.emit(conv_id, live.turn.message_id)
