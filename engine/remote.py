@@ -166,6 +166,7 @@ def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterat
     become U+FFFD, so nothing an endpoint sends can break the turn's end; an answer that has its finish reason ends
     within FINISH_GRACE_S even where [DONE] never comes."""
     reason, usage, done, grace = None, None, False, None
+    tags = _ThoughtTags()
     try:
         for line in _lines(response):
             if cancelled.is_set():
@@ -179,7 +180,7 @@ def _read_stream(response: httpx.Response, cancelled: threading.Event) -> Iterat
             chunk = _chunk(response, data)
             usage = _usage(chunk.get("usage")) or usage
             for choice in chunk.get("choices") if isinstance(chunk.get("choices"), list) else ():
-                text = _text(choice) if isinstance(choice, dict) else ""
+                text = tags.wrap(_reasoning(choice), _text(choice)) if isinstance(choice, dict) else ""
                 if text:
                     yield ("delta", text)
                 finish = choice.get("finish_reason") if isinstance(choice, dict) else None
@@ -237,6 +238,31 @@ def _text(choice: dict) -> str:
     if not isinstance(content, str):
         return ""
     return content.encode("utf-16", "surrogatepass").decode("utf-16", "replace")  # a lone surrogate: U+FFFD
+
+
+def _reasoning(choice: dict) -> str:
+    """A choice's new thought, where the endpoint sends it apart (`reasoning_content`: DeepSeek's API, llama.cpp's
+    server, Parley's; `reasoning`: vLLM's reasoning parsers)."""
+    delta = choice.get("delta")
+    if not isinstance(delta, dict):
+        return ""
+    thought = next((t for t in (delta.get("reasoning_content"), delta.get("reasoning")) if isinstance(t, str) and t), "")
+    return thought.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+class _ThoughtTags:
+    """A thought sent apart from the reply, as the text of a local model's answer: `<think>…</think>` before it."""
+
+    def __init__(self) -> None:
+        self.state = "start"  # start, thought, reply
+
+    def wrap(self, thought: str, text: str) -> str:
+        out = ""
+        if thought and self.state != "reply":  # a thought after the reply began is not shown, as a local one's
+            out, self.state = ("<think>" if self.state == "start" else "") + thought, "thought"
+        if text:
+            out, self.state = out + ("</think>" if self.state == "thought" else "") + text, "reply"
+        return out
 
 
 def _usage(value) -> dict | None:

@@ -119,8 +119,11 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
         bridge.close(sid)
     if isinstance(end, ev.Error):
         raise _turn_error(end, req)
-    build = api.completion_response if req.raw else api.chat_response
-    return JSONResponse(build(rid, model.id, _new_text(end.text, req), end.reason, end.stats, req.created))
+    text = _new_text(end.text, req)
+    if req.raw:
+        return JSONResponse(api.completion_response(rid, model.id, text, end.reason, end.stats, req.created))
+    prefix = req.prompt if req.continue_final else ""
+    return JSONResponse(api.chat_response(rid, model.id, text, end.reason, end.stats, req.created, prefix))
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -174,6 +177,7 @@ async def _wait_end(client: "_Client", queue: asyncio.Queue) -> ev.Event:
 async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio.Queue, model: str,
                req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
     """The turn as server-sent events; leaving early (client gone: Starlette cancels us) cancels the turn."""
+    split = api.ReasoningSplit(req.prompt if req.continue_final else "")  # a thought goes as reasoning_content
     try:
         if not req.raw:
             yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}))
@@ -182,13 +186,17 @@ async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio
             if e is None:
                 return  # the client went away: `finally` cancels the turn
             if isinstance(e, ev.TokenDelta):
-                if e.text:
-                    yield _event(api.completion_chunk(rid, model, req, e.text) if req.raw
-                                 else api.chat_chunk(rid, model, req, {"content": e.text}))
+                delta = {} if req.raw or not e.text else split.feed(e.text)
+                if req.raw and e.text:
+                    yield _event(api.completion_chunk(rid, model, req, e.text))
+                elif delta:
+                    yield _event(api.chat_chunk(rid, model, req, delta))
                 continue
             if isinstance(e, ev.Error):
                 yield _event(_turn_error(e, req).body())
                 break
+            if not req.raw and (tail := split.finish()):
+                yield _event(api.chat_chunk(rid, model, req, tail))
             yield _event(api.completion_chunk(rid, model, req, "", e.reason) if req.raw
                          else api.chat_chunk(rid, model, req, {}, e.reason))
             if req.include_usage:

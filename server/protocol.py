@@ -13,6 +13,7 @@ from engine.sampling import MAX_INT32, SamplingParams
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
+THOUGHT_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))  # a reasoning model's, at the start of an answer
 
 
 class APIError(Exception):
@@ -242,8 +243,77 @@ def finish_reason(reason: str) -> str:
     return FINISH_REASONS.get(reason, "stop")
 
 
-def chat_response(rid: str, model: str, text: str, reason: str, stats, created: int) -> dict:
-    choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+class ReasoningSplit:
+    """An answer's text as DeepSeek's API and llama.cpp's server send a reasoning model's: the thought it starts with
+    (`<think>…</think>`, `[THINK]…[/THINK]`) in `reasoning_content`, the reply in `content`. Fed as it streams: a tag
+    split across pieces is held until it is whole. `prefix`: the answer a request continues (its thought may be open)."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self._held, self._state, self._close = "", "start", ""  # state: start, thought, after (the tag), reply
+        self._fresh = True  # no thought text yet: whitespace after the opening tag is dropped
+        if prefix:
+            self.feed(prefix)
+            self._held = ""  # the client's own text: only what follows it is sent
+
+    def feed(self, text: str) -> dict[str, str]:
+        """The delta for `text`: its `reasoning_content` and `content`, each only where it has some."""
+        self._held += text
+        if self._state == "start" and not self._read_start():
+            return {}
+        thought = self._read_thought() if self._state == "thought" else ""
+        if self._state == "after":
+            if not self._held.strip():
+                self._held = ""
+            else:
+                self._held, self._state = self._held.lstrip(), "reply"
+        reply = self._held if self._state == "reply" else ""
+        self._held = "" if self._state == "reply" else self._held
+        return {k: v for k, v in (("reasoning_content", thought), ("content", reply)) if v}
+
+    def finish(self) -> dict[str, str]:
+        """What is held at the end: a thought's partial close tag is its text, a lone partial opening tag the reply."""
+        held, self._held = self._held, ""
+        key = {"thought": "reasoning_content", "start": "content", "reply": "content"}.get(self._state)
+        return {key: held} if key and held else {}
+
+    def _read_start(self) -> bool:
+        """Whether the answer's start is known: a thought opens (its tag read) or the reply begins."""
+        head = self._held.lstrip()
+        tag = next(((o, c) for o, c in THOUGHT_TAGS if head.startswith(o)), None)
+        if tag is not None:
+            self._held, self._state, self._close = head[len(tag[0]):], "thought", tag[1]
+            return True
+        if not head or any(o.startswith(head) for o, _ in THOUGHT_TAGS):
+            return False  # may still open a thought
+        self._state = "reply"
+        return True
+
+    def _read_thought(self) -> str:
+        if self._fresh:
+            self._held = self._held.lstrip()
+            self._fresh = not self._held
+        at = self._held.find(self._close)
+        if at >= 0:
+            thought, self._held, self._state = self._held[:at], self._held[at + len(self._close):], "after"
+            return thought
+        keep = next((n for n in range(min(len(self._held), len(self._close) - 1), 0, -1)
+                     if self._close.startswith(self._held[-n:])), 0)
+        thought, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
+        return thought
+
+
+def split_answer(text: str, prefix: str = "") -> dict[str, str]:
+    """A whole answer's `reasoning_content` (where it has a thought) and `content`."""
+    split = ReasoningSplit(prefix)
+    parts = [split.feed(text), split.finish()]
+    out = {"content": "".join(p.get("content", "") for p in parts)}
+    thought = "".join(p.get("reasoning_content", "") for p in parts)  # as the streamed deltas join
+    return {**out, "reasoning_content": thought} if thought else out  # an empty thought (thinking off) is none
+
+
+def chat_response(rid: str, model: str, text: str, reason: str, stats, created: int, prefix: str = "") -> dict:
+    """`prefix`: the answer the request continued (`text` is what came after it)."""
+    choice = {"index": 0, "message": {"role": "assistant", **split_answer(text, prefix)}, "logprobs": None,
               "finish_reason": finish_reason(reason)}
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": [choice], "usage": usage(stats)}
