@@ -31,5 +31,12 @@ def split_reasoning(text: str) -> Reasoning:
 
 
 def reply_text(text: str) -> str:
-    """What the answer says, without its thought (what Copy copies)."""
+    """What the answer says, without its thought (what the next turn reads back)."""
     return split_reasoning(text).reply
+
+
+def copied_text(text: str) -> str:
+    """What Copy copies: the reply, or the thought of an answer cut short before its reply began (not an empty
+    clipboard)."""
+    reasoning = split_reasoning(text)
+    return reasoning.reply if reasoning.reply.strip() or reasoning.thought is None else reasoning.thought

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QListView, QMenu, QStyle, QSty
 from app.core.conversations import Message
 from app.core.markdown_render import MarkdownRenderer, link_tip, link_url, openable
 from app.core.message_html import accessible_text, message_actions, message_html
-from app.core.reasoning import reply_text
+from app.core.reasoning import copied_text
 from app.core.chats import ChatService
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
@@ -363,7 +363,7 @@ class ChatView(QListView):
         elif verb == "edit":
             self.edit_requested.emit(msg.id)
         elif verb == "copymsg":
-            QGuiApplication.clipboard().setText(reply_text(msg.content) if msg.role == "assistant" else msg.content)
+            QGuiApplication.clipboard().setText(copied_text(msg.content) if msg.role == "assistant" else msg.content)
         elif verb == "think":
             self.delegate.shown_thoughts ^= {msg.id}
             self.chat_model.message_changed(msg.id)
