@@ -196,7 +196,6 @@ class ChatService:
         if conv.title == "New chat":
             conv.title = _title(text)
         self._begin(conv_id, base, user, "submit")
-        self.conversations_changed.emit()
         return True
 
     def edit(self, msg_id: int, text: str) -> bool:
@@ -288,6 +287,7 @@ class ChatService:
         live = self.live(conv_id)
         live.turn = TurnInfo(None, answer.id, seed=seed)
         self.path_changed.emit(conv_id)
+        self.conversations_changed.emit()  # a new message makes the chat the most recent: the list reorders
         self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
 
     def _when_loaded(self, conv_id: int, live: LiveChat, submit) -> None:

@@ -228,3 +228,26 @@ def test_a_stale_sessions_error_does_not_end_a_turn_waiting_for_its_model(parley
         sys.excepthook = hook
     answer = parley.store.path(conv)[-1]
     assert caught == [] and answer.state == "done" and answer.content and not answer.error
+
+
+def test_a_chat_answered_again_moves_to_the_top_of_the_list(parley, qtbot):
+    """Regenerating (or editing) in an older chat made it the most recent in the store but left it where it was in
+    the sidebar, until some other change or a restart moved it to the top."""
+    s, w = parley.service, parley.window
+    older = w.current()
+    parley.window.apply_settings(older, parley.store.get(older).settings.copy(max_tokens=4))
+    assert s.send(older, "hi")
+    qtbot.waitUntil(lambda: not s.busy(older), timeout=60_000)
+    newer = w.new_chat()
+    assert w.sidebar.ids()[0] == newer
+    w.open_chat(older)
+    assert s.regenerate(older)
+    assert [c.id for c in s.visible()][0] == older
+    assert w.sidebar.ids() == [c.id for c in s.visible()]
+    qtbot.waitUntil(lambda: not s.busy(older), timeout=60_000)
+    user = [m for m in parley.store.path(older) if m.role == "user"][0]
+    w.open_chat(newer)
+    assert s.send(newer, "hello") and w.sidebar.ids()[0] == newer
+    qtbot.waitUntil(lambda: not s.busy(newer), timeout=60_000)
+    assert s.edit(user.id, "hi again")
+    assert w.sidebar.ids() == [c.id for c in s.visible()] and w.sidebar.ids()[0] == older
