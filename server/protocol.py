@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
 from engine.sampling import MAX_INT32, SamplingParams
+from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
-THOUGHT_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"))  # a reasoning model's, at the start of an answer
 
 
 class APIError(Exception):

@@ -1,12 +1,13 @@
 """A reasoning model's answer split into its thought and its reply: Qwen3, QwQ and DeepSeek-R1 (and their distills)
-write `<think>…</think>` before the reply, Magistral `[THINK]…[/THINK]`; an R1 distill's template opens the tag in the
-prompt, so its text holds only the closing one."""
+write `<think>…</think>` before the reply, Magistral `[THINK]…[/THINK]`, Seed-OSS `<seed:think>…</seed:think>`; an
+R1 distill's template opens the tag in the prompt (older answers hold only the closing one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-OPEN, CLOSE = "<think>", "</think>"
-TAGS = ((OPEN, CLOSE), ("[THINK]", "[/THINK]"))  # (open, close) at the start of an answer
+from engine.tokenizer.tokenizer import THOUGHT_TAGS as TAGS  # (open, close) at the start of an answer
+
+OPEN, CLOSE = TAGS[0]
 
 
 @dataclass(frozen=True, slots=True)

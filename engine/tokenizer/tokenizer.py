@@ -20,7 +20,9 @@ SURROGATES = re.compile("[\ud800-\udfff]")  # lone surrogates (pasted invalid UT
 PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in for control text typed in messages
 # a reasoning model's thought tags stay in streamed text even where the vocabulary types them control (Magistral's
 # [THINK]): the app folds the thought they enclose, which would otherwise read as the reply
-SHOWN_CONTROL = ("<think>", "</think>", "[THINK]", "[/THINK]")
+# (open, close): Qwen3, DeepSeek-R1, QwQ, GLM, SmolLM3 and most others; Magistral; Seed-OSS
+THOUGHT_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"))
+SHOWN_CONTROL = tuple(tag for pair in THOUGHT_TAGS for tag in pair)
 THOUGHT_OPEN, THOUGHT_CLOSE = SHOWN_CONTROL[0::2], SHOWN_CONTROL[1::2]
 OPENED_TAIL_IDS = 8  # a generation prompt's last ids hold its opening thought tag and the whitespace after it
 

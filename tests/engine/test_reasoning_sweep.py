@@ -96,3 +96,22 @@ def test_a_prompt_that_opens_no_thought_adds_nothing(client):
     raw = client.open(client.model, params=SamplingParams(max_tokens=5), raw=True)
     assert not client.ask(sid, "Why?").text.startswith("<think>")
     assert not client.ask(raw, "So <think>\n").text.startswith("<think>")  # a raw document is the user's text
+
+
+def test_seed_oss_thoughts_are_kept_in_streamed_text_and_split(trained_byte_level):
+    """Seed-OSS thinks in `<seed:think>…</seed:think>`, tokens its vocabulary types control: they stay in the streamed
+    text (skipping them ran the thought into the reply), and the app and the server split the thought off."""
+    from app.core.reasoning import Reasoning, split_reasoning
+    from server.protocol import split_answer
+
+    metadata = byte_level_metadata(trained_byte_level, "qwen2")
+    metadata["tokenizer.ggml.tokens"] += ["<seed:think>", "</seed:think>"]
+    metadata["tokenizer.ggml.token_type"] += [3, 3]
+    tok = tokenizer_from_gguf(metadata)
+    ids = [tok.token_to_id("<seed:think>"), *tok.encode("hmm, a cat"), tok.token_to_id("</seed:think>"),
+           *tok.encode("The cat."), tok.eos_id]
+    stream = tok.detokenizer()
+    text = "".join(stream.push(i) for i in ids) + stream.flush()
+    assert text == "<seed:think>hmm, a cat</seed:think>The cat."
+    assert split_reasoning(text) == Reasoning("hmm, a cat", "The cat.", False)
+    assert split_answer(text) == {"content": "The cat.", "reasoning_content": "hmm, a cat"}
