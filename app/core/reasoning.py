@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from engine.tokenizer.tokenizer import THOUGHT_TAGS as TAGS  # (open, close) at the start of an answer
 
 OPEN, CLOSE = TAGS[0]
+ONLY_CLOSED = (CLOSE, "</seed:think>")  # closing tags an answer may hold without the opening one
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,9 @@ def split_reasoning(text: str) -> Reasoning:
         if stripped.startswith(open_tag):
             thought, closed, reply = stripped[len(open_tag):].partition(close_tag)
             return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
-    thought, closed, reply = text.partition(CLOSE)
+    # a prompt opened the thought: an R1 distill's `<think>`, Seed-OSS's told to skip thinking (a budget of 0)
+    close = min((tag for tag in ONLY_CLOSED if tag in text), key=text.find, default=CLOSE)
+    thought, closed, reply = text.partition(close)
     # "the `</think>` tag", or the tag in a code block: an answer about tags, not the end of a thought
     quoted = thought.endswith("`") or reply.startswith("`") or thought.count("```") % 2 == 1
     if closed and OPEN not in thought and not quoted:

@@ -128,8 +128,9 @@ class Tokenizer:
 
         `continue_final` leaves the last message open: the text ends right after its content, with no
         end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
-        `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it), and harmony's `reasoning_effort` (gpt-oss
-        always reasons: off is "low", on "high"); None leaves the template's default.
+        `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it), Seed-OSS's `thinking_budget` (0 when
+        off) and harmony's `reasoning_effort` (gpt-oss always reasons: off is "low", on "high"); None leaves the
+        template's default.
         """
         if self.harmony:  # its template keeps earlier answers' replies only (an answer to continue keeps its thought)
             kept = len(messages) - 1 if continue_final else len(messages)
@@ -137,6 +138,8 @@ class Tokenizer:
                         and isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
         messages, typed = self._defuse(messages)
         extra = {} if thinking is None else {"enable_thinking": thinking}
+        if thinking is False:
+            extra["thinking_budget"] = 0  # Seed-OSS's switch: a budget of 0 answers at once (unset: unlimited)
         if self.harmony and thinking is not None:
             extra["reasoning_effort"] = "high" if thinking else "low"
         if continue_final:
@@ -151,7 +154,7 @@ class Tokenizer:
     def opened_thought(self, prompt_ids: list[int]) -> str:
         """The thought tag a chat prompt ends with, and the whitespace after it (DeepSeek-R1's distills, QwQ and Qwen3's
         thinking-only models open the answer's `<think>` in their generation prompt); "" where it opens none."""
-        tail = self.decode(list(prompt_ids[-OPENED_TAIL_IDS:]))
+        tail = self.decode(list(prompt_ids[-OPENED_TAIL_IDS:]), skip_special=True)  # Seed-OSS's budget note after it
         body = tail.rstrip()
         return next((tag + tail[len(body):] for tag in THOUGHT_OPEN if body.endswith(tag)), "")
 

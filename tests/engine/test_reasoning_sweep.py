@@ -115,3 +115,28 @@ def test_seed_oss_thoughts_are_kept_in_streamed_text_and_split(trained_byte_leve
     assert text == "<seed:think>hmm, a cat</seed:think>The cat."
     assert split_reasoning(text) == Reasoning("hmm, a cat", "The cat.", False)
     assert split_answer(text) == {"content": "The cat.", "reasoning_content": "hmm, a cat"}
+
+
+# In the shape of Seed-OSS's template: `thinking_budget` 0 asks for no thinking, and its generation prompt then opens
+# the thought with a budget note (`<seed:cot_budget_reflect>`, a control token) that the model closes.
+SEED_SHAPE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if thinking_budget is defined and thinking_budget == 0 %}{{ '<seed:think><seed:cot_budget_reflect>' }}"
+    "{% endif %}{% endif %}")
+
+
+@pytest.mark.parametrize("thinking, opened", [(None, ""), (True, ""), (False, "<seed:think>")])
+def test_seed_oss_thinking_off_is_a_budget_of_zero(trained_byte_level, thinking, opened):
+    from app.core.reasoning import split_reasoning
+
+    metadata = byte_level_metadata(trained_byte_level, "qwen2", **{"tokenizer.chat_template": SEED_SHAPE})
+    metadata["tokenizer.ggml.tokens"] += ["<seed:think>", "</seed:think>", "<seed:cot_budget_reflect>"]
+    metadata["tokenizer.ggml.token_type"] += [3, 3, 3]
+    tok = tokenizer_from_gguf(metadata)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Hi"}], thinking=thinking)
+    assert tok.opened_thought(ids) == opened
+    if opened:  # the model's budget note, then its reply: the note folds as the thought
+        text = opened + "Budget 0: answering directly.</seed:think>Hello."
+        assert split_reasoning(text).reply == "Hello."
+    assert split_reasoning("Budget 0.</seed:think>Hello.").reply == "Hello."  # an answer from before the tag was kept
