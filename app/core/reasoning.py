@@ -9,6 +9,7 @@ from engine.tokenizer.tokenizer import THOUGHT_TAGS as TAGS  # (open, close) at 
 
 OPEN, CLOSE = TAGS[0]
 ONLY_CLOSED = (CLOSE, "</seed:think>")  # closing tags an answer may hold without the opening one
+RESPONSE = ("<response>", "</response>")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,7 @@ def split_reasoning(text: str) -> Reasoning:
     for open_tag, close_tag in TAGS:
         if stripped.startswith(open_tag):
             thought, closed, reply = stripped[len(open_tag):].partition(close_tag)
-            return Reasoning(thought.strip(), reply.lstrip() if closed else "", not closed)
+            return Reasoning(thought.strip(), _unwrapped(reply.lstrip()) if closed else "", not closed)
     # a prompt opened the thought: an R1 distill's `<think>`, Seed-OSS's told to skip thinking (a budget of 0)
     close = min((tag for tag in ONLY_CLOSED if tag in text), key=text.find, default=CLOSE)
     thought, closed, reply = text.partition(close)
@@ -32,6 +33,15 @@ def split_reasoning(text: str) -> Reasoning:
     if closed and OPEN not in thought and not quoted:
         return Reasoning(thought.strip(), reply.lstrip(), False)
     return Reasoning(None, text, False)
+
+
+def _unwrapped(reply: str) -> str:
+    """A reply without Granite's `<response>…</response>` around it (its thinking mode writes one after the thought)."""
+    if not reply.startswith(RESPONSE[0]):
+        return reply
+    body = reply[len(RESPONSE[0]):].lstrip()
+    trimmed = body.rstrip()
+    return trimmed[:-len(RESPONSE[1])].rstrip() if trimmed.endswith(RESPONSE[1]) else body
 
 
 def reply_text(text: str) -> str:

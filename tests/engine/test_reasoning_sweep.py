@@ -140,3 +140,22 @@ def test_seed_oss_thinking_off_is_a_budget_of_zero(trained_byte_level, thinking,
         text = opened + "Budget 0: answering directly.</seed:think>Hello."
         assert split_reasoning(text).reply == "Hello."
     assert split_reasoning("Budget 0.</seed:think>Hello.").reply == "Hello."  # an answer from before the tag was kept
+
+
+GRANITE_SHAPE = ("{% if thinking %}{{ 'Think first.' }}{% endif %}"
+                 "{% for m in messages %}{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}")
+
+
+@pytest.mark.parametrize("thinking, asked", [(None, False), (True, True), (False, False)])
+def test_granite_thinking_reads_the_switch_and_its_response_tags_fold(trained_byte_level, thinking, asked):
+    """Granite 3.2+ templates read `thinking` (llama.cpp passes the switch so) and answer `<think>…</think>` then
+    `<response>…</response>`: the reply is what the response holds."""
+    from app.core.reasoning import Reasoning, split_reasoning
+
+    tok = tokenizer_from_gguf(byte_level_metadata(trained_byte_level, "qwen2",
+                                                  **{"tokenizer.chat_template": GRANITE_SHAPE}))
+    prompt = tok.decode(tok.apply_chat_template([{"role": "user", "content": "Hi"}], thinking=thinking))
+    assert prompt.startswith("Think first.") == asked
+    answer = "<think>The user greets.</think>\n<response>Hello!</response>\n"
+    assert split_reasoning(answer) == Reasoning("The user greets.", "Hello!", False)
+    assert split_reasoning(answer[:-12]).reply == "Hello!"  # still streaming
