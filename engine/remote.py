@@ -246,7 +246,8 @@ def _reasoning(choice: dict) -> str:
     delta = choice.get("delta")
     if not isinstance(delta, dict):
         return ""
-    thought = next((t for t in (delta.get("reasoning_content"), delta.get("reasoning")) if isinstance(t, str) and t), "")
+    sent = (delta.get("reasoning_content"), delta.get("reasoning"))
+    thought = next((t for t in sent if isinstance(t, str) and t), "")
     return thought.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 

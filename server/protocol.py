@@ -246,7 +246,8 @@ def finish_reason(reason: str) -> str:
 class ReasoningSplit:
     """An answer's text as DeepSeek's API and llama.cpp's server send a reasoning model's: the thought it starts with
     (`<think>…</think>`, `[THINK]…[/THINK]`) in `reasoning_content`, the reply in `content`. Fed as it streams: a tag
-    split across pieces is held until it is whole. `prefix`: the answer a request continues (its thought may be open)."""
+    split across pieces is held until it is whole. `prefix`: the answer a request continues (its thought may be
+    open)."""
 
     def __init__(self, prefix: str = "") -> None:
         self._held, self._state, self._close = "", "start", ""  # state: start, thought, after (the tag), reply

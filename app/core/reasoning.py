@@ -36,7 +36,7 @@ def split_reasoning(text: str) -> Reasoning:
 
 
 def _unwrapped(reply: str) -> str:
-    """A reply without Granite's `<response>…</response>` around it (its thinking mode writes one after the thought)."""
+    """A reply without the `<response>…</response>` Granite's thinking mode writes around it."""
     if not reply.startswith(RESPONSE[0]):
         return reply
     body = reply[len(RESPONSE[0]):].lstrip()

@@ -129,15 +129,15 @@ class Tokenizer:
         `continue_final` leaves the last message open: the text ends right after its content, with no
         end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
         `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it) and `thinking` (Granite's, as llama.cpp
-        passes it), Seed-OSS's `thinking_budget` (0 when off) and harmony's `reasoning_effort` (gpt-oss always reasons: off is "low", on "high"); None leaves the
-        template's default.
+        passes it), Seed-OSS's `thinking_budget` (0 when off) and harmony's `reasoning_effort` (gpt-oss always reasons:
+        off is "low", on "high"); None leaves the template's default.
         """
         if self.harmony:  # its template keeps earlier answers' replies only (an answer to continue keeps its thought)
             kept = len(messages) - 1 if continue_final else len(messages)
             messages = [{**m, "content": without_thought(m["content"])} if i < kept and m.get("role") == "assistant"
                         and isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
         messages, typed = self._defuse(messages)
-        extra = {} if thinking is None else {"enable_thinking": thinking, "thinking": thinking}  # Granite 3.2+: `thinking`
+        extra = {} if thinking is None else {"enable_thinking": thinking, "thinking": thinking}  # Granite: `thinking`
         if thinking is False:
             extra["thinking_budget"] = 0  # Seed-OSS's switch: a budget of 0 answers at once (unset: unlimited)
         if self.harmony and thinking is not None:
