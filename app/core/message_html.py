@@ -134,12 +134,24 @@ def _arrow(href: str, glyph: str, enabled: bool) -> str:
 def accessible_text(msg: Message, version: int, versions: int) -> str:
     """What a screen reader says for a message: who, its state, which version, then the text."""
     who = "You" if msg.role == "user" else (msg.model or "Assistant")
+    reasoning = split_reasoning(msg.content) if msg.role == "assistant" else None
     notes = [STATE_NOTES.get(msg.state, "").split(" —")[0] if msg.state != "done" else "",
+             _thought_note(reasoning, msg.state == "streaming"),
              f"version {version} of {versions}" if versions > 1 else "",
              f"error: {msg.error}" if msg.state == "error" else ""]
     head = ", ".join([who, *filter(None, notes)])
-    text = split_reasoning(msg.content).reply if msg.role == "assistant" else msg.content
+    text = reasoning.reply if reasoning is not None else msg.content
     return f"{head}: {text}" if text else head
+
+
+def _thought_note(reasoning: Reasoning | None, streaming: bool) -> str:
+    """The thought line for a screen reader (which reads the reply only): thinking, or the thought's length."""
+    if reasoning is None or not reasoning.thought and not (reasoning.thinking and streaming):
+        return ""
+    if reasoning.thinking:
+        return "thinking" if streaming else "cut short while thinking"
+    words = _words(reasoning.thought)
+    return f"thought for {words} word{'s' if words != 1 else ''}"
 
 
 def _note(msg: Message, dark: bool) -> str:

@@ -28,3 +28,17 @@ def test_copying_an_answer_cut_while_thinking_does_not_empty_the_clipboard(parle
     QGuiApplication.clipboard().setText("something the user had copied")
     w.chat.view.activate(store.message(answer.id), "copymsg:")
     assert QGuiApplication.clipboard().text() == "First, the base case."
+
+
+@pytest.mark.parametrize("content, state, said", [
+    ("<think>\nTwo plus two", "streaming", "Assistant, thinking"),  # the reply has not begun: not a silent message
+    ("<think>\nTwo plus two", "done", "Assistant, cut short while thinking"),
+    ("<think>\nTwo plus two.\n</think>\n\n4", "done", "Assistant, thought for 3 words: 4"),
+    ("<think>\n\n</think>\n\n4", "done", "Assistant: 4"),  # thinking off: no thought to mention
+])
+def test_a_screen_reader_hears_that_the_model_thinks(content, state, said):
+    from app.core.conversations import Message
+    from app.core.message_html import accessible_text
+
+    msg = Message(id=1, conversation_id=1, parent_id=None, role="assistant", content=content, state=state)
+    assert accessible_text(msg, 1, 1) == said
