@@ -181,7 +181,11 @@ class ChatService:
     def set_settings(self, conv_id: int, settings: ChatSettings) -> None:
         """Takes effect on the chat's next turn (a new model means a new engine session)."""
         self.store.update(conv_id, settings=settings)
-        self.models.ensure(settings.model)
+        live = self.live(conv_id)
+        if live.pending is not None:  # a turn waiting for the old model now waits for the new one (maybe loaded)
+            self._when_loaded(conv_id, live, live.pending)
+        else:
+            self.models.ensure(settings.model)
         self.settings_changed.emit(conv_id)
         self.status_changed.emit(conv_id)
 
