@@ -123,6 +123,7 @@ def _round(x: float | None) -> float | None:
 def chat(args: argparse.Namespace) -> int:
     params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
     cli, model_id, loaded = open_engine(args, max_sessions=1)
+    _line_editing()
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
         print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
@@ -168,6 +169,17 @@ def _status_line(end: ev.Finished, dropped: int) -> str:
     if dropped:
         parts.append(f"{dropped} oldest message{'s' if dropped != 1 else ''} left out to fit")
     return f"[{', '.join(parts)}]"
+
+
+def _line_editing() -> None:
+    """At a terminal, lines are read through readline: arrow keys edit and recall them, and a line may pass the
+    terminal's own limit of 4,095 characters (a longer paste was cut there without a word)."""
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):  # input() reads through readline only then
+        return
+    try:
+        import readline  # noqa: F401  (importing it is what puts input() on it)
+    except ImportError:  # Windows: the console edits lines itself
+        return
 
 
 @contextmanager

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "PARLEY_HOME": str(tmp_path / "home")}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "PARLEY_HOME": str(tmp_path / "home"), "TERM": "xterm"}
 
 
 def test_a_pipe_closed_before_the_output_is_no_traceback(tiny_models, tmp_path):
@@ -25,12 +25,14 @@ def test_a_pipe_closed_before_the_output_is_no_traceback(tiny_models, tmp_path):
     assert proc.returncode == 141
 
 
-def _read_until(fd: int, marker: bytes, timeout: float = 60.0) -> bytes:
+def _read_until(fd: int, marker: bytes, timeout: float = 60.0, seen: bytes = b"") -> bytes:
+    """What `fd` gives until `marker` (a regular expression) shows after `seen`, or `timeout` seconds pass."""
+    import re
     import select
     import time
 
     out, end = b"", time.monotonic() + timeout
-    while marker not in out and time.monotonic() < end:
+    while not re.search(marker, seen + out) and time.monotonic() < end:
         if select.select([fd], [], [], 0.2)[0]:
             out += os.read(fd, 4096)
     return out
@@ -60,3 +62,50 @@ def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
         proc.kill()
         os.close(master)
         os.close(slave)
+
+
+def _chat_at_a_terminal(tiny_models, tmp_path: Path, typed: bytes) -> bytes:
+    """What `parley chat` shows at a terminal where `typed` is typed at the first prompt and Ctrl-D at the next."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(_chat_args(tiny_models), env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True)
+    try:
+        shown = _read_until(master, b"> ")
+        start = len(shown)
+        for i in range(0, len(typed), 512):  # as a terminal passes a paste on: a piece at a time
+            os.write(master, typed[i:i + 512])
+            shown += _read_until(master, b"\x00", 0.05)
+        # the answer or the error, then the next prompt
+        shown += _read_until(master, rb"\r\n(\x1b\[\?2004h)?> ", seen=shown[start:])
+        os.write(master, b"\x04")
+        assert proc.wait(timeout=60) == 0
+        return shown + _read_until(master, b"\x00", 0.5)
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
+
+
+def _chat_args(tiny_models) -> list[str]:
+    return [sys.executable, "-m", "cli.main", "chat", "--model", str(tiny_models["qwen3"].gguf_path),
+            "--max-tokens", "1", "--device", "cpu"]
+
+
+def _tokens_needed(shown: bytes) -> bytes:
+    import re
+
+    return re.search(rb"needs ([\d,]+) tokens", shown).group(1)
+
+
+def test_a_line_longer_than_the_terminal_holds_reaches_the_model_whole(tiny_models, tmp_path):
+    """A terminal's line discipline keeps 4,095 characters of a line: a longer paste was cut there, unsaid."""
+    line = " ".join(f"w{i}" for i in range(1500)).encode()  # 7,389 characters: past the tiny model's context too
+    piped = subprocess.run(_chat_args(tiny_models), env=_env(tmp_path), cwd=ROOT, input=line + b"\n",
+                           capture_output=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr.decode()
+    pasted = b"\x1b[200~" + line + b"\x1b[201~\r"  # as a terminal pastes (bracketed), then Enter
+    shown = _chat_at_a_terminal(tiny_models, tmp_path, pasted)
+    assert _tokens_needed(shown) == _tokens_needed(piped.stderr)  # the overflow error counts what arrived
+
