@@ -130,7 +130,8 @@ def chat(args: argparse.Namespace) -> int:
         while True:
             try:
                 line = typed(input("> ")).strip()
-            except EOFError:
+            except EOFError:  # Ctrl-D ends no line: the shell's prompt would follow "> " on the same one
+                print()
                 return 0
             if not line:
                 return 0

@@ -109,3 +109,7 @@ def test_a_line_longer_than_the_terminal_holds_reaches_the_model_whole(tiny_mode
     shown = _chat_at_a_terminal(tiny_models, tmp_path, pasted)
     assert _tokens_needed(shown) == _tokens_needed(piped.stderr)  # the overflow error counts what arrived
 
+
+def test_ctrl_d_at_the_prompt_ends_the_line(tiny_models, tmp_path):
+    """Ctrl-D at "> " quit without a newline: the shell's prompt went on after "> "."""
+    assert _chat_at_a_terminal(tiny_models, tmp_path, b"hi\r").endswith(b"> \r\n")
