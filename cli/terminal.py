@@ -129,7 +129,8 @@ def chat(args: argparse.Namespace) -> int:
         print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
         while True:
             try:
-                line = typed(input("> ")).strip()
+                with settings_kept(sys.stdin):  # readline's raw mode, were a signal to end the process there
+                    line = typed(input("> ")).strip()
             except EOFError:  # Ctrl-D ends no line: the shell's prompt would follow "> " on the same one
                 print()
                 return 0
@@ -181,6 +182,23 @@ def _line_editing() -> None:
         import readline  # noqa: F401  (importing it is what puts input() on it)
     except ImportError:  # Windows: the console edits lines itself
         return
+
+
+@contextmanager
+def settings_kept(stream) -> Iterator[None]:
+    """The terminal's settings as they are now put back before SIGTERM, SIGHUP or SIGQUIT ends the process."""
+    try:
+        import termios
+
+        fd = stream.fileno()
+        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
+    except (ImportError, OSError, ValueError, AttributeError):  # Windows, a pipe, a replaced stdin
+        saved = None
+    if saved is None:
+        yield
+        return
+    with _restored_before_signals(lambda: termios.tcsetattr(fd, termios.TCSANOW, saved)):
+        yield
 
 
 @contextmanager

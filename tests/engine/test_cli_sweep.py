@@ -113,3 +113,25 @@ def test_a_line_longer_than_the_terminal_holds_reaches_the_model_whole(tiny_mode
 def test_ctrl_d_at_the_prompt_ends_the_line(tiny_models, tmp_path):
     """Ctrl-D at "> " quit without a newline: the shell's prompt went on after "> "."""
     assert _chat_at_a_terminal(tiny_models, tmp_path, b"hi\r").endswith(b"> \r\n")
+
+
+def test_a_signal_at_the_prompt_leaves_the_terminal_echoing(tiny_models, tmp_path):
+    """`kill PID` while a line was half typed: readline's raw mode (echo off) outlived the process."""
+    import pty
+    import signal
+    import termios
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(_chat_args(tiny_models), env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True)
+    try:
+        _read_until(master, b"> ")
+        os.write(master, b"half a li")
+        _read_until(master, b"half a li", 10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == -signal.SIGTERM
+        assert termios.tcgetattr(slave)[3] & termios.ECHO
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
