@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import itertools
 import queue
+import signal
 import threading
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from engine import commands as cmd
 from engine import events as ev
@@ -59,7 +61,8 @@ class Engine:
     # -- lifecycle (caller's thread)
     def start(self) -> "Engine":
         self._thread = threading.Thread(target=self._loop, name="parley-engine", daemon=True)
-        self._thread.start()
+        with _signals_blocked(threading.current_thread() is threading.main_thread()):
+            self._thread.start()  # it and the threads it starts (prompt workers, the loader, torch's) inherit the mask
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
@@ -367,3 +370,20 @@ class Engine:
         if sid not in self._sessions:
             raise ParleyError(f"Chat session {sid} does not exist (it was closed or never opened).")
         return self._sessions[sid]
+
+
+@contextmanager
+def _signals_blocked(wanted: bool) -> Iterator[None]:
+    """Termination signals blocked in the threads started inside: the kernel then hands them to the main thread, where
+    Python runs their handlers. Taken by the engine thread, a SIGTERM waited for the main thread's next bytecode, which
+    never came while it sat in readline (`parley chat` at its prompt did not exit until a key was pressed)."""
+    names = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGINT")
+    if not wanted or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [getattr(signal, n) for n in names if hasattr(signal, n)])
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+

@@ -135,3 +135,19 @@ def test_a_signal_at_the_prompt_leaves_the_terminal_echoing(tiny_models, tmp_pat
         proc.kill()
         os.close(master)
         os.close(slave)
+
+
+def test_termination_signals_go_to_the_main_thread():
+    """The engine's threads block SIGTERM/SIGHUP/SIGQUIT/SIGINT, so the kernel hands them to the main thread, the one
+    that runs Python's handlers: taken by the engine thread, a SIGTERM at `parley chat`'s prompt waited for a key."""
+    import signal
+
+    from engine.engine import Engine
+
+    engine = Engine().start()
+    try:
+        blocked = engine.call(lambda _: signal.pthread_sigmask(signal.SIG_BLOCK, []))
+        assert {signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGINT} <= blocked
+        assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the main thread's is as it was
+    finally:
+        engine.shutdown()
