@@ -184,19 +184,27 @@ def _line_editing() -> None:
         return
 
 
-@contextmanager
-def settings_kept(stream) -> Iterator[None]:
-    """The terminal's settings as they are now put back before SIGTERM, SIGHUP or SIGQUIT ends the process."""
+def _tty_settings(stream) -> tuple[int, list | None]:
+    """`stream`'s descriptor and its terminal settings; None where it is no terminal (a pipe, Windows, a replaced
+    stdin)."""
     try:
         import termios
 
         fd = stream.fileno()
-        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
-    except (ImportError, OSError, ValueError, AttributeError):  # Windows, a pipe, a replaced stdin
-        saved = None
+        return fd, (termios.tcgetattr(fd) if os.isatty(fd) else None)
+    except (ImportError, OSError, ValueError, AttributeError):
+        return -1, None
+
+
+@contextmanager
+def settings_kept(stream) -> Iterator[None]:
+    """The terminal's settings as they are now put back before SIGTERM, SIGHUP or SIGQUIT ends the process."""
+    fd, saved = _tty_settings(stream)
     if saved is None:
         yield
         return
+    import termios
+
     with _restored_before_signals(lambda: termios.tcsetattr(fd, termios.TCSANOW, saved)):
         yield
 
@@ -205,16 +213,12 @@ def settings_kept(stream) -> Iterator[None]:
 def keys_held_back(stream) -> Iterator[None]:
     """While an answer streams, keys typed at a terminal are not echoed into it, and are dropped when it ends
     (rather than sent as the next prompt). Ctrl-C still stops the answer. Not a terminal: nothing changes."""
-    try:
-        import termios
-
-        fd = stream.fileno()
-        saved = termios.tcgetattr(fd) if os.isatty(fd) else None
-    except (ImportError, OSError, ValueError, AttributeError):  # Windows, a pipe, a replaced stdin
-        saved = None
+    fd, saved = _tty_settings(stream)
     if saved is None:
         yield
         return
+    import termios
+
     quiet = list(saved)
     quiet[3] &= ~termios.ECHO
     termios.tcsetattr(fd, termios.TCSANOW, quiet)
