@@ -167,7 +167,9 @@ def test_held_rows_look_up_and_multiply_as_the_file_defines(name):
     ref = superblock_rows(raw, name)[::-1]
     np.testing.assert_array_equal(qt.rows(torch.tensor([0, 5])).numpy(), ref[[0, 5]])
     if cpu_kernel() is not None:
-        x = torch.randn(2, 512)
+        # a seeded draw: in about 1 of 300 random ones an activation within an ulp of a rounding boundary rounds to
+        # another int8 in the kernel than in the reference (0.3-1.1 off, |y| ~100-800): CI failed on one
+        x = torch.randn(2, 512, generator=torch.Generator().manual_seed(8))
         torch.testing.assert_close(qt(x), kgemm_reference(x, qt.blocks, name), rtol=1e-4, atol=1e-3)
 
 
