@@ -104,10 +104,10 @@ class LocalHost:
         then copies that prefix instead of prefilling it again."""
         if self.runtime.waiting():
             return False  # turns queued first get the slots idle sessions give up
-        idle = [s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot not in (None, keep)]
+        idle = [s for s in self._idle_by_age() if s.seq.slot != keep]
         if not idle:
             return False
-        self.runtime.release(min(idle, key=lambda s: s.last_used).seq)
+        self.runtime.release(idle[0].seq)
         return True
 
     def cancel(self, session: Session) -> None:
@@ -230,10 +230,13 @@ class LocalHost:
         short = len(rt.waiting()) - rt.free_slots()
         if short <= 0:
             return
-        idle = sorted((s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot is not None),
-                      key=lambda s: s.last_used)
-        for session in idle[:short]:
+        for session in self._idle_by_age()[:short]:
             rt.release(session.seq)
+
+    def _idle_by_age(self) -> list[Session]:
+        """Sessions holding a slot without a turn, least recently used first (the ones to give a slot up)."""
+        idle = (s for s in self._sessions.values() if s.turn is None and s.seq is not None and s.seq.slot is not None)
+        return sorted(idle, key=lambda s: s.last_used)
 
     def _report_queue(self) -> None:
         for position, seq in enumerate(self.runtime.waiting()):
