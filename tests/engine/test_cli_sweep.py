@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,18 +40,30 @@ def _read_until(fd: int, marker: bytes, timeout: float = 60.0, seen: bytes = b""
     return out
 
 
-def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
-    """`kill PID` while `parley chat` answered: it died with the terminal's echo off (the shell then showed no keys)."""
+@contextmanager
+def _chat_in_a_pty(args: list[str], tmp_path: Path) -> Iterator[tuple[subprocess.Popen, int, int]]:
+    """`parley chat` (`args`) at a terminal of its own: (the process, the terminal's master and slave ends)."""
     import pty
-    import signal
-    import termios
 
     master, slave = pty.openpty()
-    args = [sys.executable, "-m", "cli.main", "chat", "--model", str(tiny_models["qwen3"].gguf_path),
-            "--max-tokens", "100000", "--temperature", "1", "--seed", "1", "--device", "cpu"]
     proc = subprocess.Popen(args, env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave, stderr=slave,
                             start_new_session=True)
     try:
+        yield proc, master, slave
+    finally:
+        proc.kill()
+        os.close(master)
+        os.close(slave)
+
+
+def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
+    """`kill PID` while `parley chat` answered: it died with the terminal's echo off (the shell then showed no keys)."""
+    import signal
+    import termios
+
+    args = [sys.executable, "-m", "cli.main", "chat", "--model", str(tiny_models["qwen3"].gguf_path),
+            "--max-tokens", "100000", "--temperature", "1", "--seed", "1", "--device", "cpu"]
+    with _chat_in_a_pty(args, tmp_path) as (proc, master, slave):
         assert b"> " in _read_until(master, b"> ")
         os.write(master, b"hello\n")
         _read_until(master, b"hello", 10)
@@ -58,20 +72,11 @@ def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == -signal.SIGTERM
         assert termios.tcgetattr(slave)[3] & termios.ECHO
-    finally:
-        proc.kill()
-        os.close(master)
-        os.close(slave)
 
 
 def _chat_at_a_terminal(tiny_models, tmp_path: Path, typed: bytes) -> bytes:
     """What `parley chat` shows at a terminal where `typed` is typed at the first prompt and Ctrl-D at the next."""
-    import pty
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(_chat_args(tiny_models), env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True)
-    try:
+    with _chat_in_a_pty(_chat_args(tiny_models), tmp_path) as (proc, master, _):
         shown = _read_until(master, b"> ")
         start = len(shown)
         for i in range(0, len(typed), 512):  # as a terminal passes a paste on: a piece at a time
@@ -82,10 +87,6 @@ def _chat_at_a_terminal(tiny_models, tmp_path: Path, typed: bytes) -> bytes:
         os.write(master, b"\x04")
         assert proc.wait(timeout=60) == 0
         return shown + _read_until(master, b"\x00", 0.5)
-    finally:
-        proc.kill()
-        os.close(master)
-        os.close(slave)
 
 
 def _chat_args(tiny_models) -> list[str]:
@@ -117,24 +118,16 @@ def test_ctrl_d_at_the_prompt_ends_the_line(tiny_models, tmp_path):
 
 def test_a_signal_at_the_prompt_leaves_the_terminal_echoing(tiny_models, tmp_path):
     """`kill PID` while a line was half typed: readline's raw mode (echo off) outlived the process."""
-    import pty
     import signal
     import termios
 
-    master, slave = pty.openpty()
-    proc = subprocess.Popen(_chat_args(tiny_models), env=_env(tmp_path), cwd=ROOT, stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True)
-    try:
+    with _chat_in_a_pty(_chat_args(tiny_models), tmp_path) as (proc, master, slave):
         _read_until(master, b"> ")
         os.write(master, b"half a li")
         _read_until(master, b"half a li", 10)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == -signal.SIGTERM
         assert termios.tcgetattr(slave)[3] & termios.ECHO
-    finally:
-        proc.kill()
-        os.close(master)
-        os.close(slave)
 
 
 def test_termination_signals_go_to_the_main_thread():
