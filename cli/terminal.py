@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from app.core.reasoning import reply_text
+from cli.prompts import add_prompt_options, read_prompts
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
 from engine import events as ev
 
@@ -18,7 +19,7 @@ def add_terminal_parsers(sub) -> None:
     g = sub.add_parser("generate", help="complete one or more prompts")
     add_engine_options(g)
     add_sampling_options(g)
-    g.add_argument("--prompt", action="append", required=True, help="may be given several times")
+    add_prompt_options(g)
     g.add_argument("--max-tokens", type=int, default=128)
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
@@ -66,14 +67,14 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
 
 
 def generate(args: argparse.Namespace) -> int:
-    params = sampling_params(args)  # a bad setting is one line before the model loads, not after
-    cli, model_id, loaded = open_engine(args, max_sessions=max(1, len(args.prompt)))
+    params, prompts = sampling_params(args), read_prompts(args)  # bad input is one line before the model loads
+    cli, model_id, loaded = open_engine(args, max_sessions=len(prompts))
     try:
-        sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in args.prompt]
-        stream = not args.json and (len(args.prompt) == 1 or args.sequential)
+        sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in prompts]
+        stream = not args.json and (len(prompts) == 1 or args.sequential)
         on_text = _write if stream else None
         turns = []
-        for sid, prompt in zip(sessions, args.prompt):
+        for sid, prompt in zip(sessions, prompts):
             turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params))
             if args.sequential:
                 cli.run(turns[-1:], on_text)
@@ -81,18 +82,29 @@ def generate(args: argparse.Namespace) -> int:
         cli.run(turns, on_text)
         if not args.sequential:
             _end_line(cli, turns[0], stream)
-        for i, turn in enumerate(turns):
-            end = cli.result(turn)
-            if args.json:
-                print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text,
-                                  "reason": end.reason, **_timings(end.stats)}, ensure_ascii=False))
-            elif not stream:
-                print(f"--- prompt {i} ({end.reason})\n{safe_output(end.text)}")
+        failed = [i for i, turn in enumerate(turns) if not _report(cli, i, turn, args.json, stream, len(turns))]
         if args.json:
             print(json.dumps(_load_line(loaded.info), ensure_ascii=False))
     finally:
         cli.close()
-    return 0
+    return 2 if failed else 0
+
+
+def _report(cli, i: int, turn: int, as_json: bool, streamed: bool, count: int) -> bool:
+    """Prompt i's result on stdout, or its error on stderr (and as its JSON line); one refused prompt of a batch
+    loses none of the others' answers. False where it failed."""
+    end = cli.ended[turn]
+    if isinstance(end, ev.Error):
+        print(f"parley: {f'prompt {i}: ' if count > 1 else ''}{printable(end.message)}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"prompt": i, "error": end.message}, ensure_ascii=False))
+        return False
+    if as_json:
+        print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text, "reason": end.reason,
+                          **_timings(end.stats)}, ensure_ascii=False))
+    elif not streamed:
+        print(f"--- prompt {i} ({end.reason})\n{safe_output(end.text)}")
+    return True
 
 
 def _end_line(cli, turn, stream: bool) -> None:

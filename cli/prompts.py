@@ -1,0 +1,56 @@
+"""Where `parley generate` takes its prompts from: --prompt TEXT, --prompt-file PATH ('-': stdin), or a piped stdin."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import ParleyError
+
+STDIN = "-"
+
+
+@dataclass(frozen=True, slots=True)
+class PromptFile:
+    """A --prompt-file argument, kept in the prompts' order until the files are read."""
+    path: str
+
+
+def add_prompt_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", dest="prompts", action="append", default=[], help="may be given several times")
+    p.add_argument("--prompt-file", dest="prompts", action="append", type=PromptFile, metavar="PATH",
+                   help="a file whose whole text is one prompt; '-' reads stdin; may be given several times. "
+                        "With neither option, a prompt piped on stdin is read")
+
+
+def read_prompts(args: argparse.Namespace) -> list[str]:
+    """Each prompt's text, in the order given; a piped stdin when none was given."""
+    given = list(args.prompts)
+    if not given:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise ParleyError("No prompt: give --prompt TEXT, --prompt-file PATH, or pipe one on stdin.")
+        piped = _read(PromptFile(STDIN))
+        if not piped.strip():  # `< /dev/null` or an empty pipe: a mistake, not a prompt
+            raise ParleyError("No prompt: stdin was empty; give --prompt TEXT or pipe one on stdin.")
+        return [piped]
+    if sum(isinstance(g, PromptFile) and g.path == STDIN for g in given) > 1:
+        raise ParleyError("stdin can be read once: give --prompt-file - only once.")
+    return [_read(g) if isinstance(g, PromptFile) else g for g in given]
+
+
+def _read(source: PromptFile) -> str:
+    """The file's text without its final line break (as `echo` and editors end a file): the prompt's own ends."""
+    try:
+        text = sys.stdin.read() if source.path == STDIN else Path(source.path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ParleyError(f"No such prompt file: {source.path}") from None
+    except UnicodeDecodeError as exc:
+        raise ParleyError(f"The prompt file {_name(source)} is not UTF-8 text (byte {exc.start:,}).") from None
+    except OSError as exc:
+        raise ParleyError(f"Could not read the prompt file {_name(source)}: {exc.strerror or exc}.") from None
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def _name(source: PromptFile) -> str:
+    return "(stdin)" if source.path == STDIN else source.path
