@@ -36,8 +36,8 @@ def default_model_path(models_dir: Path) -> Path:
                 _assemble(assemble, target)
     except Exception as exc:
         why = "the folder cannot be written" if isinstance(exc, PermissionError) else str(exc)
-        raise ModelLoadError(f"Could not write the embedded model to {target} ({why}); set PARLEY_HOME to a "
-                             "folder Parley may write.") from exc
+        raise ModelLoadError(f"Could not write the embedded model to {target} ({why}); choose a folder Parley may "
+                             "write with --data-dir or PARLEY_HOME.") from exc
     return target
 
 

@@ -25,5 +25,5 @@ def test_a_folder_it_cannot_write_is_one_line_naming_the_way_out(tmp_path, monke
         raise PermissionError(13, "Permission denied", str(tmp_path / "ro"))
 
     monkeypatch.setattr("pathlib.Path.mkdir", refuse)
-    with pytest.raises(ModelLoadError, match="folder cannot be written.*PARLEY_HOME"):
+    with pytest.raises(ModelLoadError, match="folder cannot be written.*--data-dir or PARLEY_HOME"):
         default_model_path(tmp_path / "ro" / "models")
