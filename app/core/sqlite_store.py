@@ -146,11 +146,19 @@ class SqliteConversationStore(ConversationStore):
         except (sqlite3.Error, OSError) as exc2:
             self._set_warning(_why(exc2, self.file))
             return
-        self._write([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(c))
-                     for c in self._conversations.values()] +
-                    [(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(m))
-                     for m in sorted(self._messages.values(), key=lambda m: m.id)])
+        self._write(self._everything())
         self._set_warning(f"The chat database was damaged ({exc}); it was kept as {aside.name} and a new one started.")
+
+    def _everything(self) -> list[tuple[str, tuple]]:
+        """What memory holds (chats, messages, imported models) as the statements that write it into an empty file."""
+        now = time.time()  # models are listed in the order they were added: kept by a microsecond apart
+        return ([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(c))
+                 for c in self._conversations.values()] +
+                [(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(m))
+                 for m in sorted(self._messages.values(), key=lambda m: m.id)] +
+                [("INSERT INTO model (key, name, path, kind, added_at) VALUES (?, ?, ?, ?, ?)",
+                  (m["key"], m["name"], m["path"], m["kind"], now + i / 1e6))
+                 for i, m in enumerate(self.models.values())])
 
     def _read_what_remains(self) -> None:
         """Starts over from empty (a failed load leaves half its rows) and reads every row the damaged file still
