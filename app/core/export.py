@@ -17,6 +17,7 @@ import numpy as np
 
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import ConversationStore
+from app.core.reasoning import CLOSE, OPEN, split_reasoning
 from engine.errors import ParleyError
 
 FORMAT = "parley-chats"
@@ -33,6 +34,12 @@ MD_MARK = re.compile(r"^<!-- parley:(user|assistant|system)(?: model=(.*?))? -->
 # leading backslash on export and lose one on import: text never becomes a system prompt or a new chat.
 MD_STRUCTURE = re.compile(r"^(\\*)(<!-- parley:|---$)", re.M)
 MD_ESCAPED = re.compile(r"^\\(\\*)(<!-- parley:|---$)", re.M)
+# A thought folds away as it does in the app (GitHub, editors' previews); its own lines that would end the fold, and a
+# reply that starts as one would, get a backslash as the markers do.
+THOUGHT_FOLD = ("<details><summary>Thought</summary>", "<details><summary>Thought (unfinished)</summary>")
+FOLD_END = "</details>"
+FOLD_LINE = re.compile(r"^(\\*)(</details>|<details><summary>Thought)", re.M)
+FOLD_LINE_ESCAPED = re.compile(r"^\\(\\*)(</details>|<details><summary>Thought)", re.M)
 
 
 class ImportFormatError(ParleyError):
@@ -77,8 +84,42 @@ def _chat_markdown(store: ConversationStore, conv_id: int) -> str:
         model = f" model={_one_line(m.model)}" if m.model else ""
         who = "You" if m.role == "user" else (m.model or "Assistant")
         cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m.state, "")
-        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{_md_escape(m.content)}")
+        body = _answer_markdown(m.content) if m.role == "assistant" else _md_escape(m.content)
+        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{body}")
     return "\n\n".join(parts)
+
+
+def _answer_markdown(content: str) -> str:
+    """An answer's thought as a fold above its reply (raw `<think>` tags showed as text, or as nothing at all where
+    a viewer drops unknown HTML)."""
+    r = split_reasoning(content)
+    if r.thought is None:
+        return _fold_escape(_md_escape(content))
+    if not r.thought and not r.thinking:  # thinking switched off: the template's empty thought says nothing
+        return _fold_escape(_md_escape(r.reply))
+    fold = f"{THOUGHT_FOLD[r.thinking]}\n\n{_fold_escape(_md_escape(r.thought))}\n\n{FOLD_END}"
+    return f"{fold}\n\n{_fold_escape(_md_escape(r.reply))}" if r.reply else fold
+
+
+def _answer_from_markdown(text: str) -> str:
+    """The stored answer of an exported one: a fold becomes the thought again, in `<think>` tags (the form every
+    reasoning split reads)."""
+    fold = next((f for f in THOUGHT_FOLD if text.startswith(f + "\n")), None)
+    if fold is None:
+        return _fold_unescape(_md_unescape(text))
+    thought, _, reply = text[len(fold):].partition(f"\n{FOLD_END}")
+    thought, reply = (_fold_unescape(_md_unescape(part.strip("\n"))) for part in (thought, reply))
+    if fold == THOUGHT_FOLD[1]:  # cut short while thinking: the thought stays open
+        return f"{OPEN}\n{thought}"
+    return f"{OPEN}\n{thought}\n{CLOSE}\n\n{reply}"
+
+
+def _fold_escape(text: str) -> str:
+    return FOLD_LINE.sub(lambda m: "\\" + m.group(1) + m.group(2), text)
+
+
+def _fold_unescape(text: str) -> str:
+    return FOLD_LINE_ESCAPED.sub(lambda m: m.group(1) + m.group(2), text)
 
 
 def _tree(store: ConversationStore, conv_id: int) -> list:
@@ -182,7 +223,8 @@ def _markdown_chat(block: str) -> dict:
             prompt = _md_unescape(chunk.removeprefix("> **System:** "))
             settings = settings.copy(system_prompt=_text(prompt, f"{title[:80]!r}: system prompt"))
             continue
-        content = _md_unescape(chunk.partition("\n\n")[2].rstrip("\n"))
+        text = chunk.partition("\n\n")[2].rstrip("\n")
+        content = _answer_from_markdown(text) if mark.group(1) == "assistant" else _md_unescape(text)
         where = f"{title[:80]!r}, message {len(messages) + 1}"
         messages.append({"parent": len(messages) - 1 if messages else None, "role": mark.group(1),
                          "content": _text(content, where), "state": "done", "error": "", "stats": None,

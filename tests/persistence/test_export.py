@@ -157,3 +157,35 @@ def test_markdown_saved_with_windows_line_ends_imports(tmp_path):
     [cid] = import_file(dst, tmp_path / "chats.md")
     assert [(m.role, m.content) for m in dst.path(cid)] == [(m.role, m.content) for m in src.path(conv.id)]
     assert dst.get(cid).settings.system_prompt == "Be brief."
+
+
+@pytest.mark.parametrize("content, thought, reply, thinking", [
+    ("<think>\nWeigh it up.\n</think>\n\nLisbon.", "Weigh it up.", "Lisbon.", False),
+    ("[THINK]Short.[/THINK]Porto.", "Short.", "Porto.", False),
+    ("<think>\nCut short </details> here\n</details>\nstill", "Cut short </details> here\n</details>\nstill", "", True),
+    ("<details><summary>Thought</summary>\n\nnot a thought\n</details>", None,
+     "<details><summary>Thought</summary>\n\nnot a thought\n</details>", False),
+])
+def test_markdown_folds_a_thought_and_imports_it_back(content, thought, reply, thinking):
+    from app.core.reasoning import split_reasoning
+
+    src = ConversationStore()
+    conv = src.create("Reasoning")
+    u = src.add_message(conv.id, None, "user", "Where?")
+    src.add_message(conv.id, u.id, "assistant", content)
+    md = export_markdown(src)
+    assert "<think>" not in md and "[THINK]" not in md
+    if thought is not None:
+        assert "<details><summary>Thought" in md and "\n\n</details>" in md
+    dst = ConversationStore()
+    [cid] = import_markdown(dst, md)
+    back = split_reasoning(dst.path(cid)[1].content)
+    assert (back.thought, back.reply, back.thinking) == (thought, reply, thinking)
+
+
+def test_markdown_of_an_empty_thought_is_the_reply_alone():
+    src = ConversationStore()
+    conv = src.create("No thinking")
+    u = src.add_message(conv.id, None, "user", "Hi")
+    src.add_message(conv.id, u.id, "assistant", "<think>\n\n</think>\n\nHello.")
+    assert "<details>" not in export_markdown(src) and "Hello." in export_markdown(src)
