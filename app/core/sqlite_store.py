@@ -52,6 +52,7 @@ class SqliteConversationStore(ConversationStore):
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
         self._lock_fd: str | None = None  # the key of the lock this store holds in _HELD
+        self._identity: tuple[int, int] | None = None  # (device, inode) of the file the connection has open
         self.locked_out = False  # another Parley holds this data folder: this one shows its chats read-only
         self._open()
 
@@ -69,7 +70,7 @@ class SqliteConversationStore(ConversationStore):
             schema.migrate(db)
             self.has_fts = schema.ensure_search_index(db)
             self._load(db)
-            self._db = db
+            self._db, self._identity = db, _identity(self.file)
             self._recover()
         except schema.SchemaTooNewError as exc:
             self._load_read_only(f"{exc}. Chats are shown but changes will not be saved.")
@@ -139,18 +140,57 @@ class SqliteConversationStore(ConversationStore):
                 src = Path(str(self.file) + suffix)
                 if src.exists():
                     src.rename(Path(str(aside) + suffix))
-            db = schema.connect(self.file)
-            schema.migrate(db)
-            self.has_fts = schema.ensure_search_index(db)
-            self._db = db
+            self._start_file()
         except (sqlite3.Error, OSError) as exc2:
             self._set_warning(_why(exc2, self.file))
             return
         self._write(self._everything())
         self._set_warning(f"The chat database was damaged ({exc}); it was kept as {aside.name} and a new one started.")
 
+    def _start_file(self) -> None:
+        """A new, empty database at `self.file`, open for writing."""
+        db = schema.connect(self.file)
+        schema.migrate(db)
+        self.has_fts = schema.ensure_search_index(db)
+        self._db, self._identity = db, _identity(self.file)
+
+    def _file_is_gone(self) -> bool:
+        """The file was deleted, moved or replaced since it was opened: SQLite goes on writing to the old one."""
+        try:
+            return _identity(self.file) != self._identity
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # cannot tell (a folder without search permission): the open file stays in use
+
+    def _after_file_gone(self) -> None:
+        """Lets go of the old file, its WAL emptied first: left beside a file that took its name, SQLite read the WAL
+        into that file at the next start. A file deleted or moved away is written anew from memory; a replacing one
+        (a backup put back) is left as it is."""
+        db, self._db = self._db, None
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.close()
+        except (sqlite3.Error, OSError):
+            pass
+        if self.file.exists():
+            self._set_warning(f"{self.file} was replaced while Parley ran; it is left as it is, and changes are kept "
+                              "in memory until Parley quits.")
+            return
+        try:
+            for suffix in ("-wal", "-shm"):  # the old file's, emptied: a new file starts without them
+                Path(str(self.file) + suffix).unlink(missing_ok=True)
+            self._start_file()
+        except (sqlite3.Error, OSError) as exc:
+            self._set_warning(_why(exc, self.file))
+            return
+        self._write(self._everything())
+        self._set_warning(f"The chat database {self.file} was deleted or moved while Parley ran; a new one was "
+                          "started with the chats shown.")
+
     def _everything(self) -> list[tuple[str, tuple]]:
-        """What memory holds (chats, messages, imported models) as the statements that write it into an empty file."""
+        """What memory holds (chats, messages, imported models, comparisons) as the statements that write it into an
+        empty file."""
         now = time.time()  # models are listed in the order they were added: kept by a microsecond apart
         return ([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(c))
                  for c in self._conversations.values()] +
@@ -158,7 +198,8 @@ class SqliteConversationStore(ConversationStore):
                  for m in sorted(self._messages.values(), key=lambda m: m.id)] +
                 [("INSERT INTO model (key, name, path, kind, added_at) VALUES (?, ?, ?, ?, ?)",
                   (m["key"], m["name"], m["path"], m["kind"], now + i / 1e6))
-                 for i, m in enumerate(self.models.values())])
+                 for i, m in enumerate(self.models.values())] +
+                [row for gid, members in self._compare.items() for row in _compare_rows(gid, members, now)])
 
     def _read_what_remains(self) -> None:
         """Starts over from empty (a failed load leaves half its rows) and reads every row the damaged file still
@@ -222,6 +263,11 @@ class SqliteConversationStore(ConversationStore):
     def _write(self, statements: list[tuple[str, tuple]], committed: list[Message] = ()) -> None:
         if self._db is None:
             return
+        if self._batch == 0 and self._file_is_gone():
+            self._after_file_gone()  # the new file holds these changes already
+            if self.on_commit is not None and committed and self._db is not None:
+                self.on_commit(list(committed))
+            return
         try:
             if self._batch == 0:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -238,6 +284,8 @@ class SqliteConversationStore(ConversationStore):
     @contextmanager
     def batch(self) -> Iterator[None]:
         """Groups many changes (an import) into one transaction."""
+        if self._db is not None and self._batch == 0 and self._file_is_gone():
+            self._after_file_gone()
         if self._db is not None and self._batch == 0:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
@@ -380,9 +428,7 @@ class SqliteConversationStore(ConversationStore):
     def add_compare_group(self, conv_ids: list[int], title: str = "") -> int:
         gid = next(self._ids)
         self._compare[gid] = list(conv_ids)
-        self._write([("INSERT INTO compare_group (id, title, created_at) VALUES (?, ?, ?)", (gid, title, time.time())),
-                     *[("INSERT INTO compare_member (group_id, conversation_id, position) VALUES (?, ?, ?)", (gid, c, i))
-                       for i, c in enumerate(conv_ids)]])
+        self._write(_compare_rows(gid, conv_ids, time.time(), title))
         return gid
 
     def compare_groups(self) -> dict[int, list[int]]:
@@ -474,6 +520,17 @@ def _message(row: tuple) -> Message:
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _compare_rows(gid: int, members: list[int], created: float, title: str = "") -> list[tuple[str, tuple]]:
+    return [("INSERT INTO compare_group (id, title, created_at) VALUES (?, ?, ?)", (gid, title, created)),
+            *[("INSERT INTO compare_member (group_id, conversation_id, position) VALUES (?, ?, ?)", (gid, c, i))
+              for i, c in enumerate(members)]]
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
 
 
 def _check_integrity(db: sqlite3.Connection) -> None:

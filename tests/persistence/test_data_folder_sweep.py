@@ -73,3 +73,47 @@ def test_imported_models_read_from_a_damaged_file_are_kept_in_the_new_one(tmp_pa
     assert list(reopened.models) == ["mine", "other"] and not reopened.warning
     assert reopened.models["other"] == {"key": "other", "name": "Other", "path": "/models/other", "kind": "hf"}
     reopened.close()
+
+
+def _store_with_chats(path: Path, titles: list[str]):
+    from app.core.sqlite_store import SqliteConversationStore
+
+    store = SqliteConversationStore(path)
+    for title in titles:
+        conv = store.create(title)
+        store.add_message(conv.id, None, "user", f"{title} " * 300)
+    return store
+
+
+def test_a_chat_database_deleted_while_the_app_runs_is_written_anew_with_every_chat_shown(tmp_path):
+    from app.core.sqlite_store import SqliteConversationStore
+
+    path = tmp_path / "parley.db"
+    store = _store_with_chats(path, ["before"])
+    store.save_model("mine", "My model", "/models/mine.gguf", "gguf")
+    path.unlink()  # a file manager's delete: SQLite went on writing to the unlinked file, lost at quit
+    later = store.create("after")
+    store.add_message(later.id, None, "user", "written after the delete")
+    group = store.add_compare_group([later.id])
+    assert store.persistent and "deleted or moved" in store.warning and str(path) in store.warning
+    store.close()
+    reopened = SqliteConversationStore(path)
+    assert sorted(c.title for c in reopened.conversations()) == ["after", "before"] and not reopened.warning
+    assert [m.content for m in reopened.children(later.id, None)] == ["written after the delete"]
+    assert list(reopened.models) == ["mine"] and reopened.compare_groups() == {group: [later.id]}
+    reopened.close()
+
+
+def test_a_chat_database_replaced_while_the_app_runs_is_left_as_put_there(tmp_path):
+    from app.core.sqlite_store import SqliteConversationStore
+
+    path, backup = tmp_path / "parley.db", tmp_path / "backup" / "parley.db"
+    _store_with_chats(backup, ["from the backup"]).close()
+    store = _store_with_chats(path, [f"running {i}" for i in range(30)])
+    backup.replace(path)  # a backup put back: before, the running file's WAL was read into it at the next start
+    store.create("after")
+    assert not store.persistent and "replaced" in store.warning
+    store.close()
+    reopened = SqliteConversationStore(path)
+    assert [c.title for c in reopened.conversations()] == ["from the backup"] and not reopened.warning
+    reopened.close()
