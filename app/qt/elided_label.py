@@ -11,13 +11,14 @@ class ElidedLabel(QLabel):
 
     def __init__(self, text: str = "", parent=None, **kwargs):
         super().__init__(parent, **kwargs)
-        self._full = ""
+        self._full, self._head = "", 0
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.setText(text)
 
-    def setText(self, text: str) -> None:  # noqa: N802 - Qt's name
-        self._full = text
+    def setText(self, text: str, head: int = 0) -> None:  # noqa: N802 - Qt's name
+        """`head`: how many of the text's first characters give way first (a name before the figures after it)."""
+        self._full, self._head = text, head
         self.setToolTip(text if text else "")
         self._elide()
         self.updateGeometry()  # the size hint is the full text's: a layout must hear of it even when "…" stays "…"
@@ -36,5 +37,11 @@ class ElidedLabel(QLabel):
         self._elide()
 
     def _elide(self) -> None:
-        shown = self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(0, self.width()))
-        super().setText(shown)
+        metrics, width = self.fontMetrics(), max(0, self.width())
+        tail = self._full[self._head:]
+        room = width - metrics.horizontalAdvance(tail)
+        if self._head and metrics.horizontalAdvance(self._full) > width and room >= metrics.horizontalAdvance("M…M"):
+            head = metrics.elidedText(self._full[:self._head], Qt.TextElideMode.ElideMiddle, room)
+            super().setText(head + tail)
+            return
+        super().setText(metrics.elidedText(self._full, Qt.TextElideMode.ElideRight, width))

@@ -35,12 +35,12 @@ class StatusLine(QWidget):
         self._shown: tuple[ChatStatus, str] = (ChatStatus(), "")
         self.capacity: tuple[int, int | None] = (0, None)  # the engine's chats at once and tokens per chat
         self._ticker = QTimer(self, interval=TICK_MS)
-        self._ticker.timeout.connect(lambda: self.text.setText(describe(*self._shown)))
+        self._ticker.timeout.connect(lambda: self._describe(*self._shown))
         self.show_status(ChatStatus())
 
     def show_status(self, s: ChatStatus, loading: str = "") -> None:
         self._shown = (s, loading)
-        self.text.setText(describe(s, loading))
+        self._describe(s, loading)
         limit = max(1, s.context_limit)
         self.meter.setRange(0, limit)
         self.meter.setValue(min(s.context_used, limit))
@@ -52,6 +52,10 @@ class StatusLine(QWidget):
             self._ticker.start()
         elif s.state not in TICKING:
             self._ticker.stop()
+
+    def _describe(self, s: ChatStatus, loading: str) -> None:
+        """A narrow line shortens the model's name before the figures after it (a long name hid tok/s and TTFT)."""
+        self.text.setText(describe(s, loading), head=len(model_label(s)))
 
     def _fit_meter(self) -> None:
         """Wide enough for its figures (a large font or a long context), else 110–220 px."""
@@ -72,7 +76,7 @@ class StatusLine(QWidget):
 
 
 def describe(s: ChatStatus, loading: str = "") -> str:
-    parts = [s.model or tr("model not loaded yet")]
+    parts = [model_label(s)]
     if loading:
         parts.append(loading)
     doing = phase(s)
@@ -87,6 +91,10 @@ def describe(s: ChatStatus, loading: str = "") -> str:
     if s.ttft_s is not None and s.prompt_tokens and reused > 0:  # the prefix cache saved this turn's prefill
         parts.append(tr("%1 of %2 prompt tokens cached").replace("%1", f"{reused:,}").replace("%2", f"{s.prompt_tokens:,}"))
     return "  ·  ".join(parts)
+
+
+def model_label(s: ChatStatus) -> str:
+    return s.model or tr("model not loaded yet")
 
 
 def phase(s: ChatStatus) -> str:

@@ -335,3 +335,22 @@ def test_links_the_chat_would_refuse_while_it_answers_are_not_shown(parley, monk
     assert 'href="regen:"' not in w.chat.view.delegate.document(answer)[0].toHtml()
     monkeypatch.undo()
     assert 'href="regen:"' in w.chat.view.delegate.document(answer)[0].toHtml()
+
+
+def test_a_narrow_status_line_shortens_a_long_model_name_before_its_figures(qtbot):
+    from app.core.live import ChatStatus
+    from app.qt.status_line import StatusLine
+
+    line = StatusLine()
+    qtbot.addWidget(line)
+    line.resize(520, 30)
+    line.show()
+    name = "bartowski/Meta-Llama-3.1-8B-Instruct-abliterated-GGUF Q4_K_M (imatrix, 2024-08)"
+    line.show_status(ChatStatus(model=name, state="done", tokens_per_s=41.5, ttft_s=0.25, context_used=70,
+                                context_limit=4096))
+    shown = line.text.text()
+    assert "41.5 tok/s" in shown and "TTFT 250 ms" in shown
+    assert "…" in shown and shown.startswith("bartowski") and name not in shown
+    assert line.text.toolTip() == line.text.full_text()
+    line.resize(1600, 30)
+    qtbot.waitUntil(lambda: line.text.text() == line.text.full_text())
