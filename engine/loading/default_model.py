@@ -66,7 +66,8 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):  # a file system without locks (some network ones): assembled unguarded
+            fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)

@@ -117,3 +117,17 @@ def test_a_chat_database_replaced_while_the_app_runs_is_left_as_put_there(tmp_pa
     reopened = SqliteConversationStore(path)
     assert [c.title for c in reopened.conversations()] == ["from the backup"] and not reopened.warning
     reopened.close()
+
+
+def test_a_models_folder_that_refuses_locks_still_gets_the_embedded_model(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from engine.loading.default_model import default_model_path
+
+    def no_locks(*_args):  # what flock says on a file system without locks (some NFS and FUSE mounts)
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    path = default_model_path(tmp_path / "models")
+    assert path.is_file() and path.stat().st_size > 200 << 20
