@@ -133,18 +133,8 @@ def _penalize_prompt(data: dict, fields: dict) -> bool:
 
 def sampling(data: dict, context_limit: int, default_max_tokens: int | None = None) -> SamplingParams:
     """OpenAI sampling fields (plus top_k, min_p, repetition_penalty, repeat_last_n) -> SamplingParams."""
-    max_tokens = _number(data, "max_completion_tokens", int, None)
-    if max_tokens is None:
-        max_tokens = _number(data, "max_tokens", int, None)
-    if max_tokens is None:  # as OpenAI: chat up to the context (the engine stops when it is full), completions 16
-        max_tokens = min(default_max_tokens or context_limit, context_limit)
-    if not 1 <= max_tokens <= context_limit:
-        raise APIError(400, f"max_tokens must be between 1 and this model's context of {context_limit} tokens, "
-                            f"not {max_tokens}.", "max_tokens")
-    stop = data.get("stop")
-    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
-        raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
+    max_tokens = _max_tokens(data, context_limit, default_max_tokens)
+    stop = _stop(data)
     top_k = _number(data, "top_k", int, 0)
     if not -1 <= top_k <= MAX_INT32:
         raise APIError(400, f"'top_k' must be between -1 (off) and {MAX_INT32}, not {top_k}.", "top_k")
@@ -178,6 +168,27 @@ def sampling(data: dict, context_limit: int, default_max_tokens: int | None = No
         return SamplingParams(**fields)
     except ParleyError as exc:
         raise APIError(400, str(exc)) from None
+
+
+def _max_tokens(data: dict, context_limit: int, default: int | None) -> int:
+    """`max_completion_tokens` (OpenAI's current name) before `max_tokens`; an error names the one sent."""
+    name = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _number(data, name, int, None)
+    if max_tokens is None:  # as OpenAI: chat up to the context (the engine stops when it is full), completions 16
+        return min(default or context_limit, context_limit)
+    if not 1 <= max_tokens <= context_limit:
+        raise APIError(400, f"'{name}' must be between 1 and this model's context of {context_limit} tokens, "
+                            f"not {max_tokens}.", name)
+    return max_tokens
+
+
+def _stop(data: dict) -> list[str]:
+    """The stop strings."""
+    stop = data.get("stop")
+    stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
+        raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
+    return stop
 
 
 def _thinking(data: dict) -> bool | None:

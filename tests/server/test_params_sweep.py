@@ -1,0 +1,27 @@
+"""The request fields a client sends, one by one: each is honoured as OpenAI documents it or refused with a 400 that
+names it, never silently dropped."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}
+
+
+def post(server, body: dict, path: str = "/chat/completions") -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
+def answer(server, **fields) -> dict:
+    r = post(server, CHAT | fields)
+    assert r.status_code == 200, r.text
+    return {"message": r.json()["choices"][0]["message"], "usage": r.json()["usage"]}
+
+
+@pytest.mark.parametrize("fields", [{"max_completion_tokens": 0}, {"max_completion_tokens": -3, "max_tokens": 5},
+                                    {"max_completion_tokens": 10**9}])
+def test_a_bad_max_completion_tokens_is_named_as_sent(server, fields):
+    r = post(server, CHAT | fields)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
+    assert "'max_completion_tokens' must be between 1 and" in r.json()["error"]["message"]
