@@ -12,6 +12,7 @@ import copy
 import itertools
 import json
 import os
+import shutil
 import sqlite3
 import time
 from contextlib import contextmanager
@@ -25,6 +26,7 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+NEARLY_FULL = 1 << 20  # bytes free under which SQLite's "disk I/O error" means the disk is full
 COMPACT_SHARE = 4  # closing compacts the file once the messages deleted since opening are a quarter of those left
 
 _HELD: dict[str, list] = {}  # lock file -> [descriptor, stores of this process using it]
@@ -545,9 +547,17 @@ def _is_damaged(exc: Exception) -> bool:
     return "not a database" in text or "malformed" in text or "corrupt" in text
 
 
+def _nearly_full(folder: Path) -> bool:
+    """Opening on a full disk fails growing the WAL index, which SQLite reports as a plain "disk I/O error"."""
+    try:
+        return shutil.disk_usage(folder).free < NEARLY_FULL
+    except OSError:
+        return False
+
+
 def _why(exc: Exception, path: Path) -> str:
     text = str(exc).lower()
-    if "full" in text or getattr(exc, "errno", None) == 28:
+    if "full" in text or getattr(exc, "errno", None) == 28 or ("i/o error" in text and _nearly_full(path.parent)):
         reason = "the disk is full"
     elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
         reason = "the data folder is read-only" if not os.access(path.parent, os.W_OK) else f"{path.name} is read-only"

@@ -131,3 +131,39 @@ def test_a_models_folder_that_refuses_locks_still_gets_the_embedded_model(tmp_pa
     monkeypatch.setattr(fcntl, "flock", no_locks)
     path = default_model_path(tmp_path / "models")
     assert path.is_file() and path.stat().st_size > 200 << 20
+
+
+def _fill(folder: Path) -> None:
+    import os
+
+    fd = os.open(folder / "filler", os.O_WRONLY | os.O_CREAT)
+    try:
+        while True:
+            os.write(fd, b"\0" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def test_a_chat_database_opened_on_a_full_disk_says_the_disk_is_full(tmp_path):
+    import gc
+
+    import pytest
+
+    from app.core.sqlite_store import SqliteConversationStore
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("a real full disk needs a tmpfs mount (root)")
+    try:
+        _store_with_chats(disk / "parley.db", ["kept"]).close()
+        _fill(disk)
+        store = SqliteConversationStore(disk / "parley.db")  # before: "(disk I/O error)"
+        assert not store.persistent and "(the disk is full)" in store.warning, store.warning
+        assert [c.title for c in store.conversations()] == ["kept"]
+        store.close()
+    finally:
+        gc.collect()  # the connection that failed to open, freed only by the collector: it keeps the mount busy
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
