@@ -107,7 +107,7 @@ def _message(m, i: int) -> tuple[str, str]:
     if isinstance(content, list):  # content parts: only text is supported
         if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
             raise APIError(400, f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
-        content = "".join(p["text"] for p in content)
+        content = "\n".join(p["text"] for p in content)  # one line each, as vLLM and llama.cpp's server join them
     if not isinstance(content, str):
         raise APIError(400, f"messages[{i}].content must be a string or an array of text parts.",
                        f"messages[{i}].content")

@@ -19,6 +19,13 @@ def answer(server, **fields) -> dict:
     return {"message": r.json()["choices"][0]["message"], "usage": r.json()["usage"]}
 
 
+def test_text_parts_are_joined_one_per_line(server):
+    """As vLLM and llama.cpp's server join them: ["Say", "hello."] is "Say\\nhello.", not "Sayhello."."""
+    parts = [{"type": "text", "text": "Say"}, {"type": "text", "text": "hello."}]
+    joined = answer(server, messages=[{"role": "user", "content": "Say\nhello."}])
+    assert answer(server, messages=[{"role": "user", "content": parts}]) == joined
+
+
 @pytest.mark.parametrize("fields", [{"max_completion_tokens": 0}, {"max_completion_tokens": -3, "max_tokens": 5},
                                     {"max_completion_tokens": 10**9}])
 def test_a_bad_max_completion_tokens_is_named_as_sent(server, fields):
