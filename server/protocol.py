@@ -208,6 +208,9 @@ def _reject_unsupported(data: dict, chat: bool) -> None:
     for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
         if data.get(name) not in (None, False, [], {}, 0, 1 if name == "best_of" else 0):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
+    for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come
+        if data.get(name) not in (None, "none", "auto"):
+            raise APIError(400, f"'{name}' can only be 'none' or 'auto': this server does not call tools.", name)
     fmt = data.get("response_format")
     if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
         raise APIError(400, "Only response_format {'type': 'text'} is supported.", "response_format")

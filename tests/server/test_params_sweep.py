@@ -32,3 +32,19 @@ def test_a_bad_max_completion_tokens_is_named_as_sent(server, fields):
     r = post(server, CHAT | fields)
     assert r.status_code == 400 and r.json()["error"]["param"] == "max_completion_tokens", r.text
     assert "'max_completion_tokens' must be between 1 and" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("name, value", [
+    ("tool_choice", "required"),
+    ("tool_choice", {"type": "function", "function": {"name": "get_weather"}}),
+    ("function_call", {"name": "get_weather"}),
+])
+def test_a_tool_call_the_client_requires_is_refused(server, name, value):
+    """No tools here: a client that demands a call must not get plain text as if it had been honoured."""
+    r = post(server, CHAT | {name: value})
+    assert r.status_code == 400 and r.json()["error"]["param"] == name, r.text
+
+
+@pytest.mark.parametrize("name, value", [("tool_choice", "none"), ("tool_choice", "auto"), ("function_call", "none")])
+def test_a_tool_choice_that_allows_plain_text_is_served(server, name, value):
+    assert answer(server, **{name: value}) == answer(server)
