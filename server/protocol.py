@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
-from engine.sampling import MAX_INT32, SamplingParams
+from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
@@ -183,12 +183,15 @@ def _max_tokens(data: dict, context_limit: int, default: int | None) -> int:
 
 
 def _stop(data: dict) -> list[str]:
-    """The stop strings."""
+    """The stop strings; empty ones are dropped, as llama.cpp's server drops them (they would end every answer at
+    once)."""
     stop = data.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
         raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
-    return stop
+    if any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise APIError(400, f"A stop string may hold at most {MAX_STOP_CHARS} characters.", "stop")
+    return [s for s in stop if s]
 
 
 def _thinking(data: dict) -> bool | None:

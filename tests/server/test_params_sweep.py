@@ -48,3 +48,13 @@ def test_a_tool_call_the_client_requires_is_refused(server, name, value):
 @pytest.mark.parametrize("name, value", [("tool_choice", "none"), ("tool_choice", "auto"), ("function_call", "none")])
 def test_a_tool_choice_that_allows_plain_text_is_served(server, name, value):
     assert answer(server, **{name: value}) == answer(server)
+
+
+@pytest.mark.parametrize("stop", ["", [""], ["", ""]])
+def test_empty_stop_strings_are_dropped_as_llama_cpp_drops_them(server, stop):
+    assert answer(server, stop=stop) == answer(server)
+
+
+def test_a_stop_string_too_long_names_stop(server):
+    r = post(server, CHAT | {"stop": ["x" * 1001]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stop" and "1000" in r.json()["error"]["message"]
