@@ -164,6 +164,8 @@ def sampling(data: dict, context_limit: int, default_max_tokens: int | None = No
     fields["penalize_prompt"] = _penalize_prompt(data, fields)
     if fields["top_p"] == 0:
         fields["top_p"], fields["temperature"] = 1.0, 0.0  # "only the most likely token"
+    if fields["min_p"] == 1:
+        fields["min_p"], fields["temperature"] = 0.0, 0.0  # tokens at least as likely as the top one: the top one
     try:
         return SamplingParams(**fields)
     except ParleyError as exc:

@@ -58,3 +58,8 @@ def test_empty_stop_strings_are_dropped_as_llama_cpp_drops_them(server, stop):
 def test_a_stop_string_too_long_names_stop(server):
     r = post(server, CHAT | {"stop": ["x" * 1001]})
     assert r.status_code == 400 and r.json()["error"]["param"] == "stop" and "1000" in r.json()["error"]["message"]
+
+
+def test_min_p_of_one_keeps_only_the_most_likely_token(server):
+    """The range the server states is 0 to 1; at 1 only tokens as likely as the top one are kept: greedy."""
+    assert answer(server, min_p=1, temperature=1.5, seed=3, max_tokens=12) == answer(server, max_tokens=12)
