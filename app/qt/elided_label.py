@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QLabel, QSizePolicy
+from PySide6.QtWidgets import QLabel, QPushButton, QSizePolicy
 
 
 class ElidedLabel(QLabel):
@@ -45,3 +45,27 @@ class ElidedLabel(QLabel):
             super().setText(head + tail)
             return
         super().setText(metrics.elidedText(self._full, Qt.TextElideMode.ElideRight, width))
+
+
+class ElidedButton(QPushButton):
+    """A push button whose long text ends in "…" when the button is narrower (Qt cut it at both edges, mid-word)."""
+
+    def __init__(self, text: str = "", parent=None, **kwargs):
+        super().__init__(parent, **kwargs)
+        self._full = text
+        super().setText(text)
+
+    def full_text(self) -> str:
+        return self._full
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        shown = self.text()
+        super().setText(self._full)  # the hint is the whole text's, whatever is shown now
+        hint = super().sizeHint()
+        super().setText(shown)
+        return hint
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        room = self.contentsRect().width() - 2 * self.fontMetrics().horizontalAdvance("M")  # the frame's padding
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(0, room)))

@@ -1,12 +1,14 @@
 """What an empty chat shows: which model answers, what kind of model it is, and prompts to start from."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QSizePolicy, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QSizePolicy, QVBoxLayout, QWidget
 
 from app.core.model_registry import ModelEntry
+from app.qt.elided_label import ElidedButton
 
 MAX_WIDTH = 560  # a readable line length, centred in wide windows
+LINE_CHARS = 80  # the same line under a larger font: the column widens with it
 
 
 class EmptyState(QWidget):
@@ -19,20 +21,37 @@ class EmptyState(QWidget):
         self.note.setTextFormat(Qt.TextFormat.RichText)
         self.samples_label = QLabel(self.tr("Try one of these:"), alignment=Qt.AlignmentFlag.AlignHCenter)
         self.buttons: list[QPushButton] = []
-        column = QWidget(maximumWidth=MAX_WIDTH)  # fills the pane up to a readable width, centred
-        column.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
-        self._box = QVBoxLayout(column)
+        self.column = QWidget()  # fills the pane up to a readable width, centred
+        self.column.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
+        self._fit_column()
+        self._box = QVBoxLayout(self.column)
         for w in (self.title, self.note, self.samples_label):
             self._box.addWidget(w)
         self._samples_at = self._box.count()
         row = QHBoxLayout()
         row.addStretch(1)
-        row.addWidget(column, 20)
+        row.addWidget(self.column, 20)
         row.addStretch(1)
+        page = QWidget(objectName="emptyPage")
+        inner = QVBoxLayout(page)
+        inner.addStretch(1)
+        inner.addLayout(row)
+        inner.addStretch(2)
+        # a large font in a short window scrolls: the note's lines were squeezed over one another
+        self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
+        self.scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setWidget(page)
         outer = QVBoxLayout(self)
-        outer.addStretch(1)
-        outer.addLayout(row)
-        outer.addStretch(2)
+        outer.setContentsMargins(0, 0, 0, 0)
+        outer.addWidget(self.scroll)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._fit_column()
+
+    def _fit_column(self) -> None:
+        self.column.setMaximumWidth(max(MAX_WIDTH, LINE_CHARS * self.column.fontMetrics().averageCharWidth()))
 
     def show_for(self, entry: ModelEntry | None) -> None:
         base = entry is None or entry.kind == "embedded"
@@ -66,10 +85,10 @@ class EmptyState(QWidget):
             button.deleteLater()
         self.buttons = []
         for i, prompt in enumerate(prompts):
-            button = QPushButton(prompt.replace("\n", " ⏎ ").strip(), objectName="samplePrompt")
+            button = ElidedButton(prompt.replace("\n", " ⏎ ").strip(), objectName="samplePrompt")
             button.setProperty("prompt", prompt)
             button.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
-            button.setMinimumWidth(120)  # a narrow window clips a long sample rather than growing
+            button.setMinimumWidth(120)  # a narrow window shortens a long sample rather than growing
             button.setToolTip(prompt)
             button.setAccessibleName(self.tr("Sample prompt: %1").replace("%1", prompt))
             button.clicked.connect(lambda _c=False, p=prompt: self.prompt_chosen.emit(p))

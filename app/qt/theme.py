@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRect, QSize, Qt
-from PySide6.QtGui import QColor, QGuiApplication, QIcon, QIconEngine, QPainter, QPalette, QPixmap
+from PySide6.QtGui import QColor, QFontMetrics, QGuiApplication, QIcon, QIconEngine, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle
 
 THEMES = ("system", "light", "dark")
 
@@ -27,6 +27,9 @@ def find_resources() -> Path:
 
 
 RESOURCES = find_resources()
+ICON_METRICS = (QStyle.PixelMetric.PM_SmallIconSize, QStyle.PixelMetric.PM_ButtonIconSize,
+                QStyle.PixelMetric.PM_ToolBarIconSize)
+ICON_PER_LINE = 16 / 17  # Fusion's 16-px icons beside a 10-pt font's 17-px line
 
 _COLORS = {
     False: {"window": "#f7f7f9", "base": "#ffffff", "alt": "#f0f1f4", "text": "#1f2328", "button": "#eceef2",
@@ -47,10 +50,21 @@ def is_dark(mode: str) -> bool:
 
 def apply_theme(app: QApplication, mode: str) -> bool:
     dark = is_dark(mode)
-    app.setStyle("Fusion")
+    app.setStyle(FontScaledStyle("Fusion"))
     app.setPalette(palette(dark))
     app.setStyleSheet((RESOURCES / ("dark.qss" if dark else "light.qss")).read_text(encoding="utf-8"))
     return dark
+
+
+class FontScaledStyle(QProxyStyle):
+    """Fusion whose icons grow with the font: under a 20-pt font they stayed 16 px beside 31-px lines of text."""
+
+    def pixelMetric(self, metric, option=None, widget=None) -> int:  # noqa: N802 - Qt's name
+        size = super().pixelMetric(metric, option, widget)
+        if metric not in ICON_METRICS:
+            return size
+        font = widget.font() if widget is not None else QApplication.font()
+        return max(size, round(QFontMetrics(font).height() * ICON_PER_LINE))
 
 
 def palette(dark: bool) -> QPalette:

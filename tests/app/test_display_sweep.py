@@ -281,3 +281,27 @@ def test_a_font_change_while_a_chat_is_open_reaches_its_messages(parley, qtbot):
     # the cached documents kept the old size until each message changed
     assert view.delegate.document(message)[0].defaultFont().pointSizeF() == before * 2
     assert _gaps(view) == [0]
+
+
+def test_a_large_font_grows_the_icons_with_it(large_font_app, qtbot):
+    """Fusion's icons stayed 16 px beside a 20-pt font's 31-px lines: a send arrow a third of its label's height."""
+    w = large_font_app.window
+    line = w.fontMetrics().height()
+    for button in (w.chat.composer.send_button, w.chat.settings_button, w.sidebar.new_button):
+        assert button.iconSize().height() >= 0.8 * line, button.objectName() or button.toolTip()
+
+
+def test_a_large_font_in_a_short_window_scrolls_the_empty_chat_and_shortens_its_samples(large_font_app, qtbot):
+    """The empty chat's note was squeezed until its lines overlapped "Try one of these:", and a long sample prompt
+    was cut at both edges of its button, mid-word."""
+    w = large_font_app.window
+    w.resize(1200, 800)
+    w.show()
+    qtbot.waitUntil(lambda: w.chat.body.currentWidget() is w.chat.empty)
+    qtbot.wait(100)
+    note = w.chat.empty.note
+    assert note.height() >= note.heightForWidth(note.width())  # every line of it laid out, none drawn over
+    for button in w.chat.empty.buttons:
+        shown = button.text()
+        assert button.fontMetrics().horizontalAdvance(shown) <= button.width()
+        assert shown == button.full_text() or shown.endswith("…")
