@@ -11,6 +11,7 @@ from engine.errors import ParleyError
 from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 
+RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
@@ -264,12 +265,14 @@ def finish_reason(reason: str) -> str:
 
 class ReasoningSplit:
     """An answer's text as DeepSeek's API and llama.cpp's server send a reasoning model's: the thought it starts with
-    (`<think>…</think>`, `[THINK]…[/THINK]`) in `reasoning_content`, the reply in `content`. Fed as it streams: a tag
-    split across pieces is held until it is whole. `prefix`: the answer a request continues (its thought may be
+    (`<think>…</think>`, `[THINK]…[/THINK]`) in `reasoning_content`, the reply in `content` (without the
+    `<response>…</response>` Granite wraps it in after a thought, as llama.cpp's server sends it). Fed as it streams: a
+    tag split across pieces is held until it is whole. `prefix`: the answer a request continues (its thought may be
     open)."""
 
     def __init__(self, prefix: str = "") -> None:
-        self._held, self._state, self._close = "", "start", ""  # state: start, thought, after (the tag), reply
+        # state: start, thought, after (the thought's close tag), response (inside Granite's tags), reply
+        self._held, self._state, self._close = "", "start", ""
         self._fresh = True  # no thought text yet: whitespace after the opening tag is dropped
         if prefix:
             self.feed(prefix)
@@ -282,18 +285,20 @@ class ReasoningSplit:
             return {}
         thought = self._read_thought() if self._state == "thought" else ""
         if self._state == "after":
-            if not self._held.strip():
-                self._held = ""
-            else:
-                self._held, self._state = self._held.lstrip(), "reply"
-        reply = self._held if self._state == "reply" else ""
-        self._held = "" if self._state == "reply" else self._held
+            self._read_after()
+        reply = self._read_response() if self._state == "response" else ""
+        if self._state == "reply":
+            reply, self._held = reply + self._held, ""
         return {k: v for k, v in (("reasoning_content", thought), ("content", reply)) if v}
 
     def finish(self) -> dict[str, str]:
-        """What is held at the end: a thought's partial close tag is its text, a lone partial opening tag the reply."""
+        """What is held at the end: a thought's partial close tag is its text, a lone partial opening tag the reply,
+        a response's closing tag nothing."""
         held, self._held = self._held, ""
-        key = {"thought": "reasoning_content", "start": "content", "reply": "content"}.get(self._state)
+        if self._state == "response" and held.strip() == RESPONSE_TAGS[1]:
+            return {}
+        key = {"thought": "reasoning_content", "start": "content", "after": "content", "response": "content",
+               "reply": "content"}.get(self._state)
         return {key: held} if key and held else {}
 
     def _read_start(self) -> bool:
@@ -307,6 +312,32 @@ class ReasoningSplit:
             return False  # may still open a thought
         self._state = "reply"
         return True
+
+    def _read_after(self) -> None:
+        """After the thought: Granite's `<response>` opens the reply's wrapper, other text is the reply."""
+        head = self._held.lstrip()
+        if head.startswith(RESPONSE_TAGS[0]):
+            self._held, self._state, self._fresh = head[len(RESPONSE_TAGS[0]):], "response", True
+        elif head and not RESPONSE_TAGS[0].startswith(head):
+            self._held, self._state = head, "reply"
+        else:
+            self._held = head  # nothing yet, or maybe the start of `<response>`
+
+    def _read_response(self) -> str:
+        """The reply inside `<response>…</response>`: what may be its closing tag (with the whitespace around it) is
+        held; a closing tag with text after it is the reply's own (only the last one, at the end, is dropped)."""
+        if self._fresh:
+            self._held = self._held.lstrip()
+            self._fresh = not self._held
+        close, reply = RESPONSE_TAGS[1], ""
+        while (at := self._held.find(close)) >= 0 and self._held[at + len(close):].strip():
+            reply, self._held = reply + self._held[:at + len(close)], self._held[at + len(close):]
+        if at < 0:
+            at = len(self._held) - next((n for n in range(min(len(self._held), len(close) - 1), 0, -1)
+                                         if close.startswith(self._held[-n:])), 0)
+        at = len(self._held[:at].rstrip())
+        reply, self._held = reply + self._held[:at], self._held[at:]
+        return reply
 
     def _read_thought(self) -> str:
         if self._fresh:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from server.protocol import ReasoningSplit, split_answer
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}
 
@@ -63,3 +64,23 @@ def test_a_stop_string_too_long_names_stop(server):
 def test_min_p_of_one_keeps_only_the_most_likely_token(server):
     """The range the server states is 0 to 1; at 1 only tokens as likely as the top one are kept: greedy."""
     assert answer(server, min_p=1, temperature=1.5, seed=3, max_tokens=12) == answer(server, max_tokens=12)
+
+
+GRANITE = "<think>The user greets.</think>\n<response>Hello!\n</response>\n"
+
+
+@pytest.mark.parametrize("text, want", [
+    (GRANITE, {"content": "Hello!", "reasoning_content": "The user greets."}),
+    ("<think>T</think><response>Hi", {"content": "Hi", "reasoning_content": "T"}),  # cut short by max_tokens
+    ("<think>T</think><response>a</response>b</response>", {"content": "a</response>b", "reasoning_content": "T"}),
+    ("<think>T</think><response>Hi</response> more", {"content": "Hi</response> more", "reasoning_content": "T"}),
+    ("<response>x</response>", {"content": "<response>x</response>"}),  # no thought: not Granite's wrapper
+])
+def test_granite_s_response_tags_are_not_in_the_content(text, want):
+    """Granite 3.2+ answers `<think>…</think>` then `<response>…</response>`: the reply is what the response holds
+    (as the app shows it and llama.cpp's server sends it), streamed in any pieces or whole."""
+    assert split_answer(text) == want
+    for size in (1, 2, 5):
+        split = ReasoningSplit()
+        deltas = [split.feed(text[i:i + size]) for i in range(0, len(text), size)] + [split.finish()]
+        assert "".join(d.get("content", "") for d in deltas) == want["content"]
