@@ -26,6 +26,7 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+LOCKED_RETRY_S = 10.0  # while another program holds the write lock, a write tries again at most this often
 NEARLY_FULL = 1 << 20  # bytes free under which SQLite's "disk I/O error" means the disk is full
 COMPACT_SHARE = 4  # closing compacts the file once the messages deleted since opening are a quarter of those left
 
@@ -50,6 +51,9 @@ class SqliteConversationStore(ConversationStore):
         self._dirty: set[int] = set()
         self._batch = 0
         self._deleted = 0  # messages deleted since the file was opened (see _compact)
+        self._held: list[tuple[str, tuple]] = []  # statements waiting while another program holds the write lock
+        self._held_msgs: list[Message] = []
+        self._retry_at = 0.0  # clock time before which a locked file is not tried again
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
@@ -270,9 +274,12 @@ class SqliteConversationStore(ConversationStore):
             if self.on_commit is not None and committed and self._db is not None:
                 self.on_commit(list(committed))
             return
+        if self._batch == 0:
+            statements, committed = [*self._held, *statements], [*self._held_msgs, *committed]
         try:
-            if self._batch == 0:
-                self._db.execute("BEGIN IMMEDIATE")
+            if self._batch == 0 and not self._begin():
+                self._held, self._held_msgs = _latest_updates(statements), list(committed)
+                return
             for sql, params in statements:
                 self._db.execute(sql, params)
             if self._batch == 0:
@@ -280,8 +287,33 @@ class SqliteConversationStore(ConversationStore):
         except (sqlite3.Error, OSError) as exc:
             self._degrade(exc)
             return
+        if self._batch == 0 and self._held:
+            self._held, self._held_msgs = [], []
+            if self.warning == self._locked_text():
+                self.warning = ""  # saved again
         if self.on_commit is not None and committed and self._batch == 0:
             self.on_commit(list(committed))
+
+    def _begin(self) -> bool:
+        """BEGIN IMMEDIATE, or False while another program (a database browser) holds the write lock: the changes wait
+        for a later write. Giving up for good lost the rest of the session; a try waits out the busy timeout on the
+        GUI thread, so it comes at most every LOCKED_RETRY_S."""
+        if self._clock() < self._retry_at:
+            return False
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            return True
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc).lower():
+                raise
+        self._retry_at = self._clock() + LOCKED_RETRY_S
+        if self.warning != self._locked_text():
+            self._set_warning(self._locked_text())
+        return False
+
+    def _locked_text(self) -> str:
+        return (f"Another program has {self.file} locked: chats are not saved until it lets go (Parley tries again "
+                f"every {LOCKED_RETRY_S:.0f} s).")
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -322,12 +354,12 @@ class SqliteConversationStore(ConversationStore):
 
     @property
     def persistent(self) -> bool:
-        return self._db is not None
+        return self._db is not None and not self._held
 
     def flush(self) -> None:
         """Commits the text streamed since the last flush (the GUI also calls this on a timer)."""
         self._last_flush = self._clock()
-        if not self._dirty:
+        if not self._dirty and not self._held:
             return
         msgs = [self._messages[i] for i in sorted(self._dirty) if i in self._messages]
         self._dirty.clear()
@@ -335,6 +367,7 @@ class SqliteConversationStore(ConversationStore):
 
     def close(self) -> None:
         """Commits everything and closes the file; the store keeps working in memory afterwards."""
+        self._retry_at = 0.0  # the last chance to write what a lock held back
         self.flush()
         self._write([_update_conv(c) for c in self._conversations.values()])
         db, self._db = self._db, None
@@ -522,6 +555,18 @@ def _message(row: tuple) -> Message:
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
     return db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() is not None
+
+
+def _latest_updates(statements: list[tuple[str, tuple]]) -> list[tuple[str, tuple]]:
+    """`statements` with only the last UPDATE of each row (streamed text held back re-sends the whole message)."""
+    seen, out = set(), []
+    for sql, params in reversed(statements):
+        key = (sql, params[-1] if params else None)  # UPDATEs end with the row's id
+        if sql.startswith("UPDATE") and key in seen:
+            continue
+        seen.add(key)
+        out.append((sql, params))
+    return out[::-1]
 
 
 def _compare_rows(gid: int, members: list[int], created: float, title: str = "") -> list[tuple[str, tuple]]:

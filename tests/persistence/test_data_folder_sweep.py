@@ -167,3 +167,32 @@ def test_a_chat_database_opened_on_a_full_disk_says_the_disk_is_full(tmp_path):
     finally:
         gc.collect()  # the connection that failed to open, freed only by the collector: it keeps the mount busy
         subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+def test_changes_made_while_another_program_holds_the_database_are_saved_once_it_lets_go(tmp_path):
+    import sqlite3
+
+    from app.core.sqlite_store import SqliteConversationStore
+
+    path, now = tmp_path / "parley.db", [0.0]
+    store = SqliteConversationStore(path, clock=lambda: now[0])
+    conv = store.create("one")
+    browser = sqlite3.connect(path, isolation_level=None)  # a database browser with an edit not yet written
+    browser.execute("BEGIN IMMEDIATE")
+    first = store.add_message(conv.id, None, "user", "while locked")
+    answer = store.add_message(conv.id, first.id, "assistant", state="streaming")
+    for piece in ("an ", "answer ", "streamed"):
+        now[0] += 1.0
+        store.append_text(answer.id, piece)
+    assert not store.persistent and "locked" in store.warning  # before: given up for good, all lost at quit
+    browser.execute("ROLLBACK")
+    browser.close()
+    now[0] += 60.0  # past the wait between tries
+    store.flush()  # the GUI's timer: held changes go out with no new change
+    assert store.persistent and not store.warning
+    store.add_message(conv.id, answer.id, "user", "after")
+    store.close()
+    reopened = SqliteConversationStore(path)
+    texts = [m.content for m in reopened.path(conv.id)]
+    assert texts == ["while locked", "an answer streamed", "after"]
+    reopened.close()
