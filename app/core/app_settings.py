@@ -1,6 +1,7 @@
 """App-wide settings (theme, defaults for new chats, compare mode), kept as JSON in the data folder."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -55,12 +56,14 @@ class AppSettings:
         data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
                 "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
                 "presets": self.presets, "draft_model": self.draft_model}
+        partial = self.file.with_name(self.file.name + ".partial")  # a crash mid-write leaves the old file whole
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            partial = self.file.with_name(self.file.name + ".partial")  # a crash mid-write leaves the old file whole
             partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
             os.replace(partial, self.file)
         except OSError:
+            with contextlib.suppress(OSError):  # a full disk's cut-off copy is not left beside the settings
+                partial.unlink(missing_ok=True)
             return False
         return True
 

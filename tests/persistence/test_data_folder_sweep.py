@@ -196,3 +196,29 @@ def test_changes_made_while_another_program_holds_the_database_are_saved_once_it
     texts = [m.content for m in reopened.path(conv.id)]
     assert texts == ["while locked", "an answer streamed", "after"]
     reopened.close()
+
+
+# Saves the settings under a file size limit, as a full disk cuts a write short (EFBIG instead of ENOSPC).
+SAVE_CUT_SHORT = """
+import resource, signal, sys
+from pathlib import Path
+from app.core.app_settings import AppSettings
+settings = AppSettings.load(Path(sys.argv[1]))
+settings.presets = {f"preset {i}": {"temperature": 0.5} for i in range(500)}
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+print(settings.save())
+"""
+
+
+def test_settings_cut_short_by_a_full_disk_leave_the_old_file_and_no_partial_copy(tmp_path):
+    from app.core.app_settings import AppSettings
+
+    file = tmp_path / "settings.json"
+    settings = AppSettings.load(file)
+    settings.theme = "dark"
+    assert settings.save()
+    out = subprocess.run([sys.executable, "-c", SAVE_CUT_SHORT, str(file)], cwd=ROOT, capture_output=True, text=True)
+    assert out.stdout.split() == ["False"], out.stderr
+    assert AppSettings.load(file).theme == "dark"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]  # before: a 4 KB settings.json.partial too
