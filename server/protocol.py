@@ -199,13 +199,18 @@ def _stop(data: dict) -> list[str]:
 
 def _thinking(data: dict) -> bool | None:
     """`chat_template_kwargs: {"enable_thinking": false}` (as vLLM and llama.cpp's server take it): whether a thinking
-    model (Qwen3, SmolLM3) thinks first; other template variables are refused rather than silently dropped."""
+    model (Qwen3, SmolLM3) thinks first; `thinking`, Granite's name for it (as vLLM's Granite docs send it), is the same
+    switch. Other template variables are refused rather than silently dropped."""
     kwargs = _typed(data, "chat_template_kwargs", dict, {})
-    unknown = sorted(set(kwargs) - {"enable_thinking"})
+    unknown = sorted(set(kwargs) - {"enable_thinking", "thinking"})
     if unknown:
-        raise APIError(400, f"'chat_template_kwargs' takes only 'enable_thinking', not {', '.join(map(repr, unknown))}.",
+        raise APIError(400, "'chat_template_kwargs' takes only 'enable_thinking' (or Granite's 'thinking'), not "
+                            f"{', '.join(map(repr, unknown))}.", "chat_template_kwargs")
+    switches = {_typed(kwargs, name, bool, None) for name in ("enable_thinking", "thinking")} - {None}
+    if len(switches) > 1:
+        raise APIError(400, "'enable_thinking' and 'thinking' are one switch: send one, or both alike.",
                        "chat_template_kwargs")
-    return _typed(kwargs, "enable_thinking", bool, None)
+    return switches.pop() if switches else None
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:

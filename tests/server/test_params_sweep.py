@@ -5,7 +5,12 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from engine.runtime import EngineConfig
+from engine.tokenizer.chat_template import ChatTemplate
 from server.protocol import ReasoningSplit, split_answer
+from server.run import BackgroundServer
+from tests.engine.test_reasoning_sweep import GRANITE_SHAPE
+from tests.server.conftest import RecordingBridge
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "temperature": 0}
 
@@ -84,3 +89,25 @@ def test_granite_s_response_tags_are_not_in_the_content(text, want):
         split = ReasoningSplit()
         deltas = [split.feed(text[i:i + size]) for i in range(0, len(text), size)] + [split.finish()]
         assert "".join(d.get("content", "") for d in deltas) == want["content"]
+
+
+@pytest.fixture(scope="module")
+def granite_server(tiny_models):
+    bridge = RecordingBridge(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
+    served = bridge.start().load(tiny_models["qwen3"].gguf_path, alias="tiny")
+    bridge.engine._hosts[served.model_id].runtime.lm.tokenizer.chat_template = ChatTemplate(GRANITE_SHAPE)
+    with BackgroundServer(bridge) as s:
+        yield s
+    bridge.shutdown()
+
+
+def test_granite_s_thinking_kwarg_is_the_thinking_switch(granite_server):
+    """vLLM's Granite docs send `chat_template_kwargs: {"thinking": true}`: the same switch as `enable_thinking`."""
+    def prompt_tokens(kwargs: dict) -> int:
+        return answer(granite_server, chat_template_kwargs=kwargs, max_tokens=1)["usage"]["prompt_tokens"]
+
+    asked = prompt_tokens({"enable_thinking": True})
+    assert prompt_tokens({"thinking": True}) == prompt_tokens({"thinking": True, "enable_thinking": True}) == asked
+    assert prompt_tokens({"thinking": False}) == prompt_tokens({}) < asked  # the template's "Think first." left out
+    r = post(granite_server, CHAT | {"chat_template_kwargs": {"thinking": True, "enable_thinking": False}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
