@@ -120,9 +120,12 @@ class SqliteConversationStore(ConversationStore):
             return True  # a read-only folder: nothing will be written anyway
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BlockingIOError:  # another process holds it
             os.close(fd)
             return False
+        except OSError:  # a file system without locks (ENOLCK on some network mounts): unguarded, as on Windows
+            os.close(fd)
+            return True
         _HELD[key] = [fd, 1]
         self._lock_fd = key
         return True

@@ -222,3 +222,22 @@ def test_settings_cut_short_by_a_full_disk_leave_the_old_file_and_no_partial_cop
     assert out.stdout.split() == ["False"], out.stderr
     assert AppSettings.load(file).theme == "dark"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["settings.json"]  # before: a 4 KB settings.json.partial too
+
+
+def test_a_data_folder_on_a_file_system_without_locks_is_not_taken_for_a_second_parley(tmp_path, monkeypatch):
+    import errno
+    import fcntl
+
+    from app.core.sqlite_store import SqliteConversationStore
+
+    def no_locks(*_args):  # what flock says on a file system without locks (some NFS and FUSE mounts)
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    store = SqliteConversationStore(tmp_path / "parley.db")  # before: read-only, "Parley is already open with ..."
+    assert store.persistent and not store.locked_out and not store.warning
+    store.create("saved")
+    store.close()
+    reopened = SqliteConversationStore(tmp_path / "parley.db")
+    assert [c.title for c in reopened.conversations()] == ["saved"]
+    reopened.close()
