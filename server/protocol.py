@@ -213,11 +213,23 @@ def _thinking(data: dict) -> bool | None:
     return switches.pop() if switches else None
 
 
+NOTHING = (None, False, [], {}, 0)  # values of an unsupported field that ask for nothing
+# where (field, chat) differs: a completion's `logprobs` of 0 asks for the sampled tokens' log-probabilities (as OpenAI
+# and vLLM read it), an empty `suffix` for none, `best_of` 1 for the one answer
+_ABSENT = {("logprobs", False): (None, False), ("suffix", False): (*NOTHING, ""), ("best_of", False): (*NOTHING, 1),
+           ("best_of", True): (*NOTHING, 1)}
+
+
+def _asks_nothing(value, absent: tuple) -> bool:
+    """`value` is one of `absent`, where false is not 0 (Python's `0 == False` would let a logprobs of 0 by)."""
+    return any(isinstance(value, bool) == isinstance(a, bool) and value == a for a in absent)
+
+
 def _reject_unsupported(data: dict, chat: bool) -> None:
     if data.get("n") not in (None, 1):
         raise APIError(400, "Only n=1 is supported.", "n")
     for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
-        if data.get(name) not in (None, False, [], {}, 0, 1 if name == "best_of" else 0):
+        if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
     for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come
         if data.get(name) not in (None, "none", "auto"):

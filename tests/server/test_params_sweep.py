@@ -71,6 +71,22 @@ def test_min_p_of_one_keeps_only_the_most_likely_token(server):
     assert answer(server, min_p=1, temperature=1.5, seed=3, max_tokens=12) == answer(server, max_tokens=12)
 
 
+COMPLETION = {"model": "tiny", "prompt": "Once upon", "max_tokens": 4, "temperature": 0}
+
+
+def test_a_completion_s_logprobs_of_zero_is_refused_not_dropped(server):
+    """OpenAI and vLLM read `logprobs: 0` on /v1/completions as "the sampled tokens' log-probabilities"."""
+    r = post(server, COMPLETION | {"logprobs": 0}, "/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "logprobs", r.text
+    assert answer(server, logprobs=False) == answer(server)  # chat's boolean: false asks for none
+
+
+def test_an_empty_suffix_asks_for_none(server):
+    texts = [post(server, COMPLETION | extra, "/completions").json()["choices"][0]["text"]
+             for extra in ({"suffix": ""}, {})]
+    assert texts[0] == texts[1]
+
+
 GRANITE = "<think>The user greets.</think>\n<response>Hello!\n</response>\n"
 
 
