@@ -279,8 +279,8 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
         ranked = top_rows(rows, temps, width) if width < vocab else None  # the CPU library's, where built
         if ranked is None:
             probs = _softmax(rows, temps) if probs is None else probs
-            # the whole row: a stable sort (ties by id, as the library ranks them) costs less than topk of all
-            ranked = probs.topk(width, dim=-1) if width < vocab else probs.sort(dim=-1, descending=True, stable=True)
+            ids = _ranked(rows, width)
+            ranked = probs.gather(1, ids), ids
         top, ids = ranked
         keep, bounded = _kept(top, states, limits)
         if width == vocab:  # the whole row ranked: back in id order, as the unfiltered rows draw
@@ -289,6 +289,23 @@ def candidates(rows: torch.Tensor, states: list[SamplerState]) -> tuple[torch.Te
             ids, order = ids.sort(dim=-1)  # id order: ties in probability, ranked either way, draw the same token
             return ids, (top * keep).gather(1, order)
         width = min(vocab, width * 8) if width < WIDEST else vocab
+
+
+def _ranked(rows: torch.Tensor, width: int) -> torch.Tensor:
+    """Each row's `width` highest logits' ids, ranked high to low with equal logits by id, as the library ranks them:
+    the same tokens whatever the width. torch.topk breaks ties in no fixed order, so a row's top-k could change with
+    the width a wider neighbour made its step rank (coarse logits, bf16's, tie often)."""
+    key = rows.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # a NaN logit ranks last, never first
+    if width < rows.shape[-1]:
+        floor = key.topk(width, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
+        above, tied = key > floor, key == floor
+        chosen = above | (tied & (tied.cumsum(dim=-1) <= width - above.sum(dim=-1, keepdim=True)))  # lowest ids tied
+        index = torch.arange(rows.shape[-1], device=rows.device)
+        ids = torch.where(chosen, index, rows.shape[-1]).topk(width, dim=-1, largest=False).values  # id order
+    else:
+        ids = torch.arange(rows.shape[-1], device=rows.device).expand_as(rows)
+    # a stable sort of id-ordered logits: equal ones stay in id order
+    return ids.gather(1, key.gather(1, ids).sort(dim=-1, descending=True, stable=True).indices)
 
 
 def _softmax(rows: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
