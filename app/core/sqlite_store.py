@@ -105,7 +105,7 @@ class SqliteConversationStore(ConversationStore):
         reuse ids and overwrite each other's changes. False when another process holds it; stores of this
         process share it (a restart simulated in tests, a store reopened after a crash report)."""
         try:
-            import fcntl
+            import fcntl  # noqa: F401 (what _take_lock needs)
         except ImportError:  # Windows: SQLite's own locking is all there is
             return True
         key = str(self.file.resolve()) + ".lock"
@@ -115,20 +115,32 @@ class SqliteConversationStore(ConversationStore):
             return True
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:
             return True  # a read-only folder: nothing will be written anyway
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another process holds it
-            os.close(fd)
+        free, fd = _take_lock(key)
+        if fd is not None:
+            _HELD[key] = [fd, 1]
+            self._lock_fd = key
+        return free
+
+    def _lock_taken_since(self) -> bool:
+        """True once another Parley has had the folder: its lock file was deleted (a "stale" lock cleared by hand) and
+        a new one made since, by a Parley that may have written the file (and may be gone again). A lock file that is
+        only missing is made and taken again."""
+        key = self._lock_fd
+        if key is None or key not in _HELD:
             return False
-        except OSError:  # a file system without locks (ENOLCK on some network mounts): unguarded, as on Windows
-            os.close(fd)
-            return True
-        _HELD[key] = [fd, 1]
-        self._lock_fd = key
-        return True
+        try:
+            return _identity(key) != _identity(_HELD[key][0])
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False
+        free, fd = _take_lock(key)
+        if fd is not None:
+            os.close(_HELD[key][0])
+            _HELD[key][0] = fd
+        return not free
 
     def _unlock(self) -> None:
         key, self._lock_fd = self._lock_fd, None
@@ -272,6 +284,11 @@ class SqliteConversationStore(ConversationStore):
     def _write(self, statements: list[tuple[str, tuple]], committed: list[Message] = ()) -> None:
         if self._db is None:
             return
+        if self._batch == 0 and self._lock_taken_since():
+            self.locked_out = True
+            self._degrade(f"Another Parley opened the data folder {self.file.parent} after its lock file was deleted; "
+                          "this one saves nothing more (its chats are kept in memory until it quits).")
+            return
         if self._batch == 0 and self._file_is_gone():
             self._after_file_gone()  # the new file holds these changes already
             if self.on_commit is not None and committed and self._db is not None:
@@ -339,7 +356,7 @@ class SqliteConversationStore(ConversationStore):
                 except (sqlite3.Error, OSError) as exc:
                     self._degrade(exc)
 
-    def _degrade(self, exc: Exception) -> None:
+    def _degrade(self, exc: Exception | str) -> None:
         db, self._db = self._db, None
         if db is not None:
             try:
@@ -348,7 +365,7 @@ class SqliteConversationStore(ConversationStore):
                 db.close()
             except (sqlite3.Error, OSError):
                 pass
-        self._set_warning(_why(exc, self.file))
+        self._set_warning(exc if isinstance(exc, str) else _why(exc, self.file))
 
     def _set_warning(self, text: str) -> None:
         self.warning = text
@@ -578,9 +595,27 @@ def _compare_rows(gid: int, members: list[int], created: float, title: str = "")
               for i, c in enumerate(members)]]
 
 
-def _identity(path: Path) -> tuple[int, int]:
-    st = os.stat(path)
+def _identity(path: Path | str | int) -> tuple[int, int]:
+    st = os.stat(path)  # a path, or an open descriptor
     return st.st_dev, st.st_ino
+
+
+def _take_lock(key: str) -> tuple[bool, int | None]:
+    """(False, None) where another process holds the lock file `key`; (True, its descriptor) once this one does; (True,
+    None) where none can be had (a read-only folder; a file system without locks, ENOLCK on some network mounts):
+    unguarded, as on Windows."""
+    import fcntl  # the callers checked it is there
+
+    try:
+        fd = os.open(key, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        return True, None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        return not isinstance(exc, BlockingIOError), None
+    return True, fd
 
 
 def _check_integrity(db: sqlite3.Connection) -> None:

@@ -241,3 +241,45 @@ def test_a_data_folder_on_a_file_system_without_locks_is_not_taken_for_a_second_
     reopened = SqliteConversationStore(tmp_path / "parley.db")
     assert [c.title for c in reopened.conversations()] == ["saved"]
     reopened.close()
+
+
+SECOND_PARLEY = """
+import sys
+from app.core.sqlite_store import SqliteConversationStore
+store = SqliteConversationStore(sys.argv[1])
+if not store.locked_out:
+    conv = store.create("second")
+    store.add_message(conv.id, None, "user", "from the second Parley")
+store.close()
+print("locked_out", store.locked_out)
+"""
+
+
+def _second_parley(path: Path) -> str:
+    return subprocess.run([sys.executable, "-c", SECOND_PARLEY, str(path)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60).stdout.strip()
+
+
+def test_a_deleted_lock_file_is_taken_again_before_a_second_parley_can(tmp_path):
+    path = tmp_path / "parley.db"
+    first = _store_with_chats(path, ["first"])
+    (tmp_path / "parley.db.lock").unlink()  # a "stale" lock file cleared by hand
+    first.create("later")  # before: the lock stayed on the deleted file, and the next Parley wrote alongside
+    assert _second_parley(path) == "locked_out True"
+    assert first.persistent and not first.warning
+    first.close()
+
+
+def test_a_parley_started_after_its_lock_file_was_deleted_stops_the_first_from_writing(tmp_path):
+    from app.core.sqlite_store import SqliteConversationStore
+
+    path = tmp_path / "parley.db"
+    first = _store_with_chats(path, ["first"])
+    (tmp_path / "parley.db.lock").unlink()
+    assert _second_parley(path) == "locked_out False"  # the file was free to it, and it wrote
+    first.create("would reuse the second one's ids")
+    assert not first.persistent and "Another Parley" in first.warning  # before: "UNIQUE constraint failed"
+    first.close()
+    reopened = SqliteConversationStore(path)
+    assert sorted(c.title for c in reopened.conversations()) == ["first", "second"]
+    reopened.close()
