@@ -644,6 +644,8 @@ def _why(exc: Exception, path: Path) -> str:
         reason = "the disk is full"
     elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
         reason = "the data folder is read-only" if not os.access(path.parent, os.W_OK) else f"{path.name} is read-only"
+    elif "unable to open" in text and not path.parent.exists():  # the whole data folder deleted while Parley ran
+        reason = f"the folder {path.parent} was deleted"
     elif isinstance(exc, (FileExistsError, NotADirectoryError)):  # "[Errno 17] File exists" said nothing useful
         blocking = next((p for p in path.parents if p.is_file()), path.parent)
         reason = f"{blocking} is a file, not a folder"

@@ -283,3 +283,15 @@ def test_a_parley_started_after_its_lock_file_was_deleted_stops_the_first_from_w
     reopened = SqliteConversationStore(path)
     assert sorted(c.title for c in reopened.conversations()) == ["first", "second"]
     reopened.close()
+
+
+def test_a_data_folder_deleted_while_the_app_runs_is_named_as_the_reason(tmp_path):
+    import shutil
+
+    folder = tmp_path / "data"
+    store = _store_with_chats(folder / "parley.db", ["before"])
+    shutil.rmtree(folder)
+    store.create("after")  # before: "(unable to open database file)"
+    assert not store.persistent and f"(the folder {folder} was deleted)" in store.warning, store.warning
+    assert sorted(c.title for c in store.conversations()) == ["after", "before"]  # still shown, in memory
+    store.close()
