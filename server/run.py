@@ -54,7 +54,15 @@ def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | Non
     if not is_loopback(host) and api_key is None:
         print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
     server = make_server(bridge, host, port, api_key, log_level="info", settings=settings)
+    if sock is not None:  # uvicorn names the address only of sockets it binds itself: --port 0's would be unknown
+        print(f"parley: listening on {listening_url(sock)}", file=sys.stderr)
     server.run(sockets=[sock] if sock is not None else None)
+
+
+def listening_url(sock: socket.socket) -> str:
+    """The API's base URL on a bound socket: 'http://127.0.0.1:8000/v1', 'http://[::1]:8000/v1'."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/v1"
 
 
 class BackgroundServer:

@@ -82,3 +82,28 @@ def test_listening_socket_names_the_address_and_the_reason():
     sock = listening_socket("127.0.0.1", 0)
     assert sock.getsockname()[1] > 0
     sock.close()
+
+
+def test_serve_says_where_it_listens_also_on_a_port_it_picked(tiny_models, tmp_path):
+    """`--port 0` takes any free port: the URL printed is the only way a user learns which."""
+    import queue
+    import re
+    import threading
+
+    cmd = [sys.executable, "-m", "cli.main", "--data-dir", str(tmp_path), "serve", "--model",
+           str(tiny_models["llama"].gguf_path), "--port", "0", "--context", "64"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()
+    try:
+        deadline, seen = time.monotonic() + 90, []
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:\d+/v1)", "".join(seen))):
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(seen)
+            try:
+                seen.append(lines.get(timeout=0.5))
+            except queue.Empty:
+                pass
+        assert httpx.get(found.group(1).removesuffix("/v1") + "/health", timeout=10).status_code == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
