@@ -299,6 +299,8 @@ class SqliteConversationStore(ConversationStore):
         try:
             if self._batch == 0 and not self._begin():
                 self._held, self._held_msgs = _latest_updates(statements), list(committed)
+                if self.warning != self._locked_text():  # after holding: the GUI reads `persistent` as it shows it
+                    self._set_warning(self._locked_text())
                 return
             for sql, params in statements:
                 self._db.execute(sql, params)
@@ -327,8 +329,6 @@ class SqliteConversationStore(ConversationStore):
             if "locked" not in str(exc).lower():
                 raise
         self._retry_at = self._clock() + LOCKED_RETRY_S
-        if self.warning != self._locked_text():
-            self._set_warning(self._locked_text())
         return False
 
     def _locked_text(self) -> str:

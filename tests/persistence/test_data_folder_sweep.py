@@ -176,6 +176,8 @@ def test_changes_made_while_another_program_holds_the_database_are_saved_once_it
 
     path, now = tmp_path / "parley.db", [0.0]
     store = SqliteConversationStore(path, clock=lambda: now[0])
+    shown = []  # what the window's status bar would say: it reads `persistent` when warned
+    store.on_warning = lambda _text: shown.append("saving" if store.persistent else "not saving")
     conv = store.create("one")
     browser = sqlite3.connect(path, isolation_level=None)  # a database browser with an edit not yet written
     browser.execute("BEGIN IMMEDIATE")
@@ -185,6 +187,7 @@ def test_changes_made_while_another_program_holds_the_database_are_saved_once_it
         now[0] += 1.0
         store.append_text(answer.id, piece)
     assert not store.persistent and "locked" in store.warning  # before: given up for good, all lost at quit
+    assert shown == ["not saving"]
     browser.execute("ROLLBACK")
     browser.close()
     now[0] += 60.0  # past the wait between tries
