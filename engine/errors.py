@@ -33,5 +33,9 @@ class CacheConfigError(ParleyError):
     """A KV cache configuration that could run out of room mid-step."""
 
 
+class CacheMemoryError(ParleyError):
+    """A conversation whose KV cache would need more memory than the machine (or the GPU) has free."""
+
+
 class CacheError(ParleyError):
     """A cache operation that would break a sequence: unknown sequence, rewind below a ring floor, full cache."""

@@ -44,11 +44,28 @@ def available_bytes(device: str) -> int:
     """Free memory where the weights will live: the GPU's free memory on CUDA, else the RAM the OS can give, within
     this process's memory cgroup's limit (a container's or a systemd slice's) where it has one."""
     if device.startswith("cuda"):
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
+        dev = torch.device(device)
+        free, _total = torch.cuda.mem_get_info(dev)
+        # blocks torch's allocator holds but no tensor uses are free to this process, not to the driver's count
+        return int(free) + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
     free = int(psutil.virtual_memory().available)
     limited = cgroup_free_bytes(CGROUP_ROOT, OWN_CGROUP)
     return free if limited is None else min(free, limited)
+
+
+def address_space_free_bytes() -> int | None:
+    """What an address-space limit (`ulimit -v`, RLIMIT_AS: common on shared machines) still lets this process map,
+    or None without one: past it an allocation fails whatever the machine has free. The cache's growth reads it; a
+    load does not: its estimate measures resident bytes, not mappings (under a 1,600 MB limit the embedded model loads,
+    with 0.4 GB of address space left for its 0.6 GB estimate)."""
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    soft, _hard = resource.getrlimit(resource.RLIMIT_AS)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    return max(0, soft - psutil.Process().memory_info().vms)
 
 
 def cgroup_free_bytes(root: Path, own: Path) -> int | None:

@@ -37,6 +37,11 @@ class KVCache:
     def _rings(self) -> dict[int, int]:
         return {}
 
+    @property
+    def pooled(self) -> bool:
+        """Whether the sequences share one pool of storage, so that a sequence removed gives memory to the others."""
+        return False
+
     # -- sequences
     @property
     def max_seqs(self) -> int:
@@ -69,6 +74,12 @@ class KVCache:
 
     def pos(self, slot: int) -> int:
         return self.book.pos(slot)
+
+    def reserve(self, writes: list[tuple[int, int]]) -> dict:
+        """Grows the storage before a step for its (start position, tokens) writes, one per sequence; returns the
+        writes (by index) refused for want of memory, each with its CacheMemoryError. A layout that grows only inside
+        its step refuses nothing here."""
+        return {}
 
     # -- step protocol
     def declare_step(self, writes: list[tuple[int, int]], rowwise: frozenset[int] = frozenset()) -> list[Segment]:

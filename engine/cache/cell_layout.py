@@ -9,12 +9,14 @@ attends alone, as the `sequence` layout's rows do: the two layouts then compute 
 from __future__ import annotations
 
 import heapq
+from functools import partial
 
 import torch
 
 from engine.cache.base import NATIVE_DTYPES, KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
-from engine.errors import CacheError
+from engine.cache.growth import allocation_failed, choose_size, free_bytes, peak_bytes, refusal
+from engine.errors import CacheError, CacheMemoryError
 
 
 class CellKVCache(KVCache):
@@ -27,11 +29,20 @@ class CellKVCache(KVCache):
         self._cells_of: dict[int, list[int]] = {}  # slot -> cell of each position, in order
         self.k = [self._alloc(self.cells + 1) for _ in windows]  # +1: scratch cell for padding
         self.v = [self._alloc(self.cells + 1) for _ in windows]
+        self.free_memory = partial(free_bytes, self.device)  # what a growth may take (tests pass their own)
         self._step: dict = {}
         self._new_cells: list[tuple[int, list[int]]] = []
 
+    @property
+    def pooled(self) -> bool:
+        return True
+
     def _alloc(self, n: int) -> torch.Tensor:
         return torch.zeros((n, self.kv_heads, self.head_dim), dtype=self.config.torch_dtype, device=self.device)
+
+    def seq_clone(self, src: int) -> int:
+        self._make_free(len(self._cells_of.get(src, ())))  # a copy the memory cannot hold is refused before its slot
+        return super().seq_clone(src)
 
     def seq_new(self) -> int:
         slot = super().seq_new()
@@ -40,25 +51,59 @@ class CellKVCache(KVCache):
 
     # -- cells
     def _take(self, n: int) -> list[int]:
+        self._make_free(n)
+        return [heapq.heappop(self._free) for _ in range(n)]
+
+    def _make_free(self, n: int) -> None:
         if len(self._free) < n:
             self._grow(self.cells + n - len(self._free))
-        return [heapq.heappop(self._free) for _ in range(n)]
+
+    def reserve(self, writes: list[tuple[int, int]]) -> dict[int, CacheMemoryError]:
+        """Grows the pool now for a step's (start, tokens) writes; where it finds no memory for them all, the writes
+        of the most tokens (of those, the longest conversation's) are refused (by index) until the rest fit."""
+        refused, total = {}, sum(n for _, n in writes)
+        if total <= len(self._free):
+            return refused  # every step but a growth's: no sort
+        for i in sorted(range(len(writes)), key=lambda i: (-writes[i][1], -sum(writes[i]))):
+            try:
+                self._make_free(total)
+                return refused
+            except CacheMemoryError as exc:
+                refused[i], total = exc, total - writes[i][1]
+        return refused
+
+    def refusal_for(self, start: int, tokens: int) -> CacheMemoryError:
+        """The refusal of a conversation that needs `tokens` more from `start`, naming what they would take."""
+        cells = min(self.config.capacity, self.cells + max(0, tokens - len(self._free)))
+        return refusal(self._growth_bytes(cells), self.free_memory(), self.device)
 
     def _grow(self, needed: int) -> None:
         if needed > self.config.capacity:
             raise CacheError(f"The KV cache is full ({self.config.capacity:,} tokens).")
-        cells = self.cells
-        while cells < needed:
-            cells = min(self.config.capacity, cells * 2)
-        with torch.inference_mode(False):  # storage stays a normal tensor: callers may write it outside inference
-            for lst in (self.k, self.v):
-                for i, t in enumerate(lst):
-                    new = self._alloc(cells + 1)
-                    new[: self.cells] = t[: self.cells]
-                    lst[i] = new
+        cells = choose_size(self.cells, needed, self.config.capacity, self._growth_bytes, self.free_memory(),
+                            self.device, 64)
+        cost = self._growth_bytes(cells)
+        try:
+            with torch.inference_mode(False):  # storage stays a normal tensor: callers may write it outside inference
+                for lst in (self.k, self.v):
+                    for i, t in enumerate(lst):
+                        if t.shape[0] < cells + 1:  # a tensor grown by a growth that failed later is larger already
+                            new = self._alloc(cells + 1)
+                            new[: self.cells] = t[: self.cells]
+                            lst[i] = new
+        except Exception as exc:
+            if not allocation_failed(exc):
+                raise
+            raise refusal(cost, None, self.device) from exc  # `cells` and the free list stay as they were
         for c in range(self.cells, cells):
             heapq.heappush(self._free, c)
         self.cells = cells
+
+    def _growth_bytes(self, cells: int) -> int:
+        """Bytes growing the pool to `cells` adds at its peak (each layer's K and V replaced in turn)."""
+        old = [t.nbytes for t in self.k + self.v]
+        per_cell = self.kv_heads * self.head_dim * self.config.torch_dtype.itemsize
+        return peak_bytes(old, [max(o, (cells + 1) * per_cell) for o in old])
 
     def _release(self, cells: list[int]) -> None:
         for c in cells:

@@ -18,6 +18,8 @@ class RingedLayout:
     def ring_rows(self, window: int | None) -> int | None:
         return self.book.rings.get(window) if window else None
 
-    def _layer_rows(self, window: int | None) -> int:
+    def _layer_rows(self, window: int | None, rows: int | None = None) -> int:
+        """A layer's rows when global layers hold `rows` (default: the current `rows`)."""
+        rows = self.rows if rows is None else rows
         ring = self.ring_rows(window)
-        return self.rows if ring is None else min(self.rows, ring)
+        return rows if ring is None else min(rows, ring)
