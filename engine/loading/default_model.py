@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -35,10 +36,22 @@ def default_model_path(models_dir: Path) -> Path:
             if not _is_whole(target, size):  # the other start assembled it while this one waited
                 _assemble(assemble, target)
     except Exception as exc:
-        why = "the folder cannot be written" if isinstance(exc, PermissionError) else str(exc)
-        raise ModelLoadError(f"Could not write the embedded model to {target} ({why}); choose a folder Parley may "
-                             "write with --data-dir or PARLEY_HOME.") from exc
+        raise ModelLoadError(f"Could not write the embedded model to {target} ({_why(exc, target, size)}); choose a "
+                             "folder Parley may write with --data-dir or PARLEY_HOME.") from exc
     return target
+
+
+def _why(exc: Exception, target: Path, size: int) -> str:
+    """The reason in words: "[Errno 17] File exists: '…/models'" and "[Errno 28] No space left on device" said less."""
+    if isinstance(exc, PermissionError):
+        return "the folder cannot be written"
+    if isinstance(exc, (FileExistsError, NotADirectoryError)):
+        blocking = next((p for p in target.parents if p.is_file()), None)
+        if blocking is not None:
+            return f"{blocking} is a file, not a folder"
+    if getattr(exc, "errno", None) == errno.ENOSPC:
+        return f"the disk is full: the model needs {size / 2**20:.0f} MiB"
+    return str(exc)
 
 
 def _is_whole(target: Path, size: int) -> bool:

@@ -298,3 +298,24 @@ def test_a_data_folder_deleted_while_the_app_runs_is_named_as_the_reason(tmp_pat
     assert not store.persistent and f"(the folder {folder} was deleted)" in store.warning, store.warning
     assert sorted(c.title for c in store.conversations()) == ["after", "before"]  # still shown, in memory
     store.close()
+
+
+def test_an_embedded_model_that_cannot_be_written_says_why_in_words(tmp_path):
+    import pytest
+
+    from engine.errors import ModelLoadError
+    from engine.loading.default_model import default_model_path
+
+    (tmp_path / "models").write_text("")  # a file where the models folder goes
+    with pytest.raises(ModelLoadError, match=f"\\({tmp_path / 'models'} is a file, not a folder\\)"):
+        default_model_path(tmp_path / "models")  # before: "([Errno 17] File exists: '…/models')"
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("a real full disk needs a tmpfs mount (root)")
+    try:
+        with pytest.raises(ModelLoadError, match=r"\(the disk is full: the model needs \d+ MiB\)"):
+            default_model_path(disk / "models")  # before: "([Errno 28] No space left on device)"
+        assert list((disk / "models").iterdir()) == []  # no partial file left
+    finally:
+        subprocess.run(["umount", "--lazy", str(disk)], check=True)
