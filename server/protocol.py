@@ -14,6 +14,7 @@ from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at t
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
 MAX_STOP_STRINGS = 16
+REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
 
 
@@ -210,7 +211,21 @@ def _thinking(data: dict) -> bool | None:
     if len(switches) > 1:
         raise APIError(400, "'enable_thinking' and 'thinking' are one switch: send one, or both alike.",
                        "chat_template_kwargs")
-    return switches.pop() if switches else None
+    effort = _effort(data)
+    if switches and effort is not None and effort not in switches:
+        raise APIError(400, "'reasoning_effort' and 'chat_template_kwargs' ask for different thinking.",
+                       "reasoning_effort")
+    return switches.pop() if switches else effort
+
+
+def _effort(data: dict) -> bool | None:
+    """OpenAI's `reasoning_effort` as the thinking switch, which gpt-oss's template reads as its effort (off "low", on
+    "high", unset its "medium"): less than medium is off, high on."""
+    effort = _typed(data, "reasoning_effort", str, None)
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise APIError(400, f"'reasoning_effort' must be one of {', '.join(REASONING_EFFORTS)}, not {effort!r}.",
+                       "reasoning_effort")
+    return REASONING_EFFORTS.get(effort)
 
 
 NOTHING = (None, False, [], {}, 0)  # values of an unsupported field that ask for nothing

@@ -127,3 +127,19 @@ def test_granite_s_thinking_kwarg_is_the_thinking_switch(granite_server):
     assert prompt_tokens({"thinking": False}) == prompt_tokens({}) < asked  # the template's "Think first." left out
     r = post(granite_server, CHAT | {"chat_template_kwargs": {"thinking": True, "enable_thinking": False}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+
+
+def test_reasoning_effort_is_the_thinking_switch(granite_server):
+    """OpenAI's `reasoning_effort` (gpt-oss clients send it) sets thinking: high on, below medium off, medium the
+    template's default; it was silently dropped."""
+    def prompt_tokens(**fields) -> int:
+        return answer(granite_server, max_tokens=1, **fields)["usage"]["prompt_tokens"]
+
+    on, off = (prompt_tokens(chat_template_kwargs={"enable_thinking": flag}) for flag in (True, False))
+    assert on > off
+    assert prompt_tokens(reasoning_effort="high") == on and prompt_tokens(reasoning_effort="low") == off
+    assert prompt_tokens(reasoning_effort="medium") == prompt_tokens()
+    conflict = {"reasoning_effort": "high", "chat_template_kwargs": {"thinking": False}}
+    for fields in ({"reasoning_effort": "max"}, conflict):
+        r = post(granite_server, CHAT | fields)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
