@@ -144,6 +144,9 @@ class LocalHost:
     def step(self) -> None:
         self._make_room()
         self._deliver(self.runtime.step)
+        refused, self.runtime.refused = self.runtime.refused, []
+        for seq, exc in refused:  # its cache could not grow into the memory that is free: the others' step went on
+            self._end_with_error(self._sessions.get(seq.seq_id), str(exc), exc.code)
         self._report_queue()
 
     def settle(self) -> None:
@@ -219,10 +222,12 @@ class LocalHost:
         """A failed forward ends the turns of the sequences in it; every other session keeps going."""
         message = str(exc) if isinstance(exc, ParleyError) else f"Generation failed: {exc!r}"
         for seq in self.runtime.fail_in_flight():
-            session = self._sessions.get(seq.seq_id)
-            if session is not None and session.turn is not None:
-                turn, session.turn = session.turn, None
-                self._emit(ev.Error(session.session_id, turn.turn_id, message, getattr(exc, "code", None)))
+            self._end_with_error(self._sessions.get(seq.seq_id), message, getattr(exc, "code", None))
+
+    def _end_with_error(self, session: Session | None, message: str, code: str | None) -> None:
+        if session is not None and session.turn is not None:
+            turn, session.turn = session.turn, None
+            self._emit(ev.Error(session.session_id, turn.turn_id, message, code))
 
     def _make_room(self) -> None:
         """Evicts the cache of idle sessions (least recently used first) while turns wait for a slot."""

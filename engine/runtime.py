@@ -15,7 +15,7 @@ from engine.backend import resolve_backend
 from engine.batcher import Batcher
 from engine.cache import CacheConfig, make_cache
 from engine.cache.config import dtype_name
-from engine.errors import CacheError, ModelLoadError
+from engine.errors import CacheError, CacheMemoryError, ModelLoadError, ParleyError
 from engine.loading.loader import LoadedModel
 from engine.memory import return_freed_memory
 from engine.models.kernel_choice import KernelChoice, choose_kernels
@@ -103,6 +103,9 @@ class ModelRuntime:
         # frees an idle session's slot other than the one given, where no slot is free to copy a prefix into (set by
         # the host that keeps the sessions; None: the copy waits for a free slot)
         self.spare_idle: Callable[[int], bool] | None = None
+        # the sequences the last step ended before it ran, their cache unable to grow into the memory that is free:
+        # the host reports each one's error on its turn
+        self.refused: list[tuple[Sequence, ParleyError]] = []
 
     @property
     def scheduler(self):
@@ -118,6 +121,7 @@ class ModelRuntime:
 
     def step(self) -> list[tuple[Sequence, int]]:
         self._unpark_for_waiting()
+        self._reserve()
         out = self.batcher.step() if self.batcher.has_work() else []
         ready = [f for f, (source, need) in self._followers.items()
                  if source.num_cached >= need or source.status == Status.FINISHED or source.slot is None]
@@ -137,6 +141,41 @@ class ModelRuntime:
                 self._snapshot(seq)
         return out
 
+    def _reserve(self) -> None:
+        """Grows the cache before the step for what its sequences will write: a sequence the memory that is free cannot
+        hold ends here with its error (`refused`), while the others' step goes on; where the layout pools its memory
+        its cells go back for them (it prefills again next turn), else it keeps its cache. Sequences that may verify
+        drafts ask for room for them too, where it fits."""
+        self.refused = []
+        upcoming = self._upcoming_writes()
+        if not upcoming or not self.cache.reserve([(start, n + extra) for _, start, n, extra in upcoming]):
+            return
+        while upcoming:
+            refused = self.cache.reserve([(start, n) for _, start, n, _ in upcoming])
+            if not refused:
+                return
+            i, exc = next(iter(refused.items()))  # the write the layout refuses first: the one that needs the most
+            seq, start, n, _ = upcoming.pop(i)
+            if len(seq.token_ids) - start > n:  # a prompt's chunk: the refusal names what the whole prompt needs
+                exc = self.cache.refusal_for(start, len(seq.token_ids) - start)
+            self.scheduler.finish(seq, "error", release=self.cache.pooled)
+            self.refused.append((seq, exc))
+
+    def _upcoming_writes(self) -> list[tuple[Sequence, int, int, int]]:
+        """(sequence, first position, tokens it surely writes, draft rows it may add) for each sequence the next step
+        may run: the running ones and the waiting ones that free slots admit."""
+        chunk = self.scheduler.config.chunk_tokens
+        drafts = getattr(getattr(self.batcher.drafter, "pacing", None), "most", 0)
+        out = []
+        for seq in self.scheduler.running:
+            start = seq.num_cached
+            n = max(1, min(chunk, len(seq.token_ids) - start))
+            extra = drafts if n == 1 and seq.sampler.params.speculative else 0
+            out.append((seq, start, n, extra))
+        for seq in list(self.scheduler.waiting)[: self.cache.book.free_slots]:
+            out.append((seq, 0, min(chunk, len(seq.token_ids)), 0))
+        return out
+
     def _worth_a_snapshot(self, seq: Sequence) -> bool:
         """A long prompt just prefilled into a cache with sliding rings: once the answer moves the rings on, its
         slot can no longer seed another chat, so a spare slot keeps a parked copy (evicted first when needed)."""
@@ -151,7 +190,10 @@ class ModelRuntime:
         n = seq.num_prompt
         if seq.slot is None or self.cache.book.floor(seq.slot) > n or not self.cache.book.free_slots:
             return
-        slot = self.cache.seq_clone(seq.slot)
+        try:
+            slot = self.cache.seq_clone(seq.slot)
+        except CacheMemoryError:  # a copy the memory cannot hold: the chat goes on without it
+            return
         self.cache.rewind(slot, n)
         if not self.prefixes.park(slot, seq.token_ids[:n]):
             self.cache.seq_rm(slot)

@@ -6,9 +6,13 @@ import re
 import pytest
 import torch
 
+from engine import events as ev
 from engine.cache import CacheConfig, make_cache
 from engine.cache.growth import GROWTH_MARGIN
 from engine.errors import CacheMemoryError
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+from tests.support.engine_client import Client
 
 REFUSAL = re.compile(r"The conversation needs ~([\d,]+) MB more memory for its cache and ([\d,]+) MB is free; "
                      r"free some memory or shorten the conversation\.")
@@ -105,6 +109,42 @@ def test_reserve_refuses_only_the_writes_that_need_the_growth(layout):
     # the long chat's next chunk needs new rows (sequence) or cells (cell); the short one's decode needs none
     refused = cache.reserve([(cache.pos(short), 1), (cache.pos(long), 64)])
     assert list(refused) == [1] and isinstance(refused[1], CacheMemoryError)
+
+
+# the tiny model's context is 512: with OTHER's turn, LONG's needs more than the first storage in either layout (256
+# rows; 512 cells for two sessions), OTHER's alone does not
+LONG, OTHER = "count " * 115, "hello " * 50
+
+
+@pytest.fixture(params=["sequence", "cell"])
+def client(tiny_models, request):
+    config = EngineConfig(kv_layout=request.param, max_sessions=2, max_session_tokens=2048, step_tokens=64,
+                          chunk_tokens=32, speculative="off")
+    c = Client(config)
+    c.engine.start()
+    c.model = c.load(tiny_models["qwen3"].gguf_path)
+    yield c
+    c.engine.shutdown()
+
+
+def test_a_turn_whose_cache_cannot_grow_fails_alone_and_the_chat_goes_on(client):
+    """The long prompt's cache needs memory the machine does not have: that turn ends with one line, the other chat in
+    the same steps answers as it would alone, and both chats go on (nothing was lost, no traceback)."""
+    params = SamplingParams(max_tokens=24)
+    other = client.open(client.model, params=params)
+    alone = client.tokens(client.ask(other, OTHER).turn_id)
+    cache = client.engine._hosts[client.model].runtime.cache
+    cache.free_memory = lambda: GROWTH_MARGIN  # nothing more fits
+    again = client.open(client.model, params=params)
+    sid = client.open(client.model, params=params)
+    turns = [client.send(again, OTHER), client.send(sid, LONG)]
+    end, err = client.wait(turns[0]), client.wait(turns[1])
+    assert isinstance(end, ev.Finished) and client.tokens(turns[0]) == alone
+    assert isinstance(err, ev.Error) and REFUSAL.fullmatch(err.message), err.message
+    assert client.ask(sid, "short").reason in ("stop", "length")  # the refused chat goes on with a shorter turn
+    cache.free_memory = lambda: 1 << 40
+    fresh = client.open(client.model, params=params)
+    assert client.ask(fresh, LONG).reason in ("stop", "length")  # the long prompt once memory is free
 
 
 LIMITED = """
