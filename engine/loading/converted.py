@@ -1,13 +1,15 @@
 """A cache of GGUF files already dequantized: later starts read safetensors instead of decoding again."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -16,6 +18,8 @@ from engine.tokenizer import Tokenizer
 
 FORMAT = 1
 HASH_CHARS = 17  # "-" and 16 hex digits after the file's stem in an entry's name
+TMP_PREFIX = ".tmp-"  # an entry being written
+ABANDONED_AFTER_S = 60.0  # an unlocked temporary folder this old was left by a writer that died (its lock went with it)
 SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # pieces of a file read into its key: 1 MB, spread from its start to its end
 
 
@@ -41,19 +45,62 @@ def _sampled_digest(path: Path, size: int) -> str:
 
 def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
     """`fill` writes an entry into a temporary folder, which is marked complete and renamed to `d`, so a crash never
-    leaves a half entry; a full or read-only cache only costs speed next time."""
+    leaves a half entry; a full or read-only cache only costs speed next time. The folder is locked while written:
+    those a killed writer left (a whole fp32 copy, at worst) are removed by the next writer."""
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=".tmp-"))
+        drop_abandoned(d.parent)
+        tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=TMP_PREFIX))
     except OSError:
         return
     try:
-        fill(tmp)
-        (tmp / "complete").write_text("1")
-        shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)
+        with _locked(tmp):
+            fill(tmp)
+            (tmp / "complete").write_text("1")
+            shutil.rmtree(d, ignore_errors=True)
+            os.replace(tmp, d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def drop_abandoned(folder: Path) -> None:
+    """Removes the temporary folders under `folder` that no live writer holds (where the system has flock)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    for tmp in folder.glob(TMP_PREFIX + "*"):
+        try:
+            if time.time() - tmp.stat().st_mtime < ABANDONED_AFTER_S:
+                continue  # just made: its writer may not hold the lock yet
+            with _opened(tmp) as fd:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:  # held by its writer (or gone, or no locks here): left
+            continue
+
+
+@contextlib.contextmanager
+def _opened(folder: Path) -> Iterator[int]:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """An exclusive flock on `folder` while the block runs (none where the system has no flock or refuses one)."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with _opened(folder) as fd:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
 
 
 def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], None] | None = None):

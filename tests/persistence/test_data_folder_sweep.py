@@ -319,3 +319,46 @@ def test_an_embedded_model_that_cannot_be_written_says_why_in_words(tmp_path):
         assert list((disk / "models").iterdir()) == []  # no partial file left
     finally:
         subprocess.run(["umount", "--lazy", str(disk)], check=True)
+
+
+# Writes a cache entry whose filling never ends (a long conversion), printing "writing" once it is under way.
+ENDLESS_WRITER = """
+import sys, time
+from pathlib import Path
+from engine.loading.converted import write_entry
+
+def fill(tmp):
+    (tmp / "model.safetensors").write_bytes(b"\\0" * 4096)
+    print("writing", flush=True)
+    time.sleep(600)
+
+write_entry(Path(sys.argv[1]), fill)
+"""
+
+
+def _writer(entry: Path) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", ENDLESS_WRITER, str(entry)], cwd=ROOT, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "writing"
+    return proc
+
+
+def test_a_cache_entry_left_half_written_by_a_killed_load_is_removed_by_the_next_write(tmp_path):
+    import os
+
+    from engine.loading.converted import write_entry
+
+    folder = tmp_path / "converted"
+    killed, live = _writer(folder / "killed-0123456789abcdef"), _writer(folder / "live-0123456789abcdef")
+    try:
+        killed.kill()  # a load killed mid-conversion: its temporary folder stayed for good (a whole fp32 copy at worst)
+        killed.wait(30)
+        for tmp in folder.glob(".tmp-*"):
+            os.utime(tmp, (time.time() - 3600, time.time() - 3600))  # both long under way
+        write_entry(folder / "next-0123456789abcdef", lambda tmp: (tmp / "args.json").write_text("{}"))
+        left = list(folder.glob(".tmp-*"))
+        assert len(left) == 1 and (left[0] / "model.safetensors").exists()  # the live writer's, still held
+        assert (folder / "next-0123456789abcdef" / "complete").exists()
+    finally:
+        live.kill()
+        live.wait(30)
