@@ -106,14 +106,27 @@ def _message(m, i: int) -> tuple[str, str]:
     if role not in ("system", "developer", "user", "assistant"):
         raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, not {role!r}.",
                        f"messages[{i}].role")
-    if isinstance(content, list):  # content parts: only text is supported
-        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            raise APIError(400, f"messages[{i}].content: only text parts are supported.", f"messages[{i}].content")
-        content = "\n".join(p["text"] for p in content)  # one line each, as vLLM and llama.cpp's server join them
+    if role == "assistant" and content is None and isinstance(m.get("refusal"), str):
+        content = m["refusal"]  # an OpenAI answer that refused: its words are what the model said
+    if isinstance(content, list):
+        content = "\n".join(_part_text(p, role, i) for p in content)  # one line each, as vLLM and llama.cpp join them
     if not isinstance(content, str):
         raise APIError(400, f"messages[{i}].content must be a string or an array of text parts.",
                        f"messages[{i}].content")
     return role, content
+
+
+def _part_text(part, role: str, i: int) -> str:
+    """A content part's text: a text part's, or an answer's refusal part's (OpenAI's assistant parts); no images."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    kind = kind if isinstance(kind, str) else None
+    key = {"text": "text", "refusal": "refusal" if role == "assistant" else None}.get(kind)
+    if key is not None and isinstance(part.get(key), str):
+        return part[key]
+    what = f"a {kind} part without its {key!r} string" if key else f"a part of type {kind!r}" if kind else \
+        "a part without a type"
+    raise APIError(400, f"messages[{i}].content has {what}: this server reads only text parts.",
+                   f"messages[{i}].content")
 
 
 def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:

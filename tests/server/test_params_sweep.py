@@ -32,6 +32,23 @@ def test_text_parts_are_joined_one_per_line(server):
     assert answer(server, messages=[{"role": "user", "content": parts}]) == joined
 
 
+def test_an_answer_that_refused_is_replayed_as_its_words(server):
+    """OpenAI's assistant messages hold a refusal as a `refusal` part, or as `refusal` with no content."""
+    said = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "I can't."},
+            {"role": "user", "content": "Why?"}]
+    want = answer(server, messages=said)
+    for refused in ({"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+                    {"role": "assistant", "content": None, "refusal": "I can't."}):
+        assert answer(server, messages=[said[0], refused, said[2]]) == want
+
+
+def test_an_image_part_is_refused_by_its_type(server):
+    r = post(server, CHAT | {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages[0].content", r.text
+    assert "'image_url'" in r.json()["error"]["message"] and "only text" in r.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("fields", [{"max_completion_tokens": 0}, {"max_completion_tokens": -3, "max_tokens": 5},
                                     {"max_completion_tokens": 10**9}])
 def test_a_bad_max_completion_tokens_is_named_as_sent(server, fields):
