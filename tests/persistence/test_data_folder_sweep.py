@@ -362,3 +362,20 @@ def test_a_cache_entry_left_half_written_by_a_killed_load_is_removed_by_the_next
     finally:
         live.kill()
         live.wait(30)
+
+
+def test_a_settings_file_linked_from_elsewhere_stays_a_link_when_saved(tmp_path):
+    from app.core.app_settings import AppSettings
+
+    kept = tmp_path / "dotfiles" / "parley-settings.json"
+    kept.parent.mkdir()
+    kept.write_text('{"theme": "light"}')
+    link = tmp_path / "data" / "settings.json"
+    link.parent.mkdir()
+    link.symlink_to(kept)
+    settings = AppSettings.load(link)
+    settings.theme = "dark"
+    assert settings.save()
+    assert link.is_symlink()  # before: replaced by a plain file, the dotfiles copy left behind unchanged
+    assert AppSettings.load(kept).theme == "dark"
+    assert sorted(p.name for p in link.parent.iterdir()) == ["settings.json"]
