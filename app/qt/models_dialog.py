@@ -15,6 +15,7 @@ from app.qt.model_manager import ModelManager
 
 KEY_ROLE = Qt.ItemDataRole.UserRole
 COLUMNS = ("Model", "Status", "Architecture", "Quantization", "Context", "File", "In memory")
+MAX_COLUMN_CHARS = 28  # a long quantization summary is elided (its cell's tooltip is not needed: About has it)
 
 
 class ModelsDialog(QDialog):
@@ -25,10 +26,10 @@ class ModelsDialog(QDialog):
         super().__init__(parent)
         self.models = models
         self.setWindowTitle(self.tr("Models"))
-        self.resize(860, 320)
         self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=True)
         self.table.setHeaderLabels([self.tr(c) for c in COLUMNS])
         self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.table.header().setStretchLastSection(False)  # the model's name takes the slack, not "In memory"
         self.table.setAccessibleName(self.tr("Models"))
         self.load_button = QPushButton(self.tr("Load"))
         self.unload_button = QPushButton(self.tr("Unload"))
@@ -70,6 +71,8 @@ class ModelsDialog(QDialog):
         models.imported.connect(self._on_model_changed)
         models.draft_changed.connect(self._on_model_changed)
         self.refresh()
+        line = self.fontMetrics().height()
+        self.resize(max(860, self._columns_width() + 24 * self.fontMetrics().averageCharWidth()), max(320, 14 * line))
 
     def _on_model_changed(self, _key: str) -> None:
         self.refresh()
@@ -92,7 +95,19 @@ class ModelsDialog(QDialog):
             self.table.addTopLevelItem(item)
             if entry.key == selected:
                 self.table.setCurrentItem(item)
+        self._fit_columns()
         self._enable()
+
+    def _fit_columns(self) -> None:
+        """Each column after the name as wide as its header or widest cell, up to a cap (a large font cut the
+        headers to "Archite", "Contex" while "In memory" took the slack)."""
+        cap = MAX_COLUMN_CHARS * self.table.fontMetrics().averageCharWidth()
+        for col in range(1, len(COLUMNS)):
+            self.table.resizeColumnToContents(col)
+            self.table.setColumnWidth(col, min(cap, self.table.columnWidth(col)))
+
+    def _columns_width(self) -> int:
+        return sum(self.table.columnWidth(col) for col in range(1, len(COLUMNS)))
 
     def _row(self, entry: ModelEntry) -> list[str]:
         state = self.models.state(entry.key)

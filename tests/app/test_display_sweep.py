@@ -305,3 +305,14 @@ def test_a_large_font_in_a_short_window_scrolls_the_empty_chat_and_shortens_its_
         shown = button.text()
         assert button.fontMetrics().horizontalAdvance(shown) <= button.width()
         assert shown == button.full_text() or shown.endswith("…")
+
+
+def test_a_large_font_keeps_the_models_dialogs_headers_whole(large_font_app, qtbot):
+    """The headers read "Archite", "Quantiz", "Contex" while "In memory" took the slack."""
+    dialog = large_font_app.window.show_models()
+    qtbot.waitExposed(dialog)
+    header = dialog.table.header()
+    for col in range(1, header.count()):
+        assert header.sectionSize(col) >= header.sectionSizeHint(col), dialog.table.headerItem().text(col)
+    assert header.sectionSize(0) >= header.sectionSize(header.count() - 1)  # the name takes what is left
+    dialog.close()
