@@ -83,7 +83,7 @@ def test_columns_are_labelled_with_model_and_differing_settings(parley, imported
 def test_enter_while_columns_answer_queues_the_prompt(parley, qtbot):
     view = _columns(parley, 2)
     for column in view.columns:
-        parley.service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(max_tokens=300))
+        parley.service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(max_tokens=40))
     hold_engine(parley, 1.0)
     assert view.send("first")
     view.composer.edit.setPlainText("second")
