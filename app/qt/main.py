@@ -49,6 +49,7 @@ class Parley:
 def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine: EngineConfig | None = None,
           theme: str | None = None, show: bool = True) -> Parley:
     """Needs a QApplication. `default_model` is 'default' (the embedded Gemma) or a model path (tests)."""
+    from app.qt.drops import FileDrops
     from app.qt.persist_ui import PersistenceUI
     from app.qt.window import MainWindow
 
@@ -73,6 +74,8 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     app = Parley(paths, settings, bridge, models, store, service)
     app.window = MainWindow(service, models, settings)
     app.extra["persistence"] = PersistenceUI(app.window, service)
+    app.extra["drops"] = FileDrops(app.window, [app.window.chat.composer.edit, app.window.compare.composer.edit],
+                                   app.extra["persistence"].import_from)
     chats = [c.id for c in store.conversations()]
     if chats:
         last = settings.window.get("chat")  # the chat open at close, if it is still there
