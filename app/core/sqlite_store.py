@@ -50,6 +50,7 @@ class SqliteConversationStore(ConversationStore):
         self._last_flush = clock()
         self._dirty: set[int] = set()
         self._batch = 0
+        self._batch_open = False  # the batch's transaction began (not while the file was locked)
         self._deleted = 0  # messages deleted since the file was opened (see _compact)
         self._held: list[tuple[str, tuple]] = []  # statements waiting while another program holds the write lock
         self._held_msgs: list[Message] = []
@@ -284,37 +285,51 @@ class SqliteConversationStore(ConversationStore):
     def _write(self, statements: list[tuple[str, tuple]], committed: list[Message] = ()) -> None:
         if self._db is None:
             return
-        if self._batch == 0 and self._lock_taken_since():
-            self.locked_out = True
-            self._degrade(f"Another Parley opened the data folder {self.file.parent} after its lock file was deleted; "
-                          "this one saves nothing more (its chats are kept in memory until it quits).")
+        if self._batch:
+            self._write_in_batch(statements)
             return
-        if self._batch == 0 and self._file_is_gone():
-            self._after_file_gone()  # the new file holds these changes already
-            if self.on_commit is not None and committed and self._db is not None:
+        if not self._file_still_ours():
+            if self._db is not None and self.on_commit is not None and committed:  # written anew from memory
                 self.on_commit(list(committed))
             return
-        if self._batch == 0:
-            statements, committed = [*self._held, *statements], [*self._held_msgs, *committed]
+        statements, committed = [*self._held, *statements], [*self._held_msgs, *committed]
         try:
-            if self._batch == 0 and not self._begin():
-                self._held, self._held_msgs = _latest_updates(statements), list(committed)
-                if self.warning != self._locked_text():  # after holding: the GUI reads `persistent` as it shows it
-                    self._set_warning(self._locked_text())
+            if not self._begin():
+                self._hold(statements, committed)
                 return
             for sql, params in statements:
                 self._db.execute(sql, params)
-            if self._batch == 0:
-                self._db.execute("COMMIT")
+            self._db.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
             self._degrade(exc)
             return
-        if self._batch == 0 and self._held:
-            self._held, self._held_msgs = [], []
-            if self.warning == self._locked_text():
-                self.warning = ""  # saved again
-        if self.on_commit is not None and committed and self._batch == 0:
+        self._saved_again()
+        if self.on_commit is not None and committed:
             self.on_commit(list(committed))
+
+    def _write_in_batch(self, statements: list[tuple[str, tuple]]) -> None:
+        if not self._batch_open:  # the file was locked when the batch began
+            self._held.extend(statements)
+            self._warn_locked()
+            return
+        try:
+            for sql, params in statements:
+                self._db.execute(sql, params)
+        except (sqlite3.Error, OSError) as exc:
+            self._degrade(exc)
+
+    def _file_still_ours(self) -> bool:
+        """False where the file cannot be written as it is: another Parley took the folder (this one stops), or the
+        file was deleted, moved or replaced (written anew from memory, or left as it is)."""
+        if self._lock_taken_since():
+            self.locked_out = True
+            self._degrade(f"Another Parley opened the data folder {self.file.parent} after its lock file was deleted; "
+                          "this one saves nothing more (its chats are kept in memory until it quits).")
+            return False
+        if self._file_is_gone():
+            self._after_file_gone()
+            return False
+        return True
 
     def _begin(self) -> bool:
         """BEGIN IMMEDIATE, or False while another program (a database browser) holds the write lock: the changes wait
@@ -331,30 +346,56 @@ class SqliteConversationStore(ConversationStore):
         self._retry_at = self._clock() + LOCKED_RETRY_S
         return False
 
+    def _hold(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
+        self._held, self._held_msgs = _latest_updates(statements), list(committed)
+        self._warn_locked()
+
+    def _warn_locked(self) -> None:
+        if self._held and self.warning != self._locked_text():  # once held: the GUI reads `persistent` as it shows it
+            self._set_warning(self._locked_text())
+
+    def _saved_again(self) -> None:
+        if self._held:
+            self._held, self._held_msgs = [], []
+            if self.warning == self._locked_text():
+                self.warning = ""
+
     def _locked_text(self) -> str:
         return (f"Another program has {self.file} locked: chats are not saved until it lets go (Parley tries again "
                 f"every {LOCKED_RETRY_S:.0f} s).")
 
     @contextmanager
     def batch(self) -> Iterator[None]:
-        """Groups many changes (an import) into one transaction."""
-        if self._db is not None and self._batch == 0 and self._file_is_gone():
-            self._after_file_gone()
-        if self._db is not None and self._batch == 0:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-            except (sqlite3.Error, OSError) as exc:
-                self._degrade(exc)
+        """Groups many changes (an import) into one transaction; held, as any change, while the file is locked."""
+        if self._batch == 0:
+            self._batch_open = self._open_batch()
         self._batch += 1
         try:
             yield
         finally:
             self._batch -= 1
-            if self._db is not None and self._batch == 0:
+            if self._batch == 0 and self._batch_open and self._db is not None:
                 try:
                     self._db.execute("COMMIT")
+                    self._saved_again()
                 except (sqlite3.Error, OSError) as exc:
                     self._degrade(exc)
+
+    def _open_batch(self) -> bool:
+        """Begins the batch's transaction with the changes held so far; False where it cannot begin."""
+        if self._db is not None:
+            self._file_still_ours()  # a file written anew from memory is the one the batch goes to
+        if self._db is None:
+            return False
+        try:
+            if not self._begin():
+                return False
+            for sql, params in self._held:
+                self._db.execute(sql, params)
+            return True
+        except (sqlite3.Error, OSError) as exc:
+            self._degrade(exc)
+            return False
 
     def _degrade(self, exc: Exception | str) -> None:
         db, self._db = self._db, None

@@ -379,3 +379,30 @@ def test_a_settings_file_linked_from_elsewhere_stays_a_link_when_saved(tmp_path)
     assert link.is_symlink()  # before: replaced by a plain file, the dotfiles copy left behind unchanged
     assert AppSettings.load(kept).theme == "dark"
     assert sorted(p.name for p in link.parent.iterdir()) == ["settings.json"]
+
+
+def test_an_import_while_another_program_holds_the_database_is_saved_once_it_lets_go(tmp_path):
+    import sqlite3
+
+    from app.core import export
+    from app.core.sqlite_store import SqliteConversationStore
+
+    source = _store_with_chats(tmp_path / "source" / "parley.db", ["imported 1", "imported 2"])
+    text = export.export_json(source)
+    source.close()
+    path, now = tmp_path / "parley.db", [0.0]
+    store = SqliteConversationStore(path, clock=lambda: now[0])
+    browser = sqlite3.connect(path, isolation_level=None)
+    browser.execute("BEGIN IMMEDIATE")
+    export.import_json(store, text)  # before: the store gave up for good, the imported chats lost at quit
+    assert not store.persistent and "locked" in store.warning
+    browser.execute("ROLLBACK")
+    browser.close()
+    now[0] += 60.0
+    store.flush()
+    assert store.persistent
+    store.close()
+    reopened = SqliteConversationStore(path)
+    assert sorted(c.title for c in reopened.conversations()) == ["imported 1", "imported 2"]
+    assert all(len(reopened.path(c.id)) == 1 for c in reopened.conversations())
+    reopened.close()
