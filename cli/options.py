@@ -97,11 +97,11 @@ def sampling_params(args: argparse.Namespace):
     from engine.sampling import SamplingParams
 
     thinking = getattr(args, "thinking", None)
-    # top-k -1 (off), seed -1 (a random one) and top-p 0 (the most likely token) read as the server reads them
-    greedy = args.top_p == 0
+    # top-k -1 (off), seed -1 (a random one), top-p 0 and min-p 1 (the most likely token) read as the server reads them
+    greedy = args.top_p == 0 or args.min_p == 1
     return SamplingParams(
         temperature=0.0 if greedy else args.temperature, top_p=1.0 if greedy else args.top_p,
-        top_k=0 if args.top_k == -1 else args.top_k, min_p=args.min_p,
+        top_k=0 if args.top_k == -1 else args.top_k, min_p=0.0 if greedy else args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
         seed=None if args.seed == -1 else args.seed,

@@ -45,6 +45,7 @@ def test_the_server_names_an_out_of_range_value_as_sent(name, value):
     (["--top-k", "-1", "--temperature", "0.8"], dict(top_k=-1, temperature=0.8)),
     (["--seed", "-1", "--temperature", "0.8"], dict(seed=-1, temperature=0.8)),
     (["--top-p", "0", "--temperature", "0.8"], dict(top_p=0, temperature=0.8)),
+    (["--min-p", "1", "--temperature", "0.8"], dict(min_p=1, temperature=0.8)),
 ])
 def test_the_command_line_reads_a_setting_as_the_server_does(flags, fields):
     """The server (and the app's "random" seed) took -1 and top-p 0; `parley generate` refused them."""
