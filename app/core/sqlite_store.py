@@ -190,6 +190,7 @@ class SqliteConversationStore(ConversationStore):
         into that file at the next start. A file deleted or moved away is written anew from memory; a replacing one
         (a backup put back) is left as it is."""
         db, self._db = self._db, None
+        self._held, self._held_msgs = [], []  # what memory holds, written anew below, has them
         try:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             db.close()

@@ -406,3 +406,26 @@ def test_an_import_while_another_program_holds_the_database_is_saved_once_it_let
     assert sorted(c.title for c in reopened.conversations()) == ["imported 1", "imported 2"]
     assert all(len(reopened.path(c.id)) == 1 for c in reopened.conversations())
     reopened.close()
+
+
+def test_changes_held_by_a_lock_are_not_written_twice_into_a_file_started_anew(tmp_path):
+    import sqlite3
+
+    from app.core.sqlite_store import SqliteConversationStore
+
+    path, now = tmp_path / "parley.db", [0.0]
+    store = SqliteConversationStore(path, clock=lambda: now[0])
+    browser = sqlite3.connect(path, isolation_level=None)
+    browser.execute("BEGIN IMMEDIATE")
+    store.create("held while locked")
+    browser.execute("ROLLBACK")
+    browser.close()
+    path.unlink()  # then the file goes: the new one is written from memory, held changes included
+    now[0] += 60.0
+    store.create("after")
+    store.flush()
+    assert store.persistent and "deleted or moved" in store.warning, store.warning
+    store.close()
+    reopened = SqliteConversationStore(path)
+    assert sorted(c.title for c in reopened.conversations()) == ["after", "held while locked"]
+    reopened.close()
