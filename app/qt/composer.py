@@ -4,6 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
+from app.qt.drops import local_paths
 from app.qt.theme import icon
 
 
@@ -32,6 +33,14 @@ class LinkNote(QLabel):
 class PromptEdit(QPlainTextEdit):
     submitted = Signal()
     escaped = Signal()
+    on_files = None  # set by the window's file drops: files copied in a file manager and pasted give their text
+
+    def insertFromMimeData(self, source) -> None:  # noqa: N802 - Qt's name
+        paths = local_paths(source)
+        if paths and self.on_files is not None:
+            self.on_files(paths)  # their text, not their file:// links
+            return
+        super().insertFromMimeData(source)
 
     def keyPressEvent(self, event) -> None:
         key, mods = event.key(), event.modifiers()

@@ -1,7 +1,9 @@
 """Files dropped on the window: a GGUF file or model folder is imported, a Parley export's chats are imported, and any
-other text file goes into the message box under the pointer (or the page's own), as a paste of it would."""
+other text file goes into the message box under the pointer (or the page's own) as its text; files pasted into a
+message box (copied in a file manager) do the same."""
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from PySide6.QtCore import QEvent, QObject, QMimeData
@@ -28,8 +30,9 @@ class FileDrops(QObject):
         self.window, self.editors, self.import_chats = window, editors, import_chats
         window.setAcceptDrops(True)
         window.installEventFilter(self)
-        for edit in editors:  # a message box takes text drops itself: files dropped on it are ours
+        for edit in editors:  # a message box takes text drops and pastes itself: files dropped or pasted are ours
             edit.viewport().installEventFilter(self)
+            edit.on_files = partial(self.open, editor=edit)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
         if event.type() not in (*DRAG_EVENTS, QEvent.Type.Drop):

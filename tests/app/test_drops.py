@@ -88,3 +88,16 @@ def test_what_a_dropped_file_is(tmp_path, tiny_models):
     compact.write_text(json.dumps(json.loads(export.export_json(store)), separators=(",", ":")), encoding="utf-8")
     assert [kind_of(p) for p in (plain_json, notes, exported, compact, tiny_models["llama"].gguf_path, tmp_path)] == \
         ["text", "text", "chats", "chats", "model", "model"]
+
+
+def test_a_file_copied_in_a_file_manager_and_pasted_gives_its_text(parley, tmp_path):
+    doc = tmp_path / "todo.txt"
+    doc.write_text("buy milk\n", encoding="utf-8")
+    mime = QMimeData()
+    mime.setUrls([QUrl.fromLocalFile(str(doc))])
+    mime.setText(QUrl.fromLocalFile(str(doc)).toString())
+    QApplication.clipboard().setMimeData(mime)
+    edit = parley.window.compare.composer.edit
+    edit.clear()
+    edit.paste()
+    assert edit.toPlainText() == "buy milk\n"
