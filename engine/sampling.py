@@ -295,17 +295,24 @@ def _ranked(rows: torch.Tensor, width: int) -> torch.Tensor:
     """Each row's `width` highest logits' ids, ranked high to low with equal logits by id, as the library ranks them:
     the same tokens whatever the width. torch.topk breaks ties in no fixed order, so a row's top-k could change with
     the width a wider neighbour made its step rank (coarse logits, bf16's, tie often)."""
-    key = rows.nan_to_num(nan=-math.inf, posinf=math.inf, neginf=-math.inf)  # a NaN logit ranks last, never first
-    if width < rows.shape[-1]:
-        floor = key.topk(width, dim=-1, sorted=False).values.amin(dim=-1, keepdim=True)
-        above, tied = key > floor, key == floor
-        chosen = above | (tied & (tied.cumsum(dim=-1) <= width - above.sum(dim=-1, keepdim=True)))  # lowest ids tied
-        index = torch.arange(rows.shape[-1], device=rows.device)
-        ids = torch.where(chosen, index, rows.shape[-1]).topk(width, dim=-1, largest=False).values  # id order
-    else:
-        ids = torch.arange(rows.shape[-1], device=rows.device).expand_as(rows)
-    # a stable sort of id-ordered logits: equal ones stay in id order
-    return ids.gather(1, key.gather(1, ids).sort(dim=-1, descending=True, stable=True).indices)
+    if width == rows.shape[-1]:
+        return rows.sort(dim=-1, descending=True, stable=True).indices  # stable: equal logits stay in id order
+    top, ids = rows.topk(width, dim=-1)
+    floor = top[:, -1:]
+    # a tie across the cut: topk took some of the tokens equal to the last one ranked, not those of lowest id
+    straddles = (rows == floor).sum(dim=-1) > (top == floor).sum(dim=-1)
+    if rows.is_cuda or bool(straddles.any()):  # on the CPU the check is cheap: the exact cut only where it is needed
+        ids = _lowest_tied(rows, floor, width)
+    ids = ids.sort(dim=-1).values
+    return ids.gather(1, rows.gather(1, ids).sort(dim=-1, descending=True, stable=True).indices)
+
+
+def _lowest_tied(rows: torch.Tensor, floor: torch.Tensor, width: int) -> torch.Tensor:
+    """The `width` ids above `floor`, then those equal to it of lowest id (id order)."""
+    above, tied = rows > floor, rows == floor
+    chosen = above | (tied & (tied.cumsum(dim=-1) <= width - above.sum(dim=-1, keepdim=True)))
+    index = torch.arange(rows.shape[-1], device=rows.device)
+    return torch.where(chosen, index, rows.shape[-1]).topk(width, dim=-1, largest=False).values
 
 
 def _softmax(rows: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
