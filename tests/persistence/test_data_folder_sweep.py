@@ -42,7 +42,8 @@ def test_two_first_starts_at_once_both_get_the_whole_embedded_model(tmp_path):
     go.touch()
     outs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert outs == [f"ok {whole}"] * 2  # before, one failed: the other had renamed their shared partial file away
-    assert sorted(f.name for f in (tmp_path / "models").iterdir()) == ["gemma-3-270m-Q4_K_M.gguf"]
+    assert sorted(f.name for f in (tmp_path / "models").iterdir()) == ["gemma-3-270m-Q4_K_M.gguf",
+                                                                       "gemma-3-270m-Q4_K_M.gguf.verified"]
 
 
 def _damaged_mid_file(path: Path, chats: int = 60) -> None:
@@ -429,3 +430,20 @@ def test_changes_held_by_a_lock_are_not_written_twice_into_a_file_started_anew(t
     reopened = SqliteConversationStore(path)
     assert sorted(c.title for c in reopened.conversations()) == ["after", "held while locked"]
     reopened.close()
+
+
+def test_an_embedded_model_damaged_in_place_is_assembled_again(tmp_path):
+    from engine.loading.default_model import default_model_path
+    from engine.loading.gguf_header import read_header
+
+    path = default_model_path(tmp_path)
+    whole = path.read_bytes()
+    with path.open("r+b") as f:  # a bad sector, or a write cut short by a power cut: the size stays
+        f.seek(100 << 20)
+        f.write(b"\0" * (1 << 20))
+    assert default_model_path(tmp_path) == path  # before: this file, whose weights answered '志愿志愿…'
+    assert path.read_bytes() == whole
+    with path.open("r+b") as f:
+        f.write(b"XXXX")
+    assert default_model_path(tmp_path) == path  # before: every start 'is not a GGUF file (wrong magic bytes)'
+    assert read_header(path) is not None
