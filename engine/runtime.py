@@ -6,6 +6,7 @@ all call it, so a choice made here (backend, cache layout, kernels) holds everyw
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable
 
@@ -147,6 +148,12 @@ class ModelRuntime:
         its cells go back for them (it prefills again next turn), else it keeps its cache. Sequences that may verify
         drafts ask for room for them too, where it fits."""
         self.refused = []
+        sched = self.scheduler
+        # a step writes at most step_tokens, each sequence at most a chunk past what it holds: far from the storage's
+        # end (most steps) nothing more is looked at
+        furthest = max(map(attrgetter("num_cached"), sched.running), default=0) + sched.config.chunk_tokens
+        if self.cache.holds(furthest, sched.config.step_tokens):
+            return
         upcoming = self._upcoming_writes()
         if not upcoming or not self.cache.reserve([(start, n + extra) for _, start, n, extra in upcoming]):
             return

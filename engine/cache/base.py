@@ -75,6 +75,11 @@ class KVCache:
     def pos(self, slot: int) -> int:
         return self.book.pos(slot)
 
+    def holds(self, end: int, tokens: int) -> bool:
+        """Whether the storage holds, without growing, any step whose writes end by position `end` and number `tokens`
+        in all (a layout that grows only inside its step: always)."""
+        return True
+
     def reserve(self, writes: list[tuple[int, int]]) -> dict:
         """Grows the storage before a step for its (start position, tokens) writes, one per sequence; returns the
         writes (by index) refused for want of memory, each with its CacheMemoryError. A layout that grows only inside

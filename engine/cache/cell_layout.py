@@ -58,6 +58,9 @@ class CellKVCache(KVCache):
         if len(self._free) < n:
             self._grow(self.cells + n - len(self._free))
 
+    def holds(self, end: int, tokens: int) -> bool:
+        return tokens <= len(self._free)
+
     def reserve(self, writes: list[tuple[int, int]]) -> dict[int, CacheMemoryError]:
         """Grows the pool now for a step's (start, tokens) writes; where it finds no memory for them all, the writes
         of the most tokens (of those, the longest conversation's) are refused (by index) until the rest fit."""

@@ -84,6 +84,9 @@ class SequenceKVCache(RingedLayout, KVCache):
         return torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
 
     # -- growth: global layers by whole rows; a ring grows like a flat layer until it reaches its size
+    def holds(self, end: int, tokens: int) -> bool:
+        return end <= self.rows
+
     def reserve(self, writes: list[tuple[int, int]]) -> dict[int, CacheMemoryError]:
         """Grows the rows now for a step's (start, tokens) writes, the furthest first; a write whose rows find no memory
         is refused (by index), and the rows are grown for the furthest write that fits."""
