@@ -1,15 +1,29 @@
-"""What README.md tells a new user, checked against the code: its benchmark commands start."""
+"""What README.md tells a new user, checked against the code: its benchmark commands start, and its list of the
+server's refused request fields names every field the server refuses."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from server.protocol import APIError, parse_chat, parse_completion
+
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+MESSAGES = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+# a value of each field that asks for something the server does not do, and the endpoint it is sent to
+REFUSED = [
+    ("n", 2, "chat"), ("tools", [TOOL], "chat"), ("functions", [TOOL["function"]], "chat"),
+    ("tool_choice", "required", "chat"), ("function_call", {"name": "f"}, "chat"), ("logprobs", True, "chat"),
+    ("top_logprobs", 2, "chat"), ("logit_bias", {"1": 5}, "chat"), ("response_format", {"type": "json_object"}, "chat"),
+    ("echo", True, "completion"), ("suffix", " end", "completion"), ("best_of", 2, "completion"),
+]
 
 
 def _bench_commands() -> list[list[str]]:
@@ -29,3 +43,28 @@ def test_readme_bench_commands_start(argv: list[str]) -> None:
     run = subprocess.run([sys.executable, *argv, "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def _refusal_sentence() -> str:
+    text = " ".join(README.split())
+    match = re.search(r"Not supported \(answered with a 400[^:]*:(.*?)\.(?: |$)", text)
+    assert match, "README no longer lists what the server refuses"
+    return match.group(1)
+
+
+@pytest.mark.parametrize("field,value,endpoint", REFUSED, ids=[r[0] for r in REFUSED])
+def test_readme_names_every_refused_field(field: str, value, endpoint: str) -> None:
+    body = {"messages": MESSAGES} if endpoint == "chat" else {"prompt": "hi"}
+    parse = parse_chat if endpoint == "chat" else parse_completion
+    with pytest.raises(APIError) as refused:
+        parse({**body, field: value}, 8192)
+    assert refused.value.status == 400 and refused.value.param == field
+    assert f"`{field}`" in _refusal_sentence(), f"README's list of 400s leaves out `{field}`"
+
+
+def test_readme_does_not_promise_tools_served_as_text() -> None:
+    """A request carrying tools is refused whatever its tool_choice: the README must not say 'auto' serves it."""
+    with pytest.raises(APIError) as refused:
+        parse_chat({"messages": MESSAGES, "tools": [TOOL], "tool_choice": "auto"}, 8192)
+    assert refused.value.param == "tools"
+    assert "served as plain text" not in _refusal_sentence()
