@@ -1,7 +1,8 @@
-"""What README.md tells a new user, checked against the code: its benchmark commands start, and its list of the
-server's refused request fields names every field the server refuses."""
+"""What README.md tells a new user, checked against the code: its benchmark commands start, its list of the
+server's refused request fields names every field the server refuses, its options belong to the commands it says."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import subprocess
@@ -68,3 +69,23 @@ def test_readme_does_not_promise_tools_served_as_text() -> None:
         parse_chat({"messages": MESSAGES, "tools": [TOOL], "tool_choice": "auto"}, 8192)
     assert refused.value.param == "tools"
     assert "served as plain text" not in _refusal_sentence()
+
+
+def _subcommand_flags() -> dict[str, set[str]]:
+    from cli.main import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {name: set(p._option_string_actions) for name, p in sub.choices.items()}
+
+
+def test_readme_options_belong_to_the_commands_it_names() -> None:
+    """The README's 'Options:' list: engine options every command takes, then those of `generate` and `chat` only."""
+    text = " ".join(README.split())
+    options = text.split("Options: ", 1)[1].split(" Data go under", 1)[0]
+    shared, marker, terminal = options.partition("for `generate` and `chat`")
+    assert marker, "README no longer says which options only generate and chat take"
+    flags = _subcommand_flags()
+    for flag in re.findall(r"`(--[a-z-]+)", shared):
+        assert all(flag in flags[c] for c in ("generate", "chat", "serve")), flag
+    for flag in re.findall(r"`(--[a-z-]+)", terminal):
+        assert flag in flags["generate"] and flag in flags["chat"] and flag not in flags["serve"], flag
