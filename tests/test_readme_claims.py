@@ -89,3 +89,13 @@ def test_readme_options_belong_to_the_commands_it_names() -> None:
         assert all(flag in flags[c] for c in ("generate", "chat", "serve")), flag
     for flag in re.findall(r"`(--[a-z-]+)", terminal):
         assert flag in flags["generate"] and flag in flags["chat"] and flag not in flags["serve"], flag
+
+
+def test_readme_says_remote_alone_loads_no_local_model() -> None:
+    """`serve --remote URL` without --model serves the remote model only: the README must not promise the local one."""
+    from cli.main import build_parser
+
+    assert build_parser().parse_args(["serve", "--remote", "http://gpu-box:8000/v1#m"]).model is None
+    text = " ".join(README.split())
+    remote = text.split("`parley serve --remote ", 1)[1].split(". ", 1)[0]
+    assert "with `--remote` alone, no local model loads" in remote
