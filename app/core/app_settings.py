@@ -1,13 +1,12 @@
 """App-wide settings (theme, defaults for new chats, compare mode), kept as JSON in the data folder."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from app.core.atomic_file import write_text_whole
 from app.core.chat_settings import ChatSettings
 from engine.errors import ParleyError
 
@@ -56,25 +55,12 @@ class AppSettings:
         data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
                 "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
                 "presets": self.presets, "draft_model": self.draft_model}
-        target = _link_target(self.file)
-        partial = target.with_name(target.name + ".partial")  # a crash mid-write leaves the old file whole
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            partial.write_text(json.dumps(data, indent=1), encoding="utf-8")
-            os.replace(partial, target)
+            self.file.parent.mkdir(parents=True, exist_ok=True)
+            write_text_whole(self.file, json.dumps(data, indent=1))
         except OSError:
-            with contextlib.suppress(OSError):  # a full disk's cut-off copy is not left beside the settings
-                partial.unlink(missing_ok=True)
             return False
         return True
-
-
-def _link_target(file: Path) -> Path:
-    """Where `file` leads: a settings.json linked elsewhere (a dotfiles folder) stays a link when written."""
-    try:
-        return file.resolve()
-    except (OSError, RuntimeError):  # a loop of links: written over as a file
-        return file
 
 
 def _set_aside(file: Path) -> None:

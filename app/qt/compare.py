@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QSpinBox, QToolButton, QVBoxLayout, QWidget,
 )
 
+from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
 from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages
 from app.core.presets import Presets
@@ -341,7 +342,7 @@ class CompareView(QWidget):
         path, _ = QFileDialog.getSaveFileName(self, self.tr("Export comparison"), "comparison.md", "Markdown (*.md)")
         if path:
             try:
-                Path(path).write_text(self.export_markdown(), encoding="utf-8")
+                write_text_whole(Path(path), self.export_markdown())  # a failed write keeps the old file whole
             except OSError as exc:
                 self.queued.setText(self.tr("Export failed: %1").replace("%1", html.escape(str(exc))))
                 self.queued.show()

@@ -7,6 +7,7 @@ from PySide6.QtCore import QObject, QTimer
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu
 
 from app.core import export
+from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
 from engine.errors import ParleyError
 
@@ -76,7 +77,7 @@ class PersistenceUI(QObject):
         self.flush()
         text = export.export_json(self.store, ids) if fmt == "json" else export.export_markdown(self.store, ids)
         try:
-            Path(path).write_text(text, encoding="utf-8", errors="replace")
+            write_text_whole(Path(path), text)  # a full disk keeps the last export whole, not a cut-off new one
         except OSError as exc:
             self._warn("Export failed", f"{path}\n\n{exc.strerror or exc}")
             return False

@@ -1,0 +1,35 @@
+"""Writing a file whole or not at all: a full disk or a crash mid-write leaves the file as it was, not cut off."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+
+def write_text_whole(file: Path, text: str) -> None:
+    """Writes `text` (UTF-8) beside `file` and renames it over the file; raises OSError as the write would. A link
+    is written where it leads (a dotfiles folder's settings.json stays a link)."""
+    target = link_target(file)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        partial.write_text(text, encoding="utf-8", errors="replace")
+        os.replace(partial, target)
+    except PermissionError:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        if partial.parent.exists() and not os.access(partial.parent, os.W_OK) and os.access(target, os.W_OK):
+            target.write_text(text, encoding="utf-8", errors="replace")  # a writable file in a folder that is not
+            return
+        raise
+    except OSError:
+        with contextlib.suppress(OSError):  # a full disk's cut-off copy is not left beside the file
+            partial.unlink(missing_ok=True)
+        raise
+
+
+def link_target(file: Path) -> Path:
+    """Where `file` leads; the file itself for a loop of links (written over as a file)."""
+    try:
+        return file.resolve()
+    except (OSError, RuntimeError):
+        return file
