@@ -26,6 +26,7 @@ class AppSettings:
     file: Path | None = None
     draft_model: str = ""  # the model key that drafts for the others (speculative decoding), "" for none
     read_only: bool = False  # another instance owns the data folder: this one saves nothing
+    save_error: str = ""  # why the last save failed ("" after one that worked)
 
     @classmethod
     def load(cls, file: Path, read_only: bool = False) -> "AppSettings":
@@ -58,8 +59,10 @@ class AppSettings:
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             write_text_whole(self.file, json.dumps(data, indent=1))
-        except OSError:
+        except OSError as exc:
+            self.save_error = exc.strerror or str(exc)
             return False
+        self.save_error = ""
         return True
 
 

@@ -191,7 +191,7 @@ class MainWindow(QMainWindow):
         if as_default:
             self.service.defaults = settings.copy()
             self.app_settings.defaults = settings.copy()
-            self.app_settings.save()
+            self._save_settings()
 
     # -- models
     def import_file(self) -> None:
@@ -302,11 +302,11 @@ class MainWindow(QMainWindow):
 
     def _save_theme(self, mode: str) -> None:
         self.set_theme(mode)
-        self.app_settings.save()
+        self._save_settings()
 
     def _save_one_at_a_time(self, on: bool) -> None:
         self.app_settings.one_at_a_time = on
-        self.app_settings.save()
+        self._save_settings()
 
     def closeEvent(self, event) -> None:
         self._forget_trash()  # first: a deleted chat's draft goes with it
@@ -324,7 +324,16 @@ class MainWindow(QMainWindow):
     def _save_drafts(self) -> None:
         self._draft_timer.stop()
         self.app_settings.drafts = self.service.drafts()  # unsent text comes back with the app
-        self.app_settings.save()
+        self._save_settings()
+
+    def _save_settings(self) -> None:
+        """Writes settings.json; the first failure in a row says so (a theme or preset change silently lost on a full
+        disk or a read-only folder), the next save that works says nothing."""
+        failed_before = bool(self.app_settings.save_error)
+        if self.app_settings.save() or not self.app_settings.save_error or failed_before:
+            return
+        self.statusBar().showMessage(self.tr("Settings not saved: %1 (%2)").replace(
+            "%1", str(self.app_settings.file)).replace("%2", self.app_settings.save_error), 15000)
 
     def _restore_geometry(self) -> None:
         """Size and place as the user left them, if that still fits a screen (Qt moves it onto one)."""

@@ -759,3 +759,21 @@ def test_a_second_chat_with_the_same_system_prompt_reuses_its_prefill(parley, qt
     status = service.status(b)
     assert status.prompt_tokens > 50 and status.prompt_tokens - status.prefilled_tokens > 50
     assert "prompt tokens cached" in describe(status)
+
+
+def test_settings_that_cannot_be_saved_say_so_once(parley, tmp_path):
+    """A theme or preset change on a full disk or an unwritable folder was dropped without a word."""
+    w = parley.window
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("x", encoding="utf-8")
+    good = w.app_settings.file
+    w.app_settings.file = blocker / "settings.json"  # its folder cannot be made: the save fails as a full disk's does
+    w._save_theme("dark")
+    shown = w.statusBar().currentMessage()
+    assert shown.startswith("Settings not saved: ") and "settings.json" in shown
+    w.statusBar().clearMessage()
+    w._save_one_at_a_time(True)
+    assert w.statusBar().currentMessage() == ""  # said once, not at every later save
+    w.app_settings.file = good
+    w._save_theme("light")
+    assert w.app_settings.save_error == ""
