@@ -99,3 +99,11 @@ def test_readme_says_remote_alone_loads_no_local_model() -> None:
     text = " ".join(README.split())
     remote = text.split("`parley serve --remote ", 1)[1].split(". ", 1)[0]
     assert "with `--remote` alone, no local model loads" in remote
+
+
+def test_readme_names_what_make_test_builds() -> None:
+    """The test extras build llama.cpp from source (the Makefile sets its CMAKE_ARGS): a compiler is needed."""
+    extras = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("test = [", 1)[1].split("\n]", 1)[0]
+    assert "llama-cpp-python" in extras and "CMAKE_ARGS" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    needs = " ".join(README.split()).split("Both commands need", 1)[1].split(". ", 1)[0]
+    assert "compiler" in needs, "README says Python and make suffice for `make test`"
