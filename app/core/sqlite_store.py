@@ -359,7 +359,7 @@ class SqliteConversationStore(ConversationStore):
         if self._held:
             self._held, self._held_msgs = [], []
             if self.warning == self._locked_text():
-                self.warning = ""
+                self._set_warning("")  # the window's "not saving" goes: the held changes are written
 
     def _locked_text(self) -> str:
         return (f"Another program has {self.file} locked: chats are not saved until it lets go (Parley tries again "

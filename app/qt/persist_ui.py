@@ -37,6 +37,11 @@ class PersistenceUI(QObject):
             self.store.flush()
 
     def show_warning(self, text: str) -> None:
+        if not text:  # the store writes again (another program let go of its lock)
+            if self.warning.isVisible():
+                self.warning.hide()
+                self.window.statusBar().showMessage("Chats are saved again.", 5000)
+            return
         # a damaged database set aside and a new one started still saves: only a store in memory does not
         saving = getattr(self.store, "persistent", False) and not getattr(self.store, "locked_out", False)
         self.warning.setText("⚠ Chat database replaced" if saving else "⚠ Not saving chats")

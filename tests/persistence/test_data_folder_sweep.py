@@ -194,6 +194,7 @@ def test_changes_made_while_another_program_holds_the_database_are_saved_once_it
     now[0] += 60.0  # past the wait between tries
     store.flush()  # the GUI's timer: held changes go out with no new change
     assert store.persistent and not store.warning
+    assert shown == ["not saving", "saving"]  # the window hears it too: its "Not saving chats" stayed for good
     store.add_message(conv.id, answer.id, "user", "after")
     store.close()
     reopened = SqliteConversationStore(path)

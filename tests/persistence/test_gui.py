@@ -113,3 +113,20 @@ def test_export_and_import_from_the_window(start, tmp_path):
     (tmp_path / "bad.json").write_text("[" * 10_000)
     assert ui.import_from(tmp_path / "bad.json") == [] and "Import failed" in app.window.last_warning.windowTitle()
     assert [a.text() for a in ui.menu.actions()] == ["Export this chat…", "Export all chats…", "Import chats…"]
+
+
+def test_the_not_saving_warning_goes_once_the_store_writes_again(qtbot):
+    from PySide6.QtWidgets import QMainWindow
+    import types
+
+    from app.core.conversations import ConversationStore
+    from app.qt.persist_ui import PersistenceUI
+
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    ui = PersistenceUI(window, types.SimpleNamespace(store=ConversationStore()))
+    window.show()
+    ui.show_warning("Another program has parley.db locked: chats are not saved until it lets go.")
+    assert ui.warning.isVisible()
+    ui.show_warning("")
+    assert not ui.warning.isVisible() and window.statusBar().currentMessage() == "Chats are saved again."
