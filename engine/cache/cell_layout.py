@@ -64,7 +64,8 @@ class CellKVCache(KVCache):
     def reserve(self, writes: list[tuple[int, int]]) -> dict[int, CacheMemoryError]:
         """Grows the pool now for a step's (start, tokens) writes; where it finds no memory for them all, the writes
         of the most tokens (of those, the longest conversation's) are refused (by index) until the rest fit."""
-        refused, total = {}, sum(n for _, n in writes)
+        used = self.cells - len(self._free)
+        refused, total = {}, min(sum(n for _, n in writes), self.config.capacity - used)  # drafts asked for may not run
         if total <= len(self._free):
             return refused  # every step but a growth's: no sort
         for i in sorted(range(len(writes)), key=lambda i: (-writes[i][1], -sum(writes[i]))):

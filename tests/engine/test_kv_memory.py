@@ -201,3 +201,12 @@ def test_under_a_real_memory_limit_growth_is_refused_in_one_line(layout, seen):
     first, last = run.stdout.splitlines()
     assert (REFUSAL if seen == "seen" else REFUSED_BY_ALLOCATOR).fullmatch(first), first
     assert last.startswith("went on at") and int(last.split()[-1]) >= 512
+
+
+def test_room_asked_past_the_capacity_is_not_an_error():
+    """Draft rows asked for near a full pool (sequences at their context) are never written: asking is no failure."""
+    cache = _cache("cell", max_seqs=1, max_seq_len=512)
+    slot = cache.seq_new()
+    while cache.pos(slot) < 511:
+        _step(cache, [(slot, min(64, 511 - cache.pos(slot)))])
+    assert cache.reserve([(511, 1 + 8)]) == {}
