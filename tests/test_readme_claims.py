@@ -107,3 +107,15 @@ def test_readme_names_what_make_test_builds() -> None:
     assert "llama-cpp-python" in extras and "CMAKE_ARGS" in (ROOT / "Makefile").read_text(encoding="utf-8")
     needs = " ".join(README.split()).split("Both commands need", 1)[1].split(". ", 1)[0]
     assert "compiler" in needs, "README says Python and make suffice for `make test`"
+
+
+def _layout_row(folder: str) -> str:
+    return next(line for line in README.splitlines() if line.startswith(f"| `{folder}/` |"))
+
+
+def test_readme_layout_names_the_cpu_kernels_and_gpu_tests() -> None:
+    """The Layout table's rows for kernels/ and tests/ name what is there: the C kernels' folder, the gpu marker."""
+    assert (ROOT / "kernels" / "cpu").is_dir() and "`kernels/cpu/`" in _layout_row("kernels")
+    markers = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("markers = [", 1)[1].split("\n]", 1)[0]
+    assert '"gpu:' in markers and "test-gpu:" in (ROOT / "Makefile").read_text(encoding="utf-8")
+    assert "`gpu`" in _layout_row("tests") and "`make test-gpu`" in _layout_row("tests")
