@@ -119,3 +119,13 @@ def test_readme_layout_names_the_cpu_kernels_and_gpu_tests() -> None:
     markers = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("markers = [", 1)[1].split("\n]", 1)[0]
     assert '"gpu:' in markers and "test-gpu:" in (ROOT / "Makefile").read_text(encoding="utf-8")
     assert "`gpu`" in _layout_row("tests") and "`make test-gpu`" in _layout_row("tests")
+
+
+def test_architecture_lists_the_import_contracts_the_test_checks() -> None:
+    """docs/ARCHITECTURE.md says its rules are each checked by tests/test_import_contracts.py: one bullet a contract."""
+    from tests.test_import_contracts import CONTRACTS
+
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    rules = text.split("tests/test_import_contracts.py", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0]
+    bullets = [line for line in rules.splitlines() if line.startswith("- ")]
+    assert sorted(b[2:].split(":")[0].rstrip(".") for b in bullets) == sorted(c.name for c in CONTRACTS)
