@@ -40,18 +40,48 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0, help="0: only the most likely token (greedy)")
-    p.add_argument("--top-k", type=int, default=0, help="0 or -1: off")
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--top-p", type=_fraction, default=1.0, help="0: only the most likely token (greedy)")
+    p.add_argument("--top-k", type=_count_or_off, default=0, help="0 or -1: off")
+    p.add_argument("--min-p", type=_fraction, default=0.0, help="1: only the most likely token (greedy)")
     p.add_argument("--repetition-penalty", "--repeat-penalty", type=float, default=1.0,
                    help="divides the logits of tokens seen in the last --repeat-last-n tokens (1 is off)")
     p.add_argument("--presence-penalty", type=float, default=0.0)
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="how many of the latest tokens the penalties read (-1: all, 0: none; llama.cpp's default 64)")
-    p.add_argument("--seed", type=int, default=None, help="-1: a random one")
+    p.add_argument("--seed", type=_seed, default=None, help="-1: a random one")
     p.add_argument("--thinking", default=None, choices=["on", "off"],
                    help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
+
+
+# The flags below take values the engine's own checks refuse (top-p 0, min-p 1, top-k and seed -1), so their ranges
+# are checked here: the engine's message ("min_p must be in [0, 1)") would refuse a value the flag accepts.
+def _fraction(text: str) -> float:
+    value = _number(text, float)
+    if not 0 <= value <= 1:  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a number from 0 to 1, not {text!r}")
+    return value
+
+
+def _count_or_off(text: str) -> int:
+    value = _number(text, int)
+    if value < -1:
+        raise argparse.ArgumentTypeError(f"0 or -1 (off), or a number of tokens, not {text!r}")
+    return value
+
+
+def _seed(text: str) -> int:
+    value = _number(text, int)
+    if not -1 <= value < 1 << 64:
+        raise argparse.ArgumentTypeError(f"-1 (a random one) or a whole number from 0 to 2**64 - 1, not {text!r}")
+    return value
+
+
+def _number(text: str, kind: type):
+    try:
+        return kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{'a whole number' if kind is int else 'a number'}, not {text!r}") from None
 
 
 def paths_of(args: argparse.Namespace) -> Paths:

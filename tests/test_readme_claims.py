@@ -129,3 +129,18 @@ def test_architecture_lists_the_import_contracts_the_test_checks() -> None:
     rules = text.split("tests/test_import_contracts.py", 1)[1].split("\n\n", 1)[1].split("\n\n", 1)[0]
     bullets = [line for line in rules.splitlines() if line.startswith("- ")]
     assert sorted(b[2:].split(":")[0].rstrip(".") for b in bullets) == sorted(c.name for c in CONTRACTS)
+
+
+@pytest.mark.parametrize("flag,value,accepted", [("--min-p", "1.5", "1"), ("--top-p", "-0.5", "0"),
+                                                 ("--top-k", "-2", "-1"), ("--seed", "-2", "-1")])
+def test_a_refused_sampling_flag_states_the_range_the_flag_accepts(flag, value, accepted, capsys) -> None:
+    """The README's --top-p / --top-k / --min-p / --seed take values the engine's checks refuse (greedy, off, random):
+    a value out of range names the flag and the command line's range, not the engine's (which would rule out those)."""
+    from cli.main import build_parser
+    from cli.options import sampling_params
+
+    sampling_params(build_parser().parse_args(["generate", flag, accepted]))  # the edge the help promises is taken
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["generate", flag, value])
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert f"argument {flag}:" in error and accepted in error, error
