@@ -66,7 +66,8 @@ class PromptLookup(Paced):
 
     def __init__(self, config: LookupConfig | None = None):
         self.config = config or LookupConfig()
-        self.max_sequences = self.config.pacing.most_sequences
+        self.pacing = self.config.pacing  # as every drafter names it: the runtime reserves cache rows for `most`
+        self.max_sequences = self.pacing.most_sequences
         self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
 
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:

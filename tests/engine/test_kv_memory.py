@@ -210,3 +210,27 @@ def test_room_asked_past_the_capacity_is_not_an_error():
     while cache.pos(slot) < 511:
         _step(cache, [(slot, min(64, 511 - cache.pos(slot)))])
     assert cache.reserve([(511, 1 + 8)]) == {}
+
+
+@pytest.mark.parametrize("layout", ["cell", "sequence"])
+def test_the_steps_write_bounds_cover_every_write_it_makes(tiny_models, layout):
+    """The reservation skips its look at every sequence when the bounds fit the storage: the bounds must cover each
+    step's writes (prompts of many lengths, prefills in chunks, decodes, sessions arriving and finishing)."""
+    from engine.loading.loader import load_model
+    from engine.runtime import build_runtime
+    from engine.sampling import SamplerState
+    from engine.sequence import Sequence
+
+    lm = load_model(tiny_models["qwen3"].gguf_path)
+    rt = build_runtime(lm, EngineConfig(kv_layout=layout, max_sessions=4, max_session_tokens=512, device="cpu",
+                                        chunk_tokens=32, speculative="lookup"))
+    lengths = [3, 70, 1, 150, 33, 9, 260, 2]
+    for step in range(160):
+        if step % 20 == 0 and lengths:
+            prompt = [1 + (i * 7 + step) % 50 for i in range(lengths.pop())]
+            rt.batcher.add(Sequence(step, prompt, SamplerState(SamplingParams(max_tokens=40))))
+        furthest, tokens = rt._write_bounds()
+        writes = rt._upcoming_writes()
+        assert all(start + n + extra <= furthest for _, start, n, extra in writes)
+        assert sum(n + extra for *_, n, extra in writes) <= tokens or tokens == rt.scheduler.config.step_tokens
+        rt.step()
