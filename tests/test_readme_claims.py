@@ -144,3 +144,12 @@ def test_a_refused_sampling_flag_states_the_range_the_flag_accepts(flag, value, 
         build_parser().parse_args(["generate", flag, value])
     error = capsys.readouterr().err.splitlines()[-1]
     assert f"argument {flag}:" in error and accepted in error, error
+
+
+def test_readme_lists_every_shortcut_of_the_window() -> None:
+    """Each key the window's menu actions bind (app/qt/window.py) is named in the README's section on the app."""
+    window = (ROOT / "app" / "qt" / "window.py").read_text(encoding="utf-8")
+    keys = set(re.findall(r'"(Ctrl\+[^"]+)"', window))
+    assert {"Ctrl+N", "Ctrl+K"} <= keys  # the scan still finds the bindings
+    shortcuts = README.split("## The app", 1)[1].split("## Command line", 1)[0]
+    assert sorted(k for k in keys if k not in shortcuts) == []
