@@ -36,6 +36,8 @@ class CacheConfigError(ParleyError):
 class CacheMemoryError(ParleyError):
     """A conversation whose KV cache would need more memory than the machine (or the GPU) has free."""
 
+    code = "insufficient_memory"
+
 
 class CacheError(ParleyError):
     """A cache operation that would break a sequence: unknown sequence, rewind below a ring floor, full cache."""

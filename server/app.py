@@ -30,6 +30,7 @@ DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 LOOPBACK_NAMES = ("localhost", "localhost.")
 CLIENT_ERROR_CODES = frozenset({"context_length_exceeded"})  # a turn's error codes that blame the request: 400
+BUSY_ERROR_CODES = frozenset({"insufficient_memory"})  # the machine cannot now, another time it may: 503
 
 
 @dataclass(slots=True)
@@ -158,7 +159,10 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
 
 def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False) -> api.APIError:
     """A request refused before it started, or one whose error says the request is at fault (a remote model refuses
-    only after Started), is the client's to fix: 400. Anything else failed on this side: 500."""
+    only after Started), is the client's to fix: 400; one the machine's free memory cannot hold now: 503. Anything else
+    failed on this side: 500."""
+    if e.code in BUSY_ERROR_CODES:  # not the server broken (500), nor the request wrong for every server (400)
+        return api.APIError(503, e.message, kind="server_error", code=e.code)
     if refused or e.code in CLIENT_ERROR_CODES:
         return api.APIError(400, e.message, "prompt" if req.raw else "messages", e.code)
     return api.APIError(500, e.message, kind="server_error", code=e.code)

@@ -141,6 +141,7 @@ def test_a_turn_whose_cache_cannot_grow_fails_alone_and_the_chat_goes_on(client)
     end, err = client.wait(turns[0]), client.wait(turns[1])
     assert isinstance(end, ev.Finished) and client.tokens(turns[0]) == alone
     assert isinstance(err, ev.Error) and REFUSAL.fullmatch(err.message), err.message
+    assert err.code == "insufficient_memory"  # what an API client branches on (the server's 503)
     assert client.ask(sid, "short").reason in ("stop", "length")  # the refused chat goes on with a shorter turn
     cache.free_memory = lambda: 1 << 40
     fresh = client.open(client.model, params=params)

@@ -115,3 +115,19 @@ def test_a_request_without_model_must_name_one_when_several_are_served():
     with pytest.raises(APIError, match="'model' is required: this server has gemma, qwen.") as err:
         _model(bridge, None)
     assert err.value.status == 400 and err.value.param == "model"
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_turn_the_free_memory_cannot_hold_is_a_503_not_the_servers_fault(refused):
+    """The KV cache could not grow into the memory that is free: a 500 told clients the server was broken; a 503 says
+    to try again (shorter, or later), with the engine's one line and its code."""
+    from engine import events as ev
+    from engine.errors import CacheMemoryError
+    from engine.sampling import SamplingParams
+    from server.app import _turn_error
+    from server.protocol import TurnRequest
+
+    error = CacheMemoryError("The conversation needs ~176 MB more memory for its cache and 60 MB is free; ...")
+    event = ev.Error(1, 2, str(error), error.code)
+    reply = _turn_error(event, TurnRequest(SamplingParams(), stream=False, include_usage=False, raw=False), refused)
+    assert (reply.status, reply.code, reply.kind) == (503, "insufficient_memory", "server_error")
