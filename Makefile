@@ -2,8 +2,11 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU wheel of torch; a GPU user installs the CUDA build of torch before `pip install .`.
+# torch as pip finds it: the CPU wheel where pip's configuration offers one (these machines); PyPI's Linux default is
+# a CUDA build of several GB. `make run TORCH_INDEX="--index-url https://download.pytorch.org/whl/cpu"` takes the CPU
+# build from PyTorch's own index; a GPU user may install a CUDA build of torch into .venv first.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 # llama-cpp-python (a peer server in tests/server) builds llama.cpp from source. A native build enables AMX,
 # which traps on some of these machines, and others lack AVX-512 (SIGILL): build for the AVX2 baseline.
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
@@ -14,7 +17,7 @@ LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 $(BIN)/activate:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH)"
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install -q -e .
