@@ -114,7 +114,7 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
         if fitting is not None:
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
-                                                   alone=_alone(request)))
+                                                   alone=_alone(request), system=_has_system(request)))
 
 
 def _render(request: TurnRequest, tok: Tokenizer, skip: int = 0) -> list[int]:
@@ -167,7 +167,8 @@ def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     chars = sum(len(m["content"]) for m in kept) + (0 if raw else len(request.system_prompt or ""))
     least = chars // (2 * tok.max_token_chars)  # 2x: normalisation may lengthen text a little
     if least >= limit:
-        raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True, alone=_alone(request)))
+        raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True, alone=_alone(request),
+                                                     system=_has_system(request)))
 
 
 def _alone(request: TurnRequest) -> bool:
@@ -175,15 +176,23 @@ def _alone(request: TurnRequest) -> bool:
     return sum(m["role"] != "system" for m in request.messages) <= 1
 
 
-def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool, alone: bool = False) -> str:
+def _has_system(request: TurnRequest) -> bool:
+    return bool(request.system_prompt) or any(m["role"] == "system" for m in request.messages)
+
+
+def _overflow_message(needed: int, limit: int, raw: bool, overflow: str, at_least: bool, alone: bool = False,
+                      system: bool = False) -> str:
     """What did not fit and the one remedy that helps: with `truncate`, or with no older turns, only the last message
     can be too long, so "leave out the oldest turns" would not help there."""
     # the answer needs a token of room too: "needs 384 tokens but the context holds 384" read as if it fitted
     count = f"{'at least ' if at_least else ''}{needed:,} tokens and one more for the answer, but the context holds {limit:,}"
     if raw:
         return f"The prompt needs {count}. Shorten it."
-    if overflow == "truncate" or alone:
-        return f"The last message (with the system prompt) needs {count}. Shorten it."
+    with_system = " (with the system prompt)" if system else ""  # `parley generate` has none to name
+    if alone:
+        return f"The message{with_system} needs {count}. Shorten it."
+    if overflow == "truncate":
+        return f"The last message{with_system} needs {count}. Shorten it."
     return f"The conversation needs {count}. Shorten the message or leave out the oldest turns."
 
 

@@ -137,14 +137,14 @@ def test_context_overflow_policies(client):
     sid = client.open(client.model, params=GREEDY)
     err = client.wait(client.send(sid, long))
     assert isinstance(err, ev.Error) and "context" in err.message and err.code == "context_length_exceeded"
-    assert err.message.startswith("The last message")  # the only message: no older turns to leave out
+    assert err.message.startswith("The message needs")  # the only message, no system prompt: nothing else to name
     assert "one more for the answer" in err.message  # a prompt of exactly the context read "needs 384, holds 384"
     assert client.ask(sid, "short").reason in ("stop", "length")  # the refused message was not kept
     err = client.wait(client.send(sid, long))
     assert "leave out the oldest turns" in err.message  # under `stop`, after a turn, dropping old turns would help
     cut = client.open(client.model, params=GREEDY, overflow="truncate")
     err = client.wait(client.send(cut, long))  # old turns are dropped already: only a shorter message helps
-    assert isinstance(err, ev.Error) and err.message.startswith("The last message") and "oldest" not in err.message
+    assert isinstance(err, ev.Error) and err.message.startswith("The message needs") and "oldest" not in err.message
     assert err.code == "context_length_exceeded"
 
 
@@ -288,3 +288,13 @@ def test_malformed_turns_fail_alone(client, messages, continue_final, needle):
     err = client.wait(client.engine.submit(sid, messages, GREEDY, continue_final=continue_final))
     assert isinstance(err, ev.Error) and needle in err.message
     assert client.ask(sid, "fine").reason in ("stop", "length")
+
+
+def test_an_overflow_names_the_system_prompt_only_where_there_is_one(client):
+    """`parley generate` has no system prompt, yet its refusal read "The last message (with the system prompt)"."""
+    long = "word " * 400
+    sid = client.open(client.model, params=GREEDY)
+    bare = client.wait(client.send(sid, long))
+    assert bare.message.startswith("The message needs") and "system prompt" not in bare.message
+    told = client.wait(client.engine.submit(sid, [{"role": "user", "content": long}], GREEDY, "Be brief."))
+    assert told.message.startswith("The message (with the system prompt) needs")
