@@ -77,6 +77,7 @@ class LocalHost:
         turn.stream = TextStream(rt.lm.tokenizer, request.params.stop, context, opened)
         turn.prompt_tokens, turn.prefilled_tokens, turn.dropped_messages = len(ids), len(ids) - seq.num_cached, dropped
         self._sessions[session.session_id] = session
+        rt.scheduler.stamp(seq, turn.submitted_at)  # a turn waiting for a slot keeps its place among those sent before
         rt.run(seq)
         self._emit(ev.Started(session.session_id, turn.turn_id))
         self._emit(ev.ContextUsage(session.session_id, len(ids), rt.limit, dropped))

@@ -1,6 +1,7 @@
 """Scheduler: continuous batching with a per-step token budget and fixed-size prefill chunks."""
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,11 +30,22 @@ class Scheduler:
         self.config, self.cache = config, cache
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self._arrived: dict[Sequence, float] = {}  # when a sequence's turn was asked for (`stamp`), until admitted
         self._turn = 0  # rotates who goes first, so no sequence starves under a tight budget
 
+    def stamp(self, seq: Sequence, arrived: float) -> None:
+        """When `seq`'s turn was asked for (a perf_counter time): its place in the queue, whenever it is added."""
+        self._arrived[seq] = arrived
+
     def add(self, seq: Sequence) -> None:
+        """Queues a sequence for a slot behind those that arrived before it: turns' prompts render on several
+        threads and get ready in any order, so the order they are added in is not the order they were sent in."""
         seq.status = Status.WAITING
-        self.waiting.append(seq)
+        at = self._arrived.setdefault(seq, time.perf_counter())
+        i = len(self.waiting)
+        while i and self._arrived.get(self.waiting[i - 1], 0.0) > at:
+            i -= 1
+        self.waiting.insert(i, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -79,6 +91,7 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and self.cache.book.free_slots:
             seq = self.waiting.popleft()
+            self._arrived.pop(seq, None)
             seq.slot = self.cache.seq_new()
             seq.num_cached = 0
             seq.status = Status.RUNNING
@@ -93,6 +106,7 @@ class Scheduler:
                 self.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._arrived.pop(seq, None)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:

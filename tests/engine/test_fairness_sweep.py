@@ -1,0 +1,67 @@
+"""More chats than cache slots: turns wait for a slot in the order they were sent."""
+import threading
+
+import pytest
+
+import engine.local_host as local_host
+from engine import events as ev
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+from tests.support.engine_client import Client
+
+LONG = SamplingParams(max_tokens=400)  # holds the only slot while the others queue (the context ends it at 256)
+SHORT = SamplingParams(max_tokens=4)
+
+
+@pytest.fixture
+def gated(tiny_models, monkeypatch):
+    """A client with one slot whose prompts marked "slow:" finish rendering only once `gate` is set: a prompt that
+    takes longer to render (a pasted book) than one sent after it."""
+    gate = threading.Event()
+    render = local_host.render_turn
+
+    def render_turn(request, *args):
+        if request.messages[-1]["content"].startswith("slow:"):
+            assert gate.wait(30)
+        return render(request, *args)
+
+    monkeypatch.setattr(local_host, "render_turn", render_turn)
+    c = Client(EngineConfig(max_sessions=1, max_session_tokens=256, step_tokens=32, chunk_tokens=16, speculative="off"))
+    c.engine.start()
+    c.model = c.load(tiny_models["qwen3"].gguf_path)
+    c.gate = gate
+    yield c
+    gate.set()
+    c.engine.shutdown()
+
+
+def _first_token_order(client: Client, turns: list[int]) -> list[int]:
+    order = []
+    for e in client.all:
+        if isinstance(e, ev.TokenDelta) and e.turn_id in turns and e.turn_id not in order:
+            order.append(e.turn_id)
+    return order
+
+
+def test_a_turn_sent_first_is_served_first_though_its_prompt_rendered_last(gated):
+    """Prompts render on two threads: the turn whose prompt got ready first went first, whoever was sent first."""
+    c = gated
+    alone = {}
+    for text in ("slow: first in line", "second in line"):
+        sid = c.open(c.model, params=SHORT)
+        c.gate.set()
+        alone[text] = c.tokens(c.ask(sid, text).turn_id)
+        c.close(sid)
+    c.gate.clear()
+    holder, first, second = (c.open(c.model, params=p) for p in (LONG, SHORT, SHORT))
+    hold = c.send(holder, "hold the slot")
+    c.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == hold)
+    a = c.send(first, "slow: first in line")
+    b = c.send(second, "second in line")
+    c.wait_for(lambda e: isinstance(e, ev.Queued) and e.turn_id == b)
+    c.gate.set()
+    for t in (hold, a, b):
+        assert isinstance(c.wait(t), ev.Finished)
+    assert any(isinstance(e, ev.Queued) for e in c.by_turn[a]), "the slow turn never waited: the test proves nothing"
+    assert _first_token_order(c, [a, b]) == [a, b]
+    assert c.tokens(a) == alone["slow: first in line"] and c.tokens(b) == alone["second in line"]
