@@ -32,6 +32,7 @@ class LocalHost:
         self._sessions: dict[int, Session] = {}  # the sessions whose sequences run here, by seq id
         self._post = post  # runs a function on the engine thread; None: prompts render inline (tools, tests)
         self._workers = workers
+        self._queued: dict[int, Session] = {}  # sessions whose turn was reported queued, by id, until it has a slot
         runtime.spare_idle = self._spare_idle  # a prefix copy may take an idle session's slot (engine/prefix_cache.py)
 
     def info(self) -> dict:
@@ -182,6 +183,7 @@ class LocalHost:
         turn = session.turn
         if turn.first_token_at is None:
             turn.first_token_at = time.perf_counter()
+            self._leave_queue(session)  # admitted and prefilled within one step
         text = "" if token in seq.stop_ids else turn.stream.push(token)
         self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text))
         if turn.stream.stopped and (after or seq.status is not Status.FINISHED):
@@ -245,11 +247,26 @@ class LocalHost:
         return sorted(idle, key=lambda s: s.last_used)
 
     def _report_queue(self) -> None:
-        for position, seq in enumerate(self.runtime.waiting()):
+        """Each waiting turn's place as it changes; a turn that waited and now has its slot is `Started` again, so
+        that the app shows it reading its prompt instead of still queued until its first token."""
+        waiting = self.runtime.waiting()
+        for position, seq in enumerate(waiting):
             session = self._sessions.get(seq.seq_id)
             if session is not None and session.turn is not None and session.turn.queued_position != position:
                 session.turn.queued_position = position
+                self._queued[session.session_id] = session
                 self._emit(ev.Queued(session.session_id, session.turn.turn_id, position))
+        for session in [s for s in self._queued.values() if s.seq not in waiting]:
+            self._leave_queue(session)
+
+    def _leave_queue(self, session: Session) -> None:
+        """A turn reported queued that has its slot now: `Started` again (before any token of it)."""
+        if self._queued.pop(session.session_id, None) is None:
+            return
+        turn = session.turn
+        if turn is not None and turn.queued_position is not None:  # not cancelled meanwhile
+            turn.queued_position = None
+            self._emit(ev.Started(session.session_id, turn.turn_id))
 
     def shutdown(self) -> None:
         self.runtime.close()

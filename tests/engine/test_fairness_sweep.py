@@ -1,4 +1,4 @@
-"""More chats than cache slots: turns wait for a slot in the order they were sent."""
+"""More chats than cache slots: turns wait in the order they were sent, and one that waited says when it starts."""
 import threading
 
 import pytest
@@ -65,3 +65,20 @@ def test_a_turn_sent_first_is_served_first_though_its_prompt_rendered_last(gated
     assert any(isinstance(e, ev.Queued) for e in c.by_turn[a]), "the slow turn never waited: the test proves nothing"
     assert _first_token_order(c, [a, b]) == [a, b]
     assert c.tokens(a) == alone["slow: first in line"] and c.tokens(b) == alone["second in line"]
+
+
+def test_a_queued_turn_is_started_again_when_it_gets_its_slot(gated):
+    """The app shows a queued chat as waiting until it hears otherwise: it heard nothing until the first token, so a
+    long prompt being read showed "queued" all along."""
+    c = gated
+    c.gate.set()
+    holder, waiter = c.open(c.model, params=LONG), c.open(c.model, params=SHORT)
+    hold = c.send(holder, "hold the slot")
+    c.wait_for(lambda e: isinstance(e, ev.TokenDelta) and e.turn_id == hold)
+    turn = c.send(waiter, "wait for it")
+    assert isinstance(c.wait(turn), ev.Finished)
+    kinds = [type(e).__name__ for e in c.by_turn[turn]]
+    queued = max(i for i, k in enumerate(kinds) if k == "Queued")
+    first_token = kinds.index("TokenDelta")
+    assert queued < first_token and "Started" in kinds[queued:first_token], kinds
+    assert kinds.count("Started") == 2, kinds
