@@ -79,7 +79,9 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
     middleware = [Middleware(CORSMiddleware, allow_origins=[o.rstrip("/") for o in settings.cors_origins],
                              allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])] \
         if settings.cors_origins else []  # answers preflights and marks answers readable by those pages
-    return Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+    app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
+    app.state.stopping = False  # set by server/run.py as the server shuts down: turns in flight end with a 503
+    return app
 
 
 # -- endpoints
@@ -147,7 +149,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
         while True:
             e = await _poll(client, queue)
             if e is None:
-                raise api.APIError(499, "The client closed the connection.")
+                raise _left_early(client)
             if isinstance(e, ev.Started):
                 return sid, queue
             if isinstance(e, ev.Error):
@@ -173,7 +175,7 @@ async def _wait_end(client: "_Client", queue: asyncio.Queue) -> ev.Event:
     while True:
         e = await _next_event(client, queue)
         if e is None:
-            raise api.APIError(499, "The client closed the connection.")
+            raise _left_early(client)
         if not isinstance(e, ev.TokenDelta):
             return e
 
@@ -187,8 +189,11 @@ async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio
             yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}))
         while True:
             e = await _next_event(client, queue)
-            if e is None:
+            if e is None and not client.stopping:
                 return  # the client went away: `finally` cancels the turn
+            if e is None:  # the server is stopping: the client still reads, and learns why its answer ends here
+                yield _event(_left_early(client).body())
+                break
             if isinstance(e, ev.TokenDelta):
                 delta = {} if req.raw or not e.text else split.feed(e.text)
                 if req.raw and e.text:
@@ -220,15 +225,23 @@ async def _next_event(client: "_Client", queue: asyncio.Queue) -> ev.Event | Non
             return e
 
 
+def _left_early(client: "_Client") -> api.APIError:
+    """Why a turn stopped before its end: the server stopping (503: try again later) or the client gone."""
+    if client.stopping:
+        return api.APIError(503, "The server is shutting down; send the request again once it is back.",
+                            kind="server_error", code="server_shutting_down")
+    return api.APIError(499, "The client closed the connection.")
+
+
 async def _poll(client: "_Client", queue: asyncio.Queue) -> ev.Event | None:
-    """The session's next event, or None once the client has gone; the client is checked even while events flow,
-    else a non-streaming answer whose tokens keep coming would run to max_tokens for nobody."""
+    """The session's next event, or None once the client has gone or the server is stopping; the client is checked
+    even while events flow, else a non-streaming answer whose tokens keep coming would run to max_tokens for nobody."""
     while True:
         try:
             e = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
         except asyncio.TimeoutError:
             e = None
-        if await client.gone():
+        if client.stopping or await client.gone():
             return None
         if e is not None:
             return e
@@ -239,6 +252,11 @@ class _Client:
 
     def __init__(self, request: Request):
         self.request, self.checked = request, time.monotonic()
+
+    @property
+    def stopping(self) -> bool:
+        """The server is shutting down (server/run.py): no answer in flight may outlast it."""
+        return self.request.app.state.stopping
 
     async def gone(self) -> bool:
         now = time.monotonic()

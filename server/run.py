@@ -27,7 +27,16 @@ def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000,
     settings = settings or ServerSettings(bound_host=host)
     config = uvicorn.Config(build_app(bridge, api_key, settings), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=5, lifespan="off")
-    return uvicorn.Server(config)
+    return _Server(config)
+
+
+class _Server(uvicorn.Server):
+    """Tells the app it is stopping before waiting on its connections: the answers in flight end at once with a
+    clear error, rather than being cut (and logged as a traceback each) once the graceful timeout runs out."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self.config.app.state.stopping = True
+        await super().shutdown(sockets)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:

@@ -1,0 +1,107 @@
+"""The server under load: more requests than sessions, clients that leave while they wait, stopping with
+answers in flight."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from engine import events as ev
+from engine.runtime import EngineConfig
+from server.run import BackgroundServer
+from tests.server.conftest import RecordingBridge
+from tests.server.test_hostile_requests import _post_and_hang_up, slow_steps
+
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "stop": ["never \u2603"]}
+
+
+@pytest.fixture(scope="module")
+def two_slots(tiny_models):
+    """A model with two sessions: a third request waits in the queue."""
+    b = RecordingBridge(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32)).start()
+    b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
+    yield b
+    b.shutdown()
+
+
+def _ended(bridge, since: int) -> list[ev.Event]:
+    return [e for e in bridge.seen[since:] if isinstance(e, (ev.Finished, ev.Error)) and e.turn_id is not None]
+
+
+def _wait_closed(bridge, timeout: float = 10.0) -> int:
+    deadline = time.monotonic() + timeout
+    while bridge.open_sessions() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bridge.open_sessions()
+
+
+def _stream(url: str, body: dict, out: list) -> None:
+    """Appends (status, chunks) where chunks are the stream's data payloads, or (error, []) if it broke off."""
+    try:
+        with httpx.stream("POST", url + "/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+            out.append((r.status_code, [line[6:] for line in r.iter_lines() if line.startswith("data: ")]))
+    except httpx.HTTPError as exc:
+        out.append((repr(exc), []))
+
+
+def _post(url: str, body: dict, out: list) -> None:
+    try:
+        r = httpx.post(url + "/chat/completions", json=body, timeout=60)
+        out.append((r.status_code, r.json()))
+    except (httpx.HTTPError, ValueError) as exc:
+        out.append((repr(exc), {}))
+
+
+def test_clients_that_leave_while_queued_never_start(two_slots):
+    bridge = two_slots
+    since = len(bridge.seen)
+    out: list = []
+    with BackgroundServer(bridge) as server, slow_steps(bridge, 0.05):
+        holders = [threading.Thread(target=_stream, args=(server.url, CHAT | {"max_tokens": 40}, out)) for _ in range(2)]
+        for t in holders:
+            t.start()
+        time.sleep(0.5)
+        leavers = [threading.Thread(target=_post_and_hang_up, args=(server, CHAT | {"max_tokens": 40, "stream": s}, 0.8))
+                   for s in (True, False, True)]
+        for t in leavers:
+            t.start()
+        for t in leavers + holders:
+            t.join(60)
+    ended = _ended(bridge, since)
+    assert sorted(e.reason for e in ended) == ["cancelled"] * 3 + ["length"] * 2, ended
+    assert all(e.stats.completion_tokens == 0 for e in ended if e.reason == "cancelled")
+    assert [status for status, _ in out] == [200, 200]
+    assert _wait_closed(bridge) == 0
+
+
+def test_stopping_the_server_ends_answers_in_flight_with_a_clear_error(two_slots):
+    """Ctrl+C with streams running and requests queued: each client gets a 503 or an error event and [DONE] at once,
+    not a connection cut after the 5 s grace (and a traceback per request in the server's log)."""
+    bridge = two_slots
+    out_streams: list = []
+    out_posts: list = []
+    server = BackgroundServer(bridge).__enter__()
+    with slow_steps(bridge, 0.1):  # 200 tokens (or the tiny model's end after ~60): 6 s or more unless stopped
+        body = CHAT | {"max_tokens": 200}
+        clients = [threading.Thread(target=_stream, args=(server.url, body, out_streams)) for _ in range(3)]
+        clients.append(threading.Thread(target=_post, args=(server.url, body, out_posts)))
+        for t in clients:
+            t.start()
+            time.sleep(0.2)
+        time.sleep(0.8)
+        start = time.monotonic()
+        server.__exit__(None, None, None)
+        took = time.monotonic() - start
+        for t in clients:
+            t.join(30)
+    assert took < 3, f"the server took {took:.1f} s to stop"
+    assert [status for status, _ in out_streams] == [200] * 3 and [s for s, _ in out_posts] == [503], (out_streams,
+                                                                                                      out_posts)
+    for _, chunks in out_streams:  # a queued stream too: its headers went out when its turn was accepted
+        assert chunks[-1] == "[DONE]"
+        assert json.loads(chunks[-2])["error"]["code"] == "server_shutting_down"
+    assert out_posts[0][1]["error"]["code"] == "server_shutting_down"
+    assert _wait_closed(bridge) == 0
