@@ -12,7 +12,7 @@ from functools import partial
 from typing import Callable
 
 from engine import events as ev
-from engine.errors import ParleyError
+from engine.errors import CacheMemoryError, ParleyError
 from engine.host import Emit
 from engine.prompt_worker import PromptWorkers
 from engine.runtime import ModelRuntime
@@ -94,11 +94,29 @@ class LocalHost:
         rt.keep_prefix(seq, keep)
         seq.new_turn(ids)
         seq.sampler, seq.max_len = session.sampler, rt.limit
-        live = [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
-                if s is not session and s.seq is not None and s.seq.slot is not None]
-        rt.reuse_prefix(seq, ids, live)
+        rt.reuse_prefix(seq, ids, self._live_prefixes(seq))
         rt.follow(seq, [s.seq for s in self._sessions.values() if s is not session and s.seq is not None])
         return seq
+
+    def _live_prefixes(self, seq: Sequence) -> list[tuple[int, list[int]]]:
+        """(slot, cached tokens) of every other session's slot: prefixes a turn of `seq` may copy."""
+        return [(s.seq.slot, s.seq.token_ids[: s.seq.num_cached]) for s in self._sessions.values()
+                if s.seq is not None and s.seq is not seq and s.seq.slot is not None]
+
+    def _copy_prefixes_for_waiting(self) -> None:
+        """A waiting turn about to get a slot starts, as a turn that found one free does, from the longest prefix a slot
+        holds (a long system prompt every chat shares): admission alone gave it an empty slot to prefill it all again."""
+        rt = self.runtime
+        if not rt.share_prefixes or rt.batcher.has_ahead():  # a copy must not race a step queued ahead
+            return
+        for seq in rt.waiting()[: rt.free_slots()]:
+            try:
+                copied = rt.reuse_prefix(seq, seq.token_ids, self._live_prefixes(seq))
+            except CacheMemoryError:
+                return  # the memory cannot hold a copy: admission gives it an empty slot, as before
+            if seq.slot is not None:
+                seq.num_reused = copied
+                rt.scheduler.admit(seq)
 
     def _spare_idle(self, keep: int) -> bool:
         """Frees the least recently used idle session's slot other than `keep` (the prefix about to be copied), as
@@ -145,6 +163,7 @@ class LocalHost:
 
     def step(self) -> None:
         self._make_room()
+        self._copy_prefixes_for_waiting()
         self._deliver(self.runtime.step)
         refused, self.runtime.refused = self.runtime.refused, []
         for seq, exc in refused:  # its cache could not grow into the memory that is free: the others' step went on

@@ -88,6 +88,12 @@ class Scheduler:
         seq.status = Status.RUNNING
         self.running.append(seq)
 
+    def admit(self, seq: Sequence) -> None:
+        """Runs a waiting sequence that was given a slot by other means (a copy of a cached prefix)."""
+        self.waiting.remove(seq)
+        self._arrived.pop(seq, None)
+        self.adopt(seq)
+
     def _admit(self) -> None:
         while self.waiting and self.cache.book.free_slots:
             seq = self.waiting.popleft()

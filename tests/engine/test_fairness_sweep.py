@@ -11,6 +11,7 @@ from tests.support.engine_client import Client
 
 LONG = SamplingParams(max_tokens=400)  # holds the only slot while the others queue (the context ends it at 256)
 SHORT = SamplingParams(max_tokens=4)
+SHORT_HOLD = SamplingParams(max_tokens=40)  # ends well before LONG: its slot goes to the waiting turn
 
 
 @pytest.fixture
@@ -82,3 +83,32 @@ def test_a_queued_turn_is_started_again_when_it_gets_its_slot(gated):
     first_token = kinds.index("TokenDelta")
     assert queued < first_token and "Started" in kinds[queued:first_token], kinds
     assert kinds.count("Started") == 2, kinds
+
+
+@pytest.fixture
+def two_slots(tiny_models):
+    c = Client(EngineConfig(max_sessions=2, max_session_tokens=512, step_tokens=32, chunk_tokens=16, speculative="off"))
+    c.engine.start()
+    c.model = c.load(tiny_models["qwen3"].gguf_path)
+    yield c
+    c.engine.shutdown()
+
+
+def test_a_queued_turn_copies_the_prefix_a_slot_holds(two_slots):
+    """A turn that found a slot free copied the system prompt another chat had cached; one that waited for its slot
+    got an empty one and computed the whole prompt again."""
+    c = two_slots
+    system = "You answer in the house style: short sentences, plain words, one idea at a time. " * 6
+    sid = c.open(c.model, params=SHORT, system=system)
+    alone = c.ask(sid, "and now?")
+    c.close(sid)
+    c.engine.call(lambda engine: engine._hosts[c.model].runtime.prefixes.clear())  # nothing parked: a live slot's prefix
+    first, second, waiter = (c.open(c.model, params=p, system=system) for p in (SHORT_HOLD, LONG, SHORT))
+    turns = [c.send(first, "go on"), c.send(second, "keep going")]
+    for t in turns:
+        c.wait_for(lambda e, t=t: isinstance(e, ev.TokenDelta) and e.turn_id == t)
+    turn = c.send(waiter, "and now?")
+    end = c.wait(turn)
+    assert any(isinstance(e, ev.Queued) for e in c.by_turn[turn]), "it never waited: the test proves nothing"
+    assert end.stats.prefilled_tokens < end.stats.prompt_tokens // 4, end.stats
+    assert c.tokens(turn) == c.tokens(alone.turn_id)
