@@ -1,6 +1,8 @@
 """A Parley server on a tiny model, in-process on a free loopback port, shared by the server tests."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine import events as ev
@@ -22,8 +24,13 @@ class RecordingBridge(ServerBridge):
         self.seen.append(e)
         super()._on_event(e)
 
-    def open_sessions(self) -> int:
-        return self.engine.inspect()["sessions"]
+    def open_sessions(self, settle: float = 5.0) -> int:
+        """Sessions still open once the server had `settle` seconds to close them: a client may read [DONE] before
+        the server's stream closes its session (and the engine thread takes the Close)."""
+        deadline = time.monotonic() + settle
+        while (n := self.engine.inspect()["sessions"]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return n
 
 
 @pytest.fixture(scope="module")

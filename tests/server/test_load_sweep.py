@@ -31,13 +31,6 @@ def _ended(bridge, since: int) -> list[ev.Event]:
     return [e for e in bridge.seen[since:] if isinstance(e, (ev.Finished, ev.Error)) and e.turn_id is not None]
 
 
-def _wait_closed(bridge, timeout: float = 10.0) -> int:
-    deadline = time.monotonic() + timeout
-    while bridge.open_sessions() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return bridge.open_sessions()
-
-
 def _stream(url: str, body: dict, out: list) -> None:
     """Appends (status, chunks) where chunks are the stream's data payloads, or (error, []) if it broke off."""
     try:
@@ -74,7 +67,7 @@ def test_clients_that_leave_while_queued_never_start(two_slots):
     assert sorted(e.reason for e in ended) == ["cancelled"] * 3 + ["length"] * 2, ended
     assert all(e.stats.completion_tokens == 0 for e in ended if e.reason == "cancelled")
     assert [status for status, _ in out] == [200, 200]
-    assert _wait_closed(bridge) == 0
+    assert bridge.open_sessions() == 0
 
 
 def test_stopping_the_server_ends_answers_in_flight_with_a_clear_error(two_slots):
@@ -104,4 +97,4 @@ def test_stopping_the_server_ends_answers_in_flight_with_a_clear_error(two_slots
         assert chunks[-1] == "[DONE]"
         assert json.loads(chunks[-2])["error"]["code"] == "server_shutting_down"
     assert out_posts[0][1]["error"]["code"] == "server_shutting_down"
-    assert _wait_closed(bridge) == 0
+    assert bridge.open_sessions() == 0
