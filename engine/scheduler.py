@@ -35,6 +35,8 @@ class Scheduler:
 
     def stamp(self, seq: Sequence, arrived: float) -> None:
         """When `seq`'s turn was asked for (a perf_counter time): its place in the queue, whenever it is added."""
+        # a turn stopped before it was queued (a compare column waiting for another's prefill) leaves its stamp here
+        self._arrived = {s: at for s, at in self._arrived.items() if s.status is not Status.FINISHED}
         self._arrived[seq] = arrived
 
     def add(self, seq: Sequence) -> None:

@@ -112,3 +112,18 @@ def test_a_queued_turn_copies_the_prefix_a_slot_holds(two_slots):
     assert any(isinstance(e, ev.Queued) for e in c.by_turn[turn]), "it never waited: the test proves nothing"
     assert end.stats.prefilled_tokens < end.stats.prompt_tokens // 4, end.stats
     assert c.tokens(turn) == c.tokens(alone.turn_id)
+
+
+def test_the_queue_keeps_no_stamp_of_a_turn_stopped_before_it_was_queued():
+    """A compare column waiting for another's prefill is stopped without passing the queue: its sequence (the whole
+    conversation's tokens) stayed referenced by the scheduler after its chat was closed."""
+    from engine.sampling import SamplerState
+    from engine.scheduler import Scheduler, SchedulerConfig
+    from engine.sequence import Sequence, Status
+
+    sched = Scheduler(SchedulerConfig(), cache=None)
+    held, other = (Sequence(i, [1, 2, 3], SamplerState(SHORT)) for i in range(2))
+    sched.stamp(held, 1.0)
+    held.status = Status.FINISHED  # what ModelRuntime.stop does to a follower
+    sched.stamp(other, 2.0)
+    assert held not in sched._arrived
