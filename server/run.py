@@ -25,9 +25,30 @@ def is_loopback(host: str) -> bool:
 def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                 log_level: str = "warning", settings: ServerSettings | None = None) -> uvicorn.Server:
     settings = settings or ServerSettings(bound_host=host)
+    raise_open_files_limit()
     config = uvicorn.Config(build_app(bridge, api_key, settings), host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=5, lifespan="off")
     return _Server(config)
+
+
+def raise_open_files_limit(cap: int = 65536) -> None:
+    """Lifts the soft limit on open files to the hard one (at most `cap`), as vLLM's server does: each client holds a
+    socket, and under a desktop's soft limit (1024; macOS 256) a few hundred at once used up the descriptors the engine
+    needs too, failing every generation in flight with 'Too many open files'."""
+    try:
+        import resource
+    except ImportError:  # Windows: no such limit
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+    for target in (wanted, min(wanted, 10240)):  # macOS refuses more than its OPEN_MAX (10240) for some processes
+        if target <= soft:
+            return
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            return
+        except (ValueError, OSError):
+            continue
 
 
 class _Server(uvicorn.Server):

@@ -2,7 +2,9 @@
 answers in flight."""
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import threading
 import time
 
@@ -98,3 +100,33 @@ def test_stopping_the_server_ends_answers_in_flight_with_a_clear_error(two_slots
         assert json.loads(chunks[-2])["error"]["code"] == "server_shutting_down"
     assert out_posts[0][1]["error"]["code"] == "server_shutting_down"
     assert bridge.open_sessions() == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts open files in /proc")
+def test_three_hundred_clients_at_once_under_a_low_open_files_limit(two_slots):
+    """A desktop's soft limit (1024, macOS 256) is less than a server's clients need: serving lifts it to the hard one,
+    else a few hundred at once failed the engine's generations with 'Too many open files' (a 500 for each)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit on open files ({hard}) leaves nothing to lift")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 150, hard))
+    try:
+        with BackgroundServer(two_slots) as server:
+            statuses = asyncio.run(_many_at_once(server.url, 300))
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert statuses == [200] * 300, sorted(set(map(str, statuses)))
+
+
+async def _many_at_once(url: str, n: int) -> list:
+    async def one(client: httpx.AsyncClient, i: int):
+        try:
+            r = await client.post(url + "/chat/completions", json=CHAT | {"max_tokens": 2}, timeout=120)
+            return r.status_code if r.status_code == 200 else r.text[:120]
+        except httpx.HTTPError as exc:
+            return repr(exc)[:120]
+
+    async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n)) as client:
+        return await asyncio.gather(*(one(client, i) for i in range(n)))
