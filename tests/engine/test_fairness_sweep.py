@@ -1,4 +1,5 @@
-"""More chats than cache slots: turns wait in the order they were sent, and one that waited says when it starts."""
+"""More chats than cache slots: turns wait in the order they were sent, one that waited says when it starts and
+starts from the prefix a slot holds."""
 import threading
 
 import pytest
@@ -6,7 +7,9 @@ import pytest
 import engine.local_host as local_host
 from engine import events as ev
 from engine.runtime import EngineConfig
-from engine.sampling import SamplingParams
+from engine.sampling import SamplerState, SamplingParams
+from engine.scheduler import Scheduler, SchedulerConfig
+from engine.sequence import Sequence, Status
 from tests.support.engine_client import Client
 
 LONG = SamplingParams(max_tokens=400)  # holds the only slot while the others queue (the context ends it at 256)
@@ -117,10 +120,6 @@ def test_a_queued_turn_copies_the_prefix_a_slot_holds(two_slots):
 def test_the_queue_keeps_no_stamp_of_a_turn_stopped_before_it_was_queued():
     """A compare column waiting for another's prefill is stopped without passing the queue: its sequence (the whole
     conversation's tokens) stayed referenced by the scheduler after its chat was closed."""
-    from engine.sampling import SamplerState
-    from engine.scheduler import Scheduler, SchedulerConfig
-    from engine.sequence import Sequence, Status
-
     sched = Scheduler(SchedulerConfig(), cache=None)
     held, other = (Sequence(i, [1, 2, 3], SamplerState(SHORT)) for i in range(2))
     sched.stamp(held, 1.0)
