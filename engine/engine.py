@@ -7,6 +7,7 @@ behind a ModelHost (local runtime or remote endpoint); the engine keeps the sess
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import queue
 import signal
@@ -304,7 +305,7 @@ class Engine:
             self._emit(ev.ModelFailed(None, c.model_id, str(failure)))
             return
         except Exception as failure:  # noqa: BLE001 - reported as this model's failure
-            self._emit(ev.ModelFailed(None, c.model_id, f"Could not load {c.source.name}: {failure!r}"))
+            self._emit(ev.ModelFailed(None, c.model_id, _load_failure(c.source, failure)))
             return
         self._add_host(cmd.AddHost(model_id=c.model_id, host=LocalHost(runtime, self._emit, self._post, self._workers),
                                   name=lm.name))
@@ -387,3 +388,13 @@ def _signals_blocked(wanted: bool) -> Iterator[None]:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
+
+def _load_failure(source: Path, failure: Exception) -> str:
+    """The one line of a load that raised: an allocator's refusal (a limit the estimate did not see: `ulimit -v`, a
+    GPU shared with another program) says so plainly, anything else names the exception."""
+    from engine.cache.growth import allocation_failed
+
+    if allocation_failed(failure) or (isinstance(failure, OSError) and failure.errno == errno.ENOMEM):  # mmap's
+        return (f"Could not load {source.name}: the memory ran out while loading it; close other models or "
+                "programs, or choose a smaller model or quantization.")
+    return f"Could not load {source.name}: {failure!r}"

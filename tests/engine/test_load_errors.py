@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from cli.main import main
+from engine import events as ev
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.loader import load_model
 
@@ -126,3 +127,27 @@ def test_cli_subprocess_missing_model(tmp_path):
     )
     assert proc.returncode == 2
     assert "not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+
+@pytest.mark.parametrize("raised", [OSError(12, "Cannot allocate memory"), MemoryError(),
+                                    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1")])
+def test_a_load_the_memory_cannot_hold_says_so_in_one_line(tiny_models, monkeypatch, raised):
+    """Under `ulimit -v` (a limit the load's estimate does not see) the load's mmap or an allocation fails: measured on
+    the embedded model, "Could not load …: OSError(12, 'Cannot allocate memory')"."""
+    import engine.engine as engine_module
+    from tests.support.engine_client import Client
+
+    def out_of_memory(*_args, **_kwargs):
+        raise raised
+
+    monkeypatch.setattr(engine_module, "load_model", out_of_memory)
+    client = Client()
+    client.engine.start()
+    try:
+        model_id = client.engine.load_model(tiny_models["qwen3"].gguf_path)
+        failed = client.wait_for(lambda e: isinstance(e, ev.ModelFailed) and e.model_id == model_id)
+    finally:
+        client.engine.shutdown()
+    assert failed.message == ("Could not load qwen3-f32.gguf: the memory ran out while loading it; close other models "
+                              "or programs, or choose a smaller model or quantization.")
