@@ -366,7 +366,7 @@ class ChatService:
             conv_id, live = found
             if live.status.state != "queued":
                 _enter(live.status, "queued")
-            self.store.update_message(live.turn.message_id, error=f"Queued: {position + 1} ahead")
+            self.store.update_message(live.turn.message_id, error=queued_note(position))
             self._set_state(conv_id, live.turn.message_id, "queued")
 
     def _on_text(self, session_id: int, turn_id: int, text: str, tokens: int) -> None:
@@ -512,3 +512,8 @@ def _tokens_per_step(stats: dict) -> float | None:
 
 def _stats_dict(stats) -> dict:
     return {name: getattr(stats, name) for name in stats.__slots__}
+
+
+def queued_note(position: int) -> str:
+    """A waiting turn's place: the engine's position 0 is the next in line (the first waiting read "1 ahead")."""
+    return "Queued: next in line" if position == 0 else f"Queued: {position:,} ahead"

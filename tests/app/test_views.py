@@ -148,13 +148,15 @@ def test_queued_and_error_states_are_shown(parley, qtbot):
     convs = [w.current()] + [w.new_chat() for _ in range(4)]  # 4 cache slots: the fifth chat queues
     for conv in convs:
         configure(parley, conv, temperature=0.0, max_tokens=12)
-    seen = set()
+    seen, notes = set(), set()
     service.message_changed.connect(lambda _c, m: seen.add(parley.store.message(m).state))
+    service.message_changed.connect(lambda _c, m: notes.add(parley.store.message(m).error))
     for conv in convs:
         w.open_chat(conv)
         w.chat.send("all at once")
     wait_idle(parley, qtbot, *convs)
     assert "queued" in seen
+    assert "Queued: next in line" in notes and "Queued: 1 ahead" not in notes  # the one waiting had none ahead
     # An error ends the turn in the message: a prompt too long for the 512-token context with overflow=stop.
     conv = convs[0]
     configure(parley, conv, overflow="stop")
