@@ -48,7 +48,10 @@ def available_bytes(device: str) -> int:
         free, _total = torch.cuda.mem_get_info(dev)
         # blocks torch's allocator holds but no tensor uses are free to this process, not to the driver's count
         return int(free) + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
-    free = int(psutil.virtual_memory().available)
+    try:
+        free = int(psutil.virtual_memory().available)
+    except OSError:  # /proc/meminfo cannot be opened (every descriptor taken): unknown, and an allocator still refuses
+        free = NO_LIMIT
     limited = cgroup_free_bytes(CGROUP_ROOT, OWN_CGROUP)
     return free if limited is None else min(free, limited)
 

@@ -182,3 +182,27 @@ def test_a_folder_in_the_runtime_dtype_counts_once(tiny_models, tmp_path, monkey
     assert resident_bytes() - before < size // 2 and lm.weight_bytes() > 0.9 * size
     with pytest.raises(ModelLoadError, match="needs"):
         load_model(folder, LoadOptions(dtype="bfloat16"))
+
+
+def test_free_memory_is_read_as_unknown_when_no_descriptor_is_left(tmp_path):
+    """A server with every descriptor taken by clients: reading /proc/meminfo raised OSError(24) at a cache growth,
+    and every turn of that step failed ("Generation failed: OSError(24, 'Too many open files')")."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import os, resource, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from engine.memory import available_bytes
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+print(available_bytes("cpu") > 0)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "True", run.stderr[-500:]
