@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
 import pytest
 
@@ -33,12 +35,22 @@ class RecordingBridge(ServerBridge):
         return n
 
 
+@contextmanager
+def tiny_bridge(tiny_models, max_sessions: int) -> Iterator[RecordingBridge]:
+    """The tiny Qwen3 served as "tiny" with `max_sessions` sessions."""
+    b = RecordingBridge(EngineConfig(max_sessions=max_sessions, max_session_tokens=256, step_tokens=64,
+                                     chunk_tokens=32)).start()
+    b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
+    try:
+        yield b
+    finally:
+        b.shutdown()
+
+
 @pytest.fixture(scope="module")
 def bridge(tiny_models):
-    b = RecordingBridge(EngineConfig(max_sessions=8, max_session_tokens=256, step_tokens=64, chunk_tokens=32)).start()
-    b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
-    yield b
-    b.shutdown()
+    with tiny_bridge(tiny_models, 8) as b:
+        yield b
 
 
 @pytest.fixture(scope="module")

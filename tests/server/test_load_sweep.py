@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 from engine import events as ev
-from engine.runtime import EngineConfig
 from server.run import BackgroundServer
-from tests.server.conftest import RecordingBridge
+from tests.server.conftest import tiny_bridge
 from tests.server.test_hostile_requests import _post_and_hang_up, slow_steps
 
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "temperature": 0, "stop": ["never \u2603"]}
@@ -23,10 +22,8 @@ CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "te
 @pytest.fixture(scope="module")
 def two_slots(tiny_models):
     """A model with two sessions: a third request waits in the queue."""
-    b = RecordingBridge(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32)).start()
-    b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
-    yield b
-    b.shutdown()
+    with tiny_bridge(tiny_models, 2) as b:
+        yield b
 
 
 def _ended(bridge, since: int) -> list[ev.Event]:
