@@ -1,7 +1,6 @@
 """A cache of GGUF files already dequantized: later starts read safetensors instead of decoding again."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -9,10 +8,11 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
+from engine.loading.folder_lock import folder_lock, opened_folder
 from engine.models.args import ModelArgs
 from engine.tokenizer import Tokenizer
 
@@ -54,7 +54,7 @@ def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
     except OSError:
         return
     try:
-        with _locked(tmp):
+        with folder_lock(tmp):
             fill(tmp)
             (tmp / "complete").write_text("1")
             shutil.rmtree(d, ignore_errors=True)
@@ -73,34 +73,11 @@ def drop_abandoned(folder: Path) -> None:
         try:
             if time.time() - tmp.stat().st_mtime < ABANDONED_AFTER_S:
                 continue  # just made: its writer may not hold the lock yet
-            with _opened(tmp) as fd:
+            with opened_folder(tmp) as fd:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 shutil.rmtree(tmp, ignore_errors=True)
         except OSError:  # held by its writer (or gone, or no locks here): left
             continue
-
-
-@contextlib.contextmanager
-def _opened(folder: Path) -> Iterator[int]:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _locked(folder: Path) -> Iterator[None]:
-    """An exclusive flock on `folder` while the block runs (none where the system has no flock or refuses one)."""
-    try:
-        import fcntl
-    except ImportError:
-        yield
-        return
-    with _opened(folder) as fd:
-        with contextlib.suppress(OSError):
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
 
 
 def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], None] | None = None):

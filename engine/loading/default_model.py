@@ -6,9 +6,10 @@ import errno
 import hashlib
 import os
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from engine.errors import ModelLoadError, ParleyError
+from engine.loading.folder_lock import folder_lock
 
 DEFAULT_NAME = "default"
 FILE_NAME = "gemma-3-270m-Q4_K_M.gguf"
@@ -33,7 +34,7 @@ def default_model_path(models_dir: Path) -> Path:
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        with _folder_lock(target.parent):  # two first starts at once wrote one partial file: both could fail
+        with folder_lock(target.parent):  # two first starts at once wrote one partial file: both could fail
             if not _is_whole(target, size, EXPECTED_SHA256):  # the other start assembled it while this one waited
                 _assemble(assemble, target)
     except Exception as exc:
@@ -101,23 +102,6 @@ def _assemble(assemble: Callable[..., Path], target: Path) -> None:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
         raise
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path) -> Iterator[None]:
-    """An exclusive lock on `folder` (released when its descriptor closes), where the system has flock."""
-    try:
-        import fcntl
-    except ImportError:  # Windows: no second start is guarded
-        yield
-        return
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        with contextlib.suppress(OSError):  # a file system without locks (some network ones): assembled unguarded
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
