@@ -59,11 +59,10 @@ class ElidedButton(QPushButton):
         return self._full
 
     def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
-        shown = self.text()
-        super().setText(self._full)  # the hint is the whole text's, whatever is shown now
-        hint = super().sizeHint()
-        super().setText(shown)
-        return hint
+        """The whole text's hint, whatever is shown now: the shown text's, widened by what the "…" cut off."""
+        hint, metrics = super().sizeHint(), self.fontMetrics()
+        cut = metrics.horizontalAdvance(self._full) - metrics.horizontalAdvance(self.text())
+        return QSize(hint.width() + max(0, cut), hint.height())
 
     def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
         super().resizeEvent(event)
