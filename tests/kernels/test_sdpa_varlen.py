@@ -312,7 +312,7 @@ def test_reference_sinks_match_transformers_softmax() -> None:
     """The reference's sinks as transformers' gpt-oss attention computes them: the sink appended to the scores, the
     softmax taken, its column dropped."""
     step = make_step([(3, 6)], Hkv=1, G=2, D=16, dtype=torch.float64, gaps=False, seed=4)
-    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64)
+    sinks = torch.tensor([0.3, -0.7], dtype=torch.float64, device=DEVICE)
     out = sdpa_varlen_reference(step.q, step.k_flat, step.v_flat, step.seq_info, scale=SCALE, max_q_len=3,
                                 max_kv_len=6, sinks=sinks)
     col = int(step.seq_info[0, 2])
