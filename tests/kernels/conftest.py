@@ -7,7 +7,10 @@ so it is set here, at collection, before any test module imports them.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import subprocess
+from typing import Callable
 
 import pytest
 import torch
@@ -21,3 +24,25 @@ if not ON_GPU:
 def device() -> torch.device:
     """Where a kernel test puts its tensors: Triton runs CUDA tensors on a GPU, CPU tensors only interpreted."""
     return torch.device("cuda" if ON_GPU else "cpu")
+
+
+@pytest.fixture(scope="session")
+def build_for(tmp_path_factory) -> Callable[..., "cpu_native.CpuKernel"]:
+    """build_for(march, extra=()): the CPU library built for another -march (what a CPU of that kind builds), bound
+    like the real one. Once a session for each march: a build takes ~8 s, and a dozen tests share each."""
+    from kernels import cpu_native  # here: the module's import must follow TRITON_INTERPRET, set above
+
+    folder = tmp_path_factory.mktemp("isa")
+    built: dict[tuple[str, tuple[str, ...]], cpu_native.CpuKernel | None] = {}
+
+    def build(march: str, extra: tuple[str, ...] = ()) -> "cpu_native.CpuKernel":
+        key = (march, tuple(extra))
+        if key not in built:
+            out = folder / f"parley-cpu-{march}{''.join(extra)}.so"
+            flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS] + list(extra)
+            ok = subprocess.run(cpu_native.build_command("cc", out, flags), capture_output=True).returncode == 0
+            built[key] = cpu_native.bind(ctypes.CDLL(str(out)), out) if ok else None
+        if built[key] is None:
+            pytest.skip(f"cc cannot build for {march}")
+        return built[key]
+    return build

@@ -14,7 +14,7 @@ from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
 from kernels.cpu_kgemm import interleave as interleave_native
 from kernels.cpu_native import cpu_kernel
 from kernels.kquant_layout import file_order, interleave
-from tests.kernels.test_cpu_qgemm import _random_blocks, build_for
+from tests.kernels.test_cpu_qgemm import ISA_PATHS, _random_blocks
 
 needs_kernel = pytest.mark.skipif(cpu_kernel() is None, reason="the CPU kernel does not build here")
 TYPES = sorted(KINDS)
@@ -114,15 +114,13 @@ def test_bias_is_added_as_torch_adds_it():
 
 
 @needs_kernel
-@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
-                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
-                         ids=["avx2", "avx512", "vnni-256"])
+@ISA_PATHS
 @pytest.mark.parametrize("name", TYPES)
-def test_each_instruction_set_path(tmp_path, name, march, extra, isa):
+def test_each_instruction_set_path(build_for, name, march, extra, isa):
     """The AVX2 fallback, the AVX-512 tile and the 256-bit VNNI tile, where this CPU can run them."""
     if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
         pytest.skip("this CPU has no AVX-512 VNNI")
-    lib = build_for(tmp_path, march, extra).lib
+    lib = build_for(march, extra).lib
 
     def run(x, blocks, type_name):
         x = x.contiguous()

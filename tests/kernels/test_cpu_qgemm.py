@@ -4,8 +4,6 @@ independent of their batch (batched == alone, bit for bit), and every instructio
 fallback included)."""
 from __future__ import annotations
 
-import ctypes
-import subprocess
 
 import gguf
 import numpy as np
@@ -126,27 +124,22 @@ def test_bias_is_added_as_torch_adds_it():
     assert torch.equal(got, plain + bias)
 
 
-def build_for(tmp_path, march: str, extra: tuple[str, ...] = ()) -> cpu_native.CpuKernel:
-    """The library built for another -march (what a CPU of that kind builds), bound like the real one."""
-    out = tmp_path / f"parley-cpu-{march}{''.join(extra)}.so"
-    flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS] + list(extra)
-    if subprocess.run(cpu_native.build_command("cc", out, flags), capture_output=True).returncode != 0:
-        pytest.skip(f"cc cannot build for {march}")
-    return cpu_native.bind(ctypes.CDLL(str(out)), out)
+# The AVX2 fallback (a CPU without VNNI), the AVX-512 tile and the 256-bit VNNI tile (an AVX-VNNI CPU's)
+ISA_PATHS = pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
+                                                          ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
+                                    ids=["avx2", "avx512", "vnni-256"])
 
 
 @needs_kernel
-@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
-                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
-                         ids=["avx2", "avx512", "vnni-256"])
+@ISA_PATHS
 @pytest.mark.parametrize("lay", LAYOUTS, ids=str)
-def test_each_instruction_set_path(tmp_path, lay, march, extra, isa):
+def test_each_instruction_set_path(build_for, lay, march, extra, isa):
     """The AVX2 fallback (a CPU without VNNI), the AVX-512 tile and the 256-bit VNNI tile (an AVX-VNNI CPU's),
     where this CPU can run them."""
     flags = open("/proc/cpuinfo").read()
     if isa == "avx512-vnni" and "avx512_vnni" not in flags:
         pytest.skip("this CPU has no AVX-512 VNNI")
-    lib = build_for(tmp_path, march, extra).lib
+    lib = build_for(march, extra).lib
     assert lib.parley_qgemm_isa().decode() == isa
 
     def run(x, codes, scales, offsets, lay):
@@ -256,13 +249,11 @@ def test_units_kernel_matches_reference_and_rows_are_independent(k, bits):
 
 
 @needs_kernel
-@pytest.mark.parametrize("march, extra, isa", [("x86-64-v3", (), "avx2"), ("icelake-server", (), "avx512-vnni"),
-                                               ("icelake-server", ("-DPARLEY_YMM",), "avx512-vnni")],
-                         ids=["avx2", "avx512", "vnni-256"])
-def test_units_kernel_on_each_instruction_set_path(tmp_path, march, extra, isa):
+@ISA_PATHS
+def test_units_kernel_on_each_instruction_set_path(build_for, march, extra, isa):
     if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
         pytest.skip("this CPU has no AVX-512 VNNI")
-    lib = build_for(tmp_path, march, extra).lib
+    lib = build_for(march, extra).lib
     _check_against_reference(_unit_run(lib), BYTES, 640)
     _check_against_reference(_unit_run(lib, bits=5), BYTES, 640, weights=_fifths)
 
