@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from app.core import schema
+from app.core.held_changes import forget_held, read_held, replay, save_held
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import Conversation, ConversationStore, Message
 
@@ -42,6 +43,8 @@ class SqliteConversationStore(ConversationStore):
         self.file = Path(path)
         self.flush_interval_s = flush_interval_s
         self.warning = ""  # set once the store cannot write its file; chats still work in memory
+        self.notice = ""  # what the window says once: changes held back at the last quit merged in, or kept at this one
+        self.kept: Path | None = None  # the file holding what a lock kept from being written at close
         self.on_warning: Callable[[str], None] | None = None
         self.on_commit: Callable[[list[Message]], None] | None = None  # messages just committed (tests, crash reports)
         self.recovered: list[int] = []  # answers found unfinished at open, now INTERRUPTED
@@ -76,9 +79,11 @@ class SqliteConversationStore(ConversationStore):
             _check_integrity(db)
             schema.migrate(db)
             self.has_fts = schema.ensure_search_index(db)
-            self._load(db)
+            merged = self._load_and_merge(db)
             self._db, self._identity = db, _identity(self.file)
             self._recover()
+            if merged:
+                self._write_merged(merged)
         except schema.SchemaTooNewError as exc:
             self._load_read_only(f"{exc}. Chats are shown but changes will not be saved.")
         except sqlite3.DatabaseError as exc:
@@ -246,6 +251,30 @@ class SqliteConversationStore(ConversationStore):
         self._compare.clear()  # not carried over to the new file
         self._ids = itertools.count(max([0, *self._conversations, *self._messages]) + 1)
 
+    def _load_and_merge(self, db: sqlite3.Connection) -> int:
+        """Loads the file with the changes a lock held back at the last quit applied (they wait in `_held` to be
+        written); returns how many there were."""
+        statements = read_held(self.file)
+        if not statements:
+            self._load(db)
+            return 0
+        merged, applied = replay(db, statements)
+        try:
+            self._load(merged)
+        finally:
+            merged.close()
+        self._held = applied
+        return len(statements)
+
+    def _write_merged(self, count: int) -> None:
+        if self._held:
+            self._write([])
+        where = f"another program had {self.file.name} locked"
+        self.notice = (f"{count} changes held back at the last quit ({where}) are saved now." if self.persistent else
+                       f"{count} changes held back at the last quit ({where}) are shown; they are saved once it lets go.")
+        if self.persistent:
+            forget_held(self.file)
+
     def _load(self, db: sqlite3.Connection) -> None:
         top = 0
         read: dict[str, ChatSettings] = {}  # settings JSON -> its settings: most chats share a few (see _conversation)
@@ -358,6 +387,7 @@ class SqliteConversationStore(ConversationStore):
     def _saved_again(self) -> None:
         if self._held:
             self._held, self._held_msgs = [], []
+            forget_held(self.file)  # what the last quit kept there is written now
             if self.warning == self._locked_text():
                 self._set_warning("")  # the window's "not saving" goes: the held changes are written
 
@@ -432,6 +462,8 @@ class SqliteConversationStore(ConversationStore):
         self._retry_at = 0.0  # the last chance to write what a lock held back
         self.flush()
         self._write([_update_conv(c) for c in self._conversations.values()])
+        if self._held and self._db is not None:
+            self._keep_held()
         db, self._db = self._db, None
         if db is not None:
             try:
@@ -441,6 +473,17 @@ class SqliteConversationStore(ConversationStore):
             except (sqlite3.Error, OSError):
                 pass
         self._unlock()
+
+    def _keep_held(self) -> None:
+        """The file is still locked at quit: what it held back goes to a file beside it, merged in at the next start
+        (quitting lost the last messages)."""
+        try:
+            self.kept = save_held(self.file, self._held)
+        except OSError as exc:
+            self.notice = f"Another program has {self.file.name} locked: {len(self._held)} changes are lost ({exc})."
+            return
+        self.notice = (f"Another program has {self.file.name} locked: {len(self._held)} changes not yet saved are kept "
+                       f"in {self.kept.name} and saved at the next start.")
 
     def _compact(self, db: sqlite3.Connection) -> None:
         """Gives deleted chats' space back: SQLite only marks their pages free and the search index only records their

@@ -115,4 +115,15 @@ def run_gui(data_dir: str | None = None, theme: str | None = None) -> int:
         parley.bridge.shutdown()
         parley.store.close()
         parley.collector.stop()
+        tell_at_quit(parley.store)
     return 0
+
+
+def tell_at_quit(store: ConversationStore) -> None:
+    """Says where changes a locked database held back at quit went (the window is gone: a box, and stderr)."""
+    if getattr(store, "kept", None) is None:
+        return
+    from PySide6.QtWidgets import QMessageBox
+
+    print(f"parley: {store.notice}", file=sys.stderr)
+    QMessageBox.warning(None, "Parley", store.notice)

@@ -30,6 +30,8 @@ class PersistenceUI(QObject):
             self.store.on_warning = self.show_warning
             if self.store.warning:
                 self.show_warning(self.store.warning)
+        if getattr(self.store, "notice", ""):  # changes held back at the last quit, merged in now
+            window.statusBar().showMessage(self.store.notice, 15000)
         self._menu()
 
     def flush(self) -> None:

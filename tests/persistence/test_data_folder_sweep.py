@@ -203,6 +203,48 @@ def test_changes_made_while_another_program_holds_the_database_are_saved_once_it
     reopened.close()
 
 
+# Another program (a database browser with an edit not yet written) holds SQLite's write lock until killed.
+HOLD_WRITE_LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_changes_held_back_by_a_lock_at_quit_are_kept_and_saved_at_the_next_start(tmp_path, monkeypatch):
+    from app.core import schema
+    from app.core.sqlite_store import SqliteConversationStore
+
+    monkeypatch.setattr(schema, "BUSY_TIMEOUT_MS", 100)  # each locked try waits this long (2 s in the app)
+    path = tmp_path / "parley.db"
+    store = SqliteConversationStore(path)
+    conv = store.create("one")
+    browser = subprocess.Popen([sys.executable, "-c", HOLD_WRITE_LOCK, str(path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert browser.stdout.readline().strip() == "held"
+        question = store.add_message(conv.id, None, "user", "my last message")
+        store.add_message(conv.id, question.id, "assistant", "its answer")
+        store.close()  # before: both lost
+        assert store.kept == tmp_path / "parley.db.held.json" and "kept in parley.db.held.json" in store.notice
+        locked = SqliteConversationStore(path)  # the next start, the browser still open: shown, not yet written
+        assert [m.content for m in locked.path(conv.id)] == ["my last message", "its answer"]
+        assert not locked.persistent and "saved once it lets go" in locked.notice
+        locked.add_message(conv.id, question.id + 1, "user", "and one more")
+        locked.close()
+    finally:
+        browser.kill()
+        browser.wait()
+    reopened = SqliteConversationStore(path)
+    assert [m.content for m in reopened.path(conv.id)] == ["my last message", "its answer", "and one more"]
+    assert reopened.persistent and "saved now" in reopened.notice and not store.kept.exists()
+    reopened.close()
+    again = SqliteConversationStore(path)  # merged once: nothing twice
+    assert len(again.path(conv.id)) == 3 and not again.notice
+    again.close()
+
+
 # Saves the settings under a file size limit, as a full disk cuts a write short (EFBIG instead of ENOSPC).
 SAVE_CUT_SHORT = """
 import resource, signal, sys

@@ -1,0 +1,57 @@
+"""Changes a locked chat database held back at quit: kept in a file beside it, merged in at the next start.
+
+While another program (a database browser) holds SQLite's write lock, the store keeps its changes as the statements
+that would write them; quitting then lost them. They are saved as JSON next to the database and replayed at the next
+start onto a copy of the file in memory (what the window shows), then written to the file like any held change.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from app.core.atomic_file import write_text_whole
+
+WRITES = ("INSERT", "UPDATE", "DELETE")  # the only statements the store holds; anything else in the file is refused
+
+
+def held_file(db_file: Path) -> Path:
+    return db_file.with_name(db_file.name + ".held.json")
+
+
+def save_held(db_file: Path, statements: list[tuple[str, tuple]]) -> Path:
+    """Writes `statements` whole next to the database; raises OSError as the write would."""
+    target = held_file(db_file)
+    write_text_whole(target, json.dumps({"version": 1, "statements": [[sql, list(p)] for sql, p in statements]}))
+    return target
+
+
+def read_held(db_file: Path) -> list[tuple[str, tuple]]:
+    """The statements kept at the last quit; none where there is no file or it does not read."""
+    try:
+        data = json.loads(held_file(db_file).read_text(encoding="utf-8"))
+        rows = data["statements"]
+        return [(str(sql), tuple(params)) for sql, params in rows
+                if isinstance(sql, str) and sql.lstrip().upper().startswith(WRITES) and isinstance(params, list)]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def forget_held(db_file: Path) -> None:
+    held_file(db_file).unlink(missing_ok=True)
+
+
+def replay(db: sqlite3.Connection, statements: list[tuple[str, tuple]]) -> tuple[sqlite3.Connection, list]:
+    """A copy of `db` in memory with `statements` applied, and those that applied: one that no longer fits the file
+    (a row a browser deleted since, a row already written before a crash) is skipped, not the whole lot."""
+    copy = sqlite3.connect(":memory:", isolation_level=None)
+    db.backup(copy)
+    copy.execute("PRAGMA foreign_keys = ON")
+    applied = []
+    for sql, params in statements:
+        try:
+            copy.execute(sql, params)
+            applied.append((sql, params))
+        except sqlite3.Error:
+            pass
+    return copy, applied
