@@ -12,8 +12,9 @@ def write_text_whole(file: Path, text: str) -> None:
     target = link_target(file)
     partial = target.with_name(target.name + ".partial")
     try:
-        partial.write_text(text, encoding="utf-8", errors="replace")
+        _write_synced(partial, text)
         os.replace(partial, target)
+        _sync_folder(target.parent)
     except PermissionError:
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
@@ -25,6 +26,29 @@ def write_text_whole(file: Path, text: str) -> None:
         with contextlib.suppress(OSError):  # a full disk's cut-off copy is not left beside the file
             partial.unlink(missing_ok=True)
         raise
+
+
+def _write_synced(file: Path, text: str) -> None:
+    """The bytes reach the disk before the rename can: without it a power cut after the rename left the file empty
+    (ext4 with a file new to the folder, or mounted noauto_da_alloc; XFS), old contents gone too."""
+    with open(file, "w", encoding="utf-8", errors="replace") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def _sync_folder(folder: Path) -> None:
+    """The rename itself reaches the disk (a new export is otherwise missing after a power cut); not on Windows."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # a folder some file systems cannot sync: the file's own bytes are safe already
+    finally:
+        os.close(fd)
 
 
 def link_target(file: Path) -> Path:

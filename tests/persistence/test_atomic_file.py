@@ -4,6 +4,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -64,3 +66,46 @@ def test_the_apps_export_over_an_earlier_one_that_fails_keeps_the_earlier_one(tm
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.stdout.split() == ["Export", "failed", "False"], run.stderr
     assert old.read_text(encoding="utf-8") == "# Old export\n" * 40
+
+
+EXT4_IOC_SHUTDOWN, NOLOGFLUSH = 0x8004587D, 2  # <linux/ext4.h>: stop the file system as a power cut would
+
+
+def _mount(image: Path, at: Path, options: str) -> None:
+    subprocess.run(["mount", "-o", f"loop,{options}", str(image), str(at)], check=True, capture_output=True)
+
+
+def test_a_new_file_written_just_before_a_power_cut_is_whole_after_it(tmp_path):
+    """Without fsync an export or a first settings.json read back empty after the cut (the rename reached the journal
+    before the bytes reached the disk: 3 of 3 on ext4's defaults; 6 of 6, old files too, mounted noauto_da_alloc), or
+    missing (the rename not yet in the journal)."""
+    import fcntl
+    import os
+    import shutil
+    import struct
+    import time
+
+    if os.geteuid() != 0 or shutil.which("mkfs.ext4") is None:
+        pytest.skip("a loop-mounted ext4 needs root and mkfs.ext4")
+    image, mnt = tmp_path / "fs.img", tmp_path / "mnt"
+    mnt.mkdir()
+    with open(image, "wb") as out:
+        out.truncate(32 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], check=True)
+    from app.core.atomic_file import write_text_whole
+
+    text = '{"theme": "dark"}' * 100
+    _mount(image, mnt, "commit=1")  # the journal commits the rename within a second
+    try:
+        write_text_whole(mnt / "settings.json", text)
+        time.sleep(1.5)
+        fd = os.open(mnt, os.O_RDONLY)
+        fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", NOLOGFLUSH))
+        os.close(fd)
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+    _mount(image, mnt, "rw")  # the journal is replayed: what a restart after the cut reads
+    try:
+        assert (mnt / "settings.json").read_text(encoding="utf-8") == text
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
