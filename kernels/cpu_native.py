@@ -24,6 +24,7 @@ from typing import Callable, Iterator
 SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
+NEEDS = ("AVX2", "FMA", "F16C")  # the instruction sets every source's intrinsics take: the AVX2 path's floor
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
     "parley_qgemm": (_INT, [_P, _I64, _I64, _P, _P, _P, _INT, _P, _INT, _INT, _I64, _P, _P, _INT]),
@@ -132,6 +133,8 @@ def _load() -> tuple[CpuKernel | None, str | None]:
     try:
         path = _build(compiler)
         return bind(ctypes.CDLL(str(path)), path), None  # after torch: its libgomp serves both (one thread pool)
+    except Unsupported as exc:
+        return None, str(exc)
     except subprocess.CalledProcessError as exc:
         first = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[:1]
         return None, f"{compiler} could not build them ({first[0] if first else 'no message'})"
@@ -157,6 +160,22 @@ def bind(lib: ctypes.CDLL, path: Path | None) -> CpuKernel:
     return CpuKernel(lib, lib.parley_qgemm_isa().decode(), path)
 
 
+class Unsupported(Exception):
+    """The CPU lacks an instruction set the kernels take."""
+
+
+def _lacking(compiler: str) -> list[str]:
+    """The instruction sets of NEEDS that the compiler's -march=native leaves out here (an Atom-class Celeron or
+    Pentium, a CPU before Haswell): the build would only fail, each start, after seconds of compiling."""
+    try:
+        probe = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", "-"], input=b"",
+                               capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []  # the build itself says what is wrong
+    macros = probe.stdout.decode(errors="replace")
+    return [] if probe.returncode else [isa for isa in NEEDS if f"#define __{isa}__ " not in macros]
+
+
 def build_command(compiler: str, out: str | Path, flags=FLAGS) -> list[str]:
     return [compiler, *flags, *map(str, sources()), "-o", str(out), "-lm"]
 
@@ -169,6 +188,8 @@ def _build(compiler: str) -> Path:
     path = out_dir / f"parley-cpu-{key}.so"
     if path.exists():
         return path
+    if lacking := _lacking(compiler):
+        raise Unsupported(f"this CPU lacks {'/'.join(lacking)}, which they need")
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)

@@ -1,0 +1,30 @@
+"""The CPU library's first use on a machine (kernels/cpu_native.py): what a CPU the kernels cannot run on is told,
+without a build that could only fail."""
+from __future__ import annotations
+
+import platform
+import shutil
+
+import pytest
+
+from kernels import cpu_native
+
+needs_cc = pytest.mark.skipif(shutil.which("cc") is None or platform.machine().lower() not in ("x86_64", "amd64"),
+                              reason="needs cc on x86-64")
+
+
+@needs_cc
+def test_a_cpu_without_avx2_is_told_so_and_nothing_is_compiled(tmp_path, monkeypatch):
+    """cc -march=native on a CPU without AVX2 (a Celeron N4020, an Ivy Bridge) targets x86-64-v2: a wrapper makes
+    this machine's cc do that. The notice names what is missing, instead of the compiler's first error line after
+    seconds of a build that fails again at every start."""
+    cc = tmp_path / "cc-v2"
+    cc.write_text('#!/bin/sh\nfor a do shift; [ "$a" = -march=native ] && a=-march=x86-64-v2; set -- "$@" "$a"; done\n'
+                  'exec cc "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
+    kernel, reason = cpu_native._load.__wrapped__()
+    assert kernel is None and reason == "this CPU lacks AVX2/FMA/F16C, which they need"
+    assert not list((tmp_path / "kernels").glob("*"))  # no build was tried
