@@ -15,11 +15,9 @@ import torch
 
 from engine.cache.base import NATIVE_DTYPES, KVCache, attend_segments, one_row_plan, visible
 from engine.cache.config import CacheConfig
-from engine.cache.growth import allocation_failed, choose_size, free_bytes, peak_bytes, refusal
-from engine.cache.rings import RingedLayout
-from engine.errors import CacheMemoryError
+from engine.cache.growth import free_bytes
+from engine.cache.rings import MIN_ROWS, RingedLayout
 
-MIN_ROWS = 16
 ATTENTION_IMPLS = ("auto", "reference", "triton")  # "auto": the loop on CPU, the Triton kernels on CUDA
 
 
@@ -83,57 +81,14 @@ class SequenceKVCache(RingedLayout, KVCache):
         shape = (rows, self.columns, self.kv_heads, self.head_dim)
         return torch.zeros(shape, dtype=self.config.torch_dtype, device=self.device)
 
-    # -- growth: global layers by whole rows; a ring grows like a flat layer until it reaches its size
-    def holds(self, end: int, tokens: int) -> bool:
-        return end <= self.rows
-
-    def reserve(self, writes: list[tuple[int, int]]) -> dict[int, CacheMemoryError]:
-        """Grows the rows now for a step's (start, tokens) writes, the furthest first; a write whose rows find no memory
-        is refused (by index), and the rows are grown for the furthest write that fits."""
-        refused = {}
-        if max((start + n for start, n in writes), default=0) <= self.rows:
-            return refused  # every step but a growth's: no sort
-        for i in sorted(range(len(writes)), key=lambda i: -sum(writes[i])):
-            try:
-                self._grow(sum(writes[i]))
-                break  # every other write ends before this one
-            except CacheMemoryError as exc:
-                refused[i] = exc
-        return refused
-
-    def refusal_for(self, start: int, tokens: int) -> CacheMemoryError:
-        """The refusal of a conversation that needs `tokens` more from `start`, naming what they would take."""
-        return refusal(self._growth_bytes(min(self.config.max_seq_len, start + tokens)), self.free_memory(), self.device)
-
-    def _grow(self, needed: int) -> None:
-        if needed <= self.rows:
-            return
-        rows = choose_size(self.rows, needed, self.config.max_seq_len, self._growth_bytes, self.free_memory(),
-                           self.device, MIN_ROWS)
-        cost = self._growth_bytes(rows)
-        try:
-            for i, w in enumerate(self.windows):
-                for store in (self.k, self.v):
-                    if self._layer_rows(w, rows) > store[i].shape[0]:  # one a failed growth grew is larger already
-                        store[i] = self._regrow(store[i], self._layer_rows(w, rows))
-                        self.storage_version += 1
-        except Exception as exc:
-            if not allocation_failed(exc):
-                raise
-            # `rows` stays: every layer still holds it; the layers already grown keep their larger copies
-            raise refusal(cost, None, self.device) from exc
-        self.rows = rows
-
-    def _growth_bytes(self, rows: int) -> int:
-        """Bytes growing global layers to `rows` adds at its peak (K and V of each layer replaced in turn)."""
-        per_row = self.columns * self.kv_heads * self.head_dim * self.config.torch_dtype.itemsize
-        layers = [(t.shape[0], w) for store in (self.k, self.v) for t, w in zip(store, self.windows)]
-        return peak_bytes([n * per_row for n, _ in layers], [max(n, self._layer_rows(w, rows)) * per_row for n, w in layers])
+    def _held_rows(self, store: torch.Tensor) -> int:
+        return store.shape[0]
 
     def _regrow(self, old: torch.Tensor, rows: int) -> torch.Tensor:
         with torch.inference_mode(False):  # storage stays a normal tensor: callers may write it outside inference
             new = self._alloc(rows)
             new[: old.shape[0]] = old
+        self.storage_version += 1
         return new
 
     def _row(self, pos: torch.Tensor, window: int | None) -> torch.Tensor:

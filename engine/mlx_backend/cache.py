@@ -1,10 +1,14 @@
 """The `sequence` layout in MLX: per layer a flat [rows * (max_seqs + 1), kv_heads, head_dim] pool.
 
-Row r of column c is flat index r * C + c, so growing appends rows without moving anything. Positions
-and lengths come from the host-side plan (the same CacheBook as PyTorch): no eval or host read inside
-an op. Fork copies a column; rewind only moves the book (stale rows lie beyond the length).
+Row r of column c is flat index r * C + c, so growing appends rows without moving anything. It grows inside the memory
+that is free, as the PyTorch layout does (engine/cache/rings.py): MLX's allocator ends the process where memory runs out
+(a segfault on the CPU), so a growth that cannot fit is refused first, in one line. Positions and lengths come from the
+host-side plan (the same CacheBook as PyTorch): no eval or host read inside an op. Fork copies a column; rewind only
+moves the book (stale rows lie beyond the length).
 """
 from __future__ import annotations
+
+from functools import partial
 
 import mlx.core as mx
 import numpy as np
@@ -12,10 +16,10 @@ import numpy as np
 from engine.cache.base import KVCache
 from engine.cache.book import attention_segments
 from engine.cache.config import CacheConfig
-from engine.cache.rings import RingedLayout
+from engine.cache.growth import free_bytes
+from engine.cache.rings import MIN_ROWS, RingedLayout
 from engine.errors import CacheConfigError
 
-MIN_ROWS = 16
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
 
 
@@ -28,25 +32,19 @@ class MLXSequenceKVCache(RingedLayout, KVCache):
         self.rows = min(config.max_seq_len, max(MIN_ROWS, -(-config.initial_capacity // config.max_seqs)))
         self.k = [self._alloc(self._layer_rows(w)) for w in windows]
         self.v = [self._alloc(self._layer_rows(w)) for w in windows]
+        self.free_memory = partial(free_bytes, self.device)  # what a growth may take (tests pass their own)
         self._step: dict = {}
-
 
     def _alloc(self, rows: int) -> mx.array:
         return mx.zeros((rows * self.columns, self.kv_heads, self.head_dim), dtype=DTYPES[self.config.dtype])
 
-    def _grow(self, needed: int) -> None:
-        rows = self.rows
-        while rows < needed:
-            rows = min(self.config.max_seq_len, rows * 2)
-        if rows == self.rows:
-            return
-        self.rows = rows
-        for i, w in enumerate(self.windows):
-            extra = self._layer_rows(w) * self.columns - self.k[i].shape[0]
-            if extra > 0:
-                pad = mx.zeros((extra, self.kv_heads, self.head_dim), dtype=self.k[i].dtype)
-                self.k[i] = mx.concatenate([self.k[i], pad])
-                self.v[i] = mx.concatenate([self.v[i], pad])
+    def _held_rows(self, store: mx.array) -> int:
+        return store.shape[0] // self.columns
+
+    def _regrow(self, old: mx.array, rows: int) -> mx.array:
+        new = mx.pad(old, [(0, rows * self.columns - old.shape[0]), (0, 0), (0, 0)])  # no zeros array beside it
+        mx.eval(new)  # now, one tensor at a time: the peak the growth's check counted, not every layer's at the step
+        return new
 
     def _row(self, pos: np.ndarray, window: int | None) -> np.ndarray:
         ring = self.ring_rows(window)
