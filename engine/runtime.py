@@ -449,19 +449,15 @@ def _mlx_batcher(lm: LoadedModel, cache_config: CacheConfig, sched: SchedulerCon
                  drafter: Drafter | None) -> Batcher:
     """A Batcher whose model, cache and runner are MLX (its weights converted from the loaded torch model).
     Quantized matrices stay quantized, the same weights exactly; the conversion runs once per loaded model and
-    releases the torch copy (its modules stay on the meta device: `lm.quantization()`, `lm.weight_bytes()` still
-    read them, but the torch backend cannot run that model any more). Float models convert as they always have."""
+    releases the torch copy, a float model's too (its modules stay on the meta device: `lm.quantization()`,
+    `lm.weight_bytes()` still read them, but the torch backend cannot run that model any more)."""
     from engine.mlx_backend.cache import MLXSequenceKVCache
-    from engine.mlx_backend.model import from_torch
     from engine.mlx_backend.quantized import held_in_mlx
     from engine.mlx_backend.runner import MLXRunner
 
     args = lm.args
     dtype = str(next(lm.model.parameters()).dtype).removeprefix("torch.")
-    if lm.is_quantized():
-        model = held_in_mlx(lm.model, args, dtype)
-    else:
-        model = from_torch(args, lm.model.float_state_dict(), dtype)
+    model = held_in_mlx(lm.model, args, dtype)
     cache = MLXSequenceKVCache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim)
     runner = MLXRunner(model, cache, sched.max_sampled_rows)
     return Batcher(cache, runner, sched, "cpu", release, drafter=drafter)

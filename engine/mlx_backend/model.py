@@ -8,7 +8,6 @@ import mlx.nn as nn
 import numpy as np
 
 from engine.models.args import ModelArgs
-from engine.models.moe import keeps_fp32
 
 BIASED_NORMS = ("stablelm", "starcoder2")  # model types whose LayerNorms add a bias
 DTYPES = {"float32": mx.float32, "bfloat16": mx.bfloat16, "float16": mx.float16}
@@ -382,13 +381,3 @@ def _rope_tables(positions: mx.array, inv: mx.array, dtype) -> tuple[mx.array, m
     emb = mx.concatenate([freqs, freqs], axis=-1)[:, None, :]  # (T, 1, D)
     return mx.cos(emb).astype(dtype), mx.sin(emb).astype(dtype)
 
-
-def from_torch(args: ModelArgs, state: dict, dtype: str = "float32") -> CausalLM:
-    """The MLX model holding the weights of a loaded PyTorch model (same names)."""
-    model = CausalLM(args, dtype)
-    target = DTYPES[dtype]
-    weights = [(name, mx.array(t.float().numpy()).astype(mx.float32 if keeps_fp32(name, args) else target))
-               for name, t in state.items()]
-    model.load_weights(weights, strict=True)
-    mx.eval(model.parameters())
-    return model

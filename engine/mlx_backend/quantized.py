@@ -69,9 +69,10 @@ class ConversionReport:
 
 
 def held_in_mlx(torch_model: torch.nn.Module, args: ModelArgs, dtype: str) -> CausalLM:
-    """The quantized model's MLX twin, converted on first use; the torch copy's weights are released then (its
-    modules stay, on the meta device, so summaries and byte counts still read them) and the twin is kept on it, so
-    later runtimes of the same loaded model reuse it."""
+    """The model's MLX twin (quantized or float), converted on first use; the torch copy's weights are released then
+    (its modules stay, on the meta device, so summaries and byte counts still read them; a float model's copy kept
+    beside the twin doubled its memory: +1,036 MB resident for the embedded Gemma dequantized) and the twin is kept
+    on it, so later runtimes of the same loaded model reuse it."""
     held = getattr(torch_model, "mlx_model", None)
     if held is None:
         held = from_torch_quantized(args, torch_model, dtype, release=True)
@@ -82,8 +83,9 @@ def held_in_mlx(torch_model: torch.nn.Module, args: ModelArgs, dtype: str) -> Ca
 
 def from_torch_quantized(args: ModelArgs, torch_model: torch.nn.Module, dtype: str = "float32",
                          release: bool = False) -> CausalLM:
-    """The MLX model of a torch model holding QuantLinear/QuantEmbedding matrices (fused q/k/v and gate/up are split
-    back). `release`: each torch tensor moves to the meta device once converted (peak: the model plus one matrix)."""
+    """The MLX model of a torch model, its QuantLinear/QuantEmbedding matrices held quantized and the rest as floats
+    (fused q/k/v and gate/up are split back). `release`: each torch tensor moves to the meta device once converted
+    (peak: the model plus one matrix)."""
     if sys.byteorder != "little":
         raise RuntimeError("MLX's packed layout is built here from little-endian bytes.")
     model = CausalLM(args, dtype)

@@ -1,10 +1,14 @@
 """The MLX backend against the PyTorch one: logits, greedy tokens, batch invariance, the engine on MLX."""
+import dataclasses
+import gc
+import weakref
+
 import pytest
 import torch
 
 from engine import events as ev
-from bench.runs import RunConfig, make_batcher
-from engine.loading.loader import LoadOptions, load_model
+from bench.runs import RunConfig, make_batcher, make_runtime
+from engine.loading.loader import LoadOptions, build_model, load_model
 from engine.runtime import EngineConfig
 from engine.sampling import SamplingParams
 from tests.support.engine_client import Client
@@ -25,8 +29,9 @@ def _prompts(vocab: int) -> list[list[int]]:
     return [torch.randint(6, vocab, (n,), generator=g).tolist() for n in LENGTHS]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def models(tiny_models):
+    """Loaded per test: running one on MLX releases its torch copy (engine/mlx_backend/quantized.held_in_mlx)."""
     return {arch: load_model(tiny_models[arch].gguf_path, LoadOptions(weights="dequantized")) for arch in ARCHS}
 
 
@@ -50,7 +55,8 @@ def _logits(lm, ids: list[int], backend: str) -> torch.Tensor:
 def test_logits_match_torch(models, arch):
     lm = models[arch]
     ids = _prompts(lm.args.vocab_size)[4]  # 45 tokens: crosses gemma3's ring of 15 rows
-    torch.testing.assert_close(_logits(lm, ids, "mlx"), _logits(lm, ids, "torch"), atol=2e-4, rtol=1e-4)
+    on_torch = _logits(lm, ids, "torch")  # first: the MLX run releases the torch copy
+    torch.testing.assert_close(_logits(lm, ids, "mlx"), on_torch, atol=2e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -58,10 +64,13 @@ def test_greedy_tokens_and_batch_invariance(models, arch):
     assert_greedy_matches_torch(models[arch], 16)
 
 
-def assert_greedy_matches_torch(lm, max_tokens: int) -> None:
-    """Greedy on MLX: batched == alone, and the PyTorch backend's tokens (staggered arrivals)."""
+def assert_greedy_matches_torch(lm, max_tokens: int, then=None) -> None:
+    """Greedy on MLX: batched == alone, and the PyTorch backend's tokens (staggered arrivals). `then`: a check on MLX
+    to run once torch's tokens are in."""
     prompts, params = _prompts(lm.args.vocab_size), SamplingParams(max_tokens=max_tokens)
     on_torch = run_staggered(make_batcher(lm, 6, _run("torch")), prompts, ARRIVALS, params)
+    if then is not None:
+        then()
     batched = run_staggered(make_batcher(lm, 6, _run("mlx")), prompts, ARRIVALS, params)
     alone = [run_staggered(make_batcher(lm, 1, _run("mlx")), [p], [0], params)[0] for p in prompts]
     assert batched == alone
@@ -69,10 +78,12 @@ def assert_greedy_matches_torch(lm, max_tokens: int) -> None:
 
 
 def assert_mlx_matches_torch(lm) -> None:
-    """MLX's logits over 45 tokens (past a tiny model's sliding window) are PyTorch's; greedy as above."""
+    """MLX's logits over 45 tokens (past a tiny model's sliding window) are PyTorch's; greedy as above. Every torch
+    run comes first: the first MLX run releases the torch copy."""
     ids = _prompts(lm.args.vocab_size)[4]
-    torch.testing.assert_close(_logits(lm, ids, "mlx"), _logits(lm, ids, "torch"), atol=2e-4, rtol=1e-4)
-    assert_greedy_matches_torch(lm, 12)
+    on_torch = _logits(lm, ids, "torch")
+    assert_greedy_matches_torch(lm, 12, then=lambda: torch.testing.assert_close(
+        _logits(lm, ids, "mlx"), on_torch, atol=2e-4, rtol=1e-4))
 
 
 def test_engine_on_mlx(tiny_models):
@@ -94,11 +105,28 @@ def test_embedded_gemma_on_mlx_matches_torch(gemma_lm):
     tok = gemma_lm.tokenizer
     prompts = [tok.encode(p, add_bos=True) for p in ["The capital of France is", "def fibonacci(n):", "Hello"]]
     params = SamplingParams(max_tokens=12)
-    run = RunConfig(max_seq_len=256, backend="mlx")
-    on_mlx = run_staggered(make_batcher(gemma_lm, 3, run), prompts, [0, 1, 1], params)
-    run.backend = "torch"
+    run = RunConfig(max_seq_len=256, backend="torch")
     on_torch = run_staggered(make_batcher(gemma_lm, 3, run), prompts, [0, 1, 1], params)
-    assert on_mlx == on_torch
     ids = prompts[1]
-    gap = (_logits(gemma_lm, ids, "mlx")[-1] - _logits(gemma_lm, ids, "torch")[-1]).abs().max().item()
+    last_on_torch = _logits(gemma_lm, ids, "torch")[-1]
+    # a copy: the MLX run releases the torch weights, and the session's other tests use gemma_lm's
+    lm = dataclasses.replace(gemma_lm, model=build_model(gemma_lm.args, gemma_lm.model.float_state_dict(),
+                                                         torch.float32, "cpu"))
+    run.backend = "mlx"
+    on_mlx = run_staggered(make_batcher(lm, 3, run), prompts, [0, 1, 1], params)
+    assert on_mlx == on_torch
+    gap = (_logits(lm, ids, "mlx")[-1] - last_on_torch).abs().max().item()
     assert gap < 2e-3, gap
+
+
+def test_a_float_model_on_mlx_is_held_once(tiny_models):
+    """A float model's torch copy is released once MLX holds its twin (it stayed beside it: the embedded Gemma
+    dequantized took +1,036 MB resident), and later runtimes of the same loaded model reuse the twin."""
+    lm = load_model(tiny_models["llama"].gguf_path, LoadOptions(weights="dequantized"))
+    weight_bytes = lm.weight_bytes()
+    torch_tensors = [weakref.ref(t) for t in [*lm.model.parameters(), *lm.model.buffers()]]
+    runtime = make_runtime(lm, 2, _run("mlx"))
+    gc.collect()
+    assert all(r() is None for r in torch_tensors)
+    assert runtime.info()["weights_mb"] == round(weight_bytes / 1e6, 1)
+    assert make_runtime(lm, 1, _run("mlx")).batcher.runner.model is runtime.batcher.runner.model
