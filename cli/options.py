@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from cli.paths import Paths
+from engine.seed import SEED_RULE, user_seed
 
 MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
 
@@ -49,7 +50,7 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frequency-penalty", type=float, default=0.0)
     p.add_argument("--repeat-last-n", type=int, default=64,
                    help="how many of the latest tokens the penalties read (-1: all, 0: none; llama.cpp's default 64)")
-    p.add_argument("--seed", type=_seed, default=None, help="-1: a random one")
+    p.add_argument("--seed", type=_seed, default=None, help=f"{SEED_RULE}; the server takes the same")
     p.add_argument("--thinking", default=None, choices=["on", "off"],
                    help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
 
@@ -70,11 +71,12 @@ def _count_or_off(text: str) -> int:
     return value
 
 
-def _seed(text: str) -> int:
-    value = _number(text, int)
-    if not -1 <= value < 1 << 64:
-        raise argparse.ArgumentTypeError(f"-1 (a random one) or a whole number from 0 to 2**64 - 1, not {text!r}")
-    return value
+def _seed(text: str) -> int | None:
+    """The server's rule (engine/seed.py): it wrapped -5 while this flag refused it."""
+    try:
+        return user_seed(_number(text, int))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{SEED_RULE}, not {text!r}") from None
 
 
 def _number(text: str, kind: type):
@@ -134,6 +136,6 @@ def sampling_params(args: argparse.Namespace):
         top_k=0 if args.top_k == -1 else args.top_k, min_p=0.0 if greedy else args.min_p,
         repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
-        seed=None if args.seed == -1 else args.seed,
+        seed=args.seed,
         max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
     )

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
 from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
+from engine.seed import user_seed
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
@@ -158,10 +159,11 @@ def sampling(data: dict, context_limit: int, default_max_tokens: int | None = No
         raise APIError(400, f"'repeat_last_n' must be between -1 (the whole text) and {MAX_INT32}, not "
                             f"{repeat_last_n}.", "repeat_last_n")
     seed = _number(data, "seed", int, None)
-    if seed is not None and not -(2**63) <= seed < 2**64:
-        raise APIError(400, f"'seed' must be a 64-bit integer, not {seed}.", "seed")
-    if seed is not None and seed < 0:  # OpenAI's seed is an int64; -1 is llama.cpp's "random"
-        seed = None if seed == -1 else seed % 2**64
+    if seed is not None:
+        try:
+            seed = user_seed(seed)  # the CLI's --seed reads the same
+        except ValueError:
+            raise APIError(400, f"'seed' must be a 64-bit integer, not {seed}.", "seed") from None
     fields = dict(
         temperature=_ranged(data, "temperature", 1.0, 0.0, 2.0),
         top_p=_ranged(data, "top_p", 1.0, 0.0, 1.0),

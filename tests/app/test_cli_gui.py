@@ -30,6 +30,30 @@ def test_sampling_flags_reach_the_sampler():
     assert plain.repetition_penalty == 1.0 and plain.repeat_last_n == 64  # off, llama.cpp's window when turned on
 
 
+def test_the_cli_reads_a_seed_as_the_server_does(capsys):
+    """`--seed -5` was refused while the server took any int64 and wrapped it: both read one rule now."""
+    import pytest
+
+    from cli.options import sampling_params
+    from server.protocol import APIError, sampling
+
+    def cli_seed(value: int):
+        return sampling_params(cli.build_parser().parse_args(["generate", "--seed", str(value)])).seed
+
+    for value in (-5, -1, 0, 7, -(2**63), 2**64 - 1):
+        assert cli_seed(value) == sampling({"seed": value}, 4096).seed, value
+    assert cli_seed(-5) == 2**64 - 5 and cli_seed(-1) is None
+    for value in (2**64, -(2**63) - 1):
+        with pytest.raises(APIError):
+            sampling({"seed": value}, 4096)
+        with pytest.raises(SystemExit):
+            cli_seed(value)
+    assert "not '18446744073709551616'" in capsys.readouterr().err
+    generate = cli.build_parser()._subparsers._group_actions[0].choices["generate"]
+    help_text = " ".join(generate.format_help().split())  # as wrapped to any width
+    assert "-2**63" in help_text and "the server takes the same" in help_text
+
+
 def test_version_flag(capsys):
     import pytest
 
