@@ -132,7 +132,11 @@ def _load() -> tuple[CpuKernel | None, str | None]:
         return None, "no C compiler was found (install gcc to build them)"
     try:
         path = _build(compiler)
-        return bind(ctypes.CDLL(str(path)), path), None  # after torch: its libgomp serves both (one thread pool)
+        lib = ctypes.CDLL(str(path))  # after torch: its libgomp serves both (one thread pool)
+        if path.parent != kernel_dir():  # a private build: mapped now, so nothing need stay in the temp folder
+            shutil.rmtree(path.parent, ignore_errors=True)
+            return bind(lib, None), None
+        return bind(lib, path), None
     except Unsupported as exc:
         return None, str(exc)
     except subprocess.CalledProcessError as exc:
@@ -190,8 +194,12 @@ def _build(compiler: str) -> Path:
         return path
     if lacking := _lacking(compiler):
         raise Unsupported(f"this CPU lacks {'/'.join(lacking)}, which they need")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+    except OSError:  # a cache folder it cannot write (a read-only home, a hardened service): a build of its own
+        path = Path(tempfile.mkdtemp(prefix="parley-kernels-")) / path.name
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
         subprocess.run(build_command(compiler, tmp), check=True, capture_output=True, timeout=180)

@@ -1,9 +1,11 @@
 """The CPU library's first use on a machine (kernels/cpu_native.py): what a CPU the kernels cannot run on is told,
-without a build that could only fail."""
+without a build that could only fail; a cache folder it cannot write still gets the library."""
 from __future__ import annotations
 
+import ctypes
 import platform
 import shutil
+import tempfile
 
 import pytest
 
@@ -28,3 +30,21 @@ def test_a_cpu_without_avx2_is_told_so_and_nothing_is_compiled(tmp_path, monkeyp
     kernel, reason = cpu_native._load.__wrapped__()
     assert kernel is None and reason == "this CPU lacks AVX2/FMA/F16C, which they need"
     assert not list((tmp_path / "kernels").glob("*"))  # no build was tried
+
+
+@needs_cc
+def test_a_cache_folder_it_cannot_write_gets_a_build_of_its_own(tmp_path, monkeypatch):
+    """A read-only cache folder (a service under ProtectHome=read-only, a read-only container) left torch's kernels
+    running: the embedded model decoded 3.6x slower here. The library is built in a private temporary folder instead
+    (a one-line library stands for the sources here: what is tested is where it goes)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(blocker / "kernels"))  # under a file: it can never be made
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    src = tmp_path / "probe.c"
+    src.write_text("int parley_probe(void) { return 7; }\n")
+    monkeypatch.setattr(cpu_native, "build_command",
+                        lambda cc, out, flags=cpu_native.FLAGS: [cc, "-shared", "-fPIC", str(src), "-o", str(out)])
+    path = cpu_native._build("cc")
+    assert path.parent.parent == tmp_path and path.parent.name.startswith("parley-kernels-")
+    assert ctypes.CDLL(str(path)).parley_probe() == 7
