@@ -123,11 +123,28 @@ def missing_reason() -> str | None:
     return _load()[1]
 
 
+def builds_first() -> bool:
+    """Whether this process's first use of the library compiles it (seconds, once a machine): for a progress line."""
+    if _load.cache_info().currsize or not _wanted():
+        return False
+    compiler = _compiler()
+    return compiler is not None and not _library_path(compiler).exists()
+
+
+def _wanted() -> bool:
+    """Not switched off, and a CPU they are written for (Apple's runs MLX)."""
+    return os.environ.get(DISABLE_ENV) != "0" and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
 @lru_cache(maxsize=1)
 def _load() -> tuple[CpuKernel | None, str | None]:
-    if os.environ.get(DISABLE_ENV) == "0" or platform.machine().lower() not in ("x86_64", "amd64"):
-        return None, None  # switched off, or a CPU they are not written for (Apple's runs MLX): nothing to say
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not _wanted():
+        return None, None  # nothing to say
+    compiler = _compiler()
     if compiler is None:
         return None, "no C compiler was found (install gcc to build them)"
     try:
@@ -184,12 +201,17 @@ def build_command(compiler: str, out: str | Path, flags=FLAGS) -> list[str]:
     return [compiler, *flags, *map(str, sources()), "-o", str(out), "-lm"]
 
 
-def _build(compiler: str) -> Path:
+def _library_path(compiler: str) -> Path:
+    """The cached library for these sources, this compiler, these flags and this CPU."""
     version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     text = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))  # headers too
     key = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
-    out_dir = kernel_dir()
-    path = out_dir / f"parley-cpu-{key}.so"
+    return kernel_dir() / f"parley-cpu-{key}.so"
+
+
+def _build(compiler: str) -> Path:
+    path = _library_path(compiler)
+    out_dir = path.parent
     if path.exists():
         return path
     if lacking := _lacking(compiler):

@@ -1,11 +1,13 @@
 """The CPU library's first use on a machine (kernels/cpu_native.py): what a CPU the kernels cannot run on is told,
-without a build that could only fail; a cache folder it cannot write still gets the library."""
+without a build that could only fail; a cache folder it cannot write still gets the library; a load that builds it
+says so."""
 from __future__ import annotations
 
 import ctypes
 import platform
 import shutil
 import tempfile
+from functools import lru_cache
 
 import pytest
 
@@ -48,3 +50,29 @@ def test_a_cache_folder_it_cannot_write_gets_a_build_of_its_own(tmp_path, monkey
     path = cpu_native._build("cc")
     assert path.parent.parent == tmp_path and path.parent.name.startswith("parley-kernels-")
     assert ctypes.CDLL(str(path)).parley_probe() == 7
+
+
+@needs_cc
+def test_a_first_use_here_is_known_before_it_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(cpu_native, "_load", lru_cache(maxsize=1)(cpu_native._load.__wrapped__))  # a new process's
+    assert cpu_native.builds_first()  # an empty cache folder
+    cpu_native._library_path(cpu_native._compiler()).touch()
+    assert not cpu_native.builds_first()  # this machine's library is there
+    monkeypatch.setenv(cpu_native.DISABLE_ENV, "0")
+    (tmp_path / cpu_native._library_path(cpu_native._compiler()).name).unlink()
+    assert not cpu_native.builds_first()  # switched off
+
+
+def test_a_load_that_builds_the_kernels_says_so_first(monkeypatch, tiny_models_q8):
+    """The build ran inside the first matrix's decoding: the load showed 'Decoding weights' at 0 % for 15 s of CPU
+    (a minute on a busy 2-core machine). It now has a stage of its own, before the weights."""
+    from engine.loading.loader import LoadOptions, load_model
+
+    monkeypatch.setattr(cpu_native, "builds_first", lambda: True)
+    stages: list[str] = []
+    load_model(tiny_models_q8["llama"].gguf_path, LoadOptions(weights="quantized"),
+               progress=lambda stage, fraction: stages.append(stage))
+    first = stages.index("Building Parley's CPU kernels (once for this computer)")
+    assert stages[first - 1] == "Reading model file" and "Decoding weights" in stages[first + 1:]
