@@ -73,7 +73,7 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
         Route("/v1/models/{model:path}", guarded(get_model), methods=["GET"]),
         Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
         Route("/v1/completions", guarded(completions), methods=["POST"]),
-        Route("/health", lambda _request: JSONResponse({"status": "ok"}), methods=["GET"]),
+        Route("/health", lambda request: health(request, bridge), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     middleware = [Middleware(CORSMiddleware, allow_origins=[o.rstrip("/") for o in settings.cors_origins],
@@ -85,6 +85,14 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
 
 
 # -- endpoints
+def health(request: Request, bridge: ServerBridge) -> Response:
+    """Whether the server takes requests, and how busy it is (a load balancer's choice): open without a key, so it
+    counts models rather than naming them; a server shutting down answers 503."""
+    stopping = request.app.state.stopping
+    body = {"status": "stopping" if stopping else "ok", **bridge.busy(), "models": len(bridge.models)}
+    return JSONResponse(body, status_code=503 if stopping else 200)
+
+
 async def list_models(request: Request, bridge: ServerBridge) -> Response:
     return JSONResponse({"object": "list", "data": [_model_card(m) for m in bridge.models]})
 

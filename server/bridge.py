@@ -29,6 +29,7 @@ class ServerBridge:
         self.models: list[ServedModel] = []
         self._lock = threading.Lock()  # guards _routes: a session's events wait until its route exists
         self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._phase: dict[int, str] = {}  # open session -> "queued" / "decoding", from its events (what /health counts)
         self._model_events: dict[int, ev.Event] = {}
         self._model_cond = threading.Condition()
 
@@ -85,8 +86,25 @@ class ServerBridge:
         self.engine.close(sid)
         with self._lock:
             self._routes.pop(sid, None)
+            self._phase.pop(sid, None)
+
+    def busy(self) -> dict:
+        """What /health says: requests open, decoding, waiting for a slot; read from events, never from the engine
+        thread (a question to it waits behind the step in progress)."""
+        with self._lock:
+            phases = list(self._phase.values())
+            open_requests = len(self._routes)
+        return {"requests": open_requests, "decoding": phases.count("decoding"), "queued": phases.count("queued")}
 
     # -- the engine thread
+    def _track(self, e: ev.Event) -> None:
+        if isinstance(e, ev.Queued):
+            self._phase[e.session_id] = "queued"
+        elif isinstance(e, (ev.Started, ev.TokenDelta)):
+            self._phase[e.session_id] = "decoding"
+        elif isinstance(e, (ev.Finished, ev.Error)):
+            self._phase.pop(e.session_id, None)
+
     def _on_event(self, e: ev.Event) -> None:
         if isinstance(e, (ev.ModelLoaded, ev.ModelFailed)):
             with self._model_cond:
@@ -95,6 +113,8 @@ class ServerBridge:
             return
         with self._lock:
             route = self._routes.get(e.session_id)
+            if route is not None:
+                self._track(e)
         if route is not None:
             loop, queue = route
             try:
