@@ -132,7 +132,7 @@ def test_architecture_lists_the_import_contracts_the_test_checks() -> None:
 
 
 @pytest.mark.parametrize("flag,value,accepted", [("--min-p", "1.5", "1"), ("--top-p", "-0.5", "0"),
-                                                 ("--top-k", "-2", "-1"), ("--seed", "-2", "-1")])
+                                                 ("--top-k", "-2", "-1"), ("--seed", "18446744073709551616", "-1")])
 def test_a_refused_sampling_flag_states_the_range_the_flag_accepts(flag, value, accepted, capsys) -> None:
     """The README's --top-p / --top-k / --min-p / --seed take values the engine's checks refuse (greedy, off, random):
     a value out of range names the flag and the command line's range, not the engine's (which would rule out those)."""
