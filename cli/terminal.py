@@ -122,10 +122,15 @@ def _timings(s) -> dict:
 
 
 def _load_line(info: dict) -> dict:
+    """Sizes in MiB (2**20 bytes) under *_mib; resident_mb (MiB too) and weights_mb (MB, 10**6 bytes, the model's
+    info) stay for scripts that read them: side by side they compared two units."""
     from engine.memory import resident_bytes
 
-    return {"load_s": info.get("load_s"), "resident_mb": round(resident_bytes() / 2**20, 1),
-            "weights_mb": info.get("weights_mb"), "quantization": info.get("quantization")}
+    resident = round(resident_bytes() / 2**20, 1)
+    weights_mb = info.get("weights_mb")
+    weights_mib = None if weights_mb is None else round(weights_mb * 1e6 / 2**20, 1)
+    return {"load_s": info.get("load_s"), "resident_mib": resident, "weights_mib": weights_mib,
+            "resident_mb": resident, "weights_mb": weights_mb, "quantization": info.get("quantization")}
 
 
 def _round(x: float | None) -> float | None:

@@ -54,6 +54,15 @@ def test_the_cli_reads_a_seed_as_the_server_does(capsys):
     assert "-2**63" in help_text and "the server takes the same" in help_text
 
 
+def test_the_load_line_gives_both_sizes_in_one_unit():
+    """resident_mb was MiB beside weights_mb in MB: the embedded model's 253.0 MB read as 241.3 MiB beside it."""
+    from cli.terminal import _load_line
+
+    line = _load_line({"load_s": 1.0, "weights_mb": 253.0, "quantization": "Q4_K_M"})
+    assert line["weights_mib"] == 241.3 and line["weights_mb"] == 253.0  # the old field kept, as it was
+    assert line["resident_mib"] == line["resident_mb"] > 0
+
+
 def test_version_flag(capsys):
     import pytest
 
