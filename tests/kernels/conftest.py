@@ -40,8 +40,11 @@ def build_for(tmp_path_factory) -> Callable[..., "cpu_native.CpuKernel"]:
         if key not in built:
             out = folder / f"parley-cpu-{march}{''.join(extra)}.so"
             flags = [f if f != "-march=native" else f"-march={march}" for f in cpu_native.FLAGS] + list(extra)
-            ok = subprocess.run(cpu_native.build_command("cc", out, flags), capture_output=True).returncode == 0
-            built[key] = cpu_native.bind(ctypes.CDLL(str(out)), out) if ok else None
+            try:
+                cpu_native.build_library("cc", out, flags)
+                built[key] = cpu_native.bind(ctypes.CDLL(str(out)), out)
+            except subprocess.CalledProcessError:
+                built[key] = None
         if built[key] is None:
             pytest.skip(f"cc cannot build for {march}")
         return built[key]

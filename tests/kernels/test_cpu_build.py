@@ -45,8 +45,7 @@ def test_a_cache_folder_it_cannot_write_gets_a_build_of_its_own(tmp_path, monkey
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     src = tmp_path / "probe.c"
     src.write_text("int parley_probe(void) { return 7; }\n")
-    monkeypatch.setattr(cpu_native, "build_command",
-                        lambda cc, out, flags=cpu_native.FLAGS: [cc, "-shared", "-fPIC", str(src), "-o", str(out)])
+    monkeypatch.setattr(cpu_native, "sources", lambda: [src])
     path = cpu_native._build("cc")
     assert path.parent.parent == tmp_path and path.parent.name.startswith("parley-kernels-")
     assert ctypes.CDLL(str(path)).parley_probe() == 7
