@@ -270,8 +270,9 @@ class SqliteConversationStore(ConversationStore):
         if self._held:
             self._write([])
         where = f"another program had {self.file.name} locked"
-        self.notice = (f"{count} changes held back at the last quit ({where}) are saved now." if self.persistent else
-                       f"{count} changes held back at the last quit ({where}) are shown; they are saved once it lets go.")
+        changes = f"{count} change{'' if count == 1 else 's'}"
+        self.notice = (f"{changes} held back at the last quit ({where}) are saved now." if self.persistent else
+                       f"{changes} held back at the last quit ({where}) are shown; they are saved once it lets go.")
         if self.persistent:
             forget_held(self.file)
 

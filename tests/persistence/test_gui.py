@@ -130,3 +130,26 @@ def test_the_not_saving_warning_goes_once_the_store_writes_again(qtbot):
     assert ui.warning.isVisible()
     ui.show_warning("")
     assert not ui.warning.isVisible() and window.statusBar().currentMessage() == "Chats are saved again."
+
+
+def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path):
+    """Changes a lock held back at the last quit are merged at the start: the status bar says so (it said nothing)."""
+    from PySide6.QtWidgets import QMainWindow
+    import types
+
+    from app.core.held_changes import save_held
+    from app.qt.persist_ui import PersistenceUI
+
+    path = tmp_path / "parley.db"
+    store = SqliteConversationStore(path)
+    conv = store.create("one")
+    store.close()
+    save_held(path, [("UPDATE conversation SET title = ? WHERE id = ?", ("renamed while locked", conv.id))])
+    store = SqliteConversationStore(path)
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    PersistenceUI(window, types.SimpleNamespace(store=store))
+    assert store.get(conv.id).title == "renamed while locked"
+    assert window.statusBar().currentMessage() == "1 change held back at the last quit (another program had " \
+                                                  "parley.db locked) are saved now."
+    store.close()
