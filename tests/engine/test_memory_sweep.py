@@ -191,17 +191,13 @@ def test_free_memory_is_read_as_unknown_when_no_descriptor_is_left(tmp_path):
     import sys
     from pathlib import Path
 
+    from tests.descriptors import TAKE_EVERY_DESCRIPTOR
+
     script = f"""
-import os, resource, sys
+import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 from engine.memory import available_bytes
-resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-held = []
-try:
-    while True:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+{TAKE_EVERY_DESCRIPTOR}
 print(available_bytes("cpu") > 0)
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -138,8 +138,10 @@ def test_a_fresh_servers_first_turns_need_no_file_descriptor(tiny_models):
     import sys
     from pathlib import Path
 
+    from tests.descriptors import TAKE_EVERY_DESCRIPTOR
+
     script = f"""
-import os, resource, sys, time
+import os, sys, time
 sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
 from engine import events as ev
 from engine.runtime import EngineConfig
@@ -148,13 +150,7 @@ from tests.server.conftest import RecordingBridge
 
 b = RecordingBridge(EngineConfig(max_sessions=2, max_session_tokens=256)).start()
 model = b.load({str(tiny_models["qwen3"].gguf_path)!r})
-resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 8, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-held = []
-try:
-    while True:
-        held.append(os.open(os.devnull, os.O_RDONLY))
-except OSError:
-    pass
+{TAKE_EVERY_DESCRIPTOR}
 for params in (SamplingParams(max_tokens=4), SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2, max_tokens=4)):
     sid = b.engine.open_session(model.model_id)
     b.engine.submit(sid, [{{"role": "user", "content": "hello"}}], params)
