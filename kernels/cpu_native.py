@@ -216,10 +216,15 @@ def _run(command: list[str]) -> None:
 
 def _library_path(compiler: str) -> Path:
     """The cached library for these sources, this compiler, these flags and this CPU."""
+    return kernel_dir() / f"parley-cpu-{_build_key(compiler)}.so"
+
+
+@lru_cache(maxsize=4)
+def _build_key(compiler: str) -> str:
+    """Once a process: a first load asks `builds_first`, then builds or loads, and each ran the compiler for this."""
     version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
     text = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))  # headers too
-    key = hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
-    return kernel_dir() / f"parley-cpu-{key}.so"
+    return hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
 
 
 def _build(compiler: str) -> Path:
