@@ -171,13 +171,13 @@ def check_fits(needed: int, device: str, name: str) -> None:
     if needed + HEADROOM > free:
         where = "GPU memory" if device.startswith("cuda") else "memory"
         # the need named includes the headroom: "needs ~0.4 GB, 0.6 GB free" read as a refusal of a model that fits
-        need, have = _gb_pair(needed + HEADROOM, free)
+        need, have = gb_pair(needed + HEADROOM, free)
         raise ModelLoadError(f"{name} needs ~{need} GB, {have} GB of {where} free.")
 
 
-def _gb_pair(need: int, free: int) -> tuple[str, str]:
-    """Both sizes in GB with one decimal, or two where one would show them equal (0.75 GB vs 0.72 GB)."""
-    for digits in (1, 2):
+def gb_pair(need: int, free: int) -> tuple[str, str]:
+    """Both sizes in GB with one decimal, or more where one would show them equal (0.75 GB vs 0.72 GB)."""
+    for digits in (1, 2, 3):
         pair = (f"{need / 2**30:.{digits}f}", f"{free / 2**30:.{digits}f}")
         if pair[0] != pair[1]:
             break

@@ -14,11 +14,12 @@ import torch
 
 from engine.backend import resolve_backend
 from engine.batcher import Batcher
-from engine.cache import CacheConfig, make_cache
+from engine.cache import CacheConfig, first_cache_bytes, make_cache
 from engine.cache.config import dtype_name
+from engine.cache.growth import GROWTH_MARGIN, free_bytes
 from engine.errors import CacheError, CacheMemoryError, ModelLoadError, ParleyError
 from engine.loading.loader import LoadedModel
-from engine.memory import return_freed_memory
+from engine.memory import gb_pair, return_freed_memory
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.prefix_cache import PrefixCache
 from engine.process import configure_process
@@ -400,6 +401,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         configure_process(weights_device, config.compile_decode)  # before this process's first GPU matmul
         kernels = tuning.kernels or choose_kernels(weights_device, compile_decode=config.compile_decode,
                                                    quantized=lm.is_quantized())
+        check_first_cache(lm, cache_config, weights_device)
         cache = make_cache(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim, weights_device)
         if tuning.attention_impl is not None:
             cache.attention_impl = tuning.attention_impl
@@ -415,6 +417,21 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     parked_tokens = config.prefix_tokens if config.prefix_tokens is not None else cache_config.capacity // 2
     prefixes = PrefixCache(batcher.cache, config.max_sessions if config.prefix_cache else 0, parked_tokens)
     return ModelRuntime(model_id, lm, backend, batcher, limit, prefixes, config.prefix_cache)
+
+
+def check_first_cache(lm: LoadedModel, cache_config: CacheConfig, device: torch.device) -> None:
+    """Refuses, in one line, a model whose first KV cache does not fit in what its weights left: the load keeps 256 MB
+    aside, less than 8 chats of an 8B model take at once (302 MB), so the cache took the last of the memory and the
+    first message failed ("can't start new thread" under `ulimit -v`) or the kernel killed Parley."""
+    args = lm.args
+    need = first_cache_bytes(cache_config, args.layer_windows(), args.num_kv_heads, args.head_dim) + GROWTH_MARGIN
+    free = free_bytes(device)
+    if need > free:
+        where = "GPU memory" if device.type == "cuda" else "memory"
+        need_gb, free_gb = gb_pair(need, free)
+        chats = f"{cache_config.max_seqs} chat{'' if cache_config.max_seqs == 1 else 's'}"
+        raise ModelLoadError(f"{lm.name} loaded, but its cache for {chats} at once needs ~{need_gb} GB more, {free_gb} "
+                             f"GB of {where} free.")
 
 
 def draft_drafter(lm: LoadedModel, draft: LoadedModel, config: EngineConfig) -> Drafter | None:

@@ -9,7 +9,8 @@ from engine.cache.cell_layout import CellKVCache
 from engine.cache.config import CacheConfig
 from engine.cache.sequence_layout import SequenceKVCache
 
-__all__ = ["CacheBook", "CacheConfig", "CellKVCache", "KVCache", "Segment", "SequenceKVCache", "make_cache"]
+__all__ = ["CacheBook", "CacheConfig", "CellKVCache", "KVCache", "Segment", "SequenceKVCache", "first_cache_bytes",
+           "make_cache"]
 
 
 def make_cache(
@@ -17,3 +18,9 @@ def make_cache(
 ) -> KVCache:
     cls = CellKVCache if config.layout == "cell" else SequenceKVCache
     return cls(config, windows, kv_heads, head_dim, device)
+
+
+def first_cache_bytes(config: CacheConfig, windows: list[int | None], kv_heads: int, head_dim: int) -> int:
+    """Bytes `make_cache` allocates at once: the same cache built on the meta device, which allocates nothing."""
+    cache = make_cache(config, windows, kv_heads, head_dim, "meta")
+    return sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))

@@ -202,3 +202,28 @@ print(available_bytes("cpu") > 0)
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert run.stdout.strip() == "True", run.stderr[-500:]
+
+
+def test_a_model_whose_first_cache_does_not_fit_is_refused_in_one_line(tiny_models_q8, monkeypatch):
+    """The load keeps 256 MB aside, less than the first cache of 8 chats of an 8B model (302 MB): a model that fit
+    with no room for it loaded, then its first message failed ('can't start new thread' under `ulimit -v`) or the
+    kernel killed Parley. The cache is counted, exactly as it is then allocated, before it is."""
+    from engine.cache import first_cache_bytes
+    from engine.cache.growth import GROWTH_MARGIN
+    from engine.loading.loader import LoadOptions, load_model
+    from engine.runtime import EngineConfig, build_runtime
+
+    lm = load_model(tiny_models_q8["qwen3"].gguf_path, LoadOptions(weights="quantized"))
+    config = EngineConfig(max_sessions=8, max_session_tokens=512)
+    cache = build_runtime(lm, config).batcher.cache
+    first = sum(t.numel() * t.element_size() for t in (*cache.k, *cache.v))
+    args = lm.args
+    assert first_cache_bytes(cache.config, args.layer_windows(), args.num_kv_heads, args.head_dim) == first
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: GROWTH_MARGIN + first // 2)
+    with pytest.raises(ModelLoadError) as err:
+        build_runtime(lm, config)
+    m = re.fullmatch(r"\S+ loaded, but its cache for 8 chats at once needs ~(\d\.\d+) GB more, (\d\.\d+) GB of memory "
+                     r"free\.", str(err.value))
+    assert m and float(m.group(1)) > float(m.group(2)), err.value
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: GROWTH_MARGIN + first)
+    build_runtime(lm, config)  # room for the cache and the margin: it builds
