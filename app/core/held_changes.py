@@ -15,6 +15,11 @@ from app.core.atomic_file import write_text_whole
 WRITES = ("INSERT", "UPDATE", "DELETE")  # the only statements the store holds; anything else in the file is refused
 
 
+def counted(count: int) -> tuple[str, str]:
+    """('1 change', 'is') or ('3 changes', 'are'): the one wording rule of every held-changes notice."""
+    return (f"{count} change", "is") if count == 1 else (f"{count} changes", "are")
+
+
 def held_file(db_file: Path) -> Path:
     return db_file.with_name(db_file.name + ".held.json")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from app.core import schema
-from app.core.held_changes import forget_held, read_held, replay, save_held
+from app.core.held_changes import counted, forget_held, read_held, replay, save_held
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import Conversation, ConversationStore, Message
 
@@ -270,9 +270,9 @@ class SqliteConversationStore(ConversationStore):
         if self._held:
             self._write([])
         where = f"another program had {self.file.name} locked"
-        changes = f"{count} change{'' if count == 1 else 's'}"
-        self.notice = (f"{changes} held back at the last quit ({where}) are saved now." if self.persistent else
-                       f"{changes} held back at the last quit ({where}) are shown; they are saved once it lets go.")
+        changes, are = counted(count)
+        self.notice = (f"{changes} held back at the last quit ({where}) {are} saved now." if self.persistent else
+                       f"{changes} held back at the last quit ({where}) {are} shown and saved once it lets go.")
         if self.persistent:
             forget_held(self.file)
 
@@ -478,13 +478,14 @@ class SqliteConversationStore(ConversationStore):
     def _keep_held(self) -> None:
         """The file is still locked at quit: what it held back goes to a file beside it, merged in at the next start
         (quitting lost the last messages)."""
+        changes, are = counted(len(self._held))
         try:
             self.kept = save_held(self.file, self._held)
         except OSError as exc:
-            self.notice = f"Another program has {self.file.name} locked: {len(self._held)} changes are lost ({exc})."
+            self.notice = f"Another program has {self.file.name} locked: {changes} {are} lost ({exc})."
             return
-        self.notice = (f"Another program has {self.file.name} locked: {len(self._held)} changes not yet saved are kept "
-                       f"in {self.kept.name} and saved at the next start.")
+        self.notice = (f"Another program has {self.file.name} locked: {changes} not yet saved {are} kept in "
+                       f"{self.kept.name} and saved at the next start.")
 
     def _compact(self, db: sqlite3.Connection) -> None:
         """Gives deleted chats' space back: SQLite only marks their pages free and the search index only records their

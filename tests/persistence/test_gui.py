@@ -151,5 +151,5 @@ def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path
     PersistenceUI(window, types.SimpleNamespace(store=store))
     assert store.get(conv.id).title == "renamed while locked"
     assert window.statusBar().currentMessage() == "1 change held back at the last quit (another program had " \
-                                                  "parley.db locked) are saved now."
+                                                  "parley.db locked) is saved now."
     store.close()
