@@ -1,11 +1,13 @@
-"""Changes a locked chat database held back at quit: kept in a file beside it, merged in at the next start.
+"""Changes a locked chat database holds back: kept in a file beside it, merged in at the next start.
 
 While another program (a database browser) holds SQLite's write lock, the store keeps its changes as the statements
-that would write them; quitting then lost them. They are saved as JSON next to the database and replayed at the next
-start onto a copy of the file in memory (what the window shows), then written to the file like any held change.
+that would write them; quitting (or a crash) then lost them. They are saved as JSON next to the database as they are
+held, and replayed at the next start onto a copy of the file in memory (what the window shows), then written to the
+file like any held change.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -24,10 +26,12 @@ def held_file(db_file: Path) -> Path:
     return db_file.with_name(db_file.name + ".held.json")
 
 
-def save_held(db_file: Path, statements: list[tuple[str, tuple]]) -> Path:
-    """Writes `statements` whole next to the database; raises OSError as the write would."""
+def save_held(db_file: Path, statements: list[tuple[str, tuple]], synced: bool = True) -> Path:
+    """Writes `statements` whole next to the database; raises OSError as the write would. `synced` False: as they are
+    held (whole after a kill; atomic_file.py), True at quit (after a power cut too)."""
     target = held_file(db_file)
-    write_text_whole(target, json.dumps({"version": 1, "statements": [[sql, list(p)] for sql, p in statements]}))
+    write_text_whole(target, json.dumps({"version": 1, "statements": [[sql, list(p)] for sql, p in statements]}),
+                     synced)
     return target
 
 
@@ -43,7 +47,8 @@ def read_held(db_file: Path) -> list[tuple[str, tuple]]:
 
 
 def forget_held(db_file: Path) -> None:
-    held_file(db_file).unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # a folder made read-only since it was written: nothing more to do
+        held_file(db_file).unlink(missing_ok=True)
 
 
 def replay(db: sqlite3.Connection, statements: list[tuple[str, tuple]]) -> tuple[sqlite3.Connection, list]:

@@ -43,7 +43,7 @@ class SqliteConversationStore(ConversationStore):
         self.file = Path(path)
         self.flush_interval_s = flush_interval_s
         self.warning = ""  # set once the store cannot write its file; chats still work in memory
-        self.notice = ""  # what the window says once: changes held back at the last quit merged in, or kept at this one
+        self.notice = ""  # what the window says once: changes held back when Parley last ran merged in, or kept at quit
         self.kept: Path | None = None  # the file holding what a lock kept from being written at close
         self.on_warning: Callable[[str], None] | None = None
         self.on_commit: Callable[[list[Message]], None] | None = None  # messages just committed (tests, crash reports)
@@ -195,7 +195,9 @@ class SqliteConversationStore(ConversationStore):
         into that file at the next start. A file deleted or moved away is written anew from memory; a replacing one
         (a backup put back) is left as it is."""
         db, self._db = self._db, None
-        self._held, self._held_msgs = [], []  # what memory holds, written anew below, has them
+        if self._held:  # what memory holds, written anew below, has them: replayed later they would undo newer text
+            self._held, self._held_msgs = [], []
+            forget_held(self.file)
         try:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             db.close()
@@ -252,7 +254,7 @@ class SqliteConversationStore(ConversationStore):
         self._ids = itertools.count(max([0, *self._conversations, *self._messages]) + 1)
 
     def _load_and_merge(self, db: sqlite3.Connection) -> int:
-        """Loads the file with the changes a lock held back at the last quit applied (they wait in `_held` to be
+        """Loads the file with the changes a lock held back when Parley last ran applied (they wait in `_held` to be
         written); returns how many there were."""
         statements = read_held(self.file)
         if not statements:
@@ -271,8 +273,8 @@ class SqliteConversationStore(ConversationStore):
             self._write([])
         where = f"another program had {self.file.name} locked"
         changes, are = counted(count)
-        self.notice = (f"{changes} held back at the last quit ({where}) {are} saved now." if self.persistent else
-                       f"{changes} held back at the last quit ({where}) {are} shown and saved once it lets go.")
+        self.notice = (f"{changes} held back when Parley last ran ({where}) {are} saved now." if self.persistent else
+                       f"{changes} held back when Parley last ran ({where}) {are} shown and saved once it lets go.")
         if self.persistent:
             forget_held(self.file)
 
@@ -379,7 +381,17 @@ class SqliteConversationStore(ConversationStore):
 
     def _hold(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
         self._held, self._held_msgs = _latest_updates(statements), list(committed)
+        self._keep_current()
         self._warn_locked()
+
+    def _keep_current(self) -> None:
+        """The held changes' file follows them as they are held, not only at a clean quit: a crash or a kill while the
+        file was locked lost them all. Unsynced (0.5 ms for 10 held messages, 4 ms for 200; synced 12-16 ms on the GUI
+        thread), at most once a flush interval while text streams; the quit's copy is synced."""
+        try:
+            save_held(self.file, self._held, synced=False)
+        except OSError:
+            pass  # a full disk, say: they are still held here and kept (or said to be lost) at quit
 
     def _warn_locked(self) -> None:
         if self._held and self.warning != self._locked_text():  # once held: the GUI reads `persistent` as it shows it
@@ -388,7 +400,7 @@ class SqliteConversationStore(ConversationStore):
     def _saved_again(self) -> None:
         if self._held:
             self._held, self._held_msgs = [], []
-            forget_held(self.file)  # what the last quit kept there is written now
+            forget_held(self.file)  # what was kept there is written now
             if self.warning == self._locked_text():
                 self._set_warning("")  # the window's "not saving" goes: the held changes are written
 
@@ -412,6 +424,8 @@ class SqliteConversationStore(ConversationStore):
                     self._saved_again()
                 except (sqlite3.Error, OSError) as exc:
                     self._degrade(exc)
+            elif self._batch == 0 and self._held:
+                self._keep_current()  # once for the whole batch held back, not once a statement
 
     def _open_batch(self) -> bool:
         """Begins the batch's transaction with the changes held so far; False where it cannot begin."""

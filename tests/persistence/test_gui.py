@@ -150,6 +150,6 @@ def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path
     qtbot.addWidget(window)
     PersistenceUI(window, types.SimpleNamespace(store=store))
     assert store.get(conv.id).title == "renamed while locked"
-    assert window.statusBar().currentMessage() == "1 change held back at the last quit (another program had " \
+    assert window.statusBar().currentMessage() == "1 change held back when Parley last ran (another program had " \
                                                   "parley.db locked) is saved now."
     store.close()

@@ -35,3 +35,69 @@ def test_the_quit_notice_counts_one_change_in_the_singular(tmp_path, renames, sa
     finally:
         browser.close()
     assert f"locked: {said} in parley.db.held.json" in store.notice, store.notice
+
+
+# Another program (a database browser with an edit not yet written) holds SQLite's write lock until killed.
+BROWSER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.readline()
+"""
+
+
+def _parley_holding(path, browser_locked: int, told: int) -> None:
+    """A forked Parley (no second start-up of its imports): one chat written, then, once the browser holds the lock, a
+    question and a streamed answer held back; it waits to be killed."""
+    import os
+
+    store = SqliteConversationStore(path)
+    conv = store.create("one")
+    os.write(told, b"w")
+    os.read(browser_locked, 1)
+    question = store.add_message(conv.id, None, "user", "my last message")
+    answer = store.add_message(conv.id, question.id, "assistant", "its answer", state="streaming")
+    store.append_text(answer.id, " streamed")
+    store.flush()
+    os.write(told, b"h" if not store.persistent else b"x")
+    os.read(browser_locked, 1)
+
+
+def test_changes_held_back_by_a_lock_survive_a_kill_of_parley(tmp_path):
+    """They reached parley.db.held.json only at a clean quit: Parley killed (or crashed) while a browser held the lock
+    lost them all. The file follows them as they are held; the next start merges them and says so."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    path = tmp_path / "parley.db"
+    (to_child, go), (told, from_child) = os.pipe(), os.pipe()
+    pid = os.fork()
+    if pid == 0:  # Parley
+        try:
+            _parley_holding(path, to_child, from_child)
+        finally:
+            os._exit(0)
+    browser = None
+    try:
+        assert os.read(told, 1) == b"w"
+        browser = subprocess.Popen([sys.executable, "-c", BROWSER, str(path)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        assert browser.stdout.readline().strip() == "locked"
+        os.write(go, b"g")
+        assert os.read(told, 1) == b"h"  # held, not written
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        killed = os.waitpid(pid, 0)[1]
+        if browser is not None:
+            browser.kill()
+            browser.wait()
+    assert killed == signal.SIGKILL
+    store = SqliteConversationStore(path)
+    conv = store.conversations()[0]
+    assert [m.content for m in store.path(conv.id)] == ["my last message", "its answer streamed"]  # before: []
+    assert store.persistent and "held back when Parley last ran" in store.notice
+    assert not (tmp_path / "parley.db.held.json").exists()  # written into the file now: merged once
+    store.close()
