@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sqlite3
+import time
 from pathlib import Path
 
 from app.core.atomic_file import write_text_whole
@@ -36,14 +38,34 @@ def save_held(db_file: Path, statements: list[tuple[str, tuple]], synced: bool =
 
 
 def read_held(db_file: Path) -> list[tuple[str, tuple]]:
-    """The statements kept at the last quit; none where there is no file or it does not read."""
+    """The statements kept when Parley last ran; none where there is no file. ValueError where it does not read (cut
+    short, not JSON, another shape, a statement other than the store's writes), OSError where it cannot be opened."""
     try:
-        data = json.loads(held_file(db_file).read_text(encoding="utf-8"))
-        rows = data["statements"]
-        return [(str(sql), tuple(params)) for sql, params in rows
-                if isinstance(sql, str) and sql.lstrip().upper().startswith(WRITES) and isinstance(params, list)]
-    except (OSError, ValueError, KeyError, TypeError):
+        text = held_file(db_file).read_text(encoding="utf-8")
+    except FileNotFoundError:
         return []
+    data = json.loads(text)
+    rows = data.get("statements") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(_is_write(row) for row in rows):
+        raise ValueError("not the changes Parley keeps there")
+    return [(sql, tuple(params)) for sql, params in rows]
+
+
+def _is_write(row) -> bool:
+    return (isinstance(row, list) and len(row) == 2 and isinstance(row[0], str) and isinstance(row[1], list)
+            and row[0].lstrip().upper().startswith(WRITES))
+
+
+def set_aside(db_file: Path) -> Path:
+    """Renames a held file that does not read (never deleted: the messages in it may still be read by hand)."""
+    held, stamp = held_file(db_file), time.strftime("%Y%m%d-%H%M%S")
+    aside = held.with_name(f"{held.name}.damaged-{stamp}")
+    for n in range(2, 100):  # another set aside within the same second is not written over
+        if not aside.exists():
+            break
+        aside = held.with_name(f"{held.name}.damaged-{stamp}-{n}")
+    os.replace(held, aside)
+    return aside
 
 
 def forget_held(db_file: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from app.core import schema
-from app.core.held_changes import counted, forget_held, read_held, replay, save_held
+from app.core.held_changes import counted, forget_held, held_file, read_held, replay, save_held, set_aside
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import Conversation, ConversationStore, Message
 
@@ -256,7 +256,7 @@ class SqliteConversationStore(ConversationStore):
     def _load_and_merge(self, db: sqlite3.Connection) -> int:
         """Loads the file with the changes a lock held back when Parley last ran applied (they wait in `_held` to be
         written); returns how many there were."""
-        statements = read_held(self.file)
+        statements = self._read_held()
         if not statements:
             self._load(db)
             return 0
@@ -267,6 +267,21 @@ class SqliteConversationStore(ConversationStore):
             merged.close()
         self._held = applied
         return len(statements)
+
+    def _read_held(self) -> list[tuple[str, tuple]]:
+        """What a lock held back when Parley last ran. A file that does not read was ignored without a word and then
+        written over: it is kept aside, renamed, and the window says so once."""
+        try:
+            return read_held(self.file)
+        except (OSError, ValueError) as exc:
+            why = str(exc) if isinstance(exc, OSError) else "cut short or damaged"
+            try:
+                kept = f"it was kept as {set_aside(self.file).name}"
+            except OSError:
+                kept = f"it is left as {held_file(self.file).name}"
+            self.notice = (f"The changes held back when Parley last ran ({held_file(self.file).name}) could not be read "
+                           f"({why}); {kept}.")
+            return []
 
     def _write_merged(self, count: int) -> None:
         if self._held:

@@ -101,3 +101,39 @@ def test_changes_held_back_by_a_lock_survive_a_kill_of_parley(tmp_path):
     assert store.persistent and "held back when Parley last ran" in store.notice
     assert not (tmp_path / "parley.db.held.json").exists()  # written into the file now: merged once
     store.close()
+
+
+def _damaged(text: str, damage: str) -> str:
+    return {"cut short": text[: len(text) // 2], "not JSON": "{not json", "another shape": '{"statements": {"a": 1}}',
+            "not a write": text.replace("INSERT INTO message", "DROP TABLE message; --")}[damage]
+
+
+@pytest.mark.parametrize("damage", ["cut short", "not JSON", "another shape", "not a write"])
+def test_a_held_file_that_does_not_read_is_kept_aside_and_named(tmp_path, damage):
+    """It was ignored without a word, then deleted or written over at the next change a lock held: the messages in it
+    vanished. It is renamed (its bytes as they were) and the start's notice says where; nothing of it is applied."""
+    from app.core.held_changes import held_file, save_held
+
+    path = tmp_path / "parley.db"
+    store = SqliteConversationStore(path)
+    conv = store.create("one")
+    store.close()
+    row = [99, conv.id, None, "user", "my held message", "done", "", None, "", 0.0]
+    save_held(path, [("INSERT INTO message (id, conversation_id, parent_id, role, content, state, error, stats_json, "
+                      "model, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", tuple(row))])
+    bad = _damaged(held_file(path).read_text(), damage)
+    held_file(path).write_text(bad)
+    store = SqliteConversationStore(path)
+    [aside] = tmp_path.glob("parley.db.held.json.damaged-*")
+    assert aside.read_text() == bad and not held_file(path).exists()
+    assert store.notice == (f"The changes held back when Parley last ran (parley.db.held.json) could not be read (cut "
+                            f"short or damaged); it was kept as {aside.name}.")
+    assert [c.title for c in store.conversations()] == ["one"] and store.path(conv.id) == []
+    browser = _locked_by_a_browser(path)  # a change held, then saved: the file set aside stays
+    store.create("two")
+    browser.close()
+    store.close()
+    assert aside.read_text() == bad and not store.kept
+    again = SqliteConversationStore(path)  # said once
+    assert not again.notice and sorted(c.title for c in again.conversations()) == ["one", "two"]
+    again.close()
