@@ -7,6 +7,7 @@ no library (`cpu_kernel()` is None): weights keep torch's int4/int8 formats and 
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator
+
+from kernels.build_lock import build_lock
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
@@ -229,21 +232,29 @@ def _build_key(compiler: str) -> str:
 
 def _build(compiler: str) -> Path:
     path = _library_path(compiler)
-    out_dir = path.parent
     if path.exists():
         return path
     if lacking := _lacking(compiler):
         raise Unsupported(f"this CPU lacks {'/'.join(lacking)}, which they need")
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    with build_lock(path.with_suffix(".lock")):  # two Parleys started at once: one compiles, the other waits for it
+        if path.exists():
+            return path
+        return _compile(compiler, path)
+
+
+def _compile(compiler: str, path: Path) -> Path:
+    """The library built and renamed to `path`, or, where its folder cannot be written, to a private temporary one."""
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     except OSError:  # a cache folder it cannot write (a read-only home, a hardened service): a build of its own
         path = Path(tempfile.mkdtemp(prefix="parley-kernels-")) / path.name
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
     os.close(fd)
     try:
         build_library(compiler, tmp)
-        os.replace(tmp, path)  # atomic: a second process building at once gets one of the two, whole
+        os.replace(tmp, path)  # atomic: a process that did not wait (no lock here) gets one of the two, whole
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
