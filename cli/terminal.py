@@ -12,6 +12,7 @@ from typing import Iterator
 from app.core.reasoning import reply_text
 from cli.prompts import add_prompt_options, read_prompts
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
+from cli.signal_relay import handled_in_main_thread
 from engine import events as ev
 
 
@@ -250,15 +251,11 @@ def keys_held_back(stream) -> Iterator[None]:
 @contextmanager
 def _restored_before_signals(restore) -> Iterator[None]:
     """SIGTERM, SIGHUP or SIGQUIT mid-answer: `restore` runs, then the signal does what it did before (killed with
-    echo off, the process left the user's shell showing no keys typed)."""
+    echo off, the process left the user's shell showing no keys typed). These and Ctrl-C act at once whichever thread
+    the kernel gave them to."""
     import signal
-    import threading
 
-    names = ("SIGTERM", "SIGHUP", "SIGQUIT")
-    signums = [getattr(signal, n) for n in names if hasattr(signal, n)]
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
+    signums = [getattr(signal, n) for n in ("SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
     # None: a handler set outside Python, which cannot be put back: the default's ending instead
     previous = {signum: signal.getsignal(signum) or signal.SIG_DFL for signum in signums}
 
@@ -270,13 +267,11 @@ def _restored_before_signals(restore) -> Iterator[None]:
         signal.signal(signum, previous[signum])
         os.kill(os.getpid(), signum)
 
-    for signum in signums:
-        signal.signal(signum, handler)
-    try:
+    handlers = {signum: handler for signum in signums}
+    if callable(signal.getsignal(signal.SIGINT)):  # Ctrl-C as before (KeyboardInterrupt), as promptly
+        handlers[signal.SIGINT] = signal.getsignal(signal.SIGINT)
+    with handled_in_main_thread(handlers):
         yield
-    finally:
-        for signum, action in previous.items():
-            signal.signal(signum, action)
 
 
 def typed(text: str) -> str:
