@@ -301,6 +301,7 @@ class Engine:
                 raise exc
             lm, draft = models
             runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True, draft=draft)
+            runtime.warm_up()
         except ParleyError as failure:
             self._emit(ev.ModelFailed(None, c.model_id, str(failure)))
             return

@@ -24,6 +24,7 @@ from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.prefix_cache import PrefixCache
 from engine.process import configure_process
 from engine.runner import ModelRunner
+from engine.sampling import SamplerState, SamplingParams
 from engine.scheduler import SchedulerConfig
 from engine.sequence import Sequence, Status
 from engine.session import common_prefix
@@ -341,6 +342,25 @@ class ModelRuntime:
             self.release(seq)
 
     # -- lifetime
+    def warm_up(self) -> None:
+        """A few tokens through the step, greedy and sampled (the app's defaults), whose slots then go back: the first
+        step's one-time work (lazy imports, thread pools, first kernel launches) happens at load, not under the first
+        requests. On a fresh server 300 clients at once had taken every file descriptor, so that first step's imports
+        failed 124 of them."""
+        warm = [SamplingParams(max_tokens=2, speculative=False),
+                SamplingParams(temperature=0.7, top_k=40, top_p=0.95, repetition_penalty=1.1, max_tokens=2,
+                               speculative=False, seed=0)]
+        prompt = [1, 2, 3][: max(1, self.limit - 2)]
+        for i, params in enumerate(warm):  # one at a time: a cache of one slot holds one
+            seq = Sequence(-1 - i, list(prompt), SamplerState(params), max_len=self.limit)
+            self.scheduler.add(seq)
+            try:
+                while self.has_work():
+                    self.step()
+            finally:
+                if seq.slot is not None:
+                    self.release(seq)
+
     def close(self) -> None:
         """Waits for queued device work and drops the model and cache (on the engine thread)."""
         if self.backend == "mlx":

@@ -127,3 +127,39 @@ async def _many_at_once(url: str, n: int) -> list:
 
     async with httpx.AsyncClient(limits=httpx.Limits(max_connections=n)) as client:
         return await asyncio.gather(*(one(client, i) for i in range(n)))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="takes every descriptor, counted in /proc")
+def test_a_fresh_servers_first_turns_need_no_file_descriptor(tiny_models):
+    """300 clients at once on a server that had answered nothing yet took every file descriptor before its first
+    step, whose one-time imports then failed 124 of them ("Generation failed: OSError(24, 'Too many open files')").
+    The load now runs the step once: later turns, greedy and sampled, open no file."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from tests.descriptors import TAKE_EVERY_DESCRIPTOR
+
+    script = f"""
+import os, sys, time
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+from engine import events as ev
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+from tests.server.conftest import RecordingBridge
+
+b = RecordingBridge(EngineConfig(max_sessions=2, max_session_tokens=256)).start()
+model = b.load({str(tiny_models["qwen3"].gguf_path)!r})
+{TAKE_EVERY_DESCRIPTOR}
+for params in (SamplingParams(max_tokens=4), SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.2, max_tokens=4)):
+    sid = b.engine.open_session(model.model_id)
+    b.engine.submit(sid, [{{"role": "user", "content": "hello"}}], params)
+deadline = time.monotonic() + 60
+while sum(isinstance(e, (ev.Finished, ev.Error)) for e in b.seen) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print([type(e).__name__ + (": " + e.message if isinstance(e, ev.Error) else "") for e in b.seen
+       if isinstance(e, (ev.Finished, ev.Error))])
+os._exit(0)
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert run.stdout.strip() == "['Finished', 'Finished']", (run.stdout + run.stderr)[-800:]
