@@ -72,6 +72,11 @@ class MarkdownRenderer:
         50,000-character answer on every token froze the window): the blocks before its last blank line outside code
         are rendered once and reused, and a code block over STREAM_HIGHLIGHT_LINES lines is highlighted at the end.
         Blocks render apart, so a reference link defined further down resolves once the answer ends."""
+        parts, blocks = self.render_streaming_parts(text)
+        return "".join(parts), blocks
+
+    def render_streaming_parts(self, text: str) -> tuple[list[str], list[str]]:
+        """render_streaming()'s HTML one string a block (the view edits its document where they changed)."""
         parts, blocks = [], []
         chunks = _split_blocks(text)
         for i, chunk in enumerate(chunks):
@@ -80,7 +85,7 @@ class MarkdownRenderer:
             blocks += found
         while len(self._finished) > max(STREAM_CACHE, len(chunks)):  # never this answer's own: each update needs them
             self._finished.popitem(last=False)
-        return "".join(parts), blocks
+        return parts, blocks
 
     def _render_block(self, text: str, first_code: int, keep: bool) -> tuple[str, list[str]]:
         """One block of a streaming answer; `first_code` numbers its code blocks' copy links after the earlier ones."""

@@ -32,6 +32,7 @@ WORD = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]|[^\s\
 class Rendered:
     html: str
     code_blocks: list[str]
+    parts: tuple[str, ...] = ()  # html cut where a streaming answer changes (header, thought, each block, tail)
 
 
 # notes' colours at WCAG AA contrast (4.5:1) on the message background of each theme: #d33, #b58900 and #888 gave
@@ -45,17 +46,25 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
     a finished thought."""
     if msg.role == "user":  # a user's text is shown as typed
-        body, blocks = renderer.render_typed(msg.content) if msg.content else ("", [])
-        thought = ""
+        typed, blocks = renderer.render_typed(msg.content) if msg.content else ("", [])
+        body, thought = [typed], ""
     else:
         reasoning = split_reasoning(msg.content)
-        render = renderer.render_streaming if msg.state == "streaming" else renderer.render
-        body, blocks = render(reasoning.reply) if reasoning.reply else ("", [])
+        if not reasoning.reply:
+            body, blocks = [], []
+        elif msg.state == "streaming":
+            body, blocks = renderer.render_streaming_parts(reasoning.reply)
+        else:
+            whole, blocks = renderer.render(reasoning.reply)
+            body = [whole]
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
+    tail = _note(msg, renderer.dark)
     if msg.state == "streaming":
-        body += f'<p style="color:#888">{CURSOR}</p>'
-    parts = [_header(msg, version, versions, busy), thought, body, _note(msg, renderer.dark)]
-    return Rendered("".join(parts), blocks)
+        tail = f'<p style="color:#888">{CURSOR}</p>' + tail
+    if body:  # the tail goes in with the last block: alone, Qt would end a list or table before it in another block
+        body[-1] += tail
+    parts = (_header(msg, version, versions, busy), thought, *(body or [tail]))
+    return Rendered("".join(parts), blocks, parts)
 
 
 def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> str:

@@ -20,6 +20,7 @@ from app.core.markdown_render import MarkdownRenderer, link_tip, link_url, opena
 from app.core.message_html import accessible_text, message_actions, message_html
 from app.core.reasoning import copied_text
 from app.core.chats import ChatService
+from app.qt.stream_document import SafeDocument, StreamDocument
 
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 MARGIN, PAD = 10, 10
@@ -101,13 +102,6 @@ class ChatModel(QAbstractListModel):
             self.dataChanged.emit(self.index(row), self.index(row))
 
 
-class SafeDocument(QTextDocument):
-    """A document that loads no resources: an image or style sheet URL is never read from disk or anywhere."""
-
-    def loadResource(self, kind: int, name: QUrl):  # noqa: N802 (Qt's name)
-        return None
-
-
 class MessageDelegate(QStyledItemDelegate):
     """Paints messages as QTextDocuments cached per (content, state, theme); a new width only lays one out again."""
 
@@ -116,6 +110,7 @@ class MessageDelegate(QStyledItemDelegate):
         self.service, self.view = service, view
         self.renderer = MarkdownRenderer(dark=view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
+        self._streams: dict[int, StreamDocument] = {}  # the documents of streaming messages, edited in place
         self._reported: dict[int, int] = {}  # height the view's last layout pass placed each message at
         self.laying_out = False  # set by the view around a layout pass: other sizeHint calls (painting) move nothing
         self._recheck: dict[int, QPersistentModelIndex] = {}
@@ -129,6 +124,7 @@ class MessageDelegate(QStyledItemDelegate):
     def forget(self) -> None:
         """Drops every rendered message (a new theme or font): each renders again when next on screen."""
         self._docs.clear()
+        self._streams.clear()
 
     def text_width(self) -> int:
         return max(120, self.view.viewport().width() - 2 * (MARGIN + PAD))
@@ -151,17 +147,33 @@ class MessageDelegate(QStyledItemDelegate):
         # busy: the chat's answer streams, and links it would refuse (Regenerate, Continue) are not shown
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
                                 show_thought=msg.id in self.shown_thoughts)
+        stream = self._streams.get(msg.id) if hit is not None else None
+        if msg.state != "streaming":  # a finished message is rendered afresh, as it will be whenever it is shown again
+            self._streams.pop(msg.id, None)
+            doc = self._new_document()
+            doc.setHtml(rendered.html)
+        elif stream is not None and stream.doc is hit[1]:  # the next tokens: only the blocks that changed
+            doc = stream.doc
+            stream.update(list(rendered.parts))
+        else:
+            doc = self._new_document()
+            self._streams[msg.id] = StreamDocument(doc)
+            self._streams[msg.id].update(list(rendered.parts))
+        if doc.textWidth() != width:
+            doc.setTextWidth(width)
+        self.renders += 1
+        self._docs[msg.id] = (key, doc, rendered.code_blocks)
+        self._docs.move_to_end(msg.id)
+        while len(self._docs) > CACHE_SIZE:
+            self._streams.pop(self._docs.popitem(last=False)[0], None)
+        return doc, rendered.code_blocks
+
+    def _new_document(self) -> QTextDocument:
         doc = SafeDocument()
         doc.setDocumentMargin(0)
         doc.setDefaultFont(self.view.font())
         doc.setDefaultStyleSheet(_stylesheet(self.view.palette()))
-        doc.setHtml(rendered.html)
-        doc.setTextWidth(width)
-        self.renders += 1
-        self._docs[msg.id] = (key, doc, rendered.code_blocks)
-        while len(self._docs) > CACHE_SIZE:
-            self._docs.popitem(last=False)
-        return doc, rendered.code_blocks
+        return doc
 
     def sizeHint(self, option: QStyleOptionViewItem, index: QModelIndex) -> QSize:
         msg = index.data(MESSAGE_ROLE)

@@ -1,0 +1,82 @@
+"""A streaming answer's document is edited where its text changed, and reads as a fresh render of it at every step."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from app.core.conversations import Message
+from app.core.markdown_render import MarkdownRenderer
+from app.core.message_html import message_html
+
+BLOCKS = {"p": "A paragraph with *emphasis*.\n", "h2": "## Heading\n", "ul": "- a\n- b\n", "ol": "1. one\n2. two\n",
+          "code": "```python\nx = 1\n```\n", "table": "| a | b |\n|---|---:|\n| 1 | 2 |\n", "quote": "> quoted\n",
+          "hr": "---\n", "lone #": "#\n", "empty item": "- a\n-\n", "math": "$$\nx^2\n$$\n"}
+
+
+def _streamed(texts: list[str], renderer: MarkdownRenderer, thought: str = "") -> list[tuple[str, str]]:
+    """(document's HTML, a fresh render's) after each text of a growing answer."""
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    doc = SafeDocument()
+    stream = StreamDocument(doc)
+    out = []
+    for text in texts:
+        rendered = message_html(Message(1, 1, None, "assistant", thought + text, "streaming"), 1, 1, renderer, busy=True)
+        stream.update(list(rendered.parts))
+        fresh = SafeDocument()
+        fresh.setHtml(rendered.html)
+        out.append((doc.toHtml(), fresh.toHtml()))
+    started = SafeDocument()  # a document that starts mid-stream (a chat opened while it answers) takes it all at once
+    StreamDocument(started).update(list(rendered.parts))
+    out.append((started.toHtml(), fresh.toHtml()))
+    return out
+
+
+@pytest.mark.parametrize("first", list(BLOCKS))
+def test_every_step_of_a_stream_reads_as_a_fresh_render(qapp, first):
+    """Qt keeps or drops an empty block beside a table, a rule, a list or an empty heading depending on what came
+    before: each pair of blocks, and the growing text before them, must still read as setHtml of the whole."""
+    renderer = MarkdownRenderer()
+    for second, third in itertools.product(BLOCKS, ["ul"]):
+        text = "\n".join([BLOCKS[first], BLOCKS[second], BLOCKS[third]])
+        steps = [text[:n] for n in range(1, len(text) + 1, 5)] + [text]
+        for got, fresh in _streamed(steps, renderer):
+            assert got == fresh, (first, second, third)
+
+
+def test_a_thought_then_its_reply_read_as_a_fresh_render(qapp):
+    steps = ["", "Para\n\n", "Para\n\n| a |\n|---|\n| 1 |\n\n---\n\nEnd"]
+    for got, fresh in _streamed(steps, MarkdownRenderer(), thought="<think>\nhmm\n\nso</think>\n\n"):
+        assert got == fresh
+
+
+def test_a_long_streaming_answer_is_edited_in_place_and_ends_as_a_fresh_render(parley, qtbot):
+    """Each token rebuilt the whole document of the answer (setHtml and a full layout: ~400 ms a frame at 100,000
+    characters); now only its last block is replaced, and the finished answer is rendered afresh."""
+    from app.qt.stream_document import SafeDocument
+
+    section = "## Part\n\nSome words in a paragraph.\n\n```python\nx = 1\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+    text = section * 250  # ~25,000 characters
+    conv = parley.service.new_conversation()
+    user = parley.store.add_message(conv, None, "user", "Write a lot")
+    answer = parley.store.add_message(conv, user.id, "assistant", text, state="streaming")
+    parley.window.open_chat(conv)
+    delegate = parley.window.chat.view.delegate
+    doc, _ = delegate.document(answer)
+    changed = []
+    doc.contentsChange.connect(lambda _pos, removed, added: changed.append(removed + added))
+    for token in ["The", " last", " words", "."]:
+        answer = parley.store.append_text(answer.id, token)
+        assert delegate.document(answer)[0] is doc
+    assert sum(changed) < 200 and doc.availableUndoSteps() == 0  # the last block only; no undo history kept
+    fresh = SafeDocument()
+    fresh.setDefaultFont(doc.defaultFont())
+    fresh.setDefaultStyleSheet(doc.defaultStyleSheet())
+    fresh.setHtml(message_html(answer, 1, 1, delegate.renderer, busy=False).html)
+    assert doc.toHtml() == fresh.toHtml()
+
+    answer = parley.store.update_message(answer.id, state="done")
+    done, _ = delegate.document(answer)
+    fresh.setHtml(message_html(answer, 1, 1, delegate.renderer, busy=False).html)
+    assert done is not doc and done.toHtml() == fresh.toHtml()
