@@ -395,8 +395,11 @@ class SqliteConversationStore(ConversationStore):
         return False
 
     def _hold(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
-        self._held, self._held_msgs = _latest_updates(statements), list(committed)
-        self._keep_current()
+        held = _latest_updates(statements)
+        changed = held != self._held  # the window's flush timer tries again every second with nothing new
+        self._held, self._held_msgs = held, list(committed)
+        if changed:
+            self._keep_current()
         self._warn_locked()
 
     def _keep_current(self) -> None:
