@@ -25,6 +25,8 @@ from app.qt.stream_document import SafeDocument, StreamDocument
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 MARGIN, PAD = 10, 10
 CACHE_SIZE = 300
+LONG_DOCUMENT = 20_000  # characters: laying one out again takes ~100 ms here, so a resize reflows it once it settles
+RESIZE_SETTLE_MS = 150
 
 
 class ChatModel(QAbstractListModel):
@@ -116,6 +118,7 @@ class MessageDelegate(QStyledItemDelegate):
         self._recheck: dict[int, QPersistentModelIndex] = {}
         self.shown_thoughts: set[int] = set()  # messages whose finished thought the user unfolded
         self.renders = 0  # documents built (tests and benchmarks read it)
+        self.resizing = False  # set by the view while the user resizes it: long documents keep their width till it ends
 
     def set_dark(self, dark: bool) -> None:
         self.renderer = MarkdownRenderer(dark=dark)
@@ -140,7 +143,7 @@ class MessageDelegate(QStyledItemDelegate):
         hit = self._docs.get(msg.id)
         if hit is not None and hit[0] == key:
             self._docs.move_to_end(msg.id)
-            if hit[1].textWidth() != width:  # resized: laid out again, not rendered again (each step of a drag)
+            if not self._fits(hit[1], width):  # resized: laid out again, not rendered again
                 hit[1].setTextWidth(width)
             return hit[1], hit[2]
         versions = self.service.store.versions(msg)
@@ -159,7 +162,7 @@ class MessageDelegate(QStyledItemDelegate):
             doc = self._new_document()
             self._streams[msg.id] = StreamDocument(doc)
             self._streams[msg.id].update(list(rendered.parts))
-        if doc.textWidth() != width:
+        if not self._fits(doc, width):
             doc.setTextWidth(width)
         self.renders += 1
         self._docs[msg.id] = (key, doc, rendered.code_blocks)
@@ -167,6 +170,11 @@ class MessageDelegate(QStyledItemDelegate):
         while len(self._docs) > CACHE_SIZE:
             self._streams.pop(self._docs.popitem(last=False)[0], None)
         return doc, rendered.code_blocks
+
+    def _fits(self, doc: QTextDocument, width: int) -> bool:
+        """Whether `doc` may be drawn as it is laid out: at `width`, or a long one while the view is being resized (each
+        step of a drag laid all of a 2,000-line answer out again: 100-400 ms a step)."""
+        return doc.textWidth() == width or (self.resizing and doc.textWidth() > 0 and doc.characterCount() > LONG_DOCUMENT)
 
     def _new_document(self) -> QTextDocument:
         doc = SafeDocument()
@@ -181,7 +189,7 @@ class MessageDelegate(QStyledItemDelegate):
             return QSize(0, 0)
         width = self.text_width()
         hit = self._docs.get(msg.id)
-        if hit is not None and hit[0] == self._key(msg) and hit[1].textWidth() == width:
+        if hit is not None and hit[0] == self._key(msg) and self._fits(hit[1], width):
             height = int(hit[1].size().height())
         else:
             height = _estimate(msg.content, width)
@@ -262,6 +270,18 @@ class ChatView(QListView):
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
         service.status_changed.connect(self._on_status)
+        self._resized = QTimer(self, singleShot=True, interval=RESIZE_SETTLE_MS)
+        self._resized.timeout.connect(self._resize_settled)
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.delegate.resizing = True
+        self._resized.start()
+        super().resizeEvent(event)
+
+    def _resize_settled(self) -> None:
+        self.delegate.resizing = False
+        self.scheduleDelayedItemsLayout()  # long messages take the new width now, once
+        self.viewport().update()
 
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
         self.delegate.laying_out = True

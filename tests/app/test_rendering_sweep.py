@@ -209,6 +209,25 @@ def test_resizing_the_window_lays_messages_out_again_without_rendering_them(parl
     assert doc.size().height() > tall  # narrower: laid out again, taller
 
 
+def test_a_long_answer_is_laid_out_again_once_a_resize_settles(parley, qtbot):
+    """Each step of a drag laid all of a long answer out again at the new width (60,000 characters: 100-400 ms a
+    step while the window was being resized); it keeps its width until the resize settles, then reflows once."""
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "long?")
+    answer = store.add_message(conv, user.id, "assistant", "A **long** answer. " * 2000)
+    w.open_chat(conv)
+    view = w.chat.view
+    qtbot.wait(300)  # the window's first resize settles
+    doc, _ = view.delegate.document(answer)
+    laid_out = doc.textWidth()
+    w.resize(w.width() - 250, w.height())
+    view.viewport().repaint()
+    assert view.delegate.document(answer)[0].textWidth() == laid_out  # mid-drag: not laid out again
+    qtbot.waitUntil(lambda: view.delegate.document(answer)[0].textWidth() == view.delegate.text_width() < laid_out)
+    assert view.delegate.document(answer)[0] is doc
+
+
 @pytest.mark.parametrize("tex, shown", [
     ("x = \\boxed{42}", "x = <b>42</b>"),  # how reasoning models mark their final answer
     ("\\binom{n}{k}", "C(n, k)"),
