@@ -29,7 +29,10 @@ from engine.step import StepBatch
 from kernels import cpu_native
 
 MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, the products dwarf the Python)
-MAX_TAPES = 4  # tapes kept, the least recently replayed dropped first: each holds its step's logits
+# rows the kept tapes hold together, the least recently replayed dropped first: each tape holds its step's logits
+# (R, vocab), 1 MB a row at Gemma 3's 262k. Four tapes, the bound before, held up to 64 rows yet not one drafting
+# session's widths (decode, then verify steps of 2 to 9 rows: 45): its verify steps recorded again and again
+MAX_TAPE_ROWS = 48
 # ops that only allocate or view: a step whose recording runs nothing else has all of its work in the library
 _FREE_OPS = frozenset({
     "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "view", "_unsafe_view", "reshape",
@@ -139,7 +142,7 @@ class DecodeTapes:
             self.refused = watch.computed[0]
             self.tapes.clear()
             return logits
-        while len(self.tapes) >= MAX_TAPES:
+        while self.tapes and sum(self.tapes) + t > MAX_TAPE_ROWS:  # keyed by row count: the keys sum the rows
             self.tapes.pop(next(iter(self.tapes)))
         self.tapes[t] = _Tape(calls, watch.allocated, inputs, logits, _key(cache) + (model.tap_layers,), model.last_taps)
         return logits
