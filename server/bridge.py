@@ -42,13 +42,16 @@ class ServerBridge:
 
     # -- models (blocking: at start-up)
     def load(self, source: str | Path, alias: str | None = None, timeout: float = 600.0) -> ServedModel:
-        return self._register(self.engine.load_model(source), alias, timeout)
+        """`alias` (the --model spec) and the file's name with and without its extension also name the model: a client
+        sent "gemma-3-270m-Q4_K_M" and got 404, the id being the name the file's metadata gives."""
+        path = Path(source)
+        return self._register(self.engine.load_model(source), (alias, path.name, path.stem), timeout)
 
     def add_remote(self, base_url: str, model: str | None = None, api_key: str | None = None,
                    timeout: float = 60.0) -> ServedModel:
-        return self._register(self.engine.add_remote_model(base_url, model, api_key, timeout), None, timeout + 5)
+        return self._register(self.engine.add_remote_model(base_url, model, api_key, timeout), (), timeout + 5)
 
-    def _register(self, model_id: int, alias: str | None, timeout: float) -> ServedModel:
+    def _register(self, model_id: int, aliases: tuple[str | None, ...], timeout: float) -> ServedModel:
         with self._model_cond:
             if not self._model_cond.wait_for(lambda: model_id in self._model_events, timeout):
                 raise ModelLoadError(f"The model did not load within {timeout:g} s.")
@@ -57,7 +60,8 @@ class ServerBridge:
             raise ModelLoadError(e.message)
         context = e.info.get("context") or 4096  # a remote endpoint that does not say: its own limit applies
         name = self._unique(e.name)  # two files of one model (two quantisations) must each be reachable
-        served = ServedModel(name, model_id, context, aliases=(alias,) if alias and alias != name else (), info=e.info)
+        served = ServedModel(name, model_id, context, aliases=tuple(dict.fromkeys(a for a in aliases if a and a != name)),
+                             info=e.info)
         self.models.append(served)
         return served
 

@@ -39,6 +39,8 @@ def test_models_lists_the_served_model(server, bridge):
     ids = [m.id for m in c.models.list()]
     assert ids == [bridge.models[0].id]
     assert c.models.retrieve("tiny").id == ids[0]  # the alias given at load works too
+    assert c.models.retrieve("qwen3-f32").id == ids[0]  # and the file's name, with or without its extension
+    assert c.models.retrieve("qwen3-f32.gguf").id == ids[0]
 
 
 def test_sixteen_concurrent_streams_equal_one_at_a_time(server, bridge):
