@@ -74,6 +74,24 @@ def test_a_signal_mid_answer_leaves_the_terminal_echoing(tiny_models, tmp_path):
         assert termios.tcgetattr(slave)[3] & termios.ECHO
 
 
+def test_ctrl_c_mid_answer_stops_the_answer_and_the_chat_goes_on(tiny_models, tmp_path):
+    """One Ctrl-C stops the answer ("stopped") and the prompt comes back; Ctrl-D then ends the chat as usual."""
+    import signal
+
+    args = [sys.executable, "-m", "cli.main", "chat", "--model", str(tiny_models["qwen3"].gguf_path),
+            "--max-tokens", "100000", "--temperature", "1", "--seed", "1", "--device", "cpu"]
+    with _chat_in_a_pty(args, tmp_path) as (proc, master, _):
+        _read_until(master, b"> ")
+        os.write(master, b"hello\n")
+        _read_until(master, b"hello", 10)
+        _read_until(master, b"\x00", 2)  # an answer streams a while
+        proc.send_signal(signal.SIGINT)
+        assert b"stopped" in _read_until(master, rb"stopped.*\n.*> ", 30)
+        assert proc.poll() is None
+        os.write(master, b"\x04")
+        assert proc.wait(timeout=60) == 0
+
+
 def _chat_at_a_terminal(tiny_models, tmp_path: Path, typed: bytes) -> bytes:
     """What `parley chat` shows at a terminal where `typed` is typed at the first prompt and Ctrl-D at the next."""
     with _chat_in_a_pty(_chat_args(tiny_models), tmp_path) as (proc, master, _):

@@ -44,11 +44,24 @@ def test_a_signal_another_thread_took_interrupts_the_main_threads_wait():
 
 
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="POSIX threads' signals")
+def test_a_signal_is_handled_once():
+    """The main thread is interrupted with another signal, never sent the same one again: one Ctrl-C stays one
+    KeyboardInterrupt (a second one, mid-answer, would end `parley chat` instead of stopping the answer)."""
+    calls = []
+    with handled_in_main_thread({signal.SIGUSR1: lambda signum, _frame: calls.append(signum)}):
+        _from_another_thread(signal.SIGUSR1, 0.05)
+        end = time.monotonic() + 0.5
+        while time.monotonic() < end:
+            time.sleep(0.05)
+    assert calls == [signal.SIGUSR1]
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="POSIX threads' signals")
 def test_the_handlers_and_wakeup_pipe_before_are_put_back():
-    before = signal.getsignal(signal.SIGUSR1)
+    before, poke = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGURG)
     with handled_in_main_thread({signal.SIGUSR1: _raise}):
         assert signal.getsignal(signal.SIGUSR1) is not before
-    assert signal.getsignal(signal.SIGUSR1) is before
+    assert (signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGURG)) == (before, poke)
     assert signal.set_wakeup_fd(-1) == -1  # no pipe left behind, none closed under someone else
 
 
