@@ -14,13 +14,16 @@ Workloads, greedy, through the engine's runtime (chat template applied):
 With a draft model (--draft-model, or --synthetic-draft: the Llama-1B-shaped synthetic target drafted for by a
 4-layer model of the same vocabulary, both random weights: no acceptance, the cost side) a third mode, draft, runs;
 with --dflash (a drafter trained for the model by training/dflash.py) the mode dflash.
-For each (workload, sessions) the modes run interleaved, `rounds` times; the best round of each counts. Decode
+For each (workload, sessions) the modes run interleaved, `rounds` times (every other round in reverse order); the best
+round of each counts for `ratio`, and `round_ratios` gives the median and range of the rounds' own ratios (on a shared
+machine the best rounds of two modes may come from quiet and busy moments). Decode
 rate = tokens after each session's first / time from the last first token to the end. Prints one JSON line per
 case: both rates, their ratio, tokens per step, drafts accepted, and whether both modes gave the same tokens.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -167,19 +170,25 @@ def main() -> None:
             prompts = [tok.apply_chat_template([{"role": "user", "content": workload(name, i)}])
                        for i in range(sessions)]
             best: dict[str, dict] = {}
+            rates: dict[str, list[float]] = {mode: [] for mode in runtimes}
             for r in range(args.rounds):
-                for mode, rt in runtimes.items():
+                order = list(runtimes) if r % 2 == 0 else list(runtimes)[::-1]  # neither mode always runs first
+                for mode in order:
                     profile = args.profile and mode.startswith("lookup") and r == args.rounds - 1
-                    got = _profiled(run_once, rt, prompts, params_for(name, args.tokens)) if profile else \
-                        run_once(rt, prompts, params_for(name, args.tokens))
+                    got = _profiled(run_once, runtimes[mode], prompts, params_for(name, args.tokens)) if profile else \
+                        run_once(runtimes[mode], prompts, params_for(name, args.tokens))
+                    rates[mode].append(got["tok_s"])
                     if mode not in best or got["tok_s"] > best[mode]["tok_s"]:
                         best[mode] = got
             off = best["off"]
             for mode in [m for m in runtimes if m != "off"]:
                 on = best[mode]
+                paired = sorted(a / b for a, b in zip(rates[mode], rates["off"]))  # each round's ratio: the spread
                 emit(workload=name, sessions=sessions, device=device, dtype=dtype, mode=mode, model=path.name,
                      prompt_tokens=[len(p) for p in prompts], off_tok_s=round(off["tok_s"], 1),
                      tok_s=round(on["tok_s"], 1), ratio=round(on["tok_s"] / off["tok_s"], 3),
+                     round_ratios=dict(median=round(statistics.median(paired), 3), low=round(paired[0], 3),
+                                       high=round(paired[-1], 3), rounds=len(paired)),
                      tokens_per_step=round(on["per_step"], 2), drafted=on["drafted"], accepted=on["accepted"],
                      acceptance=round(on["accepted"] / on["drafted"], 3) if on["drafted"] else None,
                      identical=on["tokens"] == off["tokens"])
