@@ -48,17 +48,23 @@ def test_replayed_steps_equal_eager_steps(blocks_models, arch):
     assert tapes.refused is None and len(tapes.tapes) >= 2  # steps were recorded, for more than one row count
 
 
-def test_tapes_follow_a_regrown_storage(blocks_models, monkeypatch):
-    """The cache starts small and regrows mid-decode: the old tapes go, new ones record, the tokens stay."""
-    lm = blocks_models["llama"]
-    recorded = []
+@pytest.fixture
+def recorded(monkeypatch) -> list[int]:
+    """The row count of each tape recorded, in order."""
+    widths: list[int] = []
     real = cpu_tape.DecodeTapes._record
 
     def counting(self, t, h, ropes):
-        recorded.append(t)
+        widths.append(t)
         return real(self, t, h, ropes)
 
     monkeypatch.setattr(cpu_tape.DecodeTapes, "_record", counting)
+    return widths
+
+
+def test_tapes_follow_a_regrown_storage(blocks_models, recorded):
+    """The cache starts small and regrows mid-decode: the old tapes go, new ones record, the tokens stay."""
+    lm = blocks_models["llama"]
     prompts = _prompts(lm, (236,))
     params = SamplingParams(max_tokens=40)
     run = RunConfig(max_seq_len=1024)  # 256 rows a sequence at first: the decode crosses them and the storage doubles
@@ -100,18 +106,10 @@ def test_tapes_kept_are_bounded_by_their_rows(blocks_models):
     assert sum(tapes.tapes) <= cpu_tape.MAX_TAPE_ROWS < 55 and len(tapes.tapes) >= 6
 
 
-def test_a_turn_of_many_widths_again_records_no_tape(blocks_models, monkeypatch):
+def test_a_turn_of_many_widths_again_records_no_tape(blocks_models, recorded):
     """A drafting session's steps take up to nine widths (decode's, verify steps' of 2 to 9 rows). Kept as four tapes at
     most, three of a sampled open chat's five widths recorded again each turn (0.949x of lookup off)."""
     lm = blocks_models["qwen3"]
-    recorded = []
-    real = cpu_tape.DecodeTapes._record
-
-    def counting(self, t, h, ropes):
-        recorded.append(t)
-        return real(self, t, h, ropes)
-
-    monkeypatch.setattr(cpu_tape.DecodeTapes, "_record", counting)
     prompts, arrivals, params = _widths(lm, 6)
     batcher = make_batcher(lm, 6, RunConfig(max_seq_len=64))
     first = run_staggered(batcher, prompts, arrivals, params)
