@@ -156,12 +156,14 @@ def chat(args: argparse.Namespace) -> int:
                 return 0
             messages.append({"role": "user", "content": line})
             turn = cli.engine.submit(sid, messages, params, args.system)
-            with keys_held_back(sys.stdin):
-                try:
-                    cli.run([turn], _write)
-                except KeyboardInterrupt:
-                    cli.engine.cancel(sid)
-                    cli.run([turn])
+            try:
+                with keys_held_back(sys.stdin):
+                    try:
+                        cli.run([turn], _write)
+                    except KeyboardInterrupt:
+                        _stop(cli, sid, turn)
+            except KeyboardInterrupt:  # Ctrl-C just as the answer began or ended, outside the wait above: it ended chat
+                _stop(cli, sid, turn)
             print()
             end = cli.ended[turn]
             if isinstance(end, ev.Error):
@@ -173,6 +175,12 @@ def chat(args: argparse.Namespace) -> int:
             print(_status_line(end, cli.dropped.get(sid, 0)), file=sys.stderr)
     finally:
         cli.close()
+
+
+def _stop(cli, sid: int, turn: int) -> None:
+    """Ctrl-C mid-answer: the answer stops (a second Ctrl-C while it does ends the chat)."""
+    cli.engine.cancel(sid)
+    cli.run([turn])
 
 
 # why an answer ended, where it did not end by itself: the user should know it was cut and why

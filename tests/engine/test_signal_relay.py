@@ -65,6 +65,12 @@ def test_the_handlers_and_wakeup_pipe_before_are_put_back():
     assert signal.set_wakeup_fd(-1) == -1  # no pipe left behind, none closed under someone else
 
 
+def _sigint_default() -> None:
+    """SIGINT as a shell at a terminal leaves it: CI runs the tests in the background, where it is ignored (and an
+    ignored signal stays ignored across exec)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 PROMPT = """
 import signal, sys, threading, time
 from cli.terminal import _line_editing, settings_kept
@@ -90,7 +96,7 @@ def test_a_signal_at_the_readline_prompt_ends_the_process_whichever_thread_took_
     master, slave = pty.openpty()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TERM": "xterm"}
     proc = subprocess.Popen([sys.executable, "-c", PROMPT.format(name=name)], env=env, cwd=ROOT, stdin=slave, stdout=slave,
-                            stderr=slave, start_new_session=True)
+                            stderr=slave, start_new_session=True, preexec_fn=_sigint_default)
     try:
         assert proc.wait(timeout=15) == -getattr(signal, name)
         assert termios.tcgetattr(slave)[3] & termios.ECHO
