@@ -162,7 +162,7 @@ def chat(args: argparse.Namespace) -> int:
                         cli.run([turn], _write)
                     except KeyboardInterrupt:
                         _stop(cli, sid, turn)
-            except KeyboardInterrupt:  # Ctrl-C just as the answer began or ended, outside the wait above: it ended chat
+            except KeyboardInterrupt:  # Ctrl-C just as the answer began or ended, outside the wait above
                 _stop(cli, sid, turn)
             print()
             end = cli.ended[turn]
