@@ -247,13 +247,14 @@ def keys_held_back(stream) -> Iterator[None]:
 
     quiet = list(saved)
     quiet[3] &= ~termios.ECHO
-    termios.tcsetattr(fd, termios.TCSANOW, quiet)
-    try:
-        with _restored_before_signals(lambda: termios.tcsetattr(fd, termios.TCSANOW, saved)):
+    # the handlers are set before echo goes off and kept until it is back on: a signal in between found it off
+    with _restored_before_signals(lambda: termios.tcsetattr(fd, termios.TCSANOW, saved)):
+        termios.tcsetattr(fd, termios.TCSANOW, quiet)
+        try:
             yield
-    finally:
-        termios.tcflush(fd, termios.TCIFLUSH)
-        termios.tcsetattr(fd, termios.TCSANOW, saved)
+        finally:
+            termios.tcflush(fd, termios.TCIFLUSH)
+            termios.tcsetattr(fd, termios.TCSANOW, saved)
 
 
 @contextmanager

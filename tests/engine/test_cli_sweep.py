@@ -182,3 +182,31 @@ def test_termination_signals_go_to_the_main_thread():
         assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the main thread's is as it was
     finally:
         engine.shutdown()
+
+
+def test_echo_goes_off_and_comes_back_only_while_the_signal_handlers_are_set(monkeypatch):
+    """A SIGTERM between echo going off and the handlers being set (or after they went, before echo came back) left
+    the user's shell showing no keys typed: every change of the terminal's settings happens under the handlers."""
+    import pty
+    import signal
+    import termios
+
+    from cli.terminal import keys_held_back
+
+    master, slave = pty.openpty()
+    calls, real = [], termios.tcsetattr
+    outside = signal.getsignal(signal.SIGTERM)
+
+    def recorded(fd, when, attrs):
+        calls.append((bool(attrs[3] & termios.ECHO), signal.getsignal(signal.SIGTERM) is not outside))
+        real(fd, when, attrs)
+
+    monkeypatch.setattr(termios, "tcsetattr", recorded)
+    try:
+        with open(slave, "r", closefd=False) as stream, keys_held_back(stream):
+            assert not termios.tcgetattr(slave)[3] & termios.ECHO
+        assert calls == [(False, True), (True, True)]  # (echo on, under Parley's handler) for off, then back on
+        assert signal.getsignal(signal.SIGTERM) is outside and termios.tcgetattr(slave)[3] & termios.ECHO
+    finally:
+        os.close(master)
+        os.close(slave)
