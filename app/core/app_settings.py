@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from app.core.atomic_file import write_text_whole
-from app.core.chat_settings import ChatSettings
+from app.core.chat_settings import ChatSettings, unread_value
 from engine.errors import ParleyError
 
 THEMES = ("system", "light", "dark")
@@ -27,12 +29,15 @@ class AppSettings:
     draft_model: str = ""  # the model key that drafts for the others (speculative decoding), "" for none
     read_only: bool = False  # another instance owns the data folder: this one saves nothing
     save_error: str = ""  # why the last save failed ("" after one that worked)
+    unread: list[str] = field(default_factory=list)  # the file's values that did not read, for the start's notice
+    aside: Path | None = None  # where the file as it was is kept when some of it did not read
 
     @classmethod
     def load(cls, file: Path, read_only: bool = False) -> "AppSettings":
         """The settings in `file`, each value that does not read left at its default (never an error: a hand-edited
         or damaged file must not keep the app from opening). A file that is not settings at all is kept aside as
-        `settings.json.damaged-<time>` before it is written over. `read_only`: never written (another Parley's)."""
+        `settings.json.damaged-<time>` before it is written over, and so is a copy of one where some value did not
+        read (the next save writes the defaults over it). `read_only`: never written (another Parley's)."""
         if not file.is_file():
             return cls(file=file, read_only=read_only)
         try:
@@ -40,14 +45,31 @@ class AppSettings:
         except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
             data = None
         if not isinstance(data, dict):
-            if not read_only:
-                _set_aside(file)
-            return cls(file=file, read_only=read_only)
-        theme, weights, draft = data.get("theme"), data.get("weights"), data.get("draft_model")
-        return cls(theme if theme in THEMES else "system", ChatSettings.readable(data.get("defaults")),
-                   data.get("one_at_a_time") is True, weights if weights in WEIGHTS else "auto",
-                   _window(data.get("window")), _drafts(data.get("drafts")), _presets(data.get("presets")), file,
-                   draft if isinstance(draft, str) else "", read_only)
+            aside = None if read_only else _set_aside(file, file.replace)
+            return cls(file=file, read_only=read_only, unread=["the whole file (not settings)"], aside=aside)
+        r = _Reader(data, [])
+        settings = cls(r.get("theme", str, THEMES.__contains__, _one_of(THEMES)) or "system",
+                       ChatSettings.readable(r.get("defaults", dict), r.unread, "defaults"),
+                       r.get("one_at_a_time", bool) or False,
+                       r.get("weights", str, WEIGHTS.__contains__, _one_of(WEIGHTS)) or "auto",
+                       _window(r.inner("window")), _drafts(r.inner("drafts")), _presets(r.inner("presets")), file,
+                       r.get("draft_model", str) or "", read_only, unread=r.unread)
+        if r.unread and not read_only:
+            settings.aside = _set_aside(file, lambda aside: shutil.copyfile(file, aside))
+        return settings
+
+    @property
+    def notice(self) -> str:
+        """The start's one line about values of the file that did not read; "" where all did."""
+        if not self.unread:
+            return ""
+        kept = f" The file as it was is kept as {self.aside.name}." if self.aside else ""
+        if self.unread == ["the whole file (not settings)"]:
+            return f"{self.file.name} did not read (not JSON settings): the defaults are used.{kept}"
+        shown = "; ".join(self.unread[:3]) + (f"; and {len(self.unread) - 3} more" if len(self.unread) > 3 else "")
+        many = len(self.unread) > 1
+        return (f"{self.file.name}: {len(self.unread)} value{'s' * many} did not read and {'are' if many else 'is'} "
+                f"left at the default{'s' * many}: {shown}.{kept}")
 
     def save(self) -> bool:
         """Writes the settings; False (and nothing raised) where the data folder cannot be written."""
@@ -66,42 +88,78 @@ class AppSettings:
         return True
 
 
-def _set_aside(file: Path) -> None:
-    """Keeps a file that does not read as settings (a hand edit's missing comma) beside it, never deleted."""
+def _set_aside(file: Path, keep: Callable[[Path], object]) -> Path | None:
+    """Keeps the file as it was beside it (`keep` moves or copies it there), never over an earlier one; None where
+    the folder cannot be written (nothing will be written over then either)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = file.with_name(f"{file.name}.damaged-{stamp}")
+    for n in range(2, 100):  # a second start within the same second does not write over the first one's
+        if not aside.exists():
+            break
+        aside = file.with_name(f"{file.name}.damaged-{stamp}-{n}")
     try:
-        file.replace(file.with_name(f"{file.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"))
+        keep(aside)
     except OSError:
-        pass
+        return None
+    return aside
 
 
-def _window(data) -> dict:
+@dataclass(slots=True)
+class _Reader:
+    """Reads the values of one JSON object, noting in `unread` each one that is there but does not read."""
+    data: dict
+    unread: list[str]
+    where: str = ""  # the object's own name, "window." say
+
+    def get(self, key: str, kind: type, fits: Callable[[object], bool] = lambda _: True, accepts: str = ""):
+        """data[key] where it is of `kind` and fits; None where it is absent or does not (noted)."""
+        if key not in self.data:
+            return None
+        value = self.data[key]
+        if type(value) is kind and fits(value):
+            return value
+        self.unread.append(unread_value(self.where + key, value, accepts or f"{_KINDS[kind]} expected"))
+        return None
+
+    def inner(self, key: str) -> "_Reader | None":
+        value = self.get(key, dict)
+        return None if value is None else _Reader(value, self.unread, f"{self.where}{key}.")
+
+
+_KINDS = {bool: "true or false", str: "text", dict: "an object", int: "a whole number"}
+
+
+def _one_of(choices: tuple[str, ...]) -> str:
+    return "one of " + ", ".join(choices)
+
+
+def _window(r: _Reader | None) -> dict:
     """The window's saved geometry (base64 text of Qt's saveGeometry), sidebar width and open chat, where they read."""
-    if not isinstance(data, dict):
+    if r is None:
         return {}
-    out = {}
-    if isinstance(data.get("geometry"), str) and data["geometry"].isascii():
-        out["geometry"] = data["geometry"]
-    if type(data.get("sidebar")) is int and 0 < data["sidebar"] < 1 << 16:
-        out["sidebar"] = data["sidebar"]
-    if type(data.get("chat")) is int:
-        out["chat"] = data["chat"]
-    return out
+    values = {"geometry": r.get("geometry", str, str.isascii, "base64 text expected"),
+              "sidebar": r.get("sidebar", int, lambda n: 0 <= n < 1 << 16, "a width from 0 to 65535"),  # 0: shut
+              "chat": r.get("chat", int)}
+    return {k: v for k, v in values.items() if v is not None}
 
 
-def _presets(data) -> dict[str, dict]:
+def _presets(r: _Reader | None) -> dict[str, dict]:
     """Presets that read as settings (an edited or damaged entry is left out, not fatal)."""
     out = {}
-    for name, values in (data.items() if isinstance(data, dict) else ()):
+    for name, values in r.data.items() if r else ():
         try:
-            if isinstance(name, str) and isinstance(values, dict):
-                ChatSettings.from_dict(values)
-                out[name] = values
-        except (TypeError, ValueError, ParleyError):
-            continue
+            ChatSettings.from_dict(values)
+            out[name] = values
+        except (TypeError, ValueError, ParleyError, AttributeError) as exc:  # AttributeError: not an object
+            r.unread.append(unread_value(f"presets.{name}", values, exc))
     return out
 
 
-def _drafts(data) -> dict[int, str]:
-    if not isinstance(data, dict):
-        return {}
-    return {int(k): v for k, v in data.items() if str(k).isdigit() and isinstance(v, str)}
+def _drafts(r: _Reader | None) -> dict[int, str]:
+    out = {}
+    for k, v in r.data.items() if r else ():
+        if k.isdigit() and isinstance(v, str):
+            out[int(k)] = v
+        else:
+            r.unread.append(unread_value(f"drafts.{k}", v, "a chat's number and its text expected"))
+    return out

@@ -52,17 +52,29 @@ class ChatSettings:
         return cls(**{k: v for k, v in data.items() if k in known})
 
     @classmethod
-    def readable(cls, data) -> "ChatSettings":
+    def readable(cls, data, unread: list[str] | None = None, where: str = "") -> "ChatSettings":
         """Settings from a file that may be damaged or edited by hand: a value that does not read (a wrong type, out
-        of range) keeps its default and the others are kept; never raises (one bad value kept the app from opening)."""
+        of range) keeps its default and the others are kept; never raises (one bad value kept the app from opening).
+        Each value left out is described in `unread` (as `where`.name), for the notice that says so."""
         settings = cls()
         for f in fields(cls) if isinstance(data, dict) else ():
             if f.name in data:
                 try:
                     settings = replace(settings, **{f.name: data[f.name]})
-                except (ParleyError, ValueError, TypeError):
-                    continue
+                except (ParleyError, ValueError, TypeError) as exc:
+                    if unread is not None:
+                        unread.append(unread_value(f"{where}.{f.name}" if where else f.name, data[f.name], exc))
         return settings
+
+
+def unread_value(name: str, value, why: Exception | str) -> str:
+    """One value a settings file held that was not used, for a notice: its name, the value, what it accepts."""
+    shown, reason = repr(value), str(why).removeprefix("Invalid sampling setting: ").rstrip(".")
+    if len(shown) > 40:
+        shown, reason = shown[:39] + "…", reason.replace(shown, shown[:39] + "…")
+    if shown in reason:  # "temperature must be a finite number, not '0.8'" shows it already
+        return f"{name} ({reason})"
+    return f"{name} {shown} ({reason})"
 
 
 SHOWN_SETTINGS = (  # (field, short label) for column labels like "B: Qwen3 · T 0.2"

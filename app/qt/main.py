@@ -76,6 +76,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     app.extra["persistence"] = PersistenceUI(app.window, service)
     app.extra["drops"] = FileDrops(app.window, [app.window.chat.composer.edit, app.window.compare.composer.edit],
                                    app.extra["persistence"].import_from)
+    _tell_at_start(app.window, settings.notice)
     chats = [c.id for c in store.conversations()]
     if chats:
         last = settings.window.get("chat")  # the chat open at close, if it is still there
@@ -86,6 +87,15 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
         app.window.show()
     app.collector = GuiThreadCollector().start()  # from now on cycles are freed on this (the GUI) thread only
     return app
+
+
+def _tell_at_start(window, notice: str) -> None:
+    """Settings that did not read, said once: on stderr and in the status bar, after any notice already there."""
+    if not notice:
+        return
+    print(f"parley: {notice}", file=sys.stderr)
+    bar = window.statusBar()
+    bar.showMessage(" ".join(filter(None, (bar.currentMessage(), notice))), 20000)
 
 
 def _keep_draft(settings: AppSettings, key: str) -> None:

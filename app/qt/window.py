@@ -283,7 +283,7 @@ class MainWindow(QMainWindow):
             return
         failed = state.status == "failed"
         self.load_label.setText(self.tr("%1 failed to load").replace("%1", state.entry.name) if failed else "")
-        if state.status == "loaded":
+        if state.status == "loaded" and not self.statusBar().currentMessage():  # a start's notice stays up its time
             self.statusBar().showMessage(self.tr("%1 loaded").replace("%1", state.name), 4000)
 
     # -- look

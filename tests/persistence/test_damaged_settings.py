@@ -38,6 +38,41 @@ def test_each_value_that_does_not_read_keeps_its_default_and_the_rest_are_kept(t
     assert s.defaults.model == "default" and s.defaults.system_prompt == "Be brief." and list(s.presets) == ["Good"]
 
 
+def test_values_that_do_not_read_are_named_once_and_the_file_as_it_was_is_kept_aside(tmp_path):
+    """A friend's settings.json with a typo'd theme, a quoted number and a preset out of range: each was dropped
+    without a word, and the next save (any theme or draft change) wrote the defaults over the user's values."""
+    file = tmp_path / "settings.json"
+    given = json.dumps({"theme": "Dark", "defaults": {"temperature": "0.8", "top_p": 0.9},
+                        "presets": {"Creative": {"temperature": 1.2, "top_p": 1.5}, "Exact": {"temperature": 0}},
+                        "drafts": {"x": "lost"}, "window": {"sidebar": -5}}).encode()
+    file.write_bytes(given)
+    s = AppSettings.load(file)
+    assert (s.theme, s.defaults.temperature, s.defaults.top_p, list(s.presets)) == ("system", 0.7, 0.9, ["Exact"])
+    assert [u.split(" ")[0] for u in s.unread] == ["theme", "defaults.temperature", "window.sidebar", "drafts.x",
+                                                   "presets.Creative"]
+    assert s.notice.startswith("settings.json: 5 values did not read and are left at the defaults: theme 'Dark' "
+                               "(one of system, light, dark); defaults.temperature (temperature must be a finite "
+                               "number, not '0.8'); window.sidebar -5 (a width from 0 to 65535); and 2 more.")
+    assert s.notice.endswith(f"The file as it was is kept as {s.aside.name}.")
+    assert s.save() and s.aside.read_bytes() == given and json.loads(file.read_text())["theme"] == "system"
+    assert AppSettings.load(file).notice == ""  # said once: what was saved reads
+    file.write_bytes(given)
+    again = AppSettings.load(file)  # within the same second: the first copy is not written over
+    assert again.aside != s.aside and len(list(tmp_path.glob("settings.json.damaged-*"))) == 2
+
+
+def test_every_value_parley_writes_reads_back_without_a_notice(tmp_path):
+    file = tmp_path / "settings.json"
+    s = AppSettings(theme="dark", defaults=ChatSettings(seed=2**64 - 1, thinking=False, top_k=0), one_at_a_time=True,
+                    weights="dequantized", window={"geometry": "AdnQywADAAA=", "sidebar": 0, "chat": 3},
+                    drafts={3: "half"}, presets={"P": ChatSettings(temperature=0).to_dict()}, file=file,
+                    draft_model="/m/a.gguf")
+    assert s.save()
+    again = AppSettings.load(file)
+    assert again.unread == [] and again.notice == "" and not list(tmp_path.glob("*.damaged-*"))
+    assert (again.theme, again.defaults, again.window, again.drafts) == (s.theme, s.defaults, s.window, s.drafts)
+
+
 def test_a_read_only_instance_never_writes_or_moves_the_file(tmp_path):
     file = tmp_path / "settings.json"
     file.write_text(json.dumps({"presets": {"Mine": {"temperature": 0.3}}}))
@@ -47,6 +82,8 @@ def test_a_read_only_instance_never_writes_or_moves_the_file(tmp_path):
     file.write_text("{damaged")
     AppSettings.load(file, read_only=True)
     assert file.read_text() == "{damaged" and not list(tmp_path.glob("*.damaged-*"))
+    file.write_text(json.dumps({"theme": "Dark"}))
+    assert AppSettings.load(file, read_only=True).unread and not list(tmp_path.glob("*.damaged-*"))
 
 
 def test_a_chat_row_whose_settings_do_not_read_opens_with_what_does(tmp_path):

@@ -153,3 +153,12 @@ def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path
     assert window.statusBar().currentMessage() == "1 change held back when Parley last ran (another program had " \
                                                   "parley.db locked) is saved now."
     store.close()
+
+
+def test_the_window_says_once_which_settings_did_not_read(start, tmp_path, capsys):
+    """A settings value that did not read was left at its default without a word (and written over at the next save)."""
+    (tmp_path / "settings.json").write_text('{"defaults": {"max_tokens": "lots"}}')
+    app = start(tmp_path)
+    said = "settings.json: 1 value did not read and is left at the default: defaults.max_tokens"
+    assert app.window.statusBar().currentMessage().startswith(said) and said in capsys.readouterr().err
+    assert list(tmp_path.glob("settings.json.damaged-*"))  # the model's "loaded" line did not wipe it either
