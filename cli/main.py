@@ -7,6 +7,7 @@ import sys
 import threading
 
 from app.core.version import parley_version
+from cli.paths import data_dir_arg
 from cli.serve import add_serve_parser
 from cli.terminal import add_terminal_parsers, printable
 from engine.errors import ParleyError
@@ -61,7 +62,7 @@ def _end_if_workers_busy(code: int) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Chat with local language models.")
     p.add_argument("--version", action="version", version=f"parley {parley_version()}")
-    p.add_argument("--data-dir", help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
+    p.add_argument("--data-dir", type=data_dir_arg, help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
     p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None, help="the GUI's colours (default: the saved setting)")
     p.set_defaults(func=gui)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.paths import Paths
+from cli.paths import Paths, data_dir_arg
 from engine.seed import SEED_RULE, user_seed
 
 MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
@@ -12,7 +12,7 @@ MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
 
 def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) -> None:
     """--model (once, or several times with `many_models`), the device options, and the hidden --data-dir."""
-    p.add_argument("--data-dir", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    p.add_argument("--data-dir", type=data_dir_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     if many_models:
         p.add_argument("--model", action="append", help=f"{MODEL_HELP}; may be given several times "
                        "(default: 'default' unless --remote is given)")

@@ -154,3 +154,27 @@ def test_chat_says_when_an_answer_was_cut_and_old_turns_left_out():
     assert _status_line(cut, 6) == "[4 tokens, 12.5 tok/s, context 94/256, cut at the max tokens, 6 oldest messages left out to fit]"
     full = ev.Finished(1, 3, "context_full", "text", stats)
     assert "the context is full" in _status_line(full, 1) and "1 oldest message left out" in _status_line(full, 1)
+
+
+def test_a_blank_data_folder_is_refused_not_made_where_parley_runs(monkeypatch, tmp_path, capsys):
+    """`--data-dir "$DIR"` with DIR unset fell back to the user's real data folder; PARLEY_HOME=" " (or --data-dir
+    " ") made a folder named " " where the command ran and put a 253 MB copy of the model in it."""
+    import pytest
+
+    from cli.paths import Paths
+    from engine.errors import ParleyError
+
+    monkeypatch.chdir(tmp_path)
+    for argv in (["--data-dir", ""], ["--data-dir", " "], ["generate", "--data-dir", "", "--prompt", "x"]):
+        with pytest.raises(SystemExit) as stop:
+            cli.build_parser().parse_args(argv)
+        assert stop.value.code == 2 and "argument --data-dir: a folder to keep the data in, not" in capsys.readouterr().err
+    monkeypatch.setenv("PARLEY_HOME", " \t")
+    with pytest.raises(ParleyError):
+        Paths.resolve()
+    assert cli.main(["generate", "--prompt", "x"]) == 2
+    assert capsys.readouterr().err == ("parley: PARLEY_HOME is blank (' \\t'): set it to the folder Parley keeps its data "
+                                       "in, or unset it for the platform's user folders.\n")
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("PARLEY_HOME", "")  # empty is unset, as a compose file's PARLEY_HOME= means
+    assert Paths.resolve().data.name == "Parley"
