@@ -12,8 +12,11 @@ import ctypes
 import hashlib
 import os
 import platform
+import shlex
 import shutil
+import struct
 import subprocess
+import sys
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -132,7 +135,7 @@ def builds_first() -> bool:
     if _load.cache_info().currsize or not _wanted():
         return False
     compiler = _compiler()
-    return compiler is not None and not _library_path(compiler).exists()
+    return compiler is not None and _runs(compiler) and not _usable(_library_path(compiler))
 
 
 def _wanted() -> bool:
@@ -141,7 +144,23 @@ def _wanted() -> bool:
 
 
 def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    """The compiler's command line: $CC as make reads it (`ccache gcc`, `gcc -m64`), else cc or gcc on the PATH."""
+    found = shutil.which("cc") or shutil.which("gcc")
+    return os.environ.get("CC", "").strip() or (shlex.quote(found) if found else None)
+
+
+def _command(compiler: str) -> list[str]:
+    """The compiler's words; none where its quotes do not close."""
+    try:
+        return shlex.split(compiler)
+    except ValueError:
+        return []
+
+
+def _runs(compiler: str) -> bool:
+    """Whether the compiler's program is there: a CC naming one that is not raised FileNotFoundError mid-load."""
+    words = _command(compiler)
+    return bool(words) and shutil.which(words[0]) is not None
 
 
 @lru_cache(maxsize=1)
@@ -151,6 +170,8 @@ def _load() -> tuple[CpuKernel | None, str | None]:
     compiler = _compiler()
     if compiler is None:
         return None, "no C compiler was found (install gcc to build them)"
+    if not _runs(compiler):
+        return None, f"the C compiler CC names ({compiler}) was not found"
     try:
         path = _build(compiler)
         lib = ctypes.CDLL(str(path))  # after torch: its libgomp serves both (one thread pool)
@@ -193,7 +214,7 @@ def _lacking(compiler: str) -> list[str]:
     """The instruction sets of NEEDS that the compiler's -march=native leaves out here (an Atom-class Celeron or
     Pentium, a CPU before Haswell): the build would only fail, each start, after seconds of compiling."""
     try:
-        probe = subprocess.run([compiler, "-march=native", "-dM", "-E", "-x", "c", "-"], input=b"",
+        probe = subprocess.run([*_command(compiler), "-march=native", "-dM", "-E", "-x", "c", "-"], input=b"",
                                capture_output=True, timeout=30)
     except (OSError, subprocess.SubprocessError):
         return []  # the build itself says what is wrong
@@ -208,9 +229,9 @@ def build_library(compiler: str, out: str | Path, flags=FLAGS) -> None:
     with tempfile.TemporaryDirectory(dir=out.parent) as objects:
         objs = [Path(objects) / f"{src.stem}.o" for src in sources()]
         with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # list(): the first failure, in order, raises
-            list(pool.map(_run, ([compiler, *compile_flags, "-c", str(src), "-o", str(obj)]
+            list(pool.map(_run, ([*_command(compiler), *compile_flags, "-c", str(src), "-o", str(obj)]
                                  for src, obj in zip(sources(), objs))))
-        _run([compiler, *flags, *map(str, objs), "-o", str(out), "-lm"])
+        _run([*_command(compiler), *flags, *map(str, objs), "-o", str(out), "-lm"])
 
 
 def _run(command: list[str]) -> None:
@@ -225,23 +246,53 @@ def _library_path(compiler: str) -> Path:
 @lru_cache(maxsize=4)
 def _build_key(compiler: str) -> str:
     """Once a process: a first load asks `builds_first`, then builds or loads, and each ran the compiler for this."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, timeout=30).stdout
+    version = subprocess.run([*_command(compiler), "--version"], capture_output=True, timeout=30).stdout
     text = b"".join(p.name.encode() + p.read_bytes() for p in sorted(SOURCE_DIR.glob("*.[ch]")))  # headers too
     return hashlib.sha256(text + version + " ".join(FLAGS).encode() + _cpu_features()).hexdigest()[:16]
 
 
 def _build(compiler: str) -> Path:
     path = _library_path(compiler)
-    if path.exists():
+    if _usable(path):
         return path
     if lacking := _lacking(compiler):
         raise Unsupported(f"this CPU lacks {'/'.join(lacking)}, which they need")
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
     with build_lock(path.with_suffix(".lock")):  # two Parleys started at once: one compiles, the other waits for it
-        if path.exists():
+        if _usable(path):
             return path
         return _compile(compiler, path)
+
+
+def _usable(path: Path) -> bool:
+    """The cached library is there and whole. One cut short (a full disk or a power cut as it was written, a sync
+    tool, a restored backup) was loaded as it was: its pages past the end killed every start with SIGBUS."""
+    try:
+        with path.open("rb") as f:
+            size, head = os.fstat(f.fileno()).st_size, f.read(64)
+            return sys.platform != "linux" or _elf_whole(f, size, head)
+    except OSError:
+        return False
+
+
+def _elf_whole(f, size: int, head: bytes) -> bool:
+    """An ELF file's program and section headers, and the segments the loader maps, lie inside its `size` bytes."""
+    if len(head) < 64 or head[:4] != b"\x7fELF":
+        return False
+    if head[4:6] != b"\x02\x01":  # not 64-bit little-endian: not one this machine built; dlopen judges it
+        return True
+    ph_off, sh_off = struct.unpack_from("<QQ", head, 32)
+    ph_size, ph_num, sh_size, sh_num = struct.unpack_from("<HHHH", head, 54)
+    if ph_off + ph_size * ph_num > size or sh_off + sh_size * sh_num > size or ph_size < 56:
+        return False
+    f.seek(ph_off)
+    table = f.read(ph_size * ph_num)
+    for i in range(ph_num):
+        kind, _, offset, _, _, file_size = struct.unpack_from("<IIQQQQ", table, i * ph_size)
+        if kind == 1 and offset + file_size > size:  # PT_LOAD
+            return False
+    return True
 
 
 def _compile(compiler: str, path: Path) -> Path:

@@ -57,7 +57,11 @@ def test_a_first_use_here_is_known_before_it_compiles(tmp_path, monkeypatch):
     monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
     monkeypatch.setattr(cpu_native, "_load", lru_cache(maxsize=1)(cpu_native._load.__wrapped__))  # a new process's
     assert cpu_native.builds_first()  # an empty cache folder
-    cpu_native._library_path(cpu_native._compiler()).touch()
+    path = cpu_native._library_path(cpu_native._compiler())
+    path.touch()
+    assert cpu_native.builds_first()  # an empty file is no library: built again
+    monkeypatch.setattr(cpu_native, "sources", lambda: [_probe(tmp_path)])  # a one-line library for the sources
+    cpu_native.build_library("cc", path)
     assert not cpu_native.builds_first()  # this machine's library is there
     monkeypatch.setenv(cpu_native.DISABLE_ENV, "0")
     (tmp_path / cpu_native._library_path(cpu_native._compiler()).name).unlink()
@@ -144,3 +148,44 @@ def test_a_build_lock_held_too_long_is_not_waited_for_forever(tmp_path):
     start = time.monotonic()
     with build_lock(blocker / "lib.lock") as held:
         assert not held and time.monotonic() - start < 0.1
+
+
+def _probe(folder) -> "Path":
+    src = folder / "probe.c"
+    src.write_text("int parley_probe(void) { return 7; }\n")
+    return src
+
+
+DAMAGES = {"cut short": lambda raw: raw[:len(raw) // 2], "emptied": lambda raw: b"",
+           "overwritten at its start": lambda raw: bytes(4096) + raw[4096:]}
+
+
+@needs_cc
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_cached_library_is_built_again(tmp_path, monkeypatch, damage):
+    """A cached library cut short (a full disk or a power cut as it was written, a sync tool) was loaded as it was:
+    the real one truncated to 20,000 or 220,000 of its 228,000 bytes killed every start with SIGBUS, and an emptied
+    or overwritten one left torch's slower kernels running at every start ('file too short', 'invalid ELF header')."""
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.setattr(cpu_native, "sources", lambda: [_probe(tmp_path)])
+    path = cpu_native._build("cc")
+    whole = path.read_bytes()
+    path.write_bytes(DAMAGES[damage](whole))
+    assert cpu_native._build("cc") == path
+    assert path.stat().st_size == len(whole)  # before loading it: a library cut short would end pytest with SIGBUS
+    assert ctypes.CDLL(str(path)).parley_probe() == 7
+
+
+@needs_cc
+def test_a_cc_of_several_words_builds_and_one_not_found_is_a_notice(tmp_path, monkeypatch):
+    """CC="ccache gcc" (a command line, as make reads it) or a CC naming a compiler not installed failed the whole
+    load: 'Could not load gemma-3-270m-Q4_K_M.gguf: FileNotFoundError(2, 'No such file or directory')'."""
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(cpu_native, "sources", lambda: [_probe(tmp_path)])
+    assert ctypes.CDLL(str(cpu_native._build("env cc"))).parley_probe() == 7  # `env` stands for ccache
+    monkeypatch.setattr(cpu_native, "_load", lru_cache(maxsize=1)(cpu_native._load.__wrapped__))  # a new process's
+    for cc in (str(tmp_path / "no-cc"), "no-such-cc -O2", 'cc "'):
+        monkeypatch.setenv("CC", cc)
+        assert not cpu_native.builds_first()
+        assert cpu_native._load.__wrapped__() == (None, f"the C compiler CC names ({cc}) was not found")
