@@ -45,6 +45,19 @@ def test_json_round_trips_exactly(tmp_path, target):
     assert json.loads(single)["conversations"] == [chat_dict(src, conv.id)]
 
 
+@pytest.mark.parametrize("changed", [dict(thinking=True), dict(thinking=False), dict(seed=2**64 - 1, top_k=0),
+                                     dict(speculative=False, overflow="stop", temperature=1)])
+def test_a_chat_with_any_settings_a_user_can_choose_imports_back(changed):
+    """A chat exported with Thinking on or off was refused on import ('setting 'thinking' has the wrong type'): the
+    check took the type of each setting's default, and thinking's default is None."""
+    src = ConversationStore()
+    conv = src.create("Set", ChatSettings(**changed))
+    src.add_message(conv.id, None, "user", "hello")
+    text = export_json(src)
+    dst = ConversationStore()
+    assert dst.get(import_json(dst, text)[0]).settings == conv.settings and export_json(dst) == text
+
+
 def test_markdown_export_and_import(tmp_path):
     src = ConversationStore()
     conv, _ = _branched(src)
