@@ -3,9 +3,9 @@
 A message's HTML comes in parts (header, thought, one per Markdown block with the cursor and note after the last).
 Rebuilding the whole QTextDocument on every token cost setHtml and a full layout of all of it (a 100,000-character
 answer: ~400 ms a frame on a 2-core Xeon); here the groups of parts before the first changed one stay, and Qt lays out
-only what was inserted. Parts are inserted alone only between two text blocks: Qt's HTML import keeps or drops an
-empty block next to a table, a rule or an empty element depending on what came before, so such parts go in with their
-neighbours, joined as setHtml would read them. The view renders a finished message afresh (setHtml of all of it).
+only what was inserted. Parts are inserted alone only after a text block or a table: Qt's HTML import keeps or drops
+an empty block before a table, next to a rule or an empty element depending on what came before, so such parts go in
+with their neighbours, joined as setHtml would read them. The view renders a finished message afresh (setHtml of all of it).
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat
 
-FRAME_START = "\ufdd0"  # the character that opens a table in a document's text
+FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and close a table in a document's text
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
 
 
@@ -110,8 +110,11 @@ class StreamDocument:
 
 
 def _ends_open(doc: QTextDocument) -> bool:
-    """Whether it ends in an empty block (after a table, a rule, an empty element): what follows goes in with it."""
-    return doc.isEmpty() or doc.lastBlock().length() == 1
+    """Whether it ends in an empty block (a rule, an empty element): what follows goes in with it. The plain block Qt
+    ends a table with is not one: whatever follows takes a new block after it, joined or not."""
+    last = doc.lastBlock()
+    after_table = doc.characterAt(last.position() - 1) == FRAME_END and last.blockFormat() == QTextBlockFormat()
+    return doc.isEmpty() or (last.length() == 1 and not after_table)
 
 
 def _list_goes_on(before: QTextDocument, parsed: QTextDocument) -> bool:
