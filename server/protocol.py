@@ -56,6 +56,8 @@ def parse_json(body: bytes) -> dict:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON: {exc}.") from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits (CVE-2020-10735): it was a 500
+        raise APIError(400, "The request body holds a number of more than 4,300 digits.") from None
     except RecursionError:  # json recurses per nesting level: 2,000 brackets deep must not be a 500
         raise APIError(400, "The request body nests JSON too deeply.") from None
     if not isinstance(data, dict):
@@ -283,7 +285,10 @@ def _number(data: dict, name: str, kind: type, default):
     value = data.get(name)
     if value is None:
         return default
-    real = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    try:
+        real = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    except OverflowError:  # an integer of 309 digits or more, which no float holds: it was a 500
+        raise APIError(400, f"'{name}' is out of range (an integer of {len(str(abs(value)))} digits).", name) from None
     if not real or (kind is int and value != int(value)):  # NaN and 1e400 (inf) are not numbers here
         raise APIError(400, f"'{name}' must be {'an integer' if kind is int else 'a number'}, not {value!r}.", name)
     return kind(value)

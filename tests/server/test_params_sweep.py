@@ -160,3 +160,15 @@ def test_reasoning_effort_is_the_thinking_switch(granite_server):
     for fields in ({"reasoning_effort": "max"}, conflict):
         r = post(granite_server, CHAT | fields)
         assert r.status_code == 400 and r.json()["error"]["param"] == "reasoning_effort", r.text
+
+
+@pytest.mark.parametrize("name, digits", [("temperature", 400), ("max_tokens", 400), ("seed", 400), ("top_k", 5000)])
+def test_a_number_too_long_for_a_float_or_for_python_is_a_400(server, name, digits):
+    """A 400-digit integer raised OverflowError in the float check, a 5,000-digit one ValueError in the JSON reader
+    (Python's 4,300-digit limit): both answered 500 'Internal server error'."""
+    body = ('{"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "%s": 1%s}' % (name, "0" * digits))
+    r = httpx.post(server.url + "/chat/completions", content=body, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    said = r.json()["error"]["message"]
+    assert said == (f"'{name}' is out of range (an integer of {digits + 1} digits)." if digits < 4300 else
+                    "The request body holds a number of more than 4,300 digits."), said
