@@ -1,7 +1,8 @@
 """Reading a GGUF file: metadata as Python values and tensors dequantized to torch."""
 from __future__ import annotations
 
-import mmap
+import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,43 @@ from engine.quant.gguf_blocks import to_float32
 GGUF_MAGIC = b"GGUF"
 
 
+class TensorSource:
+    """The opened file, read a tensor at a time: a file cut short while it loads (a copy or download over it) is an
+    error here, where a memory mapping's page past the new end killed the process with SIGBUS. Reads go to the file
+    opened first, so one renamed over it or deleted meanwhile does not mix into the load."""
+
+    def __init__(self, path: Path):
+        self.name = path.name
+        self._file = path.open("rb", buffering=0)
+        self._lock = threading.Lock()  # seek and read as one
+
+    def read(self, offset: int, n_bytes: int) -> np.ndarray:
+        out = np.empty(n_bytes, dtype=np.uint8)
+        view, done = memoryview(out), 0
+        with self._lock:
+            self._file.seek(offset)
+            while done < n_bytes:
+                got = self._file.readinto(view[done:])
+                if not got:
+                    raise self._cut_short()
+                done += got
+        return out
+
+    def _cut_short(self) -> ModelLoadError:
+        size = os.fstat(self._file.fileno()).st_size
+        return ModelLoadError(f"{self.name} was cut short while it loaded (now {size:,} bytes): load it again once "
+                              "it has been copied or downloaded whole.")
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class GGUFTensor:
-    """One tensor of an opened file: its raw data is a view of the file's one read-only mapping."""
+    """One tensor of an opened file: its raw data is read from the file when asked for."""
 
     __slots__ = ("name", "shape", "tensor_type", "n_bytes", "_file", "offset")
 
-    def __init__(self, info: TensorInfo, file: np.ndarray):
+    def __init__(self, info: TensorInfo, file: TensorSource):
         import gguf
 
         self.name, self.shape, self.n_bytes = info.name, info.shape, info.n_bytes
@@ -54,7 +86,7 @@ class GGUFTensor:
     @property
     def data(self) -> np.ndarray:
         """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""
-        raw = self._file[self.offset:self.offset + self.n_bytes]
+        raw = self._file.read(self.offset, self.n_bytes)
         dims = tuple(reversed(self.shape))
         name = self.tensor_type.name
         if name in FLOAT_DTYPES:
@@ -73,20 +105,12 @@ class GGUFFile:
     path: Path
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
-    mapping: mmap.mmap | None = None
+    source: TensorSource | None = None
 
-    def release(self, t: GGUFTensor) -> None:
-        """Drops the tensor's pages from this process's resident set once it has been converted (the file stays
-        mapped; a later read would page them in again), so loading never holds the file and the model at once."""
-        if self.mapping is None or not hasattr(self.mapping, "madvise"):
-            return
-        page = mmap.PAGESIZE
-        start = t.offset // page * page
-        end = min(len(self.mapping), -(-(t.offset + t.n_bytes) // page) * page)
-        try:
-            self.mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
-        except (OSError, ValueError):
-            pass  # only residency is at stake
+    def close(self) -> None:
+        """Closes the file (a tensor's data cannot be read after this)."""
+        if self.source is not None:
+            self.source.close()
 
     @property
     def architecture(self) -> str:
@@ -111,11 +135,9 @@ def open_gguf(path: str | Path) -> GGUFFile:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
     header = read_header(path)  # every count and offset checked against the file
-    with path.open("rb") as f:
-        mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    file = np.frombuffer(mapping, dtype=np.uint8)
-    return GGUFFile(path=path, metadata=header.fields, tensors=[GGUFTensor(t, file) for t in header.tensors],
-                    mapping=mapping)
+    source = TensorSource(path)
+    return GGUFFile(path=path, metadata=header.fields, tensors=[GGUFTensor(t, source) for t in header.tensors],
+                    source=source)
 
 
 def _dequantize(path: Path, t: Any) -> torch.Tensor:
@@ -123,6 +145,8 @@ def _dequantize(path: Path, t: Any) -> torch.Tensor:
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
     try:
         arr = to_float32(qtype, t.data)
+    except ModelLoadError:
+        raise
     except NotImplementedError as exc:
         raise UnsupportedModelError(
             f"{path.name}: tensor {t.name} uses quantization type {qtype.name}, which Parley cannot read yet."

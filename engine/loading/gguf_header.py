@@ -8,10 +8,11 @@ actually left and against fixed caps; `scan_header` keeps the scalars and the te
 """
 from __future__ import annotations
 
-import mmap
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
@@ -25,6 +26,7 @@ MAX_TENSORS = 100_000
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_ELEMENTS = 1 << 40
 MAX_ALIGNMENT = 1 << 20
+FIRST_READ = 1 << 20  # the header is read from the file's start in growing pieces, this much first
 NEWER_TYPES_BELOW = 256  # ggml numbers its types from 0 (43 of them in 2026): a larger number is a damaged field
 
 SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
@@ -56,20 +58,34 @@ class GGUFHeader:
 
 
 class _Cursor:
-    def __init__(self, buf, name: str):
-        self.buf, self.pos, self.name, self.items = buf, 0, name, 0
+    """Walks the header in bytes read from the file's start (never a mapping: a file cut short while it is read, by a
+    copy or download over it, would kill the process with SIGBUS), checking every count against the file's size."""
+
+    def __init__(self, file: BinaryIO, name: str):
+        self.file, self.size = file, os.fstat(file.fileno()).st_size
+        self.buf, self.pos, self.name, self.items = b"", 0, name, 0
+
+    def have(self, end: int) -> bytes:
+        """The bytes read so far, at least `end` of them (end <= size): the buffer at least doubles each time."""
+        if end > len(self.buf):
+            want = min(self.size, max(end, 2 * len(self.buf), FIRST_READ)) - len(self.buf)
+            more = self.file.read(want)
+            self.buf += more
+            if len(more) < want:
+                raise self.fail(f"it was cut short while it was read (now {len(self.buf):,} bytes)")
+        return self.buf
 
     def fail(self, why: str) -> ModelLoadError:
         return ModelLoadError(f"{self.name} is damaged or truncated: {why} (header byte {self.pos:,}).")
 
     def left(self) -> int:
-        return len(self.buf) - self.pos
+        return self.size - self.pos
 
     def take(self, fmt: str):
         size = struct.calcsize(fmt)
         if size > self.left():
             raise self.fail("it ends in the middle of the header")
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        (value,) = struct.unpack_from(fmt, self.have(self.pos + size), self.pos)
         self.pos += size
         return value
 
@@ -77,7 +93,7 @@ class _Cursor:
         n = self.take("<Q")
         if n > min(self.left(), MAX_STRING_BYTES):
             raise self.fail(f"{what} claims {n:,} bytes")
-        raw = bytes(self.buf[self.pos:self.pos + n])
+        raw = self.have(self.pos + n)[self.pos:self.pos + n]
         self.pos += n
         try:
             return raw.decode("utf-8")
@@ -105,7 +121,7 @@ class _Cursor:
             start, self.pos = self.pos, self.pos + n * least
             if not keep:
                 return n
-            values = np.frombuffer(self.buf, dtype=np.dtype(SCALARS[itype]), count=n, offset=start)
+            values = np.frombuffer(self.have(self.pos), dtype=np.dtype(SCALARS[itype]), count=n, offset=start)
             return [bool(v) for v in values] if itype == 7 else values.tolist()
         if itype == STRING:
             items = self.strings(n, f"an item of {key!r}")
@@ -116,15 +132,19 @@ class _Cursor:
     def strings(self, n: int, what: str) -> list[str]:
         """`n` strings in a row, each checked as `string` checks one, in one loop (a vocabulary holds 262,144: per-item
         calls made this most of a second of every load)."""
-        buf, pos, end, out = self.buf, self.pos, len(self.buf), []
+        buf, pos, end, out = self.buf, self.pos, self.size, []
         try:
             for _ in range(n):
                 if end - pos < 8:
                     raise self.fail("it ends in the middle of the header")
+                if pos + 8 > len(buf):
+                    buf = self.have(pos + 8)
                 (size,) = _U64.unpack_from(buf, pos)
                 pos += 8
                 if size > min(end - pos, MAX_STRING_BYTES):
                     raise self.fail(f"{what} claims {size:,} bytes")
+                if pos + size > len(buf):
+                    buf = self.have(pos + size)
                 out.append(buf[pos:pos + size].decode("utf-8"))
                 pos += size
         except UnicodeDecodeError:
@@ -148,8 +168,8 @@ def read_header(path: str | Path) -> GGUFHeader:
 def _read(path: Path, keep: bool) -> GGUFHeader:
     import gguf
 
-    with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-        c = _Cursor(buf, path.name)
+    with path.open("rb") as f:
+        c = _Cursor(f, path.name)
         if c.take("<4s") != b"GGUF":
             raise c.fail("wrong magic bytes")
         header = GGUFHeader(version=c.take("<I"))
@@ -178,7 +198,7 @@ def _read(path: Path, keep: bool) -> GGUFHeader:
         tensors = [_tensor_info(c, gguf) for _ in range(n_tensors)]
         data_start = -(-c.pos // alignment) * alignment
         for t in tensors:
-            if t.offset > len(buf) or data_start + t.offset + t.n_bytes > len(buf):
+            if t.offset > c.size or data_start + t.offset + t.n_bytes > c.size:
                 raise c.fail(f"tensor {t.name} lies outside the file (offset {t.offset:,}, {t.n_bytes:,} bytes)")
             if t.offset % alignment:
                 raise c.fail(f"tensor {t.name} starts at {t.offset:,}, not a multiple of the alignment {alignment}")
@@ -202,8 +222,8 @@ def _check_layout(c: _Cursor, tensors: list[TensorInfo], data_start: int, alignm
         if t.offset - end >= alignment:
             raise c.fail(f"{t.offset - end:,} unused bytes lie before tensor {t.name} (a changed shape or type?)")
         end = t.offset + t.n_bytes
-    if ordered and len(c.buf) - end >= alignment:
-        raise c.fail(f"{len(c.buf) - end:,} unused bytes follow the last tensor, {ordered[-1].name} "
+    if ordered and c.size - end >= alignment:
+        raise c.fail(f"{c.size - end:,} unused bytes follow the last tensor, {ordered[-1].name} "
                      "(a changed shape or type?)")
 
 

@@ -68,7 +68,6 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
                         odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
                 else:
                     weights[target] = _fixed(gf, t, arch, args)
-        gf.release(whole)
         if progress:
             progress("Decoding weights", (i + 1) / total)
     if notices is not None:

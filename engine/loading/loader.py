@@ -138,7 +138,9 @@ def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
         return options
     weights = "quantized"
     if options.device.startswith("cuda"):
-        tensors = open_gguf(path).tensors
+        gf = open_gguf(path)
+        gf.close()  # the header's tensor table is all this needs
+        tensors = gf.tensors
         floats = gguf_estimate(tensors, 0, False, options.torch_dtype.itemsize)
         small = _matrix_weights(tensors) < QUANTIZED_FROM_WEIGHTS
         roomy = floats <= GPU_FLOAT_SHARE * available_bytes(options.device)
@@ -241,13 +243,16 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     if progress and options.quantized and options.device == "cpu":
         _build_cpu_kernels(progress)
     gf = open_gguf(path)
-    arch = architecture(gf.architecture or "(none)")
-    args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
-    _check_memory(gf, args, options, path.name)
-    # a dequantized load's converted entry holds its tokenizer already: no second copy
-    tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
-    weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
-                                device=options.device)
+    try:
+        arch = architecture(gf.architecture or "(none)")
+        args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
+        _check_memory(gf, args, options, path.name)
+        # a dequantized load's converted entry holds its tokenizer already: no second copy
+        tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
+        weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
+                                    device=options.device)
+    finally:
+        gf.close()
     if options.quantized and options.device == "cpu" and notices is not None:
         from kernels.cpu_native import missing_reason
 

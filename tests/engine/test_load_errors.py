@@ -151,3 +151,40 @@ def test_a_load_the_memory_cannot_hold_says_so_in_one_line(tiny_models, monkeypa
         client.engine.shutdown()
     assert failed.message == ("Could not load qwen3-f32.gguf: the memory ran out while loading it; close other models "
                               "or programs, or choose a smaller model or quantization.")
+
+
+TRUNCATE_MID_LOAD = """
+import os, sys
+from engine.errors import ModelLoadError
+from engine.loading import gguf_header
+from engine.loading.loader import load_model
+
+path, when = sys.argv[1], sys.argv[2]
+def cut():
+    os.truncate(path, 4096)
+if when == "header":  # the tensor table is being read: the metadata before it is in hand
+    read_info = gguf_header._tensor_info
+    def _tensor_info(c, gguf):
+        cut()
+        return read_info(c, gguf)
+    gguf_header._tensor_info = _tensor_info
+def progress(stage, fraction):
+    if when == "weights" and stage == "Decoding weights" and os.path.getsize(path) > 4096:
+        cut()
+try:
+    load_model(path, progress=progress)
+except ModelLoadError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("when", ["header", "weights"])
+def test_a_model_file_cut_short_while_it_loads_is_one_clear_error_not_sigbus(tiny_models, tmp_path, when):
+    """A copy or download over the file while it loads truncates it: a mapping's pages past the new end killed the
+    process with SIGBUS (a 253 MB model truncated 5 to 9 s into `parley generate`'s load: 5 of 5)."""
+    path = tmp_path / "model.gguf"
+    shutil.copy(tiny_models["llama"].gguf_path, path)
+    run = subprocess.run([sys.executable, "-c", TRUNCATE_MID_LOAD, str(path), when], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "cut short" in run.stdout, run.stdout
