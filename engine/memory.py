@@ -29,6 +29,11 @@ def return_freed_memory() -> None:
     keeps them otherwise (measured: +2.5 GB resident after fusing an 8B model's projections)."""
     if threading.current_thread() is threading.main_thread():
         gc.collect()  # off the main thread a full collection can free Qt objects there: PySide6 crashes (seen in CI)
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Gives the heap's free pages back to the OS now (glibc's malloc_trim; nothing elsewhere)."""
     if sys.platform.startswith("linux"):
         try:
             ctypes.CDLL("libc.so.6").malloc_trim(0)

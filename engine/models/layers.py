@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.memory import trim_heap
 from engine.models.args import ModelArgs, RopeArgs
 from engine.models.kernel_choice import KernelChoice
 from engine.quant.weight import QuantTensor, concat_rows
@@ -472,9 +473,10 @@ class CausalLM(nn.Module):
         from kernels.linear import decode_splits
 
         if choice.fuse_projections:
-            for module in list(self.modules()):
-                if isinstance(module, (Attention, GatedMLP)):
-                    module.fuse_projections()
+            # a list of every module would keep each replaced projection alive until the last layer is fused
+            for module in [m for m in self.modules() if isinstance(m, (Attention, GatedMLP))]:
+                module.fuse_projections()
+                trim_heap()  # the parts freed leave holes the next, larger fused matrix does not fit in
         native = not choice.fused and any(isinstance(m, QuantTensor) and m.format == "blocks" for m in self.modules())
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
