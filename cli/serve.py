@@ -7,6 +7,8 @@ import sys
 
 from cli.options import add_engine_options, engine_config, paths_of
 
+MAX_SESSIONS = 65536  # far past what one machine batches (vLLM's default is 256), and its books build at once
+
 
 def add_serve_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions)")
@@ -19,7 +21,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY)")
     s.add_argument("--api-key", default=os.environ.get("PARLEY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none or empty: no key needed)")
-    s.add_argument("--max-sessions", type=_at_least_one, default=8, help="requests generating at once per model; more wait")
+    s.add_argument("--max-sessions", type=_sessions, default=8,
+                   help=f"requests generating at once per model, 1 to {MAX_SESSIONS:,}; more wait")
     s.add_argument("--context", type=_at_least_one, default=8192, help="tokens per request (prompt + answer)")
     s.add_argument("--max-body-mb", type=_megabytes, default=8.0, help="largest request body accepted (larger: 413)")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
@@ -32,16 +35,25 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
 
 
 def _port(text: str) -> int:
-    port = int(text) if text.strip().isdigit() else -1
+    port = int(text) if text.strip().isdecimal() else -1  # isdigit() passed '²', which int() refuses
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is a whole number from 0 to 65535, not {text!r}")
     return port
 
 
 def _at_least_one(text: str) -> int:
-    n = int(text) if text.strip().isdigit() else 0
+    n = int(text) if text.strip().isdecimal() else 0
     if n < 1:
         raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return n
+
+
+def _sessions(text: str) -> int:
+    """Beyond MAX_SESSIONS the cache's per-slot books alone took minutes to build (2**31: no answer in 90 s, then the
+    memory refusal) and 10**20 failed the load with 'OverflowError('Python int too large to convert to C ssize_t')'."""
+    n = int(text) if text.strip().isdecimal() else 0
+    if not 1 <= n <= MAX_SESSIONS:
+        raise argparse.ArgumentTypeError(f"a whole number from 1 to {MAX_SESSIONS:,}, not {text!r}")
     return n
 
 

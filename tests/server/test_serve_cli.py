@@ -7,6 +7,7 @@ import sys
 import time
 
 import httpx
+import pytest
 import openai
 
 from server.run import free_port
@@ -107,3 +108,20 @@ def test_serve_says_where_it_listens_also_on_a_port_it_picked(tiny_models, tmp_p
     finally:
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
+
+
+def test_counts_past_what_a_machine_batches_or_in_other_digits_are_refused_as_flags(capsys):
+    """--max-sessions 10**20 failed the load with "OverflowError('Python int too large to convert to C ssize_t')",
+    2**31 built the cache's books for minutes before any answer; --port ² said "invalid _port value"."""
+    from cli.main import build_parser
+
+    parse = build_parser().parse_args
+    assert parse(["serve", "--max-sessions", "65536", "--port", "８０８０"]).max_sessions == 65536
+    for argv, said in ((["--max-sessions", "65537"], "--max-sessions: a whole number from 1 to 65,536, not '65537'"),
+                       (["--max-sessions", str(10**20)], "--max-sessions: a whole number from 1 to 65,536"),
+                       (["--max-sessions", "²"], "--max-sessions: a whole number from 1 to 65,536, not '²'"),
+                       (["--port", "²"], "--port: a port is a whole number from 0 to 65535, not '²'"),
+                       (["--context", "²"], "--context: a whole number of at least 1, not '²'")):
+        with pytest.raises(SystemExit) as stop:
+            parse(["serve", *argv])
+        assert stop.value.code == 2 and said in capsys.readouterr().err
