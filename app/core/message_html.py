@@ -55,8 +55,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         elif msg.state == "streaming":
             body, blocks = renderer.render_streaming_parts(reasoning.reply)
         else:
-            whole, blocks = renderer.render(reasoning.reply)
-            body = [whole]
+            body, blocks = renderer.render_parts(reasoning.reply)
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
     tail = _note(msg, renderer.dark)
     if msg.state == "streaming":

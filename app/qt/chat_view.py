@@ -151,13 +151,13 @@ class MessageDelegate(QStyledItemDelegate):
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
                                 show_thought=msg.id in self.shown_thoughts)
         stream = self._streams.get(msg.id) if hit is not None else None
-        if msg.state != "streaming":  # a finished message is rendered afresh, as it will be whenever it is shown again
+        if stream is not None and stream.doc is hit[1]:  # the next tokens, or the end: only the blocks that changed
+            doc = stream.doc
+            stream.update(list(rendered.parts))
+        elif msg.state != "streaming":  # a finished message shown anew
             self._streams.pop(msg.id, None)
             doc = self._new_document()
             doc.setHtml(rendered.html)
-        elif stream is not None and stream.doc is hit[1]:  # the next tokens: only the blocks that changed
-            doc = stream.doc
-            stream.update(list(rendered.parts))
         else:
             doc = self._new_document()
             self._streams[msg.id] = StreamDocument(doc)

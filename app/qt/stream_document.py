@@ -5,14 +5,16 @@ Rebuilding the whole QTextDocument on every token cost setHtml and a full layout
 answer: ~400 ms a frame on a 2-core Xeon); here the groups of parts before the first changed one stay, and Qt lays out
 only what was inserted. Parts are inserted alone only after a text block or a table: Qt's HTML import keeps or drops
 an empty block before a table, next to a rule or an empty element depending on what came before, so such parts go in
-with their neighbours, joined as setHtml would read them. The view renders a finished message afresh (setHtml of all of it).
+with their neighbours, joined as setHtml would read them. A group before the last takes new parts in place where they
+can stand alone there (a header whose links change when the answer ends, a long code block highlighted only then).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl
-from PySide6.QtGui import QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument, QTextDocumentFragment, QTextFormat
+from PySide6.QtGui import (QTextBlock, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
+                           QTextDocumentFragment, QTextFormat)
 
 FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and close a table in a document's text
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
@@ -33,7 +35,8 @@ class _Group:
     block: QTextBlockFormat  # the formats of the block there before, put back when it is cut
     char: QTextCharFormat
     parts: list[str] = field(default_factory=list)
-    open_end: bool = False  # it ends in an empty block (after a table, a rule, an empty element): the next joins it
+    open_end: bool = False  # it ends in an empty block (a rule, an empty element): the next joins it
+    end: bool = False  # the document's last parts: read as they end (a newline after the last tag is a space)
 
 
 class StreamDocument:
@@ -49,31 +52,78 @@ class StreamDocument:
         return [part for group in self._groups for part in group.parts]
 
     def update(self, parts: list[str]) -> None:
-        kept, same = 0, 0
-        for group in self._groups:
-            if parts[same:same + len(group.parts)] != group.parts:
+        same = 0
+        for index, group in enumerate(self._groups):
+            new = parts[same:same + len(group.parts)]
+            inner = index < len(self._groups) - 1 and len(new) == len(group.parts)
+            changed = new != group.parts or group.end != (same + len(new) == len(parts))
+            if changed and not (inner and self._replace(index, new)):
+                self._cut(index)
                 break
-            kept, same = kept + 1, same + len(group.parts)
-        if kept < len(self._groups):
-            self._cut(kept)
+            same += len(group.parts)
         if not self._groups:
             same = self._start(parts)
-        for part in parts[same:]:
-            self._append(part)
+        for k in range(same, len(parts)):
+            self._append(parts[k], end=k == len(parts) - 1)
 
     def _start(self, parts: list[str]) -> int:
         """An empty document takes all but its last few parts by one setHtml (part by part took ~2x as long), up to
-        the last boundary where the parts after it can go in alone; returns how many parts it took."""
-        for split in range(len(parts) - 1, max(0, len(parts) - SPLIT_TRIES), -1):
-            before, after = self._parse(parts[split - 1]), self._parse(parts[split])
-            if not (_ends_open(before) or _starts_apart(after) or _list_goes_on(before, after)):
-                break
-        else:
+        the last boundary where the parts after it can go in alone; returns how many parts it took. Its first parts
+        (the header, which changes when the answer ends) are a group apart where they can be."""
+        split = self._boundary(parts, range(len(parts) - 1, max(0, len(parts) - SPLIT_TRIES), -1))
+        if split is None:
             return 0
         self.doc.setHtml("".join(parts[:split]).rstrip())
-        cursor = QTextCursor(self.doc)
-        self._groups.append(_Group(0, cursor.blockFormat(), cursor.blockCharFormat(), parts[:split], _ends_open(self.doc)))
+        blank = SafeDocument()  # what is at the start of a document before anything goes in
+        empty = QTextCursor(blank)
+        self._groups.append(_Group(0, empty.blockFormat(), empty.blockCharFormat(), parts[:split],
+                                   _ends_open(self.doc)))
+        head = self._boundary(parts, range(1, min(split, SPLIT_TRIES)))
+        if head is not None:  # the document reads as the head's own, a new block, then the rest: that is where it ends
+            self._split_group(head, self._parse("".join(parts[:head])).characterCount() - 1)
         return split
+
+    def _boundary(self, parts: list[str], candidates: range) -> int | None:
+        """The first of `candidates` where the parts after it can go in alone, after those before it."""
+        for split in candidates:
+            before, after = self._parse(parts[split - 1]), self._parse(parts[split])
+            if not (_ends_open(before) or _starts_apart(after) or _list_goes_on(before.lastBlock(), after.begin())):
+                return split
+        return None
+
+    def _split_group(self, count: int, position: int) -> None:
+        """The last group's first `count` parts, which end at `position`, a group of their own."""
+        group = self._groups[-1]
+        cursor = QTextCursor(self.doc)
+        cursor.setPosition(position)
+        rest = _Group(position, cursor.blockFormat(), cursor.blockCharFormat(), group.parts[count:], group.open_end)
+        group.parts, group.open_end = group.parts[:count], False
+        self._groups.append(rest)
+
+    def _replace(self, index: int, parts: list[str]) -> bool:
+        """A group before the last takes new parts in place, the groups after it kept; False where those parts could
+        not stand alone there (then it and all after it go in again)."""
+        group, after = self._groups[index], self._groups[index + 1]
+        parsed = self._parse("".join(parts))
+        previous, following = self.doc.findBlock(group.position), self.doc.findBlock(after.position).next()
+        if _ends_open(parsed) or _list_goes_on(parsed.lastBlock(), following) or (
+                index and (_starts_apart(parsed) or _list_goes_on(previous, parsed.begin()))):
+            return False
+        count = self.doc.characterCount()
+        cursor = QTextCursor(self.doc)
+        cursor.setPosition(group.position)
+        cursor.setPosition(after.position, QTextCursor.MoveMode.KeepAnchor)
+        cursor.removeSelectedText()
+        cursor.setBlockFormat(group.block)
+        cursor.setBlockCharFormat(group.char)
+        if not parsed.isEmpty():
+            _insert(cursor, parsed)
+        shift = self.doc.characterCount() - count
+        for later in self._groups[index + 1:]:
+            later.position += shift
+        cursor.setPosition(after.position)
+        group.parts, after.block, after.char = parts, cursor.blockFormat(), cursor.blockCharFormat()
+        return True
 
     def _cut(self, index: int) -> None:
         group = self._groups[index]
@@ -85,27 +135,29 @@ class StreamDocument:
         cursor.setBlockCharFormat(group.char)
         del self._groups[index:]
 
-    def _append(self, part: str) -> None:
-        parsed = self._parse(part)
-        if self._groups and (self._groups[-1].open_end or _starts_apart(parsed) or _list_goes_on(self.doc, parsed)):
+    def _append(self, part: str, end: bool) -> None:
+        parsed = self._parse(part, end)
+        if self._groups and (self._groups[-1].open_end or _starts_apart(parsed)
+                             or _list_goes_on(self.doc.lastBlock(), parsed.begin())):
             parts = self._groups[-1].parts + [part]
             self._cut(len(self._groups) - 1)
-            parsed = self._parse("".join(parts))
+            parsed = self._parse("".join(parts), end)
         else:
             parts = [part]
         cursor = QTextCursor(self.doc)
         cursor.movePosition(QTextCursor.MoveOperation.End)
         self._groups.append(_Group(cursor.position(), cursor.blockFormat(), cursor.blockCharFormat(), parts,
-                                   open_end=_ends_open(parsed)))
+                                   open_end=_ends_open(parsed), end=end))
         if not parsed.isEmpty():
             _insert(cursor, parsed)
 
-    def _parse(self, html: str) -> QTextDocument:
+    def _parse(self, html: str, end: bool = False) -> QTextDocument:
         parsed = SafeDocument()
         parsed.setDefaultFont(self.doc.defaultFont())
         parsed.setDefaultStyleSheet(self.doc.defaultStyleSheet())
-        # alone, the newline after a part's last tag would end its last block in a space (joined, it falls between tags)
-        parsed.setHtml(html.rstrip())
+        # alone, the newline after a part's last tag would end its last block in a space (joined, it falls between
+        # tags); at the document's end it does, as in setHtml of the whole
+        parsed.setHtml(html if end else html.rstrip())
         return parsed
 
 
@@ -117,9 +169,9 @@ def _ends_open(doc: QTextDocument) -> bool:
     return doc.isEmpty() or (last.length() == 1 and not after_table)
 
 
-def _list_goes_on(before: QTextDocument, parsed: QTextDocument) -> bool:
-    """Whether it starts with a list item right after one: inserted alone, its text would join that item."""
-    return parsed.begin().textList() is not None and before.lastBlock().textList() is not None
+def _list_goes_on(last: QTextBlock, first: QTextBlock) -> bool:
+    """Whether `first` is a list item right after one (`last`): inserted alone, its text would join that item."""
+    return first.isValid() and first.textList() is not None and last.textList() is not None
 
 
 def _starts_apart(parsed: QTextDocument) -> bool:

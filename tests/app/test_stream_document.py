@@ -14,8 +14,12 @@ BLOCKS = {"p": "A paragraph with *emphasis*.\n", "h2": "## Heading\n", "ul": "- 
           "hr": "---\n", "lone #": "#\n", "empty item": "- a\n-\n", "math": "$$\nx^2\n$$\n"}
 
 
-def _streamed(texts: list[str], renderer: MarkdownRenderer, thought: str = "") -> list[tuple[str, str]]:
-    """(document's HTML, a fresh render's) after each text of a growing answer."""
+FINISH = (("done", None),)
+
+
+def _streamed(texts: list[str], renderer: MarkdownRenderer, thought: str = "",
+              finish: tuple = FINISH) -> list[tuple[str, str]]:
+    """(document's HTML, a fresh render's) after each text of a growing answer, and after it ends as `finish` says."""
     from app.qt.stream_document import SafeDocument, StreamDocument
 
     doc = SafeDocument()
@@ -30,6 +34,13 @@ def _streamed(texts: list[str], renderer: MarkdownRenderer, thought: str = "") -
     started = SafeDocument()  # a document that starts mid-stream (a chat opened while it answers) takes it all at once
     StreamDocument(started).update(list(rendered.parts))
     out.append((started.toHtml(), fresh.toHtml()))
+    for state, stats in finish:  # the answer ends: its header (links of a chat no longer busy), blocks and note change
+        rendered = message_html(Message(1, 1, None, "assistant", thought + texts[-1], state, stats=stats), 1, 1,
+                                renderer, busy=False)
+        stream.update(list(rendered.parts))
+        fresh = SafeDocument()
+        fresh.setHtml(rendered.html)
+        out.append((doc.toHtml(), fresh.toHtml()))
     return out
 
 
@@ -53,7 +64,7 @@ def test_a_thought_then_its_reply_read_as_a_fresh_render(qapp):
 
 def test_a_long_streaming_answer_is_edited_in_place_and_ends_as_a_fresh_render(parley, qtbot):
     """Each token rebuilt the whole document of the answer (setHtml and a full layout: ~400 ms a frame at 100,000
-    characters); now only its last block is replaced, and the finished answer is rendered afresh."""
+    characters); now only its last block is replaced, and when it ends its header and last block."""
     from app.qt.stream_document import SafeDocument
 
     section = "## Part\n\nSome words in a paragraph.\n\n```python\nx = 1\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
@@ -76,10 +87,48 @@ def test_a_long_streaming_answer_is_edited_in_place_and_ends_as_a_fresh_render(p
     fresh.setHtml(message_html(answer, 1, 1, delegate.renderer, busy=False).html)
     assert doc.toHtml() == fresh.toHtml()
 
+    changed.clear()
     answer = parley.store.update_message(answer.id, state="done")
     done, _ = delegate.document(answer)
+    assert sum(changed) < 2_000  # its header, last block and note
     fresh.setHtml(message_html(answer, 1, 1, delegate.renderer, busy=False).html)
-    assert done is not doc and done.toHtml() == fresh.toHtml()
+    assert done is doc and done.toHtml() == fresh.toHtml()
+    fresh.setDocumentMargin(0)
+    fresh.setTextWidth(done.textWidth())
+    assert fresh.size() == done.size()
+    for top in (0, done.size().height() - 1_500):  # as drawn: the header and the last blocks, where it changed
+        assert _drawn(done, top) == _drawn(fresh, top)
+
+
+def _drawn(doc, top: float):
+    """1,500 pixels of `doc` from `top`, drawn as the view draws it."""
+    from PySide6.QtCore import QRectF
+    from PySide6.QtGui import QAbstractTextDocumentLayout, QImage, QPainter
+
+    image = QImage(int(doc.textWidth()), 1_500, QImage.Format.Format_ARGB32)
+    image.fill(0xFFFFFFFF)
+    painter = QPainter(image)
+    painter.translate(0, -top)
+    ctx = QAbstractTextDocumentLayout.PaintContext()
+    ctx.clip = QRectF(0, top, doc.textWidth(), 1_500)
+    doc.documentLayout().draw(painter, ctx)
+    painter.end()
+    return image
+
+
+def test_an_answer_ends_in_the_document_it_streamed_in_as_a_fresh_render(qapp):
+    """When an answer ended, the view rendered it afresh (a 60,000-character one: ~250 ms of Markdown, then setHtml and
+    a layout of all of it, a 200-400 ms stall); its streamed document now takes the parts that changed, in place, the
+    groups after them kept: the header, a long code block highlighted only now, the last block and the note."""
+    code = "".join(f"x_{i} = f({i})  # step {i}\n" for i in range(210))
+    text = (f"Intro.\n\nThen code:\n\n```python\n{code}```\n\nAfter the code.\n\nA paragraph alone.\n\n- a list\n- goes on\n\n"
+            "| a |\n|---|\n| 1 |\n\nLast words.")
+    steps = [text[:n] for n in (6, len(text) // 2, len(text) - 20, len(text))]
+    ends = (("stopped", None), ("done", {"reason": "length", "seed": 7}), ("done", None), ("error", None))
+    for got, fresh in _streamed(steps, MarkdownRenderer(), finish=ends):
+        assert got == fresh
+    for got, fresh in _streamed(steps, MarkdownRenderer(), thought="<think>\nhmm\n</think>\n\n", finish=ends):
+        assert got == fresh
 
 
 def test_text_after_a_table_streams_without_the_table_going_in_again(qapp):
