@@ -14,10 +14,10 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
     """--model (once, or several times with `many_models`), the device options, and the hidden --data-dir."""
     p.add_argument("--data-dir", type=data_dir_arg, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     if many_models:
-        p.add_argument("--model", action="append", help=f"{MODEL_HELP}; may be given several times "
+        p.add_argument("--model", action="append", type=_model, help=f"{MODEL_HELP}; may be given several times "
                        "(default: 'default' unless --remote is given)")
     else:
-        p.add_argument("--model", default="default", help=MODEL_HELP)
+        p.add_argument("--model", default="default", type=_model, help=MODEL_HELP)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="auto: CUDA when there is a GPU")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="auto: bfloat16 on CUDA, else float32")
     p.add_argument("--kv-layout", default="sequence", choices=["cell", "sequence"])
@@ -33,7 +33,7 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    help="speculative decoding, output unchanged: lookup drafts tokens from the prompt and earlier output "
                    "(n-gram matches), draft and dflash from --draft-model; the model verifies them in one step; auto: "
                    "lookup")
-    p.add_argument("--draft-model", default=None, help="a smaller .gguf or HF folder with the same tokenizer that "
+    p.add_argument("--draft-model", default=None, type=_model, help="a smaller .gguf or HF folder with the same tokenizer that "
                    "drafts tokens, or a DFlash drafter (.safetensors, training/dflash.py) trained for the model "
                    "(implies --speculative draft or dflash)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
@@ -69,6 +69,13 @@ def _count_or_off(text: str) -> int:
     if value < -1:
         raise argparse.ArgumentTypeError(f"0 or -1 (off), or a number of tokens, not {text!r}")
     return value
+
+
+def _model(text: str) -> str:
+    """A blank --model read as the working folder ('. has no config.json'), a blank --draft-model as none at all."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{MODEL_HELP}, not {text!r}")
+    return text
 
 
 def _seed(text: str) -> int | None:

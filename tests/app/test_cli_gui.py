@@ -178,3 +178,19 @@ def test_a_blank_data_folder_is_refused_not_made_where_parley_runs(monkeypatch, 
     assert list(tmp_path.iterdir()) == []
     monkeypatch.setenv("PARLEY_HOME", "")  # empty is unset, as a compose file's PARLEY_HOME= means
     assert Paths.resolve().data.name == "Parley"
+
+
+def test_a_blank_model_is_refused_as_a_flag(capsys):
+    """--model "" loaded the working folder ('. has no config.json: it is not a Hugging Face model folder.') after
+    seconds of imports, and --draft-model "" was read as no draft model at all."""
+    import pytest
+
+    for argv in (["generate", "--model", ""], ["chat", "--model", " "], ["serve", "--model", ""],
+                 ["generate", "--draft-model", ""]):
+        with pytest.raises(SystemExit) as stop:
+            cli.build_parser().parse_args(argv)
+        flag = argv[1]
+        assert stop.value.code == 2 and f"argument {flag}: 'default' (embedded Gemma 3 270M), a .gguf file or a HF " \
+                                        "folder, not" in capsys.readouterr().err
+    assert cli.build_parser().parse_args(["serve", "--model", "a.gguf", "--model", "default"]).model == ["a.gguf",
+                                                                                                       "default"]
