@@ -19,9 +19,16 @@ class PromptFile:
 
 def add_prompt_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", dest="prompts", action="append", default=[], help="may be given several times")
-    p.add_argument("--prompt-file", dest="prompts", action="append", type=PromptFile, metavar="PATH",
+    p.add_argument("--prompt-file", dest="prompts", action="append", type=_prompt_file, metavar="PATH",
                    help="a file whose whole text is one prompt; '-' reads stdin; may be given several times. "
                         "With neither option, a prompt piped on stdin is read")
+
+
+def _prompt_file(text: str) -> PromptFile:
+    """A blank path read as the working folder: 'Could not read the prompt file : Is a directory.'"""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"a file's path, or '-' for stdin, not {text!r}")
+    return PromptFile(text)
 
 
 def read_prompts(args: argparse.Namespace) -> list[str]:
@@ -36,7 +43,15 @@ def read_prompts(args: argparse.Namespace) -> list[str]:
         return [piped]
     if sum(isinstance(g, PromptFile) and g.path == STDIN for g in given) > 1:
         raise ParleyError("stdin can be read once: give --prompt-file - only once.")
-    return [_read(g) if isinstance(g, PromptFile) else g for g in given]
+    return [_read_some(g) if isinstance(g, PromptFile) else g for g in given]
+
+
+def _read_some(source: PromptFile) -> str:
+    """A prompt file's text; an empty one (/dev/null, a file not saved yet) is a mistake, as an empty pipe is."""
+    text = _read(source)
+    if not text.strip():
+        raise ParleyError(f"The prompt file {_name(source)} is empty.")
+    return text
 
 
 def _read(source: PromptFile) -> str:

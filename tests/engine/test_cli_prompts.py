@@ -60,6 +60,8 @@ def test_a_piped_stdin_is_the_prompt(tiny_models, tmp_path, capsys, monkeypatch)
     ("", [], "stdin was empty"),
     ("x", ["--prompt-file", "-", "--prompt-file", "-"], "only once"),
     ("x", ["--prompt-file", "/nonexistent/p.txt"], "No such prompt file"),
+    ("x", ["--prompt-file", "/dev/null"], "The prompt file /dev/null is empty."),  # it answered a prompt of nothing
+    (" \n", ["--prompt", "Hi", "--prompt-file", "-"], "The prompt file (stdin) is empty."),
 ])
 def test_no_usable_prompt_is_one_line_before_the_model_loads(tiny_models, tmp_path, capsys, monkeypatch,
                                                               stdin, args, words):
@@ -68,6 +70,14 @@ def test_no_usable_prompt_is_one_line_before_the_model_loads(tiny_models, tmp_pa
     err = capsys.readouterr().err
     assert code == 2
     assert words in err and err.count("\n") == 1
+
+
+def test_a_blank_prompt_file_path_is_refused_as_a_flag(capsys):
+    """It was read as the working folder: 'Could not read the prompt file : Is a directory.'"""
+    with pytest.raises(SystemExit) as stop:
+        main(["generate", "--prompt-file", ""])
+    assert stop.value.code == 2 and "argument --prompt-file: a file's path, or '-' for stdin, not ''" in \
+        capsys.readouterr().err
 
 
 def test_a_prompt_file_not_utf8_is_named(tmp_path, capsys):
