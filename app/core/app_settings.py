@@ -1,6 +1,7 @@
 """App-wide settings (theme, defaults for new chats, compare mode), kept as JSON in the data folder."""
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -10,6 +11,7 @@ from typing import Callable
 
 from app.core.atomic_file import write_text_whole
 from app.core.chat_settings import ChatSettings, unread_value
+from app.core.settings_merge import merged
 from engine.errors import ParleyError
 
 THEMES = ("system", "light", "dark")
@@ -31,6 +33,9 @@ class AppSettings:
     save_error: str = ""  # why the last save failed ("" after one that worked)
     unread: list[str] = field(default_factory=list)  # the file's values that did not read, for the start's notice
     aside: Path | None = None  # where the file as it was is kept when some of it did not read
+    # as_json() at the load or the last save, what a save compares them with; None: the file did not read whole (the
+    # next save writes these settings as they are, the defaults in place of what did not read)
+    base: dict | None = field(default=None, repr=False)
 
     @classmethod
     def load(cls, file: Path, read_only: bool = False) -> "AppSettings":
@@ -39,14 +44,15 @@ class AppSettings:
         `settings.json.damaged-<time>` before it is written over, and so is a copy of one where some value did not
         read (the next save writes the defaults over it). `read_only`: never written (another Parley's)."""
         if not file.is_file():
-            return cls(file=file, read_only=read_only)
+            return cls(file=file, read_only=read_only).synced()
         try:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8
             data = None
         if not isinstance(data, dict):
             aside = None if read_only else _set_aside(file, file.replace)
-            return cls(file=file, read_only=read_only, unread=["the whole file (not settings)"], aside=aside)
+            return cls(file=file, read_only=read_only, unread=["the whole file (not settings)"],
+                       aside=aside).synced()
         r = _Reader(data, [])
         settings = cls(r.get("theme", str, THEMES.__contains__, _one_of(THEMES)) or "system",
                        ChatSettings.readable(r.get("defaults", dict), r.unread, "defaults"),
@@ -56,7 +62,17 @@ class AppSettings:
                        r.get("draft_model", str) or "", read_only, unread=r.unread)
         if r.unread and not read_only:
             settings.aside = _set_aside(file, lambda aside: shutil.copyfile(file, aside))
-        return settings
+        return settings if r.unread else settings.synced()
+
+    def synced(self) -> "AppSettings":
+        """Notes what these settings hold now, as what the next save's merge compares them with."""
+        self.base = copy.deepcopy(self.as_json())  # a copy: the dicts in it change in place
+        return self
+
+    def as_json(self) -> dict:
+        return {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
+                "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
+                "presets": self.presets, "draft_model": self.draft_model}
 
     @property
     def notice(self) -> str:
@@ -72,12 +88,13 @@ class AppSettings:
                 f"left at the default{'s' * many}: {shown}.{kept}")
 
     def save(self) -> bool:
-        """Writes the settings; False (and nothing raised) where the data folder cannot be written."""
+        """Writes the settings; False (and nothing raised) where the data folder cannot be written. A value another
+        program changed in the file since Parley read or wrote it is kept, unless Parley changed it too: every save
+        (a draft typed, the quit) wrote the whole file from memory over such an edit."""
         if self.file is None or self.read_only:
             return False
-        data = {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
-                "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
-                "presets": self.presets, "draft_model": self.draft_model}
+        ours, theirs = self.as_json(), _json_object(self.file)
+        data = ours if theirs is None or self.base is None else merged(self.base, ours, theirs)
         try:
             self.file.parent.mkdir(parents=True, exist_ok=True)
             write_text_whole(self.file, json.dumps(data, indent=1))
@@ -85,7 +102,17 @@ class AppSettings:
             self.save_error = exc.strerror or str(exc)
             return False
         self.save_error = ""
+        self.synced()
         return True
+
+
+def _json_object(file: Path) -> dict | None:
+    """The file's JSON object now; None where there is none or it does not read (Parley's settings are written)."""
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _set_aside(file: Path, keep: Callable[[Path], object]) -> Path | None:
