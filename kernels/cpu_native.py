@@ -30,6 +30,7 @@ from kernels.build_lock import build_lock
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+FULL_DISK_BYTES = 4 << 20  # a build that failed with less than this free where it builds: the disk filled
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
 NEEDS = ("AVX2", "FMA", "F16C")  # the instruction sets every source's intrinsics take: the AVX2 path's floor
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -182,11 +183,27 @@ def _load() -> tuple[CpuKernel | None, str | None]:
     except Unsupported as exc:
         return None, str(exc)
     except subprocess.CalledProcessError as exc:
-        first = (exc.stderr or b"").decode(errors="replace").strip().splitlines()[:1]
-        return None, f"{compiler} could not build them ({first[0] if first else 'no message'})"
+        return None, _build_failure(compiler, (exc.stderr or b"").decode(errors="replace"))
     except (OSError, subprocess.SubprocessError, AttributeError) as exc:
         return None, f"they could not be built or loaded ({exc})"
 
+
+
+def _build_failure(compiler: str, stderr: str) -> str:
+    """Why the build failed, in a few words: a full disk as such (the assembler's first line named only its file:
+    'cc could not build them (/tmp/ccgBc2NT.s: Assembler messages:)'), else the compiler's first error line."""
+    if "No space left on device" in stderr or _free_bytes(kernel_dir()) < FULL_DISK_BYTES:
+        return f"the disk holding {kernel_dir()} is full; free some space and start Parley again to build them"
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    said = next((line for line in lines if "error" in line.lower()), lines[0] if lines else "no message")
+    return f"{compiler} could not build them ({said})"
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return FULL_DISK_BYTES  # a folder that is not there: nothing to say about its disk
 
 
 def chosen(impl: str) -> CpuKernel | None:

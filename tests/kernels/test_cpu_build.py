@@ -189,3 +189,23 @@ def test_a_cc_of_several_words_builds_and_one_not_found_is_a_notice(tmp_path, mo
         monkeypatch.setenv("CC", cc)
         assert not cpu_native.builds_first()
         assert cpu_native._load.__wrapped__() == (None, f"the C compiler CC names ({cc}) was not found")
+
+
+@needs_cc
+def test_a_build_on_a_full_disk_says_the_disk_is_full(tmp_path, monkeypatch):
+    """On a full disk (a 40 MB tmpfs) the notice named only the assembler's file: 'cc could not build them
+    (/tmp/ccgBc2NT.s: Assembler messages:)'; its next line says 'No space left on device'. A compiler that fails as
+    the assembler did there stands for the full disk."""
+    cc = tmp_path / "cc-full"
+    cc.write_text('#!/bin/sh\ncase " $* " in *" -c "*) echo "/tmp/cc1.s: Assembler messages:" >&2; '
+                  'echo "/tmp/cc1.s: Fatal error: can\'t write 532 bytes to section .text of x.o: '
+                  '\'No space left on device\'" >&2; exit 1;; esac\nexec cc "$@"\n')
+    cc.chmod(0o755)
+    monkeypatch.setenv("CC", str(cc))
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    monkeypatch.delenv(cpu_native.DISABLE_ENV, raising=False)
+    monkeypatch.setattr(cpu_native, "sources", lambda: [_probe(tmp_path)])
+    kernel, reason = cpu_native._load.__wrapped__()
+    assert kernel is None
+    assert reason == (f"the disk holding {tmp_path / 'kernels'} is full; free some space and start Parley again to "
+                      "build them")
