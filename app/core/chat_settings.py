@@ -72,7 +72,7 @@ def unread_value(name: str, value, why: Exception | str) -> str:
     shown, reason = repr(value), str(why).removeprefix("Invalid sampling setting: ").rstrip(".")
     if len(shown) > 40:
         shown, reason = shown[:39] + "…", reason.replace(shown, shown[:39] + "…")
-    if shown in reason:  # "temperature must be a finite number, not '0.8'" shows it already
+    if reason.endswith(f"not {shown}"):  # "temperature must be a finite number, not '0.8'" shows it already
         return f"{name} ({reason})"
     return f"{name} {shown} ({reason})"
 

@@ -44,6 +44,10 @@ class SqliteConversationStore(ConversationStore):
         self.flush_interval_s = flush_interval_s
         self.warning = ""  # set once the store cannot write its file; chats still work in memory
         self.notice = ""  # what the window says once: changes held back when Parley last ran merged in, or kept at quit
+        self.settings_notice = ""  # what the window says once: chats whose stored settings did not all read
+        # chat id -> (its settings as read, their stored JSON) where some value did not read: the JSON is written back
+        # as it was while the chat keeps those settings (every quit rewrote each chat's row with the defaults)
+        self._kept_settings: dict[int, tuple[ChatSettings, str]] = {}
         self.kept: Path | None = None  # the file holding what a lock kept from being written at close
         self.on_warning: Callable[[str], None] | None = None
         self.on_commit: Callable[[list[Message]], None] | None = None  # messages just committed (tests, crash reports)
@@ -222,8 +226,8 @@ class SqliteConversationStore(ConversationStore):
         """What memory holds (chats, messages, imported models, comparisons) as the statements that write it into an
         empty file."""
         now = time.time()  # models are listed in the order they were added: kept by a microsecond apart
-        return ([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)", _conv_row(c))
-                 for c in self._conversations.values()] +
+        return ([(f"INSERT INTO conversation ({CONV_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                  _conv_row(c, self._kept_settings.get(c.id))) for c in self._conversations.values()] +
                 [(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(m))
                  for m in sorted(self._messages.values(), key=lambda m: m.id)] +
                 [("INSERT INTO model (key, name, path, kind, added_at) VALUES (?, ?, ?, ?, ?)",
@@ -295,11 +299,16 @@ class SqliteConversationStore(ConversationStore):
 
     def _load(self, db: sqlite3.Connection) -> None:
         top = 0
-        read: dict[str, ChatSettings] = {}  # settings JSON -> its settings: most chats share a few (see _conversation)
+        read: dict[str, tuple[ChatSettings, list[str]]] = {}  # settings JSON -> its settings: most chats share a few
+        unread: list[str] = []
         for row in db.execute(f"SELECT {CONV_COLUMNS} FROM conversation ORDER BY id"):
-            conv = _conversation(row, read)
+            conv, missed = _conversation(row, read)
             self._conversations[conv.id] = conv
             top = max(top, conv.id)
+            if missed:
+                self._kept_settings[conv.id] = (copy.copy(conv.settings), row[-1])
+                unread.append(f"“{conv.title[:40]}”: {'; '.join(missed)}")
+        self.settings_notice = _settings_notice(unread)
         for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message ORDER BY id"):
             msg = _message(row)
             if msg.conversation_id not in self._conversations or (msg.parent_id is not None and msg.parent_id not in self._messages):
@@ -494,7 +503,7 @@ class SqliteConversationStore(ConversationStore):
         """Commits everything and closes the file; the store keeps working in memory afterwards."""
         self._retry_at = 0.0  # the last chance to write what a lock held back
         self.flush()
-        self._write([_update_conv(c) for c in self._conversations.values()])
+        self._write([self._update_conv(c) for c in self._conversations.values()])
         if self._held and self._db is not None:
             self._keep_held()
         db, self._db = self._db, None
@@ -539,8 +548,15 @@ class SqliteConversationStore(ConversationStore):
 
     def update(self, conv_id: int, **changes) -> Conversation:
         conv = super().update(conv_id, **changes)
-        self._write([_update_conv(conv)])
+        if "settings" in changes:  # the user's own choice replaces what did not read
+            self._kept_settings.pop(conv_id, None)
+        self._write([self._update_conv(conv)])
         return conv
+
+    def _update_conv(self, c: Conversation) -> tuple[str, tuple]:
+        row = _conv_row(c, self._kept_settings.get(c.id))
+        return ("UPDATE conversation SET title = ?, pinned = ?, hidden = ?, created_at = ?, updated_at = ?, leaf_id = ?, "
+                "settings_json = ? WHERE id = ?", (*row[1:], row[0]))
 
     def delete(self, conv_id: int) -> None:
         self._dirty = {i for i in self._dirty if self._messages[i].conversation_id != conv_id}
@@ -574,7 +590,7 @@ class SqliteConversationStore(ConversationStore):
         msg = super().add_message(conv_id, parent_id, role, content, state)
         self._dirty.discard(msg.id)
         self._write([(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(msg)),
-                     _update_conv(self._conversations[conv_id])], [msg])
+                     self._update_conv(self._conversations[conv_id])], [msg])
         return msg
 
     def update_message(self, msg_id: int, **changes) -> Message:
@@ -592,11 +608,11 @@ class SqliteConversationStore(ConversationStore):
 
     def select(self, msg_id: int) -> None:
         super().select(msg_id)
-        self._write([_update_conv(self._conversations[self._messages[msg_id].conversation_id])])
+        self._write([self._update_conv(self._conversations[self._messages[msg_id].conversation_id])])
 
     def set_leaf(self, conv_id: int, msg_id: int | None) -> None:
         super().set_leaf(conv_id, msg_id)
-        self._write([_update_conv(self._conversations[conv_id])])
+        self._write([self._update_conv(self._conversations[conv_id])])
 
     # -- compare groups: the columns of one side-by-side comparison, in order
     def add_compare_group(self, conv_ids: list[int], title: str = "") -> int:
@@ -640,15 +656,10 @@ def _clean(text: str) -> str:
         return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _conv_row(c: Conversation) -> tuple:
-    return (c.id, _clean(c.title), int(c.pinned), int(c.hidden), c.created_at, c.updated_at, c.leaf_id,
-            _clean(json.dumps(c.settings.to_dict())))
-
-
-def _update_conv(c: Conversation) -> tuple[str, tuple]:
-    row = _conv_row(c)
-    return ("UPDATE conversation SET title = ?, pinned = ?, hidden = ?, created_at = ?, updated_at = ?, leaf_id = ?, "
-            "settings_json = ? WHERE id = ?", (*row[1:], row[0]))
+def _conv_row(c: Conversation, kept: tuple[ChatSettings, str] | None = None) -> tuple:
+    """`kept`: the settings as read and their stored JSON, written back as it was while the chat keeps them."""
+    stored = kept[1] if kept is not None and kept[0] == c.settings else _clean(json.dumps(c.settings.to_dict()))
+    return (c.id, _clean(c.title), int(c.pinned), int(c.hidden), c.created_at, c.updated_at, c.leaf_id, stored)
 
 
 def _msg_row(m: Message) -> tuple:
@@ -667,20 +678,36 @@ def _json(value) -> str | None:
     return None if value is None else json.dumps(value, default=str)
 
 
-def _conversation(row: tuple, read: dict[str, ChatSettings]) -> Conversation:
-    """`read`: settings already read this load, by their JSON; reading them validates every field apart (1.4 ms a
-    chat: 2.8 s of opening 2,000 chats), and each chat gets its own copy."""
+def _conversation(row: tuple, read: dict[str, tuple[ChatSettings, list[str]]]) -> tuple[Conversation, list[str]]:
+    """The chat, and its stored settings' values that did not read. `read`: settings already read this load, by their
+    JSON; reading them validates every field apart (1.4 ms a chat: 2.8 s of opening 2,000 chats), and each chat gets
+    its own copy."""
     cid, title, pinned, hidden, created, updated, leaf, settings_json = row
     if settings_json not in read:
         read[settings_json] = _settings(settings_json)
-    return Conversation(cid, title, copy.copy(read[settings_json]), bool(pinned), bool(hidden), leaf, created, updated)
+    settings, unread = read[settings_json]
+    return Conversation(cid, title, copy.copy(settings), bool(pinned), bool(hidden), leaf, created, updated), unread
 
 
-def _settings(settings_json: str) -> ChatSettings:
+def _settings(settings_json: str) -> tuple[ChatSettings, list[str]]:
+    unread: list[str] = []
     try:
-        return ChatSettings.readable(json.loads(settings_json))  # what this version cannot read: the defaults
+        data = json.loads(settings_json)
     except (ValueError, TypeError):
-        return ChatSettings()
+        data = None
+    if not isinstance(data, dict):
+        return ChatSettings(), ["the settings as a whole (not an object)"]
+    return ChatSettings.readable(data, unread), unread  # what this version cannot read: the defaults
+
+
+def _settings_notice(unread: list[str]) -> str:
+    """One line for the chats whose stored settings did not all read."""
+    if not unread:
+        return ""
+    shown = "; ".join(unread[:2]) + (f"; and {len(unread) - 2} more" if len(unread) > 2 else "")
+    chats = f"{len(unread)} chat{'s' * (len(unread) > 1)}"
+    return (f"Settings of {chats} did not read: the defaults are used until you change them, and what is stored is "
+            f"kept: {shown}.")
 
 
 def _message(row: tuple) -> Message:

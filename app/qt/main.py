@@ -76,7 +76,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     app.extra["persistence"] = PersistenceUI(app.window, service)
     app.extra["drops"] = FileDrops(app.window, [app.window.chat.composer.edit, app.window.compare.composer.edit],
                                    app.extra["persistence"].import_from)
-    _tell_at_start(app.window, settings.notice)
+    _tell_at_start(app.window, " ".join(filter(None, (settings.notice, getattr(store, "settings_notice", "")))))
     chats = [c.id for c in store.conversations()]
     if chats:
         last = settings.window.get("chat")  # the chat open at close, if it is still there

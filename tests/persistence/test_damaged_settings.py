@@ -102,6 +102,37 @@ def test_a_chat_row_whose_settings_do_not_read_opens_with_what_does(tmp_path):
     assert again.get(b.id).settings == ChatSettings()
 
 
+def test_a_chats_stored_settings_that_do_not_read_are_named_and_kept_until_the_user_changes_them(tmp_path):
+    """A chat's stored top_p 0 read as the default 0.95 without a word, and the next write of the chat's row (a new
+    message, a rename, every quit) stored the defaults over it."""
+    import sqlite3
+
+    store = SqliteConversationStore(tmp_path / "p.db")
+    a, b = store.create("Trip"), store.create("Fine")
+    store.close()
+    stored = json.dumps({"top_p": 0, "seed": 3})
+    db = sqlite3.connect(tmp_path / "p.db")
+    db.execute("UPDATE conversation SET settings_json = ? WHERE id = ?", (stored, a.id))
+    db.commit()
+    db.close()
+
+    def row(conv_id: int) -> str:
+        with sqlite3.connect(tmp_path / "p.db") as db:
+            return db.execute("SELECT settings_json FROM conversation WHERE id = ?", (conv_id,)).fetchone()[0]
+
+    store = SqliteConversationStore(tmp_path / "p.db")
+    assert store.settings_notice == ("Settings of 1 chat did not read: the defaults are used until you change them, and "
+                                     "what is stored is kept: “Trip”: top_p 0 (top_p must be in (0, 1]).")
+    store.add_message(a.id, None, "user", "hello")
+    store.update(a.id, title="Trip, renamed")
+    store.close()
+    assert row(a.id) == stored
+    store = SqliteConversationStore(tmp_path / "p.db")
+    store.update(a.id, settings=store.get(a.id).settings.copy(temperature=0.2))  # the user's own choice
+    store.close()
+    assert json.loads(row(a.id))["temperature"] == 0.2 and SqliteConversationStore(tmp_path / "p.db").settings_notice == ""
+
+
 @pytest.mark.parametrize("text", ["{not json", json.dumps({"a": 1}), json.dumps([{"key": 1}])])
 def test_a_damaged_old_models_json_does_not_keep_the_app_from_opening(tmp_path, text):
     legacy = tmp_path / "models.json"

@@ -157,8 +157,17 @@ def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path
 
 def test_the_window_says_once_which_settings_did_not_read(start, tmp_path, capsys):
     """A settings value that did not read was left at its default without a word (and written over at the next save)."""
+    import sqlite3
+
     (tmp_path / "settings.json").write_text('{"defaults": {"max_tokens": "lots"}}')
+    store = SqliteConversationStore(tmp_path / "parley.db")
+    conv = store.create("Trip")
+    store.close()
+    with sqlite3.connect(tmp_path / "parley.db") as db:
+        db.execute("UPDATE conversation SET settings_json = ? WHERE id = ?", ('{"top_k": -4}', conv.id))
     app = start(tmp_path)
     said = "settings.json: 1 value did not read and is left at the default: defaults.max_tokens"
-    assert app.window.statusBar().currentMessage().startswith(said) and said in capsys.readouterr().err
+    shown, err = app.window.statusBar().currentMessage(), capsys.readouterr().err
+    assert shown.startswith(said) and said in err
+    assert "Settings of 1 chat did not read" in shown and "“Trip”: top_k -4" in err
     assert list(tmp_path.glob("settings.json.damaged-*"))  # the model's "loaded" line did not wipe it either

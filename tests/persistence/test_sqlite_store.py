@@ -220,7 +220,8 @@ def test_opening_reads_each_distinct_settings_once_and_chats_keep_their_own(tmp_
     store.close()
     reads = []
     real = ChatSettings.readable.__func__
-    monkeypatch.setattr(ChatSettings, "readable", classmethod(lambda cls, data: reads.append(data) or real(cls, data)))
+    monkeypatch.setattr(ChatSettings, "readable", classmethod(lambda cls, data, *more: reads.append(data) or
+                                                               real(cls, data, *more)))
     again = SqliteConversationStore(tmp_path / "p.db")
     assert len(reads) == 2
     assert [again.get(i).settings for i in ids] == [ChatSettings()] * 30 + [ChatSettings(temperature=0.2, seed=5)] * 20
