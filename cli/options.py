@@ -133,16 +133,32 @@ def speculative_mode(requested: str, draft: Path | None) -> str:
 
 
 def sampling_params(args: argparse.Namespace):
+    """The SamplingParams of the flags; a value the engine refuses is one line naming its flag."""
+    from engine.errors import ParleyError
     from engine.sampling import SamplingParams
 
     thinking = getattr(args, "thinking", None)
     # top-k -1 (off), seed -1 (a random one), top-p 0 and min-p 1 (the most likely token) read as the server reads them
     greedy = args.top_p == 0 or args.min_p == 1
-    return SamplingParams(
-        temperature=0.0 if greedy else args.temperature, top_p=1.0 if greedy else args.top_p,
-        top_k=0 if args.top_k == -1 else args.top_k, min_p=0.0 if greedy else args.min_p,
-        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
-        seed=args.seed,
-        max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
-    )
+    try:
+        return SamplingParams(
+            temperature=0.0 if greedy else args.temperature, top_p=1.0 if greedy else args.top_p,
+            top_k=0 if args.top_k == -1 else args.top_k, min_p=0.0 if greedy else args.min_p,
+            repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+            frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
+            seed=args.seed,
+            max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
+        )
+    except ParleyError as exc:  # "max_tokens must be between 1 and …" named a field, not the flag given
+        raise ParleyError(_as_flag(str(exc), args)) from None
+
+
+def _as_flag(message: str, args: argparse.Namespace) -> str:
+    """The engine's 'Invalid sampling setting: max_tokens must be …' as argparse says it: 'argument --max-tokens: must
+    be …, not 0'."""
+    head, sep, rest = message.partition("Invalid sampling setting: ")
+    name, _, why = rest.partition(" must ")
+    if head or not sep or not hasattr(args, name):
+        return message
+    why = why.rstrip(".")
+    return f"argument --{name.replace('_', '-')}: must {why}{'' if ', not ' in why else f', not {getattr(args, name)}'}"

@@ -194,3 +194,22 @@ def test_a_blank_model_is_refused_as_a_flag(capsys):
                                         "folder, not" in capsys.readouterr().err
     assert cli.build_parser().parse_args(["serve", "--model", "a.gguf", "--model", "default"]).model == ["a.gguf",
                                                                                                        "default"]
+
+
+def test_a_sampling_value_the_engine_refuses_names_its_flag():
+    """--max-tokens 0 said 'Invalid sampling setting: max_tokens must be between 1 and 2147483647.': a field's name,
+    not the flag, and not the value given."""
+    import pytest
+
+    from cli.options import sampling_params
+    from engine.errors import ParleyError
+
+    for argv, said in ((["--max-tokens", "0"], "argument --max-tokens: must be between 1 and 2147483647, not 0"),
+                       (["--temperature", "nan"], "argument --temperature: must be a finite number, not nan"),
+                       (["--repetition-penalty", "0"], "argument --repetition-penalty: must be in (0, 100], not 0.0"),
+                       (["--repeat-last-n", "-2"], "argument --repeat-last-n: must be between -1 (the whole history) "
+                                                   "and 2147483647, not -2")):
+        for command in ("generate", "chat"):
+            with pytest.raises(ParleyError) as refused:
+                sampling_params(cli.build_parser().parse_args([command, *argv]))
+            assert str(refused.value) == said
