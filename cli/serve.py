@@ -77,7 +77,7 @@ def serve(args: argparse.Namespace) -> int:
     from cli.terminal import printable
     from server.app import ServerSettings
     from server.bridge import ServerBridge
-    from server.run import listening_socket, serve_forever
+    from server.run import listening_socket, say, serve_forever
 
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
@@ -92,11 +92,11 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for spec in args.model or ([] if args.remote else ["default"]):
             m = bridge.load(resolve_model(spec, paths.models), alias=spec)
-            print(f"parley: serving {printable(m.id)} (context {m.context})", file=sys.stderr)
+            say(f"parley: serving {printable(m.id)} (context {m.context})")
         for spec in args.remote:
             url, _, name = spec.partition("#")
             m = bridge.add_remote(url, name or None, args.remote_api_key)
-            print(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}", file=sys.stderr)
+            say(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}")
         serve_forever(bridge, args.host, args.port, api_key(args.api_key), settings, sock)
     finally:
         sock.close()

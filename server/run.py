@@ -82,11 +82,20 @@ def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | Non
                   settings: ServerSettings | None = None, sock: socket.socket | None = None) -> None:
     """Serves until interrupted, on `sock` (from `listening_socket`) or a socket of its own on host:port."""
     if not is_loopback(host) and api_key is None:
-        print(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.", file=sys.stderr)
+        say(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.")
     server = make_server(bridge, host, port, api_key, log_level="info", settings=settings)
     if sock is not None:  # uvicorn names the address only of sockets it binds itself: --port 0's would be unknown
-        print(f"parley: listening on {listening_url(sock)}", file=sys.stderr)
+        say(f"parley: listening on {listening_url(sock)}")
     server.run(sockets=[sock] if sock is not None else None)
+
+
+def say(line: str) -> None:
+    """A line of the server's log on stderr. One that cannot be written (its file's disk is full) is dropped, as
+    uvicorn drops its own lines: a server that can still answer must not stop for it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def listening_url(sock: socket.socket) -> str:

@@ -1,6 +1,7 @@
 """`parley serve` as a real process: the subcommand's wiring, from argv to a listening server."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -125,3 +126,28 @@ def test_counts_past_what_a_machine_batches_or_in_other_digits_are_refused_as_fl
         with pytest.raises(SystemExit) as stop:
             parse(["serve", *argv])
         assert stop.value.code == 2 and said in capsys.readouterr().err
+
+
+
+def test_a_log_on_a_full_disk_does_not_stop_the_server(tiny_models, tmp_path, monkeypatch):
+    """`parley serve >log 2>&1` with the log's disk full (a 40 MB tmpfs) exited 1 before it listened, on its own
+    'parley: serving …' line (OSError 28; its traceback unwritable too), where uvicorn drops its own lines and serves.
+    Parley's lines are dropped as well now. Stderr is /dev/full here; the server's run is noted, not run."""
+    import server.run
+    from cli.main import main
+
+    class Run:
+        def run(self, sockets):
+            ran.append(sockets)
+
+    ran, full = [], open("/dev/full", "w", buffering=1)  # line by line, as sys.stderr
+    monkeypatch.setattr(server.run, "make_server", lambda *args, **kwargs: Run())
+    monkeypatch.setattr(sys, "stderr", full)
+    try:
+        assert main(["--data-dir", str(tmp_path), "serve", "--model", str(tiny_models["llama"].gguf_path), "--port",
+                     "0", "--context", "256"]) == 0
+    finally:
+        monkeypatch.undo()
+        with contextlib.suppress(OSError):  # what could not be written is still held to write
+            full.close()
+    assert len(ran) == 1
