@@ -49,9 +49,15 @@ class ServerSettings:
             parts = urlsplit(origin)
             if origin != "*" and not (parts.scheme and parts.netloc and not parts.path.strip("/")):
                 raise ValueError(f"a CORS origin is a scheme and a host (http://localhost:3000) or *, not {origin!r}")
+        # as requests' Host and Origin are read (lower case, Host without its port): 'MyProxy.lan' or 'proxy:8080'
+        # given as they were never matched, and every request through them was refused (421, 403)
+        self.cors_origins = tuple(o.rstrip("/").lower() for o in self.cors_origins)
+        self.allowed_hosts = tuple(_hostname(h.strip()) for h in self.allowed_hosts)
+        if "" in self.allowed_hosts:
+            raise ValueError("an allowed host is a name such as proxy.example.com, not ''")
 
     def cors_allows(self, origin: str) -> bool:
-        return "*" in self.cors_origins or origin.rstrip("/") in (o.rstrip("/") for o in self.cors_origins)
+        return "*" in self.cors_origins or origin.rstrip("/").lower() in self.cors_origins
 
 
 def build_app(bridge: ServerBridge, api_key: str | None = None, settings: ServerSettings | None = None) -> Starlette:
@@ -76,7 +82,7 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
         Route("/health", lambda request: health(request, bridge), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
-    middleware = [Middleware(CORSMiddleware, allow_origins=[o.rstrip("/") for o in settings.cors_origins],
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                              allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"])] \
         if settings.cors_origins else []  # answers preflights and marks answers readable by those pages
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)

@@ -313,6 +313,25 @@ def test_web_pages_of_a_cors_origin_may_call_the_api_and_no_others(bridge):
         ServerSettings(cors_origins=("localhost:3000/app",))
 
 
+def test_hosts_and_origins_given_in_capitals_or_with_a_port_match_what_clients_send(bridge):
+    """--allow-host Proxy.LAN:8080 and --cors-origin http://LocalHost:3000/ were compared as typed with the request's
+    Host (lower case, without its port) and a browser's Origin (lower case): every request through them was refused
+    (421, and 403 for the page); --allow-host '' let a request without a Host header in."""
+    settings = ServerSettings(allowed_hosts=("Proxy.LAN:8080",), cors_origins=("http://LocalHost:3000/",))
+    with BackgroundServer(bridge, settings=settings) as s:
+        via_proxy = httpx.get(s.url + "/models", headers={"host": "proxy.lan:8080"}, timeout=10)
+        assert via_proxy.status_code == 200, via_proxy.text
+        page = "http://localhost:3000"
+        pre = httpx.options(s.url + "/chat/completions", timeout=10, headers={
+            "origin": page, "access-control-request-method": "POST", "access-control-request-headers": "content-type"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == page
+        r = httpx.post(s.url + "/chat/completions", json=CHAT, headers={"origin": page}, timeout=30)
+        assert r.status_code == 200, r.text
+        assert httpx.get(s.url + "/models", headers={"host": "evil.example"}, timeout=10).status_code == 421
+    with pytest.raises(ValueError, match="an allowed host is a name"):
+        ServerSettings(allowed_hosts=(" ",))
+
+
 def test_an_empty_api_key_asks_for_none():
     from cli.serve import api_key
 
