@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from kernels.build_lock import build_lock
+from kernels.env_switch import switched_off
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 FULL_DISK_BYTES = 4 << 20  # a build that failed with less than this free where it builds: the disk filled
-DISABLE_ENV = "PARLEY_CPU_KERNEL"  # "0": never build or use the library (torch's formats and ops instead)
+DISABLE_ENV = "PARLEY_CPU_KERNEL"  # 0 (or off): never build or use the library (torch's formats and ops instead)
 NEEDS = ("AVX2", "FMA", "F16C")  # the instruction sets every source's intrinsics take: the AVX2 path's floor
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
@@ -75,8 +76,8 @@ def sources() -> list[Path]:
 
 
 def kernel_dir() -> Path:
-    env = os.environ.get("PARLEY_KERNEL_CACHE")
-    if env:
+    env = os.environ.get("PARLEY_KERNEL_CACHE", "")
+    if env.strip():  # a blank one built the library in a folder named " " wherever Parley ran
         return Path(env)
     import platformdirs
 
@@ -141,7 +142,7 @@ def builds_first() -> bool:
 
 def _wanted() -> bool:
     """Not switched off, and a CPU they are written for (Apple's runs MLX)."""
-    return os.environ.get(DISABLE_ENV) != "0" and platform.machine().lower() in ("x86_64", "amd64")
+    return not switched_off(DISABLE_ENV) and platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _compiler() -> str | None:

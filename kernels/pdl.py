@@ -12,11 +12,12 @@ launch. Kernels that are not ours (cuBLAS, torch) are launched normally and keep
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+
+from kernels.env_switch import switched_off
 
 
 @functools.lru_cache(maxsize=8)
@@ -27,7 +28,7 @@ def _supported(device_index: int) -> bool:
 
 def pdl_supported(device: torch.device) -> bool:
     """Whether kernels on `device` launch with PDL: CUDA, compute capability 9+, not switched off."""
-    if device.type != "cuda" or os.environ.get("PARLEY_PDL", "1") == "0":
+    if device.type != "cuda" or switched_off("PARLEY_PDL"):
         return False
     return _supported(device.index if device.index is not None else torch.cuda.current_device())
 

@@ -209,3 +209,19 @@ def test_a_build_on_a_full_disk_says_the_disk_is_full(tmp_path, monkeypatch):
     assert kernel is None
     assert reason == (f"the disk holding {tmp_path / 'kernels'} is full; free some space and start Parley again to "
                       "build them")
+
+
+def test_the_switch_reads_off_as_people_write_it_and_a_blank_cache_folder_is_unset(monkeypatch):
+    """PARLEY_CPU_KERNEL=off (or false, no) was read as on: only "0" switched the library off. A blank
+    PARLEY_KERNEL_CACHE built it in a folder named " " wherever Parley ran."""
+    monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
+    for off in ("0", "off", "False", " no ", "OFF"):
+        monkeypatch.setenv(cpu_native.DISABLE_ENV, off)
+        assert not cpu_native._wanted() and cpu_native._load.__wrapped__() == (None, None), off
+    for on in ("1", "", "on"):
+        monkeypatch.setenv(cpu_native.DISABLE_ENV, on)
+        assert cpu_native._wanted(), on
+    monkeypatch.delenv("PARLEY_KERNEL_CACHE", raising=False)
+    default = cpu_native.kernel_dir()
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", " ")
+    assert cpu_native.kernel_dir() == default and default.is_absolute()
