@@ -58,8 +58,7 @@ class RemoteModel:
         self.base_url = api_base(self.base_url)
 
     def _client(self) -> httpx.Client:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(self.timeout))
+        return httpx.Client(base_url=self.base_url, headers=authorization(self.api_key), timeout=httpx.Timeout(self.timeout))
 
     # -- blocking calls (worker threads only)
     def probe(self) -> dict:
@@ -104,12 +103,18 @@ class RemoteModel:
             raise RemoteError(transport_error(self.base_url, exc, self.timeout)) from exc
 
 
+def authorization(api_key: str | None) -> dict[str, bytes]:
+    """The key's header, in UTF-8 as curl sends it and Parley's server reads it: a key with an é failed every request
+    ("UnicodeEncodeError('ascii', 'Bearer clé', …)"); the spaces and line end of a pasted key are not part of it."""
+    key = (api_key or "").strip()
+    return {"Authorization": b"Bearer " + key.encode()} if key else {}
+
+
 def list_models(base_url: str, api_key: str | None = None, timeout: float = 10.0) -> list[dict]:
     """The endpoint's `/v1/models` entries (blocking: call it off the GUI and engine threads)."""
     base = api_base(base_url)
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        with httpx.stream("GET", base + "/models", headers=headers, timeout=timeout) as response:
+        with httpx.stream("GET", base + "/models", headers=authorization(api_key), timeout=timeout) as response:
             content, whole = _read_at_most(response, MAX_MODEL_LIST)
     except httpx.HTTPError as exc:
         raise RemoteError(transport_error(base, exc, timeout)) from exc

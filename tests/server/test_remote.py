@@ -262,3 +262,15 @@ def test_an_endpoint_that_refuses_extension_fields_is_asked_again_without_them(m
     assert len(bodies) == 3 and "top_k" not in bodies[2]  # remembered: asked once
     with pytest.raises(RemoteError, match="temperature is too high"):
         list(remote.stream_chat(messages, SamplingParams(temperature=1.8), threading.Event()))
+
+
+def test_a_key_beyond_ascii_or_pasted_with_its_line_end_reaches_the_endpoint(remote_client, bridge):
+    """--remote-api-key clé failed before any request: "UnicodeEncodeError('ascii', 'Bearer clé', 9, 10, …)". It is
+    sent in UTF-8 (as curl sends it, and as Parley's server reads it); a pasted key's line end is not part of it."""
+    from server.run import BackgroundServer
+
+    key = "clé-ключ"
+    with BackgroundServer(bridge, api_key=key) as s:
+        for given in (key, f" {key}\n"):
+            loaded = add_remote(remote_client, s.url, bridge.models[0].id, key=given)
+            assert isinstance(loaded, ev.ModelLoaded), getattr(loaded, "message", loaded)
