@@ -62,6 +62,7 @@ class SqliteConversationStore(ConversationStore):
         self._held: list[tuple[str, tuple]] = []  # statements waiting while another program holds the write lock
         self._held_msgs: list[Message] = []
         self._retry_at = 0.0  # clock time before which a locked file is not tried again
+        self._full = False  # what is held waits for room on the disk, not for a lock
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
@@ -358,7 +359,10 @@ class SqliteConversationStore(ConversationStore):
                 self._db.execute(sql, params)
             self._db.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
-            self._degrade(exc)
+            if _is_full(exc, self.file):
+                self._wait_for_room(statements, committed)
+            else:
+                self._degrade(exc)
             return
         self._saved_again()
         if self.on_commit is not None and committed:
@@ -401,7 +405,21 @@ class SqliteConversationStore(ConversationStore):
             if "locked" not in str(exc).lower():
                 raise
         self._retry_at = self._clock() + LOCKED_RETRY_S
+        self._full = False
         return False
+
+    def _wait_for_room(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
+        """A full disk: the changes are held as for a lock and written once there is room. The store stopped writing
+        for the rest of the session instead: a streamed answer, and all after it, were lost at quit even when space
+        had been freed meanwhile."""
+        try:
+            if self._db.in_transaction:
+                self._db.execute("ROLLBACK")
+        except (sqlite3.Error, OSError):
+            pass
+        self._full = True
+        self._retry_at = self._clock() + LOCKED_RETRY_S
+        self._hold(statements, committed)
 
     def _hold(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
         held = _latest_updates(statements)
@@ -430,8 +448,12 @@ class SqliteConversationStore(ConversationStore):
             forget_held(self.file)  # what was kept there is written now
             if self.warning == self._locked_text():
                 self._set_warning("")  # the window's "not saving" goes: the held changes are written
+        self._full = False
 
     def _locked_text(self) -> str:
+        if self._full:
+            return (f"The disk is full where {self.file} is kept: chats are not saved until there is room (Parley "
+                    f"tries again every {LOCKED_RETRY_S:.0f} s).")
         return (f"Another program has {self.file} locked: chats are not saved until it lets go (Parley tries again "
                 f"every {LOCKED_RETRY_S:.0f} s).")
 
@@ -520,13 +542,14 @@ class SqliteConversationStore(ConversationStore):
         """The file is still locked at quit: what it held back goes to a file beside it, merged in at the next start
         (quitting lost the last messages)."""
         changes, are = counted(len(self._held))
+        name = self.file.name
+        why = f"The disk is full where {name} is kept" if self._full else f"Another program has {name} locked"
         try:
             self.kept = save_held(self.file, self._held)
         except OSError as exc:
-            self.notice = f"Another program has {self.file.name} locked: {changes} {are} lost ({exc})."
+            self.notice = f"{why}: {changes} {are} lost ({exc})."
             return
-        self.notice = (f"Another program has {self.file.name} locked: {changes} not yet saved {are} kept in "
-                       f"{self.kept.name} and saved at the next start.")
+        self.notice = f"{why}: {changes} not yet saved {are} kept in {self.kept.name} and saved at the next start."
 
     def _compact(self, db: sqlite3.Connection) -> None:
         """Gives deleted chats' space back: SQLite only marks their pages free and the search index only records their
@@ -784,9 +807,14 @@ def _nearly_full(folder: Path) -> bool:
         return False
 
 
+def _is_full(exc: Exception, path: Path) -> bool:
+    text = str(exc).lower()
+    return "full" in text or getattr(exc, "errno", None) == 28 or ("i/o error" in text and _nearly_full(path.parent))
+
+
 def _why(exc: Exception, path: Path) -> str:
     text = str(exc).lower()
-    if "full" in text or getattr(exc, "errno", None) == 28 or ("i/o error" in text and _nearly_full(path.parent)):
+    if _is_full(exc, path):
         reason = "the disk is full"
     elif "readonly" in text or "read-only" in text or isinstance(exc, PermissionError) or "permission" in text:
         reason = "the data folder is read-only" if not os.access(path.parent, os.W_OK) else f"{path.name} is read-only"

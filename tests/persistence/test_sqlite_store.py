@@ -175,6 +175,29 @@ def test_full_disk_mid_answer(tmp_path):
     assert reopened.persistent and reopened.has(conv.id)
 
 
+
+def test_text_streamed_while_the_disk_was_full_is_saved_once_there_is_room(tmp_path):
+    """The first write that found the disk full closed the file for the rest of the session: the app on a 40 MB
+    tmpfs filled mid-answer, then freed, kept 24 of the answer's 1,918 characters and nothing after. The changes now
+    wait, as for a lock, and go in at the first try after there is room."""
+    now = [0.0]
+    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0, clock=lambda: now[0])
+    conv = store.create()
+    a = store.add_message(conv.id, None, "assistant", state="streaming")
+    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+    store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # what a full disk looks like to SQLite
+    for _ in range(200):
+        store.append_text(a.id, "x" * 1000)
+    assert not store.persistent and "disk is full" in store.warning
+    store._db.execute("PRAGMA max_page_count = 1000000")  # room again
+    now[0] += 11  # past the wait between tries
+    store.update_message(a.id, state="done")
+    assert store.persistent and store.warning == ""
+    store.close()
+    reopened = SqliteConversationStore(tmp_path / "p.db")
+    assert reopened.message(a.id).content == "x" * 200_000 and reopened.message(a.id).state == "done"
+
+
 def test_damaged_file_is_kept_aside(tmp_path):
     path = tmp_path / "p.db"
     path.write_bytes(b"this is not a database" * 100)
