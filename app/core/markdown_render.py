@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import html
 import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlsplit
@@ -85,13 +86,17 @@ class MarkdownRenderer:
         50,000-character answer on every token froze the window): the blocks before its last blank line outside code
         are rendered once and reused, and a code block over STREAM_HIGHLIGHT_LINES lines is highlighted at the end.
         Blocks render apart, so a reference link defined further down resolves once the answer ends."""
-        parts, blocks = self.render_streaming_parts(text)
+        parts, blocks, _ = self.render_streaming_parts(text)
         return "".join(parts), blocks
 
-    def render_streaming_parts(self, text: str) -> tuple[list[str], list[str]]:
-        """render_streaming()'s HTML one string a block (the view edits its document where they changed)."""
-        rendered = self._render_chunks(_split_blocks(text), final=False)
-        return [block.html for block in rendered], [code for block in rendered for code in block.code_blocks]
+    def render_streaming_parts(self, text: str, deadline: float | None = None) -> tuple[list[str], list[str], bool]:
+        """render_streaming()'s HTML one string a block (the view edits its document where they changed), and whether
+        that is all of it: past `deadline` (time.perf_counter()) no block not rendered before is, and those before it
+        are the parts (a chat opened mid-answer rendered all of a 60,000-character one at once: ~250 ms here)."""
+        chunks = _split_blocks(text)
+        rendered = self._render_chunks(chunks, final=False, deadline=deadline)
+        return ([block.html for block in rendered], [code for block in rendered for code in block.code_blocks],
+                len(rendered) == len(chunks))
 
     def render_parts(self, text: str) -> tuple[list[str], list[str]]:
         """render()'s HTML one string a block, joined the very same: a streamed answer's blocks are reused when it ends
@@ -103,9 +108,13 @@ class MarkdownRenderer:
             return [whole], blocks
         return [block.html for block in rendered], [code for block in rendered for code in block.code_blocks]
 
-    def _render_chunks(self, chunks: list[str], final: bool) -> list[_Block]:
-        rendered, first_code = [], 0
+    def _render_chunks(self, chunks: list[str], final: bool, deadline: float | None = None) -> list[_Block]:
+        rendered, first_code, new = [], 0, 0
         for i, chunk in enumerate(chunks):
+            if (chunk, first_code) not in self._finished:  # at least one new block a call, whatever the time
+                if new and deadline is not None and time.perf_counter() > deadline:
+                    break
+                new += 1
             rendered.append(self._render_block(chunk, first_code, keep=final or i < len(chunks) - 1, final=final))
             first_code += len(rendered[-1].code_blocks)
         while len(self._finished) > max(STREAM_CACHE, len(chunks)):  # never this answer's own: each update needs them

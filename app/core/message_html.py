@@ -33,6 +33,7 @@ class Rendered:
     html: str
     code_blocks: list[str]
     parts: tuple[str, ...] = ()  # html cut where a streaming answer changes (header, thought, each block, tail)
+    complete: bool = True  # False: a streaming answer's first blocks only, its deadline spent (the rest comes next)
 
 
 # notes' colours at WCAG AA contrast (4.5:1) on the message background of each theme: #d33, #b58900 and #888 gave
@@ -42,9 +43,10 @@ NOTE_COLOR = {"error": {False: "#c62828", True: "#ff7b72"}, "queued": {False: "#
 
 
 def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool,
-                 show_thought: bool = False) -> Rendered:
+                 show_thought: bool = False, deadline: float | None = None) -> Rendered:
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
-    a finished thought."""
+    a finished thought; past `deadline` (time.perf_counter()) a streaming answer renders no more new blocks."""
+    complete = True
     if msg.role == "user":  # a user's text is shown as typed
         typed, blocks = renderer.render_typed(msg.content) if msg.content else ("", [])
         body, thought = [typed], ""
@@ -53,7 +55,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         if not reasoning.reply:
             body, blocks = [], []
         elif msg.state == "streaming":
-            body, blocks = renderer.render_streaming_parts(reasoning.reply)
+            body, blocks, complete = renderer.render_streaming_parts(reasoning.reply, deadline)
         else:
             body, blocks = renderer.render_parts(reasoning.reply)
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
@@ -63,7 +65,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
     if body:  # the tail goes in with the last block: alone, Qt would end a list or table before it in another block
         body[-1] += tail
     parts = (_header(msg, version, versions, busy), thought, *(body or [tail]))
-    return Rendered("".join(parts), blocks, parts)
+    return Rendered("".join(parts), blocks, parts, complete)
 
 
 def _thought(reasoning: Reasoning, streaming: bool, shown: bool, dark: bool) -> str:

@@ -5,6 +5,7 @@ Only the rows on screen are rendered (others get a cheap size estimate until the
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 
 from PySide6.QtCore import (
@@ -27,6 +28,9 @@ MARGIN, PAD = 10, 10
 CACHE_SIZE = 300
 LONG_DOCUMENT = 20_000  # characters: laying one out again takes ~100 ms here, so a resize reflows it once it settles
 RESIZE_SETTLE_MS = 150
+CATCH_UP_S = 0.010  # a streaming message's Markdown, then its document, take this long a turn of the event loop to catch
+# up (a chat opened mid-answer rendered and built all of a 60,000-character one at once: a 300-600 ms stall); the rest
+# goes in over the next turns
 
 
 class ChatModel(QAbstractListModel):
@@ -113,6 +117,8 @@ class MessageDelegate(QStyledItemDelegate):
         self.renderer = MarkdownRenderer(dark=view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
         self._streams: dict[int, StreamDocument] = {}  # the documents of streaming messages, edited in place
+        self._partial: set[int] = set()  # messages whose document is still taking its parts, a slice a turn
+        self._next_slices: set[int] = set()  # those of them drawn again at the next turn of the event loop
         self._reported: dict[int, int] = {}  # height the view's last layout pass placed each message at
         self.laying_out = False  # set by the view around a layout pass: other sizeHint calls (painting) move nothing
         self._recheck: dict[int, QPersistentModelIndex] = {}
@@ -128,6 +134,7 @@ class MessageDelegate(QStyledItemDelegate):
         """Drops every rendered message (a new theme or font): each renders again when next on screen."""
         self._docs.clear()
         self._streams.clear()
+        self._partial.clear()
 
     def text_width(self) -> int:
         return max(120, self.view.viewport().width() - 2 * (MARGIN + PAD))
@@ -141,7 +148,7 @@ class MessageDelegate(QStyledItemDelegate):
         width = self.text_width()
         key = self._key(msg)
         hit = self._docs.get(msg.id)
-        if hit is not None and hit[0] == key:
+        if hit is not None and hit[0] == key and msg.id not in self._partial:
             self._docs.move_to_end(msg.id)
             if not self._fits(hit[1], width):  # resized: laid out again, not rendered again
                 hit[1].setTextWidth(width)
@@ -149,19 +156,22 @@ class MessageDelegate(QStyledItemDelegate):
         versions = self.service.store.versions(msg)
         # busy: the chat's answer streams, and links it would refuse (Regenerate, Continue) are not shown
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
-                                show_thought=msg.id in self.shown_thoughts)
+                                show_thought=msg.id in self.shown_thoughts, deadline=time.perf_counter() + CATCH_UP_S)
         stream = self._streams.get(msg.id) if hit is not None else None
-        if stream is not None and stream.doc is hit[1]:  # the next tokens, or the end: only the blocks that changed
+        if stream is None or stream.doc is not hit[1]:
+            stream = None
+            if msg.state == "streaming":
+                stream = self._streams[msg.id] = StreamDocument(self._new_document())
+        if stream is not None:  # the next tokens, or the end: only the blocks that changed, a slice a turn
             doc = stream.doc
-            stream.update(list(rendered.parts))
-        elif msg.state != "streaming":  # a finished message shown anew
+            if stream.update(list(rendered.parts), CATCH_UP_S) and rendered.complete:
+                self._partial.discard(msg.id)
+            else:
+                self._catch_up(msg.id)
+        else:  # a finished message shown anew
             self._streams.pop(msg.id, None)
             doc = self._new_document()
             doc.setHtml(rendered.html)
-        else:
-            doc = self._new_document()
-            self._streams[msg.id] = StreamDocument(doc)
-            self._streams[msg.id].update(list(rendered.parts))
         if not self._fits(doc, width):
             doc.setTextWidth(width)
         self.renders += 1
@@ -170,6 +180,18 @@ class MessageDelegate(QStyledItemDelegate):
         while len(self._docs) > CACHE_SIZE:
             self._streams.pop(self._docs.popitem(last=False)[0], None)
         return doc, rendered.code_blocks
+
+    def _catch_up(self, msg_id: int) -> None:
+        """The message drawn again at the next turn of the event loop, its document taking its next slice then."""
+        self._partial.add(msg_id)
+        if msg_id not in self._next_slices:
+            self._next_slices.add(msg_id)
+            QTimer.singleShot(0, self, lambda: self._next_slice(msg_id))
+
+    def _next_slice(self, msg_id: int) -> None:
+        self._next_slices.discard(msg_id)
+        if msg_id in self._partial:
+            self.view.model().message_changed(msg_id)
 
     def _fits(self, doc: QTextDocument, width: int) -> bool:
         """Whether `doc` may be drawn as it is laid out: at `width`, or a long one while the view is being resized (each

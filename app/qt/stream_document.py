@@ -10,6 +10,7 @@ can stand alone there (a header whose links change when the answer ends, a long 
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl
@@ -18,6 +19,7 @@ from PySide6.QtGui import (QTextBlock, QTextBlockFormat, QTextCharFormat, QTextC
 
 FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and close a table in a document's text
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
+SLICE_CHARS = 6_000  # HTML a document catching up takes at a time: ~5-15 ms of parsing and layout on a 2-core Xeon
 
 
 class SafeDocument(QTextDocument):
@@ -46,12 +48,21 @@ class StreamDocument:
         self.doc = doc
         doc.setUndoRedoEnabled(False)  # each token's edit would stay in the undo stack for the whole answer
         self._groups: list[_Group] = []
+        self._complete = True
 
     @property
     def parts(self) -> list[str]:
         return [part for group in self._groups for part in group.parts]
 
-    def update(self, parts: list[str]) -> None:
+    @property
+    def complete(self) -> bool:
+        """Whether the document reads as all the parts of the last update (a budget may have left some for later)."""
+        return self._complete
+
+    def update(self, parts: list[str], budget: float | None = None) -> bool:
+        """Brings the document to `parts`. With a `budget` (seconds) it stops once that is spent, between slices of
+        about SLICE_CHARS of HTML, and the next update goes on from there; returns whether all of them are in."""
+        deadline = None if budget is None else time.perf_counter() + budget
         same = 0
         for index, group in enumerate(self._groups):
             new = parts[same:same + len(group.parts)]
@@ -62,15 +73,21 @@ class StreamDocument:
                 break
             same += len(group.parts)
         if not self._groups:
-            same = self._start(parts)
-        for k in range(same, len(parts)):
-            self._append(parts[k], end=k == len(parts) - 1)
+            same = self._start(parts, SLICE_CHARS if budget is not None else None)
+        while same < len(parts) and (deadline is None or time.perf_counter() < deadline):
+            count = _slice(parts, same) if budget is not None else 1
+            self._append(parts[same:same + count], end=same + count == len(parts))
+            same += count
+        self._complete = same == len(parts)
+        return self._complete
 
-    def _start(self, parts: list[str]) -> int:
+    def _start(self, parts: list[str], limit: int | None) -> int:
         """An empty document takes all but its last few parts by one setHtml (part by part took ~2x as long), up to
-        the last boundary where the parts after it can go in alone; returns how many parts it took. Its first parts
-        (the header, which changes when the answer ends) are a group apart where they can be."""
-        split = self._boundary(parts, range(len(parts) - 1, max(0, len(parts) - SPLIT_TRIES), -1))
+        the last boundary where the parts after it can go in alone (the last before `limit` characters of HTML, if
+        given); returns how many parts it took. Its first parts (the header, which changes when the answer ends) are
+        a group apart where they can be."""
+        last = len(parts) - 1 if limit is None else min(len(parts) - 1, _slice(parts, 0, limit))
+        split = self._boundary(parts, range(last, max(0, last - SPLIT_TRIES), -1))
         if split is None:
             return 0
         self.doc.setHtml("".join(parts[:split]).rstrip())
@@ -135,15 +152,15 @@ class StreamDocument:
         cursor.setBlockCharFormat(group.char)
         del self._groups[index:]
 
-    def _append(self, part: str, end: bool) -> None:
-        parsed = self._parse(part, end)
-        if self._groups and (self._groups[-1].open_end or _starts_apart(parsed)
-                             or _list_goes_on(self.doc.lastBlock(), parsed.begin())):
-            parts = self._groups[-1].parts + [part]
+    def _append(self, parts: list[str], end: bool) -> None:
+        """`parts` at the end, one group (with the last group where the first of them cannot go in alone)."""
+        parsed = first = self._parse(parts[0], end and len(parts) == 1)
+        if self._groups and (self._groups[-1].open_end or _starts_apart(first)
+                             or _list_goes_on(self.doc.lastBlock(), first.begin())):
+            parts = self._groups[-1].parts + parts
             self._cut(len(self._groups) - 1)
+        if len(parts) > 1:
             parsed = self._parse("".join(parts), end)
-        else:
-            parts = [part]
         cursor = QTextCursor(self.doc)
         cursor.movePosition(QTextCursor.MoveOperation.End)
         self._groups.append(_Group(cursor.position(), cursor.blockFormat(), cursor.blockCharFormat(), parts,
@@ -159,6 +176,17 @@ class StreamDocument:
         # tags); at the document's end it does, as in setHtml of the whole
         parsed.setHtml(html if end else html.rstrip())
         return parsed
+
+
+def _slice(parts: list[str], start: int, limit: int = SLICE_CHARS) -> int:
+    """How many parts from `start` make one slice: up to `limit` characters, at least one, and the last SPLIT_TRIES
+    parts one at a time (the last grows, and a part that cannot go in alone goes in again with the group before it:
+    a small one)."""
+    count, size = 1, len(parts[start])
+    while start + count < len(parts) - SPLIT_TRIES and size + len(parts[start + count]) <= limit:
+        size += len(parts[start + count])
+        count += 1
+    return count
 
 
 def _ends_open(doc: QTextDocument) -> bool:

@@ -363,3 +363,18 @@ def test_a_streamed_answer_is_not_rendered_again_when_it_ends():
     done = message_html(Message(1, 1, None, "assistant", text, "done"), 1, 1, renderer, busy=False)
     assert sum(parsed) < 1_000, f"{sum(parsed)} characters parsed again when a {len(text)}-character answer ended"
     assert done.html.endswith(MarkdownRenderer().render(text)[0]) and done.parts[2:-1] == streamed.parts[2:-1]
+
+
+def test_a_streaming_answer_past_its_deadline_renders_one_new_block_a_call():
+    """A chat opened mid-answer rendered all of its Markdown at once (~250 ms at 60,000 characters here); past the
+    deadline each call renders one block it had not rendered before, and the blocks so far are its first parts."""
+    import time
+
+    text = _answer(120)
+    renderer = MarkdownRenderer()
+    calls = []
+    while not calls or not calls[-1][2]:
+        calls.append(renderer.render_streaming_parts(text, deadline=time.perf_counter() - 1))
+    counts = [len(parts) for parts, _, _ in calls]
+    assert counts[0] == 1 and len(counts) > 10 and counts == sorted(set(counts))  # a new block or more each call
+    assert calls[-1][:2] == MarkdownRenderer().render_streaming_parts(text)[:2]
