@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 MAX_INT32 = 2**31 - 1
 MASK64 = 2**64 - 1
 MAX_TEMPERATURE = 100.0
-MAX_PENALTY = 100.0
+MAX_PENALTY = 100.0  # and 1 / MAX_PENALTY the least repetition penalty: 1e-300 is 0 in fp32, and logits / 0 are inf
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
 # below it a temperature decodes greedily: logits / T overflowed fp32 from ~1e-38 (token 0, or an id past the
@@ -67,7 +67,8 @@ class SamplingParams:
             (0 <= self.top_k <= MAX_INT32, f"top_k must be between 0 and {MAX_INT32}"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.min_p < 1, "min_p must be in [0, 1)"),
-            (0 < self.repetition_penalty <= MAX_PENALTY, f"repetition_penalty must be in (0, {MAX_PENALTY:g}]"),
+            (1 / MAX_PENALTY <= self.repetition_penalty <= MAX_PENALTY,
+             f"repetition_penalty must be between {1 / MAX_PENALTY:g} and {MAX_PENALTY:g}"),
             (abs(self.presence_penalty) <= MAX_PENALTY, f"presence_penalty must be between ±{MAX_PENALTY:g}"),
             (abs(self.frequency_penalty) <= MAX_PENALTY, f"frequency_penalty must be between ±{MAX_PENALTY:g}"),
             (-1 <= self.repeat_last_n <= MAX_INT32, f"repeat_last_n must be between -1 (the whole history) and {MAX_INT32}"),

@@ -206,7 +206,8 @@ def test_a_sampling_value_the_engine_refuses_names_its_flag():
 
     for argv, said in ((["--max-tokens", "0"], "argument --max-tokens: must be between 1 and 2147483647, not 0"),
                        (["--temperature", "nan"], "argument --temperature: must be a finite number, not nan"),
-                       (["--repetition-penalty", "0"], "argument --repetition-penalty: must be in (0, 100], not 0.0"),
+                       (["--repetition-penalty", "0"], "argument --repetition-penalty: must be between 0.01 and 100, "
+                                                       "not 0.0"),
                        (["--repeat-last-n", "-2"], "argument --repeat-last-n: must be between -1 (the whole history) "
                                                    "and 2147483647, not -2")):
         for command in ("generate", "chat"):

@@ -102,7 +102,10 @@ def test_a_draw_depends_on_the_turn_key_and_position_only():
     assert turns[0] != turns[1] != turns[2]
 
 
-@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=1), dict(max_tokens=0), dict(top_k=-1)])
+# a repetition penalty of 1e-300 is 0 in fp32: every seen token's logit became inf and the answer was token 0 or BOS
+# over and over ('--repetition-penalty 1e-300' on the embedded model: 8 of 8 tokens <bos>), without a word
+@pytest.mark.parametrize("bad", [dict(temperature=-1), dict(top_p=0), dict(min_p=1), dict(max_tokens=0), dict(top_k=-1),
+                                 dict(repetition_penalty=1e-300), dict(repetition_penalty=0.0099)])
 def test_invalid_params_are_clear_errors(bad):
     with pytest.raises(ParleyError, match="Invalid sampling setting"):
         SamplingParams(**bad)
