@@ -8,7 +8,7 @@ The engine thread is held meanwhile (the chats' real turns are cancelled once it
 is measured. A second thread posts a probe event every 10 ms and a key press to the composer every 100 ms; their
 wait in the event queue is what a user's input would wait. Scenarios: long (one chat), resize (one chat, a 15-step
 drag of the window's edge every 1.7 s), switch (4 chats answering, another shown every 0.5 s), compare (the compare
-view, 4 columns answering).
+view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming).
 Spans: `head` while the answer's head first renders (until the window is calm again), `stream` while tokens arrive,
 `finish` from Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
 ticks of a 10 ms timer on the GUI thread and the share of the span they took (the probe thread needs the GIL to
@@ -37,7 +37,7 @@ from typing import Callable
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HERE = Path(__file__).resolve().parent.parent
-SCENARIOS = ("long", "resize", "switch", "compare")
+SCENARIOS = ("long", "resize", "switch", "compare", "code")
 TARGET_MS = 50.0
 PROBE_S, KEY_EVERY = 0.010, 10  # a probe every 10 ms, a key every 10th probe
 PROMPT = "Write a long answer in Markdown with code and tables."
@@ -67,6 +67,12 @@ def long_answer(chars: int, seed: int = 0) -> str:
         size += len(out[-1])
         i += 1
     return "".join(out)[:chars]
+
+
+def code_answer(lines: int = 190) -> str:
+    """A line of text, then one Python block of `lines` lines (a block streams highlighted up to 200 lines)."""
+    body = "\n".join(f"    total_{j} = compute(values[{j}], scale={j}.5)  # step {j}" for j in range(lines))
+    return f"Here is the code:\n\n```python\ndef long_part(values):\n{body}\n    return total_0\n```\n"
 
 
 def token_pieces(gguf: str, text: str) -> list[tuple[int, str]]:
@@ -379,7 +385,10 @@ def measure(args) -> int:
         if not wait_until(lambda: app.models.model_id("default") is not None, 300):
             print(json.dumps({"bench": "gui_long_answers", "error": "the embedded model did not load"}), flush=True)
             return 1
-        pieces = token_pieces(app.models.file_of("default"), long_answer(args.chars))
+        gguf = app.models.file_of("default")
+        answers = {"long": long_answer(args.chars), "code": code_answer()}
+        pieces = {kind: token_pieces(gguf, answers[kind]) for kind in {"code" if n == "code" else "long"
+                                                                         for n in args.scenarios}}
         tree = {"tree": args.tree or str(Path(args.src).resolve()), "src": str(Path(app_main.__file__).parents[2])}
         meter = Meter(app.window.chat.composer.edit)
         meter.start()
@@ -389,9 +398,10 @@ def measure(args) -> int:
                 "loop": meter.loop(meter.started, meter.stopped)}
         print(json.dumps({"bench": "gui_long_answers", "scenario": "idle", **tree, **idle}), flush=True)
         for name in args.scenarios:
-            row = run_scenario(app, name, pieces, args, meter)
+            answer = pieces["code" if name == "code" else "long"]
+            row = run_scenario(app, name, answer, args, meter)
             row["pass"] = row["stream_key"]["p95"] is not None and row["stream_key"]["p95"] < TARGET_MS
-            print(json.dumps({**row, **tree, "tokens_total": len(pieces)}), flush=True)
+            print(json.dumps({**row, **tree, "tokens_total": len(answer)}), flush=True)
     finally:
         app.close()
         shutil.rmtree(data_dir, ignore_errors=True)
