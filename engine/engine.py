@@ -30,6 +30,7 @@ from engine.memory import return_freed_memory
 from engine.prompt_worker import PromptWorkers
 from engine.remote import RemoteHost, RemoteModel, probe_in_background
 from engine.runtime import EngineConfig, build_runtime
+from engine.runtime_memory import runtime_parts
 from engine.sampling import SamplerState, SamplingParams
 from engine.session import OVERFLOW_POLICIES, Session, TurnRequest
 
@@ -270,8 +271,9 @@ class Engine:
 
         config = self.config  # one snapshot: set_draft_model may replace it meanwhile
         device, dtype = resolve_device(config.device, config.dtype)
-        options = LoadOptions(device=device, dtype=dtype, cache_dir=config.cache_dir,
-                              weights=config.weights, quantize=config.quantize, context=config.max_session_tokens)
+        options = LoadOptions(device=device, dtype=dtype, cache_dir=config.cache_dir, weights=config.weights,
+                              quantize=config.quantize, context=config.max_session_tokens,
+                              beside=partial(runtime_parts, config))
         lm = load_model(c.source, options, progress)
         if config.speculative == "dflash":
             return lm, self._read_dflash(config.draft_model, lm)

@@ -63,9 +63,8 @@ def available_bytes(device: str) -> int:
 
 def address_space_free_bytes() -> int | None:
     """What an address-space limit (`ulimit -v`, RLIMIT_AS: common on shared machines) still lets this process map,
-    or None without one: past it an allocation fails whatever the machine has free. The cache's growth reads it; a
-    load does not: its estimate measures resident bytes, not mappings (under a 1,600 MB limit the embedded model loads,
-    with 0.4 GB of address space left for its 0.6 GB estimate)."""
+    or None without one: past it an allocation fails whatever the machine has free. The cache's growth and the load
+    read it, without the load's headroom: mappings outgrow resident bytes, never the other way."""
     try:
         import resource
     except ImportError:  # Windows
@@ -170,14 +169,28 @@ def hf_estimate(shapes: list[tuple[tuple[int, ...], int]], vocab_size: int, floa
     return stored + extra, final
 
 
-def check_fits(needed: int, device: str, name: str) -> None:
-    """Refuses, in one line, a model that cannot fit in the memory that is free (never an out-of-memory kill)."""
+def check_fits(needed: int, device: str, name: str, beside: list[tuple[str, int]] | tuple = ()) -> None:
+    """Refuses, in one line, a model that cannot fit in the memory that is free (never an out-of-memory kill): its
+    weights (`needed`) and what its runtime will hold beside them (`beside`, (what, bytes): engine/runtime_memory.py),
+    with HEADROOM left of the memory the OS can give; on the CPU also within an address-space limit (`ulimit -v`),
+    which counts every mapping, so a model whose resident bytes alone pass it can never load."""
+    parts = [("weights", needed), *beside]
     free = available_bytes(device)
-    if needed + HEADROOM > free:
-        where = "GPU memory" if device.startswith("cuda") else "memory"
-        # the need named includes the headroom: "needs ~0.4 GB, 0.6 GB free" read as a refusal of a model that fits
-        need, have = gb_pair(needed + HEADROOM, free)
-        raise ModelLoadError(f"{name} needs ~{need} GB, {have} GB of {where} free.")
+    if sum(n for _, n in parts) + HEADROOM > free:
+        where = "of GPU memory free" if device.startswith("cuda") else "of memory free"
+        raise refusal(name, [*parts, ("room for the rest", HEADROOM)], free, where, detailed=bool(beside))
+    mappable = None if device.startswith("cuda") else address_space_free_bytes()
+    if mappable is not None and sum(n for _, n in parts) > mappable:
+        where = "free under this process's memory limit (ulimit -v)"
+        raise refusal(name, parts, mappable, where, detailed=bool(beside))
+
+
+def refusal(name: str, parts: list[tuple[str, int]], free: int, where: str, detailed: bool) -> ModelLoadError:
+    """'NAME needs ~X GB, Y GB of memory free.'; `detailed`: what needs what, in GB."""
+    # the need named includes the headroom: "needs ~0.4 GB, 0.6 GB free" read as a refusal of a model that fits
+    need, have = gb_pair(sum(n for _, n in parts), free)
+    detail = " (" + ", ".join(f"{what} {n / 2**30:.2f}" for what, n in parts) + " GB)" if detailed else ""
+    return ModelLoadError(f"{name} needs ~{need} GB{detail}, {have} GB {where}.")
 
 
 def gb_pair(need: int, free: int) -> tuple[str, str]:

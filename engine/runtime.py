@@ -20,6 +20,7 @@ from engine.cache.growth import GROWTH_MARGIN, free_bytes
 from engine.errors import CacheError, CacheMemoryError, ModelLoadError, ParleyError
 from engine.loading.loader import LoadedModel
 from engine.memory import gb_pair, return_freed_memory
+from engine.models.args import ModelArgs
 from engine.models.kernel_choice import KernelChoice, choose_kernels
 from engine.prefix_cache import PrefixCache
 from engine.process import configure_process
@@ -380,14 +381,28 @@ class ModelRuntime:
 
 
 def cache_dtype(lm: LoadedModel, device: torch.device, backend: str) -> str:
+    return cache_storage(device.type, lm.is_quantized(), backend, next(lm.model.parameters()).dtype)
+
+
+def cache_storage(device_type: str, quantized: bool, backend: str, weights_dtype: torch.dtype) -> str:
     """The KV cache's storage: fp16 on torch's CPU backend for quantized weights where Parley's library reads and
     writes it (half the bytes a token, as llama.cpp keeps its cache; each value rounded once as written); else the
     weights' dtype (the dequantized fp32 path keeps transformers' numbers; MLX keeps its own)."""
     from kernels.cpu_native import cpu_kernel
 
-    if backend == "torch" and device.type == "cpu" and lm.is_quantized() and cpu_kernel() is not None:
+    if backend == "torch" and device_type == "cpu" and quantized and cpu_kernel() is not None:
         return "float16"
-    return dtype_name(next(lm.model.parameters()).dtype)
+    return dtype_name(weights_dtype)
+
+
+def cache_config_for(args: ModelArgs, config: EngineConfig, dtype: str, preallocate: bool = False) -> CacheConfig:
+    """The KV cache of a model's runtime: `max_sessions` slots of the session context (capped by the model's own)."""
+    limit = args.max_position_embeddings
+    if config.max_session_tokens is not None:
+        limit = min(config.max_session_tokens, limit)
+    return CacheConfig(layout=config.kv_layout, max_seqs=config.max_sessions, max_seq_len=limit,
+                       capacity=config.max_sessions * limit, dtype=dtype, max_step_tokens=config.chunk_tokens,
+                       initial_capacity=config.max_sessions * limit if preallocate else None)
 
 
 def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep_finished: bool = True,
@@ -397,20 +412,10 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
     the loaded draft model of speculative "draft" (engine/speculative/draft_model.py), or the DFlash drafter's
     network of "dflash" (engine/speculative/dflash.py)."""
     args = lm.args
-    limit = args.max_position_embeddings
-    if config.max_session_tokens is not None:
-        limit = min(config.max_session_tokens, limit)
     weights_device = next(lm.model.parameters()).device
     backend = resolve_backend(config.backend, str(weights_device))
-    cache_config = CacheConfig(
-        layout=config.kv_layout,
-        max_seqs=config.max_sessions,
-        max_seq_len=limit,
-        capacity=config.max_sessions * limit,
-        dtype=cache_dtype(lm, weights_device, backend),
-        max_step_tokens=config.chunk_tokens,
-        initial_capacity=config.max_sessions * limit if tuning.preallocate else None,
-    )
+    cache_config = cache_config_for(args, config, cache_dtype(lm, weights_device, backend), tuning.preallocate)
+    limit = cache_config.max_seq_len
     sched = config.scheduler_config()
     release = not keep_finished
     if backend == "mlx":

@@ -48,6 +48,9 @@ class LoadOptions:
     weights: str = "auto"
     quantize: str | None = None  # a HF folder's matrices quantized at load on the CPU: "q8" or "q4"
     context: int | None = None  # the sessions' context (EngineConfig.max_session_tokens): LongRoPE's factors by it
+    # what the model's runtime will hold beside its weights, (what, bytes) from its header (engine/runtime_memory.py):
+    # counted before any weight is read; None counts the weights alone
+    beside: Callable[[ModelArgs, LoadOptions], list[tuple[str, int]]] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -203,9 +206,7 @@ def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> Non
     # mapped: a tensor already in the runtime's dtype is used as read from the shard's mapping, not copied
     staging, final = hf_estimate(hf_folder.tensor_shapes(folder), args.vocab_size, options.torch_dtype.itemsize,
                                  quantize, options.device, mxfp4=_keeps_mxfp4(options), mapped=True)
-    check_fits(staging, "cpu", folder.name)
-    if options.device.startswith("cuda"):
-        check_fits(final, options.device, folder.name)
+    _check_fits(staging, final, folder.name, args, options)
 
 
 def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions, notices: list[str]):
@@ -279,10 +280,8 @@ def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
     if not cuda and not options.quantized and options.torch_dtype.itemsize != 4:
         # build_model makes each fp32 tensor a `dtype` copy while the fp32 dict is alive: both at the peak
         staging += gguf_estimate(gf.tensors, 0, False, options.torch_dtype.itemsize) - LOAD_SCRATCH
-    check_fits(staging, "cpu", name)
-    if cuda:
-        final = gguf_estimate(gf.tensors, 0, options.quantized, options.torch_dtype.itemsize, device=options.device)
-        check_fits(final, options.device, name)
+    final = gguf_estimate(gf.tensors, 0, options.quantized, options.torch_dtype.itemsize, device=options.device)
+    _check_fits(staging, final, name, args, options)  # `final` counts on CUDA only
 
 
 def _check_converted(args: ModelArgs, weights_file: Path, options: LoadOptions, name: str) -> None:
@@ -294,9 +293,17 @@ def _check_converted(args: ModelArgs, weights_file: Path, options: LoadOptions, 
         return  # a damaged entry: the load rebuilds it from the GGUF file, which is checked then
     staging, final = hf_estimate(shapes, args.vocab_size, options.torch_dtype.itemsize, None, options.device,
                                  mapped=True)
-    check_fits(staging, "cpu", name)
-    if options.device.startswith("cuda"):
-        check_fits(final, options.device, name)
+    _check_fits(staging, final, name, args, options)
+
+
+def _check_fits(staging: int, final: int, name: str, args: ModelArgs, options: LoadOptions) -> None:
+    """The CPU's peak while loading, and on CUDA the GPU's final size, each with what the runtime will add there (its
+    cache, tapes and steps: `options.beside`)."""
+    beside = options.beside(fit_context(args, options.context), options) if options.beside is not None else []
+    cuda = options.device.startswith("cuda")
+    check_fits(staging, "cpu", name, [] if cuda else beside)
+    if cuda:
+        check_fits(final, options.device, name, beside)
 
 
 def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None):
