@@ -12,6 +12,7 @@ from functools import partial
 from typing import Callable
 
 from engine import events as ev
+from engine.cache.growth import allocation_failed
 from engine.errors import CacheMemoryError, ParleyError
 from engine.host import Emit
 from engine.prompt_worker import PromptWorkers
@@ -22,6 +23,8 @@ from engine.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
+OUT_OF_MEMORY = ("Generation failed: the memory ran out during this answer; free some memory, close other chats or "
+                 "choose a smaller model.")
 CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detokeniser starts from
 
 
@@ -242,7 +245,12 @@ class LocalHost:
 
     def _fail_step(self, exc: Exception) -> None:
         """A failed forward ends the turns of the sequences in it; every other session keeps going."""
-        message = str(exc) if isinstance(exc, ParleyError) else f"Generation failed: {exc!r}"
+        if isinstance(exc, ParleyError):
+            message = str(exc)
+        elif allocation_failed(exc):  # memory taken since the load counted it (another program, a lower limit)
+            message = OUT_OF_MEMORY
+        else:
+            message = f"Generation failed: {exc!r}"
         for seq in self.runtime.fail_in_flight():
             self._end_with_error(self._sessions.get(seq.seq_id), message, getattr(exc, "code", None))
 

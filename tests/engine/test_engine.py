@@ -198,6 +198,31 @@ def test_exception_in_a_step_fails_only_that_step(client):
     assert client.free_slots(client.model) >= 3
 
 
+def test_a_step_the_allocator_refuses_ends_its_turn_in_one_line(client):
+    """Under prlimit --as 1,500 MB a drafting answer of the embedded model failed mid-way with torch's own text
+    ('Generation failed: RuntimeError("[enforce fail at alloc_cpu.cpp:127] ... you tried to allocate 13631488
+    bytes ...")'): a tape's logits, memory the load had counted taken since. The turn ends in one plain line, the
+    engine goes on. (The allocator's refusal is raised here in the forward, with the text it gave.)"""
+    model = client.engine.loaded_model(client.model).model
+    real_forward = model.forward
+
+    def refused(*args, **kwargs):
+        model.forward = real_forward
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 13631488 bytes. Error code 12 (Cannot allocate memory)")
+
+    sid = client.open(client.model, params=GREEDY)
+    model.forward = refused
+    try:
+        err = client.wait(client.send(sid, "boom"))
+    finally:
+        model.forward = real_forward
+    assert isinstance(err, ev.Error) and err.message == ("Generation failed: the memory ran out during this answer; "
+                                                         "free some memory, close other chats or choose a smaller "
+                                                         "model."), err.message
+    assert client.ask(sid, "again").reason in ("stop", "length")
+
+
 def test_failed_model_load_reports_and_engine_stays_usable(client, corrupt_ggufs, tiny_models):
     bad = client.engine.load_model(corrupt_ggufs["truncated"])
     failed = client.wait_for(lambda e: isinstance(e, ev.ModelFailed) and e.model_id == bad)
