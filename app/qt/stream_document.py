@@ -74,7 +74,9 @@ class StreamDocument:
             same += len(group.parts)
         if not self._groups:
             same = self._start(parts, SLICE_CHARS if budget is not None else None)
-        while same < len(parts) and (deadline is None or time.perf_counter() < deadline):
+        taken = 0
+        while same < len(parts) and (deadline is None or not taken or time.perf_counter() < deadline):
+            taken += 1  # a slice at least, whatever the time, so that each call goes on
             count = _slice(parts, same) if budget is not None else 1
             self._append(parts[same:same + count], end=same + count == len(parts))
             same += count

@@ -175,3 +175,20 @@ def test_a_chat_opened_mid_answer_takes_its_long_answer_a_slice_a_turn(parley, q
     fresh.setDefaultStyleSheet(doc.defaultStyleSheet())
     fresh.setHtml(html)
     assert delegate.document(answer)[0] is doc and doc.toHtml() == fresh.toHtml()
+
+
+def test_a_document_catching_up_takes_a_slice_each_call_whatever_its_budget(qapp):
+    """A call whose budget was spent before its first slice (a slow machine, a big replace) put nothing in, so a
+    document could stay behind for as long as that went on; each call now takes one slice at least."""
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    text = "".join(f"## Part {i}\n\nSome words, *a few*.\n\n| a | b |\n|---|---|\n| {i} | 2 |\n\n" for i in range(300))
+    rendered = message_html(Message(1, 1, None, "assistant", text, "streaming"), 1, 1, MarkdownRenderer(), busy=True)
+    doc = SafeDocument()
+    stream = StreamDocument(doc)
+    calls = 1
+    while not stream.update(list(rendered.parts), budget=0.0) and calls < 500:
+        calls += 1
+    fresh = SafeDocument()
+    fresh.setHtml(rendered.html)
+    assert stream.complete and 1 < calls < 500 and doc.toHtml() == fresh.toHtml()
