@@ -160,8 +160,8 @@ def test_data_folder_that_cannot_exist(tmp_path):
     assert store.search("hi") == [conv]
 
 
-def test_full_disk_mid_answer(tmp_path):
-    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0)
+def _answer_on_a_full_disk(store: SqliteConversationStore):
+    """A chat whose streaming answer of 200,000 characters filled the disk: (the chat, the answer)."""
     conv = store.create()
     a = store.add_message(conv.id, None, "assistant", state="streaming")
     pages = store._db.execute("PRAGMA page_count").fetchone()[0]
@@ -169,11 +169,16 @@ def test_full_disk_mid_answer(tmp_path):
     for _ in range(200):
         store.append_text(a.id, "x" * 1000)
     assert not store.persistent and "disk is full" in store.warning
+    return conv, a
+
+
+def test_full_disk_mid_answer(tmp_path):
+    store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0)
+    conv, a = _answer_on_a_full_disk(store)
     assert len(store.message(a.id).content) == 200_000
     store.update_message(a.id, state="done")  # keeps working in memory
     reopened = SqliteConversationStore(tmp_path / "p.db")
     assert reopened.persistent and reopened.has(conv.id)
-
 
 
 def test_text_streamed_while_the_disk_was_full_is_saved_once_there_is_room(tmp_path):
@@ -182,13 +187,7 @@ def test_text_streamed_while_the_disk_was_full_is_saved_once_there_is_room(tmp_p
     wait, as for a lock, and go in at the first try after there is room."""
     now = [0.0]
     store = SqliteConversationStore(tmp_path / "p.db", flush_interval_s=0, clock=lambda: now[0])
-    conv = store.create()
-    a = store.add_message(conv.id, None, "assistant", state="streaming")
-    pages = store._db.execute("PRAGMA page_count").fetchone()[0]
-    store._db.execute(f"PRAGMA max_page_count = {pages + 2}")  # what a full disk looks like to SQLite
-    for _ in range(200):
-        store.append_text(a.id, "x" * 1000)
-    assert not store.persistent and "disk is full" in store.warning
+    conv, a = _answer_on_a_full_disk(store)
     store._db.execute("PRAGMA max_page_count = 1000000")  # room again
     now[0] += 11  # past the wait between tries
     store.update_message(a.id, state="done")
