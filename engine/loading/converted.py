@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from engine.loading.folder_lock import folder_lock, opened_folder
+from engine.loading.safetensors_read import read_safetensors
 from engine.models.args import ModelArgs
 from engine.tokenizer import Tokenizer
 
@@ -83,8 +84,6 @@ def drop_abandoned(folder: Path) -> None:
 def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], None] | None = None):
     """(args, weights, tokenizer) from the cache, or None when absent or unreadable. `check(args, weights file)` runs
     before the weights are read: its error (a model that does not fit) is the caller's, the entry stays."""
-    from safetensors.torch import load_file
-
     d = entry_dir(cache_dir, gguf_path)
     if not (d / "complete").exists():
         return None
@@ -96,7 +95,7 @@ def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], No
     if check is not None:
         check(args, d / "model.safetensors")
     try:
-        weights = load_file(str(d / "model.safetensors"))
+        weights = read_safetensors(d / "model.safetensors")  # not mapped: the file may change under a running Parley
         tok = Tokenizer.load(d / "tokenizer")
     except Exception:
         shutil.rmtree(d, ignore_errors=True)  # a damaged entry is rebuilt from the GGUF
