@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import io
 import os
 import platform
 import shlex
@@ -176,7 +177,7 @@ def _load() -> tuple[CpuKernel | None, str | None]:
         return None, f"the C compiler CC names ({compiler}) was not found"
     try:
         path = _build(compiler)
-        lib = ctypes.CDLL(str(path))  # after torch: its libgomp serves both (one thread pool)
+        lib = open_library(path)  # after torch: its libgomp serves both (one thread pool)
         if path.parent != kernel_dir():  # a private build: mapped now, so nothing need stay in the temp folder
             shutil.rmtree(path.parent, ignore_errors=True)
             return bind(lib, None), None
@@ -188,6 +189,26 @@ def _load() -> tuple[CpuKernel | None, str | None]:
     except (OSError, subprocess.SubprocessError, AttributeError) as exc:
         return None, f"they could not be built or loaded ({exc})"
 
+
+def open_library(path: Path) -> ctypes.CDLL:
+    """The library loaded from a copy in memory of its own where the system has memfd (Linux): loaded from the cached
+    file, its pages stayed mapped, and that file cut short in place while Parley ran (a sync tool, a restored backup,
+    truncate) killed the process with SIGBUS mid-answer. Elsewhere the file itself is loaded."""
+    if not hasattr(os, "memfd_create") or not Path("/proc/self/fd").is_dir():
+        return ctypes.CDLL(str(path))
+    data = path.read_bytes()
+    if not _elf_whole(io.BytesIO(data), len(data), data[:64]):
+        raise OSError(f"{path} changed while it was read")  # rewritten between the check and the copy
+    fd = os.memfd_create(path.name, os.MFD_CLOEXEC)
+    try:
+        with open(fd, "wb", closefd=False) as f:
+            f.write(data)
+        # the descriptor stays open: dlopen knows a library by its path, and a later one at a reused
+        # /proc/self/fd/N would be handed this one
+        return ctypes.CDLL(f"/proc/self/fd/{fd}")
+    except OSError:  # memory that may not be executed (vm.memfd_noexec): the file itself, as before
+        os.close(fd)
+        return ctypes.CDLL(str(path))
 
 
 def _build_failure(compiler: str, stderr: str) -> str:

@@ -4,10 +4,12 @@ says so."""
 from __future__ import annotations
 
 import ctypes
+import os
 import platform
 import shutil
 import tempfile
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +227,17 @@ def test_the_switch_reads_off_as_people_write_it_and_a_blank_cache_folder_is_uns
     default = cpu_native.kernel_dir()
     monkeypatch.setenv("PARLEY_KERNEL_CACHE", " ")
     assert cpu_native.kernel_dir() == default and default.is_absolute()
+
+
+@needs_cc
+@pytest.mark.skipif(not hasattr(os, "memfd_create"), reason="memfd: Linux")
+def test_the_cached_library_cut_short_in_place_leaves_a_running_parley_alone(tmp_path, monkeypatch):
+    """The library was loaded from the cached file itself: that file truncated while Parley ran (a sync tool, a
+    restored backup) killed it with SIGBUS at its next kernel call. It is loaded from a copy in memory now."""
+    monkeypatch.setattr(cpu_native, "sources", lambda: [_probe(tmp_path)])
+    path = tmp_path / "parley-cpu-test.so"
+    cpu_native.build_library("cc", path, ("-shared", "-fPIC"))
+    lib = cpu_native.open_library(path)
+    assert str(path) not in Path("/proc/self/maps").read_text()
+    os.truncate(path, 0)
+    assert lib.parley_probe() == 7
