@@ -36,6 +36,12 @@ class AppSettings:
     # as_json() at the load or the last save, what a save compares them with; None: the file did not read whole (the
     # next save writes these settings as they are, the defaults in place of what did not read)
     base: dict | None = field(default=None, repr=False)
+    launch_theme: str | None = None  # `parley --theme`: this launch's colours, never saved (the saved choice is theme)
+
+    @property
+    def shown_theme(self) -> str:
+        """The theme the window shows: this launch's --theme, else the saved one."""
+        return self.launch_theme or self.theme
 
     @classmethod
     def load(cls, file: Path, read_only: bool = False) -> "AppSettings":

@@ -58,8 +58,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     # a second Parley on the same folder shows its chats read-only, and its settings too: closing it must not write
     # over the first one's presets and drafts
     settings = AppSettings.load(paths.data / "settings.json", read_only=store.locked_out)
-    if theme is not None:
-        settings.theme = theme
+    settings.launch_theme = theme  # shown, not saved: a flag for one launch must not become the saved choice
     config = engine or EngineConfig(cache_dir=paths.cache, weights=settings.weights, **GUI_ENGINE)
     bridge = EngineBridge(config).start()
     registry = SqliteModelRegistry(store, default_spec=default_model, legacy_file=paths.data / "models.json")

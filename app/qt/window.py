@@ -80,7 +80,7 @@ class MainWindow(QMainWindow):
         models.imported.connect(self._on_imported)
         models.already_there.connect(self._on_already_there)
         self.dark = False
-        self.set_theme(settings.theme)
+        self._show_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
         self._restore_geometry()
 
@@ -288,7 +288,12 @@ class MainWindow(QMainWindow):
 
     # -- look
     def set_theme(self, mode: str) -> None:
-        self.app_settings.theme = mode
+        """The View menu's choice: the saved theme, and this launch's from now on (over a --theme flag)."""
+        self.app_settings.theme, self.app_settings.launch_theme = mode, None
+        self._show_theme()
+
+    def _show_theme(self) -> None:
+        mode = self.app_settings.shown_theme
         self.dark = apply_theme(QApplication.instance(), mode)
         for view in [self.chat.view] + [c.view for c in self.compare.columns]:
             view.set_dark(self.dark)
@@ -297,8 +302,8 @@ class MainWindow(QMainWindow):
 
     def _on_color_scheme(self, _scheme: Qt.ColorScheme) -> None:
         """The desktop went light or dark (at sunset, say): a window set to follow it follows it now."""
-        if self.app_settings.theme == "system":
-            self.set_theme("system")
+        if self.app_settings.shown_theme == "system":
+            self._show_theme()
 
     def _save_theme(self, mode: str) -> None:
         self.set_theme(mode)
