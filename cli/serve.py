@@ -73,12 +73,17 @@ def api_key(given: str | None) -> str | None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from engine.loading.default_model import resolve_model
+    from cli.engine_flags import Target, check_engine_flags
     from cli.terminal import printable
+    from engine.loading.default_model import resolve_model
     from server.app import ServerSettings
     from server.bridge import ServerBridge
     from server.run import listening_socket, say, serve_forever
 
+    paths = paths_of(args)
+    specs = args.model or ([] if args.remote else ["default"])
+    sources = [resolve_model(spec, paths.models) for spec in specs]
+    check_engine_flags(args, Target.of(args, sources))  # a flag these models or this machine ignore: before the loads
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                   allowed_hosts=tuple(args.allow_host), cors_origins=tuple(args.cors_origin))
@@ -86,12 +91,11 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
-    paths = paths_of(args)
     config = engine_config(args, paths, max_sessions=args.max_sessions, max_session_tokens=args.context)
     bridge = ServerBridge(config).start()
     try:
-        for spec in args.model or ([] if args.remote else ["default"]):
-            m = bridge.load(resolve_model(spec, paths.models), alias=spec)
+        for spec, source in zip(specs, sources):
+            m = bridge.load(source, alias=spec)
             say(f"parley: serving {printable(m.id)} (context {m.context})")
         for spec in args.remote:
             url, _, name = spec.partition("#")

@@ -39,10 +39,12 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     from tqdm import tqdm
 
     from cli.engine_cli import EngineCLI
+    from cli.engine_flags import Target, check_engine_flags
     from engine.loading.default_model import resolve_model
 
     paths = paths_of(args)
     source = resolve_model(args.model, paths.models)
+    check_engine_flags(args, Target.of(args, [source]))  # a flag this model or machine ignores: before the load
     cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions))
     bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
     shown = {"stage": None, "percent": -1}

@@ -1,0 +1,130 @@
+"""Engine flags that act on one kind of model, device or backend only (--quantize, --weights, --compile, --kv-layout,
+and every local model's flag under `serve --remote` alone). Where the models or the machine make one do nothing, the
+command says so instead of ignoring it: a choice the user made (a .gguf, --device cpu, --backend mlx) refuses the flag
+in one line (exit 2); one the machine made (--device auto, --backend auto) is a notice on stderr, so that a script
+shared between machines still runs."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engine.errors import ParleyError
+
+# the flags that shape how a local model loads and runs, with the value that leaves each alone
+LOCAL_MODEL_FLAGS = {"device": "auto", "dtype": "auto", "kv_layout": "sequence", "backend": "auto", "weights": "auto",
+                     "quantize": None, "speculative": "auto", "draft_model": None, "compile": False}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the engine will load and where: the models' paths, the device and backend as the engine resolves them."""
+    models: tuple[Path, ...]
+    device: str  # "cpu" or "cuda[:n]"
+    backend: str  # "torch" or "mlx"
+
+    @classmethod
+    def of(cls, args: argparse.Namespace, models: list[Path]) -> "Target":
+        """Resolves --device and --backend as the engine will (a missing CUDA device or mlx package: one line)."""
+        from engine.backend import resolve_backend, resolve_device
+
+        device, _ = resolve_device(args.device, args.dtype)
+        return cls(tuple(models), device, resolve_backend(args.backend, device))
+
+    @property
+    def files(self) -> list[Path]:
+        return [m for m in self.models if m.is_file()]  # a path that is not there fails the load on its own
+
+    @property
+    def folders(self) -> list[Path]:
+        return [m for m in self.models if m.is_dir()]
+
+
+@dataclass(frozen=True, slots=True)
+class Unused:
+    """A flag that would do nothing: `why`, in words; `chosen`: the user's own choice makes it so (refused)."""
+    flag: str  # "--quantize"
+    value: str  # as typed ("q8"); "" for a switch
+    why: str
+    chosen: bool
+
+
+def check_engine_flags(args: argparse.Namespace, target: Target,
+                       notice: Callable[[str], None] = lambda line: print(line, file=sys.stderr)) -> None:
+    """Raises ParleyError ('argument --compile: …') for a flag the user's choices make do nothing; a notice for one the
+    machine's do."""
+    unused = unused_flags(args, target)
+    for u in unused:
+        if u.chosen:
+            raise ParleyError(f"argument {u.flag}: {u.why}")
+    for u in unused:
+        notice(f"parley: {u.flag}{f' {u.value}' if u.value else ''} does nothing here: {u.why}")
+
+
+def unused_flags(args: argparse.Namespace, target: Target) -> list[Unused]:
+    if not target.models:  # `serve --remote` alone: nothing loads here
+        return _without_local_models(args)
+    found = (_quantize(args, target), _weights(args, target), _compile(args, target), _kv_layout(args, target))
+    return [u for u in found if u is not None]
+
+
+def _quantize(args: argparse.Namespace, t: Target) -> Unused | None:
+    flag = ("--quantize", args.quantize)
+    if not args.quantize:
+        return None
+    if t.files:
+        return Unused(*flag, f"it quantizes a Hugging Face folder's matrices at load; {_names(t.files)} "
+                      f"{_is_gguf(t.files)}, whose matrices keep the file's quantization (--weights chooses quantized "
+                      "or floats)", chosen=not t.folders)
+    if t.device != "cpu":
+        return Unused(*flag, f"it quantizes at load on the CPU; on {t.device} a folder's matrices load as floats "
+                      "(--device cpu to quantize)", chosen=args.device != "auto")
+    return None
+
+
+def _weights(args: argparse.Namespace, t: Target) -> Unused | None:
+    flag = ("--weights", args.weights)
+    if args.weights == "quantized" and t.folders and not args.quantize:
+        return Unused(*flag, f"it keeps a GGUF file's matrices quantized; {_names(t.folders)} "
+                      f"{_is_folder(t.folders)}, whose matrices load as floats (--quantize q8|q4 quantizes them on "
+                      "the CPU)", chosen=not t.files)
+    if args.weights == "dequantized" and args.quantize and t.folders and not t.files:
+        return Unused(*flag, f"--quantize {args.quantize} quantizes {_names(t.folders)}; leave out one or the other",
+                      chosen=True)
+    return None
+
+
+def _compile(args: argparse.Namespace, t: Target) -> Unused | None:
+    if not args.compile or (t.backend == "torch" and t.device.startswith("cuda")):
+        return None
+    where = ("the MLX backend runs the model" if t.backend == "mlx" else
+             "--device cpu runs it on the CPU" if args.device == "cpu" else "there is no CUDA device here")
+    return Unused("--compile", "", f"it compiles the CUDA decode step; {where}",
+                  chosen=args.device == "cpu" or args.backend == "mlx")
+
+
+def _kv_layout(args: argparse.Namespace, t: Target) -> Unused | None:
+    if args.kv_layout == "cell" and t.backend == "mlx":
+        return Unused("--kv-layout", "cell", "the MLX backend keeps its own cache, one block per sequence",
+                      chosen=args.backend == "mlx")
+    return None
+
+
+def _without_local_models(args: argparse.Namespace) -> list[Unused]:
+    given = [name for name, unset in LOCAL_MODEL_FLAGS.items() if getattr(args, name, unset) != unset]
+    return [Unused("--" + name.replace("_", "-"), "" if getattr(args, name) is True else str(getattr(args, name)),
+                   "no local model loads (--remote alone; add --model)", chosen=True) for name in given[:1]]
+
+
+def _names(paths: list[Path]) -> str:
+    return ", ".join(p.name for p in paths)
+
+
+def _is_gguf(files: list[Path]) -> str:
+    return "is a GGUF file" if len(files) == 1 else "are GGUF files"
+
+
+def _is_folder(folders: list[Path]) -> str:
+    return "is a Hugging Face folder" if len(folders) == 1 else "are Hugging Face folders"
