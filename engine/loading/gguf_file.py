@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.gguf_header import TensorInfo, read_header
+from engine.loading.gguf_split import read_parts
 from engine.quant.gguf_blocks import to_float32
 
 GGUF_MAGIC = b"GGUF"
@@ -100,17 +101,18 @@ FLOAT_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 
 @dataclass(slots=True)
 class GGUFFile:
-    """An opened GGUF file; `metadata` maps each key to a plain Python value."""
+    """An opened GGUF model: one file, or every part of a split one (`path` its first); `metadata` maps each key to a
+    plain Python value."""
 
     path: Path
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
-    source: TensorSource | None = None
+    sources: list[TensorSource] = field(default_factory=list)  # one a file
 
     def close(self) -> None:
-        """Closes the file (a tensor's data cannot be read after this)."""
-        if self.source is not None:
-            self.source.close()
+        """Closes the files (a tensor's data cannot be read after this)."""
+        for source in self.sources:
+            source.close()
 
     @property
     def architecture(self) -> str:
@@ -125,7 +127,8 @@ class GGUFFile:
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
-    """Opens and validates a GGUF file, raising ModelLoadError with the reason when it cannot."""
+    """Opens and validates a GGUF file, or every part of the split model it is a part of (engine/loading/gguf_split.py),
+    raising ModelLoadError with the reason when it cannot."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"Model file not found: {path}")
@@ -134,10 +137,16 @@ def open_gguf(path: str | Path) -> GGUFFile:
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
-    header = read_header(path)  # every count and offset checked against the file
-    source = TensorSource(path)
-    return GGUFFile(path=path, metadata=header.fields, tensors=[GGUFTensor(t, source) for t in header.tensors],
-                    source=source)
+    parts = read_parts(path, read_header)  # every count and offset checked against its file
+    gf = GGUFFile(path=parts[0][0], metadata=parts[0][1].fields, tensors=[])
+    try:
+        for part, header in parts:
+            gf.sources.append(TensorSource(part))
+            gf.tensors += [GGUFTensor(t, gf.sources[-1]) for t in header.tensors]
+    except OSError:
+        gf.close()
+        raise
+    return gf
 
 
 def _dequantize(path: Path, t: Any) -> torch.Tensor:

@@ -1,0 +1,140 @@
+"""Models that come as several GGUF files, as llama.cpp's gguf-split writes them: NAME-00001-of-00003.gguf holds the
+metadata and some tensors, each later part more tensors, and every part carries split.no, split.count and
+split.tensors.count. Any part names the whole model (as the folder holding one model's files does); every part is
+checked against the first before a weight is read, so a missing, foreign or cut-short part is one line naming it.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+from engine.errors import ModelLoadError
+from engine.loading.gguf_header import GGUFHeader
+
+SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's "%s-%05d-of-%05d.gguf"
+SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+
+
+def shard_of(path: Path) -> tuple[int, int] | None:
+    """(part, parts), counted from 1, that the file's name gives; None for a name without them."""
+    m = SHARD_NAME.search(path.name)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def shard_path(path: Path, no: int, count: int) -> Path:
+    """Part `no` (from 1) of `count` beside `path`, a part of the same split."""
+    m = SHARD_NAME.search(path.name)
+    return path.with_name(f"{path.name[:m.start()]}-{no:05d}-of-{count:05d}.gguf")
+
+
+def first_part(path: Path) -> Path:
+    """The first part of the split a file's name says it belongs to (the file itself otherwise)."""
+    shard = shard_of(path)
+    return path if shard is None or shard[0] == 1 else shard_path(path, 1, shard[1])
+
+
+def model_files(path: Path) -> list[Path]:
+    """Every file on disk a model occupies (its size, its identity): a split's parts that exist, by their names; a
+    folder's files; else the file."""
+    if path.is_dir():
+        return sorted(f for f in path.iterdir() if f.is_file())
+    shard = shard_of(path)
+    if shard is None:
+        return [path]
+    parts = [shard_path(path, i, shard[1]) for i in range(1, shard[1] + 1)]
+    return [p for p in parts if p.is_file()] or [path]
+
+
+def model_name(path: Path) -> str:
+    """A model file's name without .gguf and without a split's part number."""
+    m = SHARD_NAME.search(path.name)
+    return path.name[:m.start()] if m else path.stem
+
+
+def gguf_in_folder(folder: Path) -> Path | None:
+    """The first file of the one GGUF model a folder holds (a file, or one split's parts); None when it holds no
+    .gguf file; ModelLoadError naming them when it holds several models."""
+    files = sorted(f for f in folder.glob("*") if f.suffix.lower() == ".gguf" and f.is_file())
+    models = sorted({first_part(f) for f in files})
+    if len(models) > 1:
+        names = ", ".join(m.name for m in models[:4]) + (" …" if len(models) > 4 else "")
+        raise ModelLoadError(f"{folder} holds {len(models)} GGUF models ({names}): choose one of the files.")
+    return models[0] if models else None
+
+
+def read_parts(path: Path, read: Callable[[Path], GGUFHeader], later: Path | None = None) -> list[tuple[Path, GGUFHeader]]:
+    """(file, header) of every part of the model `path` belongs to, the first first; one part for a file that is not
+    split. `read` reads one header (gguf_header.scan_header or read_header). Raises ModelLoadError naming the file
+    that is missing, damaged, or from another split or model."""
+    header = read(path)
+    no, count = header.scalars.get("split.no", 0), header.scalars.get("split.count", 1)
+    if not all(type(v) is int for v in (no, count)) or not 0 <= no < count:
+        raise ModelLoadError(f"{path.name} is damaged: it says it is part {no!r} (from 0) of a split in {count!r}.")
+    if no > 0 and later is not None:
+        raise ModelLoadError(f"{path.name} says it is part {no + 1} of {count}, not the first part {later.name} needs.")
+    if no > 0:  # a later part (`later`): the model loads from its first, as llama.cpp's does
+        first = _named_part(path, 1, header, f"{path.name} is part {no + 1} of a split model")
+        return read_parts(first, read, path) if first.is_file() else _missing(path, first, 1, header)
+    if count == 1:
+        return [(path, header)]
+    parts = [(path, header)]
+    for i in range(2, count + 1):
+        part = _named_part(path, i, header, f"{path.name} is part 1 of a model split in {count} files")
+        if not part.is_file():
+            _missing(path, part, i, header)
+        parts.append((part, _checked(part, read(part), i, parts)))
+    _check_total(parts)
+    return parts
+
+
+def merged(parts: list[tuple[Path, GGUFHeader]]) -> GGUFHeader:
+    """One header for the whole model: the first part's metadata, every part's tensors."""
+    first = parts[0][1]
+    if len(parts) == 1:
+        return first
+    tensors = [t for _, h in parts for t in h.tensors]
+    return GGUFHeader(first.version, first.scalars, first.array_lengths, first.arrays, tensors, len(tensors))
+
+
+def _named_part(path: Path, no: int, header: GGUFHeader, what: str) -> Path:
+    count = header.scalars.get("split.count")
+    if shard_of(path) is None or shard_of(path)[1] != count:
+        raise ModelLoadError(f"{what}, but its name does not end in -NNNNN-of-{count:05d}.gguf as gguf-split names "
+                             "the parts, so the others cannot be found: give them back their names.")
+    return shard_path(path, no, count)
+
+
+def _missing(path: Path, part: Path, no: int, header: GGUFHeader) -> list:
+    count = header.scalars.get("split.count")
+    raise ModelLoadError(f"{part.name} is missing: it is part {no} of the {count} files of the model {path.name} "
+                         "belongs to, and every part must lie in the same folder.")
+
+
+def _checked(part: Path, header: GGUFHeader, no: int, parts: list[tuple[Path, GGUFHeader]]) -> GGUFHeader:
+    """A later part's header, after checking it belongs to the same split as the first."""
+    first, head = parts[0]
+    want = (no - 1, head.scalars["split.count"], head.scalars.get("split.tensors.count"))
+    got = tuple(header.scalars.get(k) for k in SPLIT_KEYS)
+    if got[0] is None:
+        raise ModelLoadError(f"{part.name} is not a part of a split model (it has no split.no), but {first.name} "
+                             f"needs it as part {no} of {want[1]}.")
+    arch = header.scalars.get("general.architecture")
+    if got != want or arch not in (None, head.scalars.get("general.architecture")):
+        raise ModelLoadError(f"{part.name} does not belong with {first.name}: it is part {got[0] + 1} of "
+                             f"{got[1]} of a split of {got[2]} tensors, not part {no} of {want[1]} of {want[2]} "
+                             "(a file of another model or of another split).")
+    seen = {t.name: p for p, h in parts for t in h.tensors}
+    for t in header.tensors:
+        if t.name in seen:
+            raise ModelLoadError(f"{part.name} holds tensor {t.name}, which {seen[t.name].name} holds too: the "
+                                 "parts come from different splits.")
+    return header
+
+
+def _check_total(parts: list[tuple[Path, GGUFHeader]]) -> None:
+    total = parts[0][1].scalars.get("split.tensors.count")
+    found = sum(h.n_tensors for _, h in parts)
+    if total is not None and found != total:
+        raise ModelLoadError(f"The {len(parts)} parts of {parts[0][0].name} hold {found} tensors; the split says "
+                             f"{total}: a part comes from another split.")

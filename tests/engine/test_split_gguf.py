@@ -1,0 +1,124 @@
+"""Models split in several GGUF files by gguf-split: any part, or their folder, loads the whole model, and a missing,
+foreign or cut-short part is one line naming the file."""
+import shutil
+
+import pytest
+import torch
+
+from cli.main import main
+from engine.errors import ModelLoadError
+from engine.loading.loader import LoadOptions, load_model
+from tests.support.gguf_split_write import split_gguf
+
+
+@pytest.fixture(scope="module")
+def split(tiny_models_q8, tmp_path_factory):
+    """The tiny llama's Q8_0 file (22 tensors) split in 4 parts of at most 7 tensors, in a folder of its own."""
+    root = tmp_path_factory.mktemp("split")
+    return split_gguf(tiny_models_q8["llama"].gguf_path, root / "parts" / "tiny.gguf", 7)
+
+
+def _weights(lm) -> dict[str, torch.Tensor]:
+    return lm.model.state_dict()
+
+
+@pytest.mark.parametrize("weights", ["quantized", "dequantized"])
+def test_any_part_or_their_folder_loads_the_whole_model(tiny_models_q8, split, weights):
+    options = LoadOptions(weights=weights)
+    whole = _weights(load_model(tiny_models_q8["llama"].gguf_path, options))
+    assert len(split) == 4
+    for source in (split[0], split[2], split[0].parent):
+        lm = load_model(source, options)
+        got = _weights(lm)
+        assert got.keys() == whole.keys() and all(torch.equal(got[k], whole[k]) for k in whole), source
+        assert lm.source == split[0]
+
+
+def _copy(split, tmp_path):
+    folder = tmp_path / "parts"
+    shutil.copytree(split[0].parent, folder)
+    return [folder / p.name for p in split]
+
+
+def _other_split(tiny_models_q8, tmp_path, arch: str, max_tensors: int):
+    return split_gguf(tiny_models_q8[arch].gguf_path, tmp_path / "other" / "tiny.gguf", max_tensors)
+
+
+def _missing(parts, tiny_models_q8, tmp_path):
+    parts[2].unlink()
+    return parts[2], "is missing: it is part 3 of the 4 files"
+
+
+def _cut_short(parts, tiny_models_q8, tmp_path):
+    parts[1].write_bytes(parts[1].read_bytes()[:-5000])
+    return parts[1], "is damaged or truncated"
+
+
+def _of_another_split(parts, tiny_models_q8, tmp_path):
+    other = _other_split(tiny_models_q8, tmp_path, "llama", 6)  # 4 parts too, cut elsewhere
+    shutil.copyfile(other[1], parts[1])
+    return parts[1], "which tiny-00001-of-00004.gguf holds too"
+
+
+def _of_another_model(parts, tiny_models_q8, tmp_path):
+    other = _other_split(tiny_models_q8, tmp_path, "qwen3", 7)
+    shutil.copyfile(other[3], parts[3])
+    return parts[3], "does not belong with tiny-00001-of-00004.gguf"
+
+
+def _count_disagrees(parts, tiny_models_q8, tmp_path):
+    other = _other_split(tiny_models_q8, tmp_path, "llama", 5)  # 5 parts
+    shutil.copyfile(other[1], parts[1])
+    return parts[1], "it is part 2 of 5 of a split of 22 tensors, not part 2 of 4"
+
+
+@pytest.mark.parametrize("damage", [_missing, _cut_short, _of_another_split, _of_another_model, _count_disagrees])
+@pytest.mark.parametrize("given", [0, 3])
+def test_a_broken_split_is_one_line_naming_the_file(tiny_models_q8, split, tmp_path, damage, given):
+    parts = _copy(split, tmp_path)
+    named, words = damage(parts, tiny_models_q8, tmp_path)
+    source = parts[given] if parts[given].is_file() else parts[0]
+    with pytest.raises(ModelLoadError) as err:
+        load_model(source)
+    assert named.name in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_first_part_missing_is_named_from_a_later_one(split, tmp_path):
+    parts = _copy(split, tmp_path)
+    parts[0].unlink()
+    with pytest.raises(ModelLoadError, match="tiny-00001-of-00004.gguf is missing: it is part 1 of the 4 files"):
+        load_model(parts[3])
+
+
+def test_a_renamed_part_says_why_the_others_cannot_be_found(split, tmp_path):
+    lone = tmp_path / "model.gguf"
+    shutil.copyfile(split[0], lone)
+    with pytest.raises(ModelLoadError, match="model.gguf is part 1 of a model split in 4 files, but its name"):
+        load_model(lone)
+
+
+def test_a_folder_of_two_models_names_them(tiny_models_q8, split, tmp_path):
+    parts = _copy(split, tmp_path)
+    shutil.copyfile(tiny_models_q8["qwen3"].gguf_path, parts[0].parent / "qwen3.gguf")
+    with pytest.raises(ModelLoadError, match="holds 2 GGUF models .qwen3.gguf, tiny-00001-of-00004.gguf."):
+        load_model(parts[0].parent)
+
+
+def test_cli_names_the_missing_part_in_one_line(split, tmp_path, capsys):
+    parts = _copy(split, tmp_path)
+    parts[1].unlink()
+    code = main(["--data-dir", str(tmp_path / "home"), "generate", "--model", str(parts[0]), "--prompt", "hi"])
+    err = capsys.readouterr().err
+    assert code != 0 and err.count("\n") == 1 and "tiny-00002-of-00004.gguf is missing" in err
+
+
+def test_the_memory_estimate_counts_every_part(tiny_models_q8, split):
+    from engine.loading.gguf_file import open_gguf
+    from engine.memory import gguf_estimate
+
+    def estimate(path):
+        gf = open_gguf(path)
+        gf.close()
+        return len(gf.tensors), gguf_estimate(gf.tensors, 0, True, 4)
+
+    assert estimate(split[1]) == estimate(tiny_models_q8["llama"].gguf_path)
