@@ -14,6 +14,7 @@ from cli.prompts import add_prompt_options, read_prompts
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
 from cli.signal_relay import handled_in_main_thread
 from engine import events as ev
+from engine.errors import ParleyError
 
 
 def add_terminal_parsers(sub) -> None:
@@ -70,6 +71,9 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
 
 
 def generate(args: argparse.Namespace) -> int:
+    if args.raw and args.thinking is not None:  # the switch is the chat template's: --raw has none to switch
+        raise ParleyError(f"argument --thinking: it switches a chat template's thinking; --raw sends the text "
+                          f"without one (leave out --thinking {args.thinking} or --raw)")
     params, prompts = sampling_params(args), read_prompts(args)  # bad input is one line before the model loads
     cli, model_id, loaded = open_engine(args, max_sessions=len(prompts))
     try:

@@ -214,3 +214,13 @@ def test_a_sampling_value_the_engine_refuses_names_its_flag():
             with pytest.raises(ParleyError) as refused:
                 sampling_params(cli.build_parser().parse_args([command, *argv]))
             assert str(refused.value) == said
+
+
+def test_thinking_with_raw_is_refused(capsys, tmp_path):
+    """`parley generate --raw --thinking on` answered without a word: the switch is the chat template's, and --raw
+    sends the text without one."""
+    for value in ("on", "off"):
+        assert cli.main(["generate", "--data-dir", str(tmp_path), "--model", str(tmp_path / "none.gguf"), "--raw",
+                         "--thinking", value, "--prompt", "x"]) == 2
+        assert capsys.readouterr().err == ("parley: argument --thinking: it switches a chat template's thinking; --raw "
+                                           f"sends the text without one (leave out --thinking {value} or --raw)\n")
