@@ -45,14 +45,15 @@ def _check(args, models, device="cpu", backend="torch") -> list[str]:
 def test_a_flag_the_model_or_device_ignores_is_refused_before_the_load(gguf, capsys, flags, says):
     """`parley generate --quantize q4` on a GGUF loaded it as it was, and --compile on the CPU ran uncompiled: exit 0,
     not a word."""
-    assert cli.main(["generate", "--model", str(gguf), "--prompt", "x", *flags]) == 2
+    assert cli.main(["generate", "--data-dir", str(gguf.parent), "--model", str(gguf), "--prompt", "x", *flags]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"parley: {says}") and err.count("\n") == 1
 
 
-def test_local_model_flags_with_remote_models_alone_are_refused(capsys):
+def test_local_model_flags_with_remote_models_alone_are_refused(capsys, tmp_path):
     """`parley serve --remote URL --quantize q8` loads no model here: the flag did nothing."""
-    assert cli.main(["serve", "--remote", "http://127.0.0.1:9/v1", "--quantize", "q8", "--port", "0"]) == 2
+    assert cli.main(["serve", "--data-dir", str(tmp_path), "--remote", "http://127.0.0.1:9/v1", "--quantize", "q8",
+                     "--port", "0"]) == 2
     assert capsys.readouterr().err == ("parley: argument --quantize: no local model loads (--remote alone; add "
                                        "--model)\n")
 
