@@ -6,6 +6,7 @@ import os
 import sys
 
 from cli.options import add_engine_options, engine_config, paths_of
+from engine.errors import ParleyError
 
 MAX_SESSIONS = 65536  # far past what one machine batches (vLLM's default is 256), and its books build at once
 
@@ -17,8 +18,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     add_engine_options(s, many_models=True)
     s.add_argument("--remote", action="append", default=[], metavar="URL[#MODEL]",
                    help="also serve a model of an OpenAI-compatible endpoint, e.g. http://gpu-box:8000/v1#Qwen/Qwen3-32B")
-    s.add_argument("--remote-api-key", default=os.environ.get("PARLEY_REMOTE_API_KEY"),
-                   help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY)")
+    s.add_argument("--remote-api-key", default=None,
+                   help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY); clients' key: --api-key")
     s.add_argument("--api-key", default=os.environ.get("PARLEY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none or empty: no key needed)")
     s.add_argument("--max-sessions", type=_sessions, default=8,
@@ -72,6 +73,17 @@ def api_key(given: str | None) -> str | None:
     return (given or "").strip() or None
 
 
+def _remote_key(args: argparse.Namespace) -> str | None:
+    """The key sent to --remote endpoints. Given without one, it was taken for the key clients must send (--api-key)
+    and the server answered anyone: refused."""
+    if args.remote_api_key is None:
+        return os.environ.get("PARLEY_REMOTE_API_KEY")
+    if not args.remote:
+        raise ParleyError("argument --remote-api-key: it is the key sent to --remote endpoints, and none is given; "
+                          "the key this server's clients must send is --api-key")
+    return args.remote_api_key
+
+
 def serve(args: argparse.Namespace) -> int:
     from cli.engine_flags import Target, check_engine_flags
     from cli.terminal import printable
@@ -80,6 +92,7 @@ def serve(args: argparse.Namespace) -> int:
     from server.bridge import ServerBridge
     from server.run import listening_socket, say, serve_forever
 
+    remote_key = _remote_key(args)
     paths = paths_of(args)
     specs = args.model or ([] if args.remote else ["default"])
     sources = [resolve_model(spec, paths.models) for spec in specs]
@@ -99,7 +112,7 @@ def serve(args: argparse.Namespace) -> int:
             say(f"parley: serving {printable(m.id)} (context {m.context})")
         for spec in args.remote:
             url, _, name = spec.partition("#")
-            m = bridge.add_remote(url, name or None, args.remote_api_key)
+            m = bridge.add_remote(url, name or None, remote_key)
             say(f"parley: serving {printable(m.id)} from {printable(m.info.get('base_url'))}")
         serve_forever(bridge, args.host, args.port, api_key(args.api_key), settings, sock)
     finally:

@@ -151,3 +151,16 @@ def test_a_log_on_a_full_disk_does_not_stop_the_server(tiny_models, tmp_path, mo
         with contextlib.suppress(OSError):  # what could not be written is still held to write
             full.close()
     assert len(ran) == 1
+
+
+def test_a_remote_key_without_a_remote_endpoint_is_refused(tmp_path, capsys, monkeypatch):
+    """`parley serve --remote-api-key KEY` (taken for the key clients must send) served the model to anyone: the key
+    is only ever sent to --remote endpoints. $PARLEY_REMOTE_API_KEY alone stays unread, as any unused variable."""
+    from cli.main import main
+
+    argv = ["--data-dir", str(tmp_path), "serve", "--port", "0", "--model", str(tmp_path / "none.gguf")]
+    assert main([*argv, "--remote-api-key", "secret"]) == 2
+    assert capsys.readouterr().err == ("parley: argument --remote-api-key: it is the key sent to --remote endpoints, "
+                                       "and none is given; the key this server's clients must send is --api-key\n")
+    monkeypatch.setenv("PARLEY_REMOTE_API_KEY", "secret")
+    assert main(argv) == 2 and "Model not found" in capsys.readouterr().err  # on to the load, as before
