@@ -18,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _app_flags_alone(args)
         return args.func(args)
     except ParleyError as exc:  # its text may quote a file or an endpoint: escape sequences shown, not run
         print(f"parley: {printable(str(exc))}", file=sys.stderr)
@@ -31,6 +32,14 @@ def main(argv: list[str] | None = None) -> int:
         if argv is None:  # the process's own command line: the process is ours to end
             _end_if_workers_busy(130)
         return 130
+
+
+def _app_flags_alone(args: argparse.Namespace) -> None:
+    """`parley --self-test serve` served and `parley --theme dark chat` chatted, the app's flag unread."""
+    for flag, given in (("--self-test", args.self_test), ("--theme", args.theme is not None)):
+        if given and args.command:
+            raise ParleyError(f"argument {flag}: it is the app's (parley without a subcommand); "
+                              f"parley {args.command} does not read it")
 
 
 def _tolerant_streams() -> None:
@@ -64,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"parley {parley_version()}")
     p.add_argument("--data-dir", type=data_dir_arg, help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
     p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
-    p.add_argument("--theme", choices=["system", "light", "dark"], default=None, help="the GUI's colours (default: the saved setting)")
+    p.add_argument("--theme", choices=["system", "light", "dark"], default=None,
+                   help="the GUI's colours for this launch, not saved (default: the saved setting)")
     p.set_defaults(func=gui)
     sub = p.add_subparsers(dest="command")
     add_terminal_parsers(sub)
@@ -77,7 +87,7 @@ def gui(args: argparse.Namespace) -> int:
     if args.self_test:
         from app.qt.self_test import run
 
-        return run(args.data_dir)
+        return run(args.data_dir, args.theme)
     from app.qt.main import run_gui
 
     return run_gui(args.data_dir, args.theme)

@@ -51,7 +51,7 @@ async def check(app, timeout: float = 240.0) -> dict:
             "tokens_per_s": [service.status(c).tokens_per_s for c in chats]}
 
 
-def run(data_dir: str | None = None) -> int:
+def run(data_dir: str | None = None, theme: str | None = None) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     import qasync
 
@@ -60,7 +60,7 @@ def run(data_dir: str | None = None) -> int:
     qapp = qt_app()
     loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
-    app = build(data_dir)
+    app = build(data_dir, theme=theme)  # `parley --self-test --theme dark` checks the dark window
     try:
         with loop:
             result = loop.run_until_complete(check(app))

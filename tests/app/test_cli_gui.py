@@ -8,11 +8,14 @@ from cli import terminal
 def test_no_subcommand_launches_the_gui(monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr("app.qt.main.run_gui", lambda data_dir, theme: calls.append(("gui", data_dir, theme)) or 0)
-    monkeypatch.setattr("app.qt.self_test.run", lambda data_dir: calls.append(("self-test", data_dir)) or 0)
+    monkeypatch.setattr("app.qt.self_test.run", lambda data_dir, theme: calls.append(("self-test", data_dir, theme))
+                        or 0)
     assert cli.main(["--data-dir", str(tmp_path)]) == 0
     assert cli.main(["--data-dir", str(tmp_path), "--self-test"]) == 0
     assert cli.main(["--theme", "dark"]) == 0
-    assert calls == [("gui", str(tmp_path), None), ("self-test", str(tmp_path)), ("gui", None, "dark")]
+    assert cli.main(["--self-test", "--theme", "light"]) == 0
+    assert calls == [("gui", str(tmp_path), None), ("self-test", str(tmp_path), None), ("gui", None, "dark"),
+                     ("self-test", None, "light")]
     args = cli.build_parser().parse_args(["chat", "--max-tokens", "5"])
     assert args.func is terminal.chat
 
@@ -224,3 +227,12 @@ def test_thinking_with_raw_is_refused(capsys, tmp_path):
                          "--thinking", value, "--prompt", "x"]) == 2
         assert capsys.readouterr().err == ("parley: argument --thinking: it switches a chat template's thinking; --raw "
                                            f"sends the text without one (leave out --thinking {value} or --raw)\n")
+
+
+def test_the_apps_flags_with_a_subcommand_are_refused(capsys, tmp_path):
+    """`parley --self-test serve` served and `parley --theme dark chat` chatted: the app's flag unread."""
+    for argv in (["--self-test", "serve"], ["--theme", "dark", "chat"], ["--theme", "light", "generate"]):
+        assert cli.main(["--data-dir", str(tmp_path), *argv, "--model", str(tmp_path / "none.gguf")]) == 2
+        flag, command = argv[0], argv[-1]
+        assert capsys.readouterr().err == (f"parley: argument {flag}: it is the app's (parley without a subcommand); "
+                                           f"parley {command} does not read it\n")
