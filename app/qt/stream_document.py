@@ -157,7 +157,8 @@ class StreamDocument:
     def _append(self, parts: list[str], end: bool) -> None:
         """`parts` at the end, one group (with the last group where the first of them cannot go in alone)."""
         parsed = first = self._parse(parts[0], end and len(parts) == 1)
-        if self._groups and (self._groups[-1].open_end or _starts_apart(first)
+        table_after_table = _starts_with_table(first) and _after_table(self.doc.lastBlock())
+        if self._groups and (self._groups[-1].open_end or (_starts_apart(first) and not table_after_table)
                              or _list_goes_on(self.doc.lastBlock(), first.begin())):
             parts = self._groups[-1].parts + parts
             self._cut(len(self._groups) - 1)
@@ -195,8 +196,19 @@ def _ends_open(doc: QTextDocument) -> bool:
     """Whether it ends in an empty block (a rule, an empty element): what follows goes in with it. The plain block Qt
     ends a table with is not one: whatever follows takes a new block after it, joined or not."""
     last = doc.lastBlock()
-    after_table = doc.characterAt(last.position() - 1) == FRAME_END and last.blockFormat() == QTextBlockFormat()
-    return doc.isEmpty() or (last.length() == 1 and not after_table)
+    return doc.isEmpty() or (last.length() == 1 and not _after_table(last))
+
+
+def _after_table(block: QTextBlock) -> bool:
+    """Whether `block` is the plain empty block Qt ends a table with: a table after it goes in alone, in that very
+    block, as setHtml reads two tables in a row (a growing code block's runs)."""
+    return (block.length() == 1 and block.document().characterAt(block.position() - 1) == FRAME_END
+            and block.blockFormat() == QTextBlockFormat())
+
+
+def _starts_with_table(parsed: QTextDocument) -> bool:
+    """Whether a table is the first thing in it (not after a rule or an empty paragraph)."""
+    return parsed.characterAt(0) == FRAME_START and parsed.begin().blockFormat() == QTextBlockFormat()
 
 
 def _list_goes_on(last: QTextBlock, first: QTextBlock) -> bool:
@@ -215,7 +227,9 @@ def _insert(cursor: QTextCursor, parsed: QTextDocument) -> None:
     """`parsed` at the end of the document in a new block that takes the formats of its first block (a fragment
     leaves them behind; at the very start Qt applies them itself)."""
     doc = cursor.document()
-    if cursor.position() == 0 or parsed.begin().textList() is not None:  # Qt starts a list item's block itself
+    # Qt starts a list item's block itself, and a table's after another table (in the block that ends that one)
+    if cursor.position() == 0 or parsed.begin().textList() is not None or (
+            _starts_with_table(parsed) and _after_table(cursor.block())):
         cursor.insertFragment(QTextDocumentFragment(parsed))
         return
     cursor.insertBlock()

@@ -192,3 +192,42 @@ def test_a_document_catching_up_takes_a_slice_each_call_whatever_its_budget(qapp
     fresh = SafeDocument()
     fresh.setHtml(rendered.html)
     assert stream.complete and 1 < calls < 500 and doc.toHtml() == fresh.toHtml()
+
+
+@pytest.mark.parametrize("dark", [False, True])
+def test_a_growing_code_block_puts_in_its_last_run_only_and_draws_as_one_table(qapp, dark):
+    """Each token of a growing code block parsed its whole table's HTML again and Qt laid all of the table out again
+    (a 199-line block: ~25 ms a token on a 2-core Xeon, growing with it). It streams as a table a run of lines, the
+    seams without padding: a token puts in the last run only, and the runs draw as the one table they become."""
+    from PySide6.QtGui import QImage
+
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    renderer = MarkdownRenderer(dark=dark)
+    lines = [f"    total_{i} = compute(values[{i}], scale={i}.5)  # step {i}" for i in range(120)]
+    lines[60] = "    note = '" + "wrapped " * 20 + "'"  # wraps at the width drawn
+    text = "Here is the code:\n\n```python\ndef f(values):\n" + "\n".join(lines) + "\n"
+    steps = [text[:n] for n in range(len(text) - 2_400, len(text) + 1, 150)]
+    for got, fresh in _streamed(steps, renderer):  # every step, across the runs' seams, and the end
+        assert got == fresh
+    doc = SafeDocument()
+    doc.documentLayout()  # laid out as the view's are (a document without a layout reports no changes)
+    stream = StreamDocument(doc)
+    changed = []
+    doc.contentsChange.connect(lambda _pos, removed, added: changed.append(removed + added))
+    for end in ("", "    x", "    x = 1"):
+        changed.clear()
+        stream.update(list(message_html(Message(1, 1, None, "assistant", text + end, "streaming"), 1, 1, renderer,
+                                        busy=True).parts))
+    assert 0 < sum(changed) < 3_000  # the last run of 25 lines out and in (~1,300 characters each), not the block
+
+    def drawn(html: str) -> QImage:
+        page = SafeDocument()
+        page.setDocumentMargin(0)
+        page.setTextWidth(500)
+        page.setHtml(html)
+        return _drawn(page, 0)
+
+    streamed, whole = MarkdownRenderer(dark=dark).render_streaming(text)[0], renderer.render(text)[0]
+    assert streamed.count("<table") == 5 and whole.count("<table") == 1
+    assert drawn(streamed) == drawn(whole)
