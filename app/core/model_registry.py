@@ -8,7 +8,9 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from engine.errors import ModelLoadError
 from engine.loading.default_model import DEFAULT_NAME
+from engine.loading.gguf_split import model_file, model_name
 
 EMBEDDED_LABEL = "Gemma 3 270M (embedded, base model)"
 
@@ -36,8 +38,20 @@ def _display_name(path: Path, kind: str) -> str:
     cache = path if kind == "hf" else path.parent
     if cache.parent.name == "snapshots" and cache.parent.parent.name.startswith("models--"):
         repo = cache.parent.parent.name[len("models--"):].replace("--", "/")
-        return repo if kind == "hf" else f"{repo} · {path.stem}"
-    return path.stem if kind == "gguf" else path.name
+        return repo if kind == "hf" else f"{repo} · {model_name(path)}"
+    return model_name(path) if kind == "gguf" else path.name
+
+
+def model_path(path: str | Path) -> Path:
+    """The path a model is known by: a split model's first part for any of its parts, a folder's one GGUF model's
+    first file (so each is listed once); absolute, a file keeping its own name (the Hugging Face cache links
+    model.gguf to a blob named by its hash alone). ValueError for a folder of several GGUF models."""
+    p = Path(path).expanduser()
+    p = p.resolve() if p.is_dir() else p.parent.resolve() / p.name
+    try:
+        return model_file(p)
+    except ModelLoadError as exc:
+        raise ValueError(str(exc)) from None
 
 
 class ModelRegistry:
@@ -59,9 +73,7 @@ class ModelRegistry:
 
     def candidate(self, path: str | Path, name: str | None = None) -> ModelEntry:
         """An entry for a path not yet added; raises ValueError when it is neither a GGUF file nor a HF folder."""
-        p = Path(path).expanduser()
-        # a file keeps its own name: the Hugging Face cache links model.gguf to a blob named by its hash alone
-        p = p.resolve() if p.is_dir() else p.parent.resolve() / p.name
+        p = model_path(path)
         kind = kind_of(p)
         if kind is None:
             raise ValueError(f"{p} is neither a .gguf file nor a Hugging Face folder with config.json.")

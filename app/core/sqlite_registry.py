@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.core.model_registry import ModelEntry, ModelRegistry
+from app.core.model_registry import ModelEntry, ModelRegistry, model_path
 from app.core.sqlite_store import SqliteConversationStore
 from engine.errors import ParleyError
 from engine.loading.default_model import DEFAULT_NAME
@@ -22,7 +22,7 @@ def check_model(path: str | Path) -> str:
 
     Reads only headers and small JSON files, so it is quick enough for the GUI thread.
     """
-    p = Path(path).expanduser()
+    p = model_path(path)  # a split model's first part, a folder's GGUF model
     if p.is_file() and p.suffix.lower() == ".gguf":
         return _check_gguf(p)
     if p.is_dir() and (p / "config.json").is_file():
@@ -32,9 +32,10 @@ def check_model(path: str | Path) -> str:
 
 def _check_gguf(p: Path) -> str:
     from engine.loading.gguf_header import scan_header
+    from engine.loading.gguf_split import merged, read_parts
 
     try:
-        header = scan_header(p)
+        header = merged(read_parts(p, scan_header))  # every part of a split model
     except ParleyError as exc:
         raise ValueError(str(exc)) from None
     except (OSError, ValueError) as exc:

@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Signal
 from app.core.model_registry import ModelEntry, ModelRegistry
 from app.qt.bridge import EngineBridge
 from engine.loading.default_model import DEFAULT_NAME, default_model_path, resolve_model
+from engine.loading.gguf_split import model_files
 
 
 @dataclass(slots=True)
@@ -233,10 +234,11 @@ _prints: dict[tuple, tuple] = {}
 
 
 def fingerprint(path: str) -> tuple:
-    """What identifies a model's bytes: size and hashes of its ends (per file for a Hugging Face folder)."""
+    """What identifies a model's bytes: size and hashes of its ends (per file for a Hugging Face folder and for a
+    split model's parts)."""
     p = Path(path)
     try:
-        files = sorted(f for f in p.iterdir() if f.is_file()) if p.is_dir() else [p]
+        files = model_files(p)
         return tuple((f.name if p.is_dir() else "", *_file_print(f)) for f in files)
     except OSError:
         return (path,)  # unreadable: equal only to itself

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (
 
 from app.core.model_registry import ModelEntry
 from app.qt.model_manager import ModelManager
+from engine.loading.gguf_split import model_files
 
 KEY_ROLE = Qt.ItemDataRole.UserRole
 COLUMNS = ("Model", "Status", "Architecture", "Quantization", "Context", "File", "In memory")
@@ -177,12 +178,11 @@ class ModelsDialog(QDialog):
 
 
 def _file_size(path: str | None) -> str:
-    """Bytes on disk of a GGUF file or a Hugging Face folder's files."""
+    """Bytes on disk of a GGUF file (every part of a split one) or a Hugging Face folder's files."""
     if not path:
         return "—"
-    p = Path(path)
     try:
-        total = sum(f.stat().st_size for f in p.iterdir() if f.is_file()) if p.is_dir() else p.stat().st_size
+        total = sum(f.stat().st_size for f in model_files(Path(path)))
     except OSError:
         return "—"
     return size_text(total)

@@ -63,6 +63,16 @@ def gguf_in_folder(folder: Path) -> Path | None:
     return models[0] if models else None
 
 
+def model_file(source: Path) -> Path:
+    """What loads for `source`: a split model's first part for any of its parts (one model, one converted copy,
+    whichever part was named); for a folder without config.json that holds one GGUF model (a file, or a split model's
+    parts: Hugging Face repos keep each quantization's parts in a folder of their own), its first file."""
+    if source.is_dir() and not (source / "config.json").exists():
+        return gguf_in_folder(source) or source
+    first = first_part(source)
+    return first if first.is_file() else source
+
+
 def read_parts(path: Path, read: Callable[[Path], GGUFHeader], later: Path | None = None) -> list[tuple[Path, GGUFHeader]]:
     """(file, header) of every part of the model `path` belongs to, the first first; one part for a file that is not
     split. `read` reads one header (gguf_header.scan_header or read_header). Raises ModelLoadError naming the file

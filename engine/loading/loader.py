@@ -13,7 +13,7 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import open_gguf
-from engine.loading.gguf_split import first_part, gguf_in_folder, model_name
+from engine.loading.gguf_split import model_file, model_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import (
@@ -105,7 +105,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     start = time.perf_counter()
     if not source.exists():
         raise ModelLoadError(f"Model not found: {source}")
-    source = _model_file(source)
+    source = model_file(source)
     notices: list[str] = []
     if source.is_dir():
         args, weights, tok = _read_hf(source, progress, options, notices)
@@ -126,16 +126,6 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)
-
-
-def _model_file(source: Path) -> Path:
-    """What loads for `source`: a split model's first part for any of its parts (its converted copy is one, whichever
-    part was named); for a folder without config.json that holds one GGUF model (a file, or a split model's parts:
-    Hugging Face repos keep each quantization's parts in a folder of their own), its first file."""
-    if source.is_dir() and not (source / "config.json").exists():
-        return gguf_in_folder(source) or source
-    first = first_part(source)
-    return first if first.is_file() else source
 
 
 def _quantized_at_load(weights: dict, scheme: str) -> dict:
