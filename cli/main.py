@@ -6,11 +6,15 @@ import os
 import sys
 import threading
 
-from app.core.version import parley_version
-from cli.paths import data_dir_arg
-from cli.serve import add_serve_parser
-from cli.terminal import add_terminal_parsers, printable
-from engine.errors import ParleyError
+from cli.memory_floor import refuse_below_floor
+
+refuse_below_floor()  # before the imports below, which die under so low a limit with a traceback or an abort
+
+from app.core.version import parley_version  # noqa: E402
+from cli.paths import data_dir_arg  # noqa: E402
+from cli.serve import add_serve_parser  # noqa: E402
+from cli.terminal import add_terminal_parsers, printable  # noqa: E402
+from engine.errors import ParleyError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
