@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from engine.loading.folder_lock import folder_lock, opened_folder
+from engine.loading.gguf_split import model_files
 from engine.loading.safetensors_read import read_safetensors
 from engine.models.args import ModelArgs
 from engine.tokenizer import Tokenizer
@@ -26,9 +27,13 @@ SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # pieces of a file read into its key: 1 MB,
 
 def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", version: str = str(FORMAT)) -> Path:
     """One folder per (path, size, mtime, sampled content, version) under `folder`: a replaced file gets a fresh
-    entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive)."""
+    entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive). A split model's later
+    parts count as its first does: one replaced under the same first part left the old weights in use."""
     st = gguf_path.stat()
     key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sampled_digest(gguf_path, st.st_size)}|{version}"
+    for part in model_files(gguf_path)[1:]:  # none for a file of its own: its key is as it was
+        pst = part.stat()
+        key += f"|{part.name}|{pst.st_size}|{pst.st_mtime_ns}|{_sampled_digest(part, pst.st_size)}"
     return Path(cache_dir) / folder / f"{gguf_path.stem}-{hashlib.sha256(os.fsencode(key)).hexdigest()[:HASH_CHARS - 1]}"
 
 

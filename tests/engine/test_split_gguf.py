@@ -122,3 +122,18 @@ def test_the_memory_estimate_counts_every_part(tiny_models_q8, split):
         return len(gf.tensors), gguf_estimate(gf.tensors, 0, True, 4)
 
     assert estimate(split[1]) == estimate(tiny_models_q8["llama"].gguf_path)
+
+
+def test_a_replaced_later_part_is_not_read_from_the_converted_copy(tiny_models, split, tmp_path):
+    """The converted (dequantized) copy is kept under the first part's name: a later part replaced (here by the F32
+    file's, same tensors, other values) is read afresh, not served from the copy of the old one."""
+    parts = _copy(split, tmp_path)
+    options = LoadOptions(weights="dequantized", cache_dir=tmp_path / "cache")
+    assert load_model(parts[0], options).timings["from"] == "gguf"
+    f32 = split_gguf(tiny_models["llama"].gguf_path, tmp_path / "f32" / "tiny.gguf", 7)
+    shutil.copyfile(f32[1], parts[1])
+    again = load_model(parts[0], options)
+    fresh = _weights(load_model(parts[0], LoadOptions(weights="dequantized")))
+    assert again.timings["from"] == "gguf"
+    assert all(torch.equal(_weights(again)[k], fresh[k]) for k in fresh)
+    assert load_model(parts[0], options).timings["from"] == "converted-cache"
