@@ -33,7 +33,8 @@ RULE_COLOR = {False: "#c9ced6", True: "#4a505c"}  # table borders and the block-
 QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
 STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is highlighted once the answer ends
 STREAM_CACHE = 4096  # finished blocks of streaming answers kept rendered (several chats stream at once)
-STREAM_SEGMENT_LINES = 25  # a growing code block is highlighted in runs of lines, the finished runs once each
+STREAM_SEGMENT_LINES = 10  # a growing code block is highlighted (and put in its document) in runs of lines, the finished
+# runs once each: its last run is highlighted, parsed and laid out again on every token (25 lines: ~7 ms a token here)
 RUN_SEAM = "\x00"  # between the tables of a growing code block's runs (markdown-it turns a NUL of the text into U+FFFD)
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter -> its closing one

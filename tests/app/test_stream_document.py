@@ -201,6 +201,7 @@ def test_a_growing_code_block_puts_in_its_last_run_only_and_draws_as_one_table(q
     seams without padding: a token puts in the last run only, and the runs draw as the one table they become."""
     from PySide6.QtGui import QImage
 
+    import app.core.markdown_render as md
     from app.qt.stream_document import SafeDocument, StreamDocument
 
     renderer = MarkdownRenderer(dark=dark)
@@ -219,7 +220,8 @@ def test_a_growing_code_block_puts_in_its_last_run_only_and_draws_as_one_table(q
         changed.clear()
         stream.update(list(message_html(Message(1, 1, None, "assistant", text + end, "streaming"), 1, 1, renderer,
                                         busy=True).parts))
-    assert 0 < sum(changed) < 3_000  # the last run of 25 lines out and in (~1,300 characters each), not the block
+    run = sum(len(line) + 1 for line in lines[-md.STREAM_SEGMENT_LINES:])
+    assert 0 < sum(changed) < 2 * run + 100  # the last run out and in again, not the block (~5,600 characters)
 
     def drawn(html: str) -> QImage:
         page = SafeDocument()
@@ -229,5 +231,5 @@ def test_a_growing_code_block_puts_in_its_last_run_only_and_draws_as_one_table(q
         return _drawn(page, 0)
 
     streamed, whole = MarkdownRenderer(dark=dark).render_streaming(text)[0], renderer.render(text)[0]
-    assert streamed.count("<table") == 5 and whole.count("<table") == 1
+    assert streamed.count("<table") == -(-121 // md.STREAM_SEGMENT_LINES) and whole.count("<table") == 1
     assert drawn(streamed) == drawn(whole)
