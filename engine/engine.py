@@ -51,6 +51,8 @@ class Engine:
         self._stopping = False
         self._closed = False  # the thread has ended: commands are answered at once (see _refuse)
         self._closed_lock = threading.Lock()
+        self._ended = threading.Event()  # the loop has ended (the thread itself may live on: see _loop)
+        self._ran_mlx = False  # a model ran on MLX on this engine's thread
         self._workers = PromptWorkers()
         self._loader = PromptWorkers(threads=1, name="parley-load")  # one model read at a time, off the step loop
         self._handlers: dict[type, Callable[[Any], None]] = {
@@ -71,12 +73,12 @@ class Engine:
         """Ends every running turn (reason `closed`) and stops the thread."""
         self._put(cmd.Shutdown())
         if self._thread is not None:
-            self._thread.join(timeout)
+            self._ended.wait(timeout)
 
     @property
     def running(self) -> bool:
         """True while the engine thread is alive and taking commands."""
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._ended.is_set()
 
     def __enter__(self) -> "Engine":
         return self.start()
@@ -200,6 +202,17 @@ class Engine:
 
     # -- the engine thread
     def _loop(self) -> None:
+        try:
+            self._steps()
+        finally:
+            self._ended.set()
+        if self._ran_mlx:
+            # MLX keeps its compiled functions (mlx.nn's activations) per thread, and frees them as the thread ends
+            # by taking the GIL: with the interpreter exiting by then, that aborted the process ('terminate called
+            # without an active exception', exit 134). A thread that never ends never frees them.
+            threading.Event().wait()
+
+    def _steps(self) -> None:
         while not self._stopping:
             busy = any(h.has_work() for h in self._hosts.values())
             self._drain(block=not busy)
@@ -303,6 +316,7 @@ class Engine:
                 raise exc
             lm, draft = models
             runtime = build_runtime(lm, self.config, c.model_id, keep_finished=True, draft=draft)
+            self._ran_mlx |= runtime.backend == "mlx"
             runtime.warm_up()
         except ParleyError as failure:
             self._emit(ev.ModelFailed(None, c.model_id, str(failure)))

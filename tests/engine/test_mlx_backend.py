@@ -130,3 +130,32 @@ def test_a_float_model_on_mlx_is_held_once(tiny_models):
     assert all(r() is None for r in torch_tensors)
     assert runtime.info()["weights_mb"] == round(weight_bytes / 1e6, 1)
     assert make_runtime(lm, 1, _run("mlx")).batcher.runner.model is runtime.batcher.runner.model
+
+
+EXIT_AFTER_AN_ANSWER = """
+import sys
+from engine.runtime import EngineConfig
+from engine.sampling import SamplingParams
+from tests.support.engine_client import Client
+
+c = Client(EngineConfig(max_sessions=1, max_session_tokens=128, backend="mlx"))
+with c.engine:
+    c.ask(c.open(c.load(sys.argv[1]), params=SamplingParams(max_tokens=4)), "hi")
+    sys.setswitchinterval(100)  # from the shutdown's wait on, this thread keeps the interpreter until it exits
+"""
+
+
+def test_a_process_that_ran_mlx_exits_cleanly(tiny_models):
+    """`parley generate --backend mlx` answered, then aborted at exit ('terminate called without an active
+    exception', 134) in 8 of 10 runs: the engine thread's end freed MLX's compiled activations (a per-thread cache)
+    by taking the GIL from an interpreter already exiting. The switch interval makes that order certain here."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", EXIT_AFTER_AN_ANSWER, str(tiny_models["gemma3"].gguf_path)],
+                          cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True,
+                          timeout=120)
+    assert (proc.returncode, proc.stderr) == (0, "")
