@@ -11,6 +11,7 @@ from app.core.model_registry import ModelEntry, ModelRegistry, model_path
 from app.core.sqlite_store import SqliteConversationStore
 from engine.errors import ParleyError
 from engine.loading.default_model import DEFAULT_NAME
+from engine.loading.hf_folder import safetensor_files
 from engine.models import RUNS, SUPPORTED
 
 HF_TOKENIZER_FILES = ("tokenizer.json",)
@@ -68,8 +69,10 @@ def _check_hf(p: Path) -> str:
         raise ValueError(f"{p.name}: architecture {kind!r} is not supported. {RUNS}")
     if not any((p / name).is_file() for name in HF_TOKENIZER_FILES):
         raise ValueError(f"{p.name} has no tokenizer.json.")
-    if not any(p.glob("*.safetensors")):
-        raise ValueError(f"{p.name} has no .safetensors weights.")
+    try:
+        safetensor_files(p)  # every shard its index or their names call for
+    except ParleyError as exc:
+        raise ValueError(str(exc)) from None
     return "hf"
 
 

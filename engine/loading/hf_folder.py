@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +39,25 @@ def safetensor_files(folder: Path) -> list[Path]:
         files = [folder / n for n in _indexed_shards(index)]
     else:
         files = sorted(folder.glob("*.safetensors"))
+        files += sorted({p for f in files for p in _named_shards(f)} - set(files))  # a shard gone, named by the others
     if not files:
         raise ModelLoadError(f"{folder} has no .safetensors weights (PyTorch .bin checkpoints are not supported).")
     missing = [f.name for f in files if not f.is_file()]
     if missing:
         raise ModelLoadError(f"{folder} is missing weight shards: {', '.join(missing)}")
     return files
+
+
+SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.safetensors$")  # transformers' "model-00001-of-00002.safetensors"
+
+
+def _named_shards(f: Path) -> list[Path]:
+    """Every shard of the set `f`'s name says it belongs to (without an index, the files that must be there)."""
+    m = SHARD_NAME.search(f.name)
+    if m is None:
+        return []
+    count = int(m.group(2))
+    return [f.with_name(f"{f.name[:m.start()]}-{i:05d}-of-{count:05d}.safetensors") for i in range(1, count + 1)]
 
 
 def _indexed_shards(index: Path) -> list[str]:
