@@ -21,6 +21,7 @@ from typing import Callable, Iterator
 
 from app.core import schema
 from app.core.held_changes import counted, forget_held, held_file, read_held, replay, save_held, set_aside
+from app.core.wal_files import left_open, unwritable_side_file
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import Conversation, ConversationStore, Message
 
@@ -63,6 +64,7 @@ class SqliteConversationStore(ConversationStore):
         self._held_msgs: list[Message] = []
         self._retry_at = 0.0  # clock time before which a locked file is not tried again
         self._full = False  # what is held waits for room on the disk, not for a lock
+        self._blocked: Path | None = None  # what is held waits for this -wal or -shm file to be writable again
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
@@ -351,6 +353,10 @@ class SqliteConversationStore(ConversationStore):
                 self.on_commit(list(committed))
             return
         statements, committed = [*self._held, *statements], [*self._held_msgs, *committed]
+        self._blocked = unwritable_side_file(self.file)  # before SQLite writes into it: a mapped -shm raises SIGBUS
+        if self._blocked is not None:
+            self._hold(statements, committed)
+            return
         try:
             if not self._begin():
                 self._hold(statements, committed)
@@ -451,6 +457,9 @@ class SqliteConversationStore(ConversationStore):
         self._full = False
 
     def _locked_text(self) -> str:
+        if self._blocked is not None:
+            return (f"{self._blocked} cannot be written (made read-only or immutable): chats are not saved until it "
+                    f"can be, and what is not saved is kept beside {self.file.name} at quit.")
         if self._full:
             return (f"The disk is full where {self.file} is kept: chats are not saved until there is room (Parley "
                     f"tries again every {LOCKED_RETRY_S:.0f} s).")
@@ -482,8 +491,9 @@ class SqliteConversationStore(ConversationStore):
             self._file_still_ours()  # a file written anew from memory is the one the batch goes to
         if self._db is None:
             return False
+        self._blocked = unwritable_side_file(self.file)
         try:
-            if not self._begin():
+            if self._blocked is not None or not self._begin():
                 return False
             for sql, params in self._held:
                 self._db.execute(sql, params)
@@ -494,7 +504,9 @@ class SqliteConversationStore(ConversationStore):
 
     def _degrade(self, exc: Exception | str) -> None:
         db, self._db = self._db, None
-        if db is not None:
+        if db is not None and unwritable_side_file(self.file) is not None:
+            left_open(db)
+        elif db is not None:
             try:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -529,7 +541,9 @@ class SqliteConversationStore(ConversationStore):
         if self._held and self._db is not None:
             self._keep_held()
         db, self._db = self._db, None
-        if db is not None:
+        if db is not None and unwritable_side_file(self.file) is not None:
+            left_open(db)
+        elif db is not None:
             try:
                 self._compact(db)
                 db.execute("PRAGMA optimize")
@@ -544,6 +558,8 @@ class SqliteConversationStore(ConversationStore):
         changes, are = counted(len(self._held))
         name = self.file.name
         why = f"The disk is full where {name} is kept" if self._full else f"Another program has {name} locked"
+        if self._blocked is not None:
+            why = f"{self._blocked.name} could not be written"
         try:
             self.kept = save_held(self.file, self._held)
         except OSError as exc:
