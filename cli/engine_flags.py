@@ -29,9 +29,11 @@ class Target:
     def of(cls, args: argparse.Namespace, models: list[Path]) -> "Target":
         """Resolves --device and --backend as the engine will (a missing CUDA device or mlx package: one line)."""
         from engine.backend import resolve_backend, resolve_device
+        from engine.loading.gguf_split import model_file
 
         device, _ = resolve_device(args.device, args.dtype)
-        return cls(tuple(models), device, resolve_backend(args.backend, device))
+        # as the load reads them: a folder of a split model's GGUF parts is a GGUF file, not a Hugging Face folder
+        return cls(tuple(model_file(m) for m in models), device, resolve_backend(args.backend, device))
 
     @property
     def files(self) -> list[Path]:

@@ -137,3 +137,14 @@ def test_a_replaced_later_part_is_not_read_from_the_converted_copy(tiny_models, 
     assert again.timings["from"] == "gguf"
     assert all(torch.equal(_weights(again)[k], fresh[k]) for k in fresh)
     assert load_model(parts[0], options).timings["from"] == "converted-cache"
+
+
+def test_engine_flags_read_a_folder_of_parts_as_a_gguf_model(split, tmp_path, capsys):
+    """--weights quantized applies to a split model's folder (it was refused as a Hugging Face folder's), --quantize
+    does not (it was let through, and did nothing)."""
+    folder = str(split[0].parent)
+    home = ["--data-dir", str(tmp_path / "home")]
+    common = ["--model", folder, "--raw", "--prompt", "hi", "--max-tokens", "2"]
+    assert main([*home, "generate", *common, "--weights", "quantized"]) == 0
+    assert main([*home, "generate", *common, "--quantize", "q8"]) == 2
+    assert "tiny-00001-of-00004.gguf is a GGUF file" in capsys.readouterr().err
