@@ -1,13 +1,14 @@
 """The least address space Parley can start in. Under a lower limit (ulimit -v, a service's LimitAS) the start died
 before any model was looked at, inside an import or a thread's start: a MemoryError or "failed to map segment"
 traceback, OpenBLAS's "Memory allocation still failed", a "Fatal Python error" in the server's loader thread, or
-"can't start new thread" in the app. Measured with the CPU build of torch: the app's imports map 0.81 GB, the
-server's 0.67 GB; every limit under 700 MB failed so, and the app failed at 800 MB."""
+"can't start new thread" in the app, or an app that hung after "QThread::start: Thread creation error". Measured with
+the CPU build of torch: the app maps 1.1 GB before it looks at a model (its imports 0.81 GB), the server's imports
+0.67 GB; every limit under 700 MB failed so, the app at 800 MB, and at 1,030 MB it hung."""
 from __future__ import annotations
 
 import sys
 
-FLOOR_BYTES = 1 << 30  # above what the imports map, below the least any model runs in (the embedded one: 1.51 GB)
+FLOOR_BYTES = 1280 << 20  # above what the app maps before a model, below the least a model runs in (embedded: 1.51 GB)
 
 
 def floor_refusal() -> str | None:
@@ -19,9 +20,9 @@ def floor_refusal() -> str | None:
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft == resource.RLIM_INFINITY or soft >= FLOOR_BYTES:
         return None
-    return (f"parley: this process may use at most {soft / 2**20:,.0f} MB of memory (ulimit -v), and Parley's own "
-            f"libraries take about 0.8 GB before any model; raise the limit to {FLOOR_BYTES >> 30} GB and more "
-            "for the model (the embedded one runs in 1.6 GB).")
+    return (f"parley: this process may use at most {soft / 2**20:,.0f} MB of memory (ulimit -v), and Parley needs "
+            f"{FLOOR_BYTES >> 20:,} MB before any model; raise the limit to that and more for the model (the embedded "
+            "one runs in 1,600 MB).")
 
 
 def refuse_below_floor() -> None:
