@@ -377,7 +377,7 @@ class ModelRuntime:
                 "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2),
                 "quantization": self.lm.quantization(), "weights_mb": round(self.lm.weight_bytes() / 1e6, 1),
                 "speculative": self.batcher.drafter.name if self.batcher.drafter is not None else "off",
-                "notices": list(self.lm.notices)}
+                "thinking_switch": self.lm.tokenizer.thinking_switch(), "notices": list(self.lm.notices)}
 
 
 def cache_dtype(lm: LoadedModel, device: torch.device, backend: str) -> str:

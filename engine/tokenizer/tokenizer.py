@@ -151,6 +151,15 @@ class Tokenizer:
         add_bos = False if writes_bos else None
         return self._encode_with_literals(text, typed, add_bos) if typed else self.encode(text, add_bos=add_bos)
 
+    def thinking_switch(self) -> bool:
+        """Whether the chat template reads the thinking switch: a prompt rendered with it on and with it off differ
+        (not for Gemma's or Llama's, nor a DeepSeek-R1 distill's, which always thinks)."""
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            return self.apply_chat_template(probe, thinking=True) != self.apply_chat_template(probe, thinking=False)
+        except TemplateError:  # a template that will not render a lone user message: its turns say why
+            return True
+
     def opened_thought(self, prompt_ids: list[int]) -> str:
         """The thought tag a chat prompt ends with, and the whitespace after it (DeepSeek-R1's distills, QwQ and Qwen3's
         thinking-only models open the answer's `<think>` in their generation prompt); "" where it opens none."""

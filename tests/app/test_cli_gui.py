@@ -236,3 +236,15 @@ def test_the_apps_flags_with_a_subcommand_are_refused(capsys, tmp_path):
         flag, command = argv[0], argv[-1]
         assert capsys.readouterr().err == (f"parley: argument {flag}: it is the app's (parley without a subcommand); "
                                            f"parley {command} does not read it\n")
+
+
+def test_thinking_for_a_model_without_the_switch_is_said(tiny_models, tmp_path, capsys):
+    """`parley generate --thinking off` on a model whose chat template has no thinking switch answered as it would
+    have anyway, without a word."""
+    argv = ["generate", "--data-dir", str(tmp_path), "--model", str(tiny_models["llama"].gguf_path), "--prompt", "x",
+            "--max-tokens", "2", "--json"]
+    assert cli.main([*argv, "--thinking", "off"]) == 0
+    assert capsys.readouterr().err.endswith("parley: --thinking off does nothing here: llama's chat template has "
+                                            "no thinking switch\n")
+    assert cli.main(argv) == 0
+    assert "--thinking" not in capsys.readouterr().err

@@ -286,3 +286,14 @@ def test_the_thinking_switch_reaches_the_template(trained_byte_level, thinking, 
     request = TurnRequest(({"role": "user", "content": "hi"},), SamplingParams(thinking=thinking))
     ids, _ = render_turn(request, raw=False, overflow="truncate", tok=tok, limit=4096)
     assert tok.decode(ids).endswith("assistant\n<think>\n\n</think>\n\n") == empty_thought
+
+
+def test_a_template_without_a_thinking_switch_is_known(trained_byte_level) -> None:
+    """`--thinking off` on a model whose template never reads the switch did nothing, without a word: the CLI says
+    so from this."""
+    def tok(template: str):
+        return tokenizer_from_gguf(byte_level_metadata(trained_byte_level, "qwen2",
+                                                       **{"tokenizer.chat_template": template}))
+
+    assert tok(QWEN3_STYLE).thinking_switch()
+    assert not tok(CHATML_TEMPLATE).thinking_switch()
