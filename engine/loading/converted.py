@@ -52,7 +52,11 @@ def _sampled_digest(path: Path, size: int) -> str:
 def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
     """`fill` writes an entry into a temporary folder, which is marked complete and renamed to `d`, so a crash never
     leaves a half entry; a full or read-only cache only costs speed next time. The folder is locked while written:
-    those a killed writer left (a whole fp32 copy, at worst) are removed by the next writer."""
+    those a killed writer left (a whole fp32 copy, at worst) are removed by the next writer. An entry another Parley
+    wrote meanwhile (started at the same time) is kept: same key, same content, and replacing it took it away from
+    under a third one reading it, which then built its own."""
+    if (d / "complete").exists():
+        return
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
         drop_abandoned(d.parent)
@@ -62,8 +66,10 @@ def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
     try:
         with folder_lock(tmp):
             fill(tmp)
+            if (d / "complete").exists():  # written by another while this one filled
+                raise FileExistsError(d)
             (tmp / "complete").write_text("1")
-            shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(d, ignore_errors=True)  # an incomplete one
             os.replace(tmp, d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)

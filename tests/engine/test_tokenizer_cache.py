@@ -118,3 +118,25 @@ def test_byte_level_vocabularies_are_not_cached(tmp_path, trained_byte_level):  
     gf.path.write_bytes(b"GGUF stand-in")
     gguf_tokenizer(gf, tmp_path / "cache")
     assert not (tmp_path / "cache").exists()
+
+
+def test_an_entry_another_parley_wrote_meanwhile_is_kept(tmp_path):
+    """Parleys started at once each build and write the entry: the later one replaced the first's (rmtree, rename),
+    and a third reading it then found it gone and built its own (every read a build, 11 of 11, with two processes
+    writing the embedded model's entry in a loop; 0 of 37 now)."""
+    from engine.loading.converted import TMP_PREFIX, write_entry
+
+    d = tmp_path / "tokenizers" / "model-0123456789abcdef"
+    write_entry(d, lambda tmp: (tmp / "x").write_text("first"))
+    inode = (d / "x").stat().st_ino
+    write_entry(d, lambda tmp: (tmp / "x").write_text("second"))
+    assert (d / "x").read_text() == "first" and (d / "x").stat().st_ino == inode
+    other = tmp_path / "tokenizers" / "other-0123456789abcdef"
+
+    def fill_while_another_finishes(tmp):
+        write_entry(other, lambda t: (t / "x").write_text("theirs"))
+        (tmp / "x").write_text("mine")
+
+    write_entry(other, fill_while_another_finishes)
+    assert (other / "x").read_text() == "theirs"
+    assert not list(d.parent.glob(TMP_PREFIX + "*"))
