@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from cli.serve import CONTEXT, SESSIONS
 from engine.errors import ParleyError
 
-# the flags that shape how a local model loads and runs, with the value that leaves each alone
+# the flags that shape how a local model loads and runs, with the value that leaves each alone (serve's sizes too:
+# a remote endpoint keeps its own)
 LOCAL_MODEL_FLAGS = {"device": "auto", "dtype": "auto", "kv_layout": "sequence", "backend": "auto", "weights": "auto",
-                     "quantize": None, "speculative": "auto", "draft_model": None, "compile": False}
+                     "quantize": None, "speculative": "auto", "draft_model": None, "compile": False,
+                     "max_sessions": SESSIONS, "context": CONTEXT}
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ import sys
 from cli.options import add_engine_options, engine_config, paths_of
 from engine.errors import ParleyError
 
+SESSIONS, CONTEXT = 8, 8192  # --max-sessions, --context: each local model's (a remote endpoint keeps its own)
 MAX_SESSIONS = 65536  # far past what one machine batches (vLLM's default is 256), and its books build at once
 
 
@@ -22,9 +23,10 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="key for --remote endpoints (default: $PARLEY_REMOTE_API_KEY); clients' key: --api-key")
     s.add_argument("--api-key", default=os.environ.get("PARLEY_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none or empty: no key needed)")
-    s.add_argument("--max-sessions", type=_sessions, default=8,
-                   help=f"requests generating at once per model, 1 to {MAX_SESSIONS:,}; more wait")
-    s.add_argument("--context", type=_at_least_one, default=8192, help="tokens per request (prompt + answer)")
+    s.add_argument("--max-sessions", type=_sessions, default=SESSIONS,
+                   help=f"requests generating at once per local model, 1 to {MAX_SESSIONS:,}; more wait")
+    s.add_argument("--context", type=_at_least_one, default=CONTEXT,
+                   help="tokens per request to a local model (prompt + answer)")
     s.add_argument("--max-body-mb", type=_megabytes, default=8.0, help="largest request body accepted (larger: 413)")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="another name the Host header may carry besides --host (e.g. a reverse proxy's); repeatable")

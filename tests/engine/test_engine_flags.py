@@ -56,6 +56,9 @@ def test_local_model_flags_with_remote_models_alone_are_refused(capsys, tmp_path
                      "--port", "0"]) == 2
     assert capsys.readouterr().err == ("parley: argument --quantize: no local model loads (--remote alone; add "
                                        "--model)\n")
+    for sizes in (["--max-sessions", "64"], ["--context", "32768"]):  # each local model's; an endpoint keeps its own
+        assert cli.main(["serve", "--data-dir", str(tmp_path), "--remote", "http://127.0.0.1:9/v1", *sizes]) == 2
+        assert capsys.readouterr().err.startswith(f"parley: argument {sizes[0]}: no local model loads")
 
 
 def test_quantize_names_the_files_it_skips_among_folders(gguf, folder):
