@@ -27,6 +27,7 @@ class Target:
     models: tuple[Path, ...]
     device: str  # "cpu" or "cuda[:n]"
     backend: str  # "torch" or "mlx"
+    mlx_device: str = ""  # where MLX runs, whatever --device says: "gpu" (Apple silicon) or "cpu"; "" off MLX
 
     @classmethod
     def of(cls, args: argparse.Namespace, models: list[Path]) -> "Target":
@@ -35,8 +36,9 @@ class Target:
         from engine.loading.gguf_split import model_file
 
         device, _ = resolve_device(args.device, args.dtype)
+        backend = resolve_backend(args.backend, device)
         # as the load reads them: a folder of a split model's GGUF parts is a GGUF file, not a Hugging Face folder
-        return cls(tuple(model_file(m) for m in models), device, resolve_backend(args.backend, device))
+        return cls(tuple(model_file(m) for m in models), device, backend, _mlx_device() if backend == "mlx" else "")
 
     @property
     def files(self) -> list[Path]:
@@ -71,7 +73,8 @@ def check_engine_flags(args: argparse.Namespace, target: Target,
 def unused_flags(args: argparse.Namespace, target: Target) -> list[Unused]:
     if not target.models:  # `serve --remote` alone: nothing loads here
         return _without_local_models(args)
-    found = (_quantize(args, target), _weights(args, target), _compile(args, target), _kv_layout(args, target))
+    found = (_quantize(args, target), _weights(args, target), _compile(args, target), _kv_layout(args, target),
+             _device(args, target))
     return [u for u in found if u is not None]
 
 
@@ -115,6 +118,20 @@ def _kv_layout(args: argparse.Namespace, t: Target) -> Unused | None:
         return Unused("--kv-layout", "cell", "the MLX backend keeps its own cache, one block per sequence",
                       chosen=args.backend == "mlx")
     return None
+
+
+def _device(args: argparse.Namespace, t: Target) -> Unused | None:
+    """MLX runs where it runs (Apple silicon's GPU, else the CPU): --device cpu on a Mac picked MLX on the GPU."""
+    if t.backend != "mlx" or args.device in ("auto", t.mlx_device):
+        return None
+    return Unused("--device", args.device, f"the MLX backend runs the model on its own device (here the "
+                  f"{t.mlx_device.upper()}); --backend torch runs it on {args.device}", chosen=args.backend == "mlx")
+
+
+def _mlx_device() -> str:
+    import mlx.core as mx
+
+    return "gpu" if mx.default_device() == mx.gpu else "cpu"
 
 
 def _without_local_models(args: argparse.Namespace) -> list[Unused]:

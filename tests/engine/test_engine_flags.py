@@ -30,9 +30,10 @@ def _args(*flags: str) -> argparse.Namespace:
     return cli.build_parser().parse_args(["generate", *flags])
 
 
-def _check(args, models, device="cpu", backend="torch") -> list[str]:
+def _check(args, models, device="cpu", backend="torch", mlx_device="cpu") -> list[str]:
     notices = []
-    check_engine_flags(args, Target(tuple(models), device, backend), notices.append)
+    check_engine_flags(args, Target(tuple(models), device, backend, mlx_device if backend == "mlx" else ""),
+                       notices.append)
     return notices
 
 
@@ -99,3 +100,15 @@ def test_a_cell_cache_on_mlx_is_refused(gguf):
         _check(_args("--kv-layout", "cell", "--backend", "mlx"), [gguf], backend="mlx")
     assert "--kv-layout cell does nothing here" in _check(_args("--kv-layout", "cell"), [gguf], backend="mlx")[0]
     assert _check(_args("--kv-layout", "cell"), [gguf]) == []
+
+
+def test_a_device_mlx_does_not_run_on_is_refused_or_said(gguf):
+    """MLX runs on its own device: --device cpu on a Mac picked MLX on the GPU (auto), --device cuda with --backend mlx
+    ran on MLX's device; --device cpu where MLX runs on the CPU is what it says."""
+    with pytest.raises(ParleyError, match=r"^argument --device: the MLX backend runs the model on its own device "
+                                          r"\(here the CPU\); --backend torch runs it on cuda"):
+        _check(_args("--device", "cuda", "--backend", "mlx"), [gguf], device="cuda", backend="mlx", mlx_device="cpu")
+    assert _check(_args("--device", "cpu", "--backend", "mlx"), [gguf], backend="mlx", mlx_device="cpu") == []
+    assert _check(_args("--device", "cpu"), [gguf], backend="mlx", mlx_device="gpu") == [
+        "parley: --device cpu does nothing here: the MLX backend runs the model on its own device (here the GPU); "
+        "--backend torch runs it on cpu"]
