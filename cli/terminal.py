@@ -22,7 +22,7 @@ def add_terminal_parsers(sub) -> None:
     add_engine_options(g)
     add_sampling_options(g)
     add_prompt_options(g)
-    g.add_argument("--max-tokens", type=int, default=128)
+    g.add_argument("--max-tokens", type=int, default=128, help="the most tokens of each answer (default: 128)")
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
     g.add_argument("--sequential", action="store_true", help="run prompts one after another, each in a session of its own (not batched)")
@@ -30,7 +30,7 @@ def add_terminal_parsers(sub) -> None:
     c = sub.add_parser("chat", help="a conversation in the terminal")
     add_engine_options(c)
     add_sampling_options(c)
-    c.add_argument("--max-tokens", type=int, default=512)
+    c.add_argument("--max-tokens", type=int, default=512, help="the most tokens of each answer (default: 512)")
     c.add_argument("--system", default=None, help="system prompt")
     c.set_defaults(func=chat)
 
