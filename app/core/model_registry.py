@@ -34,8 +34,11 @@ def kind_of(path: Path) -> str | None:
 
 def _display_name(path: Path, kind: str) -> str:
     """A file's stem, a folder's name; in the Hugging Face cache (models--org--name/snapshots/<commit>/) the repo's
-    id, not the commit hash that names the folder."""
+    id, not the commit hash that names the folder. A file may lie a folder deeper there: repos keep a split model's
+    parts in a folder per quantization (<commit>/Q4_K_M/name-00001-of-00003.gguf)."""
     cache = path if kind == "hf" else path.parent
+    if kind == "gguf" and cache.parent.parent.name == "snapshots":
+        cache = cache.parent
     if cache.parent.name == "snapshots" and cache.parent.parent.name.startswith("models--"):
         repo = cache.parent.parent.name[len("models--"):].replace("--", "/")
         return repo if kind == "hf" else f"{repo} · {model_name(path)}"

@@ -25,7 +25,7 @@ def shard_of(path: Path) -> tuple[int, int] | None:
 def shard_path(path: Path, no: int, count: int) -> Path:
     """Part `no` (from 1) of `count` beside `path`, a part of the same split."""
     m = SHARD_NAME.search(path.name)
-    return path.with_name(f"{path.name[:m.start()]}-{no:05d}-of-{count:05d}.gguf")
+    return path.with_name(f"{path.name[:m.start()]}-{no:05d}-of-{count:05d}{path.suffix}")  # .gguf or .GGUF
 
 
 def first_part(path: Path) -> Path:

@@ -42,3 +42,19 @@ def test_a_copy_of_the_parts_elsewhere_is_the_same_model(parts, tmp_path):
     assert fingerprint(str(copy / parts[0].name)) == fingerprint(str(parts[0]))
     (copy / parts[3].name).write_bytes(b"GGUF" + bytes(100))  # another last part: another model
     assert fingerprint(str(copy / parts[0].name)) != fingerprint(str(parts[0]))
+
+
+def test_split_parts_in_the_hugging_face_cache_are_named_by_their_repo(parts, tmp_path):
+    """huggingface_hub keeps a split model's parts in a folder per quantization under the snapshot, each a link to a
+    blob: any link names the model once, by the repo and the parts' name (it was the parts' name alone)."""
+    from app.core.model_registry import ModelRegistry
+
+    repo = tmp_path / "hub" / "models--org--Tiny-GGUF"
+    quant = repo / "snapshots" / "0f3c1e9a8b7d" / "Q8_0"
+    quant.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for i, part in enumerate(parts):
+        shutil.copyfile(part, repo / "blobs" / f"{i}bd1e5")
+        (quant / part.name).symlink_to(repo / "blobs" / f"{i}bd1e5")
+    entries = {ModelRegistry().candidate(p) for p in (quant / parts[2].name, quant / parts[0].name, quant)}
+    assert [(e.name, e.path) for e in entries] == [("org/Tiny-GGUF · tiny", str(quant / parts[0].name))]
