@@ -86,6 +86,16 @@ def _remote_key(args: argparse.Namespace) -> str | None:
     return args.remote_api_key
 
 
+def _check_allowed_hosts(args: argparse.Namespace) -> None:
+    """--allow-host beside --host 0.0.0.0 (or ::) restricted nothing, though it reads as the names let in: a server
+    listening everywhere answers to any name already."""
+    from server.app import WILDCARD_HOSTS
+
+    if args.allow_host and args.host.strip().lower() in WILDCARD_HOSTS:
+        raise ParleyError(f"argument --allow-host: --host {args.host} answers to any name already (--api-key is its "
+                          "guard); leave out --allow-host, or listen on one address")
+
+
 def serve(args: argparse.Namespace) -> int:
     from cli.engine_flags import Target, check_engine_flags
     from cli.terminal import printable
@@ -95,6 +105,7 @@ def serve(args: argparse.Namespace) -> int:
     from server.run import listening_socket, say, serve_forever
 
     remote_key = _remote_key(args)
+    _check_allowed_hosts(args)
     paths = paths_of(args)
     specs = args.model or ([] if args.remote else ["default"])
     sources = [resolve_model(spec, paths.models) for spec in specs]

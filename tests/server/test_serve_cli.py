@@ -164,3 +164,18 @@ def test_a_remote_key_without_a_remote_endpoint_is_refused(tmp_path, capsys, mon
                                        "and none is given; the key this server's clients must send is --api-key\n")
     monkeypatch.setenv("PARLEY_REMOTE_API_KEY", "secret")
     assert main(argv) == 2 and "Model not found" in capsys.readouterr().err  # on to the load, as before
+
+
+def test_allowed_hosts_beside_a_wildcard_address_are_refused(tmp_path, capsys):
+    """`--host 0.0.0.0 --allow-host proxy.lan` answered to any name (a server listening everywhere does), though the
+    flag reads as the names let in."""
+    from cli.main import main
+
+    argv = ["--data-dir", str(tmp_path), "serve", "--port", "0", "--model", str(tmp_path / "none.gguf"),
+            "--allow-host", "proxy.lan"]
+    for host in ("0.0.0.0", "::"):
+        assert main([*argv, "--host", host]) == 2
+        assert capsys.readouterr().err == (f"parley: argument --allow-host: --host {host} answers to any name already "
+                                           "(--api-key is its guard); leave out --allow-host, or listen on one "
+                                           "address\n")
+    assert main([*argv, "--host", "127.0.0.1"]) == 2 and "Model not found" in capsys.readouterr().err  # as before
