@@ -102,14 +102,16 @@ class MarkdownRenderer:
                 [code for block in rendered for code in block.code_blocks], len(rendered) == len(chunks))
 
     def render_parts(self, text: str) -> tuple[list[str], list[str]]:
-        """render()'s HTML one string a block, joined the very same: a streamed answer's blocks are reused when it ends
-        (rendering all of a 60,000-character one again took ~250 ms here). Blocks render apart as they do together
-        unless a reference link is defined (it resolves anywhere in the text): then it is one part, rendered whole."""
+        """render()'s HTML one string a block, joined the very same but for a code block of an answer, a table a run of
+        lines drawn as render()'s one table: a streamed answer's blocks are reused when it ends (rendering all of a
+        60,000-character one again took ~250 ms here). Blocks render apart as they do together unless a reference link
+        is defined (it resolves anywhere in the text): then it is one part, rendered whole."""
         rendered = self._render_chunks(_split_blocks(text), final=True)
         if any(block.references for block in rendered):
             whole, blocks = self.render(text)
             return [whole], blocks
-        return [block.html for block in rendered], [code for block in rendered for code in block.code_blocks]
+        return ([part for block in rendered for part in block.parts],
+                [code for block in rendered for code in block.code_blocks])
 
     def _render_chunks(self, chunks: list[str], final: bool, deadline: float | None = None) -> list[_Block]:
         rendered, first_code, new = [], 0, 0
@@ -133,7 +135,7 @@ class MarkdownRenderer:
         if hit is not None and (hit.final or not final):
             self._finished.move_to_end(key)
             return hit
-        env = {"code_blocks": [""] * first_code, "streaming": not final, "growing": not keep}
+        env = {"code_blocks": [""] * first_code, "streaming": not final, "growing": not keep, "runs": True}
         parts = tuple(self._md.render(text, env).split(RUN_SEAM))
         block = _Block("".join(parts), parts, env["code_blocks"][first_code:], final=not env.get("deferred"),
                        references=bool(env.get("references")))
@@ -166,22 +168,20 @@ class MarkdownRenderer:
         long = env.get("streaming") and code.count("\n") > STREAM_HIGHLIGHT_LINES  # re-highlighting it per token stalled
         if long:
             env["deferred"] = True  # not as the finished answer shows it
-        label = html.escape(lang or "code")
-        if env.get("streaming") and env.get("growing") and token.level == 0:
+        if env.get("streaming") and env.get("growing"):
             runs = self._highlighted_runs(code, "" if long else lang)
-            return RUN_SEAM.join(self._code_table(body, label, n, i, len(runs)) for i, body in enumerate(runs))
-        if long:
-            body = highlight(code, TextLexer(), self._formatter)
-        elif env.get("streaming") and env.get("growing"):
-            body = "".join(self._highlighted_runs(code, lang))
         else:
-            body = highlight(code, self._lexer(lang, code), self._formatter)
-        return self._code_table(body, label, n)
+            runs = _runs_of(highlight(code, TextLexer() if long else self._lexer(lang, code), self._formatter))
+        if not env.get("runs") or token.level:  # a user's text, or a block inside a list or a quote: one table
+            runs = ["".join(runs)]
+        label = html.escape(lang or "code")
+        return RUN_SEAM.join(self._code_table(body, label, n, i, len(runs)) for i, body in enumerate(runs))
 
     def _code_table(self, body: str, label: str, n: int, run: int = 0, runs: int = 1) -> str:
-        """A code block's table: its label and Copy link, then its code. A growing block is a table a run of lines
-        (`run` of `runs`), the seams without padding or margin: drawn as one table (each token laid all of one table
-        out again and parsed its HTML: ~25 ms at 199 lines on a 2-core Xeon), only the last run goes in again."""
+        """A code block's table: its label and Copy link, then its code. An answer's block is a table a run of lines
+        (`run` of `runs`), the seams without padding or margin: drawn as one table, while it grows only its last run
+        goes in again (each token laid all of one table out again and parsed its HTML: ~25 ms at 199 lines on a 2-core
+        Xeon), and when the answer ends the runs whose highlighting did not change stay."""
         bg = CODE_BACKGROUND[self.dark]
         seams = "; ".join(side for side, on in (("padding-top:0", run > 0), ("padding-bottom:0", run < runs - 1)) if on)
         cell = f'<td colspan="2" style="{seams}">' if seams else '<td colspan="2">'
@@ -241,6 +241,15 @@ class MarkdownRenderer:
             return get_lexer_by_name(lang, **options) if lang else TextLexer(**options)
         except ClassNotFound:
             return TextLexer(**options)
+
+
+def _runs_of(highlighted: str) -> list[str]:
+    """Highlighted code cut a run of STREAM_SEGMENT_LINES lines at a time, as a growing block's runs are (Pygments
+    closes its spans at the end of each line): an answer that ends keeps the runs it streamed in its document."""
+    lines = [line + "\n" for line in highlighted.split("\n")]
+    lines[-1] = lines[-1][:-1]
+    runs = ["".join(lines[i:i + STREAM_SEGMENT_LINES]) for i in range(0, len(lines), STREAM_SEGMENT_LINES)]
+    return [run for run in runs if run] or [""]
 
 
 def _quote_close(env: dict) -> str:
