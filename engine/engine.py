@@ -24,6 +24,8 @@ from engine import events as ev
 from engine.backend import resolve_device
 from engine.errors import ParleyError
 from engine.host import ModelHost
+from engine.loading.default_model import expand_home
+from engine.loading.gguf_split import model_file
 from engine.loading.loader import LoadOptions, load_model
 from engine.local_host import LocalHost
 from engine.memory import return_freed_memory
@@ -291,9 +293,11 @@ class Engine:
         if config.speculative == "dflash":
             return lm, self._read_dflash(config.draft_model, lm)
         path = config.draft_model if config.speculative == "draft" else None
-        if path is not None and Path(path).resolve() == Path(c.source).resolve():
-            return lm, None  # the draft model itself: it drafts from its prompts
         try:
+            # the draft model itself, named by the same path or another (a split model's other part, its folder):
+            # it drafts from its prompts, not from a second copy of itself
+            if path is not None and model_file(expand_home(path)).resolve() == lm.source.resolve():
+                return lm, None
             return lm, (load_model(path, options) if path is not None else None)
         except ParleyError as exc:  # the model itself is fine: it drafts from the prompt instead
             lm.notices.append(f"The draft model could not be loaded ({exc}); drafting from the prompt instead.")

@@ -148,3 +148,20 @@ def test_engine_flags_read_a_folder_of_parts_as_a_gguf_model(split, tmp_path, ca
     assert main([*home, "generate", *common, "--weights", "quantized"]) == 0
     assert main([*home, "generate", *common, "--quantize", "q8"]) == 2
     assert "tiny-00001-of-00004.gguf is a GGUF file" in capsys.readouterr().err
+
+
+def test_the_model_named_again_as_its_draft_model_is_not_loaded_twice(split, monkeypatch):
+    """Its folder as the draft model of its third part: one load, drafting from the prompts (a second copy was loaded
+    to draft for it: 905 MiB resident for the embedded model in 3 parts, 590 once)."""
+    import engine.engine as engine_module
+    from engine import events as ev
+    from engine.runtime import EngineConfig
+    from tests.support.engine_client import Client
+
+    loads, real = [], engine_module.load_model
+    monkeypatch.setattr(engine_module, "load_model", lambda source, *a, **k: loads.append(source) or real(source, *a, **k))
+    c = Client(EngineConfig(max_sessions=1, max_session_tokens=128, speculative="draft", draft_model=split[0].parent))
+    with c.engine:
+        c.load(split[2])
+        info = c.wait_for(lambda e: isinstance(e, (ev.ModelLoaded, ev.ModelFailed))).info
+    assert loads == [split[2]] and not info["notices"]
