@@ -85,6 +85,11 @@ class GGUFTensor:
         return part
 
     @property
+    def file_name(self) -> str:
+        """The name of the file that holds it (a split model's part): what an error about it names."""
+        return self._file.name
+
+    @property
     def data(self) -> np.ndarray:
         """Floats as their dtype in the HF shape; quantized types as (rows, bytes per row) uint8."""
         raw = self._file.read(self.offset, self.n_bytes)
@@ -123,7 +128,7 @@ class GGUFFile:
 
     def tensor(self, t: GGUFTensor) -> torch.Tensor:
         """One of `tensors` dequantized to fp32."""
-        return _dequantize(self.path, t)
+        return _dequantize(t)
 
 
 def open_gguf(path: str | Path) -> GGUFFile:
@@ -149,7 +154,7 @@ def open_gguf(path: str | Path) -> GGUFFile:
     return gf
 
 
-def _dequantize(path: Path, t: Any) -> torch.Tensor:
+def _dequantize(t: GGUFTensor) -> torch.Tensor:
     qtype = t.tensor_type
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims innermost first
     try:
@@ -158,8 +163,8 @@ def _dequantize(path: Path, t: Any) -> torch.Tensor:
         raise
     except NotImplementedError as exc:
         raise UnsupportedModelError(
-            f"{path.name}: tensor {t.name} uses quantization type {qtype.name}, which Parley cannot read yet."
+            f"{t.file_name}: tensor {t.name} uses quantization type {qtype.name}, which Parley cannot read yet."
         ) from exc
     except Exception as exc:
-        raise ModelLoadError(f"{path.name}: tensor {t.name} could not be decoded: {exc}") from exc
+        raise ModelLoadError(f"{t.file_name}: tensor {t.name} could not be decoded: {exc}") from exc
     return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(shape))

@@ -61,7 +61,7 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
             for t in _parts(gf, whole, arch, args):
                 target = hf_name(t.name, arch)
                 if target is None:
-                    raise ModelLoadError(f"{gf.path.name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
+                    raise ModelLoadError(f"{t.file_name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
                 if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
                     weights[target] = _matrix(gf, t, arch, args, device)
                     if not is_native(t.tensor_type.name) and not kept_as_is(weights[target]):
@@ -91,7 +91,7 @@ def _rope_freqs(name: str, args: ModelArgs) -> RopeArgs | None:
 
 def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs, rope: RopeArgs) -> None:
     if tuple(t.shape) != (rope.pairs(args.head_dim),):  # one factor per rotary frequency, else wrong rope silently
-        raise ModelLoadError(f"{gf.path.name}: {t.name} has shape {list(t.shape)}, expected "
+        raise ModelLoadError(f"{t.file_name}: {t.name} has shape {list(t.shape)}, expected "
                              f"[{rope.pairs(args.head_dim)}].")
     rope.factors = [float(x) for x in gf.tensor(t).flatten()]
 
@@ -102,7 +102,7 @@ def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
     split = getattr(arch, "gguf_split", None)
     if m := EXPERTS.fullmatch(t.name):
         if len(t.shape) != (3 if m.group(3) == "weight" else 2) or int(t.shape[-1]) != args.num_experts:
-            raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not hold the "
+            raise ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not hold the "
                                  f"model's {args.num_experts} experts.")
         return [t.expert(f"blk.{m.group(1)}.ffn_{m.group(2)}_exps.{e}.{m.group(3)}", e)
                 for e in range(args.num_experts)]
@@ -110,7 +110,7 @@ def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
         ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
         return [t] if ranges is None else [t.rows(name, start, stop) for name, start, stop in ranges]
     except (ValueError, ModelLoadError) as exc:
-        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
+        raise ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
                              f"metadata ({exc}).") from None
 
 
@@ -118,7 +118,7 @@ def _fixed(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> torch.Tensor:
     try:
         return arch.gguf_fix(t.name, gf.tensor(t), args)
     except RuntimeError as exc:  # e.g. Q rows that do not split into the metadata's head count
-        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
+        raise ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
                              f"metadata ({str(exc).splitlines()[0]}).") from None
 
 
@@ -127,7 +127,7 @@ def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs, device: str) -> 
         matrix = quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args), device)
         return matrix if device == "cpu" else matrix.to(device)
     except NotImplementedError as exc:
-        raise UnsupportedModelError(f"{gf.path.name}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
+        raise UnsupportedModelError(f"{t.file_name}: tensor {t.name} uses quantization type {t.tensor_type.name}, "
                                     "which Parley cannot read yet.") from exc
     except (ValueError, TypeError) as exc:
-        raise ModelLoadError(f"{gf.path.name}: tensor {t.name} could not be decoded: {exc}") from exc
+        raise ModelLoadError(f"{t.file_name}: tensor {t.name} could not be decoded: {exc}") from exc

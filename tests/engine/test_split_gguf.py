@@ -165,3 +165,16 @@ def test_the_model_named_again_as_its_draft_model_is_not_loaded_twice(split, mon
         c.load(split[2])
         info = c.wait_for(lambda e: isinstance(e, (ev.ModelLoaded, ev.ModelFailed))).info
     assert loads == [split[2]] and not info["notices"]
+
+
+@pytest.mark.parametrize("weights", ["quantized", "dequantized"])
+def test_a_tensor_that_cannot_be_read_names_the_part_that_holds_it(corrupt_ggufs, tmp_path, weights):
+    """blk.0.attn_q.weight in a type Parley cannot read (Q8_1), in part 4 of 8: the error named part 1."""
+    from engine.errors import UnsupportedModelError
+    from engine.loading.gguf_header import scan_header
+
+    parts = split_gguf(corrupt_ggufs["unsupported_tensor_type"], tmp_path / "odd.gguf", 3)
+    holder = next(p for p in parts if any(t.name == "blk.0.attn_q.weight" for t in scan_header(p).tensors))
+    assert holder != parts[0]
+    with pytest.raises(UnsupportedModelError, match=f"^{holder.name}: tensor blk.0.attn_q.weight uses quantization"):
+        load_model(parts[0], LoadOptions(weights=weights))
