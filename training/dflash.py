@@ -325,7 +325,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--minutes", type=float, default=0.0, help="train for this long instead of --steps")
     ap.add_argument("--total-minutes", type=float, default=0.0,
-                    help="train until this long after the start, data included, less a minute to evaluate and save")
+                    help="train until this long after the start, data included, less a minute to evaluate and save "
+                         "(instead of --steps; not with --minutes)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--anchors", type=int, default=32, help="blocks per training step")
     ap.add_argument("--block", type=int, default=8)
@@ -338,6 +339,10 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=None,
                     help="keep the generated data (answers and taps) here, and reuse them when the file exists")
     args = ap.parse_args()
+    if args.minutes and args.total_minutes:  # the whole run's length won, and --minutes was dropped without a word
+        print("dflash: argument --minutes: not with --total-minutes, which sets the whole run's length; give one",
+              file=sys.stderr)
+        raise SystemExit(2)
 
     from engine.backend import resolve_device
     from engine.loading.loader import LoadOptions, load_model

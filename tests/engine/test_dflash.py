@@ -253,3 +253,18 @@ def test_many_blocks_in_one_pass_are_each_block_alone():
     for s, context in enumerate(contexts):
         own = slice(s * config.block, (s + 1) * config.block)
         torch.testing.assert_close(together[own], net(rows[own], positions[own], context), rtol=1e-5, atol=1e-5)
+
+
+def test_training_for_minutes_and_for_a_total_is_refused(monkeypatch, capsys, tmp_path):
+    """`python -m training.dflash --minutes 5 --total-minutes 30` trained to the total, --minutes dropped unread."""
+    import pytest
+
+    from training import dflash as trainer
+
+    monkeypatch.setattr("sys.argv", ["dflash", "--target", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "d"),
+                                     "--minutes", "5", "--total-minutes", "30"])
+    with pytest.raises(SystemExit) as stop:
+        trainer.main()
+    assert stop.value.code == 2
+    assert capsys.readouterr().err == ("dflash: argument --minutes: not with --total-minutes, which sets the whole "
+                                       "run's length; give one\n")
