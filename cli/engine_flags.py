@@ -105,8 +105,12 @@ def _weights(args: argparse.Namespace, t: Target) -> Unused | None:
 
 
 def _compile(args: argparse.Namespace, t: Target) -> Unused | None:
-    if not args.compile or (t.backend == "torch" and t.device.startswith("cuda")):
+    if not args.compile:
         return None
+    if t.backend == "torch" and t.device.startswith("cuda"):  # its graphs run on the sequence cache (engine/runner.py)
+        return None if args.kv_layout == "sequence" else Unused(
+            "--compile", "", "it compiles the decode step's CUDA graphs, which run on the sequence cache; --kv-layout "
+            "cell runs without them", chosen=True)
     where = ("the MLX backend runs the model" if t.backend == "mlx" else
              "--device cpu runs it on the CPU" if args.device == "cpu" else "there is no CUDA device here")
     return Unused("--compile", "", f"it compiles the CUDA decode step; {where}",

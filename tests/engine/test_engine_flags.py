@@ -91,6 +91,9 @@ def test_compile_without_cuda_is_said_when_the_machine_chose(gguf):
     assert _check(_args("--compile"), [gguf]) == [
         "parley: --compile does nothing here: it compiles the CUDA decode step; there is no CUDA device here"]
     assert _check(_args("--compile"), [gguf], device="cuda") == []
+    with pytest.raises(ParleyError, match="^argument --compile: it compiles the decode step's CUDA graphs, which run "
+                                          "on the sequence cache; --kv-layout cell runs without them"):
+        _check(_args("--compile", "--kv-layout", "cell"), [gguf], device="cuda")
     with pytest.raises(ParleyError, match="the MLX backend runs the model"):
         _check(_args("--compile", "--backend", "mlx"), [gguf], backend="mlx")
 
