@@ -74,7 +74,7 @@ def unused_flags(args: argparse.Namespace, target: Target) -> list[Unused]:
     if not target.models:  # `serve --remote` alone: nothing loads here
         return _without_local_models(args)
     found = (_quantize(args, target), _weights(args, target), _compile(args, target), _kv_layout(args, target),
-             _device(args, target))
+             _device(args, target), _dflash(args, target))
     return [u for u in found if u is not None]
 
 
@@ -130,6 +130,20 @@ def _device(args: argparse.Namespace, t: Target) -> Unused | None:
         return None
     return Unused("--device", args.device, f"the MLX backend runs the model on its own device (here the "
                   f"{t.mlx_device.upper()}); --backend torch runs it on {args.device}", chosen=args.backend == "mlx")
+
+
+def _dflash(args: argparse.Namespace, t: Target) -> Unused | None:
+    """DFlash drafts on torch's CPU and CUDA without compiled graphs (engine/runtime.py dflash_drafter); elsewhere the
+    model drafts from the prompt, which the load says in a notice where the machine chose."""
+    if args.speculative != "dflash":
+        return None
+    if t.backend == "mlx" and args.backend == "mlx":
+        return Unused("--speculative", "dflash", "DFlash drafts on the torch backend only; on MLX the model would "
+                      "draft from the prompt", chosen=True)
+    if args.compile and t.backend == "torch" and t.device.startswith("cuda"):
+        return Unused("--speculative", "dflash", "DFlash drafts without compiled decode graphs; with --compile the "
+                      "model would draft from the prompt", chosen=True)
+    return None
 
 
 def _mlx_device() -> str:

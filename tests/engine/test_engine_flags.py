@@ -115,3 +115,14 @@ def test_a_device_mlx_does_not_run_on_is_refused_or_said(gguf):
     assert _check(_args("--device", "cpu"), [gguf], backend="mlx", mlx_device="gpu") == [
         "parley: --device cpu does nothing here: the MLX backend runs the model on its own device (here the GPU); "
         "--backend torch runs it on cpu"]
+
+
+def test_dflash_where_it_cannot_draft_is_refused(gguf):
+    """--speculative dflash with --backend mlx, or with --compile on CUDA, loaded and drafted from the prompt instead
+    (a notice after the load): both flags chosen, neither done."""
+    with pytest.raises(ParleyError, match="^argument --speculative: DFlash drafts on the torch backend only"):
+        _check(_args("--speculative", "dflash", "--backend", "mlx"), [gguf], backend="mlx")
+    with pytest.raises(ParleyError, match="^argument --speculative: DFlash drafts without compiled decode graphs"):
+        _check(_args("--speculative", "dflash", "--compile"), [gguf], device="cuda")
+    assert _check(_args("--speculative", "dflash"), [gguf], device="cuda") == []
+    assert _check(_args("--speculative", "dflash"), [gguf], backend="mlx", mlx_device="cpu") == []  # the load says
