@@ -10,6 +10,7 @@ from pathlib import Path
 from engine import events as ev
 from engine.engine import Engine
 from engine.errors import ModelLoadError
+from engine.loading.gguf_split import model_name
 from engine.runtime import EngineConfig
 
 
@@ -43,9 +44,11 @@ class ServerBridge:
     # -- models (blocking: at start-up)
     def load(self, source: str | Path, alias: str | None = None, timeout: float = 600.0) -> ServedModel:
         """`alias` (the --model spec) and the file's name with and without its extension also name the model: a client
-        sent "gemma-3-270m-Q4_K_M" and got 404, the id being the name the file's metadata gives."""
+        sent "gemma-3-270m-Q4_K_M" and got 404, the id being the name the file's metadata gives. A split model's name
+        without its part number too ("qwen2.5-7b-instruct-q4_k_m" for its -00001-of-00002.gguf)."""
         path = Path(source)
-        return self._register(self.engine.load_model(source), (alias, path.name, path.stem), timeout)
+        aliases = (alias, path.name, path.stem, model_name(path))
+        return self._register(self.engine.load_model(source), aliases, timeout)
 
     def add_remote(self, base_url: str, model: str | None = None, api_key: str | None = None,
                    timeout: float = 60.0) -> ServedModel:

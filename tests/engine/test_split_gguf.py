@@ -178,3 +178,17 @@ def test_a_tensor_that_cannot_be_read_names_the_part_that_holds_it(corrupt_ggufs
     assert holder != parts[0]
     with pytest.raises(UnsupportedModelError, match=f"^{holder.name}: tensor blk.0.attn_q.weight uses quantization"):
         load_model(parts[0], LoadOptions(weights=weights))
+
+
+def test_the_server_answers_to_a_split_model_s_name_without_its_part_number(split):
+    """A client sent 'tiny' for tiny-00001-of-00004.gguf and got 404: the file's name and stem answered, not the
+    model's."""
+    from engine.runtime import EngineConfig
+    from server.bridge import ServerBridge
+
+    bridge = ServerBridge(EngineConfig(max_sessions=1, max_session_tokens=64)).start()
+    try:
+        served = bridge.load(split[0], alias=str(split[0]))
+        assert bridge.find("tiny") is served and bridge.find("tiny-00001-of-00004") is served
+    finally:
+        bridge.shutdown()
