@@ -88,4 +88,21 @@ def to_float32(type_id, raw: np.ndarray) -> np.ndarray:
         return np.asarray(raw).view(np.float16).astype(np.float32)
     if type_id == gguf.GGMLQuantizationType.BF16:
         return (np.asarray(raw).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-    return gguf.quants.dequantize(np.ascontiguousarray(raw), type_id)
+    return _dequantized_in_slices(type_id, raw)
+
+
+def _dequantized_in_slices(type_id, raw: np.ndarray) -> np.ndarray:
+    """A quantized tensor decoded a slice of rows at a time into one array: gguf's numpy decoding holds about three
+    fp32 copies of what it decodes at once (the embedded model's 262,144-row Q8_0 embedding: 2 GB on top of its
+    0.67 GB), which the memory estimate does not count; under a limit it failed, or numpy crashed with SIGSEGV."""
+    import gguf
+
+    if raw.ndim < 2 or len(raw) < 2:
+        return gguf.quants.dequantize(np.ascontiguousarray(raw), type_id)
+    first = gguf.quants.dequantize(np.ascontiguousarray(raw[:1]), type_id)  # a row's width once decoded
+    per_slice = max(1, ROW_SLICE_BYTES // first[0].nbytes)
+    out = np.empty((len(raw), *first.shape[1:]), dtype=np.float32)
+    for start in range(0, len(raw), per_slice):
+        rows = np.ascontiguousarray(raw[start:start + per_slice])
+        out[start:start + per_slice] = gguf.quants.dequantize(rows, type_id)
+    return out
