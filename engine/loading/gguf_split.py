@@ -65,9 +65,10 @@ def gguf_in_folder(folder: Path) -> Path | None:
 
 def model_file(source: Path) -> Path:
     """What loads for `source`: a split model's first part for any of its parts (one model, one converted copy,
-    whichever part was named); for a folder without config.json that holds one GGUF model (a file, or a split model's
-    parts: Hugging Face repos keep each quantization's parts in a folder of their own), its first file."""
-    if source.is_dir() and not (source / "config.json").exists():
+    whichever part was named); for a folder that holds one GGUF model (a file, or a split model's parts: Hugging Face
+    repos keep each quantization's parts in a folder of their own) and no safetensors weights, its first file (GGUF
+    repos often carry the original config.json beside their files)."""
+    if source.is_dir() and not any(source.glob("*.safetensors")):
         return gguf_in_folder(source) or source
     first = first_part(source)
     return first if first.is_file() else source

@@ -192,3 +192,11 @@ def test_the_server_answers_to_a_split_model_s_name_without_its_part_number(spli
         assert bridge.find("tiny") is served and bridge.find("tiny-00001-of-00004") is served
     finally:
         bridge.shutdown()
+
+
+def test_a_folder_of_parts_with_the_original_config_json_loads_the_parts(tiny_models, split, tmp_path):
+    """GGUF repos often keep the model's config.json beside the files: the folder was read as a Hugging Face folder
+    ('... has no .safetensors weights')."""
+    parts = _copy(split, tmp_path)
+    shutil.copyfile(tiny_models["llama"].hf_dir / "config.json", parts[0].parent / "config.json")
+    assert load_model(parts[0].parent).source == parts[0]
