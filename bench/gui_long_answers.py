@@ -8,7 +8,8 @@ The engine thread is held meanwhile (the chats' real turns are cancelled once it
 is measured. A second thread posts a probe event every 10 ms and a key press to the composer every 100 ms; their
 wait in the event queue is what a user's input would wait. Scenarios: long (one chat), resize (one chat, a 15-step
 drag of the window's edge every 1.7 s), switch (4 chats answering, another shown every 0.5 s), compare (the compare
-view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming).
+view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming),
+compare_code (4 compare columns, each streaming that code answer).
 Spans: `head` while the answer's head first renders (until the window is calm again), `stream` while tokens arrive,
 `finish` from Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
 ticks of a 10 ms timer on the GUI thread and the share of the span they took (the probe thread needs the GIL to
@@ -37,7 +38,8 @@ from typing import Callable
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HERE = Path(__file__).resolve().parent.parent
-SCENARIOS = ("long", "resize", "switch", "compare", "code")
+SCENARIOS = ("long", "resize", "switch", "compare", "code", "compare_code")
+CODE_SCENARIOS = ("code", "compare_code")  # those that stream code_answer(), not long_answer()
 TARGET_MS = 50.0
 PROBE_S, KEY_EVERY = 0.010, 10  # a probe every 10 ms, a key every 10th probe
 PROMPT = "Write a long answer in Markdown with code and tables."
@@ -308,7 +310,7 @@ class Resizer:
 def start_turns(app, name: str, chats: int) -> tuple[list[int], list[tuple[int, int]]]:
     """Sends the prompt in new chats (or compare columns); the held engine gets their turns, we their ids."""
     window, service = app.window, app.service
-    if name == "compare":
+    if name.startswith("compare"):
         window.show_compare()
         window.compare.set_columns(chats)
         convs = [c.conv_id for c in window.compare.columns]
@@ -334,11 +336,11 @@ def run_scenario(app, name: str, pieces: list[tuple[int, str]], args, meter: Met
     window, service = app.window, app.service
     window.resize(1200, 800)
     wait(0.3)
-    chats = 4 if name in ("switch", "compare") else 1
+    chats = 4 if name in ("switch", "compare", "compare_code") else 1
     built, flushes = renders(window), app.bridge.flushes
     with HeldEngine(app.bridge.engine):
         convs, turns = start_turns(app, name, chats)
-        meter.watch(window.compare.composer.edit if name == "compare" else window.chat.composer.edit)
+        meter.watch(window.compare.composer.edit if name.startswith("compare") else window.chat.composer.edit)
         feed = Feed(app.bridge, turns, pieces, min(args.tokens, len(pieces) - 1), args.rate, meter.calm)
         timers = []
         if name == "switch":
@@ -387,7 +389,7 @@ def measure(args) -> int:
             return 1
         gguf = app.models.file_of("default")
         answers = {"long": long_answer(args.chars), "code": code_answer()}
-        pieces = {kind: token_pieces(gguf, answers[kind]) for kind in {"code" if n == "code" else "long"
+        pieces = {kind: token_pieces(gguf, answers[kind]) for kind in {"code" if n in CODE_SCENARIOS else "long"
                                                                          for n in args.scenarios}}
         tree = {"tree": args.tree or str(Path(args.src).resolve()), "src": str(Path(app_main.__file__).parents[2])}
         meter = Meter(app.window.chat.composer.edit)
@@ -398,7 +400,7 @@ def measure(args) -> int:
                 "loop": meter.loop(meter.started, meter.stopped)}
         print(json.dumps({"bench": "gui_long_answers", "scenario": "idle", **tree, **idle}), flush=True)
         for name in args.scenarios:
-            answer = pieces["code" if name == "code" else "long"]
+            answer = pieces["code" if name in CODE_SCENARIOS else "long"]
             row = run_scenario(app, name, answer, args, meter)
             row["pass"] = row["stream_key"]["p95"] is not None and row["stream_key"]["p95"] < TARGET_MS
             print(json.dumps({**row, **tree, "tokens_total": len(answer)}), flush=True)
