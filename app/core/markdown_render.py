@@ -33,9 +33,10 @@ RULE_COLOR = {False: "#c9ced6", True: "#4a505c"}  # table borders and the block-
 QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
 STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is highlighted once the answer ends
 STREAM_CACHE = 4096  # finished blocks of streaming answers kept rendered (several chats stream at once)
-STREAM_SEGMENT_LINES = 10  # a growing code block is highlighted (and put in its document) in runs of lines, the finished
-# runs once each: its last run is highlighted, parsed and laid out again on every token (25 lines: ~7 ms a token here)
-RUN_SEAM = "\x00"  # between the tables of a growing code block's runs (markdown-it turns a NUL of the text into U+FFFD)
+# a growing code block is highlighted (and put in its document) in runs of lines, the finished runs once each: its last
+# run is highlighted, parsed and laid out again on every token (25 lines: ~7 ms a token here)
+STREAM_SEGMENT_LINES = 10
+RUN_SEAM = "\x00"  # between the tables of an answer's code block's runs (markdown-it turns a text's NUL into U+FFFD)
 FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
 BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter -> its closing one
 MAX_QUOTE_BARS = 4  # block quotes nested deeper are indented without their bar (a table each: 20 took Qt a minute)
@@ -48,7 +49,7 @@ class _Block:
     """One block of an answer rendered."""
 
     html: str
-    parts: tuple[str, ...]  # its HTML cut where the view's document may take it apart (a growing code block's runs)
+    parts: tuple[str, ...]  # its HTML cut where the view's document may take it apart (a code block's runs)
     code_blocks: list[str]
     final: bool  # as the finished answer shows it (a long code block is highlighted only once the answer ends)
     references: bool  # it defines a reference link, which a link in any other block may use
@@ -188,7 +189,8 @@ class MarkdownRenderer:
         head = (f'<tr><td><span style="color:#8b949e">{label}</span></td>'
                 f'<td align="right"><a href="copy:{n}">Copy</a></td></tr>') if run == 0 else ""
         return (
-            f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{bg}" style="margin-top:{0 if run else 4}px">'
+            f'<table width="100%" cellspacing="0" cellpadding="6" bgcolor="{bg}" '
+            f'style="margin-top:{0 if run else 4}px">'
             f'{head}'
             # pre-wrap: a long line wraps inside the bubble (unwrapped it widened the table past the bubble's edge,
             # clipping the line and the Copy link); spaces and tabs are kept either way

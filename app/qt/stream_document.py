@@ -201,7 +201,7 @@ def _ends_open(doc: QTextDocument) -> bool:
 
 def _after_table(block: QTextBlock) -> bool:
     """Whether `block` is the plain empty block Qt ends a table with: a table after it goes in alone, in that very
-    block, as setHtml reads two tables in a row (a growing code block's runs)."""
+    block, as setHtml reads two tables in a row (a code block's runs of lines)."""
     return (block.length() == 1 and block.document().characterAt(block.position() - 1) == FRAME_END
             and block.blockFormat() == QTextBlockFormat())
 
