@@ -13,6 +13,7 @@ from typing import Callable
 
 from cli.serve import CONTEXT, SESSIONS
 from engine.errors import ParleyError
+from engine.loading.loader import quantized_folders
 
 # the flags that shape how a local model loads and runs, with the value that leaves each alone (serve's sizes too:
 # a remote endpoint keeps its own)
@@ -95,9 +96,8 @@ def _quantize(args: argparse.Namespace, t: Target) -> Unused | None:
 def _weights(args: argparse.Namespace, t: Target) -> Unused | None:
     flag = ("--weights", args.weights)
     if args.weights == "quantized" and t.folders and not args.quantize:
-        return Unused(*flag, f"it keeps a GGUF file's matrices quantized; {_names(t.folders)} "
-                      f"{_is_folder(t.folders)}, whose matrices load as floats (--quantize q8|q4 quantizes them on "
-                      "the CPU)", chosen=not t.files)
+        return Unused(*flag, f"it {quantized_folders(_names(t.folders), len(t.folders) > 1)} (--quantize q8|q4 "
+                      "quantizes them on the CPU)", chosen=not t.files)
     if args.weights == "dequantized" and args.quantize and t.folders and not t.files:
         return Unused(*flag, f"--quantize {args.quantize} quantizes {_names(t.folders)}; leave out one or the other",
                       chosen=True)
@@ -164,7 +164,3 @@ def _names(paths: list[Path]) -> str:
 
 def _is_gguf(files: list[Path]) -> str:
     return "is a GGUF file" if len(files) == 1 else "are GGUF files"
-
-
-def _is_folder(folders: list[Path]) -> str:
-    return "is a Hugging Face folder" if len(folders) == 1 else "are Hugging Face folders"

@@ -111,6 +111,8 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         args, weights, tok = _read_hf(source, progress, options, notices)
         if options.quantize and options.device == "cpu":
             weights = _quantized_at_load(weights, options.quantize)
+        elif options.weights == "quantized":  # the app's settings.json may ask it of every model
+            notices.append(f'Weights "quantized" {quantized_folders(source.name)}.')
         kind = "hf"
     elif (options := _resolve_weights(source, options)).quantized:
         args, weights, tok = _read_gguf(source, progress, options, notices=notices)
@@ -126,6 +128,12 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)
+
+
+def quantized_folders(names: str, many: bool = False) -> str:
+    """Why weights "quantized" does nothing for Hugging Face folders: the CLI's refusal and the load's notice."""
+    what = "are Hugging Face folders" if many else "is a Hugging Face folder"
+    return f"keeps a GGUF file's matrices quantized; {names} {what}, whose matrices load as floats"
 
 
 def _quantized_at_load(weights: dict, scheme: str) -> dict:

@@ -257,6 +257,18 @@ def test_hf_folder_quantized_at_load(tiny_models, scheme):
     assert together == [run_staggered(make_batcher(q, 1, run), [p], [0], SamplingParams(max_tokens=8))[0] for p in prompts]
 
 
+def test_weights_quantized_on_a_folder_is_said_not_dropped(tiny_models):
+    """The app's weights "quantized" reaches every model: a folder's matrices load as floats, and the load says so
+    (no word before: the notices were empty); --quantize does quantize it, and "auto" asks nothing."""
+    hf = tiny_models["llama"].hf_dir
+    floats = load_model(hf, LoadOptions(weights="quantized"))
+    assert not floats.is_quantized()
+    assert floats.notices == [f"Weights \"quantized\" keeps a GGUF file's matrices quantized; {hf.name} is a Hugging "
+                              "Face folder, whose matrices load as floats."]
+    assert load_model(hf, LoadOptions(weights="quantized", quantize="q8")).notices == []
+    assert load_model(hf, LoadOptions()).notices == []
+
+
 def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, monkeypatch):
     """weights="auto": quantized on the CPU; on CUDA floats only for a small model that takes a modest share of the
     free memory (a model of QUANTIZED_FROM_WEIGHTS matrix weights or more decodes faster quantized)."""
