@@ -1,6 +1,7 @@
 """The main window: sidebar of chats, the chat page or the compare view, menus, shortcuts and the load bar."""
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from engine.loading.default_model import DEFAULT_NAME
 
 
 UNDO_MS = 10_000  # how long a deleted chat can be brought back
+NOTICE_MS = 20_000  # a load's notices stay up as long as the start's
 DRAFT_SAVE_MS = 1500  # drafts reach settings.json this long after the last keystroke (a crash keeps them)
 
 
@@ -78,6 +80,7 @@ class MainWindow(QMainWindow):
         models.changed.connect(self._on_model_state)
         models.import_failed.connect(lambda path, msg: self._warn("Import failed", f"{path}\n\n{msg}"))
         models.imported.connect(self._on_imported)
+        models.loaded.connect(self._tell_load_notices)
         models.already_there.connect(self._on_already_there)
         self.dark = False
         self._show_theme()
@@ -285,6 +288,23 @@ class MainWindow(QMainWindow):
         self.load_label.setText(self.tr("%1 failed to load").replace("%1", state.entry.name) if failed else "")
         if state.status == "loaded" and not self.statusBar().currentMessage():  # a start's notice stays up its time
             self.statusBar().showMessage(self.tr("%1 loaded").replace("%1", state.name), 4000)
+
+    def _tell_load_notices(self, key: str) -> None:
+        """What the load said about the model (a setting it ignored, a drafter it could not use), once, after any
+        message up: the notices reached the CLI only, the app dropped them."""
+        state = self.models.state(key)
+        notices = (state.info or {}).get("notices") if state is not None else None
+        if not notices:
+            return
+        said = " ".join(notices)
+        if state.name not in said and state.entry.name not in said:
+            said = self.tr("%1: %2").replace("%1", state.entry.name).replace("%2", said)
+        bar = self.statusBar()
+        # in place of the load's own "Imported …" or "… loaded" (the bar is one line), after any other message
+        ours = (self.tr("Imported %1").replace("%1", state.entry.name), self.tr("%1 loaded").replace("%1", state.name))
+        before = "" if bar.currentMessage() in ours else bar.currentMessage()
+        bar.showMessage(" · ".join(filter(None, (before, said))), NOTICE_MS)
+        print(f"parley: {said}", file=sys.stderr)  # as the start's notice: the bar's line may be cut short
 
     # -- look
     def set_theme(self, mode: str) -> None:

@@ -1,0 +1,42 @@
+"""Settings that a model or machine cannot honour are said, not dropped: the load's notices reach the window."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("PySide6")
+
+from engine.runtime import EngineConfig
+from tests.app.conftest import TINY_ENGINE
+
+
+@pytest.fixture
+def quantized_app(qtbot, qapp, tiny_models, tmp_path):
+    """The app as settings.json {"weights": "quantized"} builds its engine, on the tiny Qwen3 GGUF."""
+    from app.qt.main import build
+
+    app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path),
+                engine=EngineConfig(weights="quantized", **TINY_ENGINE), theme="light", show=False)
+    qtbot.addWidget(app.window)
+    qtbot.waitUntil(lambda: app.models.model_id("default") is not None, timeout=60_000)
+    yield app
+    app.bridge.shutdown()
+
+
+def test_weights_quantized_with_a_folder_is_said_in_the_status_bar(quantized_app, qtbot, tiny_models):
+    """An imported Hugging Face folder loaded floats under weights "quantized" and the window said only 'Imported'."""
+    folder = tiny_models["llama"].hf_dir
+    key = quantized_app.models.import_path(folder)
+    qtbot.waitUntil(lambda: quantized_app.models.model_id(key) is not None, timeout=30_000)
+    assert quantized_app.models.state(key).info["quantization"] == "float32"
+    shown = quantized_app.window.statusBar().currentMessage()
+    assert f"{folder.name} is a Hugging Face folder, whose matrices load as floats" in shown
+    assert shown.startswith('Weights "quantized"')  # in place of "Imported tiny-llama": the bar has one line
+
+
+def test_a_drafter_the_model_cannot_use_is_said_when_it_loads(parley, qtbot, imported_llama):
+    """Models → Draft with it, a model of another tokenizer: the chat model loaded drafting from its prompt, unsaid."""
+    assert parley.models.use_as_draft(imported_llama)
+    parley.models.unload("default")
+    parley.models.ensure("default")  # the draft model applies to models loaded from now on
+    qtbot.waitUntil(lambda: parley.models.model_id("default") is not None, timeout=30_000)
+    assert "cannot draft for" in parley.window.statusBar().currentMessage()
