@@ -4,16 +4,16 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
-    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog,
+    QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog, QLabel,
     QFrame, QPlainTextEdit, QPushButton, QScrollArea, QSpinBox, QStyle, QStyleOptionComboBox, QStylePainter, QVBoxLayout, QWidget,
 )
 
-from app.core.chat_settings import OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
+from app.core.chat_settings import DRAW_ONLY, OVERFLOW_CHOICES, THINKING_CHOICES, ChatSettings
 from app.core.model_registry import ModelRegistry
 from app.core.presets import Presets
 from app.qt.composer import lines_high
 from app.qt.theme import icon
-from engine.sampling import MAX_INT32
+from engine.sampling import GREEDY_BELOW, MAX_INT32
 
 
 MIN_CHARS = 24  # the picker's width in characters: most model names whole, a long one elided
@@ -95,20 +95,39 @@ class SettingsForm(QWidget):
         model_row = QHBoxLayout()
         model_row.addWidget(self.model, 1)
         model_row.addWidget(self.import_button)
-        form = QFormLayout(self)
+        # a line under the field that makes others do nothing: they are greyed, and this says why
+        self.greedy_note = _note(self.tr("0 always takes the likeliest token: top-p, top-k, min-p and the seed "
+                                         "change nothing"))
+        self.penalty_note = _note(self.tr("1 penalizes nothing: the penalty window changes nothing"))
+        form = self._form = QFormLayout(self)
         if presets is not None:
             form.addRow(self.tr("Preset"), self._preset_row())
         form.addRow("Model", model_row)
         form.addRow("System prompt", self.system)
-        for label, w in [("Temperature", self.temperature), ("Top-p", self.top_p), ("Top-k (0 = off)", self.top_k),
-                         ("Min-p", self.min_p), ("Repetition penalty", self.repetition),
+        for label, w in [("Temperature", self.temperature), ("", self.greedy_note), ("Top-p", self.top_p),
+                         ("Top-k (0 = off)", self.top_k), ("Min-p", self.min_p),
+                         ("Repetition penalty", self.repetition), ("", self.penalty_note),
                          (self.tr("Penalty window (tokens)"), self.repeat_last_n), ("Seed", self.seed),
                          ("Max tokens", self.max_tokens), ("Context overflow", self.overflow),
                          (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking)]:
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
+        self.temperature.valueChanged.connect(self._grey_unused)
+        self.repetition.valueChanged.connect(self._grey_unused)
         self._loaded, self._shown = settings, {}
         self.set_settings(settings)
+
+    def _grey_unused(self, _value: float = 0) -> None:
+        """Fields the temperature or the penalty make do nothing are greyed with a line why (their values are kept:
+        the form accepted a seed beside temperature 0 and the answer ignored it without a word)."""
+        greedy = self._number_values()["temperature"] < GREEDY_BELOW
+        numbers = self._numbers()
+        for name in DRAW_ONLY:
+            numbers[name].setEnabled(not greedy)
+        self._form.setRowVisible(self.greedy_note, greedy)
+        neutral = self._number_values()["repetition_penalty"] == 1
+        self.repeat_last_n.setEnabled(not neutral)
+        self._form.setRowVisible(self.penalty_note, neutral)
 
     def _numbers(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -175,6 +194,7 @@ class SettingsForm(QWidget):
         self.overflow.setCurrentIndex(max(0, self.overflow.findData(s.overflow)))
         self.speculative.setChecked(s.speculative)
         self.thinking.setCurrentIndex([value for value, _ in THINKING_CHOICES].index(s.thinking))
+        self._grey_unused()
 
     def settings(self) -> ChatSettings:
         return ChatSettings(
@@ -232,6 +252,10 @@ def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
     w.setSingleStep(step)
     w.setDecimals(decimals)
     return w
+
+
+def _note(text: str) -> QLabel:
+    return QLabel(text, wordWrap=True, enabled=False)  # the disabled palette: a quiet line, not an error
 
 
 def _int(lo: int, hi: int) -> QSpinBox:

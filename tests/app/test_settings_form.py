@@ -75,3 +75,19 @@ def test_the_settings_dialog_fits_the_screen_at_any_font_size(qtbot, qapp, tmp_p
             assert scroll is not None and not scroll.verticalScrollBar().isVisible()  # shown whole
     finally:
         qapp.setFont(before)
+
+
+def test_fields_that_temperature_0_or_penalty_1_make_do_nothing_are_greyed_with_why(form):
+    """The form took a seed beside temperature 0 and the greedy answer ignored it, not a word said."""
+    w = form(ChatSettings(temperature=0.0, seed=7, repetition_penalty=1.0))
+    drawn = [w.top_p, w.top_k, w.min_p, w.seed]
+    assert not any(f.isEnabled() for f in drawn + [w.repeat_last_n])
+    assert w.greedy_note.isVisibleTo(w) and w.penalty_note.isVisibleTo(w)
+    assert "the seed" in w.greedy_note.text()
+    assert w.settings() == ChatSettings(temperature=0.0, seed=7, repetition_penalty=1.0)  # kept, only greyed
+    w.temperature.setValue(0.5)
+    w.repetition.setValue(1.1)
+    assert all(f.isEnabled() for f in drawn + [w.repeat_last_n])
+    assert not w.greedy_note.isVisibleTo(w) and not w.penalty_note.isVisibleTo(w)
+    w.set_settings(ChatSettings(temperature=0.0004))  # shown as 0.000, drawn by the engine: not greedy
+    assert w.seed.isEnabled()
