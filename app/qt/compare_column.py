@@ -11,7 +11,7 @@ from app.core.presets import Presets
 from app.qt.chat_view import ChatView
 from app.qt.elided_label import ElidedLabel
 from app.qt.model_manager import ModelManager
-from app.qt.settings_dialog import ModelPicker, SettingsDialog
+from app.qt.settings_dialog import ModelPicker, SettingsDialog, thinking_switch_of
 from app.qt.status_line import describe
 from app.qt.theme import icon
 
@@ -97,7 +97,7 @@ class CompareColumn(QFrame):
         conv = self.service.store.get(self.conv_id)
         title = self.tr("Column %1 settings").replace("%1", self.letter)
         dialog = SettingsDialog(self.models.registry, conv.settings, title, self, offer_default=False,
-                                presets=self.presets)
+                                presets=self.presets, thinking_switch=thinking_switch_of(self.models))
         if dialog.exec():
             self.service.set_settings(self.conv_id, dialog.settings())
             self.picker.reload(dialog.settings().model)

@@ -1,6 +1,8 @@
 """Chat settings: model, system prompt, sampling, max tokens, overflow policy; optionally the defaults for new chats."""
 from __future__ import annotations
 
+from typing import Callable
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
@@ -64,9 +66,11 @@ class ModelPicker(QComboBox):
 class SettingsForm(QWidget):
     import_requested = Signal()
 
-    def __init__(self, registry: ModelRegistry, settings: ChatSettings, parent=None, presets: Presets | None = None):
+    def __init__(self, registry: ModelRegistry, settings: ChatSettings, parent=None, presets: Presets | None = None,
+                 thinking_switch: Callable[[str], bool | None] = lambda key: None):
         super().__init__(parent)
         self.presets = presets
+        self.thinking_switch = thinking_switch  # a model key -> whether its template reads Thinking (None: not loaded)
         self.model = ModelPicker(registry)
         self.import_button = QPushButton(icon("import"), "Import…")
         self.system = QPlainTextEdit()
@@ -99,6 +103,7 @@ class SettingsForm(QWidget):
         self.greedy_note = _note(self.tr("0 always takes the likeliest token: top-p, top-k, min-p and the seed "
                                          "change nothing"))
         self.penalty_note = _note(self.tr("1 penalizes nothing: the penalty window changes nothing"))
+        self.thinking_note = _note("")
         form = self._form = QFormLayout(self)
         if presets is not None:
             form.addRow(self.tr("Preset"), self._preset_row())
@@ -109,11 +114,13 @@ class SettingsForm(QWidget):
                          ("Repetition penalty", self.repetition), ("", self.penalty_note),
                          (self.tr("Penalty window (tokens)"), self.repeat_last_n), ("Seed", self.seed),
                          ("Max tokens", self.max_tokens), ("Context overflow", self.overflow),
-                         (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking)]:
+                         (self.tr("Speculative decoding"), self.speculative), (self.tr("Thinking"), self.thinking),
+                         ("", self.thinking_note)]:
             form.addRow(label, w)
         self.import_button.clicked.connect(self.import_requested)
         self.temperature.valueChanged.connect(self._grey_unused)
         self.repetition.valueChanged.connect(self._grey_unused)
+        self.model.currentIndexChanged.connect(self._grey_unused)
         self._loaded, self._shown = settings, {}
         self.set_settings(settings)
 
@@ -128,6 +135,11 @@ class SettingsForm(QWidget):
         neutral = self._number_values()["repetition_penalty"] == 1
         self.repeat_last_n.setEnabled(not neutral)
         self._form.setRowVisible(self.penalty_note, neutral)
+        unswitched = self.thinking_switch(self.model.key()) is False
+        self.thinking.setEnabled(not unswitched)
+        self.thinking_note.setText(self.tr("%1's chat template has no thinking switch: it answers the same either "
+                                           "way").replace("%1", self.model.currentText()))
+        self._form.setRowVisible(self.thinking_note, unswitched)
 
     def _numbers(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -214,10 +226,11 @@ class SettingsForm(QWidget):
 
 class SettingsDialog(QDialog):
     def __init__(self, registry: ModelRegistry, settings: ChatSettings, title: str = "Chat settings", parent=None,
-                 offer_default: bool = True, presets: Presets | None = None):
+                 offer_default: bool = True, presets: Presets | None = None,
+                 thinking_switch: Callable[[str], bool | None] = lambda key: None):
         super().__init__(parent)
         self.setWindowTitle(title)
-        self.form = SettingsForm(registry, settings, presets=presets)
+        self.form = SettingsForm(registry, settings, presets=presets, thinking_switch=thinking_switch)
         self.as_default = QCheckBox("Also use these settings for new chats")
         self.as_default.setVisible(offer_default)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -252,6 +265,15 @@ def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
     w.setSingleStep(step)
     w.setDecimals(decimals)
     return w
+
+
+def thinking_switch_of(models) -> Callable[[str], bool | None]:
+    """Whether a loaded model's chat template reads the Thinking setting (its load says: Tokenizer.thinking_switch);
+    None for one not loaded yet. `models`: the app's ModelManager."""
+    def switch(key: str) -> bool | None:
+        state = models.state(key)
+        return (state.info or {}).get("thinking_switch") if state is not None and state.status == "loaded" else None
+    return switch
 
 
 def _note(text: str) -> QLabel:

@@ -22,7 +22,7 @@ from app.qt.elided_label import ElidedLabel
 from app.qt.live_panel import LivePanel
 from app.qt.model_manager import ModelManager
 from app.qt.models_dialog import ModelsDialog
-from app.qt.settings_dialog import SettingsDialog
+from app.qt.settings_dialog import SettingsDialog, thinking_switch_of
 from app.qt.sidebar import Sidebar
 from app.qt.theme import THEMES, apply_theme, icon
 from engine.loading.default_model import DEFAULT_NAME
@@ -183,7 +183,7 @@ class MainWindow(QMainWindow):
         if conv_id is None:
             return
         dialog = SettingsDialog(self.models.registry, self.service.store.get(conv_id).settings, parent=self,
-                                presets=self.presets)
+                                presets=self.presets, thinking_switch=thinking_switch_of(self.models))
         dialog.form.import_requested.connect(self.import_file)
         if dialog.exec():
             self.apply_settings(conv_id, dialog.settings(), dialog.as_default.isChecked())

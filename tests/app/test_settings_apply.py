@@ -40,3 +40,24 @@ def test_a_drafter_the_model_cannot_use_is_said_when_it_loads(parley, qtbot, imp
     parley.models.ensure("default")  # the draft model applies to models loaded from now on
     qtbot.waitUntil(lambda: parley.models.model_id("default") is not None, timeout=30_000)
     assert "cannot draft for" in parley.window.statusBar().currentMessage()
+
+
+def test_thinking_is_greyed_for_a_loaded_model_whose_template_has_no_switch(parley, qtbot, imported_llama):
+    """Thinking 'Answer without thinking' on a model whose template has no switch answered the same, unsaid."""
+    from app.core.chat_settings import ChatSettings
+    from app.qt.settings_dialog import SettingsDialog, thinking_switch_of
+
+    qtbot.waitUntil(lambda: parley.models.model_id(imported_llama) is not None, timeout=30_000)
+    switch = thinking_switch_of(parley.models)
+    assert switch(imported_llama) is False
+    parley.models.unload("default")  # not loaded: its template is not known yet, Thinking stays open
+    assert switch("default") is None
+    dialog = SettingsDialog(parley.models.registry, ChatSettings(model=imported_llama, thinking=False),
+                            thinking_switch=switch)
+    qtbot.addWidget(dialog)
+    form = dialog.form
+    assert not form.thinking.isEnabled() and form.thinking_note.isVisibleTo(form)
+    assert "has no thinking switch" in form.thinking_note.text()
+    assert dialog.settings().thinking is False  # kept, only greyed
+    form.model.setCurrentIndex(form.model.findData("default"))
+    assert form.thinking.isEnabled() and not form.thinking_note.isVisibleTo(form)
