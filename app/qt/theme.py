@@ -77,6 +77,8 @@ def palette(dark: bool) -> QPalette:
                       (R.ToolTipText, "text")]:
         p.setColor(role, c[key])
     p.setColor(R.HighlightedText, QColor("#ffffff"))
+    for role in (R.Text, R.WindowText, R.ButtonText):  # set for every group above: a greyed field read as open
+        p.setColor(QPalette.ColorGroup.Disabled, role, c["placeholder"])
     return p
 
 

@@ -91,3 +91,16 @@ def test_fields_that_temperature_0_or_penalty_1_make_do_nothing_are_greyed_with_
     assert not w.greedy_note.isVisibleTo(w) and not w.penalty_note.isVisibleTo(w)
     w.set_settings(ChatSettings(temperature=0.0004))  # shown as 0.000, drawn by the engine: not greedy
     assert w.seed.isEnabled()
+
+
+@pytest.mark.parametrize("dark", [False, True])
+def test_a_greyed_field_looks_greyed_in_the_apps_themes(qapp, dark):
+    """The themes' palette gave disabled text the colour of enabled text: the greyed seed looked as open as any."""
+    from PySide6.QtGui import QPalette
+
+    from app.qt.theme import palette
+
+    p, group = palette(dark), QPalette.ColorGroup
+    for role in (QPalette.ColorRole.Text, QPalette.ColorRole.WindowText, QPalette.ColorRole.ButtonText):
+        active, disabled = p.color(group.Active, role), p.color(group.Disabled, role)
+        assert abs(active.lightness() - disabled.lightness()) > 60, role
