@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 from engine import commands as cmd
 from engine import events as ev
 from engine.backend import resolve_device
-from engine.errors import ParleyError
+from engine.errors import LoadStopped, ParleyError
 from engine.host import ModelHost
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_split import model_file
@@ -282,6 +282,7 @@ class Engine:
 
     def _read_model(self, c: cmd.LoadModel):
         def progress(stage: str, fraction: float) -> None:
+            self._unless_stopping()
             self._emit(ev.ModelProgress(None, c.model_id, stage, fraction))
 
         config = self.config  # one snapshot: set_draft_model may replace it meanwhile
@@ -298,10 +299,18 @@ class Engine:
             # it drafts from its prompts, not from a second copy of itself
             if path is not None and model_file(expand_home(path)).resolve() == lm.source.resolve():
                 return lm, None
-            return lm, (load_model(path, options) if path is not None else None)
+            return lm, (load_model(path, options, lambda *_: self._unless_stopping()) if path is not None else None)
+        except LoadStopped:
+            raise
         except ParleyError as exc:  # the model itself is fine: it drafts from the prompt instead
             lm.notices.append(f"The draft model could not be loaded ({exc}); drafting from the prompt instead.")
             return lm, None
+
+    def _unless_stopping(self) -> None:
+        """A load's checkpoint (each tensor, each stage): a process that exits while the loader thread is inside torch
+        aborts ('terminate called without an active exception'), so a load stops at once when the engine closes."""
+        if self._stopping:
+            raise LoadStopped("The model's load stopped: Parley is closing.")
 
     @staticmethod
     def _read_dflash(path: Path, lm):

@@ -11,6 +11,10 @@ class ModelLoadError(ParleyError):
     """A model file or folder that cannot be read: missing, truncated, corrupt or incomplete."""
 
 
+class LoadStopped(ParleyError):
+    """A model's load given up because the engine is closing (the app quit mid-load)."""
+
+
 class UnsupportedModelError(ModelLoadError):
     """A readable model that Parley cannot run: unknown architecture or tensor type."""
 
