@@ -97,7 +97,8 @@ class CompareColumn(QFrame):
         conv = self.service.store.get(self.conv_id)
         title = self.tr("Column %1 settings").replace("%1", self.letter)
         dialog = SettingsDialog(self.models.registry, conv.settings, title, self, offer_default=False,
-                                presets=self.presets, thinking_switch=thinking_switch_of(self.models))
+                                presets=self.presets, thinking_switch=thinking_switch_of(self.models),
+                                answering=self.service.busy(self.conv_id))
         if dialog.exec():
             self.service.set_settings(self.conv_id, dialog.settings())
             self.picker.reload(dialog.settings().model)

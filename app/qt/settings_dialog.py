@@ -227,10 +227,14 @@ class SettingsForm(QWidget):
 class SettingsDialog(QDialog):
     def __init__(self, registry: ModelRegistry, settings: ChatSettings, title: str = "Chat settings", parent=None,
                  offer_default: bool = True, presets: Presets | None = None,
-                 thinking_switch: Callable[[str], bool | None] = lambda key: None):
+                 thinking_switch: Callable[[str], bool | None] = lambda key: None, answering: bool = False):
         super().__init__(parent)
         self.setWindowTitle(title)
         self.form = SettingsForm(registry, settings, presets=presets, thinking_switch=thinking_switch)
+        # an answer under way keeps the settings it was sent with: OK mid-answer changed nothing visible, unsaid
+        self.answering_note = QLabel(self.tr("An answer is under way: it keeps the settings it started with; these "
+                                             "apply from the next one."), wordWrap=True)
+        self.answering_note.setVisible(answering)
         self.as_default = QCheckBox("Also use these settings for new chats")
         self.as_default.setVisible(offer_default)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
@@ -239,10 +243,12 @@ class SettingsDialog(QDialog):
         scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         scroll.setWidget(self.form)
         layout = QVBoxLayout(self)
+        layout.addWidget(self.answering_note)
         layout.addWidget(scroll, 1)
         layout.addWidget(self.as_default)
         layout.addWidget(buttons)
-        self._fit_screen(scroll, self.as_default.sizeHint().height() + buttons.sizeHint().height())
+        note = self.answering_note.sizeHint().height() if answering else 0
+        self._fit_screen(scroll, self.as_default.sizeHint().height() + buttons.sizeHint().height() + note)
 
     def _fit_screen(self, scroll: QScrollArea, below: int) -> None:
         """The form at its whole size where the screen holds it, else as much as fits and it scrolls: under a large

@@ -183,7 +183,8 @@ class MainWindow(QMainWindow):
         if conv_id is None:
             return
         dialog = SettingsDialog(self.models.registry, self.service.store.get(conv_id).settings, parent=self,
-                                presets=self.presets, thinking_switch=thinking_switch_of(self.models))
+                                presets=self.presets, thinking_switch=thinking_switch_of(self.models),
+                                answering=self.service.busy(conv_id))
         dialog.form.import_requested.connect(self.import_file)
         if dialog.exec():
             self.apply_settings(conv_id, dialog.settings(), dialog.as_default.isChecked())

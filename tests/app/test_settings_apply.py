@@ -61,3 +61,32 @@ def test_thinking_is_greyed_for_a_loaded_model_whose_template_has_no_switch(parl
     assert dialog.settings().thinking is False  # kept, only greyed
     form.model.setCurrentIndex(form.model.findData("default"))
     assert form.thinking.isEnabled() and not form.thinking_note.isVisibleTo(form)
+
+
+def test_settings_opened_mid_answer_say_they_apply_from_the_next_one(parley, qtbot):
+    """OK mid-answer kept the running answer on the settings it was sent with and the dialog said nothing."""
+    from PySide6.QtCore import QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.qt.settings_dialog import SettingsDialog
+    from tests.app.helpers import configure, hold_engine, wait_idle
+
+    w = parley.window
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=40)
+    seen = []
+
+    def look() -> None:
+        dialog = next(d for d in QApplication.topLevelWidgets() if isinstance(d, SettingsDialog) and d.isVisible())
+        seen.append(dialog.answering_note.isVisibleTo(dialog))
+        dialog.reject()
+
+    QTimer.singleShot(0, look)
+    w.edit_settings()  # idle: no note
+    hold_engine(parley, 0.5)
+    w.chat.send("hello")
+    assert parley.service.busy(conv)
+    QTimer.singleShot(0, look)
+    w.edit_settings()
+    assert seen == [False, True]
+    wait_idle(parley, qtbot, conv)
