@@ -81,6 +81,7 @@ class MainWindow(QMainWindow):
         models.import_failed.connect(lambda path, msg: self._warn("Import failed", f"{path}\n\n{msg}"))
         models.imported.connect(self._on_imported)
         models.loaded.connect(self._tell_load_notices)
+        models.draft_changed.connect(self._tell_draft_applies)
         models.already_there.connect(self._on_already_there)
         self.dark = False
         self._show_theme()
@@ -306,6 +307,20 @@ class MainWindow(QMainWindow):
         before = "" if bar.currentMessage() in ours else bar.currentMessage()
         bar.showMessage(" · ".join(filter(None, (before, said))), NOTICE_MS)
         print(f"parley: {said}", file=sys.stderr)  # as the start's notice: the bar's line may be cut short
+
+    def _tell_draft_applies(self, key: str) -> None:
+        """A drafter chosen (or dropped) drafts for models loaded from then on: the ones loaded keep theirs, which the
+        Models dialog's "drafts for the others" did not say."""
+        loaded = [s.entry.name for k, s in self.models.states.items() if s.status == "loaded" and k != key]
+        if not loaded:
+            return
+        entry, dflash = self.models.registry.get(key) if key else None, self.models.dflash_file()
+        drafter = Path(dflash).name if dflash else entry.name if entry is not None else ""
+        now = (self.tr("%1 drafts for models loaded from now on").replace("%1", drafter) if drafter else
+               self.tr("Models loaded from now on draft from their prompts"))
+        keep = self.tr("keeps") if len(loaded) == 1 else self.tr("keep")
+        self.statusBar().showMessage(self.tr("%1; %2 %3 drafting as before until loaded again (Models: Unload, Load).")
+                                     .replace("%1", now).replace("%2", ", ".join(loaded)).replace("%3", keep), NOTICE_MS)
 
     # -- look
     def set_theme(self, mode: str) -> None:

@@ -90,3 +90,14 @@ def test_settings_opened_mid_answer_say_they_apply_from_the_next_one(parley, qtb
     w.edit_settings()
     assert seen == [False, True]
     wait_idle(parley, qtbot, conv)
+
+
+def test_a_drafter_chosen_says_the_loaded_models_keep_theirs(parley, imported_llama, qtbot):
+    """Models → Draft with it marked the model 'drafts for the others' while the loaded ones went on as before."""
+    qtbot.waitUntil(lambda: parley.models.model_id(imported_llama) is not None, timeout=30_000)
+    parley.models.use_as_draft(imported_llama)
+    shown = parley.window.statusBar().currentMessage()
+    llama, qwen = parley.models.registry.get(imported_llama).name, parley.models.registry.default.name
+    assert shown.startswith(f"{llama} drafts for models loaded from now on; {qwen} keeps drafting as before")
+    parley.models.use_as_draft(None)
+    assert parley.window.statusBar().currentMessage().startswith("Models loaded from now on draft from their prompts")
