@@ -122,6 +122,8 @@ def serve(args: argparse.Namespace) -> int:
     try:
         for spec, source in zip(specs, sources):
             m = bridge.load(source, alias=spec)
+            for notice in m.info.get("notices", []):  # what generate and the app say of a load (a drafter it cannot use)
+                say(f"parley: {printable(notice)}")
             say(f"parley: serving {printable(m.id)} (context {m.context})")
         for spec in args.remote:
             url, _, name = spec.partition("#")

@@ -179,3 +179,20 @@ def test_allowed_hosts_beside_a_wildcard_address_are_refused(tmp_path, capsys):
                                            "(--api-key is its guard); leave out --allow-host, or listen on one "
                                            "address\n")
     assert main([*argv, "--host", "127.0.0.1"]) == 2 and "Model not found" in capsys.readouterr().err  # as before
+
+
+def test_a_load_s_notices_are_said_before_it_serves(tiny_models, tmp_path, capsys, monkeypatch):
+    """A drafter of another tokenizer loaded and served drafting from the prompt: generate and the app said so,
+    serve printed nothing (the load's notices never left the bridge)."""
+    import server.run
+    from cli.main import main
+
+    class Run:
+        def run(self, sockets):
+            pass
+
+    monkeypatch.setattr(server.run, "make_server", lambda *args, **kwargs: Run())
+    assert main(["--data-dir", str(tmp_path), "serve", "--model", str(tiny_models["llama"].gguf_path), "--port", "0",
+                 "--context", "256", "--draft-model", str(tiny_models["qwen3"].gguf_path)]) == 0
+    err = capsys.readouterr().err
+    assert "cannot draft for" in err and err.index("cannot draft for") < err.index("serving")
