@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NoReturn
 
 from engine.errors import ModelLoadError
 from engine.loading.gguf_header import GGUFHeader
@@ -86,7 +86,9 @@ def read_parts(path: Path, read: Callable[[Path], GGUFHeader], later: Path | Non
         raise ModelLoadError(f"{path.name} says it is part {no + 1} of {count}, not the first part {later.name} needs.")
     if no > 0:  # a later part (`later`): the model loads from its first, as llama.cpp's does
         first = _named_part(path, 1, header, f"{path.name} is part {no + 1} of a split model")
-        return read_parts(first, read, path) if first.is_file() else _missing(path, first, 1, header)
+        if not first.is_file():
+            _missing(path, first, 1, header)
+        return read_parts(first, read, path)
     if count == 1:
         return [(path, header)]
     parts = [(path, header)]
@@ -116,7 +118,7 @@ def _named_part(path: Path, no: int, header: GGUFHeader, what: str) -> Path:
     return shard_path(path, no, count)
 
 
-def _missing(path: Path, part: Path, no: int, header: GGUFHeader) -> list:
+def _missing(path: Path, part: Path, no: int, header: GGUFHeader) -> NoReturn:
     count = header.scalars.get("split.count")
     raise ModelLoadError(f"{part.name} is missing: it is part {no} of the {count} files of the model {path.name} "
                          "belongs to, and every part must lie in the same folder.")
