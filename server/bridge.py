@@ -10,7 +10,7 @@ from pathlib import Path
 from engine import events as ev
 from engine.engine import Engine
 from engine.errors import ModelLoadError
-from engine.loading.gguf_split import model_name
+from engine.loading.gguf_split import model_file, model_name
 from engine.runtime import EngineConfig
 
 
@@ -47,7 +47,8 @@ class ServerBridge:
         sent "gemma-3-270m-Q4_K_M" and got 404, the id being the name the file's metadata gives. A split model's name
         without its part number too ("qwen2.5-7b-instruct-q4_k_m" for its -00001-of-00002.gguf)."""
         path = Path(source)
-        aliases = (alias, path.name, path.stem, model_name(path))
+        file = model_file(path)  # a folder's GGUF model (a file, or a split model's parts) answers to its names too
+        aliases = (alias, path.name, path.stem, model_name(path), file.name, file.stem, model_name(file))
         return self._register(self.engine.load_model(source), aliases, timeout)
 
     def add_remote(self, base_url: str, model: str | None = None, api_key: str | None = None,

@@ -200,3 +200,16 @@ def test_a_folder_of_parts_with_the_original_config_json_loads_the_parts(tiny_mo
     parts = _copy(split, tmp_path)
     shutil.copyfile(tiny_models["llama"].hf_dir / "config.json", parts[0].parent / "config.json")
     assert load_model(parts[0].parent).source == parts[0]
+
+
+def test_the_server_answers_to_a_split_model_s_name_when_given_its_folder(split):
+    """'parley serve --model <the parts' folder>' answered to the folder's name only: 'tiny' got 404."""
+    from engine.runtime import EngineConfig
+    from server.bridge import ServerBridge
+
+    bridge = ServerBridge(EngineConfig(max_sessions=1, max_session_tokens=64)).start()
+    try:
+        served = bridge.load(split[0].parent, alias=str(split[0].parent))
+        assert bridge.find("tiny") is served and bridge.find(split[0].parent.name) is served
+    finally:
+        bridge.shutdown()
