@@ -6,7 +6,10 @@ checked against the first before a weight is read, so a missing, foreign or cut-
 from __future__ import annotations
 
 import re
+from collections import Counter
 from pathlib import Path
+
+import gguf
 from typing import Callable, NoReturn
 
 from engine.errors import ModelLoadError
@@ -142,7 +145,34 @@ def _checked(part: Path, header: GGUFHeader, no: int, parts: list[tuple[Path, GG
         if t.name in seen:
             raise ModelLoadError(f"{part.name} holds tensor {t.name}, which {seen[t.name].name} holds too: the "
                                  "parts come from different splits.")
+    _check_quantization(part, header, parts)
     return header
+
+
+def _layer_matrices(header: GGUFHeader) -> list[tuple[str, int]]:
+    """(name without its layer, as "attn_q.weight"; type) of every layer matrix of a part."""
+    return [(t.name.split(".", 2)[2], t.type_id) for t in header.tensors if t.name.startswith("blk.") and len(t.shape) > 1]
+
+
+def _check_quantization(part: Path, header: GGUFHeader, parts: list[tuple[Path, GGUFHeader]]) -> None:
+    """A part most of whose layer matrices take a type the same matrix of no earlier layer has comes from another
+    quantization of the model (a Q8_0 file's part 2 beside a Q4_K_M one's part 1, the same split): a recipe varies a
+    matrix's type by layer for a few layers, not most (llama.cpp's Q4_K_M: some attn_v, ffn_down)."""
+    earlier: dict[str, set[int]] = {}
+    for role, type_id in (m for _, h in parts for m in _layer_matrices(h)):
+        earlier.setdefault(role, set()).add(type_id)
+    mine = [(role, type_id) for role, type_id in _layer_matrices(header) if role in earlier]
+    new = [(role, type_id) for role, type_id in mine if type_id not in earlier[role]]
+    if 2 * len(new) <= len(mine):
+        return
+    role, type_id = Counter(new).most_common(1)[0][0]
+    raise ModelLoadError(f"{part.name} does not belong with {parts[0][0].name}: {len(new)} of its {len(mine)} layer "
+                         f"matrices take a type no earlier layer's has ({role} {_names({type_id})}, the earlier parts' "
+                         f"{_names(earlier[role])}): a part of another quantization of the model.")
+
+
+def _names(types: set[int]) -> str:
+    return "/".join(sorted(gguf.GGMLQuantizationType(t).name for t in types))
 
 
 def _check_total(parts: list[tuple[Path, GGUFHeader]]) -> None:

@@ -83,6 +83,18 @@ def test_a_broken_split_is_one_line_naming_the_file(tiny_models_q8, split, tmp_p
     assert named.name in str(err.value) and words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("no", [2, 3])
+def test_a_part_of_another_quantization_is_named(tiny_models, split, tmp_path, no):
+    """The same model's F32 file split alike: its part has the same tensors, split keys and architecture."""
+    parts = _copy(split, tmp_path)
+    other = split_gguf(tiny_models["llama"].gguf_path, tmp_path / "f32" / "tiny.gguf", 7)
+    shutil.copyfile(other[no - 1], parts[no - 1])
+    words = (rf"tiny-0000{no}-of-00004.gguf does not belong with tiny-00001-of-00004.gguf: \d+ of its \d+ layer "
+             r"matrices take a type no earlier layer's has \(\w+.weight F32, the earlier parts' Q8_0\)")
+    with pytest.raises(ModelLoadError, match=words):
+        load_model(parts[3])
+
+
 def test_the_first_part_missing_is_named_from_a_later_one(split, tmp_path):
     parts = _copy(split, tmp_path)
     parts[0].unlink()
@@ -124,14 +136,16 @@ def test_the_memory_estimate_counts_every_part(tiny_models_q8, split):
     assert estimate(split[1]) == estimate(tiny_models_q8["llama"].gguf_path)
 
 
-def test_a_replaced_later_part_is_not_read_from_the_converted_copy(tiny_models, split, tmp_path):
-    """The converted (dequantized) copy is kept under the first part's name: a later part replaced (here by the F32
-    file's, same tensors, other values) is read afresh, not served from the copy of the old one."""
+def test_a_replaced_later_part_is_not_read_from_the_converted_copy(split, tmp_path):
+    """The converted (dequantized) copy is kept under the first part's name: a later part replaced (here by one with
+    the same header, its last weights' low bits flipped: other, finite values) is read afresh, not served from the copy
+    of the old one."""
     parts = _copy(split, tmp_path)
     options = LoadOptions(weights="dequantized", cache_dir=tmp_path / "cache")
     assert load_model(parts[0], options).timings["from"] == "gguf"
-    f32 = split_gguf(tiny_models["llama"].gguf_path, tmp_path / "f32" / "tiny.gguf", 7)
-    shutil.copyfile(f32[1], parts[1])
+    data = bytearray(parts[1].read_bytes())
+    data[-64:] = bytes(b ^ 1 for b in data[-64:])
+    parts[1].write_bytes(bytes(data))
     again = load_model(parts[0], options)
     fresh = _weights(load_model(parts[0], LoadOptions(weights="dequantized")))
     assert again.timings["from"] == "gguf"
