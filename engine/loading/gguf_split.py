@@ -93,6 +93,7 @@ def read_parts(path: Path, read: Callable[[Path], GGUFHeader], later: Path | Non
             _missing(path, first, 1, header)
         return read_parts(first, read, path)
     if count == 1:
+        _check_whole(path)
         return [(path, header)]
     parts = [(path, header)]
     for i in range(2, count + 1):
@@ -111,6 +112,17 @@ def merged(parts: list[tuple[Path, GGUFHeader]]) -> GGUFHeader:
         return first
     tensors = [t for _, h in parts for t in h.tensors]
     return GGUFHeader(first.version, first.scalars, first.array_lengths, first.arrays, tensors, len(tensors))
+
+
+def _check_whole(path: Path) -> None:
+    """A file that holds a whole model but is named as a split's part, beside the split's other parts: those parts
+    would go unread, and the model the user meant is not this file."""
+    shard = shard_of(path)
+    others = [p.name for p in model_files(path) if p != path] if shard and shard[1] > 1 else []
+    if others:
+        raise ModelLoadError(f"{path.name} holds a whole model (it has no split keys), but its name makes it part "
+                             f"{shard[0]} of {shard[1]} beside {', '.join(others)}: a file of another download. Put "
+                             "the split's own part there, or rename the whole file.")
 
 
 def _named_part(path: Path, no: int, header: GGUFHeader, what: str) -> Path:

@@ -95,6 +95,22 @@ def test_a_part_of_another_quantization_is_named(tiny_models, split, tmp_path, n
         load_model(parts[3])
 
 
+@pytest.mark.parametrize("given", [0, 2, "folder"])
+def test_a_whole_model_named_as_the_first_part_is_named(tiny_models_q8, split, tmp_path, given):
+    """The unsplit file under part 1's name beside the split's later parts: loading it alone would leave them unread."""
+    parts = _copy(split, tmp_path)
+    shutil.copyfile(tiny_models_q8["llama"].gguf_path, parts[0])
+    with pytest.raises(ModelLoadError, match=r"tiny-00001-of-00004.gguf holds a whole model \(it has no split keys\), "
+                                             "but its name makes it part 1 of 4 beside tiny-00002-of-00004.gguf, "):
+        load_model(parts[0].parent if given == "folder" else parts[given])
+
+
+def test_a_whole_model_named_as_a_part_alone_loads(tiny_models_q8, tmp_path):
+    alone = tmp_path / "tiny-00001-of-00004.gguf"
+    shutil.copyfile(tiny_models_q8["llama"].gguf_path, alone)
+    assert load_model(alone).source == alone
+
+
 def test_the_first_part_missing_is_named_from_a_later_one(split, tmp_path):
     parts = _copy(split, tmp_path)
     parts[0].unlink()
