@@ -55,6 +55,14 @@ def model_name(path: Path) -> str:
     return path.name[:m.start()] if m else path.stem
 
 
+def files_name(path: Path) -> str:
+    """A model file's name as a message names the whole model: a split's name and its parts, the file's otherwise."""
+    files = model_files(path)
+    if len(files) == 1:
+        return path.name
+    return f"{model_name(path)} ({len(files)} files: {files[0].name} to {files[-1].name})"
+
+
 def gguf_in_folder(folder: Path) -> Path | None:
     """The first file of the one GGUF model a folder holds (a file, or one split's parts); None when it holds no
     .gguf file; ModelLoadError naming them when it holds several models."""

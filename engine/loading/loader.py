@@ -13,7 +13,7 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import open_gguf
-from engine.loading.gguf_split import model_file, model_name
+from engine.loading.gguf_split import files_name, model_file, model_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
 from engine.memory import (
@@ -257,7 +257,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     try:
         arch = architecture(gf.architecture or "(none)")
         args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
-        _check_memory(gf, args, options, path.name)
+        _check_memory(gf, args, options, files_name(path))
         # a dequantized load's converted entry holds its tokenizer already: no second copy
         tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
         weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
@@ -319,7 +319,7 @@ def _check_fits(staging: int, final: int, name: str, args: ModelArgs, options: L
 def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None):
     cache_dir = options.cache_dir
     if cache_dir is not None:
-        hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, path.name))
+        hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, files_name(path)))
         if hit is not None:
             return (*hit, "converted-cache")
     args, weights, tok = _read_gguf(path, progress, options)

@@ -152,6 +152,18 @@ def test_the_memory_estimate_counts_every_part(tiny_models_q8, split):
     assert estimate(split[1]) == estimate(tiny_models_q8["llama"].gguf_path)
 
 
+@pytest.mark.parametrize("weights", ["quantized", "dequantized"])
+def test_the_memory_refusal_names_the_whole_split(split, tmp_path, monkeypatch, weights):
+    """Given part 3 (or their folder), the refusal names the model and its 4 files, not only the first part."""
+    options = LoadOptions(weights=weights, cache_dir=tmp_path / "cache")
+    load_model(split[0], options)  # the dequantized load's converted copy is checked on its own path
+    monkeypatch.setattr("engine.memory.available_bytes", lambda device: 1 << 20)
+    for source in (split[2], split[0].parent):
+        with pytest.raises(ModelLoadError, match=r"^tiny \(4 files: tiny-00001-of-00004.gguf to tiny-00004-of-00004.gguf"
+                                                 r"\) needs ~"):
+            load_model(source, options)
+
+
 def test_a_replaced_later_part_is_not_read_from_the_converted_copy(split, tmp_path):
     """The converted (dequantized) copy is kept under the first part's name: a later part replaced (here by one with
     the same header, its last weights' low bits flipped: other, finite values) is read afresh, not served from the copy
