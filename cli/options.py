@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from cli.paths import Paths, data_dir_arg
+from cli.paths import Paths, data_dir_arg, keep_kernels_under
 from engine.seed import SEED_RULE, user_seed
 
 MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
@@ -94,7 +94,9 @@ def _number(text: str, kind: type):
 
 
 def paths_of(args: argparse.Namespace) -> Paths:
-    return Paths.resolve(getattr(args, "data_dir", None))
+    paths = Paths.resolve(getattr(args, "data_dir", None))
+    keep_kernels_under(paths)
+    return paths
 
 
 def engine_config(args: argparse.Namespace, paths: Paths, **sizes):

@@ -32,6 +32,16 @@ class Paths:
         return cls(data, data / "models", Path(platformdirs.user_cache_dir("Parley", appauthor=False)))
 
 
+KERNEL_CACHE_ENV = "PARLEY_KERNEL_CACHE"  # where kernels/cpu_native.py builds the CPU library
+
+
+def keep_kernels_under(paths: Paths) -> None:
+    """The CPU kernel library is built under the data folder's cache, beside the converted weights: with --data-dir
+    or PARLEY_HOME it landed in the platform's cache folder. A PARLEY_KERNEL_CACHE of the user's own wins."""
+    if not os.environ.get(KERNEL_CACHE_ENV, "").strip():
+        os.environ[KERNEL_CACHE_ENV] = str(paths.cache / "kernels")
+
+
 def data_dir_arg(text: str) -> str:
     """--data-dir's value: a blank one (`--data-dir "$DIR"` with DIR unset) read as no flag, and the user's real data
     folder was used, or a folder named " " made where the command ran."""

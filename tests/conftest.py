@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import platformdirs
 import pytest
+
+# Every test's --data-dir (and its subprocesses') would otherwise build the CPU library again in its own cache folder
+os.environ.setdefault("PARLEY_KERNEL_CACHE", str(Path(platformdirs.user_cache_dir("Parley", appauthor=False)) / "kernels"))
 
 # Session fixtures shared by many modules: the embedded Gemma (file, tokenizer, model, oracles).
 pytest.register_assert_rewrite("tests.support.gemma", "tests.support.gemma_model")

@@ -248,3 +248,19 @@ def test_thinking_for_a_model_without_the_switch_is_said(tiny_models, tmp_path, 
                                             "no thinking switch\n")
     assert cli.main(argv) == 0
     assert "--thinking" not in capsys.readouterr().err
+
+
+def test_the_cpu_kernels_are_built_under_the_data_folder(monkeypatch, tmp_path, capsys):
+    """--data-dir (or PARLEY_HOME) kept chats, models and converted weights in its folder, and the CPU library went to
+    the platform's cache folder (~/.cache/Parley/kernels) all the same."""
+    from kernels.cpu_native import kernel_dir
+
+    missing = str(tmp_path / "none.gguf")
+    for command in (["generate", "--prompt", "x"], ["serve"]):
+        monkeypatch.delenv("PARLEY_KERNEL_CACHE", raising=False)
+        assert cli.main(["--data-dir", str(tmp_path / "data"), *command, "--model", missing]) == 2
+        assert kernel_dir() == tmp_path / "data" / "cache" / "kernels", command
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "mine"))  # the user's own choice is kept
+    cli.main(["--data-dir", str(tmp_path / "data"), "generate", "--prompt", "x", "--model", missing])
+    assert kernel_dir() == tmp_path / "mine"
+    assert "none.gguf" in capsys.readouterr().err
