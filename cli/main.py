@@ -10,7 +10,7 @@ from cli.memory_floor import refuse_below_floor
 
 refuse_below_floor()  # before the imports below, which die under so low a limit with a traceback or an abort
 
-from app.core.version import parley_version  # noqa: E402
+from app.core.version import version_line  # noqa: E402
 from cli.paths import data_dir_arg  # noqa: E402
 from cli.serve import add_serve_parser  # noqa: E402
 from cli.terminal import add_terminal_parsers, printable  # noqa: E402
@@ -74,7 +74,7 @@ def _end_if_workers_busy(code: int) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="parley", description="Chat with local language models.")
-    p.add_argument("--version", action="version", version=f"parley {parley_version()}")
+    p.add_argument("--version", action="version", version=version_line())
     p.add_argument("--data-dir", type=data_dir_arg, help="keep all data here (default: the platform's user folders, or $PARLEY_HOME)")
     p.add_argument("--self-test", action="store_true", help="open the window offscreen, stream two chats at once, exit 0 if both answer")
     p.add_argument("--theme", choices=["system", "light", "dark"], default=None,
@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command")
     add_terminal_parsers(sub)
     add_serve_parser(sub)
+    for command in sub.choices.values():  # `parley serve --version` was an unrecognized argument
+        command.add_argument("--version", action="version", version=version_line())
     return p
 
 

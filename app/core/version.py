@@ -20,3 +20,8 @@ def parley_version() -> str:
     except OSError:
         found = None
     return found.group(1) if found else "unknown"
+
+
+def version_line() -> str:
+    """What --version prints, the app's, each command's and the packaged one's alike (packaging/parley_main.py)."""
+    return f"Parley {parley_version()}"
