@@ -65,8 +65,8 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
         raise
     finally:
         bar.close()
-    for notice in loaded.info.get("notices", []):
-        print(printable(notice), file=sys.stderr)
+    for notice in loaded.info.get("notices", []):  # as serve says them, and every other line of ours on stderr
+        print(f"parley: {printable(notice)}", file=sys.stderr)
     if getattr(args, "thinking", None) is not None and loaded.info.get("thinking_switch") is False:
         print(f"parley: --thinking {args.thinking} does nothing here: {printable(loaded.name)}'s chat template has no "
               "thinking switch", file=sys.stderr)  # a script may pass it to every model: said, not refused

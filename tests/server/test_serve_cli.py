@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import io
 import signal
 import subprocess
 import sys
@@ -196,3 +197,23 @@ def test_a_load_s_notices_are_said_before_it_serves(tiny_models, tmp_path, capsy
                  "--context", "256", "--draft-model", str(tiny_models["qwen3"].gguf_path)]) == 0
     err = capsys.readouterr().err
     assert "cannot draft for" in err and err.index("cannot draft for") < err.index("serving")
+
+
+def test_a_load_s_notice_is_one_line_alike_from_generate_chat_and_serve(tiny_models, tmp_path, capsys, monkeypatch):
+    """serve said 'parley: qwen3 cannot draft for …', generate and chat the same words without 'parley: '."""
+    import server.run
+    from cli.main import main
+
+    class Run:
+        def run(self, sockets):
+            pass
+
+    monkeypatch.setattr(server.run, "make_server", lambda *args, **kwargs: Run())
+    monkeypatch.setattr("sys.stdin", io.StringIO("/quit\n"))
+    models = ["--model", str(tiny_models["llama"].gguf_path), "--draft-model", str(tiny_models["qwen3"].gguf_path)]
+    lines = []
+    for command in (["serve", "--port", "0", "--context", "256"], ["generate", "--prompt", "hi", "--max-tokens", "1"],
+                    ["chat"]):
+        assert main(["--data-dir", str(tmp_path), *command, *models]) == 0, command
+        lines.append([line for line in capsys.readouterr().err.splitlines() if "cannot draft for" in line])
+    assert lines[0] == lines[1] == lines[2] and len(lines[0]) == 1 and lines[0][0].startswith("parley: "), lines
