@@ -312,15 +312,39 @@ def new_net(lm, block: int, layers: int, vocab_ids: torch.Tensor | None = None) 
     return net
 
 
-def main() -> None:
+DEFAULTS = {"prompts": 240, "samples": 1, "tokens": 256, "sessions": 0, "block": 8, "layers": 1, "draft_vocab": 32768}
+SHAPE = ("block", "layers", "draft_vocab")  # what --init's drafter brings
+DATA = ("prompts", "samples", "tokens", "sessions")  # what an existing --data file's answers were made with
+
+
+def _refuse_overridden(args: argparse.Namespace) -> None:
+    """A flag another one overrides was dropped without a word: --init X --layers 3 trained X's one layer, and
+    --prompts 500 with an existing --data file trained on its 240. Refused before the target loads, exit 2."""
+    clash = None
+    if args.minutes and args.total_minutes:
+        clash = ("minutes", "not with --total-minutes, which sets the whole run's length")
+    given = [name for name in SHAPE if getattr(args, name) is not None]
+    if args.init is not None and given:
+        clash = (given[0], "not with --init, whose drafter keeps its own block, layers and draft vocabulary")
+    given = [name for name in DATA if getattr(args, name) is not None]
+    if args.data is not None and args.data.exists() and given:
+        clash = (given[0], f"not with --data {args.data}, which exists: its answers are reused as they were made "
+                           "(move it away for new ones)")
+    if clash is not None:
+        print(f"dflash: argument --{clash[0].replace('_', '-')}: {clash[1]}; give one", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's options, defaults filled in; exit 2 for a flag another one would override."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", required=True, help="the target model (.gguf or HF folder)")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--prompts", type=int, default=240, help="training prompts (each answered greedily and sampled)")
-    ap.add_argument("--samples", type=int, default=1, help="sampled answers per training prompt, besides the greedy one")
-    ap.add_argument("--tokens", type=int, default=256, help="answer length")
-    ap.add_argument("--sessions", type=int, default=0,
+    ap.add_argument("--prompts", type=int, help="training prompts (each answered greedily and sampled; 240)")
+    ap.add_argument("--samples", type=int, help="sampled answers per training prompt, besides the greedy one (1)")
+    ap.add_argument("--tokens", type=int, help="answer length (256)")
+    ap.add_argument("--sessions", type=int,
                     help="prompts answered at once (0: 64 on CUDA, its largest decode graph; 8 on the CPU)")
     ap.add_argument("--steps", type=int, default=2000)
     ap.add_argument("--minutes", type=float, default=0.0, help="train for this long instead of --steps")
@@ -329,20 +353,27 @@ def main() -> None:
                          "(instead of --steps; not with --minutes)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--anchors", type=int, default=32, help="blocks per training step")
-    ap.add_argument("--block", type=int, default=8)
-    ap.add_argument("--layers", type=int, default=1)
-    ap.add_argument("--draft-vocab", type=int, default=32768,
-                    help="draft only the this many tokens most frequent in the data (0: the whole vocabulary)")
+    ap.add_argument("--block", type=int, help="tokens a draft block holds, its anchor included (8)")
+    ap.add_argument("--layers", type=int, help="the drafter's layers (1)")
+    ap.add_argument("--draft-vocab", type=int,
+                    help="draft only the this many tokens most frequent in the data (0: the whole vocabulary; 32768)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init", type=Path, default=None,
-                    help="continue training this drafter (its shape and draft vocabulary; --layers and --draft-vocab go)")
+                    help="continue training this drafter (its shape and draft vocabulary: not with --block, --layers, "
+                         "--draft-vocab)")
     ap.add_argument("--data", type=Path, default=None,
-                    help="keep the generated data (answers and taps) here, and reuse them when the file exists")
-    args = ap.parse_args()
-    if args.minutes and args.total_minutes:  # the whole run's length won, and --minutes was dropped without a word
-        print("dflash: argument --minutes: not with --total-minutes, which sets the whole run's length; give one",
-              file=sys.stderr)
-        raise SystemExit(2)
+                    help="keep the generated data (answers and taps) here, and reuse them when the file exists (then "
+                         "not with --prompts, --samples, --tokens, --sessions)")
+    args = ap.parse_args(argv)
+    _refuse_overridden(args)
+    for name, value in DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
 
     from engine.backend import resolve_device
     from engine.loading.loader import LoadOptions, load_model

@@ -268,3 +268,31 @@ def test_training_for_minutes_and_for_a_total_is_refused(monkeypatch, capsys, tm
     assert stop.value.code == 2
     assert capsys.readouterr().err == ("dflash: argument --minutes: not with --total-minutes, which sets the whole "
                                        "run's length; give one\n")
+
+
+def test_flags_that_init_or_existing_data_override_are_refused(capsys, tmp_path):
+    """--init d.safetensors --layers 3 --block 4 trained d's 1 layer and block 8, and --prompts 50 --tokens 64 beside
+    an existing --data file trained on its 2 answers of 8 tokens, each exit 0 without a word."""
+    import pytest
+
+    from training import dflash as trainer
+
+    data = tmp_path / "data.pt"
+    data.write_bytes(b"")
+    base = ["--target", str(tmp_path / "none.gguf"), "--out", str(tmp_path / "d")]
+    cases = [(["--init", "x", "--layers", "3"], "--layers: not with --init, whose drafter keeps its own block, layers "
+                                                "and draft vocabulary; give one"),
+             (["--block", "4", "--init", "x"], "--block: not with --init"),
+             (["--init", "x", "--draft-vocab", "0"], "--draft-vocab: not with --init"),
+             (["--data", str(data), "--prompts", "50"], f"--prompts: not with --data {data}, which exists: its answers "
+                                                       "are reused as they were made (move it away for new ones); give one"),
+             (["--tokens", "64", "--data", str(data)], "--tokens: not with --data"),
+             (["--data", str(data), "--sessions", "4"], "--sessions: not with --data")]
+    for argv, words in cases:
+        with pytest.raises(SystemExit) as stop:
+            trainer.main(base + argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and err.startswith(f"dflash: argument {words}") and err.count("\n") == 1, argv
+    # a --data file yet to be made takes them all, and defaults fill what was not given (the target is then loaded)
+    args = trainer.parse(base + ["--data", str(tmp_path / "new.pt"), "--prompts", "50"])
+    assert (args.prompts, args.samples, args.block) == (50, 1, 8)
