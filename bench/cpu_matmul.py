@@ -112,13 +112,13 @@ def _superblocks(n: int, k: int) -> dict:
     return out
 
 
-def _time(fn, x, repeats: int) -> float:
+def _time(fn, x, repeats: int, clock=time.perf_counter) -> float:
     fn(x)
     times = []
     for _ in range(repeats):
-        t = time.perf_counter()
+        t = clock()
         fn(x)
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return statistics.median(times)
 
 
@@ -129,8 +129,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the candidates")
     ap.add_argument("--impls", nargs="+", default=None, help="candidates to time (default: all; fp32 always)")
+    ap.add_argument("--cpu-time", action="store_true",
+                    help="one thread, timed by its own CPU time: kernels compared on a machine other work shares")
     args = ap.parse_args()
-    print(json.dumps({"threads": torch.get_num_threads(), "torch": torch.__version__,
+    if args.cpu_time:
+        torch.set_num_threads(1)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
+    print(json.dumps({"threads": torch.get_num_threads(), "clock": clock.__name__, "torch": torch.__version__,
                       "isa": torch.backends.cpu.get_cpu_capability()}))
     torch.manual_seed(0)
     for shape in args.shapes:
@@ -144,7 +149,7 @@ def main() -> None:
                 best = {name: float("inf") for name in cands}
                 for _ in range(args.rounds):
                     for name, (_, fn, *_own) in cands.items():
-                        best[name] = min(best[name], _time(fn, x, args.repeats))
+                        best[name] = min(best[name], _time(fn, x, args.repeats, clock))
                 for name, (nbytes, fn, *own) in cands.items():
                     want = own[0](x) if own else ref
                     err = (fn(x).float() - want).abs().max().item() / want.abs().max().item()
