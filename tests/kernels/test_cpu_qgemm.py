@@ -249,6 +249,23 @@ def test_units_kernel_matches_reference_and_rows_are_independent(k, bits):
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [8, 5])
+def test_units_kernel_columns_are_independent(bits):
+    """Columns go through the kernel two at a time (and an odd last one alone): each column's bits are those of the
+    column multiplied by itself."""
+    n, k = 7, 640
+    codes, scales, _ = (_fifths if bits == 5 else _weights)(BYTES, n, k, 3)
+    held = interleave_units(codes.numpy())
+    held = torch.from_numpy(pack_fifths(held) if bits == 5 else held)
+    for rows in (1, 8, 13):
+        x = torch.randn(rows, k, generator=torch.Generator().manual_seed(rows))
+        y = q8gemm(x, held, scales, bits=bits, impl="native")
+        for j in range(n):
+            alone = q8gemm(x, held[j:j + 1].contiguous(), scales[j:j + 1].contiguous(), bits=bits, impl="native")
+            assert torch.equal(y[:, j:j + 1], alone), (rows, j)
+
+
+@needs_kernel
 @ISA_PATHS
 def test_units_kernel_on_each_instruction_set_path(build_for, march, extra, isa):
     if isa == "avx512-vnni" and "avx512_vnni" not in open("/proc/cpuinfo").read():
