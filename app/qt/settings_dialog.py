@@ -70,7 +70,7 @@ class SettingsForm(QWidget):
                  thinking_switch: Callable[[str], bool | None] = lambda key: None):
         super().__init__(parent)
         self.presets = presets
-        self.thinking_switch = thinking_switch  # a model key -> whether its template reads Thinking (None: not loaded)
+        self.thinking_switch = thinking_switch  # a model key -> whether its template reads Thinking (None: unknown)
         self.model = ModelPicker(registry)
         self.import_button = QPushButton(icon("import"), "Import…")
         self.system = QPlainTextEdit()
@@ -274,12 +274,9 @@ def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
 
 
 def thinking_switch_of(models) -> Callable[[str], bool | None]:
-    """Whether a loaded model's chat template reads the Thinking setting (its load says: Tokenizer.thinking_switch);
-    None for one not loaded yet. `models`: the app's ModelManager."""
-    def switch(key: str) -> bool | None:
-        state = models.state(key)
-        return (state.info or {}).get("thinking_switch") if state is not None and state.status == "loaded" else None
-    return switch
+    """Whether a model's chat template reads the Thinking setting, from its load or, before, its file's header (None
+    where neither says). `models`: the app's ModelManager."""
+    return models.thinking_switch
 
 
 def _note(text: str) -> QLabel:

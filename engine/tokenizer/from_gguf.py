@@ -40,7 +40,7 @@ def gguf_tokenizer_info(vocab: GGUFVocab, metadata: dict[str, Any], backend: Tok
         eos_id=vocab.eos_id,
         add_bos=vocab.add_bos and vocab.bos_id is not None,
         stop_ids=collect_stop_ids(backend.token_to_id, vocab.eos_id, vocab.extra_stop_ids, len(vocab.tokens)),
-        chat_template=_template_source(metadata),
+        chat_template=gguf_template_source(metadata),
         bos_token=_token_text(vocab, vocab.bos_id),
         eos_token=_token_text(vocab, vocab.eos_id),
     )
@@ -56,7 +56,7 @@ def _unknown_id(vocab: GGUFVocab) -> int | None:
     return vocab.tokens.index("<unk>") if "<unk>" in vocab.tokens else None
 
 
-def _template_source(metadata: dict[str, Any]) -> str:
+def gguf_template_source(metadata: dict[str, Any]) -> str:
     source = metadata.get("tokenizer.chat_template")
     if isinstance(source, str) and source.strip():
         return source

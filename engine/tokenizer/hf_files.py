@@ -34,7 +34,7 @@ def tokenizer_from_hf_dir(path: Path) -> Tokenizer:
         eos_id=eos_id,
         add_bos=_adds_bos(backend, config, bos_id),
         stop_ids=collect_stop_ids(backend.token_to_id, eos_id, eos_ids, vocab_size),
-        chat_template=_template_source(path, config),
+        chat_template=folder_template_source(path, config),
         bos_token=bos_token or "",
         eos_token=eos_token or "",
     )
@@ -102,7 +102,7 @@ def _vocab_size(backend: Backend, model_config: dict[str, Any]) -> int:
     return max(sizes)
 
 
-def _template_source(path: Path, config: dict[str, Any]) -> str:
+def folder_template_source(path: Path, config: dict[str, Any]) -> str:
     jinja_file = path / "chat_template.jinja"
     if jinja_file.is_file():
         return jinja_file.read_text(encoding="utf-8")

@@ -137,11 +137,7 @@ class Tokenizer:
             messages = [{**m, "content": without_thought(m["content"])} if i < kept and m.get("role") == "assistant"
                         and isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
         messages, typed = self._defuse(messages)
-        extra = {} if thinking is None else {"enable_thinking": thinking, "thinking": thinking}  # Granite: `thinking`
-        if thinking is False:
-            extra["thinking_budget"] = 0  # Seed-OSS's switch: a budget of 0 answers at once (unset: unlimited)
-        if self.harmony and thinking is not None:
-            extra["reasoning_effort"] = "high" if thinking else "low"
+        extra = thinking_variables(thinking, self.harmony)
         if continue_final:
             text = self._open_answer(messages, extra)
         else:
@@ -154,11 +150,7 @@ class Tokenizer:
     def thinking_switch(self) -> bool:
         """Whether the chat template reads the thinking switch: a prompt rendered with it on and with it off differ
         (not for Gemma's or Llama's, nor a DeepSeek-R1 distill's, which always thinks)."""
-        probe = [{"role": "user", "content": "Hi"}]
-        try:
-            return self.apply_chat_template(probe, thinking=True) != self.apply_chat_template(probe, thinking=False)
-        except TemplateError:  # a template that will not render a lone user message: its turns say why
-            return True
+        return reads_thinking(self.chat_template, self.harmony)
 
     def opened_thought(self, prompt_ids: list[int]) -> str:
         """The thought tag a chat prompt ends with, and the whitespace after it (DeepSeek-R1's distills, QwQ and Qwen3's
@@ -264,3 +256,25 @@ def _joined(prompt: str, answer: str) -> str:
         if prompt.endswith(answer[:n]):
             return prompt + answer[n:]
     return prompt + answer
+
+
+def thinking_variables(thinking: bool | None, harmony: bool) -> dict[str, object]:
+    """The template variables the Thinking setting sets (see Tokenizer.apply_chat_template); none for None."""
+    if thinking is None:
+        return {}
+    extra: dict[str, object] = {"enable_thinking": thinking, "thinking": thinking}  # Granite: `thinking`
+    if thinking is False:
+        extra["thinking_budget"] = 0  # Seed-OSS's switch: a budget of 0 answers at once (unset: unlimited)
+    if harmony:
+        extra["reasoning_effort"] = "high" if thinking else "low"
+    return extra
+
+
+def reads_thinking(template: ChatTemplate, harmony: bool) -> bool:
+    """Whether a chat template renders a prompt with thinking on and with it off differently."""
+    probe = [{"role": "user", "content": "Hi"}]
+    try:
+        return template.render(probe, **thinking_variables(True, harmony)) != template.render(
+            probe, **thinking_variables(False, harmony))
+    except TemplateError:  # a template that will not render a lone user message: its turns say why
+        return True

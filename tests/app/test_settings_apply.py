@@ -42,16 +42,31 @@ def test_a_drafter_the_model_cannot_use_is_said_when_it_loads(parley, qtbot, imp
     assert "cannot draft for" in parley.window.statusBar().currentMessage()
 
 
-def test_thinking_is_greyed_for_a_loaded_model_whose_template_has_no_switch(parley, qtbot, imported_llama):
-    """Thinking 'Answer without thinking' on a model whose template has no switch answered the same, unsaid."""
+THINKING_TEMPLATE = ("{% for m in messages %}{{ m['content'] }}{% endfor %}"
+                     "{% if enable_thinking is defined and enable_thinking is false %}<think></think>{% endif %}")
+
+
+def test_thinking_is_greyed_for_a_model_whose_template_has_no_switch(parley, qtbot, imported_llama, tiny_models,
+                                                                      tmp_path):
+    """Thinking 'Answer without thinking' on a model whose template has no switch answered the same, unsaid; greyed
+    once the model had loaded, open before it loaded (or while it loaded): its file's header says it from the start."""
+    import shutil
+
     from app.core.chat_settings import ChatSettings
     from app.qt.settings_dialog import SettingsDialog, thinking_switch_of
 
     qtbot.waitUntil(lambda: parley.models.model_id(imported_llama) is not None, timeout=30_000)
     switch = thinking_switch_of(parley.models)
     assert switch(imported_llama) is False
-    parley.models.unload("default")  # not loaded: its template is not known yet, Thinking stays open
-    assert switch("default") is None
+    parley.models.unload(imported_llama)  # not loaded: its file's template says it
+    assert switch(imported_llama) is False
+    thinker = shutil.copytree(tiny_models["llama"].hf_dir, tmp_path / "thinker")
+    (thinker / "chat_template.jinja").write_text(THINKING_TEMPLATE, encoding="utf-8")
+    key = parley.models.import_path(thinker)
+    assert switch(key) is True  # before its load: the folder's template has the switch
+    qtbot.waitUntil(lambda: parley.models.model_id(key) is not None, timeout=30_000)
+    assert switch(key) is True  # its load says the same
+    parley.models.unload(key)
     dialog = SettingsDialog(parley.models.registry, ChatSettings(model=imported_llama, thinking=False),
                             thinking_switch=switch)
     qtbot.addWidget(dialog)
@@ -59,7 +74,7 @@ def test_thinking_is_greyed_for_a_loaded_model_whose_template_has_no_switch(parl
     assert not form.thinking.isEnabled() and form.thinking_note.isVisibleTo(form)
     assert "has no thinking switch" in form.thinking_note.text()
     assert dialog.settings().thinking is False  # kept, only greyed
-    form.model.setCurrentIndex(form.model.findData("default"))
+    form.model.setCurrentIndex(form.model.findData(key))
     assert form.thinking.isEnabled() and not form.thinking_note.isVisibleTo(form)
 
 
