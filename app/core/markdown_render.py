@@ -24,6 +24,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
+from app.core.code_runs import Run, format_tokens, highlight_segment, split_lines
 from app.core.tex_text import tex_html
 
 CODE_STYLES = {False: "friendly", True: "monokai"}
@@ -76,7 +77,8 @@ class MarkdownRenderer:
         self._md.add_render_rule("blockquote_close", lambda *args: _quote_close(args[-1]))
         self._typed = MarkdownIt("zero").enable("fence")  # finds a user's fenced blocks, nothing else
         self._finished: OrderedDict[tuple[str, int], _Block] = OrderedDict()  # complete blocks of answers
-        self._runs: OrderedDict[tuple[str, str], str] = OrderedDict()  # highlighted runs of growing code blocks
+        # growing code blocks' runs of lines, a segment at a time (app/core/code_runs.py)
+        self._runs: OrderedDict[tuple[tuple[str, ...], str], tuple[list[Run], bool]] = OrderedDict()
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -170,7 +172,9 @@ class MarkdownRenderer:
         if long:
             env["deferred"] = True  # not as the finished answer shows it
         if env.get("streaming") and env.get("growing"):
-            runs = self._highlighted_runs(code, "" if long else lang)
+            runs = [run.html for run in self._highlighted_runs(code, "" if long else lang)]
+        elif not long and ((_run_texts(code)[0],), lang) in self._runs:  # a block that streamed: its runs reused
+            runs = self._finished_runs(code, lang)
         else:
             runs = _runs_of(highlight(code, TextLexer() if long else self._lexer(lang, code), self._formatter))
         if not env.get("runs") or token.level:  # a user's text, or a block inside a list or a quote: one table
@@ -197,24 +201,42 @@ class MarkdownRenderer:
             f'<tr>{cell}<pre style="margin:0; white-space:pre-wrap">{body}</pre></td></tr></table>\n'
         )
 
-    def _highlighted_runs(self, code: str, lang: str) -> list[str]:
+    def _highlighted_runs(self, code: str, lang: str, keep_last: bool = False) -> list[Run]:
         """highlight() of a code block still growing, a run of STREAM_SEGMENT_LINES lines at a time: the runs before
-        the last are highlighted once (re-highlighting 150 lines on every token took ~30 ms). A construct that spans
-        two runs (a long string) may be coloured apart until the answer ends and the block is highlighted whole."""
-        lines = code.strip("\n").split("\n")  # the lexer strips the code's outer newlines, never a run's
-        runs = ["\n".join(lines[i:i + STREAM_SEGMENT_LINES]) + "\n" for i in range(0, len(lines), STREAM_SEGMENT_LINES)]
-        parts = [self._highlighted_run(run, lang) for run in runs[:-1]]
-        parts.append(highlight(runs[-1], self._lexer(lang, code, stripnl=False), self._formatter))
-        return parts
+        the last are highlighted once (re-highlighting 150 lines on every token took ~30 ms), but for those a construct
+        still open spans (a docstring), lexed with the runs after it until it closes (app/core/code_runs.py)."""
+        texts, runs, segment = _run_texts(code), [], ()
+        for k, text in enumerate(texts):
+            segment += (text,)
+            done, closed = self._highlighted_segment(segment, lang, keep=keep_last or k < len(texts) - 1)
+            if closed:
+                runs, segment = runs + done, ()
+        return runs + (done if segment else [])
 
-    def _highlighted_run(self, run: str, lang: str) -> str:
-        key = (run, lang)
-        if key not in self._runs:
-            self._runs[key] = highlight(run, self._lexer(lang, run, stripnl=False), self._formatter)
+    def _highlighted_segment(self, texts: tuple[str, ...], lang: str, keep: bool) -> tuple[list[Run], bool]:
+        key = (texts, lang)
+        hit = self._runs.get(key)
+        if hit is None:
+            hit = highlight_segment(texts, self._lexer(lang, texts[0], stripnl=False), self._formatter)
+            if not keep:  # the growing last run: each of its versions kept would only fill the cache
+                return hit
+            self._runs[key] = hit
             while len(self._runs) > STREAM_CACHE:
                 self._runs.popitem(last=False)
         self._runs.move_to_end(key)
-        return self._runs[key]
+        return hit
+
+    def _finished_runs(self, code: str, lang: str) -> list[str]:
+        """_runs_of(highlight(code)) of a block that streamed: the block is lexed whole (a lexer whose state cannot be
+        read lexed each run alone) and each run keeps the HTML it streamed in where its tokens are the same; only the
+        others are formatted (formatting all of a 190-line block again was ~2/3 of its ~40 ms here)."""
+        lines = split_lines(self._lexer(lang, code).get_tokens(code))
+        out = []
+        for k, run in enumerate(self._highlighted_runs(code, lang, keep_last=True)):
+            whole = lines[k * STREAM_SEGMENT_LINES:(k + 1) * STREAM_SEGMENT_LINES]
+            out.append(run.html if run.lines == whole else
+                       format_tokens([token for line in whole for token in line], self._formatter))
+        return out
 
     def _image(self, tokens, idx) -> str:
         """Alt text, never the image: loading it would read whatever file or device the path names."""
@@ -243,6 +265,13 @@ class MarkdownRenderer:
             return get_lexer_by_name(lang, **options) if lang else TextLexer(**options)
         except ClassNotFound:
             return TextLexer(**options)
+
+
+def _run_texts(code: str) -> list[str]:
+    """A code block's runs of STREAM_SEGMENT_LINES lines, each ending in a newline: as the lexer reads the block whole
+    (its outer newlines stripped, a newline at its end)."""
+    lines = code.strip("\n").split("\n")
+    return ["\n".join(lines[i:i + STREAM_SEGMENT_LINES]) + "\n" for i in range(0, len(lines), STREAM_SEGMENT_LINES)]
 
 
 def _runs_of(highlighted: str) -> list[str]:

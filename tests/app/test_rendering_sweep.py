@@ -91,10 +91,37 @@ def test_a_growing_code_block_is_highlighted_a_run_of_lines_at_a_time(monkeypatc
     code = lambda html: "".join(re.findall(r"<pre[^>]*>(.*?)</pre>", html, re.S))  # a table a run while it grows
     assert code(renderer.render_streaming(text)[0]) == code(MarkdownRenderer().render(text)[0])
     highlighted = []
-    real = md.highlight
+    real, segment = md.highlight, md.highlight_segment
     monkeypatch.setattr(md, "highlight", lambda code, *args: highlighted.append(code.count("\n")) or real(code, *args))
+    monkeypatch.setattr(md, "highlight_segment",
+                        lambda texts, *args: highlighted.append("".join(texts).count("\n")) or segment(texts, *args))
     renderer.render_streaming(text + "    more")
-    assert sum(highlighted) <= md.STREAM_SEGMENT_LINES
+    assert 0 < sum(highlighted) <= md.STREAM_SEGMENT_LINES
+
+
+DOCSTRING = 'def f(x):\n    """A docstring\n' + "".join(f"    line {i} of it\n" for i in range(14)) + '    """\n'
+SPANNING = {  # constructs that span the joins of a growing block's runs of lines
+    "python": DOCSTRING + "    s = '''\n" + "".join(f"text {i}\n" for i in range(12)) + "'''\n"
+              + "".join(f"    y_{i} = x + {i}  # c\n" for i in range(12)),
+    "javascript": "function f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n"
+                  + "  const s = `a template\n" + "".join(f"t {i}\n" for i in range(12)) + "`;\n  return 1;\n}\n",
+    "c": "int f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n  return 1;\n}\n",
+}
+
+
+@pytest.mark.parametrize("lang", list(SPANNING))
+def test_a_growing_code_block_is_coloured_across_its_runs_as_the_whole_block(lang):
+    """A docstring or a comment that spanned the join of two runs of lines was coloured as code in the next run (and a
+    docstring as a plain string in its own) until the answer ended; each step now reads as the block highlighted
+    whole, and the finished block too."""
+    lines = SPANNING[lang].split("\n")
+    renderer = MarkdownRenderer()
+    code = lambda html: "".join(re.findall(r"<pre[^>]*>(.*?)</pre>", html, re.S))
+    for n in range(1, len(lines) + 1):
+        text = f"Intro\n\n```{lang}\n" + "\n".join(lines[:n]) + "\n"
+        assert code(renderer.render_streaming(text)[0]) == code(MarkdownRenderer().render(text)[0]), (lang, n)
+    text += "```\n"
+    assert renderer.render_parts(text) == MarkdownRenderer().render_parts(text)  # the streamed runs kept where the same
 
 
 def test_a_long_message_draws_only_what_is_on_screen(parley, qtbot):
