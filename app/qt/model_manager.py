@@ -28,6 +28,7 @@ class ModelState:
     fraction: float = 0.0
     message: str = ""
     info: dict | None = None
+    drafter: str = ""  # the draft_key its load began with: the model (or DFlash file) that drafts for it
     started: float = field(default_factory=time.monotonic)  # the status bar counts the seconds of a load
 
 
@@ -201,7 +202,7 @@ class ModelManager(QObject):
             return
         model_id = self.bridge.engine.load_model(path)
         self._files[key] = path
-        self.states[key].model_id = model_id
+        self.states[key].model_id, self.states[key].drafter = model_id, self.draft_key
         self._by_id[model_id] = key
 
     def _on_progress(self, model_id: int, stage: str, fraction: float) -> None:

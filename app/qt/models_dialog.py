@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.model_registry import ModelEntry
-from app.qt.model_manager import ModelManager
+from app.qt.model_manager import DFLASH_KEY, ModelManager
 from engine.loading.gguf_split import model_files
 
 KEY_ROLE = Qt.ItemDataRole.UserRole
@@ -89,8 +89,8 @@ class ModelsDialog(QDialog):
             item.setData(0, KEY_ROLE, entry.key)
             item.setToolTip(0, entry.path)
             state = self.models.state(entry.key)
-            if state is not None and state.status == "failed":
-                item.setToolTip(1, state.message)  # why it failed: the status bar only says that it did
+            failed = state is not None and state.status == "failed"
+            item.setToolTip(1, state.message if failed else cells[1])  # why it failed; else the whole status
             for col in (4, 5, 6):
                 item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
             self.table.addTopLevelItem(item)
@@ -105,7 +105,8 @@ class ModelsDialog(QDialog):
         cap = MAX_COLUMN_CHARS * self.table.fontMetrics().averageCharWidth()
         for col in range(1, len(COLUMNS)):
             self.table.resizeColumnToContents(col)
-            self.table.setColumnWidth(col, min(cap, self.table.columnWidth(col)))
+            if col != 1:  # the status, which says what drafts for what, is read whole
+                self.table.setColumnWidth(col, min(cap, self.table.columnWidth(col)))
 
     def _columns_width(self) -> int:
         return sum(self.table.columnWidth(col) for col in range(1, len(COLUMNS)))
@@ -117,12 +118,31 @@ class ModelsDialog(QDialog):
                   "failed": self.tr("failed")}[state.status if state is not None else None]
         if state is None and entry.kind != "embedded" and not Path(entry.path).exists():
             status = self.tr("file not found")  # moved or deleted since it was imported: Load would fail
-        if entry.key == self.models.draft_key:
-            status += self.tr(" · drafts for the others")
+        status += "".join(" · " + said for said in self._drafting(entry.key, state))
         context = f"{info['context']:,}" if info.get("context") else "—"
         memory = size_text(info["weights_mb"] * 1e6) if info.get("weights_mb") else "—"
         return [entry.name, status, str(info.get("architecture") or "—"), str(info.get("quantization") or "—"),
                 context, _file_size(self.models.file_of(entry.key)), memory]
+
+    def _drafting(self, key: str, state) -> list[str]:
+        """Which model drafts for which: 'drafts for the others' named neither them nor that the loaded ones keep the
+        drafter they loaded with (a choice applies to models loaded from then on)."""
+        said = []
+        if state is not None and state.status == "loaded" and state.drafter and (state.info or {}).get(
+                "speculative") in ("draft", "dflash"):
+            said.append(self.tr("drafted by %1").replace("%1", self._drafter_name(state.drafter)))
+        if key == self.models.draft_key:
+            served = [s.entry.name for s in self.models.states.values() if s.status == "loaded" and s.drafter == key
+                      and (s.info or {}).get("speculative") == "draft"]
+            said.append(self.tr("drafts for %1 and for models loaded from now on").replace("%1", ", ".join(served))
+                        if served else self.tr("drafts for models loaded from now on"))
+        return said
+
+    def _drafter_name(self, draft_key: str) -> str:
+        if draft_key.startswith(DFLASH_KEY):
+            return self.tr("the DFlash drafter %1").replace("%1", Path(draft_key[len(DFLASH_KEY):]).name)
+        entry = self.models.registry.get(draft_key)
+        return entry.name if entry is not None else draft_key
 
     def _selected(self) -> str | None:
         item = self.table.currentItem()

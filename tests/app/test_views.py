@@ -271,12 +271,38 @@ def test_a_model_chosen_to_draft_drafts_for_models_loaded_later_and_is_remembere
     engine = parley.bridge.engine
     qtbot.waitUntil(lambda: engine.config.speculative == "draft", timeout=10_000)
     assert engine.config.draft_model is not None and models.draft_key == key
-    assert "drafts for the others" in dialog.rows()[0][1] and dialog.draft_button.text() == "Stop drafting with it"
+    assert dialog.rows()[0][1].endswith(" · drafts for models loaded from now on")
+    assert dialog.draft_button.text() == "Stop drafting with it"
     assert parley.settings.draft_model == key
     dialog.draft_button.click()
     qtbot.waitUntil(lambda: engine.config.speculative == "auto", timeout=10_000)
     assert engine.config.draft_model is None and parley.settings.draft_model == ""
     dialog.close()
+
+
+def test_the_models_list_says_which_model_drafts_for_which(parley, qtbot, tiny_models_q8):
+    """The drafter's row said 'drafts for the others': neither which models nor that those loaded before keep theirs."""
+    from app.qt.models_dialog import ModelsDialog
+
+    models = parley.models
+    drafter = models.import_path(tiny_models_q8["qwen3"].gguf_path)  # the same tokenizer as the chat model
+    qtbot.waitUntil(lambda: models.model_id(drafter) is not None, timeout=60_000)
+    models.unload(drafter)
+    models.use_as_draft(drafter)
+    models.unload("default")
+    models.ensure("default")
+    qtbot.waitUntil(lambda: models.model_id("default") is not None, timeout=60_000)
+    dialog = ModelsDialog(models)
+    qtbot.addWidget(dialog)
+    rows = {row[0]: row[1] for row in dialog.rows()}
+    chat, draft = models.registry.default.name, models.registry.get(drafter).name
+    assert rows[chat] == f"loaded · drafted by {draft}"
+    assert rows[draft] == f"not loaded · drafts for {chat} and for models loaded from now on"
+    models.use_as_draft(None)  # the loaded model keeps its drafter until it loads again
+    rows = {row[0]: row[1] for row in dialog.rows()}
+    assert rows[chat] == f"loaded · drafted by {draft}" and rows[draft] == "not loaded"
+    item = dialog.table.topLevelItem(0)
+    assert item.toolTip(1) == item.text(1)  # the whole status, where the column is narrow
 
 
 def test_a_dflash_drafter_file_drafts_for_models_loaded_later_and_is_remembered(parley, qtbot, tmp_path, monkeypatch):
