@@ -151,54 +151,95 @@ static inline void q5k_fifths(__m512i u[4], const uint8_t *f) {
     for (int c = 0; c < 4; c++) u[c] = _mm512_or_si512(u[c], _mm512_and_si512(_mm512_srli_epi16(hv, c), m));
 }
 
+/* A super-block's codes as the four chunks' 64 bytes (16 lanes), its lanes' scales and its groups' offsets. */
+static inline __attribute__((always_inline)) void kweights(const uint8_t *s, const uint8_t *codes, const int kind,
+                                                           __m512i u[4], __m512 *wsc, __m512 *off) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
+    for (int p = 0; p < 2; p++) {
+        const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * p));
+        u[2 * p] = _mm512_and_si512(v, m4);
+        u[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+    }
+    if (kind == Q5_K) q5k_fifths(u, s + 16);
+    if (kind != Q6_K) {
+        uint64_t sc, mn;
+        q4k_scale_min(s + 4, &sc, &mn);
+        *wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))), _mm512_set1_ps(half_at(s)));
+        *off = _mm512_zextps256_ps512(bytes_f32(mn, -half_at(s + 2)));
+    } else {
+        const __m512i hv = _mm512_loadu_si512((const void *)(s + 128));
+        for (int c = 0; c < 4; c++)
+            u[c] = _mm512_or_si512(u[c], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hv, 2 * c), m2), 4));
+        *wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 192)))),
+                             _mm512_set1_ps(half_at(s + 208)));
+        *off = _mm512_mul_ps(*wsc, _mm512_set1_ps(-32.0f));
+    }
+}
+
+/* A row's group sums Σd·a (Q4_K/Q5_K: eight in the low lanes, the rest zero; Q6_K: sixteen). */
+static inline __attribute__((always_inline)) __m512 group_sums(const float *ds, const int kind) {
+    return kind != Q6_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds)) : _mm512_loadu_ps(ds);
+}
+
+/* One row's four chunk dots against a super-block's codes (the row's activations a, 256 bytes). */
+static inline __attribute__((always_inline)) __m512i kdot(const __m512i u[4], const int8_t *a) {
+    __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512((const void *)a));
+    acc = _mm512_dpbusd_epi32(acc, u[1], _mm512_loadu_si512((const void *)(a + 64)));
+    acc = _mm512_dpbusd_epi32(acc, u[2], _mm512_loadu_si512((const void *)(a + 128)));
+    return _mm512_dpbusd_epi32(acc, u[3], _mm512_loadu_si512((const void *)(a + 192)));
+}
+
 /* NR rows of y against one weight row (`kind` and NR constants at each call site: accumulators in registers). */
 static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
         const int kind, float *y, int64_t ystride) {
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(3);
     __m512 facc[TILE];
     for (int i = 0; i < NR; i++) facc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < x->nsb; b++) {
         const Block blk = block_at(x, w, b, r0, kind);
-        const uint8_t *s = blk.s, *codes = blk.codes;
-        const int8_t *a = blk.a;
-        const float *dl = blk.dl, *ds = blk.ds;
         __m512i u[4];
-        for (int p = 0; p < 2; p++) {
-            const __m512i v = _mm512_loadu_si512((const void *)(codes + 64 * p));
-            u[2 * p] = _mm512_and_si512(v, m4);
-            u[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        }
         __m512 wsc, off;
-        if (kind == Q5_K) q5k_fifths(u, s + 16);
-        if (kind != Q6_K) {
-            uint64_t sc, mn;
-            q4k_scale_min(s + 4, &sc, &mn);
-            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q4k_lane_bytes(sc))),
-                                _mm512_set1_ps(half_at(s)));
-            off = _mm512_zextps256_ps512(bytes_f32(mn, -half_at(s + 2)));
-        } else {
-            const __m512i hv = _mm512_loadu_si512((const void *)(s + 128));
-            for (int c = 0; c < 4; c++)
-                u[c] = _mm512_or_si512(u[c], _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(hv, 2 * c), m2), 4));
-            wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(s + 192)))),
-                                _mm512_set1_ps(half_at(s + 208)));
-            off = _mm512_mul_ps(wsc, _mm512_set1_ps(-32.0f));
-        }
+        kweights(blk.s, blk.codes, kind, u, &wsc, &off);
         for (int i = 0; i < NR; i++) {
-            const int8_t *ai = a + i * QK;
-            __m512i acc = _mm512_dpbusd_epi32(_mm512_setzero_si512(), u[0], _mm512_loadu_si512((const void *)ai));
-            acc = _mm512_dpbusd_epi32(acc, u[1], _mm512_loadu_si512((const void *)(ai + 64)));
-            acc = _mm512_dpbusd_epi32(acc, u[2], _mm512_loadu_si512((const void *)(ai + 128)));
-            acc = _mm512_dpbusd_epi32(acc, u[3], _mm512_loadu_si512((const void *)(ai + 192)));
-            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(dl + i * 16)),
+            const __m512i acc = kdot(u, blk.a + i * QK);
+            facc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc), _mm512_mul_ps(wsc, _mm512_loadu_ps(blk.dl + i * 16)),
                                       facc[i]);
-            const __m512 dsv = kind != Q6_K ? _mm512_zextps256_ps512(_mm256_loadu_ps(ds + i * x->ng))
-                                            : _mm512_loadu_ps(ds + i * x->ng);
-            facc[i] = _mm512_fmadd_ps(off, dsv, facc[i]);
+            facc[i] = _mm512_fmadd_ps(off, group_sums(blk.ds + i * x->ng, kind), facc[i]);
         }
     }
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = _mm512_reduce_add_ps(facc[i]);
 }
+
+/* ktile for two neighbouring weight rows (w, w + row_bytes; y's columns n, n + 1): each activation chunk loaded once
+   for both and two weight streams in flight, each column's steps exactly ktile's (the same bits). */
+static inline __attribute__((always_inline)) void ktile2(const KActs *x, int64_t r0, const int NR, const uint8_t *w,
+        int64_t row_bytes, const int kind, float *y, int64_t ystride) {
+    __m512 f0[TILE], f1[TILE];
+    for (int i = 0; i < NR; i++) f0[i] = f1[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < x->nsb; b++) {
+        const Block b0 = block_at(x, w, b, r0, kind), b1 = block_at(x, w + row_bytes, b, r0, kind);
+        __m512i u0[4], u1[4];
+        __m512 wsc0, off0, wsc1, off1;
+        kweights(b0.s, b0.codes, kind, u0, &wsc0, &off0);
+        kweights(b1.s, b1.codes, kind, u1, &wsc1, &off1);
+        for (int i = 0; i < NR; i++) {
+            const int8_t *ai = b0.a + i * QK;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            for (int c = 0; c < 4; c++) {
+                const __m512i av = _mm512_loadu_si512((const void *)(ai + 64 * c));
+                a0 = _mm512_dpbusd_epi32(a0, u0[c], av);
+                a1 = _mm512_dpbusd_epi32(a1, u1[c], av);
+            }
+            const __m512 dl = _mm512_loadu_ps(b0.dl + i * 16), dsv = group_sums(b0.ds + i * x->ng, kind);
+            f0[i] = _mm512_fmadd_ps(off0, dsv, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a0), _mm512_mul_ps(wsc0, dl), f0[i]));
+            f1[i] = _mm512_fmadd_ps(off1, dsv, _mm512_fmadd_ps(_mm512_cvtepi32_ps(a1), _mm512_mul_ps(wsc1, dl), f1[i]));
+        }
+    }
+    for (int i = 0; i < NR; i++) {
+        y[(r0 + i) * ystride] = _mm512_reduce_add_ps(f0[i]);
+        y[(r0 + i) * ystride + 1] = _mm512_reduce_add_ps(f1[i]);
+    }
+}
+#define PAIRS 1  /* kcolumns takes weight rows two at a time */
 #else
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define TILE 4
@@ -283,11 +324,25 @@ static inline __attribute__((always_inline)) void ktile(const KActs *x, int64_t 
 }
 #endif
 
+#ifndef PAIRS
+#define PAIRS 0
+#endif
+
 /* Weight rows n0 .. n1 - 1 (a block_cols block) against every row of x, each tile of x's rows against the whole block
    before the next tile. A row's value is the same whatever the order: each tile sums its rows apart. */
 static inline __attribute__((always_inline)) void kcolumns(const KActs *x, const uint8_t *blocks, int64_t row_bytes,
         const int kind, int64_t n0, int64_t n1, float *y, int64_t N) {
+#if PAIRS
+#define KTILE(r0, nr)                                                                                     \
+    do {                                                                                                  \
+        int64_t n = n0;                                                                                   \
+        if ((nr) <= 4 && kind != Q6_K) /* more rows, or Q6_K's unpacking: no longer fit the registers */ \
+            for (; n + 1 < n1; n += 2) ktile2(x, r0, nr, blocks + n * row_bytes, row_bytes, kind, y + n, N); \
+        for (; n < n1; n++) ktile(x, r0, nr, blocks + n * row_bytes, kind, y + n, N);                     \
+    } while (0)
+#else
 #define KTILE(r0, nr) for (int64_t n = n0; n < n1; n++) ktile(x, r0, nr, blocks + n * row_bytes, kind, y + n, N)
+#endif
     EACH_TILE(x->R, TILE, KTILE);
 #undef KTILE
 }

@@ -107,6 +107,19 @@ def test_kernel_matches_reference_and_rows_are_independent(name, k):
 
 
 @needs_kernel
+@pytest.mark.parametrize("name", TYPES)
+def test_columns_are_independent(name):
+    """Few rows take columns two at a time (and an odd last one alone): each column's bits are those of the column
+    multiplied by itself."""
+    blocks = _blocks(name, 7, 512, seed=5)
+    for rows in (1, 3, 4, 5, 8):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        y = kgemm(x, blocks, name, impl="native")
+        for j in range(blocks.shape[0]):
+            assert torch.equal(y[:, j:j + 1], kgemm(x, blocks[j:j + 1].contiguous(), name, impl="native")), (rows, j)
+
+
+@needs_kernel
 def test_bias_is_added_as_torch_adds_it():
     blocks, x, bias = _blocks("Q4_K", 40, 512, seed=4), torch.randn(11, 512), torch.randn(40)  # runs of columns past a tile
     plain = kgemm(x, blocks, "Q4_K", impl="native")
