@@ -22,6 +22,7 @@ from app.qt.elided_label import ElidedLabel
 from app.qt.live_panel import LivePanel
 from app.qt.model_manager import ModelManager
 from app.qt.models_dialog import ModelsDialog
+from app.qt.notices import StatusMessages
 from app.qt.settings_dialog import SettingsDialog, thinking_switch_of
 from app.qt.sidebar import Sidebar
 from app.qt.theme import THEMES, apply_theme, icon
@@ -251,6 +252,7 @@ class MainWindow(QMainWindow):
                                      .replace("%1", Path(path).name).replace("%2", name), 8000)
 
     def _load_bar(self) -> None:
+        self.messages = StatusMessages(self.statusBar())  # each message kept whole: the bar cuts a long one
         self.undo_button = QPushButton(icon("delete"), self.tr("Undo delete"), flat=True)
         self.undo_button.setToolTip(self.tr("Bring back the chat just deleted (Ctrl+Shift+Z)"))
         self.undo_button.clicked.connect(self.undo_delete)
@@ -424,6 +426,7 @@ class MainWindow(QMainWindow):
         view = bar.addMenu(self.tr("&View"))
         self._action(view, self.tr("Compare models"), self.show_compare, ["Ctrl+K"], "compare")
         self._action(view, self.tr("Models…"), self.show_models, ["Ctrl+Shift+M"])
+        self._action(view, self.tr("Recent messages…"), lambda: self.messages.show_dialog(self), [])
         live = self.live_panel.toggleViewAction()
         live.setText(self.tr("Live generations"))
         live.setShortcut(QKeySequence("Ctrl+Shift+L"))

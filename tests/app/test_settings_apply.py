@@ -1,9 +1,14 @@
 """Settings that a model or machine cannot honour are said, not dropped: the load's notices reach the window."""
 from __future__ import annotations
 
+import html
+
 import pytest
 
 pytest.importorskip("PySide6")
+
+from PySide6.QtGui import QAction  # noqa: E402
+from PySide6.QtWidgets import QDialog, QPlainTextEdit  # noqa: E402
 
 from engine.runtime import EngineConfig
 from tests.app.conftest import TINY_ENGINE
@@ -31,6 +36,28 @@ def test_weights_quantized_with_a_folder_is_said_in_the_status_bar(quantized_app
     shown = quantized_app.window.statusBar().currentMessage()
     assert f"{folder.name} is a Hugging Face folder, whose matrices load as floats" in shown
     assert shown.startswith('Weights "quantized"')  # in place of "Imported tiny-llama": the bar has one line
+
+
+def test_a_long_message_is_read_whole_and_the_next_one_loses_none(quantized_app, qtbot, tiny_models):
+    """The bar is one line: the load's notice ran past the window's edge, cut, and the next message replaced it for
+    good. Its tooltip now holds the message up, whole, and View ▸ Recent messages… lists every one."""
+    window = quantized_app.window
+    window.resize(800, 600)
+    key = quantized_app.models.import_path(tiny_models["llama"].hf_dir)
+    qtbot.waitUntil(lambda: quantized_app.models.model_id(key) is not None, timeout=30_000)
+    bar = window.statusBar()
+    notice = bar.currentMessage()
+    assert notice.startswith('Weights "quantized"') and bar.fontMetrics().horizontalAdvance(notice) > bar.width()
+    assert bar.toolTip() == f"<p>{html.escape(notice)}</p>"
+    window.delete_current()  # the next message: "Deleted “…”."
+    assert bar.currentMessage().startswith("Deleted") and [m for _, m in window.messages.entries][-2:] == [
+        notice, bar.currentMessage()]
+    action = next(a for a in window.findChildren(QAction) if a.text() == "Recent messages…")
+    action.trigger()
+    dialog = next(d for d in window.findChildren(QDialog) if d.windowTitle() == "Recent messages")
+    shown = dialog.findChild(QPlainTextEdit).toPlainText().splitlines()
+    assert shown[-2].endswith(f"  {notice}") and "  Deleted" in shown[-1]
+    dialog.close()
 
 
 def test_a_drafter_the_model_cannot_use_is_said_when_it_loads(parley, qtbot, imported_llama):
