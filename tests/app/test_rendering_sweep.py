@@ -395,10 +395,13 @@ def test_a_streamed_answer_is_not_rendered_again_when_it_ends():
     assert done.html.endswith(MarkdownRenderer().render(text)[0]) and done.parts[2:-1] == streamed.parts[2:-1]
 
 
-def test_a_streaming_answer_past_its_deadline_renders_one_new_block_a_call():
+def test_a_streaming_answer_past_its_deadline_renders_a_share_of_new_blocks_a_call():
     """A chat opened mid-answer rendered all of its Markdown at once (~250 ms at 60,000 characters here); past the
-    deadline each call renders one block it had not rendered before, and the blocks so far are its first parts."""
+    deadline each call renders CATCH_UP_CHARS of blocks it had not rendered before (one block at least), and the blocks
+    so far are its first parts."""
     import time
+
+    import app.core.markdown_render as md
 
     text = _answer(120)
     renderer = MarkdownRenderer()
@@ -406,5 +409,20 @@ def test_a_streaming_answer_past_its_deadline_renders_one_new_block_a_call():
     while not calls or not calls[-1][2]:
         calls.append(renderer.render_streaming_parts(text, deadline=time.perf_counter() - 1))
     counts = [len(parts) for parts, _, _ in calls]
-    assert counts[0] == 1 and len(counts) > 10 and counts == sorted(set(counts))  # a new block or more each call
+    assert 1 < len(counts) <= len(text) // md.CATCH_UP_CHARS + 1 and counts == sorted(set(counts))  # new blocks a call
     assert calls[-1][:2] == MarkdownRenderer().render_streaming_parts(text)[:2]
+
+
+def test_an_answer_catching_up_past_its_deadline_renders_a_share_of_it_each_call():
+    """Under load the view's 10 ms deadline was spent before the first new block of a chat opened mid-answer, and each
+    turn of the event loop rendered one block: a 22,000-character answer of 750 short blocks took 750 turns (~40 s on
+    a busy 2-core Xeon; tests/app/test_stream_document timed out waiting for it). Each call now renders CATCH_UP_CHARS
+    of new blocks at least."""
+    import app.core.markdown_render as md
+
+    section = "## Part\n\nSome words in a paragraph.\n\n```python\nx = 1\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+    text, renderer, calls = section * 250, MarkdownRenderer(), 1
+    while not renderer.render_streaming_parts(text, deadline=0.0)[2] and calls < 1_000:
+        calls += 1
+    assert calls <= len(text) // md.CATCH_UP_CHARS + 1
+    assert renderer.render_streaming_parts(text)[0] == MarkdownRenderer().render_streaming_parts(text)[0]
