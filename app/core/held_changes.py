@@ -28,27 +28,30 @@ def held_file(db_file: Path) -> Path:
     return db_file.with_name(db_file.name + ".held.json")
 
 
-def save_held(db_file: Path, statements: list[tuple[str, tuple]], synced: bool = True) -> Path:
-    """Writes `statements` whole next to the database; raises OSError as the write would. `synced` False: as they are
+def save_held(db_file: Path, statements: list[tuple[str, tuple]], synced: bool = True, why: str = "") -> Path:
+    """Writes `statements` whole next to the database, with `why` they could not be written ("another program had
+    parley.db locked"), which the next start says; raises OSError as the write would. `synced` False: as they are
     held (whole after a kill; atomic_file.py), True at quit (after a power cut too)."""
     target = held_file(db_file)
-    write_text_whole(target, json.dumps({"version": 1, "statements": [[sql, list(p)] for sql, p in statements]}),
-                     synced)
+    rows = [[sql, list(p)] for sql, p in statements]
+    write_text_whole(target, json.dumps({"version": 1, "why": why, "statements": rows}), synced)
     return target
 
 
-def read_held(db_file: Path) -> list[tuple[str, tuple]]:
-    """The statements kept when Parley last ran; none where there is no file. ValueError where it does not read (cut
-    short, not JSON, another shape, a statement other than the store's writes), OSError where it cannot be opened."""
+def read_held(db_file: Path) -> tuple[list[tuple[str, tuple]], str]:
+    """The statements kept when Parley last ran and why they were held ("" from a file without it); none where there
+    is no file. ValueError where it does not read (cut short, not JSON, another shape, a statement other than the
+    store's writes), OSError where it cannot be opened."""
     try:
         text = held_file(db_file).read_text(encoding="utf-8")
     except FileNotFoundError:
-        return []
+        return [], ""
     data = json.loads(text)
     rows = data.get("statements") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(_is_write(row) for row in rows):
         raise ValueError("not the changes Parley keeps there")
-    return [(sql, tuple(params)) for sql, params in rows]
+    why = data.get("why")
+    return [(sql, tuple(params)) for sql, params in rows], why if isinstance(why, str) else ""
 
 
 def _is_write(row) -> bool:

@@ -65,6 +65,7 @@ class SqliteConversationStore(ConversationStore):
         self._retry_at = 0.0  # clock time before which a locked file is not tried again
         self._full = False  # what is held waits for room on the disk, not for a lock
         self._blocked: Path | None = None  # what is held waits for this -wal or -shm file to be writable again
+        self._held_why = ""  # why the changes the last run kept were held, as its file says
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
@@ -279,7 +280,8 @@ class SqliteConversationStore(ConversationStore):
         """What a lock held back when Parley last ran. A file that does not read was ignored without a word and then
         written over: it is kept aside, renamed, and the window says so once."""
         try:
-            return read_held(self.file)
+            statements, self._held_why = read_held(self.file)
+            return statements
         except (OSError, ValueError) as exc:
             why = str(exc) if isinstance(exc, OSError) else "cut short or damaged"
             try:
@@ -291,12 +293,15 @@ class SqliteConversationStore(ConversationStore):
             return []
 
     def _write_merged(self, count: int) -> None:
+        """Says what the last run held back, why (what its file says: a lock, a full disk, a -wal or -shm that could
+        not be written; every one read 'another program had parley.db locked'), and what saves them if they wait."""
         if self._held:
             self._write([])
-        where = f"another program had {self.file.name} locked"
+        where = self._held_why or "they could not be written then"
         changes, are = counted(count)
         self.notice = (f"{changes} held back when Parley last ran ({where}) {are} saved now." if self.persistent else
-                       f"{changes} held back when Parley last ran ({where}) {are} shown and saved once it lets go.")
+                       f"{changes} held back when Parley last ran ({where}) {are} shown, and saved once "
+                       f"{self._until()}.")
         if self.persistent:
             forget_held(self.file)
 
@@ -440,7 +445,7 @@ class SqliteConversationStore(ConversationStore):
         file was locked lost them all. Unsynced (0.5 ms for 10 held messages, 4 ms for 200; synced 12-16 ms on the GUI
         thread), at most once a flush interval while text streams; the quit's copy is synced."""
         try:
-            save_held(self.file, self._held, synced=False)
+            save_held(self.file, self._held, synced=False, why=self._why_held())
         except OSError:
             pass  # a full disk, say: they are still held here and kept (or said to be lost) at quit
 
@@ -455,6 +460,21 @@ class SqliteConversationStore(ConversationStore):
             if self.warning == self._locked_text():
                 self._set_warning("")  # the window's "not saving" goes: the held changes are written
         self._full = False
+
+    def _why_held(self) -> str:
+        """Why the changes are held, as the next start says it."""
+        if self._blocked is not None:
+            return f"{self._blocked.name} could not be written"
+        if self._full:
+            return f"the disk was full where {self.file.name} is kept"
+        return f"another program had {self.file.name} locked"
+
+    def _until(self) -> str:
+        if self._blocked is not None:
+            return f"{self._blocked.name} can be written again (it is read-only or immutable: chattr -i clears that)"
+        if self._full:
+            return "there is room on the disk"
+        return f"the other program lets go of {self.file.name}"
 
     def _locked_text(self) -> str:
         if self._blocked is not None:
@@ -561,7 +581,7 @@ class SqliteConversationStore(ConversationStore):
         if self._blocked is not None:
             why = f"{self._blocked.name} could not be written"
         try:
-            self.kept = save_held(self.file, self._held)
+            self.kept = save_held(self.file, self._held, why=self._why_held())
         except OSError as exc:
             self.notice = f"{why}: {changes} {are} lost ({exc})."
             return

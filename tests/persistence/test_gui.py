@@ -144,7 +144,8 @@ def test_the_window_says_what_the_last_quit_kept_back_was_merged(qtbot, tmp_path
     store = SqliteConversationStore(path)
     conv = store.create("one")
     store.close()
-    save_held(path, [("UPDATE conversation SET title = ? WHERE id = ?", ("renamed while locked", conv.id))])
+    save_held(path, [("UPDATE conversation SET title = ? WHERE id = ?", ("renamed while locked", conv.id))],
+              why="another program had parley.db locked")  # as the store writes it
     store = SqliteConversationStore(path)
     window = QMainWindow()
     qtbot.addWidget(window)

@@ -30,6 +30,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
+NEXT_START = textwrap.dedent("""
+    import sys
+    from app.core.sqlite_store import SqliteConversationStore
+    print(SqliteConversationStore(sys.argv[1]).notice, flush=True)
+""")
+
+
 def _chattr_works(folder: Path) -> bool:
     probe = folder / "probe"
     probe.write_text("")
@@ -47,13 +54,23 @@ def test_a_side_file_made_immutable_loses_nothing(tmp_path, suffix):
     try:
         run = subprocess.run([sys.executable, "-c", CHILD, str(db), suffix], cwd=ROOT, capture_output=True,
                              text=True, timeout=60)
+        if suffix == "-wal":  # the next start, the file still immutable (the same words for -shm)
+            again = subprocess.run([sys.executable, "-c", NEXT_START, str(db)], cwd=ROOT, capture_output=True,
+                                   text=True, timeout=60).stdout.strip()
     finally:
         subprocess.run(["chattr", "-i", f"{db}{suffix}"], capture_output=True)
     assert run.returncode == 0, run.stderr[-2000:]
     warning, notice = run.stdout.splitlines()
     assert warning.startswith(f"{db}{suffix} cannot be written (made read-only or immutable)")
     assert notice.startswith(f"parley.db{suffix} could not be written:")
+    # the next starts said 'held back when Parley last ran (another program had parley.db locked)' and, while the
+    # file was still immutable, '… shown and saved once it lets go': a program that never was
+    held = f"held back when Parley last ran (parley.db{suffix} could not be written) are"
+    assert suffix == "-shm" or held in again and again.endswith(
+        f"shown, and saved once parley.db{suffix} can be written again (it is read-only or immutable: chattr -i clears "
+        "that)."), again
     store = SqliteConversationStore(db)
+    assert f"{held} saved now." in store.notice
     (chat,) = store.conversations()
     (msg,) = store.path(chat.id)
     assert chat.title == "kept" and msg.content == "hello" + "y" * 50 * 40
