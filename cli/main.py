@@ -11,7 +11,7 @@ from cli.memory_floor import refuse_below_floor
 refuse_below_floor()  # before the imports below, which die under so low a limit with a traceback or an abort
 
 from app.core.version import version_line  # noqa: E402
-from cli.paths import data_dir_arg  # noqa: E402
+from cli.paths import Paths, data_dir_arg, keep_kernels_under  # noqa: E402
 from cli.serve import add_serve_parser  # noqa: E402
 from cli.terminal import add_terminal_parsers, printable  # noqa: E402
 from engine.errors import ParleyError  # noqa: E402
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def gui(args: argparse.Namespace) -> int:
     """No subcommand: the desktop app on the embedded default model (or its headless self-test)."""
+    keep_kernels_under(Paths.resolve(args.data_dir))  # as every command does (cli.options.paths_of)
     if args.self_test:
         from app.qt.self_test import run
 

@@ -16,7 +16,7 @@ from app.qt.bridge import EngineBridge
 from app.qt.chats import QtChatService
 from app.qt.gui_collector import GuiThreadCollector
 from app.qt.model_manager import DFLASH_KEY, ModelManager
-from cli.paths import Paths, keep_kernels_under
+from cli.paths import Paths
 from engine.loading.default_model import DEFAULT_NAME
 from engine.runtime import EngineConfig
 
@@ -114,7 +114,6 @@ def run_gui(data_dir: str | None = None, theme: str | None = None) -> int:
     qapp = qt_app()
     loop = qasync.QEventLoop(qapp)
     asyncio.set_event_loop(loop)
-    keep_kernels_under(Paths.resolve(data_dir))
     parley = build(data_dir, theme=theme)
     closed = asyncio.Event()
     qapp.aboutToQuit.connect(closed.set)

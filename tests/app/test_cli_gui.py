@@ -262,6 +262,10 @@ def test_the_cpu_kernels_are_built_under_the_data_folder(monkeypatch, tmp_path, 
         monkeypatch.delenv("PARLEY_KERNEL_CACHE", raising=False)
         assert cli.main(["--data-dir", str(tmp_path / "data"), *command, "--model", missing]) == 2
         assert kernel_dir() == tmp_path / "data" / "cache" / "kernels", command
+    monkeypatch.setattr("app.qt.self_test.run", lambda data_dir, theme: 0)  # the app's start, short of its window
+    monkeypatch.delenv("PARLEY_KERNEL_CACHE", raising=False)
+    assert cli.main(["--data-dir", str(tmp_path / "app"), "--self-test"]) == 0
+    assert kernel_dir() == tmp_path / "app" / "cache" / "kernels"
     monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "mine"))  # the user's own choice is kept
     cli.main(["--data-dir", str(tmp_path / "data"), "generate", "--prompt", "x", "--model", missing])
     assert kernel_dir() == tmp_path / "mine"
