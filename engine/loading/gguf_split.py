@@ -101,7 +101,7 @@ def read_parts(path: Path, read: Callable[[Path], GGUFHeader], later: Path | Non
             _missing(path, first, 1, header)
         return read_parts(first, read, path)
     if count == 1:
-        _check_whole(path)
+        _check_whole(path, header)
         return [(path, header)]
     parts = [(path, header)]
     for i in range(2, count + 1):
@@ -122,13 +122,14 @@ def merged(parts: list[tuple[Path, GGUFHeader]]) -> GGUFHeader:
     return GGUFHeader(first.version, first.scalars, first.array_lengths, first.arrays, tensors, len(tensors))
 
 
-def _check_whole(path: Path) -> None:
+def _check_whole(path: Path, header: GGUFHeader) -> None:
     """A file that holds a whole model but is named as a split's part, beside the split's other parts: those parts
     would go unread, and the model the user meant is not this file."""
     shard = shard_of(path)
     others = [p.name for p in model_files(path) if p != path] if shard and shard[1] > 1 else []
+    said = "its split.count is 1" if "split.count" in header.scalars else "it has no split keys"
     if others:
-        raise ModelLoadError(f"{path.name} holds a whole model (it has no split keys), but its name makes it part "
+        raise ModelLoadError(f"{path.name} holds a whole model ({said}), but its name makes it part "
                              f"{shard[0]} of {shard[1]} beside {', '.join(others)}: a file of another download. Put "
                              "the split's own part there, or rename the whole file.")
 

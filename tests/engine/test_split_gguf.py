@@ -105,6 +105,26 @@ def test_a_whole_model_named_as_the_first_part_is_named(tiny_models_q8, split, t
         load_model(parts[0].parent if given == "folder" else parts[given])
 
 
+def test_a_split_of_one_named_as_the_first_of_four_is_named(tiny_models_q8, split, tmp_path):
+    """A file gguf-split wrote whole (split.count 1) under part 1 of 4's name, beside the other 3."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    parts = _copy(split, tmp_path)
+    reader = GGUFReader(tiny_models_q8["llama"].gguf_path)
+    writer = GGUFWriter(parts[0], reader.fields["general.architecture"].contents())
+    for key, value, kind in (("split.no", 0, GGUFValueType.UINT16), ("split.count", 1, GGUFValueType.UINT16),
+                             ("split.tensors.count", len(reader.tensors), GGUFValueType.INT32)):
+        writer.add_key_value(key, value, kind)
+    for t in reader.tensors:
+        writer.add_tensor(t.name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file(progress=False)
+    writer.close()
+    with pytest.raises(ModelLoadError, match=r"tiny-00001-of-00004.gguf holds a whole model \(its split.count is 1\)"):
+        load_model(parts[1])
+
+
 def test_a_whole_model_named_as_a_part_alone_loads(tiny_models_q8, tmp_path):
     alone = tmp_path / "tiny-00001-of-00004.gguf"
     shutil.copyfile(tiny_models_q8["llama"].gguf_path, alone)
