@@ -12,7 +12,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.gguf_header import TensorInfo, read_header
-from engine.loading.gguf_split import read_parts
+from engine.loading.gguf_split import mixed_quantization, read_parts
 from engine.quant.gguf_blocks import to_float32
 
 GGUF_MAGIC = b"GGUF"
@@ -113,6 +113,7 @@ class GGUFFile:
     metadata: dict[str, Any]
     tensors: list[GGUFTensor]
     sources: list[TensorSource] = field(default_factory=list)  # one a file
+    notices: list[str] = field(default_factory=list)  # what the user should know about its files (gguf_split)
 
     def close(self) -> None:
         """Closes the files (a tensor's data cannot be read after this)."""
@@ -143,7 +144,8 @@ def open_gguf(path: str | Path) -> GGUFFile:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
     parts = read_parts(path, read_header)  # every count and offset checked against its file
-    gf = GGUFFile(path=parts[0][0], metadata=parts[0][1].fields, tensors=[])
+    mixed = mixed_quantization(parts)
+    gf = GGUFFile(path=parts[0][0], metadata=parts[0][1].fields, tensors=[], notices=[mixed] if mixed else [])
     try:
         for part, header in parts:
             gf.sources.append(TensorSource(part))

@@ -166,7 +166,6 @@ def _checked(part: Path, header: GGUFHeader, no: int, parts: list[tuple[Path, GG
         if t.name in seen:
             raise ModelLoadError(f"{part.name} holds tensor {t.name}, which {seen[t.name].name} holds too: the "
                                  "parts come from different splits.")
-    _check_quantization(part, header, parts)
     return header
 
 
@@ -175,21 +174,30 @@ def _layer_matrices(header: GGUFHeader) -> list[tuple[str, int]]:
     return [(t.name.split(".", 2)[2], t.type_id) for t in header.tensors if t.name.startswith("blk.") and len(t.shape) > 1]
 
 
-def _check_quantization(part: Path, header: GGUFHeader, parts: list[tuple[Path, GGUFHeader]]) -> None:
-    """A part most of whose layer matrices take a type the same matrix of no earlier layer has comes from another
-    quantization of the model (a Q8_0 file's part 2 beside a Q4_K_M one's part 1, the same split): a recipe varies a
-    matrix's type by layer for a few layers, not most (llama.cpp's Q4_K_M: some attn_v, ffn_down)."""
+def mixed_quantization(parts: list[tuple[Path, GGUFHeader]]) -> str | None:
+    """A notice where a part seems to come from another quantization of the model (a Q8_0 file's part 2 beside a
+    Q4_K_M one's part 1, the same split): most of its layer matrices take a type the same matrix of no earlier layer
+    has, where a recipe varies a matrix's type by layer for a few layers, not most (llama.cpp's Q4_K_M: some attn_v,
+    ffn_down). Not refused: the same model's weights in two precisions load and answer, only not as the user chose."""
     earlier: dict[str, set[int]] = {}
-    for role, type_id in (m for _, h in parts for m in _layer_matrices(h)):
-        earlier.setdefault(role, set()).add(type_id)
+    for i, (part, header) in enumerate(parts):
+        if i > 0 and (said := _another_quantization(part, header, parts[0][0], earlier)):
+            return said
+        for role, type_id in _layer_matrices(header):
+            earlier.setdefault(role, set()).add(type_id)
+    return None
+
+
+def _another_quantization(part: Path, header: GGUFHeader, first: Path, earlier: dict[str, set[int]]) -> str | None:
     mine = [(role, type_id) for role, type_id in _layer_matrices(header) if role in earlier]
     new = [(role, type_id) for role, type_id in mine if type_id not in earlier[role]]
     if 2 * len(new) <= len(mine):
-        return
+        return None
     role, type_id = Counter(new).most_common(1)[0][0]
-    raise ModelLoadError(f"{part.name} does not belong with {parts[0][0].name}: {len(new)} of its {len(mine)} layer "
-                         f"matrices take a type no earlier layer's has ({role} {_names({type_id})}, the earlier parts' "
-                         f"{_names(earlier[role])}): a part of another quantization of the model.")
+    return (f"{part.name} seems to come from another quantization of the model than {first.name}: {len(new)} of its "
+            f"{len(mine)} layer matrices take a type no earlier layer's has ({role} {_names({type_id})}, the earlier "
+            f"parts' {_names(earlier[role])}). It loads as a mix of both; put the split's own part there if that is "
+            "not what you meant.")
 
 
 def _names(types: set[int]) -> str:

@@ -118,7 +118,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         args, weights, tok = _read_gguf(source, progress, options, notices=notices)
         kind = "gguf"
     else:
-        args, weights, tok, kind = _read_gguf_cached(source, options, progress)
+        args, weights, tok, kind = _read_gguf_cached(source, options, progress, notices)
     read_s = time.perf_counter() - start
     args = fit_context(args, options.context)
     model = build_model(args, weights, options.torch_dtype, options.device)
@@ -254,6 +254,8 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     if progress and options.quantized and options.device == "cpu":
         _build_cpu_kernels(progress)
     gf = open_gguf(path)
+    if notices is not None:
+        notices.extend(gf.notices)
     try:
         arch = architecture(gf.architecture or "(none)")
         args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
@@ -316,13 +318,13 @@ def _check_fits(staging: int, final: int, name: str, args: ModelArgs, options: L
         check_fits(final, options.device, name, beside)
 
 
-def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None):
+def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None, notices: list[str]):
     cache_dir = options.cache_dir
     if cache_dir is not None:
         hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, files_name(path)))
         if hit is not None:
             return (*hit, "converted-cache")
-    args, weights, tok = _read_gguf(path, progress, options)
+    args, weights, tok = _read_gguf(path, progress, options, notices=notices)
     if cache_dir is not None:
         converted.save(cache_dir, path, args, weights, tok)
     return args, weights, tok, "gguf"

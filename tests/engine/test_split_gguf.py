@@ -1,5 +1,6 @@
 """Models split in several GGUF files by gguf-split: any part, or their folder, loads the whole model, and a missing,
 foreign or cut-short part is one line naming the file."""
+import re
 import shutil
 
 import pytest
@@ -84,15 +85,19 @@ def test_a_broken_split_is_one_line_naming_the_file(tiny_models_q8, split, tmp_p
 
 
 @pytest.mark.parametrize("no", [2, 3])
-def test_a_part_of_another_quantization_is_named(tiny_models, split, tmp_path, no):
-    """The same model's F32 file split alike: its part has the same tensors, split keys and architecture."""
+def test_a_part_of_another_quantization_loads_and_is_named(tiny_models, split, tmp_path, no):
+    """The same model's F32 file split alike: its part has the same tensors, split keys and architecture. The same
+    weights in two precisions load and answer, so the load goes on and says which part differs."""
     parts = _copy(split, tmp_path)
     other = split_gguf(tiny_models["llama"].gguf_path, tmp_path / "f32" / "tiny.gguf", 7)
     shutil.copyfile(other[no - 1], parts[no - 1])
-    words = (rf"tiny-0000{no}-of-00004.gguf does not belong with tiny-00001-of-00004.gguf: \d+ of its \d+ layer "
-             r"matrices take a type no earlier layer's has \(\w+.weight F32, the earlier parts' Q8_0\)")
-    with pytest.raises(ModelLoadError, match=words):
-        load_model(parts[3])
+    words = (rf"tiny-0000{no}-of-00004.gguf seems to come from another quantization of the model than "
+             r"tiny-00001-of-00004.gguf: \d+ of its \d+ layer matrices take a type no earlier layer's has "
+             r"\(\w+.weight F32, the earlier parts' Q8_0\)\. It loads as a mix of both")
+    for weights in ("quantized", "dequantized"):
+        loaded = load_model(parts[3], LoadOptions(weights=weights, cache_dir=tmp_path / weights))
+        assert [n for n in loaded.notices if re.match(words, n)], loaded.notices
+    assert not [n for n in load_model(split[0]).notices if "another quantization" in n]  # the true split: no word
 
 
 @pytest.mark.parametrize("given", [0, 2, "folder"])
