@@ -5,7 +5,7 @@ thread (so other work on the machine slows both alike rather than one of them).
 Each line: one (shape, GEMM, rows, product) with both versions' best time and base / now, and whether every output
 bit agrees. Products: the byte codes interleaved in units (kernels/cpu/q8gemm.c; Q8_0 and Q5_0's 5 bits) and the
 K-quant super-blocks (kernels/cpu/kgemm.c; Q4_K, Q6_K), on random codes.
-Run: python -m bench.cpu_kernel_ab [--base HEAD] [--shapes gemma3-270m] [--rows 1 8 40]
+Run: python -m bench.cpu_kernel_ab [--base HEAD] [--shapes gemma3-270m] [--rows 1 8 40] [--cflags -DPARLEY_YMM]
 """
 from __future__ import annotations
 
@@ -29,18 +29,29 @@ from kernels.kquant_layout import interleave_units, pack_fifths
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def build_revision(rev: str, out: Path) -> ctypes.CDLL:
-    """kernels/cpu at `rev`, compiled as cpu_native compiles the working tree's (same compiler and flags)."""
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kernels/cpu"], check=True, capture_output=True)
-    tarfile.open(fileobj=io.BytesIO(tar.stdout)).extractall(out, filter="data")
+def build_revision(rev: str | None, out: Path, cflags: list[str]) -> ctypes.CDLL:
+    """kernels/cpu at `rev` (None: the working tree's), compiled as cpu_native compiles the library (same compiler and
+    flags, then `cflags`: a -march there takes the place of -march=native)."""
+    src = cpu_native.SOURCE_DIR
+    if rev is not None:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "kernels/cpu"], check=True, capture_output=True)
+        tarfile.open(fileobj=io.BytesIO(tar.stdout)).extractall(out, filter="data")
+        src = out / "kernels" / "cpu"
     compiler = cpu_native._compiler()
     if compiler is None:
         raise SystemExit("no C compiler here")
-    srcs = sorted((out / "kernels" / "cpu").glob("*.c"))
-    lib = out / "base.so"
-    subprocess.run([*cpu_native._command(compiler), *cpu_native.FLAGS, *map(str, srcs), "-o", str(lib), "-lm"],
-                   check=True, capture_output=True)
-    return ctypes.CDLL(str(lib))
+    flags = [f for f in cpu_native.FLAGS if not (f.startswith("-march") and any(c.startswith("-march") for c in cflags))]
+    lib = out / f"{rev or 'tree'}.so".replace("/", "_")
+    subprocess.run([*cpu_native._command(compiler), *flags, *cflags, *map(str, sorted(src.glob("*.c"))), "-o",
+                    str(lib), "-lm"], check=True, capture_output=True)
+    return _bound(ctypes.CDLL(str(lib)))
+
+
+def _bound(lib: ctypes.CDLL) -> ctypes.CDLL:
+    for name in ("parley_q8gemm", "parley_kgemm", "parley_kq_interleave", "parley_qgemm_isa"):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = cpu_native.SIGNATURES[name]
+    return lib
 
 
 def products(n: int, k: int, rng: np.random.Generator) -> dict:
@@ -100,17 +111,15 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds: base, now, base, now …")
     ap.add_argument("--max-columns", type=int, default=32768, help="wider matrices (LM heads) are cut to this")
+    ap.add_argument("--cflags", nargs="+", default=[],
+                    help="both libraries built with these too, e.g. -DPARLEY_YMM (the 256-bit path AVX-VNNI CPUs run) "
+                         "or -march=haswell (AVX2 alone)")
     args = ap.parse_args()
-    now = cpu_native.cpu_kernel()
-    if now is None:
-        raise SystemExit(f"no CPU kernel here: {cpu_native.missing_reason()}")
     with tempfile.TemporaryDirectory() as tmp:
-        base = build_revision(args.base, Path(tmp))
-        for name in ("parley_q8gemm", "parley_kgemm", "parley_kq_interleave"):
-            fn = getattr(base, name)
-            fn.restype, fn.argtypes = cpu_native.SIGNATURES[name]
-        libs = {"base": base, "now": now.lib}
-        print(json.dumps({"base": args.base, "clock": "thread_time", "threads": 1, "isa": now.isa}))
+        libs = {"base": build_revision(args.base, Path(tmp), args.cflags),
+                "now": build_revision(None, Path(tmp), args.cflags)}
+        print(json.dumps({"base": args.base, "clock": "thread_time", "threads": 1, "cflags": args.cflags,
+                          "isa": libs["now"].parley_qgemm_isa().decode()}))
         rng = np.random.default_rng(0)
         for shape in args.shapes:
             for gemm, k, n in SHAPES[shape]:

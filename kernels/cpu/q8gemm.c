@@ -148,7 +148,8 @@ static inline __attribute__((always_inline)) void utile2(const UActs *x, int64_t
         y[(r0 + i) * ystride + 1] = _mm512_reduce_add_ps(f1[i]);
     }
 }
-#define PAIRS 1  /* columns() takes weight rows two at a time */
+#define PAIR_ROWS TILE  /* columns() takes weight rows two at a time at every tile */
+#define PAIR_FIFTHS 1
 #else
 #if defined(__AVX512VNNI__) || defined(__AVXVNNI__)
 #define TILE 4
@@ -213,10 +214,45 @@ static inline __attribute__((always_inline)) void utile(const UActs *x, int64_t 
     }
     for (int i = 0; i < NR; i++) y[(r0 + i) * ystride] = hsum8(facc[i]);
 }
-#endif
 
-#ifndef PAIRS
-#define PAIRS 0
+/* utile for two neighbouring weight rows at a decode's one row (16 registers: each chunk's codes are read as they are
+   used, the activation chunk once for both); each column's steps exactly utile's (the same bits). */
+static inline __attribute__((always_inline)) void utile2(const UActs *x, int64_t r0, const int NR, const uint8_t *w,
+        int64_t row_bytes, const uint16_t *s, int64_t srow, float *y, int64_t ystride, const int bits) {
+    const int64_t R = x->R;
+    for (int i = 0; i < NR; i++) {
+        __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
+        for (int64_t u = 0; u < x->units; u++) {
+            const int W = unit_width(x->K, u), C = W / 64;
+            const uint8_t *wu = w + UNIT / 8 * bits * u, *wv = wu + row_bytes;
+            for (int l = 0; l < W / 8 * bits; l += 64) {
+                _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+                _mm_prefetch((const char *)(wv + PREFETCH + l), _MM_HINT_T0);
+            }
+            const int64_t at = u * R + r0 + i;
+            for (int h = 0; h < 2; h++) {
+                const int8_t *ai = x->a + at * UNIT + 32 * h;
+                const __m256i z = ZERO_SUMS ? _mm256_sub_epi32(_mm256_setzero_si256(),
+                        _mm256_loadu_si256((const __m256i *)(x->zs + at * 16 + 8 * h))) : _mm256_setzero_si256();
+                __m256i a0 = z, a1 = z;
+                for (int c = 0; c < C; c++) {
+                    const __m256i av = _mm256_loadu_si256((const __m256i *)(ai + 64 * c));
+                    a0 = dot4(a0, half_codes(wu, c, h, bits), av);
+                    a1 = dot4(a1, half_codes(wv, c, h, bits), av);
+                }
+                const __m256 dl = _mm256_loadu_ps(x->dl + at * 16 + 8 * h);
+                f0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a0), _mm256_mul_ps(_mm256_cvtph_ps(lane_halves(s + 8 * u, W, h)), dl),
+                                     f0);
+                f1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a1),
+                                     _mm256_mul_ps(_mm256_cvtph_ps(lane_halves(s + srow + 8 * u, W, h)), dl), f1);
+            }
+        }
+        y[(r0 + i) * ystride] = hsum8(f0);
+        y[(r0 + i) * ystride + 1] = hsum8(f1);
+    }
+}
+#define PAIR_ROWS 1  /* more rows share a weight row's codes in registers, which two columns' would not fit */
+#define PAIR_FIFTHS ZERO_SUMS  /* AVX2 alone: 5-bit unpacking and its sign steps spill (0.81-0.93x paired) */
 #endif
 
 /* Every column n of y: codes rows of K·bits/8 bytes; `bits` a constant at each call, so the tiles unpack or not.
@@ -229,18 +265,15 @@ static inline __attribute__((always_inline)) void columns(const UActs *acts, con
         if (worth_threads(N, K, R))
     for (int64_t j = 0; j < nblk; j++) {
         const int64_t n0 = j * cols, n1 = n0 + cols < N ? n0 + cols : N;
-#if PAIRS
 #define UTILE(r0, nr) \
         do { \
             int64_t n = n0; \
-            for (; n + 1 < n1; n += 2) \
-                utile2(acts, r0, nr, codes + n * row_bytes, row_bytes, scales + n * (K / 32), K / 32, y + n, N, bits); \
-            if (n < n1) utile(acts, r0, nr, codes + n * row_bytes, scales + n * (K / 32), y + n, N, bits); \
+            if ((nr) <= PAIR_ROWS && (PAIR_FIFTHS || bits == 8)) \
+                for (; n + 1 < n1; n += 2) \
+                    utile2(acts, r0, nr, codes + n * row_bytes, row_bytes, scales + n * (K / 32), K / 32, y + n, N, \
+                           bits); \
+            for (; n < n1; n++) utile(acts, r0, nr, codes + n * row_bytes, scales + n * (K / 32), y + n, N, bits); \
         } while (0)
-#else
-#define UTILE(r0, nr) \
-        for (int64_t n = n0; n < n1; n++) utile(acts, r0, nr, codes + n * row_bytes, scales + n * (K / 32), y + n, N, bits)
-#endif
         EACH_TILE(R, TILE, UTILE);
 #undef UTILE
         if (bias) add_bias(y, bias, R, N, n0, n1);

@@ -144,6 +144,11 @@ def test_each_instruction_set_path(build_for, name, march, extra, isa):
         return y
 
     _check_against_reference(run, name, 512)
+    blocks = _blocks(name, 7, 512, seed=6)  # columns two at a time at few rows: each column's bits as alone
+    for rows in (1, 2, 5):
+        x = torch.randn(rows, 512, generator=torch.Generator().manual_seed(rows))
+        y = run(x, blocks, name)
+        assert all(torch.equal(y[:, j:j + 1], run(x, blocks[j:j + 1].contiguous(), name)) for j in range(7)), rows
 
 
 @needs_kernel

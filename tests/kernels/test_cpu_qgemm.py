@@ -273,6 +273,14 @@ def test_units_kernel_on_each_instruction_set_path(build_for, march, extra, isa)
     lib = build_for(march, extra).lib
     _check_against_reference(_unit_run(lib), BYTES, 640)
     _check_against_reference(_unit_run(lib, bits=5), BYTES, 640, weights=_fifths)
+    for bits in (8, 5):  # columns two at a time at few rows: each column's bits as alone
+        codes, scales, _ = (_fifths if bits == 5 else _weights)(BYTES, 7, 640, 3)
+        run = _unit_run(lib, bits)
+        for rows in (1, 2, 9):
+            x = torch.randn(rows, 640, generator=torch.Generator().manual_seed(rows))
+            y = run(x, codes, scales, None, BYTES)
+            assert all(torch.equal(y[:, j:j + 1], run(x, codes[j:j + 1].contiguous(), scales[j:j + 1].contiguous(),
+                                                        None, BYTES)) for j in range(7)), (bits, rows)
 
 
 @needs_kernel
