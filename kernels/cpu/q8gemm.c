@@ -59,6 +59,17 @@ static inline __m128i lane_halves(const uint16_t *s, int W, int half) {
     return _mm_unpacklo_epi32(d, d);
 }
 
+/* Unit u (W weights) of a weight row and of the row after it (row_bytes on), both streams prefetched PREFETCH bytes
+   ahead: the first row's unit. */
+static inline const uint8_t *unit_pair(const uint8_t *w, int64_t row_bytes, int64_t u, int W, int bits) {
+    const uint8_t *wu = w + UNIT / 8 * bits * u;
+    for (int l = 0; l < W / 8 * bits; l += 64) {
+        _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
+        _mm_prefetch((const char *)(wu + row_bytes + PREFETCH + l), _MM_HINT_T0);
+    }
+    return wu;
+}
+
 /* PARLEY_YMM: the 256-bit tile on an AVX-512 CPU too (what AVX-VNNI CPUs run; the tests build it this way) */
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && !defined(PARLEY_YMM)
 #define TILE 8
@@ -114,11 +125,7 @@ static inline __attribute__((always_inline)) void utile2(const UActs *x, int64_t
     for (int i = 0; i < NR; i++) f0[i] = f1[i] = _mm512_setzero_ps();
     for (int64_t u = 0; u < x->units; u++) {
         const int W = unit_width(x->K, u), C = W / 64;
-        const uint8_t *wu = w + UNIT / 8 * bits * u, *wv = wu + row_bytes;
-        for (int l = 0; l < W / 8 * bits; l += 64) {
-            _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
-            _mm_prefetch((const char *)(wv + PREFETCH + l), _MM_HINT_T0);
-        }
+        const uint8_t *wu = unit_pair(w, row_bytes, u, W, bits), *wv = wu + row_bytes;
         const uint16_t *su = s + 8 * u, *sv = su + srow;
         const __m512 wsc0 = _mm512_cvtph_ps(_mm256_set_m128i(lane_halves(su, W, 1), lane_halves(su, W, 0)));
         const __m512 wsc1 = _mm512_cvtph_ps(_mm256_set_m128i(lane_halves(sv, W, 1), lane_halves(sv, W, 0)));
@@ -224,11 +231,7 @@ static inline __attribute__((always_inline)) void utile2(const UActs *x, int64_t
         __m256 f0 = _mm256_setzero_ps(), f1 = _mm256_setzero_ps();
         for (int64_t u = 0; u < x->units; u++) {
             const int W = unit_width(x->K, u), C = W / 64;
-            const uint8_t *wu = w + UNIT / 8 * bits * u, *wv = wu + row_bytes;
-            for (int l = 0; l < W / 8 * bits; l += 64) {
-                _mm_prefetch((const char *)(wu + PREFETCH + l), _MM_HINT_T0);
-                _mm_prefetch((const char *)(wv + PREFETCH + l), _MM_HINT_T0);
-            }
+            const uint8_t *wu = unit_pair(w, row_bytes, u, W, bits), *wv = wu + row_bytes;
             const int64_t at = u * R + r0 + i;
             for (int h = 0; h < 2; h++) {
                 const int8_t *ai = x->a + at * UNIT + 32 * h;
