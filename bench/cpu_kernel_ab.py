@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bench.cpu_matmul import SHAPES
+from bench.cpu_matmul import SHAPES, random_superblocks
 from kernels import cpu_native
+from kernels.cpu_kgemm import KINDS
 from kernels.kquant_layout import interleave_units, pack_fifths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -40,7 +41,8 @@ def build_revision(rev: str | None, out: Path, cflags: list[str]) -> ctypes.CDLL
     compiler = cpu_native._compiler()
     if compiler is None:
         raise SystemExit("no C compiler here")
-    flags = [f for f in cpu_native.FLAGS if not (f.startswith("-march") and any(c.startswith("-march") for c in cflags))]
+    own_march = any(c.startswith("-march") for c in cflags)
+    flags = [f for f in cpu_native.FLAGS if not (own_march and f.startswith("-march"))]
     lib = out / f"{rev or 'tree'}.so".replace("/", "_")
     subprocess.run([*cpu_native._command(compiler), *flags, *cflags, *map(str, sorted(src.glob("*.c"))), "-o",
                     str(lib), "-lm"], check=True, capture_output=True)
@@ -66,29 +68,22 @@ def products(n: int, k: int, rng: np.random.Generator) -> dict:
             ctypes.c_void_p(x.data_ptr()), x.shape[0], k, ctypes.c_void_p(c.data_ptr()),
             ctypes.c_void_p(scales.data_ptr()), b, n, None, ctypes.c_void_p(y.data_ptr()), 1)
     if k % 256 == 0:
-        from kernels.cpu_kgemm import KINDS
-
-        for name, kind in (("Q4_K", 4), ("Q6_K", 6)):
-            size = KINDS[name][1]
-            b = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
-            for off in (208,) if name == "Q6_K" else (0, 2):
-                half = rng.uniform(1e-4, 1e-3, b.shape[:2]).astype(np.float16)
-                b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
-            out[f"kgemm-{name}"] = (torch.from_numpy(b.reshape(n, -1)), kind)
+        for name in ("Q4_K", "Q6_K"):
+            out[f"kgemm-{name}"] = _kgemm_fn(random_superblocks(name, n, k, rng), KINDS[name][0], n, k)
     return out
 
 
-def _kgemm_fn(blocks: torch.Tensor, kind: int, n: int, k: int, held: dict):
+def _kgemm_fn(blocks: torch.Tensor, kind: int, n: int, k: int):
     """The super-block product; each library interleaves the file's codes its own way first (held per library)."""
+    held: dict[int, torch.Tensor] = {}
+
     def run(lib, x, y):
         if id(lib) not in held:
-            lay = blocks.clone()
-            lib.parley_kq_interleave(ctypes.c_void_p(blocks.data_ptr()), ctypes.c_void_p(lay.data_ptr()),
+            held[id(lib)] = blocks.clone()
+            lib.parley_kq_interleave(ctypes.c_void_p(blocks.data_ptr()), ctypes.c_void_p(held[id(lib)].data_ptr()),
                                      blocks.shape[0] * (k // 256), kind, 1)
-            held[id(lib)] = lay
-        lay = held[id(lib)]
-        return lib.parley_kgemm(ctypes.c_void_p(x.data_ptr()), x.shape[0], k, ctypes.c_void_p(lay.data_ptr()), kind,
-                                n, None, ctypes.c_void_p(y.data_ptr()), 1)
+        return lib.parley_kgemm(ctypes.c_void_p(x.data_ptr()), x.shape[0], k, ctypes.c_void_p(held[id(lib)].data_ptr()),
+                                kind, n, None, ctypes.c_void_p(y.data_ptr()), 1)
     return run
 
 
@@ -124,8 +119,7 @@ def main() -> None:
         for shape in args.shapes:
             for gemm, k, n in SHAPES[shape]:
                 n = min(n, args.max_columns)
-                for name, spec in products(n, k, rng).items():
-                    fn = _kgemm_fn(*spec, n, k, {}) if isinstance(spec, tuple) else spec
+                for name, fn in products(n, k, rng).items():
                     for rows in args.rows:
                         x = torch.randn(rows, k)
                         ys = {v: torch.empty(rows, n) for v in libs}

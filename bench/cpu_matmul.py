@@ -92,21 +92,30 @@ def _units(codes8: torch.Tensor, s8: torch.Tensor) -> dict:
     return {"parley-q8u": (held.numel() + held.numel() // 16, lambda x: q8gemm(x, held, s8))}
 
 
+def random_superblocks(name: str, n: int, k: int, rng) -> torch.Tensor:
+    """n rows of K/256 random `name` super-blocks (Q4_K, Q5_K, Q6_K) as a file stores them, with small fp16 scales
+    (random ones overflow): (n, K/256 · bytes) uint8."""
+    import numpy as np
+
+    from kernels.cpu_kgemm import KINDS
+
+    b = rng.integers(0, 256, (n, k // 256, KINDS[name][1]), dtype=np.uint8)
+    for off in (208,) if name == "Q6_K" else (0, 2):
+        half = rng.uniform(1e-4, 1e-3, b.shape[:2]).astype(np.float16)
+        b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
+    return torch.from_numpy(b.reshape(n, -1))
+
+
 def _superblocks(n: int, k: int) -> dict:
     """Q4_K, Q5_K and Q6_K rows of random super-blocks with small fp16 scales (name -> (bytes, fn, reference fn))."""
     import numpy as np
 
-    from kernels.cpu_kgemm import KINDS, kgemm, kgemm_reference
+    from kernels.cpu_kgemm import kgemm, kgemm_reference
 
     rng = np.random.default_rng(0)
     out = {}
     for name, label in (("Q4_K", "parley-k4"), ("Q5_K", "parley-k5"), ("Q6_K", "parley-k6")):
-        size = KINDS[name][1]
-        b = rng.integers(0, 256, (n, k // 256, size), dtype=np.uint8)
-        for off in (208,) if name == "Q6_K" else (0, 2):
-            half = rng.uniform(1e-4, 1e-3, b.shape[:2]).astype(np.float16)
-            b[..., off:off + 2] = half.view(np.uint8).reshape(*b.shape[:2], 2)
-        blocks = torch.from_numpy(b.reshape(n, -1))
+        blocks = random_superblocks(name, n, k, rng)
         out[label] = (blocks.numel(), lambda x, bl=blocks, t=name: kgemm(x, bl, t),
                       lambda x, bl=blocks, t=name: kgemm_reference(x, bl, t))
     return out
