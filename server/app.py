@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions (streaming or not).
 
-Every request gets its own engine session (conversation set from the request), submits one turn, relays
-its events and closes the session; concurrent requests share the engine's batched steps.
+Every request gets its own engine session per choice (`n`; conversation set from the request), submits one turn
+each, relays their events and closes the sessions; concurrent requests and a request's choices share the engine's
+batched steps.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from starlette.routing import Route
 from engine import events as ev
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
+from server.choices import Choices
 
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -126,21 +128,21 @@ async def completions(request: Request, bridge: ServerBridge) -> Response:
 # -- one turn
 async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
     client = _Client(request)
-    sid, queue = await _begin(client, bridge, model, req)
+    turn = await _begin(client, bridge, model, req)
     if req.stream:
-        body = _sse(client, bridge, sid, queue, model.id, req, rid)
+        body = _sse(client, turn, model.id, req, rid)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     try:
-        end = await _wait_end(client, queue)
+        ends = await _wait_ends(client, turn)
     finally:
-        bridge.close(sid)
-    if isinstance(end, ev.Error):
-        raise _turn_error(end, req)
-    text = _new_text(end.text, req)
+        turn.close()
+    if isinstance(ends[0], ev.Error):
+        raise _turn_error(ends[0], req)
+    answers, stats = [(_new_text(e.text, req), e.reason) for e in ends], [e.stats for e in ends]
     if req.raw:
-        return JSONResponse(api.completion_response(rid, model.id, text, end.reason, end.stats, req.created))
+        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created))
     prefix = req.prompt if req.continue_final else ""
-    return JSONResponse(api.chat_response(rid, model.id, text, end.reason, end.stats, req.created, prefix))
+    return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix))
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -153,23 +155,29 @@ def _new_text(text: str, req: api.TurnRequest) -> str:
     return text
 
 
-async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel,
-                 req: api.TurnRequest) -> tuple[int, asyncio.Queue]:
-    """Opens the session and submits; a request the engine refuses (e.g. longer than the context) is a 400.
-    A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
-    sid, queue = bridge.open(model, req.raw)
+async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, req: api.TurnRequest) -> Choices:
+    """Opens a session per choice and submits; a request the engine refuses (e.g. longer than the context) is a 400
+    before any answer begins. A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
+    turn = Choices(bridge)
     try:
-        bridge.engine.submit(sid, req.messages(), req.params, req.system, continue_final=req.continue_final)
-        while True:
-            e = await _poll(client, queue)
+        for i in range(req.n):
+            sid = turn.open(model, req.raw)
+            bridge.engine.submit(sid, req.messages(), req.choice_params(i), req.system,
+                                 continue_final=req.continue_final)
+        started: set[int] = set()
+        while len(started) < turn.n:
+            e = await _poll(client, turn.queue)
             if e is None:
                 raise _left_early(client)
             if isinstance(e, ev.Started):
-                return sid, queue
-            if isinstance(e, ev.Error):
+                started.add(e.session_id)
+            elif isinstance(e, ev.Error) and e.session_id not in started:
                 raise _turn_error(e, req, refused=True)
+            else:
+                turn.held.append(e)  # a choice that started first may already be answering
+        return turn
     except BaseException:
-        bridge.close(sid)
+        turn.close()
         raise
 
 
@@ -184,57 +192,75 @@ def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False) -> api
     return api.APIError(500, e.message, kind="server_error", code=e.code)
 
 
-async def _wait_end(client: "_Client", queue: asyncio.Queue) -> ev.Event:
-    """The turn's Finished or Error; stops waiting (the caller cancels the turn) if the client goes away."""
-    while True:
-        e = await _next_event(client, queue)
+async def _wait_ends(client: "_Client", turn: Choices) -> list[ev.Event]:
+    """Every choice's Finished, in choice order, or the first Error alone (one failed choice fails the request); stops
+    waiting (the caller cancels the turns) if the client goes away."""
+    ends: dict[int, ev.Event] = {}
+    while len(ends) < turn.n:
+        e = await _next_event(client, turn)
         if e is None:
             raise _left_early(client)
-        if not isinstance(e, ev.TokenDelta):
-            return e
+        if isinstance(e, ev.Error):
+            return [e]
+        if isinstance(e, ev.Finished):
+            ends[turn.index(e.session_id)] = e
+    return [ends[i] for i in range(turn.n)]
 
 
-async def _sse(client: "_Client", bridge: ServerBridge, sid: int, queue: asyncio.Queue, model: str,
-               req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
-    """The turn as server-sent events; leaving early (client gone: Starlette cancels us) cancels the turn."""
-    split = api.ReasoningSplit(req.prompt if req.continue_final else "")  # a thought goes as reasoning_content
+async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
+    """The choices as server-sent events, each chunk naming its choice; leaving early (client gone: Starlette cancels
+    us) cancels every turn."""
+    # a thought goes as reasoning_content
+    splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
+    ends: dict[int, ev.Finished] = {}
     try:
         if not req.raw:
-            yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}))
-        while True:
-            e = await _next_event(client, queue)
+            for i in range(turn.n):
+                yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}, index=i))
+        while len(ends) < turn.n:
+            e = await _next_event(client, turn)
             if e is None and not client.stopping:
-                return  # the client went away: `finally` cancels the turn
+                return  # the client went away: `finally` cancels the turns
             if e is None:  # the server is stopping: the client still reads, and learns why its answer ends here
                 yield _event(_left_early(client).body())
                 break
-            if isinstance(e, ev.TokenDelta):
-                delta = {} if req.raw or not e.text else split.feed(e.text)
-                if req.raw and e.text:
-                    yield _event(api.completion_chunk(rid, model, req, e.text))
-                elif delta:
-                    yield _event(api.chat_chunk(rid, model, req, delta))
-                continue
             if isinstance(e, ev.Error):
                 yield _event(_turn_error(e, req).body())
                 break
-            if not req.raw and (tail := split.finish()):
-                yield _event(api.chat_chunk(rid, model, req, tail))
-            yield _event(api.completion_chunk(rid, model, req, "", e.reason) if req.raw
-                         else api.chat_chunk(rid, model, req, {}, e.reason))
+            i = turn.index(e.session_id)
+            if isinstance(e, ev.TokenDelta):
+                if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i):
+                    yield _event(chunk)
+                continue
+            ends[i] = e
+            if not req.raw and (tail := splits[i].finish()):
+                yield _event(api.chat_chunk(rid, model, req, tail, index=i))
+            yield _event(api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
+                         else api.chat_chunk(rid, model, req, {}, e.reason, index=i))
+        else:
             if req.include_usage:
                 build = api.completion_chunk if req.raw else api.chat_chunk
-                yield _event(build(rid, model, req, "" if req.raw else {}, stats=e.stats))
-            break
+                yield _event(build(rid, model, req, "" if req.raw else {}, stats=[ends[i].stats for i in range(turn.n)]))
         yield "data: [DONE]\n\n"
     finally:
-        bridge.close(sid)
+        turn.close()
 
 
-async def _next_event(client: "_Client", queue: asyncio.Queue) -> ev.Event | None:
-    """The turn's next TokenDelta, Finished or Error; None once the client has disconnected."""
+def _delta_chunk(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,
+                 index: int) -> dict | None:
+    """Choice `index`'s chunk for new text: the raw text, or the chat delta (none while a tag may be opening)."""
+    if not text:
+        return None
+    if req.raw:
+        return api.completion_chunk(rid, model, req, text, index=index)
+    delta = split.feed(text)
+    return api.chat_chunk(rid, model, req, delta, index=index) if delta else None
+
+
+async def _next_event(client: "_Client", turn: Choices) -> ev.Event | None:
+    """A choice's next TokenDelta, Finished or Error (held ones first); None once the client has disconnected."""
     while True:
-        e = await _poll(client, queue)
+        e = turn.held.popleft() if turn.held else await _poll(client, turn.queue)
         if e is None or isinstance(e, (ev.TokenDelta, ev.Finished)) or isinstance(e, ev.Error) and e.turn_id is not None:
             return e
 

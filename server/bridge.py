@@ -81,8 +81,9 @@ class ServerBridge:
         return next((m for m in self.models if name == m.id or name in m.aliases), None)
 
     # -- sessions (the event loop's thread)
-    def open(self, model: ServedModel, raw: bool) -> tuple[int, asyncio.Queue]:
-        queue: asyncio.Queue = asyncio.Queue()
+    def open(self, model: ServedModel, raw: bool, queue: asyncio.Queue | None = None) -> tuple[int, asyncio.Queue]:
+        """A session whose events go to `queue` (a new one if None: a request's choices share one)."""
+        queue = asyncio.Queue() if queue is None else queue
         with self._lock:
             sid = self.engine.open_session(model.model_id, overflow="stop", raw=raw)
             self._routes[sid] = (asyncio.get_running_loop(), queue)

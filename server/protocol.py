@@ -1,6 +1,7 @@
 """OpenAI request validation and response shapes: plain data in, plain dicts out (no HTTP here)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import time
@@ -17,6 +18,7 @@ FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "co
 MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
+MAX_CHOICES = 128  # OpenAI's bound on `n`; each choice is a session of its own, batched in the same steps
 
 
 class APIError(Exception):
@@ -45,10 +47,18 @@ class TurnRequest:
     prompt: str = ""  # the last user message, or the raw document, or the answer to continue
     continue_final: bool = False  # the last message is the assistant's: the answer goes on from its text
     created: int = field(default_factory=lambda: int(time.time()))  # one value for every chunk of the answer
+    n: int = 1  # answers (choices) to the one prompt
 
     def messages(self) -> list[dict[str, str]]:
         """The conversation the engine answers (without the system prompt)."""
         return [*self.history, {"role": "assistant" if self.continue_final else "user", "content": self.prompt}]
+
+    def choice_params(self, index: int) -> SamplingParams:
+        """Choice `index`'s sampling: a seeded request's choices draw from seed, seed + 1, … (each reproducible, and
+        not n copies of one draw); unseeded ones draw from seeds of their own."""
+        if self.params.seed is None or index == 0:
+            return self.params
+        return dataclasses.replace(self.params, seed=(self.params.seed + index) % 2**64)
 
 
 def parse_json(body: bytes) -> dict:
@@ -138,7 +148,11 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise APIError(400, "'stream_options.include_usage' must be a boolean.", "stream_options")
-    return TurnRequest(sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None), stream, include_usage, raw)
+    n = _number(data, "n", int, 1)
+    if not 1 <= n <= MAX_CHOICES:
+        raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, not {n}.", "n")
+    params = sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None)
+    return TurnRequest(params, stream, include_usage, raw, n=n)
 
 
 def _penalize_prompt(data: dict, fields: dict) -> bool:
@@ -258,8 +272,6 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    if data.get("n") not in (None, 1):
-        raise APIError(400, "Only n=1 is supported.", "n")
     for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
@@ -306,9 +318,10 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(stats) -> dict:
-    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "total_tokens": stats.prompt_tokens + stats.completion_tokens}
+def usage(stats: list) -> dict:
+    """One request's counts over its choices' turn stats: the prompt once (the choices share it), every answer."""
+    prompt, completion = stats[0].prompt_tokens, sum(s.completion_tokens for s in stats)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
 def finish_reason(reason: str) -> str:
@@ -414,31 +427,36 @@ def split_answer(text: str, prefix: str = "") -> dict[str, str]:
     return {**out, "reasoning_content": thought} if thought else out  # an empty thought (thinking off) is none
 
 
-def chat_response(rid: str, model: str, text: str, reason: str, stats, created: int, prefix: str = "") -> dict:
-    """`prefix`: the answer the request continued (`text` is what came after it)."""
-    choice = {"index": 0, "message": {"role": "assistant", **split_answer(text, prefix)}, "logprobs": None,
-              "finish_reason": finish_reason(reason)}
+def chat_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
+                  prefix: str = "") -> dict:
+    """`answers`: each choice's (text, reason); `prefix`: the answer the request continued (a text is what came
+    after it)."""
+    choices = [{"index": i, "message": {"role": "assistant", **split_answer(text, prefix)}, "logprobs": None,
+                "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage(stats)}
+            "choices": choices, "usage": usage(stats)}
 
 
-def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str | None = None, stats=None) -> dict:
+def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str | None = None, stats=None,
+               index: int = 0) -> dict:
+    """Choice `index`'s delta; with `stats` (every choice's) the closing usage chunk, which has no choices."""
     choices = [] if stats is not None else [
-        {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
+        {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
     return _chunk({"id": rid, "object": "chat.completion.chunk", "created": req.created, "model": model,
                    "choices": choices}, req, stats)
 
 
-def completion_response(rid: str, model: str, text: str, reason: str, stats, created: int) -> dict:
-    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
+def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int) -> dict:
+    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
+               for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": [choice], "usage": usage(stats)}
+            "choices": choices, "usage": usage(stats)}
 
 
 def completion_chunk(rid: str, model: str, req: TurnRequest, text: str, reason: str | None = None,
-                     stats=None) -> dict:
+                     stats=None, index: int = 0) -> dict:
     choices = [] if stats is not None else [
-        {"index": 0, "text": text, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
+        {"index": index, "text": text, "logprobs": None, "finish_reason": reason and finish_reason(reason)}]
     return _chunk({"id": rid, "object": "text_completion", "created": req.created, "model": model,
                    "choices": choices}, req, stats)
 
