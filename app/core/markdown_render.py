@@ -221,7 +221,7 @@ class MarkdownRenderer:
         key = (texts, lang)
         hit = self._runs.get(key)
         if hit is None:
-            hit = highlight_segment(texts, self._lexer(lang, texts[0], stripnl=False), self._formatter)
+            hit = highlight_segment(texts, self._lexer(lang, texts[0], stripnl=False), self._formatter, settle=keep)
             if not keep:  # the growing last run: each of its versions kept would only fill the cache
                 return hit
             self._runs[key] = hit

@@ -94,7 +94,7 @@ def test_a_growing_code_block_is_highlighted_a_run_of_lines_at_a_time(monkeypatc
     real, segment = md.highlight, md.highlight_segment
     monkeypatch.setattr(md, "highlight", lambda code, *args: highlighted.append(code.count("\n")) or real(code, *args))
     monkeypatch.setattr(md, "highlight_segment",
-                        lambda texts, *args: highlighted.append("".join(texts).count("\n")) or segment(texts, *args))
+                        lambda texts, *args, **kw: highlighted.append("".join(texts).count("\n")) or segment(texts, *args, **kw))
     renderer.render_streaming(text + "    more")
     assert 0 < sum(highlighted) <= md.STREAM_SEGMENT_LINES
 
@@ -106,6 +106,10 @@ SPANNING = {  # constructs that span the joins of a growing block's runs of line
     "javascript": "function f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n"
                   + "  const s = `a template\n" + "".join(f"t {i}\n" for i in range(12)) + "`;\n  return 1;\n}\n",
     "c": "int f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n  return 1;\n}\n",
+    # one rule's match across lines, taken only once its end marker comes (the runs before it lexed again then)
+    "bash": "set -e\necho start\ncat <<EOF > out.txt\n" + "".join(f"text {i} $HOME\n" for i in range(12)) + "EOF\nls\n",
+    "perl": "print <<EOT;\n" + "".join(f"p {i} = 1;\n" for i in range(12)) + "EOT\nprint 1;\n",
+    "yaml": "key: value\nblock: |\n" + "".join(f"  line {i}: not a key\n" for i in range(14)) + "other: 1\n",  # a context
 }
 
 
