@@ -1,38 +1,40 @@
 """A growing code block highlighted a run of lines at a time, as the block highlighted whole would colour each run.
 
 Lexed alone, a run started in the lexer's first state: a docstring or a comment begun in an earlier run was coloured as
-code until the answer ended and the block was highlighted whole. Runs are now lexed in segments: a segment starts
-where the lexer is in its first state ('root') and takes the runs after it together until the lexer is back there, so
-a construct open at a run's end is lexed whole with the runs it spans (Python's docstring rule matches the string from
-its opening quotes to its closing ones at once). A run with an error token stays open too: an unclosed construct that
-one regular expression matches once closed (JavaScript's /* */ comment) lexes as errors until then, and so does one
-where a rule tried in it reads on to its end (a shell here-document, one rule's match from `<<EOF` to the line `EOF`:
-the `regex` module's partial match tells). Pygments' RegexLexer keeps the state it ends in to itself: the text is lexed
-with a character after it that no code holds (markdown-it turns NUL into U+FFFD) and its rules wrapped, and the state
-is read off the lexer's loop where it reaches the text's end (an ExtendedRegexLexer's context too: YAML's indentation
-of a block scalar). A lexer without that loop (JSON's) has each run lexed alone, as before; a finished block is checked
-against a whole lexing either way (app/core/markdown_render.py).
+code until the answer ended and the block was highlighted whole. Runs are lexed in segments instead: a segment ends
+after a run where nothing the lexer read or tried runs on past it, and the next segment starts in the state the lexer
+was in there (Pygments' RegexLexer takes a start stack; an ExtendedRegexLexer's context, YAML's indentation, is
+copied), so each run lexes as it does in the whole block. A construct open at a run's end is lexed whole with the runs
+it spans: a token running on past the run (Python's docstring rule matches the string from its opening quotes to its
+closing ones at once), or a rule tried in the run that reads on to its end, failed or matched short (a shell
+here-document, one rule's match from `<<EOF` to the line `EOF`; JavaScript's /* */ comment: the `regex` module's partial
+match of the rule made never to match tells). The lexer's state is read where it first tries a rule at the run's end:
+the text is lexed with a character after it that no code holds (markdown-it turns NUL into U+FFFD) and its rules
+wrapped. A segment ends after MAX_SEGMENT_RUNS runs whatever it holds, and then its runs may not read as the whole
+block's (nor do those of a lexer without that loop, JSON's, each run lexed alone): `exact` says so, and the finished
+block is lexed whole then (app/core/markdown_render.py).
 """
 from __future__ import annotations
 
+import copy
 import functools
-import operator
+import inspect
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from io import StringIO
 
 import regex
 
 from pygments.formatter import Formatter
-from pygments.lexer import ExtendedRegexLexer, Lexer, RegexLexer
+from pygments.lexer import ExtendedRegexLexer, Lexer, LexerContext, RegexLexer
 from pygments.token import Error, _TokenType
 
 SENTINEL = "\x00"  # after a segment's text: where the lexer reaches it, its state is the segment's end state
 GLOBAL_FLAGS = re.compile(r"(?:\(\?[aiLmsux]+\))+")
 START = ("root",)  # a RegexLexer's first state
-# a segment ends after this many runs whatever its state: a stray character (an error token) would otherwise keep it
-# open, and every token of the block would lex all of it again
+# a segment ends after this many runs whatever it holds: a construct that never closes (or a rule that always reads on
+# to the end) would otherwise keep it open, and every token of the block would lex all of it again
 MAX_SEGMENT_RUNS = 8
 
 Token = tuple[_TokenType, str]
@@ -45,18 +47,38 @@ class Run:
     lines: tuple[Line, ...]  # what the html shows, to tell whether a whole block's highlighting of the run is the same
 
 
-def highlight_segment(texts: tuple[str, ...], lexer: Lexer, formatter: Formatter,
-                      settle: bool = True) -> tuple[list[Run], bool]:
-    """Runs of whole lines (each ending in a newline) lexed together from the lexer's first state, each formatted;
-    and whether the lexer is back in its first state after them (the next run can start a segment of its own). Not
-    read without `settle`: a segment that ends in the block's growing last run, which nothing follows yet."""
-    tokens, closed = _lex("".join(texts), lexer, settle)
-    closed = len(texts) >= MAX_SEGMENT_RUNS or (closed and not any(kind in Error for kind, _ in tokens))
+@dataclass(frozen=True, slots=True)
+class LexState:
+    """Where a lexer is between two runs: what the segment after them starts from. Compared by `key` alone."""
+
+    key: tuple = ()  # () is the lexer's own first state
+    stack: tuple[str, ...] = START
+    context: LexerContext | None = field(default=None, compare=False)  # an ExtendedRegexLexer's, a copy
+
+
+FIRST = LexState()
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    runs: list[Run]
+    after: LexState | None  # where the next run starts; None: the segment goes on with it
+    exact: bool = True  # False: cut where the whole block's lexing may read otherwise (or a lexer without states)
+
+
+def highlight_segment(texts: tuple[str, ...], lexer: Lexer, formatter: Formatter, start: LexState = FIRST,
+                      settle: bool = True) -> Segment:
+    """Runs of whole lines (each ending in a newline) lexed together from `start`, each formatted, and where the runs
+    after them start. Without `settle` (a segment that ends in the block's growing last run, which nothing follows
+    yet) only the runs."""
+    tokens, after, exact = _lex("".join(texts), lexer, start, settle)
+    if settle and after is None and len(texts) >= MAX_SEGMENT_RUNS:
+        after, exact = (_end_state("".join(texts), lexer, start) or FIRST), False
     lines, runs, at = split_lines(tokens), [], 0
     for text in texts:
         mine, at = lines[at:at + text.count("\n")], at + text.count("\n")
         runs.append(Run(format_tokens([token for line in mine for token in line], formatter), mine))
-    return runs, closed
+    return Segment(runs, after, exact)
 
 
 def format_tokens(tokens: list[Token], formatter: Formatter) -> str:
@@ -85,84 +107,127 @@ def split_lines(tokens) -> tuple[Line, ...]:
     return tuple(lines)
 
 
-def _lex(text: str, lexer: Lexer, settle: bool) -> tuple[list[Token], bool]:
-    """`text`'s tokens, and (with `settle`) whether the text after it lexes alone as it would after it: the lexer ends
-    in its first state and no rule that failed in the text could match given more of it (True where the state cannot be
-    read: as before). Without `settle` (a growing last run, nothing after it yet) only the tokens."""
-    plain = lambda: [(kind, value) for _, kind, value in lexer.get_tokens_unprocessed(text)]  # noqa: E731
-    if not settle or not isinstance(lexer, RegexLexer):
-        return plain(), not isinstance(lexer, RegexLexer)
+def _lex(text: str, lexer: Lexer, start: LexState, settle: bool) -> tuple[list[Token], LexState | None, bool]:
+    """`text`'s tokens from `start`; with `settle`, where the text after it starts (None where something the lexer read
+    or tried runs on past the text) and whether that is where the whole block's lexing would be."""
+    if not isinstance(lexer, RegexLexer):  # no state to read (JSON's): each run alone, as before, unless it lexed wrong
+        tokens = _plain(text, lexer, start)
+        return tokens, FIRST if settle and not any(kind in Error for kind, _ in tokens) else None, False
+    if not settle:
+        return _plain(text, lexer, start), None, True
     watch = _Watch(lexer)
-    first = watch.lex("")[1]
-    tokens, end = watch.lex(text)
-    own = type(lexer).get_tokens_unprocessed
-    if end is None or not isinstance(lexer, ExtendedRegexLexer) and own is not RegexLexer.get_tokens_unprocessed:
-        tokens = plain()  # a token ran on into the sentinel; or C's lexer, which names its types apart
-    return tokens, end is not None and any(map(operator.eq, end, first)) and not watch.reaches
+    extended = isinstance(lexer, ExtendedRegexLexer)
+    first = watch.lex("", FIRST)[1] if extended else None
+    tokens, end = watch.lex(text, start)
+    if end is None or not extended and _overridden(type(lexer)):
+        tokens = _plain(text, lexer, start)  # a token ran on into the sentinel; or C's lexer, which names types apart
+    if extended:  # its callbacks read on past its rules (Ruby's here-document): cut only where it is as at its start
+        return tokens, end if end == first and not watch.reaches else None, False
+    return tokens, None if watch.reaches else end, True
+
+
+def _end_state(text: str, lexer: Lexer, start: LexState) -> LexState | None:
+    """Where the lexer is at the end of `text` lexed from `start`, whatever ran on past it (None where a token did)."""
+    return _Watch(lexer, probe=False).lex(text, start)[1] if isinstance(lexer, RegexLexer) else None
+
+
+def _plain(text: str, lexer: Lexer, start: LexState) -> list[Token]:
+    """`text`'s tokens from `start`, by the lexer's own method where it can start there."""
+    if start == FIRST or not isinstance(lexer, RegexLexer):
+        stream = lexer.get_tokens_unprocessed(text)
+    elif isinstance(lexer, ExtendedRegexLexer):
+        stream = lexer.get_tokens_unprocessed(context=_resumed(start.context, text))
+    elif _overridden(type(lexer)) and "stack" not in inspect.signature(type(lexer).get_tokens_unprocessed).parameters:
+        stream = RegexLexer.get_tokens_unprocessed(lexer, text, start.stack)
+    else:
+        stream = lexer.get_tokens_unprocessed(text, start.stack)
+    return [(kind, value) for _, kind, value in stream]
+
+
+def _overridden(cls: type) -> bool:
+    return cls.get_tokens_unprocessed is not RegexLexer.get_tokens_unprocessed
+
+
+def _resumed(context: LexerContext, text: str) -> LexerContext:
+    """A copy of an ExtendedRegexLexer's context, to lex `text` on from where it was."""
+    resumed = copy.deepcopy(context)
+    resumed.text, resumed.pos, resumed.end = text, 0, len(text)
+    return resumed
 
 
 class _Watch:
-    """Lexes through the loop of RegexLexer (or ExtendedRegexLexer, whose lexers keep more state in a context of their
-    own: YAML's indentation) with its rules wrapped, to read its state at the text's end and to tell whether a rule that
-    failed before it could match with more text (the `regex` module's partial match): a shell here-document (`cat
-    <<EOF` ... `EOF`, one rule's match across lines) lexed as plain code until its end marker came, then as a string."""
+    """Lexes through the loop of RegexLexer (or ExtendedRegexLexer) with its rules wrapped, to read its state where it
+    reaches the text's end and to tell whether a rule tried before that could read on past it (the `regex` module's
+    partial match): a shell here-document (`cat <<EOF` ... `EOF`, one rule's match across lines) lexed as plain code
+    until its end marker came, then as a string from its start. A rule tried in the blank space that ends the text is
+    let be: the next text starts with what it leaves there (as before this watch: Python's soft keywords and C's
+    `#if 0` read on past every line's end)."""
 
-    def __init__(self, lexer: RegexLexer):
-        self.lexer, self.text, self.reaches, self.at_end = lexer, "", False, None
+    def __init__(self, lexer: RegexLexer, probe: bool = True):
+        self.lexer, self.text, self.full, self.reaches, self.at_end, self.probe = lexer, "", "", False, None, probe
         self.rules = {state: [(self._rule(match), action, new) for match, action, new in rules]
                       for state, rules in type(lexer)._tokens.items()}
 
-    def lex(self, text: str) -> tuple[list[Token], tuple | None]:
-        """`text`'s tokens and the lexer's state where it reaches the text's end: where it first tries a rule there, and
-        where it has read the sentinel (after the moves that take no text: JavaScript's back to 'root'); None where a
-        token runs on past the end."""
-        self.text, self.at_end = text, None
+    def lex(self, text: str, start: LexState) -> tuple[list[Token], LexState | None]:
+        """`text`'s tokens from `start`, and the lexer's state where it first tries a rule at the text's end (None
+        where a token runs on past the end)."""
+        self.text, self.at_end, self.reaches = text, None, False
+        self.tail = len(text.rstrip())  # where its trailing blank lines begin
         self.lexer._tokens = self.rules  # the instance's own: the class's stay as they are
-        extended = isinstance(self.lexer, ExtendedRegexLexer)
-        stream = (self.lexer.get_tokens_unprocessed(text + SENTINEL) if extended
-                  else RegexLexer.get_tokens_unprocessed(self.lexer, text + SENTINEL, START))
-        tokens, end = [], None
+        full = self.full = text + SENTINEL
+        if not isinstance(self.lexer, ExtendedRegexLexer):
+            stream = RegexLexer.get_tokens_unprocessed(self.lexer, full, start.stack)
+        elif start == FIRST:
+            stream = self.lexer.get_tokens_unprocessed(full)
+        else:
+            stream = self.lexer.get_tokens_unprocessed(context=_resumed(start.context, full))
+        tokens = []
         try:
             for pos, kind, value in stream:
-                if pos >= len(text):
-                    end = (self.at_end, _state(stream.gi_frame.f_locals))
+                if pos >= len(text) or self.at_end is not None:
                     break
                 if pos + len(value) > len(text):
-                    break
+                    return tokens, None
                 tokens.append((kind, value))
         finally:
             stream.close()
             del self.lexer._tokens
-        return tokens, end
+        return tokens, self.at_end
 
     def _rule(self, match):
-        partial = _partial_pattern(match.__self__.pattern, match.__self__.flags)
+        partial = _partial_pattern(match.__self__.pattern, match.__self__.flags) if self.probe else None
 
         def watched(text, pos, *endpos):
-            if pos == len(self.text) and self.at_end is None:
+            if text is not self.full:  # a part the lexer lexes again with itself (`using(this)`: C's macros)
+                pass
+            elif pos == len(self.text) and self.at_end is None:
                 self.at_end = _state(sys._getframe(1).f_locals)
-            if pos < len(self.text) and partial is not None and not self.reaches:
-                self.reaches = partial.match(text, pos, partial=True) is not None
+            elif pos < self.tail and partial is not None and not self.reaches:
+                self.reaches = partial.match(self.text, pos, partial=True) is not None
             return match(text, pos, *endpos)
         return watched
 
 
-def _state(lexing: dict) -> tuple:
-    """The state a RegexLexer's loop (its locals) is in: its stack, and an ExtendedRegexLexer's context's other fields."""
+def _state(lexing: dict) -> LexState:
+    """The state a RegexLexer's loop (its locals) is in: its stack, or an ExtendedRegexLexer's context."""
     if "ctx" not in lexing:
-        return tuple(lexing["statestack"])
-    fields = vars(lexing["ctx"])
-    return tuple((name, repr(value)) for name, value in sorted(fields.items()) if name not in ("text", "pos", "end"))
+        return LexState(tuple(lexing["statestack"]), tuple(lexing["statestack"]))
+    context = lexing["ctx"]
+    fields = tuple((name, repr(value)) for name, value in sorted(vars(context).items())
+                   if name not in ("text", "pos", "end"))
+    return LexState(fields, tuple(context.stack), copy.deepcopy(context))
 
 
 @functools.lru_cache(maxsize=4096)
 def _partial_pattern(pattern: str, flags: int) -> regex.Pattern | None:
-    """A rule's pattern made never to match, compiled by `regex`: it matches partly wherever the rule, tried at a place,
-    reads on to the text's end (past the sentinel), whether it failed there or matched less than it could with more text
-    (Pygments' here-document rule backtracks to `<<E` ... `$HOME`'s E until the line EOF comes). None if it cannot."""
+    """A rule's pattern that fails where it would match, compiled by `regex`: it matches partly where the rule, tried at
+    a place, reads on to the text's end (past the sentinel) before it matches or fails, as the rule would read more
+    text: whether it failed there or matched what it tried after (Pygments' here-document rule backtracks to `<<E`
+    ... `$HOME`'s E until the line EOF comes). (*PRUNE) stops it at its first match: a docstring closed in the text
+    has no longer match tried. None if `regex` cannot compile it."""
     flag = GLOBAL_FLAGS.match(pattern)  # kept in front: Python's and regex's global flags go first
     head, body = (flag.group(), pattern[flag.end():]) if flag else ("", pattern)
     try:
-        return regex.compile(f"{head}(?:{body})(?!)", flags)
+        return regex.compile(f"{head}(?:{body})(*PRUNE)(*F)", flags)
     except (regex.error, ValueError, TypeError):
         return None

@@ -24,7 +24,7 @@ from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from app.core.code_runs import Run, format_tokens, highlight_segment, split_lines
+from app.core.code_runs import FIRST, LexState, Run, Segment, format_tokens, highlight_segment, split_lines
 from app.core.tex_text import tex_html
 
 CODE_STYLES = {False: "friendly", True: "monokai"}
@@ -81,7 +81,7 @@ class MarkdownRenderer:
         self._typed = MarkdownIt("zero").enable("fence")  # finds a user's fenced blocks, nothing else
         self._finished: OrderedDict[tuple[str, int], _Block] = OrderedDict()  # complete blocks of answers
         # growing code blocks' runs of lines, a segment at a time (app/core/code_runs.py)
-        self._runs: OrderedDict[tuple[tuple[str, ...], str], tuple[list[Run], bool]] = OrderedDict()
+        self._runs: OrderedDict[tuple[tuple[str, ...], str, LexState], Segment] = OrderedDict()
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -176,8 +176,8 @@ class MarkdownRenderer:
         if long:
             env["deferred"] = True  # not as the finished answer shows it
         if env.get("streaming") and env.get("growing"):
-            runs = [run.html for run in self._highlighted_runs(code, "" if long else lang)]
-        elif not long and ((_run_texts(code)[0],), lang) in self._runs:  # a block that streamed: its runs reused
+            runs = [run.html for run in self._highlighted_runs(code, "" if long else lang)[0]]
+        elif not long and ((_run_texts(code)[0],), lang, FIRST) in self._runs:  # a block that streamed: its runs reused
             runs = self._finished_runs(code, lang)
         else:
             runs = _runs_of(highlight(code, TextLexer() if long else self._lexer(lang, code), self._formatter))
@@ -205,23 +205,25 @@ class MarkdownRenderer:
             f'<tr>{cell}<pre style="margin:0; white-space:pre-wrap">{body}</pre></td></tr></table>\n'
         )
 
-    def _highlighted_runs(self, code: str, lang: str, keep_last: bool = False) -> list[Run]:
+    def _highlighted_runs(self, code: str, lang: str, keep_last: bool = False) -> tuple[list[Run], bool]:
         """highlight() of a code block still growing, a run of STREAM_SEGMENT_LINES lines at a time: the runs before
         the last are highlighted once (re-highlighting 150 lines on every token took ~30 ms), but for those a construct
-        still open spans (a docstring), lexed with the runs after it until it closes (app/core/code_runs.py)."""
-        texts, runs, segment = _run_texts(code), [], ()
+        still open spans (a docstring), lexed with the runs after it until it closes (app/core/code_runs.py); and
+        whether every run reads as in the block highlighted whole."""
+        texts, runs, segment, start, exact = _run_texts(code), [], (), FIRST, True
         for k, text in enumerate(texts):
             segment += (text,)
-            done, closed = self._highlighted_segment(segment, lang, keep=keep_last or k < len(texts) - 1)
-            if closed:
-                runs, segment = runs + done, ()
-        return runs + (done if segment else [])
+            done = self._highlighted_segment(segment, lang, start, keep=keep_last or k < len(texts) - 1)
+            if done.after is not None:
+                runs, segment, start, exact = runs + done.runs, (), done.after, exact and done.exact
+        return runs + (done.runs if segment else []), exact and not segment
 
-    def _highlighted_segment(self, texts: tuple[str, ...], lang: str, keep: bool) -> tuple[list[Run], bool]:
-        key = (texts, lang)
+    def _highlighted_segment(self, texts: tuple[str, ...], lang: str, start: LexState, keep: bool) -> Segment:
+        key = (texts, lang, start)
         hit = self._runs.get(key)
         if hit is None:
-            hit = highlight_segment(texts, self._lexer(lang, texts[0], stripnl=False), self._formatter, settle=keep)
+            hit = highlight_segment(texts, self._lexer(lang, texts[0], stripnl=False), self._formatter, start,
+                                    settle=keep)
             if not keep:  # the growing last run: each of its versions kept would only fill the cache
                 return hit
             self._runs[key] = hit
@@ -231,13 +233,11 @@ class MarkdownRenderer:
         return hit
 
     def _finished_runs(self, code: str, lang: str) -> list[str]:
-        """_runs_of(highlight(code)) of a block that streamed: the block is lexed whole (a lexer whose state cannot be
-        read lexed each run alone) and each run keeps the HTML it streamed in where its tokens are the same; only the
-        others are formatted. The whole lexing is most of the end's cost (a 190-line Python block: ~28 ms of its ~30 ms
-        here), and it stays: only it tells where a rule that needs later text (a shell here-document) colours apart."""
+        """_runs_of(highlight(code)) of a block that streamed: the block is lexed whole and each run keeps the HTML it
+        streamed in where its tokens are the same; only the others are formatted."""
         lines = split_lines(self._lexer(lang, code).get_tokens(code))
         out = []
-        for k, run in enumerate(self._highlighted_runs(code, lang, keep_last=True)):
+        for k, run in enumerate(self._highlighted_runs(code, lang, keep_last=True)[0]):
             whole = lines[k * STREAM_SEGMENT_LINES:(k + 1) * STREAM_SEGMENT_LINES]
             out.append(run.html if run.lines == whole else
                        format_tokens([token for line in whole for token in line], self._formatter))

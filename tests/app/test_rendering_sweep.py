@@ -102,10 +102,15 @@ def test_a_growing_code_block_is_highlighted_a_run_of_lines_at_a_time(monkeypatc
 DOCSTRING = 'def f(x):\n    """A docstring\n' + "".join(f"    line {i} of it\n" for i in range(14)) + '    """\n'
 SPANNING = {  # constructs that span the joins of a growing block's runs of lines
     "python": DOCSTRING + "    s = '''\n" + "".join(f"text {i}\n" for i in range(12)) + "'''\n"
-              + "".join(f"    y_{i} = x + {i}  # c\n" for i in range(12)),
+              + "".join(f"    y_{i} = x + {i}  # c\n" for i in range(12))
+              # a docstring whose rule, once matched, could match on to a later \"\"\" too: not open for that
+              + "".join(f"x_{i} = {i}\n" for i in range(30)) + DOCSTRING,
     "javascript": "function f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n"
                   + "  const s = `a template\n" + "".join(f"t {i}\n" for i in range(12)) + "`;\n  return 1;\n}\n",
     "c": "int f() {\n  /* a comment\n" + "".join(f"   line {i}\n" for i in range(15)) + "  */\n  return 1;\n}\n",
+    # a rule that reads on past the run's end without the sentinel it is lexed with (a definition's name, next line)
+    "cpp": "".join(f"int v{i} = {i};\n" for i in range(9)) + "inline std::ostream&\n  Base::dot(std::ostream& o) const\n"
+           + "  {\n    return o;\n  }\n",
     # one rule's match across lines, taken only once its end marker comes (the runs before it lexed again then)
     "bash": "set -e\necho start\ncat <<EOF > out.txt\n" + "".join(f"text {i} $HOME\n" for i in range(12)) + "EOF\nls\n",
     "perl": "print <<EOT;\n" + "".join(f"p {i} = 1;\n" for i in range(12)) + "EOT\nprint 1;\n",
