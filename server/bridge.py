@@ -98,11 +98,11 @@ class ServerBridge:
             self._phase.pop(sid, None)
 
     def busy(self) -> dict:
-        """What /health says: requests open, decoding, waiting for a slot; read from events, never from the engine
-        thread (a question to it waits behind the step in progress)."""
+        """What /health says: requests open (a request's choices share one queue), answers decoding and waiting for a
+        slot; read from events, never from the engine thread (a question to it waits behind the step in progress)."""
         with self._lock:
             phases = list(self._phase.values())
-            open_requests = len(self._routes)
+            open_requests = len({id(queue) for _, queue in self._routes.values()})
         return {"requests": open_requests, "decoding": phases.count("decoding"), "queued": phases.count("queued")}
 
     # -- the engine thread

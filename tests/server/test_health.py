@@ -42,3 +42,18 @@ def test_health_counts_requests_decoding_and_queued_while_the_engine_is_busy(tin
         while _health(server.url)[1]["requests"] and time.monotonic() < deadline:
             time.sleep(0.02)
         assert _health(server.url)[1] == {"status": "ok", "requests": 0, "decoding": 0, "queued": 0, "models": 1}
+
+
+def test_health_counts_a_request_of_several_choices_once(tiny_models):
+    """Before: a request of n = 2 counted as 2 requests."""
+    with tiny_bridge(tiny_models, 1) as bridge, BackgroundServer(bridge) as server:
+        out: list = []
+        with slow_steps(bridge, 0.3):
+            client = threading.Thread(target=_stream, args=(server.url, CHAT | {"max_tokens": 6, "n": 2}, out))
+            client.start()
+            deadline, seen = time.monotonic() + 20, {}
+            while time.monotonic() < deadline and seen.get("queued") != 1:
+                seen = _health(server.url)[1]
+            assert seen | {"status": "ok"} == {"status": "ok", "requests": 1, "decoding": 1, "queued": 1, "models": 1}
+            client.join(60)
+        assert [status for status, _ in out] == [200]
