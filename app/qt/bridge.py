@@ -5,8 +5,9 @@ connection, since the bridge lives on the GUI thread). The GUI thread drains the
 `max_fps` times a second and merges consecutive token deltas per turn, so a burst of tokens from eight
 chats costs one repaint each frame, not one per token; where drawing a frame takes longer (4 compare columns: ~4 ms
 each on a 2-core Xeon, more under load), the drains space out to fit (app/qt/frame_pacer.py). Answers that end
-together end a frame apart: each one's end renders its last blocks whole (a 190-line code block: ~40 ms of
-highlighting on a 2-core Xeon), and 4 compare columns ending in one frame stalled the window for all of them at once.
+together end a frame apart: each one's end renders its last blocks whole (a 190-line code block that streamed in runs
+that may read otherwise: ~40 ms of highlighting on a 2-core Xeon), and 4 compare columns ending in one frame stalled
+the window for all of them at once.
 """
 from __future__ import annotations
 

@@ -133,6 +133,30 @@ def test_a_growing_code_block_is_coloured_across_its_runs_as_the_whole_block(lan
     assert renderer.render_parts(text) == MarkdownRenderer().render_parts(text)  # the streamed runs kept where the same
 
 
+def test_a_streamed_code_block_ends_without_being_lexed_whole(monkeypatch):
+    """The end of an answer lexed its streamed code block whole again to check its runs (a 190-line block: ~30 ms on
+    a 2-core Xeon, 60-140 ms under load, 4 compare columns ending a frame apart stalled the window each time); runs that
+    read as the whole block's (app/core/code_runs.py tells) are kept as they streamed, and the end reads the same."""
+    import app.core.markdown_render as md
+
+    code = "".join(f"    total_{i} = compute(values[{i}], scale={i}.5)  # step {i}\n" for i in range(190))
+    text = f"Here is the code:\n\n```python\ndef f(values):\n{DOCSTRING}{code}```\n"
+    renderer = MarkdownRenderer()
+    for end in range(len(text) - 2_000, len(text), 40):
+        renderer.render_streaming(text[:end])
+    lexed, real = [], md.MarkdownRenderer._lexer
+
+    def lexer(lang, code, **options):
+        made = real(lang, code, **options)
+        made.get_tokens = lambda text, *args: lexed.append(text.count("\n")) or type(made).get_tokens(made, text, *args)
+        return made
+    monkeypatch.setattr(md.MarkdownRenderer, "_lexer", staticmethod(lexer))
+    ended = renderer.render_parts(text)
+    assert max(lexed, default=0) <= md.STREAM_SEGMENT_LINES  # its last run at most, not its 208 lines
+    monkeypatch.undo()
+    assert ended == MarkdownRenderer().render_parts(text)
+
+
 def test_a_long_message_draws_only_what_is_on_screen(parley, qtbot):
     """Every repaint drew all of a 2,000-line answer, most of it off screen: on each token of a streaming one."""
     from PySide6.QtGui import QPainter, QPicture
