@@ -78,13 +78,17 @@ class ModelsDialog(QDialog):
     def _on_model_changed(self, _key: str) -> None:
         self.refresh()
 
+    def entries(self) -> list[ModelEntry]:
+        """The registry's models, then those being imported (a row at once: "checking…", then "loading")."""
+        return [*self.models.registry.entries(), *self.models.importing()]
+
     def rows(self) -> list[list[str]]:
-        return [self._row(entry) for entry in self.models.registry.entries()]
+        return [self._row(entry) for entry in self.entries()]
 
     def refresh(self) -> None:
         selected = self._selected()
         self.table.clear()
-        for entry, cells in zip(self.models.registry.entries(), self.rows()):
+        for entry, cells in zip(self.entries(), self.rows()):
             item = QTreeWidgetItem(cells)
             item.setData(0, KEY_ROLE, entry.key)
             item.setToolTip(0, entry.path)
@@ -116,6 +120,8 @@ class ModelsDialog(QDialog):
         info = (state.info or {}) if state is not None else {}
         status = {None: self.tr("not loaded"), "loading": self.tr("loading"), "loaded": self.tr("loaded"),
                   "failed": self.tr("failed")}[state.status if state is not None else None]
+        if state is not None and state.status == "loading" and state.model_id is None and state.stage == "Checking":
+            status = self.tr("checking…")  # an import's headers read off the GUI thread, before its load
         if state is None and entry.kind != "embedded" and not Path(entry.path).exists():
             status = self.tr("file not found")  # moved or deleted since it was imported: Load would fail
         status += "".join(" · " + said for said in self._drafting(entry.key, state))

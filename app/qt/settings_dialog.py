@@ -1,9 +1,10 @@
 """Chat settings: model, system prompt, sampling, max tokens, overflow policy; optionally the defaults for new chats."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, Signal, SignalInstance
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QCheckBox, QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout, QInputDialog, QLabel,
@@ -71,6 +72,9 @@ class SettingsForm(QWidget):
         super().__init__(parent)
         self.presets = presets
         self.thinking_switch = thinking_switch  # a model key -> whether its template reads Thinking (None: unknown)
+        known = getattr(thinking_switch, "known", None)
+        if known is not None:  # a model file's template read off the GUI thread: grey Thinking once it is known
+            known.connect(self._on_thinking_known)
         self.model = ModelPicker(registry)
         self.import_button = QPushButton(icon("import"), "Import…")
         self.system = QPlainTextEdit()
@@ -140,6 +144,10 @@ class SettingsForm(QWidget):
         self.thinking_note.setText(self.tr("%1's chat template has no thinking switch: it answers the same either "
                                            "way").replace("%1", self.model.currentText()))
         self._form.setRowVisible(self.thinking_note, unswitched)
+
+    def _on_thinking_known(self, key: str) -> None:
+        if key == self.model.key():
+            self._grey_unused()
 
     def _numbers(self) -> dict[str, QSpinBox | QDoubleSpinBox]:
         return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p,
@@ -273,10 +281,22 @@ def _double(lo: float, hi: float, step: float, decimals: int) -> QDoubleSpinBox:
     return w
 
 
-def thinking_switch_of(models) -> Callable[[str], bool | None]:
+@dataclass(frozen=True, slots=True)
+class ThinkingSwitch:
+    """A model key -> whether its chat template reads the Thinking setting (None: unknown, or its file still being
+    read); `known` is emitted with a key once its file has been read."""
+
+    ask: Callable[[str], bool | None]
+    known: SignalInstance | None = None
+
+    def __call__(self, key: str) -> bool | None:
+        return self.ask(key)
+
+
+def thinking_switch_of(models) -> ThinkingSwitch:
     """Whether a model's chat template reads the Thinking setting, from its load or, before, its file's header (None
-    where neither says). `models`: the app's ModelManager."""
-    return models.thinking_switch
+    where neither says, or until the file is read off the GUI thread). `models`: the app's ModelManager."""
+    return ThinkingSwitch(models.thinking_switch, models.thinking_known)
 
 
 def _note(text: str) -> QLabel:

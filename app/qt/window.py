@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         service.conversations_changed.connect(self._on_conversations)
         models.changed.connect(self._on_model_state)
         models.import_failed.connect(lambda path, msg: self._warn("Import failed", f"{path}\n\n{msg}"))
+        models.refused.connect(lambda _path, msg: self._warn("Not a model", msg))  # its check, off the GUI thread
         models.imported.connect(self._on_imported)
         models.loaded.connect(self._tell_load_notices)
         models.draft_changed.connect(self._tell_draft_applies)

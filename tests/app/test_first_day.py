@@ -375,7 +375,8 @@ def test_an_identical_copy_of_a_model_is_not_loaded_again(parley, qtbot, tiny_mo
     parley.bridge.engine.load_model = lambda *args, **kw: loads.append(args) or real(*args, **kw)
     imported = []
     models.imported.connect(imported.append)
-    assert models.import_path(copy) == original
+    models.import_path(copy)
+    qtbot.waitUntil(lambda: imported == [original], timeout=10_000)  # once its check is back, off the GUI thread
     qtbot.wait(50)
     assert loads == [] and imported == [original]
     assert [e.key for e in models.registry.entries()].count(original) == 1 and len(models.registry.entries()) == 2

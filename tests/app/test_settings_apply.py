@@ -85,12 +85,14 @@ def test_thinking_is_greyed_for_a_model_whose_template_has_no_switch(parley, qtb
     qtbot.waitUntil(lambda: parley.models.model_id(imported_llama) is not None, timeout=30_000)
     switch = thinking_switch_of(parley.models)
     assert switch(imported_llama) is False
-    parley.models.unload(imported_llama)  # not loaded: its file's template says it
+    parley.models.unload(imported_llama)  # not loaded: its file's template says it, once read off the GUI thread
+    with qtbot.waitSignal(switch.known, timeout=10_000):
+        assert switch(imported_llama) is None  # not known while it is read
     assert switch(imported_llama) is False
     thinker = shutil.copytree(tiny_models["llama"].hf_dir, tmp_path / "thinker")
     (thinker / "chat_template.jinja").write_text(THINKING_TEMPLATE, encoding="utf-8")
     key = parley.models.import_path(thinker)
-    assert switch(key) is True  # before its load: the folder's template has the switch
+    qtbot.waitUntil(lambda: switch(key) is True, timeout=10_000)  # before its load: the folder's template has the switch
     qtbot.waitUntil(lambda: parley.models.model_id(key) is not None, timeout=30_000)
     assert switch(key) is True  # its load says the same
     parley.models.unload(key)
