@@ -34,6 +34,7 @@ RULE_COLOR = {False: "#c9ced6", True: "#4a505c"}  # table borders and the block-
 QUOTE_TEXT = {False: "#57606a", True: "#a8b0bc"}
 STREAM_HIGHLIGHT_LINES = 200  # a longer code block of a streaming answer is highlighted once the answer ends
 STREAM_CACHE = 4096  # finished blocks of streaming answers kept rendered (several chats stream at once)
+STREAM_PREFIXES = 8  # streaming answers whose settled blocks are remembered (a chat view shows one, compare columns 4)
 # a growing code block is highlighted (and put in its document) in runs of lines, the finished runs once each: its last
 # run is highlighted, parsed and laid out again on every token (25 lines: ~7 ms a token here)
 STREAM_SEGMENT_LINES = 10
@@ -46,6 +47,15 @@ BRACKETS = {"$$": "$$", "\\[": "\\]", "\\(": "\\)"}  # math's opening delimiter 
 MAX_QUOTE_BARS = 4  # block quotes nested deeper are indented without their bar (a table each: 20 took Qt a minute)
 MAIL_FIELDS = {"to", "cc", "bcc", "subject", "body"}  # a mailto: link's fields that only fill in a message
 LIST_ITEM = re.compile(r"([-+*]|\d{1,9}[.)])(\s|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Prefix:
+    """The start of a streaming answer whose blocks no later text changes, rendered: the next update renders only what
+    follows it (splitting and looking up all of a 60,000-character answer's blocks again took ~10 ms a token here)."""
+
+    text: str
+    blocks: list[_Block]
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +92,7 @@ class MarkdownRenderer:
         self._finished: OrderedDict[tuple[str, int], _Block] = OrderedDict()  # complete blocks of answers
         # growing code blocks' runs of lines, a segment at a time (app/core/code_runs.py)
         self._runs: OrderedDict[tuple[tuple[str, ...], str, LexState], Segment] = OrderedDict()
+        self._prefixes: list[_Prefix] = []  # streaming answers' blocks that stay as they are, the latest first
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -103,10 +114,24 @@ class MarkdownRenderer:
         that is all of it: past `deadline` (time.perf_counter()), once CATCH_UP_CHARS of new blocks are rendered, no other
         block not rendered before is, and those before it are the parts (a chat opened mid-answer rendered all of a
         60,000-character one at once: ~250 ms here)."""
-        chunks = _split_blocks(text)
-        rendered = self._render_chunks(chunks, final=False, deadline=deadline)
+        done = max((p for p in self._prefixes if text.startswith(p.text)), key=lambda p: len(p.text), default=_Prefix("", []))
+        chunks = _split_blocks(text[len(done.text):])
+        first_code = sum(len(block.code_blocks) for block in done.blocks)
+        rendered = done.blocks + self._render_chunks(chunks, final=False, deadline=deadline, first_code=first_code,
+                                                     total=len(done.blocks) + len(chunks))
+        self._keep_prefix(done, chunks, rendered)
         return ([part for block in rendered for part in block.parts],
-                [code for block in rendered for code in block.code_blocks], len(rendered) == len(chunks))
+                [code for block in rendered for code in block.code_blocks], len(rendered) == len(done.blocks) + len(chunks))
+
+    def _keep_prefix(self, done: _Prefix, chunks: list[str], rendered: list[_Block]) -> None:
+        """Remembers the blocks of a streaming answer that no later text changes: all but its last (and the one before
+        that while the last is on its first line, whose first characters decide whether it starts a block)."""
+        stable = len(chunks) - (1 if "\n" in chunks[-1] else 2)
+        stable = min(stable, len(rendered) - len(done.blocks))
+        if stable <= 0:
+            return
+        prefix = _Prefix(done.text + "".join(chunks[:stable]), rendered[:len(done.blocks) + stable])
+        self._prefixes = [prefix] + [p for p in self._prefixes if p is not done][:STREAM_PREFIXES - 1]
 
     def render_parts(self, text: str) -> tuple[list[str], list[str]]:
         """render()'s HTML one string a block, joined the very same but for a code block of an answer, a table a run of
@@ -120,8 +145,9 @@ class MarkdownRenderer:
         return ([part for block in rendered for part in block.parts],
                 [code for block in rendered for code in block.code_blocks])
 
-    def _render_chunks(self, chunks: list[str], final: bool, deadline: float | None = None) -> list[_Block]:
-        rendered, first_code, new = [], 0, 0
+    def _render_chunks(self, chunks: list[str], final: bool, deadline: float | None = None, first_code: int = 0,
+                       total: int = 0) -> list[_Block]:
+        rendered, new = [], 0
         for i, chunk in enumerate(chunks):
             if (chunk, first_code) not in self._finished:  # CATCH_UP_CHARS at least a call, whatever the time
                 if new >= CATCH_UP_CHARS and deadline is not None and time.perf_counter() > deadline:
@@ -129,7 +155,7 @@ class MarkdownRenderer:
                 new += len(chunk)
             rendered.append(self._render_block(chunk, first_code, keep=final or i < len(chunks) - 1, final=final))
             first_code += len(rendered[-1].code_blocks)
-        while len(self._finished) > max(STREAM_CACHE, len(chunks)):  # never this answer's own: each update needs them
+        while len(self._finished) > max(STREAM_CACHE, total or len(chunks)):  # never this answer's own: each update needs them
             self._finished.popitem(last=False)
         return rendered
 
