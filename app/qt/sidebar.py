@@ -83,10 +83,14 @@ class Sidebar(QWidget):
         convs = self.service.visible(self.search.text())
         # rows are kept, moved or added one by one, not cleared and rebuilt: a refresh (every new chat, delete, rename
         # or search keystroke) rebuilt every row: 26-36 ms for 1,000 chats, 6 ms kept
+        listed = {conv.id for conv in convs}
+        for row in reversed(range(self.list.count())):  # first the rows of chats gone: the others need not move for them
+            if self.list.item(row).data(CONV_ROLE) not in listed:
+                self.list.takeItem(row)
         items = {item.data(CONV_ROLE): item for item in map(self.list.item, range(self.list.count()))}
         answering, current = set(self.service.live_chats()), None
         for row, conv in enumerate(convs):
-            item = self._row_for(row, conv.id, items)
+            item = self._row_for(row, conv, items, conv.id in answering)
             if item.text() != conv.title:
                 item.setText(conv.title)
                 item.setToolTip(conv.title)
@@ -94,26 +98,27 @@ class Sidebar(QWidget):
             self._mark(item, conv, conv.id in answering)
             if conv.id == self._current:
                 current = item
-        while self.list.count() > len(convs):  # the chats no longer listed were moved past the end
-            self.list.takeItem(self.list.count() - 1)
         if current is not None:
             self.list.setCurrentItem(current)
         else:
             self.list.setCurrentRow(-1)
         self._refreshing = False
 
-    def _row_for(self, row: int, conv_id: int, items: dict[int, QListWidgetItem]) -> QListWidgetItem:
-        """The item of `conv_id`, at `row`: the one there, one moved up from further down, or a new one."""
+    def _row_for(self, row: int, conv, items: dict[int, QListWidgetItem], busy: bool) -> QListWidgetItem:
+        """The item of `conv`, at `row`: the one there, one moved up from further down (a chat that became the
+        latest), or a new one, filled before it goes in (each field set in the list is a signal and a repaint)."""
         item = self.list.item(row)
-        if item is not None and item.data(CONV_ROLE) == conv_id:
+        if item is not None and item.data(CONV_ROLE) == conv.id:
             return item
-        moved = items.get(conv_id)
+        moved = items.get(conv.id)
         if moved is not None:
             self.list.takeItem(self.list.row(moved))
         else:
-            moved = QListWidgetItem()
-            moved.setData(CONV_ROLE, conv_id)
+            moved = QListWidgetItem(conv.title)
+            moved.setToolTip(conv.title)
+            moved.setData(CONV_ROLE, conv.id)
             moved.setFlags(moved.flags() | Qt.ItemFlag.ItemIsEditable)
+            self._mark(moved, conv, busy)
         self.list.insertItem(row, moved)
         return moved
 
