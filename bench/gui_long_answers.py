@@ -1,23 +1,24 @@
 """How long input waits in the real window while long Markdown answers stream into it (target: key lag p95 < 50 ms).
 
-A ~60,000-character Markdown answer made here (headings, paragraphs, lists, Python code fences of 12 and 60 lines,
-tables) is cut into the embedded model's tokens as the engine's incremental detokenizer streams them. A thread, in
-the engine thread's place, pushes them into the app's real EngineBridge as engine events: Started, the answer but
-its last --tokens tokens in one delta, then one TokenDelta per chat per step at --rate steps a second, Finished.
+A Markdown answer of --chars characters made here (headings, paragraphs, lists, Python code fences of 12 and 60
+lines, tables) is cut into the embedded model's tokens as the engine's incremental detokenizer streams them. A thread,
+in the engine thread's place, pushes them into the app's real EngineBridge as engine events, as the engine sends
+them: Started, then one TokenDelta per chat per step, --per-event tokens each (a step's accepted draft tokens) at
+--rate steps a second (the embedded model decodes ~75 tokens a second alone on a 2-core Xeon), then Finished.
 The engine thread is held meanwhile (the chats' real turns are cancelled once it is let go), so the GUI's work alone
 is measured. A second thread posts a probe event every 10 ms and a key press to the composer every 100 ms; their
 wait in the event queue is what a user's input would wait. Scenarios: long (one chat), resize (one chat, a 15-step
 drag of the window's edge every 1.7 s), switch (4 chats answering, another shown every 0.5 s), compare (the compare
 view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming),
 compare_code (4 compare columns, each streaming that code answer).
-Spans: `head` while the answer's head first renders (until the window is calm again), `stream` while tokens arrive,
-`finish` from Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
+Spans: `head` while the answer streams but its last --tokens tokens, `stream` while those arrive, `finish` from
+Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
 ticks of a 10 ms timer on the GUI thread and the share of the span they took (the probe thread needs the GIL to
 post, so it posts fewer probes while the GUI thread holds it; the timer sees every stall).
 Baseline: the same window idle; with --baseline-src DIR (a git worktree of an older commit) each run also runs from
 DIR's tree, interleaved with this one in fresh processes, and the ratios baseline / this are printed last.
 Prints JSON lines. Usage: python bench/gui_long_answers.py [--scenarios long resize switch compare] [--rate 60]
-       [--tokens 600] [--chars 60000] [--baseline-src DIR --rounds 2] [--model-cache DIR]
+       [--per-event 3] [--tokens 600] [--chars 20000] [--baseline-src DIR --rounds 2] [--model-cache DIR]
 """
 from __future__ import annotations
 
@@ -34,7 +35,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HERE = Path(__file__).resolve().parent.parent
@@ -207,11 +207,6 @@ class Meter:
                 "max_stall": round(max((g for _, g in stalls), default=0.0) * 1e3, 1),
                 "stalled_share": round(inside / (b - a), 3)}
 
-    def calm(self, since: float) -> bool:
-        """The GUI timer ticked 5 times since `since`, each within 50 ms: what came before is drawn."""
-        recent = [gap for t, gap in self.gaps[-5:] if t >= since]
-        return len(recent) == 5 and max(recent) < TARGET_MS / 1e3
-
 
 # -- driving the window
 def wait(seconds: float) -> None:
@@ -231,14 +226,14 @@ def wait_until(pred, timeout: float) -> bool:
 
 @dataclass
 class Feed:
-    """Engine events for `turns` from a thread: the answer's head at once, then a token per turn per step."""
+    """Engine events for `turns` from a thread, as the engine sends them: a delta per turn per step."""
 
     bridge: object
     turns: list[tuple[int, int]]  # (session, turn)
     pieces: list[tuple[int, str]]
-    streamed: int  # the last this many pieces come one a step
+    streamed: int  # the last this many pieces are the `stream` span
     rate: float  # steps a second
-    calm: Callable[[float], bool] | None = None  # calm(since): the head's one-off render is done, kept apart
+    per_event: int = 1  # tokens a step (a step's accepted draft tokens)
     streaming_at: float = 0.0
     finished_at: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
@@ -252,14 +247,13 @@ class Feed:
         emit, head = self.bridge._on_engine_event, len(self.pieces) - self.streamed
         for sid, tid in self.turns:
             emit(ev.Started(sid, tid))
-            emit(ev.TokenDelta(sid, tid, [t for t, _ in self.pieces[:head]], "".join(p for _, p in self.pieces[:head])))
-        head_at = time.perf_counter()
-        while self.calm is not None and not self.calm(head_at) and time.perf_counter() < head_at + 30:
-            time.sleep(0.02)
-        t0 = self.streaming_at = time.perf_counter()
-        for k, (tok, piece) in enumerate(self.pieces[head:], 1):
+        t0 = time.perf_counter()
+        for k, at in enumerate(range(0, len(self.pieces), self.per_event), 1):
+            step = self.pieces[at:at + self.per_event]
+            if not self.streaming_at and at + len(step) > head:
+                self.streaming_at = time.perf_counter()
             for sid, tid in self.turns:
-                emit(ev.TokenDelta(sid, tid, [tok], piece))
+                emit(ev.TokenDelta(sid, tid, [t for t, _ in step], "".join(p for _, p in step)))
             time.sleep(max(0.0, t0 + k / self.rate - time.perf_counter()))
         text = "".join(p for _, p in self.pieces)
         stats = ev.TurnStats(10, 10, len(self.pieces), 0.1, self.rate, len(self.pieces) + 10, 131072)
@@ -341,7 +335,7 @@ def run_scenario(app, name: str, pieces: list[tuple[int, str]], args, meter: Met
     with HeldEngine(app.bridge.engine):
         convs, turns = start_turns(app, name, chats)
         meter.watch(window.compare.composer.edit if name.startswith("compare") else window.chat.composer.edit)
-        feed = Feed(app.bridge, turns, pieces, min(args.tokens, len(pieces) - 1), args.rate, meter.calm)
+        feed = Feed(app.bridge, turns, pieces, min(args.tokens, len(pieces) - 1), args.rate, args.per_event)
         timers = []
         if name == "switch":
             shown = iter(range(1, 10 ** 6))
@@ -357,7 +351,7 @@ def run_scenario(app, name: str, pieces: list[tuple[int, str]], args, meter: Met
         for t in timers:
             t.start()
         answered = lambda: feed.done.is_set() and not any(service.busy(c) for c in convs)
-        wait_until(answered, args.tokens / args.rate + 300)
+        wait_until(answered, len(pieces) / args.per_event / args.rate + 300)
         wait(0.5)
         for t in timers:
             t.stop()
@@ -368,7 +362,7 @@ def run_scenario(app, name: str, pieces: list[tuple[int, str]], args, meter: Met
     return {"bench": "gui_long_answers", "scenario": name, "chats": chats,
             **meter.split(feed.streaming_at, feed.finished_at),
             "answer_chars": len(answers[0].content), "answered": sum(a.state == "done" for a in answers),
-            "tokens_streamed": feed.streamed, "rate": args.rate, "seconds": round(seconds, 1),
+            "tokens_streamed": feed.streamed, "rate": args.rate, "per_event": args.per_event, "seconds": round(seconds, 1),
             "renders": renders(window) - built, "flushes": app.bridge.flushes - flushes,
             "load_avg_1m": round(load, 2), "cpus": os.cpu_count()}
 
@@ -434,7 +428,8 @@ def interleave(args) -> int:
     rows = []
     for _ in range(args.rounds):
         for src, tree in ((args.baseline_src, "baseline"), (str(HERE), "this")):
-            cmd = [sys.executable, __file__, "--src", src, "--tree", tree, "--rate", str(args.rate), "--tokens",
+            cmd = [sys.executable, __file__, "--src", src, "--tree", tree, "--rate", str(args.rate), "--per-event",
+                   str(args.per_event), "--tokens",
                    str(args.tokens), "--chars", str(args.chars), "--model-cache", args.model_cache, "--scenarios",
                    *args.scenarios]
             done = subprocess.run(cmd, capture_output=True, text=True)
@@ -452,9 +447,10 @@ def interleave(args) -> int:
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
-    p.add_argument("--rate", type=float, default=60.0, help="steps a second (one token per chat a step)")
-    p.add_argument("--tokens", type=int, default=600, help="the answer's last tokens, streamed one a step")
-    p.add_argument("--chars", type=int, default=60_000, help="the answer's length")
+    p.add_argument("--rate", type=float, default=60.0, help="steps a second (a delta per chat a step)")
+    p.add_argument("--per-event", type=int, default=3, help="tokens a step (a step's accepted draft tokens)")
+    p.add_argument("--tokens", type=int, default=600, help="the answer's last tokens: the `stream` span")
+    p.add_argument("--chars", type=int, default=20_000, help="the answer's length (60,000: ~80 s a scenario)")
     p.add_argument("--src", default=str(HERE), help="the source tree whose app is measured")
     p.add_argument("--tree", default="", help="a name for --src in the rows")
     p.add_argument("--baseline-src", default="", help="also run this tree, interleaved, and print the ratios")

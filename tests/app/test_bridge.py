@@ -71,3 +71,31 @@ def test_answers_whose_drawing_fills_the_frame_take_turns_and_all_end_whole(qtbo
     for sid in drawn:  # none starved: each answer is drawn at least every 4th frame
         mine = [f for f in settled if sid in per_frame[f]]
         assert mine and max(b - a for a, b in zip(mine, mine[1:])) <= 4
+
+
+def test_the_long_answers_bench_feeds_tokens_as_the_engine_sends_them():
+    """bench/gui_long_answers.py sent each answer's head (all but its last 600 tokens) in one delta, which no engine
+    does: the window's first render of ~15,000 tokens at once (a 0.3-1.7 s stall) stood for streaming. It now sends a
+    delta per turn per step, --per-event tokens each, at --rate steps a second, from the first token."""
+    import time
+
+    from bench.gui_long_answers import Feed
+
+    class Bridge:
+        def __init__(self):
+            self.events = []
+
+        def _on_engine_event(self, e):
+            self.events.append((time.perf_counter(), e))
+
+    bridge = Bridge()
+    pieces = [(k, f" w{k}") for k in range(20)]
+    feed = Feed(bridge, [(1, 1), (2, 1)], pieces, streamed=5, rate=200.0, per_event=3)
+    feed._run()
+    deltas = [(t, e) for t, e in bridge.events if isinstance(e, ev.TokenDelta)]
+    assert [len(e.token_ids) for _, e in deltas if e.session_id == 1] == [3] * 6 + [2]
+    for sid in (1, 2):
+        assert "".join(e.text for _, e in deltas if e.session_id == sid) == "".join(p for _, p in pieces)
+    steps = sorted({round(t, 3) for t, e in deltas if e.session_id == 1})
+    assert steps[-1] - steps[0] >= 6 / 200.0 * 0.9  # a step every 1/rate seconds
+    assert deltas[0][0] <= feed.streaming_at <= deltas[-1][0] and feed.done.is_set()
