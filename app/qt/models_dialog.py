@@ -76,7 +76,12 @@ class ModelsDialog(QDialog):
         self.resize(max(860, self._columns_width() + 24 * self.fontMetrics().averageCharWidth()), max(320, 14 * line))
 
     def _on_model_changed(self, _key: str) -> None:
-        self.refresh()
+        # a load's progress changes no cell: rebuilding the table at each of its ~240 steps (the embedded model's split
+        # copy) stalled the window up to 0.4-0.5 s while the dialog was open
+        if self._shown() != self._listing():
+            self.refresh()
+        else:
+            self._enable()  # the buttons: a DFlash drafter chosen changes no row
 
     def entries(self) -> list[ModelEntry]:
         """The registry's models, then those being imported (a row at once: "checking…", then "loading")."""
@@ -85,20 +90,33 @@ class ModelsDialog(QDialog):
     def rows(self) -> list[list[str]]:
         return [self._row(entry) for entry in self.entries()]
 
+    def _listing(self) -> list[tuple[str, list[str], str]]:
+        """What the table shows: each model's key, cells and its status's tooltip (why it failed; else the status)."""
+        listing = []
+        for entry, cells in zip(self.entries(), self.rows()):
+            state = self.models.state(entry.key)
+            failed = state is not None and state.status == "failed"
+            listing.append((entry.key, cells, state.message if failed else cells[1]))
+        return listing
+
+    def _shown(self) -> list[tuple[str, list[str], str]]:
+        items = map(self.table.topLevelItem, range(self.table.topLevelItemCount()))
+        return [(item.data(0, KEY_ROLE), [item.text(col) for col in range(len(COLUMNS))], item.toolTip(1))
+                for item in items]
+
     def refresh(self) -> None:
         selected = self._selected()
         self.table.clear()
-        for entry, cells in zip(self.entries(), self.rows()):
+        paths = {entry.key: entry.path for entry in self.entries()}
+        for key, cells, status_tip in self._listing():
             item = QTreeWidgetItem(cells)
-            item.setData(0, KEY_ROLE, entry.key)
-            item.setToolTip(0, entry.path)
-            state = self.models.state(entry.key)
-            failed = state is not None and state.status == "failed"
-            item.setToolTip(1, state.message if failed else cells[1])  # why it failed; else the whole status
+            item.setData(0, KEY_ROLE, key)
+            item.setToolTip(0, paths[key])
+            item.setToolTip(1, status_tip)
             for col in (4, 5, 6):
                 item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight)
             self.table.addTopLevelItem(item)
-            if entry.key == selected:
+            if key == selected:
                 self.table.setCurrentItem(item)
         self._fit_columns()
         self._enable()

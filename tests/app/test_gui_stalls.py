@@ -138,3 +138,18 @@ def test_a_new_chat_beside_thousands_keeps_the_window_answering_and_the_list_rig
     w.delete_chat(conv)  # the top row: each row below was taken out and put back one up (117-148 ms here)
     assert _listed(w.sidebar) == [(c.id, c.title) for c in parley.service.visible()] and w.current() != conv
     assert inserted == []
+
+
+def test_a_load_rebuilds_the_models_table_only_where_a_cell_changes(parley, qtbot, imported_llama):
+    """With Models open, every step of a load's progress rebuilt the table (240 times for the embedded model's split
+    copy: the window stalled 0.4-0.5 s at times); progress shows in no cell."""
+    models = parley.models
+    models.unload(imported_llama)
+    dialog = parley.window.show_models()
+    refreshes, changes, real = [], [], dialog.refresh
+    dialog.refresh = lambda: refreshes.append(1) or real()
+    models.changed.connect(changes.append)
+    models.ensure(imported_llama)
+    qtbot.waitUntil(lambda: models.model_id(imported_llama) is not None, timeout=30_000)
+    assert dialog.table.topLevelItem(1).text(1) == "loaded"
+    assert len(changes) >= 5 and len(refreshes) <= 3, (len(changes), len(refreshes))  # not loaded, loading, loaded
