@@ -110,7 +110,16 @@ def test_an_import_shows_at_once_and_quitting_while_it_is_checked_loses_nothing(
 
 
 def _listed(sidebar) -> list[tuple[int, str]]:
-    return [(sidebar.list.item(i).data(0x0100), sidebar.list.item(i).text()) for i in range(sidebar.list.count())]
+    from app.qt.sidebar import CONV_ROLE
+
+    return [(sidebar.list.item(i).data(CONV_ROLE), sidebar.list.item(i).text()) for i in range(sidebar.list.count())]
+
+
+def _current(sidebar) -> int | None:
+    from app.qt.sidebar import CONV_ROLE
+
+    item = sidebar.list.currentItem()
+    return item.data(CONV_ROLE) if item is not None else None
 
 
 def test_a_new_chat_beside_thousands_keeps_the_window_answering_and_the_list_right(parley, qtbot):
@@ -124,15 +133,15 @@ def test_a_new_chat_beside_thousands_keeps_the_window_answering_and_the_list_rig
         conv = w.new_chat()
         qtbot.wait(50)
     expected = [(c.id, c.title) for c in parley.service.visible()]
-    assert _listed(w.sidebar) == expected and w.sidebar.list.currentItem().data(0x0100) == conv
+    assert _listed(w.sidebar) == expected and _current(w.sidebar) == conv
     assert beat.longest < MAX_LIST_GAP_MS, f"the window froze {beat.longest:.0f} ms"
     w.sidebar.search.setText("boats")  # rows filtered, moved up, the rest dropped: the same list as built anew
     assert _listed(w.sidebar) == [(c.id, c.title) for c in parley.service.visible("boats")]
-    assert w.sidebar.list.currentItem() is None  # the open chat is not among them
+    assert _current(w.sidebar) is None  # the open chat is not among them
     store.update(expected[5][0], title="Renamed boats")
     w.sidebar.search.setText("")
     assert _listed(w.sidebar) == [(c.id, c.title) for c in parley.service.visible()]
-    assert w.sidebar.list.currentItem().data(0x0100) == conv
+    assert _current(w.sidebar) == conv
     started = time.perf_counter()
     for _ in range(100):  # as every token batch of a streaming chat does: each walked every row (~6 ms for 5,000)
         parley.service.status_changed.emit(expected[-1][0])
