@@ -3,31 +3,32 @@
 Lexed alone, a run started in the lexer's first state: a docstring or a comment begun in an earlier run was coloured as
 code until the answer ended and the block was highlighted whole. Runs are lexed in segments instead: a segment ends
 after a run where nothing the lexer read or tried runs on past it, and the next segment starts in the state the lexer
-was in there (Pygments' RegexLexer takes a start stack; an ExtendedRegexLexer's context, YAML's indentation, is
-copied), so each run lexes as it does in the whole block. A construct open at a run's end is lexed whole with the runs
-it spans: a token running on past the run (Python's docstring rule matches the string from its opening quotes to its
-closing ones at once), or a rule tried in the run that reads on to its end, failed or matched short (a shell
-here-document, one rule's match from `<<EOF` to the line `EOF`; JavaScript's /* */ comment: the `regex` module's partial
-match of the rule made never to match tells). The lexer's state is read where it first tries a rule at the run's end:
-the text is lexed with a character after it that no code holds (markdown-it turns NUL into U+FFFD) and its rules
-wrapped. A segment ends after MAX_SEGMENT_RUNS runs whatever it holds, and then its runs may not read as the whole
-block's (nor do those of a lexer without that loop, JSON's, each run lexed alone): `exact` says so, and the finished
-block is lexed whole then (app/core/markdown_render.py).
+was in there (Pygments' RegexLexer takes a start stack), so each run lexes as it does in the whole block. A lexer that
+cannot start mid-way (an ExtendedRegexLexer, whose context holds YAML's indentation and whose callbacks read on past
+its rules, Ruby's here-document; a method of its own without a stack, Common Lisp's) is cut only where it is as at its
+start. A construct open at a run's end is lexed whole with the runs it spans: a token running on past the run
+(Python's docstring rule matches the string from its opening quotes to its closing ones at once), or a rule tried in
+the run that reads on to its end, failed or matched short (a shell here-document, one rule's match from `<<EOF` to the
+line `EOF`; JavaScript's /* */ comment: the `regex` module's partial match of the rule made never to match tells). The
+lexer's state is read where it first tries a rule at the run's end: the text is lexed with a character after it that
+no code holds (markdown-it turns NUL into U+FFFD) and its rules wrapped. A segment ends after MAX_SEGMENT_RUNS runs
+whatever it holds, and then its runs may not read as the whole block's (nor may those of a lexer with a method of its
+own, or without that loop, JSON's, each run lexed alone): `exact` says so, and the finished block is lexed whole then
+(app/core/markdown_render.py).
 """
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from io import StringIO
 
 import regex
 
 from pygments.formatter import Formatter
-from pygments.lexer import ExtendedRegexLexer, Lexer, LexerContext, RegexLexer
+from pygments.lexer import ExtendedRegexLexer, Lexer, RegexLexer
 from pygments.token import Error, _TokenType
 
 SENTINEL = "\x00"  # after a segment's text: where the lexer reaches it, its state is the segment's end state
@@ -53,7 +54,6 @@ class LexState:
 
     key: tuple = ()  # () is the lexer's own first state
     stack: tuple[str, ...] = START
-    context: LexerContext | None = field(default=None, compare=False)  # an ExtendedRegexLexer's, a copy
 
 
 FIRST = LexState()
@@ -116,30 +116,38 @@ def _lex(text: str, lexer: Lexer, start: LexState, settle: bool) -> tuple[list[T
     if not settle:
         return _plain(text, lexer, start), None, True
     watch = _Watch(lexer)
-    extended = isinstance(lexer, ExtendedRegexLexer)
-    first = watch.lex("", FIRST)[1] if extended else None
+    extended, own, resumes = isinstance(lexer, ExtendedRegexLexer), _overridden(type(lexer)), _resumes(lexer)
+    first = None if resumes else watch.lex("", FIRST)[1]
     tokens, end = watch.lex(text, start)
-    if end is None or not extended and _overridden(type(lexer)):
-        tokens = _plain(text, lexer, start)  # a token ran on into the sentinel; or C's lexer, which names types apart
-    if extended:  # its callbacks read on past its rules (Ruby's here-document): cut only where it is as at its start
-        return tokens, end if end == first and not watch.reaches else None, False
-    return tokens, None if watch.reaches else end, True
+    if end is None or own and not extended:
+        tokens = _plain(text, lexer, start)  # a token ran on into the sentinel; or a lexer that names types apart (C's)
+    if end is None or watch.reaches:
+        return tokens, None, True
+    if not resumes:  # callbacks that read on past its rules (Ruby's here-document), a method of its own that cannot
+        return tokens, FIRST if end == first else None, False  # start mid-way (Common Lisp's): cut where it starts
+    # the finished block is lexed whole where a method of its own may keep more state, or where a rule tried in the
+    # trailing blank space read on past it (the next run's first token may start there in the whole block: FoxPro's)
+    return tokens, end, not own and not watch.blank_reaches
 
 
 def _end_state(text: str, lexer: Lexer, start: LexState) -> LexState | None:
-    """Where the lexer is at the end of `text` lexed from `start`, whatever ran on past it (None where a token did)."""
-    return _Watch(lexer, probe=False).lex(text, start)[1] if isinstance(lexer, RegexLexer) else None
+    """Where the lexer is at the end of `text` lexed from `start`, whatever ran on past it (None where a token did or
+    where the next text cannot start there)."""
+    return _Watch(lexer, probe=False).lex(text, start)[1] if _resumes(lexer) else None
+
+
+def _resumes(lexer: Lexer) -> bool:
+    """Whether a lexing can start in the state another ended in: a RegexLexer whose own method (if any) takes a stack."""
+    if not isinstance(lexer, RegexLexer) or isinstance(lexer, ExtendedRegexLexer):
+        return False
+    return not _overridden(type(lexer)) or "stack" in inspect.signature(type(lexer).get_tokens_unprocessed).parameters
 
 
 def _plain(text: str, lexer: Lexer, start: LexState) -> list[Token]:
     """`text`'s tokens from `start`, by the lexer's own method where it can start there."""
     if start == FIRST or not isinstance(lexer, RegexLexer):
         stream = lexer.get_tokens_unprocessed(text)
-    elif isinstance(lexer, ExtendedRegexLexer):
-        stream = lexer.get_tokens_unprocessed(context=_resumed(start.context, text))
-    elif _overridden(type(lexer)) and "stack" not in inspect.signature(type(lexer).get_tokens_unprocessed).parameters:
-        stream = RegexLexer.get_tokens_unprocessed(lexer, text, start.stack)
-    else:
+    else:  # one that resumes (_lex cuts the others only where they start)
         stream = lexer.get_tokens_unprocessed(text, start.stack)
     return [(kind, value) for _, kind, value in stream]
 
@@ -148,39 +156,31 @@ def _overridden(cls: type) -> bool:
     return cls.get_tokens_unprocessed is not RegexLexer.get_tokens_unprocessed
 
 
-def _resumed(context: LexerContext, text: str) -> LexerContext:
-    """A copy of an ExtendedRegexLexer's context, to lex `text` on from where it was."""
-    resumed = copy.deepcopy(context)
-    resumed.text, resumed.pos, resumed.end = text, 0, len(text)
-    return resumed
-
-
 class _Watch:
     """Lexes through the loop of RegexLexer (or ExtendedRegexLexer) with its rules wrapped, to read its state where it
     reaches the text's end and to tell whether a rule tried before that could read on past it (the `regex` module's
     partial match): a shell here-document (`cat <<EOF` ... `EOF`, one rule's match across lines) lexed as plain code
     until its end marker came, then as a string from its start. A rule tried in the blank space that ends the text is
     let be: the next text starts with what it leaves there (as before this watch: Python's soft keywords and C's
-    `#if 0` read on past every line's end)."""
+    `#if 0` read on past every line's end), but noted (`blank_reaches`): the cut may not be where the whole block's is."""
 
     def __init__(self, lexer: RegexLexer, probe: bool = True):
         self.lexer, self.text, self.full, self.reaches, self.at_end, self.probe = lexer, "", "", False, None, probe
+        self.own = vars(lexer).get("_tokens")  # rules of its own (C#'s, for its Unicode level), else its class's
         self.rules = {state: [(self._rule(match), action, new) for match, action, new in rules]
-                      for state, rules in type(lexer)._tokens.items()}
+                      for state, rules in lexer._tokens.items()}
 
     def lex(self, text: str, start: LexState) -> tuple[list[Token], LexState | None]:
         """`text`'s tokens from `start`, and the lexer's state where it first tries a rule at the text's end (None
         where a token runs on past the end)."""
-        self.text, self.at_end, self.reaches = text, None, False
+        self.text, self.at_end, self.reaches, self.blank_reaches = text, None, False, False
         self.tail = len(text.rstrip())  # where its trailing blank lines begin
-        self.lexer._tokens = self.rules  # the instance's own: the class's stay as they are
+        self.lexer._tokens = self.rules  # the instance's, for this lexing: the class's stay as they are
         full = self.full = text + SENTINEL
-        if not isinstance(self.lexer, ExtendedRegexLexer):
-            stream = RegexLexer.get_tokens_unprocessed(self.lexer, full, start.stack)
-        elif start == FIRST:
+        if isinstance(self.lexer, ExtendedRegexLexer):  # its context made as its own method makes it (YAML's)
             stream = self.lexer.get_tokens_unprocessed(full)
         else:
-            stream = self.lexer.get_tokens_unprocessed(context=_resumed(start.context, full))
+            stream = RegexLexer.get_tokens_unprocessed(self.lexer, full, start.stack)
         tokens = []
         try:
             for pos, kind, value in stream:
@@ -191,7 +191,10 @@ class _Watch:
                 tokens.append((kind, value))
         finally:
             stream.close()
-            del self.lexer._tokens
+            if self.own is None:
+                del self.lexer._tokens
+            else:
+                self.lexer._tokens = self.own
         return tokens, self.at_end
 
     def _rule(self, match):
@@ -204,18 +207,20 @@ class _Watch:
                 self.at_end = _state(sys._getframe(1).f_locals)
             elif pos < self.tail and partial is not None and not self.reaches:
                 self.reaches = partial.match(self.text, pos, partial=True) is not None
+            elif pos < len(self.text) and partial is not None and not self.blank_reaches:  # its trailing blank space
+                self.blank_reaches = partial.match(self.text, pos, partial=True) is not None
             return match(text, pos, *endpos)
         return watched
 
 
 def _state(lexing: dict) -> LexState:
-    """The state a RegexLexer's loop (its locals) is in: its stack, or an ExtendedRegexLexer's context."""
+    """The state a RegexLexer's loop (its locals) is in: its stack, and an ExtendedRegexLexer's context's fields."""
     if "ctx" not in lexing:
         return LexState(tuple(lexing["statestack"]), tuple(lexing["statestack"]))
     context = lexing["ctx"]
     fields = tuple((name, repr(value)) for name, value in sorted(vars(context).items())
                    if name not in ("text", "pos", "end"))
-    return LexState(fields, tuple(context.stack), copy.deepcopy(context))
+    return LexState(fields, tuple(context.stack))
 
 
 @functools.lru_cache(maxsize=4096)
