@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import re
 import sys
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pygments.formatter import Formatter
 from pygments.lexer import ExtendedRegexLexer, Lexer, RegexLexer
 from pygments.token import Error, _TokenType
 
+log = logging.getLogger(__name__)
 SENTINEL = "\x00"  # after a segment's text: where the lexer reaches it, its state is the segment's end state
 GLOBAL_FLAGS = re.compile(r"(?:\(\?[aiLmsux]+\))+")
 START = ("root",)  # a RegexLexer's first state
@@ -71,9 +73,13 @@ def highlight_segment(texts: tuple[str, ...], lexer: Lexer, formatter: Formatter
     """Runs of whole lines (each ending in a newline) lexed together from `start`, each formatted, and where the runs
     after them start. Without `settle` (a segment that ends in the block's growing last run, which nothing follows
     yet) only the runs."""
-    tokens, after, exact = _lex("".join(texts), lexer, start, settle)
-    if settle and after is None and len(texts) >= MAX_SEGMENT_RUNS:
-        after, exact = (_end_state("".join(texts), lexer, start) or FIRST), False
+    try:
+        tokens, after, exact = _lex("".join(texts), lexer, start, settle)
+        if settle and after is None and len(texts) >= MAX_SEGMENT_RUNS:
+            after, exact = (_end_state("".join(texts), lexer, start) or FIRST), False
+    except Exception:  # noqa: BLE001 - the watch reads Pygments' internals: another version's may differ
+        log.warning("streaming highlight fell back to lexing each run alone (%s)", type(lexer).__name__, exc_info=True)
+        tokens, after, exact = _plain("".join(texts), lexer, FIRST), FIRST, False  # the finished block is lexed whole
     lines, runs, at = split_lines(tokens), [], 0
     for text in texts:
         mine, at = lines[at:at + text.count("\n")], at + text.count("\n")

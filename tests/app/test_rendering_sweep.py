@@ -1,6 +1,7 @@
 """Hostile and unusual message content: rendering never raises, stays inside the bubble and keeps the text."""
 from __future__ import annotations
 
+import logging
 import re
 
 import pytest
@@ -164,16 +165,38 @@ MIXED = "".join(["#!/bin/sh\n", "/* comment\n", " more */\n", "def f(x):\n", '  
 
 
 @pytest.mark.parametrize("lang", ["csharp", "common-lisp", "foxpro"])
-def test_any_lexer_streams_a_block_and_ends_it_as_a_fresh_render(lang):
+def test_any_lexer_streams_a_block_and_ends_it_as_a_fresh_render(lang, caplog):
     """C#'s lexer keeps its rules on the instance (one set a Unicode level): streaming a C# block raised AttributeError
     on every paint; Common Lisp's has a method of its own that takes no start stack; FoxPro's next run may start a
     token in the blank space the run before ends in. Each streams, and ends as a fresh render (checked on all 600 of
     Pygments' lexers with a mixed sample: none raises or ends otherwise)."""
     renderer = MarkdownRenderer()
     lines = MIXED.splitlines(True)
-    for n in range(8, len(lines) + 1, 3):
-        renderer.render_streaming(f"```{lang}\n" + "".join(lines[:n]))
+    with caplog.at_level(logging.WARNING, logger="app.core.code_runs"):
+        for n in range(8, len(lines) + 1, 3):
+            renderer.render_streaming(f"```{lang}\n" + "".join(lines[:n]))
+    assert not caplog.records  # the watch read this lexer: no fallback to runs lexed alone
     text = f"```{lang}\n{MIXED}```\n"
+    assert renderer.render_parts(text) == MarkdownRenderer().render_parts(text)
+
+
+def test_a_pygments_whose_lexer_internals_differ_still_streams_code(monkeypatch, caplog):
+    """The streaming highlight reads the state off Pygments' lexing loop (its locals): a Pygments that renamed them made
+    every paint of a streaming block raise (as C#'s lexer did for a while). It now falls back to each run lexed alone,
+    says so in the log, and the finished block is lexed whole."""
+    import app.core.code_runs as runs
+
+    def renamed(lexing):
+        raise KeyError("statestack")
+    monkeypatch.setattr(runs, "_state", renamed)
+    renderer = MarkdownRenderer()
+    lines = MIXED.splitlines(True)
+    with caplog.at_level(logging.WARNING, logger="app.core.code_runs"):
+        for n in range(8, len(lines) + 1, 3):
+            html, _ = renderer.render_streaming("```python\n" + "".join(lines[:n]))
+            assert "<pre" in html and "doc" in html
+    assert any("fell back" in r.getMessage() for r in caplog.records)
+    text = f"```python\n{MIXED}```\n"
     assert renderer.render_parts(text) == MarkdownRenderer().render_parts(text)
 
 
