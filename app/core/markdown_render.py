@@ -25,6 +25,7 @@ from pygments.lexers import TextLexer, get_lexer_by_name
 from pygments.util import ClassNotFound
 
 from app.core.code_runs import FIRST, LexState, Run, Segment, format_tokens, highlight_segment, split_lines
+from app.core.growing_block import GrowingBlocks
 from app.core.tex_text import tex_html
 
 CODE_STYLES = {False: "friendly", True: "monokai"}
@@ -93,6 +94,7 @@ class MarkdownRenderer:
         # growing code blocks' runs of lines, a segment at a time (app/core/code_runs.py)
         self._runs: OrderedDict[tuple[tuple[str, ...], str, LexState], Segment] = OrderedDict()
         self._prefixes: list[_Prefix] = []  # streaming answers' blocks that stay as they are, the latest first
+        self._growing = GrowingBlocks(self._md)  # a growing table's rows and list's items, rendered once each
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:
@@ -169,7 +171,8 @@ class MarkdownRenderer:
             self._finished.move_to_end(key)
             return hit
         env = {"code_blocks": [""] * first_code, "streaming": not final, "growing": not keep, "runs": True}
-        parts = tuple(self._md.render(text, env).split(RUN_SEAM))
+        joined = self._growing.render(text, env) if not keep and not final else None
+        parts = tuple((self._md.render(text, env) if joined is None else joined).split(RUN_SEAM))
         block = _Block("".join(parts), parts, env["code_blocks"][first_code:], final=not env.get("deferred"),
                        references=bool(env.get("references")))
         if keep:  # the last block still grows: keeping each of its versions would only fill the cache

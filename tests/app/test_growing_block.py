@@ -1,0 +1,91 @@
+"""A growing table or list is rendered a row or an item at a time, and reads as markdown-it's render of it whole."""
+from __future__ import annotations
+
+import random
+
+from app.core.markdown_render import MarkdownRenderer
+
+CELLS = [" x ", " **b** ", " `c|d` ", " \\| ", "", " $x$ ", " [l](http://a) ", " 12.5 "]
+ITEMS = ["item", "**b** x", "a\n  b", "a\n\n  para", "x\n  - nested\n  - n2", "y\n\n  - nested", "`c`", "lazy\ncont",
+         "q\n  > quote", "t\n\n", "", "z\n---", "h\n# head", "[x]", "    indented", "a\n\n\n"]
+HEADS = ["", "", "Steps:\n\n", "## Head\n\n", "> q\n\n", " - x\n\n", "para\n", "    code\n\n", "| a |\n|---|\n\n"]
+TAILS = ["", "|", "- ", "1. ", "\n", "\n\n", "# h", "> q", "text", "  - n", "---", "* * *"]
+
+
+def _table(rng: random.Random) -> str:
+    n = rng.randint(1, 4)
+    head = "|" + "|".join(f" h{i} " for i in range(n)) + "|\n|" + "|".join(
+        rng.choice(["---", ":--", "--:", ":-:"]) for _ in range(n)) + "|\n"
+    rows = "".join("|" + "|".join(rng.choice(CELLS) for _ in range(rng.randint(0, n + 1))) + rng.choice(["|", ""]) + "\n"
+                   for _ in range(rng.randint(0, 6)))
+    return head + rows + rng.choice(TAILS)
+
+
+def _list(rng: random.Random) -> str:
+    mark, out = rng.choice(["- ", "* ", "+ ", "1. ", "1) "]), []
+    for i in range(rng.randint(1, 6)):
+        number = f"{rng.choice([i + 1, i + 3, 1])}{mark[1:]}" if mark[0].isdigit() else mark
+        out.append(number + rng.choice(ITEMS) + "\n" + ("\n" if rng.random() < 0.2 else ""))
+    return rng.choice(HEADS) + "".join(out) + rng.choice(TAILS)
+
+
+def test_every_step_of_growing_tables_and_lists_renders_as_markdown_it_whole():
+    renderer, rng, joined = MarkdownRenderer(), random.Random(7), 0
+    for case in range(90):
+        text = _table(rng) if case % 2 else _list(rng)
+        for k in range(1, len(text) + 1):
+            env = {"code_blocks": [], "streaming": True, "growing": True, "runs": True}
+            got = renderer._growing.render(text[:k], dict(env))
+            if got is not None:
+                joined += 1
+                assert got == renderer._md.render(text[:k], dict(env)), text[:k]
+    assert joined > 800  # most steps take the row/item path
+
+
+def _countries(rows: int) -> str:
+    rng = random.Random(1)
+    body = "".join(f"| Country {i} | City {rng.randint(1, 999)} | {rng.randint(1, 10 ** 8):,} | *{rng.choice('ABC')}* |\n"
+                   for i in range(rows))
+    return f"Here are the countries:\n\n| Country | Capital | Population | Region |\n|:---|---|---:|:-:|\n{body}\nThat is all."
+
+
+def _steps(items: int) -> str:
+    body = "".join(f"{i + 1}. Step **{i}**: run `make {i}` and check the output\n"
+                   + ("   - a nested note\n" if i % 7 == 3 else "") + ("\n" if i == items // 2 else "")
+                   for i in range(items))
+    return f"## Steps\n\nDo this:\n\n{body}\n- a bullet list after\n- with two items\n"
+
+
+def test_a_streamed_table_and_list_read_as_a_fresh_render_at_every_step():
+    """Column alignments, list numbering and looseness (a blank line between two items, half-way, changes the whole list)
+    as the whole text rendered anew, char by char."""
+    fresh = MarkdownRenderer()  # render() keeps nothing between calls
+    for text in (_countries(20), _steps(24)):
+        streamed = MarkdownRenderer()
+        for k in range(1, len(text) + 1, 4):
+            assert streamed.render_streaming(text[:k]) == fresh.render(text[:k]), text[:k]
+        assert "".join(streamed.render_parts(text)[0]) == fresh.render(text)[0]
+
+
+def _parsed_per_update(text: str, tail: int) -> list[int]:
+    """Characters markdown-it parsed on each update of the last `tail` characters of `text` streaming."""
+    renderer = MarkdownRenderer()
+    renderer.render_streaming(text[:-tail])
+    parse, seen = renderer._md.parse, []
+    renderer._md.parse = lambda src, env=None: (seen.append(len(src)), parse(src, env))[1]
+    counts = []
+    for k in range(tail - 1, -1, -3):
+        seen.clear()
+        renderer.render_streaming(text[:len(text) - k])
+        counts.append(sum(seen))
+    return counts
+
+
+def test_an_update_of_a_long_table_or_list_parses_its_new_rows_not_all_of_it():
+    """Each token at the end of a 300-row table parsed all of it again (~19,000 characters), of a 300-item list too
+    (~16,000): now the new row or item."""
+    table = _countries(300)[:-len("\nThat is all.")]
+    items = "".join(f"{i + 1}. Item **{i}** with some words about it\n" for i in range(300))
+    for text in (table, "Steps:\n\n" + items):
+        assert len(text) > 12_000
+        assert max(_parsed_per_update(text, 200)) < 1_000
