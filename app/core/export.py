@@ -47,7 +47,14 @@ class ImportFormatError(ParleyError):
     """A file that is not a Parley export, or one that breaks its limits."""
 
 
-# -- export
+# -- export: chats_of reads the store (the GUI thread's part); render_* make the text anywhere from what it read
+def chats_of(store: ConversationStore, conv_ids: list[int] | None = None) -> list[dict]:
+    """One chat, several, or every chat in the sidebar (None), as plain data that later changes to the store leave
+    alone (its texts are immutable strings; stats and settings are copies)."""
+    ids = conv_ids if conv_ids is not None else [c.id for c in store.conversations()]
+    return [chat_dict(store, i) for i in ids]
+
+
 def chat_dict(store: ConversationStore, conv_id: int) -> dict:
     conv = store.get(conv_id)
     msgs = _tree(store, conv_id)
@@ -57,37 +64,54 @@ def chat_dict(store: ConversationStore, conv_id: int) -> dict:
         "created_at": conv.created_at, "updated_at": conv.updated_at,
         "settings": conv.settings.to_dict(), "leaf": local.get(conv.leaf_id),
         "messages": [{"id": local[m.id], "parent": local.get(m.parent_id), "role": m.role, "content": m.content,
-                      "state": m.state, "error": m.error, "stats": m.stats, "model": m.model,
-                      "created_at": m.created_at} for m in msgs],
+                      "state": m.state, "error": m.error, "stats": dict(m.stats) if m.stats is not None else None,
+                      "model": m.model, "created_at": m.created_at} for m in msgs],
     }
+
+
+def render_json(chats: list[dict]) -> str:
+    return json.dumps({"format": FORMAT, "version": VERSION, "conversations": chats}, ensure_ascii=False, indent=1)
+
+
+def render_markdown(chats: list[dict]) -> str:
+    return "\n\n---\n\n".join(_chat_markdown(c) for c in chats) + "\n"
 
 
 def export_json(store: ConversationStore, conv_ids: list[int] | None = None) -> str:
     """One chat, several, or every chat in the sidebar (None)."""
-    ids = conv_ids if conv_ids is not None else [c.id for c in store.conversations()]
-    return json.dumps({"format": FORMAT, "version": VERSION, "conversations": [chat_dict(store, i) for i in ids]},
-                      ensure_ascii=False, indent=1)
+    return render_json(chats_of(store, conv_ids))
 
 
 def export_markdown(store: ConversationStore, conv_ids: list[int] | None = None) -> str:
-    ids = conv_ids if conv_ids is not None else [c.id for c in store.conversations()]
-    return "\n\n---\n\n".join(_chat_markdown(store, i) for i in ids) + "\n"
+    return render_markdown(chats_of(store, conv_ids))
 
 
-def _chat_markdown(store: ConversationStore, conv_id: int) -> str:
-    conv = store.get(conv_id)
-    parts = [f"# {_one_line(conv.title)}"]
-    if conv.settings.system_prompt:
-        parts.append(f"<!-- parley:system -->\n> **System:** {_md_escape(conv.settings.system_prompt)}")
-    for m in store.path(conv_id):
-        versions = store.versions(m)
-        note = f" (version {versions.index(m) + 1} of {len(versions)})" if len(versions) > 1 else ""
-        model = f" model={_one_line(m.model)}" if m.model else ""
-        who = "You" if m.role == "user" else (m.model or "Assistant")
-        cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m.state, "")
-        body = _answer_markdown(m.content) if m.role == "assistant" else _md_escape(m.content)
-        parts.append(f"<!-- parley:{m.role}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{body}")
+def _chat_markdown(chat: dict) -> str:
+    """The branch shown (leaf up to its root), each message with its place among its versions."""
+    msgs = chat["messages"]
+    versions: dict[tuple, list[int]] = {}  # (parent, role) -> ids, oldest first, as the store's siblings
+    for m in msgs:
+        versions.setdefault((m["parent"], m["role"]), []).append(m["id"])
+    parts = [f"# {_one_line(chat['title'])}"]
+    if chat["settings"].get("system_prompt"):
+        parts.append(f"<!-- parley:system -->\n> **System:** {_md_escape(chat['settings']['system_prompt'])}")
+    for m in _branch(msgs, chat["leaf"]):
+        same = versions[(m["parent"], m["role"])]
+        note = f" (version {same.index(m['id']) + 1} of {len(same)})" if len(same) > 1 else ""
+        model = f" model={_one_line(m['model'])}" if m["model"] else ""
+        who = "You" if m["role"] == "user" else (m["model"] or "Assistant")
+        cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m["state"], "")
+        body = _answer_markdown(m["content"]) if m["role"] == "assistant" else _md_escape(m["content"])
+        parts.append(f"<!-- parley:{m['role']}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{body}")
     return "\n\n".join(parts)
+
+
+def _branch(msgs: list[dict], leaf: int | None) -> list[dict]:
+    out = []
+    while leaf is not None:
+        out.append(msgs[leaf])
+        leaf = msgs[leaf]["parent"]
+    return out[::-1]
 
 
 def _answer_markdown(content: str) -> str:
@@ -171,12 +195,27 @@ def read_import(path: str | Path) -> str:
 
 
 def import_file(store: ConversationStore, path: str | Path) -> list[int]:
+    return add_chats(store, read_chats(path))
+
+
+def read_chats(path: str | Path) -> list[dict]:
+    """A file's chats, read and checked without the store (so on any thread); add_chats writes them."""
     text = read_import(path)
-    return import_markdown(store, text) if Path(path).suffix.lower() in (".md", ".markdown") else import_json(store, text)
+    return markdown_chats(text) if Path(path).suffix.lower() in (".md", ".markdown") else json_chats(text)
+
+
+def add_chats(store: ConversationStore, chats: list[dict]) -> list[int]:
+    """Checked chats (read_chats, json_chats, markdown_chats) as new chats in one batch; their ids."""
+    with getattr(store, "batch", nullcontext)():
+        return [_add_chat(store, c) for c in chats]
 
 
 def import_json(store: ConversationStore, text: str | bytes) -> list[int]:
     """Adds every chat in a JSON export as new chats; returns their ids. ImportFormatError says what is wrong."""
+    return add_chats(store, json_chats(text))
+
+
+def json_chats(text: str | bytes) -> list[dict]:
     data = _parse(text)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ImportFormatError("This is not a Parley chat export (no \"format\": \"parley-chats\").")
@@ -188,13 +227,16 @@ def import_json(store: ConversationStore, text: str | bytes) -> list[int]:
     chats = [_check_chat(c, i) for i, c in enumerate(convs)]
     if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
         raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")
-    with getattr(store, "batch", nullcontext)():
-        return [_add_chat(store, c) for c in chats]
+    return chats
 
 
 def import_markdown(store: ConversationStore, text: str) -> list[int]:
     """Chats exported as Markdown come back as one branch each (Markdown keeps no versions). Like JSON, the whole
     text is checked before anything is written, and it is written in one batch."""
+    return add_chats(store, markdown_chats(text))
+
+
+def markdown_chats(text: str) -> list[dict]:
     if len(text) > MAX_IMPORT_BYTES:
         raise ImportFormatError("The text is too large to import.")
     if text.partition("\n")[0].endswith("\r"):  # saved again with Windows line ends: its markers would not match
@@ -202,8 +244,7 @@ def import_markdown(store: ConversationStore, text: str) -> list[int]:
     chats = [_markdown_chat(block) for block in re.split(r"\n\n---\n\n(?=# )", text.strip())]
     if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
         raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")
-    with getattr(store, "batch", nullcontext)():
-        return [_add_chat(store, c) for c in chats]
+    return chats
 
 
 def _markdown_chat(block: str) -> dict:

@@ -7,7 +7,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Signal
 
 # While a job runs, the interpreter hands the GIL over every 1 ms, not 5: PySide releases and takes it back around each
 # call into Qt, and a GUI thread that waited 5 ms each time laid out and painted a dialog in 0.4-0.7 s beside a header
@@ -45,6 +45,12 @@ class Background(QObject):
             self._done.emit(then, result, error)
         except RuntimeError:  # the app is gone (its QObject deleted): nobody waits for the result
             pass
+
+    def finish(self) -> None:
+        """Blocks until every work submitted has run and delivers its result now (at quit: nothing waits on the
+        event loop any more)."""
+        self._pool.submit(lambda: None).result()  # one worker, first in first out: every earlier work has run
+        QCoreApplication.sendPostedEvents(self, QEvent.Type.MetaCall)
 
     def _deliver(self, then: Done, result: Any, error: Exception | None) -> None:
         self.pending -= 1

@@ -1,18 +1,27 @@
-"""The GUI side of persistence: a flush timer, the store's warning in the status bar, export/import menu actions."""
+"""The GUI side of persistence: a flush timer, the store's warning in the status bar, export/import menu actions.
+
+An export reads the store on the GUI thread (~30 us a chat) and makes and writes its text on a worker; an import reads
+and checks its file on the worker and adds its chats here a slice at a time. Both finish before the window closes."""
 from __future__ import annotations
 
+import time
+from collections import deque
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
+from typing import Callable
 
-from PySide6.QtCore import QObject, QTimer
+from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtWidgets import QFileDialog, QLabel, QMainWindow, QMenu
 
 from app.core import export
 from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
-from engine.errors import ParleyError
+from app.qt.background import Background
 
 FLUSH_MS = 1000  # streamed text reaches the disk at least this often, even when tokens stall
 FILTERS = "Markdown (*.md);;JSON — full history with branches (*.json)"
+SLICE_S = 0.015  # an import adds chats for this long per turn of the event loop (a chat of long answers: ~2 ms)
 
 
 class PersistenceUI(QObject):
@@ -32,7 +41,24 @@ class PersistenceUI(QObject):
                 self.show_warning(self.store.warning)
         if getattr(self.store, "notice", ""):  # changes held back at the last quit, merged in now
             window.statusBar().showMessage(self.store.notice, 15000)
+        self.background = Background(self)
+        self._importing: deque[tuple] = deque()  # (file, chats still to add, ids added, then), first in first out
+        window.installEventFilter(self)
         self._menu()
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if watched is self.window and event.type() == QEvent.Type.Close:
+            self.finish()  # before the store closes: an export in flight is written, an import added whole
+        return False
+
+    def busy(self) -> bool:
+        return self.background.pending > 0 or bool(self._importing)
+
+    def finish(self) -> None:
+        """Every export written and every import added now, waiting as long as it takes (at quit)."""
+        self.background.finish()
+        while self._importing:
+            self._add_slice(deadline=float("inf"))
 
     def flush(self) -> None:
         if hasattr(self.store, "flush"):
@@ -80,31 +106,61 @@ class PersistenceUI(QObject):
         if path:
             self.export_to(path, ids, "json" if "json" in chosen.lower() or path.endswith(".json") else "md")
 
-    def export_to(self, path: str | Path, ids: list[int] | None, fmt: str) -> bool:
+    def export_to(self, path: str | Path, ids: list[int] | None, fmt: str) -> None:
+        """Writes the chats as they are now; the status bar says when the file is written (or a box why not)."""
         self.flush()
-        text = export.export_json(self.store, ids) if fmt == "json" else export.export_markdown(self.store, ids)
-        try:
-            write_text_whole(Path(path), text)  # a full disk keeps the last export whole, not a cut-off new one
-        except OSError as exc:
-            self._warn("Export failed", f"{path}\n\n{exc.strerror or exc}")
-            return False
-        self.window.statusBar().showMessage(f"Exported to {path}", 5000)
-        return True
+        chats = export.chats_of(self.store, ids)
+        render = export.render_json if fmt == "json" else export.render_markdown
+        self.window.statusBar().showMessage(f"Exporting {_chats(len(chats))} to {path}…")
+        self.background.run(partial(_write_export, Path(path), render, chats), partial(self._exported, path, len(chats)))
+
+    def _exported(self, path: str | Path, count: int, _result: None, error: Exception | None) -> None:
+        if error is not None:
+            self._warn("Export failed", f"{path}\n\n{getattr(error, 'strerror', None) or error}")
+            return
+        self.window.statusBar().showMessage(f"Exported {_chats(count)} to {path}", 5000)
 
     def import_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self.window, "Import chats", "", "Parley exports (*.json *.md)")
         if path:
             self.import_from(path)
 
-    def import_from(self, path: str | Path) -> list[int]:
-        try:
-            ids = export.import_file(self.store, path)
-        except (ParleyError, OSError) as exc:
-            self._warn("Import failed", f"{path}\n\n{exc}")
-            return []
+    def import_from(self, path: str | Path, then: Callable[[list[int]], None] | None = None) -> None:
+        """Reads and checks the file off the GUI thread, then adds its chats; `then(ids)` once all are in ([] for a
+        file refused)."""
+        self.window.statusBar().showMessage(f"Reading {path}…")
+        self.background.run(partial(export.read_chats, path), partial(self._read, str(path), then))
+
+    def _read(self, path: str, then, chats: list[dict] | None, error: Exception | None) -> None:
+        if error is not None:
+            self._warn("Import failed", f"{path}\n\n{error}")
+            if then is not None:
+                then([])
+            return
+        self._importing.append((path, deque(chats), [], then))
+        if len(self._importing) == 1:
+            QTimer.singleShot(0, self._add_slice)
+
+    def _add_slice(self, deadline: float | None = None) -> None:
+        """Adds chats of the first import for SLICE_S (a store batch each), then lets the event loop run."""
+        if not self._importing:
+            return
+        path, todo, ids, then = self._importing[0]
+        deadline = time.monotonic() + SLICE_S if deadline is None else deadline
+        with getattr(self.store, "batch", nullcontext)():
+            while todo and time.monotonic() < deadline:
+                ids += export.add_chats(self.store, [todo.popleft()])
+        if todo:
+            self.window.statusBar().showMessage(f"Importing {len(ids):,} of {len(ids) + len(todo):,} chats…")
+            QTimer.singleShot(0, self._add_slice)
+            return
+        self._importing.popleft()
         self.service.conversations_changed.emit()
-        self.window.statusBar().showMessage(f"Imported {len(ids)} chat(s)", 5000)
-        return ids
+        self.window.statusBar().showMessage(f"Imported {_chats(len(ids))} from {path}", 5000)
+        if then is not None:
+            then(ids)
+        if self._importing:
+            QTimer.singleShot(0, self._add_slice)
 
     def _warn(self, title: str, text: str) -> None:
         warn = getattr(self.window, "_warn", None)
@@ -112,3 +168,11 @@ class PersistenceUI(QObject):
             warn(title, text)
         else:
             self.window.statusBar().showMessage(f"{title}: {text}", 15000)
+
+
+def _write_export(path: Path, render: Callable[[list[dict]], str], chats: list[dict]) -> None:
+    write_text_whole(path, render(chats))  # a full disk keeps the last export whole, not a cut-off new one
+
+
+def _chats(n: int) -> str:
+    return f"{n:,} chat" + ("" if n == 1 else "s")

@@ -41,6 +41,7 @@ def test_a_chat_export_dropped_on_the_window_is_imported(parley, qtbot, tmp_path
     path.write_text(export.export_json(source), encoding="utf-8")
     before = len(parley.store.conversations())
     assert _drop(parley.window, [path])
+    qtbot.waitUntil(lambda: not parley.extra["persistence"].busy(), timeout=10_000)  # read and added off the GUI thread
     titles = [c.title for c in parley.store.conversations()]
     assert len(titles) == before + 1 and "Dropped in" in titles
 

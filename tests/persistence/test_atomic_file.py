@@ -61,10 +61,12 @@ def test_the_apps_export_over_an_earlier_one_that_fails_keeps_the_earlier_one(tm
         ui._warn = lambda title, text: print(title)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (1000, 1000))
-        print(ui.export_to({str(old)!r}, None, "md"))
+        ui.export_to({str(old)!r}, None, "md")
+        ui.finish()
+        print("done")
     """)
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert run.stdout.split() == ["Export", "failed", "False"], run.stderr
+    assert run.stdout.split() == ["Export", "failed", "done"], run.stderr
     assert old.read_text(encoding="utf-8") == "# Old export\n" * 40
 
 

@@ -105,13 +105,20 @@ def test_export_and_import_from_the_window(start, tmp_path):
     user = app.store.add_message(conv, None, "user", "hello there")
     app.store.add_message(conv, user.id, "assistant", "general")
     ui = app.extra["persistence"]
-    assert ui.export_to(tmp_path / "all.json", None, "json") and ui.export_to(tmp_path / "one.md", [conv], "md")
+    ui.export_to(tmp_path / "all.json", None, "json")
+    ui.export_to(tmp_path / "one.md", [conv], "md")
+    ui.finish()
     assert "hello there" in (tmp_path / "one.md").read_text()
-    ids = ui.import_from(tmp_path / "all.json")
+    got = []
+    ui.import_from(tmp_path / "all.json", got.append)
+    ui.finish()
+    ids = got[0]
     assert len(ids) == 1 and [m.content for m in app.store.path(ids[0])] == ["hello there", "general"]
     assert ids[0] in app.window.sidebar.ids()
     (tmp_path / "bad.json").write_text("[" * 10_000)
-    assert ui.import_from(tmp_path / "bad.json") == [] and "Import failed" in app.window.last_warning.windowTitle()
+    ui.import_from(tmp_path / "bad.json", got.append)
+    ui.finish()
+    assert got[1] == [] and "Import failed" in app.window.last_warning.windowTitle()
     assert [a.text() for a in ui.menu.actions()] == ["Export this chat…", "Export all chats…", "Import chats…"]
 
 
