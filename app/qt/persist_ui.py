@@ -116,6 +116,7 @@ class PersistenceUI(QObject):
 
     def _exported(self, path: str | Path, count: int, _result: None, error: Exception | None) -> None:
         if error is not None:
+            self.window.statusBar().clearMessage()  # 'Exporting…' stayed up under the box, as if still at work
             self._warn("Export failed", f"{path}\n\n{getattr(error, 'strerror', None) or error}")
             return
         self.window.statusBar().showMessage(f"Exported {_chats(count)} to {path}", 5000)
@@ -133,6 +134,7 @@ class PersistenceUI(QObject):
 
     def _read(self, path: str, then, chats: list[dict] | None, error: Exception | None) -> None:
         if error is not None:
+            self.window.statusBar().clearMessage()
             self._warn("Import failed", f"{path}\n\n{error}")
             if then is not None:
                 then([])

@@ -77,3 +77,13 @@ def test_closing_the_window_mid_export_and_mid_import_loses_neither(qtbot, tmp_p
     assert not ui.busy() and changed == [1] and len(store.conversations()) == 500
     assert (tmp_path / "a.md").read_text(encoding="utf-8").count("<!-- parley:user -->") == 1
     assert not list(tmp_path.glob("*.partial"))
+
+
+def test_a_failed_export_or_import_says_so_and_no_longer_says_it_is_at_work(qtbot, tmp_path):
+    window, ui, _ = _ui(qtbot, _store(3))
+    warned = []
+    ui._warn = lambda title, text: warned.append(title)
+    ui.export_to(tmp_path / "no such folder" / "a.md", None, "md")
+    ui.import_from(tmp_path / "missing.json")
+    qtbot.waitUntil(lambda: not ui.busy(), timeout=10_000)
+    assert warned == ["Export failed", "Import failed"] and window.statusBar().currentMessage() == ""
