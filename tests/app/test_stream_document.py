@@ -257,3 +257,34 @@ def test_an_answer_that_ends_in_a_long_code_block_keeps_its_runs(qapp):
     fresh.setHtml(rendered.html)
     assert doc.toHtml() == fresh.toHtml()
     assert 0 < sum(changed) < 2_000  # not the block's ~11,000 characters
+
+
+def _table_text(rows: int) -> str:
+    body = "".join(f"| Country {i} | *City* {i * 7 % 13} | {i * 1234:,} | `r{i}` |\n" for i in range(rows))
+    return f"Intro.\n\n| Country | Capital | Population | Code |\n|:---|---|---:|:-:|\n{body}\nAfter it.\n\n| a |\n|---|\n| 1 |\n"
+
+
+def test_a_growing_table_takes_its_new_rows_in_place_and_reads_as_a_fresh_render(qapp):
+    """Rows (a partial last one too, its missing cells filled in) go into the table in the document, column widths and
+    alignments as setHtml of the whole lays them out, at every step, then a paragraph and a table after it."""
+    text = _table_text(12)
+    steps = [text[:n] for n in range(1, len(text) + 1, 3)] + [text]
+    for got, fresh in _streamed(steps, MarkdownRenderer()):
+        assert got == fresh
+
+
+def test_an_update_at_the_end_of_a_long_table_parses_its_new_rows_not_the_table(qapp):
+    """Each token at the end of a 200-row table parsed all of its HTML again (~60,000 characters) and put it in again."""
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    renderer, text = MarkdownRenderer(), _table_text(200).split("\nAfter")[0]
+    stream = StreamDocument(SafeDocument())
+    parse, seen = stream._parse, []
+    stream._parse = lambda html, end=False: (seen.append(len(html)), parse(html, end))[1]
+    sizes = []
+    for n in range(len(text) - 300, len(text) + 1, 4):
+        rendered = message_html(Message(1, 1, None, "assistant", text[:n], "streaming"), 1, 1, renderer, busy=True)
+        seen.clear()
+        stream.update(list(rendered.parts))
+        sizes.append(sum(seen))
+    assert max(sizes[1:]) < 5_000, sizes
