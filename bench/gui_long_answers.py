@@ -10,7 +10,8 @@ is measured. A second thread posts a probe event every 10 ms and a key press to 
 wait in the event queue is what a user's input would wait. Scenarios: long (one chat), resize (one chat, a 15-step
 drag of the window's edge every 1.7 s), switch (4 chats answering, another shown every 0.5 s), compare (the compare
 view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming),
-compare_code (4 compare columns, each streaming that code answer).
+compare_code (4 compare columns, each streaming that code answer), table (one chat, a 200-row table of countries), list
+(one chat, a 300-item numbered list with nested notes).
 Spans: `head` while the answer streams but its last --tokens tokens, `stream` while those arrive, `finish` from
 Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
 ticks of a 10 ms timer on the GUI thread and the share of the span they took (the probe thread needs the GIL to
@@ -38,8 +39,8 @@ from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 HERE = Path(__file__).resolve().parent.parent
-SCENARIOS = ("long", "resize", "switch", "compare", "code", "compare_code")
-CODE_SCENARIOS = ("code", "compare_code")  # those that stream code_answer(), not long_answer()
+SCENARIOS = ("long", "resize", "switch", "compare", "code", "compare_code", "table", "list")
+ANSWER_OF = {"code": "code", "compare_code": "code", "table": "table", "list": "list"}  # others stream long_answer()
 TARGET_MS = 50.0
 PROBE_S, KEY_EVERY = 0.010, 10  # a probe every 10 ms, a key every 10th probe
 PROMPT = "Write a long answer in Markdown with code and tables."
@@ -75,6 +76,22 @@ def code_answer(lines: int = 190) -> str:
     """A line of text, then one Python block of `lines` lines (a block streams highlighted up to 200 lines)."""
     body = "\n".join(f"    total_{j} = compute(values[{j}], scale={j}.5)  # step {j}" for j in range(lines))
     return f"Here is the code:\n\n```python\ndef long_part(values):\n{body}\n    return total_0\n```\n"
+
+
+def table_answer(rows: int = 200) -> str:
+    """A line of text, then a table of `rows` countries (models write such tables of 20-200 rows)."""
+    rng = random.Random(2)
+    body = "".join(f"| Country {i} | City {rng.randint(1, 999)} | {rng.randint(10 ** 5, 10 ** 9):,} | "
+                   f"{rng.choice(['Europe', 'Asia', 'Africa', 'Americas'])} |\n" for i in range(rows))
+    return f"Here is the table:\n\n| Country | Capital | Population | Region |\n|---|---|---:|---|\n{body}\nDone.\n"
+
+
+def list_answer(items: int = 300) -> str:
+    """A line of text, then a numbered list of `items` items, a nested note under every 10th."""
+    rng = random.Random(3)
+    body = "".join(f"{i + 1}. Step **{i}**: {_para(rng, 8)}\n" + ("   - a nested note\n" if i % 10 == 9 else "")
+                   for i in range(items))
+    return f"Here are the steps:\n\n{body}\nDone.\n"
 
 
 def token_pieces(gguf: str, text: str) -> list[tuple[int, str]]:
@@ -382,9 +399,9 @@ def measure(args) -> int:
             print(json.dumps({"bench": "gui_long_answers", "error": "the embedded model did not load"}), flush=True)
             return 1
         gguf = app.models.file_of("default")
-        answers = {"long": long_answer(args.chars), "code": code_answer()}
-        pieces = {kind: token_pieces(gguf, answers[kind]) for kind in {"code" if n in CODE_SCENARIOS else "long"
-                                                                         for n in args.scenarios}}
+        answers = {"long": long_answer(args.chars), "code": code_answer(), "table": table_answer(),
+                   "list": list_answer()}
+        pieces = {kind: token_pieces(gguf, answers[kind]) for kind in {ANSWER_OF.get(n, "long") for n in args.scenarios}}
         tree = {"tree": args.tree or str(Path(args.src).resolve()), "src": str(Path(app_main.__file__).parents[2])}
         meter = Meter(app.window.chat.composer.edit)
         meter.start()
@@ -394,7 +411,7 @@ def measure(args) -> int:
                 "loop": meter.loop(meter.started, meter.stopped)}
         print(json.dumps({"bench": "gui_long_answers", "scenario": "idle", **tree, **idle}), flush=True)
         for name in args.scenarios:
-            answer = pieces["code" if name in CODE_SCENARIOS else "long"]
+            answer = pieces[ANSWER_OF.get(name, "long")]
             row = run_scenario(app, name, answer, args, meter)
             row["pass"] = row["stream_key"]["p95"] is not None and row["stream_key"]["p95"] < TARGET_MS
             print(json.dumps({**row, **tree, "tokens_total": len(answer)}), flush=True)
@@ -416,9 +433,11 @@ def ratios(rows: list[dict], baseline: str, this: str) -> list[dict]:
         row = {"bench": "gui_long_answers", "scenario": name, "ratio": "baseline / this", "baseline": baseline,
                "this": this}
         for part, key in RATIOS:
-            of = lambda tree: [r[part][key] for r in rows if r["scenario"] == name and r["tree"] == tree]
-            b, t = round(statistics.median(of(baseline)), 3), round(statistics.median(of(this)), 3)
-            row[f"{part}_{key}"] = [b, t, round(b / t, 2) if t else None]
+            # a span with no probe in it (a stall over all of it) has no percentiles
+            of = lambda tree: [r[part][key] for r in rows if r["scenario"] == name and r["tree"] == tree
+                               and r[part][key] is not None]
+            b, t = (round(statistics.median(of(tree)), 3) if of(tree) else None for tree in (baseline, this))
+            row[f"{part}_{key}"] = [b, t, round(b / t, 2) if b is not None and t else None]
         out.append(row)
     return out
 
