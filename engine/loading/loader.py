@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -12,7 +13,7 @@ import torch
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
-from engine.loading.gguf_file import open_gguf
+from engine.loading.gguf_file import GGUFFile, open_gguf
 from engine.loading.gguf_split import files_name, model_file, model_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer
@@ -114,11 +115,13 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         elif options.weights == "quantized":  # the app's settings.json may ask it of every model
             notices.append(f'Weights "quantized" {quantized_folders(source.name)}.')
         kind = "hf"
-    elif (options := _resolve_weights(source, options)).quantized:
-        args, weights, tok = _read_gguf(source, progress, options, notices=notices)
-        kind = "gguf"
     else:
-        args, weights, tok, kind = _read_gguf_cached(source, options, progress, notices)
+        with _OpenOnce(source) as opened:
+            if (options := _resolve_weights(source, options, opened)).quantized:
+                args, weights, tok = _read_gguf(source, progress, options, notices=notices, opened=opened)
+                kind = "gguf"
+            else:
+                args, weights, tok, kind = _read_gguf_cached(source, options, progress, notices, opened)
     read_s = time.perf_counter() - start
     args = fit_context(args, options.context)
     model = build_model(args, weights, options.torch_dtype, options.device)
@@ -143,7 +146,27 @@ def _quantized_at_load(weights: dict, scheme: str) -> dict:
             else v.clone() if isinstance(v, torch.Tensor) else v for k, v in weights.items()}
 
 
-def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
+class _OpenOnce:
+    """A GGUF file opened at most once by one load, however many of its steps read the header (its checks and its
+    token strings: ~0.2-0.45 s for a 262,144-token vocabulary); closed when the load is done with it."""
+
+    def __init__(self, path: Path):
+        self.path, self.file = path, None
+
+    def __call__(self) -> GGUFFile:
+        if self.file is None:
+            self.file = open_gguf(self.path)
+        return self.file
+
+    def __enter__(self) -> "_OpenOnce":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _resolve_weights(path: Path, options: LoadOptions, opened: Callable[[], GGUFFile] | None = None) -> LoadOptions:
     """`weights="auto"` made concrete for a GGUF file: quantized on the CPU; on CUDA quantized for models of at least
     QUANTIZED_FROM_WEIGHTS matrix weights (the quantized kernels decode them faster) or whose floats would take more
     than GPU_FLOAT_SHARE of the free GPU memory (room left for the KV cache and a second model), else floats."""
@@ -151,9 +174,8 @@ def _resolve_weights(path: Path, options: LoadOptions) -> LoadOptions:
         return options
     weights = "quantized"
     if options.device.startswith("cuda"):
-        gf = open_gguf(path)
-        gf.close()  # the header's tensor table is all this needs
-        tensors = gf.tensors
+        with _OpenOnce(path) if opened is None else nullcontext(opened) as open_file:
+            tensors = open_file().tensors  # the header's tensor table is all this needs
         floats = gguf_estimate(tensors, 0, False, options.torch_dtype.itemsize)
         small = _matrix_weights(tensors) < QUANTIZED_FROM_WEIGHTS
         roomy = floats <= GPU_FLOAT_SHARE * available_bytes(options.device)
@@ -248,12 +270,13 @@ def _keeps_mxfp4(options: LoadOptions) -> bool:
     return options.weights != "dequantized" and options.device.split(":")[0] in ("cpu", "cuda")
 
 
-def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, notices: list[str] | None = None):
+def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, notices: list[str] | None = None,
+               opened: Callable[[], GGUFFile] | None = None):
     if progress:
         progress("Reading model file", 0.0)
     if progress and options.quantized and options.device == "cpu":
         _build_cpu_kernels(progress)
-    gf = open_gguf(path)
+    gf = open_gguf(path) if opened is None else opened()
     if notices is not None:
         notices.extend(gf.notices)
     try:
@@ -318,13 +341,14 @@ def _check_fits(staging: int, final: int, name: str, args: ModelArgs, options: L
         check_fits(final, options.device, name, beside)
 
 
-def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None, notices: list[str]):
+def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | None, notices: list[str],
+                      opened: Callable[[], GGUFFile] | None = None):
     cache_dir = options.cache_dir
     if cache_dir is not None:
         hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, files_name(path)))
         if hit is not None:
             return (*hit, "converted-cache")
-    args, weights, tok = _read_gguf(path, progress, options, notices=notices)
+    args, weights, tok = _read_gguf(path, progress, options, notices=notices, opened=opened)
     if cache_dir is not None:
         converted.save(cache_dir, path, args, weights, tok)
     return args, weights, tok, "gguf"

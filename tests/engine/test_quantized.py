@@ -281,6 +281,9 @@ def test_auto_weights_quantized_on_cpu_floats_on_a_roomy_gpu(tiny_models_q4, mon
     opts.device, opts.dtype = "cuda", "bfloat16"
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 40)
     assert loader._resolve_weights(path, opts).weights == "dequantized"
+    with loader._OpenOnce(path) as opened:  # as load_model passes it: the file its read goes on to use
+        assert loader._resolve_weights(path, opts, opened).weights == "dequantized"
+        assert opened.file is not None and opened() is opened.file
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 10)
     assert loader._resolve_weights(path, opts).weights == "quantized"
     monkeypatch.setattr(loader, "available_bytes", lambda device: 1 << 40)

@@ -74,3 +74,16 @@ def test_mixed_format_qkv_fuses_and_batched_equals_alone(mixed_models, arch, lay
     stacked = [m for m in lm.model.modules() if isinstance(m, StackedRows)]
     if any(m.format == "int4" for m in lm.model.modules() if isinstance(m, QuantTensor)):
         assert stacked and all(s.format == "int4+int8" for s in stacked)
+
+
+@pytest.mark.parametrize("weights", ["auto", "quantized", "dequantized"])
+def test_a_cuda_load_reads_the_header_once(tiny_models_q4, tmp_path, monkeypatch, weights):
+    """`weights="auto"` on CUDA opened the file to size the model, then the load opened it again: the header's token
+    strings read twice (~0.2-0.45 s each for a 262,144-token vocabulary)."""
+    from engine.loading import loader
+
+    opened, real = [], loader.open_gguf
+    monkeypatch.setattr(loader, "open_gguf", lambda path: opened.append(path) or real(path))
+    opts = LoadOptions(device="cuda", dtype="bfloat16", weights=weights, cache_dir=tmp_path)
+    lm = load_model(tiny_models_q4["llama"].gguf_path, opts)
+    assert len(opened) == 1 and any(t.is_cuda for t in lm.model.state_dict().values())
