@@ -204,10 +204,43 @@ def read_chats(path: str | Path) -> list[dict]:
     return markdown_chats(text) if Path(path).suffix.lower() in (".md", ".markdown") else json_chats(text)
 
 
-def add_chats(store: ConversationStore, chats: list[dict]) -> list[int]:
-    """Checked chats (read_chats, json_chats, markdown_chats) as new chats in one batch; their ids."""
+def add_chats(store: ConversationStore, chats: list[dict], present: Present | None = None) -> list[int]:
+    """Checked chats (read_chats, json_chats, markdown_chats) as new chats in one batch; the ids of those added. A chat
+    the store holds already (`present`: the store's chats when the import began) is skipped: an import that a crash cut
+    short, run again, or a file imported twice, adds each chat once."""
+    present = present if present is not None else Present(store)
     with getattr(store, "batch", nullcontext)():
-        return [_add_chat(store, c) for c in chats]
+        return [_add_chat(store, c) for c in chats if present.take(c) is None]
+
+
+class Present:
+    """The chats a store held when an import began, found by what they hold: a chat of the file is one of them where
+    its title, its messages (their tree, roles and texts) and, where the file keeps it, the time it was started are the
+    same. Each chat of the store stands for one chat of the file (a file of three empty 'New chat's adds three)."""
+
+    def __init__(self, store: ConversationStore):
+        self.store = store
+        self._untold: dict[str, list[int]] = {}  # title -> chats not yet read (reading all at once: ~35 us a chat)
+        for conv in store.conversations(include_hidden=True):
+            self._untold.setdefault(conv.title, []).append(conv.id)
+        self._known: dict[tuple, list[tuple[float, int]]] = {}  # chat_key -> (started, id) of each chat read
+
+    def take(self, chat: dict) -> int | None:
+        """The id of the store's chat that `chat` is (no longer offered for another), or None."""
+        for conv_id in self._untold.pop(chat["title"], ()):
+            if self.store.has(conv_id):
+                known = chat_dict(self.store, conv_id)
+                self._known.setdefault(chat_key(known), []).append((known["created_at"], conv_id))
+        same = self._known.get(chat_key(chat), [])
+        for i, (started, conv_id) in enumerate(same):
+            if chat["created_at"] in (None, started) and self.store.has(conv_id):  # deleted since: not here any more
+                return same.pop(i)[1]
+        return None
+
+
+def chat_key(chat: dict) -> tuple:
+    """A chat's title and messages (parent, role, text), as exported and as checked at import."""
+    return chat["title"], tuple((m["parent"], m["role"], m["content"]) for m in chat["messages"])
 
 
 def import_json(store: ConversationStore, text: str | bytes) -> list[int]:

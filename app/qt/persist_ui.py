@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -42,7 +43,7 @@ class PersistenceUI(QObject):
         if getattr(self.store, "notice", ""):  # changes held back at the last quit, merged in now
             window.statusBar().showMessage(self.store.notice, 15000)
         self.background = Background(self)
-        self._importing: deque[tuple] = deque()  # (file, chats still to add, ids added, then), first in first out
+        self._importing: deque[_Import] = deque()  # first in first out
         window.installEventFilter(self)
         self._menu()
 
@@ -127,8 +128,8 @@ class PersistenceUI(QObject):
             self.import_from(path)
 
     def import_from(self, path: str | Path, then: Callable[[list[int]], None] | None = None) -> None:
-        """Reads and checks the file off the GUI thread, then adds its chats; `then(ids)` once all are in ([] for a
-        file refused)."""
+        """Reads and checks the file off the GUI thread, then adds those of its chats not here already; `then(ids)` once
+        all are in: the chats added ([] for a file refused)."""
         self.window.statusBar().showMessage(f"Reading {path}…")
         self.background.run(partial(export.read_chats, path), partial(self._read, str(path), then))
 
@@ -139,7 +140,7 @@ class PersistenceUI(QObject):
             if then is not None:
                 then([])
             return
-        self._importing.append((path, deque(chats), [], then))
+        self._importing.append(_Import(path, deque(chats), len(chats), then))
         if len(self._importing) == 1:
             QTimer.singleShot(0, self._add_slice)
 
@@ -147,20 +148,23 @@ class PersistenceUI(QObject):
         """Adds chats of the first import for SLICE_S (a store batch each), then lets the event loop run."""
         if not self._importing:
             return
-        path, todo, ids, then = self._importing[0]
+        job = self._importing[0]
+        if job.present is None:  # the store's chats as this import begins (an import before it is in)
+            job.present = export.Present(self.store)
         deadline = time.monotonic() + SLICE_S if deadline is None else deadline
         with getattr(self.store, "batch", nullcontext)():
-            while todo and time.monotonic() < deadline:
-                ids += export.add_chats(self.store, [todo.popleft()])
-        if todo:
-            self.window.statusBar().showMessage(f"Importing {len(ids):,} of {len(ids) + len(todo):,} chats…")
+            while job.todo and time.monotonic() < deadline:
+                job.ids += export.add_chats(self.store, [job.todo.popleft()], job.present)
+        if job.todo:
+            done = job.total - len(job.todo)
+            self.window.statusBar().showMessage(f"Importing {done:,} of {job.total:,} chats…")
             QTimer.singleShot(0, self._add_slice)
             return
         self._importing.popleft()
         self.service.conversations_changed.emit()
-        self.window.statusBar().showMessage(f"Imported {_chats(len(ids))} from {path}", 5000)
-        if then is not None:
-            then(ids)
+        self.window.statusBar().showMessage(job.said(), 5000)
+        if job.then is not None:
+            job.then(job.ids)
         if self._importing:
             QTimer.singleShot(0, self._add_slice)
 
@@ -170,6 +174,25 @@ class PersistenceUI(QObject):
             warn(title, text)
         else:
             self.window.statusBar().showMessage(f"{title}: {text}", 15000)
+
+
+@dataclass(slots=True)
+class _Import:
+    """One file's import: its checked chats still to add, the ids of those added."""
+    path: str
+    todo: deque
+    total: int
+    then: Callable[[list[int]], None] | None
+    ids: list[int] = field(default_factory=list)
+    present: export.Present | None = None  # the store's chats when its first chat is added
+
+    def said(self) -> str:
+        """'Imported N chats from …', with how many were here already (a file imported again, after a crash say)."""
+        skipped = self.total - len(self.ids)
+        if not skipped:
+            return f"Imported {_chats(len(self.ids))} from {self.path}"
+        here = "was" if skipped == 1 else "were"
+        return f"Imported {_chats(len(self.ids))} from {self.path}; {skipped:,} of its chats {here} here already"
 
 
 def _write_export(path: Path, render: Callable[[list[dict]], str], chats: list[dict]) -> None:

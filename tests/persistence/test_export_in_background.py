@@ -70,7 +70,8 @@ def test_exporting_many_chats_keeps_the_window_answering(qtbot, tmp_path, fmt, w
     assert window.statusBar().currentMessage() == f"Exported 1,000 chats to {path}"
     text = path.read_text(encoding="utf-8")
     assert "written after" not in text and text.count("question ") == CHATS  # the chats as they were at the click
-    imported = []
+    imported, store = [], ConversationStore()  # into the store they came from, each is there already
+    window, ui, _ = _ui(qtbot, store)
     with Heartbeat() as beat:
         ui.import_from(path, imported.append)
         qtbot.waitUntil(lambda: bool(imported), timeout=30_000)

@@ -103,12 +103,13 @@ def test_export_and_import_from_the_window(start, tmp_path):
     app = start(tmp_path / "data")
     conv = app.window.current()
     user = app.store.add_message(conv, None, "user", "hello there")
-    app.store.add_message(conv, user.id, "assistant", "general")
+    answer = app.store.add_message(conv, user.id, "assistant", "general")
     ui = app.extra["persistence"]
     ui.export_to(tmp_path / "all.json", None, "json")
     ui.export_to(tmp_path / "one.md", [conv], "md")
     ui.finish()
     assert "hello there" in (tmp_path / "one.md").read_text()
+    app.store.append_text(answer.id, " Kenobi")  # changed since the export: its exported copy is another chat
     got = []
     ui.import_from(tmp_path / "all.json", got.append)
     ui.finish()

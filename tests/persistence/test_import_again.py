@@ -1,0 +1,110 @@
+"""An import cut short (a crash, a kill, a quit) keeps the chats it added; importing the file again, or twice on
+purpose, adds each chat once: the second import of a file doubled every chat, and a re-import after a kill doubled
+those added before it."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+from app.core import export
+from app.core.conversations import ConversationStore
+from app.core.sqlite_store import SqliteConversationStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _store(n: int, answer: str = "an answer ") -> ConversationStore:
+    store = ConversationStore()
+    for i in range(n):
+        conv = store.create(f"Chat {i}")
+        question = store.add_message(conv.id, None, "user", f"question {i}")
+        store.add_message(conv.id, question.id, "assistant", answer * 40 + str(i))
+    return store
+
+
+def _ui(qtbot, store):
+    from PySide6.QtWidgets import QMainWindow
+
+    from app.qt.persist_ui import PersistenceUI
+
+    window = QMainWindow()
+    qtbot.addWidget(window)
+    service = types.SimpleNamespace(store=store, conversations_changed=types.SimpleNamespace(emit=lambda: None))
+    return window, PersistenceUI(window, service)
+
+
+def _import(qtbot, ui, path) -> list[int]:
+    got = []
+    ui.import_from(path, got.append)
+    qtbot.waitUntil(lambda: bool(got), timeout=20_000)
+    return got[0]
+
+
+def _titles(store) -> list[str]:
+    return sorted(c.title for c in store.conversations(include_hidden=True))
+
+
+def test_a_file_imported_twice_adds_each_chat_once_and_says_so(qtbot, tmp_path):
+    source = _store(5)
+    source.add_message(source.conversations()[0].id, None, "user", "another version")  # a tree, not a line
+    for fmt in ("json", "md"):
+        (tmp_path / f"all.{fmt}").write_text(getattr(export, f"export_{'json' if fmt == 'json' else 'markdown'}")(source),
+                                             encoding="utf-8")
+        store = ConversationStore()
+        store.create("New chat")
+        window, ui = _ui(qtbot, store)
+        assert len(_import(qtbot, ui, tmp_path / f"all.{fmt}")) == 5
+        assert _import(qtbot, ui, tmp_path / f"all.{fmt}") == []
+        assert window.statusBar().currentMessage().endswith("; 5 of its chats were here already")
+        assert _titles(store) == sorted(["New chat", *(f"Chat {i}" for i in range(5))])
+
+
+def test_a_chat_that_only_looks_the_same_is_still_added():
+    source = _store(2)
+    text = export.export_json(source)
+    store = ConversationStore()
+    assert len(export.import_json(store, text)) == 2
+    conv = store.conversations()[0]
+    store.add_message(conv.id, store.path(conv.id)[-1].id, "user", "and then?")  # grown since: another chat now
+    twin = _store(1)  # the same title and messages, started at another time
+    assert export.import_json(store, text) and len(export.import_json(store, export.export_json(twin))) == 1
+    assert len(store.conversations()) == 4
+    empties = "\n\n---\n\n".join(["# New chat"] * 3) + "\n"  # Markdown keeps no times: three empty chats are three
+    assert len(export.import_markdown(store, empties)) == 3 and export.import_markdown(store, empties) == []
+
+
+def test_importing_again_after_a_kill_mid_import_adds_each_chat_once(qtbot, tmp_path):
+    chats = 400
+    source = tmp_path / "all.json"
+    source.write_text(export.export_json(_store(chats, "a longer answer, " * 10)), encoding="utf-8")
+    db = tmp_path / "parley.db"
+    SqliteConversationStore(db).close()
+    child = subprocess.Popen([sys.executable, "-m", "tests.persistence.import_child", str(db), str(source)], cwd=ROOT)
+    watch = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True)
+    try:
+        added, end = 0, time.monotonic() + 30
+        while added == 0 and child.poll() is None and time.monotonic() < end:
+            added = watch.execute("SELECT count(*) FROM conversation").fetchone()[0]
+            time.sleep(0.002)
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+    finally:
+        watch.close()
+    assert child.returncode == -signal.SIGKILL
+    store = SqliteConversationStore(db)
+    kept = len(store.conversations())
+    assert 0 < kept < chats and all(len(store.path(c.id)) == 2 for c in store.conversations())  # whole chats only
+    window, ui = _ui(qtbot, store)
+    assert len(_import(qtbot, ui, source)) == chats - kept
+    assert window.statusBar().currentMessage().endswith(f"; {kept:,} of its chats were here already")
+    assert _titles(store) == sorted(f"Chat {i}" for i in range(chats))
+    store.close()
+    again = SqliteConversationStore(db)
+    assert _titles(again) == sorted(f"Chat {i}" for i in range(chats))
+    again.close()
