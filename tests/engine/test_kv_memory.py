@@ -157,7 +157,7 @@ from tests.engine.test_kv_memory import _step
 
 torch.set_num_threads(1)
 layout, seen = sys.argv[1], sys.argv[2] == "seen"
-cache = make_cache(CacheConfig(layout, 1, 1 << 16, 1 << 16, "float32", max_step_tokens=256), [None] * 4, 8, 128)
+cache = make_cache(CacheConfig(layout, 1, 1 << 16, 1 << 16, "float32", max_step_tokens=256), [None] * 4, 32, 128)  # wide rows: the limit in few, cheap steps
 slot = cache.seq_new()
 _step(cache, [(slot, 256)])
 if not seen:  # a limit the free-memory reading misses: the allocator itself refuses
