@@ -23,6 +23,7 @@ from app.qt.background import Background
 FLUSH_MS = 1000  # streamed text reaches the disk at least this often, even when tokens stall
 FILTERS = "Markdown (*.md);;JSON — full history with branches (*.json)"
 SLICE_S = 0.015  # an import adds chats for this long per turn of the event loop (a chat of long answers: ~2 ms)
+NEXT_SLICE_MS = 1  # not 0: a zero timer ran before the window's own timers, two slices back to back (30-37 ms)
 
 
 class PersistenceUI(QObject):
@@ -158,7 +159,7 @@ class PersistenceUI(QObject):
         if job.todo:
             done = job.total - len(job.todo)
             self.window.statusBar().showMessage(f"Importing {done:,} of {job.total:,} chats…")
-            QTimer.singleShot(0, self._add_slice)
+            QTimer.singleShot(NEXT_SLICE_MS, self._add_slice)
             return
         self._importing.popleft()
         self.service.conversations_changed.emit()

@@ -1,0 +1,44 @@
+"""JsonPieces reads what json.loads reads, and refuses what it refuses with the same message: an export parsed a
+message at a time (json.loads of a 25 MB file held the GIL, and the window, 160 ms)."""
+from __future__ import annotations
+
+import json
+import random
+from functools import partial
+
+from app.core.export import PIECES
+from app.core.json_stream import JsonPieces
+
+DOC = {"format": "parley-chats", "version": 1, "conversations": [
+    {"title": "A \"quoted\" title ✓", "settings": {"temperature": 0.7, "seed": None}, "leaf": 1, "pinned": True,
+     "messages": [{"id": 0, "parent": None, "role": "user", "content": "hi\n[{"},
+                  {"id": 1, "parent": 0, "role": "assistant", "content": "}]\\", "stats": {"a": [1, 2.5e3]}}]},
+    {"title": "", "messages": []}, {"messages": {}}, [], 3]}
+
+
+def _outcome(read, text: str):
+    try:
+        return "ok", read(text)
+    except json.JSONDecodeError as exc:
+        return "error", str(exc)
+
+
+def _pieces(text: str, size: int = 1 << 20):
+    return JsonPieces([text[i:i + size] for i in range(0, len(text), size)]).document(PIECES)
+
+
+def test_pieces_read_as_json_loads_does_on_texts_cut_and_damaged():
+    rng = random.Random(7)
+    texts = [json.dumps(DOC, indent=indent, ensure_ascii=ascii) for indent in (None, 1, 4) for ascii in (True, False)]
+    texts += ["", " ", "{}", "[]", '{"conversations": []}', '{"a": 1, "a": 2}', '{"a": 1,}', "[1,]", '{"a" 1}',
+              '{"a": 1 "b": 2}', "{1: 2}", '{"conversations": [1 2]}', "{} x", " {\n} \n", '"text"', "nan", "NaN"]
+    base = texts[:6]
+    for _ in range(600):  # cut short, a character dropped, doubled or changed
+        text = rng.choice(base)
+        at = rng.randrange(len(text))
+        text = rng.choice([text[:at], text[:at] + text[at + 1:], text[:at] + text[at] + text[at:],
+                           text[:at] + rng.choice('{}[],:" \n1x') + text[at + 1:]])
+        texts.append(text)
+    for text in texts:  # whole, and cut in pieces of 1 to 9 characters (a value, a string, a line across pieces)
+        size = rng.randrange(1, 10)
+        assert _outcome(_pieces, text) == _outcome(json.loads, text) == _outcome(partial(_pieces, size=size), text), text
