@@ -29,21 +29,24 @@ class GrowingBlocks:
         self._rows: OrderedDict[tuple[str, str], str | None] = OrderedDict()
         self._items: OrderedDict[tuple[str, bool], tuple[str, str, str, bool] | None] = OrderedDict()
 
-    def render(self, text: str, env: dict) -> str | None:
-        """render(text)'s HTML where `text` is one table or one list, else None."""
+    def render(self, text: str, env: dict, new_at_most: int | None = None) -> str | None:
+        """render(text)'s HTML where `text` is one table or one list, else None; None too where more than `new_at_most`
+        of its rows or items are not rendered yet (a block that did not stream: rendered whole, that is quicker)."""
         if text.startswith("|"):
-            return self._table(text, env)
+            return self._table(text, env, new_at_most)
         if "```" in text or "~~~" in text or "]:" in text:
             return None
         if ITEM.match(text):
-            return self._list(text, env)
+            return self._list(text, env, new_at_most)
         # the text before a list, a blank line after it ("Steps:", a heading): rendered whole once, the list apart
         lines = text.split("\n")
         start = next((i for i, line in enumerate(lines) if ITEM.match(line.lstrip())), None)
         if start is None or not ITEM.match(lines[start]) or lines[start - 1] != "":
             return None
         head = "\n".join(lines[:start]) + "\n"
-        listed = self._list("\n".join(lines[start:]), env)
+        if _over(new_at_most, (head, None) not in self._rows):
+            return None
+        listed = self._list("\n".join(lines[start:]), env, new_at_most)
         head_html = self._cached(self._rows, (head, None), lambda: self._plain(head, env))
         return None if listed is None or head_html is None else head_html + listed
 
@@ -53,13 +56,13 @@ class GrowingBlocks:
         html = self._md.render(text, mine)
         return None if mine["code_blocks"] else html
 
-    def _table(self, text: str, env: dict) -> str | None:
-        lines = text.split("\n")
-        if lines[-1] == "":
-            lines.pop()
+    def _table(self, text: str, env: dict, new_at_most: int | None) -> str | None:
+        lines = text.rstrip("\n").split("\n")  # the blank line that ends a table is none of its rows
         if len(lines) < 2 or not DELIMITER.fullmatch(lines[1]):
             return None
         head = f"{lines[0]}\n{lines[1]}\n"
+        if _over(new_at_most, (head, "") not in self._rows, *((head, row) not in self._rows for row in lines[2:])):
+            return None
         head_html = self._cached(self._rows, (head, ""), lambda: self._plain(head, env))
         if head_html is None or not (head_html.startswith("<table") and head_html.endswith("</thead>\n" + TABLE_END)):
             return None
@@ -76,7 +79,7 @@ class GrowingBlocks:
             return head_html
         return head_html[:-len(TABLE_END)] + "<tbody>\n" + "".join(body[cut:] for body in bodies) + "</tbody>\n" + TABLE_END
 
-    def _list(self, text: str, env: dict) -> str | None:
+    def _list(self, text: str, env: dict, new_at_most: int | None) -> str | None:
         lines = text.split("\n")
         kind = _kind(lines[0])
         starts = [i for i, line in enumerate(lines) if ITEM.match(line)]
@@ -88,6 +91,8 @@ class GrowingBlocks:
             return None  # an empty item, or two blank lines: where CommonMark may end the list
         # a blank line between two items makes the list loose (one at the end of the last does not)
         loose = any(item.endswith("\n\n") for item in items[:-1])
+        if _over(new_at_most, *((item, loose) not in self._items for item in items)):
+            return None
         rendered = self._join(items, env, loose)
         if rendered is not None and not loose and rendered[1]:  # an item loose alone makes the whole list loose
             rendered = self._join(items, env, loose=True)
@@ -133,6 +138,11 @@ class GrowingBlocks:
         while len(cache) > KEEP:
             cache.popitem(last=False)
         return value
+
+
+def _over(new_at_most: int | None, *missing: bool) -> bool:
+    """Whether more rows or items are missing than a render may take."""
+    return new_at_most is not None and sum(missing) > new_at_most
 
 
 def _body(html: str, head_html: str) -> str | None:

@@ -67,8 +67,9 @@ class StreamDocument:
         for index, group in enumerate(self._groups):
             new = parts[same:same + len(group.parts)]
             inner = index < len(self._groups) - 1 and len(new) == len(group.parts)
-            changed = new != group.parts or group.end != (same + len(new) == len(parts))
-            if changed and not inner and self._grow_table(group, new):
+            end = same + len(new) == len(parts)
+            changed = new != group.parts or group.end != end
+            if changed and not inner and self._grow_table(group, new, end):
                 same += len(new)
                 continue
             if changed and not (inner and self._replace(index, new)):
@@ -147,27 +148,31 @@ class StreamDocument:
         group.parts, after.block, after.char = parts, cursor.blockFormat(), cursor.blockCharFormat()
         return True
 
-    def _grow_table(self, group: _Group, parts: list[str]) -> bool:
-        """The last group takes a table's new rows in place, where only its last part changed and only in rows of its
-        table (a growing table: putting all of a 200-row one in again took 40-120 ms a token here); False otherwise."""
+    def _grow_table(self, group: _Group, parts: list[str], end: bool) -> bool:
+        """The last group takes a table's new rows and what follows it in place, where only its last part changed and
+        only in rows of its table or after it (a growing table, its cursor moving on or its note when the answer ends:
+        putting all of a 200-row one in again took 40-120 ms here); False otherwise."""
         if not group.end or len(parts) != len(group.parts) or parts[:-1] != group.parts[:-1]:
             return False
         old, new = _table_rows(group.parts[-1]), _table_rows(parts[-1])
-        if old is None or new is None or old[0] != new[0] or old[2] != new[2]:
+        if old is None or new is None or old[0] != new[0] or (old[2] != new[2] and not (
+                _plain_after(old[2]) and _plain_after(new[2]))):
             return False
         tables = [frame for frame in self.doc.rootFrame().childFrames() if isinstance(frame, QTextTable)]
         if not tables or tables[-1].rows() != 1 + len(old[1]):
             return False
         kept = next((k for k, (a, b) in enumerate(zip(old[1], new[1])) if a != b), min(len(old[1]), len(new[1])))
-        parsed = self._parse(old[0] + "<tbody>\n" + "".join(new[1][kept:]) + "</tbody>\n</table>\n")
+        parsed = self._parse(old[0] + "<tbody>\n" + "".join(new[1][kept:]) + "</tbody>\n</table>\n" + new[2], end)
         source = next((frame for frame in parsed.rootFrame().childFrames() if isinstance(frame, QTextTable)), None)
         if source is None or source.rows() != 1 + len(new[1]) - kept or source.columns() != tables[-1].columns():
             return False
         edit = QTextCursor(self.doc)
         edit.beginEditBlock()  # the table laid out once, not after each of its cells' edits (~0.5 s a token at 200 rows)
         _put_rows(tables[-1], kept, len(old[1]) - kept, source)
+        if old[2] != new[2] or group.end != end:
+            _put_from(self.doc, tables[-1].lastPosition() + 1, parsed, source.lastPosition() + 1)
         edit.endEditBlock()
-        group.parts = parts
+        group.parts, group.end, group.open_end = parts, end, _ends_open(parsed)
         return True
 
     def _cut(self, index: int) -> None:
@@ -216,6 +221,25 @@ def _table_rows(part: str) -> tuple[str, list[str], str] | None:
     if end is None or not body.endswith("</tr>\n"):
         return None
     return head, [row + "</tr>\n" for row in body.split("</tr>\n")[:-1]], end
+
+
+def _plain_after(html: str) -> bool:
+    """Whether what follows a table is nothing or starts with a paragraph (its cursor, its note): after a table that
+    goes in alone, where a rule or a list may take the block Qt ends the table with."""
+    return not html or html.startswith("<p")
+
+
+def _put_from(doc: QTextDocument, position: int, source: QTextDocument, start: int) -> None:
+    """`doc` from `position` on replaced by `source` from `start` on."""
+    cursor = QTextCursor(doc)
+    cursor.setPosition(position)
+    cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+    cursor.removeSelectedText()
+    text = QTextCursor(source)
+    text.setPosition(start)
+    text.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
+    if text.hasSelection():
+        cursor.insertFragment(QTextDocumentFragment(text))
 
 
 def _put_rows(table: QTextTable, kept: int, dropped: int, source: QTextTable) -> None:
