@@ -10,15 +10,18 @@ can stand alone there (a header whose links change when the answer ends, a long 
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import (QTextBlock, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
-                           QTextDocumentFragment, QTextFormat, QTextTable)
+                           QTextDocumentFragment, QTextFormat, QTextList, QTextTable)
 
 FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and close a table in a document's text
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
+EMPTY_ITEM = "<li></li>\n"  # an empty list item, which Qt's HTML import leaves out
+LIST_TAG = re.compile(r"<(/?)(ul|ol|li)[ >]")  # a model's own tags are escaped: these are the renderer's
 SLICE_CHARS = 6_000  # HTML a document catching up takes at a time: ~5-15 ms of parsing and layout on a 2-core Xeon
 
 
@@ -69,7 +72,7 @@ class StreamDocument:
             inner = index < len(self._groups) - 1 and len(new) == len(group.parts)
             end = same + len(new) == len(parts)
             changed = new != group.parts or group.end != end
-            if changed and not inner and self._grow_table(group, new, end):
+            if changed and not inner and (self._grow_table(group, new, end) or self._grow_list(group, new, end)):
                 same += len(new)
                 continue
             if changed and not (inner and self._replace(index, new)):
@@ -175,6 +178,45 @@ class StreamDocument:
         group.parts, group.end, group.open_end = parts, end, _ends_open(parsed)
         return True
 
+    def _grow_list(self, group: _Group, parts: list[str], end: bool) -> bool:
+        """The last group takes the changed and new top-level items of its last list and what follows them in place,
+        where only its last part changed and only from that list's second item on (a growing list: all of a 300-item one
+        put in again took ~25-50 ms a token here); False otherwise (its first item or its looseness changed: then all
+        of it goes in again)."""
+        if not group.end or len(parts) != len(group.parts) or parts[:-1] != group.parts[:-1]:
+            return False
+        found = _list_items(group.parts[-1], parts[-1])
+        if found is None:
+            return False
+        before, old, new, after = found
+        kept = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
+        # the last item goes in again with what follows it (where it ends is not known); Qt drops an empty one (a
+        # number just written)
+        shown_old, shown_new = len(old) - (old[-1] == EMPTY_ITEM), len(new) - (new[-1] == EMPTY_ITEM)
+        kept = min(kept, shown_old - 1)
+        top = _last_list(self.doc)
+        if kept < 1 or kept >= shown_new or top is None or top.count() != shown_old or (
+                top.item(0).position() < group.position):
+            return False
+        # parsed after the item before them, which Qt's import spaces as a list's first (its top margin)
+        parsed = self._parse(before[before.rindex("<"):] + "".join(new[kept - 1:]) + after, end)
+        source = parsed.begin().textList()
+        if source is None or source.count() != 1 + shown_new - kept:
+            return False
+        edit = QTextCursor(self.doc)
+        edit.beginEditBlock()
+        start = top.item(kept).position()
+        _put_from(self.doc, start - 1, parsed, source.item(1).position() - 1)
+        block = self.doc.findBlock(start)
+        copied = block.textList()  # inserted, its items make a list of their own: they join the one in the document
+        while block.isValid():
+            if block.textList() == copied:
+                top.add(block)
+            block = block.next()
+        edit.endEditBlock()
+        group.parts, group.end, group.open_end = parts, end, _ends_open(parsed)
+        return True
+
     def _cut(self, index: int) -> None:
         group = self._groups[index]
         cursor = QTextCursor(self.doc)
@@ -240,6 +282,44 @@ def _put_from(doc: QTextDocument, position: int, source: QTextDocument, start: i
     text.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
     if text.hasSelection():
         cursor.insertFragment(QTextDocumentFragment(text))
+
+
+def _list_items(old: str, new: str) -> tuple[str, list[str], list[str], str] | None:
+    """(the HTML before the first item of `old`'s last top-level list, that list's items in `old` and in `new`, what
+    follows them in `new`) where `new` has that list at the same place and neither holds a table from there on."""
+    lists = _top_lists(old)
+    if not lists or "<table" in old[lists[-1][0]:]:
+        return None
+    opened, items, closed = lists[-1]
+    at = next((entry for entry in _top_lists(new) if entry[0] == opened), None)
+    if at is None or new[:items[0]] != old[:items[0]] or "<table" in new[opened:]:
+        return None
+    pieces = lambda part, starts, end: [part[x:y] for x, y in zip(starts, starts[1:] + [end])]  # noqa: E731
+    return old[:items[0]], pieces(old, items, closed), pieces(new, at[1], at[2]), new[at[2]:]
+
+
+def _top_lists(part: str) -> list[tuple[int, list[int], int]]:
+    """Where each top-level list of a part's HTML opens, its items start and it closes."""
+    lists, depth = [], 0
+    for tag in LIST_TAG.finditer(part):
+        closing, name = tag.group(1), tag.group(2)
+        if name != "li":
+            depth += -1 if closing else 1
+            if depth == 1 and not closing:
+                lists.append((tag.start(), [], -1))
+            elif depth == 0 and closing and lists:
+                lists[-1] = (*lists[-1][:2], tag.start())
+        elif depth == 1 and not closing and lists:
+            lists[-1][1].append(tag.start())
+    return [entry for entry in lists if entry[1] and entry[2] >= 0]
+
+
+def _last_list(doc: QTextDocument) -> QTextList | None:
+    """The document's last top-level list (a nested one is indented further)."""
+    block = doc.lastBlock()
+    while block.isValid() and (block.textList() is None or block.textList().format().indent() != 1):
+        block = block.previous()
+    return block.textList() if block.isValid() else None
 
 
 def _put_rows(table: QTextTable, kept: int, dropped: int, source: QTextTable) -> None:

@@ -322,3 +322,40 @@ def test_a_streamed_table_ends_without_being_rendered_or_put_in_again(qapp, afte
         if text != table[:-40]:
             assert sum(md_seen) < 1_000, (state, sum(md_seen))  # the whole table: ~9,000
             assert sum(doc_seen) < 5_000, (state, sum(doc_seen))  # the whole table: ~57,000
+
+
+def _list_text(items: int, start: int = 1, loose_at: int | None = None) -> str:
+    body = "".join(f"{i + start}. Step **{i}**: run `make {i}` and check it\n"
+                   + (" " * len(f"{i + start}. ") + "- a nested note\n" if i % 7 == 3 else "")
+                   + ("\n" if i == loose_at else "") for i in range(items))
+    return f"Do this:\n\n{body}"
+
+
+def test_a_growing_list_takes_its_new_items_in_place_and_reads_as_a_fresh_render(qapp):
+    """Numbering (a list from 9), nesting, a blank line half-way (the whole list loose: it goes in again), a list of
+    another kind after it, at every step and at the end."""
+    text = _list_text(12, start=9, loose_at=6) + "- a bullet list after\n- with two items\n"
+    steps = [text[:n] for n in range(1, len(text) + 1, 3)] + [text]
+    for got, fresh in _streamed(steps, MarkdownRenderer(), finish=(("done", None), ("stopped", None))):
+        assert got == fresh
+
+
+def test_an_update_at_the_end_of_a_long_list_parses_its_last_items_not_the_list(qapp):
+    """Each token at the end of a 200-item list put all of it into the document again (~24,000 characters of HTML
+    parsed, 14-19 ms a token here), and its end once more."""
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    renderer, text = MarkdownRenderer(), _list_text(200)
+    doc = SafeDocument()
+    stream = StreamDocument(doc)
+    _, seen = _counted(renderer, stream)
+    sizes = []
+    for n, state in [(n, "streaming") for n in range(len(text) - 300, len(text) + 1, 4)] + [(len(text), "done")]:
+        rendered = message_html(Message(1, 1, None, "assistant", text[:n], state), 1, 1, renderer, busy=state != "done")
+        seen.clear()
+        stream.update(list(rendered.parts))
+        sizes.append(sum(seen))
+    fresh = SafeDocument()
+    fresh.setHtml(rendered.html)
+    assert doc.toHtml() == fresh.toHtml()
+    assert max(sizes[1:]) < 3_000, sizes
