@@ -553,6 +553,26 @@ class SqliteConversationStore(ConversationStore):
         self._dirty.clear()
         self._write([_update_msg(m) for m in msgs], msgs)
 
+    def snapshot(self) -> sqlite3.Connection | None:
+        """A read-only connection of its own that sees the file as it is now, whatever this store writes after (a read
+        transaction under WAL), for one other thread to read chats from (snapshot_store) and close; None where the file
+        does not hold all that is shown (changes held back or failed, a store in memory only, a file replaced)."""
+        self.flush()
+        if self._db is None or self._batch or self._held or self._dirty or not self._file_still_ours():
+            return None
+        db = None
+        try:  # never immutable=1 (schema.connect's fallback): that reads a file being written as if it were not
+            db = sqlite3.connect(f"{self.file.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None,
+                                 check_same_thread=False)  # made here, used there, one thread at a time
+            db.execute(f"PRAGMA busy_timeout = {schema.BUSY_TIMEOUT_MS}")
+            db.execute("BEGIN")
+            db.execute("SELECT count(*) FROM conversation").fetchone()  # the view is fixed at the first read
+            return db
+        except (sqlite3.Error, OSError):
+            if db is not None:
+                db.close()
+            return None
+
     def close(self) -> None:
         """Commits everything and closes the file; the store keeps working in memory afterwards."""
         self._retry_at = 0.0  # the last chance to write what a lock held back
@@ -703,6 +723,29 @@ class SqliteConversationStore(ConversationStore):
     def remove_model(self, key: str) -> None:
         self.models.pop(key, None)
         self._write([("DELETE FROM model WHERE key = ?", (key,))])
+
+
+def snapshot_store(db: sqlite3.Connection, conv_ids: list[int] | None = None) -> ConversationStore:
+    """The chats a snapshot connection sees (those of `conv_ids`, or all), as a store in memory read as the window's own
+    store reads its file; closes the connection."""
+    store, read = ConversationStore(), {}
+    where = "" if conv_ids is None else f" WHERE id IN ({', '.join('?' * len(conv_ids))})"
+    try:
+        for row in db.execute(f"SELECT {CONV_COLUMNS} FROM conversation{where}", conv_ids or ()):
+            conv = _conversation(row, read)[0]
+            store._conversations[conv.id] = conv
+        where = where.replace("id IN", "conversation_id IN")
+        for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message{where} ORDER BY id", conv_ids or ()):
+            msg = _message(row)
+            if msg.conversation_id in store._conversations and (msg.parent_id is None or msg.parent_id in store._messages):
+                store._messages[msg.id] = msg
+                store._children.setdefault((msg.conversation_id, msg.parent_id), []).append(msg.id)
+    finally:
+        db.close()
+    for conv in store._conversations.values():
+        if conv.leaf_id is not None and conv.leaf_id not in store._messages:
+            conv.leaf_id = None
+    return store
 
 
 # -- rows <-> objects

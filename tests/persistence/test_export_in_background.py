@@ -23,7 +23,7 @@ MAX_GAP_MS = {"md": 1000, "json": None}
 def worker_only(monkeypatch):
     """Records the threads export's text was made on and an import's file read on: the GUI thread must be in neither."""
     threads = []
-    for name in ("render_markdown", "render_json", "read_chats"):
+    for name in ("markdown_pieces", "json_pieces", "read_chats"):
         real = getattr(export, name)
 
         def recorded(*args, real=real, **kwargs):
