@@ -80,14 +80,16 @@ class GrowingBlocks:
         return head_html[:-len(TABLE_END)] + "<tbody>\n" + "".join(body[cut:] for body in bodies) + "</tbody>\n" + TABLE_END
 
     def _list(self, text: str, env: dict, new_at_most: int | None) -> str | None:
-        lines = text.split("\n")
-        kind = _kind(lines[0])
-        starts = [i for i, line in enumerate(lines) if ITEM.match(line)]
-        if any(_kind(lines[i]) != kind for i in starts):
-            return None  # another kind of item starts another list
-        items = ["\n".join(lines[a:b]) + "\n" for a, b in zip(starts, starts[1:] + [len(lines)])]
-        items[-1] = items[-1][:-1]  # as the text ends
-        if any("\n\n\n" in item or not _content(item.split("\n", 1)[0]) for item in items[:-1]):
+        """One list, or lists one after another (an item of another kind starts another: "10. a" then "   - note", which
+        three spaces do not nest), each joined from its items."""
+        lists = _lists(text)
+        if lists is None:
+            return None
+        html = [self._one_list(items, env, new_at_most, k == len(lists) - 1) for k, items in enumerate(lists)]
+        return None if None in html else "".join(html)
+
+    def _one_list(self, items: list[str], env: dict, new_at_most: int | None, last: bool) -> str | None:
+        if any("\n\n\n" in item or not _content(item.split("\n", 1)[0]) for item in items[:-1 if last else None]):
             return None  # an empty item, or two blank lines: where CommonMark may end the list
         # a blank line between two items makes the list loose (one at the end of the last does not)
         loose = any(item.endswith("\n\n") for item in items[:-1])
@@ -154,9 +156,39 @@ def _body(html: str, head_html: str) -> str | None:
     return body if body.count("<tr>") == 1 else None
 
 
+def _lists(text: str) -> list[list[str]] | None:
+    """The items of each list of a text of lists, or None where an item does not start plainly: an item's line is one
+    outside the item before's content column (three spaces at most: more make it that item's text)."""
+    if "\t" in text:
+        return None
+    lines, starts, column = text.split("\n"), [], 0
+    for i, line in enumerate(lines):
+        indent = len(line) - len(line.lstrip(" "))
+        mark = ITEM.match(line, indent)
+        if mark is None or (starts and indent >= column):
+            if not starts:
+                return None
+            continue  # the item's text, or a list nested in it
+        if indent > 3:
+            return None
+        starts.append(i)
+        rest = line[mark.end(1):]
+        spaces = len(rest) - len(rest.lstrip(" "))
+        column = mark.end(1) + (spaces if 0 < spaces <= 4 and rest.strip() else 1)
+    items = ["\n".join(lines[a:b]) + "\n" for a, b in zip(starts, starts[1:] + [len(lines)])]
+    items[-1] = items[-1][:-1]  # as the text ends
+    lists = [[items[0]]]
+    for previous, item in zip(items, items[1:]):
+        if _kind(item.lstrip(" ")) == _kind(previous.lstrip(" ")):
+            lists[-1].append(item)
+        else:
+            lists.append([item])  # another kind of item starts another list
+    return lists
+
+
 def _content(line: str) -> str:
     """An item's first line after its marker."""
-    return line[ITEM.match(line).end():].strip()
+    return line[ITEM.match(line, len(line) - len(line.lstrip(" "))).end():].strip()
 
 
 def _kind(line: str) -> str:
