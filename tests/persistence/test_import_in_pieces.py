@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import json
 
+from app.core import export
 from app.core.conversations import ConversationStore
 from tests.app.test_gui_stalls import Heartbeat
 from tests.persistence.test_export_in_background import _ui
@@ -42,3 +43,25 @@ def test_a_large_json_export_is_parsed_a_message_at_a_time_and_the_window_keeps_
     assert len(got[0]) == count and window.statusBar().currentMessage() == f"Imported {count:,} chats from {path}"
     assert longest_call[0] < 2 * len(ANSWER)  # a message at most, not the file
     assert beat.longest < MAX_GAP_MS, f"the window froze {beat.longest:.0f} ms"
+
+
+def test_a_markdown_export_is_read_a_chat_at_a_time(monkeypatch):
+    """One split of the whole text (41-47 ms of a 25 MB file, the GIL held) became a chat at a time: each chat is read
+    as soon as the next one begins, long before the last piece of the file is decoded."""
+    store = ConversationStore()
+    for i in range(40):
+        conv = store.create(f"Chat {i}")
+        store.add_message(conv.id, None, "user", f"question {i}\r\n\n---\n\n# not a chat")
+    text = export.export_markdown(store).replace("\n", "\r\n")  # saved again with Windows line ends
+    taken, seen = [0], []
+
+    def pieces():
+        for i in range(0, len(text), 100):
+            taken[0] += 1
+            yield text[i:i + 100]
+    real = export._markdown_chat
+    monkeypatch.setattr(export, "_markdown_chat", lambda block: seen.append(taken[0]) or real(block))
+    chats = export.markdown_chats(pieces())
+    assert [c["title"] for c in chats] == [f"Chat {i}" for i in range(39, -1, -1)]
+    assert chats[0]["messages"][0]["content"] == "question 39\r\n\n---\n\n# not a chat"
+    assert seen[0] <= 3 and seen == sorted(seen) and taken[0] == -(-len(text) // 100)

@@ -1,12 +1,14 @@
 """JsonPieces reads what json.loads reads, and refuses what it refuses with the same message: an export parsed a
-message at a time (json.loads of a 25 MB file held the GIL, and the window, 160 ms)."""
+message at a time (json.loads of a 25 MB file held the GIL, and the window, 160 ms). A Markdown export read in pieces
+splits into the chats the whole text did."""
 from __future__ import annotations
 
 import json
 import random
+import re
 from functools import partial
 
-from app.core.export import PIECES
+from app.core.export import PIECES, _markdown_blocks, _unix_lines
 from app.core.json_stream import JsonPieces
 
 DOC = {"format": "parley-chats", "version": 1, "conversations": [
@@ -42,3 +44,20 @@ def test_pieces_read_as_json_loads_does_on_texts_cut_and_damaged():
     for text in texts:  # whole, and cut in pieces of 1 to 9 characters (a value, a string, a line across pieces)
         size = rng.randrange(1, 10)
         assert _outcome(_pieces, text) == _outcome(json.loads, text) == _outcome(partial(_pieces, size=size), text), text
+
+
+def _split_whole(text: str) -> list[str]:
+    """What markdown_chats split a whole text into before it read the text in pieces."""
+    if text.partition("\n")[0].endswith("\r"):
+        text = text.replace("\r\n", "\n")
+    return re.split(r"\n\n---\n\n(?=# )", text.strip())
+
+
+def test_markdown_in_pieces_splits_into_the_chats_the_whole_text_does():
+    rng = random.Random(11)
+    tokens = ["\n", "\r\n", "\r", "---", "# ", "#", "A", " ", "\t", "\u00a0", "\x1c", "\n\n---\n\n# T", "\n\n---\n\n", "x\n"]
+    for case in range(3000):
+        text = "".join(rng.choices(tokens, k=rng.randrange(0, 30)))
+        size = rng.randrange(1, 12)
+        pieces = [text[i:i + size] for i in range(0, len(text), size)]
+        assert list(_markdown_blocks(_unix_lines(pieces))) == _split_whole(text), (case, text, size)
