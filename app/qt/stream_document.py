@@ -140,8 +140,7 @@ class StreamDocument:
         cursor.setPosition(group.position)
         cursor.setPosition(after.position, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
-        cursor.setBlockFormat(group.block)
-        cursor.setBlockCharFormat(group.char)
+        _set_formats(cursor, group.block, group.char)
         if not parsed.isEmpty():
             _insert(cursor, parsed)
         shift = self.doc.characterCount() - count
@@ -223,8 +222,7 @@ class StreamDocument:
         cursor.setPosition(group.position)
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
-        cursor.setBlockFormat(group.block)
-        cursor.setBlockCharFormat(group.char)
+        _set_formats(cursor, group.block, group.char)
         del self._groups[index:]
 
     def _append(self, parts: list[str], end: bool) -> None:
@@ -252,6 +250,15 @@ class StreamDocument:
         # tags); at the document's end it does, as in setHtml of the whole
         parsed.setHtml(html if end else html.rstrip())
         return parsed
+
+
+def _set_formats(cursor: QTextCursor, block: QTextBlockFormat, char: QTextCharFormat) -> None:
+    """The formats of the cursor's block, set only where they differ: setting them on the block Qt ends a table with
+    lays all of the table out again, same or not (a 200-row table: ~32 ms a token of the paragraph after it)."""
+    if cursor.blockFormat() != block:
+        cursor.setBlockFormat(block)
+    if cursor.blockCharFormat() != char:
+        cursor.setBlockCharFormat(char)
 
 
 def _table_rows(part: str) -> tuple[str, list[str], str] | None:
