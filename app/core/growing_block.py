@@ -38,10 +38,11 @@ class GrowingBlocks:
             return None
         if ITEM.match(text):
             return self._list(text, env, new_at_most)
-        # the text before a list, a blank line after it ("Steps:", a heading): rendered whole once, the list apart
+        # the text before a list ("Steps:", a heading), a blank line after it or a list that can end its paragraph:
+        # rendered whole once, the list apart
         lines = text.split("\n")
         start = next((i for i, line in enumerate(lines) if ITEM.match(line.lstrip())), None)
-        if start is None or not ITEM.match(lines[start]) or lines[start - 1] != "":
+        if start is None or not ITEM.match(lines[start]) or (lines[start - 1] != "" and not _interrupts(lines[start])):
             return None
         head = "\n".join(lines[:start]) + "\n"
         if _over(new_at_most, (head, None) not in self._rows):
@@ -184,6 +185,13 @@ def _lists(text: str) -> list[list[str]] | None:
         else:
             lists.append([item])  # another kind of item starts another list
     return lists
+
+
+def _interrupts(line: str) -> bool:
+    """Whether an item's line ends a paragraph before it (CommonMark: a bullet with text, or the number 1 with text);
+    else it is that paragraph's text."""
+    mark = ITEM.match(line)
+    return bool(_content(line)) and (not mark.group(2) or int(mark.group(1)[:-1]) == 1)
 
 
 def _content(line: str) -> str:

@@ -107,3 +107,16 @@ def test_lists_of_one_kind_after_another_stream_an_item_at_a_time():
     assert "".join(streamed.render_parts(text)[0]) == fresh.render(text)[0]
     assert fresh.render(text)[0].count("<ol") == 3
     assert max(_parsed_per_update(_noted(300), 200)) < 1_000
+
+
+def test_a_list_right_after_a_line_of_text_streams_an_item_at_a_time():
+    """"Steps:" and a list on the next line (no blank line between) rendered all of it again on every token (~13,000
+    characters parsed a token at 300 items): a list that can end the paragraph before it (a bullet, or the number 1)
+    is joined from its items too; one that cannot ("3.") is that paragraph's text, rendered whole as before."""
+    items = "".join(f"{i + 1}. Item **{i}** with some words about it\n" for i in range(300))
+    assert max(_parsed_per_update("Steps:\n" + items, 200)) < 1_000
+    fresh = MarkdownRenderer()
+    for text in ("Steps:\n" + items[:900], "## Steps\n- a\n- b\n  - c\n- d\n", "Steps:\n3. a\n4. b\n"):
+        streamed = MarkdownRenderer()
+        for k in range(1, len(text) + 1, 5):
+            assert streamed.render_streaming(text[:k]) == fresh.render(text[:k]), text[:k]
