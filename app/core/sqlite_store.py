@@ -544,6 +544,12 @@ class SqliteConversationStore(ConversationStore):
     def persistent(self) -> bool:
         return self._db is not None and not self._held
 
+    @property
+    def holding(self) -> bool:
+        """Changes wait for the file to take them (a lock, a full disk, a side file not writable): each change held
+        rewrites the file that keeps them, all of them."""
+        return self._db is not None and bool(self._held)
+
     def flush(self) -> None:
         """Commits the text streamed since the last flush (the GUI also calls this on a timer)."""
         self._last_flush = self._clock()
