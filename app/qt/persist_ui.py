@@ -1,7 +1,7 @@
 """The GUI side of persistence: a flush timer, the store's warning in the status bar, export/import menu actions.
 
-An export reads its chats on a worker, from the chat database as it was when asked (a snapshot), and makes and writes its
-text there a chat at a time; an import reads and checks its file on the worker and adds its chats here a slice at a
+An export reads its chats on a worker, from the chat database as it was when asked (a snapshot), and makes and writes
+its text there a chat at a time; an import reads and checks its file on the worker and adds its chats here a slice at a
 time. Both finish before the window closes."""
 from __future__ import annotations
 
@@ -182,8 +182,8 @@ class PersistenceUI(QObject):
             QTimer.singleShot(0, self._add_slice)
 
     def _wait(self, job: _Import) -> None:
-        """The file takes no changes now: the rest waits, added once it does (or at quit, kept with the rest held). Added
-        meanwhile, each slice rewrote the file of held changes whole: 2,000 chats froze the window up to 461 ms."""
+        """The file takes no changes now: the rest waits, added once it does (or at quit, kept with the rest held).
+        Added meanwhile, each slice rewrote the file of held changes whole: 2,000 chats froze the window up to 461 ms."""
         done = job.total - len(job.todo)
         self.window.statusBar().showMessage(f"Importing {done:,} of {job.total:,} chats: waiting until chats can be "
                                             "saved again…")
@@ -212,6 +212,9 @@ class _Import:
         skipped = self.total - len(self.ids)
         if not skipped:
             return f"Imported {_chats(len(self.ids))} from {self.path}"
+        if not self.ids:  # 'Imported 0 chats' read as a failure
+            what = "its chat is" if skipped == 1 else f"all {skipped:,} of its chats are"
+            return f"Nothing new in {self.path}: {what} here already"
         here = "was" if skipped == 1 else "were"
         return f"Imported {_chats(len(self.ids))} from {self.path}; {skipped:,} of its chats {here} here already"
 

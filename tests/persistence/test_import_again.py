@@ -54,14 +54,15 @@ def test_a_file_imported_twice_adds_each_chat_once_and_says_so(qtbot, tmp_path):
     source = _store(5)
     source.add_message(source.conversations()[0].id, None, "user", "another version")  # a tree, not a line
     for fmt in ("json", "md"):
-        (tmp_path / f"all.{fmt}").write_text(getattr(export, f"export_{'json' if fmt == 'json' else 'markdown'}")(source),
-                                             encoding="utf-8")
+        text = export.export_json(source) if fmt == "json" else export.export_markdown(source)
+        (tmp_path / f"all.{fmt}").write_text(text, encoding="utf-8")
         store = ConversationStore()
         store.create("New chat")
         window, ui = _ui(qtbot, store)
         assert len(_import(qtbot, ui, tmp_path / f"all.{fmt}")) == 5
         assert _import(qtbot, ui, tmp_path / f"all.{fmt}") == []
-        assert window.statusBar().currentMessage().endswith("; 5 of its chats were here already")
+        said = window.statusBar().currentMessage()
+        assert said == f"Nothing new in {tmp_path / f'all.{fmt}'}: all 5 of its chats are here already"
         assert _titles(store) == sorted(["New chat", *(f"Chat {i}" for i in range(5))])
 
 
