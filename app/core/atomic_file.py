@@ -13,7 +13,7 @@ def write_text_whole(file: Path, text: str | Iterable[str], synced: bool = True)
     a kill of Parley, not after a power cut (the two fsyncs cost 12 ms on a VM's disk)."""
     target = link_target(file)
     partial = target.with_name(target.name + ".partial")
-    text = [text] if isinstance(text, str) else list(text)  # pieces, each written as it comes; twice where it falls back
+    text = [text] if isinstance(text, str) else list(text)  # pieces written as they come; twice where it falls back
     try:
         _write_synced(partial, text, synced)
         os.replace(partial, target)

@@ -17,7 +17,8 @@ from app.core.sqlite_store import SqliteConversationStore, snapshot_store
 from tests.app.test_gui_stalls import Heartbeat
 from tests.persistence.test_export_in_background import _ui
 
-WORDS = ["a", "é", "日本", "```py\nx = 1\n```", "\n", "<!-- parley:user -->", "---", "\\", '"', "<think>", "</think>", "✓"]
+WORDS = ["a", "é", "日本", "```py\nx = 1\n```", "\n", "<!-- parley:user -->", "---", "\\", '"', "<think>", "</think>",
+         "✓"]
 
 
 def _random_store(rng: random.Random, path) -> SqliteConversationStore:

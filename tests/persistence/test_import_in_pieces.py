@@ -11,7 +11,8 @@ from app.core.conversations import ConversationStore
 from tests.app.test_gui_stalls import Heartbeat
 from tests.persistence.test_export_in_background import _ui
 
-ANSWER = 'Here is the code:\n\n```python\ndef f(x):\n    return "value: " + str(x)  # naïve — ok\n```\n\nThe "answer" is 42 ✓. ' * 60
+ANSWER = ('Here is the code:\n\n```python\ndef f(x):\n    return "value: " + str(x)  # naïve — ok\n```\n\n'
+          'The "answer" is 42 ✓. ') * 60
 FILE_MB = 24
 MAX_GAP_MS = 60  # automatic collection off, as in the app (app/qt/gui_collector.py): a full collection is its own gap
 

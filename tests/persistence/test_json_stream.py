@@ -43,7 +43,8 @@ def test_pieces_read_as_json_loads_does_on_texts_cut_and_damaged():
         texts.append(text)
     for text in texts:  # whole, and cut in pieces of 1 to 9 characters (a value, a string, a line across pieces)
         size = rng.randrange(1, 10)
-        assert _outcome(_pieces, text) == _outcome(json.loads, text) == _outcome(partial(_pieces, size=size), text), text
+        whole = _outcome(json.loads, text)
+        assert _outcome(_pieces, text) == whole == _outcome(partial(_pieces, size=size), text), text
 
 
 def _split_whole(text: str) -> list[str]:
@@ -55,7 +56,8 @@ def _split_whole(text: str) -> list[str]:
 
 def test_markdown_in_pieces_splits_into_the_chats_the_whole_text_does():
     rng = random.Random(11)
-    tokens = ["\n", "\r\n", "\r", "---", "# ", "#", "A", " ", "\t", "\u00a0", "\x1c", "\n\n---\n\n# T", "\n\n---\n\n", "x\n"]
+    tokens = ["\n", "\r\n", "\r", "---", "# ", "#", "A", " ", "\t", "\u00a0", "\x1c", "\n\n---\n\n# T", "\n\n---\n\n",
+              "x\n"]
     for case in range(3000):
         text = "".join(rng.choices(tokens, k=rng.randrange(0, 30)))
         size = rng.randrange(1, 12)
