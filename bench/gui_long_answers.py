@@ -11,7 +11,8 @@ wait in the event queue is what a user's input would wait. Scenarios: long (one 
 drag of the window's edge every 1.7 s), switch (4 chats answering, another shown every 0.5 s), compare (the compare
 view, 4 columns answering), code (one chat, an answer that is one 190-line Python code block, its last lines streaming),
 compare_code (4 compare columns, each streaming that code answer), table (one chat, a 200-row table of countries), list
-(one chat, a 300-item numbered list with nested notes).
+(one chat, a 300-item numbered list with a note under every 10th item, which three spaces do not nest under a
+two-digit number: 60 lists one after another, as CommonMark reads it).
 Spans: `head` while the answer streams but its last --tokens tokens, `stream` while those arrive, `finish` from
 Finished until every answer is rendered whole; `_key`: the keys; `_loop`: gaps over 50 ms between
 ticks of a 10 ms timer on the GUI thread and the share of the span they took (the probe thread needs the GIL to
@@ -87,7 +88,8 @@ def table_answer(rows: int = 200) -> str:
 
 
 def list_answer(items: int = 300) -> str:
-    """A line of text, then a numbered list of `items` items, a nested note under every 10th."""
+    """A line of text, then a numbered list of `items` items, a note under every 10th indented three spaces as models
+    write it (under "10." that does not nest: it ends the list, a bullet list starts, then another numbered list)."""
     rng = random.Random(3)
     body = "".join(f"{i + 1}. Step **{i}**: {_para(rng, 8)}\n" + ("   - a nested note\n" if i % 10 == 9 else "")
                    for i in range(items))
