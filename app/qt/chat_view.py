@@ -114,7 +114,7 @@ class MessageDelegate(QStyledItemDelegate):
     def __init__(self, service: ChatService, view: QListView):
         super().__init__(view)
         self.service, self.view = service, view
-        self.renderer = MarkdownRenderer(dark=view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
+        self.renderer = self._renderer(view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
         self._streams: dict[int, StreamDocument] = {}  # the documents of streaming messages, edited in place
         self._partial: set[int] = set()  # messages whose document is still taking its parts, a slice a turn
@@ -127,8 +127,12 @@ class MessageDelegate(QStyledItemDelegate):
         self.resizing = False  # set by the view while the user resizes it: long documents keep their width till it ends
 
     def set_dark(self, dark: bool) -> None:
-        self.renderer = MarkdownRenderer(dark=dark)
+        self.renderer = self._renderer(dark)
         self.forget()
+
+    def _renderer(self, dark: bool) -> MarkdownRenderer:
+        """Markdown drawn on an answer's bubble (a table's cells take its colour)."""
+        return MarkdownRenderer(dark=dark, background=_bubble(self.view.palette(), "assistant").name())
 
     def forget(self) -> None:
         """Drops every rendered message (a new theme or font): each renders again when next on screen."""
