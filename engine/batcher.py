@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine.cache import KVCache
+from engine.logprobs import TokenLogprob, row_logprobs
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, Status
@@ -35,6 +36,7 @@ class Launched:
     ready: torch.cuda.Event | None  # None: the device is the host
     decode: bool  # every scheduled sequence wrote one token and samples: a look-ahead may follow
     verified: list[list[int]] | None = None  # a verify step's tokens per sampler, read already
+    logprobs: list[list[TokenLogprob]] | None = None  # per sampler, for its tokens: where its params ask for them
 
     def tokens(self) -> list[list[int]]:
         """Each sampler's new tokens: one, or a verify step's accepted drafts and the token after them."""
@@ -135,9 +137,9 @@ class Batcher:
         batch = build_step(scheduled, self.cache)
         if batch.verifies:
             return self._verify(batch)
-        ids = self._forward(batch)
+        ids, logprobs = self._forward(batch)
         decode = len(batch.samplers) == len(scheduled) and all(n == 1 for _, n in scheduled)
-        return Launched(batch.samplers, ids, *_to_host(ids, self.runner), decode)
+        return Launched(batch.samplers, ids, *_to_host(ids, self.runner), decode, logprobs=logprobs)
 
     def _draft(self) -> None:
         """Asks the drafter for tokens after each sequence about to decode, as many as its limits leave room for."""
@@ -178,6 +180,7 @@ class Batcher:
         self.steps += 1
         for seq, n in batch.scheduled:
             seq.num_cached += n
+        logprobs = _logprobs(logits, seqs, accepted, [len(s.draft) + 1 for s in seqs])
         rows_kept = {id(seq): len(tokens) for seq, tokens in zip(batch.samplers, accepted) if seq.draft}
         self._record(batch, [rows_kept.get(id(seq), n) for seq, n in batch.scheduled])
         for seq, tokens in zip(batch.samplers, accepted):
@@ -189,11 +192,12 @@ class Batcher:
                 seq.num_drafted += drafted  # the kept ones count as they join the answer (_resolve)
                 self.drafter.observe(seq, drafted, kept)
             seq.draft = []
-        return Launched(batch.samplers, None, None, None, False, verified=accepted)
+        return Launched(batch.samplers, None, None, None, False, verified=accepted, logprobs=logprobs)
 
-    def _forward(self, batch: StepBatch, ahead: bool = False) -> torch.Tensor:
+    def _forward(self, batch: StepBatch, ahead: bool = False) -> tuple[torch.Tensor, list | None]:
         """Queues forward and sampling and commits the cache step (its writes precede any later read); returns the
-        sampled ids on the device. `ahead`: a look-ahead step, whose ids go one place after the unread ones."""
+        sampled ids on the device, and the log-probabilities of samplers that ask for them (read at once: such a step
+        has no look-ahead). `ahead`: a look-ahead step, whose ids go one place after the unread ones."""
         try:
             seqs = batch.samplers
             # the previous step's ids, which the host lacks yet, count for penalties: kept before the forward, whose
@@ -203,6 +207,7 @@ class Batcher:
             ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs], greedy,
                              [len(s.token_ids) + ahead for s in seqs], pending,
                              getattr(self.runner, "sampling_graphs", None))
+            logprobs = _logprobs(logits, seqs, [[t] for t in ids.tolist()]) if _wants_logprobs(seqs) else None
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
             raise
@@ -211,7 +216,7 @@ class Batcher:
         for seq, n in batch.scheduled:
             seq.num_cached += n
         self._record(batch)
-        return ids
+        return ids, logprobs
 
     def _run(self, batch: StepBatch):
         """The runner's forward; with a drafter that conditions on hidden rows, the model reports its tap layers."""
@@ -240,6 +245,8 @@ class Batcher:
             return False
         # no sequence may draft next step (`_drafting`): too many, or no rows left for drafts
         drafting = self._drafting(len(prev.samplers), sum(map(_draftable, prev.samplers)))
+        if _wants_logprobs(prev.samplers):  # their numbers are read with the step's ids
+            return False
         for seq in prev.samplers:
             if seq.status is not Status.RUNNING or seq.num_uncached != 0:
                 return False
@@ -262,20 +269,24 @@ class Batcher:
             samplers=list(seqs),
             device_tokens=prev.ids,
         )
-        ids = self._forward(batch, ahead=True)
+        ids, _ = self._forward(batch, ahead=True)  # no sequence of a look-ahead step asks for log-probabilities
         self.lookahead_steps += 1
         return Launched(list(seqs), ids, *_to_host(ids, self.runner), True)
 
     # -- reading the ids
     def _resolve(self, launched: Launched) -> list[tuple[Sequence, int]]:
         tokens = launched.tokens()  # the one wait for the device
+        logprobs = launched.logprobs or [[]] * len(tokens)
         out = []
-        for seq, new in zip(launched.samplers, tokens):
+        for seq, new, lps in zip(launched.samplers, tokens, logprobs):
             if seq.status is not Status.RUNNING:  # finished after this step was queued: drop its token
                 continue
             seq.num_steps += 1
+            seq.step_logprobs = []
             for j, token in enumerate(new):
                 seq.append(token, draft=j < len(new) - 1)  # a verify step's tokens: its kept drafts, then its own
+                if lps:
+                    seq.step_logprobs.append(lps[j])
                 out.append((seq, token))
                 reason = finish_reason(seq, token)
                 if reason:
@@ -289,6 +300,29 @@ class Batcher:
         if seq.slot is not None and seq.num_cached >= len(seq.token_ids):
             seq.num_cached = len(seq.token_ids) - 1
             self.cache.rewind(seq.slot, seq.num_cached)
+
+
+def _wants_logprobs(seqs: list[Sequence]) -> bool:
+    return any(s.sampler.params.logprobs is not None for s in seqs)
+
+
+def _logprobs(logits: torch.Tensor, seqs: list[Sequence], chosen: list[list[int]],
+              rows_of: list[int] | None = None) -> list[list[TokenLogprob]] | None:
+    """Per sampler, the log-probabilities of its `chosen` tokens where its params ask (else []). Sampler i owns
+    `rows_of[i]` rows of the logits in order (default one; a verify step's drafts + 1), its tokens the first ones."""
+    if not _wants_logprobs(seqs):
+        return None
+    rows, tokens, tops, spans, at = [], [], [], [], 0
+    for i, (seq, new) in enumerate(zip(seqs, chosen)):
+        top = seq.sampler.params.logprobs
+        spans.append((len(rows), len(new) if top is not None else 0))
+        if top is not None:
+            rows += range(at, at + len(new))
+            tokens += new
+            tops += [top] * len(new)
+        at += rows_of[i] if rows_of is not None else 1
+    found = row_logprobs(logits, rows, tokens, tops)
+    return [found[start : start + n] for start, n in spans]
 
 
 def _draftable(seq: Sequence) -> bool:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.logprobs import NamedLogprob
+
 
 @dataclass(frozen=True, slots=True)
 class TurnStats:
@@ -33,6 +35,8 @@ class TokenDelta(Event):
     turn_id: int
     token_ids: list[int]
     text: str
+    # where the turn's params ask for them: each token's log-probability and its most likely alternatives, with texts
+    logprobs: list[NamedLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,7 @@ from engine import events as ev
 from engine.cache.growth import allocation_failed
 from engine.errors import CacheMemoryError, ParleyError
 from engine.host import Emit
+from engine.logprobs import NamedLogprob, named
 from engine.prompt_worker import PromptWorkers
 from engine.runtime import ModelRuntime
 from engine.sequence import Sequence, Status
@@ -207,13 +208,22 @@ class LocalHost:
             turn.first_token_at = time.perf_counter()
             self._leave_queue(session)  # admitted and prefilled within one step
         text = "" if token in seq.stop_ids else turn.stream.push(token)
-        self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text))
+        self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text, self._logprobs(seq, token, after)))
         if turn.stream.stopped and (after or seq.status is not Status.FINISHED):
             self.runtime.stop(seq, "stop_string", drop=after)
             after = 0
         if seq.status is Status.FINISHED and not after:  # else its last tokens of this step are still to come
             # a stop string completed by the last token the answer may have is still the stop string's end
             self._end_turn(session, "stop_string" if turn.stream.stopped else seq.finish_reason or "stop")
+
+    def _logprobs(self, seq: Sequence, token: int, after: int) -> list[NamedLogprob] | None:
+        """The token's log-probability entry where the turn asks for them (none for an end-of-turn token: it is no
+        text of the answer, and OpenAI lists none for it)."""
+        lps = seq.step_logprobs
+        if seq.sampler.params.logprobs is None or token in seq.stop_ids or len(lps) <= after:
+            return None
+        decode = self.runtime.lm.tokenizer.decode
+        return [named(lps[len(lps) - 1 - after], lambda t: decode([t]))]
 
     def _end_turn(self, session: Session, reason: str) -> None:
         turn, seq = session.turn, session.seq

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.errors import ParleyError
+from engine.logprobs import MAX_TOP
 from kernels.attention import triton_available
 from kernels.cpu_sampling import draw_rows, penalise_rows, sample_top, top_rows
 
@@ -59,6 +60,8 @@ class SamplingParams:
     speculative: bool = True  # draft and verify when the model has a drafter on (engine/speculative)
     # a thinking model's switch, as its chat template's `enable_thinking` (Qwen3, SmolLM3); None: the template's default
     thinking: bool | None = None
+    # None: none; else each token's log-probability and this many most likely tokens beside it (engine/logprobs.py)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -76,6 +79,7 @@ class SamplingParams:
             (1 <= self.max_tokens <= MAX_INT32, f"max_tokens must be between 1 and {MAX_INT32}"),
             (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
             (all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop), f"stop strings must hold 1 to {MAX_STOP_CHARS} characters"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP, f"logprobs must be between 0 and {MAX_TOP}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -92,9 +96,9 @@ def _check_types(p: SamplingParams) -> None:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ParleyError(f"Invalid sampling setting: {name} must be a finite number, not {value!r}.")
-    for name in ("top_k", "repeat_last_n", "max_tokens", "seed"):
+    for name in ("top_k", "repeat_last_n", "max_tokens", "seed", "logprobs"):
         value = getattr(p, name)
-        if not (value is None and name == "seed") and (isinstance(value, bool) or not isinstance(value, int)):
+        if not (value is None and name in ("seed", "logprobs")) and (isinstance(value, bool) or not isinstance(value, int)):
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
     if not isinstance(p.penalize_prompt, bool):
         raise ParleyError(f"Invalid sampling setting: penalize_prompt must be true or false, not {p.penalize_prompt!r}.")

@@ -35,6 +35,8 @@ class Sequence:
     num_drafted: int = 0  # this turn's drafted tokens, and the accepted ones that are in its answer
     num_accepted: int = 0
     from_draft: bytearray = field(default_factory=bytearray)  # per generated token: 1 where it was an accepted draft
+    # the log-probabilities of the tokens the last step appended (engine/logprobs.py), where its params ask for them
+    step_logprobs: list = field(default_factory=list)
     # token_ids as int64, kept in step with the list: penalties read the whole history every step (engine/sampling.py)
     token_array: array = field(init=False, repr=False)
 

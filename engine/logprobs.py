@@ -1,0 +1,57 @@
+"""Log-probabilities of the tokens a step chose (OpenAI's `logprobs`, `top_logprobs`).
+
+Each comes from the model's own distribution at its position: the log-softmax of the raw logits, before temperature,
+filters and penalties, as vLLM and llama.cpp's server report them by default. So a token's log-probability does not
+depend on how it was drawn, and greedy batched == alone holds for these numbers as for the tokens (the logits do)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+MAX_TOP = 20  # OpenAI's bound on top_logprobs
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this position, most likely first
+
+
+def row_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], tops: list[int]) -> list[TokenLogprob]:
+    """For each of `rows` of the step's sampled logits (R, V): the log-probability of the token chosen there and its
+    `tops` most likely tokens (ties in id order). Reads the device once."""
+    if not rows:
+        return []
+    dev = logits.device
+    lp = torch.log_softmax(logits.index_select(0, torch.tensor(rows, device=dev)).float(), dim=-1)
+    chosen = lp.gather(1, torch.tensor(tokens, device=dev)[:, None])[:, 0].tolist()
+    width = max(tops)
+    ranked = _ranked(lp, width) if width else ([[]] * len(rows), [[]] * len(rows))
+    return [TokenLogprob(t, c, tuple(zip(ids[:k], values[:k])))
+            for t, c, k, values, ids in zip(tokens, chosen, tops, *ranked)]
+
+
+def _ranked(lp: torch.Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
+    """Each row's `width` largest log-probabilities and their ids; equal values in id order (topk's order is not)."""
+    values, ids = lp.topk(min(width, lp.shape[1]), dim=-1)
+    order = torch.argsort(ids, dim=-1, stable=True)  # ids ascending, then a stable sort by value keeps that for ties
+    ids = ids.gather(1, order)
+    values = values.gather(1, order)
+    by_value = torch.argsort(values, dim=-1, descending=True, stable=True)
+    return values.gather(1, by_value).tolist(), ids.gather(1, by_value).tolist()
+
+
+@dataclass(frozen=True, slots=True)
+class NamedLogprob:
+    """A TokenLogprob with each token's text, as a client reads it (the engine's events carry these)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+def named(lp: TokenLogprob, text: Callable[[int], str]) -> NamedLogprob:
+    return NamedLogprob(text(lp.token), lp.logprob, tuple((text(t), v) for t, v in lp.top))
