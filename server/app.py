@@ -27,6 +27,7 @@ from engine import events as ev
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
+from server.logprobs import chat_logprobs, completion_logprobs
 
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -127,22 +128,25 @@ async def completions(request: Request, bridge: ServerBridge) -> Response:
 
 # -- one turn
 async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
+    if req.params.logprobs is not None and model.info.get("remote"):  # its server answers with text alone here
+        raise api.APIError(400, f"Log-probabilities are not available from {model.id}, a remote model.", "logprobs")
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:
         body = _sse(client, turn, model.id, req, rid)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    logprobs = [[] for _ in range(req.n)] if req.params.logprobs is not None else None
     try:
-        ends = await _wait_ends(client, turn)
+        ends = await _wait_ends(client, turn, logprobs)
     finally:
         turn.close()
     if isinstance(ends[0], ev.Error):
         raise _turn_error(ends[0], req)
     answers, stats = [(_new_text(e.text, req), e.reason) for e in ends], [e.stats for e in ends]
     if req.raw:
-        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created))
+        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs))
     prefix = req.prompt if req.continue_final else ""
-    return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix))
+    return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs))
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -192,9 +196,9 @@ def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False) -> api
     return api.APIError(500, e.message, kind="server_error", code=e.code)
 
 
-async def _wait_ends(client: "_Client", turn: Choices) -> list[ev.Event]:
+async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | None = None) -> list[ev.Event]:
     """Every choice's Finished, in choice order, or the first Error alone (one failed choice fails the request); stops
-    waiting (the caller cancels the turns) if the client goes away."""
+    waiting (the caller cancels the turns) if the client goes away. `logprobs`: each choice's entries are added."""
     ends: dict[int, ev.Event] = {}
     while len(ends) < turn.n:
         e = await _next_event(client, turn)
@@ -202,6 +206,8 @@ async def _wait_ends(client: "_Client", turn: Choices) -> list[ev.Event]:
             raise _left_early(client)
         if isinstance(e, ev.Error):
             return [e]
+        if isinstance(e, ev.TokenDelta) and logprobs is not None and e.logprobs:
+            logprobs[turn.index(e.session_id)] += e.logprobs
         if isinstance(e, ev.Finished):
             ends[turn.index(e.session_id)] = e
     return [ends[i] for i in range(turn.n)]
@@ -212,6 +218,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     us) cancels every turn."""
     # a thought goes as reasoning_content
     splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
+    logprobs = [_ChunkLogprobs(req) for _ in range(turn.n)] if req.params.logprobs is not None else None
     ends: dict[int, ev.Finished] = {}
     try:
         if not req.raw:
@@ -229,14 +236,18 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 break
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
+                if logprobs is not None and e.logprobs:
+                    logprobs[i].held += e.logprobs
                 if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i):
-                    yield _event(chunk)
+                    yield _event(logprobs[i].attach(chunk) if logprobs is not None else chunk)
                 continue
             ends[i] = e
             if not req.raw and (tail := splits[i].finish()):
-                yield _event(api.chat_chunk(rid, model, req, tail, index=i))
-            yield _event(api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
-                         else api.chat_chunk(rid, model, req, {}, e.reason, index=i))
+                chunk = api.chat_chunk(rid, model, req, tail, index=i)
+                yield _event(logprobs[i].attach(chunk) if logprobs is not None else chunk)
+            last = (api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
+                    else api.chat_chunk(rid, model, req, {}, e.reason, index=i))
+            yield _event(logprobs[i].attach(last) if logprobs is not None else last)
         else:
             if req.include_usage:
                 build = api.completion_chunk if req.raw else api.chat_chunk
@@ -244,6 +255,25 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
         yield "data: [DONE]\n\n"
     finally:
         turn.close()
+
+
+class _ChunkLogprobs:
+    """One streamed choice's log-probabilities: each token's entry goes with the first chunk sent after it (a token
+    whose text is held back, a stop string's start or part of a character, goes with the text that follows)."""
+
+    def __init__(self, req: api.TurnRequest):
+        self.raw, self.held, self.offset = req.raw, [], 0
+
+    def attach(self, chunk: dict) -> dict:
+        entries, self.held = self.held, []
+        if not entries:  # a chunk of no token's text (a held-back tail, the end): null, as OpenAI's
+            return chunk
+        if self.raw:
+            chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.offset)
+            self.offset += sum(len(e.token) for e in entries)
+        else:
+            chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
+        return chunk
 
 
 def _delta_chunk(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,

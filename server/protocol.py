@@ -9,9 +9,11 @@ import uuid
 from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
+from engine.logprobs import MAX_TOP
 from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
+from server.logprobs import chat_logprobs, completion_logprobs
 
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
@@ -152,7 +154,33 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
     if not 1 <= n <= MAX_CHOICES:
         raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, not {n}.", "n")
     params = sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None)
+    params = dataclasses.replace(params, logprobs=_logprobs(data, raw))
     return TurnRequest(params, stream, include_usage, raw, n=n)
+
+
+def _logprobs(data: dict, raw: bool) -> int | None:
+    """The most likely tokens the request wants beside each chosen one's log-probability (0: none beside it), or None
+    for no log-probabilities: chat's `logprobs` (a boolean) and `top_logprobs`; a completion's `logprobs` (a count)."""
+    if raw:
+        if data.get("top_logprobs") not in (None, 0):
+            raise APIError(400, "'top_logprobs' is a chat field: a completion's 'logprobs' is the count of top tokens.",
+                           "top_logprobs")
+        if data.get("logprobs") is False:  # what a client that means "none" may send
+            return None
+        top = _number(data, "logprobs", int, None)
+        _top_in_range(top, "logprobs")
+        return top
+    wanted = _typed(data, "logprobs", bool, False)
+    top = _number(data, "top_logprobs", int, None)
+    _top_in_range(top, "top_logprobs")
+    if top and not wanted:  # OpenAI's rule
+        raise APIError(400, "'top_logprobs' needs 'logprobs': true.", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _top_in_range(top: int | None, name: str) -> None:
+    if top is not None and not 0 <= top <= MAX_TOP:
+        raise APIError(400, f"'{name}' must be between 0 and {MAX_TOP}, not {top}.", name)
 
 
 def _penalize_prompt(data: dict, fields: dict) -> bool:
@@ -260,10 +288,8 @@ def _effort(data: dict) -> bool | None:
 
 
 NOTHING = (None, False, [], {}, 0)  # values of an unsupported field that ask for nothing
-# where (field, chat) differs: a completion's `logprobs` of 0 asks for the sampled tokens' log-probabilities (as OpenAI
-# and vLLM read it), an empty `suffix` for none, `best_of` 1 for the one answer
-_ABSENT = {("logprobs", False): (None, False), ("suffix", False): (*NOTHING, ""), ("best_of", False): (*NOTHING, 1),
-           ("best_of", True): (*NOTHING, 1)}
+# where (field, chat) differs: an empty `suffix` asks for none, `best_of` 1 for the one answer
+_ABSENT = {("suffix", False): (*NOTHING, ""), ("best_of", False): (*NOTHING, 1), ("best_of", True): (*NOTHING, 1)}
 
 
 def _asks_nothing(value, absent: tuple) -> bool:
@@ -272,7 +298,7 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    for name in ("logprobs", "echo", "tools", "functions", "suffix", "best_of", "top_logprobs", "logit_bias"):
+    for name in ("echo", "tools", "functions", "suffix", "best_of", "logit_bias"):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
     for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come
@@ -428,10 +454,11 @@ def split_answer(text: str, prefix: str = "") -> dict[str, str]:
 
 
 def chat_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
-                  prefix: str = "") -> dict:
+                  prefix: str = "", logprobs: list[list] | None = None) -> dict:
     """`answers`: each choice's (text, reason); `prefix`: the answer the request continued (a text is what came
-    after it)."""
-    choices = [{"index": i, "message": {"role": "assistant", **split_answer(text, prefix)}, "logprobs": None,
+    after it); `logprobs`: each choice's entries, where the request asked for them."""
+    choices = [{"index": i, "message": {"role": "assistant", **split_answer(text, prefix)},
+                "logprobs": None if logprobs is None else chat_logprobs(logprobs[i]),
                 "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": choices, "usage": usage(stats)}
@@ -446,9 +473,10 @@ def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str 
                    "choices": choices}, req, stats)
 
 
-def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int) -> dict:
-    choices = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
-               for i, (text, reason) in enumerate(answers)]
+def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
+                        logprobs: list[list] | None = None) -> dict:
+    choices = [{"index": i, "text": text, "logprobs": None if logprobs is None else completion_logprobs(logprobs[i]),
+                "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": choices, "usage": usage(stats)}
 

@@ -21,8 +21,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 # a value of each field that asks for something the server does not do, and the endpoint it is sent to
 REFUSED = [
     ("tools", [TOOL], "chat"), ("functions", [TOOL["function"]], "chat"),
-    ("tool_choice", "required", "chat"), ("function_call", {"name": "f"}, "chat"), ("logprobs", True, "chat"),
-    ("top_logprobs", 2, "chat"), ("logit_bias", {"1": 5}, "chat"), ("response_format", {"type": "json_object"}, "chat"),
+    ("tool_choice", "required", "chat"), ("function_call", {"name": "f"}, "chat"),
+    ("logit_bias", {"1": 5}, "chat"), ("response_format", {"type": "json_object"}, "chat"),
     ("echo", True, "completion"), ("suffix", " end", "completion"), ("best_of", 2, "completion"),
 ]
 

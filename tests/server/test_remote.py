@@ -221,6 +221,9 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
             with pytest.raises(openai.BadRequestError) as refused:  # the endpoint's error code is passed on
                 c.chat.completions.create(**kw | {"messages": [{"role": "user", "content": "word " * 2000}]})
             assert refused.value.code == "context_length_exceeded", refused.value
+            with pytest.raises(openai.BadRequestError, match="a remote model") as refused:  # said, not left null
+                c.chat.completions.create(**kw | {"logprobs": True})
+            assert refused.value.param == "logprobs"
     finally:
         front.shutdown()
 

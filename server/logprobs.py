@@ -1,0 +1,34 @@
+"""Log-probabilities in OpenAI's two shapes: chat's `logprobs.content` entries and a completion's parallel lists.
+
+A token's text is its id decoded alone (engine/logprobs.py `named`); a token that holds part of a character decodes to
+U+FFFD there, and its `bytes` are those of that text, as vLLM reports such a token."""
+from __future__ import annotations
+
+from engine.logprobs import NamedLogprob
+
+
+def chat_logprobs(entries: list[NamedLogprob]) -> dict:
+    return {"content": [_chat_entry(e.token, e.logprob) | {"top_logprobs": [_chat_entry(t, v) for t, v in e.top]}
+                        for e in entries], "refusal": None}
+
+
+def _chat_entry(token: str, logprob: float) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "surrogatepass"))}
+
+
+def completion_logprobs(entries: list[NamedLogprob], offset: int = 0) -> dict:
+    """`offset`: where the first token's text starts in the choice's text (a stream's earlier chunks)."""
+    offsets = []
+    for e in entries:
+        offsets.append(offset)
+        offset += len(e.token)
+    return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
+            "top_logprobs": [_by_text(e.top) for e in entries], "text_offset": offsets}
+
+
+def _by_text(top: tuple[tuple[str, float], ...]) -> dict[str, float]:
+    """The legacy shape keys tokens by text: of two tokens with one text, the more likely one's number stays."""
+    out: dict[str, float] = {}
+    for text, value in top:
+        out.setdefault(text, value)
+    return out
