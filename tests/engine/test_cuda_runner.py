@@ -43,8 +43,8 @@ def make_batcher(*args, **kwargs):
     return _batcher(*args, speculative="off", **kwargs)
 
 
-def generate(batcher, prompt_ids, arrivals, new):
-    """Staggered greedy generation; returns tokens and every sampled logit row, per sequence."""
+def generate(batcher, prompt_ids, arrivals, new, params: SamplingParams | None = None):
+    """Staggered greedy generation (or with `params`); returns tokens and every sampled logit row, per sequence."""
     seen = defaultdict(list)
     run = batcher.runner.run
 
@@ -55,7 +55,8 @@ def generate(batcher, prompt_ids, arrivals, new):
         return logits, argmax
 
     batcher.runner.run = recording
-    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=new))) for i, p in enumerate(prompt_ids)]
+    params = params or SamplingParams(max_tokens=new)
+    seqs = [Sequence(i, list(p), SamplerState(params)) for i, p in enumerate(prompt_ids)]
     step = 0
     while step <= max(arrivals) or batcher.has_work():
         for i, at in enumerate(arrivals):

@@ -103,7 +103,7 @@ def test_on_the_decode_graphs_each_number_is_read_from_its_own_row():
     """Replayed decode graphs write their logits into one buffer: each token's numbers are those of its own step's row
     (not a later step's), and asking for them (which stops steps running ahead) leaves the tokens as they were."""
     from bench.decode_gpu import gemma270m_args, parley_model, prompts, random_hf_weights
-    from tests.engine.test_cuda_runner import make_batcher as cuda_batcher
+    from tests.engine.test_cuda_runner import generate, make_batcher as cuda_batcher
 
     args = gemma270m_args(max_len=512)
     model = parley_model(args, random_hf_weights(args, seed=0), torch.bfloat16, "cuda")
@@ -111,31 +111,27 @@ def test_on_the_decode_graphs_each_number_is_read_from_its_own_row():
 
     def run(params: SamplingParams):
         b = cuda_batcher(model, args, 4, 200, graphs=True)
-        rows, real = {i: [] for i in range(4)}, b.runner.run
+        found, real_step = {i: [] for i in range(4)}, b.step
 
-        def recording(batch):
-            logits, argmax = real(batch)
-            for i, seq in enumerate(batch.samplers):
-                rows[seq.seq_id].append(logits[i].float().cpu())
-            return logits, argmax
-
-        b.runner.run = recording
-        seqs = [Sequence(i, list(p), SamplerState(params)) for i, p in enumerate(ids)]
-        found = {i: [] for i in range(4)}
-        for seq in seqs:
-            b.add(seq)
-        while b.has_work():
-            for seq in {id(s): s for s, _ in b.step()}.values():
+        def step():  # each step's numbers, read as the engine thread reads them
+            out = real_step()
+            for seq in {id(s): s for s, _ in out}.values():
                 found[seq.seq_id] += seq.step_logprobs
-        return [s.generated for s in seqs], found, rows, b
+            return out
+
+        b.step = step
+        tokens, rows = generate(b, ids, [0] * 4, 24, params)
+        return tokens, found, rows, b
 
     tokens, found, rows, b = run(SamplingParams(max_tokens=24, logprobs=3))
     assert b.runner.graphs.replays >= 20 and b.lookahead_steps == 0
     for i, seq_tokens in enumerate(tokens):
         assert [lp.token for lp in found[i]] == seq_tokens
         for lp, row in zip(found[i], rows[i]):
-            want = torch.log_softmax(row, dim=-1)
-            assert abs(lp.logprob - want[lp.token].item()) < 1e-5
-            assert [t for t, _ in lp.top] == want.topk(3).indices.tolist()
+            want = torch.log_softmax(row.cpu(), dim=-1)
+            assert abs(lp.logprob - want[lp.token].item()) < 1e-4
+            # bf16 logits tie often: the listed ids are of the top 3 values, each with its own value
+            assert all(abs(v - w) < 1e-4 for (_, v), w in zip(lp.top, want.topk(3).values.tolist()))
+            assert all(abs(v - want[t].item()) < 1e-4 for t, v in lp.top)
     plain, _, _, ahead = run(SamplingParams(max_tokens=24))
     assert ahead.lookahead_steps > 0 and plain == tokens
