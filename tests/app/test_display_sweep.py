@@ -5,7 +5,7 @@ import gc
 
 import pytest
 from PySide6.QtCore import QSize, Qt
-from PySide6.QtGui import QAccessible, QFont, QGuiApplication, QPalette
+from PySide6.QtGui import QAccessible, QColor, QFont, QGuiApplication, QPalette
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QAbstractButton, QApplication
 
@@ -316,3 +316,14 @@ def test_a_large_font_keeps_the_models_dialogs_headers_whole(large_font_app, qtb
         assert header.sectionSize(col) >= header.sectionSizeHint(col), dialog.table.headerItem().text(col)
     assert header.sectionSize(0) >= header.sectionSize(header.count() - 1)  # the name takes what is left
     dialog.close()
+
+
+def test_a_tables_cells_take_the_new_themes_answer_colour_when_it_is_switched_at_runtime(parley):
+    """A table's cells are painted the colour of the answer's bubble (its grid shows between them): switched to dark at
+    runtime, a light cell would sit in a dark answer."""
+    w = parley.window
+    for theme in ("light", "dark", "light"):
+        w.set_theme(theme)
+        bubble = w.chat.view.palette().color(QPalette.ColorRole.Base).name()
+        html, _ = w.chat.view.delegate.renderer.render("| a | b |\n|---|---|\n| 1 | 2 |")
+        assert f'bgcolor="{bubble}"' in html and (QColor(bubble).lightness() < 128) == (theme == "dark"), theme
