@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from app.core import export, sqlite_store
+from app.core import export
 from app.core.chat_settings import ChatSettings
 from app.core.sqlite_store import SqliteConversationStore, snapshot_store
 from tests.app.test_gui_stalls import Heartbeat
