@@ -264,32 +264,41 @@ def add_chats(store: ConversationStore, chats: list[dict], present: Present | No
 
 class Present:
     """The chats a store held when an import began, found by what they hold: a chat of the file is one of them where
-    its title, its messages (their tree, roles and texts) and, where the file keeps it, the time it was started are the
-    same. Each chat of the store stands for one chat of the file (a file of three empty 'New chat's adds three)."""
+    its title, its messages (their tree, roles and texts, trailing space aside: Markdown drops the last one's) and,
+    where the file keeps it, the time it was started are the same. Each chat of the store stands for one chat of the
+    file (a file of three empty 'New chat's adds three)."""
 
     def __init__(self, store: ConversationStore):
         self.store = store
-        self._untold: dict[str, list[int]] = {}  # title -> chats not yet read (reading all at once: ~35 us a chat)
+        self._titled: dict[str, list[int]] = {}  # title -> chats not yet looked at
         for conv in store.conversations(include_hidden=True):
-            self._untold.setdefault(conv.title, []).append(conv.id)
-        self._known: dict[tuple, list[tuple[float, int]]] = {}  # chat_key -> (started, id) of each chat read
+            self._titled.setdefault(conv.title, []).append(conv.id)
+        # (title, first prompts) -> chats: a chat read whole (~35 us) only where these match, not each of the title's
+        self._opening: dict[tuple, list[int]] = {}
+        self._keys: dict[int, tuple] = {}
 
     def take(self, chat: dict) -> int | None:
         """The id of the store's chat that `chat` is (no longer offered for another), or None."""
-        for conv_id in self._untold.pop(chat["title"], ()):
+        for conv_id in self._titled.pop(chat["title"], ()):
             if self.store.has(conv_id):
-                known = chat_dict(self.store, conv_id)
-                self._known.setdefault(chat_key(known), []).append((known["created_at"], conv_id))
-        same = self._known.get(chat_key(chat), [])
-        for i, (started, conv_id) in enumerate(same):
-            if chat["created_at"] in (None, started) and self.store.has(conv_id):  # deleted since: not here any more
-                return same.pop(i)[1]
+                roots = tuple(m.content.rstrip() for m in self.store.children(conv_id, None))
+                self._opening.setdefault((chat["title"], roots), []).append(conv_id)
+        roots = tuple(m["content"].rstrip() for m in chat["messages"] if m["parent"] is None)
+        same, key = self._opening.get((chat["title"], roots), []), None
+        for i, conv_id in enumerate(same):
+            if not self.store.has(conv_id) or chat["created_at"] not in (None, self.store.get(conv_id).created_at):
+                continue  # deleted since, or started at another time
+            if conv_id not in self._keys:
+                self._keys[conv_id] = chat_key(chat_dict(self.store, conv_id))
+            key = key or chat_key(chat)
+            if self._keys[conv_id] == key:
+                return same.pop(i)
         return None
 
 
 def chat_key(chat: dict) -> tuple:
     """A chat's title and messages (parent, role, text), as exported and as checked at import."""
-    return chat["title"], tuple((m["parent"], m["role"], m["content"]) for m in chat["messages"])
+    return chat["title"], tuple((m["parent"], m["role"], m["content"].rstrip()) for m in chat["messages"])
 
 
 def import_json(store: ConversationStore, text: str | bytes) -> list[int]:

@@ -144,3 +144,26 @@ def test_an_import_waits_while_the_database_is_locked_and_loses_nothing(qtbot, t
     again = SqliteConversationStore(db)
     assert len(again.conversations()) == 600 and again.persistent
     again.close()
+
+
+def test_a_chat_among_thousands_of_one_title_is_found_reading_only_it(monkeypatch):
+    """Every chat of the title was read whole (~35 us each) at the first chat of the file: re-importing 3,000 'New
+    chat's froze the window 97 ms (71 ms from Markdown); 19-21 ms now, a chat read only where its first prompt matches."""
+    store = ConversationStore()
+    for i in range(2000):
+        conv = store.create("New chat")
+        store.add_message(conv.id, None, "user", f"question {i}")
+    one = export.export_json(store, [store.conversations()[700].id])
+    read = []
+    real = export.chat_dict
+    monkeypatch.setattr(export, "chat_dict", lambda *a: read.append(a) or real(*a))
+    assert export.import_json(store, one) == [] and len(read) == 1
+
+
+def test_a_markdown_export_imported_into_its_own_store_adds_nothing():
+    """Markdown drops the trailing space of a file's last message: its chat came back as a new one."""
+    store = ConversationStore()
+    for answer in ("first answer ", "last answer  \n"):
+        conv = store.create("Chat")
+        store.add_message(conv.id, store.add_message(conv.id, None, "user", "q").id, "assistant", answer)
+    assert export.import_markdown(store, export.export_markdown(store)) == [] and len(store.conversations()) == 2
