@@ -81,7 +81,7 @@ def test_a_chat_that_only_looks_the_same_is_still_added():
 
 
 def test_importing_again_after_a_kill_mid_import_adds_each_chat_once(qtbot, tmp_path):
-    chats = 400
+    chats = 250
     source = tmp_path / "all.json"
     source.write_text(export.export_json(_store(chats, "a longer answer, " * 10)), encoding="utf-8")
     db = tmp_path / "parley.db"
