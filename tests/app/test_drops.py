@@ -98,7 +98,10 @@ def test_a_file_copied_in_a_file_manager_and_pasted_gives_its_text(parley, tmp_p
     mime.setUrls([QUrl.fromLocalFile(str(doc))])
     mime.setText(QUrl.fromLocalFile(str(doc)).toString())
     QApplication.clipboard().setMimeData(mime)
-    edit = parley.window.compare.composer.edit
-    edit.clear()
-    edit.paste()
-    assert edit.toPlainText() == "buy milk\n"
+    try:
+        edit = parley.window.compare.composer.edit
+        edit.clear()
+        edit.paste()
+        assert edit.toPlainText() == "buy milk\n"
+    finally:
+        QApplication.clipboard().clear()  # mime data the clipboard still held at exit crashed the process (rc 139)
