@@ -133,7 +133,7 @@ def test_depth_scan_of_a_large_export_takes_a_fraction_of_a_second():
     answer = json.dumps('Here is the code:\n\n```python\ndef f(x):\n    return "value: " + str(x)\n```\n' * 100)
     raw = ("[" + ",".join([f'{{"role": "assistant", "content": {answer}}}'] * 1300) + "]").encode()
     best = min(_timed(_depth, raw) for _ in range(3))  # the best of three: a loaded machine slows one run, not all
-    assert len(raw) > 10e6 and _depth(raw) == 2 and best < 0.15, f"{best * 1e3:.0f} ms"
+    assert len(raw) > 10e6 and _depth(raw) == 2 and best < 0.2, f"{best * 1e3:.0f} ms"
 
 
 def _timed(fn, *args) -> float:

@@ -14,7 +14,9 @@ from tests.persistence.test_export_in_background import _ui
 ANSWER = ('Here is the code:\n\n```python\ndef f(x):\n    return "value: " + str(x)  # naïve — ok\n```\n\n'
           'The "answer" is 42 ✓. ') * 60
 FILE_MB = 24
-MAX_GAP_MS = 60  # automatic collection off, as in the app (app/qt/gui_collector.py): a full collection is its own gap
+# automatic collection off, as in the app (app/qt/gui_collector.py): a full collection is its own gap. The decoder's
+# longest call is the test; the gap (16-17 ms here, 91 before) only guards against freezes on a loaded machine
+MAX_GAP_MS = 300
 
 
 def test_a_large_json_export_is_parsed_a_message_at_a_time_and_the_window_keeps_answering(qtbot, tmp_path, monkeypatch):
