@@ -22,24 +22,27 @@ class TokenLogprob:
 
 def row_logprobs(logits: torch.Tensor, rows: list[int], tokens: list[int], tops: list[int]) -> list[TokenLogprob]:
     """For each of `rows` of the step's sampled logits (R, V): the log-probability of the token chosen there and its
-    `tops` most likely tokens (ties in id order). Reads the device once."""
+    `tops` most likely tokens (ties in id order). Reads the device once; no (R, V) log-softmax is written: a logit
+    minus its row's log-sum-exp (at 262,144 tokens a row: 1.5 against 3.1 ms on this CPU)."""
     if not rows:
         return []
     dev = logits.device
-    lp = torch.log_softmax(logits.index_select(0, torch.tensor(rows, device=dev)).float(), dim=-1)
-    chosen = lp.gather(1, torch.tensor(tokens, device=dev)[:, None])[:, 0].tolist()
+    picked = logits if rows == list(range(logits.shape[0])) else logits.index_select(0, torch.tensor(rows, device=dev))
+    picked = picked.float()
+    lse = torch.logsumexp(picked, dim=-1, keepdim=True)
+    chosen = (picked.gather(1, torch.tensor(tokens, device=dev)[:, None]) - lse)[:, 0].tolist()
     width = max(tops)
-    ranked = _ranked(lp, width) if width else ([[]] * len(rows), [[]] * len(rows))
+    ranked = _ranked(picked, lse, width) if width else ([[]] * len(rows), [[]] * len(rows))
     return [TokenLogprob(t, c, tuple(zip(ids[:k], values[:k])))
             for t, c, k, values, ids in zip(tokens, chosen, tops, *ranked)]
 
 
-def _ranked(lp: torch.Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
+def _ranked(logits: torch.Tensor, lse: torch.Tensor, width: int) -> tuple[list[list[float]], list[list[int]]]:
     """Each row's `width` largest log-probabilities and their ids; equal values in id order (topk's order is not)."""
-    values, ids = lp.topk(min(width, lp.shape[1]), dim=-1)
+    values, ids = logits.topk(min(width, logits.shape[1]), dim=-1)
+    values = values - lse
     order = torch.argsort(ids, dim=-1, stable=True)  # ids ascending, then a stable sort by value keeps that for ties
-    ids = ids.gather(1, order)
-    values = values.gather(1, order)
+    ids, values = ids.gather(1, order), values.gather(1, order)
     by_value = torch.argsort(values, dim=-1, descending=True, stable=True)
     return values.gather(1, by_value).tolist(), ids.gather(1, by_value).tolist()
 
