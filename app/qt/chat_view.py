@@ -122,6 +122,8 @@ class MessageDelegate(QStyledItemDelegate):
         self._reported: dict[int, int] = {}  # height the view's last layout pass placed each message at
         self.laying_out = False  # set by the view around a layout pass: other sizeHint calls (painting) move nothing
         self._recheck: dict[int, QPersistentModelIndex] = {}
+        self._drawn: set[int] = set()  # messages the view's last paint drew
+        self._drawing: set[int] = set()  # those its paint under way has drawn so far
         self.shown_thoughts: set[int] = set()  # messages whose finished thought the user unfolded
         self.renders = 0  # documents built (tests and benchmarks read it)
         self.resizing = False  # set by the view while the user resizes it: long documents keep their width till it ends
@@ -214,6 +216,10 @@ class MessageDelegate(QStyledItemDelegate):
         if msg is None:
             return QSize(0, 0)
         width = self.text_width()
+        if self.laying_out and msg.id in self._streams and msg.id in self._drawn | self._drawing:
+            # a streaming message on screen takes its new text now, not at its paint: laid out at its cheap estimate
+            # until then, it was drawn a screen away from its end and drawn again (2-4 paints a token)
+            self.document(msg)
         hit = self._docs.get(msg.id)
         if hit is not None and hit[0] == self._key(msg) and self._fits(hit[1], width):
             height = int(hit[1].size().height())
@@ -228,6 +234,7 @@ class MessageDelegate(QStyledItemDelegate):
         if msg is None:
             return
         doc, _ = self.document(msg)
+        self._drawing.add(msg.id)
         box = option.rect.adjusted(MARGIN, MARGIN // 2, -MARGIN, -MARGIN // 2)
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing)
@@ -252,6 +259,10 @@ class MessageDelegate(QStyledItemDelegate):
         if int(doc.size().height()) != self._reported.get(msg.id):
             self._recheck[msg.id] = QPersistentModelIndex(index)
             QTimer.singleShot(0, self._apply_rechecks)
+
+    def frame_started(self) -> None:
+        """The view starts a paint: what its last one drew is what is on screen."""
+        self._drawn, self._drawing = self._drawing, set()
 
     def _apply_rechecks(self) -> None:
         pending, self._recheck = self._recheck, {}
@@ -308,6 +319,10 @@ class ChatView(QListView):
         self.delegate.resizing = False
         self.scheduleDelayedItemsLayout()  # long messages take the new width now, once
         self.viewport().update()
+
+    def paintEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        self.delegate.frame_started()
+        super().paintEvent(event)
 
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
         self.delegate.laying_out = True

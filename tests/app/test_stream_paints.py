@@ -1,0 +1,61 @@
+"""How often, and where, the chat view paints an answer while it streams."""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QCoreApplication
+
+from app.qt.chat_view import MARGIN, MESSAGE_ROLE, PAD
+from tests.app.helpers import hold_engine
+
+ROWS = "".join(f"| Country {i} | City {i * 7 % 999} | {i * 104729:,} | Europe |\n" for i in range(60))
+TABLE = "Here is the table:\n\n| Country | Capital | Population | Region |\n|---|---|---:|---|\n"
+
+
+def _settle(seconds: float = 0.03) -> None:
+    """The event loop runs until the update's layout, paints and the timers they start are done."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        QCoreApplication.processEvents()
+        time.sleep(0.002)
+
+
+def _stream_table(parley):
+    """Sends a prompt with the engine held, streams a table's first 50 rows at once, then its last 10 a few characters
+    an update; yields the streaming message's paints (their rows' heights and the document's) after each update."""
+    w = parley.window
+    w.resize(900, 600)
+    hold_engine(parley, 5)
+    assert w.chat.send("A table, please.")
+    live = parley.service.live(w.current())
+    sid, tid = live.session_id, live.turn.turn_id
+    view = w.chat.view
+    paints, real = [], type(view.delegate).paint
+
+    def paint(painter, option, index):
+        real(view.delegate, painter, option, index)
+        msg = index.data(MESSAGE_ROLE)
+        if msg is not None and msg.state == "streaming":
+            doc, _ = view.delegate.document(msg)
+            paints.append((option.rect.height(), int(doc.size().height()) + 2 * PAD + MARGIN))
+
+    view.delegate.paint = paint
+    head = TABLE + ROWS[:len(ROWS) * 5 // 6]
+    parley.bridge.text_arrived.emit(sid, tid, head, 1)
+    _settle(0.2)
+    rest = ROWS[len(head) - len(TABLE):]
+    for at in range(0, len(rest), 12):
+        paints.clear()
+        parley.bridge.text_arrived.emit(sid, tid, rest[at:at + 12], 3)
+        _settle()
+        yield list(paints)
+
+
+def test_a_streaming_answer_is_laid_out_at_its_document_height_before_it_is_painted(parley):
+    """Each token laid the streaming message out at the cheap size estimate of its Markdown (its document not brought
+    up to date until its paint): a 200-row table ~1,200 px short, so it was drawn a screen away from its end, then
+    laid out and drawn again at its height, then scrolled and drawn a third time."""
+    updates = list(_stream_table(parley))
+    assert len(updates) > 30 and all(updates)
+    drawn = [p for paints in updates for p in paints]
+    assert all(row == doc for row, doc in drawn), [p for p in drawn if p[0] != p[1]][:5]
