@@ -303,6 +303,7 @@ class ChatView(QListView):
         self.setObjectName("chatView")
         self.setAccessibleName(self.tr("Messages"))
         self._stick = True
+        self._busy = False  # whether the chat shown was answering when its messages were last drawn for it
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
@@ -332,12 +333,15 @@ class ChatView(QListView):
             self.delegate.laying_out = False
 
     def _on_status(self, conv_id: int) -> None:
-        """A turn starting or ending shows or hides the links a busy chat refuses: the messages on screen drawn again."""
-        if conv_id == self.chat_model.conv_id:
+        """A turn starting or ending shows or hides the links a busy chat refuses: the messages on screen drawn again.
+        Only then: the status changes with every token, and the update it asked for drew the view a second time."""
+        if conv_id == self.chat_model.conv_id and self.service.busy(conv_id) != self._busy:
+            self._busy = not self._busy
             self.viewport().update()
 
     def set_conversation(self, conv_id: int | None) -> None:
         self._stick = True
+        self._busy = conv_id is not None and self.service.busy(conv_id)
         self.chat_model.set_conversation(conv_id)
         self.scrollToBottom()
 
