@@ -216,10 +216,6 @@ class MessageDelegate(QStyledItemDelegate):
         if msg is None:
             return QSize(0, 0)
         width = self.text_width()
-        if self.laying_out and msg.id in self._streams and msg.id in self._drawn | self._drawing:
-            # a streaming message on screen takes its new text now, not at its paint: laid out at its cheap estimate
-            # until then, it was drawn a screen away from its end and drawn again (2-4 paints a token)
-            self.document(msg)
         hit = self._docs.get(msg.id)
         if hit is not None and hit[0] == self._key(msg) and self._fits(hit[1], width):
             height = int(hit[1].size().height())
@@ -260,6 +256,14 @@ class MessageDelegate(QStyledItemDelegate):
             self._recheck[msg.id] = QPersistentModelIndex(index)
             QTimer.singleShot(0, self._apply_rechecks)
 
+    def text_changed(self, index: QModelIndex) -> None:
+        """A streaming message on screen takes its new text now, in the drain that brought it (whose cost the frame
+        pacer measures), not at its paint: laid out at its cheap size estimate until then, it was drawn a screen away
+        from its end, then drawn again at its height and again scrolled (2-4 paints a token)."""
+        msg = index.data(MESSAGE_ROLE)
+        if msg is not None and msg.id in self._streams and msg.id in self._drawn | self._drawing:
+            self.document(msg)
+
     def frame_started(self) -> None:
         """The view starts a paint: what its last one drew is what is on screen."""
         self._drawn, self._drawing = self._drawing, set()
@@ -293,6 +297,7 @@ class ChatView(QListView):
         self.setModel(self.chat_model)
         self.delegate = MessageDelegate(service, self)
         self.setItemDelegate(self.delegate)
+        self.chat_model.dataChanged.connect(self._on_data_changed)
         self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.verticalScrollBar().setSingleStep(24)
         self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
@@ -331,6 +336,10 @@ class ChatView(QListView):
             super().doItemsLayout()
         finally:
             self.delegate.laying_out = False
+
+    def _on_data_changed(self, top: QModelIndex, bottom: QModelIndex) -> None:
+        if top == bottom:  # one message's text or state
+            self.delegate.text_changed(top)
 
     def _on_status(self, conv_id: int) -> None:
         """A turn starting or ending shows or hides the links a busy chat refuses: the messages on screen drawn again.
