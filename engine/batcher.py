@@ -243,10 +243,10 @@ class Batcher:
             return False
         if not self.runner.accepts_device_tokens(len(prev.samplers)):
             return False
-        # no sequence may draft next step (`_drafting`): too many, or no rows left for drafts
-        drafting = self._drafting(len(prev.samplers), sum(map(_draftable, prev.samplers)))
         if _wants_logprobs(prev.samplers):  # their numbers are read with the step's ids
             return False
+        # no sequence may draft next step (`_drafting`): too many, or no rows left for drafts
+        drafting = self._drafting(len(prev.samplers), sum(map(_draftable, prev.samplers)))
         for seq in prev.samplers:
             if seq.status is not Status.RUNNING or seq.num_uncached != 0:
                 return False

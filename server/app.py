@@ -27,7 +27,7 @@ from engine import events as ev
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
-from server.logprobs import chat_logprobs, completion_logprobs
+from server.logprobs import StreamedLogprobs
 
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -218,7 +218,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     us) cancels every turn."""
     # a thought goes as reasoning_content
     splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
-    logprobs = [_ChunkLogprobs(req) for _ in range(turn.n)] if req.params.logprobs is not None else None
+    logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
         if not req.raw:
@@ -236,18 +236,15 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 break
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
-                if logprobs is not None and e.logprobs:
-                    logprobs[i].held += e.logprobs
+                logprobs[i].held += e.logprobs or []
                 if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i):
-                    yield _event(logprobs[i].attach(chunk) if logprobs is not None else chunk)
+                    yield _event(logprobs[i].attach(chunk))
                 continue
             ends[i] = e
             if not req.raw and (tail := splits[i].finish()):
-                chunk = api.chat_chunk(rid, model, req, tail, index=i)
-                yield _event(logprobs[i].attach(chunk) if logprobs is not None else chunk)
-            last = (api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
-                    else api.chat_chunk(rid, model, req, {}, e.reason, index=i))
-            yield _event(logprobs[i].attach(last) if logprobs is not None else last)
+                yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, tail, index=i)))
+            yield _event(logprobs[i].attach(api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
+                                            else api.chat_chunk(rid, model, req, {}, e.reason, index=i)))
         else:
             if req.include_usage:
                 build = api.completion_chunk if req.raw else api.chat_chunk
@@ -255,25 +252,6 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
         yield "data: [DONE]\n\n"
     finally:
         turn.close()
-
-
-class _ChunkLogprobs:
-    """One streamed choice's log-probabilities: each token's entry goes with the first chunk sent after it (a token
-    whose text is held back, a stop string's start or part of a character, goes with the text that follows)."""
-
-    def __init__(self, req: api.TurnRequest):
-        self.raw, self.held, self.offset = req.raw, [], 0
-
-    def attach(self, chunk: dict) -> dict:
-        entries, self.held = self.held, []
-        if not entries:  # a chunk of no token's text (a held-back tail, the end): null, as OpenAI's
-            return chunk
-        if self.raw:
-            chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.offset)
-            self.offset += sum(len(e.token) for e in entries)
-        else:
-            chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
-        return chunk
 
 
 def _delta_chunk(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,

@@ -32,3 +32,22 @@ def _by_text(top: tuple[tuple[str, float], ...]) -> dict[str, float]:
     for text, value in top:
         out.setdefault(text, value)
     return out
+
+
+class StreamedLogprobs:
+    """One streamed choice's entries: each token's goes with the first chunk sent after it (a token whose text is held
+    back, a stop string's start or part of a character, goes with the text that follows)."""
+
+    def __init__(self, raw: bool):
+        self.raw, self.held, self.offset = raw, [], 0
+
+    def attach(self, chunk: dict) -> dict:
+        entries, self.held = self.held, []
+        if not entries:  # a chunk of no token's text (a held-back tail, the end), or none asked: null, as OpenAI's
+            return chunk
+        if self.raw:
+            chunk["choices"][0]["logprobs"] = completion_logprobs(entries, self.offset)
+            self.offset += sum(len(e.token) for e in entries)
+        else:
+            chunk["choices"][0]["logprobs"] = chat_logprobs(entries)
+        return chunk
