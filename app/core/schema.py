@@ -127,6 +127,16 @@ def ensure_indexes(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS message_parent ON message(parent_id)")
 
 
+# The store's UPDATE of a message always sets its content: without WHEN, a change of state, stats or time alone (each
+# imported answer, each answer's end) took the whole text out of the trigram index and put it back
+FTS_UPDATE_TRIGGER = """
+    CREATE TRIGGER message_fts_update AFTER UPDATE OF content ON message WHEN old.content IS NOT new.content BEGIN
+        INSERT INTO message_fts(message_fts, rowid, content) VALUES ('delete', old.id, old.content);
+        INSERT INTO message_fts(rowid, content) VALUES (new.id, new.content);
+    END;
+"""
+
+
 def ensure_search_index(db: sqlite3.Connection) -> bool:
     """A trigram FTS5 index over message text (substring search, like the in-memory store); False without FTS5.
 
@@ -134,6 +144,7 @@ def ensure_search_index(db: sqlite3.Connection) -> bool:
     """
     exists = db.execute("SELECT 1 FROM sqlite_master WHERE name = 'message_fts'").fetchone()
     if exists:
+        _reindex_only_changed_text(db)
         return True
     try:
         db.execute("BEGIN IMMEDIATE")
@@ -146,10 +157,7 @@ def ensure_search_index(db: sqlite3.Connection) -> bool:
             CREATE TRIGGER message_fts_delete AFTER DELETE ON message BEGIN
                 INSERT INTO message_fts(message_fts, rowid, content) VALUES ('delete', old.id, old.content);
             END;
-            CREATE TRIGGER message_fts_update AFTER UPDATE OF content ON message BEGIN
-                INSERT INTO message_fts(message_fts, rowid, content) VALUES ('delete', old.id, old.content);
-                INSERT INTO message_fts(rowid, content) VALUES (new.id, new.content);
-            END;
+        """ + FTS_UPDATE_TRIGGER + """
             INSERT INTO message_fts(message_fts) VALUES ('rebuild');
         """)
         db.execute("COMMIT")
@@ -160,3 +168,18 @@ def ensure_search_index(db: sqlite3.Connection) -> bool:
         if "fts5" in str(exc).lower() or "tokenizer" in str(exc).lower():
             return False
         raise
+
+
+def _reindex_only_changed_text(db: sqlite3.Connection) -> None:
+    """A file indexed before FTS_UPDATE_TRIGGER had its WHEN gets it (what an older Parley reads the same way)."""
+    sql = db.execute("SELECT sql FROM sqlite_master WHERE type = 'trigger' AND name = 'message_fts_update'").fetchone()
+    if sql is None or " WHEN " in sql[0].upper():
+        return
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("DROP TRIGGER message_fts_update")
+        run_script(db, FTS_UPDATE_TRIGGER)
+        db.execute("COMMIT")
+    except sqlite3.OperationalError:  # locked by another program, say: the old trigger works, only slower; next start
+        if db.in_transaction:
+            db.execute("ROLLBACK")
