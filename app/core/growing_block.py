@@ -24,8 +24,10 @@ TABLE_END = "</table>\n"
 class GrowingBlocks:
     """Rows and items of growing blocks, rendered once each by `md` (the answer's MarkdownIt, its rules and all)."""
 
-    def __init__(self, md: MarkdownIt):
-        self._md = md
+    def __init__(self, md: MarkdownIt, seam: str = ""):
+        """`seam`: put between the text before a table and the table, where the caller may cut the HTML (the two go
+        into its document apart: the table grows in place there)."""
+        self._md, self._seam = md, seam
         self._rows: OrderedDict[tuple[str, str], str | None] = OrderedDict()
         self._items: OrderedDict[tuple[str, bool], tuple[str, str, str, bool] | None] = OrderedDict()
 
@@ -38,6 +40,11 @@ class GrowingBlocks:
             return None
         if ITEM.match(text):
             return self._list(text, env, new_at_most)
+        table = _table_start(text)
+        if table is not None:  # "Here is the table:" then the table on the next line: the text rendered once, the table apart
+            joined = self._after_head(text[:table], text[table:], env, new_at_most)
+            if joined is not None:
+                return joined
         # the text before a list ("Steps:", a heading), a blank line after it or a list that can end its paragraph:
         # rendered whole once, the list apart
         lines = text.split("\n")
@@ -50,6 +57,19 @@ class GrowingBlocks:
         listed = self._list("\n".join(lines[start:]), env, new_at_most)
         head_html = self._cached(self._rows, (head, None), lambda: self._plain(head, env))
         return None if listed is None or head_html is None else head_html + listed
+
+    def _after_head(self, head: str, table: str, env: dict, new_at_most: int | None) -> str | None:
+        """A table that ends the paragraph or heading before it: the two as render() of both, where they render so apart
+        (in a quote or a list item the table's lines are that text's: then None)."""
+        start = "\n".join(table.split("\n", 2)[:2]) + "\n"  # the table's header and delimiter: where it starts
+        if _over(new_at_most, (head, None) not in self._rows):
+            return None
+        head_html = self._cached(self._rows, (head, None), lambda: self._plain(head, env))
+        apart = self._cached(self._rows, (head + start, None), lambda: self._plain(head + start, env))
+        table_html, started = self._table(table, env, new_at_most), self._table(start, env, None)
+        if None in (head_html, table_html, started) or apart != head_html + started:
+            return None
+        return head_html + self._seam + table_html
 
     def _plain(self, text: str, env: dict) -> str | None:
         """render(text), or None where it holds a code block (its copy link's number follows the blocks before it)."""
@@ -185,6 +205,19 @@ def _lists(text: str) -> list[list[str]] | None:
         else:
             lists.append([item])  # another kind of item starts another list
     return lists
+
+
+def _table_start(text: str) -> int | None:
+    """Where a table starts in a text that does not start with one: a line starting with '|' and a delimiter row after
+    it, after text with no blank line (else the blocks were apart)."""
+    at, lines = 0, text.split("\n")
+    for line, following in zip(lines, lines[1:]):
+        if at and line.startswith("|") and DELIMITER.fullmatch(following):
+            return at
+        if not line.strip():
+            return None
+        at += len(line) + 1
+    return None
 
 
 def _interrupts(line: str) -> bool:

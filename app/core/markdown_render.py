@@ -99,7 +99,7 @@ class MarkdownRenderer:
         # growing code blocks' runs of lines, a segment at a time (app/core/code_runs.py)
         self._runs: OrderedDict[tuple[tuple[str, ...], str, LexState], Segment] = OrderedDict()
         self._prefixes: list[_Prefix] = []  # streaming answers' blocks that stay as they are, the latest first
-        self._growing = GrowingBlocks(self._md)  # a growing table's rows and list's items, rendered once each
+        self._growing = GrowingBlocks(self._md, RUN_SEAM)  # a growing table's rows and list's items, rendered once each
         _warm_lexers()
 
     def render(self, text: str) -> tuple[str, list[str]]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from app.core.markdown_render import MarkdownRenderer
+from app.core.markdown_render import RUN_SEAM, MarkdownRenderer
 
 CELLS = [" x ", " **b** ", " `c|d` ", " \\| ", "", " $x$ ", " [l](http://a) ", " 12.5 "]
 ITEMS = ["item", "**b** x", "a\n  b", "a\n\n  para", "x\n  - nested\n  - n2", "y\n\n  - nested", "`c`", "lazy\ncont",
@@ -120,3 +120,26 @@ def test_a_list_right_after_a_line_of_text_streams_an_item_at_a_time():
         streamed = MarkdownRenderer()
         for k in range(1, len(text) + 1, 5):
             assert streamed.render_streaming(text[:k]) == fresh.render(text[:k]), text[:k]
+
+
+def test_a_table_right_after_a_line_of_text_streams_a_row_at_a_time():
+    """"Here is the table:" and the table on the next line (no blank line between: one block) rendered all of it again
+    on every token (~19,000 characters parsed a token at 300 rows) and put it into the document whole. The text before
+    it renders once and the table a row at a time, cut apart where the document takes them; in a quote or a list item
+    the table's lines are that text's, rendered whole as before."""
+    table = _countries(300)[:-len("\nThat is all.")].replace(":\n\n", ":\n", 1)
+    assert max(_parsed_per_update(table, 200)) < 1_000
+    heads = ["Here is the table:\n", "## Head\n", "> q\n", "- x\n", "para\nmore\n", "Title\n===\n", "Steps:\n1. a\n"]
+    renderer, rng = MarkdownRenderer(), random.Random(5)
+    for case in range(35):
+        text = heads[case % len(heads)] + _table(rng)
+        for k in range(1, len(text) + 1):
+            env = {"code_blocks": [], "streaming": True, "growing": True, "runs": True}
+            got = renderer._growing.render(text[:k], dict(env))
+            assert got is None or got.replace(RUN_SEAM, "") == renderer._md.render(text[:k], dict(env)), text[:k]
+    fresh = MarkdownRenderer()
+    for text in (_countries(20).replace(":\n\n", ":\n", 1), "> q\n| a |\n|---|\n| 1 |\n"):
+        streamed = MarkdownRenderer()
+        for k in range(1, len(text) + 1, 3):
+            assert streamed.render_streaming(text[:k]) == fresh.render(text[:k]), text[:k]
+        assert "".join(streamed.render_parts(text)[0]) == fresh.render(text)[0]

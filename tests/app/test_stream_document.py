@@ -388,3 +388,28 @@ def test_text_after_a_table_streams_without_the_table_being_laid_out_again(qapp)
     fresh = SafeDocument()
     fresh.setHtml(rendered.html)
     assert doc.toHtml() == fresh.toHtml()
+
+
+def test_a_table_right_after_a_line_of_text_takes_its_new_rows_in_place(qapp):
+    """With no blank line between "Here is the table:" and a table, each token put all of the table into the document
+    again (a 200-row table: ~57,000 characters of HTML parsed and 30 ms a token here, against 15 with the blank line):
+    the line and the table are parts apart now, the table grows in place and reads as a fresh render."""
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    renderer, text = MarkdownRenderer(), _table_text(200).split("\nAfter")[0].replace("Intro.\n\n", "Intro.\n")
+    doc = SafeDocument()
+    stream = StreamDocument(doc)
+    _, seen = _counted(renderer, stream)
+    sizes = []
+    for n, state in [(n, "streaming") for n in range(len(text) - 300, len(text) + 1, 4)] + [(len(text), "done")]:
+        rendered = message_html(Message(1, 1, None, "assistant", text[:n], state), 1, 1, renderer, busy=state != "done")
+        seen.clear()
+        stream.update(list(rendered.parts))
+        sizes.append(sum(seen))
+    fresh = SafeDocument()
+    fresh.setHtml(rendered.html)
+    assert doc.toHtml() == fresh.toHtml()
+    assert max(sizes[1:]) < 5_000, sizes
+    steps = _table_text(12).replace("Intro.\n\n", "Intro.\n")
+    for got, fresh_html in _streamed([steps[:n] for n in range(1, len(steps) + 1, 3)] + [steps], renderer):
+        assert got == fresh_html
