@@ -10,6 +10,7 @@ import re
 from typing import Any, Callable, Iterable
 
 SPACE = re.compile(r"[ \t\n\r]*")
+NUMBER_REST = re.compile(r"[0-9.eE+\-]*")  # what may still follow a number's digits: its fraction and exponent
 # where to go a piece at a time: an object's keys to their own plans, a list's plan for every element; None: one call
 Plan = dict[str, "Plan"] | list | None
 
@@ -38,11 +39,14 @@ class JsonPieces:
             return self._array(plan[0] if plan else None)
         while True:
             try:
-                value, self.pos = self._decode(self.text, self.pos)
-                return value
+                value, end = self._decode(self.text, self.pos)
             except json.JSONDecodeError as exc:
                 if not self._fill():  # a value cut at the piece's end reads whole with the next piece
                     raise self._error(exc.msg, exc.pos) from None
+                continue
+            if not _cut_number(value, self.text, end) or not self._fill():
+                self.pos = end
+                return value
 
     def _object(self, plan: dict[str, Plan]) -> dict:
         self.pos += 1
@@ -114,3 +118,9 @@ class JsonPieces:
         error.args = (f"{msg}: line {line} column {column} (char {where})",)
         error.doc, error.pos, error.lineno, error.colno = None, where, line, column
         return error
+
+
+def _cut_number(value: Any, text: str, end: int) -> bool:
+    """A number read up to the piece's end, or up to a '.', 'e' or '-' the piece ends in, may go on in the next piece:
+    read alone, '17650' of '1765080000.5' was 17650 and the rest 'Expecting ',' delimiter'."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and NUMBER_REST.fullmatch(text, end) is not None

@@ -63,3 +63,16 @@ def test_markdown_in_pieces_splits_into_the_chats_the_whole_text_does():
         size = rng.randrange(1, 12)
         pieces = [text[i:i + size] for i in range(0, len(text), size)]
         assert list(_markdown_blocks(_unix_lines(pieces))) == _split_whole(text), (case, text, size)
+
+
+def test_a_number_cut_between_two_pieces_reads_whole():
+    """A chat's times cut at a piece's end read as a shorter number, then 'Expecting ',' delimiter' at the rest: a valid
+    3,000-chat export was refused ('The file is not valid JSON … (char 14680064)': 14 MiB in) about one import in five."""
+    doc = {"format": "parley-chats", "version": 12345, "conversations": [
+        {"title": "T", "created_at": 1765080000.123456, "leaf": 10, "pinned": False, "messages": [
+            {"id": 0, "parent": None, "role": "user", "content": "x", "created_at": 1765080001.5e-3}]}]}
+    for indent in (None, 1):
+        text = json.dumps(doc, indent=indent)
+        for size in range(1, len(text) + 1):
+            pieces = [text[i:i + size] for i in range(0, len(text), size)]
+            assert JsonPieces(pieces).document(PIECES) == doc, (indent, size)
