@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from app.core import schema
+from app.core.checkpointer import Checkpointer
 from app.core.held_changes import counted, forget_held, held_file, read_held, replay, save_held, set_aside
 from app.core.wal_files import left_open, unwritable_side_file
 from app.core.chat_settings import ChatSettings
@@ -69,6 +70,7 @@ class SqliteConversationStore(ConversationStore):
         self._compare: dict[int, list[int]] = {}
         self.models: dict[str, dict] = {}  # the model registry's rows (see app/core/sqlite_registry.py)
         self._db: sqlite3.Connection | None = None
+        self._checkpoints: Checkpointer | None = None  # the WAL's checkpoints, off this thread
         self._lock_fd: str | None = None  # the key of the lock this store holds in _HELD
         self._identity: tuple[int, int] | None = None  # (device, inode) of the file the connection has open
         self.locked_out = False  # another Parley holds this data folder: this one shows its chats read-only
@@ -88,7 +90,7 @@ class SqliteConversationStore(ConversationStore):
             schema.migrate(db)
             self.has_fts = schema.ensure_search_index(db)
             merged = self._load_and_merge(db)
-            self._db, self._identity = db, _identity(self.file)
+            self._use(db)
             self._recover()
             if merged:
                 self._write_merged(merged)
@@ -187,7 +189,21 @@ class SqliteConversationStore(ConversationStore):
         db = schema.connect(self.file)
         schema.migrate(db)
         self.has_fts = schema.ensure_search_index(db)
+        self._use(db)
+
+    def _use(self, db: sqlite3.Connection) -> None:
+        """`db`, open on `self.file`, is the connection the store writes through from now on."""
         self._db, self._identity = db, _identity(self.file)
+        self._checkpoints = Checkpointer(self.file)
+        self._checkpoints.attach(db)
+
+    def _let_go(self) -> sqlite3.Connection | None:
+        """The store's connection, no longer the store's (the caller closes it or leaves it open); None where none."""
+        if self._checkpoints is not None:
+            self._checkpoints.close()  # a checkpoint running ends before the file is closed, moved or written anew
+            self._checkpoints = None
+        db, self._db = self._db, None
+        return db
 
     def _file_is_gone(self) -> bool:
         """The file was deleted, moved or replaced since it was opened: SQLite goes on writing to the old one."""
@@ -202,7 +218,7 @@ class SqliteConversationStore(ConversationStore):
         """Lets go of the old file, its WAL emptied first: left beside a file that took its name, SQLite read the WAL
         into that file at the next start. A file deleted or moved away is written anew from memory; a replacing one
         (a backup put back) is left as it is."""
-        db, self._db = self._db, None
+        db = self._let_go()
         if self._held:  # what memory holds, written anew below, has them: replayed later they would undo newer text
             self._held, self._held_msgs = [], []
             forget_held(self.file)
@@ -375,6 +391,7 @@ class SqliteConversationStore(ConversationStore):
             else:
                 self._degrade(exc)
             return
+        self._checkpoints.after_commit()
         self._saved_again()
         if self.on_commit is not None and committed:
             self.on_commit(list(committed))
@@ -499,6 +516,7 @@ class SqliteConversationStore(ConversationStore):
             if self._batch == 0 and self._batch_open and self._db is not None:
                 try:
                     self._db.execute("COMMIT")
+                    self._checkpoints.after_commit()
                     self._saved_again()
                 except (sqlite3.Error, OSError) as exc:
                     self._degrade(exc)
@@ -523,7 +541,7 @@ class SqliteConversationStore(ConversationStore):
             return False
 
     def _degrade(self, exc: Exception | str) -> None:
-        db, self._db = self._db, None
+        db = self._let_go()
         if db is not None and unwritable_side_file(self.file) is not None:
             left_open(db)
         elif db is not None:
@@ -586,7 +604,7 @@ class SqliteConversationStore(ConversationStore):
         self._write([self._update_conv(c) for c in self._conversations.values()])
         if self._held and self._db is not None:
             self._keep_held()
-        db, self._db = self._db, None
+        db = self._let_go()
         if db is not None and unwritable_side_file(self.file) is not None:
             left_open(db)
         elif db is not None:
