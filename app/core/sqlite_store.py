@@ -29,7 +29,7 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
-LOCKED_RETRY_S = 10.0  # while another program holds the write lock, a write tries again at most this often
+FULL_RETRY_S = 10.0  # while the disk is full, a write tries again at most this often (each try writes it all)
 NEARLY_FULL = 1 << 20  # bytes free under which SQLite's "disk I/O error" means the disk is full
 COMPACT_SHARE = 4  # closing compacts the file once the messages deleted since opening are a quarter of those left
 
@@ -63,7 +63,7 @@ class SqliteConversationStore(ConversationStore):
         self._deleted = 0  # messages deleted since the file was opened (see _compact)
         self._held: list[tuple[str, tuple]] = []  # statements waiting while another program holds the write lock
         self._held_msgs: list[Message] = []
-        self._retry_at = 0.0  # clock time before which a locked file is not tried again
+        self._retry_at = 0.0  # clock time before which a full disk is not tried again
         self._full = False  # what is held waits for room on the disk, not for a lock
         self._blocked: Path | None = None  # what is held waits for this -wal or -shm file to be writable again
         self._held_why = ""  # why the changes the last run kept were held, as its file says
@@ -194,6 +194,9 @@ class SqliteConversationStore(ConversationStore):
     def _use(self, db: sqlite3.Connection) -> None:
         """`db`, open on `self.file`, is the connection the store writes through from now on."""
         self._db, self._identity = db, _identity(self.file)
+        # another program's write lock is found at once, not after the busy timeout's 2 s on the GUI thread: the changes
+        # are held and the next change or flush tries again, at no cost
+        db.execute("PRAGMA busy_timeout = 0")
         self._checkpoints = Checkpointer(self.file)
         self._checkpoints.attach(db)
 
@@ -422,8 +425,8 @@ class SqliteConversationStore(ConversationStore):
 
     def _begin(self) -> bool:
         """BEGIN IMMEDIATE, or False while another program (a database browser) holds the write lock: the changes wait
-        for a later write. Giving up for good lost the rest of the session; a try waits out the busy timeout on the
-        GUI thread, so it comes at most every LOCKED_RETRY_S."""
+        for a later write. Giving up for good lost the rest of the session; a try does not wait (busy timeout 0: it
+        waited 2 s on the GUI thread, once every 10 s while the lock was held)."""
         if self._clock() < self._retry_at:
             return False
         try:
@@ -432,7 +435,6 @@ class SqliteConversationStore(ConversationStore):
         except sqlite3.OperationalError as exc:
             if "locked" not in str(exc).lower():
                 raise
-        self._retry_at = self._clock() + LOCKED_RETRY_S
         self._full = False
         return False
 
@@ -446,7 +448,7 @@ class SqliteConversationStore(ConversationStore):
         except (sqlite3.Error, OSError):
             pass
         self._full = True
-        self._retry_at = self._clock() + LOCKED_RETRY_S
+        self._retry_at = self._clock() + FULL_RETRY_S
         self._hold(statements, committed)
 
     def _hold(self, statements: list[tuple[str, tuple]], committed: list[Message]) -> None:
@@ -499,9 +501,9 @@ class SqliteConversationStore(ConversationStore):
                     f"can be, and what is not saved is kept beside {self.file.name} at quit.")
         if self._full:
             return (f"The disk is full where {self.file} is kept: chats are not saved until there is room (Parley "
-                    f"tries again every {LOCKED_RETRY_S:.0f} s).")
-        return (f"Another program has {self.file} locked: chats are not saved until it lets go (Parley tries again "
-                f"every {LOCKED_RETRY_S:.0f} s).")
+                    f"tries again every {FULL_RETRY_S:.0f} s).")
+        return (f"Another program has {self.file} locked: chats are not saved until it lets go, and are saved as soon "
+                "as it does.")
 
     @contextmanager
     def batch(self) -> Iterator[None]:
@@ -600,6 +602,8 @@ class SqliteConversationStore(ConversationStore):
     def close(self) -> None:
         """Commits everything and closes the file; the store keeps working in memory afterwards."""
         self._retry_at = 0.0  # the last chance to write what a lock held back
+        if self._db is not None:  # the window is gone: a lock let go within the busy timeout takes them into the file
+            self._db.execute(f"PRAGMA busy_timeout = {schema.BUSY_TIMEOUT_MS}")
         self.flush()
         self._write([self._update_conv(c) for c in self._conversations.values()])
         if self._held and self._db is not None:
