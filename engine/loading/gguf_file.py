@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.loading.gguf_header import TensorInfo, read_header
+from engine.loading.gguf_header import Span, TensorInfo, read_header
 from engine.loading.gguf_split import mixed_quantization, read_parts
 from engine.quant.gguf_blocks import to_float32
 
@@ -114,6 +115,8 @@ class GGUFFile:
     tensors: list[GGUFTensor]
     sources: list[TensorSource] = field(default_factory=list)  # one a file
     notices: list[str] = field(default_factory=list)  # what the user should know about its files (gguf_split)
+    spans: dict[str, Span] = field(default_factory=dict)  # where each metadata array lies in `path`
+    skipped: frozenset[str] = frozenset()  # arrays not read (open_gguf's `skip`): absent from `metadata`
 
     def close(self) -> None:
         """Closes the files (a tensor's data cannot be read after this)."""
@@ -132,9 +135,10 @@ class GGUFFile:
         return _dequantize(t)
 
 
-def open_gguf(path: str | Path) -> GGUFFile:
+def open_gguf(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFFile:
     """Opens and validates a GGUF file, or every part of the split model it is a part of (engine/loading/gguf_split.py),
-    raising ModelLoadError with the reason when it cannot."""
+    raising ModelLoadError with the reason when it cannot. The metadata arrays in `skip` are not read where they lie as
+    its spans say (a vocabulary whose tokenizer is saved: engine/loading/tokenizer_cache.py)."""
     path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"Model file not found: {path}")
@@ -143,9 +147,11 @@ def open_gguf(path: str | Path) -> GGUFFile:
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
-    parts = read_parts(path, read_header)  # every count and offset checked against its file
+    parts = read_parts(path, partial(read_header, skip=skip))  # every count and offset checked against its file
     mixed = mixed_quantization(parts)
-    gf = GGUFFile(path=parts[0][0], metadata=parts[0][1].fields, tensors=[], notices=[mixed] if mixed else [])
+    first = parts[0][1]
+    gf = GGUFFile(path=parts[0][0], metadata=first.fields, tensors=[], notices=[mixed] if mixed else [],
+                  spans=first.spans, skipped=first.skipped)
     try:
         for part, header in parts:
             gf.sources.append(TensorSource(part))

@@ -14,9 +14,10 @@ from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import GGUFFile, open_gguf
+from engine.loading.gguf_header import Span
 from engine.loading.gguf_split import files_name, model_file, model_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
-from engine.loading.tokenizer_cache import gguf_tokenizer
+from engine.loading.tokenizer_cache import gguf_tokenizer, vocabulary_spans
 from engine.memory import (
     LOAD_SCRATCH, available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory,
 )
@@ -153,9 +154,10 @@ class _OpenOnce:
     def __init__(self, path: Path):
         self.path, self.file = path, None
 
-    def __call__(self) -> GGUFFile:
+    def __call__(self, skip: dict[str, Span] | None = None) -> GGUFFile:
+        """The opened file; its first opening passes over the arrays in `skip` (open_gguf's)."""
         if self.file is None:
-            self.file = open_gguf(self.path)
+            self.file = open_gguf(self.path, skip)
         return self.file
 
     def __enter__(self) -> "_OpenOnce":
@@ -276,7 +278,9 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
         progress("Reading model file", 0.0)
     if progress and options.quantized and options.device == "cpu":
         _build_cpu_kernels(progress)
-    gf = open_gguf(path) if opened is None else opened()
+    # a saved tokenizer: the header is read without its vocabulary
+    skip = vocabulary_spans(options.cache_dir, path) if options.quantized else None
+    gf = open_gguf(path, skip) if opened is None else opened(skip)
     if notices is not None:
         notices.extend(gf.notices)
     try:

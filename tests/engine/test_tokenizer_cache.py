@@ -140,3 +140,89 @@ def test_an_entry_another_parley_wrote_meanwhile_is_kept(tmp_path):
     write_entry(other, fill_while_another_finishes)
     assert (other / "x").read_text() == "theirs"
     assert not list(d.parent.glob(TMP_PREFIX + "*"))
+
+
+def _spm_llama(tiny_llama: Path, out: Path, meta: dict) -> Path:
+    """The tiny Llama's layers under a SentencePiece (`llama`) vocabulary, as Llama 2's and Gemma's files hold one; a
+    scalar follows the vocabulary's arrays, which a read that passes over them must still find."""
+    import gguf
+    import numpy as np
+
+    from engine.loading.gguf_file import open_gguf
+
+    src = open_gguf(tiny_llama)
+    n = len(meta["tokenizer.ggml.tokens"])
+    w = gguf.GGUFWriter(out, "llama")
+    for key, value in src.metadata.items():
+        if key.startswith("llama.") and key != "llama.vocab_size":
+            (w.add_float32 if isinstance(value, float) else w.add_uint32)(key, value)
+    w.add_uint32("llama.vocab_size", n)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(meta["tokenizer.ggml.tokens"])
+    w.add_token_scores(meta["tokenizer.ggml.scores"])
+    w.add_token_types(meta["tokenizer.ggml.token_type"])
+    w.add_bos_token_id(meta["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(meta["tokenizer.ggml.eos_token_id"])
+    w.add_add_space_prefix(True)
+    w.add_string("general.name", "after the vocabulary")
+    rng = np.random.default_rng(0)
+    for t in src.tensors:
+        data = src.tensor(t).numpy()
+        if t.name in ("token_embd.weight", "output.weight"):  # one row a token of the new vocabulary
+            data = rng.standard_normal((n, data.shape[1])).astype(np.float32)
+        w.add_tensor(t.name, data)
+    src.close()
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def test_a_load_that_finds_its_tokenizer_reads_the_header_without_the_vocabulary(tmp_path, metadata, tiny_models,
+                                                                                  monkeypatch):
+    """A load whose tokenizer was saved still read every token string of the header (the embedded Gemma's 262,144:
+    0.23-0.31 s of Python a load, beside the app's window, which waited for the interpreter meanwhile); it passes over
+    them now where the saved entry says they lie (0.006 s), and the model and its tokenizer are the same."""
+    from engine.loading import gguf_header
+    from engine.loading.loader import LoadOptions, load_model
+
+    path = _spm_llama(tiny_models["llama"].gguf_path, tmp_path / "spm-llama.gguf", metadata)
+    cache = tmp_path / "cache"
+    first = load_model(path, LoadOptions(cache_dir=cache))
+    walked, real = [], gguf_header._Cursor.strings
+    monkeypatch.setattr(gguf_header._Cursor, "strings", lambda c, count, what: walked.append(count) or real(c, count, what))
+    second = load_model(path, LoadOptions(cache_dir=cache))
+    assert walked == []  # the first load walked its n token strings
+    assert second.name == first.name == "after the vocabulary" and second.args == first.args
+    _same(second.tokenizer, first.tokenizer)
+
+
+def test_spans_that_do_not_fit_the_file_read_it_whole(tmp_path, metadata, tiny_models):
+    """Spans of another file, or of a damaged entry, pass over nothing; a tokenizer that must be built again from a
+    header read without its vocabulary reads the vocabulary first."""
+    from engine.loading.gguf_file import open_gguf
+    from engine.loading.gguf_header import Span
+    from engine.loading.tokenizer_cache import vocabulary_spans
+
+    path = _spm_llama(tiny_models["llama"].gguf_path, tmp_path / "spm-llama.gguf", metadata)
+    cache = tmp_path / "cache"
+    assert vocabulary_spans(cache, path) == {}
+    whole = open_gguf(path)
+    built = gguf_tokenizer(whole, cache)
+    spans = vocabulary_spans(cache, path)
+    assert set(spans) == {"tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type"}
+    tokens = spans["tokenizer.ggml.tokens"]
+    for wrong in (Span(tokens.start + 1, tokens.end, tokens.length), Span(tokens.start, tokens.end, tokens.length + 1),
+                  Span(tokens.start, 1 << 40, tokens.length)):
+        gf = open_gguf(path, {"tokenizer.ggml.tokens": wrong})
+        assert not gf.skipped and gf.metadata == whole.metadata
+    skipped = open_gguf(path, spans)
+    assert skipped.skipped == set(spans) and "tokenizer.ggml.tokens" not in skipped.metadata
+    assert {k: v for k, v in whole.metadata.items() if k not in spans} == skipped.metadata
+    (entry,) = (cache / "tokenizers").iterdir()
+    (entry / "tokenizer" / "tokenizer.model").write_bytes(b"damaged")
+    _same(gguf_tokenizer(skipped, cache), built)  # rebuilt from the vocabulary, read again
+    (entry / "vocabulary_spans.json").unlink()  # an entry saved before entries held spans
+    gguf_tokenizer(whole, cache)
+    assert vocabulary_spans(cache, path) == spans
