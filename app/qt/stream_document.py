@@ -22,6 +22,7 @@ FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and clos
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
 EMPTY_ITEM = "<li></li>\n"  # an empty list item, which Qt's HTML import leaves out
 LIST_TAG = re.compile(r"<(/?)(ul|ol|li)[ >]")  # a model's own tags are escaped: these are the renderer's
+LISTS_BACK = 3  # lists a growing part's last list may be put in again after (a note's one-item list between two)
 SLICE_CHARS = 6_000  # HTML a document catching up takes at a time: ~5-15 ms of parsing and layout on a 2-core Xeon
 
 
@@ -184,7 +185,19 @@ class StreamDocument:
         of it goes in again)."""
         if not group.end or len(parts) != len(group.parts) or parts[:-1] != group.parts[:-1]:
             return False
-        found = _list_items(group.parts[-1], parts[-1])
+        # a new list's first item (a note under "10.", then "11."): from the last item of a list before it on, all of the
+        # lists one after another of a 300-item list went in again (~24,800 characters of HTML) while those were written
+        part, lists = group.parts[-1], _top_lists(group.parts[-1])[-LISTS_BACK:]
+        shown = [any(part[a:b] != EMPTY_ITEM for a, b in zip(items, items[1:] + [closed]))  # else not in the document
+                 for _, items, closed in lists]
+        return any(shown[-back] and self._grow_from_list(group, parts, end, lists[-back], sum(shown[-back:]))
+                   for back in range(1, len(lists) + 1))
+
+    def _grow_from_list(self, group: _Group, parts: list[str], end: bool, at: tuple[int, list[int], int],
+                        shown: int) -> bool:
+        """_grow_list from the top-level list of the group's last part `at`, the `shown`-th of the document's from its
+        end, what follows that list put in again."""
+        found = _list_items(group.parts[-1], parts[-1], at)
         if found is None:
             return False
         before, old, new, after = found
@@ -193,7 +206,7 @@ class StreamDocument:
         # number just written)
         shown_old, shown_new = len(old) - (old[-1] == EMPTY_ITEM), len(new) - (new[-1] == EMPTY_ITEM)
         kept = min(kept, shown_old - 1)
-        top = _last_list(self.doc)
+        top = _last_list(self.doc, shown)
         if kept < 1 or kept >= shown_new or top is None or top.count() != shown_old or (
                 top.item(0).position() < group.position):
             return False
@@ -291,13 +304,13 @@ def _put_from(doc: QTextDocument, position: int, source: QTextDocument, start: i
         cursor.insertFragment(QTextDocumentFragment(text))
 
 
-def _list_items(old: str, new: str) -> tuple[str, list[str], list[str], str] | None:
-    """(the HTML before the first item of `old`'s last top-level list, that list's items in `old` and in `new`, what
-    follows them in `new`) where `new` has that list at the same place and neither holds a table from there on."""
-    lists = _top_lists(old)
-    if not lists or "<table" in old[lists[-1][0]:]:
+def _list_items(old: str, new: str, where: tuple[int, list[int], int]) -> tuple[str, list[str], list[str], str] | None:
+    """(the HTML before the first item of `old`'s top-level list `where` (_top_lists), that list's items in `old` and in
+    `new`, what follows them in `new`) where `new` has that list at the same place and neither holds a table from
+    there on."""
+    opened, items, closed = where
+    if "<table" in old[opened:]:
         return None
-    opened, items, closed = lists[-1]
     at = next((entry for entry in _top_lists(new) if entry[0] == opened), None)
     if at is None or new[:items[0]] != old[:items[0]] or "<table" in new[opened:]:
         return None
@@ -321,12 +334,14 @@ def _top_lists(part: str) -> list[tuple[int, list[int], int]]:
     return [entry for entry in lists if entry[1] and entry[2] >= 0]
 
 
-def _last_list(doc: QTextDocument) -> QTextList | None:
-    """The document's last top-level list (a nested one is indented further)."""
-    block = doc.lastBlock()
-    while block.isValid() and (block.textList() is None or block.textList().format().indent() != 1):
+def _last_list(doc: QTextDocument, back: int = 1) -> QTextList | None:
+    """The document's `back`-th top-level list from its end (a nested one is indented further)."""
+    block, found = doc.lastBlock(), []
+    while block.isValid() and len(found) < back:
+        if block.textList() is not None and block.textList().format().indent() == 1 and block.textList() not in found:
+            found.append(block.textList())
         block = block.previous()
-    return block.textList() if block.isValid() else None
+    return found[-1] if len(found) == back else None
 
 
 def _put_rows(table: QTextTable, kept: int, dropped: int, source: QTextTable) -> None:
