@@ -216,14 +216,22 @@ class MessageDelegate(QStyledItemDelegate):
         if msg is None:
             return QSize(0, 0)
         width = self.text_width()
-        hit = self._docs.get(msg.id)
-        if hit is not None and hit[0] == self._key(msg) and self._fits(hit[1], width):
+        hit, key = self._docs.get(msg.id), self._key(msg)
+        if hit is not None and hit[0] == key and self._fits(hit[1], width):
             height = int(hit[1].size().height())
+        elif hit is not None and self._grown(hit, key) and self._fits(hit[1], width):
+            # a streaming answer off screen: its document as last drawn and an estimate of the text since (the estimate
+            # of all of it was a 34-row table 174 px short, which it jumped by when scrolled back into view)
+            height = int(hit[1].size().height()) + _estimate_added(msg.content[hit[0][0]:], width)
         else:
             height = _estimate(msg.content, width)
         if self.laying_out:
             self._reported[msg.id] = height
         return QSize(width, height + 2 * PAD + MARGIN)
+
+    def _grown(self, hit: tuple, key: tuple) -> bool:
+        """Whether a cached document is a streaming message's as it was a few tokens ago (its text grown since)."""
+        return key[1] == "streaming" and hit[0][1:] == key[1:] and hit[0][0] <= key[0]
 
     def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: QModelIndex) -> None:
         msg = index.data(MESSAGE_ROLE)
@@ -479,6 +487,12 @@ def _estimate(text: str, width: int) -> int:
     per_line = max(20, width // 8)
     lines = sum(1 + len(line) // per_line for line in text.split("\n")) if text else 1
     return 22 + lines * 19
+
+
+def _estimate_added(text: str, width: int) -> int:
+    """_estimate's height of text added after a document's last line (its first line goes on that one)."""
+    per_line = max(20, width // 8)
+    return sum(len(line) // per_line for line in text.split("\n")) * 19 + text.count("\n") * 19
 
 
 def _bubble(palette: QPalette, role: str) -> QColor:

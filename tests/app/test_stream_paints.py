@@ -69,3 +69,33 @@ def test_a_streaming_answer_is_painted_once_an_update(parley):
     painted = sum(len(paints) for paints in updates)
     assert len(updates) > 30 and painted <= 1.2 * len(updates), [len(paints) for paints in updates]
 
+
+
+def test_a_streaming_answer_scrolled_out_of_view_keeps_the_height_of_its_document(parley):
+    """A streaming answer off screen (the user scrolled up to read) was laid out at the size estimate of all of its
+    Markdown, not at its document's height: a 34-row table 174 px short, which it jumped by when scrolled back into
+    view. It keeps its document's height as last drawn, plus an estimate of the text since."""
+    w, store = parley.window, parley.service.store
+    w.resize(900, 600)
+    conv = w.current()
+    question = store.add_message(conv, None, "user", "An earlier question")
+    store.add_message(conv, question.id, "assistant", "\n\n".join(f"Paragraph {i} of an earlier answer." for i in range(80)))
+    w.open_chat(conv)
+    hold_engine(parley, 5)
+    assert w.chat.send("A table, please.")
+    live = parley.service.live(conv)
+    sid, tid, view = live.session_id, live.turn.turn_id, w.chat.view
+    parley.bridge.text_arrived.emit(sid, tid, TABLE + ROWS[:len(ROWS) // 2], 1)
+    _settle(0.2)
+    view.verticalScrollBar().setValue(0)  # up to the earlier answer: the table is off screen
+    _settle(0.1)
+    row = view.model().rowCount() - 1
+    rest = ROWS[len(ROWS) // 2:]
+    for at in range(0, 48, 12):  # four rows while off screen
+        parley.bridge.text_arrived.emit(sid, tid, rest[at:at + 12], 3)
+        _settle()
+    off_screen = view.visualRect(view.model().index(row, 0)).height()
+    view.scrollToBottom()
+    _settle(0.2)
+    shown = view.visualRect(view.model().index(row, 0)).height()
+    assert shown > 800 and abs(shown - off_screen) < 40, (off_screen, shown)
