@@ -28,6 +28,7 @@ FILTERS = "Markdown (*.md);;JSON — full history with branches (*.json)"
 SLICE_S = 0.015  # an import adds chats for this long per turn of the event loop (a chat of long answers: ~2 ms)
 WAIT_MS = 1000  # while the chat database takes no changes, an import looks again this often
 NEXT_SLICE_MS = 1  # not 0: a zero timer ran before the window's own timers, two slices back to back (30-37 ms)
+SHOW_S = 0.5  # an import shows the chats added so far this often, in a turn of its own (a sidebar of 3,000: ~15 ms)
 
 
 class PersistenceUI(QObject):
@@ -171,6 +172,7 @@ class PersistenceUI(QObject):
         if job.todo:
             done = job.total - len(job.todo)
             self.window.statusBar().showMessage(f"Importing {done:,} of {job.total:,} chats…")
+            self._show_added(job)
             QTimer.singleShot(NEXT_SLICE_MS, self._add_slice)
             return
         self._importing.popleft()
@@ -180,6 +182,15 @@ class PersistenceUI(QObject):
             job.then(job.ids)
         if self._importing:
             QTimer.singleShot(0, self._add_slice)
+
+    def _show_added(self, job: _Import) -> None:
+        """The chats added so far appear in the window as they land, not all at the end (3,000 chats: 2-5 s unseen)."""
+        if job.ids and time.monotonic() - job.shown_at >= SHOW_S:
+            job.shown_at = time.monotonic()
+            QTimer.singleShot(0, self._changed)  # not inside the slice: a gap of its own
+
+    def _changed(self) -> None:
+        self.service.conversations_changed.emit()
 
     def _wait(self, job: _Import) -> None:
         """The file takes no changes now: the rest waits, added once it does (or at quit, kept with the rest held).
@@ -206,6 +217,7 @@ class _Import:
     then: Callable[[list[int]], None] | None
     ids: list[int] = field(default_factory=list)
     present: export.Present | None = None  # the store's chats when its first chat is added
+    shown_at: float = float("-inf")  # when the chats added so far were last shown (time.monotonic)
 
     def said(self) -> str:
         """'Imported N chats from …', with how many were here already (a file imported again, after a crash say)."""
