@@ -52,7 +52,14 @@ def add_sampling_options(p: argparse.ArgumentParser) -> None:
                    help="how many of the latest tokens the penalties read (-1: all, 0: none; llama.cpp's default 64)")
     p.add_argument("--seed", type=_seed, default=None, help=f"{SEED_RULE}; the server takes the same")
     p.add_argument("--thinking", default=None, choices=["on", "off"],
-                   help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own")
+                   help="whether a thinking model (Qwen3, SmolLM3) thinks before answering; default: the model's own "
+                   "(off with --json-schema or --grammar)")
+    held = p.add_mutually_exclusive_group()
+    held.add_argument("--json-schema", default=None, metavar="FILE|object",
+                      help="hold each answer to JSON: a JSON schema file, or 'object' for any JSON object (every token "
+                      "is masked to what the schema allows)")
+    held.add_argument("--grammar", default=None, metavar="FILE", type=Path,
+                      help="hold each answer to a Lark grammar file (llguidance's dialect: regex terminals, %%json)")
 
 
 # The flags below take values the engine's own checks refuse (top-p 0, min-p 1, top-k and seed -1), so their ranges
@@ -140,6 +147,7 @@ def sampling_params(args: argparse.Namespace):
     from engine.sampling import SamplingParams
 
     thinking = getattr(args, "thinking", None)
+    grammar = answer_grammar(args)
     # top-k -1 (off), seed -1 (a random one), top-p 0 and min-p 1 (the most likely token) read as the server reads them
     greedy = args.top_p == 0 or args.min_p == 1
     try:
@@ -149,10 +157,34 @@ def sampling_params(args: argparse.Namespace):
             repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
             frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n,
             seed=args.seed,
-            max_tokens=args.max_tokens, thinking=None if thinking is None else thinking == "on",
+            max_tokens=args.max_tokens, grammar=grammar,
+            # a thought before the answer would have to follow the grammar too: none unless asked for
+            thinking=(None if grammar is None else False) if thinking is None else thinking == "on",
         )
     except ParleyError as exc:  # "max_tokens must be between 1 and …" named a field, not the flag given
         raise ParleyError(_as_flag(str(exc), args)) from None
+
+
+def answer_grammar(args: argparse.Namespace) -> str | None:
+    """The grammar of --json-schema or --grammar (engine/constraint/grammar.py), or None; a file that cannot be read
+    or compiled is one line naming the flag."""
+    from engine.errors import ParleyError
+
+    schema, lark = getattr(args, "json_schema", None), getattr(args, "grammar", None)
+    if schema is None and lark is None:
+        return None
+    from engine.constraint.grammar import json_grammar, lark_grammar, schema_from_text
+
+    flag, path = ("--grammar", lark) if lark is not None else ("--json-schema", Path(schema))
+    try:
+        if lark is None and schema == "object":
+            return json_grammar()
+        text = path.read_text(encoding="utf-8")
+        return lark_grammar(text) if lark is not None else json_grammar(schema_from_text(text))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ParleyError(f"argument {flag}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    except ParleyError as exc:
+        raise ParleyError(f"argument {flag}: {exc}") from None
 
 
 def _as_flag(message: str, args: argparse.Namespace) -> str:

@@ -9,12 +9,16 @@ than a plain run would have cached, a token of the history, so what it holds sta
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 import torch
 
 from engine.cache import KVCache
+from engine.constraint.guide import mask_rows
 from engine.logprobs import TokenLogprob, row_logprobs
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -171,8 +175,9 @@ class Batcher:
         try:
             logits, _ = self._run(batch)
             seqs = batch.samplers
-            accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs],
-                              [s.penalty_history() for s in seqs], [len(s.token_ids) for s in seqs])
+            with _guided(logits, seqs, [len(s.draft) + 1 for s in seqs]):
+                accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs],
+                                  [s.penalty_history() for s in seqs], [len(s.token_ids) for s in seqs])
         except BaseException:
             self.cache.abort_step()
             raise
@@ -204,9 +209,11 @@ class Batcher:
             # decode graph writes its own ids over them
             pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
             logits, greedy = self._run(batch)
-            ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs], greedy,
-                             [len(s.token_ids) + ahead for s in seqs], pending,
-                             getattr(self.runner, "sampling_graphs", None))
+            graphs = getattr(self.runner, "sampling_graphs", None)
+            with _guided(logits, seqs) as guided:  # masked rows: the step's argmax and sampling graphs read others
+                ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs],
+                                 None if guided else greedy, [len(s.token_ids) + ahead for s in seqs], pending,
+                                 None if guided else graphs)
             logprobs = _logprobs(logits, seqs, [[t] for t in ids.tolist()]) if _wants_logprobs(seqs) else None
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
@@ -244,6 +251,8 @@ class Batcher:
         if not self.runner.accepts_device_tokens(len(prev.samplers)):
             return False
         if _wants_logprobs(prev.samplers):  # their numbers are read with the step's ids
+            return False
+        if any(seq.guide is not None for seq in prev.samplers):  # the next mask follows this step's token
             return False
         # no sequence may draft next step (`_drafting`): too many, or no rows left for drafts
         drafting = self._drafting(len(prev.samplers), sum(map(_draftable, prev.samplers)))
@@ -285,6 +294,8 @@ class Batcher:
             seq.step_logprobs = []
             for j, token in enumerate(new):
                 seq.append(token, draft=j < len(new) - 1)  # a verify step's tokens: its kept drafts, then its own
+                if seq.guide is not None:
+                    seq.guide.advance(token)
                 if lps:
                     seq.step_logprobs.append(lps[j])
                 out.append((seq, token))
@@ -300,6 +311,23 @@ class Batcher:
         if seq.slot is not None and seq.num_cached >= len(seq.token_ids):
             seq.num_cached = len(seq.token_ids) - 1
             self.cache.rewind(seq.slot, seq.num_cached)
+
+
+@contextmanager
+def _guided(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | None = None) -> Iterator[bool]:
+    """Masks the rows of samplers with a grammar (engine/constraint) to the tokens it allows while the step samples,
+    and yields whether there were any; the logits are the model's again after. Sampler i owns `rows_of[i]` rows
+    (default one); a guided sampler drafts nothing, so it owns one."""
+    starts = list(accumulate(rows_of or [1] * len(seqs), initial=0))
+    guided = [i for i, seq in enumerate(seqs) if seq.guide is not None]
+    if not guided:
+        yield False
+        return
+    restore = mask_rows(logits, [starts[i] for i in guided], [seqs[i].guide for i in guided], _wants_logprobs(seqs))
+    try:
+        yield True
+    finally:
+        restore()
 
 
 def _wants_logprobs(seqs: list[Sequence]) -> bool:
@@ -326,7 +354,7 @@ def _logprobs(logits: torch.Tensor, seqs: list[Sequence], chosen: list[list[int]
 
 
 def _draftable(seq: Sequence) -> bool:
-    return seq.sampler.params.speculative
+    return seq.sampler.params.speculative and seq.guide is None  # a grammar's mask follows each token: none ahead
 
 
 def _draft_room(seq: Sequence, step_tokens: int) -> int:
@@ -336,7 +364,7 @@ def _draft_room(seq: Sequence, step_tokens: int) -> int:
 
 
 def finish_reason(seq: Sequence, token: int) -> str | None:
-    if token in seq.stop_ids:
+    if token in seq.stop_ids or (seq.guide is not None and seq.guide.finished):  # a grammar complete ends the answer
         return "stop"
     if len(seq.generated) >= seq.sampler.params.max_tokens:
         return "length"

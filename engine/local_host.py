@@ -13,6 +13,7 @@ from typing import Callable
 
 from engine import events as ev
 from engine.cache.growth import allocation_failed
+from engine.constraint.guide import Guide
 from engine.errors import CacheMemoryError, ParleyError
 from engine.host import Emit
 from engine.logprobs import NamedLogprob, named
@@ -27,6 +28,15 @@ log = logging.getLogger(__name__)
 OUT_OF_MEMORY = ("Generation failed: the memory ran out during this answer; free some memory, close other chats or "
                  "choose a smaller model.")
 CONTINUE_CONTEXT = 8  # ids before a continued answer's new text that its detokeniser starts from
+
+
+def _prepare_turn(request: TurnRequest, raw: bool, overflow: str, rt: ModelRuntime,
+                  resume: int) -> tuple[list[int], int, Guide | None]:
+    """On a prompt worker: the turn's ids and dropped messages (`render_turn`), and its grammar's guide if it has one
+    (the model's grammar tokenizer is built here the first time, off the engine thread)."""
+    ids, dropped = render_turn(request, raw, overflow, rt.lm.tokenizer, rt.limit, resume)
+    grammar = request.params.grammar
+    return ids, dropped, rt.grammars.guide(grammar) if grammar is not None else None
 
 
 class LocalHost:
@@ -50,8 +60,7 @@ class LocalHost:
         continued = request.messages[-1]["content"] if request.continue_final else None
         session.turn = turn = Turn(turn_id, None, continues=continued)  # no stream yet: its prompt is rendering
         session.last_used = time.monotonic()
-        job = partial(render_turn, request, session.raw, session.overflow, rt.lm.tokenizer, rt.limit,
-                      session.resume_at(request))
+        job = partial(_prepare_turn, request, session.raw, session.overflow, rt, session.resume_at(request))
         if self._post is None or self._workers is None:
             self._begin_generation(session, turn, request, job())
             return
@@ -70,11 +79,12 @@ class LocalHost:
             self._emit(ev.Error(session.session_id, turn.turn_id, message, getattr(failure, "code", None)))
 
     def _begin_generation(self, session: Session, turn: Turn, request: TurnRequest,
-                          rendered: tuple[list[int], int]) -> None:
+                          rendered: tuple[list[int], int, Guide | None]) -> None:
         rt = self.runtime
-        ids, dropped = rendered
+        ids, dropped, guide = rendered
         session.remember_cut(request, dropped)
         seq = self._prepare_sequence(session, ids)
+        seq.guide = guide
         context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
         if turn.continues is not None:
             turn.continues = as_prompted(turn.continues, rt.lm.tokenizer.decode(context))

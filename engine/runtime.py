@@ -17,6 +17,7 @@ from engine.batcher import Batcher
 from engine.cache import CacheConfig, first_cache_bytes, make_cache
 from engine.cache.config import dtype_name
 from engine.cache.growth import GROWTH_MARGIN, free_bytes
+from engine.constraint.guide import Grammars
 from engine.errors import CacheError, CacheMemoryError, ModelLoadError, ParleyError
 from engine.loading.loader import LoadedModel
 from engine.memory import gb_pair, return_freed_memory
@@ -103,6 +104,7 @@ class ModelRuntime:
         self.prefixes = prefixes or PrefixCache(batcher.cache, 0, 0)
         self.share_prefixes = share_prefixes  # turns may start from other slots' prefixes (EngineConfig.prefix_cache)
         self.snapshot_min = SNAPSHOT_MIN_TOKENS
+        self.grammars = Grammars(lm.tokenizer, lm.args.vocab_size)  # guides for turns held to a grammar
         self._followers: dict[Sequence, tuple[Sequence, int]] = {}  # held back -> (its leader, prefix it waits for)
         # frees an idle session's slot other than the one given, where no slot is free to copy a prefix into (set by
         # the host that keeps the sessions; None: the copy waits for a free slot)

@@ -34,6 +34,7 @@ MAX_TEMPERATURE = 100.0
 MAX_PENALTY = 100.0  # and 1 / MAX_PENALTY the least repetition penalty: 1e-300 is 0 in fp32, and logits / 0 are inf
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
+MAX_GRAMMAR_CHARS = 1_000_000  # a schema past this is no chat's (its compile and masks grow with it)
 # below it a temperature decodes greedily: logits / T overflowed fp32 from ~1e-38 (token 0, or an id past the
 # vocabulary), and a draw this cold is the argmax all but always (vLLM takes the same bound)
 GREEDY_BELOW = 1e-5
@@ -62,6 +63,8 @@ class SamplingParams:
     thinking: bool | None = None
     # None: none; else each token's log-probability and this many most likely tokens beside it (engine/logprobs.py)
     logprobs: int | None = None
+    # None: free text; else the grammar the answer must follow, in llguidance's text (engine/constraint/grammar.py)
+    grammar: str | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -80,6 +83,8 @@ class SamplingParams:
             (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
             (all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop), f"stop strings must hold 1 to {MAX_STOP_CHARS} characters"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP, f"logprobs must be between 0 and {MAX_TOP}"),
+            (self.grammar is None or 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS,
+             f"a grammar must hold 1 to {MAX_GRAMMAR_CHARS:,} characters"),
         ]
         for ok, message in checks:
             if not ok:
@@ -106,6 +111,8 @@ def _check_types(p: SamplingParams) -> None:
         raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
     if p.thinking is not None and not isinstance(p.thinking, bool):
         raise ParleyError(f"Invalid sampling setting: thinking must be true, false or unset, not {p.thinking!r}.")
+    if p.grammar is not None and not isinstance(p.grammar, str):
+        raise ParleyError(f"Invalid sampling setting: grammar must be text, not {type(p.grammar).__name__}.")
     if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
         raise ParleyError("Invalid sampling setting: stop must be a list of strings.")
 

@@ -37,6 +37,7 @@ class Sequence:
     from_draft: bytearray = field(default_factory=bytearray)  # per generated token: 1 where it was an accepted draft
     # the log-probabilities of the tokens the last step appended (engine/logprobs.py), where its params ask for them
     step_logprobs: list = field(default_factory=list)
+    guide: Any = None  # this turn's grammar as it goes (engine/constraint/guide.py), where its params set one
     # token_ids as int64, kept in step with the list: penalties read the whole history every step (engine/sampling.py)
     token_array: array = field(init=False, repr=False)
 
@@ -53,6 +54,7 @@ class Sequence:
         self.token_ids, self.num_prompt, self.generated, self.finish_reason = list(ids), len(ids), [], None
         self.token_array = array("q", self.token_ids)
         self.draft, self.num_steps, self.num_drafted, self.num_accepted, self.from_draft = [], 0, 0, 0, bytearray()
+        self.guide = None
 
     def append(self, token: int, draft: bool = False) -> None:
         """`draft`: an accepted draft (engine/speculative), counted in num_accepted while it stays in the answer."""

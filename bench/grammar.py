@@ -1,0 +1,102 @@
+"""Decode speed of answers held to a JSON schema (engine/constraint) against free answers, same model, same prompts,
+same process, interleaved rounds; and the one-time cost of a model's grammar tokenizer.
+
+    python bench/grammar.py --sessions 1 8 --tokens 64 --rounds 3
+    python bench/grammar.py --gpu-shape --tokenizer DIR   # CUDA: the 270M shape, random bf16 weights, decode graphs;
+                                                          # DIR: the embedded model's Tokenizer.save() (real masks)
+
+Prints JSON lines: per round and session count, free and guided decode tokens/s and their ratio."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import embedded_model, emit
+from bench.runs import RunConfig, make_batcher
+from engine.constraint.grammar import json_grammar
+from engine.constraint.guide import Grammars
+from engine.sampling import SamplerState, SamplingParams
+from engine.sequence import Sequence
+
+# a schema whose answer runs to max_tokens (a long string), so both sides decode the same number of tokens
+SCHEMA = {"type": "object", "properties": {"title": {"type": "string"}, "story": {"type": "string"}},
+          "required": ["title", "story"]}
+PROMPT = "Write a long story about a lighthouse keeper as JSON with a title and the story."
+
+
+def decode_rate(new_batcher, prompts: list[list[int]], grammars: Grammars | None, grammar: str, tokens: int) -> float:
+    """Tokens/s of the steps after each sequence's first token (prefill left out), all sequences in one batch."""
+    batcher = new_batcher(len(prompts), len(prompts[0]) + tokens + 8)
+    seqs = [Sequence(i, list(p), SamplerState(SamplingParams(max_tokens=tokens)), frozenset()) for i, p in
+            enumerate(prompts)]  # no stop ids: every answer runs to max_tokens
+    for seq in seqs:
+        seq.guide = grammars.guide(grammar) if grammars is not None else None
+        batcher.add(seq)
+    while any(not s.generated for s in seqs):
+        batcher.step()
+    start, first = time.perf_counter(), sum(len(s.generated) for s in seqs)
+    while batcher.has_work():
+        batcher.step()
+    return (sum(len(s.generated) for s in seqs) - first) / (time.perf_counter() - start)
+
+
+def _gpu_shape(tokenizer_dir: Path | None):
+    """The embedded model's shape on CUDA with random bf16 weights (the engine's decode graphs and look-ahead), and a
+    saved tokenizer of the same vocabulary: a step's cost and a mask's are those of the real model."""
+    import torch
+
+    from bench.decode_gpu import gemma270m_args, make_batcher as gpu_batcher, parley_model, random_hf_weights
+    from engine.tokenizer.tokenizer import Tokenizer
+
+    if tokenizer_dir is None:
+        raise SystemExit("--gpu-shape needs --tokenizer DIR (Tokenizer.save of the embedded model's)")
+    args = gemma270m_args(max_len=1024)
+    model = parley_model(args, random_hf_weights(args, seed=0), torch.bfloat16, "cuda")
+
+    def new_batcher(n: int, max_len: int):
+        return gpu_batcher(model, args, n, max_len, graphs=True, speculative="off")
+    return "gemma-3-270m shape (random bf16, CUDA graphs)", Tokenizer.load(tokenizer_dir), args.vocab_size, new_batcher
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "parley-bench")
+    ap.add_argument("--gpu-shape", action="store_true", help="CUDA: the 270M shape with random weights")
+    ap.add_argument("--tokenizer", type=Path, help="with --gpu-shape: a saved Tokenizer folder (the masks' vocabulary)")
+    args = ap.parse_args()
+    if args.gpu_shape:
+        name, tok, vocab, new_batcher = _gpu_shape(args.tokenizer)
+    else:
+        path, lm = embedded_model(args.cache)
+        name, tok, vocab = Path(path).name, lm.tokenizer, lm.args.vocab_size
+
+        def new_batcher(n: int, max_len: int):
+            return make_batcher(lm, n, RunConfig(max_seq_len=max_len))
+    prompt = tok.apply_chat_template([{"role": "user", "content": PROMPT}])
+    grammar = json_grammar(SCHEMA)
+    grammars = Grammars(tok, vocab)
+    start = time.perf_counter()
+    grammars.guide(grammar)
+    emit(model=name, grammar_tokenizer_s=round(time.perf_counter() - start, 3))
+    ratios: dict[int, list[float]] = {n: [] for n in args.sessions}
+    for r in range(args.rounds):
+        for n in args.sessions:
+            free = decode_rate(new_batcher, [prompt] * n, None, grammar, args.tokens)
+            guided = decode_rate(new_batcher, [prompt] * n, grammars, grammar, args.tokens)
+            ratios[n].append(guided / free)
+            emit(round=r, sessions=n, free_tok_s=round(free, 1), guided_tok_s=round(guided, 1),
+                 ratio=round(guided / free, 3))
+    for n, rs in ratios.items():
+        emit(sessions=n, median_ratio=round(statistics.median(rs), 3), rounds=len(rs))
+
+
+if __name__ == "__main__":
+    main()

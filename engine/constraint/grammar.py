@@ -1,0 +1,89 @@
+"""Grammars a turn may ask its answer to follow, in llguidance's grammar text (SamplingParams.grammar carries it)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from llguidance import LLMatcher
+
+from engine.errors import ParleyError
+from engine.sampling import MAX_GRAMMAR_CHARS
+# between JSON tokens: one space, or a line break and an indent (llama.cpp's rule): pretty-printed JSON passes, and a
+# weak model cannot pad its answer with blank lines until max_tokens (llguidance's default allows any whitespace)
+JSON_WHITESPACE = r"[ ]?|\n[ \t]{0,20}"
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def json_grammar(schema: dict[str, Any] | None = None) -> str:
+    """A grammar for one JSON value following `schema` (None: any JSON object, OpenAI's `json_object`)."""
+    if schema is not None and not isinstance(schema, dict):
+        raise ParleyError("Invalid response format: a JSON schema must be a JSON object.")
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(_ANY_OBJECT if schema is None else closed(schema),
+                                                     defaults={"whitespace_pattern": JSON_WHITESPACE})
+    except (ValueError, TypeError) as exc:
+        raise ParleyError(f"Invalid JSON schema: {_message(exc)}") from None
+    return checked(grammar, "JSON schema")  # llguidance names the part of the schema it cannot compile
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")  # name -> schema
+_SCHEMA_KEYS = ("items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "if", "then", "else", "contains",
+                "additionalProperties", "unevaluatedProperties", "additionalItems", "propertyNames")  # schema(s)
+
+
+def closed(schema: Any) -> Any:
+    """The schema with every object that lists its properties taking no others unless it says so, as llama.cpp's
+    converter and xgrammar's strict mode read it: JSON Schema's default (any others) let a small model add keys until
+    max_tokens. A copy; objects without listed properties stay open ({"type": "object"} is any object)."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema  # true / false schemas
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(sub) for name, sub in out[key].items()}
+    for key in _SCHEMA_KEYS:
+        if key in out:
+            out[key] = closed(out[key])
+    lists_own = isinstance(out.get("properties"), dict) and "patternProperties" not in out
+    if lists_own and "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+def regex_grammar(pattern: str) -> str:
+    """A grammar for text matching `pattern` whole (Rust regex syntax, as llguidance reads it)."""
+    return checked(LLMatcher.grammar_from_regex(pattern), "regex")
+
+
+def lark_grammar(source: str) -> str:
+    """A grammar from Lark text (llguidance's dialect: `start: ...`, regex terminals, %json { schema })."""
+    return checked(LLMatcher.grammar_from_lark(source), "grammar")
+
+
+def checked(grammar: str, what: str = "grammar") -> str:
+    """The grammar, if llguidance compiles it; else a ParleyError naming `what` with llguidance's message."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise ParleyError(f"Invalid {what}: longer than {MAX_GRAMMAR_CHARS:,} characters.")
+    error = LLMatcher.validate_grammar(grammar)
+    if error:
+        raise ParleyError(f"Invalid {what}: {_message(error)}")
+    return grammar
+
+
+def schema_from_text(text: str) -> dict[str, Any]:
+    """A JSON schema read from text (a file or a flag), with the JSON error's place when it is not one."""
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ParleyError(f"Invalid JSON schema: {exc}") from None
+    if not isinstance(schema, dict):
+        raise ParleyError("Invalid JSON schema: it must be a JSON object.")
+    return schema
+
+
+def _message(error: object) -> str:
+    """llguidance's message on one line, cut short (a regex error spans lines: its first says only that it is one)."""
+    text = " ".join(line.strip() for line in str(error).strip().splitlines() if line.strip())
+    return (text or "unknown error")[:300]
