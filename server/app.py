@@ -130,6 +130,9 @@ async def completions(request: Request, bridge: ServerBridge) -> Response:
 async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
     if req.params.logprobs is not None and model.info.get("remote"):  # its server answers with text alone here
         raise api.APIError(400, f"Log-probabilities are not available from {model.id}, a remote model.", "logprobs")
+    if req.params.grammar is not None and model.info.get("remote"):  # the grammar masks a local model's tokens
+        raise api.APIError(400, f"'response_format' is not available from {model.id}, a remote model.",
+                           "response_format")
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:

@@ -13,7 +13,9 @@ from engine.logprobs import MAX_TOP
 from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
+from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
+from server.response_format import response_grammar
 
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
@@ -21,19 +23,6 @@ MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
 MAX_CHOICES = 128  # OpenAI's bound on `n`; each choice is a session of its own, batched in the same steps
-
-
-class APIError(Exception):
-    """An error answered to the client in OpenAI's JSON shape."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        message = message.encode("utf-8", "backslashreplace").decode("utf-8")  # a lone surrogate a client sent
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 @dataclass(slots=True)
@@ -99,6 +88,9 @@ def parse_chat(data: dict, context_limit: int) -> TurnRequest:
     req.continue_final = turns[-1]["role"] == "assistant"  # a prefilled answer goes on, as llama.cpp's server does
     if req.continue_final and not req.prompt:
         raise APIError(400, "The messages need one from the user (or an answer to continue).", "messages")
+    if req.continue_final and req.params.grammar is not None:  # the grammar would start inside the prefilled text
+        raise APIError(400, "'response_format' cannot continue a prefilled answer: end the messages with the user's.",
+                       "response_format")
     return req
 
 
@@ -155,6 +147,9 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
         raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, not {n}.", "n")
     params = sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None)
     params = dataclasses.replace(params, logprobs=_logprobs(data, raw))
+    grammar = response_grammar(data)
+    if grammar is not None:  # a thought before the JSON would have to follow the grammar too: none unless asked
+        params = dataclasses.replace(params, grammar=grammar, thinking=False if params.thinking is None else params.thinking)
     return TurnRequest(params, stream, include_usage, raw, n=n)
 
 
@@ -304,9 +299,6 @@ def _reject_unsupported(data: dict, chat: bool) -> None:
     for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come
         if data.get(name) not in (None, "none", "auto"):
             raise APIError(400, f"'{name}' can only be 'none' or 'auto': this server does not call tools.", name)
-    fmt = data.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise APIError(400, "Only response_format {'type': 'text'} is supported.", "response_format")
 
 
 def _typed(data: dict, name: str, kind: type, default):

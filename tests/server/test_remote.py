@@ -224,6 +224,9 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
             with pytest.raises(openai.BadRequestError, match="a remote model") as refused:  # said, not left null
                 c.chat.completions.create(**kw | {"logprobs": True})
             assert refused.value.param == "logprobs"
+            with pytest.raises(openai.BadRequestError, match="a remote model") as refused:  # its tokens are not masked here
+                c.chat.completions.create(**kw | {"response_format": {"type": "json_object"}})
+            assert refused.value.param == "response_format"
     finally:
         front.shutdown()
 
