@@ -2,9 +2,10 @@
 scores is a large part of a load (the embedded Gemma 3's 262,144 pieces: a load took 5.65-6.51 s building it, 3.11-3.71 s
 reading the saved 5.4 MB; docs/QUANTIZED.md). Keyed by the file (path, size, mtime) and by the code that builds
 tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds afresh; the entry it replaces is removed.
-An entry also says where the vocabulary's arrays lie in the file: a load that finds the tokenizer reads the header
-without them (`vocabulary_spans`), where walking 262,144 token strings was ~0.3 s of Python beside the app's window.
-`gpt2` vocabularies build their BPE directly: no cache."""
+`gpt2` vocabularies build their BPE at every load, from their arrays saved in the entry (engine/loading/saved_vocabulary.py).
+An entry also says where the vocabulary's arrays lie in the file: a load that finds the tokenizer or the arrays reads
+the header without them (`vocabulary_spans`), where walking 262,144 token strings was ~0.3 s of Python beside the app's
+window."""
 from __future__ import annotations
 
 import hashlib
@@ -22,33 +23,39 @@ from engine.errors import TokenizerError
 from engine.loading.converted import drop_older, entry_dir, write_entry
 from engine.loading.gguf_file import GGUFFile
 from engine.loading.gguf_header import Span, read_header
+from engine.loading.saved_vocabulary import FILE as VOCABULARY_FILE, load_vocabulary, save_vocabulary
 from engine.tokenizer import Tokenizer
 from engine.tokenizer.from_gguf import tokenizer_from_gguf
 
 FOLDER = "tokenizers"
 SPANS_FILE = "vocabulary_spans.json"
 VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+SAVED_TOKENIZER = "llama"  # the vocabulary whose entry holds the built tokenizer; `gpt2` entries hold its arrays
 
 
 def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
     """The file's tokenizer: from the cache when an entry for it is there and reads, else built (and saved)."""
-    if cache_dir is None or gf.metadata.get("tokenizer.ggml.model") != "llama":
+    model = gf.metadata.get("tokenizer.ggml.model")
+    if cache_dir is None or model not in (SAVED_TOKENIZER, "gpt2"):
         return tokenizer_from_gguf(_metadata(gf))
     d = entry_dir(cache_dir, gf.path, FOLDER, _code_version())
     if (d / "complete").exists():
         try:
-            tok = Tokenizer.load(d / "tokenizer")
-            _add_spans(d, gf)
+            tok = _from_entry(d, gf, model)
+            _add_spans(d, gf, model)
             return tok
         except TokenizerError:
             shutil.rmtree(d, ignore_errors=True)  # a damaged entry is rebuilt
-    tok = tokenizer_from_gguf(_metadata(gf))
+    metadata = _metadata(gf)
+    tok = tokenizer_from_gguf(metadata)
     source = os.fsencode(gf.path.resolve())
 
     def fill(tmp: Path) -> None:
-        tok.save(tmp / "tokenizer")
+        if model == SAVED_TOKENIZER:
+            tok.save(tmp / "tokenizer")
+        if model == SAVED_TOKENIZER or save_vocabulary(tmp, metadata):  # the header's arrays are needed no more
+            _write_spans(tmp, gf)
         (tmp / "source").write_bytes(source)
-        _write_spans(tmp, gf)
 
     write_entry(d, fill)
     drop_older(d, source)
@@ -56,8 +63,8 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
 
 
 def vocabulary_spans(cache_dir: Path | None, path: Path) -> dict[str, Span]:
-    """Where the vocabulary's arrays lie in the GGUF file at `path`, when its tokenizer is saved (open_gguf's `skip`);
-    empty otherwise."""
+    """Where the vocabulary's arrays lie in the GGUF file at `path`, when its tokenizer or those arrays are saved
+    (open_gguf's `skip`); empty otherwise."""
     if cache_dir is None:
         return {}
     try:
@@ -68,6 +75,13 @@ def vocabulary_spans(cache_dir: Path | None, path: Path) -> dict[str, Span]:
         return {key: Span(*map(int, data[key])) for key in VOCABULARY if key in data}
     except (OSError, ValueError, TypeError, KeyError):  # none yet, or damaged: the header is read whole
         return {}
+
+
+def _from_entry(d: Path, gf: GGUFFile, model: str) -> Tokenizer:
+    if model == SAVED_TOKENIZER:
+        return Tokenizer.load(d / "tokenizer")
+    arrays = load_vocabulary(d)  # None: not saved (a token held its separator), the header has them
+    return tokenizer_from_gguf(_metadata(gf) if arrays is None else {**gf.metadata, **arrays})
 
 
 def _metadata(gf: GGUFFile) -> dict[str, Any]:
@@ -84,9 +98,9 @@ def _write_spans(d: Path, gf: GGUFFile) -> None:
         (d / SPANS_FILE).write_text(json.dumps(spans), encoding="utf-8")
 
 
-def _add_spans(d: Path, gf: GGUFFile) -> None:
+def _add_spans(d: Path, gf: GGUFFile, model: str) -> None:
     """An entry saved before entries held spans gets them now, whole or not at all (a reader may be reading it)."""
-    if (d / SPANS_FILE).exists():
+    if (d / SPANS_FILE).exists() or (model != SAVED_TOKENIZER and not (d / VOCABULARY_FILE).exists()):
         return
     try:
         tmp = Path(tempfile.mkdtemp(dir=d, prefix=".spans-"))
