@@ -98,7 +98,8 @@ class ModelManager(QObject):
         version = (path, stat.st_size, stat.st_mtime_ns)
         if version not in self._switches and version not in self._probing:
             self._probing.add(version)
-            self.background.run(partial(template_thinking_switch, Path(path)), partial(self._probed, version, key))
+            probe = partial(template_thinking_switch, Path(path), self.bridge.engine.config.cache_dir)
+            self.background.run(probe, partial(self._probed, version, key))
         return self._switches.get(version)
 
     def _probed(self, version: tuple, key: str, switch: bool | None, error: Exception | None) -> None:

@@ -166,10 +166,10 @@ class _Cursor:
         return out
 
 
-def scan_header(path: str | Path) -> GGUFHeader:
+def scan_header(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFHeader:
     """The scalars, array lengths and tensor table; raises ModelLoadError when any count, length, shape or offset in the header
-    is impossible."""
-    return _read(Path(path), keep=False)
+    is impossible. The arrays in `skip` are passed over as read_header passes over them."""
+    return _read(Path(path), keep=False, skip=skip)
 
 
 def read_header(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFHeader:

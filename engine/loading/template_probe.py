@@ -14,14 +14,15 @@ from engine.tokenizer.tokenizer import reads_thinking
 MAX_JSON_BYTES = 16 << 20  # a tokenizer_config.json with its template is some KB; a huge one is not read
 
 
-def template_thinking_switch(source: Path) -> bool | None:
+def template_thinking_switch(source: Path, cache_dir: Path | None = None) -> bool | None:
     """True or False for a model file or folder whose chat template can be read; None where it cannot (missing,
-    damaged, remote), which the load then tells."""
+    damaged, remote), which the load then tells. `cache_dir`: the loads' cache, whose saved vocabulary spares reading
+    the file's (the embedded Gemma's 262,144 token strings: 0.2-0.45 s of Python, ~0.01 s without)."""
     from engine.loading.gguf_split import model_file
 
     try:
         path = model_file(Path(source))
-        template = _gguf_template(path) if path.is_file() else _folder_template(path)
+        template = _gguf_template(path, cache_dir) if path.is_file() else _folder_template(path)
     except (ParleyError, OSError, ValueError, UnicodeDecodeError):
         return None
     if template is None:
@@ -29,11 +30,12 @@ def template_thinking_switch(source: Path) -> bool | None:
     return reads_thinking(ChatTemplate(template), harmony=CHANNEL in template)  # gpt-oss: its template's own tags
 
 
-def _gguf_template(path: Path) -> str:
+def _gguf_template(path: Path, cache_dir: Path | None) -> str:
     from engine.loading.gguf_header import scan_header
+    from engine.loading.tokenizer_cache import vocabulary_spans
     from engine.tokenizer.from_gguf import gguf_template_source
 
-    return gguf_template_source(scan_header(path).scalars)
+    return gguf_template_source(scan_header(path, vocabulary_spans(cache_dir, path)).scalars)
 
 
 def _folder_template(path: Path) -> str | None:
