@@ -688,9 +688,14 @@ class SqliteConversationStore(ConversationStore):
                 "WHERE message_fts MATCH ?", (query,)).fetchall()
         except sqlite3.Error:
             return super().search(text)
-        hits = {r[0] for r in rows}
         folded = needle.casefold()
+        hits = {r[0] for r in rows} | self._unfinished_with(folded)
         return [c for c in self.conversations() if c.id in hits or folded in c.title.casefold()]
+
+    def _unfinished_with(self, folded: str) -> set[int]:
+        """Chats whose answer still being written holds `folded`: the index takes an answer once it ends (schema.py)."""
+        return {m.conversation_id for m in self._messages.values()
+                if m.state in UNFINISHED and folded in m.content.casefold()}
 
     # -- messages
     def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str = "", state: str = "done") -> Message:
