@@ -19,6 +19,7 @@ import torch
 
 from engine.cache import KVCache
 from engine.constraint.guide import mask_rows
+from engine.logit_bias import bias_rows
 from engine.logprobs import TokenLogprob, row_logprobs
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
@@ -175,7 +176,7 @@ class Batcher:
         try:
             logits, _ = self._run(batch)
             seqs = batch.samplers
-            with _guided(logits, seqs, [len(s.draft) + 1 for s in seqs]):
+            with _shaped(logits, seqs, [len(s.draft) + 1 for s in seqs]):
                 accepted = accept(logits, [s.sampler for s in seqs], [s.draft for s in seqs],
                                   [s.penalty_history() for s in seqs], [len(s.token_ids) for s in seqs])
         except BaseException:
@@ -210,10 +211,10 @@ class Batcher:
             pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
             logits, greedy = self._run(batch)
             graphs = getattr(self.runner, "sampling_graphs", None)
-            with _guided(logits, seqs) as guided:  # masked rows: the step's argmax and sampling graphs read others
+            with _shaped(logits, seqs) as shaped:  # biased or masked rows: the step's argmax and graphs read others
                 ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs],
-                                 None if guided else greedy, [len(s.token_ids) + ahead for s in seqs], pending,
-                                 None if guided else graphs)
+                                 None if shaped else greedy, [len(s.token_ids) + ahead for s in seqs], pending,
+                                 None if shaped else graphs)
             logprobs = _logprobs(logits, seqs, [[t] for t in ids.tolist()]) if _wants_logprobs(seqs) else None
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
@@ -314,20 +315,30 @@ class Batcher:
 
 
 @contextmanager
-def _guided(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | None = None) -> Iterator[bool]:
-    """Masks the rows of samplers with a grammar (engine/constraint) to the tokens it allows while the step samples,
-    and yields whether there were any; the logits are the model's again after. Sampler i owns `rows_of[i]` rows
-    (default one); a guided sampler drafts nothing, so it owns one."""
-    starts = list(accumulate(rows_of or [1] * len(seqs), initial=0))
+def _shaped(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | None = None) -> Iterator[bool]:
+    """While the step samples: each sampler's logit bias added to its rows, then the rows of samplers with a grammar
+    (engine/constraint) masked to the tokens it allows; yields whether any row changed (the step's graph argmax and
+    sampling graphs then serve none). The logits are the model's again after where log-probabilities are asked.
+    Sampler i owns `rows_of[i]` rows (default one); a guided sampler drafts nothing, so it owns one."""
+    counts = rows_of or [1] * len(seqs)
+    starts = list(accumulate(counts, initial=0))
+    biased = [i for i, seq in enumerate(seqs) if seq.sampler.params.logit_bias]
     guided = [i for i, seq in enumerate(seqs) if seq.guide is not None]
-    if not guided:
+    if not biased and not guided:
         yield False
         return
-    restore = mask_rows(logits, [starts[i] for i in guided], [seqs[i].guide for i in guided], _wants_logprobs(seqs))
+    keep = _wants_logprobs(seqs)
+    undo = []
     try:
+        if biased:
+            undo.append(bias_rows(logits, [(starts[i], counts[i]) for i in biased],
+                                  [seqs[i].sampler.params.logit_bias for i in biased], keep))
+        if guided:
+            undo.append(mask_rows(logits, [starts[i] for i in guided], [seqs[i].guide for i in guided], keep))
         yield True
     finally:
-        restore()
+        for restore in reversed(undo):
+            restore()
 
 
 def _wants_logprobs(seqs: list[Sequence]) -> bool:

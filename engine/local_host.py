@@ -16,6 +16,7 @@ from engine.cache.growth import allocation_failed
 from engine.constraint.guide import Guide
 from engine.errors import CacheMemoryError, ParleyError
 from engine.host import Emit
+from engine.logit_bias import check_bias_ids
 from engine.logprobs import NamedLogprob, named
 from engine.prompt_worker import PromptWorkers
 from engine.runtime import ModelRuntime
@@ -35,6 +36,9 @@ def _prepare_turn(request: TurnRequest, raw: bool, overflow: str, rt: ModelRunti
     """On a prompt worker: the turn's ids and dropped messages (`render_turn`), and its grammar's guide if it has one
     (the model's grammar tokenizer is built here the first time, off the engine thread)."""
     ids, dropped = render_turn(request, raw, overflow, rt.lm.tokenizer, rt.limit, resume)
+    wrong_ids = check_bias_ids(request.params.logit_bias, rt.lm.args.vocab_size)
+    if wrong_ids:
+        raise ParleyError(wrong_ids)
     grammar = request.params.grammar
     return ids, dropped, rt.grammars.guide(grammar) if grammar is not None else None
 

@@ -150,6 +150,8 @@ def request_params(p: SamplingParams) -> dict:
             out["repetition_penalty"] = p.repetition_penalty
         if p.repeat_last_n != -1:  # llama.cpp's and Ollama's servers read it; others ignore it
             out["repeat_last_n"] = p.repeat_last_n
+    if p.logit_bias:  # OpenAI's own field: the ids are the remote model's, as the caller named them
+        out["logit_bias"] = {str(token): value for token, value in p.logit_bias.items()}
     if p.thinking is not None:  # as vLLM, llama.cpp's server and Parley's take the switch
         out["chat_template_kwargs"] = {"enable_thinking": p.thinking}
     return out

@@ -35,6 +35,8 @@ MAX_PENALTY = 100.0  # and 1 / MAX_PENALTY the least repetition penalty: 1e-300 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 1000
 MAX_GRAMMAR_CHARS = 1_000_000  # a schema past this is no chat's (its compile and masks grow with it)
+MAX_BIAS = 100.0  # OpenAI's bound on a logit bias: -100 all but bans a token, 100 all but forces it
+MAX_BIASED = 1024  # tokens one turn may bias (OpenAI allows 300)
 # below it a temperature decodes greedily: logits / T overflowed fp32 from ~1e-38 (token 0, or an id past the
 # vocabulary), and a draw this cold is the argmax all but always (vLLM takes the same bound)
 GREEDY_BELOW = 1e-5
@@ -65,6 +67,8 @@ class SamplingParams:
     logprobs: int | None = None
     # None: free text; else the grammar the answer must follow, in llguidance's text (engine/constraint/grammar.py)
     grammar: str | None = None
+    # token id -> a number added to its logit before everything else (OpenAI's logit_bias: -100 bans, 100 forces)
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -111,10 +115,25 @@ def _check_types(p: SamplingParams) -> None:
         raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
     if p.thinking is not None and not isinstance(p.thinking, bool):
         raise ParleyError(f"Invalid sampling setting: thinking must be true, false or unset, not {p.thinking!r}.")
+    _check_bias(p.logit_bias)
     if p.grammar is not None and not isinstance(p.grammar, str):
         raise ParleyError(f"Invalid sampling setting: grammar must be text, not {type(p.grammar).__name__}.")
     if not isinstance(p.stop, list) or not all(isinstance(s, str) for s in p.stop):
         raise ParleyError("Invalid sampling setting: stop must be a list of strings.")
+
+
+def _check_bias(bias: object) -> None:
+    """A logit bias is None or at most MAX_BIASED token ids (ints >= 0), each with a finite number within ±MAX_BIAS."""
+    if bias is None:
+        return
+    if not isinstance(bias, dict) or len(bias) > MAX_BIASED:
+        raise ParleyError(f"Invalid sampling setting: logit_bias must map at most {MAX_BIASED} token ids to numbers.")
+    for token, value in bias.items():
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ParleyError(f"Invalid sampling setting: logit_bias keys must be token ids (0 or more), not {token!r}.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_BIAS:
+            raise ParleyError(f"Invalid sampling setting: logit_bias values must be numbers between ±{MAX_BIAS:g}, "
+                              f"not {value!r} (token {token}).")
 
 
 class SamplerState:

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from engine import events as ev
+from engine.logit_bias import check_bias_ids
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
@@ -130,6 +131,10 @@ async def completions(request: Request, bridge: ServerBridge) -> Response:
 async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel, req: api.TurnRequest, rid: str) -> Response:
     if req.params.logprobs is not None and model.info.get("remote"):  # its server answers with text alone here
         raise api.APIError(400, f"Log-probabilities are not available from {model.id}, a remote model.", "logprobs")
+    vocab = None if model.info.get("remote") else model.info.get("vocab")
+    wrong_ids = check_bias_ids(req.params.logit_bias, vocab) if vocab else None
+    if wrong_ids:  # the engine would refuse the turn with the same line: said before a session opens
+        raise api.APIError(400, wrong_ids, "logit_bias")
     if req.params.grammar is not None and model.info.get("remote"):  # the grammar masks a local model's tokens
         raise api.APIError(400, f"'response_format' is not available from {model.id}, a remote model.",
                            "response_format")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from engine.errors import ParleyError
 from engine.logprobs import MAX_TOP
-from engine.sampling import MAX_INT32, MAX_STOP_CHARS, SamplingParams
+from engine.sampling import MAX_BIAS, MAX_BIASED, MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
@@ -146,7 +146,7 @@ def _common(data: dict, context_limit: int, raw: bool) -> TurnRequest:
     if not 1 <= n <= MAX_CHOICES:
         raise APIError(400, f"'n' must be between 1 and {MAX_CHOICES}, not {n}.", "n")
     params = sampling(data, context_limit, COMPLETION_MAX_TOKENS if raw else None)
-    params = dataclasses.replace(params, logprobs=_logprobs(data, raw))
+    params = dataclasses.replace(params, logprobs=_logprobs(data, raw), logit_bias=_logit_bias(data))
     grammar = response_grammar(data)
     if grammar is not None:  # a thought before the JSON would have to follow the grammar too: none unless asked
         params = dataclasses.replace(params, grammar=grammar, thinking=False if params.thinking is None else params.thinking)
@@ -171,6 +171,25 @@ def _logprobs(data: dict, raw: bool) -> int | None:
     if top and not wanted:  # OpenAI's rule
         raise APIError(400, "'top_logprobs' needs 'logprobs': true.", "top_logprobs")
     return (top or 0) if wanted else None
+
+
+def _logit_bias(data: dict) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: token ids (as JSON keys, strings) -> numbers from -100 to 100; None where none is set."""
+    bias = _typed(data, "logit_bias", dict, None)
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        token = key.strip() if isinstance(key, str) else ""
+        if not token.isdigit() or not token.isascii():
+            raise APIError(400, f"'logit_bias' keys must be token ids (0 or more), not {key!r}.", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= MAX_BIAS:
+            raise APIError(400, f"'logit_bias' values must be numbers from -{MAX_BIAS:g} to {MAX_BIAS:g}, not {value!r} "
+                                f"(token {token}).", "logit_bias")
+        out[int(token)] = float(value)
+    if len(out) > MAX_BIASED:
+        raise APIError(400, f"'logit_bias' may name at most {MAX_BIASED} tokens, not {len(out)}.", "logit_bias")
+    return out
 
 
 def _top_in_range(top: int | None, name: str) -> None:
@@ -293,7 +312,7 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    for name in ("echo", "tools", "functions", "suffix", "best_of", "logit_bias"):
+    for name in ("echo", "tools", "functions", "suffix", "best_of"):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server.", name)
     for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come

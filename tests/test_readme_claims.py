@@ -22,7 +22,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 REFUSED = [
     ("tools", [TOOL], "chat"), ("functions", [TOOL["function"]], "chat"),
     ("tool_choice", "required", "chat"), ("function_call", {"name": "f"}, "chat"),
-    ("logit_bias", {"1": 5}, "chat"), ("response_format", {"type": "xml"}, "chat"),
+    ("response_format", {"type": "xml"}, "chat"),
     ("echo", True, "completion"), ("suffix", " end", "completion"), ("best_of", 2, "completion"),
 ]
 

@@ -56,8 +56,11 @@ BAD = [
      "enable_thinking", "boolean"),
     ("tools", "/chat/completions", CHAT | {"tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools",
      "not supported"),
-    ("logit_bias", "/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"1": 100}}, 400, "logit_bias",
-     "not supported"),  # refused, not silently dropped
+    ("logit_bias key", "/completions", {"model": "tiny", "prompt": "x", "logit_bias": {"a": 1}}, 400, "logit_bias",
+     "token ids"),
+    ("logit_bias value", "/chat/completions", CHAT | {"logit_bias": {"1": 101}}, 400, "logit_bias", "-100 to 100"),
+    ("logit_bias past the vocabulary", "/chat/completions", CHAT | {"logit_bias": {"99999999": 1}}, 400, "logit_bias",
+     "vocabulary has"),
     ("prompt over context", "/chat/completions", CHAT | {"messages": [{"role": "user", "content": "word " * 2000}]},
      400, "messages", "context"),
     ("completion prompt ids", "/completions", {"model": "tiny", "prompt": [1, 2, 3]}, 400, "prompt", "string"),

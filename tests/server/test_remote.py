@@ -75,6 +75,8 @@ def test_the_thinking_switch_reaches_the_endpoint(remote_client, bridge, server)
     assert windowed["repetition_penalty"] == 1.1 and windowed["repeat_last_n"] == 64
     off = request_params(replace(GREEDY, repetition_penalty=1.1, presence_penalty=0.5, repeat_last_n=0))
     assert not {"repetition_penalty", "presence_penalty", "repeat_last_n"} & off.keys()  # a window of 0: none
+    assert request_params(replace(GREEDY, logit_bias={7: -100.0}))["logit_bias"] == {"7": -100.0}  # OpenAI's own field
+    assert "logit_bias" not in request_params(GREEDY)
     loaded = add_remote(remote_client, server.url, bridge.models[0].id)
     sid = remote_client.open(loaded.model_id, params=replace(GREEDY, thinking=False))
     answer = remote_client.ask(sid, "Hello there")

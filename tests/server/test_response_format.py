@@ -73,3 +73,18 @@ def test_a_prefilled_answer_cannot_take_a_format(server):
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "{\"city\": "}]
     r = _post(server, CHAT | {"messages": messages, "response_format": {"type": "json_object"}})
     assert r.status_code == 400 and "prefilled" in r.json()["error"]["message"]
+
+
+def test_logit_bias_forces_a_token_on_both_endpoints(server):
+    """A bias of 100 on one id makes it every greedy choice (its log-probabilities stay the model's own: low)."""
+    for path, body in [("/chat/completions", CHAT), ("/completions", {"model": "tiny", "prompt": "Once"})]:
+        base = body | {"temperature": 0, "max_tokens": 6}
+        plain = _post(server, base, path).json()["choices"][0]
+        r = _post(server, base | {"logit_bias": {"7": 100}, "logprobs": 1 if path == "/completions" else True}, path)
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        tokens = choice["logprobs"]["tokens"] if path == "/completions" else [
+            e["token"] for e in choice["logprobs"]["content"]]
+        assert len(tokens) == 6 and len(set(tokens)) == 1, tokens
+        assert choice.get("text", choice.get("message", {}).get("content")) != plain.get(
+            "text", plain.get("message", {}).get("content"))
