@@ -2,10 +2,10 @@
 scores is a large part of a load (the embedded Gemma 3's 262,144 pieces: a load took 5.65-6.51 s building it, 3.11-3.71 s
 reading the saved 5.4 MB; docs/QUANTIZED.md). Keyed by the file (path, size, mtime) and by the code that builds
 tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds afresh; the entry it replaces is removed.
-`gpt2` vocabularies build their BPE at every load, from their arrays saved in the entry (engine/loading/saved_vocabulary.py).
-An entry also says where the vocabulary's arrays lie in the file: a load that finds the tokenizer or the arrays reads
-the header without them (`vocabulary_spans`), where walking 262,144 token strings was ~0.3 s of Python beside the app's
-window."""
+`gpt2` vocabularies build their BPE at every load, from their arrays saved in the entry
+(engine/loading/saved_vocabulary.py). An entry also says where the vocabulary's arrays lie in the file: a load that
+finds the tokenizer or the arrays reads the header without them (`vocabulary_spans`), where walking 262,144 token
+strings was ~0.3 s of Python beside the app's window."""
 from __future__ import annotations
 
 import hashlib

@@ -113,8 +113,8 @@ def test_an_unwritable_cache_still_loads(gguf, tmp_path):
     _same(gguf_tokenizer(gguf, blocker), gguf_tokenizer(gguf, None))
 
 
-def test_byte_level_vocabularies_save_their_arrays_and_build_the_same_tokenizer(tmp_path, trained_byte_level,  # noqa: F811
-                                                                               monkeypatch):
+def test_byte_level_vocabularies_save_their_arrays_and_build_the_same_tokenizer(
+        tmp_path, trained_byte_level, monkeypatch):  # noqa: F811
     """A `gpt2` vocabulary's BPE is built at every load; its entry holds the arrays it is built from (read in a few
     calls, not walked in the header), and a vocabulary whose strings hold the separator is built from the header."""
     from engine.loading import saved_vocabulary
@@ -159,6 +159,15 @@ def test_an_entry_another_parley_wrote_meanwhile_is_kept(tmp_path):
     assert not list(d.parent.glob(TMP_PREFIX + "*"))
 
 
+def _walked(monkeypatch) -> list[int]:
+    """The counts of the string arrays the GGUF header reader walks from now on, each walked as before."""
+    from engine.loading import gguf_header
+
+    walked, real = [], gguf_header._Cursor.strings
+    monkeypatch.setattr(gguf_header._Cursor, "strings", lambda c, n, what: walked.append(n) or real(c, n, what))
+    return walked
+
+
 def _spm_llama(tiny_llama: Path, out: Path, meta: dict) -> Path:
     """The tiny Llama's layers under a SentencePiece (`llama`) vocabulary, as Llama 2's and Gemma's files hold one; a
     scalar follows the vocabulary's arrays, which a read that passes over them must still find."""
@@ -201,14 +210,12 @@ def test_a_load_that_finds_its_tokenizer_reads_the_header_without_the_vocabulary
     """A load whose tokenizer was saved still read every token string of the header (the embedded Gemma's 262,144:
     0.23-0.31 s of Python a load, beside the app's window, which waited for the interpreter meanwhile); it passes over
     them now where the saved entry says they lie (0.006 s), and the model and its tokenizer are the same."""
-    from engine.loading import gguf_header
     from engine.loading.loader import LoadOptions, load_model
 
     path = _spm_llama(tiny_models["llama"].gguf_path, tmp_path / "spm-llama.gguf", metadata)
     cache = tmp_path / "cache"
     first = load_model(path, LoadOptions(cache_dir=cache))
-    walked, real = [], gguf_header._Cursor.strings
-    monkeypatch.setattr(gguf_header._Cursor, "strings", lambda c, count, what: walked.append(count) or real(c, count, what))
+    walked = _walked(monkeypatch)
     second = load_model(path, LoadOptions(cache_dir=cache))
     assert walked == []  # the first load walked its n token strings
     assert second.name == first.name == "after the vocabulary" and second.args == first.args
@@ -218,13 +225,11 @@ def test_a_load_that_finds_its_tokenizer_reads_the_header_without_the_vocabulary
 def test_a_byte_level_model_loaded_again_reads_the_header_without_its_vocabulary(tmp_path, tiny_models, monkeypatch):
     """A `gpt2` vocabulary (Qwen's, Llama 3's: 151,300 tokens and 151,000 merges walked in 0.27-0.39 s of Python at
     every load) is read from its entry at a second load; the tokenizer built from it is the same."""
-    from engine.loading import gguf_header
     from engine.loading.loader import LoadOptions, load_model
 
     cache = tmp_path / "cache"
     first = load_model(tiny_models["llama"].gguf_path, LoadOptions(cache_dir=cache))
-    walked, real = [], gguf_header._Cursor.strings
-    monkeypatch.setattr(gguf_header._Cursor, "strings", lambda c, count, what: walked.append(count) or real(c, count, what))
+    walked = _walked(monkeypatch)
     second = load_model(tiny_models["llama"].gguf_path, LoadOptions(cache_dir=cache))
     assert walked == []  # the first load walked its 406 tokens and 144 merges
     _same(second.tokenizer, first.tokenizer)
@@ -235,15 +240,13 @@ def test_the_template_of_a_model_loaded_before_is_read_without_its_vocabulary(tm
                                                                               monkeypatch):
     """The app reads a model's chat template from its file before it loads (Settings greys Thinking): the header read
     walked every token string (the embedded Gemma's: 192-199 ms of Python on the app's worker thread, 18 ms now)."""
-    from engine.loading import gguf_header
     from engine.loading.gguf_file import open_gguf
     from engine.loading.template_probe import template_thinking_switch
 
     path = _spm_llama(tiny_models["llama"].gguf_path, tmp_path / "spm-llama.gguf", metadata)
     cache = tmp_path / "cache"
     gguf_tokenizer(open_gguf(path), cache)
-    walked, real = [], gguf_header._Cursor.strings
-    monkeypatch.setattr(gguf_header._Cursor, "strings", lambda c, count, what: walked.append(count) or real(c, count, what))
+    walked = _walked(monkeypatch)
     assert template_thinking_switch(path, cache) is False and walked == []
     assert template_thinking_switch(path) is False and walked == [len(metadata["tokenizer.ggml.tokens"])]
 
