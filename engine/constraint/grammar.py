@@ -31,10 +31,16 @@ _SCHEMA_KEYS = ("items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "if", 
                 "additionalProperties", "unevaluatedProperties", "additionalItems", "propertyNames")  # schema(s)
 
 
+LARGEST = 10**15 - 1  # a number's bound where its schema sets none: 15 digits (a double's exact integers reach 9e15)
+
+
 def closed(schema: Any) -> Any:
-    """The schema with every object that lists its properties taking no others unless it says so, as llama.cpp's
-    converter and xgrammar's strict mode read it: JSON Schema's default (any others) let a small model add keys until
-    max_tokens. A copy; objects without listed properties stay open ({"type": "object"} is any object)."""
+    """The schema as a model can finish it, a copy:
+    - every object that lists its properties takes no others unless it says so, as llama.cpp's converter and
+      xgrammar's strict mode read it (JSON Schema's default, any others, let a small model add keys until max_tokens);
+      objects without listed properties stay open ({"type": "object"} is any object);
+    - a number or integer with no bound on a side is bounded there at ±LARGEST, as llama.cpp's grammar caps the digits
+      (the embedded model, greedy, wrote "population": 1000… to max_tokens)."""
     if isinstance(schema, list):
         return [closed(item) for item in schema]
     if not isinstance(schema, dict):
@@ -49,6 +55,11 @@ def closed(schema: Any) -> Any:
     lists_own = isinstance(out.get("properties"), dict) and "patternProperties" not in out
     if lists_own and "additionalProperties" not in out and "unevaluatedProperties" not in out:
         out["additionalProperties"] = False
+    if out.get("type") in ("number", "integer"):
+        if "minimum" not in out and "exclusiveMinimum" not in out:
+            out["minimum"] = -LARGEST
+        if "maximum" not in out and "exclusiveMaximum" not in out:
+            out["maximum"] = LARGEST
     return out
 
 

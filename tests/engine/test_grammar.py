@@ -12,7 +12,7 @@ import torch
 from bench.runs import RunConfig, make_batcher
 from cli import main as cli
 from engine import events as ev
-from engine.constraint.grammar import closed, json_grammar, regex_grammar, schema_from_text
+from engine.constraint.grammar import LARGEST, closed, json_grammar, regex_grammar, schema_from_text
 from engine.constraint.guide import Grammars
 from engine.constraint.token_bytes import grammar_tokenizer
 from engine.errors import ParleyError
@@ -233,6 +233,18 @@ def test_objects_that_list_properties_take_no_others_unless_they_say_so():
     assert got["$defs"]["d"]["additionalProperties"] is False
     assert got["$defs"]["d"]["properties"]["e"] == {"const": {"properties": {}}}  # values are not schemas
     assert "additionalProperties" not in schema  # a copy
+
+
+def test_numbers_without_bounds_get_fifteen_digits(grammars):
+    got = closed({"type": "object", "properties": {"n": {"type": "number"}, "i": {"type": "integer", "minimum": 3},
+                                                   "x": {"type": "number", "exclusiveMaximum": 2}}})["properties"]
+    assert (got["n"]["minimum"], got["n"]["maximum"]) == (-LARGEST, LARGEST)
+    assert (got["i"]["minimum"], got["i"]["maximum"]) == (3, LARGEST) and "maximum" not in got["x"]
+    guide = grammars.guide(json_grammar({"type": "object", "properties": {"n": {"type": "integer"}}}))
+    ids = grammars._tokenizer.encode('{"n": ' + "1" * 16, add_bos=False)
+    for token in ids:
+        guide.advance(token)
+    assert guide.error is not None  # a 16th digit breaks the grammar
 
 
 def test_generate_holds_each_answer_to_a_schema_file(tiny_models, tmp_path, capsys):
