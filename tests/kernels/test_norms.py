@@ -251,11 +251,19 @@ def test_act_mul_sums_split_k_partials(dtype, splits):
     _close(got, act_mul(parts, "silu", dtype=dtype, impl="reference"), dtype)
 
 
+@pytest.fixture(scope="module")
+def module_logits() -> dict:
+    """The module-by-module path's logits by (arch, attention): the same with or without the decode GEMMs, so each
+    is computed once (interpreted attention: half of a gemma3 case's time)."""
+    return {}
+
+
 @needs_triton
 @pytest.mark.parametrize("arch", ["gemma3", "llama", "qwen3"])
 @pytest.mark.parametrize("attention", ["auto", "triton"])
 @pytest.mark.parametrize("gemm", [False, True])
-def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_models, monkeypatch, device):
+def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_models, monkeypatch, device,
+                                                  module_logits):
     """Whole forwards with the kernels chosen (forced on here on CPU) equal the module-by-module path; with
     the attention kernels the K/V write is fused into the q/k norm + rope launch (direct_write); with the
     decode GEMMs the MLP's activation runs in the gate/up GEMM's epilogue."""
@@ -284,7 +292,9 @@ def test_model_with_fused_kernels_matches_modules(arch, attention, gemm, tiny_mo
         with torch.inference_mode():
             return model(tokens, positions, cache, torch.arange(12, device=device))
 
-    plain = logits(KernelChoice(fuse_projections=True))
+    if (arch, attention) not in module_logits:
+        module_logits[arch, attention] = logits(KernelChoice(fuse_projections=True))
+    plain = module_logits[arch, attention]
     monkeypatch.setattr(layers, "_fused", lambda module, x: module.fused)  # the kernels run in the interpreter
     fused = logits(KernelChoice(fuse_projections=True, fused=True, decode_gemm=gemm))
     assert (fused - plain).abs().max() <= 1e-4 * plain.abs().max()
