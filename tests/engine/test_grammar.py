@@ -24,7 +24,7 @@ from engine.tokenizer import tokenizer_from_gguf
 from engine.tokenizer.sentencepiece_backend import BYTE_PIECE
 from tests.engine.test_speculative import ScriptedDrafter
 from tests.support.engine_client import Client
-from tests.support.engine_helpers import full_logits
+from tests.support.engine_helpers import full_logits, staggered_sequences
 from tests.support.gemma import sentencepiece_metadata, train_sentencepiece
 
 SCHEMA = {
@@ -54,18 +54,7 @@ def _run(lm, prompts: list[list[int]], params: list[SamplingParams], guides: lis
          arrivals: list[int] | None = None, drafter=None) -> list[Sequence]:
     batcher = make_batcher(lm, len(prompts), run)
     batcher.drafter = drafter
-    seqs = [Sequence(i, list(p), SamplerState(q), stop_ids=lm.tokenizer.stop_ids) for i, (p, q) in
-            enumerate(zip(prompts, params))]
-    arrivals = arrivals or [0] * len(prompts)
-    step = 0
-    while step <= max(arrivals) or batcher.has_work():
-        for seq, guide, at in zip(seqs, guides, arrivals):
-            if at == step:
-                seq.guide = guide() if guide else None
-                batcher.add(seq)
-        batcher.step()
-        step += 1
-    return seqs
+    return staggered_sequences(batcher, prompts, arrivals or [0] * len(prompts), params, lm.tokenizer.stop_ids, guides)
 
 
 def _prompts(lm) -> list[list[int]]:

@@ -14,7 +14,7 @@ from engine.logit_bias import check_bias_ids
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 from tests.engine.test_speculative import ScriptedDrafter
-from tests.support.engine_helpers import full_logits
+from tests.support.engine_helpers import full_logits, staggered_sequences
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +25,7 @@ def lm(tiny_models):
 def _run(lm, prompts, params, run: RunConfig, arrivals=None, drafter=None) -> list[Sequence]:
     batcher = make_batcher(lm, len(prompts), run)
     batcher.drafter = drafter
-    seqs = [Sequence(i, list(p), SamplerState(q)) for i, (p, q) in enumerate(zip(prompts, params))]
-    arrivals = arrivals or [0] * len(prompts)
-    step = 0
-    while step <= max(arrivals) or batcher.has_work():
-        for seq, at in zip(seqs, arrivals):
-            if at == step:
-                batcher.add(seq)
-        batcher.step()
-        step += 1
-    return seqs
+    return staggered_sequences(batcher, prompts, arrivals or [0] * len(prompts), params)
 
 
 def _prompts(lm) -> list[list[int]]:
@@ -123,3 +114,21 @@ def test_an_id_past_the_vocabulary_is_named():
     assert check_bias_ids({3: 1.0, 70_000: -5.0, 90_000: 1.0}, 65_536) == (
         "logit_bias names token 70000, but this model's vocabulary has 65,536 tokens (ids 0-65535).")
     assert check_bias_ids({3: 1.0}, 65_536) is None and check_bias_ids(None, 10) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (decode graphs)")
+def test_on_cuda_biased_rows_beside_graph_steps_and_look_ahead(tiny_models):
+    """On CUDA with decode graphs and look-ahead: biased steps leave the graph's argmax for their own, the bias goes
+    on the look-ahead steps too, and each sequence batched equals itself alone."""
+    from engine.loading.loader import LoadOptions
+
+    lm = load_model(tiny_models["llama"].gguf_path, LoadOptions(device="cuda", dtype="bfloat16"))
+    prompts = _prompts(lm)
+    params = [SamplingParams(max_tokens=16, logit_bias={9: 100.0}), SamplingParams(max_tokens=16),
+              SamplingParams(max_tokens=16, temperature=1.0, seed=3, logit_bias={t: -100.0 for t in range(6, 400)})]
+    run = RunConfig(max_seq_len=128, lookahead=True)
+    alone = [_run(lm, [p], [q], run)[0].generated for p, q in zip(prompts, params)]
+    seqs = _run(lm, prompts, params, run, arrivals=[0, 1, 2])
+    assert [s.generated for s in seqs] == alone
+    assert alone[0] == [9] * 16 and all(t < 6 or t >= 400 for t in alone[2])

@@ -30,16 +30,27 @@ def run_staggered(
 ) -> list[list[int]]:
     """Adds prompt i at step arrivals[i]; runs until all finish; returns each one's generated ids. `params`: one
     for all, or one per prompt."""
+    return [s.generated for s in staggered_sequences(batcher, prompts, arrivals, params, stop_ids)]
+
+
+def staggered_sequences(
+    batcher: Batcher, prompts: list[list[int]], arrivals: list[int], params: SamplingParams | list[SamplingParams],
+    stop_ids=frozenset(), guides: list | None = None,
+) -> list[Sequence]:
+    """run_staggered's sequences themselves; `guides`: per prompt None or a callable giving its grammar's guide
+    (engine/constraint), made as the prompt arrives."""
     each = params if isinstance(params, list) else [params] * len(prompts)
     seqs = [Sequence(i, list(p), SamplerState(sp), stop_ids) for i, (p, sp) in enumerate(zip(prompts, each))]
+    guides = guides or [None] * len(prompts)
     step = 0
     while step <= max(arrivals) or batcher.has_work():
-        for i, at in enumerate(arrivals):
+        for seq, guide, at in zip(seqs, guides, arrivals):
             if at == step:
-                batcher.add(seqs[i])
+                seq.guide = guide() if guide else None
+                batcher.add(seq)
         batcher.step()
         step += 1
-    return [s.generated for s in seqs]
+    return seqs
 
 
 def alone(lm: LoadedModel, prompt: list[int], params: SamplingParams, run: RunConfig) -> list[int]:
