@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import replace
+from typing import Callable
 
 from app.core.chat_settings import ChatSettings
 from app.core.conversations import ConversationStore, Message
@@ -107,9 +108,18 @@ class ChatService:
             if self.store.has(conv_id):
                 self.delete(conv_id)
 
-    def visible(self, text: str = "") -> list:
-        """The sidebar's chats: matching `text` (title or messages), trashed ones left out."""
-        return [c for c in self.store.search(text) if c.id not in self._trash]
+    def visible(self, text: str = "", hits: set[int] | None = None) -> list:
+        """The sidebar's chats: matching `text` (title or messages), trashed ones left out. `hits`: the chats whose
+        messages hold `text` as another thread found them (message_search(text)); the store searches them itself
+        without."""
+        found = self.store.search(text) if hits is None else self.store.search_with(text, hits)
+        return [c for c in found if c.id not in self._trash]
+
+    def message_search(self, text: str) -> Callable[[], set[int]] | None:
+        """The `hits` of visible(text) as another thread can find them (sqlite_store.search_file), or None: visible(text)
+        then searches on the calling thread."""
+        search = getattr(self.store, "message_search", None)
+        return search(text) if search is not None else None
 
     def live(self, conv_id: int) -> LiveChat:
         return self._live.setdefault(conv_id, LiveChat(conv_id))

@@ -216,10 +216,10 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
     service.rename(b, "Groceries")
     service.set_pinned(b, True)
     assert w.sidebar.ids()[0] == b and w.sidebar.list.item(0).text() == "Groceries"
-    w.sidebar.search.setText("PENGUIN")  # message text
-    assert w.sidebar.ids() == [a]
+    w.sidebar.search.setText("PENGUIN")  # message text: looked for on a worker
+    qtbot.waitUntil(lambda: w.sidebar.ids() == [a])
     w.sidebar.search.setText("grocer")  # title
-    assert w.sidebar.ids() == [b]
+    qtbot.waitUntil(lambda: w.sidebar.ids() == [b])
     c = w.new_chat()  # the search goes, or the new chat would be missing from the list
     assert w.sidebar.search.text() == "" and c in w.sidebar.ids() and w.sidebar.list.currentItem() is not None
     service.delete(c)

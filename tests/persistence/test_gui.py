@@ -47,8 +47,8 @@ def test_chats_survive_a_restart_and_search_finds_them(start, qtbot, tmp_path):
     again = start(tmp_path)
     assert again.window.current() == conv  # the latest chat opens
     assert [(m.role, m.content, m.state) for m in again.store.path(conv)] == before
-    again.window.sidebar.search.setText("pelican")
-    assert again.window.sidebar.ids() == [conv]
+    again.window.sidebar.search.setText("pelican")  # looked for on a worker
+    qtbot.waitUntil(lambda: again.window.sidebar.ids() == [conv])
     assert not again.extra["persistence"].warning.isVisible()
 
 
