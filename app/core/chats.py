@@ -115,9 +115,9 @@ class ChatService:
         found = self.store.search(text) if hits is None else self.store.search_with(text, hits)
         return [c for c in found if c.id not in self._trash]
 
-    def message_search(self, text: str) -> Callable[[], set[int]] | None:
-        """The `hits` of visible(text) as another thread can find them (sqlite_store.search_file), or None: visible(text)
-        then searches on the calling thread."""
+    def message_search(self, text: str) -> Callable[[Callable[[], bool]], set[int]] | None:
+        """The `hits` of visible(text) as another thread can find them (sqlite_store.search_file, given whether they
+        are no longer wanted), or None: visible(text) then searches on the calling thread."""
         search = getattr(self.store, "message_search", None)
         return search(text) if search is not None else None
 

@@ -30,6 +30,7 @@ from app.core.conversations import Conversation, ConversationStore, Message
 INTERRUPTED = "interrupted"  # an answer cut off by a crash or a kill; the GUI offers Continue and Regenerate
 UNFINISHED = ("waiting", "queued", "streaming")
 FTS_MIN_CHARS = 3  # the trigram index cannot match shorter needles
+STALE_CHECK_STEPS = 1000  # a search given up asks whether it still matters this often (SQLite steps): 5-10 ms to stop
 FULL_RETRY_S = 10.0  # while the disk is full, a write tries again at most this often (each try writes it all)
 NEARLY_FULL = 1 << 20  # bytes free under which SQLite's "disk I/O error" means the disk is full
 COMPACT_SHARE = 4  # closing compacts the file once the messages deleted since opening are a quarter of those left
@@ -688,10 +689,10 @@ class SqliteConversationStore(ConversationStore):
             return super().search(text)
         return self.search_with(text, hits)
 
-    def message_search(self, text: str) -> Callable[[], set[int]] | None:
-        """A search for `text` that another thread can run (search_file), what it finds then right for this store
-        (search_with); None where the file does not hold all that is shown: changes held back or failed, a file
-        replaced, a store in memory only."""
+    def message_search(self, text: str) -> Callable[[Callable[[], bool]], set[int]] | None:
+        """A search for `text` that another thread can run (search_file; its argument: whether the answer is no longer
+        wanted), what it finds then right for this store (search_with); None where the file does not hold all that is
+        shown: changes held back or failed, a file replaced, a store in memory only."""
         self.flush()
         if self._db is None or self._batch or self._held or self._dirty or not self._file_still_ours():
             return None
@@ -787,12 +788,15 @@ def message_hits(db: sqlite3.Connection, needle: str, indexed: bool = True) -> s
     return {row[0] for row in rows}
 
 
-def search_file(path: Path, needle: str, indexed: bool = True) -> set[int]:
+def search_file(path: Path, needle: str, indexed: bool = True, stale: Callable[[], bool] | None = None) -> set[int]:
     """message_hits on a read-only connection of the calling thread's own (the sidebar's searches, off the GUI
-    thread: 20-50 ms a keystroke for a common phrase in 3,000 chats); raises sqlite3.Error where the file cannot."""
+    thread: 20-50 ms a keystroke for a common phrase in 3,000 chats); raises sqlite3.Error where the file cannot, or
+    once `stale()` says nobody waits for the answer any more (typed on: the next search starts a few ms later)."""
     db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None)
     try:
         db.execute(f"PRAGMA busy_timeout = {schema.BUSY_TIMEOUT_MS}")
+        if stale is not None:
+            db.set_progress_handler(lambda: int(stale()), STALE_CHECK_STEPS)
         return message_hits(db, needle, indexed)
     finally:
         db.close()

@@ -61,6 +61,7 @@ class Sidebar(QWidget):
         # froze the window 50-70 ms), one at a time: typed on meanwhile, the latest text is looked for once it is back
         self._searcher = Background(self)
         self._asked: str | None = None  # the text the worker looks for now
+        self._wanted = ""  # the text in the box, as the worker reads it (a search for another one stops)
         self._again = False  # the text or the chats changed while it looked
         self._found: tuple[str, set[int]] | None = None  # the last text found and the chats whose messages hold it
         self.new_button.clicked.connect(self.new_requested)
@@ -89,7 +90,7 @@ class Sidebar(QWidget):
         if self.list.state() == self.list.State.EditingState:  # clearing the list would throw the rename away
             self._stale = True
             return
-        text = self.search.text()
+        text = self._wanted = self.search.text()
         source = self.service.message_search(text) if text.strip() else None
         if source is None:  # no search, or a store the worker cannot read: found here
             self._show(self.service.visible(text))
@@ -102,12 +103,12 @@ class Sidebar(QWidget):
         """A search of the messages is on the worker: the list shows the last text found until it is back."""
         return self._asked is not None
 
-    def _look(self, text: str, source: Callable[[], set[int]]) -> None:
+    def _look(self, text: str, source: Callable[[Callable[[], bool]], set[int]]) -> None:
         if self._asked is not None:
             self._again = True
             return
         self._asked = text
-        self._searcher.run(source, partial(self._looked, text))
+        self._searcher.run(partial(source, lambda: self._wanted != text), partial(self._looked, text))
 
     def _looked(self, text: str, hits: set[int] | None, error: Exception | None) -> None:
         """Results are shown only for the text the box still holds; the chats as they are now."""

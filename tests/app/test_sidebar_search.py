@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import threading
 import types
 
@@ -113,3 +114,23 @@ def test_a_search_back_after_more_typing_is_never_shown(sidebar, qtbot, monkeypa
     release.set()
     _settled(sidebar, qtbot)
     assert shown == [[]] and sidebar.ids() == [] == _expected(sidebar)  # "the" came back first: dropped
+
+
+def test_a_search_typed_over_stops_on_the_worker(sidebar, qtbot, monkeypatch, tmp_path):
+    """Each search ran to its end when typed over (a fast typist waited for every one: 190-315 ms after the last key
+    for "the weather" in 3,000 chats, 110-210 ms stopped): the worker is told the text it looks for is gone."""
+    asked, release, real = [], threading.Event(), sqlite_store.search_file
+    monkeypatch.setattr(sqlite_store, "search_file",
+                        lambda *args: asked.append(args) or release.wait(10) and real(*args))
+    sidebar.search.setText("the")
+    qtbot.waitUntil(lambda: len(asked) == 1)
+    assert not asked[0][-1]()  # stale? not while the box says "the"
+    sidebar.search.setText("the w")
+    assert asked[0][-1]()
+    release.set()
+    _settled(sidebar, qtbot)
+    assert [args[1] for args in asked] == ["the", "the w"] and not asked[1][-1]()
+    path = sidebar.service.store.file
+    assert real(path, "the", True, lambda: False) == {c.id for c in sidebar.service.store.conversations()}
+    with pytest.raises(sqlite3.OperationalError, match="interrupted"):
+        real(path, "the", True, lambda: True)
