@@ -64,6 +64,7 @@ class Sidebar(QWidget):
         self._wanted = ""  # the text in the box, as the worker reads it (a search for another one stops)
         self._again = False  # the text or the chats changed while it looked
         self._found: tuple[str, set[int]] | None = None  # the last text found and the chats whose messages hold it
+        self._shown: tuple | None = None  # what the rows show: (id, title, pinned, answering) of each, the current chat
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.refresh)
         self.list.currentItemChanged.connect(self._on_current)
@@ -129,6 +130,12 @@ class Sidebar(QWidget):
 
     def _show(self, convs: list) -> None:
         self._stale = False
+        answering = set(self.service.live_chats())
+        # a search back with the list already shown (chats, titles, marks): its 3,000 rows walked for nothing, 12-26 ms
+        shown = [(c.id, c.title, c.pinned, c.id in answering) for c in convs], self._current
+        if shown == self._shown:
+            return
+        self._shown = shown
         self._refreshing = True
         # rows are kept, moved or added one by one, not cleared and rebuilt: a refresh (every new chat, delete, rename
         # or search keystroke) rebuilt every row: 26-36 ms for 1,000 chats, 6 ms kept
@@ -137,7 +144,7 @@ class Sidebar(QWidget):
             if self.list.item(row).data(CONV_ROLE) not in listed:
                 self.list.takeItem(row)
         items = {item.data(CONV_ROLE): item for item in map(self.list.item, range(self.list.count()))}
-        answering, current, rows = set(self.service.live_chats()), None, {}
+        current, rows = None, {}
         for row, conv in enumerate(convs):
             item = self._row_for(row, conv, items, conv.id in answering)
             if item.text() != conv.title:
@@ -213,6 +220,7 @@ class Sidebar(QWidget):
     def _on_renamed(self, item: QListWidgetItem) -> None:
         if self._refreshing or not self.service.store.has(item.data(CONV_ROLE)):  # deleted while being renamed
             return
+        self._shown = None  # the row holds what was typed, which the title may not be ("Foo " is "Foo")
         self.service.rename(item.data(CONV_ROLE), item.text())
 
     def _menu(self, pos) -> None:
