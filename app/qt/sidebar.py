@@ -119,12 +119,15 @@ class Sidebar(QWidget):
             if again:
                 self.refresh()
             return
+        source = self.service.message_search(text) if again else None
+        if error is not None and source is not None:  # stopped while the box said otherwise, back to this text since
+            self._look(text, source)
+            return
         self._found = (text, hits) if error is None else None
         if self.list.state() == self.list.State.EditingState:
             self._stale = True
             return
         self._show(self.service.visible(text) if error is not None else self.service.visible(text, hits))
-        source = self.service.message_search(text) if again else None
         if source is not None:  # a chat added or changed while it looked may hold the text
             self._look(text, source)
 

@@ -148,3 +148,26 @@ def test_a_search_back_with_the_list_shown_touches_no_row(sidebar, qtbot):
     first = sidebar.list.item(0)
     first.setText(first.text() + " ")  # renamed in the list: the title is stripped, the row shows it so
     assert walked and first.text() == sidebar.service.store.get(sidebar.ids()[0]).title == first.text().strip()
+
+
+def test_a_search_stopped_for_a_text_typed_back_is_looked_for_again_on_the_worker(sidebar, qtbot, monkeypatch):
+    """'the', 'the w', back to 'the': the search for 'the' was stopped (stale while the box said 'the w') and its
+    error sent the search to the GUI thread."""
+    release, threads, real = threading.Event(), [], sqlite_store.search_file
+
+    def search_file(*args):
+        threads.append(threading.current_thread())
+        if len(threads) == 1:  # as search_file stops once told it is stale
+            release.wait(10)
+            raise sqlite3.OperationalError("interrupted")
+        return real(*args)
+    monkeypatch.setattr(sqlite_store, "search_file", search_file)
+    scans, real_search = [], sqlite_store.SqliteConversationStore.search
+    monkeypatch.setattr(sqlite_store.SqliteConversationStore, "search",
+                        lambda self, text: scans.append(text) or real_search(self, text))
+    sidebar.search.setText("the")
+    sidebar.search.setText("the w")
+    sidebar.search.setText("the")
+    release.set()
+    _settled(sidebar, qtbot)
+    assert scans == [] and len(threads) == 2 and sidebar.ids() == _expected(sidebar)
