@@ -340,12 +340,11 @@ def test_a_growing_list_takes_its_new_items_in_place_and_reads_as_a_fresh_render
         assert got == fresh
 
 
-def test_an_update_at_the_end_of_a_long_list_parses_its_last_items_not_the_list(qapp):
-    """Each token at the end of a 200-item list put all of it into the document again (~24,000 characters of HTML
-    parsed, 14-19 ms a token here), and its end once more."""
+def _tail_parsed(renderer: MarkdownRenderer, text: str) -> list[int]:
+    """Streams the last 300 characters of `text` 4 at a time, then its end: the characters of HTML the document
+    parsed at each update; the document then reads as a fresh render of the whole."""
     from app.qt.stream_document import SafeDocument, StreamDocument
 
-    renderer, text = MarkdownRenderer(), _list_text(200)
     doc = SafeDocument()
     stream = StreamDocument(doc)
     _, seen = _counted(renderer, stream)
@@ -358,6 +357,13 @@ def test_an_update_at_the_end_of_a_long_list_parses_its_last_items_not_the_list(
     fresh = SafeDocument()
     fresh.setHtml(rendered.html)
     assert doc.toHtml() == fresh.toHtml()
+    return sizes
+
+
+def test_an_update_at_the_end_of_a_long_list_parses_its_last_items_not_the_list(qapp):
+    """Each token at the end of a 200-item list put all of it into the document again (~24,000 characters of HTML
+    parsed, 14-19 ms a token here), and its end once more."""
+    sizes = _tail_parsed(MarkdownRenderer(), _list_text(200))
     assert max(sizes[1:]) < 3_000, sizes
 
 
@@ -394,21 +400,8 @@ def test_a_table_right_after_a_line_of_text_takes_its_new_rows_in_place(qapp):
     """With no blank line between "Here is the table:" and a table, each token put all of the table into the document
     again (a 200-row table: ~57,000 characters of HTML parsed and 30 ms a token here, against 15 with the blank line):
     the line and the table are parts apart now, the table grows in place and reads as a fresh render."""
-    from app.qt.stream_document import SafeDocument, StreamDocument
-
-    renderer, text = MarkdownRenderer(), _table_text(200).split("\nAfter")[0].replace("Intro.\n\n", "Intro.\n")
-    doc = SafeDocument()
-    stream = StreamDocument(doc)
-    _, seen = _counted(renderer, stream)
-    sizes = []
-    for n, state in [(n, "streaming") for n in range(len(text) - 300, len(text) + 1, 4)] + [(len(text), "done")]:
-        rendered = message_html(Message(1, 1, None, "assistant", text[:n], state), 1, 1, renderer, busy=state != "done")
-        seen.clear()
-        stream.update(list(rendered.parts))
-        sizes.append(sum(seen))
-    fresh = SafeDocument()
-    fresh.setHtml(rendered.html)
-    assert doc.toHtml() == fresh.toHtml()
+    renderer = MarkdownRenderer()
+    sizes = _tail_parsed(renderer, _table_text(200).split("\nAfter")[0].replace("Intro.\n\n", "Intro.\n"))
     assert max(sizes[1:]) < 5_000, sizes
     steps = _table_text(12).replace("Intro.\n\n", "Intro.\n")
     for got, fresh_html in _streamed([steps[:n] for n in range(1, len(steps) + 1, 3)] + [steps], renderer):
