@@ -116,8 +116,8 @@ class ChatService:
         return [c for c in found if c.id not in self._trash]
 
     def message_search(self, text: str) -> Callable[[Callable[[], bool]], set[int]] | None:
-        """The `hits` of visible(text) as another thread can find them (sqlite_store.search_file, given whether they
-        are no longer wanted), or None: visible(text) then searches on the calling thread."""
+        """The `hits` of visible(text) as another thread can find them (given whether they are no longer wanted), or
+        None for a store that cannot tell: visible(text) then searches on the calling thread."""
         search = getattr(self.store, "message_search", None)
         return search(text) if search is not None else None
 

@@ -10,10 +10,28 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 from app.core.chat_settings import ChatSettings
 
+STALE_CHECK_MESSAGES = 500  # a scan given up asks whether it still matters this often (~1 ms of messages)
 STATES = ("done", "waiting", "queued", "streaming", "stopped", "error", "interrupted")  # interrupted: cut off by a crash
+
+
+class SearchStopped(Exception):
+    """A search nobody waits for any more (the text looked for was typed over)."""
+
+
+def scan_messages(messages: list[tuple[int, str]], text: str, stale: Callable[[], bool] = lambda: False) -> set[int]:
+    """The chats of (chat, message text) pairs whose text holds `text`, case-insensitive; SearchStopped once `stale()`."""
+    needle, hits = text.strip().casefold(), set()
+    for i, (conv_id, content) in enumerate(messages):
+        if i % STALE_CHECK_MESSAGES == 0 and stale():
+            raise SearchStopped(text)
+        if conv_id not in hits and needle in content.casefold():
+            hits.add(conv_id)
+    return hits
 
 
 @dataclass(eq=False, slots=True)
@@ -91,6 +109,19 @@ class ConversationStore:
         if not needle:
             return self.conversations()
         hits = {m.conversation_id for m in self._messages.values() if needle in m.content.casefold()}
+        return [c for c in self.conversations() if c.id in hits or needle in c.title.casefold()]
+
+    def message_search(self, text: str) -> Callable[[Callable[[], bool]], set[int]] | None:
+        """search(text)'s message part for another thread to run (scan_messages; its argument: whether the answer is no
+        longer wanted), on the messages' text as it is now: the strings never change, only the dict holding them."""
+        return partial(scan_messages, [(m.conversation_id, m.content) for m in self._messages.values()], text)
+
+    def search_with(self, text: str, hits: set[int]) -> list[Conversation]:
+        """search(text) given `hits`, the chats whose messages hold it (as message_search found them); titles looked at
+        here, against the chats as they are now."""
+        needle = text.strip().casefold()
+        if not needle:
+            return self.conversations()
         return [c for c in self.conversations() if c.id in hits or needle in c.title.casefold()]
 
     # -- messages

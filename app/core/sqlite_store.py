@@ -691,11 +691,11 @@ class SqliteConversationStore(ConversationStore):
 
     def message_search(self, text: str) -> Callable[[Callable[[], bool]], set[int]] | None:
         """A search for `text` that another thread can run (search_file; its argument: whether the answer is no longer
-        wanted), what it finds then right for this store (search_with); None where the file does not hold all that is
-        shown: changes held back or failed, a file replaced, a store in memory only."""
+        wanted), what it finds then right for this store (search_with); where the file does not hold all that is shown
+        (changes held back or failed, a file replaced, a store in memory only), a scan of the messages in memory."""
         self.flush()
         if self._db is None or self._batch or self._held or self._dirty or not self._file_still_ours():
-            return None
+            return super().message_search(text)
         return partial(search_file, self.file, text, self.has_fts)
 
     def search_with(self, text: str, hits: set[int]) -> list[Conversation]:

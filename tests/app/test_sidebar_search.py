@@ -171,3 +171,37 @@ def test_a_search_stopped_for_a_text_typed_back_is_looked_for_again_on_the_worke
     release.set()
     _settled(sidebar, qtbot)
     assert scans == [] and len(threads) == 2 and sidebar.ids() == _expected(sidebar)
+
+
+def test_a_store_in_memory_is_searched_off_the_gui_thread_too(qtbot, monkeypatch):
+    """A store without its file (another Parley holds the folder, a damaged file): every keystroke scanned every
+    message on the GUI thread (16-28 ms for 3,000 chats)."""
+    from app.core import conversations
+    from app.qt.chats import QtChatService
+    from app.qt.sidebar import Sidebar
+
+    store, rng = ConversationStore(), random.Random(5)
+    for i in range(CHATS):
+        conv = store.create(f"Chat {i}")
+        store.add_message(conv.id, None, "user", " ".join(rng.choice(WORDS) for _ in range(12)), state="done")
+    store.add_message(conv.id, None, "assistant", "streaming about Zebras", state="streaming")
+    bridge = types.SimpleNamespace(**{name: BoundSignal() for name in (
+        "turn_started", "turn_queued", "text_arrived", "turn_finished", "turn_failed", "context_usage")})
+    service = QtChatService(store, bridge, types.SimpleNamespace(loaded=BoundSignal(), failed=BoundSignal()))
+    bar = Sidebar(service)
+    qtbot.addWidget(bar)
+    threads, real, real_search = [], conversations.scan_messages, ConversationStore.search
+    monkeypatch.setattr(conversations, "scan_messages",
+                        lambda *args: threads.append(threading.current_thread()) or real(*args))
+    monkeypatch.setattr(ConversationStore, "search", lambda *_: pytest.fail("searched on the GUI thread"))
+    for text in ("zebra", "wind", "c"):
+        bar.search.setText(text)
+        _settled(bar, qtbot)
+        assert bar.ids() == [c.id for c in real_search(store, text)]  # as the store's own search finds them
+    assert bar.ids() == [c.id for c in store.conversations()]  # "c": every title
+    bar.search.setText("zebra")
+    _settled(bar, qtbot)
+    assert bar.ids() == [conv.id] and len(threads) == 4 and threading.main_thread() not in threads
+    with pytest.raises(conversations.SearchStopped):
+        real([(1, "a")], "a", lambda: True)
+    bar._searcher.finish()
