@@ -24,7 +24,8 @@ class SearchStopped(Exception):
 
 
 def scan_messages(messages: list[tuple[int, str]], text: str, stale: Callable[[], bool] = lambda: False) -> set[int]:
-    """The chats of (chat, message text) pairs whose text holds `text`, case-insensitive; SearchStopped once `stale()`."""
+    """The chats of (chat, message text) pairs whose text holds `text`, case-insensitive; SearchStopped once
+    `stale()` says nobody waits for them."""
     needle, hits = text.strip().casefold(), set()
     for i, (conv_id, content) in enumerate(messages):
         if i % STALE_CHECK_MESSAGES == 0 and stale():
