@@ -779,13 +779,15 @@ def message_hits(db: sqlite3.Connection, needle: str, indexed: bool = True) -> s
     needle = needle.strip()
     if indexed and len(needle) >= FTS_MIN_CHARS:
         query = '"' + needle.replace('"', '""') + '"'
-        rows = db.execute("SELECT DISTINCT m.conversation_id FROM message_fts f JOIN message m ON m.id = f.rowid "
-                          "WHERE message_fts MATCH ?", (query,))
+        # one row, not one a chat: each row fetched takes the GIL back, waiting on the GUI thread each time
+        ids = db.execute("SELECT group_concat(DISTINCT m.conversation_id) FROM message_fts f JOIN message m "
+                         "ON m.id = f.rowid WHERE message_fts MATCH ?", (query,)).fetchone()[0]
+        return {int(i) for i in ids.split(",")} if ids else set()
     else:
         db.create_function("casefold", 1, _casefold, deterministic=True)  # as the store in memory folds
         rows = db.execute("SELECT DISTINCT conversation_id FROM message WHERE state NOT IN "
                           f"{schema.UNFINISHED} AND instr(casefold(content), ?) > 0", (needle.casefold(),))
-    return {row[0] for row in rows}
+        return {row[0] for row in rows}
 
 
 def search_file(path: Path, needle: str, indexed: bool = True, stale: Callable[[], bool] | None = None) -> set[int]:
