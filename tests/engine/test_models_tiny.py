@@ -75,6 +75,7 @@ def test_converted_cache_round_trip(tiny_models, tmp_path):
 
 
 def test_quantized_load_writes_no_converted_cache(tiny_models_q8, tmp_path):
-    """Repacking is fast enough that quantized loads keep nothing on disk beside the GGUF."""
+    """Repacking is fast enough that quantized loads keep no weights on disk beside the GGUF: the cache holds the
+    tokenizer's entry alone (its vocabulary saved since 74069de, so a later load skips the header's strings)."""
     lm = load_model(tiny_models_q8["gemma3"].gguf_path, LoadOptions(cache_dir=tmp_path, weights="quantized"))
-    assert lm.timings["from"] == "gguf" and not any(tmp_path.iterdir())
+    assert lm.timings["from"] == "gguf" and [p.name for p in tmp_path.iterdir()] == ["tokenizers"]
