@@ -211,10 +211,9 @@ class Batcher:
             pending = batch.device_tokens.clone() if ahead and any(penalised(s.sampler.params) for s in seqs) else None
             logits, greedy = self._run(batch)
             graphs = getattr(self.runner, "sampling_graphs", None)
-            with _shaped(logits, seqs) as shaped:  # biased or masked rows: the step's argmax and graphs read others
+            with _shaped(logits, seqs) as shaped:  # biased or masked rows: the step's argmax read others
                 ids = sample_ids(logits, [s.sampler for s in seqs], [s.penalty_history() for s in seqs],
-                                 None if shaped else greedy, [len(s.token_ids) + ahead for s in seqs], pending,
-                                 None if shaped else graphs)
+                                 None if shaped else greedy, [len(s.token_ids) + ahead for s in seqs], pending, graphs)
             logprobs = _logprobs(logits, seqs, [[t] for t in ids.tolist()]) if _wants_logprobs(seqs) else None
         except BaseException:
             self.cache.abort_step()  # nothing to undo when the step failed before it was declared
@@ -317,9 +316,9 @@ class Batcher:
 @contextmanager
 def _shaped(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | None = None) -> Iterator[bool]:
     """While the step samples: each sampler's logit bias added to its rows, then the rows of samplers with a grammar
-    (engine/constraint) masked to the tokens it allows; yields whether any row changed (the step's graph argmax and
-    sampling graphs then serve none). The logits are the model's again after where log-probabilities are asked.
-    Sampler i owns `rows_of[i]` rows (default one); a guided sampler drafts nothing, so it owns one."""
+    (engine/constraint) masked to the tokens it allows, in place; yields whether any row changed (the step's graph
+    argmax then serves none; the sampling graphs read the changed rows). The logits are the model's again after where
+    log-probabilities are asked. Sampler i owns `rows_of[i]` rows (default one); a guided sampler drafts nothing, so it owns one."""
     counts = rows_of or [1] * len(seqs)
     starts = list(accumulate(counts, initial=0))
     biased = [i for i, seq in enumerate(seqs) if seq.sampler.params.logit_bias]
