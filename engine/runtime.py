@@ -34,6 +34,7 @@ from engine.speculative import Drafter, check_mode, make_drafter
 from engine.speculative.dflash import DFlashDrafter
 from engine.speculative.dflash_net import DFlashNet
 from engine.speculative.draft_model import DraftModel, mismatch
+from engine.tool_calls import tool_format
 
 
 NEEDS_DRAFTER = {  # a mode that drafts from a file, without one
@@ -379,7 +380,8 @@ class ModelRuntime:
                 "layers": a.num_layers, "source": str(self.lm.source), "load_s": round(self.lm.timings.get("total_s", 0.0), 2),
                 "quantization": self.lm.quantization(), "weights_mb": round(self.lm.weight_bytes() / 1e6, 1),
                 "speculative": self.batcher.drafter.name if self.batcher.drafter is not None else "off",
-                "thinking_switch": self.lm.tokenizer.thinking_switch(), "notices": list(self.lm.notices)}
+                "thinking_switch": self.lm.tokenizer.thinking_switch(), "notices": list(self.lm.notices),
+                "tool_calls": tool_format(self.lm.tokenizer.chat_template.source)}
 
 
 def cache_dtype(lm: LoadedModel, device: torch.device, backend: str) -> str:

@@ -16,18 +16,21 @@ from engine.tokenizer import Tokenizer
 
 OVERFLOW_POLICIES = ("stop", "truncate")
 ANSWER_ROOM_SHARE = 4  # `truncate` keeps room for the answer: its max_tokens, at most a quarter of the context
-ROLES = ("user", "assistant")
+ROLES = ("user", "assistant", "tool")  # a tool message: what a call the answer made returned (OpenAI's)
+ANSWERED = ("user", "tool")  # the roles a turn answers: the user's message, or a tool's result
 
 
 @dataclass(frozen=True, slots=True)
 class TurnRequest:
-    """What a turn answers: the conversation so far (user/assistant messages, no system message), ending with
-    the user message to answer, or with `continue_final` the assistant answer to generate more of."""
+    """What a turn answers: the conversation so far (user/assistant/tool messages, no system message), ending with
+    the user message (or a tool's result) to answer, or with `continue_final` the assistant answer to generate more of.
+    `tools`: OpenAI's tool objects the chat template shows the model (engine/tool_calls.py reads its calls back)."""
 
     messages: tuple[dict[str, str], ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     system_prompt: str | None = None
     continue_final: bool = False
+    tools: tuple[dict, ...] | None = None
 
     def check(self, raw: bool) -> None:
         """Raises ParleyError when the request cannot be answered as it stands."""
@@ -35,12 +38,12 @@ class TurnRequest:
             raise ParleyError("There is no answer to continue." if self.continue_final else "There is no message to answer.")
         for m in self.messages:
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-                raise ParleyError("Chat messages must be user or assistant messages with text content.")
+                raise ParleyError("Chat messages must be user, assistant or tool messages with text content.")
         last = self.messages[-1]
         if self.continue_final and (last["role"] != "assistant" or not last["content"]):
             raise ParleyError("There is no answer to continue.")
-        if not self.continue_final and last["role"] != "user" and not raw:
-            raise ParleyError("The last message must be the user's for the model to answer it.")
+        if not self.continue_final and last["role"] not in ANSWERED and not raw:
+            raise ParleyError("The last message must be the user's (or a tool's result) for the model to answer it.")
 
     def conversation(self, skip: int = 0) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -120,7 +123,7 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
 def _render(request: TurnRequest, tok: Tokenizer, skip: int = 0) -> list[int]:
     """The chat template over the conversation without its `skip` oldest messages."""
     return tok.apply_chat_template(request.conversation(skip), continue_final=request.continue_final,
-                                   thinking=request.params.thinking)
+                                   thinking=request.params.thinking, tools=request.tools)
 
 
 def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,

@@ -123,14 +123,16 @@ class Tokenizer:
         return IncrementalDetokenizer(self.decode, skip_special, context)
 
     def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True,
-                            continue_final: bool = False, thinking: bool | None = None) -> list[int]:
+                            continue_final: bool = False, thinking: bool | None = None,
+                            tools: tuple[dict, ...] | list[dict] | None = None) -> list[int]:
         """Renders the conversation with the chat template and encodes it, with one bos at most.
 
         `continue_final` leaves the last message open: the text ends right after its content, with no
         end-of-turn marker, so generation carries on with that message. `thinking` sets the template's
         `enable_thinking` (Qwen3 and SmolLM3 read it; other templates ignore it) and `thinking` (Granite's, as llama.cpp
         passes it), Seed-OSS's `thinking_budget` (0 when off) and harmony's `reasoning_effort` (gpt-oss always reasons:
-        off is "low", on "high"); None leaves the template's default.
+        off is "low", on "high"); None leaves the template's default. `tools`: OpenAI's tool objects, as the template's
+        `tools` (transformers passes them so).
         """
         if self.harmony:  # its template keeps earlier answers' replies only (an answer to continue keeps its thought)
             kept = len(messages) - 1 if continue_final else len(messages)
@@ -138,6 +140,8 @@ class Tokenizer:
                         and isinstance(m.get("content"), str) else m for i, m in enumerate(messages)]
         messages, typed = self._defuse(messages)
         extra = thinking_variables(thinking, self.harmony)
+        if tools:
+            extra["tools"] = [dict(t) for t in tools]
         if continue_final:
             text = self._open_answer(messages, extra)
         else:
