@@ -25,10 +25,12 @@ from starlette.routing import Route
 
 from engine import events as ev
 from engine.logit_bias import check_bias_ids
+from engine.tool_calls import CallStream
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
+from server.tools import ToolRequest, call_dicts
 
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -116,7 +118,7 @@ async def get_model(request: Request, bridge: ServerBridge) -> Response:
 async def chat_completions(request: Request, bridge: ServerBridge) -> Response:
     data = api.parse_json(await _read_body(request))
     model = _model(bridge, data.get("model"))
-    req = api.parse_chat(data, model.context)
+    req = api.parse_chat(data, model.context, model.info.get("tool_calls"), model.id)
     return await _serve_turn(request, bridge, model, req, api.new_id("chatcmpl"))
 
 
@@ -138,6 +140,8 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if req.params.grammar is not None and model.info.get("remote"):  # the grammar masks a local model's tokens
         raise api.APIError(400, f"'response_format' is not available from {model.id}, a remote model.",
                            "response_format")
+    if req.tools is not None and model.info.get("remote"):  # its calls would come back in its server's own form
+        raise api.APIError(400, f"'tools' are not available from {model.id}, a remote model.", "tools")
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:
@@ -154,7 +158,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if req.raw:
         return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs))
     prefix = req.prompt if req.continue_final else ""
-    return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs))
+    return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -175,7 +179,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
         for i in range(req.n):
             sid = turn.open(model, req.raw)
             bridge.engine.submit(sid, req.messages(), req.choice_params(i), req.system,
-                                 continue_final=req.continue_final)
+                                 continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None)
         started: set[int] = set()
         while len(started) < turn.n:
             e = await _poll(client, turn.queue)
@@ -226,6 +230,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     us) cancels every turn."""
     # a thought goes as reasoning_content
     splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
+    calls = [req.tools.stream() if req.tools is not None else None for _ in range(turn.n)]  # content held for calls
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
@@ -245,14 +250,17 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
                 logprobs[i].held += e.logprobs or []
-                if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i):
+                if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i, calls[i]):
                     yield _event(logprobs[i].attach(chunk))
                 continue
             ends[i] = e
-            if not req.raw and (tail := splits[i].finish()):
-                yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, tail, index=i)))
-            yield _event(logprobs[i].attach(api.completion_chunk(rid, model, req, "", e.reason, index=i) if req.raw
-                                            else api.chat_chunk(rid, model, req, {}, e.reason, index=i)))
+            reason = e.reason
+            if not req.raw:
+                for delta in _tail_deltas(splits[i], calls[i], req.tools, e.reason):
+                    reason = "tool_calls" if "tool_calls" in delta else reason
+                    yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, delta, index=i)))
+            yield _event(logprobs[i].attach(api.completion_chunk(rid, model, req, "", reason, index=i) if req.raw
+                                            else api.chat_chunk(rid, model, req, {}, reason, index=i)))
         else:
             if req.include_usage:
                 build = api.completion_chunk if req.raw else api.chat_chunk
@@ -263,14 +271,39 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
 
 
 def _delta_chunk(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,
-                 index: int) -> dict | None:
-    """Choice `index`'s chunk for new text: the raw text, or the chat delta (none while a tag may be opening)."""
+                 index: int, calls: CallStream | None = None) -> dict | None:
+    """Choice `index`'s chunk for new text: the raw text, or the chat delta (none while a tag may be opening, or
+    while `calls` holds what may be a tool call)."""
     if not text:
         return None
     if req.raw:
         return api.completion_chunk(rid, model, req, text, index=index)
-    delta = split.feed(text)
+    delta = _held_for_calls(split.feed(text), calls)
     return api.chat_chunk(rid, model, req, delta, index=index) if delta else None
+
+
+def _held_for_calls(delta: dict, calls: CallStream | None) -> dict:
+    if calls is not None and "content" in delta:
+        delta = {**delta, "content": calls.feed(delta["content"])}
+    return {k: v for k, v in delta.items() if v}
+
+
+def _tail_deltas(split: api.ReasoningSplit, calls: CallStream | None, tools: ToolRequest | None,
+                 reason: str) -> list[dict]:
+    """An answer's last deltas once it ends: what the reasoning split held, then what the call stream held: its
+    content, and the calls it makes (one delta each, whole, as OpenAI's last call delta carries them) where the answer
+    ended by itself."""
+    tail = split.finish()
+    if calls is None:
+        return [tail] if tail else []
+    out = [d] if (d := _held_for_calls(tail, calls)) else []
+    ended = reason in ("stop", "stop_string")  # else cut short, maybe mid-call: the text is what there is
+    content, found = tools.kept(*calls.finish()) if ended else (calls.release(), [])
+    if content:
+        out.append({"content": content})
+    ids = [api.new_id("call") for _ in found]
+    out += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(call_dicts(found, ids))]
+    return out
 
 
 async def _next_event(client: "_Client", turn: Choices) -> ev.Event | None:

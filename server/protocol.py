@@ -16,9 +16,11 @@ from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at t
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
 from server.response_format import response_grammar
+from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
 
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
-FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length"}
+FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length",
+                  "tool_calls": "tool_calls"}
 MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
@@ -39,10 +41,13 @@ class TurnRequest:
     continue_final: bool = False  # the last message is the assistant's: the answer goes on from its text
     created: int = field(default_factory=lambda: int(time.time()))  # one value for every chunk of the answer
     n: int = 1  # answers (choices) to the one prompt
+    tools: ToolRequest | None = None  # the tools the model is shown, and how its calls are read back
+    final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
 
     def messages(self) -> list[dict[str, str]]:
         """The conversation the engine answers (without the system prompt)."""
-        return [*self.history, {"role": "assistant" if self.continue_final else "user", "content": self.prompt}]
+        last = self.final or {"role": "assistant" if self.continue_final else "user"}
+        return [*self.history, {**last, "content": self.prompt}]
 
     def choice_params(self, index: int) -> SamplingParams:
         """Choice `index`'s sampling: a seeded request's choices draw from seed, seed + 1, … (each reproducible, and
@@ -66,7 +71,8 @@ def parse_json(body: bytes) -> dict:
     return data
 
 
-def parse_chat(data: dict, context_limit: int) -> TurnRequest:
+def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, model: str = "This model") -> TurnRequest:
+    """`tool_format`: how the model writes tool calls (engine/tool_calls.py; None: it takes no tools)."""
     _reject_unsupported(data, chat=True)
     messages = data.get("messages")
     if not isinstance(messages, list) or not messages:
@@ -77,7 +83,7 @@ def parse_chat(data: dict, context_limit: int) -> TurnRequest:
         if role in ("system", "developer"):
             system.append(content)
         else:
-            turns.append({"role": role, "content": content})
+            turns.append({"role": role, "content": content, **_call_fields(m, role, i)})
     if len(turns) > 1 and turns[-1]["role"] == "assistant" and not turns[-1]["content"]:
         turns.pop()  # an empty answer last asks for the answer, as OpenAI reads it
     if not turns:
@@ -85,12 +91,17 @@ def parse_chat(data: dict, context_limit: int) -> TurnRequest:
     req = _common(data, context_limit, raw=False)
     req.system = "\n\n".join(system) or None
     req.history, req.prompt = turns[:-1], turns[-1]["content"]
+    req.final = {k: v for k, v in turns[-1].items() if k != "content"} if turns[-1]["role"] == "tool" else None
+    req.tools = request_tools(data, tool_format, model)
+    if req.tools is not None and req.tools.grammar is not None:  # a required call: a thought would break its form
+        thinking = False if req.params.thinking is None else req.params.thinking
+        req.params = dataclasses.replace(req.params, grammar=req.tools.grammar, thinking=thinking)
     req.continue_final = turns[-1]["role"] == "assistant"  # a prefilled answer goes on, as llama.cpp's server does
     if req.continue_final and not req.prompt:
         raise APIError(400, "The messages need one from the user (or an answer to continue).", "messages")
     if req.continue_final and req.params.grammar is not None:  # the grammar would start inside the prefilled text
-        raise APIError(400, "'response_format' cannot continue a prefilled answer: end the messages with the user's.",
-                       "response_format")
+        field = "tool_choice" if req.tools is not None else "response_format"
+        raise APIError(400, f"'{field}' cannot continue a prefilled answer: end the messages with the user's.", field)
     return req
 
 
@@ -110,17 +121,31 @@ def _message(m, i: int) -> tuple[str, str]:
     if not isinstance(m, dict):
         raise APIError(400, f"messages[{i}] must be an object with 'role' and 'content'.", f"messages[{i}]")
     role, content = m.get("role"), m.get("content")
-    if role not in ("system", "developer", "user", "assistant"):
-        raise APIError(400, f"messages[{i}].role must be system, developer, user or assistant, not {role!r}.",
+    if role not in ("system", "developer", "user", "assistant", "tool"):
+        raise APIError(400, f"messages[{i}].role must be system, developer, user, assistant or tool, not {role!r}.",
                        f"messages[{i}].role")
     if role == "assistant" and content is None and isinstance(m.get("refusal"), str):
         content = m["refusal"]  # an OpenAI answer that refused: its words are what the model said
+    if role == "assistant" and content is None and m.get("tool_calls"):
+        content = ""  # an answer that only called tools
     if isinstance(content, list):
         content = "\n".join(_part_text(p, role, i) for p in content)  # one line each, as vLLM and llama.cpp join them
     if not isinstance(content, str):
         raise APIError(400, f"messages[{i}].content must be a string or an array of text parts.",
                        f"messages[{i}].content")
     return role, content
+
+
+def _call_fields(m: dict, role: str, i: int) -> dict:
+    """A message's tool fields as a chat template reads them: an answer's calls, a tool result's call id and name."""
+    if role == "assistant" and m.get("tool_calls"):
+        return {"tool_calls": assistant_calls(m["tool_calls"], i)}
+    if role != "tool":
+        return {}
+    fields = {key: m[key] for key in ("tool_call_id", "name") if isinstance(m.get(key), str)}
+    if "tool_call_id" not in fields:
+        raise APIError(400, f"messages[{i}] is a tool result without its 'tool_call_id'.", f"messages[{i}]")
+    return fields
 
 
 def _part_text(part, role: str, i: int) -> str:
@@ -312,12 +337,14 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    for name in ("echo", "tools", "functions", "suffix", "best_of"):
+    for name in ("echo", "functions", "suffix", "best_of") + (() if chat else ("tools",)):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
-            raise APIError(400, f"'{name}' is not supported by this server.", name)
-    for name in ("tool_choice", "function_call"):  # no tools here: a call the client requires cannot come
-        if data.get(name) not in (None, "none", "auto"):
-            raise APIError(400, f"'{name}' can only be 'none' or 'auto': this server does not call tools.", name)
+            raise APIError(400, f"'{name}' is not supported by this server{'' if chat else ' for completions'}.", name)
+    if data.get("function_call") not in (None, "none", "auto"):  # the old form of `tools`: none are taken that way
+        raise APIError(400, "'function_call' can only be 'none' or 'auto': send 'tools' and 'tool_choice'.",
+                       "function_call")
+    if not chat and data.get("tool_choice") not in (None, "none", "auto"):
+        raise APIError(400, "'tool_choice' is a chat field.", "tool_choice")
 
 
 def _typed(data: dict, name: str, kind: type, default):
@@ -465,12 +492,21 @@ def split_answer(text: str, prefix: str = "") -> dict[str, str]:
 
 
 def chat_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
-                  prefix: str = "", logprobs: list[list] | None = None) -> dict:
+                  prefix: str = "", logprobs: list[list] | None = None, tools: ToolRequest | None = None) -> dict:
     """`answers`: each choice's (text, reason); `prefix`: the answer the request continued (a text is what came
-    after it); `logprobs`: each choice's entries, where the request asked for them."""
-    choices = [{"index": i, "message": {"role": "assistant", **split_answer(text, prefix)},
-                "logprobs": None if logprobs is None else chat_logprobs(logprobs[i]),
-                "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
+    after it); `logprobs`: each choice's entries, where the request asked for them; `tools`: the calls are read out
+    of each answer's content."""
+    choices = []
+    for i, (text, reason) in enumerate(answers):
+        message = {"role": "assistant", **split_answer(text, prefix)}
+        if tools is not None and reason in ("stop", "stop_string"):
+            message["content"], calls = tools.read(message["content"])
+            if calls:
+                message["content"] = message["content"] or None
+                message["tool_calls"], reason = call_dicts(calls, [new_id("call") for _ in calls]), "tool_calls"
+        choices.append({"index": i, "message": message,
+                        "logprobs": None if logprobs is None else chat_logprobs(logprobs[i]),
+                        "finish_reason": finish_reason(reason)})
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
             "choices": choices, "usage": usage(stats)}
 

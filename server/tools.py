@@ -1,0 +1,112 @@
+"""`tools` and `tool_choice` (OpenAI's function calling): which tools the model is shown, whether a call is required,
+and the calls read back out of each answer (engine/tool_calls.py knows the model's format)."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from engine.errors import ParleyError
+from engine.tool_calls import CallStream, ToolCall, call_grammar, check_tools, parse_calls
+from server.api_error import APIError
+
+CHOICES = ("none", "auto", "required")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    """A request's tools as the model sees them, and how its answers are read."""
+
+    tools: tuple[dict, ...]
+    fmt: str  # the model's call format (engine/tool_calls.py FORMATS)
+    grammar: str | None  # a required call's grammar (tool_choice "required" or a named function)
+    parallel: bool  # parallel_tool_calls: more than one call an answer
+
+    @property
+    def names(self) -> set[str]:
+        return {t["function"]["name"] for t in self.tools}
+
+    def stream(self) -> CallStream:
+        return CallStream(self.fmt, self.names)
+
+    def read(self, content: str) -> tuple[str, list[ToolCall]]:
+        """A whole answer's content -> (the content left, its calls)."""
+        return self.kept(*parse_calls(self.fmt, content, self.names))
+
+    def kept(self, content: str, calls: list[ToolCall]) -> tuple[str, list[ToolCall]]:
+        return content, calls if self.parallel else calls[:1]
+
+
+def request_tools(data: dict, fmt: str | None, model: str) -> ToolRequest | None:
+    """The request's tools, or None where the model is shown none (no tools, or tool_choice "none"); an APIError
+    naming the field for anything it cannot do."""
+    tools, choice = data.get("tools"), data.get("tool_choice")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise APIError(400, "'tool_choice' asks for a call, but the request has no 'tools'.", "tool_choice")
+        return None
+    try:
+        tools = check_tools(tools)
+    except ParleyError as exc:
+        raise APIError(400, str(exc), "tools") from None
+    choice = "auto" if choice is None else choice
+    named = _named(choice, tools)
+    if choice == "none":
+        return None
+    if fmt is None:
+        raise APIError(400, f"{model} cannot call tools: its chat template shows the model no tools (or writes calls "
+                            "in a form this server does not read).", "tools")
+    if data.get("response_format") not in (None, {"type": "text"}):
+        raise APIError(400, "'response_format' and 'tools' cannot be combined: each holds the answer to its own form.",
+                       "response_format")
+    parallel = data.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise APIError(400, "'parallel_tool_calls' must be a boolean.", "parallel_tool_calls")
+    grammar = None
+    if choice == "required" or named is not None:
+        try:
+            grammar = call_grammar(fmt, [named] if named is not None else tools)
+        except ParleyError as exc:  # a parameters schema llguidance cannot compile
+            raise APIError(400, str(exc), "tools") from None
+    return ToolRequest(tuple(tools), fmt, grammar, parallel)
+
+
+def _named(choice, tools: list[dict]) -> dict | None:
+    """The tool a `tool_choice` object names, None for the choices named by a word; an APIError for anything else."""
+    if isinstance(choice, str) and choice in CHOICES:
+        return None
+    fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise APIError(400, "'tool_choice' must be 'none', 'auto', 'required' or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}.", "tool_choice")
+    tool = next((t for t in tools if t["function"]["name"] == name), None)
+    if tool is None:
+        raise APIError(400, f"'tool_choice' names {name!r}, which is not one of the request's tools.", "tool_choice")
+    return tool
+
+
+def call_dicts(calls: list[ToolCall], ids: list[str]) -> list[dict]:
+    """OpenAI's `tool_calls` of a message."""
+    return [{"id": cid, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c, cid in zip(calls, ids)]
+
+
+def assistant_calls(calls, i: int) -> list[dict]:
+    """An assistant message's `tool_calls` as a chat template reads them: arguments as an object (a template writes
+    them with `tojson`; the JSON text OpenAI sends would be quoted twice)."""
+    if not isinstance(calls, list):
+        raise APIError(400, f"messages[{i}].tool_calls must be an array.", f"messages[{i}].tool_calls")
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(400, f"messages[{i}].tool_calls holds a call without its function's name.",
+                           f"messages[{i}].tool_calls")
+        arguments = fn.get("arguments", "{}")
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                pass  # kept as the text it is: the template shows what the answer wrote
+        out.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": arguments}})
+    return out

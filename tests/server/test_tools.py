@@ -1,0 +1,178 @@
+"""`tools` and `tool_choice` on /v1/chat/completions, served by a tiny model whose chat template shows tools and writes
+calls as Qwen's do (`<tool_call>` blocks): a required call follows its tool's schema from random weights, streamed and
+whole alike; the conversation after a call renders its arguments and result; what cannot be served is a 400 naming
+the field."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import httpx
+import pytest
+
+from server.bridge import ServerBridge
+from server.protocol import parse_chat
+from server.run import BackgroundServer
+from tests.support.gguf_export import write_gguf
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "You may call these functions:\n<tools>\n{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n"
+    "Write each call as <tool_call>\n{\"name\": ..., \"arguments\": {...}}\n</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' and message.tool_calls %}<|im_start|>assistant\n"
+    "{%- if message.content %}{{ message.content }}\n{% endif %}"
+    "{%- for call in message.tool_calls %}<tool_call>\n{\"name\": \"{{ call.function.name }}\", \"arguments\": "
+    "{{ call.function.arguments | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- elif message.role != 'system' %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"enum": ["UTC", "CET"]}}, "required": ["zone"]}}}
+CHAT = {"model": "tools", "messages": [{"role": "user", "content": "Weather in Paris?"}], "max_tokens": 200,
+        "tools": [WEATHER, TIME]}
+
+
+@pytest.fixture(scope="module")
+def tools_model(tiny_models, tmp_path_factory):
+    """The tiny Qwen3 with a chat template that shows tools and writes `<tool_call>` blocks."""
+    folder = tmp_path_factory.mktemp("tools_model")
+    hf = shutil.copytree(tiny_models["qwen3"].hf_dir, folder / "hf")
+    config = json.loads((hf / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config["chat_template"] = HERMES_TEMPLATE
+    (hf / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    model_config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    model_config["max_position_embeddings"] = 2048  # two tools' schemas in the system turn: ~500 of its tiny tokens
+    (hf / "config.json").write_text(json.dumps(model_config), encoding="utf-8")
+    return write_gguf(hf, folder / "tools.gguf")
+
+
+@pytest.fixture(scope="module")
+def tools_server(tools_model):
+    bridge = ServerBridge().start()
+    bridge.load(tools_model, alias="tools")
+    try:
+        with BackgroundServer(bridge) as server:
+            yield server
+    finally:
+        bridge.shutdown()
+
+
+def _post(server, body: dict) -> httpx.Response:
+    return httpx.post(server.url + "/chat/completions", json=body, timeout=60)
+
+
+def _follows_weather(call: dict) -> bool:
+    args = json.loads(call["function"]["arguments"])
+    return (call["type"] == "function" and call["function"]["name"] == "get_weather" and set(args) == {"city", "days"}
+            and isinstance(args["city"], str) and len(args["city"]) <= 12 and type(args["days"]) is int
+            and 1 <= args["days"] <= 7)
+
+
+def test_a_named_function_is_called_with_arguments_that_follow_its_schema(tools_server):
+    body = CHAT | {"tool_choice": {"type": "function", "function": {"name": "get_weather"}}, "n": 3,
+                   "temperature": 1.0, "seed": 3}
+    r = _post(tools_server, body)
+    assert r.status_code == 200, r.text
+    for choice in r.json()["choices"]:
+        assert choice["finish_reason"] == "tool_calls"
+        message = choice["message"]
+        assert message["content"] is None and len(message["tool_calls"]) == 1
+        assert _follows_weather(message["tool_calls"][0]), message
+        assert message["tool_calls"][0]["id"].startswith("call-")
+
+
+def test_required_calls_one_of_the_tools(tools_server):
+    r = _post(tools_server, CHAT | {"tool_choice": "required", "temperature": 0})
+    call = r.json()["choices"][0]["message"]["tool_calls"][0]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and _follows_weather(call) or \
+        call["function"]["name"] == "get_time" and args in ({"zone": "UTC"}, {"zone": "CET"}), call
+
+
+def test_a_streamed_call_joins_to_the_whole_answer(tools_server):
+    body = CHAT | {"tool_choice": "required", "temperature": 0}
+    whole = _post(tools_server, body).json()["choices"][0]
+    with httpx.stream("POST", tools_server.url + "/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    assert "".join(d.get("content") or "" for d in deltas) == ""
+    assert [(c["index"], c["function"]) for c in calls] == [
+        (k, c["function"]) for k, c in enumerate(whole["message"]["tool_calls"])]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_leaves_a_model_that_calls_nothing_its_text(tools_server):
+    """Random weights write no `<tool_call>`: the answer is content, as without tools, and ends as it ended."""
+    r = _post(tools_server, CHAT | {"temperature": 0, "max_tokens": 12})
+    choice = r.json()["choices"][0]
+    assert "tool_calls" not in choice["message"] and choice["finish_reason"] == "length"
+    plain = _post(tools_server, CHAT | {"tool_choice": "none", "temperature": 0, "max_tokens": 12}).json()
+    assert isinstance(choice["message"]["content"], str) and isinstance(plain["choices"][0]["message"]["content"], str)
+
+
+def test_the_turn_after_a_call_shows_its_arguments_and_result(tools_server, tools_model):
+    """An answer's call (arguments as OpenAI sends them, JSON text) and the tool's result render as the template
+    writes them: the arguments as an object, not quoted twice."""
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call-1", "type": "function", "function": {"name": "get_weather",
+                                                               "arguments": "{\"city\": \"Paris\", \"days\": 2}"}}]},
+        {"role": "tool", "tool_call_id": "call-1", "content": "sunny, 21 C"},
+    ]
+    r = _post(tools_server, CHAT | {"messages": messages, "temperature": 0, "max_tokens": 8})
+    assert r.status_code == 200, r.text
+    from engine.loading.gguf_file import open_gguf
+    from engine.tokenizer.from_gguf import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(open_gguf(tools_model).metadata)
+    req = parse_chat(CHAT | {"messages": messages}, 4096, "hermes", "tools")
+    text = tok.decode(tok.apply_chat_template(req.messages(), tools=req.tools.tools), skip_special=False)
+    assert '"arguments": {"city": "Paris", "days": 2}' in text
+    assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
+    assert '"name": "get_time"' in text  # the tools shown in the system turn
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.parametrize("fields,param,words", [
+    ({"tools": {"type": "function"}}, "tools", "non-empty array"),
+    ({"tools": [{"type": "retrieval"}]}, "tools", "\"type\": \"function\""),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "letters, digits"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "names two tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}, "tools", "JSON schema"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "not one of"),
+    ({"tool_choice": "sometimes"}, "tool_choice", "must be 'none', 'auto', 'required'"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "boolean"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "cannot be combined"),
+    ({"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "nonsense"}}}]}, "tools", "Invalid"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}]}, "messages[1]",
+     "tool_call_id"),
+    ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {}}]},
+                   {"role": "user", "content": "x"}]}, "messages[0].tool_calls", "name"),
+])
+def test_unusable_tool_requests_are_a_400_naming_the_field(tools_server, fields, param, words):
+    r = _post(tools_server, CHAT | fields)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert words in r.json()["error"]["message"]
+
+
+def test_a_model_whose_template_shows_no_tools_refuses_them(server):
+    """The plain ChatML tiny model: tools would be dropped by its template, so the request is refused, not answered
+    as if they had been seen; without tools it serves as before."""
+    body = CHAT | {"model": "tiny"}
+    r = _post(server, body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
+    assert "cannot call tools" in r.json()["error"]["message"]
+    assert _post(server, {k: v for k, v in body.items() if k != "tools"}).status_code == 200
