@@ -6,6 +6,11 @@ line; a top-level list item's only on its own lines and on whether the list is l
 line between two items: CommonMark's rule). Each row or item is rendered alone once and kept; the block's HTML is
 joined from them, the same as markdown-it's render of the whole. Anything else (a table after text in the same block,
 a line that is not a row, code or references in a list) returns None: the caller renders the block whole.
+
+A table still growing over CHUNK_ROWS rows is cut into chunks, tables of CHUNK_ROWS rows one after another (the header
+in the first), the seams without margin and overlapping by the cell spacing: Qt lays out a whole table again on every
+change in it (~55 us a row a token on a 2-core Xeon), a chunk only its own rows. The view's document gives them the
+same column widths (app/qt/table_chunks.py) and joins them into one table once it is complete (join_chunks).
 """
 from __future__ import annotations
 
@@ -19,6 +24,10 @@ MAX_CELLS = 0x10000  # markdown-it ends a table once it filled in this many miss
 DELIMITER = re.compile(r" {0,3}\|?\s*:?-+:?\s*(\|\s*:?-+:?\s*)*\|?\s*")
 ITEM = re.compile(r"([-+*]|\d{1,9}([.)]))([ \t]|$)")  # a top-level item's first line: its bullet, or its number's delimiter
 TABLE_END = "</table>\n"
+BODY, BODY_END = "<tbody>\n", "</tbody>\n" + TABLE_END
+CHUNK_ROWS = 24  # body rows of a growing table's chunk: its last one's rows are laid out again on every token
+MARGINS = re.compile(r' style="margin-top:(-?\d+)px; margin-bottom:(-?\d+)px">\n')  # ending the renderer's table tag
+SPACING = re.compile(r' cellspacing="(\d+)"')
 
 
 class GrowingBlocks:
@@ -98,7 +107,12 @@ class GrowingBlocks:
             return None
         if not bodies:
             return head_html
-        return head_html[:-len(TABLE_END)] + "<tbody>\n" + "".join(body[cut:] for body in bodies) + "</tbody>\n" + TABLE_END
+        rows = [body[cut:] for body in bodies]
+        if env.get("streaming") and env.get("growing") and len(rows) > CHUNK_ROWS:
+            chunked = _chunks(head_html, rows)
+            if chunked is not None:
+                return self._seam.join(chunked)
+        return head_html[:-len(TABLE_END)] + "<tbody>\n" + "".join(rows) + "</tbody>\n" + TABLE_END
 
     def _list(self, text: str, env: dict, new_at_most: int | None) -> str | None:
         """One list, or lists one after another (an item of another kind starts another: "10. a" then "   - note", which
@@ -161,6 +175,69 @@ class GrowingBlocks:
         while len(cache) > KEEP:
             cache.popitem(last=False)
         return value
+
+
+def _chunks(head_html: str, rows: list[str]) -> list[str] | None:
+    """A table's HTML as tables of CHUNK_ROWS body rows, the header in the first, drawn as the one table (the seams
+    without margin, each after the first drawn up by the cell spacing onto the one before it); None where its tag is not
+    the renderer's."""
+    tag_end = head_html.index(">\n") + 2
+    tag, head = head_html[:tag_end], head_html[tag_end:-len(TABLE_END)]
+    margins, spacing = MARGINS.search(tag), SPACING.search(tag)
+    if margins is None or margins.end() != len(tag) or spacing is None:
+        return None
+    top, bottom = margins.groups()
+
+    def opening(top: str, bottom: str) -> str:
+        return f'{tag[:margins.start()]} style="margin-top:{top}px; margin-bottom:{bottom}px">\n'
+
+    starts = range(0, len(rows), CHUNK_ROWS)
+    return [opening(top if at == 0 else f"-{spacing.group(1)}", bottom if at == starts[-1] else "0")
+            + (head if at == 0 else "") + BODY + "".join(rows[at:at + CHUNK_ROWS]) + BODY_END
+            for at in starts]
+
+
+def chunk_run(parts: list[str]) -> int:
+    """How many of the last of `parts` are the chunks of a growing table (the last with what follows it: the cursor, a
+    note), or 0."""
+    start = len(parts)
+    while start and _margins(parts[start - 1], top="-"):
+        start -= 1
+    return len(parts) - start + 1 if start < len(parts) and start and _margins(parts[start - 1], bottom="0") else 0
+
+
+def chunk_tables(parts: list[str]) -> list[str]:
+    """The tables of chunk_run's parts: what follows the last left out."""
+    return [part[:part.rindex(TABLE_END) + len(TABLE_END)] for part in parts]
+
+
+def join_chunks(chunks: list[str]) -> str:
+    """The one table whose chunks (chunk_tables) `chunks` are, as render() writes it."""
+    first, last = MARGINS.search(chunks[0]), MARGINS.search(chunks[-1])
+    body = [chunk[chunk.index(BODY) + len(BODY):-len(BODY_END)] for chunk in chunks]
+    return (f'{chunks[0][:first.start()]} style="margin-top:{first.group(1)}px; margin-bottom:{last.group(2)}px">\n'
+            + chunks[0][first.end():chunks[0].index(BODY)] + BODY + "".join(body) + BODY_END)
+
+
+def table_rows(part: str) -> tuple[str, list[str], str] | None:
+    """(a table's HTML up to its body, its body's rows, what follows it) of a part that is one table with rows, else
+    None."""
+    if not part.startswith("<table") or part.count("<table") != 1 or BODY not in part:
+        return None
+    head, rest = part.split(BODY, 1)
+    body, end = rest.split(BODY_END, 1) if BODY_END in rest else ("", None)
+    if end is None or not body.endswith("</tr>\n"):
+        return None
+    return head, [row + "</tr>\n" for row in body.split("</tr>\n")[:-1]], end
+
+
+def _margins(part: str, top: str = "", bottom: str = "") -> bool:
+    """Whether `part` starts with a table's tag of the renderer's, its top margin starting with `top`, its bottom one
+    `bottom` where given (a chunk's after the first: negative; a chunk's before the last: 0)."""
+    tag = part[:part.find(">\n") + 2] if part.startswith("<table") else ""
+    margins = MARGINS.search(tag)
+    return (margins is not None and margins.end() == len(tag) and margins.group(1).startswith(top)
+            and (not bottom or margins.group(2) == bottom))
 
 
 def _over(new_at_most: int | None, *missing: bool) -> bool:

@@ -7,6 +7,8 @@ only what was inserted. Parts are inserted alone only after a text block or a ta
 an empty block before a table, next to a rule or an empty element depending on what came before, so such parts go in
 with their neighbours, joined as setHtml would read them. A group before the last takes new parts in place where they
 can stand alone there (a header whose links change when the answer ends, a long code block highlighted only then).
+A growing table comes in chunks of rows (app/core/growing_block.py): they take the one table's column widths while it
+grows and become that table when it is complete (app/qt/table_chunks.py).
 """
 from __future__ import annotations
 
@@ -17,6 +19,9 @@ from dataclasses import dataclass, field
 from PySide6.QtCore import QUrl
 from PySide6.QtGui import (QTextBlock, QTextBlockFormat, QTextCharFormat, QTextCursor, QTextDocument,
                            QTextDocumentFragment, QTextFormat, QTextList, QTextTable)
+
+from app.core.growing_block import chunk_run, chunk_tables, join_chunks, table_rows
+from app.qt.table_chunks import ChunkWidths, join_tables, put_rows
 
 FRAME_START, FRAME_END = "\ufdd0", "\ufdd1"  # the characters that open and close a table in a document's text
 SPLIT_TRIES = 8  # boundaries an empty document tries, from its end, to find one where the parts after go in alone
@@ -53,6 +58,7 @@ class StreamDocument:
         doc.setUndoRedoEnabled(False)  # each token's edit would stay in the undo stack for the whole answer
         self._groups: list[_Group] = []
         self._complete = True
+        self._widths = ChunkWidths()  # of a growing table's chunks
 
     @property
     def parts(self) -> list[str]:
@@ -67,6 +73,7 @@ class StreamDocument:
         """Brings the document to `parts`. With a `budget` (seconds) it stops once that is spent, between slices of
         about SLICE_CHARS of HTML, and the next update goes on from there; returns whether all of them are in."""
         deadline = None if budget is None else time.perf_counter() + budget
+        self._join_chunks(parts)
         same = 0
         for index, group in enumerate(self._groups):
             new = parts[same:same + len(group.parts)]
@@ -89,7 +96,45 @@ class StreamDocument:
             self._append(parts[same:same + count], end=same + count == len(parts))
             same += count
         self._complete = same == len(parts)
+        self._align_chunks()
         return self._complete
+
+    def _join_chunks(self, parts: list[str]) -> None:
+        """The chunks of a table that grew at the document's end made one table in place where `parts` have it whole (it
+        ended): put in again, all of its HTML was parsed and laid out. The group of the first takes the rest's parts."""
+        old = self.parts
+        run = chunk_run(old)
+        at = len(old) - run
+        new = table_rows(parts[at]) if run and at < len(parts) else None
+        if new is None:
+            return
+        joined = join_chunks(chunk_tables(old[at:]))
+        tables = self._tables()[-run:]
+        if new[0] != table_rows(joined)[0] or len(tables) != run:
+            return
+        join_tables(self.doc, tables)
+        count, index = 0, 0
+        while count + len(self._groups[index].parts) <= at:
+            count += len(self._groups[index].parts)
+            index += 1
+        group, last = self._groups[index], self._groups[-1]
+        group.parts = group.parts[:at - count] + [joined + old[-1][len(chunk_tables(old[-1:])[0]):]]
+        group.end, group.open_end = last.end, last.open_end
+        del self._groups[index + 1:]
+        self._widths = ChunkWidths()
+
+    def _align_chunks(self) -> None:
+        """A growing table's chunks drawn as the one table: its column widths on each (in a document given a width: the
+        view draws no other, and lays one it fills before its first draw out again at its width)."""
+        parts = self.parts
+        run = chunk_run(parts) if self.doc.textWidth() > 0 else 0
+        tables = self._tables()[-run:] if run else []
+        if run and len(tables) == run:
+            self._widths.align(self.doc, tables, chunk_tables(parts[-run:]))
+
+    def _tables(self) -> list[QTextTable]:
+        """The tables of the document's top level, in order (a code block, a quote and a data table each one)."""
+        return [frame for frame in self.doc.rootFrame().childFrames() if isinstance(frame, QTextTable)]
 
     def _start(self, parts: list[str], limit: int | None) -> int:
         """An empty document takes all but its last few parts by one setHtml (part by part took ~2x as long), up to
@@ -157,21 +202,22 @@ class StreamDocument:
         putting all of a 200-row one in again took 40-120 ms here); False otherwise."""
         if not group.end or len(parts) != len(group.parts) or parts[:-1] != group.parts[:-1]:
             return False
-        old, new = _table_rows(group.parts[-1]), _table_rows(parts[-1])
+        old, new = table_rows(group.parts[-1]), table_rows(parts[-1])
         if old is None or new is None or old[0] != new[0] or (old[2] != new[2] and not (
                 _plain_after(old[2]) and _plain_after(new[2]))):
             return False
-        tables = [frame for frame in self.doc.rootFrame().childFrames() if isinstance(frame, QTextTable)]
-        if not tables or tables[-1].rows() != 1 + len(old[1]):
+        tables = self._tables()
+        head = int("<thead>" in old[0])  # a chunk after a table's first has no header
+        if not tables or tables[-1].rows() != head + len(old[1]):
             return False
         kept = next((k for k, (a, b) in enumerate(zip(old[1], new[1])) if a != b), min(len(old[1]), len(new[1])))
         parsed = self._parse(old[0] + "<tbody>\n" + "".join(new[1][kept:]) + "</tbody>\n</table>\n" + new[2], end)
         source = next((frame for frame in parsed.rootFrame().childFrames() if isinstance(frame, QTextTable)), None)
-        if source is None or source.rows() != 1 + len(new[1]) - kept or source.columns() != tables[-1].columns():
+        if source is None or source.rows() != head + len(new[1]) - kept or source.columns() != tables[-1].columns():
             return False
         edit = QTextCursor(self.doc)
         edit.beginEditBlock()  # the table laid out once, not after each of its cells' edits (~0.5 s a token at 200 rows)
-        _put_rows(tables[-1], kept, len(old[1]) - kept, source)
+        put_rows(tables[-1], head + kept, len(old[1]) - kept, source, head)
         if old[2] != new[2] or group.end != end:
             _put_from(self.doc, tables[-1].lastPosition() + 1, parsed, source.lastPosition() + 1)
         edit.endEditBlock()
@@ -274,17 +320,6 @@ def _set_formats(cursor: QTextCursor, block: QTextBlockFormat, char: QTextCharFo
         cursor.setBlockCharFormat(char)
 
 
-def _table_rows(part: str) -> tuple[str, list[str], str] | None:
-    """(a table's HTML up to its body, its body's rows, what follows it) of a part that is one table with rows, else None."""
-    if not part.startswith("<table") or part.count("<table") != 1 or "<tbody>\n" not in part:
-        return None
-    head, rest = part.split("<tbody>\n", 1)
-    body, end = rest.split("</tbody>\n</table>\n", 1) if "</tbody>\n</table>\n" in rest else ("", None)
-    if end is None or not body.endswith("</tr>\n"):
-        return None
-    return head, [row + "</tr>\n" for row in body.split("</tr>\n")[:-1]], end
-
-
 def _plain_after(html: str) -> bool:
     """Whether what follows a table is nothing or starts with a paragraph (its cursor, its note): after a table that
     goes in alone, where a rule or a list may take the block Qt ends the table with."""
@@ -342,30 +377,6 @@ def _last_list(doc: QTextDocument, back: int = 1) -> QTextList | None:
             found.append(block.textList())
         block = block.previous()
     return found[-1] if len(found) == back else None
-
-
-def _put_rows(table: QTextTable, kept: int, dropped: int, source: QTextTable) -> None:
-    """`table`'s body rows after its first `kept` taken out (`dropped` of them) and `source`'s body rows put after
-    them, each cell with its format, its block's formats and its text (as setHtml of the whole reads them)."""
-    if dropped:
-        table.removeRows(1 + kept, dropped)
-    added = source.rows() - 1
-    if not added:
-        return
-    table.appendRows(added)
-    parsed = source.document()
-    for row in range(added):
-        for column in range(source.columns()):
-            cell, into = source.cellAt(1 + row, column), table.cellAt(1 + kept + row, column)
-            into.setFormat(cell.format())
-            block = parsed.findBlock(cell.firstPosition())
-            cursor = into.firstCursorPosition()
-            cursor.setBlockFormat(block.blockFormat())
-            cursor.setBlockCharFormat(block.charFormat())
-            text = QTextCursor(parsed)
-            text.setPosition(cell.firstPosition())
-            text.setPosition(cell.lastPosition(), QTextCursor.MoveMode.KeepAnchor)
-            cursor.insertFragment(QTextDocumentFragment(text))
 
 
 def _slice(parts: list[str], start: int, limit: int = SLICE_CHARS) -> int:

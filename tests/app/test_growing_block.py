@@ -143,3 +143,20 @@ def test_a_table_right_after_a_line_of_text_streams_a_row_at_a_time():
         for k in range(1, len(text) + 1, 3):
             assert streamed.render_streaming(text[:k]) == fresh.render(text[:k]), text[:k]
         assert "".join(streamed.render_parts(text)[0]) == fresh.render(text)[0]
+
+
+def test_a_long_growing_table_renders_in_chunks_that_join_into_it_whole():
+    """A growing table over CHUNK_ROWS rows renders as tables of CHUNK_ROWS rows (the view's document lays out only the
+    last again on each token), which join into markdown-it's render of the table at every step, across a new chunk's
+    first row; complete, it renders whole."""
+    from app.core.growing_block import CHUNK_ROWS, chunk_run, chunk_tables, join_chunks
+
+    streamed, fresh = MarkdownRenderer(), MarkdownRenderer()
+    text = _countries(2 * CHUNK_ROWS + 5)[:-len("\nThat is all.")]
+    for k in range(len(text) - 400, len(text) + 1, 7):
+        parts = streamed.render_streaming_parts(text[:k])[0]
+        run = chunk_run(parts)
+        assert run == 2 + (text[:k].count("\n|") > 2 + 2 * CHUNK_ROWS), text[:k]  # the header and delimiter lines
+        assert "".join(parts[:-run]) + join_chunks(chunk_tables(parts[-run:])) == fresh.render(text[:k])[0], text[:k]
+    assert "".join(streamed.render_parts(text)[0]) == fresh.render(text)[0]
+    assert chunk_run(streamed.render_parts(text)[0]) == 0
