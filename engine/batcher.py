@@ -318,7 +318,8 @@ def _shaped(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | Non
     """While the step samples: each sampler's logit bias added to its rows, then the rows of samplers with a grammar
     (engine/constraint) masked to the tokens it allows, in place; yields whether any row changed (the step's graph
     argmax then serves none; the sampling graphs read the changed rows). The logits are the model's again after where
-    log-probabilities are asked. Sampler i owns `rows_of[i]` rows (default one); a guided sampler drafts nothing, so it owns one."""
+    log-probabilities are asked. Sampler i owns `rows_of[i]` rows (default one): its drafts' rows, each masked as its
+    grammar stands after the drafts before it (as plain decoding would mask that position)."""
     counts = rows_of or [1] * len(seqs)
     starts = list(accumulate(counts, initial=0))
     biased = [i for i, seq in enumerate(seqs) if seq.sampler.params.logit_bias]
@@ -333,7 +334,8 @@ def _shaped(logits: torch.Tensor, seqs: list[Sequence], rows_of: list[int] | Non
             undo.append(bias_rows(logits, [(starts[i], counts[i]) for i in biased],
                                   [seqs[i].sampler.params.logit_bias for i in biased], keep))
         if guided:
-            undo.append(mask_rows(logits, [starts[i] for i in guided], [seqs[i].guide for i in guided], keep))
+            undo.append(mask_rows(logits, [starts[i] for i in guided], [seqs[i].guide for i in guided], keep,
+                                  [seqs[i].draft[:counts[i] - 1] for i in guided]))
         yield True
     finally:
         for restore in reversed(undo):
@@ -364,7 +366,7 @@ def _logprobs(logits: torch.Tensor, seqs: list[Sequence], chosen: list[list[int]
 
 
 def _draftable(seq: Sequence) -> bool:
-    return seq.sampler.params.speculative and seq.guide is None  # a grammar's mask follows each token: none ahead
+    return seq.sampler.params.speculative  # a guided row's drafts are verified under the masks they lead to
 
 
 def _draft_room(seq: Sequence, step_tokens: int) -> int:

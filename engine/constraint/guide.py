@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from itertools import accumulate
 
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
@@ -62,17 +63,29 @@ class Grammars:
             return self._built
 
 
-def mask_rows(logits: torch.Tensor, rows: list[int], guides: list[Guide], keep: bool) -> Callable[[], object]:
+def mask_rows(logits: torch.Tensor, rows: list[int], guides: list[Guide], keep: bool,
+              drafts: list[list[int]] | None = None) -> Callable[[], object]:
     """Sets each of `rows` to -inf where its guide refuses the token, in place; returns what puts the rows back where
-    `keep` (log-probabilities are the model's own, read after the draw), else nothing to undo. The masks are computed
-    together on llguidance's threads; on a GPU they go up from pinned memory without a wait and apply in one launch,
-    so the host queues the step's sampling behind them (a wait per step for the forward cost 0.87x at one session)."""
+    `keep` (log-probabilities are the model's own, read after the draw), else nothing to undo. `drafts`: guide i's
+    drafted tokens, whose rows follow rows[i], each masked as the grammar stands after the drafts before it (rows past
+    a draft the grammar refuses allow every token: that draft is rejected, and nothing reads them).
+    The masks are computed together on llguidance's threads; on a GPU they go up from pinned memory without a wait
+    and apply in one launch, so the host queues the step's sampling behind them (a wait per step for the forward cost
+    0.87x at one session)."""
+    drafts = drafts or [[] for _ in guides]
     dev, width = logits.device, (logits.shape[-1] + BITS - 1) // BITS
+    firsts = list(accumulate((len(d) + 1 for d in drafts), initial=0))
     pinned = dev.type == "cuda"  # torch's pinned blocks are reused only once their copy has run
-    words = torch.empty((len(rows), width), dtype=torch.int32, pin_memory=pinned)
-    guides[0].executor().unsafe_compute_mask_ptr([(g.matcher, j) for j, g in enumerate(guides)], words.data_ptr(),
-                                                 width * words.element_size(), len(rows))
-    index = torch.tensor(rows, dtype=torch.long, pin_memory=pinned).to(dev, non_blocking=True)
+    words = torch.full((firsts[-1], width), -1, dtype=torch.int32, pin_memory=pinned)
+    executor, size = guides[0].executor(), width * words.element_size()
+    drafted = [(g.matcher, k, d) for g, k, d in zip(guides, firsts, drafts) if d]  # llguidance takes no empty draft
+    plain = [(g.matcher, k) for g, k, d in zip(guides, firsts, drafts) if not d]
+    if drafted:
+        executor.unsafe_compute_mask_ptr_with_draft_token(drafted, words.data_ptr(), size, len(words))
+    if plain:
+        executor.unsafe_compute_mask_ptr(plain, words.data_ptr(), size, len(words))
+    flat = [r + j for r, d in zip(rows, drafts) for j in range(len(d) + 1)]
+    index = torch.tensor(flat, dtype=torch.long, pin_memory=pinned).to(dev, non_blocking=True)
     with torch.inference_mode():  # the runner's logits are inference tensors: written only in that mode
         original = logits.index_select(0, index) if keep else None
     refuse_tokens(logits, index, words.to(dev, non_blocking=True))
