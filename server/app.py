@@ -147,7 +147,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if req.stream:
         body = _sse(client, turn, model.id, req, rid)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    logprobs = [[] for _ in range(req.n)] if req.params.logprobs is not None else None
+    logprobs = [[] for _ in range(turn.n)] if req.params.logprobs is not None or req.ranked else None
     try:
         ends = await _wait_ends(client, turn, logprobs)
     finally:
@@ -155,10 +155,19 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if isinstance(ends[0], ev.Error):
         raise _turn_error(ends[0], req)
     answers, stats = [(_new_text(e.text, req), e.reason) for e in ends], [e.stats for e in ends]
+    if req.ranked:  # the n answers with the highest mean log-probability a token, best first
+        best = sorted(range(len(ends)), key=lambda i: -_mean_logprob(logprobs[i]))[:req.n]
+        answers = [answers[i] for i in best]
+        logprobs = [logprobs[i] for i in best] if req.params.logprobs is not None else None
     if req.raw:
-        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs))
+        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs,
+                                                    req.prompt if req.echo else ""))
     prefix = req.prompt if req.continue_final else ""
     return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
+
+
+def _mean_logprob(entries: list) -> float:
+    return sum(e.logprob for e in entries) / len(entries) if entries else float("-inf")
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -176,7 +185,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
     before any answer begins. A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
     turn = Choices(bridge)
     try:
-        for i in range(req.n):
+        for i in range(req.made):
             sid = turn.open(model, req.raw)
             bridge.engine.submit(sid, req.messages(), req.choice_params(i), req.system,
                                  continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None)
@@ -234,9 +243,11 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
-        if not req.raw:
-            for i in range(turn.n):
+        for i in range(turn.n):  # a chat answer's role first; an echoed completion's prompt
+            if not req.raw:
                 yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}, index=i))
+            elif req.echo and req.prompt:
+                yield _event(api.completion_chunk(rid, model, req, req.prompt, index=i))
         while len(ends) < turn.n:
             e = await _next_event(client, turn)
             if e is None and not client.stopping:

@@ -42,6 +42,8 @@ class TurnRequest:
     created: int = field(default_factory=lambda: int(time.time()))  # one value for every chunk of the answer
     n: int = 1  # answers (choices) to the one prompt
     tools: ToolRequest | None = None  # the tools the model is shown, and how its calls are read back
+    echo: bool = False  # a completion's text starts with its prompt
+    best_of: int = 1  # answers made, of which the `n` with the highest mean log-probability a token are sent
     final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
 
     def messages(self) -> list[dict[str, str]]:
@@ -49,12 +51,25 @@ class TurnRequest:
         last = self.final or {"role": "assistant" if self.continue_final else "user"}
         return [*self.history, {**last, "content": self.prompt}]
 
+    @property
+    def made(self) -> int:
+        """Answers made: `n`, or `best_of` where more are made than sent."""
+        return max(self.n, self.best_of)
+
+    @property
+    def ranked(self) -> bool:
+        """More answers are made than sent: each one's log-probabilities rank it."""
+        return self.best_of > self.n
+
     def choice_params(self, index: int) -> SamplingParams:
         """Choice `index`'s sampling: a seeded request's choices draw from seed, seed + 1, … (each reproducible, and
         not n copies of one draw); unseeded ones draw from seeds of their own."""
-        if self.params.seed is None or index == 0:
-            return self.params
-        return dataclasses.replace(self.params, seed=(self.params.seed + index) % 2**64)
+        params = self.params
+        if self.ranked and params.logprobs is None:  # the chosen tokens' own, to rank the answers by
+            params = dataclasses.replace(params, logprobs=0)
+        if params.seed is None or index == 0:
+            return params
+        return dataclasses.replace(params, seed=(params.seed + index) % 2**64)
 
 
 def parse_json(body: bytes) -> dict:
@@ -114,7 +129,23 @@ def parse_completion(data: dict, context_limit: int) -> TurnRequest:
         raise APIError(400, "'prompt' must be a string (token-id prompts and prompt batches are not supported).", "prompt")
     req = _common(data, context_limit, raw=True)
     req.prompt = prompt
+    req.echo = _typed(data, "echo", bool, False)
+    if req.echo and req.params.logprobs is not None:
+        raise APIError(400, "'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does "
+                            "not compute: send one of them.", "echo")
+    req.best_of = _best_of(data, req)
     return req
+
+
+def _best_of(data: dict, req: TurnRequest) -> int:
+    """`best_of`: answers to make (n at least; the n best are sent, so none can stream before all have ended)."""
+    best_of = _number(data, "best_of", int, req.n)
+    if not req.n <= best_of <= MAX_CHOICES:
+        raise APIError(400, f"'best_of' must be between 'n' ({req.n}) and {MAX_CHOICES}, not {best_of}.", "best_of")
+    if best_of > req.n and req.stream:
+        raise APIError(400, "'best_of' above 'n' cannot stream: the answers sent are known once all have ended.",
+                       "best_of")
+    return best_of
 
 
 def _message(m, i: int) -> tuple[str, str]:
@@ -337,7 +368,7 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    for name in ("echo", "functions", "suffix", "best_of") + (() if chat else ("tools",)):
+    for name in ("functions", "suffix") + (("echo", "best_of") if chat else ("tools",)):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server{'' if chat else ' for completions'}.", name)
     if data.get("function_call") not in (None, "none", "auto"):  # the old form of `tools`: none are taken that way
@@ -521,8 +552,10 @@ def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str 
 
 
 def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
-                        logprobs: list[list] | None = None) -> dict:
-    choices = [{"index": i, "text": text, "logprobs": None if logprobs is None else completion_logprobs(logprobs[i]),
+                        logprobs: list[list] | None = None, echo: str = "") -> dict:
+    """`stats`: every answer made (best_of counts them all, as OpenAI bills them); `echo`: the prompt, before each text."""
+    choices = [{"index": i, "text": echo + text,
+                "logprobs": None if logprobs is None else completion_logprobs(logprobs[i]),
                 "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": choices, "usage": usage(stats)}

@@ -1,0 +1,66 @@
+"""/v1/completions' `echo` (the prompt before each text, streamed first) and `best_of` (that many answers made, the
+`n` with the highest mean log-probability a token sent, best first; every one counted in usage)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+BODY = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 11}
+
+
+def _post(server, body: dict, path: str = "/completions") -> httpx.Response:
+    return httpx.post(server.url + path, json=body, timeout=60)
+
+
+def _mean(choice: dict) -> float:
+    lps = choice["logprobs"]["token_logprobs"]
+    return sum(lps) / len(lps)
+
+
+def test_echo_puts_the_prompt_before_each_text(server):
+    plain = _post(server, BODY | {"n": 2}).json()["choices"]
+    echoed = _post(server, BODY | {"n": 2, "echo": True}).json()["choices"]
+    assert [c["text"] for c in echoed] == [BODY["prompt"] + c["text"] for c in plain]
+
+
+def test_echo_streams_the_prompt_first(server):
+    whole = _post(server, BODY | {"echo": True}).json()["choices"][0]["text"]
+    with httpx.stream("POST", server.url + "/completions", json=BODY | {"echo": True, "stream": True}, timeout=60) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert texts[0] == BODY["prompt"] and "".join(texts) == whole
+
+
+def test_best_of_sends_the_answers_with_the_highest_mean_log_probability(server):
+    """best_of 5 makes the answers of seeds 11..15 (as n=5 does); the two sent are the two best of them by mean
+    log-probability a token, best first; usage counts all five."""
+    five = _post(server, BODY | {"n": 5, "logprobs": 0}).json()
+    ranked = sorted(five["choices"], key=_mean, reverse=True)
+    best = _post(server, BODY | {"n": 2, "best_of": 5, "logprobs": 0}).json()
+    assert [c["text"] for c in best["choices"]] == [c["text"] for c in ranked[:2]]
+    assert [c["index"] for c in best["choices"]] == [0, 1]
+    assert best["usage"] == five["usage"]
+    without = _post(server, BODY | {"n": 2, "best_of": 5}).json()  # ranked all the same; no log-probabilities sent
+    assert [c["text"] for c in without["choices"]] == [c["text"] for c in ranked[:2]]
+    assert all(c["logprobs"] is None for c in without["choices"])
+
+
+@pytest.mark.parametrize("fields,param,words", [
+    ({"echo": True, "logprobs": 1}, "echo", "prompt's log-probabilities"),
+    ({"best_of": 1, "n": 2}, "best_of", "between 'n' (2)"),
+    ({"best_of": 129}, "best_of", "and 128"),
+    ({"best_of": 3, "stream": True}, "best_of", "cannot stream"),
+])
+def test_unusable_completion_fields_are_a_400_naming_them(server, fields, param, words):
+    r = _post(server, BODY | fields)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert words in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2)])
+def test_chat_takes_neither(server, field, value):
+    r = _post(server, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value},
+              "/chat/completions")
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
