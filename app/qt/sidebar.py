@@ -4,16 +4,13 @@ from __future__ import annotations
 from functools import partial
 from typing import Callable
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QLineEdit, QListWidget, QListWidgetItem, QMenu, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtCore import QModelIndex, Qt, Signal
+from PySide6.QtWidgets import QLineEdit, QListView, QMenu, QPushButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
 from app.qt.background import Background
+from app.qt.chat_list import CONV_ROLE, ChatListModel
 from app.qt.theme import icon
-
-CONV_ROLE = Qt.ItemDataRole.UserRole
-MARK_ROLE = Qt.ItemDataRole.UserRole + 1  # which icon the item shows: "busy", "pin" or ""
 
 
 class SearchBox(QLineEdit):
@@ -40,13 +37,15 @@ class Sidebar(QWidget):
         self.new_button.setToolTip(self.tr("New chat (Ctrl+N)"))
         self.search = SearchBox(placeholderText=self.tr("Search chats…"), clearButtonEnabled=True)
         self.search.setAccessibleName(self.tr("Search chats"))
-        self.list = QListWidget(objectName="sidebarList")
+        self._icons = {"pin": icon("pin"), "busy": icon("streaming", "#3b82f6")}
+        self.model = ChatListModel(self._icons, self)
+        self.list = QListView(objectName="sidebarList")
+        self.list.setModel(self.model)
         self.list.setAccessibleName(self.tr("Chats"))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
-        # one-line rows of one height: without this every change measured every row (two Python style calls each,
-        # 60 ms for 3,000 chats when a new chat was selected)
+        # one-line rows of one height: without this every change measured every row (Python data() calls each)
         self.list.setUniformItemSizes(True)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 8, 8)
@@ -54,7 +53,6 @@ class Sidebar(QWidget):
         layout.addWidget(self.search)
         layout.addWidget(self.list, 1)
         self._current: int | None = None
-        self._rows: dict[int, QListWidgetItem] = {}  # conversation -> its row's item, as the last refresh left them
         self._refreshing = False
         self._stale = False  # a refresh waits for the rename editor to close
         # a search of the messages runs on a worker (on the GUI thread each keystroke of a common phrase in 3,000 chats
@@ -64,31 +62,39 @@ class Sidebar(QWidget):
         self._wanted = ""  # the text in the box, as the worker reads it (a search for another one stops)
         self._again = False  # the text or the chats changed while it looked
         self._found: tuple[str, set[int]] | None = None  # the last text found and the chats whose messages hold it
-        self._shown: tuple | None = None  # what the rows show: (id, title, pinned, answering) of each, the current chat
         self.new_button.clicked.connect(self.new_requested)
         self.search.textChanged.connect(self.refresh)
-        self.list.currentItemChanged.connect(self._on_current)
-        self.list.itemChanged.connect(self._on_renamed)
+        self.list.selectionModel().currentChanged.connect(self._on_current)
+        self.model.renamed.connect(self._on_renamed)
         self.list.itemDelegate().closeEditor.connect(self._after_edit)
         self.list.customContextMenuRequested.connect(self._menu)
         service.conversations_changed.connect(self.refresh)
         service.status_changed.connect(self._on_status)
-        self._icons = {"pin": icon("pin"), "busy": icon("streaming", "#3b82f6")}
         self.refresh()  # the chats already in the store (a restart): the list is never empty while they exist
 
     def set_current(self, conv_id: int | None) -> None:
         self._current = conv_id
-        item = self._rows.get(conv_id)
-        if item is not None:
+        if self.model.row_of(conv_id) is not None:
             self._refreshing = True
-            self.list.setCurrentItem(item)
+            self._select(conv_id)
             self._refreshing = False
 
     def ids(self) -> list[int]:
-        return [self.list.item(i).data(CONV_ROLE) for i in range(self.list.count())]
+        return [row[0] for row in self.model.rows()]
+
+    def current_id(self) -> int | None:
+        """The chat of the list's current row, None without one."""
+        index = self.list.currentIndex()
+        return index.data(CONV_ROLE) if index.isValid() else None
+
+    def rename(self, conv_id: int) -> None:
+        """Opens the row's title editor."""
+        row = self.model.row_of(conv_id)
+        if row is not None:
+            self.list.edit(self.model.index(row, 0))
 
     def refresh(self) -> None:
-        if self.list.state() == self.list.State.EditingState:  # clearing the list would throw the rename away
+        if self.list.state() == self.list.State.EditingState:  # its row changed or gone would throw the rename away
             self._stale = True
             return
         text = self._wanted = self.search.text()
@@ -132,109 +138,65 @@ class Sidebar(QWidget):
             self._look(text, source)
 
     def _show(self, convs: list) -> None:
+        """The list shows `convs`: only the rows that changed are touched, the current chat stays current."""
         self._stale = False
         answering = set(self.service.live_chats())
-        # a search back with the list already shown (chats, titles, marks): its 3,000 rows walked for nothing, 12-26 ms
-        shown = [(c.id, c.title, c.pinned, c.id in answering) for c in convs], self._current
-        if shown == self._shown:
-            return
-        self._shown = shown
-        self._refreshing = True
-        # rows are kept, moved or added one by one, not cleared and rebuilt: a refresh (every new chat, delete, rename
-        # or search keystroke) rebuilt every row: 26-36 ms for 1,000 chats, 6 ms kept
-        listed = {conv.id for conv in convs}
-        for row in reversed(range(self.list.count())):  # first the rows of chats gone: the others need not move for them
-            if self.list.item(row).data(CONV_ROLE) not in listed:
-                self.list.takeItem(row)
-        items = {item.data(CONV_ROLE): item for item in map(self.list.item, range(self.list.count()))}
-        current, rows = None, {}
-        for row, conv in enumerate(convs):
-            item = self._row_for(row, conv, items, conv.id in answering)
-            if item.text() != conv.title:
-                item.setText(conv.title)
-                item.setToolTip(conv.title)
-                item.setData(MARK_ROLE, None)  # its accessible name holds the title: set again below
-            self._mark(item, conv, conv.id in answering)
-            rows[conv.id] = item
-            if conv.id == self._current:
-                current = item
-        self._rows = rows
-        if current is not None:
-            self.list.setCurrentItem(current)
-        else:
-            self.list.setCurrentRow(-1)
+        seen = self._current_seen()
+        self._refreshing = True  # rows removed under the current one move it: not a choice of the user's
+        self.list.setAutoScroll(False)  # nor is the row the list would scroll to then
+        self.model.show([(c.id, c.title, c.pinned, c.id in answering) for c in convs])
+        self._select(self._current)
+        self.list.setAutoScroll(True)
         self._refreshing = False
+        if seen:  # the chat in use stays in sight when it moves (to the top, on its reply)
+            self.list.scrollTo(self.list.currentIndex())
 
-    def _row_for(self, row: int, conv, items: dict[int, QListWidgetItem], busy: bool) -> QListWidgetItem:
-        """The item of `conv`, at `row`: the one there, one moved up from further down (a chat that became the
-        latest), or a new one, filled before it goes in (each field set in the list is a signal and a repaint)."""
-        item = self.list.item(row)
-        if item is not None and item.data(CONV_ROLE) == conv.id:
-            return item
-        moved = items.get(conv.id)
-        if moved is not None:
-            self.list.takeItem(self.list.row(moved))
-        else:
-            moved = QListWidgetItem(conv.title)
-            moved.setToolTip(conv.title)
-            moved.setData(CONV_ROLE, conv.id)
-            moved.setFlags(moved.flags() | Qt.ItemFlag.ItemIsEditable)
-            self._mark(moved, conv, busy)
-        self.list.insertItem(row, moved)
-        return moved
+    def _current_seen(self) -> bool:
+        index = self.list.currentIndex()
+        return index.isValid() and self.list.viewport().rect().intersects(self.list.visualRect(index))
+
+    def _select(self, conv_id: int | None) -> None:
+        row = self.model.row_of(conv_id) if conv_id is not None else None
+        index = self.model.index(row, 0) if row is not None else QModelIndex()
+        if index != self.list.currentIndex():
+            self.list.setCurrentIndex(index)
 
     def _after_edit(self, *_args) -> None:
         if self._stale:
             self.refresh()
 
-    def _mark(self, item: QListWidgetItem, conv=None, busy: bool | None = None) -> None:
-        """Busy and pinned show as icons (an emoji is a box without an emoji font) and in the accessible name.
-        `conv` and `busy`: the item's chat and whether it answers, where the caller knows them."""
-        conv = conv or self.service.store.get(item.data(CONV_ROLE))
-        busy = self.service.busy(conv.id) if busy is None else busy
-        state = "busy" if busy else "pin" if conv.pinned else ""
-        if item.data(MARK_ROLE) == state:
-            return
-        was, self._refreshing = self._refreshing, True
-        item.setData(MARK_ROLE, state)
-        item.setIcon(self._icons[state] if state else QIcon())
-        notes = [self.tr("answering") if busy else "", self.tr("pinned") if conv.pinned else ""]
-        item.setData(Qt.ItemDataRole.AccessibleTextRole, ", ".join([conv.title, *filter(None, notes)]))
-        self._refreshing = was
-
     def _on_status(self, conv_id: int) -> None:
-        """Every token batch of a streaming chat: its row found by id (a walk over 3,000 rows took 3.5-3.9 ms)."""
-        item = self._rows.get(conv_id)
-        if item is not None and self.service.store.has(conv_id):
-            self._mark(item)
+        """Every token batch of a streaming chat: its row found by id, its mark changed where busy or pinned did."""
+        if self.model.row_of(conv_id) is not None and self.service.store.has(conv_id):
+            self.model.set_marks(conv_id, self.service.store.get(conv_id).pinned, self.service.busy(conv_id))
 
     def keyPressEvent(self, event) -> None:
-        item = self.list.currentItem()
-        if event.key() == Qt.Key.Key_Delete and item is not None and self.list.hasFocus():
-            self.delete_requested.emit(item.data(CONV_ROLE))
+        conv_id = self.current_id()
+        if event.key() == Qt.Key.Key_Delete and conv_id is not None and self.list.hasFocus():
+            self.delete_requested.emit(conv_id)
             return
         super().keyPressEvent(event)
 
-    def _on_current(self, item: QListWidgetItem | None, _previous) -> None:
-        if item is not None and not self._refreshing:
-            self._current = item.data(CONV_ROLE)
+    def _on_current(self, index: QModelIndex, _previous) -> None:
+        if index.isValid() and not self._refreshing:
+            self._current = index.data(CONV_ROLE)
             self.selected.emit(self._current)
 
-    def _on_renamed(self, item: QListWidgetItem) -> None:
-        if self._refreshing or not self.service.store.has(item.data(CONV_ROLE)):  # deleted while being renamed
-            return
-        self._shown = None  # the row holds what was typed, which the title may not be ("Foo " is "Foo")
-        self.service.rename(item.data(CONV_ROLE), item.text())
+    def _on_renamed(self, conv_id: int, title: str) -> None:
+        if self.service.store.has(conv_id):  # not deleted while being renamed
+            self.service.rename(conv_id, title)
 
     def _menu(self, pos) -> None:
-        item = self.list.itemAt(pos)
-        if item is None:
-            return
-        conv_id = item.data(CONV_ROLE)
+        index = self.list.indexAt(pos)
+        if index.isValid():
+            self.menu_for(index.data(CONV_ROLE)).exec(self.list.mapToGlobal(pos))
+
+    def menu_for(self, conv_id: int) -> QMenu:
+        """A row's context menu; its actions name the chat by id, as the list may change while it is open."""
         pinned = self.service.store.get(conv_id).pinned
         menu = QMenu(self)
-        menu.addAction(self.tr("Rename"), lambda: self.list.editItem(item))
+        menu.addAction(self.tr("Rename"), lambda: self.rename(conv_id))
         menu.addAction(icon("pin"), self.tr("Unpin") if pinned else self.tr("Pin"),
                        lambda: self.service.set_pinned(conv_id, not pinned))
         menu.addAction(icon("delete"), self.tr("Delete"), lambda: self.delete_requested.emit(conv_id))
-        menu.exec(self.list.mapToGlobal(pos))
+        return menu

@@ -51,3 +51,16 @@ def hold_engine(app, seconds: float) -> None:
     engine = app.bridge.engine
     threading.Thread(target=lambda: engine.call(lambda _e: (held.set(), time.sleep(seconds))), daemon=True).start()
     assert held.wait(10), "the engine thread never ran the hold"
+
+
+def chat_service(store):
+    """The real chat service over `store`, its engine's and models' signals never firing (a sidebar's tests)."""
+    import types
+
+    from app.core.signals import BoundSignal
+    from app.qt.chats import QtChatService
+
+    bridge = types.SimpleNamespace(**{name: BoundSignal() for name in (
+        "turn_started", "turn_queued", "text_arrived", "turn_finished", "turn_failed", "context_usage")})
+    return QtChatService(store, bridge, types.SimpleNamespace(loaded=BoundSignal(), failed=BoundSignal(),
+                                                              ensure=lambda *_: None))

@@ -215,13 +215,13 @@ def test_sidebar_rename_pin_delete_search(parley, qtbot):
     b = w.new_chat()
     service.rename(b, "Groceries")
     service.set_pinned(b, True)
-    assert w.sidebar.ids()[0] == b and w.sidebar.list.item(0).text() == "Groceries"
+    assert w.sidebar.ids()[0] == b and w.sidebar.model.index(0, 0).data() == "Groceries"
     w.sidebar.search.setText("PENGUIN")  # message text: looked for on a worker
     qtbot.waitUntil(lambda: w.sidebar.ids() == [a])
     w.sidebar.search.setText("grocer")  # title
     qtbot.waitUntil(lambda: w.sidebar.ids() == [b])
     c = w.new_chat()  # the search goes, or the new chat would be missing from the list
-    assert w.sidebar.search.text() == "" and c in w.sidebar.ids() and w.sidebar.list.currentItem() is not None
+    assert w.sidebar.search.text() == "" and c in w.sidebar.ids() and w.sidebar.current_id() == c
     service.delete(c)
     w.open_chat(b)
     service.delete(b)
@@ -237,17 +237,15 @@ def test_a_rename_in_progress_survives_another_chat_changing(parley, qtbot):
     configure(parley, busy, max_tokens=4)
     hold_engine(parley, 0.5)
     assert w.chat.send("one") and w.chat.send("two")  # the second waits its turn
-    row = w.sidebar.ids().index(other)
-    item = w.sidebar.list.item(row)
-    w.sidebar.list.editItem(item)
-    editor = w.sidebar.list.indexWidget(w.sidebar.list.indexFromItem(item))
+    w.sidebar.rename(other)
+    editor = w.sidebar.list.indexWidget(w.sidebar.model.index(w.sidebar.ids().index(other), 0))
     qtbot.keyClick(editor, Qt.Key.Key_End)  # the editor opens with the title selected
     qtbot.keyClicks(editor, " NEW")
     qtbot.waitUntil(lambda: not service.busy(busy) and not service.queued(busy), timeout=60_000)
     assert w.sidebar.list.state() == w.sidebar.list.State.EditingState
     qtbot.keyClick(editor, Qt.Key.Key_Return)  # the delegate commits on the next turn of the event loop
     qtbot.waitUntil(lambda: parley.store.get(other).title == "old name NEW")
-    assert w.sidebar.list.item(w.sidebar.ids().index(other)).text() == "old name NEW"
+    assert w.sidebar.model.index(w.sidebar.ids().index(other), 0).data() == "old name NEW"
 
 
 def test_shortcuts_new_next_previous_compare(parley, qtbot):

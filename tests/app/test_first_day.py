@@ -27,7 +27,7 @@ def test_sidebar_lists_the_chats_after_a_restart(qtbot, qapp, tiny_models, tmp_p
     try:
         w = second.window
         assert set(w.sidebar.ids()) == {a, b}
-        assert w.sidebar.list.currentItem() is not None and w.sidebar.list.currentItem().data(Qt.ItemDataRole.UserRole) == w.current()
+        assert w.sidebar.current_id() == w.current() is not None
         before = w.current()
         w.shortcuts["Ctrl+Tab"].trigger()
         assert w.current() != before and w.current() in (a, b)
@@ -266,10 +266,10 @@ def test_pinned_chats_show_the_pin_icon(parley):
     conv = w.current()
     service.rename(conv, "Groceries")
     service.set_pinned(conv, True)
-    item = w.sidebar.list.item(0)
-    assert item.text() == "Groceries" and not item.icon().isNull()
+    row = w.sidebar.model.index(0, 0)
+    assert row.data() == "Groceries" and not row.data(Qt.ItemDataRole.DecorationRole).isNull()
     service.set_pinned(conv, False)
-    assert w.sidebar.list.item(0).icon().isNull()
+    assert w.sidebar.model.index(0, 0).data(Qt.ItemDataRole.DecorationRole) is None
 
 
 # -- 9: a seed gives the same answer on Regenerate
@@ -472,10 +472,10 @@ def test_delete_key_moves_on_to_the_next_chat(parley, qtbot):
     w.activateWindow()
     w.sidebar.list.setFocus()
     qtbot.waitUntil(w.sidebar.list.hasFocus)
-    w.sidebar.list.setCurrentRow(1)
+    w.sidebar.list.setCurrentIndex(w.sidebar.model.index(1, 0))
     for expected in ids[2], ids[3], ids[0]:
         qtbot.keyClick(w.sidebar.list, Qt.Key.Key_Delete)
-        assert w.current() == expected and w.sidebar.list.currentItem().data(Qt.ItemDataRole.UserRole) == expected
+        assert w.current() == expected and w.sidebar.current_id() == expected
 
 
 def _link_x(doc: QTextDocument, text: str) -> float:
@@ -637,7 +637,7 @@ def test_the_chat_open_at_close_is_open_after_a_restart(qtbot, qapp, tiny_models
     again = start_app(qtbot, tmp_path / "data", tiny_models)
     try:
         assert again.window.current() == older
-        assert again.window.sidebar.list.currentItem().data(Qt.ItemDataRole.UserRole) == older
+        assert again.window.sidebar.current_id() == older
     finally:
         again.close()
 

@@ -112,14 +112,8 @@ def test_an_import_shows_at_once_and_quitting_while_it_is_checked_loses_nothing(
 def _listed(sidebar) -> list[tuple[int, str]]:
     from app.qt.sidebar import CONV_ROLE
 
-    return [(sidebar.list.item(i).data(CONV_ROLE), sidebar.list.item(i).text()) for i in range(sidebar.list.count())]
-
-
-def _current(sidebar) -> int | None:
-    from app.qt.sidebar import CONV_ROLE
-
-    item = sidebar.list.currentItem()
-    return item.data(CONV_ROLE) if item is not None else None
+    rows = [sidebar.list.model().index(i, 0) for i in range(sidebar.list.model().rowCount())]  # as the view reads them
+    return [(row.data(CONV_ROLE), row.data()) for row in rows]
 
 
 def test_a_new_chat_beside_thousands_keeps_the_window_answering_and_the_list_right(parley, qtbot):
@@ -133,16 +127,16 @@ def test_a_new_chat_beside_thousands_keeps_the_window_answering_and_the_list_rig
         conv = w.new_chat()
         qtbot.wait(50)
     expected = [(c.id, c.title) for c in parley.service.visible()]
-    assert _listed(w.sidebar) == expected and _current(w.sidebar) == conv
+    assert _listed(w.sidebar) == expected and w.sidebar.current_id() == conv
     assert beat.longest < MAX_LIST_GAP_MS, f"the window froze {beat.longest:.0f} ms"
     w.sidebar.search.setText("boats")  # rows filtered, moved up, the rest dropped: the same list as built anew
     qtbot.waitUntil(lambda: not w.sidebar.searching())  # the messages are looked in on a worker
     assert _listed(w.sidebar) == [(c.id, c.title) for c in parley.service.visible("boats")]
-    assert _current(w.sidebar) is None  # the open chat is not among them
+    assert w.sidebar.current_id() is None  # the open chat is not among them
     store.update(expected[5][0], title="Renamed boats")
     w.sidebar.search.setText("")
     assert _listed(w.sidebar) == [(c.id, c.title) for c in parley.service.visible()]
-    assert _current(w.sidebar) == conv
+    assert w.sidebar.current_id() == conv
     started = time.perf_counter()
     for _ in range(100):  # as every token batch of a streaming chat does: each walked every row (~6 ms for 5,000)
         parley.service.status_changed.emit(expected[-1][0])

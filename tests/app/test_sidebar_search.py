@@ -6,7 +6,6 @@ import os
 import random
 import sqlite3
 import threading
-import types
 
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
 
@@ -14,8 +13,8 @@ import pytest
 
 from app.core import sqlite_store
 from app.core.conversations import ConversationStore
-from app.core.signals import BoundSignal
 from app.core.sqlite_store import SqliteConversationStore
+from tests.app.helpers import chat_service
 
 WORDS = "the weather was cold and the wind came over the hills while we talked about rain in the city".split()
 CHATS = 300
@@ -24,7 +23,6 @@ CHATS = 300
 @pytest.fixture
 def sidebar(qtbot, tmp_path):
     """The real sidebar over the real store and chat service; the engine's and the models' signals never fire."""
-    from app.qt.chats import QtChatService
     from app.qt.sidebar import Sidebar
 
     store, rng = SqliteConversationStore(tmp_path / "parley.db"), random.Random(3)
@@ -33,11 +31,7 @@ def sidebar(qtbot, tmp_path):
             conv = store.create(f"Chat {i} " + rng.choice(WORDS))
             question = store.add_message(conv.id, None, "user", " ".join(rng.choice(WORDS) for _ in range(12)))
             store.add_message(conv.id, question.id, "assistant", " ".join(rng.choice(WORDS) for _ in range(30)))
-    bridge = types.SimpleNamespace(**{name: BoundSignal() for name in (
-        "turn_started", "turn_queued", "text_arrived", "turn_finished", "turn_failed", "context_usage")})
-    models = types.SimpleNamespace(loaded=BoundSignal(), failed=BoundSignal(), ensure=lambda *_: None)
-    service = QtChatService(store, bridge, models)
-    bar = Sidebar(service)
+    bar = Sidebar(chat_service(store))
     qtbot.addWidget(bar)
     bar.show()
     yield bar
@@ -140,14 +134,16 @@ def test_a_search_back_with_the_list_shown_touches_no_row(sidebar, qtbot):
     """Each search back walked every row (3,000: 12-26 ms of the GUI thread) though the list was the same."""
     sidebar.search.setText("the")
     _settled(sidebar, qtbot)
-    walked, real = [], sidebar._row_for
-    sidebar._row_for = lambda *args: walked.append(args[1]) or real(*args)
+    touched, model = [], sidebar.model
+    for signal in (model.rowsInserted, model.rowsRemoved, model.dataChanged, model.modelReset, model.layoutChanged):
+        signal.connect(lambda *args: touched.append(args))
     sidebar.service.conversations_changed.emit()  # shown again at once from what was found, then looked for again
     _settled(sidebar, qtbot)
-    assert walked == [] and sidebar.ids() == _expected(sidebar)
-    first = sidebar.list.item(0)
-    first.setText(first.text() + " ")  # renamed in the list: the title is stripped, the row shows it so
-    assert walked and first.text() == sidebar.service.store.get(sidebar.ids()[0]).title == first.text().strip()
+    assert touched == [] and sidebar.ids() == _expected(sidebar)
+    first = model.index(0, 0)
+    model.setData(first, " Renamed the ")  # renamed in the list: the title is stripped, the row shows it so
+    _settled(sidebar, qtbot)
+    assert touched and first.data() == sidebar.service.store.get(sidebar.ids()[0]).title == "Renamed the"
 
 
 def test_a_search_stopped_for_a_text_typed_back_is_looked_for_again_on_the_worker(sidebar, qtbot, monkeypatch):
@@ -177,7 +173,6 @@ def test_a_store_in_memory_is_searched_off_the_gui_thread_too(qtbot, monkeypatch
     """A store without its file (another Parley holds the folder, a damaged file): every keystroke scanned every
     message on the GUI thread (16-28 ms for 3,000 chats)."""
     from app.core import conversations
-    from app.qt.chats import QtChatService
     from app.qt.sidebar import Sidebar
 
     store, rng = ConversationStore(), random.Random(5)
@@ -185,10 +180,7 @@ def test_a_store_in_memory_is_searched_off_the_gui_thread_too(qtbot, monkeypatch
         conv = store.create(f"Chat {i}")
         store.add_message(conv.id, None, "user", " ".join(rng.choice(WORDS) for _ in range(12)), state="done")
     store.add_message(conv.id, None, "assistant", "streaming about Zebras", state="streaming")
-    bridge = types.SimpleNamespace(**{name: BoundSignal() for name in (
-        "turn_started", "turn_queued", "text_arrived", "turn_finished", "turn_failed", "context_usage")})
-    service = QtChatService(store, bridge, types.SimpleNamespace(loaded=BoundSignal(), failed=BoundSignal()))
-    bar = Sidebar(service)
+    bar = Sidebar(chat_service(store))
     qtbot.addWidget(bar)
     threads, real, real_search = [], conversations.scan_messages, ConversationStore.search
     monkeypatch.setattr(conversations, "scan_messages",
