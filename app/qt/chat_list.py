@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 from PySide6.QtCore import QModelIndex, Qt, Signal
 from PySide6.QtGui import QIcon, QStandardItemModel
+from PySide6.QtWidgets import QLineEdit, QStyledItemDelegate
 
 CONV_ROLE = Qt.ItemDataRole.UserRole
 MAX_EDITS = 64  # more edits than this (a search's results, scattered rows): the changed span is replaced at once
@@ -182,3 +183,12 @@ class ChatListModel(QStandardItemModel):
             return False
         self.renamed.emit(self._rows[index.row()][0], str(value))
         return True
+
+
+class TitleDelegate(QStyledItemDelegate):
+    """A title being typed stays as typed: the view sets an open editor back to its row's data whenever the row
+    changes (its chat starting to answer), which threw the typing away."""
+
+    def setEditorData(self, editor, index: QModelIndex) -> None:
+        if not (isinstance(editor, QLineEdit) and editor.isModified()):
+            super().setEditorData(editor, index)

@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QLineEdit, QListView, QMenu, QPushButton, QVBoxLay
 
 from app.core.chats import ChatService
 from app.qt.background import Background
-from app.qt.chat_list import CONV_ROLE, ChatListModel
+from app.qt.chat_list import CONV_ROLE, ChatListModel, TitleDelegate
 from app.qt.theme import icon
 
 
@@ -41,6 +41,7 @@ class Sidebar(QWidget):
         self.model = ChatListModel(self._icons, self)
         self.list = QListView(objectName="sidebarList")
         self.list.setModel(self.model)
+        self.list.setItemDelegate(TitleDelegate(self.list))
         self.list.setAccessibleName(self.tr("Chats"))
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)

@@ -193,6 +193,24 @@ def test_keys_and_the_context_menu_act_on_the_row_they_are_at(sidebar, qtbot):
     assert sidebar.list.indexWidget(sidebar.model.index(6, 0)).text() == sidebar.model.index(6, 0).data()
 
 
+def test_a_title_being_typed_survives_its_chat_starting_to_answer(sidebar, qtbot):
+    """A chat's busy mark changing redrew its row, and the rename editor open on it was set back to the title."""
+    service, conv = sidebar.service, sidebar.ids()[2]
+    sidebar.rename(conv)
+    editor = sidebar.list.indexWidget(sidebar.model.index(2, 0))
+    assert sidebar.list.state() == sidebar.list.State.EditingState and editor.text() == "Chat 297"
+    qtbot.keyClick(editor, Qt.Key.Key_End)
+    qtbot.keyClicks(editor, " notes")
+    _answering(service, conv, True)  # a queued message sent, say
+    meanwhile = service.new_conversation(title="Meanwhile")  # the list waits for the editor to close
+    assert editor.text() == "Chat 297 notes" and sidebar.ids()[2] == conv
+    qtbot.keyClick(editor, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: service.store.get(conv).title == "Chat 297 notes")
+    assert sidebar.ids()[0] == meanwhile and sidebar.ids()[3] == conv
+    assert sidebar.model.index(3, 0).data() == "Chat 297 notes"
+    assert sidebar.model.index(3, 0).data(Qt.ItemDataRole.AccessibleTextRole) == "Chat 297 notes, answering"
+
+
 def test_changes_beside_twenty_thousand_chats_are_shown_within_a_frame(qtbot):
     """The sidebar's own share of a change beside 20,000 chats (the list given; its rows shown, laid out and painted):
     with a QListWidget a new chat took 55-130 ms, a chat unpinned back to the middle 80-520 ms (the rows between
