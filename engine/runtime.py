@@ -34,6 +34,7 @@ from engine.speculative import Drafter, check_mode, make_drafter
 from engine.speculative.dflash import DFlashDrafter
 from engine.speculative.dflash_net import DFlashNet
 from engine.speculative.draft_model import DraftModel, mismatch
+from engine.tokenizer.fill_in_middle import fim_markers
 from engine.tool_calls import tool_format
 
 
@@ -381,7 +382,8 @@ class ModelRuntime:
                 "quantization": self.lm.quantization(), "weights_mb": round(self.lm.weight_bytes() / 1e6, 1),
                 "speculative": self.batcher.drafter.name if self.batcher.drafter is not None else "off",
                 "thinking_switch": self.lm.tokenizer.thinking_switch(), "notices": list(self.lm.notices),
-                "tool_calls": tool_format(self.lm.tokenizer.chat_template.source)}
+                "tool_calls": tool_format(self.lm.tokenizer.chat_template.source),
+                "fill_in_middle": fim_markers(self.lm.tokenizer)}
 
 
 def cache_dtype(lm: LoadedModel, device: torch.device, backend: str) -> str:

@@ -142,6 +142,8 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
                            "response_format")
     if req.tools is not None and model.info.get("remote"):  # its calls would come back in its server's own form
         raise api.APIError(400, f"'tools' are not available from {model.id}, a remote model.", "tools")
+    if req.suffix:
+        req.fim = _fill_in_middle(model)
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:
@@ -164,6 +166,14 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
                                                     req.prompt if req.echo else ""))
     prefix = req.prompt if req.continue_final else ""
     return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
+
+
+def _fill_in_middle(model: ServedModel) -> tuple[str, str, str]:
+    markers = model.info.get("fill_in_middle")
+    if not markers:
+        where = "a remote model" if model.info.get("remote") else "its vocabulary holds no fill-in-the-middle tokens"
+        raise api.APIError(400, f"'suffix' needs a model trained to fill in the middle; {model.id}: {where}.", "suffix")
+    return tuple(markers)
 
 
 def _mean_logprob(entries: list) -> float:

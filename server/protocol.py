@@ -12,6 +12,7 @@ from engine.errors import ParleyError
 from engine.logprobs import MAX_TOP
 from engine.sampling import MAX_BIAS, MAX_BIASED, MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
+from engine.tokenizer.fill_in_middle import fim_document
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
@@ -44,10 +45,14 @@ class TurnRequest:
     tools: ToolRequest | None = None  # the tools the model is shown, and how its calls are read back
     echo: bool = False  # a completion's text starts with its prompt
     best_of: int = 1  # answers made, of which the `n` with the highest mean log-probability a token are sent
+    suffix: str = ""  # a completion's text after the insertion point: the model fills in the middle
+    fim: tuple[str, str, str] | None = None  # the model's fill-in-the-middle markers, where `suffix` is set
     final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
 
     def messages(self) -> list[dict[str, str]]:
-        """The conversation the engine answers (without the system prompt)."""
+        """The conversation the engine answers (without the system prompt); a fill-in-the-middle document."""
+        if self.fim is not None:
+            return [{"role": "user", "content": fim_document(self.fim, self.prompt, self.suffix)}]
         last = self.final or {"role": "assistant" if self.continue_final else "user"}
         return [*self.history, {**last, "content": self.prompt}]
 
@@ -134,6 +139,7 @@ def parse_completion(data: dict, context_limit: int) -> TurnRequest:
         raise APIError(400, "'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does "
                             "not compute: send one of them.", "echo")
     req.best_of = _best_of(data, req)
+    req.suffix = _typed(data, "suffix", str, "")
     return req
 
 
@@ -368,7 +374,7 @@ def _asks_nothing(value, absent: tuple) -> bool:
 
 
 def _reject_unsupported(data: dict, chat: bool) -> None:
-    for name in ("functions", "suffix") + (("echo", "best_of") if chat else ("tools",)):
+    for name in ("functions",) + (("echo", "best_of", "suffix") if chat else ("tools",)):
         if not _asks_nothing(data.get(name), _ABSENT.get((name, chat), NOTHING)):
             raise APIError(400, f"'{name}' is not supported by this server{'' if chat else ' for completions'}.", name)
     if data.get("function_call") not in (None, "none", "auto"):  # the old form of `tools`: none are taken that way

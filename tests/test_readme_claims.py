@@ -23,7 +23,7 @@ REFUSED = [
     ("tools", [TOOL], "chat"), ("functions", [TOOL["function"]], "chat"),
     ("tool_choice", "required", "chat"), ("function_call", {"name": "f"}, "chat"),
     ("response_format", {"type": "xml"}, "chat"),
-    ("echo", True, "chat"), ("suffix", " end", "completion"), ("best_of", 2, "chat"),
+    ("echo", True, "chat"), ("suffix", " end", "chat"), ("best_of", 2, "chat"),
 ]
 
 

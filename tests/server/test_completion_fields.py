@@ -1,11 +1,20 @@
-"""/v1/completions' `echo` (the prompt before each text, streamed first) and `best_of` (that many answers made, the
-`n` with the highest mean log-probability a token sent, best first; every one counted in usage)."""
+"""/v1/completions' `echo` (the prompt before each text, streamed first), `best_of` (that many answers made, the
+`n` with the highest mean log-probability a token sent, best first; every one counted in usage) and `suffix` (a code
+model's fill-in-the-middle document, as a client that writes the markers itself gets it)."""
 from __future__ import annotations
 
 import json
 
 import httpx
 import pytest
+
+from engine.tokenizer.fill_in_middle import fim_document
+from server.bridge import ServerBridge
+from server.run import BackgroundServer
+from tests.support.gguf_export import write_gguf
+from tests.support.tiny_models import make_tiny_hf
+
+FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>")
 
 BODY = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 12, "temperature": 1.0, "seed": 11}
 
@@ -59,8 +68,47 @@ def test_unusable_completion_fields_are_a_400_naming_them(server, fields, param,
     assert words in r.json()["error"]["message"]
 
 
-@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2)])
+@pytest.mark.parametrize("field,value", [("echo", True), ("best_of", 2), ("suffix", "end")])
 def test_chat_takes_neither(server, field, value):
     r = _post(server, {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], field: value},
               "/chat/completions")
     assert r.status_code == 400 and r.json()["error"]["param"] == field
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
+    """A tiny Qwen3 whose vocabulary holds Qwen2.5-Coder's three fill-in-the-middle tokens (ids 403-405)."""
+    folder = tmp_path_factory.mktemp("fim")
+    hf = make_tiny_hf("qwen3", folder / "hf", config={"vocab_size": 406})
+    tokenizer = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
+    tokenizer["added_tokens"] += [{"id": 403 + i, "content": m, "single_word": False, "lstrip": False, "rstrip": False,
+                                   "normalized": False, "special": True} for i, m in enumerate(FIM)]
+    (hf / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    bridge = ServerBridge().start()
+    bridge.load(write_gguf(hf, folder / "fim.gguf"), alias="coder")
+    try:
+        with BackgroundServer(bridge) as server:
+            yield server
+    finally:
+        bridge.shutdown()
+
+
+def test_suffix_fills_the_middle_as_a_prompt_with_the_markers_does(fim_server):
+    """The server writes the document a client writing the markers itself would send: the same tokens in (usage)
+    and the same answer out; echo gives back the client's prompt, not the document."""
+    body = {"model": "coder", "prompt": "def area(r):\n    return ", "max_tokens": 10, "temperature": 0}
+    filled = _post(fim_server, body | {"suffix": "\n\nprint(area(2))"}).json()
+    by_hand = _post(fim_server, body | {"prompt": fim_document(FIM, body["prompt"], "\n\nprint(area(2))")}).json()
+    assert filled["choices"][0]["text"] == by_hand["choices"][0]["text"]
+    assert filled["usage"] == by_hand["usage"]
+    plain = _post(fim_server, body).json()
+    assert plain["usage"]["prompt_tokens"] < filled["usage"]["prompt_tokens"] - 3  # the markers and the suffix went in
+    echoed = _post(fim_server, body | {"suffix": "x", "echo": True}).json()["choices"][0]["text"]
+    assert echoed.startswith(body["prompt"]) and "<|fim" not in echoed
+
+
+def test_a_model_without_fill_in_the_middle_tokens_refuses_a_suffix(server):
+    r = _post(server, BODY | {"suffix": "The end."})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "suffix", r.text
+    assert "fill in the middle" in r.json()["error"]["message"]
+    assert _post(server, BODY | {"suffix": ""}).status_code == 200  # an empty suffix asks for none
