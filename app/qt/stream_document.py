@@ -105,7 +105,8 @@ class StreamDocument:
         old = self.parts
         run = chunk_run(old)
         at = len(old) - run
-        new = table_rows(parts[at]) if run and at < len(parts) else None
+        # where the parts there are still chunks (a document catching up has the first few of them), they stay
+        new = table_rows(parts[at]) if run and at < len(parts) and not chunk_run(parts[at:at + 2]) else None
         if new is None:
             return
         joined = join_chunks(chunk_tables(old[at:]))

@@ -482,3 +482,24 @@ def test_a_long_growing_table_streams_in_chunks_drawn_as_the_one_table(qapp, col
         fresh = page("".join(ended))
         assert len([f for f in doc.rootFrame().childFrames() if isinstance(f, QTextTable)]) == 1
         assert doc.toHtml() == fresh.toHtml() and _drawn(doc, 0) == _drawn(fresh, 0)
+
+
+def test_a_document_catching_up_on_a_long_growing_table_takes_its_chunks_a_slice_a_call(qapp):
+    """A document catching up a slice a call held the first chunks of a growing table only, which read as a table that
+    had ended: they were joined into one, then taken out and put in again, and the document never caught up."""
+    from app.core.growing_block import chunk_run
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    renderer = MarkdownRenderer()
+    text = "".join(f"## Part {i}\n\nSome words, *a few*.\n\n" for i in range(40)) + _table_text(150).split("\nAfter")[0]
+    doc = SafeDocument()
+    stream = StreamDocument(doc)
+    for state, after in (("streaming", ""), ("streaming", "\nAfter it"), ("done", "\nAfter it")):
+        rendered = message_html(Message(1, 1, None, "assistant", text + after, state), 1, 1, renderer, busy=state != "done")
+        calls = 1
+        while not stream.update(list(rendered.parts), budget=0.0) and calls < 100:
+            calls += 1
+        fresh = SafeDocument()
+        fresh.setHtml(rendered.html)
+        assert calls < 100 and doc.toHtml() == fresh.toHtml(), (state, after, calls)
+        assert chunk_run(list(rendered.parts)) == (0 if after else 7)
