@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 import time
+import weakref
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QUrl
@@ -32,10 +33,20 @@ SLICE_CHARS = 6_000  # HTML a document catching up takes at a time: ~5-15 ms of 
 
 
 class SafeDocument(QTextDocument):
-    """A document that loads no resources: an image or style sheet URL is never read from disk or anywhere."""
+    """A document that loads no resources: an image or style sheet URL is never read from disk or anywhere. The
+    StreamDocument that owns it hears of a new text width (the view sets it after an update and when it is resized)."""
+
+    width_changed: weakref.WeakMethod | None = None
 
     def loadResource(self, kind: int, name: QUrl):  # noqa: N802 (Qt's name)
         return None
+
+    def setTextWidth(self, width: float) -> None:  # noqa: N802 (Qt's name)
+        changed = width != self.textWidth()
+        super().setTextWidth(width)
+        heard = self.width_changed() if changed and self.width_changed is not None else None
+        if heard is not None:
+            heard()
 
 
 @dataclass(slots=True)
@@ -59,6 +70,8 @@ class StreamDocument:
         self._groups: list[_Group] = []
         self._complete = True
         self._widths = ChunkWidths()  # of a growing table's chunks
+        if isinstance(doc, SafeDocument):  # its chunks take the table's widths at the new width at once
+            doc.width_changed = weakref.WeakMethod(self._align_chunks)
 
     @property
     def parts(self) -> list[str]:

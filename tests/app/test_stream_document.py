@@ -503,3 +503,24 @@ def test_a_document_catching_up_on_a_long_growing_table_takes_its_chunks_a_slice
         fresh.setHtml(rendered.html)
         assert calls < 100 and doc.toHtml() == fresh.toHtml(), (state, after, calls)
         assert chunk_run(list(rendered.parts)) == (0 if after else 7)
+
+
+def test_a_long_growing_table_s_chunks_take_its_widths_at_a_new_width_at_once(qapp):
+    """The chunks took the table's widths at an update only: a chat opened while the table streams (its document filled
+    before the view gives it a width) and a resized view drew chunks of other widths until the next token."""
+    from app.core.growing_block import CHUNK_ROWS, chunk_run, chunk_tables, join_chunks
+    from app.qt.stream_document import SafeDocument, StreamDocument
+
+    parts = list(MarkdownRenderer().render_streaming_parts(_chunked_table(2 * CHUNK_ROWS + 12, 4))[0])
+    run = chunk_run(parts)
+    doc = SafeDocument()
+    doc.setDocumentMargin(0)
+    stream = StreamDocument(doc)  # the view keeps it while the answer streams
+    stream.update(parts)
+    for width in (500, 260):
+        doc.setTextWidth(width)
+        one = SafeDocument()
+        one.setDocumentMargin(0)
+        one.setTextWidth(width)
+        one.setHtml("".join(parts[:-run]) + join_chunks(chunk_tables(parts[-run:])))
+        assert _drawn(doc, 0) == _drawn(one, 0), width
