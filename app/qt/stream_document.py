@@ -138,8 +138,8 @@ class StreamDocument:
         self._widths = ChunkWidths()
 
     def _align_chunks(self) -> None:
-        """A growing table's chunks drawn as the one table: its column widths on each (in a document given a width: the
-        view draws no other, and lays one it fills before its first draw out again at its width)."""
+        """A growing table's chunks drawn as the one table: its column widths on each, once the document has a width
+        (the view gives it one after filling it, and a new one when resized: SafeDocument tells)."""
         parts = self.parts
         run = chunk_run(parts) if self.doc.textWidth() > 0 else 0
         tables = self._tables()[-run:] if run else []
