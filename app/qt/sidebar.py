@@ -196,6 +196,7 @@ class Sidebar(QWidget):
         """A row's context menu; its actions name the chat by id, as the list may change while it is open."""
         pinned = self.service.store.get(conv_id).pinned
         menu = QMenu(self)
+        menu.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)  # however it closes: each right-click kept one before
         menu.addAction(self.tr("Rename"), lambda: self.rename(conv_id))
         menu.addAction(icon("pin"), self.tr("Unpin") if pinned else self.tr("Pin"),
                        lambda: self.service.set_pinned(conv_id, not pinned))

@@ -193,6 +193,34 @@ def test_keys_and_the_context_menu_act_on_the_row_they_are_at(sidebar, qtbot):
     assert sidebar.list.indexWidget(sidebar.model.index(6, 0)).text() == sidebar.model.index(6, 0).data()
 
 
+def _close_menu(qtbot, choose: str = "") -> None:
+    """The menu open now closed by its action `choose` (the keys to it), or by Esc without one."""
+    from PySide6.QtWidgets import QApplication
+
+    menu = QApplication.activePopupWidget()
+    if choose:
+        menu.setActiveAction(next(a for a in menu.actions() if a.text() == choose))
+    qtbot.keyClick(menu, Qt.Key.Key_Return if choose else Qt.Key.Key_Escape)
+
+
+def test_right_clicks_leave_no_menus_behind(sidebar, qtbot):
+    """Each right-click on a row made a menu that stayed the sidebar's child however it closed (50 clicks: 50 menus)."""
+    from PySide6.QtCore import QCoreApplication, QEvent, QTimer
+    from PySide6.QtGui import QContextMenuEvent
+    from PySide6.QtWidgets import QApplication, QMenu
+
+    ids, held, viewport = sidebar.ids(), [], sidebar.list.viewport()
+    at = sidebar.list.visualRect(sidebar.model.index(3, 0)).center()
+    for click in range(50):
+        # runs in the menu's own event loop, once it is open: Esc, and Pin for the last one
+        QTimer.singleShot(0, lambda last=click == 49: _close_menu(qtbot, "Pin" if last else ""))
+        QApplication.sendEvent(viewport, QContextMenuEvent(QContextMenuEvent.Reason.Mouse, at, viewport.mapToGlobal(at)))
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+        held.append(len(sidebar.findChildren(QMenu)))
+    assert held == [0] * 50
+    assert sidebar.ids()[0] == ids[3]  # the last menu's choice was carried out
+
+
 def test_a_title_being_typed_survives_its_chat_starting_to_answer(sidebar, qtbot):
     """A chat's busy mark changing redrew its row, and the rename editor open on it was set back to the title."""
     service, conv = sidebar.service, sidebar.ids()[2]
