@@ -1,8 +1,6 @@
 """ModelManager: which registry models are loaded in the engine, loading on demand, importing from disk."""
 from __future__ import annotations
 
-import atexit
-import gc
 import hashlib
 import threading
 import time
@@ -16,6 +14,7 @@ from app.core.model_registry import ModelEntry, ModelRegistry
 from app.core.sqlite_registry import check_model
 from app.qt.background import Background
 from app.qt.bridge import EngineBridge
+from app.qt.gui_collector import ModelFreezer
 from engine.loading.default_model import DEFAULT_NAME, default_model_path, resolve_model
 from engine.loading.gguf_split import model_files
 from engine.loading.template_probe import template_thinking_switch
@@ -62,6 +61,7 @@ class ModelManager(QObject):
         self._switches: dict[tuple, bool | None] = {}  # (file, its size and time) -> its template's thinking switch
         self._probing: set[tuple] = set()  # file versions whose template is being read
         self.background = Background(self)
+        self.freezer = ModelFreezer(bridge, self.background, parent=self)  # loaded models out of full collections
         bridge.model_progress.connect(self._on_progress)
         bridge.model_loaded.connect(self._on_loaded)
         bridge.model_failed.connect(self._on_failed)
@@ -146,6 +146,7 @@ class ModelManager(QObject):
         if state is None or state.status != "loaded" or state.model_id is None:
             return False
         self.bridge.engine.unload_model(state.model_id)
+        self.freezer.unloaded()
         self._by_id.pop(state.model_id, None)
         del self.states[key]
         self.changed.emit(key)
@@ -241,16 +242,14 @@ class ModelManager(QObject):
         if model_id in self._dropped:  # nobody waits for it any more
             self._dropped.discard(model_id)
             self.bridge.engine.unload_model(model_id)
+            self.freezer.unloaded()
             return
         key = self._by_id.get(model_id)
         if key is None:
             return
         state = self.states[key]
         state.status, state.name, state.info, state.fraction = "loaded", name, dict(info or {}), 1.0
-        # A loaded model leaves hundreds of thousands of long-lived objects (vocabularies, metadata); full
-        # collections walking them paused every thread for 50-500 ms mid-stream. Freezing takes them out of it.
-        gc.freeze()
-        atexit.register(gc.unfreeze)  # let interpreter shutdown collect them as usual
+        self.freezer.loaded()
         if key in self._importing:
             self._importing.discard(key)
             self.registry.add(state.entry)
