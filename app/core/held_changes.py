@@ -91,8 +91,8 @@ class HeldJournal:
         known = len(ids)
         while known and ids[known - 1] not in self._sizes:
             known -= 1
-        if not all(map(self._sizes.__contains__, ids[:known])):
-            return None  # a new statement before ones in the file: their order would differ
+        if not all(map(self._sizes.__contains__, ids[:known])) or (self._sizes and not known):
+            return None  # a new statement before ones in the file (their order would differ), or none of them kept
         live = sum(map(self._sizes.__getitem__, ids[:known]))
         return known if self._end[2] <= 2 * live + self.slack else None
 

@@ -218,6 +218,20 @@ def test_a_streamed_answer_held_keeps_the_file_near_the_size_of_what_it_holds(tm
     assert sizes != sorted(sizes)  # written whole at least once
 
 
+def test_statements_handed_again_as_new_tuples_are_not_appended_twice(tmp_path):
+    """The journal tells the statements in its file by identity: a list built anew (the same statements, new tuples)
+    is written whole, not appended after the copies already there."""
+    from app.core.held_changes import HeldJournal, read_held
+
+    path = tmp_path / "parley.db"
+    journal = HeldJournal(path)
+    held = [("INSERT INTO conversation (id, title) VALUES (?, ?)", (i, f"chat {i}")) for i in range(3)]
+    journal.keep(held, "locked")
+    again = [(sql, tuple(params)) for sql, params in held] + [("DELETE FROM conversation WHERE id = ?", (1,))]
+    journal.keep(again, "locked")
+    assert read_held(path) == (again, "locked")
+
+
 def test_a_file_written_before_the_journal_still_reads(tmp_path):
     """Version 1 kept the changes as one JSON object: a file left by it is merged at the first start of this one."""
     import json
