@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Callable
 
+from app.core.chat_order import ORDER_FIELDS, ChatOrder
 from app.core.chat_settings import ChatSettings
 
 STALE_CHECK_MESSAGES = 500  # a scan given up asks whether it still matters this often (~1 ms of messages)
@@ -51,6 +52,9 @@ class Message:
 
 @dataclass(eq=False, slots=True)
 class Conversation:
+    """Changed through its store (update), which keeps the chats in order: pinned, hidden and updated_at set on the
+    object itself leave it where it was."""
+
     id: int
     title: str
     settings: ChatSettings
@@ -70,11 +74,13 @@ class ConversationStore:
         self._messages: dict[int, Message] = {}
         self._children: dict[tuple[int, int | None], list[int]] = {}  # (conversation, parent) -> ids, oldest first
         self._compare: dict[int, list[int]] = {}  # compare group -> its columns' conversations, in order
+        self._order = ChatOrder()
 
     # -- conversations
     def create(self, title: str = "New chat", settings: ChatSettings | None = None, hidden: bool = False) -> Conversation:
         conv = Conversation(next(self._ids), title, settings or ChatSettings(), hidden=hidden)
         self._conversations[conv.id] = conv
+        self._order.place(conv)
         return conv
 
     def get(self, conv_id: int) -> Conversation:
@@ -85,24 +91,31 @@ class ConversationStore:
 
     def conversations(self, include_hidden: bool = False) -> list[Conversation]:
         """Pinned first, then the most recently active."""
-        convs = [c for c in self._conversations.values() if include_hidden or not c.hidden]
-        return sorted(convs, key=lambda c: (not c.pinned, -c.updated_at, -c.id))
+        return self._order.listed(include_hidden)
 
     def update(self, conv_id: int, **changes) -> Conversation:
         conv = self._conversations[conv_id]
         for name, value in changes.items():
             setattr(conv, name, value)
+        if not ORDER_FIELDS.isdisjoint(changes):
+            self._order.place(conv)
         return conv
+
+    def _reorder(self) -> None:
+        """The order made again from all the chats (once they are read in, not created one by one)."""
+        self._order.reset(self._conversations.values())
 
     def delete(self, conv_id: int) -> None:
         for members in self._compare.values():
             if conv_id in members:
                 members.remove(conv_id)
         self._conversations.pop(conv_id)
-        for mid in [m.id for m in self._messages.values() if m.conversation_id == conv_id]:
-            del self._messages[mid]
-        for key in [k for k in self._children if k[0] == conv_id]:
-            del self._children[key]
+        self._order.remove(conv_id)
+        parents: list[int | None] = [None]  # the chat's tree walked down from its roots, not every message looked at
+        while parents:
+            for mid in self._children.pop((conv_id, parents.pop()), ()):
+                del self._messages[mid]
+                parents.append(mid)
 
     def search(self, text: str) -> list[Conversation]:
         """Conversations whose title or any message contains `text` (case-insensitive)."""
@@ -133,6 +146,7 @@ class ConversationStore:
         self._children.setdefault((conv_id, parent_id), []).append(msg.id)
         conv = self._conversations[conv_id]
         conv.leaf_id, conv.updated_at = msg.id, time.time()
+        self._order.place(conv)
         return msg
 
     def has_message(self, msg_id: int) -> bool:

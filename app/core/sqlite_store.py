@@ -61,6 +61,7 @@ class SqliteConversationStore(ConversationStore):
         self._clock = clock
         self._last_flush = clock()
         self._dirty: set[int] = set()
+        self._unfinished: set[int] = set()  # answers that were being written (a state of UNFINISHED): search_with's
         self._batch = 0
         self._batch_open = False  # the batch's transaction began (not while the file was locked)
         self._deleted = 0  # messages deleted since the file was opened (see _compact)
@@ -278,6 +279,7 @@ class SqliteConversationStore(ConversationStore):
                 db.close()
         except (sqlite3.Error, OSError):
             pass  # what was read before the damage stays
+        self._reorder()
         for conv in self._conversations.values():
             if conv.leaf_id is not None and conv.leaf_id not in self._messages:
                 conv.leaf_id = None
@@ -342,10 +344,12 @@ class SqliteConversationStore(ConversationStore):
         self.settings_notice = _settings_notice(unread)
         for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message ORDER BY id"):
             msg = _message(row)
-            if msg.conversation_id not in self._conversations or (msg.parent_id is not None and msg.parent_id not in self._messages):
-                continue  # cannot happen with foreign keys on; skipped rather than shown detached
+            if not _fits(msg, self._conversations, self._messages):
+                continue  # skipped rather than shown detached
             self._messages[msg.id] = msg
             self._children.setdefault((msg.conversation_id, msg.parent_id), []).append(msg.id)
+            if msg.state in UNFINISHED:
+                self._unfinished.add(msg.id)
             top = max(top, msg.id)
         for conv in self._conversations.values():
             if conv.leaf_id is not None and conv.leaf_id not in self._messages:
@@ -357,6 +361,7 @@ class SqliteConversationStore(ConversationStore):
                 self.models[key] = {"key": key, "name": name, "path": path, "kind": kind}
             top = max([top, *self._compare])
         self._ids = itertools.count(top + 1)
+        self._reorder()
 
     def _recover(self) -> None:
         """Answers that were being generated when the app died: kept, marked interrupted."""
@@ -711,13 +716,18 @@ class SqliteConversationStore(ConversationStore):
         return [c for c in self.conversations() if c.id in hits or folded in c.title.casefold()]
 
     def _unfinished_with(self, folded: str) -> set[int]:
-        """Chats whose answer still being written holds `folded`: the index takes an answer once it ends (schema.py)."""
-        return {m.conversation_id for m in self._messages.values()
-                if m.state in UNFINISHED and folded in m.content.casefold()}
+        """Chats whose answer still being written holds `folded`: the index takes an answer once it ends (schema.py).
+        Those of the answers kept as begun that are still being written are looked at (every message was: 1.3-1.7 ms
+        at 20,000 chats); the others are forgotten here, whoever ended them."""
+        msgs = self._messages
+        self._unfinished = {i for i in self._unfinished if i in msgs and msgs[i].state in UNFINISHED}
+        return {msgs[i].conversation_id for i in self._unfinished if folded in msgs[i].content.casefold()}
 
     # -- messages
     def add_message(self, conv_id: int, parent_id: int | None, role: str, content: str = "", state: str = "done") -> Message:
         msg = super().add_message(conv_id, parent_id, role, content, state)
+        if state in UNFINISHED:
+            self._unfinished.add(msg.id)
         self._dirty.discard(msg.id)
         self._write([(f"INSERT INTO message ({MSG_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _msg_row(msg)),
                      self._update_conv(self._conversations[conv_id])], [msg])
@@ -725,6 +735,8 @@ class SqliteConversationStore(ConversationStore):
 
     def update_message(self, msg_id: int, **changes) -> Message:
         msg = super().update_message(msg_id, **changes)
+        if msg.state in UNFINISHED:
+            self._unfinished.add(msg_id)
         self._dirty.add(msg_id)
         self.flush()
         return msg
@@ -823,11 +835,12 @@ def snapshot_store(db: sqlite3.Connection, conv_ids: list[int] | None = None) ->
         where = where.replace("id IN", "conversation_id IN")
         for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message{where} ORDER BY id", conv_ids or ()):
             msg = _message(row)
-            if msg.conversation_id in store._conversations and (msg.parent_id is None or msg.parent_id in store._messages):
+            if _fits(msg, store._conversations, store._messages):
                 store._messages[msg.id] = msg
                 store._children.setdefault((msg.conversation_id, msg.parent_id), []).append(msg.id)
     finally:
         db.close()
+    store._reorder()
     for conv in store._conversations.values():
         if conv.leaf_id is not None and conv.leaf_id not in store._messages:
             conv.leaf_id = None
@@ -905,6 +918,15 @@ def _message(row: tuple) -> Message:
     except ValueError:
         stats = None
     return Message(mid, cid, parent, role, content, state, error, stats, model, created)
+
+
+def _fits(msg: Message, convs: dict[int, Conversation], msgs: dict[int, Message]) -> bool:
+    """`msg` belongs in the chats read so far: its chat is there, and its parent in that chat (a file without foreign
+    keys, or a hand-edited one, may say otherwise)."""
+    if msg.conversation_id not in convs:
+        return False
+    parent = msgs.get(msg.parent_id)
+    return msg.parent_id is None or (parent is not None and parent.conversation_id == msg.conversation_id)
 
 
 def _has_table(db: sqlite3.Connection, name: str) -> bool:
