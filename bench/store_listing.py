@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core.signals import BoundSignal  # noqa: E402
-from bench.common import emit  # noqa: E402
+from bench.common import emit, median_time  # noqa: E402
 
 WORDS = "the weather was cold and the wind came over the hills while we talked about rain in the city".split()
 TEXT = "wind"
@@ -68,12 +68,7 @@ def service(chats_module, store):
 
 
 def median_ms(fn, reps: int) -> float:
-    took = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        fn()
-        took.append((time.perf_counter() - started) * 1000)
-    return statistics.median(took)
+    return median_time(fn, reps) * 1000
 
 
 def change_ms(fn) -> float:
