@@ -80,6 +80,7 @@ def build(data_dir: str | None = None, default_model: str = DEFAULT_NAME, engine
     if chats:
         last = settings.window.get("chat")  # the chat open at close, if it is still there
         app.window.open_chat(last if last in chats else chats[0])
+        app.window.focus_composer()  # else the New chat button had it: typed text went nowhere, Space made a chat
     else:
         app.window.new_chat()
     if show:
