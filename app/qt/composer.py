@@ -1,7 +1,8 @@
 """The composer: Enter sends, Shift+Enter starts a new line; Send turns into Stop while the chat answers."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QKeySequence
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPlainTextEdit, QPushButton, QVBoxLayout, QWidget
 
 from app.qt.drops import local_paths
@@ -41,6 +42,14 @@ class PromptEdit(QPlainTextEdit):
             self.on_files(paths)  # their text, not their file:// links
             return
         super().insertFromMimeData(source)
+
+    def event(self, event) -> bool:
+        # Ctrl+Shift+Z is the box's Redo on Linux and the window's Undo delete: the box takes it only to redo something
+        if (event.type() == QEvent.Type.ShortcutOverride and event.matches(QKeySequence.StandardKey.Redo)
+                and not self.document().isRedoAvailable()):
+            event.ignore()
+            return True
+        return super().event(event)
 
     def keyPressEvent(self, event) -> None:
         key, mods = event.key(), event.modifiers()

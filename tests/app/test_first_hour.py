@@ -1,7 +1,16 @@
 """What a new user's first hour found (sweep AL), each as the user meets it: keys, focus and what stays on screen."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
 from tests.app.helpers import start_app
+
+
+def _active(qtbot, window) -> None:
+    """Shortcuts reach only an active window (offscreen too)."""
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
 
 
 def test_a_restart_puts_the_cursor_in_the_message_box(qtbot, qapp, tiny_models, tmp_path):
@@ -15,3 +24,23 @@ def test_a_restart_puts_the_cursor_in_the_message_box(qtbot, qapp, tiny_models, 
         assert second.window.focusWidget() is second.window.chat.composer.edit
     finally:
         second.close()
+
+
+def test_ctrl_shift_z_in_the_message_box_brings_a_deleted_chat_back(parley, qtbot):
+    """Ctrl+Shift+Z is the box's Redo on Linux: it swallowed Undo delete wherever the box had the focus, which is
+    almost always. It redoes in the box only when there is something to redo."""
+    w = parley.window
+    kept, gone = w.current(), w.new_chat()
+    _active(qtbot, w)
+    w.delete_current()
+    assert gone not in w.sidebar.ids() and w.current() == kept
+    edit = w.chat.composer.edit
+    edit.setFocus()
+    QTest.keyClick(edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert gone in w.sidebar.ids() and w.current() == gone
+    edit = w.chat.composer.edit
+    QTest.keyClicks(edit, "draft")
+    QTest.keyClick(edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
+    assert edit.toPlainText() == ""
+    QTest.keyClick(edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
+    assert edit.toPlainText() == "draft"  # the box's own Redo, as before
