@@ -69,7 +69,7 @@ class Composer(QWidget):
 
     def __init__(self, placeholder: str | None = None, parent=None):
         super().__init__(parent)
-        self.banner = QLabel(objectName="editBanner")
+        self.banner = QLabel(objectName="editBanner", wordWrap=True)  # its one long line widened a narrow window
         self.banner.hide()
         self.edit = PromptEdit(objectName="prompt")
         self.edit.setPlaceholderText(placeholder or self.tr("Message — Enter sends, Shift+Enter for a new line"))

@@ -44,3 +44,18 @@ def test_ctrl_shift_z_in_the_message_box_brings_a_deleted_chat_back(parley, qtbo
     assert edit.toPlainText() == ""
     QTest.keyClick(edit, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     assert edit.toPlainText() == "draft"  # the box's own Redo, as before
+
+
+def test_editing_a_message_keeps_the_sidebar_width(parley, qtbot):
+    """The edit banner was one unwrapped line: in an 800 px window it pushed the sidebar from 260 to 211 px."""
+    w = parley.window
+    w.resize(800, 600)
+    conv = w.current()
+    user = parley.store.add_message(conv, None, "user", "hello")
+    w.open_chat(conv)
+    qtbot.wait(20)
+    before = w.splitter.sizes()
+    w.chat.begin_edit(user.id)
+    qtbot.wait(20)
+    assert w.chat.composer.banner.isVisible()
+    assert w.splitter.sizes() == before and w.width() == 800
