@@ -269,6 +269,8 @@ class CompareView(QWidget):
         if not text.strip():
             return False
         self.composer.edit.clear()
+        for column in self.columns:
+            column.view.follow()  # the answers start on screen, however far up the synced columns were scrolled
         if self.busy():
             self._next.append(text.strip())
             self._show_queued()

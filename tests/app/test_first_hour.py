@@ -4,7 +4,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from tests.app.helpers import start_app
+from tests.app.helpers import start_app, wait_idle
 
 
 def _active(qtbot, window) -> None:
@@ -59,3 +59,28 @@ def test_editing_a_message_keeps_the_sidebar_width(parley, qtbot):
     qtbot.wait(20)
     assert w.chat.composer.banner.isVisible()
     assert w.splitter.sizes() == before and w.width() == 800
+
+
+def test_a_compare_prompt_shows_every_column_answering(parley, qtbot):
+    """Scrolled up to read (synced columns scroll together), a new prompt's answers streamed out of sight: a chat's
+    send brought its view back to the bottom, the compare view's did not."""
+    w = parley.window
+    view = w.compare
+    w.show_compare()
+    for column in view.columns:
+        conv = column.conv_id
+        parent = None
+        for i in range(12):
+            text = "\n\n".join(f"line {n}" for n in range(8))
+            parent = parley.store.add_message(conv, parent, "assistant" if i % 2 else "user", text).id
+        parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=4))
+        column.attach(conv)
+    qtbot.wait(50)
+    bars = [c.view.verticalScrollBar() for c in view.columns]
+    assert all(bar.maximum() > 0 for bar in bars)
+    for bar in bars:
+        bar.setValue(0)  # the user scrolled up
+    assert view.send("one more")
+    wait_idle(parley, qtbot, *[c.conv_id for c in view.columns])
+    qtbot.wait(50)
+    assert all(bar.value() == bar.maximum() for bar in bars), [(bar.value(), bar.maximum()) for bar in bars]
