@@ -275,8 +275,9 @@ class MainWindow(QMainWindow):
         if loading:
             s = loading[0]
             waited = time.monotonic() - s.started
-            self.load_label.setText(self.tr("Loading %1: %2 · %3 s").replace("%1", s.entry.name)
-                                    .replace("%2", s.stage or self.tr("starting")).replace("%3", str(int(waited))))
+            doing = self.tr("Loading %1: %2").replace("%1", s.entry.name).replace("%2", s.stage or self.tr("starting"))
+            # the name and stage give way first: cut at the end, the seconds counting were never on screen
+            self.load_label.setText(doing + self.tr(" · %1 s").replace("%1", str(int(waited))), head=len(doing))
             if s.fraction <= 0:
                 self.load_progress.setRange(0, 0)  # no figure yet: the bar moves to say the load is alive
             else:

@@ -84,3 +84,27 @@ def test_a_compare_prompt_shows_every_column_answering(parley, qtbot):
     wait_idle(parley, qtbot, *[c.conv_id for c in view.columns])
     qtbot.wait(50)
     assert all(bar.value() == bar.maximum() for bar in bars), [(bar.value(), bar.maximum()) for bar in bars]
+
+
+def test_the_seconds_of_a_load_stay_on_screen(parley, qtbot):
+    """The load's seconds came last and were cut off first: the embedded model's first start read "Loading Gemma 3
+    270M (embedded, base model): Building Parley's CPU kernels (once for this computer) · …" at 1200 px wide."""
+    from app.core.model_registry import ModelEntry
+    from app.qt.model_manager import ModelState
+
+    w, models = parley.window, parley.models
+    w.resize(700, 600)
+    entry = ModelEntry("/models/g.gguf", "Gemma 3 270M (embedded, base model)", "/models/g.gguf", "gguf")
+    models.states[entry.key] = state = ModelState(entry, stage="Building Parley's CPU kernels (once for this computer)")
+    state.started -= 12
+    try:
+        models.changed.emit(entry.key)
+        qtbot.wait(50)
+        label = w.load_label
+        assert label.fontMetrics().horizontalAdvance(label.full_text()) > label.width()  # too long for the bar
+        shown = label.text()
+        assert shown.endswith("· 12 s") and "…" in shown
+        assert label.fontMetrics().horizontalAdvance(shown) <= label.width()
+    finally:
+        del models.states[entry.key]
+        models.changed.emit(entry.key)
