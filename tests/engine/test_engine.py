@@ -306,7 +306,7 @@ def test_turn_carries_its_conversation_and_reuses_the_cached_prefix(client):
     ([], False, "no message"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}], False, "last message"),
     ([{"role": "user", "content": "hi"}], True, "no answer to continue"),
-    ([{"role": "system", "content": "hi"}], False, "user or assistant"),
+    ([{"role": "system", "content": "hi"}], False, "user, assistant or tool"),
 ])
 def test_malformed_turns_fail_alone(client, messages, continue_final, needle):
     sid = client.open(client.model, params=GREEDY)
