@@ -184,8 +184,8 @@ def _read(path: Path, keep: bool, skip: dict[str, Span] | None = None) -> GGUFHe
     skip = skip or {}
     with path.open("rb") as f:
         c = _Cursor(f, path.name)
-        if c.take("<4s") != b"GGUF":
-            raise c.fail("wrong magic bytes")
+        if c.take("<4s") != b"GGUF":  # a text file or another format: not a damaged model, no model at all
+            raise ModelLoadError(f"{path.name} is not a GGUF model file: it does not begin with GGUF's signature.")
         header = GGUFHeader(version=c.take("<I"))
         if header.version not in (2, 3):
             raise c.fail(f"unsupported GGUF version {header.version}")

@@ -188,3 +188,15 @@ def test_a_model_file_cut_short_while_it_loads_is_one_clear_error_not_sigbus(tin
                          timeout=60)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "cut short" in run.stdout, run.stdout
+
+
+@pytest.mark.parametrize("content", [b"# my notes\nnot a model at all\n", b"GGUX" + bytes(64)])
+def test_a_file_that_is_no_gguf_is_named_so_by_the_header_check(tmp_path, content):
+    """The app's import reads the header first: a text file named .gguf is no model, not a damaged one."""
+    from engine.loading.gguf_header import scan_header
+
+    path = tmp_path / "notes.gguf"
+    path.write_bytes(content)
+    with pytest.raises(ModelLoadError, match="notes.gguf is not a GGUF model file") as err:
+        scan_header(path)
+    assert "damaged" not in str(err.value)
