@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from engine.tokenizer import Tokenizer
-from engine.tokenizer.detokenizer import joined
+from engine.tokenizer.detokenizer import joined, partial_suffix
 from engine.tokenizer.harmony import HarmonyText
 
 
@@ -51,19 +51,9 @@ class TextStream:
         if cut >= 0:
             self.stopped, self._held = True, ""
             return self._release(pending[:cut])
-        keep = self._partial_suffix(pending)
+        keep = partial_suffix(pending, self.stop)
         self._held = pending[len(pending) - keep :] if keep else ""
         return self._release(pending[: len(pending) - keep])
-
-    def _partial_suffix(self, text: str) -> int:
-        """Length of the longest suffix of `text` that begins some stop string."""
-        best = 0
-        for s in self.stop:
-            for n in range(min(len(s) - 1, len(text)), best, -1):
-                if s.startswith(text[-n:]):
-                    best = n
-                    break
-        return best
 
     def _release(self, text: str) -> str:
         self._released.append(text)

@@ -16,8 +16,8 @@ from typing import Any
 
 from engine.constraint.grammar import JSON_WHITESPACE, closed, lark_grammar
 from engine.errors import ParleyError
+from engine.tokenizer.detokenizer import partial_suffix
 
-FORMATS = ("hermes", "llama3", "mistral")
 _HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
 _MISTRAL_TAG = "[TOOL_CALLS]"
 _PYTHON_TAG = "<|python_tag|>"
@@ -172,8 +172,7 @@ def _before_marker(text: str, marker: str) -> str:
     at = text.find(marker)
     if at >= 0:
         return text[:at]
-    keep = next((n for n in range(min(len(text), len(marker) - 1), 0, -1) if marker.startswith(text[-n:])), 0)
-    return text[:len(text) - keep]
+    return text[:len(text) - partial_suffix(text, (marker,))]
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:

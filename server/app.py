@@ -318,8 +318,8 @@ def _tail_deltas(split: api.ReasoningSplit, calls: CallStream | None, tools: Too
     if calls is None:
         return [tail] if tail else []
     out = [d] if (d := _held_for_calls(tail, calls)) else []
-    ended = reason in ("stop", "stop_string")  # else cut short, maybe mid-call: the text is what there is
-    content, found = tools.kept(*calls.finish()) if ended else (calls.release(), [])
+    # cut short (maybe mid-call), the text is what there is
+    content, found = tools.kept(*calls.finish()) if reason in api.ENDED else (calls.release(), [])
     if content:
         out.append({"content": content})
     ids = [api.new_id("call") for _ in found]

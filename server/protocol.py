@@ -12,6 +12,7 @@ from engine.errors import ParleyError
 from engine.logprobs import MAX_TOP
 from engine.sampling import MAX_BIAS, MAX_BIASED, MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
+from engine.tokenizer.detokenizer import partial_suffix
 from engine.tokenizer.fill_in_middle import fim_document
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
@@ -22,6 +23,7 @@ from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length",
                   "tool_calls": "tool_calls"}
+ENDED = ("stop", "stop_string")  # an answer that ended by itself (not cut short): its tool calls are read
 MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
@@ -499,8 +501,7 @@ class ReasoningSplit:
         while (at := self._held.find(close)) >= 0 and self._held[at + len(close):].strip():
             reply, self._held = reply + self._held[:at + len(close)], self._held[at + len(close):]
         if at < 0:
-            at = len(self._held) - next((n for n in range(min(len(self._held), len(close) - 1), 0, -1)
-                                         if close.startswith(self._held[-n:])), 0)
+            at = len(self._held) - partial_suffix(self._held, (close,))
         at = len(self._held[:at].rstrip())
         reply, self._held = reply + self._held[:at], self._held[at:]
         return reply
@@ -513,8 +514,7 @@ class ReasoningSplit:
         if at >= 0:
             thought, self._held, self._state = self._held[:at], self._held[at + len(self._close):], "after"
             return thought
-        keep = next((n for n in range(min(len(self._held), len(self._close) - 1), 0, -1)
-                     if self._close.startswith(self._held[-n:])), 0)
+        keep = partial_suffix(self._held, (self._close,))
         thought, self._held = self._held[:len(self._held) - keep], self._held[len(self._held) - keep:]
         return thought
 
@@ -536,7 +536,7 @@ def chat_response(rid: str, model: str, answers: list[tuple[str, str]], stats: l
     choices = []
     for i, (text, reason) in enumerate(answers):
         message = {"role": "assistant", **split_answer(text, prefix)}
-        if tools is not None and reason in ("stop", "stop_string"):
+        if tools is not None and reason in ENDED:
             message["content"], calls = tools.read(message["content"])
             if calls:
                 message["content"] = message["content"] or None

@@ -17,7 +17,7 @@ class ToolRequest:
     """A request's tools as the model sees them, and how its answers are read."""
 
     tools: tuple[dict, ...]
-    fmt: str  # the model's call format (engine/tool_calls.py FORMATS)
+    fmt: str  # the model's call format: hermes, llama3 or mistral (engine/tool_calls.py)
     grammar: str | None  # a required call's grammar (tool_choice "required" or a named function)
     parallel: bool  # parallel_tool_calls: more than one call an answer
 

@@ -1,4 +1,5 @@
-"""Streaming detokenisation: text for each new token, without broken characters."""
+"""Streaming detokenisation: text for each new token, without broken characters; and the tail of streamed text that
+may begin a marker (a stop string, a tag), held until the marker completes or cannot."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -72,6 +73,14 @@ class IncrementalDetokenizer:
         self._read = end - self._read
         self._pieces.append(new)
         return new
+
+
+def partial_suffix(text: str, markers) -> int:
+    """Length of the longest suffix of `text` that begins one of `markers` (the whole marker excluded: it is found)."""
+    for n in range(min(len(text), max(map(len, markers), default=1) - 1), 0, -1):
+        if any(n < len(m) and m.startswith(text[-n:]) for m in markers):
+            return n
+    return 0
 
 
 def joined(pieces: list[str]) -> str:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 
+from engine.tokenizer.detokenizer import partial_suffix
+
 CHANNEL, MESSAGE, START, END, RETURN, CALL = "<|channel|>", "<|message|>", "<|start|>", "<|end|>", "<|return|>", "<|call|>"
 TAGS = (CHANNEL, MESSAGE, START, END, RETURN, CALL, "<|constrain|>")
 HIDDEN = "<hidden>"  # a message not shown (not a channel name: those never hold "<")
@@ -129,7 +131,4 @@ def _names_other_channel(header: str) -> bool:
 
 def _partial_tag(text: str) -> int:
     """Length of the longest suffix of `text` that begins a tag (held until the tag completes or cannot)."""
-    for n in range(min(len(text), max(map(len, TAGS)) - 1), 0, -1):
-        if any(t.startswith(text[-n:]) for t in TAGS):
-            return n
-    return 0
+    return partial_suffix(text, TAGS)
