@@ -124,8 +124,8 @@ def _chat_markdown(chat: dict) -> str:
         same = versions[(m["parent"], m["role"])]
         note = f" (version {same.index(m['id']) + 1} of {len(same)})" if len(same) > 1 else ""
         model = f" model={_one_line(m['model'])}" if m["model"] else ""
-        who = "You" if m["role"] == "user" else (m["model"] or "Assistant")
         cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m["state"], "")
+        who = "You" if m["role"] == "user" else (m["model"] or "Assistant")
         body = _answer_markdown(m["content"]) if m["role"] == "assistant" else _md_escape(m["content"])
         parts.append(f"<!-- parley:{m['role']}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{body}")
     return "\n\n".join(parts)
@@ -184,6 +184,11 @@ def _tree(store: ConversationStore, conv_id: int) -> list:
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _md_title(title: str) -> str:
+    """A title as a Markdown export reads back: one line of at most 200 characters."""
+    return _one_line(title)[:200].rstrip() or "Imported chat"
 
 
 def _md_escape(text: str) -> str:
@@ -265,40 +270,83 @@ def add_chats(store: ConversationStore, chats: list[dict], present: Present | No
 class Present:
     """The chats a store held when an import began, found by what they hold: a chat of the file is one of them where
     its title, its messages (their tree, roles and texts, trailing space aside: Markdown drops the last one's) and,
-    where the file keeps it, the time it was started are the same. Each chat of the store stands for one chat of the
+    where the file keeps it, the time it was started are the same. A chat read from Markdown holds the one branch its
+    export showed, as Markdown gives it back: it is one of theirs where that is a branch of their tree (their edits and
+    regenerations made it a copy at each import of their own export). Each chat of the store stands for one chat of the
     file (a file of three empty 'New chat's adds three)."""
 
     def __init__(self, store: ConversationStore):
         self.store = store
-        self._titled: dict[str, list[int]] = {}  # title -> chats not yet looked at
+        self._titled: dict[str, list[int]] = {}  # title as Markdown keeps it -> chats not yet looked at
         for conv in store.conversations(include_hidden=True):
-            self._titled.setdefault(conv.title, []).append(conv.id)
-        # (title, first prompts) -> chats: a chat read whole (~35 us) only where these match, not each of the title's
+            self._titled.setdefault(_md_title(conv.title), []).append(conv.id)
+        # (title, a first prompt) -> chats: a chat read whole (~35 us) only where these match, not each of the title's
         self._opening: dict[tuple, list[int]] = {}
-        self._keys: dict[int, tuple] = {}
+        self._keys: dict[tuple[int, bool], typing.Any] = {}  # (chat, branch only) -> chat_key or branch_keys
+        self._taken: set[int] = set()  # a chat of several first prompts is listed under each
 
     def take(self, chat: dict) -> int | None:
         """The id of the store's chat that `chat` is (no longer offered for another), or None."""
-        for conv_id in self._titled.pop(chat["title"], ()):
+        title, branch = _md_title(chat["title"]), bool(chat.get("branch"))
+        for conv_id in self._titled.pop(title, ()):
             if self.store.has(conv_id):
-                roots = tuple(m.content.rstrip() for m in self.store.children(conv_id, None))
-                self._opening.setdefault((chat["title"], roots), []).append(conv_id)
-        roots = tuple(m["content"].rstrip() for m in chat["messages"] if m["parent"] is None)
-        same, key = self._opening.get((chat["title"], roots), []), None
+                for root in {_kept(m.role, m.content) for m in self.store.children(conv_id, None)} or {None}:
+                    self._opening.setdefault((title, root), []).append(conv_id)
+        first = next((_kept(m["role"], m["content"]) for m in chat["messages"] if m["parent"] is None), None)
+        same, key = self._opening.get((title, first), []), None
         for i, conv_id in enumerate(same):
-            if not self.store.has(conv_id) or chat["created_at"] not in (None, self.store.get(conv_id).created_at):
-                continue  # deleted since, or started at another time
-            if conv_id not in self._keys:
-                self._keys[conv_id] = chat_key(chat_dict(self.store, conv_id))
-            key = key or chat_key(chat)
-            if self._keys[conv_id] == key:
+            if conv_id in self._taken or not self.store.has(conv_id) \
+                    or chat["created_at"] not in (None, self.store.get(conv_id).created_at):
+                continue  # taken, deleted since, or started at another time
+            key = key or (_read_back(chat) if branch else chat_key(chat))
+            have = self._keys_of(conv_id, branch)
+            if (key & have) if branch else key == have:
+                self._taken.add(conv_id)
                 return same.pop(i)
         return None
+
+    def _keys_of(self, conv_id: int, branch: bool):
+        if (conv_id, branch) not in self._keys:
+            chat = chat_dict(self.store, conv_id)
+            self._keys[conv_id, branch] = branch_keys(chat) if branch else chat_key(chat)
+        return self._keys[conv_id, branch]
 
 
 def chat_key(chat: dict) -> tuple:
     """A chat's title and messages (parent, role, text), as exported and as checked at import."""
     return chat["title"], tuple((m["parent"], m["role"], m["content"].rstrip()) for m in chat["messages"])
+
+
+def branch_keys(chat: dict) -> set[tuple]:
+    """The branches a Markdown export of the chat may have shown, as their messages (role, text) read back: each that
+    ends where the tree does, and the one shown."""
+    msgs = chat["messages"]
+    inner = {m["parent"] for m in msgs}
+    kept = [_kept(m["role"], m["content"]) for m in msgs]  # once, not once a branch
+    return {_branch_key(msgs, end, kept) for end in {i for i in range(len(msgs)) if i not in inner} | {chat["leaf"]}}
+
+
+def _read_back(chat: dict) -> set[tuple]:
+    """A Markdown chat's branch as its file says it (a Parley export's own), and as a Parley export of that text would
+    (an older export's raw thought tags)."""
+    msgs = chat["messages"]
+    return {_branch_key(msgs, chat["leaf"], [m["content"].rstrip() for m in msgs]),
+            _branch_key(msgs, chat["leaf"], [_kept(m["role"], m["content"]) for m in msgs])}
+
+
+def _branch_key(msgs: list[dict], leaf: int | None, texts: list[str]) -> tuple:
+    out = []
+    while leaf is not None:
+        out.append((msgs[leaf]["role"], texts[leaf]))
+        leaf = msgs[leaf]["parent"]
+    return tuple(out[::-1])
+
+
+def _kept(role: str, content: str) -> str:
+    """A message's text as its Markdown export reads back: an answer's thought in the form the export writes (an older
+    export's raw tags read back as they are, and come to the same), trailing space dropped."""
+    text = _answer_from_markdown(_answer_markdown(content)) if role == "assistant" else content
+    return text.rstrip()
 
 
 def import_json(store: ConversationStore, text: str | bytes) -> list[int]:
@@ -400,7 +448,7 @@ def _markdown_chat(block: str) -> dict:
     title_line, _, body = block.partition("\n")
     if not title_line.startswith("# "):
         raise ImportFormatError("A chat in Markdown starts with a '# title' line.")
-    title = title_line[2:].strip()[:200] or "Imported chat"
+    title = _md_title(title_line[2:])
     marks = list(MD_MARK.finditer(body))
     if not marks and body.strip():  # a title alone is a chat without messages, as exported
         raise ImportFormatError(f"{title_line[2:80]!r} has no Parley message markers (<!-- parley:user -->).")
@@ -420,7 +468,8 @@ def _markdown_chat(block: str) -> dict:
                          "content": _text(content, where), "state": "done", "error": "", "stats": None,
                          "model": _text(mark.group(2) or "", where), "created_at": None})
     return {"title": title, "settings": settings, "pinned": False, "hidden": False, "created_at": None,
-            "updated_at": None, "leaf": len(messages) - 1 if messages else None, "messages": messages}
+            "updated_at": None, "leaf": len(messages) - 1 if messages else None, "messages": messages,
+            "branch": True}  # the branch shown only: Present finds it among a chat's branches
 
 
 def _parse(text: str | bytes, name: str):

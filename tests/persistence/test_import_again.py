@@ -12,6 +12,8 @@ import time
 import types
 from pathlib import Path
 
+import pytest
+
 from app.core import export
 from app.core.conversations import ConversationStore
 from app.core.sqlite_store import SqliteConversationStore
@@ -167,3 +169,49 @@ def test_a_markdown_export_imported_into_its_own_store_adds_nothing():
         conv = store.create("Chat")
         store.add_message(conv.id, store.add_message(conv.id, None, "user", "q").id, "assistant", answer)
     assert export.import_markdown(store, export.export_markdown(store)) == [] and len(store.conversations()) == 2
+
+
+def _versions(store) -> None:
+    """A chat whose first prompt was edited and sent again, one whose answer was regenerated, one that reasoned."""
+    conv = store.create("Edited")
+    store.add_message(conv.id, store.add_message(conv.id, None, "user", "first try").id, "assistant", "a1")
+    second = store.add_message(conv.id, None, "user", "second try")
+    store.add_message(conv.id, second.id, "assistant", "a2")
+    conv = store.create("Regenerated")
+    prompt = store.add_message(conv.id, None, "user", "q")
+    for answer in ("v1", "v2", "v3"):
+        store.add_message(conv.id, prompt.id, "assistant", answer)
+    store.select(store.children(conv.id, prompt.id)[1].id)  # the middle version shown
+    conv = store.create("Reasoned")
+    store.add_message(conv.id, store.add_message(conv.id, None, "user", "why").id, "assistant",
+                      "<think>because</think>It is so.")  # the export writes the thought in a form of its own
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_a_markdown_export_of_chats_with_versions_imported_into_its_own_store_adds_nothing(tmp_path, kind):
+    """Markdown keeps the branch shown: matched against the whole tree, every chat with an edit or a regeneration (or
+    a thought, which the export writes in a form of its own) came back as a copy at each re-import (3 of these 3)."""
+    store = ConversationStore() if kind == "memory" else SqliteConversationStore(tmp_path / "parley.db")
+    _versions(store)
+    text = export.export_markdown(store)
+    assert export.import_markdown(store, text) == []
+    regenerated = next(c for c in store.conversations() if c.title == "Regenerated")
+    shown = store.path(regenerated.id)[-1]
+    store.select(store.children(regenerated.id, shown.parent_id)[2].id)  # another version shown since
+    assert export.import_markdown(store, text) == [] and len(store.conversations()) == 3
+    store.add_message(regenerated.id, shown.id, "user", "and then?")  # the exported branch grew: another chat, as JSON's
+    assert export.import_markdown(store, export.export_markdown(store, [regenerated.id])) == []
+    assert [store.get(i).title for i in export.import_markdown(store, text)] == ["Regenerated"]
+    foreign = text.replace("second try", "a third try")  # the same title, another chat
+    assert [store.get(i).title for i in export.import_markdown(store, foreign)] == ["Edited"]
+    if kind == "sqlite":
+        store.close()
+
+
+def test_an_older_markdown_export_with_raw_thought_tags_imported_again_adds_nothing():
+    """Before the thought was folded (f20a620) an answer went to Markdown as stored, its tags raw."""
+    store = ConversationStore()
+    _versions(store)
+    older = export.export_markdown(store).replace(
+        "<details><summary>Thought</summary>\n\nbecause\n\n</details>\n\nIt is so.", "<think>because</think>It is so.")
+    assert "<think>because</think>" in older and export.import_markdown(store, older) == []
