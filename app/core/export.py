@@ -48,6 +48,9 @@ THOUGHT_FOLD = ("<details><summary>Thought</summary>", "<details><summary>Though
 FOLD_END = "</details>"
 FOLD_LINE = re.compile(r"^(\\*)(</details>|<details><summary>Thought)", re.M)
 FOLD_LINE_ESCAPED = re.compile(r"^\\(\\*)(</details>|<details><summary>Thought)", re.M)
+# A message's heading ends in how it ended, where not done (after its version, which an import has no use for).
+MD_CUTS = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}
+MD_VERSION = re.compile(r"\A \(version \d+ of \d+\)")
 
 
 class ImportFormatError(ParleyError):
@@ -124,11 +127,14 @@ def _chat_markdown(chat: dict) -> str:
         same = versions[(m["parent"], m["role"])]
         note = f" (version {same.index(m['id']) + 1} of {len(same)})" if len(same) > 1 else ""
         model = f" model={_one_line(m['model'])}" if m["model"] else ""
-        cut = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}.get(m["state"], "")
-        who = "You" if m["role"] == "user" else (m["model"] or "Assistant")
+        cut = MD_CUTS.get(m["state"], "")
         body = _answer_markdown(m["content"]) if m["role"] == "assistant" else _md_escape(m["content"])
-        parts.append(f"<!-- parley:{m['role']}{model} -->\n### {_one_line(who)}{note}{cut}\n\n{body}")
+        parts.append(f"<!-- parley:{m['role']}{model} -->\n{_heading(m['role'], m['model'])}{note}{cut}\n\n{body}")
     return "\n\n".join(parts)
+
+
+def _heading(role: str, model: str) -> str:
+    return f"### {_one_line('You' if role == 'user' else model or 'Assistant')}"
 
 
 def _branch(msgs: list[dict], leaf: int | None) -> list[dict]:
@@ -461,15 +467,26 @@ def _markdown_chat(block: str) -> dict:
             prompt = _md_unescape(chunk.removeprefix("> **System:** "))
             settings = settings.copy(system_prompt=_text(prompt, f"{title[:80]!r}: system prompt"))
             continue
-        text = chunk.partition("\n\n")[2].rstrip("\n")
+        heading, _, text = chunk.partition("\n\n")
+        text = text.rstrip("\n")
         content = _answer_from_markdown(text) if mark.group(1) == "assistant" else _md_unescape(text)
         where = f"{title[:80]!r}, message {len(messages) + 1}"
+        model = _text(mark.group(2) or "", where)
         messages.append({"parent": len(messages) - 1 if messages else None, "role": mark.group(1),
-                         "content": _text(content, where), "state": "done", "error": "", "stats": None,
-                         "model": _text(mark.group(2) or "", where), "created_at": None})
+                         "content": _text(content, where), "state": _md_state(heading, mark.group(1), model),
+                         "error": "", "stats": None, "model": model, "created_at": None})
     return {"title": title, "settings": settings, "pinned": False, "hidden": False, "created_at": None,
             "updated_at": None, "leaf": len(messages) - 1 if messages else None, "messages": messages,
             "branch": True}  # the branch shown only: Present finds it among a chat's branches
+
+
+def _md_state(heading: str, role: str, model: str) -> str:
+    """How a message ended, from its heading as the export writes it (a model's name may itself end in ' — stopped')."""
+    who = _heading(role, model)
+    if not heading.startswith(who):
+        return "done"  # written by hand, or by another program
+    cut = MD_VERSION.sub("", heading[len(who):], count=1)
+    return next((state for state, said in MD_CUTS.items() if cut == said), "done")
 
 
 def _parse(text: str | bytes, name: str):

@@ -243,3 +243,26 @@ def test_markdown_of_an_empty_thought_is_the_reply_alone():
     u = src.add_message(conv.id, None, "user", "Hi")
     src.add_message(conv.id, u.id, "assistant", "<think>\n\n</think>\n\nHello.")
     assert "<details>" not in export_markdown(src) and "Hello." in export_markdown(src)
+
+
+def test_markdown_exported_imported_into_a_fresh_home_and_exported_again_is_the_same(tmp_path):
+    """Code, a table, a thought, CJK, emoji, structure-like lines, and answers stopped, interrupted or failed: the
+    import read every answer as done, and the second export lost each ' — stopped' (' — interrupted', ' — failed')."""
+    src = ConversationStore()
+    conv = src.create("Round trip 🎉 — 中文", ChatSettings(system_prompt="Be brief.\n日本語で"))
+    turns = [("user", "Code?\n```python\ndef f(x):\n    return x * 2  \n```"),
+             ("assistant", "<think>\nThey want code 🤔.\n</think>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```js\nlet s = '---'\n```"),
+             ("user", "中文怎么样？ 👩‍👩‍👧\n---\n<!-- parley:user -->"),
+             ("assistant", "答えは 42 です 🎉", "stopped"), ("user", "again"), ("assistant", "Half an ans", "interrupted"),
+             ("user", "once more"), ("assistant", "", "error"), ("user", "think"),
+             ("assistant", "<think>\nstill at </details> and", "stopped")]
+    ids = [None]
+    for role, text, *state in turns:
+        ids.append(src.add_message(conv.id, ids[-1], role, text, *state).id)
+    src.update_message(ids[2], model="tiny-qwen — stopped")  # done, in a name that ends as a heading's note does
+    md = export_markdown(src)
+    home = SqliteConversationStore(tmp_path / "parley.db")
+    [cid] = import_markdown(home, md)
+    assert export_markdown(home) == md
+    assert [m.state for m in home.path(cid)][1::2] == ["done", "stopped", "interrupted", "error", "stopped"]
+    home.close()
