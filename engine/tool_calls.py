@@ -1,28 +1,35 @@
-"""A model's tool calls: the format its chat template writes them in, the grammar of a call a client requires, and
-the calls read back out of an answer's text (streamed or whole).
+"""A model's tool calls: the format its chat template writes them in, the grammar of the calls a client requires, and
+the calls read back out of an answer's text, streamed as they are written (each call's name once known, then its
+arguments piece by piece) or whole (the same reading, so both give the same calls and content).
 
-Formats, by what the template writes (as vLLM's and llama.cpp's parsers read them):
+Formats, by what the template writes (as vLLM's and llama.cpp's parsers read them; engine/tool_formats.py reads each):
 - `hermes` (Qwen 2.5 / 3, Hermes, SmolLM3): `<tool_call>{"name": …, "arguments": {…}}</tool_call>`, one block a call;
 - `llama3` (Llama 3.1 / 3.2 / 3.3): the answer is `{"name": …, "parameters": {…}}` (after `<|python_tag|>`, a special
   token the text leaves out), calls separated by `;`;
-- `mistral`: `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`.
+- `mistral` (7B v0.3, NeMo, Small 3 / 3.1): `[TOOL_CALLS][{"name": …, "arguments": {…}}, …]`;
+- `mistral_v11` (Small 3.2, Devstral, Magistral): `[TOOL_CALLS]name[ARGS]{…}`, again for each call;
+- `granite` (Granite 3.x): `<|tool_call|>[{"name": …, "arguments": {…}}, …]`;
+- `phi4` (Phi-4-mini): `functools[{"name": …, "arguments": {…}}, …]`;
+- `deepseek` (V3, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + "```json" fenced arguments
+  + `<｜tool▁call▁end｜>` …`<｜tool▁calls▁end｜>`;
+  `deepseek_v3_1`: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>`.
+Text the model writes around its calls is the answer's content (OpenAI returns content and tool_calls together).
 """
 from __future__ import annotations
 
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from engine.constraint.grammar import JSON_WHITESPACE, closed, lark_grammar
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
+from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, Reader,
+                                 Section, deepseek_section, hermes_section, json_section, mistral_named_section, opened)
 
-_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
-_MISTRAL_TAG = "[TOOL_CALLS]"
-_PYTHON_TAG = "<|python_tag|>"
-_ARGUMENTS = {"hermes": "arguments", "llama3": "parameters", "mistral": "arguments"}  # the key a format writes
 _ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+_NAME_HEAD = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,148 +38,251 @@ class ToolCall:
     arguments: str  # a JSON object's text, as OpenAI sends a call's arguments
 
 
+@dataclass(frozen=True, slots=True)
+class CallDelta:
+    """A piece of call `index`: its first piece names it (`name`), the next ones carry its arguments' text."""
+
+    index: int
+    name: str | None
+    arguments: str
+
+
+def _json_head(head: str, names: set[str]) -> bool | None:
+    """Whether an answer beginning with `head` begins with its calls (a JSON object or list); None: undecided."""
+    return head[:1] in ("{", "[") if head else None
+
+
+def _named_head(head: str, names: set[str]) -> bool | None:
+    """Mistral v11 with its tags left out: the answer begins with a tool's name and its arguments."""
+    found = _NAME_HEAD.match(head)
+    if not head or found and found.end() == len(head) and any(n.startswith(head) for n in names):
+        return None
+    return bool(found) and found.group() in names and head[found.end():found.end() + 1] in ("[", "{")
+
+
+@dataclass(frozen=True, slots=True)
+class _Format:
+    openers: tuple[str, ...]  # text that opens the calls
+    read: Reader
+    whole: Callable[[str, set[str]], bool | None] | None  # the answer may open with its calls, its tag left out
+    key: str  # the arguments' key in a JSON call ("": the name and arguments are written apart)
+    block: tuple[str, str, str]  # the grammar: (text before the calls, between two, after them)
+    call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
+
+
+def _ds_r1(name: str) -> tuple[str, str]:
+    return f"{DS_CALL}function{DS_SEP}{name}{DS_FENCE}", f"{DS_FENCE_END}{DS_CALL_END}"
+
+
+_JSON_LIST = ", "  # between two calls of a JSON list, as the templates write them
+FORMATS = {
+    "hermes": _Format(("<tool_call>",), hermes_section, None, "arguments",
+                      ("<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>")),
+    "llama3": _Format(("<|python_tag|>",), json_section(("<|python_tag|>",)), _json_head, "parameters", ("", "; ", "")),
+    "mistral": _Format(("[TOOL_CALLS]",), json_section(("[TOOL_CALLS]",)), _json_head, "arguments",
+                       ("[TOOL_CALLS][", _JSON_LIST, "]")),
+    "mistral_v11": _Format(("[TOOL_CALLS]",), mistral_named_section, _named_head, "", ("", "", ""),
+                           lambda name: (f"[TOOL_CALLS]{name}[ARGS]", "")),
+    "granite": _Format(("<|tool_call|>",), json_section(("<|tool_call|>",)), _json_head, "arguments",
+                       ("<|tool_call|>[", _JSON_LIST, "]")),
+    "phi4": _Format(("functools[",), json_section(("functools",)), None, "arguments", ("functools[", _JSON_LIST, "]")),
+    "deepseek": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "\n", DS_CALLS_END), _ds_r1),
+    "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "", DS_CALLS_END),
+                             lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
+}
+_DETECTED = (("<function=", None), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"), ("<tool_call>", "hermes"),
+             ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
+             ("<|python_tag|>", "llama3"))  # in this order: a marker of one may come in another's template
+# the template's `tools` variable (Phi-4-mini's own template reads a system message's 'tools' key: shows none of ours)
+_SHOWS_TOOLS = re.compile(r"(?<![\w'\".\[])tools\b(?!['\"])")
+_DS_NAME_FIRST = re.compile(r"name['\"]\]\s*\+\s*['\"]" + DS_SEP)  # V3.1's template: the name, then the separator
+
+
 def tool_format(template: str | None) -> str | None:
     """The format a chat template writes tool calls in, or None where it takes no tools (or writes them some other
-    way: a client's tools would be sent to a model whose calls could not be read back)."""
-    if not template or "tools" not in template:
+    way: a client's tools would be sent to a model whose calls could not be read back; Qwen3-Coder's XML calls, whose
+    `<tool_call>` would read as Hermes's, are not read)."""
+    if not template or not _SHOWS_TOOLS.search(template):
         return None
-    if _HERMES_OPEN in template:
-        return "hermes"
-    if _MISTRAL_TAG in template:
-        return "mistral"
-    if _PYTHON_TAG in template:
-        return "llama3"
-    return None
+    fmt = next((f for marker, f in _DETECTED if marker in template), None)
+    if fmt == "deepseek" and _DS_NAME_FIRST.search(template):
+        return "deepseek_v3_1"
+    return fmt
 
 
-def call_grammar(fmt: str, tools: list[dict[str, Any]]) -> str:
-    """The grammar of one call to one of `tools` (OpenAI's tool objects), written as `fmt` writes it: what
-    `tool_choice` "required", or a named function, holds an answer to."""
-    key = _ARGUMENTS[fmt]
-    calls = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
-                                               key: t["function"].get("parameters") or _ANY_ARGUMENTS},
-              "required": ["name", key]} for t in tools]
-    schema = {**closed({"anyOf": calls}), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
-    body = f"%json {json.dumps(schema)}"
-    if fmt == "hermes":
-        return lark_grammar(f'start: "{_HERMES_OPEN}\\n" call "\\n{_HERMES_CLOSE}"\ncall: {body}')
-    if fmt == "mistral":
-        return lark_grammar(f'start: "{_lark_escaped(_MISTRAL_TAG)}[" call "]"\ncall: {body}')
-    return lark_grammar(f"start: call\ncall: {body}")
+def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) -> str:
+    """The grammar of a call to one of `tools` (OpenAI's tool objects), written as `fmt` writes it: what
+    `tool_choice` "required", or a named function, holds an answer to; `parallel`: one call or more."""
+    form = FORMATS[fmt]
+    before, between, after = form.block
+    rules = [_rule("start", _lit(before), "call", f"({_lit(between)} call)*" if parallel else "", _lit(after))]
+    if form.call is None:
+        rules.append(_rule("call", "%json", json.dumps(_schema(tools, form.key))))
+    else:  # the name outside the JSON: one rule a tool, its arguments after its name
+        rules.append(_rule("call", " | ".join(f"call{k}" for k in range(len(tools)))))
+        for k, tool in enumerate(tools):
+            head, tail = form.call(tool["function"]["name"])
+            rules.append(_rule(f"call{k}", _lit(head), f"args{k}", _lit(tail)))
+            rules.append(_rule(f"args{k}", "%json", json.dumps(_schema([tool], ""))))
+    return lark_grammar("\n".join(rules))
 
 
-def _lark_escaped(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+def _rule(name: str, *parts: str) -> str:
+    return f"{name}: " + " ".join(p for p in parts if p and p != '""')
 
 
-def parse_calls(fmt: str, text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    """An answer's text -> (its content, the tool calls it makes). A call must name one of `names` and carry a JSON
-    object; text that is not such a call stays content, whole (a model that wrote something call-shaped but wrong is
-    shown what it wrote rather than losing it)."""
-    if fmt == "hermes":
-        return _hermes(text, names)
-    head = text.lstrip()
-    if fmt == "mistral" and head.startswith(_MISTRAL_TAG):
-        head = head[len(_MISTRAL_TAG):]
-    elif fmt == "llama3" and head.startswith(_PYTHON_TAG):
-        head = head[len(_PYTHON_TAG):]
-    calls = _json_calls(head, _ARGUMENTS[fmt], names)
-    return ("", calls) if calls else (text, [])
+def _schema(tools: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """A JSON call's schema ({"name", key}); key "": the arguments alone (one tool's)."""
+    if not key:
+        schema = tools[0]["function"].get("parameters") or _ANY_ARGUMENTS
+    else:
+        schema = {"anyOf": [{"type": "object", "required": ["name", key], "properties": {
+            "name": {"const": t["function"]["name"]}, key: t["function"].get("parameters") or _ANY_ARGUMENTS}}
+            for t in tools]}
+    return {**closed(schema), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
 
 
-def _hermes(text: str, names: set[str]) -> tuple[str, list[ToolCall]]:
-    start = text.find(_HERMES_OPEN)
-    if start < 0:
-        return text, []
-    calls = []
-    for body in re.findall(rf"{re.escape(_HERMES_OPEN)}(.*?)(?:{re.escape(_HERMES_CLOSE)}|\Z)", text[start:], re.S):
-        found = _json_calls(body, "arguments", names)
-        if len(found) != 1:
-            return text, []
-        calls += found
-    return text[:start].rstrip(), calls
+def _lit(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
 
 
-def _json_calls(text: str, key: str, names: set[str]) -> list[ToolCall]:
-    """The calls in `text`: JSON objects (or arrays of them) separated by `;`, `,` or whitespace; [] unless every
-    one is a call."""
-    decoder, at, calls = json.JSONDecoder(), 0, []
-    text = text.strip()
-    while at < len(text):
-        try:
-            value, at = decoder.raw_decode(text, at)
-        except ValueError:
-            return []
-        for item in value if isinstance(value, list) else [value]:
-            call = _call(item, key, names)
-            if call is None:
-                return []
-            calls.append(call)
-        while at < len(text) and text[at] in " \t\r\n;,":
-            at += 1
-    return calls
+def parse_calls(fmt: str, text: str, names: set[str], limit: int | None = None) -> tuple[str, list[ToolCall]]:
+    """An answer's text -> (its content, the tool calls it makes), as a CallStream fed it whole reads them. A call must
+    name one of `names`; text that is not such a call stays content (a model that wrote something call-shaped but
+    wrong is shown what it wrote rather than losing it). `limit`: the calls read at most (later ones are left out)."""
+    stream = CallStream(fmt, names, limit)
+    return joined(stream.feed(text) + stream.finish())
 
 
-def _call(item: Any, key: str, names: set[str]) -> ToolCall | None:
-    if not isinstance(item, dict) or item.get("name") not in names:
-        return None
-    arguments = item.get(key, item.get("arguments", item.get("parameters", {})))
-    if isinstance(arguments, str):  # some models write the arguments as JSON text
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(item["name"], json.dumps(arguments, ensure_ascii=False))
+def joined(pieces: list[str | CallDelta]) -> tuple[str, list[ToolCall]]:
+    """A stream's pieces -> (the content, the calls), as a client joins them."""
+    content, names, arguments = [], [], []
+    for piece in pieces:
+        if isinstance(piece, str):
+            content.append(piece)
+        elif piece.name is not None:
+            names.append(piece.name)
+            arguments.append(piece.arguments)
+        else:
+            arguments[piece.index] += piece.arguments
+    return "".join(content), [ToolCall(n, a) for n, a in zip(names, arguments)]
 
 
 class CallStream:
-    """An answer's content as it streams, with whatever may be a tool call held back: text before a call goes out as
-    it comes; from where a call may begin, nothing goes out until the answer ends (`finish` reads the calls). In the
-    formats whose whole answer is the call, its first characters decide: `{`, `[` or the format's tag hold it all."""
+    """An answer's content and calls as it streams: text goes out as content while no call may be under way; from
+    where one may begin (its format's opener, or for the formats whose answer may be its calls alone the answer's
+    first characters) the text is read as calls, each going out as soon as its name is known and then its arguments
+    as they are written; text that turns out not to be calls goes out as content, and so does text after them."""
 
-    def __init__(self, fmt: str, names: set[str]) -> None:
-        self.fmt, self.names = fmt, names
-        self._held, self._state = "", "open"  # open: undecided; held: a call may be under way; free: plain text
+    def __init__(self, fmt: str, names: set[str], limit: int | None = None) -> None:
+        self.form, self.names, self.limit = FORMATS[fmt], names, limit
+        self._held = ""  # text not sent yet, before any call
+        self._section: str | None = None  # the text of the calls under way, from their opener
+        self._gap = ""  # whitespace before the calls: content only if they turn out not to be calls
+        self._base = 0  # the index of the section's first call
+        self._sent: list[int] = []  # each call's arguments' characters sent
+        self._state = "start" if self.form.whole else "text"  # start: the answer may be its calls; free: plain text
+        self._after_calls = False  # whitespace after calls is not content unless content comes before and after
+        self._content = False  # content has gone out
 
-    def feed(self, text: str) -> str:
-        """The content of `text` that can go out now."""
-        self._held += text
-        if self._state == "held":
-            return ""
-        if self.fmt == "hermes":  # whitespace before a call is not content (parse_calls drops it too): held
-            out = _before_marker(self._held, _HERMES_OPEN).rstrip()
-            if _HERMES_OPEN in self._held:
-                self._state = "held"
-        elif self._state == "free":
-            out = self._held
+    @property
+    def called(self) -> bool:
+        """Whether a call has gone out."""
+        return bool(self._sent)
+
+    def feed(self, text: str) -> list[str | CallDelta]:
+        """The content (str) and call pieces of `text` that can go out now."""
+        if self._section is not None:
+            self._section += text
         else:
-            head, opener = self._held.lstrip(), _MISTRAL_TAG if self.fmt == "mistral" else _PYTHON_TAG
-            if head[:1] in ("[", "{") or head.startswith(opener):
-                self._state = "held"
-            elif head and not opener.startswith(head):
-                self._state = "free"
-            out = self._held if self._state == "free" else ""
-        self._held = self._held[len(out):]
+            self._held += text
+        out: list[str | CallDelta] = []
+        self._advance(out, final=False)
         return out
 
-    def finish(self) -> tuple[str, list[ToolCall]]:
-        """(content not sent yet, the calls) once the answer has ended by itself."""
-        return parse_calls(self.fmt, self.release(), self.names)
+    def finish(self) -> list[str | CallDelta]:
+        """What is left once the answer has ended (by itself or cut short: a call under way stays as written)."""
+        out: list[str | CallDelta] = []
+        self._advance(out, final=True)
+        return out
 
-    def release(self) -> str:
-        """What is held, as text (an answer cut short: no call is read out of it)."""
-        held, self._held = self._held, ""
-        return held
+    def _advance(self, out: list, final: bool) -> None:
+        while self._section is not None and self._read(out, final) or self._section is None and self._text(out, final):
+            pass
 
+    def _read(self, out: list, final: bool) -> bool:
+        """Reads the calls under way; True where they ended (the text after is content again)."""
+        section = self.form.read(self._section, self.names)
+        self._send_calls(section, out)
+        if section.bad is not None or final and not section.calls and section.end is None:
+            self._not_calls(self._section[section.bad or 0:], section.bad or 0, out)
+        elif section.end is not None:
+            self._held, self._after_calls, self._state = self._section[section.end:], True, "text"
+        elif not final:
+            return False
+        self._base += len(section.calls)
+        self._section, self._gap = None, ""
+        return True
 
-def _before_marker(text: str, marker: str) -> str:
-    """The part of `text` before `marker`, or before a tail that may be its start."""
-    at = text.find(marker)
-    if at >= 0:
-        return text[:at]
-    return text[:len(text) - partial_suffix(text, (marker,))]
+    def _send_calls(self, section: Section, out: list) -> None:
+        for k, (name, arguments) in enumerate(section.calls):
+            index = self._base + k
+            if self.limit is not None and index >= self.limit:
+                return
+            if index == len(self._sent):
+                out.append(CallDelta(index, name, ""))
+                self._sent.append(0)
+            if piece := arguments[self._sent[index]:]:
+                out.append(CallDelta(index, None, piece))
+                self._sent[index] = len(arguments)
+
+    def _not_calls(self, text: str, at: int, out: list) -> None:
+        """`text` (from `at` in the section) is content: an answer that did not begin with its calls is plain text;
+        else the opener goes out at once and the rest is read again as text."""
+        whole, self._state = self._state == "start", "text"
+        if whole and at == 0:
+            self._state, text = "free", self._gap + text
+        skipped = len(text) if self._state == "free" else opened(text, self.form.openers)
+        self._put(self._gap + text[:skipped] if self._state != "free" else text, out)
+        self._held = text[skipped:]
+
+    def _text(self, out: list, final: bool) -> bool:
+        """Sends the held text's content; True where calls begin in it."""
+        if self._state == "start":
+            head, openers = self._held.lstrip(), self.form.openers
+            opener = any(o.startswith(head) or head.startswith(o) for o in openers)  # read as text: calls after it
+            partial = any(o.startswith(head) and len(head) < len(o) for o in openers)
+            decided = None if partial else False if opener else self.form.whole(head, self.names)
+            if decided is None and not final:
+                return False
+            self._state = "text"
+            if decided:
+                self._section, self._held = self._held, ""
+                self._state = "start"  # until the calls are read: their not being calls makes the rest plain text
+                return True
+        if self._after_calls and self._held.strip():  # text after calls: apart from the content before, if any
+            self._after_calls = False
+            self._held = self._held if self._content else self._held.lstrip()
+        at = min((i for i in (self._held.find(o) for o in self.form.openers) if i >= 0), default=-1)
+        if self._state != "free" and at >= 0:
+            before = self._held[:at].rstrip()
+            self._put(before, out)
+            self._gap, self._section, self._held = self._held[len(before):at], self._held[at:], ""
+            return True
+        if final:  # whitespace at the end of an answer with calls is not content
+            self._put(self._held.rstrip() if self.called else self._held, out)
+            self._held = ""
+            return False
+        keep = partial_suffix(self._held, self.form.openers) if self._state != "free" else 0
+        send = self._held[:len(self._held) - keep].rstrip()
+        self._put(send, out)
+        self._held = self._held[len(send):]
+        return False
+
+    def _put(self, text: str, out: list) -> None:
+        if text:
+            out.append(text)
+            self._content = True
 
 
 def check_tools(tools: Any) -> list[dict[str, Any]]:

@@ -25,12 +25,11 @@ from starlette.routing import Route
 
 from engine import events as ev
 from engine.logit_bias import check_bias_ids
-from engine.tool_calls import CallStream
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
-from server.tools import ToolRequest, call_dicts
+from server.tools import StreamedCalls
 
 DISCONNECT_POLL_S = 0.5
 WILDCARD_HOSTS = ("", "0.0.0.0", "::")
@@ -249,7 +248,8 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     us) cancels every turn."""
     # a thought goes as reasoning_content
     splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
-    calls = [req.tools.stream() if req.tools is not None else None for _ in range(turn.n)]  # content held for calls
+    calls = [StreamedCalls(req.tools, lambda: api.new_id("call")) if req.tools is not None else None
+             for _ in range(turn.n)]  # content read for calls
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
@@ -271,15 +271,16 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
                 logprobs[i].held += e.logprobs or []
-                if chunk := _delta_chunk(rid, model, req, splits[i], e.text, i, calls[i]):
+                for chunk in _delta_chunks(rid, model, req, splits[i], e.text, i, calls[i]):
                     yield _event(logprobs[i].attach(chunk))
                 continue
             ends[i] = e
             reason = e.reason
             if not req.raw:
-                for delta in _tail_deltas(splits[i], calls[i], req.tools, e.reason):
-                    reason = "tool_calls" if "tool_calls" in delta else reason
+                for delta in _tail_deltas(splits[i], calls[i]):
                     yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, delta, index=i)))
+                if calls[i] is not None and calls[i].called and reason in api.ENDED:
+                    reason = "tool_calls"
             yield _event(logprobs[i].attach(api.completion_chunk(rid, model, req, "", reason, index=i) if req.raw
                                             else api.chat_chunk(rid, model, req, {}, reason, index=i)))
         else:
@@ -291,40 +292,30 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
         turn.close()
 
 
-def _delta_chunk(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,
-                 index: int, calls: CallStream | None = None) -> dict | None:
-    """Choice `index`'s chunk for new text: the raw text, or the chat delta (none while a tag may be opening, or
-    while `calls` holds what may be a tool call)."""
+def _delta_chunks(rid: str, model: str, req: api.TurnRequest, split: api.ReasoningSplit, text: str,
+                  index: int, calls: StreamedCalls | None = None) -> list[dict]:
+    """Choice `index`'s chunks for new text: the raw text, or the chat deltas (none while a tag may be opening, or
+    while `calls` holds what may be a tool call's start)."""
     if not text:
-        return None
+        return []
     if req.raw:
-        return api.completion_chunk(rid, model, req, text, index=index)
-    delta = _held_for_calls(split.feed(text), calls)
-    return api.chat_chunk(rid, model, req, delta, index=index) if delta else None
+        return [api.completion_chunk(rid, model, req, text, index=index)]
+    return [api.chat_chunk(rid, model, req, delta, index=index) for delta in _chat_deltas(split.feed(text), calls)]
 
 
-def _held_for_calls(delta: dict, calls: CallStream | None) -> dict:
-    if calls is not None and "content" in delta:
-        delta = {**delta, "content": calls.feed(delta["content"])}
-    return {k: v for k, v in delta.items() if v}
-
-
-def _tail_deltas(split: api.ReasoningSplit, calls: CallStream | None, tools: ToolRequest | None,
-                 reason: str) -> list[dict]:
-    """An answer's last deltas once it ends: what the reasoning split held, then what the call stream held: its
-    content, and the calls it makes (one delta each, whole, as OpenAI's last call delta carries them) where the answer
-    ended by itself."""
-    tail = split.finish()
+def _chat_deltas(delta: dict, calls: StreamedCalls | None, final: bool = False) -> list[dict]:
+    """A reasoning split's delta as chat deltas: its thought, then its content read for tool calls by `calls`."""
     if calls is None:
-        return [tail] if tail else []
-    out = [d] if (d := _held_for_calls(tail, calls)) else []
-    # cut short (maybe mid-call), the text is what there is
-    content, found = tools.kept(*calls.finish()) if reason in api.ENDED else (calls.release(), [])
-    if content:
-        out.append({"content": content})
-    ids = [api.new_id("call") for _ in found]
-    out += [{"tool_calls": [{"index": k, **call}]} for k, call in enumerate(call_dicts(found, ids))]
-    return out
+        return [delta] if delta else []
+    thought = [{"reasoning_content": delta["reasoning_content"]}] if delta.get("reasoning_content") else []
+    content = calls.feed(delta["content"]) if delta.get("content") else []
+    return thought + content + (calls.finish() if final else [])
+
+
+def _tail_deltas(split: api.ReasoningSplit, calls: StreamedCalls | None) -> list[dict]:
+    """An answer's last deltas once it ends: what the reasoning split held, then what the call stream held (its
+    content, and the rest of any call under way)."""
+    return _chat_deltas(split.finish(), calls, final=True)
 
 
 async def _next_event(client: "_Client", turn: Choices) -> ev.Event | None:

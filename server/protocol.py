@@ -23,7 +23,7 @@ from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
 RESPONSE_TAGS = ("<response>", "</response>")  # Granite's reply after its thought
 FINISH_REASONS = {"stop": "stop", "stop_string": "stop", "length": "length", "context_full": "length",
                   "tool_calls": "tool_calls"}
-ENDED = ("stop", "stop_string")  # an answer that ended by itself (not cut short): its tool calls are read
+ENDED = ("stop", "stop_string")  # an answer that ended by itself (not cut short): its calls end it as "tool_calls"
 MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
@@ -532,15 +532,16 @@ def chat_response(rid: str, model: str, answers: list[tuple[str, str]], stats: l
                   prefix: str = "", logprobs: list[list] | None = None, tools: ToolRequest | None = None) -> dict:
     """`answers`: each choice's (text, reason); `prefix`: the answer the request continued (a text is what came
     after it); `logprobs`: each choice's entries, where the request asked for them; `tools`: the calls are read out
-    of each answer's content."""
+    of each answer's content (the content around them stays)."""
     choices = []
     for i, (text, reason) in enumerate(answers):
         message = {"role": "assistant", **split_answer(text, prefix)}
-        if tools is not None and reason in ENDED:
+        if tools is not None:  # an answer cut short keeps the call under way as written, as its stream sends it
             message["content"], calls = tools.read(message["content"])
             if calls:
                 message["content"] = message["content"] or None
-                message["tool_calls"], reason = call_dicts(calls, [new_id("call") for _ in calls]), "tool_calls"
+                message["tool_calls"] = call_dicts(calls, [new_id("call") for _ in calls])
+                reason = "tool_calls" if reason in ENDED else reason
         choices.append({"index": i, "message": message,
                         "logprobs": None if logprobs is None else chat_logprobs(logprobs[i]),
                         "finish_reason": finish_reason(reason)})

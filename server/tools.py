@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Callable
 
 from engine.errors import ParleyError
-from engine.tool_calls import CallStream, ToolCall, call_grammar, check_tools, parse_calls
+from engine.tool_calls import CallDelta, CallStream, ToolCall, call_grammar, check_tools, parse_calls
 from server.api_error import APIError
 
 CHOICES = ("none", "auto", "required")
@@ -17,7 +18,7 @@ class ToolRequest:
     """A request's tools as the model sees them, and how its answers are read."""
 
     tools: tuple[dict, ...]
-    fmt: str  # the model's call format: hermes, llama3 or mistral (engine/tool_calls.py)
+    fmt: str  # the model's call format (engine/tool_calls.py FORMATS)
     grammar: str | None  # a required call's grammar (tool_choice "required" or a named function)
     parallel: bool  # parallel_tool_calls: more than one call an answer
 
@@ -26,14 +27,47 @@ class ToolRequest:
         return {t["function"]["name"] for t in self.tools}
 
     def stream(self) -> CallStream:
-        return CallStream(self.fmt, self.names)
+        return CallStream(self.fmt, self.names, None if self.parallel else 1)
 
     def read(self, content: str) -> tuple[str, list[ToolCall]]:
-        """A whole answer's content -> (the content left, its calls)."""
-        return self.kept(*parse_calls(self.fmt, content, self.names))
+        """A whole answer's content -> (the content left, its calls), as its stream would send them."""
+        return parse_calls(self.fmt, content, self.names, None if self.parallel else 1)
 
-    def kept(self, content: str, calls: list[ToolCall]) -> tuple[str, list[ToolCall]]:
-        return content, calls if self.parallel else calls[:1]
+
+class StreamedCalls:
+    """One streamed choice's content and tool calls as OpenAI's deltas: a call's first delta carries its index, id,
+    type and name (arguments ""), the next ones pieces of its arguments, which a client joins."""
+
+    def __init__(self, tools: ToolRequest, new_id: Callable[[], str]) -> None:
+        self._stream, self._new_id = tools.stream(), new_id
+
+    @property
+    def called(self) -> bool:
+        return self._stream.called
+
+    def feed(self, content: str) -> list[dict]:
+        return self._deltas(self._stream.feed(content))
+
+    def finish(self) -> list[dict]:
+        """The last deltas once the answer has ended (by itself or cut short: a call under way stays as written)."""
+        return self._deltas(self._stream.finish())
+
+    def _deltas(self, pieces: list[str | CallDelta]) -> list[dict]:
+        out: list[dict] = []
+        for piece in pieces:
+            if isinstance(piece, str) and out and "content" in out[-1]:
+                out[-1]["content"] += piece
+            elif isinstance(piece, str):
+                out.append({"content": piece})
+            else:
+                out.append({"tool_calls": [self._call(piece)]})
+        return out
+
+    def _call(self, piece: CallDelta) -> dict:
+        if piece.name is None:
+            return {"index": piece.index, "function": {"arguments": piece.arguments}}
+        return {"index": piece.index, "id": self._new_id(), "type": "function",
+                "function": {"name": piece.name, "arguments": piece.arguments}}
 
 
 def request_tools(data: dict, fmt: str | None, model: str) -> ToolRequest | None:
@@ -64,7 +98,7 @@ def request_tools(data: dict, fmt: str | None, model: str) -> ToolRequest | None
     grammar = None
     if choice == "required" or named is not None:
         try:
-            grammar = call_grammar(fmt, [named] if named is not None else tools)
+            grammar = call_grammar(fmt, [named] if named is not None else tools, parallel and named is None)
         except ParleyError as exc:  # a parameters schema llguidance cannot compile
             raise APIError(400, str(exc), "tools") from None
     return ToolRequest(tuple(tools), fmt, grammar, parallel)

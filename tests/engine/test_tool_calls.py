@@ -8,29 +8,56 @@ import pytest
 from llguidance import LLMatcher, LLTokenizer
 
 from engine.errors import ParleyError
-from engine.tool_calls import CallStream, ToolCall, call_grammar, check_tools, parse_calls, tool_format
+from engine.tool_calls import (CallDelta, CallStream, ToolCall, call_grammar, check_tools, joined, parse_calls,
+                               tool_format)
 
 NAMES = {"get_weather", "get_time"}
 PARIS = ToolCall("get_weather", '{"city": "Paris"}')
 OSLO = ToolCall("get_weather", '{"city": "Oslo"}')
+UTC = ToolCall("get_time", '{"zone": "UTC"}')
+DS_R1 = ("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\"}\n```"
+         "<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n```json\n{\"zone\": \"UTC\"}\n```"
+         "<｜tool▁call▁end｜><｜tool▁calls▁end｜>")
 ANSWERS = [  # (format, answer, content, calls)
     ("hermes", 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
      "Let me look.", [PARIS, OSLO]),
     ("hermes", '<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Paris\\"}"}', "", [PARIS]),
+    ("hermes", '<tool_call>{"arguments": {"city": "Paris"}, "name": "get_weather"}</tool_call>', "", [PARIS]),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n\nI asked for '
+               'the weather.', "I asked for the weather.", [PARIS]),  # text after a call is content
+    ("hermes", 'Checking. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>\nDone. ',
+     "Checking.\nDone.", [PARIS]),
     ("hermes", 'No call here, only <b>text</b>.', 'No call here, only <b>text</b>.', []),
-    ("hermes", '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
-     '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', []),
-    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa',
-     '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa', []),
+    ("hermes", 'See <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+     'See <tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', []),
+    ("hermes", '<tool_call>{"name": "get_weather", "arguments": {"city": "Pa',  # cut short: the call as written
+     "", [ToolCall("get_weather", '{"city": "Pa')]),
+    ("hermes", '<tool_call>{"name": "get_weather", "arg', '<tool_call>{"name": "get_weather", "arg', []),
     ("llama3", '{"name": "get_weather", "parameters": {"city": "Paris"}}', "", [PARIS]),
     ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Paris"}}; '
                '{"name": "get_weather", "parameters": {"city": "Oslo"}}', "", [PARIS, OSLO]),
     ("llama3", "Paris is sunny {usually}.", "Paris is sunny {usually}.", []),
     ("llama3", '{"answer": 42}', '{"answer": 42}', []),
+    ("llama3", '{"name": "get_weather", "param', '{"name": "get_weather", "param', []),
     ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}, '
                 '{"name": "get_weather", "arguments": {"city": "Oslo"}}]', "", [PARIS, OSLO]),
+    ("mistral", '[{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [PARIS]),  # the tag a control token
     ("mistral", "[link](http://x) and more", "[link](http://x) and more", []),
+    ("mistral_v11", '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}', "",
+     [PARIS, UTC]),
+    ("mistral_v11", 'get_weather{"city": "Paris"}get_time{"zone": "UTC"}', "", [PARIS, UTC]),  # tags left out
+    ("mistral_v11", '[TOOL_CALLS]get_weather[CALL_ID]a1B2c3D4e[ARGS]{"city": "Paris"}', "", [PARIS]),
+    ("mistral_v11", "get_weather is a tool.", "get_weather is a tool.", []),
+    ("mistral_v11", "Sure. [TOOL_CALLS]get_time[ARGS]{\"zone\": \"UTC\"}", "Sure.", [UTC]),
+    ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+                '{"name": "get_time", "arguments": {"zone": "UTC"}}]', "", [PARIS, UTC]),
+    ("granite", '[{"name": "get_time", "arguments": {"zone": "UTC"}}]', "", [UTC]),
+    ("phi4", 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [PARIS]),
+    ("phi4", "I like functools a lot.", "I like functools a lot.", []),
+    ("deepseek", "Checking.\n\n" + DS_R1, "Checking.", [PARIS, UTC]),
+    ("deepseek_v3_1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}"
+                      "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", [PARIS]),
 ]
 
 
@@ -41,36 +68,71 @@ def test_calls_are_read_out_of_a_whole_answer(fmt, answer, content, calls):
 
 @pytest.mark.parametrize("fmt,answer,content,calls", ANSWERS)
 def test_a_streamed_answer_gives_what_the_whole_one_gives_at_every_split(fmt, answer, content, calls):
-    """Content goes out while no call may be under way; joined with what `finish` returns it is the whole answer's
-    content, wherever the pieces split (a marker cut in two included)."""
+    """Content and call pieces go out as they come; joined as a client joins them (the content's pieces, each call's
+    argument pieces) they are the whole answer's, wherever the pieces split (a marker cut in two included)."""
     for size in (1, 2, 3, 7):
         stream = CallStream(fmt, NAMES)
-        sent = "".join(stream.feed(answer[i:i + size]) for i in range(0, len(answer), size))
-        rest, found = stream.finish()
-        assert (sent + rest, found) == (content, calls), (size, sent, rest)
+        pieces = [p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])]
+        assert joined(pieces + stream.finish()) == (content, calls), size
+        sent = "".join(p for p in pieces if isinstance(p, str))
         assert "<tool_call>" not in sent and "TOOL_CALLS" not in sent or not calls
+
+
+@pytest.mark.parametrize("fmt,answer,content,calls", [  # the name first, the arguments an object
+    a for a in ANSWERS if a[3] and '"arguments": "' not in a[1] and '{"arguments"' not in a[1]])
+def test_each_call_goes_out_as_it_is_written(fmt, answer, content, calls):
+    """A call's first piece names it (with arguments ""), before its arguments are whole; the arguments follow in
+    pieces, as OpenAI streams them."""
+    stream, deltas = CallStream(fmt, NAMES), []
+    for i, char in enumerate(answer):
+        deltas += [(i, d) for d in stream.feed(char) if isinstance(d, CallDelta)]
+    for call_index, call in enumerate(calls):
+        mine = [(i, d) for i, d in deltas if d.index == call_index]
+        assert mine[0][1].name == call.name and mine[0][1].arguments == ""
+        assert len(mine) > 2 or len(call.arguments) < 3, mine  # several pieces, not the whole at the end
+        assert "".join(d.arguments for _, d in mine) == call.arguments
+    names_first = [i for i, d in deltas if d.name is not None]
+    assert names_first == sorted(names_first)
+
+
+def test_a_name_written_after_the_arguments_holds_the_call_until_it_is_known():
+    stream = CallStream("hermes", NAMES)
+    assert stream.feed('<tool_call>{"arguments": {"city": "Paris"}') == []
+    assert stream.feed(', "name": "get_wea') == []
+    assert stream.feed('ther"}</tool_call>') == [
+        CallDelta(0, "get_weather", ""), CallDelta(0, None, '{"city": "Paris"}')]
 
 
 def test_text_before_a_call_streams_before_the_answer_ends():
     stream = CallStream("hermes", NAMES)
-    assert stream.feed("Let me look it up ") == "Let me look it up"  # the space may precede a call: held
-    assert stream.feed("for you. <tool_") == " for you."
-    assert stream.feed('call>{"name": "get_weather", "arguments": {"city": "Paris"}}') == ""
-    assert stream.finish() == ("", [PARIS])
+    assert stream.feed("Let me look it up ") == ["Let me look it up"]  # the space may precede a call: held
+    assert stream.feed("for you. <tool_") == [" for you."]
+    assert stream.feed('call>{"name": "get_weather", "arguments": {"city": "Par') == [
+        CallDelta(0, "get_weather", ""), CallDelta(0, None, '{"city": "Par')]
+    assert stream.feed('is"}}') == [CallDelta(0, None, 'is"}')]
+    assert stream.finish() == [] and stream.called
 
 
-def test_an_answer_cut_short_is_released_as_its_text():
-    stream = CallStream("llama3", NAMES)
-    assert stream.feed('{"name": "get_weather", "param') == ""
-    assert stream.release() == '{"name": "get_weather", "param'
+def test_a_limit_leaves_later_calls_out():
+    answer = ANSWERS[0][1]
+    assert parse_calls("hermes", answer, NAMES, limit=1) == ("Let me look.", [PARIS])
 
 
 @pytest.mark.parametrize("template,fmt", [
     ("{% for tool in tools %}{{ tool | tojson }}{% endfor %} <tool_call></tool_call>", "hermes"),
     ("{%- if tools %}{{ tools }}{% endif %}[TOOL_CALLS]", "mistral"),
+    ("{%- if tools %}{{ tools }}{% endif %}{{ '[TOOL_CALLS]' + call.name + '[ARGS]' + args }}", "mistral_v11"),
     ("{%- if tools is not none %}{{ '<|python_tag|>' }}{% endif %}", "llama3"),
+    ("{%- if tools %}<|start_of_role|>available_tools<|end_of_role|>{{ tools }}{% endif %}<|tool_call|>", "granite"),
+    ("{% if tools %}{{ '<|tool|>' + (tools | tojson) + '<|/tool|>' }}{% endif %}", "phi4"),
+    ("{{ tools }}{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + "
+     "tool['function']['name'] + '\\n```json'}}", "deepseek"),
+    ("{{ tools }}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
+     "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}", "deepseek_v3_1"),
+    ("{{ tools }}<tool_call>\n<function={{ name }}>\n<parameter=", None),  # Qwen3-Coder's XML: not read
     ("{% for m in messages %}<tool_call>{% endfor %}", None),  # shows no tools
-    ("{{ tools }} <|tool_call|>", None),  # a form not read here
+    ("{% if message['role'] == 'system' and 'tools' in message %}{{ '<|tool|>' + message['tools'] + '<|/tool|>' }}"
+     "{% endif %}", None),  # Phi-4-mini's own template: a system message's 'tools', not the tools a client sends
     (None, None),
 ])
 def test_the_format_comes_from_what_the_template_writes(template, fmt):
@@ -82,23 +144,44 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
     {"type": "function", "function": {"name": "get_time"}}]
 
 
-@pytest.mark.parametrize("fmt,call", [
-    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
-    ("llama3", '{"name": "get_time", "parameters": {}}'),
-    ("mistral", '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}]'),
-])
-def test_a_required_call_grammar_takes_a_call_in_its_format_and_nothing_else(fmt, call):
-    grammar = call_grammar(fmt, TOOLS)
+ONE_AND_TWO = {  # a format's text of one call, and of two
+    "hermes": ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+               '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'),
+    "llama3": ('{"name": "get_time", "parameters": {}}', '; {"name": "get_weather", "parameters": {"city": "Oslo"}}'),
+    "mistral": ('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}', ', {"name": "get_time", '
+                '"arguments": {}}', "]"),
+    "mistral_v11": ('[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}', "[TOOL_CALLS]get_time[ARGS]{}"),
+    "granite": ('<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Oslo"}}', ', {"name": "get_time", '
+                '"arguments": {}}', "]"),
+    "phi4": ('functools[{"name": "get_weather", "arguments": {"city": "Oslo"}}', ', {"name": "get_time", '
+             '"arguments": {}}', "]"),
+    "deepseek": ("<｜tool▁calls▁begin｜>" + DS_R1.split("\n<｜tool▁call▁begin｜>")[0].removeprefix("<｜tool▁calls▁begin｜>"),
+                 "\n<｜tool▁call▁begin｜>" + DS_R1.split("\n<｜tool▁call▁begin｜>")[1].removesuffix("<｜tool▁calls▁end｜>"),
+                 "<｜tool▁calls▁end｜>"),
+    "deepseek_v3_1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}<｜tool▁call▁end｜>',
+                      "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
+}
 
-    def accepts(text: str) -> bool:
-        matcher = LLMatcher(LLTokenizer("byte"), grammar)  # one token a byte
-        return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
 
-    assert accepts(call)
-    assert not accepts(call.replace("get_", "set_"))
-    assert not accepts("Sure! " + call)
-    parsed = parse_calls(fmt, call, {"get_weather", "get_time"})
-    assert parsed[1] and parsed[0] == ""
+def _accepts(grammar: str, text: str) -> bool:
+    matcher = LLMatcher(LLTokenizer("byte"), grammar)  # one token a byte
+    return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
+
+
+@pytest.mark.parametrize("fmt", sorted(ONE_AND_TWO))
+def test_a_required_call_grammar_takes_calls_in_its_format_and_nothing_else(fmt):
+    """Round trip of each format: what the grammar takes, the stream reads back as the calls; one call, or with
+    parallel_tool_calls one or more."""
+    first, second, *close = ONE_AND_TWO[fmt]
+    one, two = first + "".join(close), first + second + "".join(close)
+    single, several = call_grammar(fmt, TOOLS), call_grammar(fmt, TOOLS, parallel=True)
+    assert _accepts(single, one) and _accepts(several, one) and _accepts(several, two)
+    assert not _accepts(single, two)
+    assert not _accepts(several, one.replace("get_", "set_"))
+    assert not _accepts(several, "Sure! " + one)
+    assert not _accepts(several, two.replace('"Oslo"', "1").replace('"Paris"', "1"))  # the schema holds
+    content, calls = parse_calls(fmt, two, NAMES)
+    assert content == "" and sorted(c.name for c in calls) == ["get_time", "get_weather"], calls
 
 
 @pytest.mark.parametrize("tools,words", [

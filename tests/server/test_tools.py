@@ -9,10 +9,14 @@ import shutil
 
 import httpx
 import pytest
+from llguidance import LLMatcher, LLTokenizer
 
+from engine.events import TurnStats
+from server.app import _chat_deltas, _tail_deltas
 from server.bridge import ServerBridge
-from server.protocol import parse_chat
+from server.protocol import ReasoningSplit, chat_response, parse_chat
 from server.run import BackgroundServer
+from server.tools import StreamedCalls, request_tools
 from tests.support.gguf_export import write_gguf
 
 HERMES_TEMPLATE = (
@@ -99,17 +103,87 @@ def test_required_calls_one_of_the_tools(tools_server):
         call["function"]["name"] == "get_time" and args in ({"zone": "UTC"}, {"zone": "CET"}), call
 
 
-def test_a_streamed_call_joins_to_the_whole_answer(tools_server):
+def _stream(server, body: dict) -> list[dict]:
+    with httpx.stream("POST", server.url + "/chat/completions", json=body | {"stream": True}, timeout=60) as r:
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+
+
+def test_a_streamed_call_goes_out_in_pieces_that_join_to_the_whole_answer(tools_server):
+    """As OpenAI streams a call: its first delta carries index, id, type and name (arguments ""), the next ones pieces
+    of its arguments as they are written; joined, they are the call the whole answer makes."""
     body = CHAT | {"tool_choice": "required", "temperature": 0}
     whole = _post(tools_server, body).json()["choices"][0]
-    with httpx.stream("POST", tools_server.url + "/chat/completions", json=body | {"stream": True}, timeout=60) as r:
-        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    chunks = _stream(tools_server, body)
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    calls = [tc for d in deltas for tc in d.get("tool_calls", [])]
+    pieces = [tc for d in deltas for tc in d.get("tool_calls", [])]
     assert "".join(d.get("content") or "" for d in deltas) == ""
-    assert [(c["index"], c["function"]) for c in calls] == [
-        (k, c["function"]) for k, c in enumerate(whole["message"]["tool_calls"])]
+    first, rest = pieces[0], pieces[1:]
+    assert first["id"].startswith("call-") and first["type"] == "function" and first["function"]["arguments"] == ""
+    assert len(rest) > 3 and all(set(p) == {"index", "function"} and set(p["function"]) == {"arguments"} for p in rest)
+    joined = {"name": first["function"]["name"], "arguments": "".join(p["function"]["arguments"] for p in rest)}
+    assert [joined] == [c["function"] for c in whole["message"]["tool_calls"]]
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_the_openai_sdk_assembles_the_streamed_calls_as_the_whole_answer(tools_server):
+    """The openai SDK's own stream helper (which joins the deltas as client libraries do) ends with the calls the
+    answer made without streaming."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=tools_server.url, api_key="unused", max_retries=0)
+    args = dict(model="tools", messages=CHAT["messages"], tools=CHAT["tools"], tool_choice="required",
+                temperature=0, max_tokens=200)
+    whole = client.chat.completions.create(**args).choices[0].message
+    with client.chat.completions.stream(**args) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in whole.tool_calls]
+    assert json.loads(final.message.tool_calls[0].function.arguments)
+
+
+def test_required_with_parallel_calls_may_hold_several_calls():
+    """parallel_tool_calls (OpenAI's default true): a required answer may make one call or more; false: one."""
+    two = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
+           '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+    body = CHAT | {"tool_choice": "required"}
+    several = request_tools(body, "hermes", "tools")
+    one = request_tools(body | {"parallel_tool_calls": False}, "hermes", "tools")
+
+    def accepts(grammar: str, text: str) -> bool:
+        matcher = LLMatcher(LLTokenizer("byte"), grammar)
+        return matcher.consume_tokens(list(text.encode())) and matcher.is_accepting()
+
+    assert accepts(several.grammar, two) and not accepts(one.grammar, two)
+    assert len(several.read(two)[1]) == 2 and len(one.read(two)[1]) == 1
+
+
+@pytest.mark.parametrize("text,reason,finish", [
+    ('<think>Which tool?</think>Checking. <tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n'
+     '</tool_call>\nI asked for the time.', "stop", "tool_calls"),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "length", "length"),  # cut short mid-call
+    ("No call, only <b>text</b>.", "stop", "stop"),
+])
+def test_a_streamed_chat_answer_joins_to_the_whole_one(text, reason, finish):
+    """What the server streams for an answer (its thought, content before and after a call, the call in pieces) and
+    what it answers whole agree, token by token; a call cut short is the call as written in both."""
+    tools = parse_chat(CHAT, 4096, "hermes", "tools").tools
+    stats = TurnStats(9, 9, 9, None, None, 18, 4096)
+    whole = chat_response("id", "tools", [(text, reason)], [stats], 0, tools=tools)["choices"][0]
+    split, calls = ReasoningSplit(), StreamedCalls(tools, lambda: "call-1")
+    deltas = [d for char in text for d in _chat_deltas(split.feed(char), calls)] + _tail_deltas(split, calls)
+    joined = {"role": "assistant", "content": "".join(d.get("content", "") for d in deltas) or None}
+    if thought := "".join(d.get("reasoning_content", "") for d in deltas):
+        joined["reasoning_content"] = thought
+    for piece in (p for d in deltas for p in d.get("tool_calls", [])):
+        if "id" in piece:
+            joined.setdefault("tool_calls", []).append({"id": piece["id"], "type": "function",
+                                                        "function": dict(piece["function"])})
+        else:
+            joined["tool_calls"][piece["index"]]["function"]["arguments"] += piece["function"]["arguments"]
+    whole_message = whole["message"] | {"tool_calls": [c | {"id": "call-1"} for c in whole["message"]["tool_calls"]]} \
+        if "tool_calls" in whole["message"] else whole["message"]
+    assert joined == whole_message and whole["finish_reason"] == finish
+    assert not text.endswith(".") or joined["content"].endswith(".")  # text after a call is kept
 
 
 def test_auto_leaves_a_model_that_calls_nothing_its_text(tools_server):
