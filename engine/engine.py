@@ -241,13 +241,19 @@ class Engine:
             if host.has_work() and not self._stopping:
                 host.step()
 
+    def _settle_hosts(self) -> None:
+        """Commands change sequences: no step may be queued ahead of them. (A function: the loop variable left in
+        `_drain` kept a model unloaded by the commands after it alive, its template's cycles frozen by the app's
+        collection after the unload, until `_drain` returned.)"""
+        for host in list(self._hosts.values()):
+            host.settle()
+
     def _drain(self, block: bool) -> None:
         try:
             command = self._commands.get(timeout=0.05) if block else self._commands.get_nowait()
         except queue.Empty:
             return
-        for host in list(self._hosts.values()):
-            host.settle()  # commands change sequences: no step may be queued ahead of them
+        self._settle_hosts()
         while True:
             self._run(command)
             try:

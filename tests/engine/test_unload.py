@@ -66,3 +66,32 @@ def test_an_unloaded_model_s_cache_and_tokenizer_go_at_once(tiny_models):
     finally:
         gc.enable()
         cli.close()
+
+
+def test_a_command_queued_behind_an_unload_finds_the_model_gone(tiny_models):
+    """The engine settled each model in a loop before running the commands it drained, and the loop's variable held
+    the last model until every command queued with the unload had run: the model outlived its unload and the memory
+    given back after it (the embedded model's app stayed ~73 MiB larger after each unload), and the app's collection
+    after the unload, run meanwhile, froze its chat template's ~350 objects (3-6 unloads in 30)."""
+    import gc
+    import threading
+    import weakref
+    from concurrent.futures import Future
+
+    from cli.engine_cli import EngineCLI
+    from engine import commands as cmd
+
+    cli = EngineCLI(EngineConfig(max_sessions=2, max_session_tokens=128))
+    gc.disable()  # only reference counting: a stray reference keeps it
+    try:
+        model_id, _ = cli.load(tiny_models["llama"].gguf_path)
+        runtime = cli.engine.call(lambda engine: weakref.ref(engine._hosts[model_id].runtime))
+        gate, after = threading.Event(), Future()
+        cli.engine._post(gate.wait, 30)  # holds the engine inside one drain until the commands below are queued
+        cli.engine.unload_model(model_id)
+        cli.engine._put(cmd.Call(fn=lambda engine: runtime() is None, future=after))
+        gate.set()
+        assert after.result(30), "the unloaded model's runtime was alive for the next command"
+    finally:
+        gc.enable()
+        cli.close()
