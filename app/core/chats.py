@@ -13,12 +13,13 @@ from dataclasses import replace
 from typing import Callable
 
 from app.core.chat_settings import ChatSettings
-from app.core.conversations import ConversationStore, Message
-from app.core.live import ChatStatus, LiveChat, TurnInfo, can_continue, engine_messages
+from app.core.conversations import ConversationStore, Message, is_refused
+from app.core.live import ChatStatus, LiveChat, Refusal, TurnInfo, can_continue, engine_messages
 from app.core.signals import Signal
 from engine.sampling import SamplingParams
 
 TITLE_CHARS = 48
+NEW_TITLE = "New chat"  # a chat's title until its first message names it
 
 
 class ChatService:
@@ -29,6 +30,7 @@ class ChatService:
     turn_done = Signal(int, int)  # conversation, assistant message: finished, stopped or failed
     draft_changed = Signal(int)  # conversation: its draft was changed by the service (a queued message came back)
     settings_changed = Signal(int)  # conversation: its model or sampling settings changed
+    refused = Signal(int)  # conversation: the engine refused the message just sent; refusal(conv) says why
 
     def __init__(self, store: ConversationStore, bridge, models, defaults: ChatSettings | None = None):
         """`bridge`: engine events as signals plus `.engine`; `models`: the model manager (app/qt)."""
@@ -48,7 +50,7 @@ class ChatService:
         models.failed.connect(self._on_model_failed)
 
     # -- conversations
-    def new_conversation(self, settings: ChatSettings | None = None, hidden: bool = False, title: str = "New chat") -> int:
+    def new_conversation(self, settings: ChatSettings | None = None, hidden: bool = False, title: str = NEW_TITLE) -> int:
         conv = self.store.create(title, (settings or self.defaults).copy(), hidden=hidden)
         self._live[conv.id] = LiveChat(conv.id)
         self.models.ensure(conv.settings.model)  # warm the model while the user types
@@ -124,6 +126,24 @@ class ChatService:
         search = getattr(self.store, "message_search", None)
         return search(text) if search is not None else None
 
+    def refusal(self, conv_id: int) -> Refusal | None:
+        return self.live(conv_id).refused
+
+    def dismiss_refusal(self, conv_id: int) -> None:
+        live = self.live(conv_id)
+        if live.refused is not None and live.refused.edit_of is not None:  # an edit nobody took back: kept as a draft
+            self._to_draft(conv_id, live.refused.text)
+        live.refused = None
+        self.status_changed.emit(conv_id)
+
+    def take_refused_edit(self, conv_id: int) -> Refusal | None:
+        """A refused edit for the page to open again as an edit (its text then lives in the box, not the service)."""
+        live = self.live(conv_id)
+        if live.refused is None or live.refused.edit_of is None or not self.store.has_message(live.refused.edit_of):
+            return None
+        taken, live.refused = live.refused, replace(live.refused, edit_of=None, text="")
+        return taken
+
     def live(self, conv_id: int) -> LiveChat:
         return self._live.setdefault(conv_id, LiveChat(conv_id))
 
@@ -159,8 +179,9 @@ class ChatService:
         """Every chat's unsent text, queued messages included (what a restart should give back)."""
         out = dict(self._drafts)
         for conv_id, live in self._live.items():
-            if live.queued and self.store.has(conv_id):
-                out[conv_id] = "\n\n".join([*live.queued, out.get(conv_id, "")]).strip()
+            edit = [live.refused.text] if live.refused is not None and live.refused.edit_of is not None else []
+            if (live.queued or edit) and self.store.has(conv_id):
+                out[conv_id] = "\n\n".join([*edit, *live.queued, out.get(conv_id, "")]).strip()
         return {c: t for c, t in out.items() if self.store.has(c)}
 
     def restore_drafts(self, drafts: dict[int, str]) -> None:
@@ -186,8 +207,12 @@ class ChatService:
         live = self.live(conv_id)
         if not live.queued:
             return
-        self.set_draft(conv_id, "\n\n".join([*live.queued, self.draft(conv_id)]).strip())
-        live.queued.clear()
+        queued, live.queued = live.queued, []
+        self._to_draft(conv_id, *queued)
+
+    def _to_draft(self, conv_id: int, *texts: str) -> None:
+        """`texts` back in the chat's box, before what it holds (they were written first)."""
+        self.set_draft(conv_id, "\n\n".join([*texts, self.draft(conv_id)]).strip())
         self.draft_changed.emit(conv_id)
         self.status_changed.emit(conv_id)
 
@@ -208,11 +233,11 @@ class ChatService:
         if not text or self.busy(conv_id):
             return False
         conv = self.store.get(conv_id)
-        base = self.store.path(conv_id)
+        base, leaf = self.store.path(conv_id), conv.leaf_id
         user = self.store.add_message(conv_id, conv.leaf_id, "user", text)
-        if conv.title == "New chat":
+        if conv.title == NEW_TITLE:
             conv.title = _title(text)
-        self._begin(conv_id, base, user, "submit")
+        self._begin(conv_id, base, user, "submit", given=TurnInfo(None, 0, user_id=user.id, leaf_before=leaf))
         return True
 
     def edit(self, msg_id: int, text: str) -> bool:
@@ -226,9 +251,10 @@ class ChatService:
             self.live(old.conversation_id).edit_after_stop = (msg_id, text)
             self.stop(old.conversation_id)
             return True
-        base = self._path_to(old.conversation_id, old.parent_id)
+        base, leaf = self._path_to(old.conversation_id, old.parent_id), self.store.get(old.conversation_id).leaf_id
         user = self.store.add_message(old.conversation_id, old.parent_id, "user", text)
-        self._begin(old.conversation_id, base, user, "submit")
+        given = TurnInfo(None, 0, user_id=user.id, leaf_before=leaf, edit_of=msg_id)
+        self._begin(old.conversation_id, base, user, "submit", given=given)
         return True
 
     def regenerate(self, conv_id: int, msg_id: int | None = None, seed: int | None = None) -> bool:
@@ -299,10 +325,12 @@ class ChatService:
         return chain[::-1]
 
     def _begin(self, conv_id: int, base: list[Message], user: Message | None, kind: str, parent_id: int | None = None,
-               seed: int | None = None) -> None:
+               seed: int | None = None, given: TurnInfo | None = None) -> None:
+        """`given`: what a sent message's turn knows beforehand (its message, the branch it leaves)."""
         answer = self.store.add_message(conv_id, user.id if user else parent_id, "assistant", state="waiting")
         live = self.live(conv_id)
-        live.turn = TurnInfo(None, answer.id, seed=seed)
+        live.turn = replace(given or TurnInfo(None, 0), message_id=answer.id, seed=seed)
+        live.refused = None  # the next turn: what the last refusal said no longer applies
         self.path_changed.emit(conv_id)
         self.conversations_changed.emit()  # a new message makes the chat the most recent: the list reorders
         self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
@@ -437,9 +465,40 @@ class ChatService:
             self.store.update_message(live.turn.message_id, error=message)
             self.message_changed.emit(conv_id, live.turn.message_id)
             return
+        if self._refused_unanswered(conv_id, live):
+            self._give_back(conv_id, live, message)
+            return
         self.store.update_message(live.turn.message_id, error=message)
         # a failed continuation leaves the answer as it was (with the error shown), not failed as a whole
         self._end(conv_id, live, live.turn.previous_state or "error")
+
+    def _refused_unanswered(self, conv_id: int, live: LiveChat) -> bool:
+        """The turn of a message the user sent in a chat failed before a word of answer (the engine refused it: too
+        long for the context, say). A compare column keeps its error: the prompt went to the other columns too."""
+        turn = live.turn
+        return (turn.user_id is not None and turn.tokens == 0 and not self.store.message(turn.message_id).content
+                and not self.store.get(conv_id).hidden)
+
+    def _give_back(self, conv_id: int, live: LiveChat, reason: str) -> None:
+        """The refused message leaves the chat (the branch shown before it comes back; a title it gave goes) and its
+        text goes back to the user: into the box, or into the edit it was; the reason is the chat's notice."""
+        turn, user = live.turn, self.store.message(live.turn.user_id)
+        text = user.content
+        self.store.update_message(user.id, content="", state="error")  # refused: off every branch (conversations.is_refused)
+        self.store.update_message(turn.message_id, state="error", error=reason)
+        self.store.set_leaf(conv_id, turn.leaf_before)
+        if turn.leaf_before is None and self.store.get(conv_id).title == _title(text):
+            self.store.update(conv_id, title=NEW_TITLE)
+        live.turn = None
+        _enter(live.status, "idle")
+        self.unqueue(conv_id)  # what was queued behind it comes back too, after it
+        live.refused = Refusal(text, reason, turn.edit_of)
+        if turn.edit_of is None:
+            self._to_draft(conv_id, text)
+        self.path_changed.emit(conv_id)
+        self.conversations_changed.emit()
+        self.status_changed.emit(conv_id)
+        self.refused.emit(conv_id)
 
     def _on_model_loaded(self, key: str) -> None:
         for live in list(self._live.values()):

@@ -50,6 +50,12 @@ class Message:
     created_at: float = field(default_factory=time.time)
 
 
+def is_refused(msg: Message) -> bool:
+    """A user message the engine refused before answering: its text went back to the user, and it stays off every
+    branch (no version of anything; the SQLite store cannot delete one message, so it is kept, emptied)."""
+    return msg.role == "user" and msg.state == "error"
+
+
 @dataclass(eq=False, slots=True)
 class Conversation:
     """Changed through its store (update), which keeps the chats in order: pinned, hidden and updated_at set on the
@@ -182,13 +188,13 @@ class ConversationStore:
 
     def versions(self, msg: Message) -> list[Message]:
         """The message and its alternatives (regenerated answers, edited prompts), oldest first."""
-        return [m for m in self.children(msg.conversation_id, msg.parent_id) if m.role == msg.role]
+        return [m for m in self.children(msg.conversation_id, msg.parent_id) if m.role == msg.role and not is_refused(m)]
 
     def select(self, msg_id: int) -> None:
         """Shows the branch through `msg_id`, following the newest child below it."""
         msg = self._messages[msg_id]
         while True:
-            kids = self.children(msg.conversation_id, msg.id)
+            kids = [m for m in self.children(msg.conversation_id, msg.id) if not is_refused(m)]
             if not kids:
                 break
             msg = kids[-1]

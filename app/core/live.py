@@ -18,6 +18,18 @@ class TurnInfo:
     tokens: int = 0
     previous_state: str | None = None  # continuing an answer: the state it goes back to if the turn fails
     seed: int | None = None  # the seed this turn samples with (kept with the answer, to repeat it)
+    user_id: int | None = None  # the user message this turn sends (None: a regenerate or a continuation)
+    leaf_before: int | None = None  # the branch shown before it was sent, shown again if the engine refuses it
+    edit_of: int | None = None  # the earlier message it is a new version of (an edit)
+
+
+@dataclass(slots=True)
+class Refusal:
+    """A message the engine refused before answering (too long for the context, say): back with the user."""
+
+    text: str
+    reason: str  # the engine's own sentence: what it needs and what fits
+    edit_of: int | None = None  # an edit's message: the text goes back into that edit, not into the draft
 
 
 @dataclass(slots=True)
@@ -50,6 +62,7 @@ class LiveChat:
     context_base: int = 0  # prompt tokens of the running turn, for the live context meter
     queued: list[str] = field(default_factory=list)  # messages sent while it answered: they go next, in order
     edit_after_stop: tuple[int, str] | None = None  # an earlier message edited while it answered: goes once stopped
+    refused: Refusal | None = None  # the last message the engine refused, until the next turn or a dismissal
 
     @property
     def busy(self) -> bool:

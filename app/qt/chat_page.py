@@ -5,10 +5,11 @@ import html
 from dataclasses import replace
 
 from PySide6.QtCore import Signal
-from PySide6.QtGui import QFont, QTextCursor
+from PySide6.QtGui import QFont, QPalette, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
+from app.core.message_html import NOTE_COLOR
 from app.qt.chat_view import ChatView
 from app.qt.composer import Composer, LinkNote
 from app.qt.elided_label import ElidedLabel
@@ -54,6 +55,8 @@ class ChatPage(QWidget):
         self.status.capacity = (config.max_sessions, config.max_session_tokens)
         self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
         self.queued.hide()
+        self.refused_note = LinkNote(objectName="refusedNote")  # why the message just sent is back in the box
+        self.refused_note.hide()
         self.composer = Composer()
         head = QHBoxLayout()
         head.addWidget(self.title, 1)
@@ -64,6 +67,7 @@ class ChatPage(QWidget):
         layout.addWidget(self.body, 1)
         layout.addWidget(self.status)
         layout.addWidget(self.queued)
+        layout.addWidget(self.refused_note)
         layout.addWidget(self.composer)
         self.picker.currentIndexChanged.connect(self._on_model)
         self.settings_button.clicked.connect(self.settings_requested)
@@ -74,6 +78,8 @@ class ChatPage(QWidget):
         self.composer.edit.textChanged.connect(self._keep_draft)
         self.empty.prompt_chosen.connect(self._use_sample)
         self.queued.linkActivated.connect(self._unqueue)
+        self.refused_note.linkActivated.connect(self._dismiss_refusal)
+        service.refused.connect(self._on_refused)
         service.draft_changed.connect(self._on_draft)
         service.path_changed.connect(self._on_status)
         service.status_changed.connect(self._on_status)
@@ -85,6 +91,7 @@ class ChatPage(QWidget):
         self._cancel_edit()
         self.conv_id = conv_id
         self._on_draft(conv_id)
+        self._on_refused(conv_id)
         self.view.set_conversation(conv_id)
         self._on_titles()
         if conv_id is not None:
@@ -133,6 +140,32 @@ class ChatPage(QWidget):
                 self.composer.edit.setPlainText(text)
                 self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
 
+    def _on_refused(self, conv_id: int | None) -> None:
+        """A refused edit opens again as the edit it was (a refused message is in the draft already)."""
+        if conv_id is None or conv_id != self.conv_id or self.service.refusal(conv_id) is None:
+            return
+        taken = self.service.take_refused_edit(conv_id)
+        if taken is not None:
+            self.begin_edit(taken.edit_of)
+            self.composer.edit.setPlainText(taken.text)
+            self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
+            self._show_refusal(conv_id)  # "The edit is back", now that it is
+
+    def _show_refusal(self, conv_id: int) -> None:
+        refusal = self.service.refusal(conv_id)
+        if refusal is not None:
+            color = NOTE_COLOR["error"][self.palette().color(QPalette.ColorRole.Window).lightness() < 128]
+            what = self.tr("The edit") if self.editing is not None else self.tr("The message")
+            self.refused_note.setText(
+                self.tr('<span style="color:%1"><b>Not sent:</b> %2</span> %3 is back in the box. '
+                        '<a href="dismiss:">Dismiss</a>').replace("%1", color)
+                .replace("%2", html.escape(refusal.reason)).replace("%3", what))
+        self.refused_note.setVisible(refusal is not None)
+
+    def _dismiss_refusal(self, _href: str = "") -> None:
+        if self.conv_id is not None:
+            self.service.dismiss_refusal(self.conv_id)
+
     def _unqueue(self, _href: str = "") -> None:
         if self.conv_id is not None:
             self.service.unqueue(self.conv_id)
@@ -175,6 +208,7 @@ class ChatPage(QWidget):
         self.status.show_status(status, loading)
         self.composer.set_busy(self.service.busy(conv_id))
         self._show_queued(conv_id)
+        self._show_refusal(conv_id)
         self._show_body(conv_id, key)
 
     def _show_body(self, conv_id: int, key: str) -> None:

@@ -18,6 +18,7 @@ class QtChatService(ChatService, QObject):
     turn_done = Signal(int, int)
     draft_changed = Signal(int)
     settings_changed = Signal(int)
+    refused = Signal(int)
 
     def __init__(self, store: ConversationStore, bridge: EngineBridge, models: ModelManager,
                  defaults: ChatSettings | None = None, parent: QObject | None = None):

@@ -157,15 +157,19 @@ def test_queued_and_error_states_are_shown(parley, qtbot):
     wait_idle(parley, qtbot, *convs)
     assert "queued" in seen
     assert "Queued: next in line" in notes and "Queued: 1 ahead" not in notes  # the one waiting had none ahead
-    # An error ends the turn in the message: a prompt too long for the 512-token context with overflow=stop.
+    # A prompt too long for the 512-token context with overflow=stop comes back to the box, the chat as it was
     conv = convs[0]
     configure(parley, conv, overflow="stop")
     w.open_chat(conv)
+    before = parley.store.path(conv)
     w.chat.send("word " * 600)
     wait_idle(parley, qtbot, conv)
-    answer = parley.store.path(conv)[-1]
-    assert answer.state == "error" and "context" in answer.error
-    assert "Error" in w.chat.view.delegate.document(answer)[0].toPlainText()
+    assert parley.store.path(conv) == before and "context" in service.refusal(conv).reason
+    assert w.chat.composer.edit.toPlainText() == ("word " * 600).strip()
+    # an error that ends a turn shows in its message
+    answer = parley.store.add_message(conv, before[-1].id, "assistant", state="error")
+    parley.store.update_message(answer.id, error="the model crashed")
+    assert "Error: the model crashed" in w.chat.view.delegate.document(answer)[0].toPlainText()
 
 
 def test_import_validates_models(parley, qtbot, tmp_path, corrupt_ggufs, tiny_models):

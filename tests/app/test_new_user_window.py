@@ -1,0 +1,69 @@
+"""What a new user met in the window (sweep AL, fixed by AM): a message too long for the context."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from tests.app.helpers import handed, wait_idle
+
+LONG = " ".join(f"word{i} is here." for i in range(600))  # far over the tiny engine's 512 tokens
+
+
+def _enter(edit, text: str) -> None:
+    edit.setFocus()
+    edit.setPlainText(text)  # as a paste: typing 10,000 characters one key at a time is not the point
+    QTest.keyClick(edit, Qt.Key.Key_Return)
+
+
+# -- 1: a message over the context
+def test_a_message_over_the_context_comes_back_to_the_box_with_why(parley, qtbot):
+    """The box emptied, the refused text stayed only in the chat, under an error with a Regenerate that failed the
+    same way; the next message went after it, a half-turn the engine read again."""
+    w, conv = parley.window, parley.window.current()
+    edit, note = w.chat.composer.edit, w.chat.refused_note
+    _enter(edit, LONG)
+    wait_idle(parley, qtbot, conv)
+    assert edit.toPlainText() == LONG  # back to be shortened, nothing lost
+    assert note.isVisible() and "Not sent" in note.text() and "the context holds 512" in note.text()
+    assert parley.store.path(conv) == [] and parley.store.get(conv).title == "New chat"  # no stuck half-turn
+    assert w.chat.body.currentWidget() is w.chat.empty
+    _enter(edit, "hello")
+    wait_idle(parley, qtbot, conv)
+    assert handed(parley, conv) == ["hello"]  # alone: the refused message is no part of the conversation
+    path = parley.store.path(conv)
+    assert [(m.role, m.state) for m in path] == [("user", "done"), ("assistant", "done")]
+    assert parley.store.versions(path[0]) == [path[0]] and not note.isVisible() and edit.toPlainText() == ""
+
+
+def test_a_refused_edit_opens_again_as_the_edit(parley, qtbot):
+    """An earlier message edited to something too long: the old branch stays shown, the text back in that edit."""
+    w, conv = parley.window, parley.window.current()
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(max_tokens=4))
+    _enter(w.chat.composer.edit, "hi")
+    wait_idle(parley, qtbot, conv)
+    before = [m.id for m in parley.store.path(conv)]
+    w.chat.begin_edit(before[0])
+    _enter(w.chat.composer.edit, LONG)
+    wait_idle(parley, qtbot, conv)
+    assert [m.id for m in parley.store.path(conv)] == before
+    assert parley.store.versions(parley.store.message(before[0])) == [parley.store.message(before[0])]
+    assert w.chat.editing == before[0] and w.chat.composer.banner.isVisible()
+    assert w.chat.composer.edit.toPlainText() == LONG and "The edit is back" in w.chat.refused_note.text()
+    assert parley.service.draft(conv) == ""  # the text is the edit's, not sent as a new message by Enter
+
+
+def test_a_refused_message_is_on_no_branch():
+    """Kept (the SQLite store deletes no single message) but never shown: no version of another, never followed."""
+    from app.core.conversations import ConversationStore
+
+    store = ConversationStore()
+    conv = store.create().id
+    user = store.add_message(conv, None, "user", "hi")
+    answer = store.add_message(conv, user.id, "assistant", "hello")
+    refused = store.add_message(conv, answer.id, "user", state="error")
+    store.add_message(conv, refused.id, "assistant", state="error")
+    store.set_leaf(conv, answer.id)
+    store.select(user.id)  # as a version switch does: down the newest children
+    assert store.path(conv) == [user, answer]
+    other = store.add_message(conv, answer.id, "user", "again")
+    assert store.versions(other) == [other]
