@@ -12,7 +12,9 @@ Formats, by what the template writes (as vLLM's and llama.cpp's parsers read the
 - `phi4` (Phi-4-mini): `functools[{"name": …, "arguments": {…}}, …]`;
 - `deepseek` (V3, R1): `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + "```json" fenced arguments
   + `<｜tool▁call▁end｜>` …`<｜tool▁calls▁end｜>`;
-  `deepseek_v3_1`: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>`.
+  `deepseek_v3_1`: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>`;
+- `qwen_xml` (Qwen3-Coder, Qwen3.5): `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>…`
+  (engine/tool_call_xml.py).
 Text the model writes around its calls is the answer's content (OpenAI returns content and tool_calls together).
 """
 from __future__ import annotations
@@ -20,16 +22,17 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from engine.constraint.grammar import JSON_WHITESPACE, closed, lark_grammar
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, Reader,
-                                 Section, deepseek_section, hermes_section, json_section, mistral_named_section, opened)
+from engine.tool_call_xml import xml_call, xml_grammar
+from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
+                                 Reader, Section, block_section, deepseek_section, json_call, json_section,
+                                 mistral_named_section, opened)
 
 _ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
-_NAME_HEAD = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,14 +50,14 @@ class CallDelta:
     arguments: str
 
 
-def _json_head(head: str, names: set[str]) -> bool | None:
+def _json_head(head: str, names: Mapping[str, dict]) -> bool | None:
     """Whether an answer beginning with `head` begins with its calls (a JSON object or list); None: undecided."""
     return head[:1] in ("{", "[") if head else None
 
 
-def _named_head(head: str, names: set[str]) -> bool | None:
+def _named_head(head: str, names: Mapping[str, dict]) -> bool | None:
     """Mistral v11 with its tags left out: the answer begins with a tool's name and its arguments."""
-    found = _NAME_HEAD.match(head)
+    found = NAME.match(head)
     if not head or found and found.end() == len(head) and any(n.startswith(head) for n in names):
         return None
     return bool(found) and found.group() in names and head[found.end():found.end() + 1] in ("[", "{")
@@ -64,10 +67,11 @@ def _named_head(head: str, names: set[str]) -> bool | None:
 class _Format:
     openers: tuple[str, ...]  # text that opens the calls
     read: Reader
-    whole: Callable[[str, set[str]], bool | None] | None  # the answer may open with its calls, its tag left out
+    whole: Callable[[str, Mapping[str, dict]], bool | None] | None  # the answer may open with its calls, tag left out
     key: str  # the arguments' key in a JSON call ("": the name and arguments are written apart)
     block: tuple[str, str, str]  # the grammar: (text before the calls, between two, after them)
     call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
+    rules: Callable | None = None  # a grammar of its own: (tools, parallel, literal, schema) -> Lark rules
 
 
 def _ds_r1(name: str) -> tuple[str, str]:
@@ -76,7 +80,7 @@ def _ds_r1(name: str) -> tuple[str, str]:
 
 _JSON_LIST = ", "  # between two calls of a JSON list, as the templates write them
 FORMATS = {
-    "hermes": _Format(("<tool_call>",), hermes_section, None, "arguments",
+    "hermes": _Format(("<tool_call>",), block_section(json_call), None, "arguments",
                       ("<tool_call>\n", "\n</tool_call>\n<tool_call>\n", "\n</tool_call>")),
     "llama3": _Format(("<|python_tag|>",), json_section(("<|python_tag|>",)), _json_head, "parameters", ("", "; ", "")),
     "mistral": _Format(("[TOOL_CALLS]",), json_section(("[TOOL_CALLS]",)), _json_head, "arguments",
@@ -89,8 +93,9 @@ FORMATS = {
     "deepseek": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "\n", DS_CALLS_END), _ds_r1),
     "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "", DS_CALLS_END),
                              lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
+    "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar),
 }
-_DETECTED = (("<function=", None), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"), ("<tool_call>", "hermes"),
+_DETECTED = (("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"), ("<tool_call>", "hermes"),
              ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
              ("<|python_tag|>", "llama3"))  # in this order: a marker of one may come in another's template
 # the template's `tools` variable (Phi-4-mini's own template reads a system message's 'tools' key: shows none of ours)
@@ -100,8 +105,7 @@ _DS_NAME_FIRST = re.compile(r"name['\"]\]\s*\+\s*['\"]" + DS_SEP)  # V3.1's temp
 
 def tool_format(template: str | None) -> str | None:
     """The format a chat template writes tool calls in, or None where it takes no tools (or writes them some other
-    way: a client's tools would be sent to a model whose calls could not be read back; Qwen3-Coder's XML calls, whose
-    `<tool_call>` would read as Hermes's, are not read)."""
+    way: a client's tools would be sent to a model whose calls could not be read back)."""
     if not template or not _SHOWS_TOOLS.search(template):
         return None
     fmt = next((f for marker, f in _DETECTED if marker in template), None)
@@ -114,6 +118,8 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
     """The grammar of a call to one of `tools` (OpenAI's tool objects), written as `fmt` writes it: what
     `tool_choice` "required", or a named function, holds an answer to; `parallel`: one call or more."""
     form = FORMATS[fmt]
+    if form.rules is not None:
+        return lark_grammar("\n".join(form.rules(tools, parallel, _lit, _closed)))
     before, between, after = form.block
     rules = [_rule("start", _lit(before), "call", f"({_lit(between)} call)*" if parallel else "", _lit(after))]
     if form.call is None:
@@ -139,6 +145,10 @@ def _schema(tools: list[dict[str, Any]], key: str) -> dict[str, Any]:
         schema = {"anyOf": [{"type": "object", "required": ["name", key], "properties": {
             "name": {"const": t["function"]["name"]}, key: t["function"].get("parameters") or _ANY_ARGUMENTS}}
             for t in tools]}
+    return _closed(schema)
+
+
+def _closed(schema: dict[str, Any]) -> dict[str, Any]:
     return {**closed(schema), "x-guidance": {"whitespace_pattern": JSON_WHITESPACE}}
 
 
@@ -146,7 +156,8 @@ def _lit(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def parse_calls(fmt: str, text: str, names: set[str], limit: int | None = None) -> tuple[str, list[ToolCall]]:
+def parse_calls(fmt: str, text: str, names: Iterable[str] | Mapping[str, dict],
+                limit: int | None = None) -> tuple[str, list[ToolCall]]:
     """An answer's text -> (its content, the tool calls it makes), as a CallStream fed it whole reads them. A call must
     name one of `names`; text that is not such a call stays content (a model that wrote something call-shaped but
     wrong is shown what it wrote rather than losing it). `limit`: the calls read at most (later ones are left out)."""
@@ -174,8 +185,10 @@ class CallStream:
     first characters) the text is read as calls, each going out as soon as its name is known and then its arguments
     as they are written; text that turns out not to be calls goes out as content, and so does text after them."""
 
-    def __init__(self, fmt: str, names: set[str], limit: int | None = None) -> None:
-        self.form, self.names, self.limit = FORMATS[fmt], names, limit
+    def __init__(self, fmt: str, names: Iterable[str] | Mapping[str, dict], limit: int | None = None) -> None:
+        """`names`: the tools' names, or each name's parameters schema (how Qwen's XML values are typed)."""
+        self.form, self.limit = FORMATS[fmt], limit
+        self.names = names if isinstance(names, Mapping) else dict.fromkeys(names, {})
         self._held = ""  # text not sent yet, before any call
         self._section: str | None = None  # the text of the calls under way, from their opener
         self._gap = ""  # whitespace before the calls: content only if they turn out not to be calls

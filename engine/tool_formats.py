@@ -15,9 +15,9 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
-_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
+NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SCALAR_END = re.compile(r"[,}\]\s]")
 _CALL_ID = re.compile(r"[A-Za-z0-9]*")
 _STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.S)  # a JSON string's characters, up to its closing quote
@@ -38,7 +38,7 @@ class Section:
     bad: int | None = None  # where the text stopped being calls (0: none of it is)
 
 
-Reader = Callable[[str, set[str]], Section]
+Reader = Callable[[str, Mapping[str, dict]], Section]  # names: each tool's parameters schema
 
 
 # -- JSON, read as far as it goes
@@ -124,7 +124,7 @@ def arguments_at(text: str, start: int, end: int | None) -> str | None:
     return inner.strip()
 
 
-def json_call(text: str, i: int, names: set[str]) -> tuple[tuple[str, str] | None, int | None]:
+def json_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
     """The call object at text[i] ({"name": ..., "arguments" or "parameters": {...}}, either order): the call once its
     name is known and its arguments begun, and the index after the object (None while it goes on; where it stopped
     being JSON once the call was whole: the text after is not the call's)."""
@@ -146,7 +146,7 @@ def json_call(text: str, i: int, names: set[str]) -> tuple[tuple[str, str] | Non
 
 
 # -- sections
-def sequence(text: str, i: int, names: set[str], one, seps: str, close: str | None) -> Section:
+def sequence(text: str, i: int, names: Mapping[str, dict], one, seps: str, close: str | None) -> Section:
     """Calls read by `one` from i on, apart by whitespace and `seps`, up to `close` (None: up to what is not a call)."""
     out = Section()
     while True:
@@ -175,7 +175,7 @@ def opened(text: str, openers: tuple[str, ...]) -> int:
 
 def json_section(openers: tuple[str, ...], close: str | None = None) -> Reader:
     """Calls as JSON objects after an opener: a `[...]` list of them, or (Llama 3) objects apart by ';'."""
-    def read(text: str, names: set[str]) -> Section:
+    def read(text: str, names: Mapping[str, dict]) -> Section:
         i = skip(text, opened(text, openers))
         if i < len(text) and text[i] == "[":
             return sequence(text, i + 1, names, json_call, ",", "]")
@@ -183,27 +183,30 @@ def json_section(openers: tuple[str, ...], close: str | None = None) -> Reader:
     return read
 
 
-def hermes_section(text: str, names: set[str]) -> Section:
-    """`<tool_call>{call}</tool_call>`: one call a block (the closing tag may be missing at the answer's end)."""
-    i = skip(text, opened(text, ("<tool_call>",)))
-    if i >= len(text):
-        return Section()
-    try:
-        call, end = json_call(text, i, names)
-    except Bad:
-        return Section(bad=0)
-    out = Section([call] if call else [])
-    if end is not None:
-        after = skip(text, end)
-        out.end = after + len("</tool_call>") if text.startswith("</tool_call>", after) else \
-            None if "</tool_call>".startswith(text[after:]) else end
-    return out
+def block_section(one) -> Reader:
+    """`<tool_call>…</tool_call>`: one call a block, read by `one` (the closing tag may be missing at the answer's
+    end)."""
+    def read(text: str, names: Mapping[str, dict]) -> Section:
+        i = skip(text, opened(text, ("<tool_call>",)))
+        if i >= len(text):
+            return Section()
+        try:
+            call, end = one(text, i, names)
+        except Bad:
+            return Section(bad=0)
+        out = Section([call] if call else [])
+        if end is not None:
+            after = skip(text, end)
+            out.end = after + len("</tool_call>") if text.startswith("</tool_call>", after) else \
+                None if "</tool_call>".startswith(text[after:]) else end
+        return out
+    return read
 
 
-def named_call(text: str, i: int, names: set[str]) -> tuple[tuple[str, str] | None, int | None]:
+def named_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
     """Mistral v11: `name[ARGS]{...}` (`[CALL_ID]id` may come between; the control tokens may be left out)."""
     j = _after_marker(text, i, "[TOOL_CALLS]")
-    found = _NAME.match(text, j) if j is not None else None
+    found = NAME.match(text, j) if j is not None else None
     if j is None or j >= len(text):
         return None, None
     if found is None:
@@ -232,11 +235,11 @@ def _after_marker(text: str, j: int, marker: str) -> int | None:
     return None if text[j:] and marker.startswith(text[j:]) else j
 
 
-def mistral_named_section(text: str, names: set[str]) -> Section:
+def mistral_named_section(text: str, names: Mapping[str, dict]) -> Section:
     return sequence(text, opened(text, ("[TOOL_CALLS]",)), names, named_call, "", None)
 
 
-def deepseek_call(text: str, i: int, names: set[str]) -> tuple[tuple[str, str] | None, int | None]:
+def deepseek_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
     """`<｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + a ```json fence (V3, R1), or `…begin｜>name<｜tool▁sep｜>{...}`
     (V3.1), up to `<｜tool▁call▁end｜>`."""
     if not text.startswith(DS_CALL, i):
@@ -275,5 +278,5 @@ def deepseek_call(text: str, i: int, names: set[str]) -> tuple[tuple[str, str] |
     return call, None if (DS_FENCE_END + DS_CALL_END).startswith(ending) or DS_CALL_END.startswith(ending) else end
 
 
-def deepseek_section(text: str, names: set[str]) -> Section:
+def deepseek_section(text: str, names: Mapping[str, dict]) -> Section:
     return sequence(text, opened(text, (DS_CALLS,)), names, deepseek_call, "", DS_CALLS_END)

@@ -23,8 +23,9 @@ class ToolRequest:
     parallel: bool  # parallel_tool_calls: more than one call an answer
 
     @property
-    def names(self) -> set[str]:
-        return {t["function"]["name"] for t in self.tools}
+    def names(self) -> dict[str, dict]:
+        """Each tool's name -> its parameters schema."""
+        return {t["function"]["name"]: t["function"].get("parameters") or {} for t in self.tools}
 
     def stream(self) -> CallStream:
         return CallStream(self.fmt, self.names, None if self.parallel else 1)

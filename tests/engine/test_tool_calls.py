@@ -56,6 +56,13 @@ ANSWERS = [  # (format, answer, content, calls)
     ("phi4", 'functools[{"name": "get_weather", "arguments": {"city": "Paris"}}]', "", [PARIS]),
     ("phi4", "I like functools a lot.", "I like functools a lot.", []),
     ("deepseek", "Checking.\n\n" + DS_R1, "Checking.", [PARIS, UTC]),
+    ("qwen_xml", "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n"
+                 "</tool_call>", "", [PARIS]),
+    ("qwen_xml", "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+                 "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nUTC\n</parameter>\n"
+                 "</function>\n</tool_call>", "Let me check.", [PARIS, UTC]),
+    ("qwen_xml", "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>",
+     "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>", []),
     ("deepseek_v3_1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}"
                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", [PARIS]),
 ]
@@ -129,7 +136,7 @@ def test_a_limit_leaves_later_calls_out():
      "tool['function']['name'] + '\\n```json'}}", "deepseek"),
     ("{{ tools }}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
      "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}", "deepseek_v3_1"),
-    ("{{ tools }}<tool_call>\n<function={{ name }}>\n<parameter=", None),  # Qwen3-Coder's XML: not read
+    ("{{ tools }}{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}", "qwen_xml"),  # not hermes
     ("{% for m in messages %}<tool_call>{% endfor %}", None),  # shows no tools
     ("{% if message['role'] == 'system' and 'tools' in message %}{{ '<|tool|>' + message['tools'] + '<|/tool|>' }}"
      "{% endif %}", None),  # Phi-4-mini's own template: a system message's 'tools', not the tools a client sends
@@ -158,6 +165,8 @@ ONE_AND_TWO = {  # a format's text of one call, and of two
     "deepseek": ("<｜tool▁calls▁begin｜>" + DS_R1.split("\n<｜tool▁call▁begin｜>")[0].removeprefix("<｜tool▁calls▁begin｜>"),
                  "\n<｜tool▁call▁begin｜>" + DS_R1.split("\n<｜tool▁call▁begin｜>")[1].removesuffix("<｜tool▁calls▁end｜>"),
                  "<｜tool▁calls▁end｜>"),
+    "qwen_xml": ("<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>",
+                 "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"),
     "deepseek_v3_1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}<｜tool▁call▁end｜>',
                       "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
 }
@@ -179,7 +188,7 @@ def test_a_required_call_grammar_takes_calls_in_its_format_and_nothing_else(fmt)
     assert not _accepts(single, two)
     assert not _accepts(several, one.replace("get_", "set_"))
     assert not _accepts(several, "Sure! " + one)
-    assert not _accepts(several, two.replace('"Oslo"', "1").replace('"Paris"', "1"))  # the schema holds
+    assert not _accepts(several, two.replace('"Oslo"', "1").replace('"Paris"', "1")) or fmt == "qwen_xml"
     content, calls = parse_calls(fmt, two, NAMES)
     assert content == "" and sorted(c.name for c in calls) == ["get_time", "get_weather"], calls
 
@@ -197,3 +206,35 @@ def test_unusable_tools_are_named(tools, words):
 def test_call_arguments_are_json_text():
     _, calls = parse_calls("llama3", '{"name": "get_time", "parameters": {"zone": "CET", "n": [1, 2]}}', NAMES)
     assert json.loads(calls[0].arguments) == {"zone": "CET", "n": [1, 2]}
+
+
+XML_TOOLS = [{"type": "function", "function": {"name": "plan", "parameters": {"type": "object", "properties": {
+    "title": {"type": "string", "maxLength": 24}, "days": {"type": "integer"}, "zone": {"enum": ["UTC", "CET"]},
+    "tags": {"type": "array", "items": {"type": "string"}}, "done": {"type": "boolean"}},
+    "required": ["title", "days"]}}}]
+XML_SCHEMAS = {"plan": XML_TOOLS[0]["function"]["parameters"]}
+XML_PLAN = ("<tool_call>\n<function=plan>\n<parameter=title>\n42 \"days\" <b>\nof rain\n</parameter>\n"
+            "<parameter=days>\n7\n</parameter>\n<parameter=zone>\nUTC\n</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n"
+            "</parameter>\n<parameter=done>\nTrue\n</parameter>\n</function>\n</tool_call>")
+
+
+def test_xml_values_are_typed_by_the_schema_and_strings_stream_as_written():
+    """Qwen's XML values are text: the tool's schema says which are strings (kept as written, "42 ..." included) and
+    which JSON; a string's characters go out as they come, before its closing tag."""
+    content, calls = parse_calls("qwen_xml", XML_PLAN, XML_SCHEMAS)
+    assert content == "" and json.loads(calls[0].arguments) == {
+        "title": '42 "days" <b>\nof rain', "days": 7, "zone": "UTC", "tags": ["a", "b"], "done": True}
+    stream = CallStream("qwen_xml", XML_SCHEMAS)
+    head = stream.feed(XML_PLAN[:XML_PLAN.index("of rain") + 2])
+    assert joined(head)[1][0].arguments == '{"title": "42 \\"days\\" <b>\\nof'
+
+
+def test_xml_grammar_follows_each_parameter_schema():
+    """Each parameter as its schema says (a JSON value as JSON writes it: a boolean `true`)."""
+    grammar, plan = call_grammar("qwen_xml", XML_TOOLS), XML_PLAN.replace("True", "true")
+    assert _accepts(grammar, plan)
+    assert not _accepts(grammar, plan.replace("\n7\n", "\nseven\n"))  # an integer
+    assert not _accepts(grammar, plan.replace("of rain", "of rain and wind"))  # the string's maxLength
+    assert not _accepts(grammar, plan.replace("\nUTC\n", "\nPST\n"))  # the enum
+    assert not _accepts(grammar, plan.replace("<parameter=days>\n7\n</parameter>\n", ""))  # required
+    assert _accepts(grammar, plan.replace("<parameter=done>\ntrue\n</parameter>\n", ""))  # optional

@@ -35,6 +35,16 @@ HERMES_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+XML_TEMPLATE = (  # Qwen3-Coder's and Qwen3.5's calls: <function=name> with a <parameter=key> a value
+    "{%- if tools %}<|im_start|>system\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "Call as <tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n</function>\n</tool_call>"
+    "<|im_end|>\n{%- endif %}"
+    "{%- for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}"
+    "{%- for tool_call in message.tool_calls or [] %}{{- '<tool_call>\\n<function=' + tool_call.function.name + "
+    "'>\\n' }}{%- for key, value in tool_call.function.arguments | items %}{{ '<parameter=' + key + '>\\n' }}"
+    "{{ value }}{{ '\\n</parameter>\\n' }}{%- endfor %}{{ '</function>\\n</tool_call>' }}{%- endfor %}<|im_end|>\n"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -49,10 +59,14 @@ CHAT = {"model": "tools", "messages": [{"role": "user", "content": "Weather in P
 @pytest.fixture(scope="module")
 def tools_model(tiny_models, tmp_path_factory):
     """The tiny Qwen3 with a chat template that shows tools and writes `<tool_call>` blocks."""
-    folder = tmp_path_factory.mktemp("tools_model")
+    return _with_template(tiny_models, tmp_path_factory.mktemp("tools_model"), HERMES_TEMPLATE)
+
+
+def _with_template(tiny_models, folder, template: str):
+    """The tiny Qwen3 with `template` as its chat template, as a GGUF."""
     hf = shutil.copytree(tiny_models["qwen3"].hf_dir, folder / "hf")
     config = json.loads((hf / "tokenizer_config.json").read_text(encoding="utf-8"))
-    config["chat_template"] = HERMES_TEMPLATE
+    config["chat_template"] = template
     (hf / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
     model_config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
     model_config["max_position_embeddings"] = 2048  # two tools' schemas in the system turn: ~500 of its tiny tokens
@@ -184,6 +198,28 @@ def test_a_streamed_chat_answer_joins_to_the_whole_one(text, reason, finish):
         if "tool_calls" in whole["message"] else whole["message"]
     assert joined == whole_message and whole["finish_reason"] == finish
     assert not text.endswith(".") or joined["content"].endswith(".")  # text after a call is kept
+
+
+def test_a_model_writing_xml_calls_is_held_to_each_parameter_schema(tiny_models, tmp_path):
+    """A template that writes Qwen3-Coder's XML calls: a required call's parameters follow their schemas through the
+    model's own tokens (a string up to its closing tag, the integer and the enum as their schemas say), and come
+    back as JSON arguments, streamed and whole alike."""
+    model = _with_template(tiny_models, tmp_path, XML_TEMPLATE)
+    bridge = ServerBridge().start()
+    try:
+        bridge.load(model, alias="xml")
+        with BackgroundServer(bridge) as server:
+            body = CHAT | {"model": "xml", "tool_choice": "required", "temperature": 0}
+            whole = _post(server, body).json()["choices"][0]
+            pieces = [tc for c in _stream(server, body) for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    finally:
+        bridge.shutdown()
+    call = whole["message"]["tool_calls"][0]
+    args = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and _follows_weather(call) or \
+        call["function"]["name"] == "get_time" and args in ({"zone": "UTC"}, {"zone": "CET"}), call
+    assert "".join(p["function"]["arguments"] for p in pieces) == call["function"]["arguments"]
+    assert whole["finish_reason"] == "tool_calls"
 
 
 def test_auto_leaves_a_model_that_calls_nothing_its_text(tools_server):
