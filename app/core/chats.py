@@ -126,6 +126,16 @@ class ChatService:
         search = getattr(self.store, "message_search", None)
         return search(text) if search is not None else None
 
+    def untouched(self, conv_id: int) -> bool:
+        """A listed chat as New chat made it: no message, title, settings, pin or draft of the user's, nothing running
+        (one left for another is not worth keeping)."""
+        conv, live = self.store.get(conv_id), self._live.get(conv_id)
+        if conv.hidden or conv.pinned or conv.title != NEW_TITLE or conv.settings != self.defaults or self.draft(conv_id):
+            return False
+        if live is not None and (live.busy or live.queued or live.refused):
+            return False
+        return all(is_refused(m) for m in self.store.children(conv_id, None))
+
     def refusal(self, conv_id: int) -> Refusal | None:
         return self.live(conv_id).refused
 

@@ -70,7 +70,7 @@ class MainWindow(QMainWindow):
         self._load_bar()
         self._menus()
         self.sidebar.selected.connect(self.open_chat)
-        self.sidebar.new_requested.connect(self.new_chat)
+        self.sidebar.new_requested.connect(self.start_chat)
         self.sidebar.delete_requested.connect(self.delete_chat)
         self.chat.settings_requested.connect(self.edit_settings)
         self.chat.composer.edit.textChanged.connect(self._draft_timer.start)
@@ -100,6 +100,28 @@ class MainWindow(QMainWindow):
         self.open_chat(conv_id)
         self.chat.composer.edit.setFocus()
         return conv_id
+
+    def start_chat(self) -> int:
+        """The user's New chat (Ctrl+N, the button): the chat open if it is still as New chat made it, else a new one;
+        other chats left as made go (each Ctrl+N made another empty "New chat", kept across restarts)."""
+        current = self.current()
+        if current is not None and self._untouched(current):
+            self.open_chat(current)
+            self.sidebar.search.clear()
+            self.chat.composer.edit.setFocus()
+            return current
+        conv_id = self.new_chat()
+        self._drop_untouched(keep=conv_id)
+        return conv_id
+
+    def _untouched(self, conv_id: int) -> bool:
+        return self.service.store.has(conv_id) and not self.service.trashed(conv_id) and self.service.untouched(conv_id)
+
+    def _drop_untouched(self, keep: int | None) -> None:
+        """Chats with nothing of the user's in them (no message, title, settings, pin or draft) go, but `keep`."""
+        for conv in self.service.store.conversations():
+            if conv.id != keep and self._untouched(conv.id):
+                self.service.delete(conv.id)
 
     def open_chat(self, conv_id: int) -> None:
         self.stack.setCurrentWidget(self.chat)
@@ -355,6 +377,7 @@ class MainWindow(QMainWindow):
 
     def closeEvent(self, event) -> None:
         self._forget_trash()  # first: a deleted chat's draft goes with it
+        self._drop_untouched(keep=self.current())  # not kept for the next start: nothing of the user's is in them
         self._save_geometry()
         super().closeEvent(event)
 
@@ -410,7 +433,7 @@ class MainWindow(QMainWindow):
         self.shortcuts: dict[str, QAction] = {}
         bar = self.menuBar()
         file = bar.addMenu(self.tr("&File"))
-        self._action(file, self.tr("New chat"), self.new_chat, ["Ctrl+N"], "new")
+        self._action(file, self.tr("New chat"), self.start_chat, ["Ctrl+N"], "new")
         self._action(file, self.tr("Import GGUF file…"), self.import_file, [], "import")
         self._action(file, self.tr("Import Hugging Face folder…"), self.import_folder, [], "import")
         file.addSeparator()

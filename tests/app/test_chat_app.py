@@ -251,6 +251,7 @@ def test_a_rename_in_progress_survives_another_chat_changing(parley, qtbot):
 def test_shortcuts_new_next_previous_compare(parley, qtbot):
     w = parley.window
     first = w.current()
+    parley.store.add_message(first, None, "user", "hi")  # Ctrl+N on a chat as New chat made it shows that one
     w.shortcuts["Ctrl+N"].trigger()
     second = w.current()
     assert second != first and w.sidebar.ids()[0] == second

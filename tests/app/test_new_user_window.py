@@ -1,12 +1,19 @@
-"""What a new user met in the window (sweep AL, fixed by AM): a message too long for the context."""
+"""What a new user met in the window (sweep AL, fixed by AM): a message too long for the context, empty New chats
+piling up."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
 from PySide6.QtTest import QTest
 
-from tests.app.helpers import handed, wait_idle
+from tests.app.helpers import handed, start_app, wait_idle
 
 LONG = " ".join(f"word{i} is here." for i in range(600))  # far over the tiny engine's 512 tokens
+
+
+def _active(qtbot, window) -> None:
+    """Shortcuts reach only an active window (offscreen too)."""
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
 
 
 def _enter(edit, text: str) -> None:
@@ -67,3 +74,39 @@ def test_a_refused_message_is_on_no_branch():
     assert store.path(conv) == [user, answer]
     other = store.add_message(conv, answer.id, "user", "again")
     assert store.versions(other) == [other]
+
+
+# -- 2: empty New chats
+def test_new_chat_on_an_untouched_chat_makes_no_other_and_a_restart_keeps_none(qtbot, qapp, tiny_models, tmp_path):
+    """Ctrl+N three times made three more empty chats, all kept after a restart. A chat with a draft, settings or a
+    message of the user's is kept."""
+    first = start_app(qtbot, tmp_path / "data", tiny_models)
+    w, service = first.window, first.service
+    _active(qtbot, w)
+
+    def ctrl_n() -> int:
+        QTest.keyClick(w.focusWidget(), Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
+        return w.current()
+
+    start = w.current()
+    assert [ctrl_n() for _ in range(3)] == [start] * 3 and w.sidebar.ids() == [start]
+    first.store.add_message(start, None, "user", "hi")  # a chat with a message
+    drafted = ctrl_n()
+    QTest.keyClicks(w.chat.composer.edit, "a draft")
+    configured = ctrl_n()
+    assert len({start, drafted, configured}) == 3
+    service.set_settings(configured, first.store.get(configured).settings.copy(temperature=0.1))
+    empty = ctrl_n()
+    assert ctrl_n() == empty and len(w.sidebar.ids()) == 4
+    w.open_chat(start)
+    w.sidebar.new_button.click()  # the button as Ctrl+N
+    assert not first.store.has(empty) and len(w.sidebar.ids()) == 4  # the one left as made went
+    left = w.current()
+    w.open_chat(start)
+    first.close()
+    second = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        assert set(second.window.sidebar.ids()) == {start, drafted, configured}  # `left`, untouched, not kept
+        assert left not in second.window.sidebar.ids() and second.service.draft(drafted) == "a draft"
+    finally:
+        second.close()
