@@ -19,6 +19,9 @@ from app.qt.settings_dialog import ModelPicker
 from app.qt.status_line import StatusLine
 from app.qt.theme import icon
 
+TITLE_CHARS = 16  # the title keeps room for this many characters whatever sits beside it (a Live panel took it all)
+PICKER_CHARS = 14  # the model picker gives way down to this many, before the title does
+
 
 def scaled(font: QFont, factor: float) -> QFont:
     """`font` `factor` times larger, whether it is sized in points or in pixels."""
@@ -32,6 +35,7 @@ def scaled(font: QFont, factor: float) -> QFont:
 
 class ChatPage(QWidget):
     settings_requested = Signal()
+    resized = Signal()
 
     def __init__(self, service: ChatService, models: ModelManager, parent=None):
         super().__init__(parent)
@@ -40,7 +44,9 @@ class ChatPage(QWidget):
         self.editing: int | None = None  # the user message being edited
         self.title = ElidedLabel(objectName="chatTitle")  # a long title elides, never widens the window
         self.title.setFont(scaled(self.title.font(), 1.15))  # a step above the text at any font size (was 15 px)
+        self.title.setMinimumWidth(self.title.fontMetrics().averageCharWidth() * TITLE_CHARS)
         self.picker = ModelPicker(models.registry)
+        self.picker.setMinimumWidth(self.picker.fontMetrics().averageCharWidth() * PICKER_CHARS)
         self.picker.setToolTip(self.tr("Model for this chat (takes effect on the next turn)"))
         self.picker.setAccessibleName(self.tr("Model for this chat"))
         self.settings_button = QToolButton(icon=icon("settings"), toolTip=self.tr("Chat settings (Ctrl+,)"))
@@ -85,6 +91,15 @@ class ChatPage(QWidget):
         service.status_changed.connect(self._on_status)
         service.conversations_changed.connect(self._on_titles)
         models.changed.connect(self._on_models_changed)  # bound: it stops with the page, a lambda would not
+
+    def comfortable_width(self) -> int:
+        """The width at which the title has its least room beside a whole model picker: a window's side panel gives
+        way before the page is narrower."""
+        return self.minimumSizeHint().width() + max(0, self.picker.sizeHint().width() - self.picker.minimumWidth())
+
+    def resizeEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        self.resized.emit()
 
     def open(self, conv_id: int | None) -> None:
         """Switching chats only swaps the model behind the view: instant, even while chats stream."""

@@ -87,11 +87,19 @@ class LivePanel(QDockWidget):
             if conv_id == selected:
                 self.table.setCurrentItem(item)
         self.table.setUpdatesEnabled(True)
+        self._least_width()
         self.setWindowTitle(self.tr("Live generations (%1)").replace("%1", str(len(rows))))
         for b in (self.open_button, self.stop_button, self.stop_all_button):
             b.setEnabled(bool(rows))
         if not rows:
             self._timer.stop()
+
+    def _least_width(self) -> None:
+        """The panel narrows (to leave a small window's chat its title) down to State and tok/s whole and Chat and Model
+        at their headings' width: no narrower, or those columns went out of sight."""
+        header = self.table.header()
+        cells = [max(header.sectionSizeHint(c), self.table.sizeHintForColumn(c) if c > 1 else 0) for c in range(4)]
+        self.table.setMinimumWidth(sum(cells) + 2 * self.table.frameWidth())
 
     def stop_all(self) -> None:
         for conv_id in self.service.live_chats():

@@ -67,6 +67,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.live_panel)
         self.live_panel.hide()
         self.live_panel.open_requested.connect(self.open_any)
+        # after the layout pass that resized the page (a window resized, the panel shown or dragged), not inside it
+        self.chat.resized.connect(self._fit_live_panel, Qt.ConnectionType.QueuedConnection)
         self._load_bar()
         self._menus()
         self.sidebar.selected.connect(self.open_chat)
@@ -175,6 +177,23 @@ class MainWindow(QMainWindow):
             return
         i = ids.index(self.current()) if self.current() in ids else -step
         self.open_chat(ids[(i + step) % len(ids)])
+
+    def _fit_live_panel(self) -> None:
+        """The Live panel beside the chat gives way first: narrower (to its least) while the chat page is narrower
+        than comfortable, and back towards its natural width as room comes back; a width the user dragged it to that
+        leaves the page its room is kept."""
+        dock = self.live_panel
+        area = self.dockWidgetArea(dock)
+        if not self.chat.isVisible() or not dock.isVisible() or dock.isFloating() or area not in (Qt.DockWidgetArea.LeftDockWidgetArea,
+                                                                     Qt.DockWidgetArea.RightDockWidgetArea):
+            return
+        room, width = self.chat.width() - self.chat.comfortable_width(), dock.width()
+        if room < 0:
+            target = max(dock.minimumSizeHint().width(), width + room)
+        else:
+            target = max(width, min(dock.sizeHint().width(), width + room))  # never wider than the user left it
+        if target != width:
+            self.resizeDocks([dock], [target], Qt.Orientation.Horizontal)
 
     def _size_by_current_page(self, _index: int = -1) -> None:
         """Only the page on screen sets the window's minimum size (a hidden compare view must not widen a chat)."""

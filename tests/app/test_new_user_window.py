@@ -1,5 +1,5 @@
-"""What a new user met in the window (sweep AL, fixed by AM): a message too long for the context, empty New chats
-piling up."""
+"""Three things a new user met in the window (sweep AL, fixed by AM): a message too long for the context, empty New
+chats piling up, and a Live panel that squeezed the chat's title to nothing."""
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
@@ -110,3 +110,24 @@ def test_new_chat_on_an_untouched_chat_makes_no_other_and_a_restart_keeps_none(q
         assert left not in second.window.sidebar.ids() and second.service.draft(drafted) == "a draft"
     finally:
         second.close()
+
+
+# -- 3: the Live panel beside a chat in a small window
+def test_the_live_panel_gives_way_to_the_chat_title_in_a_small_window(parley, qtbot):
+    """At 800 px the open Live panel left the title 0 px: it read nothing. The title keeps a readable width (elided,
+    the whole of it in its tooltip), the panel narrows first and takes its width back in a wide window."""
+    w = parley.window
+    title = "Why is the sky blue? A long question about light"
+    parley.service.rename(w.current(), title)
+    w.live_panel.show()
+    label, sidebar = w.chat.title, w.sidebar.width()
+    w.resize(800, 700)
+    natural = w.live_panel.sizeHint().width()
+    qtbot.waitUntil(lambda: w.width() == 800 and w.live_panel.width() < natural)  # the panel gives way
+    assert label.width() >= label.fontMetrics().horizontalAdvance("Why is the")
+    assert label.text().startswith("Why is the") and label.text().endswith("…") and label.toolTip() == title
+    assert w.sidebar.width() == sidebar  # the panel gave way, not the sidebar
+    assert w.minimumSizeHint().width() <= 800
+    w.resize(1440, 800)
+    qtbot.waitUntil(lambda: w.live_panel.width() == natural)
+    assert label.text() == title
