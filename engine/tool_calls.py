@@ -252,12 +252,13 @@ class CallStream:
     def _not_calls(self, text: str, at: int, out: list) -> None:
         """`text` (from `at` in the section) is content: an answer that did not begin with its calls is plain text;
         else the opener goes out at once and the rest is read again as text."""
-        whole, self._state = self._state == "start", "text"
-        if whole and at == 0:
-            self._state, text = "free", self._gap + text
-        skipped = len(text) if self._state == "free" else opened(text, self.form.openers)
-        self._put(self._gap + text[:skipped] if self._state != "free" else text, out)
-        self._held = text[skipped:]
+        if self._state == "start" and at == 0:
+            self._put(text, out)
+            self._held, self._state = "", "free"
+            return
+        skipped = opened(text, self.form.openers)
+        self._put(self._gap + text[:skipped], out)
+        self._held, self._state = text[skipped:], "text"
 
     def _text(self, out: list, final: bool) -> bool:
         """Sends the held text's content; True where calls begin in it."""

@@ -3,6 +3,7 @@ every split point alike), and the grammar of a required call in each format."""
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from llguidance import LLMatcher, LLTokenizer
@@ -83,6 +84,20 @@ def test_a_streamed_answer_gives_what_the_whole_one_gives_at_every_split(fmt, an
         assert joined(pieces + stream.finish()) == (content, calls), size
         sent = "".join(p for p in pieces if isinstance(p, str))
         assert "<tool_call>" not in sent and "TOOL_CALLS" not in sent or not calls
+
+
+@pytest.mark.parametrize("fmt,answer,content,calls", ANSWERS)
+def test_an_answer_cut_anywhere_streams_as_it_reads_whole(fmt, answer, content, calls):
+    """Cut short at any point (max_tokens), random pieces of it join to what the cut text reads whole; a call's
+    arguments only grow, and nothing the model wrote is lost (a text that is no call is content)."""
+    rng = random.Random(7)
+    for cut in range(1, len(answer) + 1, 3):
+        text, stream = answer[:cut], CallStream(fmt, NAMES)
+        bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, 6))})
+        pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
+        whole = parse_calls(fmt, text, NAMES)
+        assert joined(pieces) == whole, (cut, pieces)
+        assert whole[0] or whole[1] or not text.strip(), text
 
 
 @pytest.mark.parametrize("fmt,answer,content,calls", [  # the name first, the arguments an object
