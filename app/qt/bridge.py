@@ -31,6 +31,7 @@ class EngineBridge(QObject):
     context_usage = Signal(int, int, int, int)  # session, used, limit, dropped messages
     model_progress = Signal(int, str, float)
     model_loaded = Signal(int, str, object)
+    model_unloaded = Signal(int)  # the engine has let the model go (whoever asked)
     model_failed = Signal(int, str)
     _wake = Signal()
 
@@ -160,5 +161,7 @@ class EngineBridge(QObject):
                 self.model_progress.emit(e.model_id, e.stage, e.fraction)
             case ev.ModelLoaded():
                 self.model_loaded.emit(e.model_id, e.name, e.info)
+            case ev.ModelUnloaded():
+                self.model_unloaded.emit(e.model_id)
             case ev.ModelFailed():
                 self.model_failed.emit(e.model_id, e.message)

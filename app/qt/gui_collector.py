@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import atexit
 import gc
-from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
 if TYPE_CHECKING:
-    from app.qt.background import Background
     from app.qt.bridge import EngineBridge
 
 INTERVAL_MS = 500  # cyclic garbage waits at most this long; non-cyclic objects are freed at once as always
@@ -85,15 +83,14 @@ class ModelFreezer(QObject):
     walking them paused every thread for 50-500 ms mid-stream, so each load freezes what is alive. Frozen cycles are
     never collected: each load and unload of the embedded model left ~700 objects for good (its chat template's Jinja
     environment, its kernels' ctypes handles), the tiny test Llama ~350, and so did any chat closed after a load. Once
-    the engine has let a model go and no turn is generating, everything is thawed, collected once (a full walk of the
-    app's ~233,000 objects: 0.1-0.24 s on the GUI thread) and frozen again."""
+    the engine has let a model go (its ModelUnloaded, whoever asked for the unload) and no turn is generating, everything
+    is thawed, collected once (a full walk of the app's ~233,000 objects: 0.1-0.24 s on the GUI thread) and frozen
+    again."""
 
     thawed = Signal()  # an unloaded model's leftovers were collected
 
-    def __init__(self, bridge: EngineBridge, background: Background, quiet_check_ms: int = QUIET_CHECK_MS,
-                 parent: QObject | None = None) -> None:
+    def __init__(self, bridge: EngineBridge, quiet_check_ms: int = QUIET_CHECK_MS, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._engine, self._background = bridge.engine, background
         self._generating: set[tuple[int, int]] = set()  # (session, turn) of the turns running now
         self.due = False  # a model was let go since the last thaw
         self._timer = QTimer(self)
@@ -103,6 +100,7 @@ class ModelFreezer(QObject):
         bridge.turn_started.connect(self._started)
         bridge.turn_finished.connect(self._finished)
         bridge.turn_failed.connect(self._failed)
+        bridge.model_unloaded.connect(self._let_go)
         atexit.unregister(gc.unfreeze)
         atexit.register(gc.unfreeze)  # interpreter shutdown collects them as usual
 
@@ -110,15 +108,10 @@ class ModelFreezer(QObject):
         """Freezes what is alive now (a model just loaded): no walk on the GUI thread, its garbage waits for a thaw."""
         gc.freeze()
 
-    def unloaded(self) -> None:
-        """A model was told to unload: once the engine has let it go (a call queued after the unload has run, off the
-        GUI thread), its leftovers are collected at the first quiet moment."""
-        self._background.run(partial(self._engine.call, _nothing), self._let_go)
-
-    def _let_go(self, _result: Any, error: Exception | None) -> None:
-        if error is None:  # else the engine has stopped: the app is closing
-            self.due = True
-            self._thaw_when_quiet()
+    def _let_go(self, _model_id: int) -> None:
+        """The engine has let a model go: its leftovers are collected at the first quiet moment."""
+        self.due = True
+        self._thaw_when_quiet()
 
     def _thaw_when_quiet(self) -> None:
         if not self.due:
@@ -140,7 +133,3 @@ class ModelFreezer(QObject):
 
     def _failed(self, session: int, turn: int | None, _message: str) -> None:
         self._generating -= {key for key in self._generating if key[0] == session and turn in (None, key[1])}
-
-
-def _nothing(_engine: Any) -> None:
-    return None

@@ -61,9 +61,10 @@ class ModelManager(QObject):
         self._switches: dict[tuple, bool | None] = {}  # (file, its size and time) -> its template's thinking switch
         self._probing: set[tuple] = set()  # file versions whose template is being read
         self.background = Background(self)
-        self.freezer = ModelFreezer(bridge, self.background, parent=self)  # loaded models out of full collections
+        self.freezer = ModelFreezer(bridge, parent=self)  # loaded models out of full collections
         bridge.model_progress.connect(self._on_progress)
         bridge.model_loaded.connect(self._on_loaded)
+        bridge.model_unloaded.connect(self._on_unloaded)
         bridge.model_failed.connect(self._on_failed)
         self._resolved.connect(self._load_path)
 
@@ -146,8 +147,7 @@ class ModelManager(QObject):
         if state is None or state.status != "loaded" or state.model_id is None:
             return False
         self.bridge.engine.unload_model(state.model_id)
-        self.freezer.unloaded()
-        self._by_id.pop(state.model_id, None)
+        self._by_id.pop(state.model_id, None)  # shown unloaded at once, not when the engine says so
         del self.states[key]
         self.changed.emit(key)
         return True
@@ -242,7 +242,6 @@ class ModelManager(QObject):
         if model_id in self._dropped:  # nobody waits for it any more
             self._dropped.discard(model_id)
             self.bridge.engine.unload_model(model_id)
-            self.freezer.unloaded()
             return
         key = self._by_id.get(model_id)
         if key is None:
@@ -256,6 +255,14 @@ class ModelManager(QObject):
             self.imported.emit(key)
         self.changed.emit(key)
         self.loaded.emit(key)
+
+    def _on_unloaded(self, model_id: int) -> None:
+        """The engine let a model go that this manager had not unloaded (a caller of the engine's own): it is shown
+        unloaded, and a chat's next turn loads it again rather than opening a session on an id that is gone."""
+        key = self._by_id.pop(model_id, None)
+        if key is not None and key in self.states and self.states[key].model_id == model_id:
+            del self.states[key]
+            self.changed.emit(key)
 
     def _on_failed(self, model_id: int, message: str) -> None:
         self._dropped.discard(model_id)

@@ -95,9 +95,9 @@ def test_a_model_unloaded_leaves_no_cycles_frozen_for_good(parley, qtbot, import
         with qtbot.waitSignal(models.freezer.thawed, timeout=30_000):
             models.unload(imported_llama)
         frozen.append(gc.get_freeze_count())
-    # before: +350 a cycle (+1,050 over three); the last unload's may still be let go of on the engine's side as it
-    # thaws (seen one run in two): they are collected at the next thaw, so the count stays within one model's of level
-    assert frozen[3] - frozen[0] < 500, frozen
+    # before: +350 a cycle (+1,050 over three); then one unload in a few still left its template's ~350 frozen, the
+    # engine's drain holding the model as the app collected (tests/app/test_model_unloaded.py); level within ~20 now
+    assert max(frozen) - min(frozen) < 150, frozen
 
 
 def test_what_an_unloaded_model_left_waits_for_no_answer_to_be_streaming(parley, qtbot, imported_llama):
