@@ -83,7 +83,7 @@ def test_a_cuda_load_reads_the_header_once(tiny_models_q4, tmp_path, monkeypatch
     from engine.loading import loader
 
     opened, real = [], loader.open_gguf
-    monkeypatch.setattr(loader, "open_gguf", lambda path: opened.append(path) or real(path))
+    monkeypatch.setattr(loader, "open_gguf", lambda path, skip=None: opened.append(path) or real(path, skip))
     opts = LoadOptions(device="cuda", dtype="bfloat16", weights=weights, cache_dir=tmp_path)
     lm = load_model(tiny_models_q4["llama"].gguf_path, opts)
     assert len(opened) == 1 and any(t.is_cuda for t in lm.model.state_dict().values())
