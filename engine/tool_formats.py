@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _SCALAR_END = re.compile(r"[,}\]\s]")
 _CALL_ID = re.compile(r"[A-Za-z0-9]*")
+_CALL_KEYS = {"name", "arguments", "parameters", "type", "id"}  # what a JSON call holds (Llama 3.2 adds "type")
 _STRING_BODY = re.compile(r'[^"\\]*(?:\\.[^"\\]*)*', re.S)  # a JSON string's characters, up to its closing quote
 _STRUCTURE = re.compile(r'["{}\[\]]')
 DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
@@ -131,6 +132,8 @@ def json_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, 
     if text[i] != "{":
         raise Bad
     members, end, broken = _members(text, i)
+    if not set(members) <= _CALL_KEYS:  # plain JSON, not a call: said at its first other key, not at its end
+        raise Bad
     name = None
     if "name" in members and members["name"][1] is not None:
         start, stop = members["name"]

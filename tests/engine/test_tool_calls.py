@@ -125,6 +125,12 @@ def test_a_name_written_after_the_arguments_holds_the_call_until_it_is_known():
         CallDelta(0, "get_weather", ""), CallDelta(0, None, '{"city": "Paris"}')]
 
 
+def test_a_json_answer_that_is_no_call_streams_from_its_first_other_key():
+    stream = CallStream("llama3", NAMES)
+    assert stream.feed('{"answer": 4') == ['{"answer": 4']
+    assert stream.feed('2, "name": "get_time"}') == ['2, "name": "get_time"}']
+
+
 def test_text_before_a_call_streams_before_the_answer_ends():
     stream = CallStream("hermes", NAMES)
     assert stream.feed("Let me look it up ") == ["Let me look it up"]  # the space may precede a call: held
