@@ -5,10 +5,10 @@ value typed by the tool's schema; a string streams as it is written, any other v
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_formats import NAME, Bad
+from engine.tool_formats import NAME, Bad, skip
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 FUNCTION_END, PARAMETER_END = "</function>", "</parameter>"
@@ -31,7 +31,7 @@ def xml_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
     properties = (tools[name] or {}).get("properties") or {}
     pairs, j = [], close + 1
     while True:
-        j = _skip_lines(text, j)
+        j = skip(text, j)
         if text.startswith(FUNCTION_END, j):
             return (name, "{" + ", ".join(pairs) + "}"), j + len(FUNCTION_END)
         head = "{" + ", ".join(pairs)
@@ -45,19 +45,14 @@ def xml_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
         pairs.append(pair)
 
 
-def _skip_lines(text: str, j: int) -> int:
-    while j < len(text) and text[j] in "\r\n ":
-        j += 1
-    return j
-
-
 def _parameter(text: str, j: int, properties: dict) -> tuple[str, int | None]:
     """A parameter's `"key": value` JSON, and the index after its closing tag; while it goes on, what of it is
     certain (a string's characters so far, not a tail that may begin its closing tag) and None."""
     close = text.find(">", j)
     if close < 0 or close + 1 >= len(text):  # the key, or whether a newline opens the value, still to come
         return "", None
-    key, is_text = text[j + len(PARAMETER):close], _is_text(properties.get(text[j + len(PARAMETER):close]) or {})
+    key = text[j + len(PARAMETER):close]
+    is_text = _is_text(properties.get(key) or {})
     start = close + 1 + text.startswith("\n", close + 1)
     end = text.find(PARAMETER_END, close + 1)
     if end < 0:
@@ -84,7 +79,8 @@ def _typed(value: str, is_text: bool) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def xml_grammar(tools: list[dict[str, Any]], parallel: bool, lit, schema) -> list[str]:
+def xml_grammar(tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str],
+                schema: Callable[[dict], dict]) -> list[str]:
     """Lark rules of one call (or more, `parallel`) to one of `tools`: each parameter in its schema's order, required
     ones always; a string's value any text up to its closing tag (as long as its maxLength allows; a string enum one
     of its values; a pattern is not held), any other value JSON following its schema. `lit`, `schema`: tool_calls' literal and JSON-schema writers."""
@@ -104,7 +100,8 @@ def xml_grammar(tools: list[dict[str, Any]], parallel: bool, lit, schema) -> lis
     return rules
 
 
-def _parameter_rules(rule: str, key: str, sub: dict, lit, schema) -> list[str]:
+def _parameter_rules(rule: str, key: str, sub: dict, lit: Callable[[str], str],
+                     schema: Callable[[dict], dict]) -> list[str]:
     head = lit(f"{PARAMETER}{key}>\n")
     if "enum" in sub and _is_text(sub):
         values = " | ".join(lit(v) for v in sub["enum"])

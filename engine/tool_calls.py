@@ -71,7 +71,7 @@ class _Format:
     key: str  # the arguments' key in a JSON call ("": the name and arguments are written apart)
     block: tuple[str, str, str]  # the grammar: (text before the calls, between two, after them)
     call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
-    rules: Callable | None = None  # a grammar of its own: (tools, parallel, literal, schema) -> Lark rules
+    rules: Callable[..., list[str]] | None = None  # a grammar of its own: (tools, parallel, literal, schema) -> rules
 
 
 def _ds_r1(name: str) -> tuple[str, str]:
