@@ -299,16 +299,16 @@ class Present:
                 for root in {_kept(m.role, m.content) for m in self.store.children(conv_id, None)} or {None}:
                     self._opening.setdefault((title, root), []).append(conv_id)
         first = next((_kept(m["role"], m["content"]) for m in chat["messages"] if m["parent"] is None), None)
-        same, key = self._opening.get((title, first), []), None
-        for i, conv_id in enumerate(same):
-            if conv_id in self._taken or not self.store.has(conv_id) \
-                    or chat["created_at"] not in (None, self.store.get(conv_id).created_at):
-                continue  # taken, deleted since, or started at another time
-            key = key or (_read_back(chat) if branch else chat_key(chat))
-            have = self._keys_of(conv_id, branch)
-            if (key & have) if branch else key == have:
-                self._taken.add(conv_id)
-                return same.pop(i)
+        same = self._opening.get((title, first), [])
+        for key in _wanted(chat, branch):  # the cheaper first: the next made only where it finds none
+            for i, conv_id in enumerate(same):
+                if conv_id in self._taken or not self.store.has(conv_id) \
+                        or chat["created_at"] not in (None, self.store.get(conv_id).created_at):
+                    continue  # taken, deleted since, or started at another time
+                have = self._keys_of(conv_id, branch)
+                if key in have if branch else key == have:
+                    self._taken.add(conv_id)
+                    return same.pop(i)
         return None
 
     def _keys_of(self, conv_id: int, branch: bool):
@@ -332,12 +332,15 @@ def branch_keys(chat: dict) -> set[tuple]:
     return {_branch_key(msgs, end, kept) for end in {i for i in range(len(msgs)) if i not in inner} | {chat["leaf"]}}
 
 
-def _read_back(chat: dict) -> set[tuple]:
-    """A Markdown chat's branch as its file says it (a Parley export's own), and as a Parley export of that text would
-    (an older export's raw thought tags)."""
+def _wanted(chat: dict, branch: bool) -> typing.Iterator[tuple]:
+    """What a chat of the file is looked for by: a JSON chat's chat_key; a Markdown chat's branch as its file says it
+    (a Parley export's own), then as a Parley export of that text would read back (an older export's raw thought tags)."""
+    if not branch:
+        yield chat_key(chat)
+        return
     msgs = chat["messages"]
-    return {_branch_key(msgs, chat["leaf"], [m["content"].rstrip() for m in msgs]),
-            _branch_key(msgs, chat["leaf"], [_kept(m["role"], m["content"]) for m in msgs])}
+    yield _branch_key(msgs, chat["leaf"], [m["content"].rstrip() for m in msgs])
+    yield _branch_key(msgs, chat["leaf"], [_kept(m["role"], m["content"]) for m in msgs])
 
 
 def _branch_key(msgs: list[dict], leaf: int | None, texts: list[str]) -> tuple:
