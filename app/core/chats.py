@@ -141,18 +141,26 @@ class ChatService:
 
     def dismiss_refusal(self, conv_id: int) -> None:
         live = self.live(conv_id)
-        if live.refused is not None and live.refused.edit_of is not None:  # an edit nobody took back: kept as a draft
+        if live.refused is not None and live.refused.edit_of is not None and live.refused.text:  # an edit not reopened
             self._to_draft(conv_id, live.refused.text)
         live.refused = None
         self.status_changed.emit(conv_id)
 
     def take_refused_edit(self, conv_id: int) -> Refusal | None:
-        """A refused edit for the page to open again as an edit (its text then lives in the box, not the service)."""
+        """A refused edit for the page to open again as an edit: its text then lives in the box (the refusal's is "")
+        until the page gives it back (keep_refused_edit) or the edit is sent or cancelled."""
         live = self.live(conv_id)
-        if live.refused is None or live.refused.edit_of is None or not self.store.has_message(live.refused.edit_of):
+        refusal = live.refused
+        if refusal is None or refusal.edit_of is None or not refusal.text or not self.store.has_message(refusal.edit_of):
             return None
-        taken, live.refused = live.refused, replace(live.refused, edit_of=None, text="")
-        return taken
+        live.refused = replace(refusal, text="")
+        return refusal
+
+    def keep_refused_edit(self, conv_id: int, text: str) -> None:
+        """The refused edit's text as the box left it (another chat opened): it opens again when this one does."""
+        refusal = self.live(conv_id).refused
+        if refusal is not None and refusal.edit_of is not None and not refusal.text:
+            self.live(conv_id).refused = replace(refusal, text=text)
 
     def live(self, conv_id: int) -> LiveChat:
         return self._live.setdefault(conv_id, LiveChat(conv_id))
@@ -189,7 +197,8 @@ class ChatService:
         """Every chat's unsent text, queued messages included (what a restart should give back)."""
         out = dict(self._drafts)
         for conv_id, live in self._live.items():
-            edit = [live.refused.text] if live.refused is not None and live.refused.edit_of is not None else []
+            refusal = live.refused  # a refused edit not open in the box (there, its text is "")
+            edit = [refusal.text] if refusal is not None and refusal.edit_of is not None and refusal.text else []
             if (live.queued or edit) and self.store.has(conv_id):
                 out[conv_id] = "\n\n".join([*edit, *live.queued, out.get(conv_id, "")]).strip()
         return {c: t for c, t in out.items() if self.store.has(c)}

@@ -103,6 +103,8 @@ class ChatPage(QWidget):
 
     def open(self, conv_id: int | None) -> None:
         """Switching chats only swaps the model behind the view: instant, even while chats stream."""
+        if self.editing is not None and self.conv_id is not None:  # a refused edit's text stays with its chat
+            self.service.keep_refused_edit(self.conv_id, self.composer.edit.toPlainText())
         self._cancel_edit()
         self.conv_id = conv_id
         self._on_draft(conv_id)
@@ -143,6 +145,9 @@ class ChatPage(QWidget):
         self.composer.end_edit()
         if editing is not None:
             self._on_draft(self.conv_id)
+            refusal = self.service.refusal(self.conv_id)
+            if refusal is not None and refusal.edit_of == editing and not refusal.text:  # the refused edit given up
+                self.service.dismiss_refusal(self.conv_id)
 
     def _keep_draft(self) -> None:
         if self.conv_id is not None and self.editing is None:
@@ -164,13 +169,12 @@ class ChatPage(QWidget):
             self.begin_edit(taken.edit_of)
             self.composer.edit.setPlainText(taken.text)
             self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
-            self._show_refusal(conv_id)  # "The edit is back", now that it is
 
     def _show_refusal(self, conv_id: int) -> None:
         refusal = self.service.refusal(conv_id)
         if refusal is not None:
             color = NOTE_COLOR["error"][self.palette().color(QPalette.ColorRole.Window).lightness() < 128]
-            what = self.tr("The edit") if self.editing is not None else self.tr("The message")
+            what = self.tr("The edit") if refusal.edit_of is not None else self.tr("The message")
             self.refused_note.setText(
                 self.tr('<span style="color:%1"><b>Not sent:</b> %2</span> %3 is back in the box. '
                         '<a href="dismiss:">Dismiss</a>').replace("%1", color)

@@ -57,6 +57,11 @@ def test_a_refused_edit_opens_again_as_the_edit(parley, qtbot):
     assert w.chat.editing == before[0] and w.chat.composer.banner.isVisible()
     assert w.chat.composer.edit.toPlainText() == LONG and "The edit is back" in w.chat.refused_note.text()
     assert parley.service.draft(conv) == ""  # the text is the edit's, not sent as a new message by Enter
+    other = w.new_chat()  # another chat and back: the edit opens again as the box left it
+    w.open_chat(conv)
+    assert w.chat.editing == before[0] and w.chat.composer.edit.toPlainText() == LONG and w.current() != other
+    QTest.keyClick(w.chat.composer.edit, Qt.Key.Key_Escape)  # given up: the note goes with it
+    assert w.chat.editing is None and not w.chat.refused_note.isVisible()
 
 
 def test_a_refused_message_is_on_no_branch():
