@@ -100,18 +100,37 @@ _DETECTED = (("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mist
              ("<|python_tag|>", "llama3"))  # in this order: a marker of one may come in another's template
 # the template's `tools` variable (Phi-4-mini's own template reads a system message's 'tools' key: shows none of ours)
 _SHOWS_TOOLS = re.compile(r"(?<![\w'\".\[])tools\b(?!['\"])")
+_PROMPTED = ("deepseek", "deepseek_v3_1")  # their templates show no tools: the system prompt does (tools_prompt)
 _DS_NAME_FIRST = re.compile(r"name['\"]\]\s*\+\s*['\"]" + DS_SEP)  # V3.1's template: the name, then the separator
 
 
 def tool_format(template: str | None) -> str | None:
     """The format a chat template writes tool calls in, or None where it takes no tools (or writes them some other
-    way: a client's tools would be sent to a model whose calls could not be read back)."""
-    if not template or not _SHOWS_TOOLS.search(template):
+    way: a client's tools would be sent to a model whose calls could not be read back). DeepSeek's templates write
+    calls but never show the tools: `tools_prompt` writes them into the system prompt."""
+    fmt = next((f for marker, f in _DETECTED if marker in template), None) if template else None
+    if fmt is None or not _SHOWS_TOOLS.search(template) and fmt not in _PROMPTED:
         return None
-    fmt = next((f for marker, f in _DETECTED if marker in template), None)
-    if fmt == "deepseek" and _DS_NAME_FIRST.search(template):
-        return "deepseek_v3_1"
-    return fmt
+    return "deepseek_v3_1" if fmt == "deepseek" and _DS_NAME_FIRST.search(template) else fmt
+
+
+def tools_prompt(fmt: str, tools: list[dict[str, Any]]) -> str | None:
+    """The tools as a system prompt says them to a model whose template shows none (DeepSeek's, as its model cards
+    write it: each tool's name, description and parameters, then the form of a call); None for the other formats."""
+    if fmt not in _PROMPTED:
+        return None
+    lines = ["## Tools", "You have access to the following tools:", ""]
+    for tool in tools:
+        function = tool["function"]
+        lines += [f"### {function['name']}", f"Description: {function.get('description') or ''}", "",
+                  f"Parameters: {json.dumps(function.get('parameters') or _ANY_ARGUMENTS, ensure_ascii=False)}", ""]
+    head, tail = FORMATS[fmt].call("tool_call_name")
+    before, between, after = FORMATS[fmt].block
+    lines += ["IMPORTANT: ALWAYS adhere to this exact format for tool use:",
+              f"{before}{head}tool_call_arguments{tail}{between}{{{{additional_tool_calls}}}}{after}", "",
+              "Where:", "- `tool_call_name` must be an exact match to one of the available tools",
+              "- `tool_call_arguments` must be valid JSON that strictly follows the tool's Parameters Schema"]
+    return "\n".join(lines)
 
 
 def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) -> str:

@@ -115,6 +115,8 @@ def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, m
     req.history, req.prompt = turns[:-1], turns[-1]["content"]
     req.final = {k: v for k, v in turns[-1].items() if k != "content"} if turns[-1]["role"] == "tool" else None
     req.tools = request_tools(data, tool_format, model)
+    if req.tools is not None:
+        req.system = req.tools.system(req.system)
     if req.tools is not None and req.tools.grammar is not None:  # a required call: a thought would break its form
         thinking = False if req.params.thinking is None else req.params.thinking
         req.params = dataclasses.replace(req.params, grammar=req.tools.grammar, thinking=thinking)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from engine.errors import ParleyError
-from engine.tool_calls import CallDelta, CallStream, ToolCall, call_grammar, check_tools, parse_calls
+from engine.tool_calls import CallDelta, CallStream, ToolCall, call_grammar, check_tools, parse_calls, tools_prompt
 from server.api_error import APIError
 
 CHOICES = ("none", "auto", "required")
@@ -29,6 +29,11 @@ class ToolRequest:
 
     def stream(self) -> CallStream:
         return CallStream(self.fmt, self.names, None if self.parallel else 1)
+
+    def system(self, system: str | None) -> str | None:
+        """The request's system prompt, with the tools where the model's template shows none (DeepSeek's)."""
+        prompt = tools_prompt(self.fmt, list(self.tools))
+        return system if prompt is None else f"{system}\n\n{prompt}" if system else prompt
 
     def read(self, content: str) -> tuple[str, list[ToolCall]]:
         """A whole answer's content -> (the content left, its calls), as its stream would send them."""

@@ -10,7 +10,7 @@ from llguidance import LLMatcher, LLTokenizer
 
 from engine.errors import ParleyError
 from engine.tool_calls import (CallDelta, CallStream, ToolCall, call_grammar, check_tools, joined, parse_calls,
-                               tool_format)
+                               tool_format, tools_prompt)
 
 NAMES = {"get_weather", "get_time"}
 PARIS = ToolCall("get_weather", '{"city": "Paris"}')
@@ -158,6 +158,10 @@ def test_a_limit_leaves_later_calls_out():
     ("{{ tools }}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
      "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}", "deepseek_v3_1"),
     ("{{ tools }}{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}", "qwen_xml"),  # not hermes
+    ("{%- for tool in message['tool_calls']-%}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
+     "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json'}}{% endfor %}", "deepseek"),  # R1's, no tools
+    ("{%- for tool in message['tool_calls'] -%}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
+     "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}{% endfor %}", "deepseek_v3_1"),  # V3.1's, no tools
     ("{% for m in messages %}<tool_call>{% endfor %}", None),  # shows no tools
     ("{% if message['role'] == 'system' and 'tools' in message %}{{ '<|tool|>' + message['tools'] + '<|/tool|>' }}"
      "{% endif %}", None),  # Phi-4-mini's own template: a system message's 'tools', not the tools a client sends
@@ -165,6 +169,19 @@ def test_a_limit_leaves_later_calls_out():
 ])
 def test_the_format_comes_from_what_the_template_writes(template, fmt):
     assert tool_format(template) == fmt
+
+
+def test_deepseek_is_shown_the_tools_in_its_system_prompt():
+    """DeepSeek's templates show no tools: the system prompt says them as its model cards do, with the call form the
+    model writes (and a client's required call is held to)."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {}}}}}]
+    prompt = tools_prompt("deepseek_v3_1", tools)
+    assert "### get_weather\nDescription: The weather in a city" in prompt
+    assert 'Parameters: {"type": "object", "properties": {"city": {}}}' in prompt
+    assert "<｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>tool_call_arguments<｜tool▁call▁end｜>" in prompt
+    assert "function<｜tool▁sep｜>tool_call_name\n```json\ntool_call_arguments\n```" in tools_prompt("deepseek", tools)
+    assert tools_prompt("hermes", tools) is None
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {

@@ -45,6 +45,14 @@ XML_TEMPLATE = (  # Qwen3-Coder's and Qwen3.5's calls: <function=name> with a <p
     "{{ value }}{{ '\\n</parameter>\\n' }}{%- endfor %}{{ '</function>\\n</tool_call>' }}{%- endfor %}<|im_end|>\n"
     "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
+DEEPSEEK_TEMPLATE = (  # as R1's: the calls fenced after function<｜tool▁sep｜>name; no tools shown
+    "{{ bos_token }}{% for message in messages %}{% if message['role'] == 'system' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}{% elif message['tool_calls'] %}"
+    "{{ '<｜Assistant｜><｜tool▁calls▁begin｜>' }}{% for tool in message['tool_calls'] %}{{ '<｜tool▁call▁begin｜>' + "
+    "tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n```json\\n' + tool['function']['arguments'] | "
+    "tojson + '\\n```<｜tool▁call▁end｜>' }}{% endfor %}{{ '<｜tool▁calls▁end｜>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -155,6 +163,16 @@ def test_the_openai_sdk_assembles_the_streamed_calls_as_the_whole_answer(tools_s
     assert json.loads(final.message.tool_calls[0].function.arguments)
 
 
+def test_a_deepseek_model_gets_the_tools_after_the_clients_system_prompt():
+    """Its template shows no tools: the request's system prompt carries them; other formats' prompts stay as sent."""
+    body = CHAT | {"messages": [{"role": "system", "content": "Be brief."}, *CHAT["messages"]]}
+    system = parse_chat(body, 4096, "deepseek", "ds").system
+    assert system.startswith("Be brief.\n\n## Tools\n") and "### get_time" in system
+    assert parse_chat(CHAT, 4096, "deepseek_v3_1", "ds").system.startswith("## Tools")
+    assert parse_chat(body, 4096, "hermes", "tools").system == "Be brief."
+    assert parse_chat(body | {"tool_choice": "none"}, 4096, "deepseek", "ds").system == "Be brief."
+
+
 def test_required_with_parallel_calls_may_hold_several_calls():
     """parallel_tool_calls (OpenAI's default true): a required answer may make one call or more; false: one."""
     two = ('<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_call>\n'
@@ -200,16 +218,19 @@ def test_a_streamed_chat_answer_joins_to_the_whole_one(text, reason, finish):
     assert not text.endswith(".") or joined["content"].endswith(".")  # text after a call is kept
 
 
-def test_a_model_writing_xml_calls_is_held_to_each_parameter_schema(tiny_models, tmp_path):
-    """A template that writes Qwen3-Coder's XML calls: a required call's parameters follow their schemas through the
-    model's own tokens (a string up to its closing tag, the integer and the enum as their schemas say), and come
-    back as JSON arguments, streamed and whole alike."""
-    model = _with_template(tiny_models, tmp_path, XML_TEMPLATE)
+@pytest.mark.parametrize("template,fmt", [(XML_TEMPLATE, "qwen_xml"), (DEEPSEEK_TEMPLATE, "deepseek")])
+def test_a_model_writing_another_form_is_held_to_each_schema(tiny_models, tmp_path, template, fmt):
+    """A template that writes Qwen3-Coder's XML calls (a string parameter up to its closing tag, the integer and the
+    enum as their schemas say), or DeepSeek R1's (its template shows no tools: the system prompt does): a required
+    call through the model's own tokens follows the schemas and comes back as JSON arguments, streamed and whole
+    alike."""
+    model = _with_template(tiny_models, tmp_path, template)
     bridge = ServerBridge().start()
     try:
-        bridge.load(model, alias="xml")
+        served = bridge.load(model, alias="other")
+        assert served.info["tool_calls"] == fmt
         with BackgroundServer(bridge) as server:
-            body = CHAT | {"model": "xml", "tool_choice": "required", "temperature": 0}
+            body = CHAT | {"model": "other", "tool_choice": "required", "temperature": 0, "max_tokens": 400}
             whole = _post(server, body).json()["choices"][0]
             pieces = [tc for c in _stream(server, body) for tc in c["choices"][0]["delta"].get("tool_calls", [])]
     finally:
