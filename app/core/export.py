@@ -12,6 +12,7 @@ import math
 import os
 import re
 import stat
+import time
 import typing
 from contextlib import nullcontext
 from pathlib import Path
@@ -51,6 +52,7 @@ FOLD_LINE_ESCAPED = re.compile(r"^\\(\\*)(</details>|<details><summary>Thought)"
 # A message's heading ends in how it ended, where not done (after its version, which an import has no use for).
 MD_CUTS = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}
 MD_VERSION = re.compile(r"\A \(version \d+ of \d+\)")
+MD_ORDER_S = 1e-3  # a Markdown chat's time before the one above it in the file (it keeps none): the list keeps its order
 
 
 class ImportFormatError(ParleyError):
@@ -391,6 +393,9 @@ def markdown_chats(text: str | typing.Iterable[str]) -> list[dict]:
     chats = [_markdown_chat(block) for block in _markdown_blocks(_unix_lines(_capped(pieces)))]
     if sum(len(c["messages"]) for c in chats) > MAX_MESSAGES:
         raise ImportFormatError(f"The file holds more than {MAX_MESSAGES:,} messages.")
+    now = time.time()  # stamped as added, the file's last chat came first in the list: an export read back reversed
+    for i, chat in enumerate(chats):
+        chat["updated_at"] = now - i * MD_ORDER_S
     return chats
 
 

@@ -266,3 +266,17 @@ def test_markdown_exported_imported_into_a_fresh_home_and_exported_again_is_the_
     assert export_markdown(home) == md
     assert [m.state for m in home.path(cid)][1::2] == ["done", "stopped", "interrupted", "error", "stopped"]
     home.close()
+
+
+def test_markdown_of_several_chats_imports_in_the_order_it_lists_them(tmp_path):
+    """Markdown keeps no times: each chat took the time it was added, and the list (newest first) read the file
+    backwards, so an export of every chat imported into a fresh home and exported again came out reversed."""
+    src = ConversationStore()
+    for title in ("Oldest", "Middle", "Newest"):
+        src.add_message(src.create(title).id, None, "user", f"about {title}")
+    md = export_markdown(src)
+    home = SqliteConversationStore(tmp_path / "parley.db")
+    import_markdown(home, md)
+    assert [c.title for c in home.conversations()] == ["Newest", "Middle", "Oldest"]
+    assert export_markdown(home) == md
+    home.close()
