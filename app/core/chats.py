@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Callable
 
 from app.core.chat_settings import ChatSettings
-from app.core.conversations import ConversationStore, Message, is_refused
+from app.core.conversations import ConversationStore, Message
 from app.core.live import ChatStatus, LiveChat, Refusal, TurnInfo, can_continue, engine_messages
 from app.core.signals import Signal
 from engine.sampling import SamplingParams
@@ -134,7 +134,7 @@ class ChatService:
             return False
         if live is not None and (live.busy or live.queued or live.refused):
             return False
-        return all(is_refused(m) for m in self.store.children(conv_id, None))
+        return not self.store.children(conv_id, None)
 
     def refusal(self, conv_id: int) -> Refusal | None:
         return self.live(conv_id).refused

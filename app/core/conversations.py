@@ -51,8 +51,9 @@ class Message:
 
 
 def is_refused(msg: Message) -> bool:
-    """A user message the engine refused before answering: its text went back to the user, and it stays off every
-    branch (no version of anything; the SQLite store cannot delete one message, so it is kept, emptied)."""
+    """A user message the engine refused before answering: its text went back to the user, and it is no child of its
+    parent (children(): on no branch, no version, in no export); the SQLite store deletes no single message, so it
+    is kept, emptied."""
     return msg.role == "user" and msg.state == "error"
 
 
@@ -173,7 +174,9 @@ class ConversationStore:
         return msg
 
     def children(self, conv_id: int, parent_id: int | None) -> list[Message]:
-        return [self._messages[i] for i in self._children.get((conv_id, parent_id), [])]
+        """The messages under `parent_id`, oldest first; refused ones left out (on no branch, no version, in no export)."""
+        kids = (self._messages[i] for i in self._children.get((conv_id, parent_id), []))
+        return [m for m in kids if not is_refused(m)]
 
     def path(self, conv_id: int) -> list[Message]:
         """The branch shown: root -> leaf."""
@@ -188,13 +191,13 @@ class ConversationStore:
 
     def versions(self, msg: Message) -> list[Message]:
         """The message and its alternatives (regenerated answers, edited prompts), oldest first."""
-        return [m for m in self.children(msg.conversation_id, msg.parent_id) if m.role == msg.role and not is_refused(m)]
+        return [m for m in self.children(msg.conversation_id, msg.parent_id) if m.role == msg.role]
 
     def select(self, msg_id: int) -> None:
         """Shows the branch through `msg_id`, following the newest child below it."""
         msg = self._messages[msg_id]
         while True:
-            kids = [m for m in self.children(msg.conversation_id, msg.id) if not is_refused(m)]
+            kids = self.children(msg.conversation_id, msg.id)
             if not kids:
                 break
             msg = kids[-1]

@@ -67,6 +67,7 @@ def test_a_refused_edit_opens_again_as_the_edit(parley, qtbot):
 def test_a_refused_message_is_on_no_branch():
     """Kept (the SQLite store deletes no single message) but never shown: no version of another, never followed."""
     from app.core.conversations import ConversationStore
+    from app.core.export import export_markdown
 
     store = ConversationStore()
     conv = store.create().id
@@ -78,7 +79,8 @@ def test_a_refused_message_is_on_no_branch():
     store.select(user.id)  # as a version switch does: down the newest children
     assert store.path(conv) == [user, answer]
     other = store.add_message(conv, answer.id, "user", "again")
-    assert store.versions(other) == [other]
+    assert store.versions(other) == [other] and store.children(conv, answer.id) == [other]
+    assert "version" not in export_markdown(store, [conv])  # "(version 2 of 2)" beside a message never shown
 
 
 # -- 2: empty New chats
