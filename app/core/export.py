@@ -131,6 +131,7 @@ def _chat_markdown(chat: dict) -> str:
         model = f" model={_one_line(m['model'])}" if m["model"] else ""
         cut = MD_CUTS.get(m["state"], "")
         body = _answer_markdown(m["content"]) if m["role"] == "assistant" else _md_escape(m["content"])
+        body = body.rstrip("\n")  # an import reads none: written as blank lines, they came out fewer the second time
         parts.append(f"<!-- parley:{m['role']}{model} -->\n{_heading(m['role'], m['model'])}{note}{cut}\n\n{body}")
     return "\n\n".join(parts)
 

@@ -246,12 +246,14 @@ def test_markdown_of_an_empty_thought_is_the_reply_alone():
 
 
 def test_markdown_exported_imported_into_a_fresh_home_and_exported_again_is_the_same(tmp_path):
-    """Code, a table, a thought, CJK, emoji, structure-like lines, and answers stopped, interrupted or failed: the
-    import read every answer as done, and the second export lost each ' — stopped' (' — interrupted', ' — failed')."""
+    """Code, a table, a thought, CJK, emoji, structure-like lines, messages ending in line breaks, and answers stopped,
+    interrupted or failed: the import read every answer as done, and the second export lost each ' — stopped'
+    (' — interrupted', ' — failed'); a message's last line breaks, written as blank lines and read as none, came out
+    fewer the second time."""
     src = ConversationStore()
     conv = src.create("Round trip 🎉 — 中文", ChatSettings(system_prompt="Be brief.\n日本語で"))
-    turns = [("user", "Code?\n```python\ndef f(x):\n    return x * 2  \n```"),
-             ("assistant", "<think>\nThey want code 🤔.\n</think>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```js\nlet s = '---'\n```"),
+    turns = [("user", "Code?\n```python\ndef f(x):\n    return x * 2  \n```\n\n"),
+             ("assistant", "<think>\nThey want code 🤔.\n</think>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```js\nlet s = '---'\n```\n"),
              ("user", "中文怎么样？ 👩‍👩‍👧\n---\n<!-- parley:user -->"),
              ("assistant", "答えは 42 です 🎉", "stopped"), ("user", "again"), ("assistant", "Half an ans", "interrupted"),
              ("user", "once more"), ("assistant", "", "error"), ("user", "think"),
