@@ -97,6 +97,9 @@ def test_new_chat_on_an_untouched_chat_makes_no_other_and_a_restart_keeps_none(q
 
     start = w.current()
     assert [ctrl_n() for _ in range(3)] == [start] * 3 and w.sidebar.ids() == [start]
+    w.show_compare()  # its columns are chats too, hidden: untouched or not, they stay
+    columns = [c.conv_id for c in w.compare.columns]
+    assert ctrl_n() == start and w.stack.currentWidget() is w.chat and all(map(first.store.has, columns))
     first.store.add_message(start, None, "user", "hi")  # a chat with a message
     drafted = ctrl_n()
     QTest.keyClicks(w.chat.composer.edit, "a draft")
