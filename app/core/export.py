@@ -52,7 +52,7 @@ FOLD_LINE_ESCAPED = re.compile(r"^\\(\\*)(</details>|<details><summary>Thought)"
 # A message's heading ends in how it ended, where not done (after its version, which an import has no use for).
 MD_CUTS = {"interrupted": " — interrupted", "stopped": " — stopped", "error": " — failed"}
 MD_VERSION = re.compile(r"\A \(version \d+ of \d+\)")
-MD_ORDER_S = 1e-3  # a Markdown chat's time before the one above it in the file (it keeps none): the list keeps its order
+MD_ORDER_S = 1e-3  # a Markdown chat's time before the one above it (the file keeps none): the list keeps its order
 
 
 class ImportFormatError(ParleyError):
@@ -337,7 +337,7 @@ def branch_keys(chat: dict) -> set[tuple]:
 
 def _wanted(chat: dict, branch: bool) -> typing.Iterator[tuple]:
     """What a chat of the file is looked for by: a JSON chat's chat_key; a Markdown chat's branch as its file says it
-    (a Parley export's own), then as a Parley export of that text would read back (an older export's raw thought tags)."""
+    (a Parley export's own), then as a Parley export of that text would read back (an older one's raw thought tags)."""
     if not branch:
         yield chat_key(chat)
         return

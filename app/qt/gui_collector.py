@@ -83,13 +83,14 @@ class ModelFreezer(QObject):
     walking them paused every thread for 50-500 ms mid-stream, so each load freezes what is alive. Frozen cycles are
     never collected: each load and unload of the embedded model left ~700 objects for good (its chat template's Jinja
     environment, its kernels' ctypes handles), the tiny test Llama ~350, and so did any chat closed after a load. Once
-    the engine has let a model go (its ModelUnloaded, whoever asked for the unload) and no turn is generating, everything
-    is thawed, collected once (a full walk of the app's ~233,000 objects: 0.1-0.24 s on the GUI thread) and frozen
-    again."""
+    the engine has let a model go (its ModelUnloaded, whoever asked for the unload) and no turn is generating,
+    everything is thawed, collected once (a full walk of the app's ~233,000 objects: 0.1-0.24 s on the GUI thread) and
+    frozen again."""
 
     thawed = Signal()  # an unloaded model's leftovers were collected
 
-    def __init__(self, bridge: EngineBridge, quiet_check_ms: int = QUIET_CHECK_MS, parent: QObject | None = None) -> None:
+    def __init__(self, bridge: EngineBridge, quiet_check_ms: int = QUIET_CHECK_MS,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._generating: set[tuple[int, int]] = set()  # (session, turn) of the turns running now
         self.due = False  # a model was let go since the last thaw

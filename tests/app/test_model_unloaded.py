@@ -1,5 +1,5 @@
-"""A model the engine lets go: whoever asked, the app hears ModelUnloaded (the bridge forwarded none), shows it unloaded,
-collects what it left, and loads it again for the next answer."""
+"""A model the engine lets go: whoever asked, the app hears ModelUnloaded (the bridge forwarded none), shows it
+unloaded, collects what it left, and loads it again for the next answer."""
 from __future__ import annotations
 
 import gc
@@ -39,7 +39,9 @@ def test_an_unloaded_model_s_template_is_not_left_frozen(parley, qtbot):
     has collected."""
     engine, models = parley.bridge.engine, parley.models
     model_id = models.model_id("default")
-    env = engine.call(lambda e: weakref.ref(e._hosts[model_id].runtime.lm.tokenizer.chat_template._template.environment))
+    template = engine.call(lambda e: e._hosts[model_id].runtime.lm.tokenizer.chat_template)
+    env = weakref.ref(template._template.environment)
+    del template
     first, second = threading.Event(), threading.Event()
     engine._post(first.wait, 30)  # the drain that runs the unload begins before it
     with qtbot.waitSignal(models.freezer.thawed, timeout=30_000):

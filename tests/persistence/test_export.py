@@ -253,7 +253,8 @@ def test_markdown_exported_imported_into_a_fresh_home_and_exported_again_is_the_
     src = ConversationStore()
     conv = src.create("Round trip 🎉 — 中文", ChatSettings(system_prompt="Be brief.\n日本語で"))
     turns = [("user", "Code?\n```python\ndef f(x):\n    return x * 2  \n```\n\n"),
-             ("assistant", "<think>\nThey want code 🤔.\n</think>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n```js\nlet s = '---'\n```\n"),
+             ("assistant", "<think>\nThey want code 🤔.\n</think>\n\n| a | b |\n|---|---|\n| 1 | 2 |\n\n"
+                           "```js\nlet s = '---'\n```\n"),
              ("user", "中文怎么样？ 👩‍👩‍👧\n---\n<!-- parley:user -->"),
              ("assistant", "答えは 42 です 🎉", "stopped"), ("user", "again"), ("assistant", "Half an ans", "interrupted"),
              ("user", "once more"), ("assistant", "", "error"), ("user", "think"),

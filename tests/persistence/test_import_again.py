@@ -199,7 +199,7 @@ def test_a_markdown_export_of_chats_with_versions_imported_into_its_own_store_ad
     shown = store.path(regenerated.id)[-1]
     store.select(store.children(regenerated.id, shown.parent_id)[2].id)  # another version shown since
     assert export.import_markdown(store, text) == [] and len(store.conversations()) == 3
-    store.add_message(regenerated.id, shown.id, "user", "and then?")  # the exported branch grew: another chat, as JSON's
+    store.add_message(regenerated.id, shown.id, "user", "and then?")  # the exported branch grew: another chat, as JSON
     assert export.import_markdown(store, export.export_markdown(store, [regenerated.id])) == []
     assert [store.get(i).title for i in export.import_markdown(store, text)] == ["Regenerated"]
     foreign = text.replace("second try", "a third try")  # the same title, another chat
