@@ -50,7 +50,8 @@ class ChatService:
         models.failed.connect(self._on_model_failed)
 
     # -- conversations
-    def new_conversation(self, settings: ChatSettings | None = None, hidden: bool = False, title: str = NEW_TITLE) -> int:
+    def new_conversation(self, settings: ChatSettings | None = None, hidden: bool = False,
+                         title: str = NEW_TITLE) -> int:
         conv = self.store.create(title, (settings or self.defaults).copy(), hidden=hidden)
         self._live[conv.id] = LiveChat(conv.id)
         self.models.ensure(conv.settings.model)  # warm the model while the user types
@@ -130,9 +131,9 @@ class ChatService:
         """A listed chat as New chat made it: no message, title, settings, pin or draft of the user's, nothing running
         (one left for another is not worth keeping)."""
         conv, live = self.store.get(conv_id), self._live.get(conv_id)
-        if conv.hidden or conv.pinned or conv.title != NEW_TITLE or conv.settings != self.defaults or self.draft(conv_id):
+        if conv.hidden or conv.pinned or conv.title != NEW_TITLE or conv.settings != self.defaults:
             return False
-        if live is not None and (live.busy or live.queued or live.refused):
+        if self.draft(conv_id) or live is not None and (live.busy or live.queued or live.refused):
             return False
         return not self.store.children(conv_id, None)
 
@@ -151,7 +152,9 @@ class ChatService:
         until the page gives it back (keep_refused_edit) or the edit is sent or cancelled."""
         live = self.live(conv_id)
         refusal = live.refused
-        if refusal is None or refusal.edit_of is None or not refusal.text or not self.store.has_message(refusal.edit_of):
+        if refusal is None or refusal.edit_of is None or not refusal.text:
+            return None
+        if not self.store.has_message(refusal.edit_of):
             return None
         live.refused = replace(refusal, text="")
         return refusal
@@ -503,7 +506,7 @@ class ChatService:
         text goes back to the user: into the box, or into the edit it was; the reason is the chat's notice."""
         turn, user = live.turn, self.store.message(live.turn.user_id)
         text = user.content
-        self.store.update_message(user.id, content="", state="error")  # refused: off every branch (conversations.is_refused)
+        self.store.update_message(user.id, content="", state="error")  # off every branch: conversations.is_refused
         self.store.update_message(turn.message_id, state="error", error=reason)
         self.store.set_leaf(conv_id, turn.leaf_before)
         if turn.leaf_before is None and self.store.get(conv_id).title == _title(text):

@@ -174,7 +174,7 @@ class ConversationStore:
         return msg
 
     def children(self, conv_id: int, parent_id: int | None) -> list[Message]:
-        """The messages under `parent_id`, oldest first; refused ones left out (on no branch, no version, in no export)."""
+        """The messages under `parent_id`, oldest first; refused ones left out (no branch or export shows one)."""
         kids = (self._messages[i] for i in self._children.get((conv_id, parent_id), []))
         return [m for m in kids if not is_refused(m)]
 

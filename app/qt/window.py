@@ -183,7 +183,8 @@ class MainWindow(QMainWindow):
         than comfortable, and back towards its natural width as room comes back; a width the user dragged it to that
         leaves the page its room is kept."""
         dock = self.live_panel
-        beside = self.dockWidgetArea(dock) in (Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea)
+        sides = (Qt.DockWidgetArea.LeftDockWidgetArea, Qt.DockWidgetArea.RightDockWidgetArea)
+        beside = self.dockWidgetArea(dock) in sides
         if not (beside and self.chat.isVisible() and dock.isVisible() and not dock.isFloating()):
             return
         room, width = self.chat.width() - self.chat.comfortable_width(), dock.width()
