@@ -134,14 +134,15 @@ class Engine:
 
     def submit(self, session_id: int, messages: list[dict[str, str]], params: SamplingParams | None = None,
                system_prompt: str | None = None, continue_final: bool = False,
-               tools: list[dict] | None = None) -> int:
+               tools: list[dict] | None = None, suffix: str | None = None) -> int:
         """A turn answering `messages` (user/assistant, ending with the user's; the caller owns the conversation).
         The session's cache keeps what it can of the previous turn's tokens. With `continue_final` the last
         message is an answer to generate more of: the new text streams, Finished carries the whole answer.
         The answer streams back as TokenDelta events and ends with Finished or Error. `tools`: OpenAI's tool objects,
-        shown to the model by its chat template (the caller reads the calls back: engine/tool_calls.py)."""
+        shown to the model by its chat template (the caller reads the calls back: engine/tool_calls.py). `suffix`, on a
+        raw session: the text after the insertion point, the messages' text before it; the model fills in the middle."""
         request = TurnRequest(tuple(dict(m) for m in messages), params or SamplingParams(), system_prompt, continue_final,
-                              tuple(tools) if tools else None)
+                              tuple(tools) if tools else None, suffix)
         turn_id = self._new_id()
         self._put(cmd.StartTurn(session_id=session_id, turn_id=turn_id, request=request))
         return turn_id

@@ -13,6 +13,7 @@ from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 from engine.text_stream import TextStream
 from engine.tokenizer import Tokenizer
+from engine.tokenizer.fill_in_middle import fim_format, fim_ids
 
 OVERFLOW_POLICIES = ("stop", "truncate")
 ANSWER_ROOM_SHARE = 4  # `truncate` keeps room for the answer: its max_tokens, at most a quarter of the context
@@ -31,6 +32,7 @@ class TurnRequest:
     system_prompt: str | None = None
     continue_final: bool = False
     tools: tuple[dict, ...] | None = None
+    suffix: str | None = None  # a raw turn's text after the insertion point: the model fills in the middle
 
     def check(self, raw: bool) -> None:
         """Raises ParleyError when the request cannot be answered as it stands."""
@@ -44,6 +46,8 @@ class TurnRequest:
             raise ParleyError("There is no answer to continue.")
         if not self.continue_final and last["role"] not in ANSWERED and not raw:
             raise ParleyError("The last message must be the user's (or a tool's result) for the model to answer it.")
+        if self.suffix is not None and not raw:
+            raise ParleyError("Filling in the middle takes a plain-text completion, not a chat.")
 
     def conversation(self, skip: int = 0) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -105,7 +109,9 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     session's last turn left out (`Session.resume_at`), kept while the rest fits, so its tokens stay cached.
     """
     _check_size(request, raw, overflow, tok, limit)
-    if raw:
+    if raw and request.suffix is not None:
+        ids = _fill_in_middle(request, tok)
+    elif raw:
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
         ids = _render(request, tok)
@@ -118,6 +124,13 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
                                                    alone=_alone(request), system=_has_system(request)))
+
+
+def _fill_in_middle(request: TurnRequest, tok: Tokenizer) -> list[int]:
+    fmt = fim_format(tok)
+    if fmt is None:
+        raise ParleyError("This model was not trained to fill in the middle: its vocabulary holds no such markers.")
+    return fim_ids(tok, fmt, "".join(m["content"] for m in request.messages), request.suffix)
 
 
 def _render(request: TurnRequest, tok: Tokenizer, skip: int = 0) -> list[int]:
@@ -167,7 +180,8 @@ def _check_size(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     """Refuses at once text that cannot fit however it tokenises (a pasted 100 MB file), before the template and
     the tokenizer spend minutes and gigabytes on it. With `truncate` only the last message and system prompt must fit."""
     kept = request.messages if raw or overflow != "truncate" else request.messages[-1:]
-    chars = sum(len(m["content"]) for m in kept) + (0 if raw else len(request.system_prompt or ""))
+    chars = sum(len(m["content"]) for m in kept) + len(request.suffix or "")
+    chars += 0 if raw else len(request.system_prompt or "")
     least = chars // (2 * tok.max_token_chars)  # 2x: normalisation may lengthen text a little
     if least >= limit:
         raise ContextOverflowError(_overflow_message(least, limit, raw, overflow, at_least=True, alone=_alone(request),

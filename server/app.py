@@ -142,7 +142,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if req.tools is not None and model.info.get("remote"):  # its calls would come back in its server's own form
         raise api.APIError(400, f"'tools' are not available from {model.id}, a remote model.", "tools")
     if req.suffix:
-        req.fim = _fill_in_middle(model)
+        _check_fill_in_middle(model)
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:
@@ -167,12 +167,10 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
 
 
-def _fill_in_middle(model: ServedModel) -> tuple[str, str, str]:
-    markers = model.info.get("fill_in_middle")
-    if not markers:
+def _check_fill_in_middle(model: ServedModel) -> None:
+    if not model.info.get("fill_in_middle"):
         where = "a remote model" if model.info.get("remote") else "its vocabulary holds no fill-in-the-middle tokens"
         raise api.APIError(400, f"'suffix' needs a model trained to fill in the middle; {model.id}: {where}.", "suffix")
-    return tuple(markers)
 
 
 def _mean_logprob(entries: list) -> float:
@@ -197,7 +195,8 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
         for i in range(req.made):
             sid = turn.open(model, req.raw)
             bridge.engine.submit(sid, req.messages(), req.choice_params(i), req.system,
-                                 continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None)
+                                 continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None,
+                                 suffix=req.suffix or None)
         started: set[int] = set()
         while len(started) < turn.n:
             e = await _poll(client, turn.queue)

@@ -13,7 +13,6 @@ from engine.logprobs import MAX_TOP
 from engine.sampling import MAX_BIAS, MAX_BIASED, MAX_INT32, MAX_STOP_CHARS, SamplingParams
 from engine.seed import user_seed
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tokenizer.fill_in_middle import fim_document
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
@@ -47,14 +46,13 @@ class TurnRequest:
     tools: ToolRequest | None = None  # the tools the model is shown, and how its calls are read back
     echo: bool = False  # a completion's text starts with its prompt
     best_of: int = 1  # answers made, of which the `n` with the highest mean log-probability a token are sent
-    suffix: str = ""  # a completion's text after the insertion point: the model fills in the middle
-    fim: tuple[str, str, str] | None = None  # the model's fill-in-the-middle markers, where `suffix` is set
+    suffix: str = ""  # a completion's text after the insertion point: the model fills in the middle (the engine
+    # builds the prompt around the hole from the model's own markers)
     final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
 
     def messages(self) -> list[dict[str, str]]:
-        """The conversation the engine answers (without the system prompt); a fill-in-the-middle document."""
-        if self.fim is not None:
-            return [{"role": "user", "content": fim_document(self.fim, self.prompt, self.suffix)}]
+        """The conversation the engine answers (without the system prompt); a raw document, or what goes before the
+        hole where the model fills in the middle."""
         last = self.final or {"role": "assistant" if self.continue_final else "user"}
         return [*self.history, {**last, "content": self.prompt}]
 

@@ -101,7 +101,8 @@ def _vocab(metadata: dict[str, Any]) -> GGUFVocab:
         add_space_prefix=bool(metadata.get("tokenizer.ggml.add_space_prefix", model == "llama")),
         extra_stop_ids=[
             int(metadata[key])
-            for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+            for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id", "tokenizer.ggml.fim_pad_token_id",
+                        "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
             if metadata.get(key) is not None
         ],
     )

@@ -8,7 +8,6 @@ import json
 import httpx
 import pytest
 
-from engine.tokenizer.fill_in_middle import fim_document
 from server.bridge import ServerBridge
 from server.run import BackgroundServer
 from tests.support.gguf_export import write_gguf
@@ -98,7 +97,7 @@ def test_suffix_fills_the_middle_as_a_prompt_with_the_markers_does(fim_server):
     and the same answer out; echo gives back the client's prompt, not the document."""
     body = {"model": "coder", "prompt": "def area(r):\n    return ", "max_tokens": 10, "temperature": 0}
     filled = _post(fim_server, body | {"suffix": "\n\nprint(area(2))"}).json()
-    by_hand = _post(fim_server, body | {"prompt": fim_document(FIM, body["prompt"], "\n\nprint(area(2))")}).json()
+    by_hand = _post(fim_server, body | {"prompt": f"{FIM[0]}{body['prompt']}{FIM[1]}\n\nprint(area(2)){FIM[2]}"}).json()
     assert filled["choices"][0]["text"] == by_hand["choices"][0]["text"]
     assert filled["usage"] == by_hand["usage"]
     plain = _post(fim_server, body).json()
