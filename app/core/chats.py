@@ -39,6 +39,7 @@ class ChatService:
         self._live: dict[int, LiveChat] = {}
         self._by_session: dict[int, int] = {}  # engine session -> conversation
         self._drafts: dict[int, str] = {}  # what the user has typed but not sent, per chat
+        self._edits: dict[int, tuple[int, str]] = {}  # per chat: the earlier message being edited, the edit's text
         self._trash: list[int] = []  # deleted from view, kept until the undo window closes (empty_trash)
         bridge.turn_started.connect(self._on_started)
         bridge.turn_queued.connect(self._on_queued)
@@ -79,6 +80,7 @@ class ChatService:
             self.bridge.engine.close(live.session_id)
             self._by_session.pop(live.session_id, None)
         self._drafts.pop(conv_id, None)
+        self._edits.pop(conv_id, None)
         hidden = self.store.get(conv_id).hidden
         self.store.delete(conv_id)
         if not hidden:
@@ -141,29 +143,20 @@ class ChatService:
         return self.live(conv_id).refused
 
     def dismiss_refusal(self, conv_id: int) -> None:
-        live = self.live(conv_id)
-        if live.refused is not None and live.refused.edit_of is not None and live.refused.text:  # an edit not reopened
-            self._to_draft(conv_id, live.refused.text)
-        live.refused = None
+        self.live(conv_id).refused = None
         self.status_changed.emit(conv_id)
 
-    def take_refused_edit(self, conv_id: int) -> Refusal | None:
-        """A refused edit for the page to open again as an edit: its text then lives in the box (the refusal's is "")
-        until the page gives it back (keep_refused_edit) or the edit is sent or cancelled."""
-        live = self.live(conv_id)
-        refusal = live.refused
-        if refusal is None or refusal.edit_of is None or not refusal.text:
-            return None
-        if not self.store.has_message(refusal.edit_of):
-            return None
-        live.refused = replace(refusal, text="")
-        return refusal
+    # -- an earlier message being edited: its text stays with its chat until it is sent or given up
+    def open_edit(self, conv_id: int) -> tuple[int, str] | None:
+        """(message, text) of the chat's edit in progress; None when there is none (or its message is gone)."""
+        edit = self._edits.get(conv_id)
+        return edit if edit is not None and self.store.has_message(edit[0]) else None
 
-    def keep_refused_edit(self, conv_id: int, text: str) -> None:
-        """The refused edit's text as the box left it (another chat opened): it opens again when this one does."""
-        refusal = self.live(conv_id).refused
-        if refusal is not None and refusal.edit_of is not None and not refusal.text:
-            self.live(conv_id).refused = replace(refusal, text=text)
+    def keep_edit(self, conv_id: int, msg_id: int, text: str) -> None:
+        self._edits[conv_id] = (msg_id, text)
+
+    def drop_edit(self, conv_id: int) -> None:
+        self._edits.pop(conv_id, None)
 
     def live(self, conv_id: int) -> LiveChat:
         return self._live.setdefault(conv_id, LiveChat(conv_id))
@@ -199,12 +192,17 @@ class ChatService:
     def drafts(self) -> dict[int, str]:
         """Every chat's unsent text, queued messages included (what a restart should give back)."""
         out = dict(self._drafts)
-        for conv_id, live in self._live.items():
-            refusal = live.refused  # a refused edit not open in the box (there, its text is "")
-            edit = [refusal.text] if refusal is not None and refusal.edit_of is not None and refusal.text else []
-            if (live.queued or edit) and self.store.has(conv_id):
-                out[conv_id] = "\n\n".join([*edit, *live.queued, out.get(conv_id, "")]).strip()
-        return {c: t for c, t in out.items() if self.store.has(c)}
+        for conv_id in {*self._edits, *(c for c, live in self._live.items() if live.queued)}:
+            if self.store.has(conv_id):
+                out[conv_id] = "\n\n".join([self._edited_text(conv_id), *self.queued(conv_id),
+                                             out.get(conv_id, "")]).strip()
+        return {c: t for c, t in out.items() if self.store.has(c) and t}
+
+    def _edited_text(self, conv_id: int) -> str:
+        """The text of the chat's edit in progress where it changed the message (settings.json keeps text per chat:
+        it comes back into the box); "" for none, or one opened and left as it was."""
+        edit = self.open_edit(conv_id)
+        return edit[1] if edit is not None and edit[1].strip() != self.store.message(edit[0]).content else ""
 
     def restore_drafts(self, drafts: dict[int, str]) -> None:
         for conv_id, text in drafts.items():
@@ -514,8 +512,11 @@ class ChatService:
         live.turn = None
         _enter(live.status, "idle")
         self.unqueue(conv_id)  # what was queued behind it comes back too, after it
-        live.refused = Refusal(text, reason, turn.edit_of)
-        if turn.edit_of is None:
+        into_edit = turn.edit_of is not None and self.open_edit(conv_id) is None  # else another edit begun since
+        live.refused = Refusal(text, reason, turn.edit_of if into_edit else None)
+        if into_edit:
+            self.keep_edit(conv_id, turn.edit_of, text)
+        else:
             self._to_draft(conv_id, text)
         self.path_changed.emit(conv_id)
         self.conversations_changed.emit()

@@ -103,12 +103,10 @@ class ChatPage(QWidget):
 
     def open(self, conv_id: int | None) -> None:
         """Switching chats only swaps the model behind the view: instant, even while chats stream."""
-        if self.editing is not None and self.conv_id is not None:  # a refused edit's text stays with its chat
-            self.service.keep_refused_edit(self.conv_id, self.composer.edit.toPlainText())
-        self._cancel_edit()
+        self._leave_edit()  # the service keeps it (keep_edit at every keystroke): it opens again on return
         self.conv_id = conv_id
         self._on_draft(conv_id)
-        self._on_refused(conv_id)
+        self._reopen_edit(conv_id)
         self.view.set_conversation(conv_id)
         self._on_titles()
         if conv_id is not None:
@@ -136,21 +134,40 @@ class ChatPage(QWidget):
         if self.conv_id is not None:
             self.service.stop(self.conv_id)
 
-    def begin_edit(self, msg_id: int) -> None:
+    def begin_edit(self, msg_id: int, text: str | None = None) -> None:
+        """Opens an earlier message for editing (with `text`: an edit in progress, as it was left)."""
         self.editing = msg_id  # the draft stays in the service while the box holds the message being edited
-        self.composer.begin_edit(self.service.store.message(msg_id).content)
+        self.composer.begin_edit(self.service.store.message(msg_id).content if text is None else text)
+        self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
 
     def _cancel_edit(self) -> None:
+        """The edit sent or given up: the service forgets it (and a refusal of it goes too)."""
+        editing = self.editing
+        self._leave_edit()
+        if editing is not None and self.conv_id is not None:
+            self.service.drop_edit(self.conv_id)
+            refusal = self.service.refusal(self.conv_id)
+            if refusal is not None and refusal.edit_of == editing:  # the refused edit given up
+                self.service.dismiss_refusal(self.conv_id)
+
+    def _leave_edit(self) -> None:
+        """The box back to the chat's draft; the service keeps the edit."""
         editing, self.editing = self.editing, None
         self.composer.end_edit()
         if editing is not None:
             self._on_draft(self.conv_id)
-            refusal = self.service.refusal(self.conv_id)
-            if refusal is not None and refusal.edit_of == editing and not refusal.text:  # the refused edit given up
-                self.service.dismiss_refusal(self.conv_id)
+
+    def _reopen_edit(self, conv_id: int | None) -> None:
+        edit = self.service.open_edit(conv_id) if conv_id is not None else None
+        if edit is not None:
+            self.begin_edit(*edit)
 
     def _keep_draft(self) -> None:
-        if self.conv_id is not None and self.editing is None:
+        if self.conv_id is None:
+            return
+        if self.editing is not None:
+            self.service.keep_edit(self.conv_id, self.editing, self.composer.edit.toPlainText())
+        else:
             self.service.set_draft(self.conv_id, self.composer.edit.toPlainText())
 
     def _on_draft(self, conv_id: int | None) -> None:
@@ -160,15 +177,10 @@ class ChatPage(QWidget):
                 self.composer.edit.setPlainText(text)
                 self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
 
-    def _on_refused(self, conv_id: int | None) -> None:
+    def _on_refused(self, conv_id: int) -> None:
         """A refused edit opens again as the edit it was (a refused message is in the draft already)."""
-        if conv_id is None or conv_id != self.conv_id or self.service.refusal(conv_id) is None:
-            return
-        taken = self.service.take_refused_edit(conv_id)
-        if taken is not None:
-            self.begin_edit(taken.edit_of)
-            self.composer.edit.setPlainText(taken.text)
-            self.composer.edit.moveCursor(QTextCursor.MoveOperation.End)
+        if conv_id == self.conv_id and self.editing is None:
+            self._reopen_edit(conv_id)
 
     def _show_refusal(self, conv_id: int) -> None:
         refusal = self.service.refusal(conv_id)

@@ -1,0 +1,68 @@
+"""What the window lost or said wrong (sweep AQ): an edit in progress left behind by another chat, a refused message's
+hidden rows, a transient failure handed back as if refused, an unloaded model shown as if loaded."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtTest import QTest
+
+from tests.app.helpers import last, start_app, wait_idle
+
+
+def _active(qtbot, window) -> None:
+    """Shortcuts reach only an active window (offscreen too)."""
+    window.activateWindow()
+    qtbot.waitUntil(window.isActiveWindow)
+
+
+def _say(parley, qtbot, conv: int, text: str) -> None:
+    edit = parley.window.chat.composer.edit
+    edit.setFocus()
+    QTest.keyClicks(edit, text)
+    QTest.keyClick(edit, Qt.Key.Key_Return)
+    wait_idle(parley, qtbot, conv)
+
+
+def _switch(window, step: int) -> None:
+    """Ctrl+Tab (or Ctrl+Shift+Tab) from the box, as a user goes to the next (previous) chat."""
+    mods = Qt.KeyboardModifier.ControlModifier | (Qt.KeyboardModifier.ShiftModifier if step < 0 else 0)
+    QTest.keyClick(window.focusWidget(), Qt.Key.Key_Tab, mods)
+
+
+# -- 1: an edit in progress
+def test_an_edit_in_progress_stays_with_its_chat_and_its_text_survives_a_restart(qtbot, qapp, tiny_models, tmp_path):
+    """Another chat opened mid-edit cancelled the edit: the text typed into it was gone on return (and at a restart)."""
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    w, service = app.window, app.service
+    _active(qtbot, w)
+    first = w.current()
+    service.set_settings(first, app.store.get(first).settings.copy(max_tokens=4))
+    _say(app, qtbot, first, "hi")
+    w.chat.composer.edit.setPlainText("a draft of my own")
+    user = app.store.path(first)[0]
+    w.chat.view.activate(user, "edit:")  # the message's Edit link
+    QTest.keyClicks(w.chat.composer.edit, " and what I added")
+    other = w.new_chat()
+    assert w.current() == other and w.chat.editing is None and w.chat.composer.edit.toPlainText() == ""
+    _switch(w, -1)  # back, by the keyboard
+    assert w.current() == first and w.chat.editing == user.id and w.chat.composer.banner.isVisible()
+    assert w.chat.composer.edit.toPlainText() == "hi and what I added"
+    assert service.draft(first) == "a draft of my own"  # the chat's own draft waits under the edit, as before
+    app.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:  # settings.json keeps text per chat: the edit's text comes back into the box, before the draft
+        assert again.service.draft(first) == "hi and what I added\n\na draft of my own"
+    finally:
+        again.close()
+
+
+def test_an_edit_given_up_with_esc_is_not_kept(parley, qtbot):
+    w, conv = parley.window, parley.window.current()
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(max_tokens=4))
+    _say(parley, qtbot, conv, "hi")
+    w.chat.view.activate(parley.store.path(conv)[0], "edit:")
+    assert parley.service.drafts() == {}  # opened, not changed: a restart has nothing to give back
+    QTest.keyClicks(w.chat.composer.edit, " more")
+    QTest.keyClick(w.chat.composer.edit, Qt.Key.Key_Escape)
+    w.open_chat(w.new_chat())
+    w.open_chat(conv)
+    assert w.chat.editing is None and w.chat.composer.edit.toPlainText() == "" and parley.service.drafts() == {}
