@@ -104,7 +104,7 @@ def _parameter_rules(rule: str, key: str, sub: dict, lit: Callable[[str], str],
                      schema: Callable[[dict], dict]) -> list[str]:
     head = lit(f"{PARAMETER}{key}>\n")
     if "enum" in sub and _is_text(sub):
-        values = " | ".join(lit(v) for v in sub["enum"])
+        values = " | ".join(json.dumps(v, ensure_ascii=False) for v in sub["enum"])  # a value's text, markers too
         return [f"{rule}: {head} ({values}) {lit(_VALUE_END + chr(10))}"]
     if _is_text(sub):  # lazy: the text ends at the first closing tag; its length bounded as the schema bounds it
         length = f"{{{int(sub.get('minLength', 0))},{sub['maxLength']}}}" if "maxLength" in sub else "*"

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from engine.constraint.grammar import JSON_WHITESPACE, closed, lark_grammar
+from engine.constraint.grammar import JSON_WHITESPACE, closed, control_rules, control_token, lark_grammar
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
 from engine.tool_call_xml import xml_call, xml_grammar
@@ -138,7 +138,7 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
     `tool_choice` "required", or a named function, holds an answer to; `parallel`: one call or more."""
     form = FORMATS[fmt]
     if form.rules is not None:
-        return lark_grammar("\n".join(form.rules(tools, parallel, _lit, _closed)))
+        return _with_markers(form.rules(tools, parallel, _lit, _closed))
     before, between, after = form.block
     rules = [_rule("start", _lit(before), "call", f"({_lit(between)} call)*" if parallel else "", _lit(after))]
     if form.call is None:
@@ -149,7 +149,20 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
             head, tail = form.call(tool["function"]["name"])
             rules.append(_rule(f"call{k}", _lit(head), f"args{k}", _lit(tail)))
             rules.append(_rule(f"args{k}", "%json", json.dumps(_schema([tool], ""))))
-    return lark_grammar("\n".join(rules))
+    return _with_markers(rules)
+
+
+# markers a model holds as one token (a control token or an added one): a grammar names that token (engine/constraint)
+_MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", DS_CALLS, DS_CALLS_END, DS_CALL,
+            DS_CALL_END, DS_SEP)
+_MARKER = re.compile("(" + "|".join(map(re.escape, _MARKERS)) + ")")
+_CONTROL_NAMES = re.compile(r"\bcontrol_token_(\d+)\b")
+
+
+def _with_markers(rules: list[str]) -> str:
+    """The grammar of `rules` and of the markers they name."""
+    used = sorted({int(k) for rule in rules for k in _CONTROL_NAMES.findall(rule)})
+    return lark_grammar("\n".join(rules + control_rules((k, _MARKERS[k]) for k in used)))
 
 
 def _rule(name: str, *parts: str) -> str:
@@ -172,7 +185,10 @@ def _closed(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lit(text: str) -> str:
-    return json.dumps(text, ensure_ascii=False)
+    """A grammar's text, its markers as their control-token rules."""
+    pieces = _MARKER.split(text)  # text, marker, text, ...
+    return " ".join(control_token(_MARKERS.index(p)) if k % 2 else json.dumps(p, ensure_ascii=False)
+                    for k, p in enumerate(pieces) if p) or '""'
 
 
 def parse_calls(fmt: str, text: str, names: Iterable[str] | Mapping[str, dict],

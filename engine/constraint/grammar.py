@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+import re
+from typing import Any, Callable, Iterable
 
 from llguidance import LLMatcher
 
@@ -71,6 +72,32 @@ def regex_grammar(pattern: str) -> str:
 def lark_grammar(source: str) -> str:
     """A grammar from Lark text (llguidance's dialect: `start: ...`, regex terminals, %json { schema })."""
     return checked(LLMatcher.grammar_from_lark(source), "grammar")
+
+
+# a rule `control_token_<k>: "<text>"` is text a model may hold as one token of its vocabulary (a tool call's marker):
+# the grammar is written without the tokenizer, and Grammars names the token where the model has one
+_CONTROL = re.compile(r'^(control_token_\d+): ("(?:[^"\\\n]|\\.)*")$', re.M)
+
+
+def control_token(k: int) -> str:
+    """The name of the grammar's k-th control-token rule (written by `control_rules`)."""
+    return f"control_token_{k}"
+
+
+def control_rules(texts: Iterable[tuple[int, str]]) -> list[str]:
+    """Lark rules for (k, text): the text, until `with_control_tokens` names its token."""
+    return [f"{control_token(k)}: {json.dumps(text, ensure_ascii=False)}" for k, text in texts]
+
+
+def with_control_tokens(grammar: str, token_id: Callable[[str], int | None]) -> str:
+    """`grammar` with each control-token rule naming the model's token of its text (`<[id]>`) where `token_id` finds
+    the text as one token: llguidance matches a grammar's text against ordinary tokens only, so a marker the model
+    was trained to write as one control token (Mistral's [TOOL_CALLS]) would have to be spelled out of pieces it never
+    wrote. Elsewhere the rule stays the text."""
+    def named(match: re.Match) -> str:
+        found = token_id(json.loads(match.group(2)))
+        return match.group(0) if found is None else f"{match.group(1)}: <[{found}]>"
+    return _CONTROL.sub(named, grammar)
 
 
 def checked(grammar: str, what: str = "grammar") -> str:

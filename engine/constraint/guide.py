@@ -8,6 +8,7 @@ from itertools import accumulate
 import torch
 from llguidance import LLExecutor, LLMatcher, LLTokenizer
 
+from engine.constraint.grammar import with_control_tokens
 from engine.errors import ParleyError
 from engine.tokenizer.tokenizer import Tokenizer
 from kernels.token_mask import BITS, refuse_tokens
@@ -42,6 +43,7 @@ class Grammars:
         self._lock = threading.Lock()
 
     def guide(self, grammar: str) -> Guide:
+        grammar = with_control_tokens(grammar, self._token_of)
         matcher = LLMatcher(self._grammar_tokenizer(), grammar, log_level=0)
         if matcher.is_error():
             raise ParleyError(f"Invalid grammar: {matcher.get_error()}")
@@ -53,6 +55,12 @@ class Grammars:
             if self._executor is None:
                 self._executor = LLExecutor()
             return self._executor
+
+    def _token_of(self, text: str) -> int | None:
+        """The id of the one token whose text is `text`, or None."""
+        found = self._tokenizer.token_to_id(text)
+        ok = found is not None and found < self.n_vocab and self._tokenizer.decode([found]) == text
+        return found if ok else None
 
     def _grammar_tokenizer(self) -> LLTokenizer:
         with self._lock:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
+import numpy as np
 import pytest
 from llguidance import LLMatcher, LLTokenizer
 
@@ -276,3 +278,69 @@ def test_xml_grammar_follows_each_parameter_schema():
     assert not _accepts(grammar, plan.replace("\nUTC\n", "\nPST\n"))  # the enum
     assert not _accepts(grammar, plan.replace("<parameter=days>\n7\n</parameter>\n", ""))  # required
     assert _accepts(grammar, plan.replace("<parameter=done>\ntrue\n</parameter>\n", ""))  # optional
+
+
+MARKERS = {"<|tool_call|>": True, "[TOOL_CALLS]": True, "[ARGS]": True, "<tool_call>": False, "</tool_call>": False}
+
+
+@pytest.fixture(scope="module")
+def marked_lm(tiny_models, tmp_path_factory):
+    """The tiny Qwen3 with tool-call markers in its vocabulary as one token each (control tokens, and Qwen's
+    <tool_call> tags as added plain ones, as its GGUFs type them), new embedding rows for each."""
+    from safetensors.numpy import load_file, save_file
+    from tokenizers import AddedToken, Tokenizer
+
+    from engine.loading.loader import load_model
+    from tests.support.gguf_export import write_gguf
+
+    hf = shutil.copytree(tiny_models["qwen3"].hf_dir, tmp_path_factory.mktemp("marked") / "hf")
+    tok = Tokenizer.from_file(str(hf / "tokenizer.json"))
+    tok.add_tokens([AddedToken(text, special=special, normalized=False) for text, special in MARKERS.items()])
+    tok.save(str(hf / "tokenizer.json"))
+    config = json.loads((hf / "config.json").read_text(encoding="utf-8"))
+    grown, config["vocab_size"] = tok.get_vocab_size(), tok.get_vocab_size()
+    (hf / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    weights = load_file(str(hf / "model.safetensors"))
+    rng = np.random.default_rng(0)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        rows = weights[name]
+        weights[name] = np.concatenate([rows, rng.normal(0, 0.02, (grown - len(rows), rows.shape[1]))]).astype(rows.dtype)
+    save_file(weights, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    return load_model(write_gguf(hf, hf.parent / "marked.gguf"))
+
+
+@pytest.mark.parametrize("fmt,markers", [("granite", ["<|tool_call|>"]), ("mistral_v11", ["[TOOL_CALLS]", "[ARGS]"]),
+                                         ("hermes", ["<tool_call>", "</tool_call>"])])
+def test_a_required_call_writes_each_marker_as_its_one_token(marked_lm, fmt, markers):
+    """A marker the model holds as one token (a control token, or Qwen's <tool_call> added to its vocabulary) is that
+    token under the grammar, greedy, not its text spelled from pieces the model never wrote; the answer reads as a
+    call whether the decoded text keeps the marker or leaves a control token out."""
+    from bench.runs import RunConfig, make_batcher
+    from engine.constraint.guide import Grammars
+    from engine.sampling import SamplerState, SamplingParams
+    from engine.sequence import Sequence
+    from tests.support.engine_helpers import staggered_sequences
+
+    lm, tools = marked_lm, [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}}]
+    ids = [lm.tokenizer.token_to_id(m) for m in markers]
+    grammar = Grammars(lm.tokenizer, lm.args.vocab_size).guide
+    seq = staggered_sequences(make_batcher(lm, 1, RunConfig(max_seq_len=256)), [lm.tokenizer.encode("Weather?")],
+                              [0], SamplingParams(max_tokens=120), lm.tokenizer.stop_ids,
+                              [lambda: grammar(call_grammar(fmt, tools))])[0]
+    answer = [t for t in seq.generated if t not in lm.tokenizer.stop_ids]
+    assert seq.finish_reason == "stop" and answer[0] == ids[0] and all(answer.count(i) == 1 for i in ids), answer
+    for text in (lm.tokenizer.decode(answer), lm.tokenizer.decode(answer, skip_special=True)):
+        content, calls = parse_calls(fmt, text, {"get_weather": tools[0]["function"]["parameters"]})
+        assert content == "" and [c.name for c in calls] == ["get_weather"], text
+    assert lm.tokenizer.decode(answer, skip_special=True).startswith(markers[0]) == (fmt == "hermes")
+
+
+def test_a_marker_outside_the_vocabulary_stays_text():
+    """Only a marker the vocabulary holds as one token is named by its id; the grammar keeps the others' text."""
+    from engine.constraint.grammar import with_control_tokens
+
+    grammar = call_grammar("mistral_v11", TOOLS[:1])
+    named = with_control_tokens(grammar, {"[TOOL_CALLS]": 7}.get)
+    assert 'control_token_2: <[7]>' in named and 'control_token_3: "[ARGS]"' in named
+    assert with_control_tokens(grammar, lambda text: None) == grammar
