@@ -504,9 +504,8 @@ class ChatService:
         text goes back to the user: into the box, or into the edit it was; the reason is the chat's notice."""
         turn, user = live.turn, self.store.message(live.turn.user_id)
         text = user.content
-        self.store.update_message(user.id, content="", state="error")  # off every branch: conversations.is_refused
-        self.store.update_message(turn.message_id, state="error", error=reason)
         self.store.set_leaf(conv_id, turn.leaf_before)
+        self.store.delete_message(user.id)  # its answer with it: no trace in the chat or its file
         if turn.leaf_before is None and self.store.get(conv_id).title == _title(text):
             self.store.update(conv_id, title=NEW_TITLE)
         live.turn = None

@@ -50,13 +50,6 @@ class Message:
     created_at: float = field(default_factory=time.time)
 
 
-def is_refused(msg: Message) -> bool:
-    """A user message the engine refused before answering: its text went back to the user, and it is no child of its
-    parent (children(): on no branch, no version, in no export); the SQLite store deletes no single message, so it
-    is kept, emptied."""
-    return msg.role == "user" and msg.state == "error"
-
-
 @dataclass(eq=False, slots=True)
 class Conversation:
     """Changed through its store (update), which keeps the chats in order: pinned, hidden and updated_at set on the
@@ -118,11 +111,18 @@ class ConversationStore:
                 members.remove(conv_id)
         self._conversations.pop(conv_id)
         self._order.remove(conv_id)
-        parents: list[int | None] = [None]  # the chat's tree walked down from its roots, not every message looked at
+        self._delete_under(conv_id, None)
+
+    def _delete_under(self, conv_id: int, parent_id: int | None) -> list[int]:
+        """Deletes the messages under `parent_id` (the chat's whole tree for None), walked down from it rather than
+        every message looked at; their ids, each before those under it."""
+        gone, parents = [], [parent_id]
         while parents:
             for mid in self._children.pop((conv_id, parents.pop()), ()):
                 del self._messages[mid]
+                gone.append(mid)
                 parents.append(mid)
+        return gone
 
     def search(self, text: str) -> list[Conversation]:
         """Conversations whose title or any message contains `text` (case-insensitive)."""
@@ -162,6 +162,20 @@ class ConversationStore:
     def message(self, msg_id: int) -> Message:
         return self._messages[msg_id]
 
+    def delete_message(self, msg_id: int) -> list[int]:
+        """Deletes a message and every message under it (its answer, their versions); a branch shown through them ends
+        at its parent. The ids deleted, each after those under it (the order a file without cascades deletes in)."""
+        msg = self._messages.pop(msg_id)
+        siblings = self._children[(msg.conversation_id, msg.parent_id)]
+        siblings.remove(msg_id)
+        if not siblings:
+            del self._children[(msg.conversation_id, msg.parent_id)]
+        gone = [msg_id, *self._delete_under(msg.conversation_id, msg_id)]
+        conv = self._conversations[msg.conversation_id]
+        if conv.leaf_id in gone:
+            conv.leaf_id = msg.parent_id
+        return gone[::-1]
+
     def update_message(self, msg_id: int, **changes) -> Message:
         msg = self._messages[msg_id]
         for name, value in changes.items():
@@ -174,9 +188,8 @@ class ConversationStore:
         return msg
 
     def children(self, conv_id: int, parent_id: int | None) -> list[Message]:
-        """The messages under `parent_id`, oldest first; refused ones left out (no branch or export shows one)."""
-        kids = (self._messages[i] for i in self._children.get((conv_id, parent_id), []))
-        return [m for m in kids if not is_refused(m)]
+        """The messages under `parent_id`, oldest first."""
+        return [self._messages[i] for i in self._children.get((conv_id, parent_id), [])]
 
     def path(self, conv_id: int) -> list[Message]:
         """The branch shown: root -> leaf."""

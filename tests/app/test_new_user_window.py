@@ -65,7 +65,7 @@ def test_a_refused_edit_opens_again_as_the_edit(parley, qtbot):
 
 
 def test_a_refused_message_is_on_no_branch():
-    """Kept (the SQLite store deletes no single message) but never shown: no version of another, never followed."""
+    """Deleted with its answer (it was kept emptied, as two hidden rows): no version of another, never followed."""
     from app.core.conversations import ConversationStore
     from app.core.export import export_markdown
 
@@ -73,9 +73,9 @@ def test_a_refused_message_is_on_no_branch():
     conv = store.create().id
     user = store.add_message(conv, None, "user", "hi")
     answer = store.add_message(conv, user.id, "assistant", "hello")
-    refused = store.add_message(conv, answer.id, "user", state="error")
+    refused = store.add_message(conv, answer.id, "user", "too long")
     store.add_message(conv, refused.id, "assistant", state="error")
-    store.set_leaf(conv, answer.id)
+    store.delete_message(refused.id)
     store.select(user.id)  # as a version switch does: down the newest children
     assert store.path(conv) == [user, answer]
     other = store.add_message(conv, answer.id, "user", "again")

@@ -66,3 +66,32 @@ def test_an_edit_given_up_with_esc_is_not_kept(parley, qtbot):
     w.open_chat(w.new_chat())
     w.open_chat(conv)
     assert w.chat.editing is None and w.chat.composer.edit.toPlainText() == "" and parley.service.drafts() == {}
+
+
+# -- 2: a refused message leaves nothing behind
+LONG = " ".join(f"word{i} is here." for i in range(600))  # far over the tiny engine's 512 tokens
+
+
+def test_a_refused_message_leaves_no_row_and_a_restart_shows_the_same(qtbot, qapp, tiny_models, tmp_path):
+    """It was kept as two hidden rows per refusal (emptied, marked failed): the SQLite store deleted no message."""
+    import sqlite3
+
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    w, conv = app.window, app.window.current()
+    w.chat.composer.edit.setPlainText(LONG)  # as a paste
+    QTest.keyClick(w.chat.composer.edit, Qt.Key.Key_Return)
+    wait_idle(app, qtbot, conv)
+    assert w.chat.refused_note.isVisible() and w.chat.composer.edit.toPlainText() == LONG
+    app.store.flush()
+    db = sqlite3.connect(app.store.file)
+    try:
+        assert db.execute("SELECT count(*) FROM message").fetchone()[0] == 0
+    finally:
+        db.close()
+    assert app.store.children(conv, None) == [] and app.store._messages == {}
+    app.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        assert again.store.path(conv) == [] and again.store._messages == {} and again.service.draft(conv) == LONG
+    finally:
+        again.close()
