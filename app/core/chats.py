@@ -13,9 +13,10 @@ from dataclasses import replace
 from typing import Callable
 
 from app.core.chat_settings import ChatSettings
-from app.core.conversations import ConversationStore, Message
+from app.core.conversations import ConversationStore, Message, failed_unanswered
 from app.core.live import ChatStatus, LiveChat, Refusal, TurnInfo, can_continue, engine_messages
 from app.core.signals import Signal
+from engine.errors import ContextOverflowError
 from engine.sampling import SamplingParams
 
 TITLE_CHARS = 48
@@ -287,6 +288,8 @@ class ChatService:
         users = [m for m in path if m.role == "user"]
         if answers:
             user = self.store.message(answers[-1].parent_id)
+            if failed_unanswered(answers[-1]) and not self.store.children(conv_id, answers[-1].id):
+                self.store.delete_message(answers[-1].id)  # Retry: a version holding only its error is replaced
         elif users and path[-1].role == "user":
             user = path[-1]
         else:
@@ -473,7 +476,9 @@ class ChatService:
                                   model=st.model, error="")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
-    def _on_failed(self, session_id: int, turn_id: object, message: str) -> None:
+    def _on_failed(self, session_id: int, turn_id: object, message: str, code: str = "") -> None:
+        """`code`: the engine's (engine/errors.py): a message too long for the context goes back to the user; any
+        other failure (out of memory, the model unloaded, a template error) leaves it in the chat to Retry."""
         found = self._turn_of(session_id, turn_id if isinstance(turn_id, int) else None)
         if not found:
             return
@@ -485,7 +490,7 @@ class ChatService:
             self.store.update_message(live.turn.message_id, error=message)
             self.message_changed.emit(conv_id, live.turn.message_id)
             return
-        if self._refused_unanswered(conv_id, live):
+        if code == ContextOverflowError.code and self._refused_unanswered(conv_id, live):
             self._give_back(conv_id, live, message)
             return
         self.store.update_message(live.turn.message_id, error=message)
@@ -493,8 +498,8 @@ class ChatService:
         self._end(conv_id, live, live.turn.previous_state or "error")
 
     def _refused_unanswered(self, conv_id: int, live: LiveChat) -> bool:
-        """The turn of a message the user sent in a chat failed before a word of answer (the engine refused it: too
-        long for the context, say). A compare column keeps its error: the prompt went to the other columns too."""
+        """The turn of a message the user sent in a chat ended before a word of answer. A compare column keeps its
+        error: the prompt went to the other columns too."""
         turn = live.turn
         return (turn.user_id is not None and turn.tokens == 0 and not self.store.message(turn.message_id).content
                 and not self.store.get(conv_id).hidden)

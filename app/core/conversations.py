@@ -50,6 +50,11 @@ class Message:
     created_at: float = field(default_factory=time.time)
 
 
+def failed_unanswered(msg: Message) -> bool:
+    """An answer that failed before a word of it came: Retry replaces it (it holds nothing but the error)."""
+    return msg.role == "assistant" and msg.state == "error" and not msg.content
+
+
 @dataclass(eq=False, slots=True)
 class Conversation:
     """Changed through its store (update), which keeps the chats in order: pinned, hidden and updated_at set on the

@@ -11,7 +11,7 @@ import html
 import re
 from dataclasses import dataclass
 
-from app.core.conversations import Message
+from app.core.conversations import Message, failed_unanswered
 from app.core.live import can_continue
 from app.core.markdown_render import QUOTE_TEXT, RULE_COLOR, MarkdownRenderer
 from app.core.reasoning import Reasoning, split_reasoning
@@ -106,7 +106,8 @@ def message_actions(msg: Message, version: int, versions: int, busy: bool) -> li
     if reasoning is not None and reasoning.thought and not (reasoning.thinking and msg.state == "streaming"):
         actions.append(("Show or hide the thinking", "think:"))
     if not busy:
-        actions.append(("Edit", "edit:") if msg.role == "user" else ("Regenerate", "regen:"))
+        again = "Retry" if failed_unanswered(msg) else "Regenerate"
+        actions.append(("Edit", "edit:") if msg.role == "user" else (again, "regen:"))
     seed = (msg.stats or {}).get("seed")
     if not busy and msg.role == "assistant" and isinstance(seed, int):
         actions.append((f"Regenerate with seed {seed}", f"regen-seed:{seed}"))  # the same draws: this answer again

@@ -27,7 +27,7 @@ class EngineBridge(QObject):
     turn_started = Signal(int, int)
     turn_queued = Signal(int, int, int)  # session, turn, position
     turn_finished = Signal(int, int, str, str, object)  # session, turn, reason, text, TurnStats
-    turn_failed = Signal(int, object, str)  # session, turn or None, message
+    turn_failed = Signal(int, object, str, str)  # session, turn or None, message, code (engine/errors.py) or ""
     context_usage = Signal(int, int, int, int)  # session, used, limit, dropped messages
     model_progress = Signal(int, str, float)
     model_loaded = Signal(int, str, object)
@@ -154,7 +154,8 @@ class EngineBridge(QObject):
             case ev.Finished():
                 self.turn_finished.emit(e.session_id, e.turn_id, e.reason, e.text, e.stats)
             case ev.Error():
-                self.turn_failed.emit(e.session_id if e.session_id is not None else -1, e.turn_id, e.message)
+                self.turn_failed.emit(e.session_id if e.session_id is not None else -1, e.turn_id, e.message,
+                                      e.code or "")
             case ev.ContextUsage():
                 self.context_usage.emit(e.session_id, e.used, e.limit, e.dropped_messages)
             case ev.ModelProgress():

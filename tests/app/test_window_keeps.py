@@ -95,3 +95,56 @@ def test_a_refused_message_leaves_no_row_and_a_restart_shows_the_same(qtbot, qap
         assert again.store.path(conv) == [] and again.store._messages == {} and again.service.draft(conv) == LONG
     finally:
         again.close()
+
+
+# -- 3: which failures give the message back
+def _failed_turn(parley, qtbot, conv: int) -> tuple:
+    """(user message, its failed answer): a turn sent on the session the engine closed as it let the model go."""
+    models = parley.models
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(max_tokens=4))
+    _say(parley, qtbot, conv, "hi")
+    parley.bridge.engine.unload_model(models.model_id("default"))  # let go by a caller of the engine's own
+    _say(parley, qtbot, conv, "hello again")  # sent before the app hears of it
+    qtbot.waitUntil(lambda: models.model_id("default") is None)  # the app has heard of the unload by now
+    return tuple(parley.store.path(conv)[-2:])
+
+
+def test_a_failure_other_than_an_overflow_keeps_the_message_with_a_working_retry(parley, qtbot):
+    """Every failure before the first token gave the message back as refused ('Not sent: Chat session 2 does not
+    exist…'), though sending it again was all it needed: the bridge dropped the engine's code."""
+    from app.core.message_html import message_actions
+
+    w, conv, models = parley.window, parley.window.current(), parley.models
+    user, failed = _failed_turn(parley, qtbot, conv)
+    assert (user.content, failed.state, failed.content) == ("hello again", "error", "")
+    assert not w.chat.refused_note.isVisible() and w.chat.composer.edit.toPlainText() == ""
+    assert ("Retry", "regen:") in message_actions(failed, 1, 1, busy=False)
+    w.chat.view.activate(failed, "regen:")
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    assert answer.state == "done" and answer.content and models.model_id("default") is not None  # loaded again
+    assert parley.store.versions(answer) == [answer]  # the failed try replaced, not kept as version 1 of 2
+
+
+def test_the_bridge_forwards_the_engine_s_error_code(qtbot):
+    from app.qt.bridge import EngineBridge
+    from engine import events as ev
+    from engine.runtime import EngineConfig
+
+    bridge = EngineBridge(EngineConfig())  # not started: events are handed to it as the engine thread would
+    with qtbot.waitSignal(bridge.turn_failed) as failed:
+        bridge._on_engine_event(ev.Error(3, 7, "The message needs 900 tokens", "context_length_exceeded"))
+    assert failed.args == [3, 7, "The message needs 900 tokens", "context_length_exceeded"]
+    bridge.shutdown()
+
+
+def test_retry_on_a_failed_answer_the_chat_went_on_from_keeps_what_follows(parley, qtbot):
+    """Retry replaces a failed answer with nothing under it; one followed by more of the chat is kept as a version."""
+    conv = parley.window.current()
+    user, failed = _failed_turn(parley, qtbot, conv)
+    _say(parley, qtbot, conv, "anyone there?")  # goes on under the failed answer (and loads the model again)
+    later = parley.store.path(conv)[-2]
+    parley.window.chat.view.activate(failed, "regen:")
+    wait_idle(parley, qtbot, conv)
+    assert parley.store.has_message(failed.id) and parley.store.has_message(later.id)
+    assert len(parley.store.versions(last(parley, conv))) == 2 and last(parley, conv).parent_id == user.id
