@@ -14,6 +14,8 @@ Formats, by what the template writes (as vLLM's and llama.cpp's parsers read the
   + `<｜tool▁call▁end｜>` …`<｜tool▁calls▁end｜>`;
   `deepseek_v3_1`: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{…}<｜tool▁call▁end｜>`;
 - `qwen_xml` (Qwen3-Coder, Qwen3.5): `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>…`
+  (engine/tool_call_xml.py);
+- `glm` (GLM-4.5, 4.6): `<tool_call>name\n<arg_key>key</arg_key>\n<arg_value>value</arg_value>\n…</tool_call>`
   (engine/tool_call_xml.py).
 Text the model writes around its calls is the answer's content (OpenAI returns content and tool_calls together).
 """
@@ -24,10 +26,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
-from engine.constraint.grammar import JSON_WHITESPACE, closed, control_rules, control_token, lark_grammar
+from engine.constraint.grammar import (JSON_WHITESPACE, closed, control_rules, control_token, control_until,
+                                       lark_grammar, regex_text)
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_call_xml import xml_call, xml_grammar
+from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, glm_call, glm_grammar, xml_call, xml_grammar
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
                                  Reader, Section, block_section, deepseek_section, json_call, json_section,
                                  mistral_named_section, opened)
@@ -71,7 +74,7 @@ class _Format:
     key: str  # the arguments' key in a JSON call ("": the name and arguments are written apart)
     block: tuple[str, str, str]  # the grammar: (text before the calls, between two, after them)
     call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
-    rules: Callable[..., list[str]] | None = None  # a grammar of its own: (tools, parallel, literal, schema) -> rules
+    rules: Callable[..., list[str]] | None = None  # a grammar of its own: (tools, parallel, writers) -> rules
 
 
 def _ds_r1(name: str) -> tuple[str, str]:
@@ -94,9 +97,10 @@ FORMATS = {
     "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "", DS_CALLS_END),
                              lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
     "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar),
+    "glm": _Format(("<tool_call>",), block_section(glm_call), None, "", ("", "", ""), rules=glm_grammar),
 }
-_DETECTED = (("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"), ("<tool_call>", "hermes"),
-             ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
+_DETECTED = (("<arg_key>", "glm"), ("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"),
+             ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
              ("<|python_tag|>", "llama3"))  # in this order: a marker of one may come in another's template
 # the template's `tools` variable (Phi-4-mini's own template reads a system message's 'tools' key: shows none of ours)
 _SHOWS_TOOLS = re.compile(r"(?<![\w'\".\[])tools\b(?!['\"])")
@@ -138,7 +142,7 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
     `tool_choice` "required", or a named function, holds an answer to; `parallel`: one call or more."""
     form = FORMATS[fmt]
     if form.rules is not None:
-        return _with_markers(form.rules(tools, parallel, _lit, _closed))
+        return _with_markers(form.rules(tools, parallel, _lit, _closed, _until))
     before, between, after = form.block
     rules = [_rule("start", _lit(before), "call", f"({_lit(between)} call)*" if parallel else "", _lit(after))]
     if form.call is None:
@@ -154,9 +158,9 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
 
 # markers a model holds as one token (a control token or an added one): a grammar names that token (engine/constraint)
 _MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|tool_call|>", DS_CALLS, DS_CALLS_END, DS_CALL,
-            DS_CALL_END, DS_SEP)
+            DS_CALL_END, DS_SEP, KEY, KEY_END, VALUE, VALUE_END)
 _MARKER = re.compile("(" + "|".join(map(re.escape, _MARKERS)) + ")")
-_CONTROL_NAMES = re.compile(r"\bcontrol_token_(\d+)\b")
+_CONTROL_NAMES = re.compile(r"\bcontrol_token_(\d+)")
 
 
 def _with_markers(rules: list[str]) -> str:
@@ -189,6 +193,14 @@ def _lit(text: str) -> str:
     pieces = _MARKER.split(text)  # text, marker, text, ...
     return " ".join(control_token(_MARKERS.index(p)) if k % 2 else json.dumps(p, ensure_ascii=False)
                     for k, p in enumerate(pieces) if p) or '""'
+
+
+def _until(name: str, body: str, text: str) -> tuple[str, str]:
+    """(its name, the rule) of text matching the regex `body` up to the first `text` (a marker's token where it is
+    one)."""
+    if text in _MARKERS:
+        return control_until(_MARKERS.index(text), name, body, text)
+    return f"{name}_text", f"{name}_text[lazy]: /{body}{regex_text(text)}/"
 
 
 def parse_calls(fmt: str, text: str, names: Iterable[str] | Mapping[str, dict],

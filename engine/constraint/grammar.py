@@ -74,9 +74,11 @@ def lark_grammar(source: str) -> str:
     return checked(LLMatcher.grammar_from_lark(source), "grammar")
 
 
-# a rule `control_token_<k>: "<text>"` is text a model may hold as one token of its vocabulary (a tool call's marker):
-# the grammar is written without the tokenizer, and Grammars names the token where the model has one
+# a rule `control_token_<k>: "<text>"` is text a model may hold as one token of its vocabulary (a tool call's marker),
+# and `control_token_<k>_until_<name>[lazy]: /<body><text>/` text up to it: the grammar is written without the
+# tokenizer, and Grammars names the token where the model has one
 _CONTROL = re.compile(r'^(control_token_\d+): ("(?:[^"\\\n]|\\.)*")$', re.M)
+_UNTIL = re.compile(r"^((control_token_\d+)_until_\w+)\[lazy\]: /(.*)/$", re.M)
 
 
 def control_token(k: int) -> str:
@@ -89,15 +91,37 @@ def control_rules(texts: Iterable[tuple[int, str]]) -> list[str]:
     return [f"{control_token(k)}: {json.dumps(text, ensure_ascii=False)}" for k, text in texts]
 
 
+def control_until(k: int, name: str, body: str, text: str) -> tuple[str, str]:
+    """(its name, the rule) of text matching the regex `body` up to the first `text`, the k-th control token's, which
+    ends it (where the model holds `text` as one token: `body` greedy, then that token)."""
+    rule = f"{control_token(k)}_until_{name}"
+    return rule, f"{rule}[lazy]: /{body}{regex_text(text)}/"
+
+
 def with_control_tokens(grammar: str, token_id: Callable[[str], int | None]) -> str:
     """`grammar` with each control-token rule naming the model's token of its text (`<[id]>`) where `token_id` finds
     the text as one token: llguidance matches a grammar's text against ordinary tokens only, so a marker the model
     was trained to write as one control token (Mistral's [TOOL_CALLS]) would have to be spelled out of pieces it never
     wrote. Elsewhere the rule stays the text."""
-    def named(match: re.Match) -> str:
-        found = token_id(json.loads(match.group(2)))
-        return match.group(0) if found is None else f"{match.group(1)}: <[{found}]>"
-    return _CONTROL.sub(named, grammar)
+    texts = {m.group(1): json.loads(m.group(2)) for m in _CONTROL.finditer(grammar)}
+    ids = {rule: token_id(text) for rule, text in texts.items()}
+
+    def named(m: re.Match) -> str:
+        return m.group(0) if ids[m.group(1)] is None else f"{m.group(1)}: <[{ids[m.group(1)]}]>"
+
+    def until(m: re.Match) -> str:  # a lexeme cannot hold a token: the text before it greedy, then the token
+        rule, marker, body = m.groups()
+        tail = regex_text(texts.get(marker, ""))
+        if ids.get(marker) is None or not tail or not body.endswith(tail):
+            return m.group(0)
+        return f"{rule}: /{body[:-len(tail)]}/ {marker}"
+
+    return _UNTIL.sub(until, _CONTROL.sub(named, grammar))
+
+
+def regex_text(text: str) -> str:
+    """`text` as a regex of llguidance's Lark (between slashes, on one line)."""
+    return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
 
 
 def checked(grammar: str, what: str = "grammar") -> str:

@@ -68,6 +68,14 @@ ANSWERS = [  # (format, answer, content, calls)
      "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>", []),
     ("deepseek_v3_1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}"
                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", [PARIS]),
+    ("glm", "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
+            "\n<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>",
+     "Let me check.", [PARIS, UTC]),
+    ("glm", "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>", "",  # GLM-4.7's
+     [PARIS]),
+    ("glm", "<tool_call>get_time\n</tool_call>\nDone.", "Done.", [ToolCall("get_time", "{}")]),
+    ("glm", "<tool_call>rm_rf\n</tool_call>", "<tool_call>rm_rf\n</tool_call>", []),
+    ("glm", '<tool_call>\n{"name": "get_time"}</tool_call>', '<tool_call>\n{"name": "get_time"}</tool_call>', []),
 ]
 
 
@@ -160,6 +168,8 @@ def test_a_limit_leaves_later_calls_out():
     ("{{ tools }}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
      "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}", "deepseek_v3_1"),
     ("{{ tools }}{{- '<tool_call>\\n<function=' + tool_call.name + '>\\n' }}", "qwen_xml"),  # not hermes
+    ("{% for tool in tools %}{{ tool | tojson }}{% endfor %}{{ '\\n<tool_call>' + tc.name }}\n{% for k, v in "
+     "_args.items() %}\n<arg_key>{{ k }}</arg_key>\n<arg_value>{{ v }}</arg_value>\n{% endfor %}", "glm"),  # GLM-4.5
     ("{%- for tool in message['tool_calls']-%}{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + "
      "'<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json'}}{% endfor %}", "deepseek"),  # R1's, no tools
     ("{%- for tool in message['tool_calls'] -%}{{'<｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
@@ -209,6 +219,8 @@ ONE_AND_TWO = {  # a format's text of one call, and of two
                  "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>"),
     "deepseek_v3_1": ('<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo"}<｜tool▁call▁end｜>',
                       "<｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
+    "glm": ("<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Oslo</arg_value>\n</tool_call>",
+            "\n<tool_call>get_time\n</tool_call>"),
 }
 
 
@@ -228,7 +240,7 @@ def test_a_required_call_grammar_takes_calls_in_its_format_and_nothing_else(fmt)
     assert not _accepts(single, two)
     assert not _accepts(several, one.replace("get_", "set_"))
     assert not _accepts(several, "Sure! " + one)
-    assert not _accepts(several, two.replace('"Oslo"', "1").replace('"Paris"', "1")) or fmt == "qwen_xml"
+    assert not _accepts(several, two.replace('"Oslo"', "1").replace('"Paris"', "1")) or fmt in ("qwen_xml", "glm")
     content, calls = parse_calls(fmt, two, NAMES)
     assert content == "" and sorted(c.name for c in calls) == ["get_time", "get_weather"], calls
 
@@ -280,13 +292,14 @@ def test_xml_grammar_follows_each_parameter_schema():
     assert _accepts(grammar, plan.replace("<parameter=done>\ntrue\n</parameter>\n", ""))  # optional
 
 
-MARKERS = {"<|tool_call|>": True, "[TOOL_CALLS]": True, "[ARGS]": True, "<tool_call>": False, "</tool_call>": False}
+MARKERS = {"<|tool_call|>": True, "[TOOL_CALLS]": True, "[ARGS]": True, "<tool_call>": False, "</tool_call>": False,
+           "<arg_key>": False, "</arg_key>": False, "<arg_value>": False, "</arg_value>": False}
 
 
 @pytest.fixture(scope="module")
 def marked_lm(tiny_models, tmp_path_factory):
-    """The tiny Qwen3 with tool-call markers in its vocabulary as one token each (control tokens, and Qwen's
-    <tool_call> tags as added plain ones, as its GGUFs type them), new embedding rows for each."""
+    """The tiny Qwen3 with tool-call markers in its vocabulary as one token each (control tokens, and Qwen's and GLM's
+    tags as added plain ones, as their GGUFs type them), new embedding rows for each."""
     from safetensors.numpy import load_file, save_file
     from tokenizers import AddedToken, Tokenizer
 
@@ -304,13 +317,15 @@ def marked_lm(tiny_models, tmp_path_factory):
     rng = np.random.default_rng(0)
     for name in ("model.embed_tokens.weight", "lm_head.weight"):
         rows = weights[name]
-        weights[name] = np.concatenate([rows, rng.normal(0, 0.02, (grown - len(rows), rows.shape[1]))]).astype(rows.dtype)
+        new = rng.normal(0, 0.02, (grown - len(rows), rows.shape[1]))
+        weights[name] = np.concatenate([rows, new]).astype(rows.dtype)
     save_file(weights, str(hf / "model.safetensors"), metadata={"format": "pt"})
     return load_model(write_gguf(hf, hf.parent / "marked.gguf"))
 
 
 @pytest.mark.parametrize("fmt,markers", [("granite", ["<|tool_call|>"]), ("mistral_v11", ["[TOOL_CALLS]", "[ARGS]"]),
-                                         ("hermes", ["<tool_call>", "</tool_call>"])])
+                                         ("hermes", ["<tool_call>", "</tool_call>"]),
+                                         ("glm", ["<tool_call>", "<arg_key>", "</arg_value>", "</tool_call>"])])
 def test_a_required_call_writes_each_marker_as_its_one_token(marked_lm, fmt, markers):
     """A marker the model holds as one token (a control token, or Qwen's <tool_call> added to its vocabulary) is that
     token under the grammar, greedy, not its text spelled from pieces the model never wrote; the answer reads as a
@@ -333,7 +348,7 @@ def test_a_required_call_writes_each_marker_as_its_one_token(marked_lm, fmt, mar
     for text in (lm.tokenizer.decode(answer), lm.tokenizer.decode(answer, skip_special=True)):
         content, calls = parse_calls(fmt, text, {"get_weather": tools[0]["function"]["parameters"]})
         assert content == "" and [c.name for c in calls] == ["get_weather"], text
-    assert lm.tokenizer.decode(answer, skip_special=True).startswith(markers[0]) == (fmt == "hermes")
+    assert lm.tokenizer.decode(answer, skip_special=True).startswith(markers[0]) == (fmt in ("hermes", "glm"))
 
 
 def test_a_marker_outside_the_vocabulary_stays_text():
@@ -344,3 +359,27 @@ def test_a_marker_outside_the_vocabulary_stays_text():
     named = with_control_tokens(grammar, {"[TOOL_CALLS]": 7}.get)
     assert 'control_token_2: <[7]>' in named and 'control_token_3: "[ARGS]"' in named
     assert with_control_tokens(grammar, lambda text: None) == grammar
+
+
+GLM_PLAN = ("<tool_call>plan\n<arg_key>title</arg_key>\n<arg_value>42 \"days\" <b>\nof rain</arg_value>\n"
+            "<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n"
+            "<arg_key>tags</arg_key>\n<arg_value>[\"a\", \"b\"]</arg_value>\n<arg_key>done</arg_key>\n"
+            "<arg_value>true</arg_value>\n</tool_call>")
+
+
+def test_glm_values_are_typed_by_the_schema_and_strings_stream_as_written():
+    content, calls = parse_calls("glm", GLM_PLAN, XML_SCHEMAS)
+    assert content == "" and json.loads(calls[0].arguments) == {
+        "title": '42 "days" <b>\nof rain', "days": 7, "zone": "UTC", "tags": ["a", "b"], "done": True}
+    head = CallStream("glm", XML_SCHEMAS).feed(GLM_PLAN[:GLM_PLAN.index("of rain") + 2])
+    assert joined(head)[1][0].arguments == '{"title": "42 \\"days\\" <b>\\nof'
+
+
+def test_glm_grammar_follows_each_argument_schema():
+    grammar = call_grammar("glm", XML_TOOLS)
+    assert _accepts(grammar, GLM_PLAN)
+    assert not _accepts(grammar, GLM_PLAN.replace(">7<", ">seven<"))  # an integer
+    assert not _accepts(grammar, GLM_PLAN.replace("of rain", "of rain and wind"))  # the string's maxLength
+    assert not _accepts(grammar, GLM_PLAN.replace(">UTC<", ">PST<"))  # the enum
+    assert not _accepts(grammar, GLM_PLAN.replace("<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n", ""))
+    assert _accepts(grammar, GLM_PLAN.replace("<arg_key>done</arg_key>\n<arg_value>true</arg_value>\n", ""))

@@ -53,6 +53,15 @@ DEEPSEEK_TEMPLATE = (  # as R1's: the calls fenced after function<｜tool▁sep�
     "tojson + '\\n```<｜tool▁call▁end｜>' }}{% endfor %}{{ '<｜tool▁calls▁end｜>' }}{% endif %}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
 )
+GLM_TEMPLATE = (  # GLM-4.5's and 4.6's: <tool_call>name, then <arg_key>/<arg_value> pairs
+    "{%- if tools -%}<|im_start|>system\n<tools>{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n"
+    "<tool_call>{function-name}\n<arg_key>{arg-key-1}</arg_key>\n<arg_value>{arg-value-1}</arg_value>\n</tool_call>"
+    "<|im_end|>\n{%- endif -%}"
+    "{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- for tc in m.tool_calls or [] %}"
+    "{{ '\\n<tool_call>' + tc.function.name }}\n{% for k, v in tc.function.arguments.items() %}<arg_key>{{ k }}"
+    "</arg_key>\n<arg_value>{{ v | tojson if v is not string else v }}</arg_value>\n{% endfor %}</tool_call>"
+    "{%- endfor %}<|im_end|>\n{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
@@ -218,10 +227,11 @@ def test_a_streamed_chat_answer_joins_to_the_whole_one(text, reason, finish):
     assert not text.endswith(".") or joined["content"].endswith(".")  # text after a call is kept
 
 
-@pytest.mark.parametrize("template,fmt", [(XML_TEMPLATE, "qwen_xml"), (DEEPSEEK_TEMPLATE, "deepseek")])
+@pytest.mark.parametrize("template,fmt", [(XML_TEMPLATE, "qwen_xml"), (DEEPSEEK_TEMPLATE, "deepseek"),
+                                          (GLM_TEMPLATE, "glm")])
 def test_a_model_writing_another_form_is_held_to_each_schema(tiny_models, tmp_path, template, fmt):
     """A template that writes Qwen3-Coder's XML calls (a string parameter up to its closing tag, the integer and the
-    enum as their schemas say), or DeepSeek R1's (its template shows no tools: the system prompt does): a required
+    enum as their schemas say), GLM-4.5's <arg_key>/<arg_value> pairs, or DeepSeek R1's (its template shows no tools: the system prompt does): a required
     call through the model's own tokens follows the schemas and comes back as JSON arguments, streamed and whole
     alike."""
     model = _with_template(tiny_models, tmp_path, template)
