@@ -233,6 +233,8 @@ class ChatPage(QWidget):
             loading = self.tr("loading: %1").replace("%1", (state.stage or self.tr("starting")) + done)
         elif state is not None and state.status == "failed":
             loading = self.tr("failed to load")
+        elif state is None and not self.service.busy(conv_id):  # unloaded (Models, or the engine's own caller)
+            loading = self.tr("not loaded: loads when you send")
         status = self.service.status(conv_id)
         if not status.model and state is not None:  # a copy: the service's status is not ours to change
             status = replace(status, model=state.name or state.entry.name)

@@ -148,3 +148,39 @@ def test_retry_on_a_failed_answer_the_chat_went_on_from_keeps_what_follows(parle
     wait_idle(parley, qtbot, conv)
     assert parley.store.has_message(failed.id) and parley.store.has_message(later.id)
     assert len(parley.store.versions(last(parley, conv))) == 2 and last(parley, conv).parent_id == user.id
+
+
+# -- 4: the status line after an unload
+def test_the_status_line_says_the_model_is_not_loaded_and_loads_at_the_next_message(parley, qtbot):
+    """After an unload it read 'qwen3 · 401.3 tok/s · TTFT 4 ms' as if the model were still there."""
+    w, conv, models = parley.window, parley.window.current(), parley.models
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(max_tokens=4))
+    _say(parley, qtbot, conv, "hi")
+    line = w.chat.status.text
+    assert "not loaded" not in line.text()
+    parley.bridge.engine.unload_model(models.model_id("default"))
+    qtbot.waitUntil(lambda: "not loaded" in line.text())
+    assert "loads when you send" in line.text() and "tok/s" in line.text()  # the last answer's figures stay
+    _say(parley, qtbot, conv, "and again")
+    assert "not loaded" not in line.text() and models.model_id("default") is not None
+
+
+# -- 5: what a thought cut short says
+def test_a_thought_cut_short_by_a_full_context_names_only_what_is_offered(parley):
+    """It said 'Continue, or raise Max tokens…' where Continue is not offered and more tokens cannot fit."""
+    from app.core.message_html import message_actions
+
+    store, w = parley.store, parley.window
+    conv = w.current()
+    user = store.add_message(conv, None, "user", "prove it")
+    answers = {}
+    for reason in ("length", "context_full"):
+        answers[reason] = store.add_message(conv, user.id, "assistant", "<think>\nFirst, two and two.")
+        store.update_message(answers[reason].id, stats={"reason": reason})
+    w.open_chat(conv)
+    for reason, answer in answers.items():
+        text = " ".join(w.chat.view.delegate.document(answer)[0].toPlainText().split())
+        offered = [label for label, _href in message_actions(answer, 1, 2, busy=False)]
+        assert ("Continue" in offered) == ("Continue" in text) == (reason == "length"), (reason, text)
+    assert "Turn Thinking off in the chat settings and Regenerate, or start a new chat" in text
+    assert "Max tokens" not in text and "Regenerate" in offered
