@@ -165,6 +165,14 @@ def _thought_note(reasoning: Reasoning | None, streaming: bool) -> str:
     return f"thought for {words} word{'s' if words != 1 else ''}"
 
 
+def _thought_hint(msg: Message) -> str:
+    """What gets an answer whose thought was cut short: Continue where it is offered; a full context takes no more
+    tokens, so a shorter try (no thinking) or a fresh chat."""
+    if can_continue(msg):
+        return "Continue, or raise Max tokens or turn Thinking off in the chat settings"
+    return "Turn Thinking off in the chat settings and Regenerate, or start a new chat"
+
+
 def _note(msg: Message, dark: bool) -> str:
     error, queued, muted = (NOTE_COLOR[k][dark] for k in ("error", "queued", "muted"))
     if msg.state == "error":
@@ -178,8 +186,7 @@ def _note(msg: Message, dark: bool) -> str:
     if reason in ("length", "context_full"):
         why = "max tokens reached" if reason == "length" else "the context is full"
         if msg.role == "assistant" and split_reasoning(msg.content).thinking:  # the reply never began
-            hint = "Continue, or raise Max tokens or turn Thinking off in the chat settings"
-            return f'<p style="color:{muted}"><i>Cut short while thinking: {why}. {hint}.</i></p>'
+            return f'<p style="color:{muted}"><i>Cut short while thinking: {why}. {_thought_hint(msg)}.</i></p>'
         return f'<p style="color:{muted}"><i>Cut short: {why}</i></p>'
     if msg.error:
         return f'<p style="color:{error}">{html.escape(msg.error)}</p>'
