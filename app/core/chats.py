@@ -21,6 +21,7 @@ from engine.sampling import SamplingParams
 
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"  # a chat's title until its first message names it
+MODEL_GONE = "The model was unloaded before it answered. Retry loads it again."
 
 
 class ChatService:
@@ -493,6 +494,8 @@ class ChatService:
         if code == ContextOverflowError.code and self._refused_unanswered(conv_id, live):
             self._give_back(conv_id, live, message)
             return
+        if self.models.model_id(self.store.get(conv_id).settings.model) != live.model_id:
+            message = MODEL_GONE  # the engine's 'Chat session 2 does not exist' says less
         self.store.update_message(live.turn.message_id, error=message)
         # a failed continuation leaves the answer as it was (with the error shown), not failed as a whole
         self._end(conv_id, live, live.turn.previous_state or "error")

@@ -119,6 +119,7 @@ def test_a_failure_other_than_an_overflow_keeps_the_message_with_a_working_retry
     assert (user.content, failed.state, failed.content) == ("hello again", "error", "")
     assert not w.chat.refused_note.isVisible() and w.chat.composer.edit.toPlainText() == ""
     assert ("Retry", "regen:") in message_actions(failed, 1, 1, busy=False)
+    assert failed.error == "The model was unloaded before it answered. Retry loads it again."  # not the session's id
     w.chat.view.activate(failed, "regen:")
     wait_idle(parley, qtbot, conv)
     answer = last(parley, conv)
