@@ -49,6 +49,11 @@ class EngineCLI:
             elif isinstance(e, ev.Error):
                 print(f"parley: {e.message}", file=sys.stderr)
 
+    def error(self, turn: int) -> str | None:
+        """The message of a turn that ended in an error; None where it finished."""
+        end = self.ended.get(turn)
+        return end.message if isinstance(end, ev.Error) else None
+
     def result(self, turn: int) -> ev.Finished:
         end = self.ended[turn]
         if isinstance(end, ev.Error):

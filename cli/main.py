@@ -18,11 +18,14 @@ from engine.errors import ParleyError  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
+    closed = _closed_streams_as_null()
     _tolerant_streams()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         _app_flags_alone(args)
+        if "stdout" in closed and args.command in ("generate", "chat"):  # before the model loads
+            raise ParleyError("standard output is closed (>&-): the answer would have nowhere to go")
         return args.func(args)
     except ParleyError as exc:  # its text may quote a file or an endpoint: escape sequences shown, not run
         print(f"parley: {printable(str(exc))}", file=sys.stderr)
@@ -44,6 +47,15 @@ def _app_flags_alone(args: argparse.Namespace) -> None:
         if given and args.command:
             raise ParleyError(f"argument {flag}: it is the app's (parley without a subcommand); "
                               f"parley {args.command} does not read it")
+
+
+def _closed_streams_as_null() -> list[str]:
+    """A stream the shell closed (`<&-`, `>&-`, `2>&-`) is None in Python: its first read or write was an
+    AttributeError traceback. Each is /dev/null instead (a closed stdin reads as empty); their names are returned."""
+    closed = [name for name in ("stdin", "stdout", "stderr") if getattr(sys, name) is None]
+    for name in closed:
+        setattr(sys, name, open(os.devnull, "r" if name == "stdin" else "w", encoding="utf-8"))
+    return closed
 
 
 def _tolerant_streams() -> None:

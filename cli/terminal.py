@@ -7,14 +7,15 @@ import os
 import sys
 import unicodedata
 from contextlib import contextmanager
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-from app.core.reasoning import reply_text
 from cli.prompts import add_prompt_options, read_prompts
 from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
 from cli.signal_relay import handled_in_main_thread
-from engine import events as ev
 from engine.errors import ParleyError
+
+if TYPE_CHECKING:  # they bring torch (1.2 s): imported where a model loads, so `parley --help` answers at once
+    from engine import events as ev
 
 
 def add_terminal_parsers(sub) -> None:
@@ -103,11 +104,11 @@ def generate(args: argparse.Namespace) -> int:
 def _report(cli, i: int, turn: int, as_json: bool, streamed: bool, count: int) -> bool:
     """Prompt i's result on stdout, or its error on stderr (and as its JSON line); one refused prompt of a batch
     loses none of the others' answers. False where it failed."""
-    end = cli.ended[turn]
-    if isinstance(end, ev.Error):
-        print(f"parley: {f'prompt {i}: ' if count > 1 else ''}{printable(end.message)}", file=sys.stderr)
+    end, error = cli.ended[turn], cli.error(turn)
+    if error is not None:
+        print(f"parley: {f'prompt {i}: ' if count > 1 else ''}{printable(error)}", file=sys.stderr)
         if as_json:
-            print(json.dumps({"prompt": i, "error": end.message}, ensure_ascii=False))
+            print(json.dumps({"prompt": i, "error": error}, ensure_ascii=False))
         return False
     if as_json:
         print(json.dumps({"prompt": i, "token_ids": cli.tokens.get(turn, []), "text": end.text, "reason": end.reason,
@@ -119,7 +120,7 @@ def _report(cli, i: int, turn: int, as_json: bool, streamed: bool, count: int) -
 
 def _end_line(cli, turn, stream: bool) -> None:
     """The streamed answer's line ended; a refused turn streamed nothing, and its error line follows alone."""
-    if stream and not isinstance(cli.ended.get(turn), ev.Error):
+    if stream and cli.error(turn) is None:
         print()
 
 
@@ -148,6 +149,8 @@ def _round(x: float | None) -> float | None:
 
 
 def chat(args: argparse.Namespace) -> int:
+    from app.core.reasoning import reply_text
+
     params, messages = sampling_params(args), []  # the conversation is ours; each turn hands it over
     cli, model_id, loaded = open_engine(args, max_sessions=1)
     _line_editing()
@@ -174,10 +177,10 @@ def chat(args: argparse.Namespace) -> int:
             except KeyboardInterrupt:  # Ctrl-C just as the answer began or ended, outside the wait above
                 _stop(cli, sid, turn)
             print()
-            end = cli.ended[turn]
-            if isinstance(end, ev.Error):
+            end, error = cli.ended[turn], cli.error(turn)
+            if error is not None:
                 messages.pop()  # the refused message is not kept
-                print(f"parley: {printable(end.message)}", file=sys.stderr)
+                print(f"parley: {printable(error)}", file=sys.stderr)
                 continue
             if end.text or end.reason != "cancelled":  # later turns read the reply, not the thought (as the app's)
                 messages.append({"role": "assistant", "content": reply_text(end.text)})
