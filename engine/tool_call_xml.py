@@ -1,12 +1,16 @@
-"""Qwen3-Coder's and Qwen3.5's XML tool calls: the reader and the grammar. A call is
-`<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n…</function>\n</tool_call>`, a value written as
-text: a string as it is, anything else as JSON (Python's spelling of a boolean too). The arguments sent are JSON, each
-value typed by the tool's schema; a string streams as it is written, any other value once it has ended."""
+"""Tool calls whose arguments are tags and values written as text, their readers and their grammar: Qwen3-Coder's and
+Qwen3.5's `<tool_call>\n<function=name>\n<parameter=key>\nvalue\n</parameter>\n…</function>\n</tool_call>`, and
+GLM-4.5's `<tool_call>name\n<arg_key>key</arg_key>\n<arg_value>value</arg_value>\n…</tool_call>`. A value is a string
+as it is, anything else JSON (Python's spelling of a boolean too). The arguments sent are JSON, each value typed by the
+tool's schema; a string streams as it is written, any other value once it has ended."""
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
 from engine.tool_formats import NAME, Bad, skip
 
@@ -79,40 +83,6 @@ def _typed(value: str, is_text: bool) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
-def xml_grammar(tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str],
-                schema: Callable[[dict], dict], until: Callable[[str, str, str], tuple[str, str]]) -> list[str]:
-    """Lark rules of one call (or more, `parallel`) to one of `tools`: each parameter in its schema's order, required
-    ones always; a string's value any text up to its closing tag (as long as its maxLength allows; a string enum one
-    of its values; a pattern is not held), any other value JSON following its schema. `lit`, `schema`, `until`:
-    tool_calls' writers of a literal, a JSON schema and text up to a closing text."""
-    rules = ['start: call ("\\n" call)*' if parallel else "start: call",
-             "call: " + " | ".join(f"call{k}" for k in range(len(tools)))]
-    for k, tool in enumerate(tools):
-        function = tool["function"]
-        parameters = function.get("parameters") or {}
-        required = set(parameters.get("required") or ())
-        parts = []
-        for n, (key, sub) in enumerate((parameters.get("properties") or {}).items()):
-            rule = f"p{k}_{n}"
-            parts.append(rule if key in required else f"{rule}?")
-            rules += _parameter_rules(rule, key, sub or {}, lit, schema, until)
-        head = lit(f"<tool_call>\n{FUNCTION}{function['name']}>\n")
-        rules.append(f"call{k}: {head} {' '.join(parts)} {lit(FUNCTION_END + chr(10) + '</tool_call>')}")
-    return rules
-
-
-def _parameter_rules(rule: str, key: str, sub: dict, lit: Callable[[str], str], schema: Callable[[dict], dict],
-                     until: Callable[[str, str, str], tuple[str, str]]) -> list[str]:
-    head = lit(f"{PARAMETER}{key}>\n")
-    if "enum" in sub and _is_text(sub):
-        values = " | ".join(json.dumps(v, ensure_ascii=False) for v in sub["enum"])  # a value's text, markers too
-        return [f"{rule}: {head} ({values}) {lit(_VALUE_END + chr(10))}"]
-    if _is_text(sub):  # lazy: the text ends at the first closing tag; its length bounded as the schema bounds it
-        name, text = until(rule, f"(?s:.{_length(sub)})", _VALUE_END)
-        return [f"{rule}: {head} {name} {lit(chr(10))}", text]
-    return [f"{rule}: {head} {rule}_json {lit(_VALUE_END + chr(10))}", f"{rule}_json: %json {json.dumps(schema(sub))}"]
-
-
 # -- GLM-4.5 / 4.6: `<tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n…</tool_call>`
 KEY, KEY_END, VALUE, VALUE_END, CALL_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>"
 
@@ -167,35 +137,108 @@ def _glm_pair(text: str, j: int, properties: dict) -> tuple[str, int | None]:
     return f"{json.dumps(key)}: {_typed(text[start:end], is_text)}", end + len(VALUE_END)
 
 
-def glm_grammar(tools: list[dict[str, Any]], parallel: bool, lit: Callable[[str], str],
-                schema: Callable[[dict], dict], until: Callable[[str, str, str], tuple[str, str]]) -> list[str]:
-    """Lark rules of one GLM call (or more, `parallel`) to one of `tools`, each argument in its schema's order,
-    required ones always: a string's value any text up to `</arg_value>` (within its maxLength; a string enum one of
-    its values), any other value JSON following its schema. `until`: text up to a marker (tool_calls' writer)."""
-    rules = ['start: call ("\\n" call)*' if parallel else "start: call",
+# -- grammars: each argument a tag and its value as text
+@dataclass(frozen=True, slots=True)
+class Writers:
+    """tool_calls' writers of a grammar's literal text, of a JSON schema, and of text up to a closing text (the rule's
+    name and its rules; `terminal`: the text's lexeme)."""
+
+    lit: Callable[[str], str]
+    schema: Callable[[dict], dict]
+    until: Callable[[str, str, str], tuple[str, list[str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Tags:
+    call_open: str  # before the tool's name
+    name_close: str  # after it
+    call_close: str
+    key_open: str  # before an argument's key
+    key_close: str  # between the key and the value
+    value_close: str
+
+
+_XML = _Tags("<tool_call>\n" + FUNCTION, ">\n", FUNCTION_END + "\n</tool_call>", PARAMETER, ">\n", _VALUE_END)
+_GLM = _Tags("<tool_call>", "\n", "</tool_call>", "<arg_key>", "</arg_key>\n<arg_value>", "</arg_value>")
+_FREE_KEY = "FREE_KEY: /[^<>\\n]+/"  # an argument the schema does not list, where it allows others
+
+
+def xml_grammar(tools: list[dict[str, Any]], parallel: bool, w: Writers) -> list[str]:
+    """Lark rules of one Qwen XML call (or more, `parallel`) to one of `tools` (`_tag_grammar`)."""
+    return _tag_grammar(_XML, tools, parallel, w)
+
+
+def glm_grammar(tools: list[dict[str, Any]], parallel: bool, w: Writers) -> list[str]:
+    """Lark rules of one GLM call (or more, `parallel`) to one of `tools` (`_tag_grammar`)."""
+    return _tag_grammar(_GLM, tools, parallel, w)
+
+
+def _tag_grammar(tags: _Tags, tools: list[dict[str, Any]], parallel: bool, w: Writers) -> list[str]:
+    """Each listed argument in its schema's order, required ones always, then (where the schema allows others) any
+    more: a string's value any text up to its closing tag within its minLength, maxLength and pattern, a string enum
+    one of its values, any other value JSON following its schema."""
+    rules = ['start: call ("\\n" call)*' if parallel else "start: call", _FREE_KEY,
              "call: " + " | ".join(f"call{k}" for k in range(len(tools)))]
     for k, tool in enumerate(tools):
         function = tool["function"]
-        parameters = function.get("parameters") or {}
-        required = set(parameters.get("required") or ())
         parts = []
-        for n, (key, sub) in enumerate((parameters.get("properties") or {}).items()):
-            rule, sub = f"p{k}_{n}", sub or {}
-            parts.append(rule if key in required else f"{rule}?")
-            head = lit(f"{KEY}{key}{KEY_END}\n{VALUE}")
-            if "enum" in sub and _is_text(sub):
-                values = " | ".join(json.dumps(v, ensure_ascii=False) for v in sub["enum"])
-                rules.append(f"{rule}: {head} ({values}) {lit(VALUE_END)} {lit(chr(10))}")
-            elif _is_text(sub):
-                name, text = until(rule, f"(?s:.{_length(sub)})", VALUE_END)
-                rules += [f"{rule}: {head} {name} {lit(chr(10))}", text]
-            else:
-                rules += [f"{rule}: {head} {rule}_json {lit(VALUE_END)} {lit(chr(10))}",
-                          f"{rule}_json: %json {json.dumps(schema(sub))}"]
-        rules.append(f"call{k}: {lit('<tool_call>' + function['name'] + chr(10))} {' '.join(parts)} {lit(CALL_END)}")
+        for n, (key, sub, required) in enumerate(_arguments(function)):
+            rule = f"p{k}_{n}"
+            parts.append(rule if required else f"{rule}?")
+            rules += _value_rules(tags, rule, w.lit(f"{tags.key_open}{key}{tags.key_close}"), sub, w)
+        extra = _others(function.get("parameters") or {})
+        if extra is not None:
+            head = f"{w.lit(tags.key_open)} FREE_KEY {w.lit(tags.key_close)}"
+            parts.append(f"x{k}*")
+            rules += _value_rules(tags, f"x{k}", head, extra, w)
+        head = w.lit(f"{tags.call_open}{function['name']}{tags.name_close}")
+        rules.append(f"call{k}: {head} {' '.join(parts)} {w.lit(tags.call_close)}")
     return rules
 
 
-def _length(sub: dict) -> str:
-    """A string's length as a regex repeats a character: its schema's bounds."""
-    return f"{{{int(sub.get('minLength', 0))},{sub['maxLength']}}}" if "maxLength" in sub else "*"
+def _arguments(function: dict) -> list[tuple[str, dict, bool]]:
+    """(key, schema, required) of each argument the grammar names: the listed ones, then required ones it does not
+    list where the schema allows others (a ParleyError where it does not: no call could follow it)."""
+    parameters = function.get("parameters") or {}
+    listed, required = parameters.get("properties") or {}, list(parameters.get("required") or ())
+    out = [(key, sub or {}, key in required) for key, sub in listed.items()]
+    unlisted = [key for key in required if key not in listed]
+    if unlisted and _others(parameters) is None:
+        raise ParleyError(f"Tool {function['name']!r} requires {unlisted[0]!r}, which its parameters neither list "
+                          "nor allow (additionalProperties is false).")
+    return out + [(key, _others(parameters), True) for key in unlisted]
+
+
+def _others(parameters: dict) -> dict | None:
+    """The schema of an argument the parameters do not list, None where they allow none (as tool_calls' closed()
+    reads a schema: listed properties and nothing else unless it says so)."""
+    extra = parameters.get("additionalProperties", None if parameters.get("properties") else True)
+    return None if extra is False or extra is None else extra if isinstance(extra, dict) else {}
+
+
+def _value_rules(tags: _Tags, rule: str, head: str, sub: dict, w: Writers) -> list[str]:
+    if "enum" in sub and _is_text(sub):
+        values = " | ".join(json.dumps(v, ensure_ascii=False) for v in sub["enum"])  # a value's text, markers too
+        return [f"{rule}: {head} ({values}) {w.lit(tags.value_close)} {w.lit(chr(10))}"]
+    if _is_text(sub) or not sub:  # the text up to its closing tag (any text where the schema says nothing)
+        terminal = f"{rule.upper()}_TEXT"
+        name, text = w.until(rule, terminal, tags.value_close)
+        return [f"{rule}: {head} {name} {w.lit(chr(10))}", f"{terminal}: {_string_regex(sub)}", *text]
+    return [f"{rule}: {head} {rule}_json {w.lit(tags.value_close)} {w.lit(chr(10))}",
+            f"{rule}_json: %json {json.dumps(w.schema(sub))}"]
+
+
+def _string_regex(sub: dict) -> str:
+    """A string value's lexeme: its length as its schema bounds it, and its pattern (found anywhere in it, as JSON
+    Schema reads one; ^ and $ at its ends anchor it)."""
+    low, high = int(sub.get("minLength", 0)), sub.get("maxLength")
+    length = f"/(?s:.{{{low},{high if high is not None else ''}}})/" if low or high is not None else "/(?s:.*)/"
+    pattern = sub.get("pattern")
+    if not isinstance(pattern, str):
+        return length
+    head = "" if pattern.startswith("^") else "(?s:.*)"
+    body = pattern.removeprefix("^")
+    tail = "" if body.endswith("$") and not body.endswith("\\$") else "(?s:.*)"
+    body = body.removesuffix("$") if not tail else body
+    body = re.sub(r"(?<!\\)/", r"\/", body).replace("\n", "\\n")
+    return f"{length} & /{head}(?:{body}){tail}/"

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from engine.constraint.grammar import (JSON_WHITESPACE, closed, control_rules, control_token, control_until,
-                                       lark_grammar, regex_text)
+                                       lark_grammar)
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, glm_call, glm_grammar, xml_call, xml_grammar
+from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, Writers, glm_call, glm_grammar, xml_call, xml_grammar
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
                                  Reader, Section, block_section, deepseek_section, json_call, json_section,
                                  mistral_named_section, opened)
@@ -142,7 +142,7 @@ def call_grammar(fmt: str, tools: list[dict[str, Any]], parallel: bool = False) 
     `tool_choice` "required", or a named function, holds an answer to; `parallel`: one call or more."""
     form = FORMATS[fmt]
     if form.rules is not None:
-        return _with_markers(form.rules(tools, parallel, _lit, _closed, _until))
+        return _with_markers(form.rules(tools, parallel, Writers(_lit, _closed, _until)))
     before, between, after = form.block
     rules = [_rule("start", _lit(before), "call", f"({_lit(between)} call)*" if parallel else "", _lit(after))]
     if form.call is None:
@@ -195,12 +195,12 @@ def _lit(text: str) -> str:
                     for k, p in enumerate(pieces) if p) or '""'
 
 
-def _until(name: str, body: str, text: str) -> tuple[str, str]:
-    """(its name, the rule) of text matching the regex `body` up to the first `text` (a marker's token where it is
-    one)."""
+def _until(name: str, terminal: str, text: str) -> tuple[str, list[str]]:
+    """(its name, its rules) of the lexeme `terminal` up to the first `text` (a marker's token where it is one)."""
     if text in _MARKERS:
-        return control_until(_MARKERS.index(text), name, body, text)
-    return f"{name}_text", f"{name}_text[lazy]: /{body}{regex_text(text)}/"
+        rule, line = control_until(_MARKERS.index(text), name, terminal, text)
+        return rule, [line]
+    return f"{name}_text", [f"{name}_text[lazy]: {terminal} {json.dumps(text, ensure_ascii=False)}"]
 
 
 def parse_calls(fmt: str, text: str, names: Iterable[str] | Mapping[str, dict],

@@ -75,10 +75,11 @@ def lark_grammar(source: str) -> str:
 
 
 # a rule `control_token_<k>: "<text>"` is text a model may hold as one token of its vocabulary (a tool call's marker),
-# and `control_token_<k>_until_<name>[lazy]: /<body><text>/` text up to it: the grammar is written without the
-# tokenizer, and Grammars names the token where the model has one
-_CONTROL = re.compile(r'^(control_token_\d+): ("(?:[^"\\\n]|\\.)*")$', re.M)
-_UNTIL = re.compile(r"^((control_token_\d+)_until_\w+)\[lazy\]: /(.*)/$", re.M)
+# and `control_token_<k>_until_<name>[lazy]: <TERMINAL> "<text>"` a lexeme up to it: the grammar is written without
+# the tokenizer, and Grammars names the token where the model has one
+_STRING = r'"(?:[^"\\\n]|\\.)*"'
+_CONTROL = re.compile(rf"^(control_token_\d+): ({_STRING})$", re.M)
+_UNTIL = re.compile(rf"^((control_token_\d+)_until_\w+)\[lazy\]: ([A-Z0-9_]+) {_STRING}$", re.M)
 
 
 def control_token(k: int) -> str:
@@ -91,11 +92,11 @@ def control_rules(texts: Iterable[tuple[int, str]]) -> list[str]:
     return [f"{control_token(k)}: {json.dumps(text, ensure_ascii=False)}" for k, text in texts]
 
 
-def control_until(k: int, name: str, body: str, text: str) -> tuple[str, str]:
-    """(its name, the rule) of text matching the regex `body` up to the first `text`, the k-th control token's, which
-    ends it (where the model holds `text` as one token: `body` greedy, then that token)."""
+def control_until(k: int, name: str, terminal: str, text: str) -> tuple[str, str]:
+    """(its name, the rule) of the lexeme `terminal` up to the first `text`, the k-th control token's, which ends it
+    (where the model holds `text` as one token: `terminal`, greedy, then that token)."""
     rule = f"{control_token(k)}_until_{name}"
-    return rule, f"{rule}[lazy]: /{body}{regex_text(text)}/"
+    return rule, f"{rule}[lazy]: {terminal} {json.dumps(text, ensure_ascii=False)}"
 
 
 def with_control_tokens(grammar: str, token_id: Callable[[str], int | None]) -> str:
@@ -110,18 +111,10 @@ def with_control_tokens(grammar: str, token_id: Callable[[str], int | None]) -> 
         return m.group(0) if ids[m.group(1)] is None else f"{m.group(1)}: <[{ids[m.group(1)]}]>"
 
     def until(m: re.Match) -> str:  # a lexeme cannot hold a token: the text before it greedy, then the token
-        rule, marker, body = m.groups()
-        tail = regex_text(texts.get(marker, ""))
-        if ids.get(marker) is None or not tail or not body.endswith(tail):
-            return m.group(0)
-        return f"{rule}: /{body[:-len(tail)]}/ {marker}"
+        rule, marker, terminal = m.groups()
+        return m.group(0) if ids.get(marker) is None else f"{rule}: {terminal} {marker}"
 
     return _UNTIL.sub(until, _CONTROL.sub(named, grammar))
-
-
-def regex_text(text: str) -> str:
-    """`text` as a regex of llguidance's Lark (between slashes, on one line)."""
-    return re.escape(text).replace("\\\n", "\\n").replace("/", "\\/")
 
 
 def checked(grammar: str, what: str = "grammar") -> str:

@@ -383,3 +383,49 @@ def test_glm_grammar_follows_each_argument_schema():
     assert not _accepts(grammar, GLM_PLAN.replace(">UTC<", ">PST<"))  # the enum
     assert not _accepts(grammar, GLM_PLAN.replace("<arg_key>days</arg_key>\n<arg_value>7</arg_value>\n", ""))
     assert _accepts(grammar, GLM_PLAN.replace("<arg_key>done</arg_key>\n<arg_value>true</arg_value>\n", ""))
+
+
+def _xml_call(fmt: str, name: str, arguments: dict[str, str]) -> str:
+    """A call as the format's template writes it, each value's text as given."""
+    if fmt == "glm":
+        pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n" for k, v in arguments.items())
+        return f"<tool_call>{name}\n{pairs}</tool_call>"
+    pairs = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in arguments.items())
+    return f"<tool_call>\n<function={name}>\n{pairs}</function>\n</tool_call>"
+
+
+@pytest.mark.parametrize("fmt", ["qwen_xml", "glm"])
+def test_a_string_arguments_pattern_and_min_length_are_held(fmt):
+    """As JSON Schema reads them: a pattern found anywhere in the value unless ^ or $ anchor it, and a minLength
+    without a maxLength."""
+    tool = {"type": "function", "function": {"name": "book", "parameters": {"type": "object", "properties": {
+        "code": {"type": "string", "pattern": "^[A-Z]{3}$"}, "note": {"type": "string", "minLength": 4},
+        "seat": {"type": "string", "pattern": "[0-9]"}}, "required": ["code", "note", "seat"]}}}
+    grammar = call_grammar(fmt, [tool])
+
+    def takes(code: str, note: str, seat: str) -> bool:
+        return _accepts(grammar, _xml_call(fmt, "book", {"code": code, "note": note, "seat": seat}))
+
+    assert takes("CDG", "window", "12A") and takes("CDG", "aisle", "row 7")
+    assert not takes("CDGX", "window", "12A") and not takes("cdg", "window", "12A")  # anchored
+    assert not takes("CDG", "win", "12A")  # minLength
+    assert not takes("CDG", "window", "aisle")  # no digit anywhere
+
+
+@pytest.mark.parametrize("fmt", ["qwen_xml", "glm"])
+def test_arguments_the_schema_does_not_list_follow_additional_properties(fmt):
+    """Listed properties and no others unless the schema allows them (then any key, its value as it says); a
+    required argument it neither lists nor allows can never be written: refused when the grammar is built."""
+    def tool(**parameters) -> list[dict]:
+        return [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "string"}}, **parameters}}}]
+
+    listed = call_grammar(fmt, tool())
+    assert _accepts(listed, _xml_call(fmt, "f", {"a": "x"}))
+    assert not _accepts(listed, _xml_call(fmt, "f", {"a": "x", "zz": "1"}))
+    free = call_grammar(fmt, tool(additionalProperties={"type": "integer"}, required=["b"]))
+    assert _accepts(free, _xml_call(fmt, "f", {"b": "2", "zz": "1"}))
+    assert not _accepts(free, _xml_call(fmt, "f", {"zz": "1"}))  # b is required
+    assert not _accepts(free, _xml_call(fmt, "f", {"b": "two"}))  # others are integers
+    with pytest.raises(ParleyError, match="requires 'b', which its parameters neither list nor allow"):
+        call_grammar(fmt, tool(additionalProperties=False, required=["a", "b"]))

@@ -12,6 +12,7 @@ import pytest
 from llguidance import LLMatcher, LLTokenizer
 
 from engine.events import TurnStats
+from server.api_error import APIError
 from server.app import _chat_deltas, _tail_deltas
 from server.bridge import ServerBridge
 from server.protocol import ReasoningSplit, chat_response, parse_chat
@@ -317,3 +318,16 @@ def test_a_model_whose_template_shows_no_tools_refuses_them(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tools", r.text
     assert "cannot call tools" in r.json()["error"]["message"]
     assert _post(server, {k: v for k, v in body.items() if k != "tools"}).status_code == 200
+
+
+def test_a_required_argument_the_schema_allows_nowhere_is_a_400_naming_it():
+    """An XML format's grammar names each argument: one required but neither listed nor allowed (additionalProperties
+    false) is refused as the request arrives, with its name; allowed, the request is served."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"], "additionalProperties": False}}}
+    body = {"messages": [], "tools": [tool], "tool_choice": "required"}
+    with pytest.raises(APIError) as refused:
+        request_tools(body, "qwen_xml", "m")
+    assert refused.value.status == 400 and refused.value.param == "tools" and "'b'" in str(refused.value)
+    tool["function"]["parameters"]["additionalProperties"] = True
+    assert request_tools(body, "qwen_xml", "m").grammar
