@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,6 +10,10 @@ from pathlib import Path
 from engine.errors import ParleyError
 
 STDIN = "-"
+# a file that opens with a byte-order mark says its encoding: Notepad's UTF-8 writes one, PowerShell 5's `>` UTF-16;
+# UTF-32's marks first, as UTF-16 LE's is the start of UTF-32 LE's
+MARKED = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+          (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,14 +62,25 @@ def _read_some(source: PromptFile) -> str:
 def _read(source: PromptFile) -> str:
     """The file's text without its final line break (as `echo` and editors end a file): the prompt's own ends."""
     try:
-        text = sys.stdin.read() if source.path == STDIN else Path(source.path).read_text(encoding="utf-8")
+        if source.path == STDIN:
+            text = sys.stdin.read().removeprefix("\ufeff")
+        else:
+            text = _decoded(Path(source.path).read_bytes())
     except FileNotFoundError:
         raise ParleyError(f"No such prompt file: {source.path}") from None
     except UnicodeDecodeError as exc:
-        raise ParleyError(f"The prompt file {_name(source)} is not UTF-8 text (byte {exc.start:,}).") from None
+        raise ParleyError(f"The prompt file {_name(source)} is not {exc.encoding.upper().removesuffix('-SIG')} text "
+                          f"(byte {exc.start:,}): save it as UTF-8.") from None
     except OSError as exc:
         raise ParleyError(f"Could not read the prompt file {_name(source)}: {exc.strerror or exc}.") from None
     return text.removesuffix("\n").removesuffix("\r")
+
+
+def _decoded(data: bytes) -> str:
+    """The text of a file in UTF-8, or in the encoding its byte-order mark names (the mark itself is no text: it went
+    to the model as U+FEFF, which the answer echoed)."""
+    encoding = next((name for mark, name in MARKED if data.startswith(mark)), "utf-8")
+    return data.decode(encoding)
 
 
 def _name(source: PromptFile) -> str:
