@@ -32,7 +32,8 @@ from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
 from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, Writers, glm_call, glm_grammar, xml_call, xml_grammar
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
-                                 Reader, Section, block_section, deepseek_section, json_call, json_section,
+                                 Reader, Section, block_section, deepseek_call, deepseek_section, deepseek_v3_1_call,
+                                 json_call, json_section,
                                  mistral_named_section, opened)
 
 _ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
@@ -66,6 +67,18 @@ def _named_head(head: str, names: Mapping[str, dict]) -> bool | None:
     return bool(found) and found.group() in names and head[found.end():found.end() + 1] in ("[", "{")
 
 
+def _ds_head(head: str, names: Mapping[str, dict]) -> bool | None:
+    """DeepSeek R1 with its control tokens left out: the answer begins `function` + a tool's name + its fence."""
+    if len(head) <= len("function") and "function".startswith(head):
+        return None
+    found = NAME.match(head, len("function")) if head.startswith("function") else None
+    if found is None:
+        return False
+    if found.end() == len(head):
+        return None if any(n.startswith(found.group()) for n in names) else False
+    return found.group() in names and head[found.end()] == "\n"
+
+
 @dataclass(frozen=True, slots=True)
 class _Format:
     openers: tuple[str, ...]  # text that opens the calls
@@ -93,8 +106,10 @@ FORMATS = {
     "granite": _Format(("<|tool_call|>",), json_section(("<|tool_call|>",)), _json_head, "arguments",
                        ("<|tool_call|>[", _JSON_LIST, "]")),
     "phi4": _Format(("functools[",), json_section(("functools",)), None, "arguments", ("functools[", _JSON_LIST, "]")),
-    "deepseek": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "\n", DS_CALLS_END), _ds_r1),
-    "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section, None, "", (DS_CALLS, "", DS_CALLS_END),
+    "deepseek": _Format((DS_CALLS, DS_CALL), deepseek_section(deepseek_call), _ds_head, "",
+                        (DS_CALLS, "\n", DS_CALLS_END), _ds_r1),
+    "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section(deepseek_v3_1_call), _named_head, "",
+                             (DS_CALLS, "", DS_CALLS_END),
                              lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
     "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar),
     "glm": _Format(("<tool_call>",), block_section(glm_call), None, "", ("", "", ""), rules=glm_grammar),

@@ -8,7 +8,8 @@ answer's again), or where the text stopped being calls. A call's arguments are t
 it wrote it (OpenAI's arguments are the model's text too, not always valid JSON).
 
 Markers that are control tokens (Mistral's [TOOL_CALLS] and [ARGS], Granite's <|tool_call|>, Llama 3's
-<|python_tag|>) are left out of the text the engine decodes; each form is read with or without them.
+<|python_tag|>, DeepSeek's <｜tool▁…｜> as GGUFs type them) are left out of the text the engine decodes; each form is
+read with or without them.
 """
 from __future__ import annotations
 
@@ -243,29 +244,47 @@ def mistral_named_section(text: str, names: Mapping[str, dict]) -> Section:
 
 
 def deepseek_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
-    """`<｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + a ```json fence (V3, R1), or `…begin｜>name<｜tool▁sep｜>{...}`
-    (V3.1), up to `<｜tool▁call▁end｜>`."""
-    if not text.startswith(DS_CALL, i):
-        if DS_CALL.startswith(text[i:]):
-            return None, None
-        raise Bad
-    head = i + len(DS_CALL)
-    sep = text.find(DS_SEP, head)
-    if sep < 0:
-        return None, None
-    name, j = text[head:sep], sep + len(DS_SEP)
-    if name == "function":  # V3 / R1: the name on its own line, the arguments fenced
-        line = text.find("\n", j)
-        if line < 0:
-            return None, None
-        name, j = text[j:line], line
-        if not text.startswith(DS_FENCE, j):
-            if DS_FENCE.startswith(text[j:]):
-                return None, None
+    """V3 / R1: `<｜tool▁call▁begin｜>function<｜tool▁sep｜>name` + a ```json fence + `<｜tool▁call▁end｜>` (the control
+    tokens may be left out: a GGUF types them control, and the decoded text drops them)."""
+    j = _after_marker(text, i, DS_CALL)
+    j = _expect(text, j, "function") if j is not None else None
+    j = _after_marker(text, j, DS_SEP) if j is not None and j < len(text) else None
+    found = NAME.match(text, j) if j is not None else None
+    if found is None or found.end() >= len(text):
+        if j is not None and found is None and j < len(text):
             raise Bad
-        j += len(DS_FENCE)
-    if name not in names:
+        return None, None
+    if found.group() not in names:
         raise Bad
+    j = _expect(text, found.end(), DS_FENCE)
+    return _ds_arguments(text, j, found.group()) if j is not None else (None, None)
+
+
+def deepseek_v3_1_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
+    """V3.1: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` (the control tokens may be left out)."""
+    j = _after_marker(text, i, DS_CALL)
+    found = NAME.match(text, j) if j is not None and j < len(text) else None
+    if found is None or found.end() >= len(text):
+        if j is not None and found is None and j < len(text):
+            raise Bad
+        return None, None
+    if found.group() not in names:
+        raise Bad
+    j = _after_marker(text, found.end(), DS_SEP)
+    return _ds_arguments(text, j, found.group()) if j is not None else (None, None)
+
+
+def _expect(text: str, j: int, literal: str) -> int | None:
+    """The index after `literal` at j, None while the text may still write it; Bad where it does not."""
+    if text.startswith(literal, j):
+        return j + len(literal)
+    if literal.startswith(text[j:]):
+        return None
+    raise Bad
+
+
+def _ds_arguments(text: str, j: int, name: str) -> tuple[tuple[str, str] | None, int | None]:
+    """The arguments' object at j, then its fence's end and `<｜tool▁call▁end｜>` where they are written."""
     if j >= len(text):
         return None, None
     if text[j] != "{":
@@ -278,8 +297,11 @@ def deepseek_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[s
     if text.startswith(DS_CALL_END, k):
         return call, k + len(DS_CALL_END)
     ending = text[end:]
-    return call, None if (DS_FENCE_END + DS_CALL_END).startswith(ending) or DS_CALL_END.startswith(ending) else end
+    return call, None if (DS_FENCE_END + DS_CALL_END).startswith(ending) or DS_CALL_END.startswith(ending) else k
 
 
-def deepseek_section(text: str, names: Mapping[str, dict]) -> Section:
-    return sequence(text, opened(text, (DS_CALLS,)), names, deepseek_call, "", DS_CALLS_END)
+def deepseek_section(one) -> Reader:
+    """DeepSeek's calls, read by `one`, up to `<｜tool▁calls▁end｜>` (or where the text stops being calls)."""
+    def read(text: str, names: Mapping[str, dict]) -> Section:
+        return sequence(text, opened(text, (DS_CALLS,)), names, one, "", DS_CALLS_END)
+    return read

@@ -68,6 +68,11 @@ ANSWERS = [  # (format, answer, content, calls)
      "<tool_call>\n<function=rm_rf>\n</function>\n</tool_call>", []),
     ("deepseek_v3_1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Paris\"}"
                       "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", "", [PARIS]),
+    ("deepseek", DS_R1.replace("<｜tool▁calls▁begin｜>", "").replace("<｜tool▁call▁begin｜>", "").replace(
+        "<｜tool▁sep｜>", "").replace("<｜tool▁call▁end｜>", "").replace("<｜tool▁calls▁end｜>", ""), "", [PARIS, UTC]),
+    ("deepseek", "function words are nice.", "function words are nice.", []),  # control tokens left out
+    ("deepseek_v3_1", 'get_weather{"city": "Paris"}get_time{"zone": "UTC"}', "", [PARIS, UTC]),  # left out
+    ("deepseek_v3_1", "get_weather is a tool.", "get_weather is a tool.", []),
     ("glm", "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n</tool_call>"
             "\n<tool_call>get_time\n<arg_key>zone</arg_key>\n<arg_value>UTC</arg_value>\n</tool_call>",
      "Let me check.", [PARIS, UTC]),
@@ -293,7 +298,9 @@ def test_xml_grammar_follows_each_parameter_schema():
 
 
 MARKERS = {"<|tool_call|>": True, "[TOOL_CALLS]": True, "[ARGS]": True, "<tool_call>": False, "</tool_call>": False,
-           "<arg_key>": False, "</arg_key>": False, "<arg_value>": False, "</arg_value>": False}
+           "<arg_key>": False, "</arg_key>": False, "<arg_value>": False, "</arg_value>": False,
+           **dict.fromkeys(["<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>",
+                            "<｜tool▁calls▁end｜>"], True)}  # DeepSeek's: GGUFs type <｜…｜> control
 
 
 @pytest.fixture(scope="module")
@@ -325,7 +332,9 @@ def marked_lm(tiny_models, tmp_path_factory):
 
 @pytest.mark.parametrize("fmt,markers", [("granite", ["<|tool_call|>"]), ("mistral_v11", ["[TOOL_CALLS]", "[ARGS]"]),
                                          ("hermes", ["<tool_call>", "</tool_call>"]),
-                                         ("glm", ["<tool_call>", "<arg_key>", "</arg_value>", "</tool_call>"])])
+                                         ("glm", ["<tool_call>", "<arg_key>", "</arg_value>", "</tool_call>"]),
+                                         ("deepseek", ["<｜tool▁calls▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁calls▁end｜>"]),
+                                         ("deepseek_v3_1", ["<｜tool▁calls▁begin｜>", "<｜tool▁call▁end｜>"])])
 def test_a_required_call_writes_each_marker_as_its_one_token(marked_lm, fmt, markers):
     """A marker the model holds as one token (a control token, or Qwen's <tool_call> added to its vocabulary) is that
     token under the grammar, greedy, not its text spelled from pieces the model never wrote; the answer reads as a
