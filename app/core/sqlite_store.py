@@ -57,7 +57,6 @@ class SqliteConversationStore(ConversationStore):
         self.on_warning: Callable[[str], None] | None = None
         self.on_commit: Callable[[list[Message]], None] | None = None  # messages just committed (tests, crash reports)
         self.recovered: list[int] = []  # answers found unfinished at open, now INTERRUPTED
-        self._old_refusals: list[int] = []  # refused messages an older Parley kept emptied: deleted at open
         self.has_fts = False
         self._clock = clock
         self._last_flush = clock()
@@ -98,7 +97,6 @@ class SqliteConversationStore(ConversationStore):
             merged = self._load_and_merge(db)
             self._use(db)
             self._recover()
-            self._forget_old_refusals()
             if merged:
                 self._write_merged(merged)
         except schema.SchemaTooNewError as exc:
@@ -346,10 +344,7 @@ class SqliteConversationStore(ConversationStore):
         self.settings_notice = _settings_notice(unread)
         for row in db.execute(f"SELECT {MSG_COLUMNS} FROM message ORDER BY id"):
             msg = _message(row)
-            top = max(top, msg.id)
-            if _refused_by_older_code(msg):
-                self._old_refusals.append(msg.id)
-                continue  # its answer with it, as not fitting
+            top = max(top, msg.id)  # a row skipped below keeps its id in the file: never given out again
             if not _fits(msg, self._conversations, self._messages):
                 continue  # skipped rather than shown detached
             self._messages[msg.id] = msg
@@ -378,13 +373,6 @@ class SqliteConversationStore(ConversationStore):
         self.recovered = [m.id for m in cut]
         if cut:
             self._write([_update_msg(m) for m in cut], cut)
-
-    def _forget_old_refusals(self) -> None:
-        """Parley kept a refused message as two hidden rows (emptied, state error) before it could delete one."""
-        refused, self._old_refusals = self._old_refusals, []
-        if refused:
-            self._write([(sql, (mid,)) for mid in refused for sql in ("DELETE FROM message WHERE parent_id = ?",
-                                                                       "DELETE FROM message WHERE id = ?")])
 
     # -- writing
     def _write(self, statements: list[tuple[str, tuple]], committed: list[Message] = ()) -> None:
@@ -941,12 +929,6 @@ def _message(row: tuple) -> Message:
     except ValueError:
         stats = None
     return Message(mid, cid, parent, role, content, state, error, stats, model, created)
-
-
-def _refused_by_older_code(msg: Message) -> bool:
-    """A user message the engine refused, as Parley kept it before it could delete one: its text given back to the
-    user, the row emptied and marked failed (no user message fails otherwise)."""
-    return msg.role == "user" and msg.state == "error" and not msg.content
 
 
 def _fits(msg: Message, convs: dict[int, Conversation], msgs: dict[int, Message]) -> bool:

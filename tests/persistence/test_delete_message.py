@@ -1,5 +1,5 @@
 """Deleting one message and what is under it (a refused message and its answer): gone from memory, the file and its
-search index, through a lock held by another program, and rows an older Parley kept for a refusal go at open."""
+search index, through a lock held by another program."""
 from __future__ import annotations
 
 import sqlite3
@@ -68,23 +68,3 @@ def test_a_delete_held_by_a_lock_is_written_once_the_lock_goes(tmp_path):
     store.flush()
     assert [r[0] for r in _rows(path)] == [u1.id, a1.id]
     store.close()
-
-
-def test_a_refusal_kept_by_an_older_parley_goes_at_open(tmp_path):
-    """Before messages could be deleted, a refused message stayed as two hidden rows: emptied, marked failed."""
-    path = tmp_path / "parley.db"
-    old = SqliteConversationStore(path)
-    conv = old.create()
-    u1 = old.add_message(conv.id, None, "user", "hi")
-    a1 = old.add_message(conv.id, u1.id, "assistant", "hello")
-    refused = old.add_message(conv.id, a1.id, "user", state="error")
-    old.add_message(conv.id, refused.id, "assistant", state="error")
-    old.set_leaf(conv.id, a1.id)
-    old.close()
-    store = SqliteConversationStore(path)
-    try:
-        assert store.children(conv.id, a1.id) == [] and not store.has_message(refused.id)
-        assert [r[0] for r in _rows(path)] == [u1.id, a1.id]
-        assert store.add_message(conv.id, a1.id, "user", "again").id > refused.id + 1  # no id given out twice
-    finally:
-        store.close()
