@@ -32,21 +32,31 @@ def xml_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
         raise Bad
     if close < 0:
         return None, None
-    properties = (tools[name] or {}).get("properties") or {}
-    pairs, j = [], close + 1
+    call, end = _arguments_at(text, close + 1, name, tools, (PARAMETER, FUNCTION_END), _parameter)
+    return call, end + len(FUNCTION_END) if end is not None and text.startswith(FUNCTION_END, end) else end
+
+
+def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags: tuple[str, str],
+                  one: Callable[[str, int, dict], tuple[str, int | None]]) -> tuple[tuple[str, str], int | None]:
+    """The call's arguments from j, each read by `one` from its opening tag (tags[0]) on, and where they ended: at the
+    call's closing tag (tags[1]) or where the text stopped being arguments (None while they go on)."""
+    properties, pairs = (tools[name] or {}).get("properties") or {}, []
     while True:
         j = skip(text, j)
-        if text.startswith(FUNCTION_END, j):
-            return (name, "{" + ", ".join(pairs) + "}"), j + len(FUNCTION_END)
         head = "{" + ", ".join(pairs)
-        if j >= len(text) or any(tag.startswith(text[j:]) for tag in (FUNCTION_END, PARAMETER)):
-            return (name, head), None
-        if not text.startswith(PARAMETER, j):  # not a parameter: the call ended there
+        if text.startswith(tags[1], j):
             return (name, head + "}"), j
-        pair, j = _parameter(text, j, properties)
-        if j is None:
+        if j >= len(text) or any(tag.startswith(text[j:]) for tag in tags):
+            return (name, head), None
+        if not text.startswith(tags[0], j):  # not an argument: the call ended there
+            return (name, head + "}"), j
+        pair, end = one(text, j, properties)
+        if end is None:
             return (name, head + (", " if pairs and pair else "") + pair), None
+        if end < 0:
+            return (name, head + "}"), j
         pairs.append(pair)
+        j = end
 
 
 def _parameter(text: str, j: int, properties: dict) -> tuple[str, int | None]:
@@ -98,24 +108,7 @@ def glm_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
         return None, None
     if not found or found.group() not in tools:
         raise Bad
-    name, properties = found.group(), (tools[found.group()] or {}).get("properties") or {}
-    pairs: list[str] = []
-    while True:
-        j = skip(text, j)
-        head = "{" + ", ".join(pairs)
-        if text.startswith(CALL_END, j):
-            return (name, head + "}"), j
-        if j >= len(text) or any(tag.startswith(text[j:]) for tag in (CALL_END, KEY)):
-            return (name, head), None
-        if not text.startswith(KEY, j):  # not an argument: the call ended there
-            return (name, head + "}"), j
-        pair, end = _glm_pair(text, j, properties)
-        if end is None:
-            return (name, head + (", " if pairs and pair else "") + pair), None
-        if end < 0:
-            return (name, head + "}"), j
-        pairs.append(pair)
-        j = end
+    return _arguments_at(text, j, found.group(), tools, (KEY, CALL_END), _glm_pair)
 
 
 def _glm_pair(text: str, j: int, properties: dict) -> tuple[str, int | None]:
