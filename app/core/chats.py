@@ -520,7 +520,7 @@ class ChatService:
         _enter(live.status, "idle")
         self.unqueue(conv_id)  # what was queued behind it comes back too, after it
         into_edit = turn.edit_of is not None and self.open_edit(conv_id) is None  # else another edit begun since
-        live.refused = Refusal(text, reason, turn.edit_of if into_edit else None)
+        live.refused = Refusal(reason, turn.edit_of if into_edit else None)
         if into_edit:
             self.keep_edit(conv_id, turn.edit_of, text)
         else:

@@ -27,7 +27,6 @@ class TurnInfo:
 class Refusal:
     """A message the engine refused before answering (too long for the context, say): back with the user."""
 
-    text: str
     reason: str  # the engine's own sentence: what it needs and what fits
     edit_of: int | None = None  # an edit's message: the text goes back into that edit, not into the draft
 
