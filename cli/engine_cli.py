@@ -16,6 +16,7 @@ class EngineCLI:
         self.tokens: dict[int, list[int]] = {}
         self.ended: dict[int, ev.Event] = {}
         self.dropped: dict[int, int] = {}  # per session: the oldest messages its last turn left out (`truncate`)
+        self.hints: dict[str, str] = {}  # an error's code -> what the user can do about it, after its message
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -52,7 +53,7 @@ class EngineCLI:
     def error(self, turn: int) -> str | None:
         """The message of a turn that ended in an error; None where it finished."""
         end = self.ended.get(turn)
-        return end.message if isinstance(end, ev.Error) else None
+        return end.message + self.hints.get(end.code, "") if isinstance(end, ev.Error) else None
 
     def result(self, turn: int) -> ev.Finished:
         end = self.ended[turn]

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cli.serve import CONTEXT, SESSIONS
+from cli.options import CONTEXT
+from cli.serve import SESSIONS
 from engine.errors import ParleyError
 from engine.loading.loader import quantized_folders
 

@@ -8,6 +8,7 @@ from cli.paths import Paths, data_dir_arg, keep_kernels_under
 from engine.seed import SEED_RULE, user_seed
 
 MODEL_HELP = "'default' (embedded Gemma 3 270M), a .gguf file or a HF folder"
+CONTEXT = 8192  # --context: tokens of each prompt with its answer, capped by the model's own
 
 
 def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) -> None:
@@ -37,6 +38,11 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
                    "drafts tokens, or a DFlash drafter (.safetensors, training/dflash.py) trained for the model "
                    "(implies --speculative draft or dflash)")
     p.add_argument("--compile", action="store_true", help="CUDA: compile the decode step with torch.compile (15-60 s once per batch size; faster only before Hopper)")
+
+
+def add_context_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--context", type=_at_least_one, default=CONTEXT,
+                   help=f"tokens {what} (prompt + answer; default: {CONTEXT}, at most the model's own)")
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:
@@ -76,6 +82,13 @@ def _count_or_off(text: str) -> int:
     if value < -1:
         raise argparse.ArgumentTypeError(f"0 or -1 (off), or a number of tokens, not {text!r}")
     return value
+
+
+def _at_least_one(text: str) -> int:
+    n = int(text) if text.strip().isdecimal() else 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
+    return n
 
 
 def _model(text: str) -> str:

@@ -5,10 +5,10 @@ import argparse
 import os
 import sys
 
-from cli.options import add_engine_options, engine_config, paths_of
+from cli.options import add_context_option, add_engine_options, engine_config, paths_of
 from engine.errors import ParleyError
 
-SESSIONS, CONTEXT = 8, 8192  # --max-sessions, --context: each local model's (a remote endpoint keeps its own)
+SESSIONS = 8  # --max-sessions, as --context, each local model's (a remote endpoint keeps its own)
 MAX_SESSIONS = 65536  # far past what one machine batches (vLLM's default is 256), and its books build at once
 
 
@@ -25,8 +25,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' (default: $PARLEY_API_KEY; none or empty: no key needed)")
     s.add_argument("--max-sessions", type=_sessions, default=SESSIONS,
                    help=f"requests generating at once per local model, 1 to {MAX_SESSIONS:,}; more wait")
-    s.add_argument("--context", type=_at_least_one, default=CONTEXT,
-                   help="tokens per request to a local model (prompt + answer)")
+    add_context_option(s, "per request to a local model")
     s.add_argument("--max-body-mb", type=_megabytes, default=8.0, help="largest request body accepted (larger: 413)")
     s.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                    help="another name the Host header may carry besides --host (e.g. a reverse proxy's); repeatable")
@@ -42,13 +41,6 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"a port is a whole number from 0 to 65535, not {text!r}")
     return port
-
-
-def _at_least_one(text: str) -> int:
-    n = int(text) if text.strip().isdecimal() else 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"a whole number of at least 1, not {text!r}")
-    return n
 
 
 def _sessions(text: str) -> int:

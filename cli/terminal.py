@@ -10,7 +10,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from cli.prompts import add_prompt_options, read_prompts
-from cli.options import add_engine_options, add_sampling_options, engine_config, paths_of, sampling_params
+from cli.options import (add_context_option, add_engine_options, add_sampling_options, engine_config, paths_of,
+                         sampling_params)
 from cli.signal_relay import handled_in_main_thread
 from engine.errors import ParleyError
 
@@ -23,6 +24,7 @@ def add_terminal_parsers(sub) -> None:
     add_engine_options(g)
     add_sampling_options(g)
     add_prompt_options(g)
+    add_context_option(g, "of each prompt")
     g.add_argument("--max-tokens", type=int, default=128, help="the most tokens of each answer (default: 128)")
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
@@ -32,6 +34,7 @@ def add_terminal_parsers(sub) -> None:
     add_engine_options(c)
     add_sampling_options(c)
     c.add_argument("--max-tokens", type=int, default=512, help="the most tokens of each answer (default: 512)")
+    add_context_option(c, "of the conversation, its oldest messages left out to fit")
     c.add_argument("--system", default=None, help="system prompt")
     c.set_defaults(func=chat)
 
@@ -47,7 +50,7 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     paths = paths_of(args)
     source = resolve_model(args.model, paths.models)
     check_engine_flags(args, Target.of(args, [source]))  # a flag this model or machine ignores: before the load
-    cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions))
+    cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions, max_session_tokens=args.context))
     bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
     shown = {"stage": None, "percent": -1}
 
@@ -66,6 +69,8 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
         raise
     finally:
         bar.close()
+    if loaded.info.get("context") == args.context:  # not capped by the model's own: it may hold more
+        cli.hints["context_length_exceeded"] = f" Or raise --context ({args.context:,} now), up to the model's own."
     for notice in loaded.info.get("notices", []):  # as serve says them, and every other line of ours on stderr
         print(f"parley: {printable(notice)}", file=sys.stderr)
     if getattr(args, "thinking", None) is not None and loaded.info.get("thinking_switch") is False:
