@@ -33,8 +33,7 @@ from engine.tokenizer.detokenizer import partial_suffix
 from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, Writers, glm_call, glm_grammar, xml_call, xml_grammar
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
                                  Reader, Section, block_section, deepseek_call, deepseek_section, deepseek_v3_1_call,
-                                 json_call, json_section,
-                                 mistral_named_section, opened)
+                                 json_call, json_section, mistral_named_section, opened)
 
 _ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 

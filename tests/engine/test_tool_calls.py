@@ -341,8 +341,7 @@ def test_a_required_call_writes_each_marker_as_its_one_token(marked_lm, fmt, mar
     call whether the decoded text keeps the marker or leaves a control token out."""
     from bench.runs import RunConfig, make_batcher
     from engine.constraint.guide import Grammars
-    from engine.sampling import SamplerState, SamplingParams
-    from engine.sequence import Sequence
+    from engine.sampling import SamplingParams
     from tests.support.engine_helpers import staggered_sequences
 
     lm, tools = marked_lm, [{"type": "function", "function": {"name": "get_weather", "parameters": {
