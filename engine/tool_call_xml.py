@@ -37,10 +37,15 @@ def xml_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
 
 
 def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags: tuple[str, str],
-                  one: Callable[[str, int, dict], tuple[str, int | None]]) -> tuple[tuple[str, str], int | None]:
+                  one: Callable[..., tuple[str, int | None]]) -> tuple[tuple[str, str], int | None]:
     """The call's arguments from j, each read by `one` from its opening tag (tags[0]) on, and where they ended: at the
     call's closing tag (tags[1]) or where the text stopped being arguments (None while they go on)."""
-    properties, pairs = (tools[name] or {}).get("properties") or {}, []
+    parameters, pairs = tools[name] or {}, []
+    listed, others = parameters.get("properties") or {}, _others(parameters) or {}
+
+    def schema_of(key: str) -> dict:  # how its value is typed: a listed argument's schema, else the others'
+        return (listed[key] or {}) if key in listed else others
+
     while True:
         j = skip(text, j)
         head = "{" + ", ".join(pairs)
@@ -50,7 +55,7 @@ def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags:
             return (name, head), None
         if not text.startswith(tags[0], j):  # not an argument: the call ended there
             return (name, head + "}"), j
-        pair, end = one(text, j, properties)
+        pair, end = one(text, j, schema_of)
         if end is None:
             return (name, head + (", " if pairs and pair else "") + pair), None
         if end < 0:
@@ -59,14 +64,14 @@ def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags:
         j = end
 
 
-def _parameter(text: str, j: int, properties: dict) -> tuple[str, int | None]:
+def _parameter(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str, int | None]:
     """A parameter's `"key": value` JSON, and the index after its closing tag; while it goes on, what of it is
     certain (a string's characters so far, not a tail that may begin its closing tag) and None."""
     close = text.find(">", j)
     if close < 0 or close + 1 >= len(text):  # the key, or whether a newline opens the value, still to come
         return "", None
     key = text[j + len(PARAMETER):close]
-    is_text = _is_text(properties.get(key) or {})
+    is_text = _is_text(schema_of(key))
     start = close + 1 + text.startswith("\n", close + 1)
     end = text.find(PARAMETER_END, close + 1)
     if end < 0:
@@ -111,7 +116,7 @@ def glm_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, s
     return _arguments_at(text, j, found.group(), tools, (KEY, CALL_END), _glm_pair)
 
 
-def _glm_pair(text: str, j: int, properties: dict) -> tuple[str, int | None]:
+def _glm_pair(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str, int | None]:
     """The argument at text[j] == `<arg_key>`: its `"key": value` JSON and the index after `</arg_value>`; while it goes
     on, what of it is certain (a string's characters so far) and None; -1 where it is no argument."""
     key_end = text.find(KEY_END, j)
@@ -121,7 +126,7 @@ def _glm_pair(text: str, j: int, properties: dict) -> tuple[str, int | None]:
     if not text.startswith(VALUE, at):
         return "", -1
     key, start = text[j + len(KEY):key_end], at + len(VALUE)
-    is_text = _is_text(properties.get(key) or {})
+    is_text = _is_text(schema_of(key))
     end = text.find(VALUE_END, start)
     if end < 0:
         value = text[start:]

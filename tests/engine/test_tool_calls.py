@@ -437,3 +437,6 @@ def test_arguments_the_schema_does_not_list_follow_additional_properties(fmt):
     assert not _accepts(free, _xml_call(fmt, "f", {"b": "two"}))  # others are integers
     with pytest.raises(ParleyError, match="requires 'b', which its parameters neither list nor allow"):
         call_grammar(fmt, tool(additionalProperties=False, required=["a", "b"]))
+    strings = tool(additionalProperties={"type": "string"})[0]["function"]["parameters"]
+    _, calls = parse_calls(fmt, _xml_call(fmt, "f", {"a": "1", "zz": "42"}), {"f": strings})
+    assert json.loads(calls[0].arguments) == {"a": "1", "zz": "42"}  # typed as the others' schema says
