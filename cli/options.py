@@ -128,6 +128,8 @@ def engine_config(args: argparse.Namespace, paths: Paths, **sizes):
     from engine.loading.default_model import resolve_model
 
     draft = resolve_model(args.draft_model, paths.models) if args.draft_model else None  # 'default' too, as --model
+    if draft is not None and not draft.exists():  # the engine drafts from the prompt instead: a typo ran, exit 0
+        raise ParleyError(f"argument --draft-model: no file or folder {args.draft_model}")
     try:
         return EngineConfig(kv_layout=args.kv_layout, device=args.device, dtype=args.dtype, backend=args.backend,
                             compile_decode=args.compile, cache_dir=paths.cache, weights=args.weights,

@@ -9,6 +9,7 @@ from cli.options import add_context_option, add_engine_options, engine_config, p
 from engine.errors import ParleyError
 
 SESSIONS = 8  # --max-sessions, as --context, each local model's (a remote endpoint keeps its own)
+MIN_BODY_MB = 0.001  # --max-body-mb: server.app.ServerSettings takes 1,024 bytes and more
 MAX_SESSIONS = 65536  # far past what one machine batches (vLLM's default is 256), and its books build at once
 
 
@@ -57,8 +58,8 @@ def _megabytes(text: str) -> float:
         mb = float(text)
     except ValueError:
         mb = float("nan")
-    if not 0 < mb < 1 << 20:  # NaN fails too
-        raise argparse.ArgumentTypeError(f"a size in MB above 0, not {text!r}")
+    if not MIN_BODY_MB <= mb < 1 << 20:  # NaN fails too; below, the server's own check named its field, in bytes
+        raise argparse.ArgumentTypeError(f"a size in MB of at least {MIN_BODY_MB} (1 KB), not {text!r}")
     return mb
 
 
