@@ -249,29 +249,32 @@ def deepseek_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[s
     j = _after_marker(text, i, DS_CALL)
     j = _expect(text, j, "function") if j is not None else None
     j = _after_marker(text, j, DS_SEP) if j is not None and j < len(text) else None
-    found = NAME.match(text, j) if j is not None else None
-    if found is None or found.end() >= len(text):
-        if j is not None and found is None and j < len(text):
-            raise Bad
+    found = _ds_name(text, j, names)
+    if found is None:
         return None, None
-    if found.group() not in names:
-        raise Bad
     j = _expect(text, found.end(), DS_FENCE)
     return _ds_arguments(text, j, found.group()) if j is not None else (None, None)
 
 
 def deepseek_v3_1_call(text: str, i: int, names: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
     """V3.1: `<｜tool▁call▁begin｜>name<｜tool▁sep｜>{...}<｜tool▁call▁end｜>` (the control tokens may be left out)."""
-    j = _after_marker(text, i, DS_CALL)
+    found = _ds_name(text, _after_marker(text, i, DS_CALL), names)
+    if found is None:
+        return None, None
+    j = _after_marker(text, found.end(), DS_SEP)
+    return _ds_arguments(text, j, found.group()) if j is not None else (None, None)
+
+
+def _ds_name(text: str, j: int | None, names: Mapping[str, dict]) -> re.Match | None:
+    """The tool's name at j, None while the text may still be writing it; Bad for no name or one of no tool."""
     found = NAME.match(text, j) if j is not None and j < len(text) else None
     if found is None or found.end() >= len(text):
         if j is not None and found is None and j < len(text):
             raise Bad
-        return None, None
+        return None
     if found.group() not in names:
         raise Bad
-    j = _after_marker(text, found.end(), DS_SEP)
-    return _ds_arguments(text, j, found.group()) if j is not None else (None, None)
+    return found
 
 
 def _expect(text: str, j: int, literal: str) -> int | None:
