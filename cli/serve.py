@@ -89,6 +89,20 @@ def _check_allowed_hosts(args: argparse.Namespace) -> None:
                           "guard); leave out --allow-host, or listen on one address")
 
 
+def _check_distinct(specs: list[str], sources: list) -> None:
+    """`--model default --model default` loaded the model twice (twice the memory) and served the copy as
+    'Gemma 3 270m (2)'."""
+    from engine.loading.gguf_split import model_file
+
+    first: dict = {}
+    for spec, source in zip(specs, sources):
+        key = model_file(source).resolve()  # a split model's folder and its first part are one model
+        if key in first:
+            raise ParleyError(f"argument --model: {spec} is the model of --model {first[key]} again; each model "
+                              "loads once (--max-sessions serves more requests at once)")
+        first[key] = spec
+
+
 def serve(args: argparse.Namespace) -> int:
     from cli.engine_flags import Target, check_engine_flags
     from cli.terminal import printable
@@ -102,6 +116,7 @@ def serve(args: argparse.Namespace) -> int:
     paths = paths_of(args)
     specs = args.model or ([] if args.remote else ["default"])
     sources = [resolve_model(spec, paths.models) for spec in specs]
+    _check_distinct(specs, sources)
     check_engine_flags(args, Target.of(args, sources))  # a flag these models or this machine ignore: before the loads
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
