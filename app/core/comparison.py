@@ -37,6 +37,13 @@ def column_labels(store: ConversationStore, conv_ids: list[int], model_names: li
             for i, (name, diff) in enumerate(zip(model_names, differences(settings)))]
 
 
+def told_apart(keys: list[str], names: list[str], listed: list[str]) -> list[str]:
+    """Each column's model name, or the name it is listed under where two different models share one: a copy of a
+    GGUF imported under another name reads the same from its header ("A: Gemma 3 270m", "B: Gemma 3 270m")."""
+    shared = {name for name in names if len({k for k, n in zip(keys, names) if n == name}) > 1}
+    return [other if name in shared and other else name for name, other in zip(names, listed)]
+
+
 def comparison_markdown(store: ConversationStore, conv_ids: list[int], labels: list[str]) -> str:
     """Turn by turn: each prompt once, then every column's answer under its label."""
     paths = [store.path(c) for c in conv_ids]

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
-from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages
+from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages, told_apart
 from app.core.presets import Presets
 from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
@@ -253,7 +253,10 @@ class CompareView(QWidget):
 
     def labels(self) -> list[str]:
         ids = [c.conv_id for c in self.columns]
-        return column_labels(self.service.store, ids, [c.model_name() for c in self.columns])
+        keys = [self.service.store.get(c).settings.model for c in ids]
+        listed = [entry.name if (entry := self.models.registry.get(k)) is not None else "" for k in keys]
+        names = told_apart(keys, [c.model_name() for c in self.columns], listed)
+        return column_labels(self.service.store, ids, names)
 
     def _on_settings(self, conv_id: int) -> None:
         if any(c.conv_id == conv_id for c in self.columns):

@@ -219,3 +219,14 @@ def test_a_column_made_a_chat_while_waiting_its_turn_gives_it_up(parley, qtbot):
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert parley.store.path(waiting.conv_id) == []  # the column's new chat got no prompt of its own
     assert [m.content for m in parley.store.path(old) if m.role == "user"] == ["first"]
+
+
+
+def test_two_quantizations_of_one_model_are_told_apart_in_the_labels(parley, qtbot, tiny_models_q8):
+    key = parley.models.import_path(tiny_models_q8["qwen3"].gguf_path)  # its header names it "qwen3", as the F32 one
+    qtbot.waitUntil(lambda: parley.models.model_id(key) is not None, timeout=60_000)
+    parley.window.show_compare()
+    view = parley.window.compare
+    view.columns[1].set_model(key)
+    listed = [parley.models.registry.get(k).name for k in ("default", key)]
+    assert [c.label.full_text() for c in view.columns] == [f"A: {listed[0]}", f"B: {listed[1]}"]  # both read "qwen3"
