@@ -74,6 +74,8 @@ class CompareColumn(QFrame):
         self.settings_button.setToolTip(self.tr("Settings of column %1").replace("%1", letter))
         self.settings_button.setAccessibleName(self.tr("Settings of column %1").replace("%1", letter))  # icon only
         self.stop_button.setAccessibleName(self.tr("Stop column %1").replace("%1", letter))
+        # a screen reader read "Make chat" for every column, not which one moves to the sidebar
+        self.promote_button.setAccessibleName(self.tr("Make column %1 a chat").replace("%1", letter))
         self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
         self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))
 

@@ -230,3 +230,10 @@ def test_two_quantizations_of_one_model_are_told_apart_in_the_labels(parley, qtb
     view.columns[1].set_model(key)
     listed = [parley.models.registry.get(k).name for k in ("default", key)]
     assert [c.label.full_text() for c in view.columns] == [f"A: {listed[0]}", f"B: {listed[1]}"]  # both read "qwen3"
+
+
+def test_each_columns_buttons_name_their_column_for_the_keyboard(parley):
+    parley.window.show_compare()
+    names = [[b.accessibleName() for b in (c.settings_button, c.stop_button, c.promote_button)]
+             for c in parley.window.compare.columns]
+    assert names == [[f"Settings of column {x}", f"Stop column {x}", f"Make column {x} a chat"] for x in "AB"]
