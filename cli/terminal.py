@@ -162,12 +162,13 @@ def chat(args: argparse.Namespace) -> int:
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
         print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+        prompt = "> " if sys.stdin.isatty() else ""  # lines piped in: stdout holds the answers alone, one per turn
         while True:
             try:
                 with settings_kept(sys.stdin):  # readline's raw mode, were a signal to end the process there
-                    line = typed(input("> ")).strip()
+                    line = typed(input(prompt)).strip()
             except EOFError:  # Ctrl-D ends no line: the shell's prompt would follow "> " on the same one
-                print()
+                print(end="\n" if prompt else "")
                 return 0
             if not line:
                 return 0
