@@ -73,6 +73,7 @@ class CompareView(QWidget):
         self.queued.hide()
         self.queued.linkActivated.connect(lambda _href: self.unqueue())
         self._next: list[str] = []  # prompts sent while the columns answered: each goes when they are all done
+        self.editing: int | None = None  # the turn whose prompt the box holds for editing (0: the first)
         self._syncing = False
         layout = QVBoxLayout(self)
         layout.addLayout(bar)
@@ -84,6 +85,7 @@ class CompareView(QWidget):
         self.clear_button.clicked.connect(self.clear)
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
+        self.composer.edit_cancelled.connect(self._end_edit)
         service.turn_done.connect(self._on_turn_done)
         service.status_changed.connect(self._on_status)
         service.settings_changed.connect(self._on_settings)
@@ -120,6 +122,7 @@ class CompareView(QWidget):
     def _add_column(self, conv_id: int) -> CompareColumn:
         column = CompareColumn(self.service, self.models, conv_id, presets=self.presets)
         column.promote_requested.connect(self.promote)
+        column.view.edit_requested.connect(lambda msg_id, c=column: self.begin_edit(c, msg_id))
         bar = column.view.verticalScrollBar()
         bar.actionTriggered.connect(lambda _action, c=column: QTimer.singleShot(0, lambda: self._sync_from(c)))
         self.columns.append(column)
@@ -140,6 +143,8 @@ class CompareView(QWidget):
 
     def _drop_columns(self) -> None:
         """Takes the column widgets away; their conversations stay (another comparison is opened)."""
+        if self.editing is not None:  # a prompt of the comparison that goes
+            self.composer.cancel_edit()
         for column in self.columns:
             column.view.set_conversation(None)
             column.deleteLater()
@@ -274,6 +279,8 @@ class CompareView(QWidget):
         self.composer.edit.clear()
         for column in self.columns:
             column.view.follow()  # the answers start on screen, however far up the synced columns were scrolled
+        if self.editing is not None:
+            return self._send_edit(text)
         if self.busy():
             self._next.append(text.strip())
             self._show_queued()
@@ -286,6 +293,30 @@ class CompareView(QWidget):
                 self.service.send(column.conv_id, text)
         self._on_status(self.columns[0].conv_id)
         return True
+
+    # -- editing an earlier prompt: every column that has that turn branches from it with the new text
+    def begin_edit(self, column: CompareColumn, msg_id: int) -> None:
+        """A column's Edit: the prompt goes into the box, and sending it makes a new branch in every column."""
+        prompts = [m.id for m in self.service.store.path(column.conv_id) if m.role == "user"]
+        if msg_id not in prompts:
+            return
+        self.editing = prompts.index(msg_id)
+        self.composer.begin_edit(self.service.store.message(msg_id).content)
+        self.composer.banner.setText(self.tr("Editing prompt %1: sending makes a new branch in every column (the old "
+                                             "ones stay). Esc cancels.").replace("%1", str(self.editing + 1)))
+
+    def _send_edit(self, text: str) -> bool:
+        turn, self.editing = self.editing, None
+        self.composer.end_edit()
+        for column in self.columns:
+            prompts = [m for m in self.service.store.path(column.conv_id) if m.role == "user"]
+            if len(prompts) > turn:  # a column added since has no such turn
+                self.service.edit(prompts[turn].id, text)
+        self._on_status(self.columns[0].conv_id)
+        return True
+
+    def _end_edit(self) -> None:
+        self.editing = None
 
     def stop(self) -> None:
         self._queue.clear()

@@ -5,6 +5,8 @@ import random
 import re
 import time
 
+from PySide6.QtCore import Qt
+
 from app.core.comparison import similarity, word_diff_html
 
 STRUCK = re.compile(r"<s>(.*?)</s>")
@@ -237,3 +239,29 @@ def test_each_columns_buttons_name_their_column_for_the_keyboard(parley):
     names = [[b.accessibleName() for b in (c.settings_button, c.stop_button, c.promote_button)]
              for c in parley.window.compare.columns]
     assert names == [[f"Settings of column {x}", f"Stop column {x}", f"Make column {x} a chat"] for x in "AB"]
+
+
+def test_editing_a_columns_prompt_branches_every_column(parley, qtbot):
+    view = parley.window.compare
+    parley.window.show_compare()
+    convs = [c.conv_id for c in view.columns]
+    for conv in convs:
+        parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=4))
+    assert view.send("first") and view.send("second")  # the second waits for the first answers
+    qtbot.waitUntil(lambda: all(len(parley.store.path(c)) == 4 and not parley.service.busy(c) for c in convs),
+                    timeout=60_000)
+    first = parley.store.path(convs[1])[0]
+    view.columns[1].view.activate(first, "edit:")  # its Edit link: nothing happened
+    assert view.composer.edit.toPlainText() == "first" and "prompt 1" in view.composer.banner.text()
+    view.composer.edit.setPlainText("first, edited")
+    qtbot.keyClick(view.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: all(len(parley.store.path(c)) == 2 and not parley.service.busy(c) for c in convs),
+                    timeout=60_000)
+    for conv in convs:
+        path = parley.store.path(conv)
+        assert path[0].content == "first, edited" and path[1].state == "done"
+        assert len(parley.store.versions(path[0])) == 2  # the old branch stays
+    assert view.editing is None and not view.composer.banner.isVisible() and view.composer.edit.toPlainText() == ""
+    view.columns[0].view.activate(parley.store.path(convs[0])[0], "edit:")
+    qtbot.keyClick(view.composer.edit, Qt.Key.Key_Escape)  # given up: the next prompt is a new turn again
+    assert view.editing is None and view.composer.edit.toPlainText() == ""
