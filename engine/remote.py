@@ -78,17 +78,20 @@ class RemoteModel:
                      "owned_by": entry.get("owned_by")}
         return self.info
 
-    def stream_chat(self, messages: list[dict], params: SamplingParams, cancelled: threading.Event,
+    def stream_chat(self, messages: list[dict] | str, params: SamplingParams, cancelled: threading.Event,
                     opened: Callable[[Callable[[], None]], None] | None = None) -> Iterator[tuple]:
-        """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError. `opened` receives a
-        function that ends the connection from any thread (a cancel reaches the endpoint at once)."""
+        """Yields ('delta', text) then ('done', finish_reason, usage|None); raises RemoteError. `messages` as a string:
+        a plain-text document, continued by the endpoint's /completions (no chat template there either). `opened`
+        receives a function that ends the connection from any thread (a cancel reaches the endpoint at once)."""
         fields = request_params(params)
         if not self.extensions:
             fields = {k: v for k, v in fields.items() if k not in EXTENSIONS}
-        body = {"model": self.model, "messages": messages, "stream": True,
+        raw = isinstance(messages, str)
+        body = {"model": self.model, "prompt" if raw else "messages": messages, "stream": True,
                 "stream_options": {"include_usage": True}, **fields}
+        path = "/completions" if raw else "/chat/completions"
         try:
-            with self._client() as client, client.stream("POST", "/chat/completions", json=body) as response:
+            with self._client() as client, client.stream("POST", path, json=body) as response:
                 if response.status_code >= 400:
                     body = _json(_read_at_most(response, MAX_ERROR_BODY)[0])
                     if self.extensions and _refused_extension(response.status_code, body, fields):
@@ -408,14 +411,16 @@ class RemoteHost:
     def start_turn(self, session: Session, turn_id: int, request: TurnRequest) -> None:
         if request.continue_final:
             raise ParleyError("Continuing an answer needs a local model; regenerate it instead.")
+        if request.suffix is not None:
+            raise ParleyError("Filling in the middle needs a local model: the markers are its vocabulary's.")
         session.begin(request)
         session.turn = Turn(turn_id, stream=None)
         session.last_used = time.monotonic()
         run = _Running(turn_id, request.params.max_tokens)
         self._running[session.session_id] = (session, run)
-        messages = request.conversation()
-        if session.raw:  # no template on our side: the document goes as one user message
-            messages = [{"role": "user", "content": "".join(m["content"] for m in request.messages)}]
+        messages: list[dict] | str = request.conversation()
+        if session.raw:  # a document, continued as it stands (a chat template upstream would answer it instead)
+            messages = "".join(m["content"] for m in request.messages)
         self._emit(ev.Started(session.session_id, turn_id))
         args = (session.session_id, run, messages, request.params)
         threading.Thread(target=self._work, args=args, name="parley-remote-turn", daemon=True).start()
@@ -467,7 +472,7 @@ class RemoteHost:
                             context_used=prompt + n, context_limit=limit)
 
     # -- the worker thread of one turn
-    def _work(self, sid: int, run: _Running, messages: list[dict], params: SamplingParams) -> None:
+    def _work(self, sid: int, run: _Running, messages: list[dict] | str, params: SamplingParams) -> None:
         try:
             for item in self.remote.stream_chat(messages, params, run.cancelled, run.opened):
                 self._post(self._on_item, sid, run, item)

@@ -63,6 +63,21 @@ def test_remote_session_equals_local_session_turn_by_turn(remote_client, bridge,
         local.engine.shutdown()
 
 
+def test_a_plain_text_session_is_continued_not_answered(remote_client, bridge, server):
+    """A raw (completion) session went upstream as one user message, so the endpoint's chat template answered the
+    document where a local model continues it (found by helper AR: 14 prompt tokens where 6 went in)."""
+    loaded = add_remote(remote_client, server.url, bridge.models[0].id)
+    local = Client(EngineConfig(max_sessions=2, max_session_tokens=256))
+    local.engine.start()
+    try:
+        lsid = local.open(local.load(bridge.models[0].info["source"]), params=GREEDY, raw=True)
+        rsid = remote_client.open(loaded.model_id, params=GREEDY, raw=True)
+        want, got = local.ask(lsid, "The capital of France is"), remote_client.ask(rsid, "The capital of France is")
+        assert got.text == want.text and got.stats.prompt_tokens == want.stats.prompt_tokens
+    finally:
+        local.engine.shutdown()
+
+
 def test_the_thinking_switch_reaches_the_endpoint(remote_client, bridge, server):
     """A chat's thinking switch goes upstream as chat_template_kwargs, which Parley's own server takes."""
     from dataclasses import replace
