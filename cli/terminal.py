@@ -153,6 +153,9 @@ def _round(x: float | None) -> float | None:
     return None if x is None else round(x, 4)
 
 
+QUIT_WORDS = ("/bye", "/exit", "/quit")  # Ollama's, and the words people type at a prompt to leave it
+
+
 def chat(args: argparse.Namespace) -> int:
     from app.core.reasoning import reply_text
 
@@ -161,7 +164,7 @@ def chat(args: argparse.Namespace) -> int:
     _line_editing()
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
-        print(f"Parley — {printable(loaded.name)}. Empty line or Ctrl-D to quit.", file=sys.stderr)
+        print(f"Parley — {printable(loaded.name)}. /bye or Ctrl-D to quit.", file=sys.stderr)
         prompt = "> " if sys.stdin.isatty() else ""  # lines piped in: stdout holds the answers alone, one per turn
         while True:
             try:
@@ -170,7 +173,9 @@ def chat(args: argparse.Namespace) -> int:
             except EOFError:  # Ctrl-D ends no line: the shell's prompt would follow "> " on the same one
                 print(end="\n" if prompt else "")
                 return 0
-            if not line:
+            if not line:  # an Enter too many (llama.cpp and Ollama wait for text too): the chat is not thrown away
+                continue
+            if line in QUIT_WORDS:
                 return 0
             messages.append({"role": "user", "content": line})
             turn = cli.engine.submit(sid, messages, params, args.system)
