@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from PySide6.QtCore import QPoint, Qt, QTimer, Signal
+from PySide6.QtCore import QEvent, QPoint, Qt, QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QAbstractItemView, QApplication, QFileDialog, QFrame, QGridLayout, QHBoxLayout, QLabel, QMenu, QScrollArea,
@@ -67,6 +67,7 @@ class CompareView(QWidget):
         self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.scroll.setWidget(self.grid_host)
+        self.scroll.viewport().installEventFilter(self)
         self.composer = Composer(self.tr("One prompt for every column — Enter sends"))
         self.composer.edit.setAccessibleName(self.tr("Prompt for every column"))
         self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
@@ -204,9 +205,12 @@ class CompareView(QWidget):
                 self.service.delete(conv.id)
 
     # -- layout: never wider than the window
-    def resizeEvent(self, event) -> None:
-        super().resizeEvent(event)
-        self._arrange()
+    def eventFilter(self, watched, event) -> bool:  # noqa: N802 - Qt's name
+        # the viewport's own resize: at the view's, the viewport still had its old width, and a window made narrower
+        # kept a row of columns wider than it, the last cut off without a scroll bar
+        if watched is self.scroll.viewport() and event.type() == QEvent.Type.Resize:
+            self._arrange()
+        return super().eventFilter(watched, event)
 
     def _arrange(self) -> None:
         n = len(self.columns)

@@ -15,7 +15,8 @@ from app.qt.settings_dialog import ModelPicker, SettingsDialog, thinking_switch_
 from app.qt.status_line import describe
 from app.qt.theme import icon
 
-COLUMN_MIN_WIDTH = 280  # narrower and a column's answer wraps every few words
+# narrower and a column's answer wraps every few words; two still fit beside the sidebar of an 800 px window
+COLUMN_MIN_WIDTH = 250
 
 
 class CompareColumn(QFrame):
@@ -45,7 +46,6 @@ class CompareColumn(QFrame):
         self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         head = QHBoxLayout()
         head.addWidget(self.picker, 1)
-        head.addWidget(self.stop_button)
         head.addWidget(self.settings_button)
         head.addWidget(self.promote_button)
         layout = QVBoxLayout(self)
@@ -53,7 +53,10 @@ class CompareColumn(QFrame):
         layout.addWidget(self.label)
         layout.addLayout(head)
         layout.addWidget(self.view, 1)
-        layout.addWidget(self.stats)
+        foot = QHBoxLayout()  # Stop beside the speed line: in the head it made a streaming column 30 px wider
+        foot.addWidget(self.stats, 1)
+        foot.addWidget(self.stop_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(foot)
         self.picker.currentIndexChanged.connect(self._on_model)
         self.settings_button.clicked.connect(self.edit_settings)
         self.stop_button.clicked.connect(lambda: self.service.stop(self.conv_id))

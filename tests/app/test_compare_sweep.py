@@ -265,3 +265,29 @@ def test_editing_a_columns_prompt_branches_every_column(parley, qtbot):
     view.columns[0].view.activate(parley.store.path(convs[0])[0], "edit:")
     qtbot.keyClick(view.composer.edit, Qt.Key.Key_Escape)  # given up: the next prompt is a new turn again
     assert view.editing is None and view.composer.edit.toPlainText() == ""
+
+
+def test_two_columns_stand_side_by_side_in_an_800_px_window(parley, qtbot):
+    parley.window.resize(800, 700)
+    parley.window.show_compare()
+    view = parley.window.compare
+    view.columns[0].stop_button.show()  # as while it answers: the column grew 30 px wider
+    qtbot.waitUntil(lambda: view.scroll.viewport().width() < 560)  # beside the sidebar: was one and a half columns
+    qtbot.waitUntil(lambda: view.layout_mode == "row")
+    assert all(c.geometry().right() < view.scroll.viewport().width() for c in view.columns)
+    assert all(c.width() >= c.minimumSizeHint().width() for c in view.columns)
+
+
+def test_columns_that_no_longer_fit_a_window_narrowed_meanwhile_scroll_sideways(parley, qtbot):
+    parley.window.resize(1400, 700)
+    parley.window.show_compare()
+    view = parley.window.compare
+    view.set_columns(3)
+    qtbot.waitUntil(lambda: view.layout_mode == "row")
+    parley.window.new_chat()
+    qtbot.waitUntil(lambda: not view.isVisible())
+    parley.window.resize(800, 700)  # narrowed on the chat page, then back to the comparison
+    parley.window.show_compare()
+    qtbot.waitUntil(lambda: view.scroll.viewport().width() < 600)
+    assert view.layout_mode == "scroll"  # was a row as wide as before, the third column cut off, no scroll bar
+    assert view.scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAsNeeded
