@@ -126,6 +126,8 @@ class CompareColumn(QFrame):
             loading = self.tr("loading %1").replace("%1", f"{state.fraction:.0%}")
         elif state is not None and state.status == "failed":
             loading = self.tr("failed to load")
+        elif state is None and not self.service.busy(conv_id):  # unloaded: the last answer's figures read as if loaded
+            loading = self.tr("not loaded: loads when you send")
         if not s.model and state is not None:  # a copy: the service's status is not ours to change
             s = replace(s, model=state.name or state.entry.name)
         self.stats.setText(describe(s, loading))

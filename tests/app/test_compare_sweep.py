@@ -291,3 +291,18 @@ def test_columns_that_no_longer_fit_a_window_narrowed_meanwhile_scroll_sideways(
     qtbot.waitUntil(lambda: view.scroll.viewport().width() < 600)
     assert view.layout_mode == "scroll"  # was a row as wide as before, the third column cut off, no scroll bar
     assert view.scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAsNeeded
+
+
+def test_a_columns_line_says_its_model_was_unloaded_and_loads_when_sent(parley, qtbot):
+    view = parley.window.compare
+    parley.window.show_compare()
+    convs = [c.conv_id for c in view.columns]
+    for conv in convs:
+        parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=4))
+    assert view.send("hello")
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert parley.models.unload("default")  # Models > Unload
+    assert all("not loaded: loads when you send" in c.stats.text() for c in view.columns)  # read 'qwen3 · … tok/s'
+    assert view.send("again")
+    qtbot.waitUntil(lambda: not view.busy() and parley.models.model_id("default") is not None, timeout=60_000)
+    assert all("not loaded" not in c.stats.text() and "tok/s" in c.stats.text() for c in view.columns)
