@@ -66,6 +66,7 @@ class CompareView(QWidget):
         self.grid.setContentsMargins(0, 0, 0, 0)
         self.scroll = QScrollArea(widgetResizable=True, frameShape=QFrame.Shape.NoFrame)
         self.scroll.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.scroll.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # a Tab stop with no name; a focused column scrolls into view
         self.scroll.setWidget(self.grid_host)
         self.scroll.viewport().installEventFilter(self)
         self.composer = Composer(self.tr("One prompt for every column — Enter sends"))

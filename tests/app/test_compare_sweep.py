@@ -6,6 +6,7 @@ import re
 import time
 
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 from app.core.comparison import similarity, word_diff_html
 
@@ -306,3 +307,17 @@ def test_a_columns_line_says_its_model_was_unloaded_and_loads_when_sent(parley, 
     assert view.send("again")
     qtbot.waitUntil(lambda: not view.busy() and parley.models.model_id("default") is not None, timeout=60_000)
     assert all("not loaded" not in c.stats.text() and "tok/s" in c.stats.text() for c in view.columns)
+
+
+def test_tab_goes_round_the_compare_view_through_named_stops_only(parley, qtbot):
+    parley.window.show_compare()
+    view = parley.window.compare
+    view.composer.edit.setFocus()
+    stops = []
+    for _ in range(30):
+        qtbot.keyClick(QApplication.focusWidget(), Qt.Key.Key_Tab)
+        if QApplication.focusWidget() is view.composer.edit:
+            break
+        stops.append(QApplication.focusWidget())
+    assert view.composer.edit.hasFocus() and view.scroll not in stops  # the columns' scroll area: a silent stop
+    assert all(w.accessibleName() or getattr(w, "text", str)() for w in stops)  # each says what it is
