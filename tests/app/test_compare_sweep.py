@@ -242,12 +242,18 @@ def test_each_columns_buttons_name_their_column_for_the_keyboard(parley):
     assert names == [[f"Settings of column {x}", f"Stop column {x}", f"Make column {x} a chat"] for x in "AB"]
 
 
-def test_editing_a_columns_prompt_branches_every_column(parley, qtbot):
+def _short_answers(parley):
+    """The compare view on screen, its columns greedy and answering in four tokens; (view, their conversations)."""
     view = parley.window.compare
     parley.window.show_compare()
     convs = [c.conv_id for c in view.columns]
     for conv in convs:
         parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=4))
+    return view, convs
+
+
+def test_editing_a_columns_prompt_branches_every_column(parley, qtbot):
+    view, convs = _short_answers(parley)
     assert view.send("first") and view.send("second")  # the second waits for the first answers
     qtbot.waitUntil(lambda: all(len(parley.store.path(c)) == 4 and not parley.service.busy(c) for c in convs),
                     timeout=60_000)
@@ -295,11 +301,7 @@ def test_columns_that_no_longer_fit_a_window_narrowed_meanwhile_scroll_sideways(
 
 
 def test_a_columns_line_says_its_model_was_unloaded_and_loads_when_sent(parley, qtbot):
-    view = parley.window.compare
-    parley.window.show_compare()
-    convs = [c.conv_id for c in view.columns]
-    for conv in convs:
-        parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=4))
+    view, convs = _short_answers(parley)
     assert view.send("hello")
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert parley.models.unload("default")  # Models > Unload
