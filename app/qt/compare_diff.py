@@ -44,7 +44,13 @@ class DiffDialog(QDialog):
         layout.addWidget(buttons)
         self.left.currentIndexChanged.connect(self.refresh)
         self.right.currentIndexChanged.connect(self.refresh)
+        view.service.turn_done.connect(self._on_turn_done)  # bound: the connection goes with the dialog
         self.refresh()
+
+    def _on_turn_done(self, conv_id: int, _msg_id: int) -> None:
+        """Opened while the columns answered, it showed what they had so far until a picker was changed."""
+        if any(c.conv_id == conv_id for c in self.view.columns):
+            self.refresh()
 
     def refresh(self) -> None:
         if not self.view.columns:

@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from app.core.comparison import similarity, word_diff_html
+from tests.app.helpers import hold_engine
 
 STRUCK = re.compile(r"<s>(.*?)</s>")
 ADDED = re.compile(r'color:#055d20">(.*?)</span>')
@@ -115,6 +116,18 @@ def test_a_model_whose_file_went_away_says_so_in_the_list(parley, qtbot, tiny_mo
     qtbot.waitUntil(lambda: models.state(key).status == "failed", timeout=10_000)
     row = dialog.table.topLevelItem(1)
     assert row.text(1) == "failed" and "not found" in row.toolTip(1)  # the reason, not only that it failed
+
+
+def test_the_diff_opened_while_the_columns_answer_shows_their_answers_once_done(parley, qtbot):
+    view, convs = _short_answers(parley)
+    hold_engine(parley, 0.5)  # the answers have not begun when the dialog opens
+    assert view.send("compare")
+    dialog = view.show_diff()
+    assert "answered" in dialog.summary.text()
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    qtbot.waitUntil(lambda: "%" in dialog.summary.text())  # stayed 'Neither column has answered yet.'
+    assert dialog.text.toPlainText().split() and view.last_answer(view.columns[0]).split()[0] in dialog.text.toPlainText()
+    dialog.close()
 
 
 def test_the_diff_of_two_columns_without_answers_says_so(parley):
