@@ -432,6 +432,8 @@ class CompareView(QWidget):
     def _on_turn_done(self, conv_id: int, _msg_id: int) -> None:
         if not any(c.conv_id == conv_id for c in self.columns) or any(self.service.busy(c.conv_id) for c in self.columns):
             return
+        if not self.models.bridge.engine.running:  # the app closing ended the turn: the next column's would be saved as
+            return  # 'The engine has shut down; restart Parley to continue.', still there after the restart
         if self._queue:
             column, text = self._queue.pop(0)
             self.service.send(column.conv_id, text)

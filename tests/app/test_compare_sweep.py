@@ -336,3 +336,13 @@ def test_tab_goes_round_the_compare_view_through_named_stops_only(parley, qtbot)
         stops.append(QApplication.focusWidget())
     assert view.composer.edit.hasFocus() and view.scroll not in stops  # the columns' scroll area: a silent stop
     assert all(w.accessibleName() or getattr(w, "text", str)() for w in stops)  # each says what it is
+
+
+def test_closing_the_app_while_one_column_answers_at_a_time_leaves_the_others_no_error(parley, qtbot):
+    view, convs = _short_answers(parley)
+    view.one_at_a_time.setChecked(True)
+    hold_engine(parley, 0.3)
+    assert view.send("first")
+    assert parley.service.busy(convs[0]) and parley.store.path(convs[1]) == []  # B waits its turn
+    parley.bridge.shutdown()  # as the window's close does
+    assert parley.store.path(convs[1]) == []  # was its prompt and 'The engine has shut down; restart Parley …'
