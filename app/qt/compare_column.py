@@ -7,6 +7,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout
 
 from app.core.chats import ChatService
+from app.core.live import ChatStatus
 from app.core.presets import Presets
 from app.qt.chat_view import ChatView
 from app.qt.elided_label import ElidedLabel
@@ -130,4 +131,6 @@ class CompareColumn(QFrame):
             loading = self.tr("not loaded: loads when you send")
         if not s.model and state is not None:  # a copy: the service's status is not ours to change
             s = replace(s, model=state.name or state.entry.name)
+        elif s.state == "idle" and state is not None and state.name and s.model != state.name:
+            s = ChatStatus(model=state.name)  # another model picked since: the figures were the other one's
         self.stats.setText(describe(s, loading))

@@ -346,3 +346,13 @@ def test_closing_the_app_while_one_column_answers_at_a_time_leaves_the_others_no
     assert parley.service.busy(convs[0]) and parley.store.path(convs[1]) == []  # B waits its turn
     parley.bridge.shutdown()  # as the window's close does
     assert parley.store.path(convs[1]) == []  # was its prompt and 'The engine has shut down; restart Parley …'
+
+
+def test_a_columns_line_names_the_model_picked_since_its_last_answer(parley, qtbot, imported_llama):
+    view, convs = _short_answers(parley)
+    assert view.send("hello")
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert view.columns[1].stats.text().startswith("qwen3") and "tok/s" in view.columns[1].stats.text()
+    view.columns[1].set_model(imported_llama)  # loaded: the line read 'qwen3 · … tok/s' under 'B: llama'
+    assert view.columns[1].stats.text().startswith("llama") and "— tok/s" in view.columns[1].stats.text()
+    assert view.columns[0].stats.text().startswith("qwen3") and "— tok/s" not in view.columns[0].stats.text()
