@@ -23,6 +23,11 @@ PLACEHOLDERS = range(0xF0000, 0xFFFFE)  # private-use characters that stand in f
 # (open, close): Qwen3, DeepSeek-R1, QwQ, GLM, SmolLM3 and most others; Magistral; Seed-OSS
 THOUGHT_TAGS = (("<think>", "</think>"), ("[THINK]", "[/THINK]"), ("<seed:think>", "</seed:think>"))
 SHOWN_CONTROL = tuple(tag for pair in THOUGHT_TAGS for tag in pair)
+# tool-call markers some vocabularies type control (Hermes 3's <tool_call>, Mistral's, Llama 3's, Granite's,
+# DeepSeek's, GLM's): kept in decoded text too, else a call reads as plain JSON content (engine/tool_calls.py)
+TOOL_CALL_MARKERS = ("<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]", "<|python_tag|>",
+                     "<|tool_call|>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+                     "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>")
 THOUGHT_OPEN, THOUGHT_CLOSE = SHOWN_CONTROL[0::2], SHOWN_CONTROL[1::2]
 OPENED_TAIL_IDS = 8  # a generation prompt's last ids hold its opening thought tag and the whitespace after it
 
@@ -79,7 +84,7 @@ class Tokenizer:
         self.stop_ids = info.stop_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
         self.harmony = is_harmony(backend.token_to_id)  # gpt-oss: answers on channels (engine/tokenizer/harmony.py)
-        kept = (*SHOWN_CONTROL, *(HARMONY_TAGS if self.harmony else ()))
+        kept = (*SHOWN_CONTROL, *TOOL_CALL_MARKERS, *(HARMONY_TAGS if self.harmony else ()))
         shown = {backend.token_to_id(text) for text in kept} - {None}
         self._shown = frozenset(shown & backend.special_ids)  # control tags that skip_special keeps
         self._own_tags = frozenset(t for t in kept if backend.token_to_id(t) in self._shown)  # their texts
@@ -195,7 +200,7 @@ class Tokenizer:
         typed: dict[str, str] = {}  # text -> placeholder while building
         def swap(match: re.Match) -> str:
             return typed.setdefault(match.group(0), next(free))
-        def keep_own(match: re.Match) -> str:  # an answer's thought tags are the model's own tokens ([THINK])
+        def keep_own(match: re.Match) -> str:  # an answer's thought tags and call markers are the model's own tokens
             return match.group(0) if match.group(0) in self._own_tags else swap(match)
         out = [dict(m, content=pattern.sub(keep_own if m.get("role") == "assistant" else swap, m["content"]))
                if m.get("content") else dict(m) for m in messages]
