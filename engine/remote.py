@@ -413,6 +413,8 @@ class RemoteHost:
             raise ParleyError("Continuing an answer needs a local model; regenerate it instead.")
         if request.suffix is not None:
             raise ParleyError("Filling in the middle needs a local model: the markers are its vocabulary's.")
+        if request.prompt_ids is not None:
+            raise ParleyError("A token-id prompt needs a local model: the ids are its vocabulary's, not the endpoint's.")
         session.begin(request)
         session.turn = Turn(turn_id, stream=None)
         session.last_used = time.monotonic()

@@ -33,9 +33,13 @@ class TurnRequest:
     continue_final: bool = False
     tools: tuple[dict, ...] | None = None
     suffix: str | None = None  # a raw turn's text after the insertion point: the model fills in the middle
+    prompt_ids: tuple[int, ...] | None = None  # a raw turn's whole prompt as token ids, given as they are (no BOS added)
 
     def check(self, raw: bool) -> None:
         """Raises ParleyError when the request cannot be answered as it stands."""
+        if self.prompt_ids is not None:
+            self._check_ids(raw)
+            return
         if not self.messages:
             raise ParleyError("There is no answer to continue." if self.continue_final else "There is no message to answer.")
         for m in self.messages:
@@ -48,6 +52,16 @@ class TurnRequest:
             raise ParleyError("The last message must be the user's (or a tool's result) for the model to answer it.")
         if self.suffix is not None and not raw:
             raise ParleyError("Filling in the middle takes a plain-text completion, not a chat.")
+
+    def _check_ids(self, raw: bool) -> None:
+        if not raw:
+            raise ParleyError("A token-id prompt takes a plain-text completion, not a chat.")
+        if self.messages or self.suffix is not None or self.continue_final:
+            raise ParleyError("A token-id prompt is the whole document: it takes no text, suffix or answer beside it.")
+        if not self.prompt_ids:
+            raise ParleyError("The token-id prompt is empty: a prompt needs one token at least.")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prompt_ids):
+            raise ParleyError("A token-id prompt holds token ids: integers of 0 or more.")
 
     def conversation(self, skip: int = 0) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -104,17 +118,21 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
                 resume: int = 0) -> tuple[list[int], int]:
     """Token ids of the whole conversation plus the generation prompt, applying the overflow policy.
 
-    `continue_final` leaves the last (assistant) message open instead, to generate more of it.
-    Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`. `resume`: how many the
+    `continue_final` leaves the last (assistant) message open instead, to generate more of it; a token-id prompt is
+    its ids as given. Returns (ids, dropped) where `dropped` counts the oldest messages left out to fit `limit`. `resume`: how many the
     session's last turn left out (`Session.resume_at`), kept while the rest fits, so its tokens stay cached.
     """
     _check_size(request, raw, overflow, tok, limit)
-    if raw and request.suffix is not None:
+    if request.prompt_ids is not None:
+        ids = _given_ids(request.prompt_ids, tok)
+    elif raw and request.suffix is not None:
         ids = _fill_in_middle(request, tok)
     elif raw:
         ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
     else:
         ids = _render(request, tok)
+    if not ids:  # an empty text where the model writes no BOS: its turn waited forever for a first token
+        raise ParleyError("The prompt is empty and this model starts no text with a BOS token: send some text.")
     if overflow != "truncate" or raw:
         if len(ids) < limit:
             return ids, 0
@@ -124,6 +142,15 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
             return fitting
     raise ContextOverflowError(_overflow_message(len(ids), limit, raw, overflow, at_least=False,
                                                    alone=_alone(request), system=_has_system(request)))
+
+
+def _given_ids(ids: tuple[int, ...], tok: Tokenizer) -> list[int]:
+    """A token-id prompt as the client sent it, BOS or none (vLLM's rule: the ids are the document)."""
+    outside = next((t for t in ids if t >= tok.vocab_size), None)
+    if outside is not None:
+        raise ParleyError(f"The prompt holds token id {outside}, outside this model's vocabulary of "
+                          f"{tok.vocab_size:,} tokens (ids 0-{tok.vocab_size - 1}).")
+    return list(ids)
 
 
 def _fill_in_middle(request: TurnRequest, tok: Tokenizer) -> list[int]:
