@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP API: /v1/models, /v1/chat/completions, /v1/completions (streaming or not).
 
-Every request gets its own engine session per choice (`n`; conversation set from the request), submits one turn
-each, relays their events and closes the sessions; concurrent requests and a request's choices share the engine's
-batched steps.
+Every request gets its own engine session per choice (`n` for each of a completion's prompts; conversation set from
+the request), submits one turn each, relays their events and closes the sessions; concurrent requests and a request's
+choices share the engine's batched steps.
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from starlette.routing import Route
 
 from engine import events as ev
 from engine.logit_bias import check_bias_ids
+from engine.tokenizer import Tokenizer
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
 from server.choices import Choices
@@ -146,7 +147,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     client = _Client(request)
     turn = await _begin(client, bridge, model, req)
     if req.stream:
-        body = _sse(client, turn, model.id, req, rid)
+        body = _sse(client, turn, model.id, req, rid, model.tokenizer)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     logprobs = [[] for _ in range(turn.n)] if req.params.logprobs is not None or req.ranked else None
     try:
@@ -154,15 +155,16 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     finally:
         turn.close()
     if isinstance(ends[0], ev.Error):
-        raise _turn_error(ends[0], req)
+        raise _turn_error(ends[0], req, prompt=turn.index(ends[0].session_id) // req.made)
     answers, stats = [(_new_text(e.text, req), e.reason) for e in ends], [e.stats for e in ends]
-    if req.ranked:  # the n answers with the highest mean log-probability a token, best first
-        best = sorted(range(len(ends)), key=lambda i: -_mean_logprob(logprobs[i]))[:req.n]
-        answers = [answers[i] for i in best]
-        logprobs = [logprobs[i] for i in best] if req.params.logprobs is not None else None
+    echoes = _echoes(req, len(ends), model.tokenizer)
+    if req.ranked:  # each prompt's n answers with the highest mean log-probability a token, best first
+        best = _best(logprobs, req.made, req.n)
+        answers, echoes = [answers[k] for k in best], echoes and [echoes[k] for k in best]
+        logprobs = [logprobs[k] for k in best] if req.params.logprobs is not None else None
     if req.raw:
-        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs,
-                                                    req.prompt if req.echo else ""))
+        return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs, echoes,
+                                                    req.prompt_count))
     prefix = req.prompt if req.continue_final else ""
     return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
 
@@ -173,8 +175,31 @@ def _check_fill_in_middle(model: ServedModel) -> None:
         raise api.APIError(400, f"'suffix' needs a model trained to fill in the middle; {model.id}: {where}.", "suffix")
 
 
+def _best(logprobs: list[list], made: int, n: int) -> list[int]:
+    """The answers sent where `made` answers a prompt were made: each prompt's `n` with the highest mean log-probability
+    a token, best first, prompt by prompt."""
+    groups = [range(start, start + made) for start in range(0, len(logprobs), made)]
+    return [k for group in groups for k in sorted(group, key=lambda k: -_mean_logprob(logprobs[k]))[:n]]
+
+
 def _mean_logprob(entries: list) -> float:
     return sum(e.logprob for e in entries) / len(entries) if entries else float("-inf")
+
+
+def _echoes(req: api.TurnRequest, answers: int, tokenizer: Tokenizer | None) -> list[str] | None:
+    """What `echo` puts before each of `answers` (prompt by prompt, `made` each): its prompt's text, or its token ids
+    decoded as vLLM decodes them (special tokens written out: a BOS the client sent shows); None without echo."""
+    if not req.echo:
+        return None
+    texts = [_prompt_text(req, p, tokenizer) for p in range(req.prompt_count)]
+    return [texts[k // req.made] for k in range(answers)]
+
+
+def _prompt_text(req: api.TurnRequest, p: int, tokenizer: Tokenizer | None) -> str:
+    ids = req.prompt_ids(p)
+    if ids is None:
+        return req.prompts[p]
+    return tokenizer.decode(ids) if tokenizer is not None else ""  # a remote model takes no token ids
 
 
 def _new_text(text: str, req: api.TurnRequest) -> str:
@@ -192,11 +217,12 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
     before any answer begins. A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
     turn = Choices(bridge)
     try:
-        for i in range(req.made):
+        for k in range(req.prompt_count * req.made):  # prompt by prompt, its answers together: all in the same steps
+            p, i = divmod(k, req.made)
             sid = turn.open(model, req.raw)
-            bridge.engine.submit(sid, req.messages(), req.choice_params(i), req.system,
+            bridge.engine.submit(sid, req.messages(p), req.choice_params(i), req.system,
                                  continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None,
-                                 suffix=req.suffix or None)
+                                 suffix=req.suffix or None, prompt_ids=req.prompt_ids(p))
         started: set[int] = set()
         while len(started) < turn.n:
             e = await _poll(client, turn.queue)
@@ -205,7 +231,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
             if isinstance(e, ev.Started):
                 started.add(e.session_id)
             elif isinstance(e, ev.Error) and e.session_id not in started:
-                raise _turn_error(e, req, refused=True)
+                raise _turn_error(e, req, refused=True, prompt=turn.index(e.session_id) // req.made)
             else:
                 turn.held.append(e)  # a choice that started first may already be answering
         return turn
@@ -214,12 +240,14 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
         raise
 
 
-def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False) -> api.APIError:
+def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False, prompt: int = 0) -> api.APIError:
     """A request refused before it started, or one whose error says the request is at fault (a remote model refuses
     only after Started), is the client's to fix: 400; one the machine's free memory cannot hold now: 503. Anything else
-    failed on this side: 500."""
+    failed on this side: 500. `prompt`: the refused one, named where the request sent several."""
     if e.code in BUSY_ERROR_CODES:  # not the server broken (500), nor the request wrong for every server (400)
         return api.APIError(503, e.message, kind="server_error", code=e.code)
+    if (refused or e.code in CLIENT_ERROR_CODES) and req.prompt_count > 1:
+        return api.APIError(400, f"prompt[{prompt}]: {e.message}", f"prompt[{prompt}]", e.code)
     if refused or e.code in CLIENT_ERROR_CODES:
         return api.APIError(400, e.message, "prompt" if req.raw else "messages", e.code)
     return api.APIError(500, e.message, kind="server_error", code=e.code)
@@ -242,9 +270,10 @@ async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | No
     return [ends[i] for i in range(turn.n)]
 
 
-async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnRequest, rid: str) -> AsyncIterator[str]:
-    """The choices as server-sent events, each chunk naming its choice; leaving early (client gone: Starlette cancels
-    us) cancels every turn."""
+async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnRequest, rid: str,
+               tokenizer: Tokenizer | None = None) -> AsyncIterator[str]:
+    """The choices as server-sent events, each chunk naming its choice (prompt by prompt: p * n + i); leaving early
+    (client gone: Starlette cancels us) cancels every turn. `tokenizer`: an echoed token-id prompt's text."""
     # a thought goes as reasoning_content
     splits = [api.ReasoningSplit(req.prompt if req.continue_final else "") for _ in range(turn.n)]
     calls = [StreamedCalls(req.tools, lambda: api.new_id("call")) if req.tools is not None else None
@@ -252,11 +281,12 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
+        echoes = _echoes(req, turn.n, tokenizer)
         for i in range(turn.n):  # a chat answer's role first; an echoed completion's prompt
             if not req.raw:
                 yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}, index=i))
-            elif req.echo and req.prompt:
-                yield _event(api.completion_chunk(rid, model, req, req.prompt, index=i))
+            elif echoes and echoes[i]:
+                yield _event(api.completion_chunk(rid, model, req, echoes[i], index=i))
         while len(ends) < turn.n:
             e = await _next_event(client, turn)
             if e is None and not client.stopping:
@@ -265,7 +295,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 yield _event(_left_early(client).body())
                 break
             if isinstance(e, ev.Error):
-                yield _event(_turn_error(e, req).body())
+                yield _event(_turn_error(e, req, prompt=turn.index(e.session_id) // req.made).body())
                 break
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):

@@ -12,6 +12,7 @@ from engine.engine import Engine
 from engine.errors import ModelLoadError
 from engine.loading.gguf_split import model_file, model_name
 from engine.runtime import EngineConfig
+from engine.tokenizer import Tokenizer
 
 
 @dataclass(slots=True)
@@ -22,6 +23,7 @@ class ServedModel:
     created: int = field(default_factory=lambda: int(time.time()))
     aliases: tuple[str, ...] = ()
     info: dict = field(default_factory=dict)
+    tokenizer: Tokenizer | None = None  # a local model's: `echo` writes a token-id prompt as text
 
 
 class ServerBridge:
@@ -49,7 +51,9 @@ class ServerBridge:
         path = Path(source)
         file = model_file(path)  # a folder's GGUF model (a file, or a split model's parts) answers to its names too
         aliases = (alias, path.name, path.stem, model_name(path), file.name, file.stem, model_name(file))
-        return self._register(self.engine.load_model(source), aliases, timeout)
+        served = self._register(self.engine.load_model(source), aliases, timeout)
+        served.tokenizer = self.engine.loaded_model(served.model_id, timeout).tokenizer
+        return served
 
     def add_remote(self, base_url: str, model: str | None = None, api_key: str | None = None,
                    timeout: float = 60.0) -> ServedModel:

@@ -1,4 +1,5 @@
-"""One request's answers: a session per choice (`n`), their events in one queue, batched in the same engine steps."""
+"""One request's answers: a session per choice (`n` for each prompt), their events in one queue, batched in the same
+engine steps."""
 from __future__ import annotations
 
 import asyncio

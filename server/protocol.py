@@ -16,6 +16,7 @@ from engine.tokenizer.detokenizer import partial_suffix
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
+from server.prompts import Prompt, check_answers, completion_prompts
 from server.response_format import response_grammar
 from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
 
@@ -39,7 +40,7 @@ class TurnRequest:
     raw: bool  # /v1/completions: BOS + prompt, no chat template
     system: str | None = None
     history: list[dict[str, str]] = field(default_factory=list)  # user/assistant messages before the last one
-    prompt: str = ""  # the last user message, or the raw document, or the answer to continue
+    prompt: str = ""  # a chat's last user message, or the answer to continue (a completion's documents: `prompts`)
     continue_final: bool = False  # the last message is the assistant's: the answer goes on from its text
     created: int = field(default_factory=lambda: int(time.time()))  # one value for every chunk of the answer
     n: int = 1  # answers (choices) to the one prompt
@@ -49,12 +50,26 @@ class TurnRequest:
     suffix: str = ""  # a completion's text after the insertion point: the model fills in the middle (the engine
     # builds the prompt around the hole from the model's own markers)
     final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
+    prompts: tuple[Prompt, ...] = ()  # a completion's documents, text or token ids, each answered `n` times
 
-    def messages(self) -> list[dict[str, str]]:
-        """The conversation the engine answers (without the system prompt); a raw document, or what goes before the
-        hole where the model fills in the middle."""
+    def messages(self, p: int = 0) -> list[dict[str, str]]:
+        """The conversation the engine answers (without the system prompt); a completion's document `p` (none where it
+        is token ids), or what goes before the hole where the model fills in the middle."""
+        if self.prompts:
+            text = self.prompts[p]
+            return [] if isinstance(text, tuple) else [{"role": "user", "content": text}]
         last = self.final or {"role": "assistant" if self.continue_final else "user"}
         return [*self.history, {**last, "content": self.prompt}]
+
+    def prompt_ids(self, p: int) -> list[int] | None:
+        """Completion prompt `p`'s token ids, where it was sent as ids."""
+        ids = self.prompts[p] if self.prompts else None
+        return list(ids) if isinstance(ids, tuple) else None
+
+    @property
+    def prompt_count(self) -> int:
+        """Prompts answered: a completion's array of them, or the one."""
+        return len(self.prompts) or 1
 
     @property
     def made(self) -> int:
@@ -129,19 +144,19 @@ def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, m
 
 def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     _reject_unsupported(data, chat=False)
-    prompt = data.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if not isinstance(prompt, str):
-        raise APIError(400, "'prompt' must be a string (token-id prompts and prompt batches are not supported).", "prompt")
+    prompts = completion_prompts(data.get("prompt"))
     req = _common(data, context_limit, raw=True)
-    req.prompt = prompt
+    req.prompts = tuple(prompts)
     req.echo = _typed(data, "echo", bool, False)
     if req.echo and req.params.logprobs is not None:
         raise APIError(400, "'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does "
                             "not compute: send one of them.", "echo")
     req.best_of = _best_of(data, req)
     req.suffix = _typed(data, "suffix", str, "")
+    if req.suffix and any(isinstance(p, tuple) for p in prompts):  # the markers go around text, then it is tokenised
+        raise APIError(400, "'suffix' needs a text prompt: the model's fill-in-the-middle markers are placed around the "
+                            "text before and after the hole, and token ids give no text to place them around.", "suffix")
+    check_answers(len(prompts), req.made)
     return req
 
 
@@ -421,9 +436,11 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(stats: list) -> dict:
-    """One request's counts over its choices' turn stats: the prompt once (the choices share it), every answer."""
-    prompt, completion = stats[0].prompt_tokens, sum(s.completion_tokens for s in stats)
+def usage(stats: list, prompts: int = 1) -> dict:
+    """One request's counts over its answers' turn stats, prompt by prompt: each prompt once (its answers share it),
+    every answer."""
+    prompt = sum(s.prompt_tokens for s in stats[::len(stats) // prompts])
+    completion = sum(s.completion_tokens for s in stats)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -559,13 +576,14 @@ def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str 
 
 
 def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
-                        logprobs: list[list] | None = None, echo: str = "") -> dict:
-    """`stats`: every answer made (best_of counts them all, as OpenAI bills them); `echo`: the prompt, before each text."""
-    choices = [{"index": i, "text": echo + text,
+                        logprobs: list[list] | None = None, echoes: list[str] | None = None, prompts: int = 1) -> dict:
+    """`answers`: prompt by prompt, `n` each; `stats`: every answer made (best_of counts them all, as OpenAI bills
+    them); `echoes`: each answer's prompt, before its text."""
+    choices = [{"index": i, "text": (echoes[i] if echoes else "") + text,
                 "logprobs": None if logprobs is None else completion_logprobs(logprobs[i]),
                 "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage(stats)}
+            "choices": choices, "usage": usage(stats, prompts)}
 
 
 def completion_chunk(rid: str, model: str, req: TurnRequest, text: str, reason: str | None = None,
@@ -579,7 +597,7 @@ def completion_chunk(rid: str, model: str, req: TurnRequest, text: str, reason: 
 def _chunk(chunk: dict, req: TurnRequest, stats) -> dict:
     """With include_usage every chunk carries "usage": null but the last, which carries the counts (as OpenAI)."""
     if stats is not None:
-        chunk["usage"] = usage(stats)
+        chunk["usage"] = usage(stats, req.prompt_count)
     elif req.include_usage:
         chunk["usage"] = None
     return chunk

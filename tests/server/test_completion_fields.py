@@ -106,6 +106,15 @@ def test_suffix_fills_the_middle_as_a_prompt_with_the_markers_does(fim_server):
     assert echoed.startswith(body["prompt"]) and "<|fim" not in echoed
 
 
+def test_a_suffix_fills_each_of_several_prompts(fim_server):
+    """The suffix goes after every prompt of an array: each filled as it would be alone, prompt by prompt."""
+    body = {"model": "coder", "max_tokens": 10, "temperature": 0, "suffix": "\n\nprint(area(2))"}
+    prompts = ["def area(r):\n    return ", "def side(a):\n    return "]
+    alone = [_post(fim_server, body | {"prompt": p}).json()["choices"][0]["text"] for p in prompts]
+    both = _post(fim_server, body | {"prompt": prompts}).json()["choices"]
+    assert [c["text"] for c in both] == alone and [c["index"] for c in both] == [0, 1]
+
+
 def test_a_model_without_fill_in_the_middle_tokens_refuses_a_suffix(server):
     r = _post(server, BODY | {"suffix": "The end."})
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix", r.text

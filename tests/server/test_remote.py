@@ -244,6 +244,9 @@ def test_parley_serve_re_serves_a_remote_model(bridge, server):
             with pytest.raises(openai.BadRequestError, match="a remote model") as refused:  # its tokens are not masked here
                 c.chat.completions.create(**kw | {"response_format": {"type": "json_object"}})
             assert refused.value.param == "response_format"
+            with pytest.raises(openai.BadRequestError, match="needs a local model") as refused:  # ids of which vocabulary?
+                c.completions.create(model=served.id, prompt=[1, 2, 3], max_tokens=4)
+            assert refused.value.param == "prompt"
     finally:
         front.shutdown()
 
