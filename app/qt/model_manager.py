@@ -15,7 +15,7 @@ from app.core.sqlite_registry import check_model
 from app.qt.background import Background
 from app.qt.bridge import EngineBridge
 from app.qt.gui_collector import ModelFreezer
-from engine.loading.default_model import DEFAULT_NAME, default_model_path, resolve_model
+from engine.loading.default_model import DEFAULT_NAME, FILE_NAME, default_model_path, resolve_model
 from engine.loading.gguf_split import model_files
 from engine.loading.template_probe import template_thinking_switch
 
@@ -194,9 +194,18 @@ class ModelManager(QObject):
         self._importing.add(entry.key)
         self.states[entry.key] = ModelState(entry, stage="Checking")  # the status bar shows it at once
         self.changed.emit(entry.key)
-        listed = {**{e.key: e.path for e in self.registry.entries() if e.kind != "embedded"}, **self._files}
+        listed = self._listed_files()
         self.background.run(partial(_check_import, entry.path, listed), partial(self._checked, entry, str(path)))
         return entry.key
+
+    def _listed_files(self) -> dict[str, str]:
+        """Each listed model's file, the embedded one's as soon as it is on disk: before its first load had begun, a
+        copy of it imported was taken for another model and loaded beside it (249 MB twice)."""
+        listed = {e.key: e.path for e in self.registry.entries() if e.kind != "embedded"}
+        embedded, assembled = self.registry.default, Path(self.models_dir) / FILE_NAME
+        if embedded.path == DEFAULT_NAME and assembled.is_file():
+            listed[embedded.key] = str(assembled)
+        return {**listed, **self._files}
 
     def _checked(self, entry: ModelEntry, path: str, copies: list[str], error: Exception | None) -> None:
         """The import's check is back (GUI thread): refused, a copy of a listed model, or on to the engine's load."""

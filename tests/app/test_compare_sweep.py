@@ -356,3 +356,29 @@ def test_a_columns_line_names_the_model_picked_since_its_last_answer(parley, qtb
     view.columns[1].set_model(imported_llama)  # loaded: the line read 'qwen3 · … tok/s' under 'B: llama'
     assert view.columns[1].stats.text().startswith("llama") and "— tok/s" in view.columns[1].stats.text()
     assert view.columns[0].stats.text().startswith("qwen3") and "— tok/s" not in view.columns[0].stats.text()
+
+
+def test_a_copy_of_the_embedded_model_imported_before_its_first_load_is_the_embedded_model(qtbot, qapp, tiny_models,
+                                                                                          tmp_path):
+    import shutil
+
+    from app.core.sqlite_registry import SqliteModelRegistry
+    from app.core.sqlite_store import SqliteConversationStore
+    from app.qt.bridge import EngineBridge
+    from app.qt.model_manager import ModelManager
+    from engine.loading.default_model import FILE_NAME
+    from engine.runtime import EngineConfig
+    from tests.app.conftest import TINY_ENGINE
+
+    (tmp_path / "models").mkdir()  # the embedded model as its first start assembled it, not loaded yet
+    shutil.copy(tiny_models["qwen3"].gguf_path, tmp_path / "models" / FILE_NAME)
+    shutil.copy(tiny_models["qwen3"].gguf_path, tmp_path / "my-copy.gguf")
+    bridge = EngineBridge(EngineConfig(**TINY_ENGINE)).start()
+    registry = SqliteModelRegistry(SqliteConversationStore(tmp_path / "p.db"), legacy_file=tmp_path / "m.json")
+    models = ModelManager(bridge, registry, tmp_path / "models")
+    try:
+        with qtbot.waitSignal(models.already_there, timeout=10_000) as same:
+            models.import_path(tmp_path / "my-copy.gguf")  # was imported and loaded as a model of its own
+        assert same.args[1] == "default" and [e.key for e in registry.entries()] == ["default"]
+    finally:
+        bridge.shutdown()
