@@ -83,9 +83,9 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
     routes = [
         Route("/v1/models", guarded(list_models), methods=["GET"]),
         Route("/v1/models/{model:path}", guarded(get_model), methods=["GET"]),
-        Route("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
-        Route("/v1/completions", guarded(completions), methods=["POST"]),
-        Route("/health", lambda request: health(request, bridge), methods=["GET"]),
+        *_with_slash("/v1/chat/completions", guarded(chat_completions), methods=["POST"]),
+        *_with_slash("/v1/completions", guarded(completions), methods=["POST"]),
+        *_with_slash("/health", lambda request: health(request, bridge), methods=["GET"]),
     ]
     handlers = {HTTPException: _http_error, Exception: _internal_error}
     middleware = [Middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
@@ -94,6 +94,12 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
     app = Starlette(routes=routes, exception_handlers=handlers, middleware=middleware)
     app.state.stopping = False  # set by server/run.py as the server shuts down: turns in flight end with a 503
     return app
+
+
+def _with_slash(path: str, endpoint, methods: list[str]) -> list[Route]:
+    """The path, and the path with a trailing slash: Starlette's 307 to the other spelling left `curl -X POST` (no
+    -L) with an empty body, and clients that do follow it send the body twice."""
+    return [Route(path, endpoint, methods=methods), Route(path + "/", endpoint, methods=methods)]
 
 
 # -- endpoints

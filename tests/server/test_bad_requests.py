@@ -126,6 +126,14 @@ def test_unknown_route_and_method_answer_json(server):
     assert r.status_code == 405 and "error" in r.json()
 
 
+@pytest.mark.parametrize("path, body", [("/chat/completions/", CHAT), ("/completions/", {"prompt": "hi", "max_tokens": 4})])
+def test_a_trailing_slash_is_served_not_redirected(server, path, body):
+    """Starlette answered a 307 to the path without it: `curl -X POST` (no -L) printed nothing."""
+    r = post(server, path, body)
+    assert r.status_code == 200 and r.json()["choices"], (r.status_code, r.text)
+    assert httpx.get(server.url.removesuffix("/v1") + "/health/", timeout=10).json()["status"] == "ok"
+
+
 def test_openai_client_raises_its_own_errors(server):
     c = openai.OpenAI(base_url=server.url, api_key="x", max_retries=0)
     with pytest.raises(openai.NotFoundError):
