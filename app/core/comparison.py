@@ -38,8 +38,8 @@ def column_labels(store: ConversationStore, conv_ids: list[int], model_names: li
 
 
 def told_apart(keys: list[str], names: list[str], listed: list[str]) -> list[str]:
-    """Each column's model name, or the name it is listed under where two different models share one: a copy of a
-    GGUF imported under another name reads the same from its header ("A: Gemma 3 270m", "B: Gemma 3 270m")."""
+    """Each column's model name, or the name it is listed under where two different models share one: two
+    quantizations of a model read the same from their headers ("A: Qwen3 8B", "B: Qwen3 8B")."""
     shared = {name for name in names if len({k for k, n in zip(keys, names) if n == name}) > 1}
     return [other if name in shared and other else name for name, other in zip(names, listed)]
 
