@@ -88,6 +88,7 @@ class CompareView(QWidget):
         self.composer.send_requested.connect(self.send)
         self.composer.stop_requested.connect(self.stop)
         self.composer.edit_cancelled.connect(self._end_edit)
+        self.composer.edit.textChanged.connect(self._keep_draft)
         service.turn_done.connect(self._on_turn_done)
         service.status_changed.connect(self._on_status)
         service.settings_changed.connect(self._on_settings)
@@ -182,6 +183,7 @@ class CompareView(QWidget):
         for conv_id in members[:MAX_COLUMNS]:
             self._add_column(conv_id)
         self.set_columns(len(self.columns))  # a comparison left with one column gets its second back
+        self.composer.edit.setPlainText(self.service.draft(self.columns[0].conv_id))
         if self.isVisible():  # restored at start behind the chat page: its models load when it is shown
             self._warm()
 
@@ -311,7 +313,8 @@ class CompareView(QWidget):
                                              "ones stay). Esc cancels.").replace("%1", str(self.editing + 1)))
 
     def _send_edit(self, text: str) -> bool:
-        turn, self.editing = self.editing, None
+        turn = self.editing
+        self._end_edit()
         self.composer.end_edit()
         for column in self.columns:
             prompts = [m for m in self.service.store.path(column.conv_id) if m.role == "user"]
@@ -321,7 +324,10 @@ class CompareView(QWidget):
         return True
 
     def _end_edit(self) -> None:
+        """The box back to the comparison's draft, as the edit found it."""
         self.editing = None
+        if self.columns:
+            self.composer.edit.setPlainText(self.service.draft(self.columns[0].conv_id))
 
     def stop(self) -> None:
         self._queue.clear()
@@ -338,7 +344,15 @@ class CompareView(QWidget):
         self.composer.edit.setPlainText(text)
         self._show_queued()
 
+    def _keep_draft(self) -> None:
+        """The box's text and the prompts waiting, kept as the first column's draft: they come back with the
+        comparison after a restart (they were lost), as a chat's unsent text does."""
+        if self.columns and self.editing is None:
+            text = "\n\n".join([*self._next, self.composer.edit.toPlainText()]).strip()
+            self.service.set_draft(self.columns[0].conv_id, text)
+
     def _show_queued(self) -> None:
+        self._keep_draft()
         if self._next:
             first = html.escape(" ".join(self._next[0].split())[:80])
             self.queued.setText(self.tr("Queued: “%1” — goes to every column when they have all answered. "
@@ -351,6 +365,7 @@ class CompareView(QWidget):
         settings = [self.service.store.get(c.conv_id).settings for c in self.columns]
         if not has_messages(self.service.store, [c.conv_id for c in self.columns]):
             return
+        self.service.set_draft(self.columns[0].conv_id, "")  # the box's text goes on with the new comparison
         self._drop_columns()
         self.group_id = None
         for s in settings:
@@ -358,6 +373,7 @@ class CompareView(QWidget):
         self._save_group()
         self._arrange()
         self._relabel()
+        self._keep_draft()
 
     # -- the Comparisons menu: saved comparisons, export, diff
     def _fill_menu(self) -> None:
@@ -427,6 +443,8 @@ class CompareView(QWidget):
         self.service.promote(conv_id)
         column.attach(self.service.new_conversation(settings, hidden=True))
         self._save_group()
+        self.service.set_draft(conv_id, "")  # the comparison's text is not the new chat's
+        self._keep_draft()
         self.promoted.emit(conv_id)
 
     def _on_turn_done(self, conv_id: int, _msg_id: int) -> None:

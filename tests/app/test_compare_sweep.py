@@ -382,3 +382,25 @@ def test_a_copy_of_the_embedded_model_imported_before_its_first_load_is_the_embe
         assert same.args[1] == "default" and [e.key for e in registry.entries()] == ["default"]
     finally:
         bridge.shutdown()
+
+
+def test_the_compare_box_and_its_queued_prompts_come_back_after_a_restart(qtbot, qapp, tiny_models, tmp_path):
+    from tests.app.helpers import start_app
+
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    view = app.window.compare
+    app.window.show_compare()
+    hold_engine(app, 0.3)
+    assert view.send("first") and view.send("second, queued")  # the second waits for the first answers
+    view.composer.edit.setPlainText("third, half typed")
+    app.close()
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        view = app.window.compare
+        assert view.composer.edit.toPlainText() == "second, queued\n\nthird, half typed"  # was empty
+        first = view.columns[0].conv_id
+        view.promote(view.columns[0])
+        assert app.service.draft(first) == "" and app.window.chat.composer.edit.toPlainText() == ""
+        assert app.service.draft(view.columns[0].conv_id) == view.composer.edit.toPlainText() != ""
+    finally:
+        app.close()
