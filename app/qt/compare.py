@@ -183,7 +183,8 @@ class CompareView(QWidget):
         for conv_id in members[:MAX_COLUMNS]:
             self._add_column(conv_id)
         self.set_columns(len(self.columns))  # a comparison left with one column gets its second back
-        self.composer.edit.setPlainText(self.service.draft(self.columns[0].conv_id))
+        if draft := self.service.draft(self.columns[0].conv_id):  # else the box keeps what it holds: the empty
+            self.composer.edit.setPlainText(draft)  # comparison left goes, and the text typed in it went with it
         if self.isVisible():  # restored at start behind the chat page: its models load when it is shown
             self._warm()
 

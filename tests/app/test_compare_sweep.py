@@ -404,3 +404,14 @@ def test_the_compare_box_and_its_queued_prompts_come_back_after_a_restart(qtbot,
         assert app.service.draft(view.columns[0].conv_id) == view.composer.edit.toPlainText() != ""
     finally:
         app.close()
+
+
+def test_text_typed_in_an_empty_comparison_stays_in_the_box_when_another_is_opened(parley, qtbot):
+    view, convs = _short_answers(parley)
+    old = view.group_id
+    assert view.send("an old comparison")
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    view.clear()
+    view.composer.edit.setPlainText("typed in the new one")
+    view.open_group(old)  # the empty comparison goes
+    assert view.group_id == old and view.composer.edit.toPlainText() == "typed in the new one"
