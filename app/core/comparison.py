@@ -37,6 +37,15 @@ def column_labels(store: ConversationStore, conv_ids: list[int], model_names: li
             for i, (name, diff) in enumerate(zip(model_names, differences(settings)))]
 
 
+def left_behind(store: ConversationStore, conv_ids: list[int]) -> tuple[list[int], str]:
+    """The columns still without the comparison's latest prompt (Parley closed while they waited their turn in
+    one-at-a-time mode), and that prompt: each has every earlier prompt of the column furthest on, but not it."""
+    prompts = [[m.content for m in store.path(c) if m.role == "user"] if store.has(c) else [] for c in conv_ids]
+    latest = max(prompts, key=len, default=[])
+    behind = [c for c, p in zip(conv_ids, prompts) if latest and p == latest[:-1]]
+    return behind, latest[-1] if behind else ""
+
+
 def told_apart(keys: list[str], names: list[str], listed: list[str]) -> list[str]:
     """Each column's model name, or the name it is listed under where two different models share one: two
     quantizations of a model read the same from their headers ("A: Qwen3 8B", "B: Qwen3 8B")."""

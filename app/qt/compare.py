@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
-from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages, told_apart
+from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages, left_behind, told_apart
 from app.core.presets import Presets
 from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
@@ -73,7 +73,7 @@ class CompareView(QWidget):
         self.composer.edit.setAccessibleName(self.tr("Prompt for every column"))
         self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
         self.queued.hide()
-        self.queued.linkActivated.connect(lambda _href: self.unqueue())
+        self.queued.linkActivated.connect(lambda href: self.catch_up() if href == "catch-up:" else self.unqueue())
         self._next: list[str] = []  # prompts sent while the columns answered: each goes when they are all done
         self.editing: int | None = None  # the turn whose prompt the box holds for editing (0: the first)
         self._syncing = False
@@ -187,6 +187,28 @@ class CompareView(QWidget):
             self.composer.edit.setPlainText(draft)  # comparison left goes, and the text typed in it went with it
         if self.isVisible():  # restored at start behind the chat page: its models load when it is shown
             self._warm()
+        self._offer_catch_up()
+
+    def _offer_catch_up(self) -> None:
+        """Columns left without the last prompt (closed while they waited their turn) are offered it, not sent it:
+        the user may rather send something else, and a start should not begin answering by itself."""
+        behind, text = left_behind(self.service.store, [c.conv_id for c in self.columns])
+        if not behind or self._next:
+            return
+        letters = ", ".join(c.letter for c in self.columns if c.conv_id in behind)
+        first = html.escape(" ".join(text.split())[:80])
+        self.queued.setText(self.tr("Not answered yet in column %1: “%2”. <a href=\"catch-up:\">Answer it now</a>")
+                            .replace("%1", letters).replace("%2", first))
+        self.queued.show()
+
+    def catch_up(self) -> None:
+        """The columns left behind get the prompt the others answered (in turn, in one-at-a-time mode)."""
+        self.queued.hide()
+        behind, text = left_behind(self.service.store, [c.conv_id for c in self.columns])
+        columns = [c for c in self.columns if c.conv_id in behind]
+        if not columns or self.busy():
+            return
+        self._send_to(columns, text)
 
     def _discard_if_empty(self) -> None:
         ids = [c.conv_id for c in self.columns]
@@ -293,14 +315,18 @@ class CompareView(QWidget):
             self._next.append(text.strip())
             self._show_queued()
             return True
+        self.queued.hide()  # an offer to catch up columns left behind (the prompt queued shows again when it waits)
+        self._send_to(self.columns, text)
+        return True
+
+    def _send_to(self, columns: list[CompareColumn], text: str) -> None:
         if self.one_at_a_time.isChecked():
-            self._queue = [(c, text) for c in self.columns[1:]]
-            self.service.send(self.columns[0].conv_id, text)
+            self._queue = [(c, text) for c in columns[1:]]
+            self.service.send(columns[0].conv_id, text)
         else:
-            for column in self.columns:
+            for column in columns:
                 self.service.send(column.conv_id, text)
         self._on_status(self.columns[0].conv_id)
-        return True
 
     # -- editing an earlier prompt: every column that has that turn branches from it with the new text
     def begin_edit(self, column: CompareColumn, msg_id: int) -> None:

@@ -415,3 +415,28 @@ def test_text_typed_in_an_empty_comparison_stays_in_the_box_when_another_is_open
     view.composer.edit.setPlainText("typed in the new one")
     view.open_group(old)  # the empty comparison goes
     assert view.group_id == old and view.composer.edit.toPlainText() == "typed in the new one"
+
+
+def test_columns_left_waiting_their_turn_at_a_restart_are_offered_the_prompt(qtbot, qapp, tiny_models, tmp_path):
+    from tests.app.helpers import start_app
+
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    view = app.window.compare
+    app.window.show_compare()
+    view.one_at_a_time.setChecked(True)
+    hold_engine(app, 0.3)
+    assert view.send("first")
+    app.close()  # column A answering, B waiting its turn
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        view = app.window.compare
+        convs = [c.conv_id for c in view.columns]
+        assert app.store.path(convs[1]) == []  # B came back empty: the comparison lopsided, nothing said
+        assert view.queued.isVisibleTo(view) and "column B: “first”" in view.queued.text()
+        view.queued.linkActivated.emit("catch-up:")
+        qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+        prompts = [[m.content for m in app.store.path(c) if m.role == "user"] for c in convs]
+        assert prompts == [["first"], ["first"]] and app.store.path(convs[1])[-1].state == "done"
+        assert not view.queued.isVisibleTo(view)
+    finally:
+        app.close()
