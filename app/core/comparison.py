@@ -46,13 +46,6 @@ def left_behind(store: ConversationStore, conv_ids: list[int]) -> tuple[list[int
     return behind, latest[-1] if behind else ""
 
 
-def told_apart(keys: list[str], names: list[str], listed: list[str]) -> list[str]:
-    """Each column's model name, or the name it is listed under where two different models share one: two
-    quantizations of a model read the same from their headers ("A: Qwen3 8B", "B: Qwen3 8B")."""
-    shared = {name for name in names if len({k for k, n in zip(keys, names) if n == name}) > 1}
-    return [other if name in shared and other else name for name, other in zip(names, listed)]
-
-
 def comparison_markdown(store: ConversationStore, conv_ids: list[int], labels: list[str]) -> str:
     """Turn by turn: each prompt once, then every column's answer under its label."""
     paths = [store.path(c) for c in conv_ids]

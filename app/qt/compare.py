@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
 
 from app.core.atomic_file import write_text_whole
 from app.core.chats import ChatService
-from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages, left_behind, told_apart
+from app.core.comparison import column_labels, comparison_markdown, group_title, has_messages, left_behind
 from app.core.presets import Presets
 from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
@@ -284,14 +284,12 @@ class CompareView(QWidget):
         labels = self.labels()
         for i, (column, label) in enumerate(zip(self.columns, labels)):
             column.set_letter(chr(ord("A") + i))
-            column.set_label(label)
+            if not self.service.busy(column.conv_id):  # a model picked mid-answer is the next answer's: so is its name
+                column.set_label(label)
 
     def labels(self) -> list[str]:
         ids = [c.conv_id for c in self.columns]
-        keys = [self.service.store.get(c).settings.model for c in ids]
-        listed = [entry.name if (entry := self.models.registry.get(k)) is not None else "" for k in keys]
-        names = told_apart(keys, [c.model_name() for c in self.columns], listed)
-        return column_labels(self.service.store, ids, names)
+        return column_labels(self.service.store, ids, [c.model_name() for c in self.columns])
 
     def _on_settings(self, conv_id: int) -> None:
         if any(c.conv_id == conv_id for c in self.columns):
@@ -475,7 +473,10 @@ class CompareView(QWidget):
         self.promoted.emit(conv_id)
 
     def _on_turn_done(self, conv_id: int, _msg_id: int) -> None:
-        if not any(c.conv_id == conv_id for c in self.columns) or any(self.service.busy(c.conv_id) for c in self.columns):
+        if not any(c.conv_id == conv_id for c in self.columns):
+            return
+        self._relabel()  # a model picked while it answered names the column from now on
+        if any(self.service.busy(c.conv_id) for c in self.columns):
             return
         if not self.models.bridge.engine.running:  # the app closing ended the turn: the next column's would be saved as
             return  # 'The engine has shut down; restart Parley to continue.', still there after the restart

@@ -87,13 +87,20 @@ class CompareColumn(QFrame):
         self.label.setText(text)
         self.label.setToolTip(text)
 
-    def model_name(self) -> str:
-        key = self.service.store.get(self.conv_id).settings.model
-        state = self.models.state(key)
-        if state is not None and state.name:
-            return state.name
+    def model_name(self, key: str | None = None) -> str:
+        """A model (the column's own by default) by the name it is listed under, as the picker shows it: the
+        file's own name ("hf", "qwen3") read differently from the picker's."""
+        key = key or self.service.store.get(self.conv_id).settings.model
         entry = self.models.registry.get(key)
-        return entry.name if entry is not None else key
+        state = self.models.state(key)
+        return entry.name if entry is not None else state.name if state is not None and state.name else key
+
+    def answering_key(self) -> str:
+        """The model of the answer under way (a model picked since applies from the next), else the column's."""
+        live = self.service.live(self.conv_id)
+        if live.turn is not None and live.turn.turn_id is not None and live.model_key:
+            return live.model_key
+        return self.service.store.get(self.conv_id).settings.model
 
     def set_model(self, key: str) -> None:
         self.picker.reload(key)
@@ -133,4 +140,6 @@ class CompareColumn(QFrame):
             s = replace(s, model=state.name or state.entry.name)
         elif s.state == "idle" and state is not None and state.name and s.model != state.name:
             s = ChatStatus(model=state.name)  # another model picked since: the figures were the other one's
+        if s.model and (state is None or s.model in (state.name, state.entry.name) or self.service.busy(conv_id)):
+            s = replace(s, model=self.model_name(self.answering_key()))  # the name the picker and label show
         self.stats.setText(describe(s, loading))

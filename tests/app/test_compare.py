@@ -77,7 +77,8 @@ def test_columns_are_labelled_with_model_and_differing_settings(parley, imported
     conv = view.columns[2].conv_id
     parley.service.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.2))
     labels = [c.label.full_text() for c in view.columns]
-    assert labels == ["A: qwen3 · T 0", "B: llama · T 0", "C: qwen3 · T 0.2"]
+    qwen3, llama = (parley.models.registry.get(k).name for k in ("default", imported_llama))  # as the pickers list them
+    assert labels == [f"A: {qwen3} · T 0", f"B: {llama} · T 0", f"C: {qwen3} · T 0.2"]
 
 
 def test_enter_while_columns_answer_queues_the_prompt(parley, qtbot):

@@ -440,3 +440,25 @@ def test_columns_left_waiting_their_turn_at_a_restart_are_offered_the_prompt(qtb
         assert not view.queued.isVisibleTo(view)
     finally:
         app.close()
+
+
+def test_a_column_names_its_model_as_the_picker_lists_it(parley, qtbot):
+    view, convs = _short_answers(parley)
+    listed = parley.models.registry.get("default").name
+    assert view.send("hello")
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    column = view.columns[0]
+    assert column.picker.currentText() == listed  # the file's own name ('qwen3') read differently
+    assert column.label.full_text() == f"A: {listed}" and column.stats.text().startswith(f"{listed}  · ")
+
+
+def test_a_model_picked_mid_answer_renames_the_column_when_that_answer_ends(parley, qtbot, imported_llama):
+    view, convs = _short_answers(parley)
+    old, new = (parley.models.registry.get(k).name for k in ("default", imported_llama))
+    hold_engine(parley, 0.3)
+    assert view.send("hello")
+    qtbot.waitUntil(lambda: parley.service.live(convs[1]).turn.turn_id is not None, timeout=10_000)
+    view.columns[1].set_model(imported_llama)  # the answer goes on from the old model
+    assert view.columns[1].label.full_text() == f"B: {old}" and view.columns[1].stats.text().startswith(old)
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert view.columns[1].label.full_text() == f"B: {new}"  # the next answer's model
