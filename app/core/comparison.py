@@ -46,6 +46,14 @@ def left_behind(store: ConversationStore, conv_ids: list[int]) -> tuple[list[int
     return behind, latest[-1] if behind else ""
 
 
+def chats_and_comparisons(store: ConversationStore, conv_ids: list[int]) -> tuple[int, int]:
+    """Conversations counted as the user sees them: the chats of the sidebar, and the comparisons whose columns
+    (hidden conversations) they are, each once."""
+    hidden = {c for c in conv_ids if store.get(c).hidden}
+    groups = sum(1 for members in store.compare_groups().values() if hidden & set(members))
+    return len(conv_ids) - len(hidden), groups
+
+
 def comparison_markdown(store: ConversationStore, conv_ids: list[int], labels: list[str]) -> str:
     """Turn by turn: each prompt once, then every column's answer under its label."""
     paths = [store.path(c) for c in conv_ids]

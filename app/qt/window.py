@@ -17,6 +17,7 @@ from app.core.presets import Presets
 from app.qt.about import show_about
 from app.qt.chat_page import ChatPage
 from app.core.chats import ChatService
+from app.core.comparison import chats_and_comparisons
 from app.qt.compare import CompareView
 from app.qt.elided_label import ElidedLabel
 from app.qt.live_panel import LivePanel
@@ -283,10 +284,20 @@ class MainWindow(QMainWindow):
             self.service.set_settings(conv.id, conv.settings.copy(model=DEFAULT_NAME))
         self.models.unload(key)
         self._on_imported(key)
-        if moved:
-            chats = self.tr("1 chat") if len(moved) == 1 else self.tr("%1 chats").replace("%1", str(len(moved)))
-            self.statusBar().showMessage(self.tr("Model removed from the list: %1 moved to %2").replace("%1", chats)
+        if what := self._counted([c.id for c in moved]):
+            self.statusBar().showMessage(self.tr("Model removed from the list: %1 moved to %2").replace("%1", what)
                                          .replace("%2", self.models.registry.default.name), 8000)
+
+    def _counted(self, conv_ids: list[int]) -> str:
+        """ "1 chat and 1 comparison": a comparison's columns count once, as the user sees them (not '3 chats')."""
+        chats, comparisons = chats_and_comparisons(self.service.store, conv_ids)
+        parts = []
+        if chats:
+            parts.append(self.tr("1 chat") if chats == 1 else self.tr("%1 chats").replace("%1", str(chats)))
+        if comparisons:
+            parts.append(self.tr("1 comparison") if comparisons == 1
+                         else self.tr("%1 comparisons").replace("%1", str(comparisons)))
+        return self.tr(" and ").join(parts)
 
     def _on_already_there(self, path: str, key: str) -> None:
         name = self.models.registry.get(key).name

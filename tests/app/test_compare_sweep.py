@@ -462,3 +462,18 @@ def test_a_model_picked_mid_answer_renames_the_column_when_that_answer_ends(parl
     assert view.columns[1].label.full_text() == f"B: {old}" and view.columns[1].stats.text().startswith(old)
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert view.columns[1].label.full_text() == f"B: {new}"  # the next answer's model
+
+
+def test_removing_a_model_counts_a_comparisons_columns_as_one_comparison(parley, qtbot, imported_llama):
+    from tests.app.helpers import configure
+
+    w = parley.window
+    configure(parley, w.chat.conv_id, model=imported_llama)
+    w.show_compare()
+    for column in w.compare.columns:  # both columns of the comparison on the model about to go
+        column.set_model(imported_llama)
+    dialog = w.show_models()
+    dialog.table.setCurrentItem(dialog.table.topLevelItem(1))
+    dialog.remove_button.click()
+    assert "1 chat and 1 comparison moved to" in w.statusBar().currentMessage()  # was '3 chats moved to'
+    dialog.close()
