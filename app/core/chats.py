@@ -22,6 +22,7 @@ from engine.sampling import SamplingParams
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"  # a chat's title until its first message names it
 MODEL_GONE = "The model was unloaded before it answered. Retry loads it again."
+UNLOADED_MID_ANSWER = "the model was unloaded while it answered; Continue or Regenerate loads it again"
 
 
 class ChatService:
@@ -473,8 +474,10 @@ class ChatService:
         st.prompt_tokens, st.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
         st.tokens_per_step = stats.tokens_per_step
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
+        # a session closed under a turn whose model is no longer loaded: the model went, not the user's Stop
+        gone = reason == "closed" and self.models.model_id(live.model_key) != live.model_id
         self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
-                                  model=st.model, error="")
+                                  model=st.model, error=UNLOADED_MID_ANSWER if gone else "")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
     def _on_failed(self, session_id: int, turn_id: object, message: str, code: str = "") -> None:

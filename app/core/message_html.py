@@ -181,7 +181,8 @@ def _note(msg: Message, dark: bool) -> str:
         detail = f" ({html.escape(msg.error)})" if msg.error else ""
         return f'<p style="color:{queued}"><i>{STATE_NOTES["queued"]}{detail}</i></p>'
     if msg.state in STATE_NOTES:
-        return f'<p style="color:{muted}"><i>{STATE_NOTES[msg.state]}</i></p>'
+        why = f": {html.escape(msg.error)}" if msg.error else ""  # a stop the user did not ask for says why
+        return f'<p style="color:{muted}"><i>{STATE_NOTES[msg.state]}{why}</i></p>'
     reason = (msg.stats or {}).get("reason")
     if reason in ("length", "context_full"):
         why = "max tokens reached" if reason == "length" else "the context is full"

@@ -185,3 +185,22 @@ def test_a_thought_cut_short_by_a_full_context_names_only_what_is_offered(parley
         assert ("Continue" in offered) == ("Continue" in text) == (reason == "length"), (reason, text)
     assert "Turn Thinking off in the chat settings and Regenerate, or start a new chat" in text
     assert "Max tokens" not in text and "Regenerate" in offered
+
+
+# -- a model unloaded mid-answer (sweep AS)
+def test_an_answer_cut_by_its_model_s_unload_says_so_and_a_stop_does_not(parley, qtbot):
+    """Unloading the model a chat answered with ended the answer as 'Stopped', as if the user had pressed Stop."""
+    from app.core.chats import UNLOADED_MID_ANSWER
+    from app.core.message_html import _note
+
+    s, conv, models = parley.service, parley.window.current(), parley.models
+    for act in ("stop", "unload"):
+        s.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=400))  # no early end
+        assert s.send(conv, "tell me everything")
+        qtbot.waitUntil(lambda: s._live[conv].turn is not None and s._live[conv].turn.tokens > 2, timeout=60_000)
+        s.stop(conv) if act == "stop" else models.unload("default")
+        wait_idle(parley, qtbot, conv)
+        answer = last(parley, conv)
+        assert answer.state == "stopped" and answer.content, answer
+        assert answer.error == ("" if act == "stop" else UNLOADED_MID_ANSWER)
+    assert "unloaded while it answered" in _note(answer, dark=False)
