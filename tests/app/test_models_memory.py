@@ -44,7 +44,7 @@ def test_model_sizes_read_in_mb_or_gb(parley, imported_llama):
 
     memory = {row[0]: row[6] for row in ModelsDialog(parley.models).rows()}
     assert all(re.fullmatch(r"\d\.\d MB", m) for m in memory.values()), memory
-    assert " 0 MB)" not in about_html(parley.models)
+    assert " 0 MB in memory" not in about_html(parley.models) and " MB in memory" in about_html(parley.models)
     from app.qt.models_dialog import size_text
     assert [size_text(n) for n in (4943.2e6, 249.4e6, 12.3e6, 0.4e6, 38_512e6)] == \
         ["4.9 GB", "249 MB", "12 MB", "0.4 MB", "38.5 GB"]
