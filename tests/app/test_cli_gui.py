@@ -106,7 +106,7 @@ def test_chat_ignores_what_is_typed_while_it_answers(monkeypatch, capsys, tiny_m
 
     def fake_input(prompt=""):
         calls.append(prompt)
-        os.write(master, b"hello\n" if len(calls) == 1 else b"\n")
+        os.write(master, b"hello\n" if len(calls) == 1 else b"/bye\n")  # a blank line no longer ends the chat
         return real_input(prompt)
 
     real_init = EngineCLI.__init__
