@@ -422,7 +422,7 @@ class RemoteHost:
         self._running[session.session_id] = (session, run)
         messages: list[dict] | str = request.conversation()
         if session.raw:  # a document, continued as it stands (a chat template upstream would answer it instead)
-            messages = "".join(m["content"] for m in request.messages)
+            messages = request.document
         self._emit(ev.Started(session.session_id, turn_id))
         args = (session.session_id, run, messages, request.params)
         threading.Thread(target=self._work, args=args, name="parley-remote-turn", daemon=True).start()

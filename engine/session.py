@@ -63,6 +63,11 @@ class TurnRequest:
         if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.prompt_ids):
             raise ParleyError("A token-id prompt holds token ids: integers of 0 or more.")
 
+    @property
+    def document(self) -> str:
+        """A raw turn's text: its messages' contents as one plain-text document."""
+        return "".join(m["content"] for m in self.messages)
+
     def conversation(self, skip: int = 0) -> list[dict[str, str]]:
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return system + [dict(m) for m in self.messages[skip:]]
@@ -128,7 +133,7 @@ def render_turn(request: TurnRequest, raw: bool, overflow: str, tok: Tokenizer, 
     elif raw and request.suffix is not None:
         ids = _fill_in_middle(request, tok)
     elif raw:
-        ids = tok.encode("".join(m["content"] for m in request.messages), add_bos=True)
+        ids = tok.encode(request.document, add_bos=True)
     else:
         ids = _render(request, tok)
     if not ids:  # an empty text where the model writes no BOS: its turn waited forever for a first token
@@ -157,7 +162,7 @@ def _fill_in_middle(request: TurnRequest, tok: Tokenizer) -> list[int]:
     fmt = fim_format(tok)
     if fmt is None:
         raise ParleyError("This model was not trained to fill in the middle: its vocabulary holds no such markers.")
-    return fim_ids(tok, fmt, "".join(m["content"] for m in request.messages), request.suffix)
+    return fim_ids(tok, fmt, request.document, request.suffix)
 
 
 def _render(request: TurnRequest, tok: Tokenizer, skip: int = 0) -> list[int]:
