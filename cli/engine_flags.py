@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cli.options import CONTEXT
 from cli.serve import SESSIONS
 from engine.errors import ParleyError
 from engine.loading.loader import quantized_folders
@@ -20,7 +19,7 @@ from engine.loading.loader import quantized_folders
 # a remote endpoint keeps its own)
 LOCAL_MODEL_FLAGS = {"device": "auto", "dtype": "auto", "kv_layout": "sequence", "backend": "auto", "weights": "auto",
                      "quantize": None, "speculative": "auto", "draft_model": None, "compile": False,
-                     "max_sessions": SESSIONS, "context": CONTEXT}
+                     "max_sessions": SESSIONS, "context": None}
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,22 @@ def add_engine_options(p: argparse.ArgumentParser, many_models: bool = False) ->
 
 
 def add_context_option(p: argparse.ArgumentParser, what: str) -> None:
-    p.add_argument("--context", type=_at_least_one, default=CONTEXT,
+    # default None: a --context given is told apart from the default, which a smaller model caps without a word
+    p.add_argument("--context", type=_at_least_one, default=None,
                    help=f"tokens {what} (prompt + answer; default: {CONTEXT}, at most the model's own)")
+
+
+def session_tokens(args: argparse.Namespace) -> int:
+    """The context each session asks for: --context, or its default."""
+    return CONTEXT if args.context is None else args.context
+
+
+def context_capped(args: argparse.Namespace, name: str, context: int) -> str | None:
+    """The line that tells a --context given above the model's own context that it was capped (the cache holds
+    the smaller of the two); None where it was not given or fits."""
+    if args.context is None or args.context <= context:
+        return None
+    return f"--context {args.context:,} is more than {name} holds: its sessions get its own {context:,} tokens"
 
 
 def add_sampling_options(p: argparse.ArgumentParser) -> None:

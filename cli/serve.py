@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from cli.options import add_context_option, add_engine_options, engine_config, paths_of
+from cli.options import add_context_option, add_engine_options, context_capped, engine_config, paths_of, session_tokens
 from engine.errors import ParleyError
 
 SESSIONS = 8  # --max-sessions, as --context, each local model's (a remote endpoint keeps its own)
@@ -125,13 +125,16 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"parley: {exc}", file=sys.stderr)
         return 2
-    config = engine_config(args, paths, max_sessions=args.max_sessions, max_session_tokens=args.context)
+    config = engine_config(args, paths, max_sessions=args.max_sessions,
+                           max_session_tokens=session_tokens(args))
     bridge = ServerBridge(config).start()
     try:
         for spec, source in zip(specs, sources):
             m = bridge.load(source, alias=spec)
             for notice in m.info.get("notices", []):  # what generate and the app say of a load (a drafter it cannot use)
                 say(f"parley: {printable(notice)}")
+            if capped := context_capped(args, printable(m.id), m.context):
+                say(f"parley: {capped}")
             say(f"parley: serving {printable(m.id)} (context {m.context})")
         for spec in args.remote:
             url, _, name = spec.partition("#")

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
 from cli.prompts import add_prompt_options, read_prompts
-from cli.options import (add_context_option, add_engine_options, add_sampling_options, engine_config, paths_of,
-                         sampling_params)
+from cli.options import (add_context_option, add_engine_options, add_sampling_options, context_capped, engine_config,
+                         paths_of, sampling_params, session_tokens)
 from cli.signal_relay import handled_in_main_thread
 from engine.errors import ParleyError
 
@@ -50,7 +50,8 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     paths = paths_of(args)
     source = resolve_model(args.model, paths.models)
     check_engine_flags(args, Target.of(args, [source]))  # a flag this model or machine ignores: before the load
-    cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions, max_session_tokens=args.context))
+    cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions,
+                                   max_session_tokens=session_tokens(args)))
     bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
     shown = {"stage": None, "percent": -1}
 
@@ -69,8 +70,11 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
         raise
     finally:
         bar.close()
-    if loaded.info.get("context") == args.context:  # not capped by the model's own: it may hold more
-        cli.hints["context_length_exceeded"] = f" Or raise --context ({args.context:,} now), up to the model's own."
+    context = loaded.info.get("context")
+    if context == session_tokens(args):  # not capped by the model's own: it may hold more
+        cli.hints["context_length_exceeded"] = f" Or raise --context ({context:,} now), up to the model's own."
+    if capped := context_capped(args, printable(loaded.name), context):
+        print(f"parley: {capped}", file=sys.stderr)
     for notice in loaded.info.get("notices", []):  # as serve says them, and every other line of ours on stderr
         print(f"parley: {printable(notice)}", file=sys.stderr)
     if getattr(args, "thinking", None) is not None and loaded.info.get("thinking_switch") is False:
