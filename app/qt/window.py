@@ -320,6 +320,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.load_label)
         self.statusBar().addPermanentWidget(self.load_progress)
         self.load_progress.hide()
+        self._loaded_note = ("", "")  # (model key, text) of the '… loaded' message last shown
 
     def _on_model_state(self, key: str) -> None:
         loading = [s for s in self.models.states.values() if s.status == "loading"]
@@ -341,11 +342,20 @@ class MainWindow(QMainWindow):
         self._load_ticker.stop()
         state = self.models.state(key) if key else None
         if state is None:
+            self._forget_model(key)
             return
         failed = state.status == "failed"
         self.load_label.setText(self.tr("%1 failed to load").replace("%1", state.entry.name) if failed else "")
         if state.status == "loaded" and not self.statusBar().currentMessage():  # a start's notice stays up its time
-            self.statusBar().showMessage(self.tr("%1 loaded").replace("%1", state.name), 4000)
+            self._loaded_note = (key, self.tr("%1 loaded").replace("%1", state.name))
+            self.statusBar().showMessage(self._loaded_note[1], 4000)
+
+    def _forget_model(self, key: str) -> None:
+        """A model unloaded, given up while loading or refused at import: the bar says nothing of it any more (its
+        '… loaded' stayed up its 4 s, a load given up kept 'Loading …: Checking · 0 s')."""
+        self.load_label.setText("")
+        if key and self._loaded_note == (key, self.statusBar().currentMessage()):
+            self.statusBar().clearMessage()
 
     def _tell_load_notices(self, key: str) -> None:
         """What the load said about the model (a setting it ignored, a drafter it could not use), once, after any
