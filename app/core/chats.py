@@ -475,7 +475,7 @@ class ChatService:
         st.tokens_per_step = stats.tokens_per_step
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
         # a session closed under a turn whose model is no longer loaded: the model went, not the user's Stop
-        gone = reason == "closed" and self.models.model_id(live.model_key) != live.model_id
+        gone = reason == "closed" and self._model_gone(live)
         self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
                                   model=st.model, error=UNLOADED_MID_ANSWER if gone else "")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
@@ -497,11 +497,16 @@ class ChatService:
         if code == ContextOverflowError.code and self._refused_unanswered(conv_id, live):
             self._give_back(conv_id, live, message)
             return
-        if self.models.model_id(self.store.get(conv_id).settings.model) != live.model_id:
+        if self._model_gone(live):
             message = MODEL_GONE  # the engine's 'Chat session 2 does not exist' says less
         self.store.update_message(live.turn.message_id, error=message)
         # a failed continuation leaves the answer as it was (with the error shown), not failed as a whole
         self._end(conv_id, live, live.turn.previous_state or "error")
+
+    def _model_gone(self, live: LiveChat) -> bool:
+        """The model the chat's session runs on is no longer loaded under its id: asked of that model, not of the one
+        the chat names now (a model picked while it answered is not the one that went)."""
+        return self.models.model_id(live.model_key) != live.model_id
 
     def _refused_unanswered(self, conv_id: int, live: LiveChat) -> bool:
         """The turn of a message the user sent in a chat ended before a word of answer. A compare column keeps its

@@ -39,3 +39,40 @@ def test_a_load_given_up_stops_counting_in_the_bar(parley, qtbot, imported_llama
     with qtbot.waitSignal(models.failed, timeout=10_000):
         models.unload(imported_llama)
     assert w.load_label.full_text() == "" and not w.load_progress.isVisible()
+
+
+def _answering_then_switched(parley, qtbot, to: str) -> tuple[int, object]:
+    """A chat whose answer on the default model is under way (the engine held) when another model is picked."""
+    from tests.app.helpers import hold_engine
+
+    service, conv = parley.service, parley.window.current()
+    hold_engine(parley, 1.0)  # the turn is submitted and waits: it has an id, no answer yet
+    parley.window.chat.send("hello")
+    live = service.live(conv)
+    assert live.turn.turn_id is not None and live.model_key == "default"
+    service.set_settings(conv, parley.store.get(conv).settings.copy(model=to))
+    return conv, live
+
+
+def test_a_failure_after_another_model_was_picked_and_unloaded_is_not_called_an_unload(parley, qtbot, imported_llama):
+    """The turn's model is still loaded: its failure is its own. Judged by the model picked since (unloaded), it read
+    'The model was unloaded before it answered', where the close of the same turn's session read it of the model it
+    ran on."""
+    from app.core.chats import MODEL_GONE
+
+    conv, live = _answering_then_switched(parley, qtbot, imported_llama)
+    parley.models.unload(imported_llama)
+    parley.bridge.turn_failed.emit(live.session_id, live.turn.turn_id, "Out of memory while reading the prompt.", "")
+    answer = parley.store.path(conv)[-1]
+    assert answer.state == "error" and answer.error == "Out of memory while reading the prompt."
+    assert answer.error != MODEL_GONE
+
+
+def test_the_model_that_answered_going_is_called_an_unload_whatever_was_picked_since(parley, qtbot, imported_llama):
+    from tests.app.helpers import wait_idle
+
+    conv, live = _answering_then_switched(parley, qtbot, imported_llama)
+    parley.models.unload("default")  # the model the answer runs on; the one picked stays loaded
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    assert answer.state in ("error", "stopped") and "unloaded" in answer.error, answer.error
