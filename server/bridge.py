@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,11 +29,15 @@ class ServedModel:
 
 class ServerBridge:
     def __init__(self, config: EngineConfig | None = None):
-        self.engine = Engine(config or EngineConfig(), on_event=self._on_event)
+        config = config or EngineConfig()
+        self.engine = Engine(config, on_event=self._on_event)
+        self._slots = config.max_sessions  # each local model's: a turn started beyond them waits for one
         self.models: list[ServedModel] = []
         self._lock = threading.Lock()  # guards _routes: a session's events wait until its route exists
         self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._phase: dict[int, str] = {}  # open session -> "queued" / "decoding", from its events (what /health counts)
+        self._slot_model: dict[int, int] = {}  # open session -> its local model's id (a remote one has no slots here)
+        self._decoding: Counter[int] = Counter()  # local model id -> its sessions counted decoding
         self._model_events: dict[int, ev.Event] = {}
         self._model_cond = threading.Condition()
 
@@ -91,6 +96,8 @@ class ServerBridge:
         with self._lock:
             sid = self.engine.open_session(model.model_id, overflow="stop", raw=raw)
             self._routes[sid] = (asyncio.get_running_loop(), queue)
+            if not model.info.get("remote"):
+                self._slot_model[sid] = model.model_id
         return sid, queue
 
     def close(self, sid: int) -> None:
@@ -99,7 +106,8 @@ class ServerBridge:
         self.engine.close(sid)
         with self._lock:
             self._routes.pop(sid, None)
-            self._phase.pop(sid, None)
+            self._set_phase(sid, None)
+            self._slot_model.pop(sid, None)
 
     def busy(self) -> dict:
         """What /health says: requests open (a request's choices share one queue), answers decoding and waiting for a
@@ -111,12 +119,28 @@ class ServerBridge:
 
     # -- the engine thread
     def _track(self, e: ev.Event) -> None:
+        sid = e.session_id
         if isinstance(e, ev.Queued):
-            self._phase[e.session_id] = "queued"
-        elif isinstance(e, (ev.Started, ev.TokenDelta)):
-            self._phase[e.session_id] = "decoding"
+            self._set_phase(sid, "queued")
+        elif isinstance(e, ev.Started) and sid not in self._phase:
+            # the engine says Started as it schedules a turn and Queued only after the next step found no slot: a
+            # turn started with every slot of its model taken is queued from the first, not decoding for a step
+            model = self._slot_model.get(sid)
+            free = model is None or self._decoding[model] < self._slots
+            self._set_phase(sid, "decoding" if free else "queued")
+        elif isinstance(e, (ev.Started, ev.TokenDelta)):  # Started again after Queued: it has its slot
+            self._set_phase(sid, "decoding")
         elif isinstance(e, (ev.Finished, ev.Error)):
-            self._phase.pop(e.session_id, None)
+            self._set_phase(sid, None)
+
+    def _set_phase(self, sid: int, phase: str | None) -> None:
+        """The session's phase (None: it has none), and its model's count of sessions decoding (under _lock)."""
+        before = self._phase.pop(sid, None) if phase is None else self._phase.get(sid)
+        if phase is not None:
+            self._phase[sid] = phase
+        model = self._slot_model.get(sid)
+        if model is not None and (before == "decoding") != (phase == "decoding"):
+            self._decoding[model] += 1 if phase == "decoding" else -1
 
     def _on_event(self, e: ev.Event) -> None:
         if isinstance(e, (ev.ModelLoaded, ev.ModelFailed)):

@@ -36,9 +36,9 @@ class RecordingBridge(ServerBridge):
 
 
 @contextmanager
-def tiny_bridge(tiny_models, max_sessions: int) -> Iterator[RecordingBridge]:
-    """The tiny Qwen3 served as "tiny" with `max_sessions` sessions."""
-    b = RecordingBridge(EngineConfig(max_sessions=max_sessions, max_session_tokens=256, step_tokens=64,
+def tiny_bridge(tiny_models, max_sessions: int, kind: type[RecordingBridge] = RecordingBridge) -> Iterator[RecordingBridge]:
+    """The tiny Qwen3 served as "tiny" with `max_sessions` sessions, on a bridge of `kind`."""
+    b = kind(EngineConfig(max_sessions=max_sessions, max_session_tokens=256, step_tokens=64,
                                      chunk_tokens=32)).start()
     b.load(tiny_models["qwen3"].gguf_path, alias="tiny")
     try:

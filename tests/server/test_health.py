@@ -6,8 +6,10 @@ import time
 
 import httpx
 
+from engine import events as ev
+
 from server.run import BackgroundServer
-from tests.server.conftest import tiny_bridge
+from tests.server.conftest import RecordingBridge, tiny_bridge
 from tests.server.test_hostile_requests import slow_steps
 from tests.server.test_load_sweep import CHAT, _stream
 
@@ -57,3 +59,42 @@ def test_health_counts_a_request_of_several_choices_once(tiny_models):
             assert seen | {"status": "ok"} == {"status": "ok", "requests": 1, "decoding": 1, "queued": 1, "models": 1}
             client.join(60)
         assert [status for status, _ in out] == [200]
+
+
+class _BusyAfterEachEvent(RecordingBridge):
+    """Notes (session, what /health says, the session's phase) after every event the bridge routes."""
+
+    def __init__(self, config):
+        self.busy_seen: list[tuple[int, dict, str | None]] = []
+        super().__init__(config)
+
+    def _on_event(self, e) -> None:
+        super()._on_event(e)
+        if getattr(e, "session_id", None) is not None:
+            self.busy_seen.append((e.session_id, self.busy(), self._phase.get(e.session_id)))
+
+
+def test_health_never_counts_a_request_decoding_that_the_queue_holds(tiny_models):
+    """A burst on a model of one session: each request was counted decoding at its Started (sent before the engine's
+    step found no slot for it), then queued a step later: {"decoding": 2, "queued": 0} on one slot, then
+    {"decoding": 1, "queued": 1}. A request waiting for the slot is counted queued from the first."""
+    with tiny_bridge(tiny_models, 1, _BusyAfterEachEvent) as bridge, BackgroundServer(bridge) as server:
+        out: list = []
+        with slow_steps(bridge, 0.1):
+            first = threading.Thread(target=_stream, args=(server.url, CHAT | {"max_tokens": 20}, out))
+            first.start()
+            deadline = time.monotonic() + 20  # the burst comes while the first request holds the slot
+            while not any(isinstance(e, ev.TokenDelta) for e in bridge.seen) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            burst = [threading.Thread(target=_stream, args=(server.url, CHAT | {"max_tokens": 2}, out))
+                     for _ in range(2)]
+            for t in burst:
+                t.start()
+            for t in [first, *burst]:
+                t.join(60)
+        assert [status for status, _ in out] == [200, 200, 200]
+        assert max(busy["decoding"] for _, busy, _ in bridge.busy_seen) == 1
+        assert max(busy["queued"] for _, busy, _ in bridge.busy_seen) == 2
+        for sid in {sid for sid, _, _ in bridge.busy_seen}:  # queued, then decoding: never back to the queue
+            phases = [phase for other, _, phase in bridge.busy_seen if other == sid and phase]
+            assert phases == sorted(phases, key=["queued", "decoding"].index), phases
