@@ -21,6 +21,7 @@ from engine.cache import KVCache
 from engine.constraint.guide import mask_rows
 from engine.logit_bias import bias_rows
 from engine.logprobs import TokenLogprob, row_logprobs
+from engine.prompt_logprobs import prompt_rows, score_prompts
 from engine.sampling import penalised, sample_ids
 from engine.scheduler import Scheduler, SchedulerConfig
 from engine.sequence import Sequence, Status
@@ -226,14 +227,22 @@ class Batcher:
         return ids, logprobs
 
     def _run(self, batch: StepBatch):
-        """The runner's forward; with a drafter that conditions on hidden rows, the model reports its tap layers."""
+        """The runner's forward; with a drafter that conditions on hidden rows, the model reports its tap layers, and
+        where a sequence asks for its prompt's log-probabilities, its last layer's (the final-normed rows) too."""
         taps = getattr(self.drafter, "tap_layers", ())
         model = getattr(self.runner, "model", None)
+        scored = prompt_rows(batch)
+        if scored:
+            taps = (*taps, model.args.num_layers - 1)  # the last: the drafter reads its own taps, which come first
         if not taps or model is None:
             return self.runner.run(batch)
         model.tap_layers = taps
         try:
-            return self.runner.run(batch)
+            out = self.runner.run(batch)
+            if scored:
+                score_prompts(model, model.last_taps[-1], scored)
+                model.last_taps = model.last_taps[:-1] or None  # the drafter's own, as it reads them
+            return out
         finally:
             model.tap_layers = ()  # the model may serve other runtimes (a benchmark's modes): they compute no taps
 

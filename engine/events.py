@@ -37,6 +37,8 @@ class TokenDelta(Event):
     text: str
     # where the turn's params ask for them: each token's log-probability and its most likely alternatives, with texts
     logprobs: list[NamedLogprob] | None = None
+    # on a turn's first delta, where its params ask (prompt_logprobs): prompt tokens 1 .. n - 1's, given those before
+    prompt_logprobs: list[NamedLogprob] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,8 @@ def _prepare_turn(request: TurnRequest, raw: bool, overflow: str, rt: ModelRunti
     wrong_ids = check_bias_ids(request.params.logit_bias, rt.lm.args.vocab_size)
     if wrong_ids:
         raise ParleyError(wrong_ids)
+    if request.params.prompt_logprobs is not None and rt.backend == "mlx":
+        raise ParleyError("The prompt's log-probabilities are not available on the MLX backend.")
     grammar = request.params.grammar
     return ids, dropped, rt.grammars.guide(grammar) if grammar is not None else None
 
@@ -106,6 +108,8 @@ class LocalHost:
         only the tokens after it are prefilled."""
         rt = self.runtime
         keep = min(common_prefix(ids, session.cached_ids()), len(ids) - 1)  # the last token must run for logits
+        if session.sampler.params.prompt_logprobs is not None:
+            keep = 0  # every prompt position runs: its cached keys and values have no hidden rows to score it by
         seq = session.seq
         if seq is None:
             seq = session.seq = Sequence(session.session_id, [], session.sampler, rt.lm.tokenizer.stop_ids, rt.limit)
@@ -218,11 +222,13 @@ class LocalHost:
     def _on_token(self, session: Session, seq: Sequence, token: int, after: int = 0) -> None:
         """`after`: tokens of the same step that follow this one (accepted drafts), dropped if this one ends it."""
         turn = session.turn
-        if turn.first_token_at is None:
+        first = turn.first_token_at is None
+        if first:
             turn.first_token_at = time.perf_counter()
             self._leave_queue(session)  # admitted and prefilled within one step
         text = "" if token in seq.stop_ids else turn.stream.push(token)
-        self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text, self._logprobs(seq, token, after)))
+        self._emit(ev.TokenDelta(session.session_id, turn.turn_id, [token], text, self._logprobs(seq, token, after),
+                                 self._prompt_logprobs(seq) if first else None))
         if turn.stream.stopped and (after or seq.status is not Status.FINISHED):
             self.runtime.stop(seq, "stop_string", drop=after)
             after = 0
@@ -238,6 +244,15 @@ class LocalHost:
             return None
         decode = self.runtime.lm.tokenizer.decode
         return [named(lps[len(lps) - 1 - after], lambda t: decode([t]))]
+
+    def _prompt_logprobs(self, seq: Sequence) -> list[NamedLogprob] | None:
+        """The prompt's entries (tokens 1 .. n - 1), where the turn asks for them; sent once, so the sequence lets
+        them go."""
+        if not seq.scores_prompt:
+            return None
+        decode = self.runtime.lm.tokenizer.decode
+        found, seq.prompt_logprobs = seq.prompt_logprobs, []
+        return [named(lp, lambda t: decode([t])) for lp in found]
 
     def _end_turn(self, session: Session, reason: str) -> None:
         turn, seq = session.turn, session.seq

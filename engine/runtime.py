@@ -261,7 +261,7 @@ class ModelRuntime:
         """Holds `seq` back while another running or waiting sequence is about to compute a longer prefix of its
         prompt than any cache holds (the same prompt sent to several compare columns): once that prefix is
         computed it is copied, so the prompt runs once. True when `seq` now waits for a leader."""
-        if not self.share_prefixes:
+        if not self.share_prefixes or seq.scores_prompt:  # it would copy the leader's prefix, unscored
             return False
         ids, have = seq.token_ids, (seq.num_cached if seq.slot is not None else 0)
         best, need = None, have + FOLLOW_MIN_GAIN
@@ -304,7 +304,7 @@ class ModelRuntime:
         """Before a turn of `ids`: when another slot (`live` (slot, cached tokens) or parked) holds a longer prefix
         than the sequence's own cache, the sequence takes a copy of it. Returns the tokens it now has cached."""
         own = seq.num_cached if seq.slot is not None else 0
-        if not self.share_prefixes:
+        if not self.share_prefixes or seq.scores_prompt:  # a copied prefix has no hidden rows to score it by
             return own
         match = self.prefixes.best(ids, live, exclude=seq.slot)
         if match is None or match.length <= own:

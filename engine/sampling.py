@@ -65,6 +65,9 @@ class SamplingParams:
     thinking: bool | None = None
     # None: none; else each token's log-probability and this many most likely tokens beside it (engine/logprobs.py)
     logprobs: int | None = None
+    # None: none; else each prompt token's log-probability given the tokens before it (the first has none) and this
+    # many most likely tokens beside it, computed during prefill (vLLM's prompt_logprobs; engine/prompt_logprobs.py)
+    prompt_logprobs: int | None = None
     # None: free text; else the grammar the answer must follow, in llguidance's text (engine/constraint/grammar.py)
     grammar: str | None = None
     # token id -> a number added to its logit before everything else (OpenAI's logit_bias: -100 bans, 100 forces)
@@ -87,6 +90,8 @@ class SamplingParams:
             (len(self.stop) <= MAX_STOP_STRINGS, f"at most {MAX_STOP_STRINGS} stop strings are allowed"),
             (all(0 < len(s) <= MAX_STOP_CHARS for s in self.stop), f"stop strings must hold 1 to {MAX_STOP_CHARS} characters"),
             (self.logprobs is None or 0 <= self.logprobs <= MAX_TOP, f"logprobs must be between 0 and {MAX_TOP}"),
+            (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_TOP,
+             f"prompt_logprobs must be between 0 and {MAX_TOP}"),
             (self.grammar is None or 0 < len(self.grammar) <= MAX_GRAMMAR_CHARS,
              f"a grammar must hold 1 to {MAX_GRAMMAR_CHARS:,} characters"),
         ]
@@ -105,9 +110,10 @@ def _check_types(p: SamplingParams) -> None:
         value = getattr(p, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ParleyError(f"Invalid sampling setting: {name} must be a finite number, not {value!r}.")
-    for name in ("top_k", "repeat_last_n", "max_tokens", "seed", "logprobs"):
+    unset = ("seed", "logprobs", "prompt_logprobs")  # None allowed
+    for name in ("top_k", "repeat_last_n", "max_tokens", *unset):
         value = getattr(p, name)
-        if not (value is None and name in ("seed", "logprobs")) and (isinstance(value, bool) or not isinstance(value, int)):
+        if not (value is None and name in unset) and (isinstance(value, bool) or not isinstance(value, int)):
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
     if not isinstance(p.penalize_prompt, bool):
         raise ParleyError(f"Invalid sampling setting: penalize_prompt must be true or false, not {p.penalize_prompt!r}.")

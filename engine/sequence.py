@@ -37,6 +37,8 @@ class Sequence:
     from_draft: bytearray = field(default_factory=bytearray)  # per generated token: 1 where it was an accepted draft
     # the log-probabilities of the tokens the last step appended (engine/logprobs.py), where its params ask for them
     step_logprobs: list = field(default_factory=list)
+    # entry i: prompt token i + 1's log-probability (engine/prompt_logprobs.py), where the params ask; filled by prefill
+    prompt_logprobs: list = field(default_factory=list)
     guide: Any = None  # this turn's grammar as it goes (engine/constraint/guide.py), where its params set one
     # token_ids as int64, kept in step with the list: penalties read the whole history every step (engine/sampling.py)
     token_array: array = field(init=False, repr=False)
@@ -49,12 +51,17 @@ class Sequence:
     def num_uncached(self) -> int:
         return len(self.token_ids) - self.num_cached
 
+    @property
+    def scores_prompt(self) -> bool:
+        """Its params ask for the prompt's log-probabilities: every prompt position must run (no cached prefix)."""
+        return self.sampler.params.prompt_logprobs is not None
+
     def new_turn(self, ids: list[int]) -> None:
         """The next turn's tokens; its counters start again."""
         self.token_ids, self.num_prompt, self.generated, self.finish_reason = list(ids), len(ids), [], None
         self.token_array = array("q", self.token_ids)
         self.draft, self.num_steps, self.num_drafted, self.num_accepted, self.from_draft = [], 0, 0, 0, bytearray()
-        self.guide = None
+        self.guide, self.prompt_logprobs = None, []
 
     def append(self, token: int, draft: bool = False) -> None:
         """`draft`: an accepted draft (engine/speculative), counted in num_accepted while it stays in the answer."""

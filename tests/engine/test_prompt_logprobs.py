@@ -1,0 +1,160 @@
+"""Prompt log-probabilities (engine/prompt_logprobs.py): each prompt token's, given those before it, from the prefill
+step that runs its position: transformers' log-softmax, the same in chunks, batched and alone, and never read from a
+cached prefix."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bench.runs import RunConfig, make_batcher
+from engine import events as ev
+from engine import prompt_logprobs
+from engine.errors import ParleyError
+from engine.loading.loader import load_model
+from engine.logprobs import MAX_TOP, TokenLogprob
+from engine.runtime import EngineConfig
+from engine.sampling import SamplerState, SamplingParams
+from engine.sequence import Sequence
+from tests.support.engine_client import Client
+from tests.support.tiny_models import load_hf_reference
+
+ARCHS = ["llama", "gemma3", "qwen3"]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_models):
+    return {arch: load_model(tiny_models[arch].hf_dir) for arch in ARCHS}
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(6, vocab, (n,), generator=g).tolist()
+
+
+def _run(lm, prompts: list[list[int]], params: list[SamplingParams], run: RunConfig,
+         arrivals: list[int] | None = None) -> list[Sequence]:
+    """The prompts through one batcher, prompt i arriving at step arrivals[i], to their ends."""
+    batcher = make_batcher(lm, len(prompts), run)
+    seqs = [Sequence(i, list(p), SamplerState(q)) for i, (p, q) in enumerate(zip(prompts, params))]
+    arrivals = arrivals or [0] * len(prompts)
+    step = 0
+    while step <= max(arrivals) or batcher.has_work():
+        for seq, at in zip(seqs, arrivals):
+            if at == step:
+                batcher.add(seq)
+        batcher.step()
+        step += 1
+    return seqs
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_prompt_token_is_transformers_log_softmax(models, tiny_models, arch, monkeypatch):
+    """Over several prefill chunks (8 tokens a step) and head chunks (3 rows: the logits are never whole)."""
+    lm = models[arch]
+    monkeypatch.setattr(prompt_logprobs, "CHUNK_ELEMENTS", 3 * lm.args.vocab_size)
+    prompt = _prompt(lm.args.vocab_size, 29, 1)
+    (seq,) = _run(lm, [prompt], [SamplingParams(max_tokens=1, prompt_logprobs=5)],
+                  RunConfig(max_seq_len=64, step_tokens=8, chunk_tokens=8))
+    with torch.no_grad():
+        logits = load_hf_reference(tiny_models[arch].hf_dir)(torch.tensor([prompt])).logits[0]
+    want = torch.log_softmax(logits.double(), dim=-1)[:-1]  # row i scores token i + 1
+    got = seq.prompt_logprobs
+    assert [lp.token for lp in got] == prompt[1:]
+    for row, lp in zip(want, got):
+        assert abs(lp.logprob - row[lp.token].item()) < 1e-4
+        values, ids = row.topk(5)
+        assert [t for t, _ in lp.top] == ids.tolist()
+        assert max(abs(v - w) for (_, v), w in zip(lp.top, values.tolist())) < 1e-4
+
+
+def test_batched_with_others_equals_alone(models):
+    """A prompt scored while others prefill and decode beside it (arriving mid-prefill, chunked by the shared step
+    budget) gets the numbers it gets alone, and the others' tokens are those they make alone."""
+    lm = models["llama"]
+    vocab = lm.args.vocab_size
+    prompts = [_prompt(vocab, 37, 2), _prompt(vocab, 11, 3), _prompt(vocab, 23, 4)]
+    params = [SamplingParams(max_tokens=6, prompt_logprobs=3, logprobs=2), SamplingParams(max_tokens=9),
+              SamplingParams(max_tokens=5, temperature=0.8, seed=5)]
+    run = RunConfig(max_seq_len=64, step_tokens=16, chunk_tokens=8)
+    alone = [_run(lm, [p], [q], run)[0] for p, q in zip(prompts, params)]
+    batched = _run(lm, prompts, params, run, arrivals=[0, 1, 2])
+    assert [s.generated for s in batched] == [s.generated for s in alone]
+    got, want = batched[0].prompt_logprobs, alone[0].prompt_logprobs
+    assert len(got) == len(prompts[0]) - 1 and len(got) == len(want)
+    assert all(_same(a, b) for a, b in zip(got, want))
+    assert batched[1].prompt_logprobs == [] and batched[2].prompt_logprobs == []  # not asked: none computed
+
+
+def _same(a: TokenLogprob, b: TokenLogprob) -> bool:
+    """The same token and ranking, the numbers within float32 rounding (a step's rows change a product's last bit)."""
+    close = abs(a.logprob - b.logprob) < 1e-5 and all(abs(x[1] - y[1]) < 1e-5 for x, y in zip(a.top, b.top))
+    return close and a.token == b.token and [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_a_step_without_a_request_taps_nothing(models):
+    lm = models["llama"]
+    batcher = make_batcher(lm, 1, RunConfig(max_seq_len=64))
+    lm.model.last_taps = None
+    batcher.add(Sequence(0, _prompt(lm.args.vocab_size, 12, 6), SamplerState(SamplingParams(max_tokens=2))))
+    while batcher.has_work():
+        batcher.step()
+    assert lm.model.last_taps is None and lm.model.tap_layers == ()
+
+
+@pytest.mark.parametrize("bad", [-1, MAX_TOP + 1, True, 2.0])
+def test_a_count_out_of_range_or_not_an_integer_is_refused(bad):
+    with pytest.raises(ParleyError, match="prompt_logprobs"):
+        SamplingParams(prompt_logprobs=bad)
+
+
+@pytest.fixture
+def client(tiny_models):
+    c = Client(EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16))
+    c.engine.start()
+    c.model = c.load(tiny_models["qwen3"].gguf_path)
+    yield c
+    c.engine.shutdown()
+
+
+def _scored(client: Client, sid: int, text: str) -> tuple[list, ev.Finished]:
+    """A turn's prompt entries (on its first delta) and its end."""
+    turn = client.send(sid, text)
+    end = client.wait(turn)
+    deltas = [e for e in client.by_turn[turn] if isinstance(e, ev.TokenDelta)]
+    assert all(d.prompt_logprobs is None for d in deltas[1:])
+    return deltas[0].prompt_logprobs, end
+
+
+def test_a_cached_prefix_is_run_again_to_be_scored(client):
+    """A session whose cache holds the prompt (its last turn), and another whose prompt a parked slot holds, prefill
+    the whole prompt: the entries cover every token after the first and equal a fresh session's."""
+    text = "The quick brown fox jumps over the lazy dog, and then it runs away."
+    scored = SamplingParams(max_tokens=1, prompt_logprobs=2)
+    sid = client.open(client.model, params=scored)
+    fresh, end = _scored(client, sid, text)
+    assert end.stats.prefilled_tokens == end.stats.prompt_tokens
+    assert len(fresh) == end.stats.prompt_tokens - 1 and all(isinstance(e.token, str) for e in fresh)
+    longer, end = _scored(client, sid, "And again?")  # its own cache holds the first turn
+    assert end.stats.prefilled_tokens == end.stats.prompt_tokens and len(longer) == end.stats.prompt_tokens - 1
+
+    warm = client.open(client.model, params=SamplingParams(max_tokens=1))
+    client.ask(warm, text)  # its slot holds the prompt now
+    again, end = _scored(client, client.open(client.model, params=scored), text)  # another session: could copy it
+    assert end.stats.prefilled_tokens == end.stats.prompt_tokens and again == fresh
+    client.close(warm)  # parked: a later session could start from it
+    again, end = _scored(client, client.open(client.model, params=scored), text)
+    assert end.stats.prefilled_tokens == end.stats.prompt_tokens and again == fresh
+
+
+def test_a_prompt_sent_twice_at_once_is_scored_twice(client):
+    """Two sessions sent one prompt together: the second does not wait to copy the first's prefix (it would lack
+    its rows), and both get every entry."""
+    text = "A long prompt that two sessions send at the same time, word for word, to be scored. " * 2
+    scored = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    sids = [client.open(client.model, params=scored) for _ in range(2)]
+    turns = [client.send(sid, text) for sid in sids]
+    ends = [client.wait(t) for t in turns]
+    firsts = [next(e for e in client.by_turn[t] if isinstance(e, ev.TokenDelta)) for t in turns]
+    assert [e.stats.prefilled_tokens for e in ends] == [e.stats.prompt_tokens for e in ends]
+    assert len(firsts[0].prompt_logprobs) == ends[0].stats.prompt_tokens - 1
+    assert firsts[0].prompt_logprobs == firsts[1].prompt_logprobs
