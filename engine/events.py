@@ -37,7 +37,8 @@ class TokenDelta(Event):
     text: str
     # where the turn's params ask for them: each token's log-probability and its most likely alternatives, with texts
     logprobs: list[NamedLogprob] | None = None
-    # on a turn's first delta, where its params ask (prompt_logprobs): prompt tokens 1 .. n - 1's, given those before
+    # on a turn's first delta, where its params ask (prompt_logprobs): each prompt token's, given those before it (the
+    # first token's text, without a number)
     prompt_logprobs: list[NamedLogprob] | None = None
 
 

@@ -246,13 +246,13 @@ class LocalHost:
         return [named(lps[len(lps) - 1 - after], lambda t: decode([t]))]
 
     def _prompt_logprobs(self, seq: Sequence) -> list[NamedLogprob] | None:
-        """The prompt's entries (tokens 1 .. n - 1), where the turn asks for them; sent once, so the sequence lets
-        them go."""
+        """The prompt's entries, where the turn asks for them: its first token's text alone, then each later token's
+        (sent once, so the sequence lets them go)."""
         if not seq.scores_prompt:
             return None
         decode = self.runtime.lm.tokenizer.decode
         found, seq.prompt_logprobs = seq.prompt_logprobs, []
-        return [named(lp, lambda t: decode([t])) for lp in found]
+        return [NamedLogprob(decode(seq.token_ids[:1]), None), *(named(lp, lambda t: decode([t])) for lp in found)]
 
     def _end_turn(self, session: Session, reason: str) -> None:
         turn, seq = session.turn, session.seq

@@ -52,7 +52,7 @@ class NamedLogprob:
     """A TokenLogprob with each token's text, as a client reads it (the engine's events carry these)."""
 
     token: str
-    logprob: float
+    logprob: float | None  # None: a prompt's first token, which no token before it predicts (OpenAI's null)
     top: tuple[tuple[str, float], ...] = ()
 
 

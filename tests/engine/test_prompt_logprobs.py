@@ -133,9 +133,10 @@ def test_a_cached_prefix_is_run_again_to_be_scored(client):
     sid = client.open(client.model, params=scored)
     fresh, end = _scored(client, sid, text)
     assert end.stats.prefilled_tokens == end.stats.prompt_tokens
-    assert len(fresh) == end.stats.prompt_tokens - 1 and all(isinstance(e.token, str) for e in fresh)
+    assert len(fresh) == end.stats.prompt_tokens and all(isinstance(e.token, str) for e in fresh)
+    assert fresh[0].logprob is None and fresh[0].top == () and all(e.logprob < 0 for e in fresh[1:])
     longer, end = _scored(client, sid, "And again?")  # its own cache holds the first turn
-    assert end.stats.prefilled_tokens == end.stats.prompt_tokens and len(longer) == end.stats.prompt_tokens - 1
+    assert end.stats.prefilled_tokens == end.stats.prompt_tokens and len(longer) == end.stats.prompt_tokens
 
     warm = client.open(client.model, params=SamplingParams(max_tokens=1))
     client.ask(warm, text)  # its slot holds the prompt now
@@ -156,5 +157,5 @@ def test_a_prompt_sent_twice_at_once_is_scored_twice(client):
     ends = [client.wait(t) for t in turns]
     firsts = [next(e for e in client.by_turn[t] if isinstance(e, ev.TokenDelta)) for t in turns]
     assert [e.stats.prefilled_tokens for e in ends] == [e.stats.prompt_tokens for e in ends]
-    assert len(firsts[0].prompt_logprobs) == ends[0].stats.prompt_tokens - 1
+    assert len(firsts[0].prompt_logprobs) == ends[0].stats.prompt_tokens
     assert firsts[0].prompt_logprobs == firsts[1].prompt_logprobs
