@@ -258,6 +258,7 @@ class CallStream:
         self._state = "start" if self.form.whole else "text"  # start: the answer may be its calls; free: plain text
         self._after_calls = False  # whitespace after calls is not content unless content comes before and after
         self._content = False  # content has gone out
+        self.full = False  # a call past `limit` began: the answer is over, and nothing after it is read
 
     @property
     def called(self) -> bool:
@@ -266,6 +267,8 @@ class CallStream:
 
     def feed(self, text: str) -> list[str | CallDelta]:
         """The content (str) and call pieces of `text` that can go out now."""
+        if self.full:
+            return []
         if self._section is not None:
             self._section += text
         else:
@@ -281,13 +284,16 @@ class CallStream:
         return out
 
     def _advance(self, out: list, final: bool) -> None:
-        while self._section is not None and self._read(out, final) or self._section is None and self._text(out, final):
+        while not self.full and (self._section is not None and self._read(out, final)
+                                 or self._section is None and self._text(out, final)):
             pass
 
     def _read(self, out: list, final: bool) -> bool:
         """Reads the calls under way; True where they ended (the text after is content again)."""
         section = self.form.read(self._section, self.names)
         self._send_calls(section, out)
+        if self.full:
+            return False
         if section.bad is not None or final and not section.calls and section.end is None:
             self._not_calls(self._section[section.bad or 0:], section.bad or 0, out)
         elif section.end is not None:
@@ -302,6 +308,7 @@ class CallStream:
         for k, (name, arguments) in enumerate(section.calls):
             index = self._base + k
             if self.limit is not None and index >= self.limit:
+                self.full = True
                 return
             if index == len(self._sent):
                 out.append(CallDelta(index, name, ""))

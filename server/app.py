@@ -28,6 +28,7 @@ from engine.logit_bias import check_bias_ids
 from engine.tokenizer import Tokenizer
 from server import protocol as api
 from server.bridge import ServerBridge, ServedModel
+from server.call_limit import CallLimit, call_limits
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
 from server.tools import StreamedCalls
@@ -156,13 +157,16 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
         body = _sse(client, turn, model.id, req, rid, model.tokenizer)
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     logprobs = [[] for _ in range(turn.n)] if req.params.logprobs is not None or req.ranked else None
+    limits = call_limits(req.tools, turn.n, req.prompt if req.continue_final else "")
     try:
-        ends = await _wait_ends(client, turn, logprobs)
+        ends = await _wait_ends(client, turn, logprobs, limits)
     finally:
         turn.close()
     if isinstance(ends[0], ev.Error):
         raise _turn_error(ends[0], req, prompt=turn.index(ends[0].session_id) // req.made)
-    answers, stats = [(_new_text(e.text, req), e.reason) for e in ends], [e.stats for e in ends]
+    answers = [(_new_text(e.text, req), "tool_calls" if limits and limits[i].full else e.reason)
+               for i, e in enumerate(ends)]
+    stats = [e.stats for e in ends]
     echoes = _echoes(req, len(ends), model.tokenizer)
     if req.ranked:  # each prompt's n answers with the highest mean log-probability a token, best first
         best = _best(logprobs, req.made, req.n)
@@ -259,9 +263,11 @@ def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False, prompt
     return api.APIError(500, e.message, kind="server_error", code=e.code)
 
 
-async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | None = None) -> list[ev.Event]:
+async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | None = None,
+                     limits: list[CallLimit] | None = None) -> list[ev.Event]:
     """Every choice's Finished, in choice order, or the first Error alone (one failed choice fails the request); stops
-    waiting (the caller cancels the turns) if the client goes away. `logprobs`: each choice's entries are added."""
+    waiting (the caller cancels the turns) if the client goes away. `logprobs`: each choice's entries are added;
+    `limits`: a choice that begins a call past its one is stopped there."""
     ends: dict[int, ev.Event] = {}
     while len(ends) < turn.n:
         e = await _next_event(client, turn)
@@ -271,6 +277,8 @@ async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | No
             return [e]
         if isinstance(e, ev.TokenDelta) and logprobs is not None and e.logprobs:
             logprobs[turn.index(e.session_id)] += e.logprobs
+        if isinstance(e, ev.TokenDelta) and limits is not None and limits[turn.index(e.session_id)].reached(e.text):
+            turn.stop(turn.index(e.session_id))
         if isinstance(e, ev.Finished):
             ends[turn.index(e.session_id)] = e
     return [ends[i] for i in range(turn.n)]
@@ -306,15 +314,18 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
                 logprobs[i].held += e.logprobs or []
+                full = calls[i] is not None and calls[i].full
                 for chunk in _delta_chunks(rid, model, req, splits[i], e.text, i, calls[i]):
                     yield _event(logprobs[i].attach(chunk))
+                if not full and calls[i] is not None and calls[i].full:  # a call past its one: the answer ends
+                    turn.stop(i)
                 continue
             ends[i] = e
             reason = e.reason
             if not req.raw:
                 for delta in _tail_deltas(splits[i], calls[i]):
                     yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, delta, index=i)))
-                if calls[i] is not None and calls[i].called and reason in api.ENDED:
+                if calls[i] is not None and calls[i].called and (reason in api.ENDED or calls[i].full):
                     reason = "tool_calls"
             yield _event(logprobs[i].attach(api.completion_chunk(rid, model, req, "", reason, index=i) if req.raw
                                             else api.chat_chunk(rid, model, req, {}, reason, index=i)))

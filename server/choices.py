@@ -31,6 +31,10 @@ class Choices:
     def index(self, session_id: int) -> int:
         return self.sids.index(session_id)
 
+    def stop(self, i: int) -> None:
+        """Ends choice i's turn where it is (its Finished still comes)."""
+        self.bridge.engine.cancel(self.sids[i])
+
     def close(self) -> None:
         """Ends every choice's turn still running (a client that went away) and frees their caches."""
         for sid in self.sids:

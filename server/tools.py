@@ -51,6 +51,11 @@ class StreamedCalls:
     def called(self) -> bool:
         return self._stream.called
 
+    @property
+    def full(self) -> bool:
+        """A call past parallel_tool_calls false's one began: the answer is to stop (server/call_limit.py)."""
+        return self._stream.full
+
     def feed(self, content: str) -> list[dict]:
         return self._deltas(self._stream.feed(content))
 

@@ -161,6 +161,17 @@ def test_a_limit_leaves_later_calls_out():
     assert parse_calls("hermes", answer, NAMES, limit=1) == ("Let me look.", [PARIS])
 
 
+def test_a_call_past_the_limit_ends_the_reading():
+    """The call past the limit is where the server stops the answer (parallel_tool_calls false): text after it is
+    not content, and the stream says it is full. Before, 'Done.' was content and nothing told the call apart."""
+    one = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+    stream = CallStream("hermes", NAMES, limit=1)
+    assert [d for d in stream.feed(one) if isinstance(d, str)] == [] and not stream.full
+    assert stream.feed(one.replace("Paris", "Rome")[:60]) == [] and stream.full  # its name and arguments begun
+    assert stream.feed("</tool_call>\nDone.") == [] and stream.finish() == []
+    assert parse_calls("hermes", one * 2 + "Done.", NAMES, limit=1) == ("", [PARIS])
+
+
 @pytest.mark.parametrize("template,fmt", [
     ("{% for tool in tools %}{{ tool | tojson }}{% endfor %} <tool_call></tool_call>", "hermes"),
     ("{%- if tools %}{{ tools }}{% endif %}[TOOL_CALLS]", "mistral"),

@@ -199,6 +199,32 @@ def test_required_with_parallel_calls_may_hold_several_calls():
     assert len(several.read(two)[1]) == 2 and len(one.read(two)[1]) == 1
 
 
+def test_one_call_an_answer_ends_the_answer_where_the_model_begins_a_second(tools_server, tools_model, monkeypatch):
+    """parallel_tool_calls false is OpenAI's "zero or one tool is called". A model that went on to a second call had
+    it dropped and wrote on, calls nobody would get, to max_tokens: one call, finish_reason "length", 300 tokens. It
+    is stopped where its second call begins: the one call, "tool_calls". The model here is held to calls (the grammar
+    of several, its end tokens barred), as a model that writes more than one call of itself would."""
+    import server.tools
+    from tokenizers import Tokenizer
+
+    from engine.tool_calls import call_grammar
+
+    monkeypatch.setattr(server.tools, "call_grammar", lambda fmt, tools, parallel: call_grammar(fmt, tools, True))
+    vocab = Tokenizer.from_file(str(tools_model.parent / "hf" / "tokenizer.json"))
+    barred = {str(vocab.token_to_id(t)): -100 for t in ("<|im_end|>", "<|endoftext|>")}
+    body = CHAT | {"tool_choice": "required", "parallel_tool_calls": False, "temperature": 0, "max_tokens": 300,
+                   "logit_bias": barred}
+    whole = _post(tools_server, body).json()
+    choice = whole["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and len(choice["message"]["tool_calls"]) == 1, choice
+    assert whole["usage"]["completion_tokens"] < 150, whole["usage"]  # the first call is ~70 tokens
+    chunks = _stream(tools_server, body)
+    pieces = [tc for c in chunks if c["choices"] for tc in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert {p["index"] for p in pieces} == {0} and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert "".join(p["function"]["arguments"] for p in pieces) == \
+        choice["message"]["tool_calls"][0]["function"]["arguments"]
+
+
 @pytest.mark.parametrize("text,reason,finish", [
     ('<think>Which tool?</think>Checking. <tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}\n'
      '</tool_call>\nI asked for the time.', "stop", "tool_calls"),
