@@ -180,7 +180,17 @@ class ChatService:
             if live.live_rate() is not None:
                 live.status.tokens_per_s = live.live_rate()
             return live.status
-        return _shown_status(self.store.path(conv_id) if self.store.has(conv_id) else [], live.status)
+        if not self.store.has(conv_id):
+            return live.status
+        return self._as_listed(conv_id, _shown_status(self.store.path(conv_id), live.status))
+
+    def _as_listed(self, conv_id: int, shown: ChatStatus) -> ChatStatus:
+        """An answer saved before answers were named as the model list names them has its file's own name ("qwen3"
+        beside "qwen3-f32.gguf" in the picker): its chat's model, loaded, is named as listed."""
+        state = self.models.state(self.store.get(conv_id).settings.model)
+        if state is not None and shown.model and shown.model == state.own_name != state.name:
+            return replace(shown, model=state.name)
+        return shown
 
     # -- drafts and queued messages
     def draft(self, conv_id: int) -> str:

@@ -236,8 +236,9 @@ class ChatPage(QWidget):
         elif state is None and not self.service.busy(conv_id):  # unloaded (Models, or the engine's own caller)
             loading = self.tr("not loaded: loads when you send")
         status = self.service.status(conv_id)
-        if not status.model and state is not None:  # a copy: the service's status is not ours to change
-            status = replace(status, model=state.name or state.entry.name)
+        entry = self.models.registry.get(key)
+        if not status.model and entry is not None:  # the model it answers with, loaded or not, as the picker lists it
+            status = replace(status, model=entry.name)  # a copy: the service's status is not ours to change
         self.status.show_status(status, loading)
         self.composer.set_busy(self.service.busy(conv_id))
         self._show_queued(conv_id)

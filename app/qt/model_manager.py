@@ -25,7 +25,8 @@ class ModelState:
     entry: ModelEntry
     status: str = "loading"  # loading, loaded, failed
     model_id: int | None = None
-    name: str = ""
+    name: str = ""  # once loaded, the name it is listed under: every view names it so (the picker, answers, the bar)
+    own_name: str = ""  # the name its file gives itself ("Gemma 3 270m"), as the engine's notices say it
     stage: str = ""
     fraction: float = 0.0
     message: str = ""
@@ -256,7 +257,8 @@ class ModelManager(QObject):
         if key is None:
             return
         state = self.states[key]
-        state.status, state.name, state.info, state.fraction = "loaded", name, dict(info or {}), 1.0
+        state.status, state.info, state.fraction = "loaded", dict(info or {}), 1.0
+        state.name, state.own_name = state.entry.name, name
         self.freezer.loaded()
         if key in self._importing:
             self._importing.discard(key)

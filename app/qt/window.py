@@ -365,7 +365,7 @@ class MainWindow(QMainWindow):
         if not notices:
             return
         said = " ".join(notices)
-        if state.name not in said and state.entry.name not in said:
+        if state.name not in said and state.own_name not in said:
             said = self.tr("%1: %2").replace("%1", state.entry.name).replace("%2", said)
         bar = self.statusBar()
         # in place of the load's own "Imported …" or "… loaded" (the bar is one line), after any other message

@@ -178,13 +178,14 @@ def test_model_change_takes_effect_on_the_next_turn(parley, qtbot, imported_llam
     configure(parley, conv, temperature=0.0, max_tokens=5)
     w.chat.send("on qwen")
     wait_idle(parley, qtbot, conv)
-    assert last(parley, conv).model == "qwen3"
+    listed = {key: parley.models.registry.get(key).name for key in ("default", imported_llama)}  # as the picker
+    assert last(parley, conv).model == listed["default"]
     w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
     assert parley.store.get(conv).settings.model == imported_llama
     w.chat.send("on llama")
     wait_idle(parley, qtbot, conv)
     answer = last(parley, conv)
-    assert answer.state == "done" and answer.model == "llama"
+    assert answer.state == "done" and answer.model == listed[imported_llama]
     assert handed(parley, conv) == [m.content for m in parley.store.path(conv)][:-1]
 
 

@@ -25,7 +25,7 @@ def test_compare_two_models_side_by_side(parley, qtbot, imported_llama):
     assert all(parley.service.busy(c) for c in convs)
     wait_idle(parley, qtbot, *convs)
     answers = [parley.store.path(c)[-1] for c in convs]
-    assert [a.model for a in answers] == ["qwen3", "llama"]
+    assert [a.model for a in answers] == [parley.models.registry.get(k).name for k in ("default", imported_llama)]
     assert all(a.state == "done" for a in answers)
     for column in view.columns:
         assert "tok/s" in column.stats.text() and "TTFT" in column.stats.text() and "TTFT —" not in column.stats.text()

@@ -76,3 +76,41 @@ def test_the_model_that_answered_going_is_called_an_unload_whatever_was_picked_s
     wait_idle(parley, qtbot, conv)
     answer = parley.store.path(conv)[-1]
     assert answer.state in ("error", "stopped") and "unloaded" in answer.error, answer.error
+
+
+def test_an_answer_is_named_as_the_model_list_names_its_model(parley, qtbot):
+    """Answers were headed by the file's own name ('qwen3') where the picker, the Models dialog and a compare column
+    read 'qwen3-f32.gguf'; the bar's '… loaded' and the status line too."""
+    from tests.app.helpers import wait_idle
+
+    w, conv = parley.window, parley.window.current()
+    listed = w.chat.picker.currentText()
+    assert listed == parley.models.registry.get("default").name and listed != parley.models.state("default").own_name
+    _load_again(parley, qtbot)
+    assert w.statusBar().currentMessage() == f"{listed} loaded"
+    w.chat.send("hello")
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    assert answer.state == "done" and answer.model == listed
+    assert w.chat.status.text.full_text().startswith(f"{listed}  ·  ")
+
+
+def test_an_answer_saved_under_the_file_s_own_name_reads_as_listed(parley, qtbot):
+    """A chat saved before keeps its answers; its status line (and a compare column's, which took a name other than
+    the loaded model's for 'another model picked since' and dropped the figures) names the model as listed."""
+    from tests.app.helpers import wait_idle
+
+    w, conv, state = parley.window, parley.window.current(), parley.models.state("default")
+    w.chat.send("hello")
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    parley.store.update_message(answer.id, model=state.own_name)  # as an answer of the last version was saved
+    shown = parley.service.status(conv)
+    assert shown.model == state.name == w.chat.picker.currentText() and shown.tokens_per_s
+
+
+def test_a_chat_whose_model_is_not_loaded_names_it_in_its_status_line(parley, qtbot):
+    """A new chat with its model unloaded read 'model not loaded yet · not loaded: loads when you send'."""
+    w = parley.window
+    parley.models.unload("default")
+    assert w.chat.status.text.full_text().startswith(f"{w.chat.picker.currentText()}  ·  not loaded: loads when")
