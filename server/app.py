@@ -31,6 +31,7 @@ from server.bridge import ServerBridge, ServedModel
 from server.call_limit import CallLimit, call_limits
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
+from server.prompt_logprobs import joined, prompt_alone
 from server.tools import StreamedCalls
 
 DISCONNECT_POLL_S = 0.5
@@ -158,12 +159,15 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
         return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     logprobs = [[] for _ in range(turn.n)] if req.params.logprobs is not None or req.ranked else None
     limits = call_limits(req.tools, turn.n, req.prompt if req.continue_final else "")
+    scored = [None] * turn.n if req.params.prompt_logprobs is not None else None  # each choice's prompt entries
     try:
-        ends = await _wait_ends(client, turn, logprobs, limits)
+        ends = await _wait_ends(client, turn, logprobs, limits, scored)
     finally:
         turn.close()
     if isinstance(ends[0], ev.Error):
         raise _turn_error(ends[0], req, prompt=turn.index(ends[0].session_id) // req.made)
+    if req.prompt_only:
+        ends, logprobs = prompt_alone(ends, logprobs)
     answers = [(_new_text(e.text, req), "tool_calls" if limits and limits[i].full else e.reason)
                for i, e in enumerate(ends)]
     stats = [e.stats for e in ends]
@@ -172,6 +176,9 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
         best = _best(logprobs, req.made, req.n)
         answers, echoes = [answers[k] for k in best], echoes and [echoes[k] for k in best]
         logprobs = [logprobs[k] for k in best] if req.params.logprobs is not None else None
+        scored = scored and [scored[k] for k in best]
+    if scored:
+        logprobs = joined(scored, logprobs)
     if req.raw:
         return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs, echoes,
                                                     req.prompt_count))
@@ -264,10 +271,11 @@ def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False, prompt
 
 
 async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | None = None,
-                     limits: list[CallLimit] | None = None) -> list[ev.Event]:
+                     limits: list[CallLimit] | None = None, scored: list | None = None) -> list[ev.Event]:
     """Every choice's Finished, in choice order, or the first Error alone (one failed choice fails the request); stops
     waiting (the caller cancels the turns) if the client goes away. `logprobs`: each choice's entries are added;
-    `limits`: a choice that begins a call past its one is stopped there."""
+    `limits`: a choice that begins a call past its one is stopped there; `scored`: each choice's prompt entries are
+    put."""
     ends: dict[int, ev.Event] = {}
     while len(ends) < turn.n:
         e = await _next_event(client, turn)
@@ -277,6 +285,8 @@ async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | No
             return [e]
         if isinstance(e, ev.TokenDelta) and logprobs is not None and e.logprobs:
             logprobs[turn.index(e.session_id)] += e.logprobs
+        if isinstance(e, ev.TokenDelta) and scored is not None and e.prompt_logprobs is not None:
+            scored[turn.index(e.session_id)] = e.prompt_logprobs
         if isinstance(e, ev.TokenDelta) and limits is not None and limits[turn.index(e.session_id)].reached(e.text):
             turn.stop(turn.index(e.session_id))
         if isinstance(e, ev.Finished):

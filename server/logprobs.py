@@ -23,7 +23,7 @@ def completion_logprobs(entries: list[NamedLogprob], offset: int = 0) -> dict:
         offsets.append(offset)
         offset += len(e.token)
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [_by_text(e.top) for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.logprob is None else _by_text(e.top) for e in entries], "text_offset": offsets}
 
 
 def _by_text(top: tuple[tuple[str, float], ...]) -> dict[str, float]:

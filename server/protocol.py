@@ -16,6 +16,7 @@ from engine.tokenizer.detokenizer import partial_suffix
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
+from server.prompt_logprobs import check_stream, echo_only
 from server.prompts import Prompt, check_answers, completion_prompts
 from server.response_format import response_grammar
 from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
@@ -51,6 +52,7 @@ class TurnRequest:
     # builds the prompt around the hole from the model's own markers)
     final: dict | None = None  # the last message's fields beside its content (a tool result's role and call id)
     prompts: tuple[Prompt, ...] = ()  # a completion's documents, text or token ids, each answered `n` times
+    prompt_only: bool = False  # `max_tokens: 0` with `echo`: the prompt alone (server/prompt_logprobs.py)
 
     def messages(self, p: int = 0) -> list[dict[str, str]]:
         """The conversation the engine answers (without the system prompt); a completion's document `p` (none where it
@@ -145,12 +147,13 @@ def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, m
 def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     _reject_unsupported(data, chat=False)
     prompts = completion_prompts(data.get("prompt"))
+    echo = _typed(data, "echo", bool, False)
+    data, prompt_only = echo_only(data, echo)
     req = _common(data, context_limit, raw=True)
-    req.prompts = tuple(prompts)
-    req.echo = _typed(data, "echo", bool, False)
-    if req.echo and req.params.logprobs is not None:
-        raise APIError(400, "'echo' with 'logprobs' would need the prompt's log-probabilities, which this server does "
-                            "not compute: send one of them.", "echo")
+    req.prompts, req.echo, req.prompt_only = tuple(prompts), echo, prompt_only
+    if req.echo and req.params.logprobs is not None:  # the prompt's own, before the answer's
+        req.params = dataclasses.replace(req.params, prompt_logprobs=req.params.logprobs)
+    check_stream(req.stream, req.params.prompt_logprobs is not None, prompt_only)
     req.best_of = _best_of(data, req)
     req.suffix = _typed(data, "suffix", str, "")
     if req.suffix and any(isinstance(p, tuple) for p in prompts):  # the markers go around text, then it is tokenised

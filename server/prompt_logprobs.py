@@ -1,0 +1,44 @@
+"""/v1/completions' `echo` with `logprobs`: the prompt's own log-probabilities before the answer's, and `max_tokens: 0`
+with `echo`: the prompt alone. lm-evaluation-harness's loglikelihood tasks (hellaswag, arc) send both and sum a
+continuation's `token_logprobs`; the entries are vLLM's legacy ones (the first token's number and top are null).
+
+The engine computes them during the prompt's prefill (engine/prompt_logprobs.py) and still makes one token for a
+prompt-only request (its logits come from the prompt's last row, in the same step), which the answer drops."""
+from __future__ import annotations
+
+import dataclasses
+
+from engine import events as ev
+from engine.logprobs import NamedLogprob
+from server.api_error import APIError
+
+
+def echo_only(data: dict, echo: bool) -> tuple[dict, bool]:
+    """The request as the engine takes it, and whether it asks for the prompt alone (`max_tokens: 0` with `echo`: one
+    token is made, then dropped). Without `echo`, a 0 is refused as any count under 1 is."""
+    asked = data.get("max_tokens")
+    if not echo or isinstance(asked, bool) or asked != 0 or data.get("max_completion_tokens") is not None:
+        return data, False
+    return {**data, "max_tokens": 1}, True
+
+
+def check_stream(stream: bool, scored: bool, prompt_only: bool) -> None:
+    """A streamed echo sends its prompt before the prefill has scored it: scoring and prompt-only answers do not
+    stream."""
+    if stream and (scored or prompt_only):
+        what = "'max_tokens' 0" if prompt_only else "'echo' with 'logprobs'"
+        raise APIError(400, f"{what} cannot stream: send 'stream': false (the prompt's log-probabilities come once "
+                            "its prefill has run).", "stream")
+
+
+def prompt_alone(ends: list[ev.Event], logprobs: list[list] | None) -> tuple[list[ev.Event], list[list] | None]:
+    """Each answer's end as a prompt-only request's: no text, no token (the one made is dropped), cut by its length."""
+    ends = [dataclasses.replace(e, text="", reason="length", stats=dataclasses.replace(e.stats, completion_tokens=0))
+            for e in ends]
+    return ends, None if logprobs is None else [[] for _ in logprobs]
+
+
+def joined(prompts: list[list[NamedLogprob] | None], answers: list[list] | None) -> list[list[NamedLogprob]]:
+    """Each choice's entries: its prompt's, then its answer's (where the answer's were asked)."""
+    answers = answers or [[] for _ in prompts]
+    return [(p or []) + a for p, a in zip(prompts, answers)]
