@@ -27,6 +27,7 @@ class ModelState:
     model_id: int | None = None
     name: str = ""  # once loaded, the name it is listed under: every view names it so (the picker, answers, the bar)
     own_name: str = ""  # the name its file gives itself ("Gemma 3 270m"), as the engine's notices say it
+    own_context: int | None = None  # the context length it was made for (info's "context" is what a chat gets of it)
     stage: str = ""
     fraction: float = 0.0
     message: str = ""
@@ -47,7 +48,9 @@ class ModelManager(QObject):
     already_there = Signal(str, str)  # path, key: an identical copy of a model the registry has
     refused = Signal(str, str)  # path, why: an import whose check found it is not a model Parley runs
     thinking_known = Signal(str)  # a model key whose template's thinking switch was read off the GUI thread
+    context_known = Signal(str)  # a model key whose own context length was read off the GUI thread
     _resolved = Signal(str, str)  # key, path: the embedded file is assembled off the GUI thread
+    _context_read = Signal(str, int, int)  # key, model id, its own context length: read off the GUI thread
     draft_changed = Signal(str)  # the key of the model that drafts for the others ("" for none)
 
     def __init__(self, bridge: EngineBridge, registry: ModelRegistry, models_dir: Path, parent: QObject | None = None):
@@ -68,6 +71,7 @@ class ModelManager(QObject):
         bridge.model_unloaded.connect(self._on_unloaded)
         bridge.model_failed.connect(self._on_failed)
         self._resolved.connect(self._load_path)
+        self._context_read.connect(self._on_context_read)
 
     def model_id(self, key: str) -> int | None:
         state = self.states.get(key)
@@ -260,12 +264,28 @@ class ModelManager(QObject):
         state.status, state.info, state.fraction = "loaded", dict(info or {}), 1.0
         state.name, state.own_name = state.entry.name, name
         self.freezer.loaded()
+        if not state.info.get("remote"):  # asked off the GUI thread, which would wait for the engine's step to end
+            threading.Thread(target=self._ask_context, args=(key, model_id), daemon=True, name="parley-context").start()
         if key in self._importing:
             self._importing.discard(key)
             self.registry.add(state.entry)
             self.imported.emit(key)
         self.changed.emit(key)
         self.loaded.emit(key)
+
+    def _ask_context(self, key: str, model_id: int) -> None:
+        """Its own thread: the context length the model was made for, back to the GUI thread."""
+        try:
+            context = self.bridge.engine.loaded_model(model_id).args.max_position_embeddings
+            self._context_read.emit(key, model_id, context)
+        except Exception:  # noqa: BLE001 - unloaded meanwhile, the engine shut down, the app gone: no figure shown
+            pass
+
+    def _on_context_read(self, key: str, model_id: int, context: int) -> None:
+        state = self.states.get(key)
+        if state is not None and state.model_id == model_id:  # not unloaded (and loaded again) meanwhile
+            state.own_context = context
+            self.context_known.emit(key)
 
     def _on_unloaded(self, model_id: int) -> None:
         """The engine let a model go that this manager had not unloaded (a caller of the engine's own): it is shown

@@ -15,7 +15,8 @@ from app.qt.model_manager import DFLASH_KEY, ModelManager
 from engine.loading.gguf_split import model_files
 
 KEY_ROLE = Qt.ItemDataRole.UserRole
-COLUMNS = ("Model", "Status", "Architecture", "Quantization", "Context", "File", "In memory")
+COLUMNS = ("Model", "Status", "Architecture", "Quantization", "Context per chat", "File", "In memory")
+CONTEXT_COLUMN = COLUMNS.index("Context per chat")
 MAX_COLUMN_CHARS = 28  # a long quantization summary is elided (its cell's tooltip is not needed: About has it)
 
 
@@ -29,6 +30,7 @@ class ModelsDialog(QDialog):
         self.setWindowTitle(self.tr("Models"))
         self.table = QTreeWidget(rootIsDecorated=False, uniformRowHeights=True)
         self.table.setHeaderLabels([self.tr(c) for c in COLUMNS])
+        self.table.headerItem().setToolTip(CONTEXT_COLUMN, self._context_tip())
         self.table.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         self.table.header().setStretchLastSection(False)  # the model's name takes the slack, not "In memory"
         self.table.setAccessibleName(self.tr("Models"))
@@ -71,6 +73,7 @@ class ModelsDialog(QDialog):
         models.changed.connect(self._on_model_changed)
         models.imported.connect(self._on_model_changed)
         models.draft_changed.connect(self._on_model_changed)
+        models.context_known.connect(self._on_model_changed)
         self.refresh()
         line = self.fontMetrics().height()
         self.resize(max(860, self._columns_width() + 24 * self.fontMetrics().averageCharWidth()), max(320, 14 * line))
@@ -143,10 +146,25 @@ class ModelsDialog(QDialog):
         if state is None and entry.kind != "embedded" and not Path(entry.path).exists():
             status = self.tr("file not found")  # moved or deleted since it was imported: Load would fail
         status += "".join(" · " + said for said in self._drafting(entry.key, state))
-        context = f"{info['context']:,}" if info.get("context") else "—"
+        context = self._context(info.get("context"), state.own_context if state is not None else None)
         memory = size_text(info["weights_mb"] * 1e6) if info.get("weights_mb") else "—"
         return [entry.name, status, str(info.get("architecture") or "—"), str(info.get("quantization") or "—"),
                 context, _file_size(self.models.file_of(entry.key)), memory]
+
+    def _context(self, per_chat: int | None, own: int | None) -> str:
+        """What a chat holds of the model's own context, "4,096 of 32,768": a bare "4,096" (Parley's cap) read as the
+        model's own beside a small model's "2,048"."""
+        if not per_chat:
+            return "—"
+        return self.tr("%1 of %2").replace("%1", f"{per_chat:,}").replace("%2", f"{own:,}") if own else f"{per_chat:,}"
+
+    def _context_tip(self) -> str:
+        config = self.models.bridge.engine.config
+        cap = self.tr(" Parley keeps room for %1 chats answering at once, so a chat holds up to %2 tokens.").replace(
+            "%1", str(config.max_sessions)).replace("%2", f"{config.max_session_tokens:,}") \
+            if config.max_session_tokens else ""
+        return self.tr("The tokens one chat holds (its messages and the answer), of the context length the model was "
+                       "made for.") + cap
 
     def _drafting(self, key: str, state) -> list[str]:
         """Which model drafts for which: 'drafts for the others' named neither them nor that the loaded ones keep the

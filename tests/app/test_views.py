@@ -215,13 +215,14 @@ def test_themes_switch_and_persist(parley):
 
 def test_model_list_describes_each_model(parley, qtbot, imported_llama, tiny_models):
     w = parley.window
+    qtbot.waitUntil(lambda: getattr(parley.models.state(imported_llama), "own_context", None) is not None)
     w.shortcuts["Ctrl+Shift+M"].trigger()
     dialog = w.models_dialog
     rows = {r[0]: r for r in dialog.rows()}
     llama = parley.models.registry.get(imported_llama).name
     default = parley.models.registry.get("default").name
     size = tiny_models["llama"].gguf_path.stat().st_size
-    assert rows[llama][1:5] == ["loaded", "llama", rows[llama][3], "512"] and rows[llama][3] != "—"
+    assert rows[llama][1:5] == ["loaded", "llama", rows[llama][3], "512 of 512"] and rows[llama][3] != "—"
     assert rows[llama][5] == f"{size / 1e6:.1f} MB" and rows[llama][6].endswith("MB")
     assert rows[default][1] == "loaded" and rows[default][2] == "qwen3"
     dialog.table.setCurrentItem(dialog.table.topLevelItem(0))

@@ -114,3 +114,42 @@ def test_a_chat_whose_model_is_not_loaded_names_it_in_its_status_line(parley, qt
     w = parley.window
     parley.models.unload("default")
     assert w.chat.status.text.full_text().startswith(f"{w.chat.picker.currentText()}  ·  not loaded: loads when")
+
+
+def test_the_models_dialog_tells_what_a_chat_holds_of_the_model_s_own_context(qtbot, qapp, tiny_models, tmp_path):
+    """'Context' read the engine's cap per chat (4,096 for the embedded Gemma, made for 32,768) beside a small model's
+    own 2,048, with nothing to tell which was which."""
+
+    from app.qt.main import build
+    from app.qt.models_dialog import CONTEXT_COLUMN, ModelsDialog
+    from engine.runtime import EngineConfig
+    from tests.app.conftest import TINY_ENGINE
+
+    config = EngineConfig(**{**TINY_ENGINE, "max_session_tokens": 256})  # under the tiny model's own 512
+    app = build(str(tmp_path / "data"), default_model=str(tiny_models["qwen3"].gguf_path), engine=config,
+                theme="light", show=False)
+    qtbot.addWidget(app.window)
+    try:
+        models = app.models
+        qtbot.waitUntil(lambda: getattr(models.state("default"), "own_context", None) is not None, timeout=60_000)
+        own = app.bridge.engine.loaded_model(models.model_id("default")).args.max_position_embeddings
+        dialog = ModelsDialog(models)
+        qtbot.addWidget(dialog)
+        assert dialog.rows()[0][CONTEXT_COLUMN] == f"256 of {own:,}" and own == 512
+        assert dialog.table.headerItem().text(CONTEXT_COLUMN) == "Context per chat"
+        assert "a chat holds up to 256 tokens" in dialog.table.headerItem().toolTip(CONTEXT_COLUMN)
+    finally:
+        app.bridge.shutdown()
+
+
+def test_a_model_s_own_context_read_after_the_dialog_opened_shows_at_once(parley, qtbot):
+    """A model loaded while the dialog is open: its cell gains the model's own context when it is read."""
+    from app.qt.models_dialog import CONTEXT_COLUMN, ModelsDialog
+
+    models = parley.models
+    models.unload("default")
+    dialog = ModelsDialog(models)
+    qtbot.addWidget(dialog)
+    with qtbot.waitSignal(models.context_known, timeout=60_000):
+        models.ensure("default")
+    assert dialog._shown()[0][1][CONTEXT_COLUMN] == "512 of 512"  # the tiny model's own is the tests' cap
