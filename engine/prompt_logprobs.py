@@ -18,7 +18,7 @@ from engine.logprobs import TokenLogprob, row_logprobs
 from engine.sequence import Sequence
 from engine.step import StepBatch
 
-CHUNK_ELEMENTS = 1 << 22  # logits of one chunk: rows × vocabulary at most this (16 MB of fp32), at least one row
+CHUNK_ELEMENTS = 1 << 24  # logits of one chunk: rows × vocabulary at most this (64 MB of fp32), at least one row
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from engine.runtime import EngineConfig
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 from tests.support.engine_client import Client
+from tests.support.engine_helpers import full_logits
 from tests.support.tiny_models import load_hf_reference
 
 ARCHS = ["llama", "gemma3", "qwen3"]
@@ -65,6 +66,19 @@ def test_each_prompt_token_is_transformers_log_softmax(models, tiny_models, arch
         values, ids = row.topk(5)
         assert [t for t, _ in lp.top] == ids.tolist()
         assert max(abs(v - w) for (_, v), w in zip(lp.top, values.tolist())) < 1e-4
+
+
+def test_a_quantized_head_scores_as_its_own_logits(tiny_models_q4, monkeypatch):
+    """Q4_0 weights (the head's rows decoded by the int4 path, a chunk at a time): each entry is the log-softmax of
+    the logits the model gives that position."""
+    lm = load_model(tiny_models_q4["llama"].gguf_path)
+    monkeypatch.setattr(prompt_logprobs, "CHUNK_ELEMENTS", 5 * lm.args.vocab_size)
+    prompt = _prompt(lm.args.vocab_size, 21, 7)
+    (seq,) = _run(lm, [prompt], [SamplingParams(max_tokens=1, prompt_logprobs=1)], RunConfig(max_seq_len=64))
+    want = torch.log_softmax(full_logits(lm, prompt).double(), dim=-1)[:-1]
+    assert [lp.token for lp in seq.prompt_logprobs] == prompt[1:]
+    assert max(abs(lp.logprob - row[lp.token].item()) for lp, row in zip(seq.prompt_logprobs, want)) < 1e-4
+    assert [lp.top[0][0] for lp in seq.prompt_logprobs] == want.argmax(-1).tolist()
 
 
 def test_batched_with_others_equals_alone(models):
