@@ -17,6 +17,7 @@ from engine.tool_formats import NAME, Bad, skip
 FUNCTION, PARAMETER = "<function=", "<parameter="
 FUNCTION_END, PARAMETER_END = "</function>", "</parameter>"
 _VALUE_END = "\n" + PARAMETER_END  # the template writes a newline before the closing tag
+XML_VALUE_ENDS = (_VALUE_END, PARAMETER_END)  # what ends a value (engine/tool_string_tail.py)
 
 
 def xml_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:
@@ -100,6 +101,7 @@ def _typed(value: str, is_text: bool) -> str:
 
 # -- GLM-4.5 / 4.6: `<tool_call>name\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>\n…</tool_call>`
 KEY, KEY_END, VALUE, VALUE_END, CALL_END = "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>", "</tool_call>"
+GLM_VALUE_ENDS = (VALUE_END,)
 
 
 def glm_call(text: str, i: int, tools: Mapping[str, dict]) -> tuple[tuple[str, str] | None, int | None]:

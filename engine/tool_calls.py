@@ -30,10 +30,12 @@ from engine.constraint.grammar import (JSON_WHITESPACE, closed, control_rules, c
                                        lark_grammar)
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_call_xml import KEY, KEY_END, VALUE, VALUE_END, Writers, glm_call, glm_grammar, xml_call, xml_grammar
+from engine.tool_call_xml import (GLM_VALUE_ENDS, KEY, KEY_END, VALUE, VALUE_END, XML_VALUE_ENDS, Writers, glm_call,
+                                  glm_grammar, xml_call, xml_grammar)
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
                                  Reader, Section, block_section, deepseek_call, deepseek_section, deepseek_v3_1_call,
                                  json_call, json_section, mistral_named_section, opened)
+from engine.tool_string_tail import JsonTail, OpenString
 
 _ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 
@@ -87,6 +89,7 @@ class _Format:
     block: tuple[str, str, str]  # the grammar: (text before the calls, between two, after them)
     call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
     rules: Callable[..., list[str]] | None = None  # a grammar of its own: (tools, parallel, writers) -> rules
+    closers: tuple[str, ...] = ()  # what ends an argument written as text (none: the arguments are JSON as written)
 
 
 def _ds_r1(name: str) -> tuple[str, str]:
@@ -110,8 +113,10 @@ FORMATS = {
     "deepseek_v3_1": _Format((DS_CALLS, DS_CALL), deepseek_section(deepseek_v3_1_call), _named_head, "",
                              (DS_CALLS, "", DS_CALLS_END),
                              lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
-    "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar),
-    "glm": _Format(("<tool_call>",), block_section(glm_call), None, "", ("", "", ""), rules=glm_grammar),
+    "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar,
+                        closers=XML_VALUE_ENDS),
+    "glm": _Format(("<tool_call>",), block_section(glm_call), None, "", ("", "", ""), rules=glm_grammar,
+                   closers=GLM_VALUE_ENDS),
 }
 _DETECTED = (("<arg_key>", "glm"), ("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"),
              ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
@@ -255,6 +260,9 @@ class CallStream:
         self._gap = ""  # whitespace before the calls: content only if they turn out not to be calls
         self._base = 0  # the index of the section's first call
         self._sent: list[int] = []  # each call's arguments' characters sent
+        self._tails: list[JsonTail] = []  # each call's arguments sent, read for where a string is open
+        self._open: OpenString | None = None  # the argument string the section ends in (feed's short way)
+        self._pieces: list[str] = []  # the section's text fed since it was last read
         self._state = "start" if self.form.whole else "text"  # start: the answer may be its calls; free: plain text
         self._after_calls = False  # whitespace after calls is not content unless content comes before and after
         self._content = False  # content has gone out
@@ -270,7 +278,11 @@ class CallStream:
         if self.full:
             return []
         if self._section is not None:
-            self._section += text
+            if self._open is not None and (added := self._open.extend(text)) is not None:
+                self._pieces.append(text)  # the section is not read again for a piece inside an open string
+                self._sent[self._open.index] += len(added)
+                return [CallDelta(self._open.index, None, added)] if added else []
+            self._pieces.append(text)
         else:
             self._held += text
         out: list[str | CallDelta] = []
@@ -284,6 +296,10 @@ class CallStream:
         return out
 
     def _advance(self, out: list, final: bool) -> None:
+        if self._pieces:
+            self._section += "".join(self._pieces)
+            self._pieces.clear()
+        self._open = None
         while not self.full and (self._section is not None and self._read(out, final)
                                  or self._section is None and self._text(out, final)):
             pass
@@ -294,6 +310,7 @@ class CallStream:
         self._send_calls(section, out)
         if self.full:
             return False
+        self._open = self._open_string(section)
         if section.bad is not None or final and not section.calls and section.end is None:
             self._not_calls(self._section[section.bad or 0:], section.bad or 0, out)
         elif section.end is not None:
@@ -313,9 +330,22 @@ class CallStream:
             if index == len(self._sent):
                 out.append(CallDelta(index, name, ""))
                 self._sent.append(0)
+                self._tails.append(JsonTail())
             if piece := arguments[self._sent[index]:]:
                 out.append(CallDelta(index, None, piece))
                 self._sent[index] = len(arguments)
+                self._tails[index].update(piece)
+
+    def _open_string(self, section: Section) -> OpenString | None:
+        """The string the section's text ends in, inside its last call's arguments (all sent), with nothing held back
+        that may begin a closing tag; None where there is none."""
+        index = self._base + len(section.calls) - 1
+        if section.end is not None or section.bad is not None or not section.calls or index >= len(self._tails):
+            return None
+        tail = self._tails[index]
+        if not tail.in_string or self.form.closers and partial_suffix(self._section, self.form.closers):
+            return None
+        return OpenString(index, tail, self.form.closers)
 
     def _not_calls(self, text: str, at: int, out: list) -> None:
         """`text` (from `at` in the section) is content: an answer that did not begin with its calls is plain text;
