@@ -238,9 +238,11 @@ class LocalHost:
 
     def _logprobs(self, seq: Sequence, token: int, after: int) -> list[NamedLogprob] | None:
         """The token's log-probability entry where the turn asks for them (none for an end-of-turn token: it is no
-        text of the answer, and OpenAI lists none for it)."""
+        text of the answer, and OpenAI lists none for it; but where the prompt is scored, as vLLM lists it:
+        lm-evaluation-harness drops the last entry as the answer's one token, else a prompt token)."""
         lps = seq.step_logprobs
-        if seq.sampler.params.logprobs is None or token in seq.stop_ids or len(lps) <= after:
+        ended = token in seq.stop_ids and not seq.scores_prompt
+        if seq.sampler.params.logprobs is None or ended or len(lps) <= after:
             return None
         decode = self.runtime.lm.tokenizer.decode
         return [named(lps[len(lps) - 1 - after], lambda t: decode([t]))]

@@ -77,3 +77,13 @@ def test_what_cannot_be_answered_is_a_400(server, fields, param, words):
     r = _post(server, BODY | {"prompt": "hello"} | fields)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert words in r.json()["error"]["message"]
+
+
+def test_an_end_of_turn_answer_keeps_its_entry(server, bridge):
+    """lm-evaluation-harness sends max_tokens 1 and drops the last entry as the answer's: an answer that is the
+    end-of-turn token (forced here by a bias) must still have one, else a prompt token would be dropped."""
+    ids = _ids(bridge, "The end.")
+    stop = next(iter(bridge.models[0].tokenizer.stop_ids))
+    out = _ok(server, BODY | {"prompt": ids, "max_tokens": 1, "logprobs": 1, "logit_bias": {str(stop): 100}})
+    lp = out["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(ids) + 1 and out["choices"][0]["finish_reason"] == "stop"
