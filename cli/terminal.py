@@ -27,6 +27,9 @@ def add_terminal_parsers(sub) -> None:
     add_context_option(g, "of each prompt")
     g.add_argument("--max-tokens", type=int, default=128, help="the most tokens of each answer (default: 128)")
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
+    g.add_argument("--suffix", default=None, metavar="TEXT",
+                   help="fill in the middle: the text after the gap, each prompt the text before it (a code model's "
+                   "fill-in-the-middle tokens, no chat template); the answer is what goes between")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
     g.add_argument("--sequential", action="store_true", help="run prompts one after another, each in a session of its own (not batched)")
     g.set_defaults(func=generate)
@@ -84,18 +87,21 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
 
 
 def generate(args: argparse.Namespace) -> int:
-    if args.raw and args.thinking is not None:  # the switch is the chat template's: --raw has none to switch
-        raise ParleyError(f"argument --thinking: it switches a chat template's thinking; --raw sends the text "
-                          f"without one (leave out --thinking {args.thinking} or --raw)")
+    raw = "--suffix" if args.suffix is not None else "--raw" if args.raw else None
+    if raw and args.thinking is not None:  # the switch is the chat template's: --raw has none to switch
+        raise ParleyError(f"argument --thinking: it switches a chat template's thinking; {raw} sends the text "
+                          f"without one (leave out --thinking {args.thinking} or {raw})")
     params, prompts = sampling_params(args), read_prompts(args)  # bad input is one line before the model loads
     cli, model_id, loaded = open_engine(args, max_sessions=len(prompts))
     try:
-        sessions = [cli.engine.open_session(model_id, raw=args.raw) for _ in prompts]
+        _check_fill_in_middle(args, loaded)
+        sessions = [cli.engine.open_session(model_id, raw=raw is not None) for _ in prompts]
         stream = not args.json and (len(prompts) == 1 or args.sequential)
         on_text = _write if stream else None
         turns = []
         for sid, prompt in zip(sessions, prompts):
-            turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params))
+            turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params,
+                                           suffix=None if args.suffix is None else typed(args.suffix)))
             if args.sequential:
                 cli.run(turns[-1:], on_text)
                 _end_line(cli, turns[-1], stream)
@@ -108,6 +114,14 @@ def generate(args: argparse.Namespace) -> int:
     finally:
         cli.close()
     return 2 if failed else 0
+
+
+def _check_fill_in_middle(args: argparse.Namespace, loaded) -> None:
+    """--suffix on a model with no fill-in-the-middle tokens: one line before any prompt runs (each would fail)."""
+    if args.suffix is not None and not loaded.info.get("fill_in_middle"):
+        raise ParleyError(f"argument --suffix: {printable(loaded.name)} was not trained to fill in the middle (its "
+                          "vocabulary holds no fill-in-the-middle tokens); a code model that was does, e.g. "
+                          "Qwen2.5-Coder, StarCoder2, CodeLlama, DeepSeek-Coder or Codestral")
 
 
 def _report(cli, i: int, turn: int, as_json: bool, streamed: bool, count: int) -> bool:

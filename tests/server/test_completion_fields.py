@@ -4,6 +4,7 @@ model's fill-in-the-middle document, as a client that writes the markers itself 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import httpx
 import pytest
@@ -74,17 +75,20 @@ def test_chat_takes_neither(server, field, value):
     assert r.status_code == 400 and r.json()["error"]["param"] == field
 
 
-@pytest.fixture(scope="module")
-def fim_server(tmp_path_factory):
+def fim_gguf(folder: Path) -> Path:
     """A tiny Qwen3 whose vocabulary holds Qwen2.5-Coder's three fill-in-the-middle tokens (ids 403-405)."""
-    folder = tmp_path_factory.mktemp("fim")
     hf = make_tiny_hf("qwen3", folder / "hf", config={"vocab_size": 406})
     tokenizer = json.loads((hf / "tokenizer.json").read_text(encoding="utf-8"))
     tokenizer["added_tokens"] += [{"id": 403 + i, "content": m, "single_word": False, "lstrip": False, "rstrip": False,
                                    "normalized": False, "special": True} for i, m in enumerate(FIM)]
     (hf / "tokenizer.json").write_text(json.dumps(tokenizer), encoding="utf-8")
+    return write_gguf(hf, folder / "fim.gguf")
+
+
+@pytest.fixture(scope="module")
+def fim_server(tmp_path_factory):
     bridge = ServerBridge().start()
-    bridge.load(write_gguf(hf, folder / "fim.gguf"), alias="coder")
+    bridge.load(fim_gguf(tmp_path_factory.mktemp("fim")), alias="coder")
     try:
         with BackgroundServer(bridge) as server:
             yield server

@@ -1,0 +1,48 @@
+"""`parley generate --suffix`: fill in the middle from the command line (the server's `suffix`), and the one line a
+model that was not trained to do so gets."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cli.main import main
+from tests.server.test_completion_fields import FIM, fim_gguf
+
+PREFIX, SUFFIX = "def area(r):\n    return ", "\n\nprint(area(2))"
+
+
+@pytest.fixture(scope="module")
+def coder(tmp_path_factory):
+    return fim_gguf(tmp_path_factory.mktemp("fim_cli"))
+
+
+def _generate(model, data_dir, *extra: str) -> int:
+    return main(["--data-dir", str(data_dir), "generate", "--model", str(model), "--max-tokens", "8",
+                 "--speculative", "off", "--json", *extra])
+
+
+def test_suffix_fills_the_middle_as_a_raw_prompt_with_the_markers_does(coder, tmp_path, capsys):
+    """The document the server writes for `suffix`: the same tokens in and the same answer out as a raw prompt
+    written with the markers by hand."""
+    assert _generate(coder, tmp_path, "--prompt", PREFIX, "--suffix", SUFFIX) == 0
+    filled = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert _generate(coder, tmp_path, "--raw", "--prompt", f"{FIM[0]}{PREFIX}{FIM[1]}{SUFFIX}{FIM[2]}") == 0
+    by_hand = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert filled["token_ids"] == by_hand["token_ids"] and filled["prompt_tokens"] == by_hand["prompt_tokens"]
+    assert _generate(coder, tmp_path, "--raw", "--prompt", PREFIX) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[0])["prompt_tokens"] < filled["prompt_tokens"] - 3
+
+
+def test_a_model_that_cannot_fill_in_the_middle_is_one_line(tiny_models, tmp_path, capsys):
+    assert _generate(tiny_models["qwen3"].gguf_path, tmp_path, "--prompt", PREFIX, "--suffix", SUFFIX) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == ("parley: argument --suffix: qwen3 was not trained to fill in the middle (its vocabulary "
+                                 "holds no fill-in-the-middle tokens); a code model that was does, e.g. Qwen2.5-Coder, "
+                                 "StarCoder2, CodeLlama, DeepSeek-Coder or Codestral\n")
+
+
+def test_suffix_sends_no_chat_template_so_thinking_is_refused(capsys):
+    assert main(["generate", "--prompt", PREFIX, "--suffix", SUFFIX, "--thinking", "on"]) == 2
+    assert "argument --thinking: it switches a chat template's thinking; --suffix sends the text without one" in \
+        capsys.readouterr().err
