@@ -173,3 +173,27 @@ def test_a_prompt_sent_twice_at_once_is_scored_twice(client):
     assert [e.stats.prefilled_tokens for e in ends] == [e.stats.prompt_tokens for e in ends]
     assert len(firsts[0].prompt_logprobs) == ends[0].stats.prompt_tokens
     assert firsts[0].prompt_logprobs == firsts[1].prompt_logprobs
+
+
+def test_a_scored_prompt_beside_a_dflash_drafter(tiny_models_q4):
+    """The drafter reads its own tap layers of the step (the scoring's last layer is taken back out): the others'
+    greedy tokens are those of a run without the scored prompt, and its numbers those it gets alone."""
+    from tests.engine.test_dflash import _net, _prompts, _runtime
+    from tests.support.engine_helpers import staggered_sequences
+
+    lm = load_model(tiny_models_q4["llama"].gguf_path)
+    prompts, net = _prompts(lm.args.vocab_size), _net(lm)
+    scored = _prompt(lm.args.vocab_size, 30, 8)
+    greedy, asks = SamplingParams(max_tokens=24), SamplingParams(max_tokens=3, prompt_logprobs=2)
+
+    def run(ps, params, arrivals):
+        rt = _runtime(lm, net, len(ps))
+        return staggered_sequences(rt.batcher, ps, arrivals, params, lm.tokenizer.stop_ids), rt
+
+    plain, _ = run(prompts, greedy, [0, 0, 1, 3])
+    (alone,), _ = run([scored], [asks], [0])
+    seqs, rt = run(prompts + [scored], [greedy] * 4 + [asks], [0, 0, 1, 3, 2])
+    assert rt.batcher.drafter.name == "dflash" and sum(s.num_drafted for s in seqs) > 0
+    assert [s.generated for s in seqs[:4]] == [s.generated for s in plain]
+    got = seqs[4].prompt_logprobs
+    assert len(got) == len(scored) - 1 and all(_same(a, b) for a, b in zip(got, alone.prompt_logprobs))
