@@ -37,6 +37,7 @@ class AppSettings:
     # next save writes these settings as they are, the defaults in place of what did not read)
     base: dict | None = field(default=None, repr=False)
     launch_theme: str | None = None  # `parley --theme`: this launch's colours, never saved (the saved choice is theme)
+    edits: dict[int, tuple[int, str]] = field(default_factory=dict)  # per chat, an edit in progress: (message, text)
 
     @property
     def shown_theme(self) -> str:
@@ -65,7 +66,7 @@ class AppSettings:
                        r.get("one_at_a_time", bool) or False,
                        r.get("weights", str, WEIGHTS.__contains__, _one_of(WEIGHTS)) or "auto",
                        _window(r.inner("window")), _drafts(r.inner("drafts")), _presets(r.inner("presets")), file,
-                       r.get("draft_model", str) or "", read_only, unread=r.unread)
+                       r.get("draft_model", str) or "", read_only, unread=r.unread, edits=_edits(r.inner("edits")))
         if r.unread and not read_only:
             settings.aside = _set_aside(file, lambda aside: shutil.copyfile(file, aside))
         return settings if r.unread else settings.synced()
@@ -78,7 +79,8 @@ class AppSettings:
     def as_json(self) -> dict:
         return {"theme": self.theme, "defaults": self.defaults.to_dict(), "one_at_a_time": self.one_at_a_time,
                 "weights": self.weights, "window": self.window, "drafts": {str(k): v for k, v in self.drafts.items()},
-                "presets": self.presets, "draft_model": self.draft_model}
+                "presets": self.presets, "draft_model": self.draft_model,
+                "edits": {str(k): [msg_id, text] for k, (msg_id, text) in self.edits.items()}}
 
     @property
     def notice(self) -> str:
@@ -174,6 +176,16 @@ def _window(r: _Reader | None) -> dict:
               "sidebar": r.get("sidebar", int, lambda n: 0 <= n < 1 << 16, "a width from 0 to 65535"),  # 0: shut
               "chat": r.get("chat", int)}
     return {k: v for k, v in values.items() if v is not None}
+
+
+def _edits(r: _Reader | None) -> dict[int, tuple[int, str]]:
+    out = {}
+    for k, v in r.data.items() if r else ():
+        if k.isdigit() and isinstance(v, list) and len(v) == 2 and type(v[0]) is int and isinstance(v[1], str):
+            out[int(k)] = (v[0], v[1])
+        else:
+            r.unread.append(unread_value(f"edits.{k}", v, "a chat's number and [its message's number, text] expected"))
+    return out
 
 
 def _presets(r: _Reader | None) -> dict[str, dict]:

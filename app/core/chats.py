@@ -203,24 +203,30 @@ class ChatService:
             self._drafts.pop(conv_id, None)
 
     def drafts(self) -> dict[int, str]:
-        """Every chat's unsent text, queued messages included (what a restart should give back)."""
+        """Every chat's unsent text, queued messages included (what a restart should give back); edits: edits()."""
         out = dict(self._drafts)
-        for conv_id in {*self._edits, *(c for c, live in self._live.items() if live.queued)}:
+        for conv_id in (c for c, live in self._live.items() if live.queued):
             if self.store.has(conv_id):
-                out[conv_id] = "\n\n".join([self._edited_text(conv_id), *self.queued(conv_id),
-                                             out.get(conv_id, "")]).strip()
+                out[conv_id] = "\n\n".join([*self.queued(conv_id), out.get(conv_id, "")]).strip()
         return {c: t for c, t in out.items() if self.store.has(c) and t}
-
-    def _edited_text(self, conv_id: int) -> str:
-        """The text of the chat's edit in progress where it changed the message (settings.json keeps text per chat:
-        it comes back into the box); "" for none, or one opened and left as it was."""
-        edit = self.open_edit(conv_id)
-        return edit[1] if edit is not None and edit[1].strip() != self.store.message(edit[0]).content else ""
 
     def restore_drafts(self, drafts: dict[int, str]) -> None:
         for conv_id, text in drafts.items():
             if self.store.has(conv_id):
                 self.set_draft(conv_id, text)
+
+    def edits(self) -> dict[int, tuple[int, str]]:
+        """Every chat's edit in progress, (message, text): a restart opens it again as the edit (it came back as
+        plain text in the box, the message no longer marked, Cancel gone)."""
+        return {c: edit for c in self._edits if self.store.has(c) and (edit := self.open_edit(c)) is not None}
+
+    def restore_edits(self, edits: dict[int, tuple[int, str]]) -> None:
+        """`edits` as edits() gave them; one whose chat or message is gone (or is not that chat's) is dropped."""
+        for conv_id, (msg_id, text) in edits.items():
+            if self.store.has(conv_id) and self.store.has_message(msg_id):
+                msg = self.store.message(msg_id)
+                if msg.conversation_id == conv_id and msg.role == "user":
+                    self.keep_edit(conv_id, msg_id, text)
 
     def queued(self, conv_id: int) -> list[str]:
         return list(self.live(conv_id).queued)

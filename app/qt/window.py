@@ -39,6 +39,7 @@ class MainWindow(QMainWindow):
     def __init__(self, service: ChatService, models: ModelManager, settings: AppSettings):
         super().__init__()
         self.service, self.models, self.app_settings = service, models, settings
+        service.restore_edits(settings.edits)  # before a chat opens: it opens with its edit (saved by _save_drafts)
         self.setWindowTitle("Parley")
         self.setWindowIcon(icon("parley"))
         self.resize(1200, 780)
@@ -432,6 +433,7 @@ class MainWindow(QMainWindow):
     def _save_drafts(self) -> None:
         self._draft_timer.stop()
         self.app_settings.drafts = self.service.drafts()  # unsent text comes back with the app
+        self.app_settings.edits = self.service.edits()  # and an edit in progress as the edit
         self._save_settings()
 
     def _save_settings(self) -> None:

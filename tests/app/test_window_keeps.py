@@ -49,8 +49,9 @@ def test_an_edit_in_progress_stays_with_its_chat_and_its_text_survives_a_restart
     assert service.draft(first) == "a draft of my own"  # the chat's own draft waits under the edit, as before
     app.close()
     again = start_app(qtbot, tmp_path / "data", tiny_models)
-    try:  # settings.json keeps text per chat: the edit's text comes back into the box, before the draft
-        assert again.service.draft(first) == "hi and what I added\n\na draft of my own"
+    try:  # the edit comes back as the edit (tests/app/test_window_loose_ends.py), the draft under it
+        assert again.service.open_edit(first) == (user.id, "hi and what I added")
+        assert again.service.draft(first) == "a draft of my own"
     finally:
         again.close()
 

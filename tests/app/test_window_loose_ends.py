@@ -153,3 +153,41 @@ def test_a_model_s_own_context_read_after_the_dialog_opened_shows_at_once(parley
     with qtbot.waitSignal(models.context_known, timeout=60_000):
         models.ensure("default")
     assert dialog._shown()[0][1][CONTEXT_COLUMN] == "512 of 512"  # the tiny model's own is the tests' cap
+
+
+def test_an_edit_in_progress_reopens_as_the_edit_after_a_restart(qtbot, qapp, tiny_models, tmp_path):
+    """It came back as plain text in the box, before the chat's draft: the message no longer marked as being edited,
+    no Cancel, and Send sent it as a new message."""
+    from tests.app.helpers import start_app, wait_idle
+
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    w, conv = app.window, app.window.current()
+    w.chat.send("hi")
+    wait_idle(app, qtbot, conv)
+    w.chat.composer.edit.setPlainText("a draft of my own")
+    user = app.store.path(conv)[0]
+    w.chat.view.activate(user, "edit:")  # the message's Edit link
+    w.chat.composer.edit.setPlainText("hi, edited")
+    app.close()
+    again = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        chat = again.window.chat
+        assert chat.conv_id == conv and chat.editing == user.id and chat.composer.banner.isVisible()
+        assert chat.composer.edit.toPlainText() == "hi, edited"
+        chat.composer.cancel_edit()
+        assert chat.editing is None and chat.composer.edit.toPlainText() == "a draft of my own"
+        assert again.service.open_edit(conv) is None
+    finally:
+        again.close()
+
+
+def test_saved_edits_that_do_not_read_are_said_and_left_out(tmp_path):
+    import json
+
+    from app.core.app_settings import AppSettings
+
+    file = tmp_path / "settings.json"
+    file.write_text(json.dumps({"edits": {"3": [5, "half an edit"], "x": [1, "a"], "4": "no message"}}))
+    s = AppSettings.load(file)
+    assert s.edits == {3: (5, "half an edit")}
+    assert [u.split(" ")[0] for u in s.unread] == ["edits.x", "edits.4"]
