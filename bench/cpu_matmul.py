@@ -11,6 +11,7 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   parley-q8       Parley's own kernel (kernels/cpu/qgemm.c) on Q8_0-like blocks: int8 codes, an fp16 scale per 32
   parley-q4       the same on Q4_K-like blocks: 4-bit codes, an fp16 scale and offset per 32
   parley-q8u      the same Q8_0-like codes interleaved in units for kernels/cpu/q8gemm.c (K a multiple of 128)
+  parley-q8t      the same codes in groups of 16 columns for kernels/cpu/amxgemm.c (where AMX tiles run)
   parley-k4       Parley's super-block kernel (kernels/cpu/kgemm.c) on Q4_K super-blocks as a file stores them
   parley-k5       the same on Q5_K super-blocks
   parley-k6       the same on Q6_K super-blocks (random blocks: gguf has no K-quant writer; rel_err is against the
@@ -89,7 +90,20 @@ def _units(codes8: torch.Tensor, s8: torch.Tensor) -> dict:
     from kernels.kquant_layout import interleave_units
 
     held = torch.from_numpy(interleave_units(codes8.numpy()))
-    return {"parley-q8u": (held.numel() + held.numel() // 16, lambda x: q8gemm(x, held, s8))}
+    return {"parley-q8u": (held.numel() + held.numel() // 16, lambda x: q8gemm(x, held, s8)), **_tiles(codes8, s8)}
+
+
+def _tiles(codes8: torch.Tensor, s8: torch.Tensor) -> dict:
+    """The same codes in groups of 16 columns for the AMX kernel, where its tiles run here."""
+    from kernels.cpu_native import amx_ready
+    from kernels.cpu_qgemm import amxgemm
+    from kernels.kquant_layout import tile_codes, tile_scales
+
+    if not amx_ready() or codes8.shape[0] % 16:
+        return {}
+    held = torch.from_numpy(tile_codes(codes8.numpy()))
+    scales = torch.from_numpy(tile_scales(s8.numpy()))
+    return {"parley-q8t": (held.numel() + held.numel() // 16, lambda x: amxgemm(x, held, scales))}
 
 
 def random_superblocks(name: str, n: int, k: int, rng) -> torch.Tensor:

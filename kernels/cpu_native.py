@@ -34,6 +34,7 @@ SOURCE_DIR = Path(__file__).with_name("cpu")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
 FULL_DISK_BYTES = 4 << 20  # a build that failed with less than this free where it builds: the disk filled
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # 0 (or off): never build or use the library (torch's formats and ops instead)
+AMX_ENV = "PARLEY_AMX"  # 0 (or off): byte-code matrices loaded from then on keep the vector kernels' layout
 NEEDS = ("AVX2", "FMA", "F16C")  # the instruction sets every source's intrinsics take: the AVX2 path's floor
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
@@ -44,6 +45,8 @@ SIGNATURES = {  # name: (restype, argtypes)
     "parley_moe": (_INT, [_P, _I64, _I64, _P, _P, _I64, _INT, _INT, _INT, _F, _P, _INT, _I64, _P, _INT, _INT, _P, _INT,
                           _I64, _P, _INT, _P, _P, _INT]),
     "parley_q8gemm": (_INT, [_P, _I64, _I64, _P, _P, _INT, _I64, _P, _P, _INT]),
+    "parley_amxgemm": (_INT, [_P, _I64, _I64, _P, _P, _I64, _P, _P, _INT]),
+    "parley_amx_ready": (_INT, []),
     "parley_qgemm_grouped": (_INT, [_P, _I64, _I64, _P, _P, _INT, _P, _INT, _INT, _P, _P, _P, _I64, _I64, _P, _INT]),
     "parley_moe_codes": (_INT, [_P, _I64, _I64, _P, _P, _I64, _INT, _INT, _P, _P, _P, _P, _P, _P, _INT, _P, _INT, _I64,
                                 _INT, _F, _F, _P, _INT]),
@@ -97,6 +100,18 @@ def cpu_kernel() -> CpuKernel | None:
     if tape is None or kernel is None:
         return kernel
     return CpuKernel(_Recorder(kernel.lib, tape), kernel.isa, kernel.path)
+
+
+def amx_ready() -> bool:
+    """Whether the library multiplies on AMX tiles here (kernels/cpu/amxgemm.c): built for a CPU that has them,
+    Linux grants this process their state, and PARLEY_AMX is not off."""
+    return not switched_off(AMX_ENV) and _amx_granted()
+
+
+@lru_cache(maxsize=1)
+def _amx_granted() -> bool:
+    kernel = _load()[0]
+    return kernel is not None and bool(kernel.lib.parley_amx_ready())
 
 
 @contextmanager

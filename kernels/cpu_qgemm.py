@@ -60,6 +60,21 @@ def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: tor
     return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits)
 
 
+def amxgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
+            impl: str = "auto") -> torch.Tensor:
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in signed byte codes with an fp16 scale per 32, codes (N, K) and
+    scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns (kernels/kquant_layout.tile_codes), on AMX tiles
+    (`cpu_native.amx_ready`)."""
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        from kernels.kquant_layout import untile_codes, untile_scales
+
+        y = qgemm_reference(x, torch.from_numpy(untile_codes(codes.numpy())),
+                            torch.from_numpy(untile_scales(scales.numpy())), None, 8, QB, 128)
+        return y if bias is None else y + bias.float()
+    return run_product(kernel.lib.parley_amxgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr())
+
+
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The kernel's activation quantization: per block of 32, d = max|x| / 127 and a = round(x / d) in -127..127;
     also d·Σa per weight group. Returns (a (R, K) float, d (R, K/32), dsum (R, K/group))."""

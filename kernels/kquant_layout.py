@@ -148,3 +148,35 @@ def unpack_fifths(packed: np.ndarray) -> np.ndarray:
     low = np.concatenate([b[..., :32] & 0x0F, b[..., :32] >> 4], axis=-1)
     fifths = np.unpackbits(b[..., 32:], axis=-1, bitorder="little")
     return ((low | (fifths << 4)) + np.uint8(FIFTHS_ZERO)).reshape(n, -1)
+
+
+TILE_COLUMNS = 16  # columns a group of kernels/cpu/amxgemm.c's layout holds
+
+
+def tile_codes(codes: np.ndarray) -> np.ndarray:
+    """Byte codes u = q + 128 (n, K) in weight order, n a multiple of 16 and K of 32 -> kernels/cpu/amxgemm.c's
+    (n, K) signed codes q: per group of 16 columns and block of 32 weights, 512 bytes, byte 64i + 4c + t holding column
+    c's weight 4i + t (the tiles' pair-of-words form), groups and blocks in order."""
+    n, k = codes.shape
+    q = (np.ascontiguousarray(codes) ^ np.uint8(0x80)).view(np.uint32)  # a weight's 4 bytes t move together
+    words = q.reshape(n // TILE_COLUMNS, TILE_COLUMNS, k // 32, 8)
+    return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(n, k)
+
+
+def untile_codes(held: np.ndarray) -> np.ndarray:
+    """`tile_codes`'s inverse."""
+    n, k = held.shape
+    words = np.ascontiguousarray(held).view(np.uint32).reshape(n // TILE_COLUMNS, k // 32, 8, TILE_COLUMNS)
+    return (np.ascontiguousarray(words.transpose(0, 3, 1, 2)).view(np.uint8) ^ np.uint8(0x80)).reshape(n, k)
+
+
+def tile_scales(scales: np.ndarray) -> np.ndarray:
+    """Per-block scales (n, K/32) -> amxgemm.c's order: per group of 16 columns and block, the 16 in column order."""
+    n, nb = scales.shape
+    return np.ascontiguousarray(scales.reshape(n // TILE_COLUMNS, TILE_COLUMNS, nb).transpose(0, 2, 1)).reshape(n, nb)
+
+
+def untile_scales(held: np.ndarray) -> np.ndarray:
+    """`tile_scales`'s inverse."""
+    n, nb = held.shape
+    return np.ascontiguousarray(held.reshape(n // TILE_COLUMNS, nb, TILE_COLUMNS).transpose(0, 2, 1)).reshape(n, nb)

@@ -210,7 +210,7 @@ def _code_experts(experts: nn.ModuleList) -> "CodeExperts | None":
     if not all(isinstance(m, QuantLinear) and m.qweight.format == "blocks" for pair in mats for m in pair):
         return None
     lay = first.gate_up_proj.qweight.code_layout
-    if lay.raw or lay.units or lay.bits == 5 or lay.zero < 0 or lay.group != 32 \
+    if lay.raw or lay.units or lay.tiles or lay.bits == 5 or lay.zero < 0 or lay.group != 32 \
             or any(m.qweight.code_layout != lay for pair in mats for m in pair):
         return None
     biases = _stacked_biases(experts)

@@ -35,6 +35,10 @@ class CodeLayout:
     raw: str = ""  # a type name: that type's super-blocks, codes interleaved (kernels/kquant_layout.py; kgemm.c's)
     units: bool = False  # byte codes interleaved in units of 256 (kernels/kquant_layout.py; q8gemm.c's)
     lut: bool = False  # 4-bit indices into FP4_CODES (MXFP4): held as indices, the kernel looks the codes up
+    tiles: bool = False  # signed byte codes in groups of 16 columns for AMX (kernels/kquant_layout.tile_codes)
+
+
+TILED = CodeLayout(8, 32, 128, tiles=True)  # byte codes with zero 128 on a CPU with AMX tiles (kernels/cpu/amxgemm.c)
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
@@ -53,6 +57,16 @@ def codes_layout(type_name: str, k: int) -> CodeLayout:
     if lay != CodeLayout(8, 32, 128) or k % 128:
         return lay
     return CodeLayout(5 if type_name == "Q5_0" else 8, 32, 128, units=True)
+
+
+def tiles_fit(lay: CodeLayout, n: int) -> bool:
+    """Whether an (n, k) matrix in `lay` is held in the AMX tiles' layout here: byte codes with zero 128 in units (what
+    q8gemm.c would take), n whole groups of 16 columns, and AMX tiles that run (kernels/cpu_native.amx_ready)."""
+    if lay != CodeLayout(8, 32, 128, units=True) or n % 16:
+        return False
+    from kernels.cpu_native import amx_ready
+
+    return amx_ready()
 
 
 def layout(type_name: str) -> CodeLayout:

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import (BLOCK, FP4_CODES, CodeLayout, codes_layout, fp4_scales, held_layout,
-                                      superblock_rows)
+from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, CodeLayout, codes_layout, fp4_scales, held_layout,
+                                      superblock_rows, tiles_fit)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
@@ -80,6 +80,11 @@ class QuantTensor(WeightMatrix):
             from kernels.cpu_kgemm import kgemm
 
             y = kgemm(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
+            return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
+        if self.format == "blocks" and self.code_layout.tiles:
+            from kernels.cpu_qgemm import amxgemm
+
+            y = amxgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks" and self.code_layout.units:
             from kernels.cpu_qgemm import q8gemm
@@ -166,15 +171,19 @@ class QuantTensor(WeightMatrix):
             return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
         codes, bits = self.natural_codes(ids)
         u = unpack_codes(codes, bits, self.shape[1]).float()
-        s = self.scales[ids].float().repeat_interleave(lay.group, dim=1)
+        s = self.natural_scales(ids).float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
         return u * s + o
 
     def natural_codes(self, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         """The blocks format's codes (of rows `ids`, default all) in weight order and their bits (4 or 8): the units'
         interleaving and the 5-bit packings (Q5_0 in units, Q5_1/Q5_K in blocks) undone."""
-        codes = self.codes if ids is None else self.codes[ids]
         lay = self.code_layout
+        if lay.tiles:
+            from kernels.kquant_layout import untile_codes
+
+            return _tiled_rows(self.codes, ids, untile_codes), 8
+        codes = self.codes if ids is None else self.codes[ids]
         if lay.lut:
             from kernels.cpu_qgemm import unpack_codes
 
@@ -190,8 +199,29 @@ class QuantTensor(WeightMatrix):
         held = unpack_fifths(codes.numpy()) if lay.bits == 5 else codes.numpy()
         return torch.from_numpy(natural_units(held)), 8
 
+    def natural_scales(self, ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The blocks format's scales (of rows `ids`, default all), row by row (the AMX tiles' grouping undone)."""
+        if self.code_layout.tiles:
+            from kernels.kquant_layout import untile_scales
+
+            return _tiled_rows(self.scales, ids, untile_scales)
+        return self.scales if ids is None else self.scales[ids]
+
     def dequantize(self) -> torch.Tensor:
         return self.rows(torch.arange(self.shape[0], device=next(self.buffers()).device))
+
+
+def _tiled_rows(held: torch.Tensor, ids: torch.Tensor | None, untile) -> torch.Tensor:
+    """Rows `ids` (default all) of a matrix held in groups of 16 rows (the AMX tiles' layout), in row order: only the
+    groups that hold them are undone (an embedding lookup reads a few rows of 262,144)."""
+    if ids is None:
+        return torch.from_numpy(untile(held.numpy()))
+    ids = ids.reshape(-1).long()
+    groups, inverse = torch.unique(ids // 16, return_inverse=True)
+    per = held.shape[0] // 16
+    rows = held.reshape(per, -1)[groups].reshape(len(groups) * 16, held.shape[1])
+    natural = torch.from_numpy(untile(rows.numpy())).reshape(len(groups), 16, held.shape[1])
+    return natural[inverse, ids % 16]
 
 
 def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
@@ -244,16 +274,28 @@ def _words_tensor(fmt: str, shape: tuple[int, int], source: str, words: torch.Te
 
 
 def _common_units(parts: list[QuantTensor]) -> list[QuantTensor]:
-    """Parts in units of byte codes where some hold Q5_0's 5 bits and others 8 (a Q8_0 v beside Q5_0 q and k): the
-    5-bit ones as bytes, so that they fuse."""
+    """Parts in units of byte codes where some hold Q5_0's 5 bits and others 8 or the AMX tiles' groups (a Q8_0 v
+    beside Q5_0 q and k): all as byte units, so that they fuse."""
     lays = {p.code_layout for p in parts}
-    if len(lays) != 2 or lays != {CodeLayout(5, 32, 128, units=True), CodeLayout(8, 32, 128, units=True)}:
+    if len(lays) < 2 or not lays <= {CodeLayout(5, 32, 128, units=True), BYTE_UNITS, TILED}:
         return parts
-    from kernels.kquant_layout import unpack_fifths
+    return [_as_byte_units(p) for p in parts]
 
-    return [p if p.code_layout.bits == 8 else
-            QuantTensor("blocks", p.shape, p.source_type, CodeLayout(8, 32, 128, units=True),
-                        codes=torch.from_numpy(unpack_fifths(p.codes.numpy())), scales=p.scales) for p in parts]
+
+BYTE_UNITS = CodeLayout(8, 32, 128, units=True)
+
+
+def _as_byte_units(p: QuantTensor) -> QuantTensor:
+    """A matrix in units of byte codes (q8gemm.c's), from Q5_0's 5 bits or the AMX tiles' groups."""
+    from kernels.kquant_layout import interleave_units, unpack_fifths
+
+    if p.code_layout == BYTE_UNITS:
+        return p
+    if p.code_layout.tiles:
+        codes, scales = interleave_units(p.natural_codes()[0].numpy()), p.natural_scales()
+    else:
+        codes, scales = unpack_fifths(p.codes.numpy()), p.scales
+    return QuantTensor("blocks", p.shape, p.source_type, BYTE_UNITS, codes=torch.from_numpy(codes), scales=scales)
 
 
 def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> QuantTensor:
@@ -390,6 +432,7 @@ class BlockRows:
 
     def __init__(self, n: int, k: int, type_name: str):
         self.type_name, self.layout = type_name, codes_layout(type_name, k)
+        self.layout = TILED if tiles_fit(self.layout, n) else self.layout  # grouped at `done`: rows come in slices
         lay = self.layout
         if lay.lut:  # its codes are indices, held as the file has them
             raise ValueError("MXFP4 rows are held from the file's bytes (mxfp4_blocks), not through BlockRows")
@@ -419,8 +462,20 @@ class BlockRows:
             tensors["offsets"] = self.offsets
         if row_order is not None:
             tensors = {name: t[row_order] for name, t in tensors.items()}
+        if self.layout.tiles:
+            _tile_in_place(tensors["codes"], tensors["scales"])
         return QuantTensor("blocks", (self.codes.shape[0], self.scales.shape[1] * self.layout.group),
                            self.type_name, self.layout, **tensors)
+
+
+def _tile_in_place(codes: torch.Tensor, scales: torch.Tensor) -> None:
+    """Natural byte codes (zero 128) and scales as the AMX tiles' groups, a bounded slice of whole groups at a time."""
+    from kernels.kquant_layout import tile_codes, tile_scales
+
+    step = max(16, (32 << 20) // max(1, codes.shape[1]) // 16 * 16)
+    for start in range(0, codes.shape[0], step):
+        codes[start:start + step] = torch.from_numpy(tile_codes(codes[start:start + step].numpy()))
+        scales[start:start + step] = torch.from_numpy(tile_scales(scales[start:start + step].numpy()))
 
 
 def mxfp4_blocks(raw: np.ndarray, k: int, row_order: torch.Tensor | None = None) -> QuantTensor:

@@ -1,0 +1,203 @@
+/* Parley's CPU product over signed byte codes in blocks of 32 with an fp16 scale (Q8_0, and the types re-quantized to
+   it: w = s·q) on Intel's AMX tiles: y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
+
+   Where it runs (Sapphire Rapids and later Xeons, the Xeon W workstations), one tile multiply sums 16 rows × 16
+   columns × 32 bytes; the vector units' integer dots (q8gemm.c) take ~30× the instructions for it, so a step of many
+   rows (speculative verify steps, prefill) was bound by them where the weights' reads now bound it.
+
+   Layout (kernels/kquant_layout.tile_codes): the codes in groups of 16 columns; per group and block of 32 weights,
+   512 bytes in the tiles' pair-of-words form, byte 64·i + 4·n + t = q of column n, weight 4·i + t of the block; the
+   scales per group and block, 16 fp16 in column order. A block's sums come whole out of one tile multiply, and its
+   scale applies once per block in fp32 lanes (one conversion, one product, one FMA per row and 16 columns), in block
+   order: a row's result depends on its own activations only, so batched == alone bit for bit.
+
+   Activations are quantized per block of 32 as llama.cpp does (x ≈ d·a, d = max|x| / 127, a in -127..127). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <immintrin.h>
+
+#include "simd.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#include <unistd.h>
+#include <sys/syscall.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#define GROUP_BYTES 512  /* one group of 16 columns × one block of 32 weights */
+#define PREFETCH 2048  /* bytes ahead on the weight stream */
+#define VNNI_ROWS 4  /* calls of up to this many rows take group_rows_vnni (as fast as the tiles at 4, faster below) */
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) TileConfig;
+
+/* 1 where the tiles run here: the CPU has them (the build's -march=native says so) and Linux lets this process use
+   their state (asked once; it is the process's from then on). */
+int parley_amx_ready(void) {
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+
+/* Tiles: 0, 1 activations (`rows` rows × one block), 2, 3 codes, 4, 5 sums; two blocks in flight, so that one's
+   multiply runs while the other's sums are scaled. */
+static void configure(int rows) {
+    TileConfig c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
+    c.colsb[0] = c.colsb[1] = 32;
+    c.rows[2] = c.rows[3] = 8;
+    _tile_loadconfig(&c);
+}
+
+/* Block b's sums into tile C: its activations into A, its codes into W. */
+#define MULTIPLY(A, W, C, b)                                                                                  \
+    do {                                                                                                      \
+        _tile_loadd(A, a + r0 * K + 32 * (b), K);                                                             \
+        for (int l = 0; l < GROUP_BYTES; l += 64)                                                             \
+            _mm_prefetch((const char *)(wg + (b) * GROUP_BYTES + PREFETCH + l), _MM_HINT_T0);                 \
+        _tile_loadd(W, wg + (b) * GROUP_BYTES, 64);                                                           \
+        _tile_zero(C);                                                                                        \
+        _tile_dpbssd(C, A, W);                                                                                \
+    } while (0)
+
+/* Block b's sums in tile C, scaled into the rows' accumulators. */
+#define SCALE(C, b)                                                                                           \
+    do {                                                                                                      \
+        _tile_stored(C, sums, 64);                                                                            \
+        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sg + 16 * (b))));              \
+        for (int i = 0; i < nr; i++)                                                                          \
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_load_si512(sums + 16 * i)),                    \
+                                     _mm512_mul_ps(ws, _mm512_set1_ps(d[(r0 + i) * nb + (b)])), acc[i]);      \
+    } while (0)
+
+/* Rows r0 .. r0 + nr - 1 (nr ≤ 16; the tiles hold `rows` ≥ nr, the rest zero) against one group of 16 columns. */
+static inline __attribute__((always_inline)) void group_rows(const int8_t *a, const float *d, int64_t r0,
+        const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, int32_t *sums) {
+    const int64_t nb = K / 32;
+    __m512 acc[16];
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+    /* four blocks in flight: block b's multiply into tile 4 + b % 4, its activations and codes in 0/2 or 1/3 */
+    int64_t b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        MULTIPLY(0, 2, 4, b);
+        MULTIPLY(1, 3, 5, b + 1);
+        MULTIPLY(0, 2, 6, b + 2);
+        MULTIPLY(1, 3, 7, b + 3);
+        SCALE(4, b);
+        SCALE(5, b + 1);
+        SCALE(6, b + 2);
+        SCALE(7, b + 3);
+    }
+    for (; b < nb; b++) {
+        MULTIPLY(0, 2, 4, b);
+        SCALE(4, b);
+    }
+    for (int i = 0; i < nr; i++) _mm512_storeu_ps(y + (r0 + i) * N, acc[i]);
+}
+
+/* group_rows without the tiles, for a few rows (a decode's: the tiles' stores cost more than their multiply saves):
+   a block's codes as u = q + 128 in eight registers, each row's four activation bytes broadcast into VNNI's u8 × s8
+   dot, 128·Σa taken back. The same integer sums, then the same float steps: the same bits as group_rows. */
+static inline __attribute__((always_inline)) void group_rows_vnni(const int8_t *a, const float *d, const int32_t *zs,
+        int64_t r0, const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N) {
+    const int64_t nb = K / 32;
+    __m512 acc[VNNI_ROWS];
+    for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const int8_t *wb = wg + b * GROUP_BYTES;
+        __m512i u[8];
+        for (int l = 0; l < 8; l++) {
+            _mm_prefetch((const char *)(wb + PREFETCH + 64 * l), _MM_HINT_T0);
+            u[l] = _mm512_xor_si512(_mm512_load_si512((const void *)(wb + 64 * l)), _mm512_set1_epi8((char)0x80));
+        }
+        const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sg + 16 * b)));
+        for (int i = 0; i < nr; i++) {
+            const int64_t at = (r0 + i) * nb + b;
+            const int32_t *words = (const int32_t *)(a + (r0 + i) * K + 32 * b);
+            __m512i sum = _mm512_set1_epi32(-zs[at]);
+            for (int l = 0; l < 8; l++) sum = _mm512_dpbusd_epi32(sum, u[l], _mm512_set1_epi32(words[l]));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(ws, _mm512_set1_ps(d[at])), acc[i]);
+        }
+    }
+    for (int i = 0; i < nr; i++) _mm512_storeu_ps(y + (r0 + i) * N, acc[i]);
+}
+
+/* Per row and block: the int8 activations, their scale d and 128·Σa (group_rows_vnni's). */
+static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *a, float *d, int32_t *zs) {
+    const int64_t nb = K / 32;
+    for (int64_t r = 0; r < R; r++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + r * K + 32 * b;
+            int8_t *ab = a + r * K + 32 * b;
+            const float amax = absmax32(xb);
+            d[r * nb + b] = amax / 127.0f;
+            round32(xb, amax > 0.0f ? 127.0f / amax : 0.0f, ab);
+            int sum = 0;
+            for (int i = 0; i < 32; i++) sum += ab[i];
+            zs[r * nb + b] = 128 * sum;
+        }
+}
+
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N/16, K/32, 512) and scales
+   (N/16, K/32, 16) fp16 as the top says, N a multiple of 16, K of 32. Returns 0; -1 when scratch could not be
+   allocated; -2 for a shape it does not take, or where the tiles do not run (parley_amx_ready). */
+int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int64_t N,
+                   const float *bias, float *y, int threads) {
+    if (K % 32 != 0 || N % 16 != 0 || K > 4096 * 16) return -2;
+    const int64_t nb = K / 32, groups = N / 16, padded = R > 16 ? (R + 15) / 16 * 16 : R;
+    int8_t *a = aligned_alloc(64, (size_t)((padded * K + 63) / 64 * 64));  /* rows past R: zero, never stored */
+    float *d = calloc((size_t)(padded * nb), sizeof(float));
+    int32_t *zs = malloc(sizeof(int32_t) * (size_t)(R * nb));
+    if (!a || !d || !zs) {
+        free(a); free(d); free(zs);
+        return -1;
+    }
+    memset(a, 0, (size_t)(padded * K));
+    quantize_rows(x, R, K, a, d, zs);
+    const int tiles = R > VNNI_ROWS;
+    const int64_t chunk = R > 16 ? 1 : (column_run(N, threads) + 15) / 16;
+    #pragma omp parallel num_threads(threads) if (worth_threads(N, K, R))
+    {
+        int32_t sums[256] __attribute__((aligned(64)));
+        if (tiles) configure(padded > 16 ? 16 : (int)padded);
+        #pragma omp for schedule(dynamic, chunk)
+        for (int64_t g = 0; g < groups; g++) {
+            const int8_t *wg = codes + g * nb * GROUP_BYTES;
+            const uint16_t *sg = scales + g * nb * 16;
+            if (!tiles)
+                switch ((int)R) {
+#define ROWS(n) case n: group_rows_vnni(a, d, zs, 0, n, K, wg, sg, y + 16 * g, N); break;
+                    ROWS(1) ROWS(2) ROWS(3) ROWS(4)
+#undef ROWS
+                    default: break;
+                }
+            else for (int64_t r0 = 0; r0 < R; r0 += 16)
+                switch (R - r0 < 16 ? (int)(R - r0) : 16) {  /* a constant row count at each call: accumulators in registers */
+#define ROWS(n) case n: group_rows(a, d, r0, n, K, wg, sg, y + 16 * g, N, sums); break;
+                    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+                    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+                    default: break;
+                }
+            if (bias)
+                for (int64_t r = 0; r < R; r++)
+                    for (int n = 0; n < 16; n++) y[r * N + 16 * g + n] += bias[16 * g + n];
+        }
+        if (tiles) _tile_release();
+    }
+    free(a); free(d); free(zs);
+    return 0;
+}
+#else
+int parley_amx_ready(void) { return 0; }
+
+int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int64_t N,
+                   const float *bias, float *y, int threads) {
+    (void)x, (void)R, (void)K, (void)codes, (void)scales, (void)N, (void)bias, (void)y, (void)threads;
+    return -2;
+}
+#endif
