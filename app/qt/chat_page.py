@@ -9,6 +9,7 @@ from PySide6.QtGui import QFont, QPalette, QTextCursor
 from PySide6.QtWidgets import QHBoxLayout, QStackedWidget, QToolButton, QVBoxLayout, QWidget
 
 from app.core.chats import ChatService
+from app.core.live import ChatStatus
 from app.core.message_html import NOTE_COLOR
 from app.qt.chat_view import ChatView
 from app.qt.composer import Composer, LinkNote
@@ -235,15 +236,24 @@ class ChatPage(QWidget):
             loading = self.tr("failed to load")
         elif state is None and not self.service.busy(conv_id):  # unloaded (Models, or the engine's own caller)
             loading = self.tr("not loaded: loads when you send")
-        status = self.service.status(conv_id)
-        entry = self.models.registry.get(key)
-        if not status.model and entry is not None:  # the model it answers with, loaded or not, as the picker lists it
-            status = replace(status, model=entry.name)  # a copy: the service's status is not ours to change
-        self.status.show_status(status, loading)
+        self.status.show_status(self._named(conv_id, key, loading), loading)
         self.composer.set_busy(self.service.busy(conv_id))
         self._show_queued(conv_id)
         self._show_refusal(conv_id)
         self._show_body(conv_id, key)
+
+    def _named(self, conv_id: int, key: str, loading: str) -> ChatStatus:
+        """The chat's status, naming the model a load (or its absence) is about: a model picked after an answer read
+        'qwen3-f32.gguf · loading: Preparing · 46.6 tok/s' while llama loaded. A turn under way keeps its model."""
+        status = self.service.status(conv_id)
+        entry = self.models.registry.get(key)
+        listed = entry.name if entry is not None else status.model
+        answering = self.service.busy(conv_id) and status.state != "loading"  # not a turn waiting for this load
+        if status.model and (not loading or answering or status.model == listed):
+            return status
+        # a copy (the service's status is not ours to change), without figures that were another model's
+        return replace(status, model=listed, tokens_per_s=None, ttft_s=None, tokens_per_step=None, prompt_tokens=0,
+                       prefilled_tokens=0)
 
     def _show_body(self, conv_id: int, key: str) -> None:
         """An empty chat shows what model answers and prompts to start from; any message shows the chat."""

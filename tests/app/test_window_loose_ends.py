@@ -191,3 +191,17 @@ def test_saved_edits_that_do_not_read_are_said_and_left_out(tmp_path):
     s = AppSettings.load(file)
     assert s.edits == {3: (5, "half an edit")}
     assert [u.split(" ")[0] for u in s.unread] == ["edits.x", "edits.4"]
+
+
+def test_a_model_picked_after_an_answer_is_the_one_the_status_line_says_loads(parley, qtbot, imported_llama):
+    """'qwen3-f32.gguf · loading: Preparing · 46.6 tok/s' while llama loaded: the load named the last answer's model,
+    with its figures."""
+    from tests.app.helpers import wait_idle
+
+    w, conv = parley.window, parley.window.current()
+    w.chat.send("hello")
+    wait_idle(parley, qtbot, conv)
+    parley.models.unload(imported_llama)
+    w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
+    line = w.chat.status.text.full_text()
+    assert line.startswith(f"{w.chat.picker.currentText()}  ·  loading: ") and "— tok/s" in line, line
