@@ -1,6 +1,8 @@
 """The window after unloads, model switches and restarts: what it says is what is true at once."""
 from __future__ import annotations
 
+from tests.app.helpers import hold_engine, start_app, wait_idle
+
 
 def _load_again(parley, qtbot, key: str = "default") -> None:
     """Unloaded and loaded again: the bar's '… loaded' is this load's (no start's notice in its way)."""
@@ -8,6 +10,13 @@ def _load_again(parley, qtbot, key: str = "default") -> None:
     parley.window.statusBar().clearMessage()
     with qtbot.waitSignal(parley.models.loaded, timeout=60_000):
         parley.models.ensure(key)
+
+
+def _say(app, qtbot, conv: int, text: str) -> None:
+    """A short answer (4 tokens) to `text`."""
+    app.service.set_settings(conv, app.store.get(conv).settings.copy(max_tokens=4))
+    app.window.chat.send(text)
+    wait_idle(app, qtbot, conv)
 
 
 def test_the_bar_stops_saying_loaded_once_the_model_is_unloaded(parley, qtbot):
@@ -43,8 +52,6 @@ def test_a_load_given_up_stops_counting_in_the_bar(parley, qtbot, imported_llama
 
 def _answering_then_switched(parley, qtbot, to: str) -> tuple[int, object]:
     """A chat whose answer on the default model is under way (the engine held) when another model is picked."""
-    from tests.app.helpers import hold_engine
-
     service, conv = parley.service, parley.window.current()
     hold_engine(parley, 1.0)  # the turn is submitted and waits: it has an id, no answer yet
     parley.window.chat.send("hello")
@@ -69,8 +76,6 @@ def test_a_failure_after_another_model_was_picked_and_unloaded_is_not_called_an_
 
 
 def test_the_model_that_answered_going_is_called_an_unload_whatever_was_picked_since(parley, qtbot, imported_llama):
-    from tests.app.helpers import wait_idle
-
     conv, live = _answering_then_switched(parley, qtbot, imported_llama)
     parley.models.unload("default")  # the model the answer runs on; the one picked stays loaded
     wait_idle(parley, qtbot, conv)
@@ -81,15 +86,12 @@ def test_the_model_that_answered_going_is_called_an_unload_whatever_was_picked_s
 def test_an_answer_is_named_as_the_model_list_names_its_model(parley, qtbot):
     """Answers were headed by the file's own name ('qwen3') where the picker, the Models dialog and a compare column
     read 'qwen3-f32.gguf'; the bar's '… loaded' and the status line too."""
-    from tests.app.helpers import wait_idle
-
     w, conv = parley.window, parley.window.current()
     listed = w.chat.picker.currentText()
     assert listed == parley.models.registry.get("default").name and listed != parley.models.state("default").own_name
     _load_again(parley, qtbot)
     assert w.statusBar().currentMessage() == f"{listed} loaded"
-    w.chat.send("hello")
-    wait_idle(parley, qtbot, conv)
+    _say(parley, qtbot, conv, "hello")
     answer = parley.store.path(conv)[-1]
     assert answer.state == "done" and answer.model == listed
     assert w.chat.status.text.full_text().startswith(f"{listed}  ·  ")
@@ -98,11 +100,8 @@ def test_an_answer_is_named_as_the_model_list_names_its_model(parley, qtbot):
 def test_an_answer_saved_under_the_file_s_own_name_reads_as_listed(parley, qtbot):
     """A chat saved before keeps its answers; its status line (and a compare column's, which took a name other than
     the loaded model's for 'another model picked since' and dropped the figures) names the model as listed."""
-    from tests.app.helpers import wait_idle
-
     w, conv, state = parley.window, parley.window.current(), parley.models.state("default")
-    w.chat.send("hello")
-    wait_idle(parley, qtbot, conv)
+    _say(parley, qtbot, conv, "hello")
     answer = parley.store.path(conv)[-1]
     parley.store.update_message(answer.id, model=state.own_name)  # as an answer of the last version was saved
     shown = parley.service.status(conv)
@@ -119,7 +118,6 @@ def test_a_chat_whose_model_is_not_loaded_names_it_in_its_status_line(parley, qt
 def test_the_models_dialog_tells_what_a_chat_holds_of_the_model_s_own_context(qtbot, qapp, tiny_models, tmp_path):
     """'Context' read the engine's cap per chat (4,096 for the embedded Gemma, made for 32,768) beside a small model's
     own 2,048, with nothing to tell which was which."""
-
     from app.qt.main import build
     from app.qt.models_dialog import CONTEXT_COLUMN, ModelsDialog
     from engine.runtime import EngineConfig
@@ -158,12 +156,9 @@ def test_a_model_s_own_context_read_after_the_dialog_opened_shows_at_once(parley
 def test_an_edit_in_progress_reopens_as_the_edit_after_a_restart(qtbot, qapp, tiny_models, tmp_path):
     """It came back as plain text in the box, before the chat's draft: the message no longer marked as being edited,
     no Cancel, and Send sent it as a new message."""
-    from tests.app.helpers import start_app, wait_idle
-
     app = start_app(qtbot, tmp_path / "data", tiny_models)
     w, conv = app.window, app.window.current()
-    w.chat.send("hi")
-    wait_idle(app, qtbot, conv)
+    _say(app, qtbot, conv, "hi")
     w.chat.composer.edit.setPlainText("a draft of my own")
     user = app.store.path(conv)[0]
     w.chat.view.activate(user, "edit:")  # the message's Edit link
@@ -196,11 +191,8 @@ def test_saved_edits_that_do_not_read_are_said_and_left_out(tmp_path):
 def test_a_model_picked_after_an_answer_is_the_one_the_status_line_says_loads(parley, qtbot, imported_llama):
     """'qwen3-f32.gguf · loading: Preparing · 46.6 tok/s' while llama loaded: the load named the last answer's model,
     with its figures."""
-    from tests.app.helpers import wait_idle
-
     w, conv = parley.window, parley.window.current()
-    w.chat.send("hello")
-    wait_idle(parley, qtbot, conv)
+    _say(parley, qtbot, conv, "hello")
     parley.models.unload(imported_llama)
     w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
     line = w.chat.status.text.full_text()
