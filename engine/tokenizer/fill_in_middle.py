@@ -1,5 +1,6 @@
-"""Fill-in-the-middle: the marker tokens a code model was trained with, found in its vocabulary, and the prompt that
-asks it for the text between a prefix and a suffix, built as ids (the markers never pass through text)."""
+"""Fill-in-the-middle: the marker tokens a code model was trained with, named by its GGUF file or found in its
+vocabulary, and the prompt that asks it for the text between a prefix and a suffix, built as ids (the markers never
+pass through text)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ class FimFormat:
     suffix: str
     middle: str | None = None
     suffix_first: bool = False
+    ids: tuple[int, ...] = ()  # the markers' ids where the model file names them; else each text's id
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -33,11 +35,29 @@ FORMATS = (
 
 
 def fim_format(tok: Tokenizer) -> FimFormat | None:
-    """The family whose every marker is one entry of the model's vocabulary; else None."""
+    """The markers a GGUF file names (tokenizer.ggml.fim_pre/suf/mid_token_id, as llama.cpp reads them), else the
+    family whose every marker is one entry of the model's vocabulary; else None."""
+    named = _named(tok)
+    if named is not None:
+        return named
     for fmt in FORMATS:
         if all(tok.token_to_id(m) is not None for m in fmt.markers):
             return fmt
     return None
+
+
+def _named(tok: Tokenizer) -> FimFormat | None:
+    """The file's own markers, in the order of the family their texts are (Codestral's suffix first), else prefix,
+    suffix, middle; None where it names none, or no middle for a family that writes one."""
+    if len(tok.fim_ids) < 2:
+        return None
+    texts = [tok.id_to_token(i) or "" for i in tok.fim_ids]
+    family = next((f for f in FORMATS if (f.prefix, f.suffix) == (texts[0], texts[1])), None)
+    if family is not None and family.suffix_first:
+        return FimFormat(texts[0], texts[1], None, True, tok.fim_ids[:2])
+    if len(texts) < 3:
+        return None
+    return FimFormat(*texts, ids=tok.fim_ids)
 
 
 def fim_markers(tok: Tokenizer) -> tuple[str, ...] | None:
@@ -50,7 +70,7 @@ def fim_ids(tok: Tokenizer, fmt: FimFormat, prefix: str, suffix: str) -> list[in
     """The prompt whose continuation is the middle: BOS where the model takes one, the markers' ids, the prefix encoded
     as text that starts a stretch (SentencePiece's space before it, as Meta's and Mistral's references write it) and
     the suffix as text that goes on from the hole (no space added); marker texts typed in either are plain text."""
-    marker = tok.token_to_id
+    marker = dict(zip(fmt.markers, fmt.ids)).get if fmt.ids else tok.token_to_id
     before = tok.backend.encode(prefix, literal=True, start=True) if prefix else []
     after = tok.backend.encode(suffix, literal=True, start=False) if suffix else []
     if fmt.suffix_first:

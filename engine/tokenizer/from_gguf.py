@@ -43,7 +43,17 @@ def gguf_tokenizer_info(vocab: GGUFVocab, metadata: dict[str, Any], backend: Tok
         chat_template=gguf_template_source(metadata),
         bos_token=_token_text(vocab, vocab.bos_id),
         eos_token=_token_text(vocab, vocab.eos_id),
+        fim_ids=_fim_ids(vocab),
     )
+
+
+def _fim_ids(vocab: GGUFVocab) -> tuple[int, ...]:
+    """The fill-in-the-middle markers the file names (prefix, suffix and middle, or the first two): () without both
+    of the first two."""
+    pre, suf, mid = vocab.fim_ids
+    if pre is None or suf is None:
+        return ()
+    return (pre, suf) if mid is None else (pre, suf, mid)
 
 
 def _unknown_id(vocab: GGUFVocab) -> int | None:

@@ -42,6 +42,7 @@ class GGUFVocab:
     add_bos: bool
     add_space_prefix: bool
     extra_stop_ids: list[int]
+    fim_ids: tuple[int | None, ...] = (None, None, None)  # fill-in-the-middle markers: prefix, suffix, middle
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -59,6 +60,7 @@ class GGUFVocab:
             if token_id is not None and not 0 <= token_id < n:
                 raise TokenizerError(f"The {name} token id {token_id} is outside the {n}-token vocabulary.")
         self.extra_stop_ids = [i for i in self.extra_stop_ids if 0 <= i < n]
+        self.fim_ids = tuple(i if i is not None and i < n else None for i in self.fim_ids)
 
     def added_tokens(self, skip: set[int] = frozenset()) -> list[AddedToken]:
         """Control, unknown and unused tokens as special added tokens; user-defined as plain ones.
@@ -105,6 +107,8 @@ def _vocab(metadata: dict[str, Any]) -> GGUFVocab:
                         "tokenizer.ggml.fim_rep_token_id", "tokenizer.ggml.fim_sep_token_id")
             if metadata.get(key) is not None
         ],
+        fim_ids=tuple(_optional_int(metadata.get(f"tokenizer.ggml.fim_{part}_token_id"))
+                      for part in ("pre", "suf", "mid")),
     )
 
 

@@ -44,6 +44,7 @@ class TokenizerInfo:
     chat_template: str
     bos_token: str = ""
     eos_token: str = ""
+    fim_ids: tuple[int, ...] = ()  # a GGUF's fill-in-the-middle markers (prefix, suffix[, middle]); () where none
     version: int = field(default=INFO_VERSION)
 
     def __post_init__(self) -> None:
@@ -64,6 +65,7 @@ class TokenizerInfo:
         if data.get("version") != INFO_VERSION:
             raise TokenizerError(f"Saved tokenizer has format version {data.get('version')}, expected {INFO_VERSION}.")
         data["stop_ids"] = frozenset(data["stop_ids"])
+        data["fim_ids"] = tuple(data.get("fim_ids", ()))
         return cls(**data)
 
 
@@ -82,6 +84,7 @@ class Tokenizer:
         self.eos_id = info.eos_id
         self.add_bos = info.add_bos
         self.stop_ids = info.stop_ids
+        self.fim_ids = info.fim_ids
         self.chat_template = ChatTemplate(info.chat_template, info.bos_token, info.eos_token)
         self.harmony = is_harmony(backend.token_to_id)  # gpt-oss: answers on channels (engine/tokenizer/harmony.py)
         kept = (*SHOWN_CONTROL, *TOOL_CALL_MARKERS, *(HARMONY_TAGS if self.harmony else ()))

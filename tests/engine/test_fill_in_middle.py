@@ -78,3 +78,39 @@ def test_a_turn_with_a_suffix_is_built_around_the_hole_or_refused(sp):
         render_turn(request, raw=True, overflow="stop", tok=_tokenizer(sp, []), limit=4096)
     with pytest.raises(ParleyError, match="plain-text completion"):
         request.check(raw=False)
+
+
+def _named(ids: list[int]) -> dict:
+    return {f"tokenizer.ggml.fim_{part}_token_id": i for part, i in zip(("pre", "suf", "mid"), ids)}
+
+
+def test_the_markers_a_gguf_names_win_over_the_texts(sp):
+    """A GGUF names its markers (tokenizer.ggml.fim_pre/suf/mid_token_id, llama.cpp's): they were not read, so a
+    family the text table lacks (GLM-4's <|code_prefix|>) could not fill in, and a vocabulary holding two families'
+    texts got the table's first. The ids the file names are the markers now."""
+    glm = ["<|code_prefix|>", "<|code_suffix|>", "<|code_middle|>"]
+    base = _tokenizer(sp, glm).vocab_size - 3
+    assert fim_format(_tokenizer(sp, glm)) is None  # the texts alone: no family
+    tok = _tokenizer(sp, glm, **_named([base, base + 1, base + 2]))
+    fmt = fim_format(tok)
+    assert fmt is not None and fmt.markers == tuple(glm)
+    assert fim_ids(tok, fmt, PREFIX, SUFFIX) == [tok.bos_id, base, *sp.encode(PREFIX), base + 1, *_continuing(sp, SUFFIX),
+                                                 base + 2]
+    both = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>"]
+    assert fim_format(_tokenizer(sp, both)).prefix == "<|fim_prefix|>"  # the table's first family
+    named = fim_format(_tokenizer(sp, both, **_named([base + 3, base + 4, base + 5])))
+    assert named.markers == ("<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
+
+def test_named_markers_keep_their_family_s_order_and_are_read_where_whole(sp):
+    """Codestral's file names a prefix and a suffix (no middle): the suffix still goes first. A middle missing for a
+    family that writes one, or an id outside the vocabulary, leaves the texts to decide."""
+    tok = _tokenizer(sp, ["[PREFIX]", "[SUFFIX]"])
+    pre, suf = tok.token_to_id("[PREFIX]"), tok.token_to_id("[SUFFIX]")
+    fmt = fim_format(_tokenizer(sp, ["[PREFIX]", "[SUFFIX]"], **_named([pre, suf])))
+    assert fmt.suffix_first and fmt.ids == (pre, suf)
+    qwen = ["<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"]
+    base = _tokenizer(sp, qwen).vocab_size - 3
+    for ids in ([base, base + 1], [base, base + 1, 10**6]):
+        fmt = fim_format(_tokenizer(sp, qwen, **_named(ids)))
+        assert fmt.markers == tuple(qwen) and fmt.ids == (), ids
