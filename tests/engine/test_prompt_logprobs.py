@@ -16,7 +16,7 @@ from engine.runtime import EngineConfig
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
 from tests.support.engine_client import Client
-from tests.support.engine_helpers import full_logits
+from tests.support.engine_helpers import full_logits, staggered_sequences
 from tests.support.tiny_models import load_hf_reference
 
 ARCHS = ["llama", "gemma3", "qwen3"]
@@ -35,17 +35,7 @@ def _prompt(vocab: int, n: int, seed: int) -> list[int]:
 def _run(lm, prompts: list[list[int]], params: list[SamplingParams], run: RunConfig,
          arrivals: list[int] | None = None) -> list[Sequence]:
     """The prompts through one batcher, prompt i arriving at step arrivals[i], to their ends."""
-    batcher = make_batcher(lm, len(prompts), run)
-    seqs = [Sequence(i, list(p), SamplerState(q)) for i, (p, q) in enumerate(zip(prompts, params))]
-    arrivals = arrivals or [0] * len(prompts)
-    step = 0
-    while step <= max(arrivals) or batcher.has_work():
-        for seq, at in zip(seqs, arrivals):
-            if at == step:
-                batcher.add(seq)
-        batcher.step()
-        step += 1
-    return seqs
+    return staggered_sequences(make_batcher(lm, len(prompts), run), prompts, arrivals or [0] * len(prompts), params)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -179,7 +169,6 @@ def test_a_scored_prompt_beside_a_dflash_drafter(tiny_models_q4):
     """The drafter reads its own tap layers of the step (the scoring's last layer is taken back out): the others'
     greedy tokens are those of a run without the scored prompt, and its numbers those it gets alone."""
     from tests.engine.test_dflash import _net, _prompts, _runtime
-    from tests.support.engine_helpers import staggered_sequences
 
     lm = load_model(tiny_models_q4["llama"].gguf_path)
     prompts, net = _prompts(lm.args.vocab_size), _net(lm)
@@ -197,3 +186,46 @@ def test_a_scored_prompt_beside_a_dflash_drafter(tiny_models_q4):
     assert [s.generated for s in seqs[:4]] == [s.generated for s in plain]
     got = seqs[4].prompt_logprobs
     assert len(got) == len(scored) - 1 and all(_same(a, b) for a, b in zip(got, alone.prompt_logprobs))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (decode graphs)")
+def test_on_the_gpu_a_prompt_scored_while_others_replay_decode_graphs():
+    """Gemma 3 270M's shape in bf16 on CUDA: a prompt arriving while three others decode through replayed graphs is
+    scored as the log-softmax of the logits the model gives its positions alone (bf16 GEMMs of other row counts: within
+    test_cuda_runner's bound, 5% of their scale)."""
+    from bench.decode_gpu import gemma270m_args, parley_model, prompts, random_hf_weights
+    from tests.engine.test_cuda_runner import REL_GAP, make_batcher as cuda_batcher
+
+    args = gemma270m_args(max_len=512)
+    model = parley_model(args, random_hf_weights(args, seed=0), torch.bfloat16, "cuda")
+    ids = prompts(args, 4, length=120)
+    greedy, asks = SamplingParams(max_tokens=24), SamplingParams(max_tokens=2, prompt_logprobs=3)
+
+    def run(ps, params, arrivals):
+        b = cuda_batcher(model, args, 4, 400, graphs=True)
+        return staggered_sequences(b, ps, arrivals, params), b
+
+    plain, _ = run(ids[:3], [greedy] * 3, [0, 0, 0])
+    seqs, b = run(ids, [greedy] * 3 + [asks], [0, 0, 0, 6])
+    # steps before it arrived are the same steps; after, bf16 rows of a wider step may flip a near-tie (test_cuda_runner)
+    assert b.runner.graphs.replays > 0 and [s.generated[:5] for s in seqs[:3]] == [s.generated[:5] for s in plain]
+    got = seqs[3].prompt_logprobs
+    want = torch.log_softmax(_gpu_logits(model, args, ids[3]).float().cpu(), dim=-1)[:-1]
+    scale = want.std().item()
+    assert [lp.token for lp in got] == ids[3][1:]
+    assert max(abs(lp.logprob - row[lp.token].item()) for lp, row in zip(got, want)) < REL_GAP * scale
+
+
+def _gpu_logits(model, args, ids: list[int]) -> torch.Tensor:
+    """Every position's logits from one eager prefill of `ids` alone."""
+    from tests.engine.test_cuda_runner import make_batcher as cuda_batcher
+
+    b, dev = cuda_batcher(model, args, 1, 400, graphs=False), next(model.parameters()).device
+    cache, slot = b.cache, b.cache.seq_new()
+    cache.declare_step([(slot, len(ids))])
+    b.runner.inputs.prepare() if b.runner.inputs is not None else cache.prepare_step()
+    with torch.inference_mode():
+        out = model(torch.tensor(ids, device=dev), torch.arange(len(ids), device=dev), cache, None)
+    cache.commit_step()
+    return out
