@@ -61,18 +61,18 @@ def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: tor
 
 
 def amxgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
-            impl: str = "auto") -> torch.Tensor:
-    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in signed byte codes with an fp16 scale per 32, codes (N, K) and
-    scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns (kernels/kquant_layout.tile_codes), on AMX tiles
-    (`cpu_native.amx_ready`)."""
+            bits: int = 8, impl: str = "auto") -> torch.Tensor:
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes (zero 128) with an fp16 scale per 32, codes (N, K·bits/8)
+    and scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns (kernels/kquant_layout.tile_codes, `bits` 8
+    or 5), on AMX tiles (`cpu_native.amx_ready`)."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         from kernels.kquant_layout import untile_codes, untile_scales
 
-        y = qgemm_reference(x, torch.from_numpy(untile_codes(codes.numpy())),
+        y = qgemm_reference(x, torch.from_numpy(untile_codes(codes.numpy(), bits)),
                             torch.from_numpy(untile_scales(scales.numpy())), None, 8, QB, 128)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_amxgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr())
+    return run_product(kernel.lib.parley_amxgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

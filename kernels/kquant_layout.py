@@ -153,21 +153,40 @@ def unpack_fifths(packed: np.ndarray) -> np.ndarray:
 TILE_COLUMNS = 16  # columns a group of kernels/cpu/amxgemm.c's layout holds
 
 
-def tile_codes(codes: np.ndarray) -> np.ndarray:
-    """Byte codes u = q + 128 (n, K) in weight order, n a multiple of 16 and K of 32 -> kernels/cpu/amxgemm.c's
-    (n, K) signed codes q: per group of 16 columns and block of 32 weights, 512 bytes, byte 64i + 4c + t holding column
-    c's weight 4i + t (the tiles' pair-of-words form), groups and blocks in order."""
+def tile_order(codes: np.ndarray) -> np.ndarray:
+    """Byte codes (n, K) in weight order, n a multiple of 16 and K of 32 -> kernels/cpu/amxgemm.c's order, shape (n, K):
+    per group of 16 columns and block of 32 weights, 512 codes, code 64i + 4c + t holding column c's weight 4i + t (the
+    tiles' pair-of-words form), groups and blocks in order."""
     n, k = codes.shape
-    q = (np.ascontiguousarray(codes) ^ np.uint8(0x80)).view(np.uint32)  # a weight's 4 bytes t move together
-    words = q.reshape(n // TILE_COLUMNS, TILE_COLUMNS, k // 32, 8)
-    return np.ascontiguousarray(words.transpose(0, 2, 3, 1)).view(np.uint8).reshape(n, k)
+    words = np.ascontiguousarray(codes).view(np.uint32)  # a weight's 4 bytes t move together
+    grouped = words.reshape(n // TILE_COLUMNS, TILE_COLUMNS, k // 32, 8).transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(grouped).view(np.uint8).reshape(n, k)
 
 
-def untile_codes(held: np.ndarray) -> np.ndarray:
-    """`tile_codes`'s inverse."""
+def natural_order(held: np.ndarray) -> np.ndarray:
+    """`tile_order`'s inverse."""
     n, k = held.shape
     words = np.ascontiguousarray(held).view(np.uint32).reshape(n // TILE_COLUMNS, k // 32, 8, TILE_COLUMNS)
-    return (np.ascontiguousarray(words.transpose(0, 3, 1, 2)).view(np.uint8) ^ np.uint8(0x80)).reshape(n, k)
+    return np.ascontiguousarray(words.transpose(0, 3, 1, 2)).view(np.uint8).reshape(n, k)
+
+
+def tile_codes(codes: np.ndarray, bits: int = 8) -> np.ndarray:
+    """Byte codes u = q + 128 (n, K) in weight order -> amxgemm.c's codes: `tile_order`'s, as signed bytes q (bits 8,
+    (n, K)), or Q5_0's (u = q5 + 112, q5 < 32) packed in 5 bits by `pack_fifths` over each 64 (bits 5, (n, 5K/8))."""
+    n, k = codes.shape
+    ordered = tile_order(codes)
+    if bits == 8:
+        return ordered ^ np.uint8(0x80)
+    return pack_fifths(ordered.reshape(-1, 64)).reshape(n, k // 8 * 5)
+
+
+def untile_codes(held: np.ndarray, bits: int = 8) -> np.ndarray:
+    """`tile_codes`'s inverse: the codes u = q + 128 in weight order."""
+    n = held.shape[0]
+    if bits == 8:
+        return natural_order(held ^ np.uint8(0x80))
+    k = held.shape[1] // 5 * 8
+    return natural_order(unpack_fifths(held.reshape(-1, 40)).reshape(n, k))
 
 
 def tile_scales(scales: np.ndarray) -> np.ndarray:

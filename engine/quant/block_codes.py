@@ -39,6 +39,7 @@ class CodeLayout:
 
 
 TILED = CodeLayout(8, 32, 128, tiles=True)  # byte codes with zero 128 on a CPU with AMX tiles (kernels/cpu/amxgemm.c)
+TILED_FIFTHS = CodeLayout(5, 32, 128, tiles=True)  # Q5_0's there, in 5 bits
 
 
 def held_layout(type_name: str, k: int) -> CodeLayout:
@@ -59,14 +60,15 @@ def codes_layout(type_name: str, k: int) -> CodeLayout:
     return CodeLayout(5 if type_name == "Q5_0" else 8, 32, 128, units=True)
 
 
-def tiles_fit(lay: CodeLayout, n: int) -> bool:
-    """Whether an (n, k) matrix in `lay` is held in the AMX tiles' layout here: byte codes with zero 128 in units (what
-    q8gemm.c would take), n whole groups of 16 columns, and AMX tiles that run (kernels/cpu_native.amx_ready)."""
-    if lay != CodeLayout(8, 32, 128, units=True) or n % 16:
-        return False
+def tiled_layout(lay: CodeLayout, n: int) -> CodeLayout:
+    """How an (n, k) matrix that `codes_layout` puts in units (byte codes with zero 128: q8gemm.c's) is held where AMX
+    tiles run (kernels/cpu_native.amx_ready) and n is whole groups of 16 columns: in the tiles' groups, in 8 or 5 bits
+    as in units; else `lay` itself."""
+    if not lay.units or n % 16:
+        return lay
     from kernels.cpu_native import amx_ready
 
-    return amx_ready()
+    return (TILED if lay.bits == 8 else TILED_FIFTHS) if amx_ready() else lay
 
 
 def layout(type_name: str) -> CodeLayout:

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, CodeLayout, codes_layout, fp4_scales, held_layout,
-                                      superblock_rows, tiles_fit)
+from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, TILED_FIFTHS, CodeLayout, codes_layout, fp4_scales, held_layout,
+                                      superblock_rows, tiled_layout)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
@@ -84,7 +84,8 @@ class QuantTensor(WeightMatrix):
         if self.format == "blocks" and self.code_layout.tiles:
             from kernels.cpu_qgemm import amxgemm
 
-            y = amxgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, impl="native")
+            y = amxgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, bits=self.code_layout.bits,
+                        impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks" and self.code_layout.units:
             from kernels.cpu_qgemm import q8gemm
@@ -182,7 +183,7 @@ class QuantTensor(WeightMatrix):
         if lay.tiles:
             from kernels.kquant_layout import untile_codes
 
-            return _tiled_rows(self.codes, ids, untile_codes), 8
+            return _tiled_rows(self.codes, ids, lambda held: untile_codes(held, lay.bits)), 8
         codes = self.codes if ids is None else self.codes[ids]
         if lay.lut:
             from kernels.cpu_qgemm import unpack_codes
@@ -220,8 +221,8 @@ def _tiled_rows(held: torch.Tensor, ids: torch.Tensor | None, untile) -> torch.T
     groups, inverse = torch.unique(ids // 16, return_inverse=True)
     per = held.shape[0] // 16
     rows = held.reshape(per, -1)[groups].reshape(len(groups) * 16, held.shape[1])
-    natural = torch.from_numpy(untile(rows.numpy())).reshape(len(groups), 16, held.shape[1])
-    return natural[inverse, ids % 16]
+    natural = torch.from_numpy(untile(rows.numpy()))
+    return natural.reshape(len(groups), 16, natural.shape[1])[inverse, ids % 16]
 
 
 def concat_rows(parts: list[QuantTensor]) -> QuantTensor | None:
@@ -274,28 +275,33 @@ def _words_tensor(fmt: str, shape: tuple[int, int], source: str, words: torch.Te
 
 
 def _common_units(parts: list[QuantTensor]) -> list[QuantTensor]:
-    """Parts in units of byte codes where some hold Q5_0's 5 bits and others 8 or the AMX tiles' groups (a Q8_0 v
-    beside Q5_0 q and k): all as byte units, so that they fuse."""
+    """Parts of byte codes with zero 128 in different holdings (a Q8_0 v beside Q5_0 q and k: 8 and 5 bits, in units
+    or in the AMX tiles' groups): all as bytes, in the tiles' groups where every part is there, else in units, so that
+    they fuse."""
     lays = {p.code_layout for p in parts}
-    if len(lays) < 2 or not lays <= {CodeLayout(5, 32, 128, units=True), BYTE_UNITS, TILED}:
+    if len(lays) < 2 or not lays <= {FIFTH_UNITS, BYTE_UNITS, TILED_FIFTHS, TILED}:
         return parts
-    return [_as_byte_units(p) for p in parts]
+    tiled = lays <= {TILED_FIFTHS, TILED}
+    return [_as_bytes(p, tiled) for p in parts]
 
 
-BYTE_UNITS = CodeLayout(8, 32, 128, units=True)
+FIFTH_UNITS, BYTE_UNITS = CodeLayout(5, 32, 128, units=True), CodeLayout(8, 32, 128, units=True)
 
 
-def _as_byte_units(p: QuantTensor) -> QuantTensor:
-    """A matrix in units of byte codes (q8gemm.c's), from Q5_0's 5 bits or the AMX tiles' groups."""
-    from kernels.kquant_layout import interleave_units, unpack_fifths
+def _as_bytes(p: QuantTensor, tiled: bool) -> QuantTensor:
+    """A matrix of byte codes with zero 128 in units (q8gemm.c's) or, `tiled`, in the AMX tiles' groups, in 8 bits."""
+    from kernels.kquant_layout import interleave_units, tile_codes, tile_scales
 
-    if p.code_layout == BYTE_UNITS:
+    target = TILED if tiled else BYTE_UNITS
+    if p.code_layout == target:
         return p
-    if p.code_layout.tiles:
-        codes, scales = interleave_units(p.natural_codes()[0].numpy()), p.natural_scales()
+    natural = p.natural_codes()[0].numpy()
+    scales = p.natural_scales()
+    if tiled:
+        codes, scales = tile_codes(natural), torch.from_numpy(tile_scales(scales.numpy()))
     else:
-        codes, scales = unpack_fifths(p.codes.numpy()), p.scales
-    return QuantTensor("blocks", p.shape, p.source_type, BYTE_UNITS, codes=torch.from_numpy(codes), scales=scales)
+        codes = interleave_units(natural)
+    return QuantTensor("blocks", p.shape, p.source_type, target, codes=torch.from_numpy(codes), scales=scales)
 
 
 def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> QuantTensor:
@@ -432,18 +438,24 @@ class BlockRows:
 
     def __init__(self, n: int, k: int, type_name: str):
         self.type_name, self.layout = type_name, codes_layout(type_name, k)
-        self.layout = TILED if tiles_fit(self.layout, n) else self.layout  # grouped at `done`: rows come in slices
+        self.layout = tiled_layout(self.layout, n)  # grouped at `done`: rows come in slices, not whole groups
         lay = self.layout
         if lay.lut:  # its codes are indices, held as the file has them
             raise ValueError("MXFP4 rows are held from the file's bytes (mxfp4_blocks), not through BlockRows")
         self.codes = torch.empty(n, k * lay.bits // 8, dtype=torch.uint8)
         self.scales = torch.empty(n, k // lay.group, dtype=torch.float16)
         self.offsets = torch.empty(n, k // lay.group, dtype=torch.float16) if lay.zero < 0 else None
+        # the tiles' groups: bytes in weight order until `done` (5 bits: one matrix's bytes for a moment)
+        self.natural = (self.codes if lay.bits == 8 else torch.empty(n, k, dtype=torch.uint8)) if lay.tiles else None
 
     def put(self, start: int, c) -> None:
         from engine.quant.block_codes import pack_fives, pack_nibbles
 
         stop = start + len(c.codes)
+        if self.natural is not None:
+            self.natural[start:stop] = torch.from_numpy(np.ascontiguousarray(c.codes))
+            self.scales[start:stop] = torch.from_numpy(c.scale).half()
+            return
         codes = pack_nibbles(c.codes) if self.layout.bits == 4 else c.codes
         codes = pack_fives(codes) if self.layout.bits == 5 and not self.layout.units else codes
         if self.layout.units:  # rows are independent: each slice is interleaved as it comes (no second copy)
@@ -457,24 +469,30 @@ class BlockRows:
             self.offsets[start:stop] = torch.from_numpy(c.offset).half()
 
     def done(self, row_order: torch.Tensor | None = None) -> QuantTensor:
+        if self.natural is not None:
+            natural, scales = (self.natural, self.scales) if row_order is None else \
+                (self.natural[row_order], self.scales[row_order])
+            _tile_groups(natural, scales, self.codes, self.layout.bits)
+            self.natural = None
+            return QuantTensor("blocks", tuple(natural.shape), self.type_name, self.layout, codes=self.codes,
+                               scales=scales)
         tensors = {"codes": self.codes, "scales": self.scales}
         if self.offsets is not None:
             tensors["offsets"] = self.offsets
         if row_order is not None:
             tensors = {name: t[row_order] for name, t in tensors.items()}
-        if self.layout.tiles:
-            _tile_in_place(tensors["codes"], tensors["scales"])
         return QuantTensor("blocks", (self.codes.shape[0], self.scales.shape[1] * self.layout.group),
                            self.type_name, self.layout, **tensors)
 
 
-def _tile_in_place(codes: torch.Tensor, scales: torch.Tensor) -> None:
-    """Natural byte codes (zero 128) and scales as the AMX tiles' groups, a bounded slice of whole groups at a time."""
+def _tile_groups(natural: torch.Tensor, scales: torch.Tensor, out: torch.Tensor, bits: int) -> None:
+    """Byte codes (zero 128) in weight order into `out` as the AMX tiles' groups in `bits` (out may be natural
+    itself), the scales grouped in place; a bounded slice of whole groups at a time."""
     from kernels.kquant_layout import tile_codes, tile_scales
 
-    step = max(16, (32 << 20) // max(1, codes.shape[1]) // 16 * 16)
-    for start in range(0, codes.shape[0], step):
-        codes[start:start + step] = torch.from_numpy(tile_codes(codes[start:start + step].numpy()))
+    step = max(16, (32 << 20) // max(1, natural.shape[1]) // 16 * 16)
+    for start in range(0, natural.shape[0], step):
+        out[start:start + step] = torch.from_numpy(tile_codes(natural[start:start + step].numpy(), bits))
         scales[start:start + step] = torch.from_numpy(tile_scales(scales[start:start + step].numpy()))
 
 

@@ -1,13 +1,15 @@
-/* Parley's CPU product over signed byte codes in blocks of 32 with an fp16 scale (Q8_0, and the types re-quantized to
-   it: w = s·q) on Intel's AMX tiles: y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
+/* Parley's CPU product over byte codes in blocks of 32 with an fp16 scale (Q8_0, Q5_0, and the types re-quantized to
+   Q8_0: w = s·q) on Intel's AMX tiles: y (R, N) = x (R, K) @ Wᵀ, W never dequantized.
 
    Where it runs (Sapphire Rapids and later Xeons, the Xeon W workstations), one tile multiply sums 16 rows × 16
    columns × 32 bytes; the vector units' integer dots (q8gemm.c) take ~30× the instructions for it, so a step of many
    rows (speculative verify steps, prefill) was bound by them where the weights' reads now bound it.
 
    Layout (kernels/kquant_layout.tile_codes): the codes in groups of 16 columns; per group and block of 32 weights,
-   512 bytes in the tiles' pair-of-words form, byte 64·i + 4·n + t = q of column n, weight 4·i + t of the block; the
-   scales per group and block, 16 fp16 in column order. A block's sums come whole out of one tile multiply, and its
+   512 codes in the tiles' pair-of-words form, code 64·i + 4·n + t = q of column n, weight 4·i + t of the block, as
+   signed bytes (`bits` 8), or Q5_0's q + 16 packed in 5 bits as kernels/kquant_layout.pack_fifths packs each 64
+   (`bits` 5: 320 bytes, unpacked in registers, through a buffer for the tiles); the scales per group and block, 16
+   fp16 in column order. A block's sums come whole out of one tile multiply, and its
    scale applies once per block in fp32 lanes (one conversion, one product, one FMA per row and 16 columns), in block
    order: a row's result depends on its own activations only, so batched == alone bit for bit.
 
@@ -25,7 +27,7 @@
 
 #define ARCH_REQ_XCOMP_PERM 0x1023
 #define XFEATURE_XTILEDATA 18
-#define GROUP_BYTES 512  /* one group of 16 columns × one block of 32 weights */
+#define GROUP_CODES 512  /* one group of 16 columns × one block of 32 weights */
 #define PREFETCH 2048  /* bytes ahead on the weight stream */
 #define VNNI_ROWS 4  /* calls of up to this many rows take group_rows_vnni (as fast as the tiles at 4, faster below) */
 
@@ -38,7 +40,9 @@ typedef struct {
 /* 1 where the tiles run here: the CPU has them (the build's -march=native says so) and Linux lets this process use
    their state (asked once; it is the process's from then on). */
 int parley_amx_ready(void) {
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    static int granted = -1;  /* the process's answer: asked at the first call (a race asks twice, harmlessly) */
+    if (granted < 0) granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return granted;
 }
 
 /* Tiles: 0, 1 activations (`rows` rows × one block), 2, 3 codes, 4, 5 sums; two blocks in flight, so that one's
@@ -53,13 +57,28 @@ static void configure(int rows) {
     _tile_loadconfig(&c);
 }
 
-/* Block b's sums into tile C: its activations into A, its codes into W. */
+/* Codes vector l (64 of a group's block) of the block at w as u = q + 128, from bytes held signed or 5 bits. */
+static inline __m512i unsigned_codes(const int8_t *w, int l, const int bits) {
+    if (bits == 8) return _mm512_xor_si512(_mm512_load_si512((const void *)(w + 64 * l)), _mm512_set1_epi8((char)0x80));
+    return fifths_chunk((const uint8_t *)w + 40 * l);
+}
+
+/* Block b of a group's codes as the tiles read them, signed: held so (bits 8), or unpacked into buf (bits 5). */
+static inline const int8_t *signed_codes(const int8_t *wg, int64_t b, const int bits, int8_t *buf) {
+    const int8_t *w = wg + b * GROUP_CODES / 8 * bits;
+    for (int l = 0; l < GROUP_CODES / 8 * bits; l += 64) _mm_prefetch((const char *)(w + PREFETCH + l), _MM_HINT_T0);
+    if (bits == 8) return w;
+    for (int l = 0; l < 8; l++)
+        _mm512_store_si512((void *)(buf + 64 * l), _mm512_xor_si512(unsigned_codes(w, l, 5), _mm512_set1_epi8((char)0x80)));
+    return buf;
+}
+
+/* Block b's sums into tile C: its activations into A, its signed codes into W (as held, or unpacked into `unpacked`,
+   one buffer a block in flight). */
 #define MULTIPLY(A, W, C, b)                                                                                  \
     do {                                                                                                      \
         _tile_loadd(A, a + r0 * K + 32 * (b), K);                                                             \
-        for (int l = 0; l < GROUP_BYTES; l += 64)                                                             \
-            _mm_prefetch((const char *)(wg + (b) * GROUP_BYTES + PREFETCH + l), _MM_HINT_T0);                 \
-        _tile_loadd(W, wg + (b) * GROUP_BYTES, 64);                                                           \
+        _tile_loadd(W, signed_codes(wg, b, bits, unpacked + GROUP_CODES * ((b) & 3)), 64);                    \
         _tile_zero(C);                                                                                        \
         _tile_dpbssd(C, A, W);                                                                                \
     } while (0)
@@ -76,7 +95,8 @@ static void configure(int rows) {
 
 /* Rows r0 .. r0 + nr - 1 (nr ≤ 16; the tiles hold `rows` ≥ nr, the rest zero) against one group of 16 columns. */
 static inline __attribute__((always_inline)) void group_rows(const int8_t *a, const float *d, int64_t r0,
-        const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, int32_t *sums) {
+        const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, int32_t *sums,
+        const int bits, int8_t *unpacked) {
     const int64_t nb = K / 32;
     __m512 acc[16];
     for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
@@ -103,17 +123,16 @@ static inline __attribute__((always_inline)) void group_rows(const int8_t *a, co
    a block's codes as u = q + 128 in eight registers, each row's four activation bytes broadcast into VNNI's u8 × s8
    dot, 128·Σa taken back. The same integer sums, then the same float steps: the same bits as group_rows. */
 static inline __attribute__((always_inline)) void group_rows_vnni(const int8_t *a, const float *d, const int32_t *zs,
-        int64_t r0, const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N) {
+        int64_t r0, const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, const int bits) {
     const int64_t nb = K / 32;
     __m512 acc[VNNI_ROWS];
     for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const int8_t *wb = wg + b * GROUP_BYTES;
+        const int8_t *wb = wg + b * GROUP_CODES / 8 * bits;
+        for (int l = 0; l < GROUP_CODES / 8 * bits; l += 64)
+            _mm_prefetch((const char *)(wb + PREFETCH + l), _MM_HINT_T0);
         __m512i u[8];
-        for (int l = 0; l < 8; l++) {
-            _mm_prefetch((const char *)(wb + PREFETCH + 64 * l), _MM_HINT_T0);
-            u[l] = _mm512_xor_si512(_mm512_load_si512((const void *)(wb + 64 * l)), _mm512_set1_epi8((char)0x80));
-        }
+        for (int l = 0; l < 8; l++) u[l] = unsigned_codes(wb, l, bits);
         const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(sg + 16 * b)));
         for (int i = 0; i < nr; i++) {
             const int64_t at = (r0 + i) * nb + b;
@@ -142,13 +161,80 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *a, float
         }
 }
 
-/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N/16, K/32, 512) and scales
-   (N/16, K/32, 16) fp16 as the top says, N a multiple of 16, K of 32. Returns 0; -1 when scratch could not be
-   allocated; -2 for a shape it does not take, or where the tiles do not run (parley_amx_ready). */
-int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int64_t N,
-                   const float *bias, float *y, int threads) {
-    if (K % 32 != 0 || N % 16 != 0 || K > 4096 * 16) return -2;
-    const int64_t nb = K / 32, groups = N / 16, padded = R > 16 ? (R + 15) / 16 * 16 : R;
+/* Every row against one group: tiles of 16 rows, then the rest, each with a constant row count (accumulators in
+   registers). */
+static inline __attribute__((always_inline)) void tile_rows(const int8_t *a, const float *d, int64_t R, int64_t K,
+        const int8_t *wg, const uint16_t *sg, float *y, int64_t N, int32_t *sums, const int bits, int8_t *unpacked) {
+    for (int64_t r0 = 0; r0 < R; r0 += 16)
+        switch (R - r0 < 16 ? (int)(R - r0) : 16) {
+#define ROWS(n) case n: group_rows(a, d, r0, n, K, wg, sg, y, N, sums, bits, unpacked); break;
+            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
+            ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+#undef ROWS
+            default: break;
+        }
+}
+
+/* The rows of a call of at most VNNI_ROWS against one group, on the vector units. */
+static inline __attribute__((always_inline)) void vnni_rows(const int8_t *a, const float *d, const int32_t *zs,
+        int64_t R, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, const int bits) {
+    switch ((int)R) {
+#define ROWS(n) case n: group_rows_vnni(a, d, zs, 0, n, K, wg, sg, y, N, bits); break;
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4)
+#undef ROWS
+        default: break;
+    }
+}
+
+/* Every group of 16 columns; `bits` a constant at each call, so that the codes unpack or not. 0, or -1 without
+   scratch for a thread's unpacked group. */
+static inline __attribute__((always_inline)) int groups_of(const int8_t *a, const float *d, const int32_t *zs,
+        int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int64_t N, const float *bias, float *y,
+        int threads, const int bits) {
+    const int64_t nb = K / 32, groups = N / 16;
+    const int tiles = R > VNNI_ROWS;
+    const int64_t chunk = R > 16 ? 1 : (column_run(N, threads) + 15) / 16;
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) if (worth_threads(N, K, R))
+    {
+        int32_t sums[256] __attribute__((aligned(64)));
+        int8_t unpacked[4 * GROUP_CODES] __attribute__((aligned(64)));  /* bits 5: a block's codes, four in flight */
+        /* bits 5 and more than 16 rows: a group's codes unpacked once for all its tiles of rows */
+        int8_t *group = bits == 5 && R > 16 ? aligned_alloc(64, (size_t)(nb * GROUP_CODES)) : NULL;
+        if (bits == 5 && R > 16 && !group) {
+            #pragma omp atomic write
+            failed = 1;
+        }
+        if (tiles) configure(R > 16 ? 16 : (int)R);
+        #pragma omp for schedule(dynamic, chunk)
+        for (int64_t g = 0; g < groups; g++) {
+            if (bits == 5 && R > 16 && !group) continue;
+            const int8_t *wg = codes + g * nb * GROUP_CODES / 8 * bits;
+            const uint16_t *sg = scales + g * nb * 16;
+            if (!tiles)
+                vnni_rows(a, d, zs, R, K, wg, sg, y + 16 * g, N, bits);
+            else if (group) {
+                for (int64_t b = 0; b < nb; b++) signed_codes(wg, b, 5, group + b * GROUP_CODES);
+                tile_rows(a, d, R, K, group, sg, y + 16 * g, N, sums, 8, unpacked);
+            } else
+                tile_rows(a, d, R, K, wg, sg, y + 16 * g, N, sums, bits, unpacked);
+            if (bias)
+                for (int64_t r = 0; r < R; r++)
+                    for (int n = 0; n < 16; n++) y[r * N + 16 * g + n] += bias[16 * g + n];
+        }
+        if (tiles) _tile_release();
+        free(group);
+    }
+    return failed ? -1 : 0;
+}
+
+/* y (R, N) fp32 = x (R, K) fp32 @ Wᵀ (+ bias (N,) fp32 unless NULL). codes (N/16, K/32, 512·bits/8) with `bits` 8 or
+   5 and scales (N/16, K/32, 16) fp16 as the top says, N a multiple of 16, K of 32. Returns 0; -1 when scratch could
+   not be allocated; -2 for a shape or `bits` it does not take, or where the tiles do not run (parley_amx_ready). */
+int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int bits,
+                   int64_t N, const float *bias, float *y, int threads) {
+    if (K % 32 != 0 || N % 16 != 0 || (bits != 8 && bits != 5) || !parley_amx_ready()) return -2;
+    const int64_t nb = K / 32, padded = R > 16 ? (R + 15) / 16 * 16 : R;
     int8_t *a = aligned_alloc(64, (size_t)((padded * K + 63) / 64 * 64));  /* rows past R: zero, never stored */
     float *d = calloc((size_t)(padded * nb), sizeof(float));
     int32_t *zs = malloc(sizeof(int32_t) * (size_t)(R * nb));
@@ -158,46 +244,17 @@ int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, co
     }
     memset(a, 0, (size_t)(padded * K));
     quantize_rows(x, R, K, a, d, zs);
-    const int tiles = R > VNNI_ROWS;
-    const int64_t chunk = R > 16 ? 1 : (column_run(N, threads) + 15) / 16;
-    #pragma omp parallel num_threads(threads) if (worth_threads(N, K, R))
-    {
-        int32_t sums[256] __attribute__((aligned(64)));
-        if (tiles) configure(padded > 16 ? 16 : (int)padded);
-        #pragma omp for schedule(dynamic, chunk)
-        for (int64_t g = 0; g < groups; g++) {
-            const int8_t *wg = codes + g * nb * GROUP_BYTES;
-            const uint16_t *sg = scales + g * nb * 16;
-            if (!tiles)
-                switch ((int)R) {
-#define ROWS(n) case n: group_rows_vnni(a, d, zs, 0, n, K, wg, sg, y + 16 * g, N); break;
-                    ROWS(1) ROWS(2) ROWS(3) ROWS(4)
-#undef ROWS
-                    default: break;
-                }
-            else for (int64_t r0 = 0; r0 < R; r0 += 16)
-                switch (R - r0 < 16 ? (int)(R - r0) : 16) {  /* a constant row count at each call: accumulators in registers */
-#define ROWS(n) case n: group_rows(a, d, r0, n, K, wg, sg, y + 16 * g, N, sums); break;
-                    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-                    ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-#undef ROWS
-                    default: break;
-                }
-            if (bias)
-                for (int64_t r = 0; r < R; r++)
-                    for (int n = 0; n < 16; n++) y[r * N + 16 * g + n] += bias[16 * g + n];
-        }
-        if (tiles) _tile_release();
-    }
+    const int rc = bits == 5 ? groups_of(a, d, zs, R, K, codes, scales, N, bias, y, threads, 5)
+                             : groups_of(a, d, zs, R, K, codes, scales, N, bias, y, threads, 8);
     free(a); free(d); free(zs);
-    return 0;
+    return rc;
 }
 #else
 int parley_amx_ready(void) { return 0; }
 
-int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int64_t N,
-                   const float *bias, float *y, int threads) {
-    (void)x, (void)R, (void)K, (void)codes, (void)scales, (void)N, (void)bias, (void)y, (void)threads;
+int parley_amxgemm(const float *x, int64_t R, int64_t K, const int8_t *codes, const uint16_t *scales, int bits,
+                   int64_t N, const float *bias, float *y, int threads) {
+    (void)x, (void)R, (void)K, (void)codes, (void)scales, (void)bits, (void)N, (void)bias, (void)y, (void)threads;
     return -2;
 }
 #endif

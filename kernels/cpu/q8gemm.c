@@ -77,14 +77,7 @@ static inline const uint8_t *unit_pair(const uint8_t *w, int64_t row_bytes, int6
 /* Chunk c of a unit as 64 codes u (zero 128): as held (8 bits), or unpacked from 5 bits (see the top). */
 static inline __m512i chunk_codes(const uint8_t *wu, int c, const int bits) {
     if (bits == 8) return _mm512_loadu_si512((const void *)(wu + 64 * c));
-    const uint8_t *p = wu + 40 * c;
-    const __m256i nib = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
-    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nib, m)),
-                                         _mm256_and_si256(_mm256_srli_epi16(nib, 4), m), 1);
-    uint64_t high;
-    memcpy(&high, p + 32, 8);
-    const __m512i u = _mm512_add_epi8(v, _mm512_set1_epi8(112));
-    return _mm512_mask_add_epi8(u, (__mmask64)high, u, _mm512_set1_epi8(16));
+    return fifths_chunk(wu + 40 * c);
 }
 
 /* NR rows of y against one weight row (NR a constant at each call site: accumulators in registers). */

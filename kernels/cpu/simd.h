@@ -39,6 +39,21 @@ static inline __m256i fifth_bits(uint32_t high) {
     return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(16));
 }
 
+#if defined(__AVX512BW__)
+/* 64 codes packed in 5 bits (kernels/kquant_layout.pack_fifths: 32 bytes of nibbles, position p in byte p's low
+   nibble and 32 + p in its high one, then 8 bytes whose bit p is position p's fifth bit) as bytes u = q + 112 (zero
+   128, as Q8_0's). */
+static inline __m512i fifths_chunk(const uint8_t *p) {
+    const __m256i nib = _mm256_loadu_si256((const __m256i *)p), m = _mm256_set1_epi8(0x0F);
+    const __m512i v = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(nib, m)),
+                                         _mm256_and_si256(_mm256_srli_epi16(nib, 4), m), 1);
+    uint64_t high;
+    memcpy(&high, p + 32, 8);
+    const __m512i u = _mm512_add_epi8(v, _mm512_set1_epi8(112));
+    return _mm512_mask_add_epi8(u, (__mmask64)high, u, _mm512_set1_epi8(16));
+}
+#endif
+
 /* Columns a thread takes at a time in a product: four long runs a thread (each weight stream stays sequential),
    taken in turn, so that a core the machine's other work slows takes fewer of them. */
 static inline int64_t column_run(int64_t N, int threads) {

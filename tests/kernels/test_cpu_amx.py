@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant.block_codes import TILED, CodeLayout, Codes
+from engine.quant.block_codes import TILED, TILED_FIFTHS, CodeLayout, Codes
 from engine.quant.weight import BlockRows, QuantTensor, concat_rows
 from kernels.cpu_native import amx_ready
 from kernels.cpu_qgemm import amxgemm, q8gemm, qgemm_reference
@@ -25,14 +25,24 @@ def _matrix(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
             rng.uniform(1e-3, 5e-2, (n, k // 32)).astype(np.float16))
 
 
-def _tiled(u: np.ndarray, s: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    return torch.from_numpy(tile_codes(u)), torch.from_numpy(tile_scales(s))
+def _fifths(n: int, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Q5_0's codes as bytes u = q5 + 112 (zero 128) and fp16 scales per 32."""
+    rng = np.random.default_rng(seed)
+    return ((rng.integers(0, 32, (n, k)) + 112).astype(np.uint8),
+            rng.uniform(1e-3, 5e-2, (n, k // 32)).astype(np.float16))
+
+
+def _tiled(u: np.ndarray, s: np.ndarray, bits: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(tile_codes(u, bits)), torch.from_numpy(tile_scales(s))
 
 
 def test_tile_layout_round_trips_and_holds_a_block_of_16_columns_together():
     u, s = _matrix(48, 96)
     held = tile_codes(u)
     np.testing.assert_array_equal(untile_codes(held), u)
+    five = _fifths(48, 96)[0]
+    assert tile_codes(five, 5).shape == (48, 60)
+    np.testing.assert_array_equal(untile_codes(tile_codes(five, 5), 5), five)
     np.testing.assert_array_equal(untile_scales(tile_scales(s)), s)
     group, block = 1, 2  # byte 64i + 4c + t of (group, block) is column 16·group + c's weight 32·block + 4i + t, signed
     cell = held.reshape(3, 3, 8, 16, 4)[group, block]
@@ -41,29 +51,31 @@ def test_tile_layout_round_trips_and_holds_a_block_of_16_columns_together():
 
 
 @needs_amx
+@pytest.mark.parametrize("bits", [8, 5])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 15, 16, 17, 40])
 @pytest.mark.parametrize("k", [32, 96, 640])
-def test_amx_product_matches_its_reference(rows, k):
-    u, s = _matrix(64, k, seed=rows)
-    codes, scales = _tiled(u, s)
+def test_amx_product_matches_its_reference(rows, k, bits):
+    u, s = (_matrix if bits == 8 else _fifths)(64, k, seed=rows)
+    codes, scales = _tiled(u, s, bits)
     x = torch.randn(rows, k, generator=torch.Generator().manual_seed(k))
     ref = qgemm_reference(x, torch.from_numpy(u), torch.from_numpy(s), None, 8, 32, 128)
-    got = amxgemm(x, codes, scales, impl="native")
+    got = amxgemm(x, codes, scales, bits=bits, impl="native")
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * ref.abs().max().item())
-    torch.testing.assert_close(amxgemm(x, codes, scales, impl="reference"), ref)
+    torch.testing.assert_close(amxgemm(x, codes, scales, bits=bits, impl="reference"), ref)
 
 
 @needs_amx
-def test_a_row_gives_the_same_bits_alone_and_in_any_batch():
+@pytest.mark.parametrize("bits", [8, 5])
+def test_a_row_gives_the_same_bits_alone_and_in_any_batch(bits):
     """Up to 4 rows run on the vector units, more on the tiles: both must give each row exactly the same sum."""
-    u, s = _matrix(256, 640, seed=3)
-    codes, scales = _tiled(u, s)
+    u, s = (_matrix if bits == 8 else _fifths)(256, 640, seed=3)
+    codes, scales = _tiled(u, s, bits)
     x = torch.randn(40, 640, generator=torch.Generator().manual_seed(2)) * 3
-    batched = amxgemm(x, codes, scales, impl="native")
+    batched = amxgemm(x, codes, scales, bits=bits, impl="native")
     for r in range(40):
-        assert torch.equal(amxgemm(x[r:r + 1], codes, scales, impl="native")[0], batched[r]), r
+        assert torch.equal(amxgemm(x[r:r + 1], codes, scales, bits=bits, impl="native")[0], batched[r]), r
     for lo, hi in ((0, 3), (3, 7), (7, 24), (24, 40)):  # vector calls, tile calls, a part tile, across the paths
-        assert torch.equal(amxgemm(x[lo:hi], codes, scales, impl="native"), batched[lo:hi]), (lo, hi)
+        assert torch.equal(amxgemm(x[lo:hi], codes, scales, bits=bits, impl="native"), batched[lo:hi]), (lo, hi)
 
 
 @needs_amx
@@ -93,16 +105,23 @@ def _loaded(u: np.ndarray, s: np.ndarray, type_name: str = "Q8_0") -> QuantTenso
 
 
 @needs_amx
-def test_a_loaded_matrix_takes_the_tiles_and_still_looks_rows_up():
-    u, s = _matrix(96, 640, seed=7)
-    held = _loaded(u, s)
-    assert held.code_layout == TILED
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q5_0"])
+def test_a_loaded_matrix_takes_the_tiles_and_still_looks_rows_up(type_name):
+    u, s = (_matrix if type_name == "Q8_0" else _fifths)(96, 640, seed=7)
+    held = _loaded(u, s, type_name)
+    assert held.code_layout == (TILED if type_name == "Q8_0" else TILED_FIFTHS)
+    assert held.nbytes() == 96 * 640 * held.code_layout.bits // 8 + 96 * 20 * 2  # the units layout's bytes
     ids = torch.tensor([95, 0, 17, 17, 40])
     weights = (u.astype(np.float32) - 128) * np.repeat(s.astype(np.float32), 32, axis=1)
     np.testing.assert_array_equal(held.rows(ids).numpy(), weights[ids.numpy()])
     np.testing.assert_array_equal(held.dequantize().numpy(), weights)
     x = torch.randn(5, 640)
-    torch.testing.assert_close(held(x), amxgemm(x, *_tiled(u, s), impl="native"), rtol=0, atol=0)
+    bits = held.code_layout.bits
+    torch.testing.assert_close(held(x), amxgemm(x, *_tiled(u, s, bits), bits=bits, impl="native"), rtol=0, atol=0)
+    order = torch.randperm(96, generator=torch.Generator().manual_seed(1))  # a loader's row order (q/k heads)
+    out = BlockRows(96, 640, type_name)
+    out.put(0, Codes(u, s.astype(np.float32), None))
+    np.testing.assert_array_equal(out.done(order).dequantize().numpy(), weights[order.numpy()])
 
 
 @needs_amx
@@ -126,4 +145,9 @@ def test_a_tiled_v_fuses_with_five_bit_q_and_k():
     assert fused is not None and fused.code_layout == CodeLayout(8, 32, 128, units=True)
     x = torch.randn(3, 640)
     torch.testing.assert_close(fused(x), torch.cat([five(x), v(x)], dim=1), rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(fused.dequantize().numpy(), torch.cat([five.dequantize(), v.dequantize()]).numpy())
+    tiled_five = _loaded(q5, s5, "Q5_0")  # both in the tiles' groups: they fuse there, as bytes
+    fused = concat_rows([tiled_five, v])
+    assert fused is not None and fused.code_layout == TILED
+    torch.testing.assert_close(fused(x), torch.cat([tiled_five(x), v(x)], dim=1), rtol=0, atol=0)
     np.testing.assert_array_equal(fused.dequantize().numpy(), torch.cat([five.dequantize(), v.dequantize()]).numpy())
