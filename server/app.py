@@ -31,7 +31,7 @@ from server.bridge import ServerBridge, ServedModel
 from server.call_limit import CallLimit, call_limits
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
-from server.prompt_logprobs import joined, prompt_alone
+from server.prompt_logprobs import joined, prompt_alone, scored_echo
 from server.tools import StreamedCalls
 
 DISCONNECT_POLL_S = 0.5
@@ -309,7 +309,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
         for i in range(turn.n):  # a chat answer's role first; an echoed completion's prompt
             if not req.raw:
                 yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}, index=i))
-            elif echoes and echoes[i]:
+            elif echoes and echoes[i] and req.params.prompt_logprobs is None:  # a scored one waits for its entries
                 yield _event(api.completion_chunk(rid, model, req, echoes[i], index=i))
         while len(ends) < turn.n:
             e = await _next_event(client, turn)
@@ -323,6 +323,11 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 break
             i = turn.index(e.session_id)
             if isinstance(e, ev.TokenDelta):
+                if e.prompt_logprobs is not None:  # the prompt is scored: its echo goes now, with its entries
+                    chunk = api.completion_chunk(rid, model, req, echoes[i], index=i)
+                    yield _event(scored_echo(chunk, e.prompt_logprobs, logprobs[i]))
+                if req.prompt_only:
+                    continue  # the one token made is no answer
                 logprobs[i].held += e.logprobs or []
                 full = calls[i] is not None and calls[i].full
                 for chunk in _delta_chunks(rid, model, req, splits[i], e.text, i, calls[i]):
@@ -330,8 +335,8 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 if not full and calls[i] is not None and calls[i].full:  # a call past its one: the answer ends
                     turn.stop(i)
                 continue
-            ends[i] = e
-            reason = e.reason
+            ends[i] = prompt_alone([e], None)[0][0] if req.prompt_only else e
+            reason = ends[i].reason
             if not req.raw:
                 for delta in _tail_deltas(splits[i], calls[i]):
                     yield _event(logprobs[i].attach(api.chat_chunk(rid, model, req, delta, index=i)))

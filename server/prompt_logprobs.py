@@ -1,6 +1,7 @@
 """/v1/completions' `echo` with `logprobs`: the prompt's own log-probabilities before the answer's, and `max_tokens: 0`
-with `echo`: the prompt alone. lm-evaluation-harness's loglikelihood tasks (hellaswag, arc) send both and sum a
-continuation's `token_logprobs`; the entries are vLLM's legacy ones (the first token's number and top are null).
+with `echo`: the prompt alone, streamed or not. lm-evaluation-harness's loglikelihood tasks (hellaswag, arc) send
+both and sum a continuation's `token_logprobs`; the entries are vLLM's legacy ones (the first token's number and top
+are null). A streamed scored echo goes once the prefill has scored it, with its entries, before the answer's text.
 
 The engine computes them during the prompt's prefill (engine/prompt_logprobs.py) and still makes one token for a
 prompt-only request (its logits come from the prompt's last row, in the same step), which the answer drops."""
@@ -10,7 +11,7 @@ import dataclasses
 
 from engine import events as ev
 from engine.logprobs import NamedLogprob
-from server.api_error import APIError
+from server.logprobs import StreamedLogprobs, completion_logprobs
 
 
 def echo_only(data: dict, echo: bool) -> tuple[dict, bool]:
@@ -22,20 +23,19 @@ def echo_only(data: dict, echo: bool) -> tuple[dict, bool]:
     return {**data, "max_tokens": 1}, True
 
 
-def check_stream(stream: bool, scored: bool, prompt_only: bool) -> None:
-    """A streamed echo sends its prompt before the prefill has scored it: scoring and prompt-only answers do not
-    stream."""
-    if stream and (scored or prompt_only):
-        what = "'max_tokens' 0" if prompt_only else "'echo' with 'logprobs'"
-        raise APIError(400, f"{what} cannot stream: send 'stream': false (the prompt's log-probabilities come once "
-                            "its prefill has run).", "stream")
-
-
 def prompt_alone(ends: list[ev.Event], logprobs: list[list] | None) -> tuple[list[ev.Event], list[list] | None]:
     """Each answer's end as a prompt-only request's: no text, no token (the one made is dropped), cut by its length."""
     ends = [dataclasses.replace(e, text="", reason="length", stats=dataclasses.replace(e.stats, completion_tokens=0))
             for e in ends]
     return ends, None if logprobs is None else [[] for _ in logprobs]
+
+
+def scored_echo(chunk: dict, entries: list[NamedLogprob], streamed: StreamedLogprobs) -> dict:
+    """A streamed choice's echo chunk with its prompt's entries (sent once the prefill has scored them, before the
+    answer's text); the answer's offsets go on from the prompt's."""
+    chunk["choices"][0]["logprobs"] = completion_logprobs(entries)
+    streamed.offset = sum(len(e.token) for e in entries)
+    return chunk
 
 
 def joined(prompts: list[list[NamedLogprob] | None], answers: list[list] | None) -> list[list[NamedLogprob]]:

@@ -16,7 +16,7 @@ from engine.tokenizer.detokenizer import partial_suffix
 from engine.tokenizer.tokenizer import THOUGHT_TAGS  # a reasoning model's, at the start of an answer
 from server.api_error import APIError
 from server.logprobs import chat_logprobs, completion_logprobs
-from server.prompt_logprobs import check_stream, echo_only
+from server.prompt_logprobs import echo_only
 from server.prompts import Prompt, check_answers, completion_prompts
 from server.response_format import response_grammar
 from server.tools import ToolRequest, assistant_calls, call_dicts, request_tools
@@ -153,7 +153,6 @@ def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     req.prompts, req.echo, req.prompt_only = tuple(prompts), echo, prompt_only
     if req.echo and req.params.logprobs is not None:  # the prompt's own, before the answer's
         req.params = dataclasses.replace(req.params, prompt_logprobs=req.params.logprobs)
-    check_stream(req.stream, req.params.prompt_logprobs is not None, prompt_only)
     req.best_of = _best_of(data, req)
     req.suffix = _typed(data, "suffix", str, "")
     if req.suffix and any(isinstance(p, tuple) for p in prompts):  # the markers go around text, then it is tokenised

@@ -71,7 +71,8 @@ def test_a_quantized_head_scores_as_its_own_logits(tiny_models_q4, monkeypatch):
     assert [lp.top[0][0] for lp in seq.prompt_logprobs] == want.argmax(-1).tolist()
 
 
-def test_batched_with_others_equals_alone(models):
+@pytest.mark.parametrize("layout", ["sequence", "cell"])
+def test_batched_with_others_equals_alone(models, layout):
     """A prompt scored while others prefill and decode beside it (arriving mid-prefill, chunked by the shared step
     budget) gets the numbers it gets alone, and the others' tokens are those they make alone."""
     lm = models["llama"]
@@ -79,7 +80,7 @@ def test_batched_with_others_equals_alone(models):
     prompts = [_prompt(vocab, 37, 2), _prompt(vocab, 11, 3), _prompt(vocab, 23, 4)]
     params = [SamplingParams(max_tokens=6, prompt_logprobs=3, logprobs=2), SamplingParams(max_tokens=9),
               SamplingParams(max_tokens=5, temperature=0.8, seed=5)]
-    run = RunConfig(max_seq_len=64, step_tokens=16, chunk_tokens=8)
+    run = RunConfig(kv_layout=layout, max_seq_len=64, step_tokens=16, chunk_tokens=8)
     alone = [_run(lm, [p], [q], run)[0] for p, q in zip(prompts, params)]
     batched = _run(lm, prompts, params, run, arrivals=[0, 1, 2])
     assert [s.generated for s in batched] == [s.generated for s in alone]
@@ -208,7 +209,7 @@ def test_on_the_gpu_a_prompt_scored_while_others_replay_decode_graphs():
 
     plain, _ = run(ids[:3], [greedy] * 3, [0, 0, 0])
     seqs, b = run(ids, [greedy] * 3 + [asks], [0, 0, 0, 6])
-    # steps before it arrived are the same steps; after, bf16 rows of a wider step may flip a near-tie (test_cuda_runner)
+    # the steps before it arrived are the same; after, a wider step's bf16 rows may flip a near-tie (test_cuda_runner)
     assert b.runner.graphs.replays > 0 and [s.generated[:5] for s in seqs[:3]] == [s.generated[:5] for s in plain]
     got = seqs[3].prompt_logprobs
     want = torch.log_softmax(_gpu_logits(model, args, ids[3]).float().cpu(), dim=-1)[:-1]

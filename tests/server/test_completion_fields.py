@@ -57,7 +57,6 @@ def test_best_of_sends_the_answers_with_the_highest_mean_log_probability(server)
 
 
 @pytest.mark.parametrize("fields,param,words", [
-    ({"echo": True, "logprobs": 1, "stream": True}, "stream", "cannot stream"),
     ({"best_of": 1, "n": 2}, "best_of", "between 'n' (2)"),
     ({"best_of": 129}, "best_of", "and 128"),
     ({"best_of": 3, "stream": True}, "best_of", "cannot stream"),
