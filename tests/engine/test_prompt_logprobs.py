@@ -15,7 +15,7 @@ from engine.logprobs import MAX_TOP, TokenLogprob
 from engine.runtime import EngineConfig
 from engine.sampling import SamplerState, SamplingParams
 from engine.sequence import Sequence
-from tests.support.engine_client import Client
+from tests.support.engine_client import Client, started_client
 from tests.support.engine_helpers import full_logits, staggered_sequences
 from tests.support.tiny_models import load_hf_reference
 
@@ -114,11 +114,9 @@ def test_a_count_out_of_range_or_not_an_integer_is_refused(bad):
 
 @pytest.fixture
 def client(tiny_models):
-    c = Client(EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16))
-    c.engine.start()
-    c.model = c.load(tiny_models["qwen3"].gguf_path)
-    yield c
-    c.engine.shutdown()
+    config = EngineConfig(max_sessions=4, max_session_tokens=256, step_tokens=32, chunk_tokens=16)
+    with started_client(config, tiny_models["qwen3"].gguf_path) as c:
+        yield c
 
 
 def _scored(client: Client, sid: int, text: str) -> tuple[list, ev.Finished]:

@@ -5,7 +5,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from engine import events as ev
 from engine.engine import Engine
@@ -144,3 +147,14 @@ class Client:
     def free_slots(self, model_id: int) -> int:
         return self.engine.inspect()["models"][model_id]["free_slots"]
 
+
+@contextmanager
+def started_client(config: EngineConfig, model: Path) -> Iterator[Client]:
+    """A client whose engine runs with `model` loaded (its id in `client.model`), shut down after."""
+    c = Client(config)
+    c.engine.start()
+    try:
+        c.model = c.load(model)
+        yield c
+    finally:
+        c.engine.shutdown()
