@@ -193,7 +193,8 @@ static inline __attribute__((always_inline)) int groups_of(const int8_t *a, cons
         int threads, const int bits) {
     const int64_t nb = K / 32, groups = N / 16;
     const int tiles = R > VNNI_ROWS;
-    const int64_t chunk = R > 16 ? 1 : (column_run(N, threads) + 15) / 16;
+    /* a decode: column_run's long runs; more rows: 16 chunks a thread, so that they end together */
+    const int64_t chunk = R <= 16 ? (column_run(N, threads) + 15) / 16 : (groups + 16 * threads - 1) / (16 * threads);
     int failed = 0;
     #pragma omp parallel num_threads(threads) if (worth_threads(N, K, R))
     {
