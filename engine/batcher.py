@@ -162,6 +162,9 @@ class Batcher:
                 share = max(0, (most - len(running)) // len(due))
                 rooms = [min(room, share) for room in rooms]
             self.drafter.propose(due, rooms)
+            if self.drafter.name == "lookup" and hasattr(self.runner, "verify_width"):  # model drafters keep state
+                n = len(running)
+                _trim_drafts(due, self.runner.verify_width(n, n + sum(len(s.draft) for s in due)) - n)
 
     def _drafting(self, running: int, draftable: int) -> bool:
         """Whether a step of `running` sequences, `draftable` of them speculative, may verify drafts: the drafter takes
@@ -372,6 +375,16 @@ def _logprobs(logits: torch.Tensor, seqs: list[Sequence], chosen: list[list[int]
         at += rows_of[i] if rows_of is not None else 1
     found = row_logprobs(logits, rows, tokens, tops)
     return [found[start : start + n] for start, n in spans]
+
+
+def _trim_drafts(seqs: list[Sequence], keep: int) -> None:
+    """Drops drafted tokens from the ends of the longest drafts until `keep` are left in all; a draft's first
+    tokens, the likeliest kept, go last."""
+    extra = sum(len(s.draft) for s in seqs) - keep
+    while extra > 0:
+        longest = max(seqs, key=lambda s: len(s.draft))
+        longest.draft = longest.draft[:-1]
+        extra -= 1
 
 
 def _draftable(seq: Sequence) -> bool:

@@ -33,6 +33,10 @@ MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, t
 # (R, vocab), 1 MB a row at Gemma 3's 262k. Four tapes, the bound before, held up to 64 rows yet not one drafting
 # session's widths (decode, then verify steps of 2 to 9 rows: 45): its verify steps recorded again and again
 MAX_TAPE_ROWS = 48
+# with this many sequences or more, a verify step's rows a multiple of it (its drafts trimmed): their widths 9..16 at
+# 8 sessions were each recorded again and again within MAX_TAPE_ROWS (open chat, all drafting: 11 recordings in 128
+# steps, 0.90x of off); as 8, 12, 16 they stay taped
+ROW_STEP = 4
 # ops that only allocate or view: a step whose recording runs nothing else has all of its work in the library
 _FREE_OPS = frozenset({
     "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided", "view", "_unsafe_view", "reshape",
@@ -90,6 +94,14 @@ class DecodeTapes:
         self.model, self.cache = model, cache
         self.tapes: dict[int, _Tape] = {}
         self.refused: str | None = None  # why this model takes no tapes: the first computing op seen recording
+
+    @staticmethod
+    def width(running: int, rows: int) -> int:
+        """The rows a step of `running` sequences with drafts, `rows` in all, should take: a multiple of ROW_STEP (not
+        under `running`) where several sequences decode and a tape takes the step; else `rows`."""
+        if running < ROW_STEP or rows > MAX_ROWS:
+            return rows
+        return max(running, rows - rows % ROW_STEP)
 
     @staticmethod
     def fits(model: CausalLM, cache) -> bool:

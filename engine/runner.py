@@ -49,6 +49,11 @@ class ModelRunner:
             self.tapes = DecodeTapes(model, cache)
         self.verify_rows = _verify_rows(model, self.graphs)
 
+    def verify_width(self, running: int, rows: int) -> int:
+        """The rows a step of `running` sequences with drafts, `rows` in all, should be trimmed to: CPU tapes keep a
+        few widths (DecodeTapes.width); else `rows`."""
+        return self.tapes.width(running, rows) if self.tapes is not None else rows
+
     @property
     def prefers_lookahead(self) -> bool:
         """Whether queuing the next decode step before reading this one's ids pays: the device runs ahead of the

@@ -199,3 +199,38 @@ def test_loading_and_taped_decoding_leave_torchs_compiler_unimported(tiny_models
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "clean"
+
+
+def test_a_verify_width_is_a_multiple_of_the_row_step_with_several_sequences():
+    width = cpu_tape.DecodeTapes.width
+    assert [width(8, r) for r in (8, 9, 11, 12, 15, 16, 17, 30)] == [8, 8, 8, 12, 12, 16, 17, 30]
+    assert [width(5, r) for r in (5, 7, 9)] == [5, 5, 8]
+    assert [width(3, r) for r in (4, 7, 11)] == [4, 7, 11]  # fewer sequences: their widths fit the tapes' budget
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_several_drafting_sequences_verify_at_few_widths_and_stay_lossless(blocks_models, arch, recorded):
+    """Eight looping sequences all drafting (lookup for every sequence): each verify step's drafts are trimmed to a
+    width of a multiple of 4 (taped once each, not again at every width from 9 to 16), and the tokens stay plain
+    greedy decoding's."""
+    from engine.speculative import LookupConfig, PacingConfig, PromptLookup
+
+    lm = blocks_models[arch]
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(6, lm.args.vocab_size, (5,), generator=g).tolist() * 4 for _ in range(8)]
+    params = SamplingParams(max_tokens=20)
+    plain, _ = _run(lm, False, RunConfig(max_seq_len=128), prompts, [0] * 8, params)
+    batcher = make_batcher(lm, 8, RunConfig(max_seq_len=128, speculative="lookup"))
+    batcher.drafter = PromptLookup(LookupConfig(pacing=PacingConfig(most_sequences=8)))
+    widths = []
+    real = batcher.runner.run
+
+    def run(batch):
+        widths.append((len(batch.tokens), len(batch.segments), batch.verifies))
+        return real(batch)
+
+    batcher.runner.run = run
+    drafted = run_staggered(batcher, prompts, [0] * 8, params)
+    assert drafted == plain
+    verify = [t for t, n, v in widths if v and n >= cpu_tape.ROW_STEP and t <= cpu_tape.MAX_ROWS]
+    assert verify and all(t % cpu_tape.ROW_STEP == 0 for t in verify), widths
