@@ -29,10 +29,11 @@ from engine.step import StepBatch
 from kernels import cpu_native
 
 MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, the products dwarf the Python)
-# rows the kept tapes hold together, the least recently replayed dropped first: each tape holds its step's logits
-# (R, vocab), 1 MB a row at Gemma 3's 262k. Four tapes, the bound before, held up to 64 rows yet not one drafting
-# session's widths (decode, then verify steps of 2 to 9 rows: 45): its verify steps recorded again and again
-MAX_TAPE_ROWS = 48
+# rows the kept tapes hold together, the least recently replayed dropped first: each holds what its step allocated
+# (~0.9 MB a row on Gemma 3 270M); the logits (1 MB a row at its 262k vocabulary) go to one buffer all tapes share.
+# 48 rows with each tape's own logits held 8 sessions' widths but not their verify widths too (8, 12, 16 and the
+# decode widths as sessions end: 60), so every turn recorded them again (open chat, all drafting: 0.92x of off)
+MAX_TAPE_ROWS = 64
 # with this many sequences or more, a verify step's rows a multiple of it (its drafts trimmed): their widths 9..16 at
 # 8 sessions were each recorded again and again within MAX_TAPE_ROWS (open chat, all drafting: 11 recordings in 128
 # steps, 0.90x of off); as 8, 12, 16 they stay taped
@@ -94,6 +95,7 @@ class DecodeTapes:
         self.model, self.cache = model, cache
         self.tapes: dict[int, _Tape] = {}
         self.refused: str | None = None  # why this model takes no tapes: the first computing op seen recording
+        self.logits: torch.Tensor | None = None  # (MAX_ROWS, vocab): the tapes' logits, a step's valid until the next
 
     @staticmethod
     def width(running: int, rows: int) -> int:
@@ -156,8 +158,25 @@ class DecodeTapes:
             return logits
         while self.tapes and sum(self.tapes) + t > MAX_TAPE_ROWS:  # keyed by row count: the keys sum the rows
             self.tapes.pop(next(iter(self.tapes)))
-        self.tapes[t] = _Tape(calls, watch.allocated, inputs, logits, _key(cache) + (model.tap_layers,), model.last_taps)
+        calls, keep, out = self._shared(calls, watch.allocated, logits)
+        self.tapes[t] = _Tape(calls, keep, inputs, out, _key(cache) + (model.tap_layers,), model.last_taps)
         return logits
+
+    def _shared(self, calls: list[cpu_native.Call], keep: list[torch.Tensor],
+                logits: torch.Tensor) -> tuple[list[cpu_native.Call], list[torch.Tensor], torch.Tensor]:
+        """The calls writing the step's logits into the first rows of the buffer every tape shares, and what the tape
+        keeps without its own logits; as recorded where a call points into the logits other than at their start."""
+        start, size = logits.data_ptr(), logits.numel() * logits.element_size()
+        whole = logits.dim() == 2 and logits.is_contiguous() and logits.untyped_storage().nbytes() == size
+        if not whole or any(isinstance(a, int) and start < a < start + size for _, args in calls for a in args):
+            return calls, keep, logits
+        if self.logits is None:
+            self.logits = torch.empty(MAX_ROWS, *logits.shape[1:], dtype=logits.dtype)
+        if self.logits.shape[1:] != logits.shape[1:] or self.logits.dtype != logits.dtype:
+            return calls, keep, logits
+        shared = self.logits.data_ptr()
+        calls = [(fn, tuple(shared if isinstance(a, int) and a == start else a for a in args)) for fn, args in calls]
+        return calls, [k for k in keep if k.data_ptr() != start], self.logits[:logits.shape[0]]
 
 
 def _key(cache: SequenceKVCache) -> tuple:

@@ -28,7 +28,7 @@ def runtime_parts(config: EngineConfig, args: ModelArgs, options: LoadOptions) -
     parts = [(f"a cache for {chats}", first_cache_bytes(cache, args.layer_windows(), args.num_kv_heads, args.head_dim)
               + GROWTH_MARGIN)]
     if storage == "float16" and config.kv_layout == "sequence":  # Parley's CPU library runs it: steps are taped
-        parts.append(("decode tapes", tape_rows(config) * tape_row_bytes(args)))
+        parts.append(("decode tapes", tape_rows(config) * tape_row_bytes(args) + MAX_ROWS * FLOAT * args.vocab_size))
     parts.append(("a step's activations", step_bytes(config, args, device)))
     return parts
 
@@ -51,9 +51,10 @@ def layer_row_floats(args: ModelArgs) -> int:
 
 
 def tape_row_bytes(args: ModelArgs) -> int:
-    """A taped row: every tensor its step allocated (a tape keeps them all) and its logits. Measured 1.96 MB a row on
-    Gemma 3 270M (formula 1.93), 3.4 MB on a Llama-1B shape (3.2)."""
-    return FLOAT * (args.num_layers * layer_row_floats(args) + args.vocab_size)
+    """A taped row: every tensor its step allocated (a tape keeps them all) but its logits, which go to one buffer of
+    MAX_ROWS rows all tapes share. With the logits, measured 1.96 MB a row on Gemma 3 270M (formula 1.93), 3.4 MB on a
+    Llama-1B shape (3.2)."""
+    return FLOAT * args.num_layers * layer_row_floats(args)
 
 
 def step_bytes(config: EngineConfig, args: ModelArgs, device: str) -> int:
