@@ -439,7 +439,7 @@ def build_runtime(lm: LoadedModel, config: EngineConfig, model_id: int = 0, keep
         runner = ModelRunner(lm.model, cache, sched.max_sampled_rows, graphs=tuning.graphs,
                              compile_decode=config.compile_decode, kernels=kernels, step_advance=tuning.step_advance)
         batcher = Batcher(cache, runner, sched, weights_device, release_on_finish=release, lookahead=config.lookahead,
-                          drafter=make_drafter(config.speculative, runner.verify_rows))
+                          drafter=make_drafter(config.speculative, runner.verify_rows, runner.tiled))
         return_freed_memory()  # the runner's prepare may have replaced matrices by fused ones
     if isinstance(draft, DFlashNet):
         batcher.drafter = dflash_drafter(lm, draft, batcher)

@@ -9,6 +9,7 @@ from engine.cache.growth import GROWTH_MARGIN
 from engine.cpu_tape import MAX_ROWS, MAX_TAPE_ROWS
 from engine.loading.loader import LoadOptions
 from engine.models.args import ModelArgs
+from engine.speculative import TILE_SEQUENCES
 from engine.runtime import EngineConfig, cache_config_for, cache_storage
 
 VERIFY_ROWS = 9  # a drafting session's widest step: its token and 8 drafts (engine/speculative)
@@ -57,10 +58,18 @@ def tape_row_bytes(args: ModelArgs) -> int:
     return FLOAT * args.num_layers * layer_row_floats(args)
 
 
+def _cpu_drafters() -> int:
+    """Sessions that may draft in one step on the CPU: more where it multiplies on AMX tiles (as many as a model
+    mostly in their formats drafts for; counted for every model, the header does not say which will be)."""
+    from kernels.cpu_native import amx_ready
+
+    return max(CPU_DRAFTERS, TILE_SEQUENCES) if amx_ready() else CPU_DRAFTERS
+
+
 def step_bytes(config: EngineConfig, args: ModelArgs, device: str) -> int:
     """One step's activations at their peak: a layer's for the step's token budget, the residual stream, and the
     logits of its sampled rows (every session's, with drafts where they verify)."""
-    drafting = config.max_sessions if device == "cuda" else min(config.max_sessions, CPU_DRAFTERS)
+    drafting = config.max_sessions if device == "cuda" else min(config.max_sessions, _cpu_drafters())
     sampled = min(config.max_sampled_rows, config.max_sessions + drafting * (VERIFY_ROWS - 1))
     if config.speculative == "off":
         sampled = min(config.max_sampled_rows, config.max_sessions)

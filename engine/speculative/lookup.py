@@ -17,6 +17,10 @@ from engine.speculative.drafter import Paced, Pacing, PacingConfig
 class LookupConfig:
     longest: int = 4  # n-gram lengths matched, longest first
     shortest: int = 2
+    # n-gram length at least while more than 2 sequences are due a lookup in one step (None: `shortest`): there a
+    # 2-gram's guesses cost every session's verify rows (CPU on AMX tiles, 8 sessions of open chat: 0.966x of off
+    # with 2-grams, 1.009x with 3; code_edit 1.47x / 1.37x)
+    shortest_shared: int | None = None
     pool_tokens: int = 1 << 16  # token lists kept for lookup across sequences, least recently used dropped first
     pacing: PacingConfig = field(default_factory=PacingConfig)
     max_idle: int = 4  # decode steps at most between lookups that find nothing
@@ -24,6 +28,8 @@ class LookupConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.shortest <= self.longest:
             raise ValueError("n-gram lengths must satisfy 1 <= shortest <= longest")
+        if self.shortest_shared is not None and not self.shortest <= self.shortest_shared <= self.longest:
+            raise ValueError("n-gram lengths must satisfy shortest <= shortest_shared <= longest")
 
 
 class NgramIndex:
@@ -71,11 +77,13 @@ class PromptLookup(Paced):
         self._pool: OrderedDict[int, NgramIndex] = OrderedDict()  # id(index) -> index, most recently used last
 
     def propose(self, seqs: list[Sequence], room: list[int]) -> None:
+        c = self.config
+        shortest = c.shortest if len(seqs) <= 2 or c.shortest_shared is None else max(c.shortest, c.shortest_shared)
         for seq, most in zip(seqs, room):
             state = self._state(seq)
             if most <= 0 or not state.pacing.due(seq.num_steps):
                 continue
-            seq.draft = self._find(seq, state.index, min(state.pacing.length, most))
+            seq.draft = self._find(seq, state.index, min(state.pacing.length, most), shortest)
             state.empty = 0 if seq.draft else state.empty + 1
             if not seq.draft:  # look again a few steps on: meanwhile decode steps may run ahead (CUDA graphs)
                 state.pacing.resume_at = seq.num_steps + min(state.empty, self.config.max_idle)
@@ -93,7 +101,7 @@ class PromptLookup(Paced):
         self._trim_pool()
         return state
 
-    def _find(self, seq: Sequence, own: NgramIndex, k: int) -> list[int]:
+    def _find(self, seq: Sequence, own: NgramIndex, k: int, shortest: int) -> list[int]:
         tokens, c = seq.token_ids, self.config
         end = len(tokens)
         self._pool[id(own)] = own  # back in, most recent, if the pool had dropped it
@@ -103,7 +111,7 @@ class PromptLookup(Paced):
         # one its own sequence drafts from (another sequence's lookup in the same step brings the index up to date)
         for index in (own, *others):
             index.update(len(index.tokens) - 1)
-        for n in range(min(c.longest, end), c.shortest - 1, -1):
+        for n in range(min(c.longest, end), shortest - 1, -1):
             key = tuple(tokens[end - n :])
             for index in (own, *others):
                 draft = index.continuation(key, k)

@@ -9,9 +9,9 @@ from bench.runs import RunConfig, make_batcher
 from engine.loading.loader import load_model
 from engine.sampling import SamplerState, SamplingParams, probabilities, sample_ids
 from engine.sequence import Sequence
-from engine.speculative import verify
+from engine.speculative import make_drafter, verify
 from engine.speculative.drafter import Pacing, PacingConfig
-from engine.speculative.lookup import NgramIndex, PromptLookup
+from engine.speculative.lookup import LookupConfig, NgramIndex, PromptLookup
 from tests.support.engine_helpers import run_staggered
 from tests.support.tiny_models import ARCHS
 
@@ -289,6 +289,28 @@ def test_a_sequence_drafts_from_its_own_text_whatever_looked_up_before_it():
     later = Sequence(3, [60, 61, 62], SamplerState(GREEDY))  # new, so due: its lookup goes first
     lookup.propose([later, seq], [4, 4])
     assert seq.draft == [9, 20, 7, 8]
+
+
+def test_a_step_of_many_lookups_drafts_from_3_grams_only_where_configured():
+    """With shortest_shared 3, a sequence whose only match is a 2-gram drafts when at most two are due a lookup, and
+    not when more are (their verify rows would pay for a 2-gram's guesses)."""
+    def due(lookup, n):
+        seqs = [Sequence(i, [5, 6, 7, 30 + i, 6, 7], SamplerState(GREEDY)) for i in range(n)]  # only (6, 7) recurs
+        lookup.propose(seqs, [4] * n)
+        return [s.draft for s in seqs]
+
+    assert due(PromptLookup(LookupConfig(shortest_shared=3)), 2) == [[30, 6, 7], [31, 6, 7]]
+    assert due(PromptLookup(LookupConfig(shortest_shared=3)), 3) == [[], [], []]
+    assert due(PromptLookup(LookupConfig()), 3) == [[30, 6, 7], [31, 6, 7], [32, 6, 7]]
+
+
+def test_a_cpu_on_amx_tiles_lets_more_sequences_draft():
+    from engine.speculative import TILE_SEQUENCES
+
+    tiled, plain = make_drafter("lookup", None, tiled=True), make_drafter("lookup", None)
+    assert (tiled.max_sequences, tiled.config.shortest_shared) == (TILE_SEQUENCES, 3)
+    assert (plain.max_sequences, plain.config.shortest_shared) == (2, None)
+    assert make_drafter("lookup", 64, tiled=True).config.shortest_shared is None  # CUDA graph runners: as before
 
 
 def test_pacing_backs_off_after_misses_and_recovers():
