@@ -61,10 +61,11 @@ def codes_layout(type_name: str, k: int) -> CodeLayout:
 
 
 def tiled_layout(lay: CodeLayout, n: int) -> CodeLayout:
-    """How an (n, k) matrix that `codes_layout` puts in units (byte codes with zero 128: q8gemm.c's) is held where AMX
-    tiles run (kernels/cpu_native.amx_ready) and n is whole groups of 16 columns: in the tiles' groups, in 8 or 5 bits
-    as in units; else `lay` itself."""
-    if not lay.units or n % 16:
+    """How an (n, k) matrix that `codes_layout` holds as byte codes with zero 128 in groups of 32 (in units for
+    q8gemm.c, or blocks for qgemm.c where K is not whole units) is held where AMX tiles run
+    (kernels/cpu_native.amx_ready) and n is whole groups of 16 columns: in the tiles' groups, in 8 bits, or 5 as in
+    units; else `lay` itself."""
+    if (not lay.units and lay != CodeLayout(8, 32, 128)) or n % 16:
         return lay
     from kernels.cpu_native import amx_ready
 
