@@ -174,7 +174,7 @@ def _blocks(qt: QuantTensor) -> Matrix:
     else:
         codes, bits = qt.natural_codes()  # the x86 kernel's order and packing undone
         u = unpack_codes(codes, bits, k).numpy()
-        s = qt.scales.double()
+        s = qt.natural_scales().double()  # the AMX tiles' grouping undone too
         o = -lay.zero * s if lay.zero >= 0 else qt.offsets.double()
         lay = CodeLayout(bits, lay.group, lay.zero)
     packed = u if lay.bits == 8 else (u[:, 0::2] | (u[:, 1::2] << 4)).astype(np.uint8)
