@@ -209,9 +209,10 @@ def _code_experts(experts: nn.ModuleList) -> "CodeExperts | None":
     mats = [(e.gate_up_proj, e.down_proj) for e in experts]
     if not all(isinstance(m, QuantLinear) and m.qweight.format == "blocks" for pair in mats for m in pair):
         return None
-    lay = first.gate_up_proj.qweight.code_layout
+    held = [(_expert_rows(g.qweight), _expert_rows(d.qweight)) for g, d in mats]
+    lay = held[0][0][2]
     if lay.raw or lay.units or lay.tiles or lay.bits == 5 or lay.zero < 0 or lay.group != 32 \
-            or any(m.qweight.code_layout != lay for pair in mats for m in pair):
+            or any(m[2] != lay for pair in held for m in pair):
         return None
     biases = _stacked_biases(experts)
     if biases is None:
@@ -219,11 +220,21 @@ def _code_experts(experts: nn.ModuleList) -> "CodeExperts | None":
     from engine.quant.weight import FP4_LUT
 
     glu = first.glu
-    return CodeExperts.of([(g.qweight.codes, g.qweight.scales) for g, _ in mats],
-                          [(d.qweight.codes, d.qweight.scales) for _, d in mats],
+    return CodeExperts.of([g[:2] for g, _ in held], [d[:2] for _, d in held],
                           *(b.float() if b is not None else None for b in biases), lay.bits, lay.zero,
                           FP4_LUT if lay.lut else None, "clamped" if glu is not None else first.act_kernel,
                           *((glu.alpha, glu.limit) if glu is not None else ()))
+
+
+def _expert_rows(q: QuantTensor) -> tuple[torch.Tensor, torch.Tensor, "CodeLayout"]:
+    """(codes, scales, layout) of an expert's matrix as parley_moe_codes reads them: byte codes in the AMX tiles'
+    groups (kernels/cpu/amxgemm.c) back in rows where K is not whole units of 128 (the rows they were loaded as)."""
+    from engine.quant.block_codes import CodeLayout
+
+    lay = q.code_layout
+    if lay.tiles and lay.bits == 8 and q.shape[1] % 128:
+        return q.natural_codes()[0], q.natural_scales(), CodeLayout(8, 32, 128)
+    return getattr(q, "codes", None), getattr(q, "scales", None), lay
 
 
 def _stacked_biases(experts: nn.ModuleList) -> list[torch.Tensor | None] | None:
