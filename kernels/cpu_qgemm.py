@@ -62,9 +62,9 @@ def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: tor
 
 def amxgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
             bits: int = 8, impl: str = "auto") -> torch.Tensor:
-    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes (zero 128) with an fp16 scale per 32, codes (N, K·bits/8)
-    and scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns (kernels/kquant_layout.tile_codes, `bits` 8
-    or 5), on AMX tiles (`cpu_native.amx_ready`)."""
+    """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes (zero 128) with an fp16 scale per 32, codes
+    (N, K·bits/8) and scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns
+    (kernels/kquant_layout.tile_codes, `bits` 8 or 5), on AMX tiles (`cpu_native.amx_ready`)."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         from kernels.kquant_layout import untile_codes, untile_scales

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, TILED_FIFTHS, CodeLayout, codes_layout, fp4_scales, held_layout,
-                                      superblock_rows, tiled_layout)
+from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, TILED_FIFTHS, CodeLayout, codes_layout, fp4_scales,
+                                      held_layout, superblock_rows, tiled_layout)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
@@ -290,18 +290,18 @@ FIFTH_UNITS, BYTE_UNITS = CodeLayout(5, 32, 128, units=True), CodeLayout(8, 32, 
 
 def _as_bytes(p: QuantTensor, tiled: bool) -> QuantTensor:
     """A matrix of byte codes with zero 128 in units (q8gemm.c's) or, `tiled`, in the AMX tiles' groups, in 8 bits."""
-    from kernels.kquant_layout import interleave_units, tile_codes, tile_scales
+    from kernels.kquant_layout import interleave_units
 
     target = TILED if tiled else BYTE_UNITS
     if p.code_layout == target:
         return p
-    natural = p.natural_codes()[0].numpy()
-    scales = p.natural_scales()
+    natural, scales = p.natural_codes()[0], p.natural_scales().clone()  # a units part's scales are its own tensor
     if tiled:
-        codes, scales = tile_codes(natural), torch.from_numpy(tile_scales(scales.numpy()))
+        codes = torch.empty_like(natural)
+        _tile_groups(natural, scales, codes, 8)
     else:
-        codes = interleave_units(natural)
-    return QuantTensor("blocks", p.shape, p.source_type, target, codes=torch.from_numpy(codes), scales=scales)
+        codes = torch.from_numpy(interleave_units(natural.numpy()))
+    return QuantTensor("blocks", p.shape, p.source_type, target, codes=codes, scales=scales)
 
 
 def pack_int4(groups: Int4Groups, source_type: str, device: str = "cpu") -> QuantTensor:

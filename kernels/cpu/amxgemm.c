@@ -45,8 +45,8 @@ int parley_amx_ready(void) {
     return granted;
 }
 
-/* Tiles: 0, 1 activations (`rows` rows × one block), 2, 3 codes, 4, 5 sums; two blocks in flight, so that one's
-   multiply runs while the other's sums are scaled. */
+/* Tiles: 0, 1 activations (`rows` rows × one block), 2, 3 codes, 4..7 sums: four blocks in flight, so that their
+   multiplies run while earlier sums are scaled. */
 static void configure(int rows) {
     TileConfig c;
     memset(&c, 0, sizeof c);
@@ -59,7 +59,8 @@ static void configure(int rows) {
 
 /* Codes vector l (64 of a group's block) of the block at w as u = q + 128, from bytes held signed or 5 bits. */
 static inline __m512i unsigned_codes(const int8_t *w, int l, const int bits) {
-    if (bits == 8) return _mm512_xor_si512(_mm512_load_si512((const void *)(w + 64 * l)), _mm512_set1_epi8((char)0x80));
+    if (bits == 8)
+        return _mm512_xor_si512(_mm512_loadu_si512((const void *)(w + 64 * l)), _mm512_set1_epi8((char)0x80));
     return fifths_chunk((const uint8_t *)w + 40 * l);
 }
 
@@ -69,7 +70,8 @@ static inline const int8_t *signed_codes(const int8_t *wg, int64_t b, const int 
     for (int l = 0; l < GROUP_CODES / 8 * bits; l += 64) _mm_prefetch((const char *)(w + PREFETCH + l), _MM_HINT_T0);
     if (bits == 8) return w;
     for (int l = 0; l < 8; l++)
-        _mm512_store_si512((void *)(buf + 64 * l), _mm512_xor_si512(unsigned_codes(w, l, 5), _mm512_set1_epi8((char)0x80)));
+        _mm512_store_si512((void *)(buf + 64 * l),
+                           _mm512_xor_si512(unsigned_codes(w, l, 5), _mm512_set1_epi8((char)0x80)));
     return buf;
 }
 
@@ -123,7 +125,8 @@ static inline __attribute__((always_inline)) void group_rows(const int8_t *a, co
    a block's codes as u = q + 128 in eight registers, each row's four activation bytes broadcast into VNNI's u8 × s8
    dot, 128·Σa taken back. The same integer sums, then the same float steps: the same bits as group_rows. */
 static inline __attribute__((always_inline)) void group_rows_vnni(const int8_t *a, const float *d, const int32_t *zs,
-        int64_t r0, const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N, const int bits) {
+        int64_t r0, const int nr, int64_t K, const int8_t *wg, const uint16_t *sg, float *y, int64_t N,
+        const int bits) {
     const int64_t nb = K / 32;
     __m512 acc[VNNI_ROWS];
     for (int i = 0; i < nr; i++) acc[i] = _mm512_setzero_ps();
