@@ -180,8 +180,9 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     if scored:
         logprobs = joined(scored, logprobs)
     if req.raw:
+        unwritten = _unwritten(req, len(answers), model.tokenizer) if scored else None
         return JSONResponse(api.completion_response(rid, model.id, answers, stats, req.created, logprobs, echoes,
-                                                    req.prompt_count))
+                                                    req.prompt_count, unwritten))
     prefix = req.prompt if req.continue_final else ""
     return JSONResponse(api.chat_response(rid, model.id, answers, stats, req.created, prefix, logprobs, req.tools))
 
@@ -210,6 +211,13 @@ def _echoes(req: api.TurnRequest, answers: int, tokenizer: Tokenizer | None) -> 
         return None
     texts = [_prompt_text(req, p, tokenizer) for p in range(req.prompt_count)]
     return [texts[k // req.made] for k in range(answers)]
+
+
+def _unwritten(req: api.TurnRequest, answers: int, tokenizer: Tokenizer | None) -> list[int]:
+    """Each of `answers` sent's leading prompt entries (`n` a prompt) that its echo does not write: the BOS the engine
+    puts before a text prompt (an id prompt's echo writes its BOS out), so text offsets count in the prompt sent."""
+    bos = int(tokenizer is not None and tokenizer.bos_id is not None)
+    return [0 if req.prompt_ids(k // req.n) is not None else bos for k in range(answers)]
 
 
 def _prompt_text(req: api.TurnRequest, p: int, tokenizer: Tokenizer | None) -> str:
@@ -305,7 +313,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
     ends: dict[int, ev.Finished] = {}
     try:
-        echoes = _echoes(req, turn.n, tokenizer)
+        echoes, unwritten = _echoes(req, turn.n, tokenizer), _unwritten(req, turn.n, tokenizer)
         for i in range(turn.n):  # a chat answer's role first; an echoed completion's prompt
             if not req.raw:
                 yield _event(api.chat_chunk(rid, model, req, {"role": "assistant", "content": ""}, index=i))
@@ -325,7 +333,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
             if isinstance(e, ev.TokenDelta):
                 if e.prompt_logprobs is not None:  # the prompt is scored: its echo goes now, with its entries
                     chunk = api.completion_chunk(rid, model, req, echoes[i], index=i)
-                    yield _event(scored_echo(chunk, e.prompt_logprobs, logprobs[i]))
+                    yield _event(scored_echo(chunk, e.prompt_logprobs, logprobs[i], unwritten[i]))
                 if req.prompt_only:
                     continue  # the one token made is no answer
                 logprobs[i].held += e.logprobs or []

@@ -16,20 +16,24 @@ def _chat_entry(token: str, logprob: float) -> dict:
     return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "surrogatepass"))}
 
 
-def completion_logprobs(entries: list[NamedLogprob], offset: int = 0) -> dict:
-    """`offset`: where the first token's text starts in the choice's text (a stream's earlier chunks)."""
+def completion_logprobs(entries: list[NamedLogprob], offset: int = 0, unwritten: int = 0) -> dict:
+    """`offset`: where the first token's text starts in the choice's text (a stream's earlier chunks); `unwritten`:
+    leading entries whose text the choice's text does not hold (the BOS before an echoed text prompt): they start at
+    `offset` and take no room, so the first written token's offset is where its text is."""
     offsets = []
-    for e in entries:
+    for k, e in enumerate(entries):
         offsets.append(offset)
-        offset += len(e.token)
+        offset += len(e.token) if k >= unwritten else 0
     return {"tokens": [e.token for e in entries], "token_logprobs": [e.logprob for e in entries],
-            "top_logprobs": [None if e.logprob is None else _by_text(e.top) for e in entries], "text_offset": offsets}
+            "top_logprobs": [None if e.logprob is None else _by_text(e) for e in entries], "text_offset": offsets}
 
 
-def _by_text(top: tuple[tuple[str, float], ...]) -> dict[str, float]:
-    """The legacy shape keys tokens by text: of two tokens with one text, the more likely one's number stays."""
+def _by_text(entry: NamedLogprob) -> dict[str, float]:
+    """The legacy shape keys tokens by text: of two tokens with one text, the more likely one's number stays. The
+    chosen token is always there, after the top ones where it is not among them (OpenAI's "up to logprobs + 1
+    elements", as vLLM and llama.cpp's server list it)."""
     out: dict[str, float] = {}
-    for text, value in top:
+    for text, value in (*entry.top, (entry.token, entry.logprob)):
         out.setdefault(text, value)
     return out
 

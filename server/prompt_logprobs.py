@@ -30,11 +30,12 @@ def prompt_alone(ends: list[ev.Event], logprobs: list[list] | None) -> tuple[lis
     return ends, None if logprobs is None else [[] for _ in logprobs]
 
 
-def scored_echo(chunk: dict, entries: list[NamedLogprob], streamed: StreamedLogprobs) -> dict:
+def scored_echo(chunk: dict, entries: list[NamedLogprob], streamed: StreamedLogprobs, unwritten: int = 0) -> dict:
     """A streamed choice's echo chunk with its prompt's entries (sent once the prefill has scored them, before the
-    answer's text); the answer's offsets go on from the prompt's."""
-    chunk["choices"][0]["logprobs"] = completion_logprobs(entries)
-    streamed.offset = sum(len(e.token) for e in entries)
+    answer's text); the answer's offsets go on from the prompt's. `unwritten`: leading entries the echo does not
+    write (server/logprobs.py `completion_logprobs`)."""
+    chunk["choices"][0]["logprobs"] = completion_logprobs(entries, 0, unwritten)
+    streamed.offset = sum(len(e.token) for e in entries[unwritten:])
     return chunk
 
 

@@ -578,11 +578,14 @@ def chat_chunk(rid: str, model: str, req: TurnRequest, delta: dict, reason: str 
 
 
 def completion_response(rid: str, model: str, answers: list[tuple[str, str]], stats: list, created: int,
-                        logprobs: list[list] | None = None, echoes: list[str] | None = None, prompts: int = 1) -> dict:
+                        logprobs: list[list] | None = None, echoes: list[str] | None = None, prompts: int = 1,
+                        unwritten: list[int] | None = None) -> dict:
     """`answers`: prompt by prompt, `n` each; `stats`: every answer made (best_of counts them all, as OpenAI bills
-    them); `echoes`: each answer's prompt, before its text."""
+    them); `echoes`: each answer's prompt, before its text; `unwritten`: each answer's leading entries its echo does
+    not write (a text prompt's BOS)."""
     choices = [{"index": i, "text": (echoes[i] if echoes else "") + text,
-                "logprobs": None if logprobs is None else completion_logprobs(logprobs[i]),
+                "logprobs": None if logprobs is None else completion_logprobs(logprobs[i], 0,
+                                                                              unwritten[i] if unwritten else 0),
                 "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(answers)]
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
             "choices": choices, "usage": usage(stats, prompts)}

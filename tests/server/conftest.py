@@ -63,3 +63,15 @@ def server(bridge):
 def keyed_server(bridge):
     with BackgroundServer(bridge, api_key=API_KEY) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def bos_server(tiny_models):
+    """The tiny Llama, whose text prompts start with <|begin_of_text|>, served as "tiny"; and its tokenizer."""
+    bridge = ServerBridge(EngineConfig(max_sessions=4, max_session_tokens=256)).start()
+    bridge.load(tiny_models["llama"].gguf_path, alias="tiny")
+    try:
+        with BackgroundServer(bridge) as server:
+            yield server, bridge.models[0].tokenizer
+    finally:
+        bridge.shutdown()

@@ -9,9 +9,6 @@ import httpx
 import openai
 import pytest
 
-from engine.runtime import EngineConfig
-from server.bridge import ServerBridge
-from server.run import BackgroundServer
 
 PROMPTS = ["Once upon a time", "The capital of France is", "def area(r):"]
 GREEDY = {"model": "tiny", "max_tokens": 8, "temperature": 0}
@@ -50,18 +47,6 @@ def test_token_ids_answer_as_their_text_does(server, bridge):
         assert _texts(as_ids) == _texts(as_text) and as_ids["usage"] == as_text["usage"]
     echoed = _post(server, GREEDY | {"prompt": tok.encode(PROMPTS[-1]), "echo": True})  # the ids' text
     assert _texts(echoed) == [PROMPTS[-1] + _texts(as_text)[0]]
-
-
-@pytest.fixture(scope="module")
-def bos_server(tiny_models):
-    """The tiny Llama, whose text prompts start with <|begin_of_text|>."""
-    bridge = ServerBridge(EngineConfig(max_sessions=4, max_session_tokens=256)).start()
-    bridge.load(tiny_models["llama"].gguf_path, alias="tiny")
-    try:
-        with BackgroundServer(bridge) as server:
-            yield server, bridge.models[0].tokenizer
-    finally:
-        bridge.shutdown()
 
 
 def test_a_bos_model_takes_the_ids_as_sent(bos_server):

@@ -34,7 +34,7 @@ def test_the_prompt_alone_scored_in_the_legacy_shape(server, bridge):
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(ids)
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     assert all(v < 0 for v in lp["token_logprobs"][1:])
-    assert all(0 < len(top) <= 2 and max(top.values()) >= v for top, v in zip(lp["top_logprobs"][1:],
+    assert all(0 < len(top) <= 3 and max(top.values()) >= v for top, v in zip(lp["top_logprobs"][1:],
                                                                                lp["token_logprobs"][1:]))
     assert lp["text_offset"][0] == 0 and lp["text_offset"] == sorted(lp["text_offset"])
     assert choice["text"] == bridge.models[0].tokenizer.decode(ids)  # the prompt, nothing after it
@@ -107,3 +107,35 @@ def test_an_end_of_turn_answer_keeps_its_entry(server, bridge):
     out = _ok(server, BODY | {"prompt": ids, "max_tokens": 1, "logprobs": 1, "logit_bias": {str(stop): 100}})
     lp = out["choices"][0]["logprobs"]
     assert len(lp["token_logprobs"]) == len(ids) + 1 and out["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_text_prompts_offsets_count_in_the_text_sent(bos_server, stream):
+    """The BOS put before a text prompt is listed but is no text of the echo: the first token sent is at offset 0 and
+    every written token's offset is where its text is in the choice's text (OpenAI's; lm-evaluation-harness reads
+    the lists by index, a client that cuts the text by offset reads these)."""
+    server, tok = bos_server
+    prompt = "The capital of France is"
+    body = BODY | {"prompt": prompt, "max_tokens": 3}
+    if stream:
+        with httpx.stream("POST", server.url + "/completions", json=body | {"stream": True}, timeout=60) as r:
+            choices = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+        text = "".join(c["text"] for c in choices)
+        lp = {key: [v for c in choices if c["logprobs"] for v in c["logprobs"][key]]
+              for key in ("tokens", "text_offset")}
+    else:
+        (choice,) = _ok(server, body)["choices"]
+        text, lp = choice["text"], choice["logprobs"]
+    assert text.startswith(prompt) and lp["tokens"][0] == tok.decode([tok.bos_id]) and lp["text_offset"][:2] == [0, 0]
+    assert all(text[at : at + len(token)] == token for token, at in zip(lp["tokens"][1:], lp["text_offset"][1:]))
+
+
+def test_each_scored_token_is_among_its_top_logprobs(server, bridge):
+    """OpenAI's legacy lists hold the chosen token beside the `logprobs` most likely (up to logprobs + 1), as vLLM's:
+    a prompt token the model did not expect is there too, with its own number."""
+    out = _ok(server, BODY | {"prompt": _ids(bridge, "Purple elephants compute taxes"), "max_tokens": 0, "logprobs": 1})
+    lp = out["choices"][0]["logprobs"]
+    pairs = list(zip(lp["tokens"][1:], lp["token_logprobs"][1:], lp["top_logprobs"][1:]))
+    assert any(len(top) == 2 for _, _, top in pairs)  # a token outside the top one: the case this is about
+    assert all(top[token] == value and len(top) <= 2 and max(top.values()) == next(iter(top.values()))
+               for token, value, top in pairs)
