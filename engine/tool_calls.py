@@ -185,7 +185,7 @@ _CONTROL_NAMES = re.compile(r"\bcontrol_token_(\d+)")
 def _with_markers(rules: list[str]) -> str:
     """The grammar of `rules` and of the markers they name."""
     used = sorted({int(k) for rule in rules for k in _CONTROL_NAMES.findall(rule)})
-    return lark_grammar("\n".join(rules + control_rules((k, _MARKERS[k]) for k in used)))
+    return lark_grammar("\n".join(rules + control_rules((k, _MARKERS[k]) for k in used)), control_tokens=True)
 
 
 def _rule(name: str, *parts: str) -> str:

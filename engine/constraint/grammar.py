@@ -69,8 +69,14 @@ def regex_grammar(pattern: str) -> str:
     return checked(LLMatcher.grammar_from_regex(pattern), "regex")
 
 
-def lark_grammar(source: str) -> str:
-    """A grammar from Lark text (llguidance's dialect: `start: ...`, regex terminals, %json { schema })."""
+def lark_grammar(source: str, control_tokens: bool = False) -> str:
+    """A grammar from Lark text (llguidance's dialect: `start: ...`, regex terminals, %json { schema }).
+    `control_tokens`: its control-token rules are the engine's own (a tool call's markers); a user's grammar may not
+    define rules of those names, which `with_control_tokens` would turn into a token of the model's."""
+    reserved = None if control_tokens else _RESERVED.search(source)
+    if reserved:
+        raise ParleyError(f"Invalid grammar: the rule name {reserved.group(1)!r} is reserved (rules named "
+                          "control_token_<number>... stand for a model's control tokens); rename it.")
     return checked(LLMatcher.grammar_from_lark(source), "grammar")
 
 
@@ -80,6 +86,7 @@ def lark_grammar(source: str) -> str:
 _STRING = r'"(?:[^"\\\n]|\\.)*"'
 _CONTROL = re.compile(rf"^(control_token_\d+): ({_STRING})$", re.M)
 _UNTIL = re.compile(rf"^((control_token_\d+)_until_\w+)\[lazy\]: ([A-Z0-9_]+) {_STRING}$", re.M)
+_RESERVED = re.compile(r"^\s*[?!]?(control_token_\d+\w*)", re.M)  # a rule defined under such a name
 
 
 def control_token(k: int) -> str:

@@ -12,7 +12,8 @@ import torch
 from bench.runs import RunConfig, make_batcher
 from cli import main as cli
 from engine import events as ev
-from engine.constraint.grammar import LARGEST, closed, json_grammar, regex_grammar, schema_from_text
+from engine.constraint.grammar import (LARGEST, closed, json_grammar, lark_grammar, regex_grammar, schema_from_text,
+                                      with_control_tokens)
 from engine.constraint.guide import Grammars
 from engine.constraint.token_bytes import grammar_tokenizer
 from engine.errors import ParleyError
@@ -128,6 +129,19 @@ def test_schema_text_errors_name_the_place():
         schema_from_text('{"type": ')
     with pytest.raises(ParleyError, match="must be a JSON object"):
         schema_from_text("[1]")
+
+
+def test_a_users_grammar_may_not_name_its_rules_as_control_tokens():
+    """A tool call's markers are rules named control_token_<k>, which the guide turns into the model's one token of
+    their text: a user's rule of that name would be turned too (its text then allowed only as that token), so the name
+    is refused; a JSON schema's names stay inside its JSON and never collide."""
+    for source in ('start: control_token_0\ncontrol_token_0: "hello"', 'start: "a"\n?control_token_12_until_x: "b"'):
+        with pytest.raises(ParleyError, match=r"the rule name 'control_token_\d+\w*' is reserved"):
+            lark_grammar(source)
+    assert lark_grammar('start: my_control_token_0\nmy_control_token_0: "hello"')  # only the reserved names
+    schema = {"title": "control_token_0", "$defs": {"control_token_0": {"type": "string"}},
+              "$ref": "#/$defs/control_token_0"}
+    assert with_control_tokens(json_grammar(schema), lambda text: 5) == json_grammar(schema)
 
 
 def test_grammar_params_are_checked():
