@@ -91,6 +91,7 @@ class ChatPage(QWidget):
         service.path_changed.connect(self._on_status)
         service.status_changed.connect(self._on_status)
         service.conversations_changed.connect(self._on_titles)
+        service.settings_changed.connect(self._on_settings)  # set elsewhere (a window's dialog, a model removed)
         models.changed.connect(self._on_models_changed)  # bound: it stops with the page, a lambda would not
 
     def comfortable_width(self) -> int:
@@ -215,6 +216,11 @@ class ChatPage(QWidget):
         if self.conv_id is not None:
             settings = self.service.store.get(self.conv_id).settings
             self.service.set_settings(self.conv_id, settings.copy(model=self.picker.key()))
+
+    def _on_settings(self, conv_id: int) -> None:
+        """The picker names the chat's model, whoever set it: it kept naming the model before."""
+        if conv_id == self.conv_id and self.service.store.has(conv_id):
+            self.picker.follow(self.service.store.get(conv_id).settings.model)
 
     def _on_titles(self) -> None:
         ok = self.conv_id is not None and self.service.store.has(self.conv_id)

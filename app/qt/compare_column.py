@@ -63,6 +63,7 @@ class CompareColumn(QFrame):
         self.stop_button.clicked.connect(lambda: self.service.stop(self.conv_id))
         self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
         service.status_changed.connect(self._on_status)
+        service.settings_changed.connect(self._on_settings)  # set elsewhere (its settings dialog, a model removed)
         # loading progress, then its name; a bound slot, so a removed column stops listening when it is deleted
         models.changed.connect(self._on_models_changed)
         self.attach(conv_id)
@@ -114,11 +115,14 @@ class CompareColumn(QFrame):
                                 answering=self.service.busy(self.conv_id))
         if dialog.exec():
             self.service.set_settings(self.conv_id, dialog.settings())
-            self.picker.reload(dialog.settings().model)
 
     def _on_model(self, *_args) -> None:
         settings = self.service.store.get(self.conv_id).settings
         self.service.set_settings(self.conv_id, settings.copy(model=self.picker.key()))
+
+    def _on_settings(self, conv_id: int) -> None:
+        if conv_id == self.conv_id and self.service.store.has(conv_id):
+            self.picker.follow(self.service.store.get(conv_id).settings.model)
 
     def _on_models_changed(self, _key: str) -> None:
         self._on_status(self.conv_id)

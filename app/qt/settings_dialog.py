@@ -47,6 +47,11 @@ class ModelPicker(QComboBox):
     def key(self) -> str:
         return self.currentData()
 
+    def follow(self, key: str) -> None:
+        """Names `key`, chosen elsewhere (no currentIndexChanged: it is set already)."""
+        if self.key() != key:
+            self.reload(key)
+
     def shown_text(self) -> str:
         """The current name as the closed picker shows it: elided in the middle, so a quantisation suffix stays."""
         opt = QStyleOptionComboBox()

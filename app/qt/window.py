@@ -236,8 +236,7 @@ class MainWindow(QMainWindow):
             self.apply_settings(conv_id, dialog.settings(), dialog.as_default.isChecked())
 
     def apply_settings(self, conv_id: int, settings, as_default: bool = False) -> None:
-        self.service.set_settings(conv_id, settings)
-        self.chat.picker.reload(settings.model)
+        self.service.set_settings(conv_id, settings)  # the chat's picker follows
         if as_default:
             self.service.defaults = settings.copy()
             self.app_settings.defaults = settings.copy()

@@ -197,3 +197,14 @@ def test_a_model_picked_after_an_answer_is_the_one_the_status_line_says_loads(pa
     w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
     line = w.chat.status.text.full_text()
     assert line.startswith(f"{w.chat.picker.currentText()}  ·  loading: ") and "— tok/s" in line, line
+
+
+def test_the_picker_follows_settings_set_elsewhere(parley, qtbot, imported_llama):
+    """A chat's (or a column's) model set by other code than its picker: the picker kept naming the model before."""
+    w, service, conv = parley.window, parley.service, parley.window.current()
+    service.set_settings(conv, parley.store.get(conv).settings.copy(model=imported_llama))
+    assert w.chat.picker.key() == imported_llama and w.chat.picker.currentText() == "llama-f32"
+    w.show_compare()
+    column = w.compare.columns[1]
+    service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(model=imported_llama))
+    assert column.picker.key() == imported_llama
