@@ -21,8 +21,9 @@ from engine.sampling import SamplingParams
 
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"  # a chat's title until its first message names it
-MODEL_GONE = "The model was unloaded before it answered. Retry loads it again."
-UNLOADED_MID_ANSWER = "the model was unloaded while it answered; Continue or Regenerate loads it again"
+AGAIN = "loads it again"  # the unload notes' end, said of the model that answered (message_html retargets it)
+MODEL_GONE = f"The model was unloaded before it answered. Retry {AGAIN}."
+UNLOADED_MID_ANSWER = f"the model was unloaded while it answered; Continue or Regenerate {AGAIN}"
 
 
 class ChatService:
@@ -186,11 +187,16 @@ class ChatService:
 
     def _as_listed(self, conv_id: int, shown: ChatStatus) -> ChatStatus:
         """An answer saved before answers were named as the model list names them has its file's own name ("qwen3"
-        beside "qwen3-f32.gguf" in the picker): its chat's model, loaded, is named as listed."""
-        state = self.models.state(self.store.get(conv_id).settings.model)
-        if state is not None and shown.model and shown.model == state.own_name != state.name:
-            return replace(shown, model=state.name)
-        return shown
+        beside "qwen3-f32.gguf" in the picker): named as listed where that model is known."""
+        listed = self.model_names(conv_id, shown.model)[0]
+        return replace(shown, model=listed) if listed != shown.model else shown
+
+    def model_names(self, conv_id: int, saved: str) -> tuple[str, str]:
+        """(`saved`, an answer's model name, as the model list names it where known; the chat's model as listed): the
+        one wrote the answer, the other answers Retry, Continue and Regenerate."""
+        key = self.store.get(conv_id).settings.model
+        entry = self.models.registry.get(key)
+        return self.models.listed(saved, key), entry.name if entry is not None else key
 
     # -- drafts and queued messages
     def draft(self, conv_id: int) -> str:

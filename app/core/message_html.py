@@ -11,6 +11,7 @@ import html
 import re
 from dataclasses import dataclass
 
+from app.core.chats import AGAIN
 from app.core.conversations import Message, failed_unanswered
 from app.core.live import can_continue
 from app.core.markdown_render import QUOTE_TEXT, RULE_COLOR, MarkdownRenderer
@@ -42,8 +43,17 @@ NOTE_COLOR = {"error": {False: "#c62828", True: "#ff7b72"}, "queued": {False: "#
               "muted": {False: "#656d76", True: "#8b949e"}}
 
 
+@dataclass(frozen=True, slots=True)
+class Names:
+    """How an answer names models now: `wrote`, its model as the model list names it (an older file saved the file's
+    own name); `now`, the chat's model, which Retry, Continue and Regenerate answer with. Empty: as saved."""
+
+    wrote: str = ""
+    now: str = ""
+
+
 def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool,
-                 show_thought: bool = False, deadline: float | None = None) -> Rendered:
+                 show_thought: bool = False, deadline: float | None = None, names: Names = Names()) -> Rendered:
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
     a finished thought; past `deadline` (time.perf_counter()) a streaming answer renders no more new blocks."""
     complete = True
@@ -59,12 +69,12 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         else:
             body, blocks = renderer.render_parts(reasoning.reply)
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
-    tail = _note(msg, renderer.dark)
+    tail = _note(msg, renderer.dark, names)
     if msg.state == "streaming":
         tail = f'<p style="color:#888">{CURSOR}</p>' + tail
     if body:  # the tail goes in with the last block: alone, Qt would end a list or table before it in another block
         body[-1] += tail
-    parts = (_header(msg, version, versions, busy), thought, *(body or [tail]))
+    parts = (_header(msg, version, versions, busy, names), thought, *(body or [tail]))
     return Rendered("".join(parts), blocks, parts, complete)
 
 
@@ -114,10 +124,10 @@ def message_actions(msg: Message, version: int, versions: int, busy: bool) -> li
     return actions
 
 
-def _header(msg: Message, version: int, versions: int, busy: bool) -> str:
+def _header(msg: Message, version: int, versions: int, busy: bool, names: Names) -> str:
     """Links right-aligned, those always there on the right: one appearing (Copy, Continue, the version
     arrows) never moves Regenerate or Edit out from under the pointer."""
-    who = "You" if msg.role == "user" else html.escape(msg.model or "Assistant")
+    who = "You" if msg.role == "user" else html.escape(_writer(msg, names))
     seed = (msg.stats or {}).get("seed")
     if isinstance(seed, int):
         who += f' <span style="color:#8b949e; font-weight:normal">· seed {seed}</span>'
@@ -142,14 +152,26 @@ def _arrow(href: str, glyph: str, enabled: bool) -> str:
     return f'<span style="color:#bbb">{big}</span>'
 
 
-def accessible_text(msg: Message, version: int, versions: int) -> str:
+def _writer(msg: Message, names: Names) -> str:
+    return names.wrote or msg.model or "Assistant"
+
+
+def error_text(msg: Message, names: Names) -> str:
+    """The error or stop note as shown: an unload's "Retry loads it again" said of the model that answered; with
+    another model picked since, Retry (Continue, Regenerate) answers with that one, and the note says so."""
+    if not (names.now and AGAIN in msg.error and names.now != _writer(msg, names)):
+        return msg.error
+    return msg.error.replace(AGAIN, f"uses {names.now}, the chat's model now")
+
+
+def accessible_text(msg: Message, version: int, versions: int, names: Names = Names()) -> str:
     """What a screen reader says for a message: who, its state, which version, then the text."""
-    who = "You" if msg.role == "user" else (msg.model or "Assistant")
+    who = "You" if msg.role == "user" else _writer(msg, names)
     reasoning = split_reasoning(msg.content) if msg.role == "assistant" else None
     notes = [STATE_NOTES.get(msg.state, "").split(" —")[0] if msg.state != "done" else "",
              _thought_note(reasoning, msg.state == "streaming"),
              f"version {version} of {versions}" if versions > 1 else "",
-             f"error: {msg.error}" if msg.state == "error" else ""]
+             f"error: {error_text(msg, names)}" if msg.state == "error" else ""]
     head = ", ".join([who, *filter(None, notes)])
     text = reasoning.reply if reasoning is not None else msg.content
     return f"{head}: {text}" if text else head
@@ -173,15 +195,16 @@ def _thought_hint(msg: Message) -> str:
     return "Turn Thinking off in the chat settings and Regenerate, or start a new chat"
 
 
-def _note(msg: Message, dark: bool) -> str:
+def _note(msg: Message, dark: bool, names: Names) -> str:
     error, queued, muted = (NOTE_COLOR[k][dark] for k in ("error", "queued", "muted"))
+    said = error_text(msg, names)
     if msg.state == "error":
-        return f'<p style="color:{error}"><b>Error:</b> {html.escape(msg.error or "the turn failed")}</p>'
+        return f'<p style="color:{error}"><b>Error:</b> {html.escape(said or "the turn failed")}</p>'
     if msg.state == "queued":
         detail = f" ({html.escape(msg.error)})" if msg.error else ""
         return f'<p style="color:{queued}"><i>{STATE_NOTES["queued"]}{detail}</i></p>'
     if msg.state in STATE_NOTES:
-        why = f": {html.escape(msg.error)}" if msg.error else ""  # a stop the user did not ask for says why
+        why = f": {html.escape(said)}" if said else ""  # a stop the user did not ask for says why
         return f'<p style="color:{muted}"><i>{STATE_NOTES[msg.state]}{why}</i></p>'
     reason = (msg.stats or {}).get("reason")
     if reason in ("length", "context_full"):
@@ -189,6 +212,6 @@ def _note(msg: Message, dark: bool) -> str:
         if msg.role == "assistant" and split_reasoning(msg.content).thinking:  # the reply never began
             return f'<p style="color:{muted}"><i>Cut short while thinking: {why}. {_thought_hint(msg)}.</i></p>'
         return f'<p style="color:{muted}"><i>Cut short: {why}</i></p>'
-    if msg.error:
-        return f'<p style="color:{error}">{html.escape(msg.error)}</p>'
+    if said:
+        return f'<p style="color:{error}">{html.escape(said)}</p>'
     return ""

@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QListView, QMenu, QStyle, QSty
 
 from app.core.conversations import Message
 from app.core.markdown_render import MarkdownRenderer, link_tip, link_url, openable
-from app.core.message_html import accessible_text, message_actions, message_html
+from app.core.message_html import Names, accessible_text, message_actions, message_html
 from app.core.reasoning import copied_text
 from app.core.chats import ChatService
 from app.qt.stream_document import SafeDocument, StreamDocument
@@ -63,7 +63,7 @@ class ChatModel(QAbstractListModel):
             return msg.content
         if role == Qt.ItemDataRole.AccessibleTextRole:
             versions = self.service.store.versions(msg)
-            return accessible_text(msg, versions.index(msg) + 1, len(versions))
+            return accessible_text(msg, versions.index(msg) + 1, len(versions), names_of(self.service, msg))
         return None
 
     def message_at(self, row: int) -> Message:
@@ -148,7 +148,7 @@ class MessageDelegate(QStyledItemDelegate):
     def _key(self, msg: Message) -> tuple:
         versions = self.service.store.versions(msg)
         return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), self.renderer.dark,
-                msg.id in self.shown_thoughts, self.service.busy(msg.conversation_id))
+                msg.id in self.shown_thoughts, names_of(self.service, msg), self.service.busy(msg.conversation_id))
 
     def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
         width = self.text_width()
@@ -162,7 +162,8 @@ class MessageDelegate(QStyledItemDelegate):
         versions = self.service.store.versions(msg)
         # busy: the chat's answer streams, and links it would refuse (Regenerate, Continue) are not shown
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
-                                show_thought=msg.id in self.shown_thoughts, deadline=time.perf_counter() + CATCH_UP_S)
+                                show_thought=msg.id in self.shown_thoughts, deadline=time.perf_counter() + CATCH_UP_S,
+                                names=key[-2])
         stream = self._streams.get(msg.id) if hit is not None else None
         if stream is None or stream.doc is not hit[1]:
             stream = None
@@ -321,6 +322,10 @@ class ChatView(QListView):
         bar.valueChanged.connect(lambda v: setattr(self, "_stick", v >= bar.maximum() - 8))
         bar.rangeChanged.connect(lambda _lo, hi: bar.setValue(hi) if self._stick else None)
         service.status_changed.connect(self._on_status)
+        # an answer's names: a model picked (its unload note says what answers now), a model loaded (older answers'
+        # names read as listed once its own name is known)
+        service.settings_changed.connect(self._on_settings)
+        service.models.loaded.connect(self._on_names)
         self._resized = QTimer(self, singleShot=True, interval=RESIZE_SETTLE_MS)
         self._resized.timeout.connect(self._resize_settled)
 
@@ -355,6 +360,13 @@ class ChatView(QListView):
         if conv_id == self.chat_model.conv_id and self.service.busy(conv_id) != self._busy:
             self._busy = not self._busy
             self.viewport().update()
+
+    def _on_settings(self, conv_id: int) -> None:
+        if conv_id == self.chat_model.conv_id:
+            self._on_names()
+
+    def _on_names(self, *_key: str) -> None:
+        self.viewport().update()  # drawn again: messages whose names changed render anew (the names are in their key)
 
     def set_conversation(self, conv_id: int | None) -> None:
         self._stick = True
@@ -465,6 +477,13 @@ class ChatView(QListView):
             QGuiApplication.clipboard().setText(blocks[int(arg)])
         elif (url := link_url(href)) is not None and openable(url):
             QDesktopServices.openUrl(QUrl(url))
+
+
+def names_of(service: ChatService, msg: Message) -> Names:
+    """How an answer names models now (a user's message names none)."""
+    if msg.role != "assistant":
+        return Names()
+    return Names(*service.model_names(msg.conversation_id, msg.model))
 
 
 def _links(doc: QTextDocument) -> list[str]:

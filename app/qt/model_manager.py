@@ -61,6 +61,7 @@ class ModelManager(QObject):
         self._importing: set[str] = set()
         self._dropped: set[int] = set()  # loads given up (their model went off the list): freed when they arrive
         self._files: dict[str, str] = {}  # key -> the file or folder it loads (the embedded one once assembled)
+        self._own_names: dict[str, str] = {}  # key -> its file's own name, kept after an unload (for listed())
         self.draft_key = ""  # the model that drafts for models loaded from now on (speculative decoding)
         self._switches: dict[tuple, bool | None] = {}  # (file, its size and time) -> its template's thinking switch
         self._probing: set[tuple] = set()  # file versions whose template is being read
@@ -79,6 +80,18 @@ class ModelManager(QObject):
 
     def state(self, key: str) -> ModelState | None:
         return self.states.get(key)
+
+    def listed(self, saved: str, prefer: str | None = None) -> str:
+        """The name a model is listed under for `saved`, the name an answer was saved under: answers saved by older
+        versions carry the file's own name ('qwen3' for 'qwen3-f32.gguf'). Known for models loaded since the start
+        (`prefer`, the chat's model, first where two files share a name); `saved` as it is otherwise."""
+        entries = self.registry.entries()
+        if not saved or any(e.name == saved for e in entries):
+            return saved
+        if prefer is not None and self._own_names.get(prefer) == saved and (entry := self.registry.get(prefer)):
+            return entry.name
+        owners = [e for e in entries if self._own_names.get(e.key) == saved]
+        return owners[0].name if len(owners) == 1 else saved
 
     def file_of(self, key: str) -> str | None:
         """The file or folder a model loads from (the embedded one's once it is assembled)."""
@@ -263,6 +276,7 @@ class ModelManager(QObject):
         state = self.states[key]
         state.status, state.info, state.fraction = "loaded", dict(info or {}), 1.0
         state.name, state.own_name = state.entry.name, name
+        self._own_names[key] = name
         self.freezer.loaded()
         if not state.info.get("remote"):  # asked off the GUI thread, which would wait for the engine's step to end
             threading.Thread(target=self._ask_context, args=(key, model_id), daemon=True, name="parley-context").start()

@@ -1,6 +1,8 @@
 """The window after unloads, model switches and restarts: what it says is what is true at once."""
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
+
 from tests.app.helpers import hold_engine, start_app, wait_idle
 
 
@@ -208,3 +210,51 @@ def test_the_picker_follows_settings_set_elsewhere(parley, qtbot, imported_llama
     column = w.compare.columns[1]
     service.set_settings(column.conv_id, parley.store.get(column.conv_id).settings.copy(model=imported_llama))
     assert column.picker.key() == imported_llama
+
+def _shown(view, msg) -> str:
+    """A message as its chat view draws it (its header, text and note)."""
+    return view.delegate.document(msg)[0].toPlainText()
+
+
+def _writer(view, msg) -> str:
+    """The name heading an answer (before its seed)."""
+    return _shown(view, msg).split("\n")[1].split(" · ")[0]
+
+
+def test_an_unload_note_names_the_model_picked_since(parley, qtbot, imported_llama):
+    """'Continue or Regenerate loads it again' stayed after another model was picked, where they answer with that one."""
+    w, conv = parley.window, parley.window.current()
+    parley.service.set_settings(conv, parley.store.get(conv).settings.copy(max_tokens=4))
+    hold_engine(parley, 0.3)  # the turn is submitted, then its model unloaded under it
+    w.chat.send("hello")
+    parley.models.unload("default")
+    wait_idle(parley, qtbot, conv)
+    answer = parley.store.path(conv)[-1]
+    assert "loads it again" in _shown(w.chat.view, answer)
+    w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
+    note = _shown(w.chat.view, answer)
+    assert "Continue or Regenerate uses llama-f32, the chat's model now" in note and "loads it again" not in note
+    w.chat.picker.setCurrentIndex(w.chat.picker.findData("default"))
+    assert "Continue or Regenerate loads it again" in _shown(w.chat.view, answer)  # the model that answered, again
+    w.chat.picker.setCurrentIndex(w.chat.picker.findData(imported_llama))
+    w.chat.view.activate(answer, "regen:")
+    wait_idle(parley, qtbot, conv)
+    assert parley.store.path(conv)[-1].model == "llama-f32"  # Regenerate answered with the model the note named
+
+
+def test_answers_saved_under_a_file_s_own_name_are_headed_as_listed(parley, qtbot):
+    """Answers of older versions (saved under 'qwen3') were headed so, new ones 'qwen3-f32.gguf'. A model known (loaded
+    since the start, unloaded since too) is named as listed; a name no model known has is shown as saved."""
+    w, conv, state = parley.window, parley.window.current(), parley.models.state("default")
+    _say(parley, qtbot, conv, "hello")
+    answer = parley.store.path(conv)[-1]
+    parley.store.update_message(answer.id, model=state.own_name)  # as the last version saved it
+    parley.models.unload("default")
+    listed = w.chat.picker.currentText()
+    assert _writer(w.chat.view, answer) == listed
+    index = w.chat.view.model().index(1, 0)
+    assert w.chat.view.model().data(index, Qt.ItemDataRole.AccessibleTextRole).startswith(listed)
+    parley.store.update_message(answer.id, model="a model gone since")
+    assert _writer(w.chat.view, answer) == "a model gone since"
+    parley.store.update_message(answer.id, model="")  # a file that saved none
+    assert _writer(w.chat.view, answer) == "Assistant"
