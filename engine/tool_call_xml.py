@@ -47,20 +47,19 @@ def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags:
     def schema_of(key: str) -> dict:  # how its value is typed: a listed argument's schema, else the others'
         return (listed[key] or {}) if key in listed else others
 
-    while True:
+    while True:  # the pairs are joined only once read (joined at each argument, a call of 1,000 was quadratic)
         j = skip(text, j)
-        head = "{" + ", ".join(pairs)
         if text.startswith(tags[1], j):
-            return (name, head + "}"), j
+            return (name, "{" + ", ".join(pairs) + "}"), j
         if j >= len(text) or any(tag.startswith(text[j:]) for tag in tags):
-            return (name, head), None
+            return (name, "{" + ", ".join(pairs)), None
         if not text.startswith(tags[0], j):  # not an argument: the call ended there
-            return (name, head + "}"), j
+            return (name, "{" + ", ".join(pairs) + "}"), j
         pair, end = one(text, j, schema_of)
         if end is None:
-            return (name, head + (", " if pairs and pair else "") + pair), None
+            return (name, "{" + ", ".join(pairs + [pair] if pair else pairs)), None
         if end < 0:
-            return (name, head + "}"), j
+            return (name, "{" + ", ".join(pairs) + "}"), j
         pairs.append(pair)
         j = end
 

@@ -261,7 +261,7 @@ class CallStream:
         self._base = 0  # the index of the section's first call
         self._sent: list[int] = []  # each call's arguments' characters sent
         self._tails: list[JsonTail] = []  # each call's arguments sent, read for where a string is open
-        self._open: OpenString | None = None  # the argument string the section ends in (feed's short way)
+        self._open: OpenString | None = None  # the arguments the section ends inside (feed's short way)
         self._pieces: list[str] = []  # the section's text fed since it was last read
         self._state = "start" if self.form.whole else "text"  # start: the answer may be its calls; free: plain text
         self._after_calls = False  # whitespace after calls is not content unless content comes before and after
@@ -338,12 +338,15 @@ class CallStream:
 
     def _open_string(self, section: Section) -> OpenString | None:
         """The string the section's text ends in, inside its last call's arguments (all sent), with nothing held back
-        that may begin a closing tag; None where there is none."""
+        that may begin a closing tag; or, where the arguments are the model's JSON, their open object; None where
+        there is none."""
         index = self._base + len(section.calls) - 1
         if section.end is not None or section.bad is not None or not section.calls or index >= len(self._tails):
             return None
         tail = self._tails[index]
-        if not tail.in_string or self.form.closers and partial_suffix(self._section, self.form.closers):
+        if not self.form.closers:
+            return OpenString(index, tail, ()) if tail.depth > 0 else None
+        if not tail.in_string or partial_suffix(self._section, self.form.closers):
             return None
         return OpenString(index, tail, self.form.closers)
 

@@ -1,8 +1,10 @@
-"""A streamed call's open argument string, extended piece by piece without reading the call again (engine/tool_calls.py).
+"""A streamed call's open arguments, extended piece by piece without reading the call again (engine/tool_calls.py).
 
 A call's reader reads its whole text at each piece: a 32k-character argument (a file's text) cost ~100 µs a piece,
 quadratic in its length. While the text ends inside one of the arguments' strings, a piece that does not end the
-string only lengthens it: the arguments' JSON so far, read here as it is sent, says where a string is open.
+string only lengthens it: the arguments' JSON so far, read here as it is sent, says where a string is open. Where the
+arguments are the model's own JSON, a piece that does not close their object only lengthens them too (a call of 1,000
+short arguments closed a string every few pieces, each read the whole call again: 3 s).
 """
 from __future__ import annotations
 
@@ -12,47 +14,48 @@ import re
 from engine.tokenizer.detokenizer import partial_suffix
 
 _QUOTE_OR_ESCAPE = re.compile(r'["\\]')
+_STRUCTURE = re.compile(r'["{}\[\]]')  # outside a string: what opens one or nests a value (as tool_formats' value_end)
 
 
 class JsonTail:
-    """Whether a JSON text read so far ends inside a string (and after its escaping backslash)."""
+    """Whether a JSON text read so far ends inside a string (and after its escaping backslash), and how deep in its
+    objects and arrays."""
 
-    __slots__ = ("in_string", "escaped")
+    __slots__ = ("in_string", "escaped", "depth")
 
     def __init__(self) -> None:
         self.in_string = self.escaped = False
+        self.depth = 0
 
     def update(self, piece: str) -> None:
-        self.in_string, self.escaped = self._after(piece)[:2]
+        self.in_string, self.escaped, self.depth, _ = self._after(piece)
 
-    def stays_in_string(self, piece: str) -> bool:
-        """Whether the text, `piece` added, is inside the same string all along."""
-        return self.in_string and not self._after(piece)[2]
+    def stays_open(self, piece: str) -> bool:
+        """Whether the text's outermost value, `piece` added, is open all along (its closing bracket not read)."""
+        return self.depth > 0 and not self._after(piece)[3]
 
-    def _after(self, piece: str) -> tuple[bool, bool, bool]:
-        """(in a string, after a backslash, a string closed on the way) once `piece` is read."""
-        in_string, i, closed = self.in_string, 0, False
+    def _after(self, piece: str) -> tuple[bool, bool, int, bool]:
+        """(in a string, after a backslash, the depth, the outermost value closed on the way) once `piece` is read."""
+        in_string, depth, i, ended = self.in_string, self.depth, 0, False
         if self.escaped and piece:
             i = 1
         elif self.escaped:
-            return True, True, False
+            return True, True, depth, False
         while i < len(piece):
-            if not in_string:
-                i = piece.find('"', i)
-                if i < 0:
-                    break
-                in_string, i = True, i + 1
-                continue
-            found = _QUOTE_OR_ESCAPE.search(piece, i)
+            found = (_QUOTE_OR_ESCAPE if in_string else _STRUCTURE).search(piece, i)
             if found is None:
                 break
-            if found.group() == '"':
-                in_string, closed, i = False, True, found.end()
-            elif found.end() == len(piece):
-                return True, True, closed
+            mark, i = found.group(), found.end()
+            if mark == "\\" and i == len(piece):
+                return True, True, depth, ended
+            if mark == "\\":
+                i += 1
+            elif mark == '"':
+                in_string = not in_string
             else:
-                i = found.end() + 1
-        return in_string, False, closed
+                depth += 1 if mark in "{[" else -1
+                ended = ended or depth <= 0
+        return in_string, False, depth, ended
 
 
 class OpenString:
@@ -65,9 +68,10 @@ class OpenString:
         self._held = ""  # a text value's end that may begin its closing tag: sent once it turns out not to
 
     def extend(self, piece: str) -> str | None:
-        """The arguments' characters `piece` adds, or None where it may do more than lengthen the string."""
-        if not self._closers:  # the model's JSON: the piece as written, while it stays in the string
-            if not self._tail.stays_in_string(piece):
+        """The arguments' characters `piece` adds, or None where it may do more than lengthen the string (the model's
+        JSON: more than lengthen the arguments)."""
+        if not self._closers:  # the model's JSON: the piece as written, while the arguments' object stays open
+            if not self._tail.stays_open(piece):
                 return None
             added = piece
         else:

@@ -493,3 +493,41 @@ def test_a_long_string_argument_streams_as_it_reads_whole_and_is_not_read_again_
         bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, 12))})
         pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
         assert joined(pieces) == parse_calls(fmt, text, WRITE), cut
+
+
+MANY = {f"a{k}": [f"v{k}", {"n": k, "s": "}]\\\"{"}] if k % 7 == 0 else f"v{k}" for k in range(120)}
+MANY_JSON = json.dumps(MANY, ensure_ascii=False)
+MANY_CALLS = [  # a call of many short arguments (nested ones holding brackets in strings), in the JSON forms
+    ("hermes", '<tool_call>\n{"name": "write", "arguments": ' + MANY_JSON + '}\n</tool_call>'),
+    ("llama3", '{"name": "write", "parameters": ' + MANY_JSON + '}'),
+    ("granite", '<|tool_call|>[{"name": "write", "arguments": ' + MANY_JSON + '}]'),
+    ("mistral_v11", '[TOOL_CALLS]write[ARGS]' + MANY_JSON),
+    ("deepseek_v3_1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>write<｜tool▁sep｜>" + MANY_JSON +
+     "<｜tool▁call▁end｜><｜tool▁calls▁end｜>"),
+]
+
+
+@pytest.mark.parametrize("fmt,answer", MANY_CALLS)
+def test_many_short_arguments_stream_as_they_read_whole_and_the_call_is_not_read_again(fmt, answer, monkeypatch):
+    """A piece that closed a string read the whole call again, and so did every piece between two strings: a call of
+    1,000 short arguments in 4-character pieces took 3 s (quadratic). While the model's JSON arguments are open, a
+    piece only lengthens them; the call is read again only until its name is known and once its arguments close."""
+    import dataclasses
+
+    from engine import tool_calls
+
+    form, reads = tool_calls.FORMATS[fmt], []
+    monkeypatch.setitem(tool_calls.FORMATS, fmt, dataclasses.replace(
+        form, read=lambda text, names: reads.append(text) or form.read(text, names)))
+    want = ("", [ToolCall("write", MANY_JSON)])
+    for size in (1, 3, 4):
+        stream, reads[:] = CallStream(fmt, WRITE), []
+        pieces = [p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])]
+        assert joined(pieces + stream.finish()) == want, size
+        assert len(reads) < 40 + 60 / size, (size, len(reads))  # the head and the end, not ~1 a piece (~1,000)
+    rng = random.Random(5)
+    for cut in range(1, len(answer) + 1, 37):
+        text, stream = answer[:cut], CallStream(fmt, WRITE)
+        bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, 40))})
+        pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
+        assert joined(pieces) == parse_calls(fmt, text, WRITE), cut
