@@ -377,7 +377,7 @@ class ChatService:
         answer = self.store.add_message(conv_id, user.id if user else parent_id, "assistant", state="waiting")
         live = self.live(conv_id)
         live.turn = replace(given or TurnInfo(None, 0), message_id=answer.id, seed=seed)
-        live.refused = None  # the next turn: what the last refusal said no longer applies
+        live.refused = live.too_long = None  # the next turn: what the last refusal said no longer applies
         self.path_changed.emit(conv_id)
         self.conversations_changed.emit()  # a new message makes the chat the most recent: the list reorders
         self._when_loaded(conv_id, live, lambda: self._submit(conv_id, base, user, kind))
@@ -517,8 +517,11 @@ class ChatService:
             self.message_changed.emit(conv_id, live.turn.message_id)
             return
         if code == ContextOverflowError.code and self._refused_unanswered(conv_id, live):
-            self._give_back(conv_id, live, message)
-            return
+            if not self.store.get(conv_id).hidden:
+                self._give_back(conv_id, live, message)
+                return
+            if live.turn.edit_of is None:  # a column keeps it with its error: the comparison decides (take_back)
+                live.too_long = (live.turn.user_id, message)
         if self._model_gone(live):
             message = MODEL_GONE  # the engine's 'Chat session 2 does not exist' says less
         self.store.update_message(live.turn.message_id, error=message)
@@ -531,21 +534,45 @@ class ChatService:
         return self.models.model_id(live.model_key) != live.model_id
 
     def _refused_unanswered(self, conv_id: int, live: LiveChat) -> bool:
-        """The turn of a message the user sent in a chat ended before a word of answer. A compare column keeps its
-        error: the prompt went to the other columns too."""
+        """The turn of a message the user sent ended before a word of answer."""
         turn = live.turn
-        return (turn.user_id is not None and turn.tokens == 0 and not self.store.message(turn.message_id).content
-                and not self.store.get(conv_id).hidden)
+        return turn.user_id is not None and turn.tokens == 0 and not self.store.message(turn.message_id).content
+
+    def too_long(self, conv_id: int) -> str | None:
+        """Why a compare column refused its last prompt for its length (kept in it with its error), else None."""
+        kept = self.live(conv_id).too_long
+        return kept[1] if kept is not None else None
+
+    def take_back(self, conv_id: int) -> str | None:
+        """A compare column's prompt refused for its length leaves it, as a chat's does (every column refused it: it
+        goes back to the comparison's box); its text, or None when there is none to take."""
+        live = self.live(conv_id)
+        kept, live.too_long = live.too_long, None
+        if kept is None or live.busy or not self.store.has_message(kept[0]):
+            return None
+        user = self.store.message(kept[0])
+        self._withdraw(conv_id, user, user.parent_id)
+        self.path_changed.emit(conv_id)
+        self.status_changed.emit(conv_id)
+        return user.content
+
+    def keep_refused(self, conv_id: int) -> None:
+        """A compare column's prompt refused for its length stays in it, with its error (other columns answered it)."""
+        self.live(conv_id).too_long = None
+
+    def _withdraw(self, conv_id: int, user: Message, leaf_before: int | None) -> None:
+        """A refused message leaves its chat (the branch shown before it comes back; a title it gave goes)."""
+        self.store.set_leaf(conv_id, leaf_before)
+        self.store.delete_message(user.id)  # its answer with it: no trace in the chat or its file
+        if leaf_before is None and self.store.get(conv_id).title == _title(user.content):
+            self.store.update(conv_id, title=NEW_TITLE)
 
     def _give_back(self, conv_id: int, live: LiveChat, reason: str) -> None:
-        """The refused message leaves the chat (the branch shown before it comes back; a title it gave goes) and its
-        text goes back to the user: into the box, or into the edit it was; the reason is the chat's notice."""
+        """The refused message leaves the chat and its text goes back to the user: into the box, or into the edit it
+        was; the reason is the chat's notice."""
         turn, user = live.turn, self.store.message(live.turn.user_id)
         text = user.content
-        self.store.set_leaf(conv_id, turn.leaf_before)
-        self.store.delete_message(user.id)  # its answer with it: no trace in the chat or its file
-        if turn.leaf_before is None and self.store.get(conv_id).title == _title(text):
-            self.store.update(conv_id, title=NEW_TITLE)
+        self._withdraw(conv_id, user, turn.leaf_before)
         live.turn = None
         _enter(live.status, "idle")
         self.unqueue(conv_id)  # what was queued behind it comes back too, after it

@@ -62,6 +62,7 @@ class LiveChat:
     queued: list[str] = field(default_factory=list)  # messages sent while it answered: they go next, in order
     edit_after_stop: tuple[int, str] | None = None  # an earlier message edited while it answered: goes once stopped
     refused: Refusal | None = None  # the last message the engine refused, until the next turn or a dismissal
+    too_long: tuple[int, str] | None = None  # a compare column's prompt refused for its length: (message, why)
 
     @property
     def busy(self) -> bool:

@@ -73,7 +73,7 @@ class CompareView(QWidget):
         self.composer.edit.setAccessibleName(self.tr("Prompt for every column"))
         self.queued = LinkNote(objectName="queuedNote")  # "Back to the box" by mouse or keyboard
         self.queued.hide()
-        self.queued.linkActivated.connect(lambda href: self.catch_up() if href == "catch-up:" else self.unqueue())
+        self.queued.linkActivated.connect(self._on_note_link)
         self._next: list[str] = []  # prompts sent while the columns answered: each goes when they are all done
         self.editing: int | None = None  # the turn whose prompt the box holds for editing (0: the first)
         self._syncing = False
@@ -483,8 +483,42 @@ class CompareView(QWidget):
         if self._queue:
             column, text = self._queue.pop(0)
             self.service.send(column.conv_id, text)
-        elif self._next:
+        elif not self._tell_too_long() and self._next:
             QTimer.singleShot(0, self._send_next)  # after every column has taken this turn's end
+
+    def _tell_too_long(self) -> bool:
+        """Columns that refused the prompt for its length (every column has had it): one line each above the box.
+        Refused by all, it leaves them and comes back into the box, as a chat's does; else it stays in those columns
+        with their error (the others answered it). False when none refused."""
+        refused = [(c, why) for c in self.columns if (why := self.service.too_long(c.conv_id))]
+        if not refused:
+            return False
+        self.unqueue()  # as a chat's refusal does: what waited comes back to the box, nothing goes unseen
+        lines = [self.tr("%1: %2").replace("%1", c.letter).replace("%2", html.escape(why)) for c, why in refused]
+        if len(refused) == len(self.columns):
+            texts = [self.service.take_back(c.conv_id) for c in self.columns]
+            box = self.composer.edit.toPlainText()
+            self.composer.edit.setPlainText("\n\n".join(filter(None, [next(filter(None, texts), ""), box])))
+            head = self.tr("<b>Not sent:</b> too long for every column; the prompt is back in the box.")
+        else:
+            for column, _why in refused:
+                self.service.keep_refused(column.conv_id)
+            which = ", ".join(c.letter for c, _ in refused)
+            head = (self.tr("<b>Not answered in column %1:</b> the prompt is too long there. ") if len(refused) == 1 else
+                    self.tr("<b>Not answered in columns %1:</b> the prompt is too long there. ")).replace("%1", which)
+            head += self.tr("Edit it to shorten it in every column, or pick another model there and Retry.")
+        shown = [head, *lines] if len(refused) == len(self.columns) else [head]  # else each column's error says why
+        self.queued.setText("<br>".join(shown) + ' <a href="dismiss:">' + self.tr("Dismiss") + "</a>")
+        self.queued.show()
+        return True
+
+    def _on_note_link(self, href: str) -> None:
+        if href == "catch-up:":
+            self.catch_up()
+        elif href == "dismiss:":
+            self.queued.hide()
+        else:
+            self.unqueue()
 
     def _send_next(self) -> None:
         if self._next and not self.busy():

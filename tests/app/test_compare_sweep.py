@@ -477,3 +477,35 @@ def test_removing_a_model_counts_a_comparisons_columns_as_one_comparison(parley,
     dialog.remove_button.click()
     assert "1 chat and 1 comparison moved to" in w.statusBar().currentMessage()  # was '3 chats moved to'
     dialog.close()
+
+
+def test_a_prompt_too_long_for_every_column_comes_back_to_the_box(parley, qtbot):
+    """Each column held the prompt and its error ('Shorten it.') and the box was empty: nothing to shorten."""
+    view, convs = _short_answers(parley)
+    prompt = "hello " * 300  # 1,211 tokens of the tiny model's 512
+    view.composer.edit.setPlainText(prompt)
+    qtbot.keyClick(view.composer.edit, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert view.queued.isVisible()
+    assert [parley.store.path(c) for c in convs] == [[], []]
+    assert view.composer.edit.toPlainText() == prompt.strip()
+    note = view.queued.text()
+    assert note.startswith("<b>Not sent:</b> too long for every column; the prompt is back in the box.")
+    assert "<br>A: The message needs 1,211 tokens" in note and "<br>B: The message needs 1,211 tokens" in note
+
+
+def test_a_prompt_too_long_for_one_column_stays_in_it_with_its_error(parley, qtbot):
+    view, convs = _short_answers(parley)
+    settings = parley.store.get(convs[1]).settings
+    parley.service.set_settings(convs[1], settings.copy(system_prompt="word " * 100))  # B's prompt goes past 512
+    view.send("hello " * 100)
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert view.queued.isVisible()
+    answers = [parley.store.path(c)[-1] for c in convs]
+    assert [a.state for a in answers] == ["done", "error"] and "the context holds 512" in answers[1].error
+    assert view.queued.text().startswith("<b>Not answered in column B:</b> the prompt is too long there.")
+    assert "<br>" not in view.queued.text()  # its reason is B's error, not said twice
+    view.send("short")  # the next prompt goes to both, and the note with it
+    assert not view.queued.isVisible()
+    qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
+    assert [parley.store.path(c)[-2].content for c in convs] == ["short", "short"]
