@@ -16,6 +16,7 @@ CONV_ROLE = Qt.ItemDataRole.UserRole
 
 class LivePanel(QDockWidget):
     open_requested = Signal(int)  # conversation
+    stopping_all = Signal()  # Stop all, before the chats stop: a comparison's columns still to answer must not start
 
     def __init__(self, service: ChatService, parent=None):
         super().__init__(self.tr("Live generations"), parent, objectName="livePanel")
@@ -102,6 +103,7 @@ class LivePanel(QDockWidget):
         self.table.setMinimumWidth(sum(cells) + 2 * self.table.frameWidth())
 
     def stop_all(self) -> None:
+        self.stopping_all.emit()
         for conv_id in self.service.live_chats():
             self.service.stop(conv_id)
 

@@ -69,6 +69,8 @@ class MainWindow(QMainWindow):
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.live_panel)
         self.live_panel.hide()
         self.live_panel.open_requested.connect(self.open_any)
+        # its columns waiting their turn and prompts queued went on after Stop all
+        self.live_panel.stopping_all.connect(self.compare.stop)
         # after the layout pass that resized the page (a window resized, the panel shown or dragged), not inside it
         self.chat.resized.connect(self._fit_live_panel, Qt.ConnectionType.QueuedConnection)
         self._load_bar()

@@ -509,3 +509,16 @@ def test_a_prompt_too_long_for_one_column_stays_in_it_with_its_error(parley, qtb
     assert not view.queued.isVisible()
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert [parley.store.path(c)[-2].content for c in convs] == ["short", "short"]
+
+
+def test_stop_all_in_the_live_panel_stops_the_columns_waiting_their_turn(parley, qtbot):
+    """Columns waiting their turn (one at a time) and a prompt queued behind went on once the answering one stopped."""
+    view, convs = _short_answers(parley)
+    view.one_at_a_time.setChecked(True)
+    hold_engine(parley, 0.3)  # column A's turn waits in the engine
+    view.send("first")
+    view.send("second")  # queued behind the columns' answers
+    parley.window.live_panel.stop_all()
+    qtbot.waitUntil(lambda: parley.store.path(convs[0])[-1].state == "stopped", timeout=10_000)
+    assert parley.store.path(convs[1]) == [] and not view.busy()  # B's turn began as A's ended
+    assert view.composer.edit.toPlainText() == "second"
