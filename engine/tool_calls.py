@@ -226,7 +226,8 @@ def parse_calls(fmt: str, text: str, names: Iterable[str] | Mapping[str, dict],
                 limit: int | None = None) -> tuple[str, list[ToolCall]]:
     """An answer's text -> (its content, the tool calls it makes), as a CallStream fed it whole reads them. A call must
     name one of `names`; text that is not such a call stays content (a model that wrote something call-shaped but
-    wrong is shown what it wrote rather than losing it). `limit`: the calls read at most (later ones are left out)."""
+    wrong is shown what it wrote rather than losing it). `limit`: the calls read at most (nothing after the last is
+    read)."""
     stream = CallStream(fmt, names, limit)
     return joined(stream.feed(text) + stream.finish())
 
@@ -266,7 +267,7 @@ class CallStream:
         self._state = "start" if self.form.whole else "text"  # start: the answer may be its calls; free: plain text
         self._after_calls = False  # whitespace after calls is not content unless content comes before and after
         self._content = False  # content has gone out
-        self.full = False  # a call past `limit` began: the answer is over, and nothing after it is read
+        self.full = False  # the `limit`-th call has ended (or one past it began): nothing after it is read
 
     @property
     def called(self) -> bool:
@@ -335,6 +336,8 @@ class CallStream:
                 out.append(CallDelta(index, None, piece))
                 self._sent[index] = len(arguments)
                 self._tails[index].update(piece)
+        if self.limit is not None and self._base + section.done >= self.limit:
+            self.full = True  # the last call allowed has ended: nothing after it is read (the server stops there)
 
     def _open_string(self, section: Section) -> OpenString | None:
         """The string the section's text ends in, inside its last call's arguments (all sent), with nothing held back

@@ -38,6 +38,7 @@ class Section:
     calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments' text so far)
     end: int | None = None  # where the calls ended: the text after is content again
     bad: int | None = None  # where the text stopped being calls (0: none of it is)
+    done: int = 0  # the calls whose text has ended (nothing after them can change them)
 
 
 Reader = Callable[[str, Mapping[str, dict]], Section]  # names: each tool's parameters schema
@@ -169,6 +170,7 @@ def sequence(text: str, i: int, names: Mapping[str, dict], one, seps: str, close
             out.calls.append(call)
         if end is None:
             return out
+        out.done = len(out.calls)
         i = end
 
 
@@ -200,7 +202,7 @@ def block_section(one) -> Reader:
             return Section(bad=0)
         out = Section([call] if call else [])
         if end is not None:
-            after = skip(text, end)
+            out.done, after = len(out.calls), skip(text, end)
             out.end = after + len("</tool_call>") if text.startswith("</tool_call>", after) else \
                 None if "</tool_call>".startswith(text[after:]) else end
         return out

@@ -53,7 +53,7 @@ class StreamedCalls:
 
     @property
     def full(self) -> bool:
-        """A call past parallel_tool_calls false's one began: the answer is to stop (server/call_limit.py)."""
+        """parallel_tool_calls false's one call has ended: the answer is to stop (server/call_limit.py)."""
         return self._stream.full
 
     def feed(self, content: str) -> list[dict]:
