@@ -9,7 +9,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.cpu_qgemm import run_product
-from kernels.kquant_layout import file_order
+from kernels.kquant_layout import TILED_BYTES, file_order, untile_superblocks
 from kernels.kquant_layout import interleave as interleave_reference
 
 QK = 256  # weights per super-block
@@ -30,6 +30,21 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
         y = kgemm_reference(x, blocks, type_name)
         return y if bias is None else y + bias.float()
     return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
+
+
+def amxkgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
+             impl: str = "auto") -> torch.Tensor:
+    """`kgemm` for W (N, K/256 · TILED_BYTES) uint8 of Q4_K/Q5_K super-blocks in kernels/cpu/amxkgemm.c's groups of
+    16 columns (kernels/kquant_layout.tile_superblocks), on AMX tiles (`cpu_native.amx_ready`)."""
+    kind = KINDS[type_name][0]
+    k = blocks.shape[1] // TILED_BYTES[type_name] * QK
+    if x.shape[-1] != k:
+        raise ValueError(f"x has {x.shape[-1]} columns, the weight {k}")
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        y = kgemm_reference(x, blocks, type_name, untile_superblocks)
+        return y if bias is None else y + bias.float()
+    return run_product(kernel.lib.parley_amxkgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
 
 
 def kgemm_grouped(x: torch.Tensor, mats: list[torch.Tensor], counts: list[int], type_name: str, *,
@@ -73,15 +88,15 @@ def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.
     return out
 
 
-def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str) -> torch.Tensor:
+def kgemm_reference(x: torch.Tensor, blocks: torch.Tensor, type_name: str, to_file=file_order) -> torch.Tensor:
     """The same arithmetic in float64: activations quantized per 32 as the kernel does (kernels/cpu_qgemm.py) times
-    the exact weights."""
+    the exact weights (`to_file`: the held bytes back in the file's order)."""
     import gguf
 
     from kernels.cpu_qgemm import QB, quantize_activations
 
     a, d, _ = quantize_activations(x, QB)
     xq = a.double() * d.double().repeat_interleave(QB, dim=1)
-    raw = file_order(blocks.numpy(), type_name)
+    raw = to_file(blocks.numpy(), type_name)
     w = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name]).reshape(raw.shape[0], -1)
     return (xq @ torch.from_numpy(w).double().t()).float()

@@ -122,9 +122,15 @@ def _fixed(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> torch.Tensor:
                              f"metadata ({str(exc).splitlines()[0]}).") from None
 
 
+def _expert(name: str) -> bool:
+    """A mixture's routed or shared expert's matrix: the one-call expert kernels read its super-blocks in rows."""
+    return bool(EXPERT.fullmatch(name)) or "_shexp." in name
+
+
 def _matrix(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs, device: str) -> QuantTensor:
     try:
-        matrix = quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args), device)
+        matrix = quantized_matrix(t, row_order(arch.gguf_fix, t.name, int(t.shape[1]), args), device,
+                                  tiles=not _expert(t.name))
         return matrix if device == "cpu" else matrix.to(device)
     except NotImplementedError as exc:
         raise UnsupportedModelError(f"{t.file_name}: tensor {t.name} uses quantization type {t.tensor_type.name}, "

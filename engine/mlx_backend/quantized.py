@@ -159,7 +159,6 @@ def _blocks(qt: QuantTensor) -> Matrix:
     from kernels.cpu_qgemm import unpack_codes
 
     from engine.quant.block_codes import CodeLayout, layout, superblock_codes
-    from kernels.kquant_layout import file_order
 
     lay, (n, k) = qt.code_layout, qt.shape
     if lay.group != GROUP:
@@ -167,7 +166,7 @@ def _blocks(qt: QuantTensor) -> Matrix:
     if lay.lut and (held := _mxfp4(qt)) is not None:
         return held
     if lay.raw:  # super-blocks (Q4_K, Q5_K): codes with exact fp32 scales and offsets
-        c = superblock_codes(file_order(qt.blocks.numpy(), lay.raw), lay.raw)
+        c = superblock_codes(qt.file_blocks(), lay.raw)
         u, s, lay = c.codes, torch.from_numpy(c.scale).double(), layout(lay.raw)
         o = torch.from_numpy(c.offset).double() if c.offset is not None else -lay.zero * s
         lay = CodeLayout(4 if lay.bits == 4 else 8, lay.group, lay.zero)  # Q5_K's 5-bit codes as bytes, as below

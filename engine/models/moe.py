@@ -278,8 +278,8 @@ def _library_blocks(mlp: GatedMLP) -> tuple[torch.Tensor, str, torch.Tensor, str
     from kernels.cpu_kgemm import KINDS
 
     gu, dn = mlp.gate_up_proj.qweight, mlp.down_proj.qweight
-    if any(q.format != "blocks" or q.code_layout.raw not in KINDS for q in (gu, dn)):
-        return None  # not super-blocks: module by module
+    if any(q.format != "blocks" or q.code_layout.raw not in KINDS or q.code_layout.tiles for q in (gu, dn)):
+        return None  # not super-blocks in rows: module by module
     return gu.blocks, gu.code_layout.raw, dn.blocks, dn.code_layout.raw
 
 

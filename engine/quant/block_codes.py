@@ -35,7 +35,8 @@ class CodeLayout:
     raw: str = ""  # a type name: that type's super-blocks, codes interleaved (kernels/kquant_layout.py; kgemm.c's)
     units: bool = False  # byte codes interleaved in units of 256 (kernels/kquant_layout.py; q8gemm.c's)
     lut: bool = False  # 4-bit indices into FP4_CODES (MXFP4): held as indices, the kernel looks the codes up
-    tiles: bool = False  # signed byte codes in groups of 16 columns for AMX (kernels/kquant_layout.tile_codes)
+    tiles: bool = False  # in groups of 16 columns for AMX: signed byte codes (kernels/kquant_layout.tile_codes), or
+    # with `raw`, Q4_K/Q5_K super-blocks (kernels/kquant_layout.tile_superblocks)
 
 
 TILED = CodeLayout(8, 32, 128, tiles=True)  # byte codes with zero 128 on a CPU with AMX tiles (kernels/cpu/amxgemm.c)
@@ -70,6 +71,23 @@ def tiled_layout(lay: CodeLayout, n: int) -> CodeLayout:
     from kernels.cpu_native import amx_ready
 
     return (TILED if lay.bits == 8 else TILED_FIFTHS) if amx_ready() else lay
+
+
+def tiled_superblocks(type_name: str, n: int) -> bool:
+    """Whether an (n, k) matrix held as `type_name` super-blocks (`held_layout`) goes to the AMX tiles' groups of 16
+    columns (kernels/cpu/amxkgemm.c): Q4_K or Q5_K, n whole groups, and the tiles run here."""
+    from kernels.kquant_layout import TILED_BYTES
+
+    if type_name not in TILED_BYTES or n % 16:
+        return False
+    from kernels.cpu_native import amx_ready
+
+    return amx_ready()
+
+
+def tiled_raw(lay: CodeLayout) -> CodeLayout:
+    """A super-blocks layout as held in the AMX tiles' groups."""
+    return CodeLayout(lay.bits, lay.group, lay.zero, lay.raw, tiles=True)
 
 
 def layout(type_name: str) -> CodeLayout:

@@ -12,18 +12,19 @@ from engine.quant.weight import (BlockRows, Int8Rows, QuantTensor, bf16_tensor, 
                                  mxfp4_words, pack_int4, superblocks)
 
 
-def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu") -> QuantTensor:
+def quantized_matrix(t: Any, row_order: torch.Tensor | None, device: str = "cpu", tiles: bool = True) -> QuantTensor:
     """`t` a gguf ReaderTensor of two dimensions; `row_order` the rows' new order (llama.cpp's Q/K permutation
     undone) or None. On the CPU's own kernel every common type keeps its codes (block_codes); with torch's kernels
     4-bit types keep their codes exactly and other quantized types become int8 rows; floats bf16.
-    The layout is `device`'s (built on the CPU; the caller moves it)."""
+    The layout is `device`'s (built on the CPU; the caller moves it). `tiles` False keeps super-blocks out of the AMX
+    tiles' groups (a mixture's experts: its one-call expert kernels read them in rows)."""
     type_name = t.tensor_type.name
     n, k = int(t.shape[1]), int(t.shape[0])  # GGUF lists dims innermost first
     if type_name == "MXFP4":
         return mxfp4_matrix(np.asarray(t.data).reshape(n, -1), n, k, row_order, device)
     fmt = choose_format(type_name, n, k, device)
     if fmt == "blocks" and held_layout(type_name, k).raw:
-        return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order)
+        return superblocks(np.asarray(t.data).reshape(n, -1), type_name, row_order, tiles)
     if fmt == "blocks":
         out = BlockRows(n, k, type_name)
         for start, codes in row_slices(t.tensor_type, type_name, t.data, n, k):

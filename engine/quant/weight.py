@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, TILED_FIFTHS, CodeLayout, codes_layout, fp4_scales,
-                                      held_layout, superblock_rows, tiled_layout)
+                                      held_layout, superblock_rows, tiled_layout, tiled_raw, tiled_superblocks)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
@@ -77,9 +77,10 @@ class QuantTensor(WeightMatrix):
         if x.is_cuda:
             return self._cuda_product(x, out_dtype or x.dtype)
         if self.format == "blocks" and self.code_layout.raw:
-            from kernels.cpu_kgemm import kgemm
+            from kernels.cpu_kgemm import amxkgemm, kgemm
 
-            y = kgemm(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
+            product = amxkgemm if self.code_layout.tiles else kgemm
+            y = product(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks" and self.code_layout.tiles:
             from kernels.cpu_qgemm import amxgemm
@@ -167,14 +168,21 @@ class QuantTensor(WeightMatrix):
 
         lay = self.code_layout
         if lay.raw:
-            from kernels.kquant_layout import file_order
-
-            return torch.from_numpy(superblock_rows(file_order(self.blocks[ids].numpy(), lay.raw), lay.raw))
+            return torch.from_numpy(superblock_rows(self.file_blocks(ids), lay.raw))
         codes, bits = self.natural_codes(ids)
         u = unpack_codes(codes, bits, self.shape[1]).float()
         s = self.natural_scales(ids).float().repeat_interleave(lay.group, dim=1)
         o = -lay.zero * s if lay.zero >= 0 else self.offsets[ids].float().repeat_interleave(lay.group, dim=1)
         return u * s + o
+
+    def file_blocks(self, ids: torch.Tensor | None = None) -> np.ndarray:
+        """A super-blocks matrix's rows `ids` (default all) as the file stores them (n, K/256 · bytes)."""
+        from kernels.kquant_layout import file_order, untile_superblocks
+
+        lay = self.code_layout
+        if lay.tiles:
+            return _tiled_rows(self.blocks, ids, lambda held: untile_superblocks(held, lay.raw)).numpy()
+        return file_order((self.blocks if ids is None else self.blocks[ids]).numpy(), lay.raw)
 
     def natural_codes(self, ids: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
         """The blocks format's codes (of rows `ids`, default all) in weight order and their bits (4 or 8): the units'
@@ -390,8 +398,10 @@ def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
     if fmt == "blocks":
         lay = held_layout(type_name, k)
         if lay.raw:
+            from kernels.kquant_layout import TILED_BYTES
+
             size, per = BLOCK[lay.raw]
-            return n * (k // per) * size
+            return n * (k // per) * (TILED_BYTES[lay.raw] if tiled_superblocks(lay.raw, n) else size)
         per_group = 2 if lay.zero >= 0 else 4  # fp16 scale (and offset)
         return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
@@ -417,13 +427,17 @@ def blocks_available() -> bool:
     return cpu_kernel() is not None
 
 
-def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None = None) -> QuantTensor:
+def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None = None,
+                tiles: bool = True) -> QuantTensor:
     """An (N, K) Q4_K/Q5_K/Q6_K matrix held as its rows' super-blocks, from `raw` (N, K/256 · bytes) uint8 as the file
-    stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is."""
+    stores them, a bounded slice of rows at a time; the codes interleaved for kgemm.c, every other byte as is, or,
+    `tiles` allowing, in the AMX tiles' groups where they run (`tiled_superblocks`)."""
     from kernels.cpu_kgemm import interleave
 
     size, per = BLOCK[type_name]
     n, k = raw.shape[0], raw.shape[1] // size * per
+    if tiles and tiled_superblocks(type_name, n):
+        return _tiled_superblocks(raw if row_order is None else raw[row_order.numpy()], type_name, k)
     held = torch.empty(n, raw.shape[1], dtype=torch.uint8)
     step = max(1, (32 << 20) // max(1, raw.shape[1]))  # a bounded slice of the file's pages at a time
     for start in range(0, n, step):
@@ -431,6 +445,19 @@ def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None 
     if row_order is not None:
         held = held[row_order]
     return QuantTensor("blocks", (n, k), type_name, held_layout(type_name, k), blocks=held)
+
+
+def _tiled_superblocks(raw: np.ndarray, type_name: str, k: int) -> QuantTensor:
+    """`superblocks` in the AMX tiles' groups (kernels/kquant_layout.tile_superblocks), a bounded slice of whole
+    groups at a time."""
+    from kernels.kquant_layout import TILED_BYTES, tile_superblocks
+
+    n = raw.shape[0]
+    held = torch.empty(n, k // 256 * TILED_BYTES[type_name], dtype=torch.uint8)
+    step = max(16, (32 << 20) // max(1, raw.shape[1]) // 16 * 16)
+    for start in range(0, n, step):
+        held[start:start + step] = torch.from_numpy(tile_superblocks(raw[start:start + step], type_name))
+    return QuantTensor("blocks", (n, k), type_name, tiled_raw(held_layout(type_name, k)), blocks=held)
 
 
 class BlockRows:

@@ -20,8 +20,9 @@
 #include <immintrin.h>
 
 #include "simd.h"
+#include "amx.h"
 
-#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512F__) && defined(__linux__)
+#ifdef PARLEY_AMX
 #include <unistd.h>
 #include <sys/syscall.h>
 
@@ -31,30 +32,12 @@
 #define PREFETCH 2048  /* bytes ahead on the weight stream */
 #define VNNI_ROWS 4  /* calls of up to this many rows take group_rows_vnni (as fast as the tiles at 4, faster below) */
 
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} __attribute__((packed)) TileConfig;
-
 /* 1 where the tiles run here: the CPU has them (the build's -march=native says so) and Linux lets this process use
    their state (asked once; it is the process's from then on). */
 int parley_amx_ready(void) {
     static int granted = -1;  /* the process's answer: asked at the first call (a race asks twice, harmlessly) */
     if (granted < 0) granted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
     return granted;
-}
-
-/* Tiles: 0, 1 activations (`rows` rows × one block), 2, 3 codes, 4..7 sums: four blocks in flight, so that their
-   multiplies run while earlier sums are scaled. */
-static void configure(int rows) {
-    TileConfig c;
-    memset(&c, 0, sizeof c);
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = (uint8_t)rows, c.colsb[t] = 64;
-    c.colsb[0] = c.colsb[1] = 32;
-    c.rows[2] = c.rows[3] = 8;
-    _tile_loadconfig(&c);
 }
 
 /* Codes vector l (64 of a group's block) of the block at w as u = q + 128, from bytes held signed or 5 bits. */
@@ -209,7 +192,7 @@ static inline __attribute__((always_inline)) int groups_of(const int8_t *a, cons
             #pragma omp atomic write
             failed = 1;
         }
-        if (tiles) configure(R > 16 ? 16 : (int)R);
+        if (tiles) amx_configure(R > 16 ? 16 : (int)R, 32);
         #pragma omp for schedule(dynamic, chunk)
         for (int64_t g = 0; g < groups; g++) {
             if (bits == 5 && R > 16 && !group) continue;
