@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
-    QDockWidget, QHBoxLayout, QHeaderView, QToolButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
+    QDockWidget, QHBoxLayout, QHeaderView, QStyledItemDelegate, QToolButton, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+    QWidget,
 )
 
 from app.core.chats import ChatService
@@ -12,6 +13,18 @@ from app.qt.theme import icon
 
 REFRESH_MS = 250  # a few updates a second: rates move, and the panel never costs a repaint per token
 CONV_ROLE = Qt.ItemDataRole.UserRole
+MODEL_COLUMN = 1
+READABLE_CHARS = 12  # Chat and Model keep about this many characters when the panel gives way ("Why is th…")
+
+
+class MiddleElided(QStyledItemDelegate):
+    """A model's name cut in the middle, as the pickers cut it: its end tells quantizations apart (at 800 px the
+    column holds ~12 characters, and 'bartowski/Qwen2.5-7B-Instruct-GGUF · …-Q4_K_M' and its Q8_0 both read
+    'bartowski/…')."""
+
+    def initStyleOption(self, option, index) -> None:  # noqa: N802 - Qt's name
+        super().initStyleOption(option, index)
+        option.textElideMode = Qt.TextElideMode.ElideMiddle
 
 
 class LivePanel(QDockWidget):
@@ -29,6 +42,7 @@ class LivePanel(QDockWidget):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.Stretch)
         for column in (2, 3):
             header.setSectionResizeMode(column, QHeaderView.ResizeMode.ResizeToContents)
+        self.table.setItemDelegateForColumn(MODEL_COLUMN, MiddleElided(self.table))
         self.table.setAccessibleName(self.tr("Live generations"))
         # compact buttons: the dock must fit beside a chat in a small window without widening it
         self.open_button = QToolButton(text=self.tr("Open"))
@@ -56,14 +70,16 @@ class LivePanel(QDockWidget):
         self.refresh()
 
     def rows(self) -> list[tuple[int, str, str, str, str]]:
-        """(conversation, chat, model, state, tok/s) for every chat answering or waiting to."""
+        """(conversation, chat, model, state, tok/s) for every chat answering or waiting to; the state in a word (its
+        cell's tooltip has it whole): 'reading the prompt (812 tokens) · 4 s' took half an 800 px window's panel,
+        leaving Chat and Model 40 px and tok/s out of sight."""
         out = []
         store = self.service.store
         for conv_id in self.service.live_chats():
             conv = store.get(conv_id)
             s = self.service.status(conv_id)
             title = conv.title if not conv.hidden else self.tr("Compare column: %1").replace("%1", conv.title)
-            state = phase(s) or s.state
+            state = phase(s, brief=True) or s.state
             rate = f"{s.tokens_per_s:.1f}" if s.tokens_per_s else "—"
             out.append((conv_id, title, s.model or self._model_name(conv.settings.model), state, rate))
         return out
@@ -83,6 +99,7 @@ class LivePanel(QDockWidget):
             item.setData(0, CONV_ROLE, conv_id)
             for column in (0, 1):
                 item.setToolTip(column, cells[column])  # the whole of a title or name elided in its cell
+            item.setToolTip(2, phase(self.service.status(conv_id)) or cells[2])
             item.setTextAlignment(3, Qt.AlignmentFlag.AlignRight)
             self.table.addTopLevelItem(item)
             if conv_id == selected:
@@ -97,9 +114,10 @@ class LivePanel(QDockWidget):
 
     def _least_width(self) -> None:
         """The panel narrows (to leave a small window's chat its title) down to State and tok/s whole and Chat and Model
-        at their headings' width: no narrower, or those columns went out of sight."""
-        header = self.table.header()
-        cells = [max(header.sectionSizeHint(c), self.table.sizeHintForColumn(c) if c > 1 else 0) for c in range(4)]
+        READABLE_CHARS wide: no narrower, or those columns went out of sight (at their headings' width, an 800 px
+        window's panel read 'Why…' and 'q…f')."""
+        header, least = self.table.header(), self.table.fontMetrics().averageCharWidth() * READABLE_CHARS
+        cells = [max(header.sectionSizeHint(c), self.table.sizeHintForColumn(c) if c > 1 else least) for c in range(4)]
         self.table.setMinimumWidth(sum(cells) + 2 * self.table.frameWidth())
 
     def stop_all(self) -> None:

@@ -97,14 +97,15 @@ def model_label(s: ChatStatus) -> str:
     return s.model or tr("model not loaded yet")
 
 
-def phase(s: ChatStatus) -> str:
-    """What a busy chat is doing, with the seconds it has been at it: "reading the prompt (812 tokens) · 4 s"."""
+def phase(s: ChatStatus, brief: bool = False) -> str:
+    """What a busy chat is doing, with the seconds it has been at it: "reading the prompt (812 tokens) · 4 s"; `brief`
+    in a word, for a narrow column: "reading · 4 s"."""
     waited = f" · {int(time.perf_counter() - s.since)} s" if s.since is not None else ""
     if s.state == "prefilling":
         size = tr(" (%1 tokens)").replace("%1", f"{s.context_used:,}") if s.context_used else ""
-        return tr("reading the prompt") + size + waited
+        return (tr("reading") if brief else tr("reading the prompt") + size) + waited
     if s.state == "queued":
         return tr("queued") + waited
     if s.state == "loading":
-        return tr("waiting for the model") + waited
+        return (tr("loading") if brief else tr("waiting for the model")) + waited
     return tr("streaming") if s.state == "streaming" else ""

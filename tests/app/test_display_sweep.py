@@ -327,3 +327,47 @@ def test_a_tables_cells_take_the_new_themes_answer_colour_when_it_is_switched_at
         bubble = w.chat.view.palette().color(QPalette.ColorRole.Base).name()
         html, _ = w.chat.view.delegate.renderer.render("| a | b |\n|---|---|\n| 1 | 2 |")
         assert f'bgcolor="{bubble}"' in html and (QColor(bubble).lightness() < 128) == (theme == "dark"), theme
+
+
+def _cell_text(table, row: int, column: int) -> str:
+    """A cell's text as the view draws it: elided to its column as the view and the column's delegate say."""
+    from PySide6.QtWidgets import QStyleOptionViewItem
+
+    index, option = table.model().index(row, column), QStyleOptionViewItem()
+    table.initViewItemOption(option)
+    table.itemDelegateForIndex(index).initStyleOption(option, index)
+    room = table.columnWidth(column) - 8  # the cell's margins
+    return table.fontMetrics().elidedText(option.text, option.textElideMode, room)
+
+
+def test_the_live_panel_is_readable_at_800_px_with_two_quantizations_of_one_model_loading(parley, qtbot):
+    """At 800 px State took 164 px for 'waiting for the model · 0 s' (a prompt read: 'reading the prompt (812 tokens) ·
+    4 s'), Chat and Model 40 px each ('b…M', 'b…0': a repository's quantizations alike) and tok/s went out of sight.
+    State says it in a word (whole in its tooltip); Model is cut in the middle, as the pickers cut names."""
+    from app.core.model_registry import ModelEntry
+    from app.qt.live_panel import MODEL_COLUMN
+    from app.qt.model_manager import ModelState
+
+    w, models = parley.window, parley.models
+    repo = "bartowski/Qwen2.5-7B-Instruct-GGUF · Qwen2.5-7B-Instruct-"
+    entries = [ModelEntry(f"/models/{q}.gguf", repo + q, f"/models/{q}.gguf", "gguf") for q in ("Q4_K_M", "Q8_0")]
+    for entry in entries:
+        models.registry.add(entry)
+        models.states[entry.key] = ModelState(entry, stage="Reading model file")  # a load that takes its time
+        configure(parley, w.new_chat(), model=entry.key)
+        assert w.chat.send("Why is the sky blue? A long question about light")
+    w.resize(800, 600)
+    w.live_panel.show()
+    table = w.live_panel.table
+    qtbot.waitUntil(lambda: table.topLevelItemCount() == 2)
+    qtbot.waitUntil(lambda: sum(table.columnWidth(c) for c in range(4)) <= table.viewport().width(),  # tok/s seen
+                    timeout=2_000)
+    assert table.topLevelItem(0).text(2) == "loading · 0 s"
+    assert table.topLevelItem(0).toolTip(2) == "waiting for the model · 0 s"
+    shown = [[_cell_text(table, row, column) for column in (0, MODEL_COLUMN)] for row in range(2)]
+    assert all(chat.startswith("Why is t") for chat, _model in shown), shown  # at its heading's width: 'Why…'
+    assert shown[0][1].endswith("K_M") and shown[1][1].endswith("8_0"), shown
+    for conv in parley.service.live_chats():
+        parley.service.stop(conv)
+    for entry in entries:
+        del models.states[entry.key]
