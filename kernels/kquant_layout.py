@@ -51,6 +51,13 @@ def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
     lo = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(*lead, 4, 64)
     codes = (lo | (_held_tops(b, type_name) << 4)).reshape(*lead, 4, 16, 4).swapaxes(2, 3).reshape(*lead, 256)
     out = b.copy()
+    _write_codes(out, codes, type_name)
+    return out.reshape(held.shape[0], -1)
+
+
+def _write_codes(out: np.ndarray, codes: np.ndarray, type_name: str) -> None:
+    """Natural-order codes (n, S, 256) into super-blocks `out` (n, S, bytes) where the file keeps them."""
+    lead, at = codes.shape[:2], NIBBLES_AT[type_name]
     if type_name != "Q6_K":  # four chunks of 64: weights l and l + 32 share byte l of 32
         c = codes.reshape(*lead, 4, 2, 32) & 0x0F
         out[..., at:at + 128] = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(*lead, 128)
@@ -64,7 +71,6 @@ def file_order(held: np.ndarray, type_name: str) -> np.ndarray:
                                    low[:, :, :, 1] | (low[:, :, :, 3] << 4)], axis=3).reshape(*lead, 128)
         out[..., 128:192] = (high[:, :, :, 0] | (high[:, :, :, 1] << 2) | (high[:, :, :, 2] << 4)
                              | (high[:, :, :, 3] << 6)).reshape(*lead, 64)
-    return out.reshape(held.shape[0], -1)
 
 
 def _held_tops(b: np.ndarray, type_name: str) -> np.ndarray:
@@ -256,12 +262,7 @@ def untile_superblocks(held: np.ndarray, type_name: str) -> np.ndarray:
     codes = tiles.reshape(groups, s, 8, 8, cols, 4).transpose(0, 4, 1, 2, 3, 5).reshape(n, s, 256)
     out = np.empty((n, s, size), dtype=np.uint8)
     out[..., 0:2], out[..., 2:4], out[..., 4:16] = d, dmin, _pack_scale_min(sc, mn)
-    natural = codes.reshape(n, s, 4, 2, 32)  # chunks of 64: weights l (low nibble) and l + 32 (high) in byte l
-    out[..., NIBBLES_AT[type_name]:] = ((natural[..., 0, :] & 0x0F) | ((natural[..., 1, :] & 0x0F) << 4)).reshape(
-        n, s, 128)
-    if type_name == "Q5_K":  # qh byte l: bit j the fifth bit of weight 32j + l
-        fifth = (codes >> 4).reshape(n, s, 8, 32)
-        out[..., 16:48] = np.bitwise_or.reduce(fifth << np.arange(8, dtype=np.uint8)[:, None], axis=2)
+    _write_codes(out, codes, type_name)
     return out.reshape(n, s * size)
 
 
