@@ -31,7 +31,7 @@ from server.bridge import ServerBridge, ServedModel
 from server.call_limit import CallLimit, call_limits
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
-from server.prompt_logprobs import joined, prompt_alone, scored_echo
+from server.prompt_logprobs import SharedEcho, joined, prompt_alone, scored_echo, shared
 from server.tools import StreamedCalls
 
 DISCONNECT_POLL_S = 0.5
@@ -168,6 +168,8 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
         raise _turn_error(ends[0], req, prompt=turn.index(ends[0].session_id) // req.made)
     if req.prompt_only:
         ends, logprobs = prompt_alone(ends, logprobs)
+    if scored:
+        scored = shared(scored, req.made)
     answers = [(_new_text(e.text, req), "tool_calls" if limits and limits[i].full else e.reason)
                for i, e in enumerate(ends)]
     stats = [e.stats for e in ends]
@@ -311,6 +313,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
     calls = [StreamedCalls(req.tools, lambda: api.new_id("call")) if req.tools is not None else None
              for _ in range(turn.n)]  # content read for calls
     logprobs = [StreamedLogprobs(req.raw) for _ in range(turn.n)]  # empty where the request asks for none
+    scored = SharedEcho(req.made) if req.params.prompt_logprobs is not None else None
     ends: dict[int, ev.Finished] = {}
     try:
         echoes, unwritten = _echoes(req, turn.n, tokenizer), _unwritten(req, turn.n, tokenizer)
@@ -330,10 +333,12 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                 yield _event(_turn_error(e, req, prompt=turn.index(e.session_id) // req.made).body())
                 break
             i = turn.index(e.session_id)
+            if scored is not None and scored.waits(i, e):
+                continue
+            if scored is not None and (entries := scored.echo(i, turn.held)) is not None:  # the echo, with them
+                chunk = api.completion_chunk(rid, model, req, echoes[i], index=i)
+                yield _event(scored_echo(chunk, entries, logprobs[i], unwritten[i]))
             if isinstance(e, ev.TokenDelta):
-                if e.prompt_logprobs is not None:  # the prompt is scored: its echo goes now, with its entries
-                    chunk = api.completion_chunk(rid, model, req, echoes[i], index=i)
-                    yield _event(scored_echo(chunk, e.prompt_logprobs, logprobs[i], unwritten[i]))
                 if req.prompt_only:
                     continue  # the one token made is no answer
                 logprobs[i].held += e.logprobs or []

@@ -4,10 +4,15 @@ both and sum a continuation's `token_logprobs`; the entries are vLLM's legacy on
 are null). A streamed scored echo goes once the prefill has scored it, with its entries, before the answer's text.
 
 The engine computes them during the prompt's prefill (engine/prompt_logprobs.py) and still makes one token for a
-prompt-only request (its logits come from the prompt's last row, in the same step), which the answer drops."""
+prompt-only request (its logits come from the prompt's last row, in the same step), which the answer drops. Of a
+prompt's `n` choices the first scores it; the others copy its cache (the engine's `follow`: one prefill, where each
+scored its own) and are sent its entries. So only the first lists an end-of-turn token its answer ends with (the
+engine lists one where its sequence scores the prompt, engine/local_host.py `_logprobs`)."""
 from __future__ import annotations
 
 import dataclasses
+
+from collections import deque
 
 from engine import events as ev
 from engine.logprobs import NamedLogprob
@@ -43,3 +48,38 @@ def joined(prompts: list[list[NamedLogprob] | None], answers: list[list] | None)
     """Each choice's entries: its prompt's, then its answer's (where the answer's were asked)."""
     answers = answers or [[] for _ in prompts]
     return [(p or []) + a for p, a in zip(prompts, answers)]
+
+
+def shared(scored: list[list[NamedLogprob] | None], made: int) -> list[list[NamedLogprob] | None]:
+    """Each choice's prompt entries (`made` choices a prompt, prompt by prompt): its prompt's first choice's."""
+    return [scored[k - k % made] for k in range(len(scored))]
+
+
+class SharedEcho:
+    """A streamed request's prompt entries, scored by each prompt's first choice and sent with every choice's echo:
+    the other choices' events wait until their prompt's entries have come (with its first choice's first token)."""
+
+    def __init__(self, made: int) -> None:
+        self.made = made
+        self.entries: dict[int, list[NamedLogprob]] = {}  # a prompt's first choice -> its entries
+        self.waiting: dict[int, list[ev.Event]] = {}  # a prompt's first choice -> its other choices' events so far
+        self.echoed: set[int] = set()
+
+    def waits(self, i: int, e: ev.Event) -> bool:
+        """Whether choice i's event `e` is held until its prompt's entries come (it is given back by `echo`)."""
+        lead = i - i % self.made
+        if i == lead and isinstance(e, ev.TokenDelta) and e.prompt_logprobs is not None:
+            self.entries[lead] = e.prompt_logprobs
+        if lead in self.entries:
+            return False
+        self.waiting.setdefault(lead, []).append(e)
+        return True
+
+    def echo(self, i: int, held: deque) -> list[NamedLogprob] | None:
+        """The entries to send with choice i's echo, at its first event (None after); a prompt's first choice puts
+        the events its others held back into `held`, to be read next."""
+        if i in self.echoed:
+            return None
+        self.echoed.add(i)
+        held.extend(self.waiting.pop(i, []))
+        return self.entries[i - i % self.made]

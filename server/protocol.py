@@ -89,6 +89,8 @@ class TurnRequest:
         params = self.params
         if self.ranked and params.logprobs is None:  # the chosen tokens' own, to rank the answers by
             params = dataclasses.replace(params, logprobs=0)
+        if index > 0 and params.prompt_logprobs is not None:  # the first choice scores the prompt, the others copy
+            params = dataclasses.replace(params, prompt_logprobs=None)  # its cache (one prefill) and share its entries
         if params.seed is None or index == 0:
             return params
         return dataclasses.replace(params, seed=(params.seed + index) % 2**64)
