@@ -484,13 +484,8 @@ LONG_CALLS = [  # a call whose one argument is a long string, in the forms of JS
 ]
 
 
-@pytest.mark.parametrize("fmt,answer", LONG_CALLS)
-def test_a_long_string_argument_streams_as_it_reads_whole_and_is_not_read_again_at_each_piece(fmt, answer,
-                                                                                               monkeypatch):
-    """The reader read the whole call again at every piece (~28 µs a piece at 8.7k characters, quadratic): a piece
-    inside an open string now only lengthens it. Wherever the pieces split (an escape, a quote, '<' or a closing
-    tag's start cut in two), they join to the whole answer's call; 4-character pieces read the call ~17 times in
-    ~100 pieces (before: once a piece)."""
+def _counted_reads(monkeypatch, fmt: str) -> list[str]:
+    """The texts `fmt`'s reader is given from now on (the test's CallStreams read through it)."""
     import dataclasses
 
     from engine import tool_calls
@@ -498,18 +493,38 @@ def test_a_long_string_argument_streams_as_it_reads_whole_and_is_not_read_again_
     form, reads = tool_calls.FORMATS[fmt], []
     monkeypatch.setitem(tool_calls.FORMATS, fmt, dataclasses.replace(
         form, read=lambda text, names: reads.append(text) or form.read(text, names)))
-    want = ("", [ToolCall("write", json.dumps({"text": LONG_TEXT}, ensure_ascii=False))])
-    for size in (1, 2, 3, 4, 7):
-        stream, reads[:] = CallStream(fmt, WRITE), []
-        pieces = [p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])]
-        assert joined(pieces + stream.finish()) == want, size
-        assert len(reads) < len(answer) / size / 4, (size, len(reads))
-    rng = random.Random(3)
-    for cut in range(1, len(answer) + 1, 5):
+    return reads
+
+
+def _streamed_in(fmt: str, answer: str, size: int) -> tuple[str, list[ToolCall]]:
+    stream = CallStream(fmt, WRITE)
+    return joined([p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])] + stream.finish())
+
+
+def _cut_anywhere_reads_as_whole(fmt: str, answer: str, step: int, samples: int, seed: int) -> None:
+    """Cut every `step` characters, split at `samples` random places, the pieces join to what the cut reads whole."""
+    rng = random.Random(seed)
+    for cut in range(1, len(answer) + 1, step):
         text, stream = answer[:cut], CallStream(fmt, WRITE)
-        bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, 12))})
+        bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, samples))})
         pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
         assert joined(pieces) == parse_calls(fmt, text, WRITE), cut
+
+
+@pytest.mark.parametrize("fmt,answer", LONG_CALLS)
+def test_a_long_string_argument_streams_as_it_reads_whole_and_is_not_read_again_at_each_piece(fmt, answer,
+                                                                                               monkeypatch):
+    """The reader read the whole call again at every piece (~28 µs a piece at 8.7k characters, quadratic): a piece
+    inside an open string now only lengthens it. Wherever the pieces split (an escape, a quote, '<' or a closing
+    tag's start cut in two), they join to the whole answer's call; 4-character pieces read the call ~17 times in
+    ~100 pieces (before: once a piece)."""
+    reads = _counted_reads(monkeypatch, fmt)
+    want = ("", [ToolCall("write", json.dumps({"text": LONG_TEXT}, ensure_ascii=False))])
+    for size in (1, 2, 3, 4, 7):
+        reads.clear()
+        assert _streamed_in(fmt, answer, size) == want, size
+        assert len(reads) < len(answer) / size / 4, (size, len(reads))
+    _cut_anywhere_reads_as_whole(fmt, answer, 5, 12, 3)
 
 
 MANY = {f"a{k}": [f"v{k}", {"n": k, "s": "}]\\\"{"}] if k % 7 == 0 else f"v{k}" for k in range(120)}
@@ -529,22 +544,9 @@ def test_many_short_arguments_stream_as_they_read_whole_and_the_call_is_not_read
     """A piece that closed a string read the whole call again, and so did every piece between two strings: a call of
     1,000 short arguments in 4-character pieces took 3 s (quadratic). While the model's JSON arguments are open, a
     piece only lengthens them; the call is read again only until its name is known and once its arguments close."""
-    import dataclasses
-
-    from engine import tool_calls
-
-    form, reads = tool_calls.FORMATS[fmt], []
-    monkeypatch.setitem(tool_calls.FORMATS, fmt, dataclasses.replace(
-        form, read=lambda text, names: reads.append(text) or form.read(text, names)))
-    want = ("", [ToolCall("write", MANY_JSON)])
+    reads = _counted_reads(monkeypatch, fmt)
     for size in (1, 3, 4):
-        stream, reads[:] = CallStream(fmt, WRITE), []
-        pieces = [p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])]
-        assert joined(pieces + stream.finish()) == want, size
+        reads.clear()
+        assert _streamed_in(fmt, answer, size) == ("", [ToolCall("write", MANY_JSON)]), size
         assert len(reads) < 40 + 60 / size, (size, len(reads))  # the head and the end, not ~1 a piece (~1,000)
-    rng = random.Random(5)
-    for cut in range(1, len(answer) + 1, 37):
-        text, stream = answer[:cut], CallStream(fmt, WRITE)
-        bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, 40))})
-        pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
-        assert joined(pieces) == parse_calls(fmt, text, WRITE), cut
+    _cut_anywhere_reads_as_whole(fmt, answer, 37, 40, 5)
