@@ -9,7 +9,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.cpu_qgemm import run_product
-from kernels.kquant_layout import TILED_BYTES, file_order, untile_superblocks
+from kernels.kquant_layout import TILED_BYTES, file_order, tile_superblocks, untile_superblocks
 from kernels.kquant_layout import interleave as interleave_reference
 
 QK = 256  # weights per super-block
@@ -85,6 +85,20 @@ def interleave(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.
     out = torch.empty(src.shape, dtype=torch.uint8)
     kind, size, _ = KINDS[type_name]
     kernel.lib.parley_kq_interleave(src.ctypes.data, out.data_ptr(), src.size // size, kind, torch.get_num_threads())
+    return out
+
+
+def tile(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor:
+    """Rows of the file's Q4_K/Q5_K super-blocks (n, K/256 · bytes), n a multiple of 16, in amxkgemm.c's groups
+    (kernels/kquant_layout.tile_superblocks is the reference, `impl="reference"`)."""
+    kernel = cpu_native.chosen(impl)
+    if kernel is None:
+        return torch.from_numpy(tile_superblocks(raw, type_name))
+    src = np.ascontiguousarray(raw, dtype=np.uint8)
+    kind, size, _ = KINDS[type_name]
+    s = src.shape[1] // size
+    out = torch.empty(src.shape[0], s * TILED_BYTES[type_name], dtype=torch.uint8)
+    kernel.lib.parley_kq_tile(src.ctypes.data, out.data_ptr(), src.shape[0], s, kind, torch.get_num_threads())
     return out
 
 

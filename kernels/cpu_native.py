@@ -48,6 +48,7 @@ SIGNATURES = {  # name: (restype, argtypes)
     "parley_amxgemm": (_INT, [_P, _I64, _I64, _P, _P, _INT, _I64, _P, _P, _INT]),
     "parley_amx_ready": (_INT, []),
     "parley_amxkgemm": (_INT, [_P, _I64, _I64, _P, _INT, _I64, _P, _P, _INT]),
+    "parley_kq_tile": (None, [_P, _P, _I64, _I64, _INT, _INT]),
     "parley_qgemm_grouped": (_INT, [_P, _I64, _I64, _P, _P, _INT, _P, _INT, _INT, _P, _P, _P, _I64, _I64, _P, _INT]),
     "parley_moe_codes": (_INT, [_P, _I64, _I64, _P, _P, _I64, _INT, _INT, _P, _P, _P, _P, _P, _P, _INT, _P, _INT, _I64,
                                 _INT, _F, _F, _P, _INT]),

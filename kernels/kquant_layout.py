@@ -230,14 +230,19 @@ def tile_superblocks(raw: np.ndarray, type_name: str) -> np.ndarray:
         return a.reshape(groups, TILE_COLUMNS, s, 2).transpose(0, 2, 1, 3).reshape(groups, s, 32)
 
     sc, mn = (v.astype(np.uint8) for v in _k_scale_min(b[..., 4:16]))
-    tiles = natural_codes(b, type_name).reshape(groups, TILE_COLUMNS, s, 8, 8, 4).transpose(0, 2, 3, 4, 1, 5)
-    tiles = tiles.reshape(groups, s, 8, 512)  # sub-block j's codes, code 64i + 4c + t
-    nibbles = (tiles[:, :, 0::2] & 0x0F) | ((tiles[:, :, 1::2] & 0x0F) << 4)
-    parts = [halves(b[..., 0:2]), halves(b[..., 2:4]), per_group(sc), per_group(mn)]
-    if type_name == "Q5_K":
-        parts.append(np.packbits(tiles >> 4, axis=-1, bitorder="little").reshape(groups, s, 512))
-    parts.append(nibbles.reshape(groups, s, 2048))
-    return np.concatenate(parts, axis=-1).reshape(n, s * TILED_BYTES[type_name])
+    out = np.empty((groups, s, TILE_COLUMNS * TILED_BYTES[type_name]), dtype=np.uint8)
+    out[..., 0:32], out[..., 32:64] = halves(b[..., 0:2]), halves(b[..., 2:4])
+    out[..., 64:192], out[..., 192:320] = per_group(sc), per_group(mn)
+    # the file's byte 32P + l of a column holds weights l of sub-blocks 2P (low nibble) and 2P + 1 (high), as a pair's
+    # bytes do: the codes move as words of 4 bytes (weights 4i .. 4i + 3), word i of column c to word 16i + c
+    at = NIBBLES_AT[type_name]
+    words = np.ascontiguousarray(b[..., at:at + 128]).view(np.uint32).reshape(groups, TILE_COLUMNS, s, 4, 8)
+    out[..., -2048:] = words.transpose(0, 2, 3, 4, 1).reshape(groups, s, -1).view(np.uint8)
+    if type_name == "Q5_K":  # qh byte l, bit j: weight 32j + l's fifth bit -> sub-block j's bit 64i + 4c + t
+        bits = np.unpackbits(b[..., 16:48], axis=-1, bitorder="little").reshape(groups, TILE_COLUMNS, s, 8, 4, 8)
+        out[..., 320:832] = np.packbits(bits.transpose(0, 2, 5, 3, 1, 4), axis=None, bitorder="little").reshape(
+            groups, s, 512)
+    return out.reshape(n, s * TILED_BYTES[type_name])
 
 
 def untile_superblocks(held: np.ndarray, type_name: str) -> np.ndarray:

@@ -450,13 +450,14 @@ def superblocks(raw: np.ndarray, type_name: str, row_order: torch.Tensor | None 
 def _tiled_superblocks(raw: np.ndarray, type_name: str, k: int) -> QuantTensor:
     """`superblocks` in the AMX tiles' groups (kernels/kquant_layout.tile_superblocks), a bounded slice of whole
     groups at a time."""
-    from kernels.kquant_layout import TILED_BYTES, tile_superblocks
+    from kernels.cpu_kgemm import tile
+    from kernels.kquant_layout import TILED_BYTES
 
     n = raw.shape[0]
     held = torch.empty(n, k // 256 * TILED_BYTES[type_name], dtype=torch.uint8)
     step = max(16, (32 << 20) // max(1, raw.shape[1]) // 16 * 16)
     for start in range(0, n, step):
-        held[start:start + step] = torch.from_numpy(tile_superblocks(raw[start:start + step], type_name))
+        held[start:start + step] = tile(raw[start:start + step], type_name)
     return QuantTensor("blocks", (n, k), type_name, tiled_raw(held_layout(type_name, k)), blocks=held)
 
 

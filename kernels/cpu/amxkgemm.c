@@ -250,7 +250,53 @@ int parley_amxkgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks,
     free(a); free(d); free(ds);
     return rc;
 }
+
+/* The file's Q4_K/Q5_K super-blocks (rows of S each, rows a multiple of 16) in the tiles' groups as the top says
+   (kernels/kquant_layout.tile_superblocks is the reference): per group and super-block, each column's d and dmin, its
+   scales and minimums unpacked to bytes, Q5_K's fifth bits regrouped, and its codes moved as words of 4 bytes (the
+   file's byte 32P + l already pairs sub-blocks 2P and 2P + 1 as the tiles' bytes do). */
+void parley_kq_tile(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t S, int kind, int threads) {
+    const int size = kind == Q4_K ? 144 : 176, at = kind == Q4_K ? 16 : 48;
+    const int64_t gsb = group_block_bytes(kind);
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t gb = 0; gb < rows / 16 * S; gb++) {
+        const int64_t g = gb / S, b = gb % S;
+        uint8_t *o = dst + gb * gsb;
+        uint32_t qh[16][8];  /* Q5_K: each column's fifth-bit bytes, as words of 4 */
+        for (int c = 0; c < 16; c++) {
+            const uint8_t *f = src + ((16 * g + c) * S + b) * size;
+            memcpy(o + 2 * c, f, 2);
+            memcpy(o + 32 + 2 * c, f + 2, 2);
+            uint32_t w[3];
+            memcpy(w, f + 4, 12);
+            const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+            const uint32_t sc[2] = {w[0] & m6, (w[2] & m4) | (((w[0] >> 6) & m2) << 4)};
+            const uint32_t mn[2] = {w[1] & m6, ((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4)};
+            for (int j = 0; j < 8; j++) {
+                o[64 + 16 * j + c] = (uint8_t)(sc[j / 4] >> 8 * (j % 4));
+                o[192 + 16 * j + c] = (uint8_t)(mn[j / 4] >> 8 * (j % 4));
+            }
+            for (int P = 0; P < 4; P++)
+                for (int i = 0; i < 8; i++)
+                    memcpy(o + codes_at(kind) + 512 * P + 64 * i + 4 * c, f + at + 32 * P + 4 * i, 4);
+            if (kind == Q5_K) memcpy(qh[c], f + 16, 32);
+        }
+        /* Q5_K: qh byte l = 4i + t, bit j (weight 32j + l's fifth) -> sub-block j's bit 64i + 4c + t: bits j of four
+           bytes gathered into a nibble by one product (they land apart, no carries), 16 columns' into 8 bytes */
+        for (int j = 0; kind == Q5_K && j < 8; j++)
+            for (int i = 0; i < 8; i++) {
+                uint64_t word = 0;
+                for (int c = 0; c < 16; c++)
+                    word |= (uint64_t)((((qh[c][i] >> j) & 0x01010101u) * 0x01020408u) >> 24 & 0xF) << 4 * c;
+                memcpy(o + HEAD + 64 * j + 8 * i, &word, 8);
+            }
+    }
+}
 #else
+void parley_kq_tile(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t S, int kind, int threads) {
+    (void)src, (void)dst, (void)rows, (void)S, (void)kind, (void)threads;
+}
+
 int parley_amxkgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks, int kind, int64_t N,
                     const float *bias, float *y, int threads) {
     (void)x, (void)R, (void)K, (void)blocks, (void)kind, (void)N, (void)bias, (void)y, (void)threads;

@@ -12,7 +12,7 @@ from bench.cpu_matmul import random_superblocks
 from engine.quant.block_codes import superblock_rows
 from engine.quant.gguf_blocks import _k_scale_min
 from engine.quant.weight import superblocks
-from kernels.cpu_kgemm import amxkgemm, kgemm_reference
+from kernels.cpu_kgemm import amxkgemm, kgemm_reference, tile
 from kernels.cpu_native import amx_ready
 from kernels.kquant_layout import BYTES, TILED_BYTES, natural_codes, tile_superblocks, untile_superblocks
 
@@ -54,6 +54,13 @@ def test_layout_round_trips_and_holds_a_group_of_16_columns_together(type_name):
     pair = cell[at + 512:at + 1024].reshape(8, 16, 4)  # sub-blocks 2 (low nibbles) and 3 (high)
     np.testing.assert_array_equal(pair & 0x0F, (codes[:, 64:96].reshape(16, 8, 4) & 0x0F).transpose(1, 0, 2))
     np.testing.assert_array_equal(pair >> 4, (codes[:, 96:128].reshape(16, 8, 4) & 0x0F).transpose(1, 0, 2))
+
+
+@needs_amx
+@pytest.mark.parametrize("type_name", TYPES)
+def test_the_librarys_tiling_is_the_layouts(type_name):
+    raw = _raw(type_name, 64, 768, seed=5)
+    np.testing.assert_array_equal(tile(raw, type_name, impl="native").numpy(), tile_superblocks(raw, type_name))
 
 
 @needs_amx
