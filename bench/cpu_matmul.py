@@ -16,6 +16,8 @@ and the ratio against today's fp32 path (MKL sgemm as W @ xᵀ). Candidates:
   parley-k5       the same on Q5_K super-blocks
   parley-k6       the same on Q6_K super-blocks (random blocks: gguf has no K-quant writer; rel_err is against the
                   kernel's float64 reference rather than fp32)
+  parley-k4t      the Q4_K super-blocks in groups of 16 columns for kernels/cpu/amxkgemm.c (where AMX tiles run)
+  parley-k5t      the same for Q5_K
 Run: python -m bench.cpu_matmul [--shapes gemma3-270m llama-1b] [--rows 1 8] [--impls fp32 parley-q8 ...]
 """
 from __future__ import annotations
@@ -132,7 +134,22 @@ def _superblocks(n: int, k: int) -> dict:
         blocks = random_superblocks(name, n, k, rng)
         out[label] = (blocks.numel(), lambda x, bl=blocks, t=name: kgemm(x, bl, t),
                       lambda x, bl=blocks, t=name: kgemm_reference(x, bl, t))
+        out.update(_tiled_superblocks(blocks, name, label))
     return out
+
+
+def _tiled_superblocks(blocks: torch.Tensor, name: str, label: str) -> dict:
+    """The same super-blocks, read as a file's, in groups of 16 columns for the AMX kernel (parley-k4t, parley-k5t),
+    where its tiles run here."""
+    from kernels.cpu_kgemm import amxkgemm, kgemm_reference, tile
+    from kernels.cpu_native import amx_ready
+    from kernels.kquant_layout import TILED_BYTES
+
+    if not amx_ready() or name not in TILED_BYTES or blocks.shape[0] % 16:
+        return {}
+    held = tile(blocks.numpy(), name)
+    return {f"{label}t": (held.numel(), lambda x: amxkgemm(x, held, name),
+                          lambda x: kgemm_reference(x, blocks, name, lambda raw, _: raw))}  # blocks: the file's
 
 
 def _time(fn, x, repeats: int, clock=time.perf_counter) -> float:
