@@ -195,7 +195,7 @@ def _thought_hint(msg: Message) -> str:
     return "Turn Thinking off in the chat settings and Regenerate, or start a new chat"
 
 
-def _note(msg: Message, dark: bool, names: Names) -> str:
+def _note(msg: Message, dark: bool, names: Names = Names()) -> str:
     error, queued, muted = (NOTE_COLOR[k][dark] for k in ("error", "queued", "muted"))
     said = error_text(msg, names)
     if msg.state == "error":
