@@ -31,7 +31,7 @@ from engine.constraint.grammar import (JSON_WHITESPACE, closed, control_rules, c
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
 from engine.tool_call_xml import (GLM_VALUE_ENDS, KEY, KEY_END, VALUE, VALUE_END, XML_VALUE_ENDS, Writers, glm_call,
-                                  glm_grammar, xml_call, xml_grammar)
+                                  glm_grammar, glm_reader, xml_call, xml_grammar, xml_reader)
 from engine.tool_formats import (DS_CALL, DS_CALL_END, DS_CALLS, DS_CALLS_END, DS_FENCE, DS_FENCE_END, DS_SEP, NAME,
                                  Reader, Section, block_section, deepseek_call, deepseek_section, deepseek_v3_1_call,
                                  json_call, json_section, mistral_named_section, opened)
@@ -90,6 +90,7 @@ class _Format:
     call: Callable[[str], tuple[str, str]] | None = None  # a named call's text before and after its arguments
     rules: Callable[..., list[str]] | None = None  # a grammar of its own: (tools, parallel, writers) -> rules
     closers: tuple[str, ...] = ()  # what ends an argument written as text (none: the arguments are JSON as written)
+    reader: Callable[[], Reader] | None = None  # a stream's own reader, which remembers what it read (none: `read`)
 
 
 def _ds_r1(name: str) -> tuple[str, str]:
@@ -114,9 +115,9 @@ FORMATS = {
                              (DS_CALLS, "", DS_CALLS_END),
                              lambda name: (f"{DS_CALL}{name}{DS_SEP}", DS_CALL_END)),
     "qwen_xml": _Format(("<tool_call>",), block_section(xml_call), None, "", ("", "", ""), rules=xml_grammar,
-                        closers=XML_VALUE_ENDS),
+                        closers=XML_VALUE_ENDS, reader=xml_reader),
     "glm": _Format(("<tool_call>",), block_section(glm_call), None, "", ("", "", ""), rules=glm_grammar,
-                   closers=GLM_VALUE_ENDS),
+                   closers=GLM_VALUE_ENDS, reader=glm_reader),
 }
 _DETECTED = (("<arg_key>", "glm"), ("<function=", "qwen_xml"), (DS_CALL, "deepseek"), ("[ARGS]", "mistral_v11"),
              ("<tool_call>", "hermes"), ("[TOOL_CALLS]", "mistral"), ("<|tool|>", "phi4"), ("<|tool_call|>", "granite"),
@@ -255,6 +256,7 @@ class CallStream:
     def __init__(self, fmt: str, names: Iterable[str] | Mapping[str, dict], limit: int | None = None) -> None:
         """`names`: the tools' names, or each name's parameters schema (how Qwen's XML values are typed)."""
         self.form, self.limit = FORMATS[fmt], limit
+        self._reader = self.form.reader() if self.form.reader else self.form.read
         self.names = names if isinstance(names, Mapping) else dict.fromkeys(names, {})
         self._held = ""  # text not sent yet, before any call
         self._section: str | None = None  # the text of the calls under way, from their opener
@@ -307,7 +309,7 @@ class CallStream:
 
     def _read(self, out: list, final: bool) -> bool:
         """Reads the calls under way; True where they ended (the text after is content again)."""
-        section = self.form.read(self._section, self.names)
+        section = self._reader(self._section, self.names)
         self._send_calls(section, out)
         if self.full:
             return False

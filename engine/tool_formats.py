@@ -1,7 +1,8 @@
 """The forms tool calls take in a model's text, one reader each: what opens a model's calls, and the calls read from
 there, as far as the text goes (engine/tool_calls.py streams them as they grow).
 
-A reader is given the text from where a call section may begin and reads it again whole at each new piece: it
+A reader is given the text from where a call section may begin and reads it again whole at each new piece (a
+stream's own Qwen XML or GLM reader resumes after the arguments it read whole: engine/tool_call_xml.py): it
 reports the calls whose name is known with their arguments' text so far (only ever growing: a name is reported once
 certain, an argument's character once it cannot be anything else), where the section ended (its text after is the
 answer's again), or where the text stopped being calls. A call's arguments are the JSON object the model wrote, as
