@@ -238,10 +238,10 @@ class LocalHost:
 
     def _logprobs(self, seq: Sequence, token: int, after: int) -> list[NamedLogprob] | None:
         """The token's log-probability entry where the turn asks for them (none for an end-of-turn token: it is no
-        text of the answer, and OpenAI lists none for it; but where the prompt is scored, as vLLM lists it:
+        text of the answer, and OpenAI lists none for it; but after a scored echo, as vLLM lists it:
         lm-evaluation-harness drops the last entry as the answer's one token, else a prompt token)."""
         lps = seq.step_logprobs
-        ended = token in seq.stop_ids and not seq.scores_prompt
+        ended = token in seq.stop_ids and not seq.sampler.params.echo  # every choice's, not only the one scoring
         if seq.sampler.params.logprobs is None or ended or len(lps) <= after:
             return None
         decode = self.runtime.lm.tokenizer.decode

@@ -68,6 +68,10 @@ class SamplingParams:
     # None: none; else each prompt token's log-probability given the tokens before it (the first has none) and this
     # many most likely tokens beside it, computed during prefill (vLLM's prompt_logprobs; engine/prompt_logprobs.py)
     prompt_logprobs: int | None = None
+    # the answer follows its prompt's scored echo: an end-of-turn token it ends with is listed among its logprobs (as
+    # vLLM lists it). Set with prompt_logprobs and kept by a copy without them: n choices of a prompt score it once,
+    # the others are sent the first's entries (server/protocol.py choice_params), and each lists its end alike
+    echo: bool = False
     # None: free text; else the grammar the answer must follow, in llguidance's text (engine/constraint/grammar.py)
     grammar: str | None = None
     # token id -> a number added to its logit before everything else (OpenAI's logit_bias: -100 bans, 100 forces)
@@ -75,6 +79,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_types(self)
+        self.echo = self.echo or self.prompt_logprobs is not None
         checks = [
             (0 <= self.temperature <= MAX_TEMPERATURE, f"temperature must be between 0 and {MAX_TEMPERATURE:g}"),
             (0 <= self.top_k <= MAX_INT32, f"top_k must be between 0 and {MAX_INT32}"),
@@ -117,6 +122,8 @@ def _check_types(p: SamplingParams) -> None:
             raise ParleyError(f"Invalid sampling setting: {name} must be an integer, not {value!r}.")
     if not isinstance(p.penalize_prompt, bool):
         raise ParleyError(f"Invalid sampling setting: penalize_prompt must be true or false, not {p.penalize_prompt!r}.")
+    if not isinstance(p.echo, bool):
+        raise ParleyError(f"Invalid sampling setting: echo must be true or false, not {p.echo!r}.")
     if not isinstance(p.speculative, bool):
         raise ParleyError(f"Invalid sampling setting: speculative must be true or false, not {p.speculative!r}.")
     if p.thinking is not None and not isinstance(p.thinking, bool):

@@ -6,8 +6,8 @@ are null). A streamed scored echo goes once the prefill has scored it, with its 
 The engine computes them during the prompt's prefill (engine/prompt_logprobs.py) and still makes one token for a
 prompt-only request (its logits come from the prompt's last row, in the same step), which the answer drops. Of a
 prompt's `n` choices the first scores it; the others copy its cache (the engine's `follow`: one prefill, where each
-scored its own) and are sent its entries. So only the first lists an end-of-turn token its answer ends with (the
-engine lists one where its sequence scores the prompt, engine/local_host.py `_logprobs`)."""
+scored its own) and are sent its entries. Each lists an end-of-turn token its answer ends with (its params' `echo`,
+kept where they drop prompt_logprobs: engine/local_host.py `_logprobs`)."""
 from __future__ import annotations
 
 import dataclasses

@@ -110,6 +110,27 @@ def test_an_end_of_turn_answer_keeps_its_entry(server, bridge):
 
 
 @pytest.mark.parametrize("stream", [False, True])
+def test_every_choice_of_an_end_of_turn_answer_keeps_its_entry(server, bridge, stream):
+    """Of n choices only the first scores the prompt (the others are sent its entries), and the engine listed the
+    end-of-turn token only where its sequence scored the prompt: the second choice lacked its entry. Every choice of
+    an echo lists it."""
+    ids = _ids(bridge, "The end.")
+    stop = next(iter(bridge.models[0].tokenizer.stop_ids))
+    body = BODY | {"prompt": ids, "max_tokens": 1, "logprobs": 1, "logit_bias": {str(stop): 100}, "n": 2}
+    if stream:
+        with httpx.stream("POST", server.url + "/completions", json=body | {"stream": True}, timeout=60) as r:
+            chunks = [json.loads(line[6:])["choices"][0] for line in r.iter_lines() if line.startswith("data: {")]
+        lists = [[v for c in chunks if c["index"] == i and c["logprobs"] for v in c["logprobs"]["token_logprobs"]]
+                 for i in range(2)]
+        reasons = [c["finish_reason"] for c in chunks if c["finish_reason"]]
+    else:
+        choices = _ok(server, body)["choices"]
+        lists, reasons = [c["logprobs"]["token_logprobs"] for c in choices], [c["finish_reason"] for c in choices]
+    assert [len(lp) for lp in lists] == [len(ids) + 1] * 2 and reasons == ["stop"] * 2, lists
+    assert lists[0][-1] == lists[1][-1] < 0  # forced, and the same prompt: the same number
+
+
+@pytest.mark.parametrize("stream", [False, True])
 def test_a_text_prompts_offsets_count_in_the_text_sent(bos_server, stream):
     """The BOS put before a text prompt is listed but is no text of the echo: the first token sent is at offset 0 and
     every written token's offset is where its text is in the choice's text (OpenAI's; lm-evaluation-harness reads
