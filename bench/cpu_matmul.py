@@ -143,9 +143,9 @@ def _tiled_superblocks(blocks: torch.Tensor, name: str, label: str) -> dict:
     where its tiles run here."""
     from kernels.cpu_kgemm import amxkgemm, kgemm_reference, tile
     from kernels.cpu_native import amx_ready
-    from kernels.kquant_layout import TILED_BYTES
+    from kernels.kquant_layout import TILED_TYPES
 
-    if not amx_ready() or name not in TILED_BYTES or blocks.shape[0] % 16:
+    if not amx_ready() or name not in TILED_TYPES or blocks.shape[0] % 16:
         return {}
     held = tile(blocks.numpy(), name)
     return {f"{label}t": (held.numel(), lambda x: amxkgemm(x, held, name),

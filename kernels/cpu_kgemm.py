@@ -9,7 +9,7 @@ import torch
 
 from kernels import cpu_native
 from kernels.cpu_qgemm import run_product
-from kernels.kquant_layout import TILED_BYTES, file_order, tile_superblocks, untile_superblocks
+from kernels.kquant_layout import file_order, tile_superblocks, untile_superblocks
 from kernels.kquant_layout import interleave as interleave_reference
 
 QK = 256  # weights per super-block
@@ -34,10 +34,10 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
 
 def amxkgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
              impl: str = "auto") -> torch.Tensor:
-    """`kgemm` for W (N, K/256 · TILED_BYTES) uint8 of Q4_K/Q5_K super-blocks in kernels/cpu/amxkgemm.c's groups of
+    """`kgemm` for W (N, K/256 · bytes) uint8 of Q4_K/Q5_K super-blocks in kernels/cpu/amxkgemm.c's groups of
     16 columns (kernels/kquant_layout.tile_superblocks), on AMX tiles (`cpu_native.amx_ready`)."""
     kind = KINDS[type_name][0]
-    k = blocks.shape[1] // TILED_BYTES[type_name] * QK
+    k = blocks.shape[1] // KINDS[type_name][1] * QK
     if x.shape[-1] != k:
         raise ValueError(f"x has {x.shape[-1]} columns, the weight {k}")
     kernel = cpu_native.chosen(impl)
@@ -97,7 +97,7 @@ def tile(raw: np.ndarray, type_name: str, *, impl: str = "auto") -> torch.Tensor
     src = np.ascontiguousarray(raw, dtype=np.uint8)
     kind, size, _ = KINDS[type_name]
     s = src.shape[1] // size
-    out = torch.empty(src.shape[0], s * TILED_BYTES[type_name], dtype=torch.uint8)
+    out = torch.empty(src.shape, dtype=torch.uint8)
     kernel.lib.parley_kq_tile(src.ctypes.data, out.data_ptr(), src.shape[0], s, kind, torch.get_num_threads())
     return out
 

@@ -207,17 +207,16 @@ def untile_scales(held: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(held.reshape(n // TILE_COLUMNS, nb, TILE_COLUMNS).transpose(0, 2, 1)).reshape(n, nb)
 
 
-TILED_BYTES = {"Q4_K": 148, "Q5_K": 180}  # a column's share of a tiled group's super-block (kernels/cpu/amxkgemm.c)
+TILED_TYPES = ("Q4_K", "Q5_K")  # super-blocks kernels/cpu/amxkgemm.c takes in groups of 16 columns, the file's bytes
 
 
 def tile_superblocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     """Rows of Q4_K/Q5_K super-blocks as the file stores them (n, S · bytes), n a multiple of 16 -> amxkgemm.c's
-    layout (n, S · TILED_BYTES): per group of 16 columns and super-block, d[16] and dmin[16] (fp16), the 6-bit scales
-    sc[j][c] and minimums m[j][c] a byte each, Q5_K's fifth bits (per sub-block j, 64 bytes: bit p is tile code p's),
+    layout (n, S · bytes, the same bytes regrouped): per group of 16 columns and super-block, d[16] and dmin[16] (fp16),
+    the packed scales' 12 bytes, byte k of column c at 16k + c, Q5_K's fifth bits (per sub-block j, 64 bytes: bit p is
+    tile code p's),
     then per pair of sub-blocks 512 bytes, byte 64i + 4c + t holding column c's weight 4i + t of sub-block 2P (low
     nibble) and 2P + 1 (high); groups, then super-blocks, in order."""
-    from engine.quant.gguf_blocks import _k_scale_min
-
     n, size = raw.shape[0], BYTES[type_name]
     b = np.ascontiguousarray(raw, dtype=np.uint8).reshape(n, -1, size)
     s, groups = b.shape[1], n // TILE_COLUMNS
@@ -229,10 +228,8 @@ def tile_superblocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     def halves(a: np.ndarray) -> np.ndarray:  # fp16 bytes (n, S, 2) -> (G, S, 32), column c's at 2c
         return a.reshape(groups, TILE_COLUMNS, s, 2).transpose(0, 2, 1, 3).reshape(groups, s, 32)
 
-    sc, mn = (v.astype(np.uint8) for v in _k_scale_min(b[..., 4:16]))
-    out = np.empty((groups, s, TILE_COLUMNS * TILED_BYTES[type_name]), dtype=np.uint8)
-    out[..., 0:32], out[..., 32:64] = halves(b[..., 0:2]), halves(b[..., 2:4])
-    out[..., 64:192], out[..., 192:320] = per_group(sc), per_group(mn)
+    out = np.empty((groups, s, TILE_COLUMNS * size), dtype=np.uint8)
+    out[..., 0:32], out[..., 32:64], out[..., 64:256] = halves(b[..., 0:2]), halves(b[..., 2:4]), per_group(b[..., 4:16])
     # the file's byte 32P + l of a column holds weights l of sub-blocks 2P (low nibble) and 2P + 1 (high), as a pair's
     # bytes do: the codes move as words of 4 bytes (weights 4i .. 4i + 3), word i of column c to word 16i + c
     at = NIBBLES_AT[type_name]
@@ -240,42 +237,32 @@ def tile_superblocks(raw: np.ndarray, type_name: str) -> np.ndarray:
     out[..., -2048:] = words.transpose(0, 2, 3, 4, 1).reshape(groups, s, -1).view(np.uint8)
     if type_name == "Q5_K":  # qh byte l, bit j: weight 32j + l's fifth bit -> sub-block j's bit 64i + 4c + t
         bits = np.unpackbits(b[..., 16:48], axis=-1, bitorder="little").reshape(groups, TILE_COLUMNS, s, 8, 4, 8)
-        out[..., 320:832] = np.packbits(bits.transpose(0, 2, 5, 3, 1, 4), axis=None, bitorder="little").reshape(
+        out[..., 256:768] = np.packbits(bits.transpose(0, 2, 5, 3, 1, 4), axis=None, bitorder="little").reshape(
             groups, s, 512)
-    return out.reshape(n, s * TILED_BYTES[type_name])
+    return out.reshape(n, s * size)
 
 
 def untile_superblocks(held: np.ndarray, type_name: str) -> np.ndarray:
     """`tile_superblocks`' inverse: the file's super-blocks (n, S · bytes)."""
     n, size, cols = held.shape[0], BYTES[type_name], TILE_COLUMNS
     groups = n // cols
-    s = held.shape[1] // TILED_BYTES[type_name]
-    h = np.ascontiguousarray(held).reshape(groups, s, cols * TILED_BYTES[type_name])
+    s = held.shape[1] // size
+    h = np.ascontiguousarray(held).reshape(groups, s, cols * size)
 
     def columns(a: np.ndarray, m: int) -> np.ndarray:  # (G, S, m·16) columns innermost -> (n, S, m)
         return a.reshape(groups, s, m, cols).transpose(0, 3, 1, 2).reshape(n, s, m)
 
     d, dmin = (h[..., at:at + 32].reshape(groups, s, cols, 2).transpose(0, 2, 1, 3).reshape(n, s, 2)
                for at in (0, 32))
-    sc, mn = columns(h[..., 64:192], 8), columns(h[..., 192:320], 8)
-    at = 320 + (512 if type_name == "Q5_K" else 0)
+    at = 256 + (512 if type_name == "Q5_K" else 0)
     pairs = h[..., at:at + 2048].reshape(groups, s, 4, 512)
     tiles = np.stack([pairs & 0x0F, pairs >> 4], axis=3).reshape(groups, s, 8, 512)
     if type_name == "Q5_K":
-        fifths = np.unpackbits(h[..., 320:832].reshape(groups, s, 8, 64), axis=-1, bitorder="little")
+        fifths = np.unpackbits(h[..., 256:768].reshape(groups, s, 8, 64), axis=-1, bitorder="little")
         tiles = tiles | (fifths << 4)
     codes = tiles.reshape(groups, s, 8, 8, cols, 4).transpose(0, 4, 1, 2, 3, 5).reshape(n, s, 256)
     out = np.empty((n, s, size), dtype=np.uint8)
-    out[..., 0:2], out[..., 2:4], out[..., 4:16] = d, dmin, _pack_scale_min(sc, mn)
+    out[..., 0:2], out[..., 2:4], out[..., 4:16] = d, dmin, columns(h[..., 64:256], 12)
     _write_codes(out, codes, type_name)
     return out.reshape(n, s * size)
 
-
-def _pack_scale_min(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
-    """Eight 6-bit scales and minimums (..., 8) as a K-quant super-block's 12 bytes (gguf_blocks._k_scale_min's
-    inverse): the first four in bytes 0-3 and 4-7, the last four's low nibbles in bytes 8-11, top 2 bits above."""
-    out = np.empty(sc.shape[:-1] + (12,), dtype=np.uint8)
-    out[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
-    out[..., 4:8] = mn[..., :4] | ((mn[..., 4:] >> 4) << 6)
-    out[..., 8:12] = (sc[..., 4:] & 0x0F) | ((mn[..., 4:] & 0x0F) << 4)
-    return out

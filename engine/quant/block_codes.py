@@ -76,9 +76,9 @@ def tiled_layout(lay: CodeLayout, n: int) -> CodeLayout:
 def tiled_superblocks(type_name: str, n: int) -> bool:
     """Whether an (n, k) matrix held as `type_name` super-blocks (`held_layout`) goes to the AMX tiles' groups of 16
     columns (kernels/cpu/amxkgemm.c): Q4_K or Q5_K, n whole groups, and the tiles run here."""
-    from kernels.kquant_layout import TILED_BYTES
+    from kernels.kquant_layout import TILED_TYPES
 
-    if type_name not in TILED_BYTES or n % 16:
+    if type_name not in TILED_TYPES or n % 16:
         return False
     from kernels.cpu_native import amx_ready
 

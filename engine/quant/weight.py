@@ -398,10 +398,8 @@ def format_bytes(fmt: str, n: int, k: int, type_name: str = "Q8_0") -> int:
     if fmt == "blocks":
         lay = held_layout(type_name, k)
         if lay.raw:
-            from kernels.kquant_layout import TILED_BYTES
-
             size, per = BLOCK[lay.raw]
-            return n * (k // per) * (TILED_BYTES[lay.raw] if tiled_superblocks(lay.raw, n) else size)
+            return n * (k // per) * size
         per_group = 2 if lay.zero >= 0 else 4  # fp16 scale (and offset)
         return n * k * lay.bits // 8 + n * (k // lay.group) * per_group
     if fmt == "int4":
@@ -451,10 +449,8 @@ def _tiled_superblocks(raw: np.ndarray, type_name: str, k: int) -> QuantTensor:
     """`superblocks` in the AMX tiles' groups (kernels/kquant_layout.tile_superblocks), a bounded slice of whole
     groups at a time."""
     from kernels.cpu_kgemm import tile
-    from kernels.kquant_layout import TILED_BYTES
-
     n = raw.shape[0]
-    held = torch.empty(n, k // 256 * TILED_BYTES[type_name], dtype=torch.uint8)
+    held = torch.empty(raw.shape, dtype=torch.uint8)
     step = max(16, (32 << 20) // max(1, raw.shape[1]) // 16 * 16)
     for start in range(0, n, step):
         held[start:start + step] = tile(raw[start:start + step], type_name)

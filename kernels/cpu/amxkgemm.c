@@ -2,11 +2,12 @@
    dequantized (kgemm.c is the vector units' product over the same types).
 
    Layout (kernels/kquant_layout.tile_superblocks): the columns in groups of 16; per group and super-block of 256
-   weights, the 16 columns' fp16 d, their fp16 dmin, their 6-bit scales sc[j][c] and minimums m[j][c] as one byte each
-   (sub-block j of 32 weights, column c: 320 bytes), Q5_K's fifth bits (per sub-block, 64 bytes whose bit p is code p's),
-   then the 4-bit codes: per pair of sub-blocks (2P, 2P + 1), 512 bytes in the tiles' pair-of-words form, byte
-   64·i + 4·c + t holding column c's weight 4·i + t of sub-block 2P in its low nibble and of 2P + 1 in its high one.
-   148 bytes a column and super-block for Q4_K (the file's 144), 180 for Q5_K (176).
+   weights, the 16 columns' fp16 d, their fp16 dmin, their 12 bytes of packed 6-bit scales and minimums, byte k of
+   column c at 16·k + c (256 bytes: one vector of a byte k for all 16 columns, unpacked in registers), Q5_K's fifth
+   bits (per sub-block, 64 bytes whose bit p is code p's), then the 4-bit codes: per pair of sub-blocks (2P, 2P + 1),
+   512 bytes in the tiles' pair-of-words form, byte 64·i + 4·c + t holding column c's weight 4·i + t of sub-block 2P
+   in its low nibble and of 2P + 1 in its high one. The file's bytes, 144 (Q4_K) or 176 (Q5_K) a column and
+   super-block: a decode reads no more than the file holds.
 
    w = d·sc_j·q − dmin·m_j. Activations are quantized per 32 as kgemm.c does (x ≈ d_j·a). Per sub-block, one tile
    multiply (signed activations × unsigned codes) gives its integer sums whole; then per row and 16 columns one
@@ -24,13 +25,13 @@
 #ifdef PARLEY_AMX
 #define QK 256
 #define SUB_CODES 512  /* one sub-block of 32 weights × 16 columns, one byte a code once unpacked */
-#define HEAD 320  /* d[16], dmin[16] fp16, sc[8][16], m[8][16] bytes */
+#define HEAD 256  /* d[16], dmin[16] fp16, the packed scales' bytes [12][16] */
 #define PREFETCH 2048  /* bytes ahead on the weight stream */
 #define VNNI_ROWS 8
 
 enum { Q4_K = 4, Q5_K = 5 };  /* the `kind` argument: the type's bits */
 
-static inline int64_t group_block_bytes(int kind) { return kind == Q4_K ? 16 * 148 : 16 * 180; }
+static inline int64_t group_block_bytes(int kind) { return kind == Q4_K ? 16 * 144 : 16 * 176; }
 static inline int codes_at(int kind) { return kind == Q4_K ? HEAD : HEAD + 8 * 64; }
 
 /* Q5_K's fifth bits of sub-block j's codes vector l over its low 4 bits u. */
@@ -64,12 +65,30 @@ static void unpack_group(const uint8_t *wg, int64_t S, const int kind, uint8_t *
     }
 }
 
+/* Sub-block j's 6-bit scales and minimums for 16 columns from the packed bytes q[k] (one vector of byte k each): the
+   first four in the low 6 bits of bytes 0-3 (scales) and 4-7 (minimums), the last four in bytes 8-11's nibbles with the
+   top 2 bits of bytes 0-7 (16-bit shifts, each byte's part masked). */
+static inline void scale_min(const uint8_t *q, int j, __m128i *sc, __m128i *m) {
+#define Q(k) _mm_loadu_si128((const __m128i *)(q + 16 * (k)))
+    const __m128i m6 = _mm_set1_epi8(0x3F), m4 = _mm_set1_epi8(0x0F), m2 = _mm_set1_epi8(3);
+    if (j < 4) {
+        *sc = _mm_and_si128(Q(j), m6);
+        *m = _mm_and_si128(Q(j + 4), m6);
+        return;
+    }
+    const __m128i low = Q(j + 4);
+    *sc = _mm_or_si128(_mm_and_si128(low, m4), _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(Q(j - 4), 6), m2), 4));
+    *m = _mm_or_si128(_mm_and_si128(_mm_srli_epi16(low, 4), m4),
+                      _mm_slli_epi16(_mm_and_si128(_mm_srli_epi16(Q(j), 6), m2), 4));
+#undef Q
+}
+
 /* A super-block's sub-block j scales (d·sc_j) and minimums (−dmin·m_j) for the group's 16 columns: exact in fp32. */
 static inline void sub_scales(const uint8_t *s, int j, __m512 *ws, __m512 *mn) {
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)s));
     const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(s + 32)));
-    const __m128i sc = _mm_loadu_si128((const __m128i *)(s + 64 + 16 * j));
-    const __m128i m = _mm_loadu_si128((const __m128i *)(s + 192 + 16 * j));
+    __m128i sc, m;
+    scale_min(s + 64, j, &sc, &m);
     *ws = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)), d);
     *mn = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(m)), _mm512_sub_ps(_mm512_setzero_ps(), dmin));
 }
@@ -252,8 +271,9 @@ int parley_amxkgemm(const float *x, int64_t R, int64_t K, const uint8_t *blocks,
 }
 
 /* The file's Q4_K/Q5_K super-blocks (rows of S each, rows a multiple of 16) in the tiles' groups as the top says
-   (kernels/kquant_layout.tile_superblocks is the reference): per group and super-block, each column's d and dmin, its
-   scales and minimums unpacked to bytes, Q5_K's fifth bits regrouped, and its codes moved as words of 4 bytes (the
+   (kernels/kquant_layout.tile_superblocks is the reference): per group and super-block, each column's d, dmin and
+   packed scales' bytes spread over the group's vectors, Q5_K's fifth bits regrouped, and its codes moved as words of
+   4 bytes (the
    file's byte 32P + l already pairs sub-blocks 2P and 2P + 1 as the tiles' bytes do). */
 void parley_kq_tile(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t S, int kind, int threads) {
     const int size = kind == Q4_K ? 144 : 176, at = kind == Q4_K ? 16 : 48;
@@ -267,15 +287,7 @@ void parley_kq_tile(const uint8_t *src, uint8_t *dst, int64_t rows, int64_t S, i
             const uint8_t *f = src + ((16 * g + c) * S + b) * size;
             memcpy(o + 2 * c, f, 2);
             memcpy(o + 32 + 2 * c, f + 2, 2);
-            uint32_t w[3];
-            memcpy(w, f + 4, 12);
-            const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-            const uint32_t sc[2] = {w[0] & m6, (w[2] & m4) | (((w[0] >> 6) & m2) << 4)};
-            const uint32_t mn[2] = {w[1] & m6, ((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4)};
-            for (int j = 0; j < 8; j++) {
-                o[64 + 16 * j + c] = (uint8_t)(sc[j / 4] >> 8 * (j % 4));
-                o[192 + 16 * j + c] = (uint8_t)(mn[j / 4] >> 8 * (j % 4));
-            }
+            for (int k = 0; k < 12; k++) o[64 + 16 * k + c] = f[4 + k];
             for (int P = 0; P < 4; P++)
                 for (int i = 0; i < 8; i++)
                     memcpy(o + codes_at(kind) + 512 * P + 64 * i + 4 * c, f + at + 32 * P + 4 * i, 4);

@@ -171,20 +171,17 @@ def q5_k_m_path(tmp_path_factory):
 
 
 def test_q5_k_m_held_as_the_files_super_blocks(q5_k_m_path):
-    """Q5_K held in its file's 176 bytes per 256 weights (kernels/cpu/kgemm.c; 180 in the AMX tiles' groups, where
-    they run), fused q/k/v and gate/up beside Q6_K v and down; batched decode == alone, logits near the dequantized
-    model's."""
+    """Q5_K held in its file's 176 bytes per 256 weights (kernels/cpu/kgemm.c), fused q/k/v and gate/up beside
+    Q6_K v and down; batched decode == alone, logits near the dequantized model's."""
     from engine.quant.block_codes import BLOCK
     from engine.quant.weight import QuantTensor
-    from kernels.kquant_layout import TILED_BYTES
 
     lm = load_model(q5_k_m_path, LoadOptions(weights="quantized"))
     held = [m for m in lm.model.modules() if isinstance(m, QuantTensor)]
     assert {m.source_type for m in held} == {"Q5_K", "Q6_K"}
     for m in held:
         assert m.code_layout.raw == m.source_type
-        size = TILED_BYTES[m.source_type] if m.code_layout.tiles else BLOCK[m.source_type][0]
-        assert m.nbytes() == m.shape[0] * m.shape[1] // 256 * size
+        assert m.nbytes() == m.shape[0] * m.shape[1] // 256 * BLOCK[m.source_type][0]
     assert_batched_equals_alone(lm, "sequence")
     f = load_model(q5_k_m_path, LoadOptions(weights="dequantized"))
     ids = torch.randint(6, lm.args.vocab_size, (24,), generator=torch.Generator().manual_seed(5))

@@ -10,11 +10,10 @@ import torch
 
 from bench.cpu_matmul import random_superblocks
 from engine.quant.block_codes import superblock_rows
-from engine.quant.gguf_blocks import _k_scale_min
 from engine.quant.weight import superblocks
 from kernels.cpu_kgemm import amxkgemm, kgemm_reference, tile
 from kernels.cpu_native import amx_ready
-from kernels.kquant_layout import BYTES, TILED_BYTES, natural_codes, tile_superblocks, untile_superblocks
+from kernels.kquant_layout import BYTES, natural_codes, tile_superblocks, untile_superblocks
 
 needs_amx = pytest.mark.skipif(not amx_ready(), reason="no AMX tiles here")
 TYPES = ["Q4_K", "Q5_K"]
@@ -40,17 +39,15 @@ def _file_reference(x: torch.Tensor, raw: np.ndarray, type_name: str) -> torch.T
 def test_layout_round_trips_and_holds_a_group_of_16_columns_together(type_name):
     raw = _raw(type_name, 48, 512, seed=1)
     held = tile_superblocks(raw, type_name)
-    assert held.shape == (48, 2 * TILED_BYTES[type_name])
+    assert held.shape == raw.shape  # the file's bytes, regrouped
     np.testing.assert_array_equal(untile_superblocks(held, type_name), raw)
     group, sb, cols = 1, 1, slice(16, 32)  # the second group's second super-block
-    cell = held.reshape(3, 2, 16 * TILED_BYTES[type_name])[group, sb]
+    cell = held.reshape(3, 2, 16 * BYTES[type_name])[group, sb]
     file_blocks = raw.reshape(48, 2, BYTES[type_name])[cols, sb]
     np.testing.assert_array_equal(cell[:32].reshape(16, 2), file_blocks[:, 0:2])  # d, column by column
-    sc, mn = _k_scale_min(file_blocks[:, 4:16])
-    np.testing.assert_array_equal(cell[64:192].reshape(8, 16), sc.T)  # sc[j][c]
-    np.testing.assert_array_equal(cell[192:320].reshape(8, 16), mn.T)
+    np.testing.assert_array_equal(cell[64:256].reshape(12, 16), file_blocks[:, 4:16].T)  # packed scales' byte k
     codes = natural_codes(file_blocks[None], type_name)[0]  # (16 columns, 256)
-    at = 320 + (512 if type_name == "Q5_K" else 0)
+    at = 256 + (512 if type_name == "Q5_K" else 0)
     pair = cell[at + 512:at + 1024].reshape(8, 16, 4)  # sub-blocks 2 (low nibbles) and 3 (high)
     np.testing.assert_array_equal(pair & 0x0F, (codes[:, 64:96].reshape(16, 8, 4) & 0x0F).transpose(1, 0, 2))
     np.testing.assert_array_equal(pair >> 4, (codes[:, 96:128].reshape(16, 8, 4) & 0x0F).transpose(1, 0, 2))
@@ -108,7 +105,7 @@ def test_a_loaded_matrix_takes_the_tiles_and_still_looks_rows_up(type_name):
     order = torch.randperm(64, generator=torch.Generator().manual_seed(0))
     m = superblocks(raw, type_name, order)
     assert m.code_layout.tiles and m.code_layout.raw == type_name
-    assert m.nbytes() == 64 * 2 * TILED_BYTES[type_name]
+    assert m.nbytes() == raw.nbytes  # the file's bytes
     file_rows = raw[order.numpy()]
     ids = torch.tensor([5, 0, 63, 17, 17])
     np.testing.assert_array_equal(m.rows(ids).numpy(), superblock_rows(file_rows[ids.numpy()], type_name))
