@@ -125,6 +125,7 @@ def test_a_matrix_keeps_rows_without_whole_groups_with_amx_off_or_as_an_expert(m
 
 @pytest.fixture(scope="module")
 def q4_k_m_path(tmp_path_factory):
+    pytest.importorskip("llama_cpp", reason="llama.cpp's quantizer writes the file")
     from bench.synthetic_gguf import synthetic_gguf
 
     return synthetic_gguf("llama-draft", tmp_path_factory.mktemp("q4_k_m"), kind="Q4_K_M")
