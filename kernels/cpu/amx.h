@@ -28,5 +28,18 @@ static inline void amx_configure(int rows, int a_bytes) {
     c.rows[2] = c.rows[3] = (uint8_t)(a_bytes / 4);
     _tile_loadconfig(&c);
 }
+
+/* CALL(r0, n) for each tile of R's rows, 16 at a time then the rest: n a constant at each call (accumulators in
+   registers). */
+#define EACH_ROW_TILE(R, CALL)                                                                         \
+    for (int64_t r0_ = 0; r0_ < (R); r0_ += 16)                                                        \
+        switch ((R) - r0_ < 16 ? (int)((R) - r0_) : 16) {                                              \
+            case 1: CALL(r0_, 1); break;   case 2: CALL(r0_, 2); break;   case 3: CALL(r0_, 3); break;   \
+            case 4: CALL(r0_, 4); break;   case 5: CALL(r0_, 5); break;   case 6: CALL(r0_, 6); break;   \
+            case 7: CALL(r0_, 7); break;   case 8: CALL(r0_, 8); break;   case 9: CALL(r0_, 9); break;   \
+            case 10: CALL(r0_, 10); break; case 11: CALL(r0_, 11); break; case 12: CALL(r0_, 12); break; \
+            case 13: CALL(r0_, 13); break; case 14: CALL(r0_, 14); break; case 15: CALL(r0_, 15); break; \
+            case 16: CALL(r0_, 16); break; default: break;                                             \
+        }
 #endif
 #endif

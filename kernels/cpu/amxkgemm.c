@@ -177,13 +177,7 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *a, float
     const int64_t nb = K / 32;
     for (int64_t r = 0; r < R; r++)
         for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + r * K + 32 * b;
-            int8_t *ab = a + r * K + 32 * b;
-            const float amax = absmax32(xb);
-            d[r * nb + b] = amax / 127.0f;
-            round32(xb, amax > 0.0f ? 127.0f / amax : 0.0f, ab);
-            int sum = 0;
-            for (int i = 0; i < 32; i++) sum += ab[i];
+            const int sum = quantize32(x + r * K + 32 * b, a + r * K + 32 * b, d + r * nb + b);
             ds[r * nb + b] = d[r * nb + b] * (float)sum;
         }
 }
@@ -192,14 +186,9 @@ static void quantize_rows(const float *x, int64_t R, int64_t K, int8_t *a, float
 static inline __attribute__((always_inline)) void tile_rows(const int8_t *a, const float *d, const float *ds,
         int64_t R, int64_t K, const uint8_t *wg, const uint8_t *ub, const int kind, float *y, int64_t N,
         int32_t *sums) {
-    for (int64_t r0 = 0; r0 < R; r0 += 16)
-        switch (R - r0 < 16 ? (int)(R - r0) : 16) {
-#define ROWS(n) case n: group_rows(a, d, ds, r0, n, K, wg, ub, kind, y, N, sums); break;
-            ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-            ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
-#undef ROWS
-            default: break;
-        }
+#define GROUP(r0, n) group_rows(a, d, ds, r0, n, K, wg, ub, kind, y, N, sums)
+    EACH_ROW_TILE(R, GROUP);
+#undef GROUP
 }
 
 static inline __attribute__((always_inline)) void vnni_rows(const int8_t *a, const float *d, const float *ds,

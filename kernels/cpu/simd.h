@@ -131,6 +131,17 @@ static inline void round32(const float *x, float inv, int8_t *out) {
     _mm256_storeu_si256((__m256i *)out, p);
 }
 
+/* A block of 32 activations quantized as llama.cpp's 32-blocks (x ≈ d·a, d = max|x| / 127, a in -127..127) into
+   a and *d; returns Σa. */
+static inline int quantize32(const float *x, int8_t *a, float *d) {
+    const float amax = absmax32(x);
+    *d = amax / 127.0f;
+    round32(x, amax > 0.0f ? 127.0f / amax : 0.0f, a);
+    int sum = 0;
+    for (int i = 0; i < 32; i++) sum += a[i];
+    return sum;
+}
+
 /* One unit of W = 256 or 128 activations quantized per block of 32 (d = max|x| / 127, as llama.cpp's 32-blocks) in
    the interleaved order of kgemm.c and q8gemm.c: natural weight G·g + 4c + t (G = W/16) at position 64c + 4g + t.
    dl[g] is lane g's block scale, sums[g] the integer Σa over lane g's G weights. */

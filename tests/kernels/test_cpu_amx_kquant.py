@@ -136,19 +136,8 @@ def q4_k_m_path(tmp_path_factory):
 def test_a_q4_k_m_model_on_the_tiles_gives_each_session_its_tokens_alone(q4_k_m_path, layout):
     """A tiny Q4_K_M llama whose Q4_K matrices take the tiles: greedy sessions batched (prefills of many rows on the
     tiles, decode rows on the vector path) give exactly the tokens each gives alone."""
-    from bench.runs import RunConfig, make_batcher
     from engine.loading.loader import LoadOptions, load_model
-    from engine.quant.weight import QuantTensor
-    from engine.sampling import SamplingParams
-    from tests.support.engine_helpers import run_staggered
+    from tests.support.engine_helpers import assert_staggered_alone
 
     lm = load_model(q4_k_m_path, LoadOptions(weights="quantized"))
-    tiled = {m.source_type for m in lm.model.modules() if isinstance(m, QuantTensor) and m.code_layout.tiles}
-    assert "Q4_K" in tiled
-    g = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (5, 23, 40, 9, 31)]
-    run = RunConfig(max_seq_len=128, kv_layout=layout)
-    params = SamplingParams(max_tokens=12)
-    batched = run_staggered(make_batcher(lm, 5, run), prompts, [0, 0, 1, 3, 3], params)
-    alone = [run_staggered(make_batcher(lm, 1, run), [p], [0], params)[0] for p in prompts]
-    assert batched == alone
+    assert_staggered_alone(lm, layout, min_tiled={"Q4_K"})

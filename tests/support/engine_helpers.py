@@ -33,6 +33,23 @@ def run_staggered(
     return [s.generated for s in staggered_sequences(batcher, prompts, arrivals, params, stop_ids)]
 
 
+def assert_staggered_alone(lm, layout: str, min_tiled: set[str] | int = 0) -> None:
+    """Greedy sessions of `lm` staggered into one batcher (prefills of many rows, decode rows of few) give exactly
+    the tokens each gives alone; `min_tiled`: how many matrices, or which source types, the AMX tiles hold."""
+    from engine.quant.weight import QuantTensor
+
+    tiled = [m.source_type for m in lm.model.modules() if isinstance(m, QuantTensor) and m.code_layout
+             and m.code_layout.tiles]
+    assert set(tiled) >= min_tiled if isinstance(min_tiled, set) else len(tiled) >= min_tiled
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(6, lm.args.vocab_size, (n,), generator=g).tolist() for n in (5, 23, 40, 9, 31)]
+    run = RunConfig(max_seq_len=128, kv_layout=layout)
+    params = SamplingParams(max_tokens=12)
+    batched = run_staggered(make_batcher(lm, 5, run), prompts, [0, 0, 1, 3, 3], params)
+    alone = [run_staggered(make_batcher(lm, 1, run), [p], [0], params)[0] for p in prompts]
+    assert batched == alone
+
+
 def staggered_sequences(
     batcher: Batcher, prompts: list[list[int]], arrivals: list[int], params: SamplingParams | list[SamplingParams],
     stop_ids=frozenset(), guides: list | None = None,
