@@ -17,7 +17,7 @@ KINDS = {"Q4_K": (4, 144, 32), "Q5_K": (5, 176, 32), "Q6_K": (6, 210, 16)}  # ty
 
 
 def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
-          impl: str = "auto") -> torch.Tensor:
+          impl: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W (N, K/256 · bytes) uint8, each row's `type_name` super-blocks
     with their codes interleaved (kernels/kquant_layout.py); bias (N,) fp32. `impl` "auto"/"native" runs
     the C kernel, "reference" PyTorch."""
@@ -29,11 +29,11 @@ def kgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Ten
     if kernel is None:
         y = kgemm_reference(x, blocks, type_name)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
+    return run_product(kernel.lib.parley_kgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind, out=out)
 
 
 def amxkgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.Tensor | None = None, *,
-             impl: str = "auto") -> torch.Tensor:
+             impl: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """`kgemm` for W (N, K/256 · bytes) uint8 of Q4_K/Q5_K super-blocks in kernels/cpu/amxkgemm.c's groups of
     16 columns (kernels/kquant_layout.tile_superblocks), on AMX tiles (`cpu_native.amx_ready`)."""
     kind = KINDS[type_name][0]
@@ -44,7 +44,7 @@ def amxkgemm(x: torch.Tensor, blocks: torch.Tensor, type_name: str, bias: torch.
     if kernel is None:
         y = kgemm_reference(x, blocks, type_name, untile_superblocks)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_amxkgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind)
+    return run_product(kernel.lib.parley_amxkgemm, x, blocks.shape[0], bias, blocks.data_ptr(), kind, out=out)
 
 
 def kgemm_grouped(x: torch.Tensor, mats: list[torch.Tensor], counts: list[int], type_name: str, *,

@@ -11,7 +11,7 @@ QB = 32  # activation block
 
 def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None, bits: int,
           group: int, zero: int, bias: torch.Tensor | None = None, *, lut: torch.Tensor | None = None,
-          impl: str = "auto") -> torch.Tensor:
+          impl: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in block codes (engine/quant/block_codes.py): codes
     (N, K·bits/8) uint8, scales and offsets (N, K/group) fp16, bias (N,) fp32; `lut` (16,) uint8: 4-bit codes are
     indices into it (MXFP4). `impl` "auto"/"native" runs the C kernel, "reference" plain PyTorch."""
@@ -23,17 +23,20 @@ def qgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, offsets: t
         raise ValueError("qgemm's lut is 16 contiguous uint8 codes for 4-bit indices")
     return run_product(kernel.lib.parley_qgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(),
                        offsets.data_ptr() if offsets is not None else None, bits,
-                       lut.data_ptr() if lut is not None else None, group, zero)
+                       lut.data_ptr() if lut is not None else None, group, zero, out=out)
 
 
-def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights) -> torch.Tensor:
+def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """y (R, N) fp32 from one of the library's products, fn(x, R, K, *weights, N, bias, y, threads) -> 0, or -1
-    without scratch memory, or -2 for a K it does not take."""
+    without scratch memory, or -2 for a K it does not take; written into `out` (R, N) fp32 contiguous where given."""
     if bias is not None and (bias.dtype != torch.float32 or not bias.is_contiguous()):
         raise ValueError(f"{fn.__name__} takes a contiguous fp32 bias")
     x = x.float().contiguous()
     r, k = x.shape
-    y = torch.empty(r, n, dtype=torch.float32)
+    if out is not None and (out.shape != (r, n) or out.dtype != torch.float32 or not out.is_contiguous()):
+        raise ValueError(f"{fn.__name__} writes a contiguous fp32 ({r}, {n}) out, not {out.dtype} {list(out.shape)}")
+    y = torch.empty(r, n, dtype=torch.float32) if out is None else out
     if r == 0:
         return y
     rc = fn(x.data_ptr(), r, k, *weights, n, bias.data_ptr() if bias is not None else None, y.data_ptr(),
@@ -46,7 +49,7 @@ def run_product(fn, x: torch.Tensor, n: int, bias: torch.Tensor | None, *weights
 
 
 def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
-           bits: int = 8, impl: str = "auto") -> torch.Tensor:
+           bits: int = 8, impl: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes with zero 128 and an fp16 scale per 32, the codes
     (N, K) interleaved in units (kernels/kquant_layout.interleave_units), K a multiple of 128; `bits` 5: the codes
     (N, 5K/8) packed by kernels/kquant_layout.pack_fifths."""
@@ -57,14 +60,16 @@ def q8gemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: tor
         held = unpack_fifths(codes.numpy()) if bits == 5 else codes.numpy()
         y = qgemm_reference(x, torch.from_numpy(natural_units(held)), scales, None, 8, QB, 128)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits)
+    return run_product(kernel.lib.parley_q8gemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits,
+                       out=out)
 
 
 def amxgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None = None, *,
-            bits: int = 8, impl: str = "auto") -> torch.Tensor:
+            bits: int = 8, impl: str = "auto", out: torch.Tensor | None = None) -> torch.Tensor:
     """x (R, K) @ Wᵀ (+ bias) -> (R, N) fp32 for W in byte codes (zero 128) with an fp16 scale per 32, codes
     (N, K·bits/8) and scales (N, K/32) in kernels/cpu/amxgemm.c's groups of 16 columns
-    (kernels/kquant_layout.tile_codes, `bits` 8 or 5), on AMX tiles (`cpu_native.amx_ready`)."""
+    (kernels/kquant_layout.tile_codes, `bits` 8 or 5), on AMX tiles (`cpu_native.amx_ready`); the library writes
+    into `out` where given (a buffer kept across calls: no fresh pages)."""
     kernel = cpu_native.chosen(impl)
     if kernel is None:
         from kernels.kquant_layout import untile_codes, untile_scales
@@ -72,7 +77,8 @@ def amxgemm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, bias: to
         y = qgemm_reference(x, torch.from_numpy(untile_codes(codes.numpy(), bits)),
                             torch.from_numpy(untile_scales(scales.numpy())), None, 8, QB, 128)
         return y if bias is None else y + bias.float()
-    return run_product(kernel.lib.parley_amxgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits)
+    return run_product(kernel.lib.parley_amxgemm, x, codes.shape[0], bias, codes.data_ptr(), scales.data_ptr(), bits,
+                       out=out)
 
 
 def quantize_activations(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -451,6 +451,8 @@ class CausalLM(nn.Module):
         # drafter conditions on (engine/speculative/dflash.py)
         self.tap_layers: tuple[int, ...] = ()
         self.last_taps: tuple[torch.Tensor, ...] | None = None
+        # where the next forward's logits go (a runner's buffer kept across its eager steps), or None: fresh
+        self.logits_out: torch.Tensor | None = None
         self.model = nn.Module()
         # the weight comes from the file: no random init (on the meta device it imports torch's compiler, ~2 s)
         self.model.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size,
@@ -538,7 +540,10 @@ class CausalLM(nn.Module):
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         head = self.model.embed_tokens if self.lm_head is None else self.lm_head
         if isinstance(head, (QuantEmbedding, QuantLinear)):
-            return head.qweight(x, torch.float32)
+            out = self.logits_out
+            fits = out is not None and x.dim() == 2 and not x.is_cuda and out.shape[0] >= x.shape[0] \
+                and out.shape[1] == head.qweight.shape[0]
+            return head.qweight(x, torch.float32, out=out[:x.shape[0]] if fits else None)
         return _head(x, self.head_weight())
 
     def forward(

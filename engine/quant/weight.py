@@ -70,8 +70,9 @@ class QuantTensor(WeightMatrix):
         return sum(b.numel() * b.element_size() for b in self.buffers())
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None,
-                bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x @ Wᵀ; `bias` (N,) fp32, the blocks format only, is added inside the product's call."""
+                bias: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """x @ Wᵀ; `bias` (N,) fp32, the blocks format only, is added inside the product's call. `out` (R, N) fp32:
+        where the CPU library's products write (a buffer kept across calls); other formats make their own."""
         if bias is not None and (self.format != "blocks" or x.is_cuda):
             raise ValueError("only the CPU's blocks product takes a bias")
         if x.is_cuda:
@@ -80,19 +81,19 @@ class QuantTensor(WeightMatrix):
             from kernels.cpu_kgemm import amxkgemm, kgemm
 
             product = amxkgemm if self.code_layout.tiles else kgemm
-            y = product(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native")
+            y = product(x.reshape(-1, x.shape[-1]), self.blocks, self.code_layout.raw, bias, impl="native", out=out)
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks" and self.code_layout.tiles:
             from kernels.cpu_qgemm import amxgemm
 
             y = amxgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, bits=self.code_layout.bits,
-                        impl="native")
+                        impl="native", out=out)
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks" and self.code_layout.units:
             from kernels.cpu_qgemm import q8gemm
 
             y = q8gemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, bias, bits=self.code_layout.bits,
-                       impl="native")
+                       impl="native", out=out)
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         if self.format == "blocks":
             from kernels.cpu_qgemm import qgemm
@@ -100,7 +101,7 @@ class QuantTensor(WeightMatrix):
             lay = self.code_layout
             # native: a blocks matrix exists only where the library built; never the float64 reference at run time
             y = qgemm(x.reshape(-1, x.shape[-1]), self.codes, self.scales, getattr(self, "offsets", None), lay.bits,
-                      lay.group, max(lay.zero, 0), bias, lut=FP4_LUT if lay.lut else None, impl="native")
+                      lay.group, max(lay.zero, 0), bias, lut=FP4_LUT if lay.lut else None, impl="native", out=out)
             return y.to(out_dtype or torch.float32).reshape(*x.shape[:-1], self.shape[0])
         lead, xb = x.shape[:-1], x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.format == "int4":
