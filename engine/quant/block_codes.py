@@ -85,11 +85,6 @@ def tiled_superblocks(type_name: str, n: int) -> bool:
     return amx_ready()
 
 
-def tiled_raw(lay: CodeLayout) -> CodeLayout:
-    """A super-blocks layout as held in the AMX tiles' groups."""
-    return CodeLayout(lay.bits, lay.group, lay.zero, lay.raw, tiles=True)
-
-
 def layout(type_name: str) -> CodeLayout:
     if type_name in ("Q4_1", "Q4_K"):
         return CodeLayout(4, 32, -1)

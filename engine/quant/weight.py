@@ -19,6 +19,7 @@ they return the activations' dtype (or `out_dtype`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import numpy as np
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 
 from engine.quant.block_codes import (BLOCK, FP4_CODES, TILED, TILED_FIFTHS, CodeLayout, codes_layout, fp4_scales,
-                                      held_layout, superblock_rows, tiled_layout, tiled_raw, tiled_superblocks)
+                                      held_layout, superblock_rows, tiled_layout, tiled_superblocks)
 from engine.quant.gguf_blocks import FLOAT, FOUR_BIT, GROUP, Int4Groups
 from kernels.quant_linear import WORDS
 
@@ -450,12 +451,13 @@ def _tiled_superblocks(raw: np.ndarray, type_name: str, k: int) -> QuantTensor:
     """`superblocks` in the AMX tiles' groups (kernels/kquant_layout.tile_superblocks), a bounded slice of whole
     groups at a time."""
     from kernels.cpu_kgemm import tile
+
     n = raw.shape[0]
     held = torch.empty(raw.shape, dtype=torch.uint8)
     step = max(16, (32 << 20) // max(1, raw.shape[1]) // 16 * 16)
     for start in range(0, n, step):
         held[start:start + step] = tile(raw[start:start + step], type_name)
-    return QuantTensor("blocks", (n, k), type_name, tiled_raw(held_layout(type_name, k)), blocks=held)
+    return QuantTensor("blocks", (n, k), type_name, replace(held_layout(type_name, k), tiles=True), blocks=held)
 
 
 class BlockRows:

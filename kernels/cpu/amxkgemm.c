@@ -12,7 +12,7 @@
    w = d·sc_j·q − dmin·m_j. Activations are quantized per 32 as kgemm.c does (x ≈ d_j·a). Per sub-block, one tile
    multiply (signed activations × unsigned codes) gives its integer sums whole; then per row and 16 columns one
    conversion, one scale product and two FMAs (the sums times d·sc_j·d_j, the minimums times d_j·Σa), in sub-block
-   order. Up to 4 rows take AVX-512 VNNI over the same codes: the same integers, the same float steps, so a row's bits
+   order. Up to 8 rows take AVX-512 VNNI over the same codes: the same integers, the same float steps, so a row's bits
    depend on its own activations only (batched == alone). */
 #include <stdint.h>
 #include <stdlib.h>
