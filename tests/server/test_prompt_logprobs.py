@@ -127,7 +127,8 @@ def test_every_choice_of_an_end_of_turn_answer_keeps_its_entry(server, bridge, s
         choices = _ok(server, body)["choices"]
         lists, reasons = [c["logprobs"]["token_logprobs"] for c in choices], [c["finish_reason"] for c in choices]
     assert [len(lp) for lp in lists] == [len(ids) + 1] * 2 and reasons == ["stop"] * 2, lists
-    assert lists[0][-1] == lists[1][-1] < 0  # forced, and the same prompt: the same number
+    # forced, and the same prompt: the same number, up to the float order of the two choices' different steps
+    assert lists[1][-1] == pytest.approx(lists[0][-1], rel=1e-5) and lists[0][-1] < 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
