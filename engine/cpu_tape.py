@@ -11,13 +11,17 @@ Verify steps (drafted tokens, engine/speculative) are taped too: their rows atte
 
 Recording is checked, never assumed: the step runs under a dispatch mode that sees every torch op; any op that
 computes (rather than allocating or viewing) means the forward did work a replay would skip, and this model takes no
-tapes (its steps stay eager). Every tensor allocated while recording is kept by the tape, so no argument points at
-freed memory; a K/V storage that moved (regrown) or another thread count drops the tapes.
+tapes (its steps stay eager). The tensors the step allocated move into one arena all tapes share (a replay writes
+each before reading it), so no argument points at freed memory and every width up to MAX_ROWS stays taped; a K/V
+storage that moved (regrown) or another thread count drops the tapes.
 
 A replay makes exactly the calls of an eager step, in order, on the same rows: greedy output is bit-identical
 (tests/engine/test_cpu_tape.py), and batched == alone holds as it does eagerly.
 """
 from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -29,14 +33,10 @@ from engine.step import StepBatch
 from kernels import cpu_native
 
 MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, the products dwarf the Python)
-# rows the kept tapes hold together, the least recently replayed dropped first: each holds what its step allocated
-# (~0.9 MB a row on Gemma 3 270M); the logits (1 MB a row at its 262k vocabulary) go to one buffer all tapes share.
-# 48 rows with each tape's own logits held 8 sessions' widths but not their verify widths too (8, 12, 16 and the
-# decode widths as sessions end: 60), so every turn recorded them again (open chat, all drafting: 0.92x of off)
-MAX_TAPE_ROWS = 64
-# with this many sequences or more, a verify step's rows a multiple of it (its drafts trimmed): their widths 9..16 at
-# 8 sessions were each recorded again and again within MAX_TAPE_ROWS (open chat, all drafting: 11 recordings in 128
-# steps, 0.90x of off); as 8, 12, 16 they stay taped
+ALIGN = 64  # bytes: each of a tape's tensors starts on a cache line of the arena, as torch's own allocations do
+# with this many sequences or more, a verify step's rows a multiple of it (the longest drafts' last tokens trimmed,
+# the least likely kept). It kept 8 sessions' widths within the tapes' old bound; with every width taped, trimming
+# still measured no worse (8 sessions: code_edit 1.72x / 1.73x untrimmed, summarise 1.43x / 1.39x, open chat 0.96x / 0.95x)
 ROW_STEP = 4
 # ops that only allocate or view: a step whose recording runs nothing else has all of its work in the library
 _FREE_OPS = frozenset({
@@ -72,14 +72,63 @@ class _Watch(TorchDispatchMode):
         return out
 
 
-class _Tape:
-    """One row count's recorded step: its calls, the tensors they point into, and its fixed inputs."""
+@dataclass(frozen=True, slots=True)
+class _At:
+    """A recorded call's argument that pointed into a tensor its step allocated: that byte's offset in the arena."""
 
-    def __init__(self, calls: list[cpu_native.Call], keep: list[torch.Tensor], inputs: dict, logits: torch.Tensor,
-                 key: tuple, taps: tuple[torch.Tensor, ...] | None = None):
-        self.calls, self.keep, self.inputs, self.logits = calls, keep, inputs, logits
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Placed:
+    """A tensor the step allocated, as a view of the arena: where it starts (bytes), its dtype, shape and strides."""
+
+    offset: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+class _Arena:
+    """The memory of every tape's own tensors (activations, norms, scratch), laid end to end. Tapes replay one at a
+    time and a step's calls write each such tensor before they read it, so every tape shares the widest one's memory.
+    Each tape held its own before (~0.9 MB a row on Gemma 3 270M), which bounded the tapes kept: two sessions drafting
+    (widths 2 to 17) recorded their widths again and again (summarise's two-session tail: 17 of 47 steps, ~17 ms
+    each)."""
+
+    def __init__(self) -> None:
+        self.memory = torch.empty(0, dtype=torch.uint8)
+
+    def grow(self, nbytes: int) -> bool:
+        """Holds at least `nbytes`; whether it moved (the tapes bound to it bind again)."""
+        if nbytes <= self.memory.numel():
+            return False
+        self.memory = torch.empty(nbytes, dtype=torch.uint8)
+        return True
+
+    def view(self, placed: _Placed) -> torch.Tensor:
+        size = placed.dtype.itemsize
+        return torch.empty(0, dtype=placed.dtype).set_(self.memory.untyped_storage(), placed.offset // size,
+                                                       placed.shape, placed.stride)
+
+
+class _Tape:
+    """One row count's recorded step: its calls (pointers into the arena as offsets), fixed inputs and outputs."""
+
+    def __init__(self, plan: list[cpu_native.Call], size: int, inputs: dict, logits: torch.Tensor | _Placed,
+                 key: tuple, taps: tuple[torch.Tensor | _Placed, ...] | None, arena: _Arena):
+        self.plan, self.size, self.inputs = plan, size, inputs  # size: the arena bytes its tensors take
         self.key = key  # `_key` when recorded: the K/V storage's addresses and the thread count
-        self.taps = taps  # the model's tap outputs (CausalLM.last_taps): buffers the replayed calls write again
+        self._logits, self._taps = logits, taps
+        self.bind(arena)
+
+    def bind(self, arena: _Arena) -> None:
+        """The calls as made, and the outputs as tensors, at the arena's address."""
+        base = arena.memory.data_ptr()
+        self.calls = [(fn, tuple(base + a.offset if type(a) is _At else a for a in args)) for fn, args in self.plan]
+        self.logits = _placed(self._logits, arena)
+        # the model's tap outputs (CausalLM.last_taps): buffers the replayed calls write again
+        self.taps = None if self._taps is None else tuple(_placed(t, arena) for t in self._taps)
 
     def replay(self) -> torch.Tensor:
         for fn, args in self.calls:
@@ -93,7 +142,8 @@ class DecodeTapes:
 
     def __init__(self, model: CausalLM, cache: SequenceKVCache):
         self.model, self.cache = model, cache
-        self.tapes: dict[int, _Tape] = {}
+        self.tapes: dict[int, _Tape] = {}  # by row count: at most MAX_ROWS, all kept (their memory is the arena's)
+        self.arena = _Arena()
         self.refused: str | None = None  # why this model takes no tapes: the first computing op seen recording
         self.logits: torch.Tensor | None = None  # (MAX_ROWS, vocab): the tapes' logits, a step's valid until the next
 
@@ -128,12 +178,10 @@ class DecodeTapes:
         cache, model = self.cache, self.model
         cache.prepare_step()  # may regrow the storage: tapes recorded over the old one go
         t, key = len(batch.tokens), _key(cache) + (model.tap_layers,)
-        tape = self.tapes.pop(t, None)
+        tape = self.tapes.get(t)
         if tape is not None and tape.key != key:
             self.tapes.clear()
             tape = None
-        if tape is not None:
-            self.tapes[t] = tape  # the most recently used last
         h, _ = model.embed(batch.tokens)  # the first norm comes fused with it only on CUDA
         ropes = model.rope_inputs(batch.positions, h.dtype)
         if tape is not None:
@@ -156,10 +204,13 @@ class DecodeTapes:
             self.refused = watch.computed[0]
             self.tapes.clear()
             return logits
-        while self.tapes and sum(self.tapes) + t > MAX_TAPE_ROWS:  # keyed by row count: the keys sum the rows
-            self.tapes.pop(next(iter(self.tapes)))
         calls, keep, out = self._shared(calls, watch.allocated, logits)
-        self.tapes[t] = _Tape(calls, keep, inputs, out, _key(cache) + (model.tap_layers,), model.last_taps)
+        plan, size, (out, *taps) = _relocate(calls, keep, (out, *(model.last_taps or ())))
+        if self.arena.grow(size):
+            for tape in self.tapes.values():
+                tape.bind(self.arena)
+        self.tapes[t] = _Tape(plan, size, inputs, out, _key(cache) + (model.tap_layers,),
+                              None if model.last_taps is None else tuple(taps), self.arena)
         return logits
 
     def _shared(self, calls: list[cpu_native.Call], keep: list[torch.Tensor],
@@ -177,6 +228,42 @@ class DecodeTapes:
         shared = self.logits.data_ptr()
         calls = [(fn, tuple(shared if isinstance(a, int) and a == start else a for a in args)) for fn, args in calls]
         return calls, [k for k in keep if k.data_ptr() != start], self.logits[:logits.shape[0]]
+
+
+def _relocate(calls: list[cpu_native.Call], allocated: list[torch.Tensor], outputs: tuple[torch.Tensor, ...]
+              ) -> tuple[list[cpu_native.Call], int, list[torch.Tensor | _Placed]]:
+    """The recorded step moved into an arena that lays the tensors it allocated end to end: the calls with each
+    pointer into one of them as an `_At`, the arena's bytes they need, and `outputs` as `_Placed` where they live
+    there (else as they are: the shared logits)."""
+    regions: dict[int, tuple[int, int]] = {}  # a storage's address -> (its offset in the arena, its bytes)
+    size = 0
+    for tensor in allocated:
+        storage = tensor.untyped_storage()
+        start, nbytes = storage.data_ptr(), storage.nbytes()
+        if nbytes and start not in regions:
+            regions[start] = (size, nbytes)
+            size += -(-nbytes // ALIGN) * ALIGN
+    starts = sorted(regions)
+
+    def moved(a):
+        if type(a) is not int:  # pointers are ints (`data_ptr()`); bools, floats, None and ctypes arrays stay
+            return a
+        i = bisect_right(starts, a) - 1
+        if i < 0 or a >= starts[i] + regions[starts[i]][1]:
+            return a
+        return _At(regions[starts[i]][0] + a - starts[i])
+
+    plan = [(fn, tuple(moved(a) for a in args)) for fn, args in calls]
+    placed = []
+    for tensor in outputs:
+        region = regions.get(tensor.untyped_storage().data_ptr())
+        placed.append(tensor if region is None else _Placed(region[0] + tensor.storage_offset() * tensor.element_size(),
+                                                            tensor.dtype, tuple(tensor.shape), tuple(tensor.stride())))
+    return plan, size, placed
+
+
+def _placed(tensor: torch.Tensor | _Placed, arena: _Arena) -> torch.Tensor:
+    return arena.view(tensor) if isinstance(tensor, _Placed) else tensor
 
 
 def _key(cache: SequenceKVCache) -> tuple:

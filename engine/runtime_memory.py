@@ -6,7 +6,7 @@ from __future__ import annotations
 from engine.backend import resolve_backend
 from engine.cache import first_cache_bytes
 from engine.cache.growth import GROWTH_MARGIN
-from engine.cpu_tape import MAX_ROWS, MAX_TAPE_ROWS
+from engine.cpu_tape import MAX_ROWS
 from engine.loading.loader import LoadOptions
 from engine.models.args import ModelArgs
 from engine.speculative import TILE_SEQUENCES
@@ -35,11 +35,9 @@ def runtime_parts(config: EngineConfig, args: ModelArgs, options: LoadOptions) -
 
 
 def tape_rows(config: EngineConfig) -> int:
-    """Rows the kept tapes may hold (engine/cpu_tape.py): every decode width up to the sessions, and with drafting
-    its verify widths too, within the tapes' bound."""
-    decode = min(config.max_sessions, MAX_ROWS)
-    widths = decode * (decode + 1) // 2
-    return MAX_TAPE_ROWS if config.speculative != "off" else min(MAX_TAPE_ROWS, widths)
+    """Rows of the widest tape (engine/cpu_tape.py), whose memory all tapes share: a decode step of every session, and
+    with drafting a verify step of MAX_ROWS."""
+    return MAX_ROWS if config.speculative != "off" else min(config.max_sessions, MAX_ROWS)
 
 
 def layer_row_floats(args: ModelArgs) -> int:
@@ -52,8 +50,8 @@ def layer_row_floats(args: ModelArgs) -> int:
 
 
 def tape_row_bytes(args: ModelArgs) -> int:
-    """A taped row: every tensor its step allocated (a tape keeps them all) but its logits, which go to one buffer of
-    MAX_ROWS rows all tapes share. With the logits, measured 1.96 MB a row on Gemma 3 270M (formula 1.93), 3.4 MB on a
+    """A taped row: every tensor its step allocated (in the arena all tapes share) but its logits, which go to one
+    buffer of MAX_ROWS rows all tapes share. With the logits, measured 1.96 MB a row on Gemma 3 270M (formula 1.93), 3.4 MB on a
     Llama-1B shape (3.2)."""
     return FLOAT * args.num_layers * layer_row_floats(args)
 
