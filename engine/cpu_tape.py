@@ -92,7 +92,7 @@ class _Placed:
 class _Arena:
     """The memory of every tape's own tensors (activations, norms, scratch), laid end to end. Tapes replay one at a
     time and a step's calls write each such tensor before they read it, so every tape shares the widest one's memory.
-    Each tape held its own before (~0.9 MB a row on Gemma 3 270M), which bounded the tapes kept: two sessions drafting
+    Each tape held its own before (0.98 MB a row on Gemma 3 270M), which bounded the tapes kept: two sessions drafting
     (widths 2 to 17) recorded their widths again and again (summarise's two-session tail: 17 of 47 steps, ~17 ms
     each)."""
 
