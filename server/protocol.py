@@ -153,8 +153,10 @@ def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     data, prompt_only = echo_only(data, echo)
     req = _common(data, context_limit, raw=True)
     req.prompts, req.echo, req.prompt_only = tuple(prompts), echo, prompt_only
-    if req.echo and req.params.logprobs is not None:  # the prompt's own, before the answer's
-        req.params = dataclasses.replace(req.params, prompt_logprobs=req.params.logprobs)
+    scored = req.echo and req.params.logprobs is not None  # the prompt's own, before the answer's
+    # echo set here, not left to SamplingParams' default from prompt_logprobs: choices past the first drop those
+    # (choice_params) and must still list an end-of-turn token as the first does
+    req.params = dataclasses.replace(req.params, prompt_logprobs=req.params.logprobs if scored else None, echo=scored)
     req.best_of = _best_of(data, req)
     req.suffix = _typed(data, "suffix", str, "")
     if req.suffix and any(isinstance(p, tuple) for p in prompts):  # the markers go around text, then it is tokenised

@@ -131,6 +131,27 @@ def test_every_choice_of_an_end_of_turn_answer_keeps_its_entry(server, bridge, s
     assert lists[1][-1] == pytest.approx(lists[0][-1], rel=1e-5) and lists[0][-1] < 0
 
 
+@pytest.mark.parametrize("echo", [True, False])
+def test_every_choice_carries_the_requests_echo(echo):
+    """Choices past the first drop prompt_logprobs (the first scores the prompt for all): their echo is the request's,
+    set by parse_completion rather than left to SamplingParams deriving it from prompt_logprobs."""
+    from server.protocol import parse_completion
+
+    req = parse_completion({"prompt": "x", "n": 3, "logprobs": 1, "echo": echo}, 256)
+    assert [req.choice_params(i).echo for i in range(3)] == [echo] * 3
+    assert [req.choice_params(i).prompt_logprobs for i in range(3)] == [1 if echo else None, None, None]
+
+
+def test_without_echo_no_choice_lists_its_end_of_turn_token(server, bridge):
+    """OpenAI lists no entry for the end-of-turn token an answer ends with: n choices without echo, each answer that
+    token alone (forced by a bias), have none."""
+    stop = next(iter(bridge.models[0].tokenizer.stop_ids))
+    body = BODY | {"prompt": _ids(bridge, "The end."), "echo": False, "max_tokens": 1, "logprobs": 1,
+                   "logit_bias": {str(stop): 100}, "n": 2}
+    choices = _ok(server, body)["choices"]
+    assert [c["logprobs"]["tokens"] for c in choices] == [[], []] and [c["finish_reason"] for c in choices] == ["stop"] * 2
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_text_prompts_offsets_count_in_the_text_sent(bos_server, stream):
     """The BOS put before a text prompt is listed but is no text of the echo: the first token sent is at offset 0 and
