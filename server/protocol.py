@@ -162,6 +162,10 @@ def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     if req.suffix and any(isinstance(p, tuple) for p in prompts):  # the markers go around text, then it is tokenised
         raise APIError(400, "'suffix' needs a text prompt: the model's fill-in-the-middle markers are placed around the "
                             "text before and after the hole, and token ids give no text to place them around.", "suffix")
+    if req.suffix and scored:  # the tokens scored are the document's: markers and suffix around the prompt
+        raise APIError(400, "'echo' with 'logprobs' cannot score a 'suffix' request's prompt: the model reads it inside "
+                            "its fill-in-the-middle document (the markers and the suffix around it), not as sent. Send "
+                            "'echo' or 'logprobs' alone.", "echo")
     check_answers(len(prompts), req.made)
     return req
 

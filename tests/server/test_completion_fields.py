@@ -109,6 +109,20 @@ def test_suffix_fills_the_middle_as_a_prompt_with_the_markers_does(fim_server):
     assert echoed.startswith(body["prompt"]) and "<|fim" not in echoed
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_suffix_with_a_scored_echo_is_a_400(fim_server, stream):
+    """The prompt scored is the fill-in-the-middle document: its entries listed the markers and the suffix, with
+    offsets past the echoed text (29 entries for 'def area(r):\n    return ' and 3 answer tokens). Refused, as
+    neither OpenAI's echo nor its offsets can say where the suffix went; echo or logprobs alone still answer."""
+    body = {"model": "coder", "prompt": "def area(r):\n    return ", "suffix": "\n\nprint(area(2))", "max_tokens": 3,
+            "temperature": 0, "stream": stream}
+    r = _post(fim_server, body | {"echo": True, "logprobs": 1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    assert "fill-in-the-middle" in r.json()["error"]["message"]
+    assert _post(fim_server, body | {"echo": True}).status_code == 200
+    assert _post(fim_server, body | {"logprobs": 1}).status_code == 200
+
+
 def test_a_suffix_fills_each_of_several_prompts(fim_server):
     """The suffix goes after every prompt of an array: each filled as it would be alone, prompt by prompt."""
     body = {"model": "coder", "max_tokens": 10, "temperature": 0, "suffix": "\n\nprint(area(2))"}
