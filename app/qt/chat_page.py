@@ -93,6 +93,7 @@ class ChatPage(QWidget):
         service.conversations_changed.connect(self._on_titles)
         service.settings_changed.connect(self._on_settings)  # set elsewhere (a window's dialog, a model removed)
         models.changed.connect(self._on_models_changed)  # bound: it stops with the page, a lambda would not
+        models.own_name_known.connect(self._on_models_changed)  # an answer's model named as listed from now on
 
     def comfortable_width(self) -> int:
         """The width at which the title has its least room beside a whole model picker: a window's side panel gives

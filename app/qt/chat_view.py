@@ -326,6 +326,7 @@ class ChatView(QListView):
         # names read as listed once its own name is known)
         service.settings_changed.connect(self._on_settings)
         service.models.loaded.connect(self._on_names)
+        service.models.own_name_known.connect(self._on_names)  # or a model's own name read from its file
         self._resized = QTimer(self, singleShot=True, interval=RESIZE_SETTLE_MS)
         self._resized.timeout.connect(self._resize_settled)
 

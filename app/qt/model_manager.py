@@ -16,7 +16,8 @@ from app.qt.background import Background
 from app.qt.bridge import EngineBridge
 from app.qt.gui_collector import ModelFreezer
 from engine.loading.default_model import DEFAULT_NAME, FILE_NAME, default_model_path, resolve_model
-from engine.loading.gguf_split import model_files
+from engine.loading.gguf_header import scan_header
+from engine.loading.gguf_split import model_files, model_name
 from engine.loading.template_probe import template_thinking_switch
 
 
@@ -48,6 +49,7 @@ class ModelManager(QObject):
     already_there = Signal(str, str)  # path, key: an identical copy of a model the registry has
     refused = Signal(str, str)  # path, why: an import whose check found it is not a model Parley runs
     thinking_known = Signal(str)  # a model key whose template's thinking switch was read off the GUI thread
+    own_name_known = Signal(str)  # a model key whose file's own name was read off the GUI thread (not loaded)
     context_known = Signal(str)  # a model key whose own context length was read off the GUI thread
     _resolved = Signal(str, str)  # key, path: the embedded file is assembled off the GUI thread
     _context_read = Signal(str, int, int)  # key, model id, its own context length: read off the GUI thread
@@ -62,6 +64,7 @@ class ModelManager(QObject):
         self._dropped: set[int] = set()  # loads given up (their model went off the list): freed when they arrive
         self._files: dict[str, str] = {}  # key -> the file or folder it loads (the embedded one once assembled)
         self._own_names: dict[str, str] = {}  # key -> its file's own name, kept after an unload (for listed())
+        self._naming: set[str] = set()  # keys whose own name was asked of their file (once: a file gone stays unknown)
         self.draft_key = ""  # the model that drafts for models loaded from now on (speculative decoding)
         self._switches: dict[tuple, bool | None] = {}  # (file, its size and time) -> its template's thinking switch
         self._probing: set[tuple] = set()  # file versions whose template is being read
@@ -84,14 +87,35 @@ class ModelManager(QObject):
     def listed(self, saved: str, prefer: str | None = None) -> str:
         """The name a model is listed under for `saved`, the name an answer was saved under: answers saved by older
         versions carry the file's own name ('qwen3' for 'qwen3-f32.gguf'). Known for models loaded since the start
-        (`prefer`, the chat's model, first where two files share a name); `saved` as it is otherwise."""
+        (`prefer`, the chat's model, first where two files share a name), and read from the files of the others off
+        the GUI thread (`own_name_known` once each is); `saved` as it is otherwise."""
         entries = self.registry.entries()
         if not saved or any(e.name == saved for e in entries):
             return saved
         if prefer is not None and self._own_names.get(prefer) == saved and (entry := self.registry.get(prefer)):
             return entry.name
         owners = [e for e in entries if self._own_names.get(e.key) == saved]
+        if not owners:
+            self._read_own_names(entries)
         return owners[0].name if len(owners) == 1 else saved
+
+    def _read_own_names(self, entries: list[ModelEntry]) -> None:
+        """The own names of listed models not loaded since the start, from their files' headers (not their weights)."""
+        for entry in entries:
+            if entry.key in self._own_names or entry.key in self._naming:
+                continue
+            path = self._listed_files().get(entry.key)
+            if entry.kind == "embedded" and entry.path != DEFAULT_NAME:
+                path = entry.path  # a default model given by its path (--model, the tests)
+            if path is None:  # the embedded file not assembled yet: no answer of it was saved here
+                continue
+            self._naming.add(entry.key)
+            self.background.run(partial(own_name, path), partial(self._named, entry.key))
+
+    def _named(self, key: str, name: str | None, error: Exception | None) -> None:
+        if error is None and name and key not in self._own_names:  # a load's word came first: it stands
+            self._own_names[key] = name
+            self.own_name_known.emit(key)
 
     def file_of(self, key: str) -> str | None:
         """The file or folder a model loads from (the embedded one's once it is assembled)."""
@@ -325,6 +349,15 @@ class ModelManager(QObject):
             return
         self.changed.emit(key)
         self.failed.emit(key, message)
+
+
+def own_name(path: str) -> str:
+    """Worker thread: the name a model's load gives it (engine/loading/loader.py): a folder's name, a GGUF file's
+    general.name, else its file's name."""
+    p = Path(path)
+    if p.is_dir():
+        return p.name
+    return str(scan_header(p).scalars.get("general.name") or "") or model_name(p)
 
 
 def _check_import(path: str, listed: dict[str, str]) -> list[str]:

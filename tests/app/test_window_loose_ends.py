@@ -258,3 +258,20 @@ def test_answers_saved_under_a_file_s_own_name_are_headed_as_listed(parley, qtbo
     assert _writer(w.chat.view, answer) == "a model gone since"
     parley.store.update_message(answer.id, model="")  # a file that saved none
     assert _writer(w.chat.view, answer) == "Assistant"
+
+
+def test_answers_of_a_model_not_loaded_since_the_start_are_headed_as_listed(parley, qtbot, tiny_models):
+    """An older answer saved under its file's own name ('llama') by a model listed but not loaded since the start was
+    headed so, where a loaded model's read as listed ('llama-f32'): the own name is read from the file's header."""
+    from app.core.model_registry import ModelEntry
+
+    path = str(tiny_models["llama"].gguf_path)
+    parley.models.registry.add(ModelEntry(path, "llama-f32", path, "gguf"))  # listed, never loaded
+    w, conv = parley.window, parley.window.current()
+    _say(parley, qtbot, conv, "hello")
+    answer = parley.store.path(conv)[-1]
+    parley.store.update_message(answer.id, model="llama")  # as an older version saved the llama's answer
+    w.chat.open(conv)
+    qtbot.waitUntil(lambda: w.chat.status.text.full_text().startswith("llama-f32  · "), timeout=10_000)
+    assert _writer(w.chat.view, answer) == "llama-f32"
+    assert parley.models.state(path) is None  # its weights were not loaded for the name
