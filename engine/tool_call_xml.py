@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 
 from engine.errors import ParleyError
 from engine.tokenizer.detokenizer import partial_suffix
-from engine.tool_formats import NAME, Bad, Reader, block_section, skip
+from engine.tool_formats import NAME, Bad, Reader, Section, block_section, skip
 
 FUNCTION, PARAMETER = "<function=", "<parameter="
 FUNCTION_END, PARAMETER_END = "</function>", "</parameter>"
@@ -32,6 +32,7 @@ class Resume:
     start: int = -1  # -1: nothing read
     end: int = 0
     pairs: str = ""  # the whole arguments' `"key": value` JSON, joined by ", "
+    quiet: bool = False  # the last read ended inside a value that is not text (Section.quiet)
 
     def at(self, text: str, start: int) -> Resume:
         """Itself where `text` grew from the text it read and the arguments begin at `start`; else reset there."""
@@ -43,12 +44,26 @@ class Resume:
 
 def xml_reader() -> Reader:
     """A reader of Qwen XML calls for one stream: each read resumes after the arguments read whole (`Resume`)."""
-    return block_section(partial(xml_call, resume=Resume()))
+    return _resumed(xml_call)
 
 
 def glm_reader() -> Reader:
     """A reader of GLM calls for one stream: each read resumes after the arguments read whole (`Resume`)."""
-    return block_section(partial(glm_call, resume=Resume()))
+    return _resumed(glm_call)
+
+
+def _resumed(call: Callable[..., tuple[tuple[str, str] | None, int | None]]) -> Reader:
+    """A block reader of `call` with one `Resume` for the stream, its sections marked `quiet` where they end inside a
+    value that is not text."""
+    resume = Resume()
+    read = block_section(partial(call, resume=resume))
+
+    def reader(text: str, names: Mapping[str, dict]) -> Section:
+        resume.quiet = False  # a read that stops before the arguments (a new call's name) leaves it unset
+        section = read(text, names)
+        section.quiet = resume.quiet and section.end is None and section.bad is None
+        return section
+    return reader
 
 
 def xml_call(text: str, i: int, tools: Mapping[str, dict],
@@ -93,7 +108,8 @@ def _arguments_at(text: str, j: int, name: str, tools: Mapping[str, dict], tags:
             return (name, "{" + read.pairs + "}"), j
         pair, end = one(text, j, schema_of)
         if end is None:
-            return (name, "{" + _joined(read.pairs, pair)), None
+            read.quiet = pair is None
+            return (name, "{" + _joined(read.pairs, pair or "")), None
         if end < 0:
             return (name, "{" + read.pairs + "}"), j
         read.pairs, read.end = _joined(read.pairs, pair), end
@@ -104,9 +120,10 @@ def _joined(pairs: str, pair: str) -> str:
     return f"{pairs}, {pair}" if pairs and pair else pairs or pair
 
 
-def _parameter(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str, int | None]:
+def _parameter(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str | None, int | None]:
     """A parameter's `"key": value` JSON, and the index after its closing tag; while it goes on, what of it is
-    certain (a string's characters so far, not a tail that may begin its closing tag) and None."""
+    certain (a string's characters so far, not a tail that may begin its closing tag; None inside a value that is not
+    text: nothing until it ends) and None."""
     close = text.find(">", j)
     if close < 0 or close + 1 >= len(text):  # the key, or whether a newline opens the value, still to come
         return "", None
@@ -117,7 +134,7 @@ def _parameter(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str
     if end < 0:
         value = text[start:]
         value = value[:len(value) - partial_suffix(value, (_VALUE_END, PARAMETER_END))]
-        return (f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)[:-1]}" if is_text else ""), None
+        return (f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)[:-1]}" if is_text else None), None
     value = text[start:end] if end >= start else ""
     value = value[:-1] if value.endswith("\n") else value
     return f"{json.dumps(key)}: {_typed(value, is_text)}", end + len(PARAMETER_END)
@@ -159,9 +176,10 @@ def glm_call(text: str, i: int, tools: Mapping[str, dict],
     return _arguments_at(text, j, found.group(), tools, (KEY, CALL_END), _glm_pair, resume)
 
 
-def _glm_pair(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str, int | None]:
+def _glm_pair(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str | None, int | None]:
     """The argument at text[j] == `<arg_key>`: its `"key": value` JSON and the index after `</arg_value>`; while it goes
-    on, what of it is certain (a string's characters so far) and None; -1 where it is no argument."""
+    on, what of it is certain (a string's characters so far; None inside a value that is not text) and None; -1 where
+    it is no argument."""
     key_end = text.find(KEY_END, j)
     at = skip(text, key_end + len(KEY_END)) if key_end >= 0 else len(text)
     if at >= len(text) or not text.startswith(VALUE, at) and VALUE.startswith(text[at:]):
@@ -174,7 +192,7 @@ def _glm_pair(text: str, j: int, schema_of: Callable[[str], dict]) -> tuple[str,
     if end < 0:
         value = text[start:]
         value = value[:len(value) - partial_suffix(value, (VALUE_END,))]
-        return (f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)[:-1]}" if is_text else ""), None
+        return (f"{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)[:-1]}" if is_text else None), None
     return f"{json.dumps(key)}: {_typed(text[start:end], is_text)}", end + len(VALUE_END)
 
 

@@ -343,17 +343,17 @@ class CallStream:
 
     def _open_string(self, section: Section) -> OpenString | None:
         """The string the section's text ends in, inside its last call's arguments (all sent), with nothing held back
-        that may begin a closing tag; or, where the arguments are the model's JSON, their open object; None where
-        there is none."""
+        that may begin a closing tag (or a value that is not text, of which nothing goes out before its tag); or, where
+        the arguments are the model's JSON, their open object; None where there is none."""
         index = self._base + len(section.calls) - 1
         if section.end is not None or section.bad is not None or not section.calls or index >= len(self._tails):
             return None
         tail = self._tails[index]
         if not self.form.closers:
             return OpenString(index, tail, ()) if tail.depth > 0 else None
-        if not tail.in_string or partial_suffix(self._section, self.form.closers):
+        if not (tail.in_string or section.quiet) or partial_suffix(self._section, self.form.closers):
             return None
-        return OpenString(index, tail, self.form.closers)
+        return OpenString(index, tail, self.form.closers, quiet=section.quiet)
 
     def _not_calls(self, text: str, at: int, out: list) -> None:
         """`text` (from `at` in the section) is content: an answer that did not begin with its calls is plain text;

@@ -40,6 +40,8 @@ class Section:
     end: int | None = None  # where the calls ended: the text after is content again
     bad: int | None = None  # where the text stopped being calls (0: none of it is)
     done: int = 0  # the calls whose text has ended (nothing after them can change them)
+    # the text ends inside an argument's value that is not text (Qwen XML, GLM): it goes out whole at its closing tag
+    quiet: bool = False
 
 
 Reader = Callable[[str, Mapping[str, dict]], Section]  # names: each tool's parameters schema

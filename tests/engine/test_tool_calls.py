@@ -500,19 +500,20 @@ def _counted_reads(monkeypatch, fmt: str) -> list[str]:
     return reads
 
 
-def _streamed_in(fmt: str, answer: str, size: int) -> tuple[str, list[ToolCall]]:
-    stream = CallStream(fmt, WRITE)
+def _streamed_in(fmt: str, answer: str, size: int, names: dict = WRITE) -> tuple[str, list[ToolCall]]:
+    stream = CallStream(fmt, names)
     return joined([p for i in range(0, len(answer), size) for p in stream.feed(answer[i:i + size])] + stream.finish())
 
 
-def _cut_anywhere_reads_as_whole(fmt: str, answer: str, step: int, samples: int, seed: int) -> None:
+def _cut_anywhere_reads_as_whole(fmt: str, answer: str, step: int, samples: int, seed: int,
+                                 names: dict = WRITE) -> None:
     """Cut every `step` characters, split at `samples` random places, the pieces join to what the cut reads whole."""
     rng = random.Random(seed)
     for cut in range(1, len(answer) + 1, step):
-        text, stream = answer[:cut], CallStream(fmt, WRITE)
+        text, stream = answer[:cut], CallStream(fmt, names)
         bounds = sorted({0, cut, *rng.sample(range(cut + 1), min(cut + 1, samples))})
         pieces = [p for a, b in zip(bounds, bounds[1:]) for p in stream.feed(text[a:b])] + stream.finish()
-        assert joined(pieces) == parse_calls(fmt, text, WRITE), cut
+        assert joined(pieces) == parse_calls(fmt, text, names), cut
 
 
 @pytest.mark.parametrize("fmt,answer", LONG_CALLS)
@@ -529,6 +530,29 @@ def test_a_long_string_argument_streams_as_it_reads_whole_and_is_not_read_again_
         assert _streamed_in(fmt, answer, size) == want, size
         assert len(reads) < len(answer) / size / 4, (size, len(reads))
     _cut_anywhere_reads_as_whole(fmt, answer, 5, 12, 3)
+
+
+EDITS = [{"at": k, "s": "a < b\n</para"} for k in range(30)]  # what may end a value, inside one
+EDIT = {"edit": {"type": "object", "properties": {"edits": {"type": "array"}}}}
+LONG_VALUES = [  # a call whose one argument is a long value that is not text, in the forms of text values
+    ("qwen_xml", "<tool_call>\n<function=edit>\n<parameter=edits>\n" + json.dumps(EDITS) + "\n</parameter>\n"
+                 "</function>\n</tool_call>"),
+    ("glm", "<tool_call>edit\n<arg_key>edits</arg_key>\n<arg_value>" + json.dumps(EDITS) + "</arg_value>\n</tool_call>"),
+]
+
+
+@pytest.mark.parametrize("fmt,answer", LONG_VALUES)
+def test_a_long_value_that_is_not_text_is_read_once_it_ends_not_at_each_piece(fmt, answer, monkeypatch):
+    """Nothing of a value that is not text goes out before its closing tag, yet the call was read again at every piece
+    inside it: ~29 µs a piece at 1k pieces, ~53 µs at 10k (quadratic). A piece that holds no closing tag now only
+    lengthens it; wherever the pieces split (a closing tag's start cut in two), they join to the whole answer's call."""
+    reads = _counted_reads(monkeypatch, fmt)
+    want = ("", [ToolCall("edit", json.dumps({"edits": EDITS}))])
+    for size in (1, 3, 4, 7):
+        reads.clear()
+        assert _streamed_in(fmt, answer, size, EDIT) == want, size
+        assert len(reads) < len(answer) / size / 4, (size, len(reads))
+    _cut_anywhere_reads_as_whole(fmt, answer, 11, 12, 3, EDIT)
 
 
 MANY = {f"a{k}": [f"v{k}", {"n": k, "s": "}]\\\"{"}] if k % 7 == 0 else f"v{k}" for k in range(120)}
