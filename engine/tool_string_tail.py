@@ -10,10 +10,9 @@ tag adds nothing (an array written over 10k pieces was read whole at each: ~53 �
 """
 from __future__ import annotations
 
-import json
 import re
-
-from engine.tokenizer.detokenizer import partial_suffix
+from functools import lru_cache
+from json.encoder import encode_basestring  # json.dumps(text, ensure_ascii=False)'s own, without its Python layers
 
 _QUOTE_OR_ESCAPE = re.compile(r'["\\]')
 _STRUCTURE = re.compile(r'["{}\[\]]')  # outside a string: what opens one or nests a value (as tool_formats' value_end)
@@ -81,16 +80,25 @@ class OpenString:
             held = self._held + piece
             if any(c in held for c in self._closers):
                 return None
-            keep = partial_suffix(held, self._closers) if _may_begin(held, self._closers) else 0
+            begun = _closer_starts(self._closers).search(held, max(0, len(held) - _longest(self._closers)))
+            keep = len(held) - begun.start() if begun else 0
             self._held = held[len(held) - keep:]
             if self._quiet:
                 return ""
-            added = json.dumps(held[:len(held) - keep], ensure_ascii=False)[1:-1]  # escaped character by character
+            # escaped character by character: the string stays open, unescaped, so the tail's state stays as it is
+            return encode_basestring(held[:len(held) - keep])[1:-1]
         self._tail.update(added)
         return added
 
 
-def _may_begin(text: str, closers: tuple[str, ...]) -> bool:
-    """Whether the end of `text` may begin a closer: it holds a closer's first character (partial_suffix costs ~5 µs)."""
-    tail = text[-max(map(len, closers)):]
-    return any(c[0] in tail for c in closers)
+@lru_cache(maxsize=8)
+def _closer_starts(closers: tuple[str, ...]) -> re.Pattern:
+    """What may begin one of `closers` at a text's end, found leftmost (the longest): one search, where partial_suffix's
+    loop over the lengths cost ~4 µs a piece."""
+    prefixes = sorted({c[:n] for c in closers for n in range(1, len(c))}, key=len, reverse=True)
+    return re.compile("(?:" + "|".join(map(re.escape, prefixes)) + r")\Z")
+
+
+@lru_cache(maxsize=8)
+def _longest(closers: tuple[str, ...]) -> int:
+    return max(map(len, closers))
