@@ -117,7 +117,11 @@ def build_byte_level_bpe(vocab: GGUFVocab) -> Backend:
     ids: dict[str, int] = {}
     for i, token in enumerate(vocab.tokens):
         ids.setdefault(token, i)
-    backend = Backend(BPE(vocab=ids, merges=_split_merges(vocab.merges), ignore_merges=style.ignore_merges))
+    try:
+        model = BPE(vocab=ids, merges=_split_merges(vocab.merges), ignore_merges=style.ignore_merges)
+    except Exception as exc:  # tokenizers raises a bare Exception: a merge of pieces the vocabulary lacks
+        raise TokenizerError(f"The model's byte-level BPE tokenizer cannot be built: {exc}.") from None
+    backend = Backend(model)
     if style.nfc:
         backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = _pre_tokenizer(style)
