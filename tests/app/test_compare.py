@@ -215,3 +215,29 @@ def test_column_labels_name_what_differs_and_what_matters():
     assert differences([greedy, drawn, ChatSettings(temperature=0.8)]) == [["T 0"], ["T 0.8", "top-p 0.5", "seed 7"],
                                                                            ["T 0.8", "top-p 0.95", "seed random"]]
     assert ChatSettings().sampling().repeat_last_n == 64
+
+
+def test_stop_stops_what_the_page_shows_and_lets_the_other_page_answer(parley, qtbot):
+    """Ctrl+. on the chat page stops the chat on screen, the comparison's columns answering out of sight go on; on
+    the compare page it stops every column (and what waits for them), the chat out of sight goes on."""
+    w, s = parley.window, parley.service
+    view = _columns(parley, 2)
+    chat = w.chat.conv_id
+    columns = [c.conv_id for c in view.columns]
+    for conv in (chat, *columns):
+        s.set_settings(conv, parley.store.get(conv).settings.copy(temperature=0.0, max_tokens=8))
+    w.activateWindow()
+    for page, stopped, going in (("chat", [chat], columns), ("compare", columns, [chat])):
+        hold_engine(parley, 1.0)  # every turn is live when the key is pressed
+        assert view.send("go on and on")
+        w.open_chat(chat)
+        assert w.chat.send("and on")
+        if page == "compare":
+            w.show_compare()
+        focus = w.chat.composer.edit if page == "chat" else view.columns[1].view
+        focus.setFocus()
+        qtbot.waitUntil(focus.hasFocus)
+        qtbot.keyClick(focus, Qt.Key.Key_Period, Qt.KeyboardModifier.ControlModifier)
+        wait_idle(parley, qtbot, chat, *columns)
+        assert [parley.store.path(c)[-1].state for c in stopped] == ["stopped"] * len(stopped), page
+        assert "stopped" not in [parley.store.path(c)[-1].state for c in going], page
