@@ -63,17 +63,28 @@ def _read(source: PromptFile) -> str:
     """The file's text without its final line break (as `echo` and editors end a file): the prompt's own ends."""
     try:
         if source.path == STDIN:
-            text = sys.stdin.read().removeprefix("\ufeff")
+            text = _strict(sys.stdin.read()).removeprefix("\ufeff")
         else:
             text = _decoded(Path(source.path).read_bytes())
     except FileNotFoundError:
         raise ParleyError(f"No such prompt file: {source.path}") from None
     except UnicodeDecodeError as exc:
-        raise ParleyError(f"The prompt file {_name(source)} is not {exc.encoding.upper().removesuffix('-SIG')} text "
-                          f"(byte {exc.start:,}): save it as UTF-8.") from None
+        what = "The prompt on stdin" if source.path == STDIN else f"The prompt file {source.path}"
+        raise ParleyError(f"{what} is not {exc.encoding.upper().removesuffix('-SIG')} text (byte {exc.start:,}): save "
+                          "it as UTF-8.") from None
     except OSError as exc:
         raise ParleyError(f"Could not read the prompt file {_name(source)}: {exc.strerror or exc}.") from None
     return text.removesuffix("\n").removesuffix("\r")
+
+
+def _strict(text: str) -> str:
+    """Stdin's text, where bytes it could not decode (kept as surrogate escapes: cli/main.py) are refused as a file's
+    are, not replaced with U+FFFD (cli.terminal.typed) behind the user's back; valid UTF-8 an ASCII locale escaped
+    reads as it is."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate that stands for no byte: typed() keeps it as it came
+        return text
 
 
 def _decoded(data: bytes) -> str:

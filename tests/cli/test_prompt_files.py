@@ -39,3 +39,18 @@ def test_a_file_without_a_mark_is_still_read_as_utf8_only(tmp_path):
     path.write_bytes(TEXT.encode("utf-16-le"))  # no mark: nothing says so, and it is not guessed
     with pytest.raises(ParleyError, match=r"is not UTF-8 text \(byte 2\): save it as UTF-8\.$"):
         _read(str(path))
+
+
+@pytest.mark.parametrize("given", [[PromptFile(STDIN)], []])  # --prompt-file -, and a piped stdin
+def test_a_stdin_that_is_not_utf8_is_refused_as_a_file_is(monkeypatch, given):
+    """A file's stray byte was refused, stdin's went to the model as U+FFFD (`cat latin1.txt | parley generate`)."""
+    stdin = io.TextIOWrapper(io.BytesIO("Résumé \xff".encode("latin-1")), encoding="utf-8", errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", stdin)  # as cli/main.py reconfigures it
+    with pytest.raises(ParleyError, match=r"^The prompt on stdin is not UTF-8 text \(byte 1\): save it as UTF-8\.$"):
+        read_prompts(argparse.Namespace(prompts=given))
+
+
+def test_utf8_on_stdin_under_an_ascii_locale_reads_as_it_is(monkeypatch):
+    stdin = io.TextIOWrapper(io.BytesIO(TEXT.encode()), encoding="ascii", errors="surrogateescape")
+    monkeypatch.setattr("sys.stdin", stdin)
+    assert _read(STDIN) == TEXT
