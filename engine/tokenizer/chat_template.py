@@ -1,33 +1,13 @@
 """Chat templates: Jinja sources rendered in a sandbox, plus the built-in Gemma and plain formats."""
 from __future__ import annotations
 
-import functools
-import json
-import math
-import re
-import time
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import jinja2
 import jinja2.ext
-from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
-from jinja2.utils import Namespace
 
 from engine.errors import TemplateError
-
-# A template comes with the model file: it must not hang or exhaust memory however it is written
-# (nested range(100000), 'a' * 4000000000, 9 ** 99999999). Every render gets a budget of time, loop items
-# and text; operators, calls and filters that could exceed it are checked before they run.
-RENDER_SECONDS = 10.0
-RANGE_ITEMS = 2_000_000  # range() items per render, all loops together
-MIN_TEXT_CHARS = 1 << 20  # a render may produce this much text, or 4x its messages' text if more
-MAX_INT_ARG = 1 << 20  # widths, counts and repeats passed to calls and filters
-MAX_INT_BITS = 1 << 16
-MAX_STRFTIME_CHARS = 256
-WIDE_FORMAT = re.compile(r"[%{][^%{}]*?\d{6,}")  # "%99999999d", "{:>9999999}"
+from engine.tokenizer.template_sandbox import BUDGET, Budget, bounded_environment
 
 # Gemma 3 GGUFs carry no template; this mirrors the format of Gemma 3's own template.
 GEMMA_TEMPLATE = (
@@ -119,8 +99,8 @@ class ChatTemplate:
             "documents": None,
             **extra,
         }
-        budget = _Budget.for_messages(messages)
-        token = _BUDGET.set(budget)
+        budget = Budget.for_messages(messages)
+        token = BUDGET.set(budget)
         try:
             return budget.collect(self._template.generate(**variables))
         except TemplateError:
@@ -130,7 +110,7 @@ class ChatTemplate:
         except Exception as exc:  # any Jinja or Python error inside a template is the template's fault
             raise TemplateError(f"The chat template failed to render: {type(exc).__name__}: {exc}") from exc
         finally:
-            _BUDGET.reset(token)
+            BUDGET.reset(token)
 
     def __repr__(self) -> str:
         return f"ChatTemplate({len(self.source)} chars)"
@@ -189,151 +169,9 @@ def plain_chat_template(bos_token: str = "", eos_token: str = "") -> ChatTemplat
     return ChatTemplate(PLAIN_TEMPLATE, bos_token=bos_token, eos_token=eos_token)
 
 
-@dataclass(slots=True)
-class _Budget:
-    """What one render may still spend."""
-
-    max_chars: int
-    deadline: float = field(default_factory=lambda: time.monotonic() + RENDER_SECONDS)
-    range_items: int = RANGE_ITEMS
-
-    @classmethod
-    def for_messages(cls, messages: list[dict[str, str]]) -> "_Budget":
-        text = sum(len(str(m.get("content", ""))) for m in messages if isinstance(m, dict))
-        return cls(max(MIN_TEXT_CHARS, 4 * text))
-
-    def check_time(self) -> None:
-        if time.monotonic() > self.deadline:
-            raise TemplateError(f"The chat template ran for more than {RENDER_SECONDS:g} s and was stopped.")
-
-    def check_size(self, n: int, what: str = "text") -> None:
-        if n > self.max_chars:
-            raise TemplateError(f"The chat template tried to build {what} of {n:,} items and was stopped.")
-
-    def collect(self, chunks) -> str:
-        out, size = [], 0
-        for chunk in chunks:
-            size += len(chunk)
-            self.check_size(size)
-            self.check_time()
-            out.append(chunk)
-        return "".join(out)
-
-    def range(self, *args: int) -> range:
-        """range(), its items counted when it is made: nested loops exhaust the budget, not the clock."""
-        items = safe_range(*args)
-        self.range_items -= len(items)
-        if self.range_items < 0:
-            raise TemplateError(f"The chat template looped over more than {RANGE_ITEMS:,} range() items.")
-        self.check_time()
-        return items
-
-
-_BUDGET: ContextVar[_Budget | None] = ContextVar("parley_template_budget", default=None)
-
-
-def _budget() -> _Budget:
-    return _BUDGET.get() or _Budget(MIN_TEXT_CHARS)
-
-
-class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The immutable sandbox, with operators and calls that could take unbounded time or memory checked."""
-
-    intercepted_binops = frozenset(["*", "**", "+", "%"])
-
-    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
-        _check_binop(operator, left, right, _budget())
-        return super().call_binop(context, operator, left, right)
-
-    def call(__self, __context, __obj, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's own signature
-        _check_args(args, kwargs)
-        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format
-        if getattr(method, "__name__", "") in ("format", "format_map") and isinstance(getattr(method, "__self__", None), str):
-            _check_format(method.__self__)
-        result = super().call(__context, __obj, *args, **kwargs)
-        _check_result(result)
-        return result
-
-
-class _BoundedNamespace(Namespace):
-    """namespace(): the one mutable value a template has, so the one place text can grow across iterations."""
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _check_result(value)
-        _budget().check_time()
-        super().__setitem__(name, value)
-
-
-def _sized(value: Any) -> int | None:
-    return len(value) if isinstance(value, (str, list, tuple, dict)) else None
-
-
-def _check_binop(operator: str, left: Any, right: Any, budget: _Budget) -> None:
-    budget.check_time()
-    ints = isinstance(left, int) and isinstance(right, int)
-    if operator == "**" and ints and right > 0 and abs(left) > 1 and right * math.log2(abs(left)) > MAX_INT_BITS:
-        raise TemplateError(f"The chat template tried to compute a {right:,}-th power and was stopped.")
-    if operator == "*" and ints and left.bit_length() + right.bit_length() > MAX_INT_BITS:
-        raise TemplateError("The chat template tried to compute a huge number and was stopped.")
-    if operator == "*" and not ints:
-        count = right if isinstance(right, int) else left if isinstance(left, int) else None
-        size = _sized(left) if isinstance(right, int) else _sized(right)
-        if count is not None and size is not None:
-            budget.check_size(size * max(count, 0))
-    if operator == "+" and _sized(left) is not None and _sized(right) is not None:
-        budget.check_size(_sized(left) + _sized(right))
-    if operator == "%" and isinstance(left, str):
-        _check_format(left)
-
-
-def _check_args(args: tuple, kwargs: dict) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT_ARG:
-            raise TemplateError(f"The chat template passed {value:,} to a call and was stopped.")
-
-
-def _check_format(text: str) -> None:
-    if WIDE_FORMAT.search(text):
-        raise TemplateError("The chat template used a format width of a million characters or more and was stopped.")
-
-
-def _check_result(value: Any) -> None:
-    size = _sized(value)
-    if size is not None:
-        _budget().check_size(size)
-
-
-def _bounded_filter(name: str, fn):
-    """A filter whose int arguments and result size are checked (filters bypass the sandbox's call())."""
-
-    passes_context = getattr(fn, "jinja_pass_arg", None) is not None  # then args[0] is Jinja's, not the template's
-
-    @functools.wraps(fn)
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        given = args[1:] if passes_context else args  # (value, *arguments)
-        _check_args(given[1:], kwargs)
-        if name == "replace" and len(given) >= 3 and all(isinstance(a, str) for a in given[:3]) and given[1]:
-            _budget().check_size(len(given[0]) + given[0].count(given[1]) * len(given[2]))
-        if name == "format" and given and isinstance(given[0], str):
-            _check_format(given[0])
-        result = fn(*args, **kwargs)
-        _check_result(result)
-        return result
-
-    return checked
-
-
 def _compile(source: str) -> jinja2.Template:
-    env = _BoundedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _GenerationTags]
-    )
+    env = bounded_environment(["jinja2.ext.loopcontrols", _GenerationTags])
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["range"] = lambda *args: _budget().range(*args)
-    env.globals["namespace"] = _BoundedNamespace
-    # Jinja's own tojson escapes HTML characters, which templates written for chat do not expect.
-    env.filters["tojson"] = _tojson
-    env.filters = {name: _bounded_filter(name, fn) for name, fn in env.filters.items()}
     try:
         return env.from_string(source)
     except Exception as exc:
@@ -344,15 +182,3 @@ def _raise_exception(message: str) -> None:
     raise TemplateRefusal(f"The chat template refused the conversation: {message}")
 
 
-def _strftime_now(format: str) -> str:
-    if not isinstance(format, str) or len(format) > MAX_STRFTIME_CHARS:
-        raise TemplateError(f"strftime_now takes a format of at most {MAX_STRFTIME_CHARS} characters.")
-    return datetime.now().strftime(format)
-
-
-def _tojson(value: Any, indent: int | None = None, ensure_ascii: bool = False, sort_keys: bool = False,
-            separators: tuple[str, str] | list[str] | None = None) -> str:
-    if separators is not None and not (len(separators) == 2 and all(isinstance(p, str) for p in separators)):
-        raise TemplateError("tojson's separators are two strings (between items, after keys).")
-    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, sort_keys=sort_keys,
-                      separators=None if separators is None else tuple(separators))
