@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QRect, QSize, Qt
-from PySide6.QtGui import QColor, QFontMetrics, QGuiApplication, QIcon, QIconEngine, QPainter, QPalette, QPixmap
+from PySide6.QtGui import QColor, QFont, QFontMetrics, QGuiApplication, QIcon, QIconEngine, QPainter, QPalette, QPixmap
 from PySide6.QtSvg import QSvgRenderer
-from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle
+from PySide6.QtWidgets import QApplication, QProxyStyle, QStyle, QStyleFactory
 
 THEMES = ("system", "light", "dark")
 
@@ -50,10 +50,20 @@ def is_dark(mode: str) -> bool:
 
 def apply_theme(app: QApplication, mode: str) -> bool:
     dark = is_dark(mode)
-    app.setStyle(FontScaledStyle("Fusion"))
+    app.setStyle(fusion_for(app.font()))
     app.setPalette(palette(dark))
     app.setStyleSheet((RESOURCES / ("dark.qss" if dark else "light.qss")).read_text(encoding="utf-8"))
     return dark
+
+
+def fusion_for(font: QFont) -> QStyle:
+    """Fusion, through FontScaledStyle only where `font`'s lines grow its icons: Qt asks a style hundreds of pixel
+    metrics a layout, and each one a Python style answers waits for the GIL that a streaming engine holds (a settings
+    dialog and a chat switch beside three streaming chats: 107 ms, 47 ms with Fusion's own)."""
+    fusion = QStyleFactory.create("Fusion")
+    if round(QFontMetrics(font).height() * ICON_PER_LINE) <= min(fusion.pixelMetric(m) for m in ICON_METRICS):
+        return fusion
+    return FontScaledStyle(fusion)
 
 
 class FontScaledStyle(QProxyStyle):

@@ -94,6 +94,7 @@ class MainWindow(QMainWindow):
         self.dark = False
         self._show_theme()
         QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
+        QApplication.instance().fontChanged.connect(self._on_app_font)
         self._restore_geometry()
 
     # -- chats
@@ -408,6 +409,10 @@ class MainWindow(QMainWindow):
         """The desktop went light or dark (at sunset, say): a window set to follow it follows it now."""
         if self.app_settings.shown_theme == "system":
             self._show_theme()
+
+    def _on_app_font(self, _font) -> None:
+        """The desktop's text size changed: the style is chosen again, so icons grow with a larger font (theme.fusion_for)."""
+        self._show_theme()
 
     def _save_theme(self, mode: str) -> None:
         self.set_theme(mode)
