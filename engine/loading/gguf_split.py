@@ -17,6 +17,7 @@ from engine.loading.gguf_header import GGUFHeader
 
 SHARD_NAME = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)  # llama.cpp's "%s-%05d-of-%05d.gguf"
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+MAX_NAME_CHARS = 256  # a model's own name longer than this is not shown (the file's name is)
 
 
 def shard_of(path: Path) -> tuple[int, int] | None:
@@ -53,6 +54,12 @@ def model_name(path: Path) -> str:
     """A model file's name without .gguf and without a split's part number."""
     m = SHARD_NAME.search(path.name)
     return path.name[:m.start()] if m else path.stem
+
+
+def shown_name(own: str, path: Path) -> str:
+    """The name a model goes by: its own (a GGUF's general.name, a folder's name) where that is one line of sensible
+    length, else `model_name` (a 1 MB general.name, or one holding escape sequences, is not shown)."""
+    return own if 0 < len(own) <= MAX_NAME_CHARS and own.isprintable() else model_name(path)
 
 
 def files_name(path: Path) -> str:

@@ -15,7 +15,7 @@ from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import GGUFFile, open_gguf
 from engine.loading.gguf_header import Span
-from engine.loading.gguf_split import files_name, model_file, model_name
+from engine.loading.gguf_split import files_name, model_file, shown_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tokenizer_cache import gguf_tokenizer, vocabulary_spans
 from engine.memory import (
@@ -128,7 +128,7 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     model = build_model(args, weights, options.torch_dtype, options.device)
     del weights
     return_freed_memory()
-    name = args.name or model_name(source)
+    name = shown_name(args.name, source)
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)

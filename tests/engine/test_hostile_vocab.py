@@ -83,3 +83,15 @@ def test_templates_that_loop_or_grow_without_bound_are_stopped_by_the_budget(tem
 ])
 def test_ordinary_templates_still_render(template, text):
     assert text in ChatTemplate(template).render([{"role": "user", "content": "hi"}])
+
+
+@pytest.mark.parametrize("name", ["n" * (1 << 20), "\x1b]0;pwned\x07model", ""])
+def test_a_general_name_that_cannot_be_shown_gives_way_to_the_files_name(llama, tmp_path, name):
+    """A 1 MB general.name was the model's name in the app's list and status line, and in the CLI's --json."""
+    lm = load_bounded(llama.set("general.name", V.STRING, name).write(tmp_path / "tiny-model.gguf"))
+    assert lm.name == "tiny-model"
+
+
+def test_a_sensible_general_name_is_kept(llama, tmp_path):
+    lm = load_bounded(llama.set("general.name", V.STRING, "Tiny Llama 3.2").write(tmp_path / "m.gguf"))
+    assert lm.name == "Tiny Llama 3.2"
