@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ MAX_STOP_STRINGS = 16
 REASONING_EFFORTS = {"none": False, "minimal": False, "low": False, "medium": None, "high": True}  # -> thinking
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions without max_tokens
 MAX_CHOICES = 128  # OpenAI's bound on `n`; each choice is a session of its own, batched in the same steps
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89abcdefABCDEF]")  # where a body may hold one: its strings are then read
 
 
 @dataclass(slots=True)
@@ -107,7 +109,29 @@ def parse_json(body: bytes) -> dict:
         raise APIError(400, "The request body nests JSON too deeply.") from None
     if not isinstance(data, dict):
         raise APIError(400, "The request body must be a JSON object.")
+    lone = _lone_surrogate(data) if _SURROGATE_ESCAPE.search(body) else None
+    if lone is not None:  # no character: echoed or quoted back, it failed the answer's UTF-8 encoding (a 500)
+        raise APIError(400, f"The request body holds \\u{ord(lone):04x}, half of a surrogate pair and no character: "
+                            "JSON writes a character past U+FFFF as both halves.")
     return data
+
+
+def _lone_surrogate(data) -> str | None:
+    """An unpaired surrogate in the strings (keys too) of parsed JSON, None where there is none (a pair written
+    as two \\u escapes reads as its one character)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            stack += item
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                return item[exc.start]
+    return None
 
 
 def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, model: str = "This model") -> TurnRequest:

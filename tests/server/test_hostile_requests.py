@@ -80,17 +80,29 @@ MALFORMED = [
      "repeat_last_n", "integer"),
     ("seed 2**70", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], "seed": 1180591620717411303424}',
      "seed", "64-bit"),
+    # a lone surrogate echoed back (or streamed) failed the answer's UTF-8 encoding: a 500, after the turn had run
+    ("lone surrogate echoed", b'{"model": "tiny", "prompt": "a\\udc80", "echo": true, "max_tokens": 1}', None,
+     "\\udc80, half of a surrogate pair"),
+    ("lone surrogate in a key", b'{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                b'"logit_bias": {"\\uD800": 1}}', None, "\\ud800"),
 ]
 
 
 @pytest.mark.parametrize("body, param, words", [m[1:] for m in MALFORMED], ids=[m[0] for m in MALFORMED])
 def test_malformed_numbers_and_nesting_are_400(server, body, param, words):
-    r = httpx.post(server.url + "/chat/completions", content=body, headers={"content-type": "application/json"},
-                   timeout=30)
+    path = "/completions" if b'"prompt"' in body else "/chat/completions"
+    r = httpx.post(server.url + path, content=body, headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"], err
     _ok(server)
+
+
+def test_a_surrogate_pair_in_escapes_is_its_character(server):
+    """Python's json.dumps (ensure_ascii) writes an emoji as two \\u escapes: one character, echoed as it was sent."""
+    body = b'{"model": "tiny", "prompt": "fox \\ud83e\\udd8a", "echo": true, "max_tokens": 1}'
+    r = httpx.post(server.url + "/completions", content=body, headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["text"].startswith("fox \U0001f98a"), r.text
 
 
 # -- item 3: a hostile top_k must not fail an unrelated stream
