@@ -24,6 +24,7 @@ from app.core.reasoning import reply_text
 from app.qt.compare_column import COLUMN_MIN_WIDTH, CompareColumn
 from app.qt.compare_diff import DiffDialog
 from app.qt.composer import Composer, LinkNote
+from app.qt.elided_label import IconWhenNarrow
 from app.qt.model_manager import ModelManager
 from app.qt.theme import icon
 
@@ -50,8 +51,8 @@ class CompareView(QWidget):
         self.one_at_a_time.setToolTip(self.tr("Columns answer in turn instead of together (for small machines)"))
         self.sync = QAction(self.tr("Sync scrolling"), self, checkable=True, checked=True)
         self.sync.setToolTip(self.tr("Scrolling one column shows the same turn in the others"))
-        self.clear_button = QToolButton(icon=icon("new"), text=self.tr("New comparison"))
-        self.clear_button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        # its icon alone where the bar is short of room: with its text, the Live panel beside made an 800 px window 862
+        self.clear_button = IconWhenNarrow(icon=icon("new"), text=self.tr("New comparison"))
         self.clear_button.setToolTip(self.tr("Start over with empty columns; this comparison stays in Comparisons"))
         self.more = QToolButton(text=self.tr("Comparisons"), popupMode=QToolButton.ToolButtonPopupMode.InstantPopup)
         self.more.setMenu(QMenu(self.more))

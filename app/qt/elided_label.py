@@ -1,9 +1,9 @@
 """A one-line label that ends in "…" when it is narrower than its text, and never asks for the text's width."""
 from __future__ import annotations
 
-from PySide6.QtCore import QSize, Qt
+from PySide6.QtCore import QEvent, QSize, Qt
 from PySide6.QtGui import QResizeEvent
-from PySide6.QtWidgets import QLabel, QPushButton, QSizePolicy
+from PySide6.QtWidgets import QLabel, QPushButton, QSizePolicy, QToolButton
 
 
 class ElidedLabel(QLabel):
@@ -68,3 +68,43 @@ class ElidedButton(QPushButton):
         super().resizeEvent(event)
         room = self.contentsRect().width() - 2 * self.fontMetrics().horizontalAdvance("M")  # the frame's padding
         super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(0, room)))
+
+
+class IconWhenNarrow(QToolButton):
+    """A tool button showing its icon and text where there is room for both, its icon alone where there is not: it
+    asks a layout for no more than the icon's width (its text and accessible name stay)."""
+
+    def __init__(self, parent=None, **kwargs):
+        super().__init__(parent, **kwargs)
+        self.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, self.sizePolicy().verticalPolicy())  # a tool button's is Fixed
+        self._sizes: tuple[QSize, QSize] | None = None  # (icon alone, icon and text), measured once per font and style
+
+    def sizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return self._measured()[1]
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 - Qt's name
+        return self._measured()[0]
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)
+        whole = self.width() >= self._measured()[1].width()
+        wanted = Qt.ToolButtonStyle.ToolButtonTextBesideIcon if whole else Qt.ToolButtonStyle.ToolButtonIconOnly
+        if self.toolButtonStyle() != wanted:
+            self.setToolButtonStyle(wanted)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):
+            self._sizes = None
+        super().changeEvent(event)
+
+    def _measured(self) -> tuple[QSize, QSize]:
+        if self._sizes is None:
+            shown = self.toolButtonStyle()
+            sizes = []
+            for style in (Qt.ToolButtonStyle.ToolButtonIconOnly, Qt.ToolButtonStyle.ToolButtonTextBesideIcon):
+                self.setToolButtonStyle(style)  # QToolButton's own hint for each
+                sizes.append(super().sizeHint())
+            self.setToolButtonStyle(shown)
+            self._sizes = (sizes[0], sizes[1])
+        return self._sizes

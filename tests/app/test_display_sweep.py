@@ -406,3 +406,21 @@ def test_icons_grow_with_a_font_made_larger_while_the_app_runs(parley, qtbot):
     finally:
         QApplication.setFont(normal)
     assert w.chat.composer.send_button.iconSize().height() == 16
+
+
+def test_the_live_panel_beside_a_comparison_keeps_an_800_px_window_800_px_wide(parley, qtbot):
+    """The comparison's bar (its New comparison button's text) and the Live panel beside it made an 800 px window
+    862 px wide, its right edge off a small screen: the button keeps its icon alone while the bar is short of room."""
+    w = parley.window
+    w.resize(800, 600)
+    w.show_compare()
+    w.live_panel.show()
+    qtbot.waitUntil(lambda: w.live_panel.isVisible())
+    w.resize(800, 600)
+    qtbot.wait(50)
+    button = w.compare.clear_button
+    assert w.width() == 800 and button.toolButtonStyle() == Qt.ToolButtonStyle.ToolButtonIconOnly
+    assert QAccessible.queryAccessibleInterface(button).text(QAccessible.Text.Name) == "New comparison"
+    w.live_panel.hide()
+    w.resize(1200, 700)
+    qtbot.waitUntil(lambda: button.toolButtonStyle() == Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
