@@ -97,23 +97,44 @@ def generate(args: argparse.Namespace) -> int:
         _check_fill_in_middle(args, loaded)
         sessions = [cli.engine.open_session(model_id, raw=raw is not None) for _ in prompts]
         stream = not args.json and (len(prompts) == 1 or args.sequential)
-        on_text = _write if stream else None
-        turns = []
-        for sid, prompt in zip(sessions, prompts):
-            turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params,
-                                           suffix=None if args.suffix is None else typed(args.suffix)))
-            if args.sequential:
-                cli.run(turns[-1:], on_text)
+        turns: list[int] = []
+        try:
+            _run_prompts(cli, args, sessions, prompts, params, stream, turns)
+            interrupted = False
+        except KeyboardInterrupt:  # Ctrl-C mid-answer: what each prompt had written is reported, cut "cancelled"
+            _stop_all(cli, sessions, turns)
+            if turns:
                 _end_line(cli, turns[-1], stream)
-        cli.run(turns, on_text)
-        if not args.sequential:
-            _end_line(cli, turns[0], stream)
+            interrupted = True
         failed = [i for i, turn in enumerate(turns) if not _report(cli, i, turn, args.json, stream, len(turns))]
         if args.json:
             print(json.dumps(_load_line(loaded.info), ensure_ascii=False))
     finally:
         cli.close()
-    return 2 if failed else 0
+    return 130 if interrupted else 2 if failed else 0
+
+
+def _run_prompts(cli, args: argparse.Namespace, sessions: list[int], prompts: list[str], params, stream: bool,
+                 turns: list[int]) -> None:
+    """Submits each prompt (one after another with --sequential, else all in one batch) and runs them to their ends;
+    `turns` grows as they are submitted, so an interrupted run knows which."""
+    on_text = _write if stream else None
+    for sid, prompt in zip(sessions, prompts):
+        turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params,
+                                       suffix=None if args.suffix is None else typed(args.suffix)))
+        if args.sequential:
+            cli.run(turns[-1:], on_text)
+            _end_line(cli, turns[-1], stream)
+    cli.run(turns, on_text)
+    if not args.sequential:
+        _end_line(cli, turns[0], stream)
+
+
+def _stop_all(cli, sessions: list[int], turns: list[int]) -> None:
+    """Every submitted turn stopped where it is (a second Ctrl-C while they stop ends the command at once)."""
+    for sid in sessions[:len(turns)]:
+        cli.engine.cancel(sid)
+    cli.run(turns)
 
 
 def _check_fill_in_middle(args: argparse.Namespace, loaded) -> None:
