@@ -17,7 +17,7 @@ from app.qt.bridge import EngineBridge
 from app.qt.gui_collector import ModelFreezer
 from engine.loading.default_model import DEFAULT_NAME, FILE_NAME, default_model_path, resolve_model
 from engine.loading.gguf_header import scan_header
-from engine.loading.gguf_split import model_files, model_name
+from engine.loading.gguf_split import model_files, shown_name
 from engine.loading.template_probe import template_thinking_switch
 
 
@@ -353,11 +353,11 @@ class ModelManager(QObject):
 
 def own_name(path: str) -> str:
     """Worker thread: the name a model's load gives it (engine/loading/loader.py): a folder's name, a GGUF file's
-    general.name, else its file's name."""
+    general.name where it is one sensible line, else its file's name."""
     p = Path(path)
     if p.is_dir():
         return p.name
-    return str(scan_header(p).scalars.get("general.name") or "") or model_name(p)
+    return shown_name(str(scan_header(p).scalars.get("general.name") or ""), p)
 
 
 def _check_import(path: str, listed: dict[str, str]) -> list[str]:

@@ -1,6 +1,7 @@
 """The window after unloads, model switches and restarts: what it says is what is true at once."""
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
 
 from tests.app.helpers import hold_engine, start_app, wait_idle
@@ -275,3 +276,16 @@ def test_answers_of_a_model_not_loaded_since_the_start_are_headed_as_listed(parl
     qtbot.waitUntil(lambda: w.chat.status.text.full_text().startswith("llama-f32  · "), timeout=10_000)
     assert _writer(w.chat.view, answer) == "llama-f32"
     assert parley.models.state(path) is None  # its weights were not loaded for the name
+
+
+@pytest.mark.parametrize("name, own", [("n" * 300, "tiny-model"), ("\x1b]0;pwned\x07model", "tiny-model"),
+                                       ("Tiny Llama 3.2", "Tiny Llama 3.2")])
+def test_a_file_s_own_name_read_without_loading_is_the_one_its_load_gives(tiny_models, tmp_path, name, own):
+    """Answers are named as listed by the own name their load would give: a name a load does not show is none."""
+    import gguf
+
+    from app.qt.model_manager import own_name
+    from tests.engine.test_hostile_gguf import read_layout
+
+    path = read_layout(tiny_models["llama"].gguf_path).set("general.name", gguf.GGUFValueType.STRING, name)
+    assert own_name(str(path.write(tmp_path / "tiny-model.gguf"))) == own
