@@ -10,6 +10,9 @@ from pathlib import Path
 from engine.errors import ParleyError
 
 STDIN = "-"
+# the most bytes a token stands for in a prompt file, generously: 128 characters (Gemma 3's longest is 31, 48 bytes)
+# of 4 bytes each (UTF-32, or UTF-8's widest); a file longer than its context's tokens at this rate cannot fit
+BYTES_PER_TOKEN = 512
 # a file that opens with a byte-order mark says its encoding: Notepad's UTF-8 writes one, PowerShell 5's `>` UTF-16;
 # UTF-32's marks first, as UTF-16 LE's is the start of UTF-32 LE's
 MARKED = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
@@ -36,36 +39,53 @@ def _prompt_file(text: str) -> PromptFile:
     return PromptFile(text)
 
 
-def read_prompts(args: argparse.Namespace) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class PromptBound:
+    """How much of a file or stdin is read: a prompt of `tokens` (--context) tokens is at most `most` bytes, so
+    /dev/zero, `yes |` or a 50 MB file is refused once that much is read, before the model loads."""
+    tokens: int
+
+    @property
+    def most(self) -> int:
+        return self.tokens * BYTES_PER_TOKEN
+
+    def refusal(self, what: str, unit: str) -> ParleyError:
+        return ParleyError(f"{what} is over {self.most:,} {unit}, more than a prompt of {self.tokens:,} tokens can be "
+                           f"({BYTES_PER_TOKEN} {unit} a token at most): shorten it, or raise --context "
+                           f"({self.tokens:,} now).")
+
+
+def read_prompts(args: argparse.Namespace, bound: PromptBound) -> list[str]:
     """Each prompt's text, in the order given; a piped stdin when none was given."""
     given = list(args.prompts)
     if not given:
         if sys.stdin is None or sys.stdin.isatty():
             raise ParleyError("No prompt: give --prompt TEXT, --prompt-file PATH, or pipe one on stdin.")
-        piped = _read(PromptFile(STDIN))
+        piped = _read(PromptFile(STDIN), bound)
         if not piped.strip():  # `< /dev/null` or an empty pipe: a mistake, not a prompt
             raise ParleyError("No prompt: stdin was empty; give --prompt TEXT or pipe one on stdin.")
         return [piped]
     if sum(isinstance(g, PromptFile) and g.path == STDIN for g in given) > 1:
         raise ParleyError("stdin can be read once: give --prompt-file - only once.")
-    return [_read_some(g) if isinstance(g, PromptFile) else g for g in given]
+    return [_read_some(g, bound) if isinstance(g, PromptFile) else g for g in given]
 
 
-def _read_some(source: PromptFile) -> str:
+def _read_some(source: PromptFile, bound: PromptBound) -> str:
     """A prompt file's text; an empty one (/dev/null, a file not saved yet) is a mistake, as an empty pipe is."""
-    text = _read(source)
+    text = _read(source, bound)
     if not text.strip():
         raise ParleyError(f"The prompt file {_name(source)} is empty.")
     return text
 
 
-def _read(source: PromptFile) -> str:
+def _read(source: PromptFile, bound: PromptBound) -> str:
     """The file's text without its final line break (as `echo` and editors end a file): the prompt's own ends."""
     try:
-        if source.path == STDIN:
-            text = _strict(sys.stdin.read()).removeprefix("\ufeff")
+        if source.path == STDIN:  # text: counted in characters, never more than bytes
+            text = _strict(_bounded(sys.stdin, bound, "The prompt on stdin", "characters")).removeprefix("\ufeff")
         else:
-            text = _decoded(Path(source.path).read_bytes())
+            with Path(source.path).open("rb") as file:
+                text = _decoded(_bounded(file, bound, f"The prompt file {source.path}", "bytes"))
     except FileNotFoundError:
         raise ParleyError(f"No such prompt file: {source.path}") from None
     except UnicodeDecodeError as exc:
@@ -75,6 +95,14 @@ def _read(source: PromptFile) -> str:
     except OSError as exc:
         raise ParleyError(f"Could not read the prompt file {_name(source)}: {exc.strerror or exc}.") from None
     return text.removesuffix("\n").removesuffix("\r")
+
+
+def _bounded(stream, bound: PromptBound, what: str, unit: str):
+    """The stream's whole content, read no further than one unit past the bound."""
+    data = stream.read(bound.most + 1)
+    if len(data) > bound.most:
+        raise bound.refusal(what, unit)
+    return data
 
 
 def _strict(text: str) -> str:

@@ -9,7 +9,7 @@ import unicodedata
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from cli.prompts import add_prompt_options, read_prompts
+from cli.prompts import PromptBound, add_prompt_options, read_prompts
 from cli.options import (add_context_option, add_engine_options, add_sampling_options, context_capped, engine_config,
                          paths_of, sampling_params, session_tokens)
 from cli.signal_relay import handled_in_main_thread
@@ -91,7 +91,8 @@ def generate(args: argparse.Namespace) -> int:
     if raw and args.thinking is not None:  # the switch is the chat template's: --raw has none to switch
         raise ParleyError(f"argument --thinking: it switches a chat template's thinking; {raw} sends the text "
                           f"without one (leave out --thinking {args.thinking} or {raw})")
-    params, prompts = sampling_params(args), read_prompts(args)  # bad input is one line before the model loads
+    # bad input is one line before the model loads
+    params, prompts = sampling_params(args), read_prompts(args, PromptBound(session_tokens(args)))
     cli, model_id, loaded = open_engine(args, max_sessions=len(prompts))
     try:
         _check_fill_in_middle(args, loaded)
