@@ -33,6 +33,8 @@ MAX_JSON_INDENT = 16  # tojson's indent repeats on every line at every depth: 10
 EMITTED_SHARE = 8  # all {{ }} outputs of a render, captured ones included, at most this many times its text budget
 UNSAFE_STR_METHODS = frozenset(["translate", "maketrans"])  # a table's values can be any length: no cheap bound
 LOOP_FILTER = "_parley_loop_items"
+TEXT_FILTER = "_parley_as_text"  # checks a value about to become text (a list of a 1 MB string 10**5 times: 100 GB)
+AS_TEXT = frozenset(["string", "pprint", "tojson"])  # filters that make their value text
 
 
 @dataclass(slots=True)
@@ -88,11 +90,16 @@ class Budget:
     def emit(self, value: Any) -> Any:
         """An output's text counted, wherever it goes (a {% set %} block, a macro): those are joined out of `collect`'s
         sight."""
-        if isinstance(value, str):
-            self.emitted += len(value)
-            if self.emitted > EMITTED_SHARE * self.max_chars:
-                raise TemplateError(f"The chat template output more than {self.emitted:,} characters and was stopped.")
+        self.emitted += len(value) if isinstance(value, str) else self.as_text(value)
+        if self.emitted > EMITTED_SHARE * self.max_chars:
+            raise TemplateError(f"The chat template output more than {self.emitted:,} characters and was stopped.")
         return value
+
+    def as_text(self, value: Any) -> int:
+        """The characters `value` would take as text, counted up to the budget (a str(), not made): raises past it."""
+        size = _text_size(value, self.max_chars)
+        self.check_size(size)
+        return size
 
 
 BUDGET: ContextVar[Budget | None] = ContextVar("parley_template_budget", default=None)
@@ -113,6 +120,7 @@ def bounded_environment(extensions: list) -> ImmutableSandboxedEnvironment:
     env.filters["tojson"] = _tojson
     env.filters = {name: _bounded_filter(name, fn) for name, fn in env.filters.items()}
     env.filters[LOOP_FILTER] = lambda items: _budget().loop(items)
+    env.filters[TEXT_FILTER] = _as_text
     return env
 
 
@@ -126,6 +134,8 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         tree = super()._parse(source, name, filename)
         for loop in tree.find_all(nodes.For):
             loop.iter = nodes.Filter(loop.iter, LOOP_FILTER, [], [], None, None, lineno=loop.iter.lineno)
+        for concat in tree.find_all(nodes.Concat):  # `a ~ b` makes each side text, out of every other check's sight
+            concat.nodes = [nodes.Filter(n, TEXT_FILTER, [], [], None, None, lineno=n.lineno) for n in concat.nodes]
         return tree
 
     @staticmethod
@@ -183,8 +193,7 @@ def _check_binop(operator: str, left: Any, right: Any, budget: Budget) -> None:
         budget.check_size(_sized(left) + _sized(right))
     if operator == "%" and isinstance(left, str):
         _check_format(left)
-        values = right.values() if isinstance(right, dict) else right if isinstance(right, tuple) else (right,)
-        budget.check_size(len(left) + sum(len(v) for v in values if isinstance(v, str)))
+        budget.check_size(len(left) + _text_size(right, budget.max_chars))
 
 
 def _check_str_method(name: str, text: str, args: tuple, kwargs: dict) -> tuple:
@@ -195,19 +204,45 @@ def _check_str_method(name: str, text: str, args: tuple, kwargs: dict) -> tuple:
         _check_format(text)
         values = [*args, *kwargs.values()] + (list(args[0].values()) if name == "format_map" and args
                                               and isinstance(args[0], dict) else [])
-        widest = max((len(v) if isinstance(v, str) else len(str(v)) for v in values), default=0)
+        widest = max((_text_size(v, budget.max_chars) for v in values), default=0)
         budget.check_size(len(text) + text.count("{") * widest)
     elif name == "join" and len(args) == 1:
         args = (list(args[0]),)
-        budget.check_size(_joined_size(text, args[0]))
+        budget.check_size(_joined_size(text, args[0], budget.max_chars))
     elif name == "replace" and len(args) >= 2 and all(isinstance(a, str) for a in args[:2]):
         count = text.count(args[0]) if args[0] else len(text) + 1
         budget.check_size(len(text) + count * max(len(args[1]) - len(args[0]), 0))
     return args
 
 
-def _joined_size(separator: str, items: list) -> int:
-    return sum(len(x) for x in items if isinstance(x, str)) + len(separator) * max(len(items) - 1, 0)
+def _as_text(value: Any) -> Any:
+    if not isinstance(value, str):
+        _budget().as_text(value)
+    return value
+
+
+def _text_size(value: Any, limit: int) -> int:
+    """About the characters str(value) takes (a container's items and their separators), counted until past
+    `limit`: a list repeated from one long string holds few items and a great deal of text."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            total += len(item) + 2
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 2
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 2
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            total += 8
+    return total
+
+
+def _joined_size(separator: str, items: list, limit: int) -> int:
+    return _text_size(items, limit) + len(separator) * max(len(items) - 1, 0)
 
 
 def _check_args(args: tuple, kwargs: dict) -> None:
@@ -236,24 +271,33 @@ def _bounded_filter(name: str, fn):
     def checked(*args: Any, **kwargs: Any) -> Any:
         given = args[1:] if passes_context else args  # (value, *arguments)
         _check_args(given[1:], kwargs)
-        if name == "replace" and len(given) >= 3 and all(isinstance(a, str) for a in given[:3]) and given[1]:
-            _budget().check_size(len(given[0]) + given[0].count(given[1]) * len(given[2]))
-        if name == "format" and given and isinstance(given[0], str):
-            _check_format(given[0])
-        if name == "join" and given:
-            given = (list(given[0]), *given[1:])  # counted once, then joined
-            args = (*args[:len(args) - len(given)], *given)
-            separator = given[1] if len(given) > 1 else kwargs.get("d", "")
-            _budget().check_size(_joined_size(str(separator), given[0]))
-        if name == "indent" and given and isinstance(given[0], str):
-            width = given[1] if len(given) > 1 else kwargs.get("width", 4)
-            width = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
-            _budget().check_size(len(given[0]) + (given[0].count("\n") + 1) * width)
-        result = fn(*args, **kwargs)
+        given = _check_filter(name, given, kwargs)
+        result = fn(*args[:len(args) - len(given)], *given, **kwargs)
         _check_result(result)
         return result
 
     return checked
+
+
+def _check_filter(name: str, given: tuple, kwargs: dict) -> tuple:
+    """A filter whose result can be far larger than its inputs, its size bounded before it runs; the (value,
+    *arguments) to call it with (join's items made a list: counted once, then joined)."""
+    budget = _budget()
+    if name == "replace" and len(given) >= 3 and all(isinstance(a, str) for a in given[:3]) and given[1]:
+        budget.check_size(len(given[0]) + given[0].count(given[1]) * len(given[2]))
+    if name == "format" and given and isinstance(given[0], str):
+        _check_format(given[0])
+    if name in AS_TEXT and given:
+        budget.as_text(given[0])
+    if name == "join" and given:
+        given = (list(given[0]), *given[1:])
+        separator = given[1] if len(given) > 1 else kwargs.get("d", "")
+        budget.check_size(_joined_size(str(separator), given[0], budget.max_chars))
+    if name == "indent" and given and isinstance(given[0], str):
+        width = given[1] if len(given) > 1 else kwargs.get("width", 4)
+        width = len(width) if isinstance(width, str) else width if isinstance(width, int) else 0
+        budget.check_size(len(given[0]) + (given[0].count("\n") + 1) * width)
+    return given
 
 
 def _strftime_now(format: str) -> str:

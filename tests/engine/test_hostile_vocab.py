@@ -63,6 +63,17 @@ UNBOUNDED_TEMPLATES = {
     "a filter block": "{% set s = 'x' * 1000000 %}{% filter upper %}{% for i in range(100000) %}{{ s }}{% endfor %}"
                       "{% endfilter %}",
 }
+# a list of one long string 10**5 times is 800 KB of references and 100 GB as text
+LIST_AS_TEXT = {
+    "output": "{% set s = 'x' * 1000000 %}{{ [s] * 100000 }}",
+    "nested output": "{% set s = 'x' * 1000000 %}{% set a = [s] %}{{ [a] * 100000 }}",
+    "~": "{% set s = 'x' * 1000000 %}{% set t = ([s] * 100000) ~ '' %}",
+    "string filter": "{% set s = 'x' * 1000000 %}{{ ([s] * 100000)|string|length }}",
+    "join filter": "{% set s = 'x' * 1000000 %}{{ ([s] * 100000)|join }}",
+    "format": "{% set s = 'x' * 1000000 %}{{ '{}'.format([s] * 100000)|length }}",
+    "%": "{% set s = 'x' * 1000000 %}{{ ('%s' % ([s] * 100000,))|length }}",
+}
+UNBOUNDED_TEMPLATES |= {f"a long list as text by {k}": v for k, v in LIST_AS_TEXT.items()}
 
 
 @pytest.mark.parametrize("template", list(UNBOUNDED_TEMPLATES.values()), ids=list(UNBOUNDED_TEMPLATES))
