@@ -76,7 +76,9 @@ class ModelsDialog(QDialog):
         models.context_known.connect(self._on_model_changed)
         self.refresh()
         line = self.fontMetrics().height()
-        self.resize(max(860, self._columns_width() + 24 * self.fontMetrics().averageCharWidth()), max(320, 14 * line))
+        need = self._columns_width() + 24 * self.fontMetrics().averageCharWidth()  # the name 24 characters wide
+        # 860 px where the screen has them: an 800 px screen showed its right edge (Close) off it
+        self.resize(min(max(860, need), max(need, self.screen().availableGeometry().width())), max(320, 14 * line))
 
     def _on_model_changed(self, _key: str) -> None:
         # a load's progress changes no cell: rebuilding the table at each of its ~240 steps (the embedded model's split

@@ -424,3 +424,11 @@ def test_the_live_panel_beside_a_comparison_keeps_an_800_px_window_800_px_wide(p
     w.live_panel.hide()
     w.resize(1200, 700)
     qtbot.waitUntil(lambda: button.toolButtonStyle() == Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+
+
+def test_the_models_dialog_opens_no_wider_than_the_screen(parley, qtbot):
+    """It opened at least 860 px wide: on an 800 px screen its right edge (Remove, Close) was off it."""
+    dialog = parley.window.show_models()
+    qtbot.waitExposed(dialog)
+    assert dialog.width() <= dialog.screen().availableGeometry().width() == 800
+    dialog.close()
