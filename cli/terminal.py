@@ -29,7 +29,8 @@ def add_terminal_parsers(sub) -> None:
     g.add_argument("--raw", action="store_true", help="BOS + text, no chat template")
     g.add_argument("--suffix", default=None, metavar="TEXT",
                    help="fill in the middle: the text after the gap, each prompt the text before it (a code model's "
-                   "fill-in-the-middle tokens, no chat template); the answer is what goes between")
+                   "fill-in-the-middle tokens, no chat template); the answer is what goes between. Empty: none, the prompt completed as "
+                   "with --raw (the server's empty suffix)")
     g.add_argument("--json", action="store_true", help="one JSON line per prompt at the end")
     g.add_argument("--sequential", action="store_true", help="run prompts one after another, each in a session of its own (not batched)")
     g.set_defaults(func=generate)
@@ -122,7 +123,7 @@ def _run_prompts(cli, args: argparse.Namespace, sessions: list[int], prompts: li
     on_text = _write if stream else None
     for sid, prompt in zip(sessions, prompts):
         turns.append(cli.engine.submit(sid, [{"role": "user", "content": typed(prompt)}], params,
-                                       suffix=None if args.suffix is None else typed(args.suffix)))
+                                       suffix=typed(args.suffix) if args.suffix else None))
         if args.sequential:
             cli.run(turns[-1:], on_text)
             _end_line(cli, turns[-1], stream)
@@ -139,8 +140,9 @@ def _stop_all(cli, sessions: list[int], turns: list[int]) -> None:
 
 
 def _check_fill_in_middle(args: argparse.Namespace, loaded) -> None:
-    """--suffix on a model with no fill-in-the-middle tokens: one line before any prompt runs (each would fail)."""
-    if args.suffix is not None and not loaded.info.get("fill_in_middle"):
+    """--suffix on a model with no fill-in-the-middle tokens: one line before any prompt runs (each would fail). An
+    empty one asks for none, as the server's `suffix: ""` does: the prompt is completed as a raw document."""
+    if args.suffix and not loaded.info.get("fill_in_middle"):
         raise ParleyError(f"argument --suffix: {printable(loaded.name)} was not trained to fill in the middle (its "
                           "vocabulary holds no fill-in-the-middle tokens); a code model that was does, e.g. "
                           "Qwen2.5-Coder, StarCoder2, CodeLlama, DeepSeek-Coder or Codestral")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 
 from cli.main import main
+from server.run import BackgroundServer
+from tests.server.conftest import tiny_bridge
 from tests.server.test_completion_fields import FIM, fim_gguf
 
 PREFIX, SUFFIX = "def area(r):\n    return ", "\n\nprint(area(2))"
@@ -46,3 +49,19 @@ def test_suffix_sends_no_chat_template_so_thinking_is_refused(capsys):
     assert main(["generate", "--prompt", PREFIX, "--suffix", SUFFIX, "--thinking", "on"]) == 2
     assert "argument --thinking: it switches a chat template's thinking; --suffix sends the text without one" in \
         capsys.readouterr().err
+
+
+def test_an_empty_suffix_asks_for_none_as_the_server_s_does(tiny_models, tmp_path, capsys):
+    """`--suffix ""` on a model without fill-in-the-middle tokens was refused, where the server's `suffix: ""` is a
+    plain completion: both now complete the prompt as a raw document."""
+    model = tiny_models["qwen3"].gguf_path
+    assert _generate(model, tmp_path, "--prompt", PREFIX, "--suffix", "") == 0
+    empty = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert _generate(model, tmp_path, "--prompt", PREFIX, "--raw") == 0
+    raw = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert empty["token_ids"] == raw["token_ids"] and empty["prompt_tokens"] == raw["prompt_tokens"]
+    with tiny_bridge(tiny_models, 1) as bridge, BackgroundServer(bridge) as server:
+        served = httpx.post(server.url + "/completions", timeout=60, json={
+            "model": "tiny", "prompt": PREFIX, "suffix": "", "max_tokens": 8, "temperature": 0}).json()
+    assert served["choices"][0]["text"] == empty["text"]
+    assert served["usage"]["prompt_tokens"] == empty["prompt_tokens"]
