@@ -175,7 +175,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     stats = [e.stats for e in ends]
     echoes = _echoes(req, len(ends), model.tokenizer)
     if req.ranked:  # each prompt's n answers with the highest mean log-probability a token, best first
-        best = _best(logprobs, req.made, req.n)
+        best = _best(_ranked_entries(logprobs, ends, req, model.tokenizer), req.made, req.n)
         answers, echoes = [answers[k] for k in best], echoes and [echoes[k] for k in best]
         logprobs = [logprobs[k] for k in best] if req.params.logprobs is not None else None
         scored = scored and [scored[k] for k in best]
@@ -200,6 +200,17 @@ def _best(logprobs: list[list], made: int, n: int) -> list[int]:
     a token, best first, prompt by prompt."""
     groups = [range(start, start + made) for start in range(0, len(logprobs), made)]
     return [k for group in groups for k in sorted(group, key=lambda k: -_mean_logprob(logprobs[k]))[:n]]
+
+
+def _ranked_entries(logprobs: list[list], ends: list[ev.Finished], req: api.TurnRequest,
+                    tokenizer: Tokenizer | None) -> list[list]:
+    """Each answer's entries as best_of ranks them: without the end-of-turn token's that a scored echo lists
+    (engine/local_host.py `_logprobs`), so an answer ranks with echo as it does without."""
+    if not req.params.echo or tokenizer is None:
+        return logprobs
+    ends_as = {tokenizer.decode([i]) for i in tokenizer.stop_ids}  # as the entries name them (engine/logprobs.py)
+    return [entries[:-1] if end.reason == "stop" and entries and entries[-1].token in ends_as else entries
+            for entries, end in zip(logprobs, ends)]
 
 
 def _mean_logprob(entries: list) -> float:

@@ -137,3 +137,13 @@ def test_a_model_without_fill_in_the_middle_tokens_refuses_a_suffix(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "suffix", r.text
     assert "fill in the middle" in r.json()["error"]["message"]
     assert _post(server, BODY | {"suffix": ""}).status_code == 200  # an empty suffix asks for none
+
+
+@pytest.mark.parametrize("seed", [6, 24])
+def test_best_of_ranks_the_same_answers_with_a_scored_echo(server, seed):
+    """A scored echo lists the end-of-turn token an answer ends with (as vLLM does): its entry counted in the mean, an
+    answer of that token alone (seed 6: no entry without echo) or a short one (24) was sent in place of the best."""
+    body = BODY | {"n": 1, "best_of": 4, "logprobs": 0, "seed": seed}
+    plain = _post(server, body).json()["choices"][0]
+    echoed = _post(server, body | {"echo": True}).json()["choices"][0]
+    assert (echoed["text"], echoed["finish_reason"]) == (BODY["prompt"] + plain["text"], plain["finish_reason"])
