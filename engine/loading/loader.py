@@ -289,6 +289,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
         _check_memory(gf, args, options, files_name(path))
         # a dequantized load's converted entry holds its tokenizer already: no second copy
         tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
+        _check_vocabulary(tok, args, files_name(path))
         weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
                                     device=options.device)
     finally:
@@ -299,6 +300,14 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
         if (reason := missing_reason()) is not None:
             notices.append(f"Parley's CPU kernels are not available: {reason}; torch's slower kernels run instead.")
     return args, weights, tok
+
+
+def _check_vocabulary(tok: Tokenizer, args: ModelArgs, name: str) -> None:
+    """A GGUF's converter pads its token list to the embedding's rows; more tokens than rows would reach the model as
+    ids it cannot embed (a prompt naming one failed its turn with an IndexError)."""
+    if tok.vocab_size > args.vocab_size:
+        raise ModelLoadError(f"{name} is inconsistent: its tokenizer has {tok.vocab_size:,} tokens but the model "
+                             f"embeds {args.vocab_size:,}.")
 
 
 def _build_cpu_kernels(progress: Progress) -> None:

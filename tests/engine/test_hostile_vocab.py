@@ -8,7 +8,7 @@ import time
 import gguf
 import pytest
 
-from engine.errors import TemplateError, TokenizerError
+from engine.errors import ParleyError, TemplateError, TokenizerError
 from engine.tokenizer.chat_template import ChatTemplate
 from tests.engine.test_hostile_gguf import Layout, load_bounded, read_layout
 
@@ -106,3 +106,14 @@ def test_a_general_name_that_cannot_be_shown_gives_way_to_the_files_name(llama, 
 def test_a_sensible_general_name_is_kept(llama, tmp_path):
     lm = load_bounded(llama.set("general.name", V.STRING, "Tiny Llama 3.2").write(tmp_path / "m.gguf"))
     assert lm.name == "Tiny Llama 3.2"
+
+
+def test_more_tokens_than_the_embedding_has_rows_is_refused_at_load(llama, tmp_path):
+    """It loaded, and a prompt holding one of the extra tokens failed with 'Generation failed: IndexError('index out
+    of range in self')'."""
+    extra = [f"zzz{i}" for i in range(10)]
+    tokens, types = llama.kv["tokenizer.ggml.tokens"][1], llama.kv["tokenizer.ggml.token_type"][1]
+    bad = (llama.set("tokenizer.ggml.tokens", V.ARRAY, [*tokens, *extra], V.STRING)
+           .set("tokenizer.ggml.token_type", V.ARRAY, [*types, *[4] * len(extra)], V.INT32))
+    result = load_bounded(bad.write(tmp_path / "m.gguf"))
+    assert isinstance(result, ParleyError) and f"{len(tokens) + 10:,} tokens" in str(result), repr(result)
