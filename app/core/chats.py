@@ -386,7 +386,7 @@ class ChatService:
         """Submits now if the chat's model is loaded, else once it is (the chat shows 'loading')."""
         key = self.store.get(conv_id).settings.model
         live.pending = submit
-        live.status.tokens_per_s = live.status.ttft_s = live.status.tokens_per_step = None  # the last turn's figures are not this one's
+        _clear_figures(live.status)  # the last turn's figures are not this one's
         self.models.ensure(key)
         if self.models.model_id(key) is not None:
             self._run_pending(live)
@@ -408,9 +408,9 @@ class ChatService:
             messages.append({"role": user.role, "content": user.content})
         self.store.update_message(live.turn.message_id, model=live.status.model)
         params = _seeded(settings.sampling(), live.turn)
+        live.turn.submitted_at = time.perf_counter()  # the TTFT shown counts from here
         live.turn.turn_id = self.bridge.engine.submit(sid, messages, params, settings.system_prompt or None,
                                                       continue_final=kind == "continue")
-        live.turn.submitted_at = time.perf_counter()
         _enter(live.status, "queued")
         self.status_changed.emit(conv_id)
 
@@ -445,7 +445,7 @@ class ChatService:
         if found:
             conv_id, live = found
             _enter(live.status, "prefilling")  # until the first token: the prompt is being read
-            live.status.tokens_per_s = live.status.ttft_s = live.status.tokens_per_step = None
+            _clear_figures(live.status)
             self._set_state(conv_id, live.turn.message_id, "streaming")
 
     def _on_queued(self, session_id: int, turn_id: int, position: int) -> None:
@@ -464,8 +464,8 @@ class ChatService:
         conv_id, live = found
         t = live.turn
         if t.first_token_at is None and tokens:
-            # for the live rate only: the TTFT shown is the engine's, given once when the turn ends
             t.first_token_at = time.perf_counter()
+            live.status.ttft_s = t.first_token_at - t.submitted_at  # the user's wait: shown now, kept (see _on_finished)
             _enter(live.status, "streaming")
         t.tokens += tokens
         live.status.context_used = live.context_base + t.tokens
@@ -491,14 +491,18 @@ class ChatService:
         conv_id, live = found
         msg_id = live.turn.message_id
         st = live.status
-        st.tokens_per_s, st.ttft_s = stats.tokens_per_s, stats.ttft_s
+        # The TTFT shown since the first token is the app's: Send to the token on screen, what the user waited. The
+        # engine's starts when its thread takes the turn (after a step under way) and ends before the token reaches
+        # the window, so it reads a little less; kept beside it, not shown, as one answer shows one TTFT.
+        st.tokens_per_s, st.ttft_s = stats.tokens_per_s, st.ttft_s if st.ttft_s is not None else stats.ttft_s
         st.context_used, st.context_limit = stats.context_used, stats.context_limit
         st.prompt_tokens, st.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
         st.tokens_per_step = stats.tokens_per_step
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
         # a session closed under a turn whose model is no longer loaded: the model went, not the user's Stop
         gone = reason == "closed" and self._model_gone(live)
-        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **seed},
+        shown = {"ttft_s": st.ttft_s, "engine_ttft_s": stats.ttft_s}
+        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **shown, **seed},
                                   model=st.model, error=UNLOADED_MID_ANSWER if gone else "")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
@@ -642,6 +646,11 @@ def _seeded(params: SamplingParams, turn: TurnInfo) -> SamplingParams:
     if turn.seed is None:
         turn.seed = params.seed if params.seed is not None else random.randrange(2**31)
     return replace(params, seed=turn.seed)
+
+
+def _clear_figures(status: ChatStatus) -> None:
+    status.tokens_per_s = status.ttft_s = status.tokens_per_step = None
+    status.prompt_tokens = status.prefilled_tokens = 0  # else the last turn's "cached" note shows beside this TTFT
 
 
 def _enter(status: ChatStatus, state: str) -> None:

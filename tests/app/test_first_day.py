@@ -431,6 +431,22 @@ def test_loading_shows_time_passing_and_a_moving_bar(parley, qtbot):
     assert not w.load_progress.isVisible()
 
 
+def test_ttft_shows_with_the_first_token_not_at_the_end(parley, qtbot):
+    """The line read "TTFT …" beside tokens already flowing: the engine's figure came only with the turn's end."""
+    w, service = parley.window, parley.service
+    conv = w.current()
+    configure(parley, conv, temperature=0.0, max_tokens=8)
+    streaming: list[str] = []
+    service.status_changed.connect(
+        lambda c: streaming.append(w.chat.status.text.full_text()) if service.status(c).state == "streaming" else None)
+    w.chat.send("count with me")
+    wait_idle(parley, qtbot, conv)
+    answer = last(parley, conv)
+    assert streaming and all("TTFT …" not in line for line in streaming)
+    assert {t for line in streaming for t in _ttfts(line)} == {f"{answer.stats['ttft_s'] * 1000:.0f}"}
+    assert 0 < answer.stats["engine_ttft_s"] <= answer.stats["ttft_s"]  # the engine's starts later, ends earlier
+
+
 def test_prompt_reading_shows_its_size_and_time(parley, qtbot):
     from app.qt.status_line import describe
 
