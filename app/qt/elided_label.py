@@ -1,6 +1,8 @@
 """A one-line label that ends in "…" when it is narrower than its text, and never asks for the text's width."""
 from __future__ import annotations
 
+from typing import Sequence
+
 from PySide6.QtCore import QEvent, QSize, Qt
 from PySide6.QtGui import QResizeEvent
 from PySide6.QtWidgets import QLabel, QPushButton, QSizePolicy, QToolButton
@@ -9,16 +11,20 @@ from PySide6.QtWidgets import QLabel, QPushButton, QSizePolicy, QToolButton
 class ElidedLabel(QLabel):
     """Titles and labels of any length: a long one must not widen the window (the full text is its tooltip)."""
 
-    def __init__(self, text: str = "", parent=None, **kwargs):
+    def __init__(self, text: str = "", parent=None, least_head: str = "M…M", **kwargs):
         super().__init__(parent, **kwargs)
-        self._full, self._head = "", 0
+        self._full, self._head, self._shorter = "", 0, ()
+        self._least_head = least_head  # a head shortened below this width gives way to the next shorter text
         self.setTextFormat(Qt.TextFormat.PlainText)
         self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         self.setText(text)
 
-    def setText(self, text: str, head: int = 0) -> None:  # noqa: N802 - Qt's name
-        """`head`: how many of the text's first characters give way first (a name before the figures after it)."""
-        self._full, self._head = text, head
+    def setText(self, text: str, head: int = 0,  # noqa: N802 - Qt's name
+                shorter: Sequence[tuple[str, int]] = ()) -> None:
+        """`head`: how many of the text's first characters give way first (a name before the figures after it).
+        `shorter`: (text, head) pairs, each shorter than the last, shown in turn where the one before does not fit; the
+        last one ends in "…". The tooltip and full_text() keep `text`."""
+        self._full, self._head, self._shorter = text, head, tuple(shorter)
         self.setToolTip(text if text else "")
         self._elide()
         self.updateGeometry()  # the size hint is the full text's: a layout must hear of it even when "…" stays "…"
@@ -38,13 +44,17 @@ class ElidedLabel(QLabel):
 
     def _elide(self) -> None:
         metrics, width = self.fontMetrics(), max(0, self.width())
-        tail = self._full[self._head:]
-        room = width - metrics.horizontalAdvance(tail)
-        if self._head and metrics.horizontalAdvance(self._full) > width and room >= metrics.horizontalAdvance("M…M"):
-            head = metrics.elidedText(self._full[:self._head], Qt.TextElideMode.ElideMiddle, room)
-            super().setText(head + tail)
-            return
-        super().setText(metrics.elidedText(self._full, Qt.TextElideMode.ElideRight, width))
+        candidates = ((self._full, self._head), *self._shorter)
+        for text, head in candidates:
+            if metrics.horizontalAdvance(text) <= width:
+                super().setText(text)
+                return
+            tail = text[head:]
+            room = width - metrics.horizontalAdvance(tail)
+            if head and room >= metrics.horizontalAdvance(self._least_head):
+                super().setText(metrics.elidedText(text[:head], Qt.TextElideMode.ElideMiddle, room) + tail)
+                return
+        super().setText(metrics.elidedText(candidates[-1][0], Qt.TextElideMode.ElideRight, width))
 
 
 class ElidedButton(QPushButton):

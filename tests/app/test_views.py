@@ -345,7 +345,7 @@ def test_a_narrow_status_line_ends_in_an_ellipsis_and_keeps_it_all_in_its_toolti
 
     line = StatusLine()
     qtbot.addWidget(line)
-    line.resize(420, 30)
+    line.resize(200, 30)  # too narrow even for "streaming · 41.5 tok/s"
     line.show()
     line.show_status(ChatStatus(model="A model with a rather long name", state="streaming", tokens_per_s=41.5,
                                 context_used=70, context_limit=4096))
@@ -354,6 +354,30 @@ def test_a_narrow_status_line_ends_in_an_ellipsis_and_keeps_it_all_in_its_toolti
     assert line.text.text() != full and line.text.text().endswith("…")  # elided, not clipped mid-word
     line.resize(1400, 30)
     qtbot.waitUntil(lambda: line.text.text() == full)
+
+
+def test_at_800_px_with_the_live_panel_the_status_line_keeps_the_state_and_figures(parley, qtbot):
+    """It read "Gemma 3 …" there: the state, tok/s and TTFT were cut for the model's name (the picker shows it)."""
+    import time
+
+    from app.core.live import ChatStatus
+
+    w = parley.window
+    w.resize(800, 600)
+    w.live_panel.show()
+    line = w.chat.status
+    name = "Gemma 3 270M (embedded, base model)"
+    line.show_status(ChatStatus(model=name, state="streaming", tokens_per_s=20.8, ttft_s=0.09, context_used=103,
+                                context_limit=4096, since=time.perf_counter()))
+    qtbot.waitUntil(lambda: line.text.text() == "streaming · 20.8 tok/s")  # once the layout gave the caption's room
+    assert not line.caption.isVisible()  # TTFT goes before the state and tok/s
+    assert line.text.toolTip() == line.text.full_text() and name in line.text.full_text()
+    line.show_status(ChatStatus(model=name, state="idle", tokens_per_s=20.9, ttft_s=0.106, context_used=150,
+                                context_limit=4096))
+    assert line.text.text() == "20.9 tok/s · TTFT 106 ms" and w.width() == 800
+    w.live_panel.hide()  # the room back: the name (shortened) and the caption with it
+    qtbot.waitUntil(lambda: line.text.text().startswith("Gemma") and line.caption.isVisible())
+    assert line.text.text().endswith("20.9 tok/s  ·  TTFT 106 ms")
 
 
 def test_links_the_chat_would_refuse_while_it_answers_are_not_shown(parley, monkeypatch):
