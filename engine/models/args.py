@@ -355,15 +355,31 @@ def gguf_layer_count(value: Any, shapes: dict[str, tuple[int, ...]], key: str) -
 
 def gguf_metadata_errors(read: Callable[..., "ModelArgs"]) -> Callable[..., "ModelArgs"]:
     """An architecture's args_from_gguf, with a metadata value of the wrong kind (a list where a count belongs,
-    a string for a float) reported as such rather than as a raw TypeError."""
+    a string for a float) reported as such, naming the last key read, rather than as a raw TypeError."""
     @functools.wraps(read)
     def checked(meta: dict[str, Any], *args: Any, **kwargs: Any) -> "ModelArgs":
+        reading = _KeysRead(meta)
         try:
-            return read(meta, *args, **kwargs)
+            return read(reading, *args, **kwargs)
         except (TypeError, ValueError, IndexError, KeyError, OverflowError) as exc:
-            raise UnsupportedModelError(f"The GGUF metadata holds a value of the wrong kind: {exc}.") from None
+            at = f" (the last key read: {reading.last})" if reading.last else ""
+            raise UnsupportedModelError(f"The GGUF metadata holds a value of the wrong kind{at}: {exc}.") from None
 
     return checked
+
+
+class _KeysRead(dict):
+    """Metadata that notes the last key read: a wrong-kind value fails as it is used, right after its read."""
+
+    last: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        self.last = key
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.last = key
+        return super().get(key, default)
 
 
 def require(d: dict[str, Any], key: str, where: str) -> Any:

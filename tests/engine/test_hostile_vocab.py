@@ -117,3 +117,12 @@ def test_more_tokens_than_the_embedding_has_rows_is_refused_at_load(llama, tmp_p
            .set("tokenizer.ggml.token_type", V.ARRAY, [*types, *[4] * len(extra)], V.INT32))
     result = load_bounded(bad.write(tmp_path / "m.gguf"))
     assert isinstance(result, ParleyError) and f"{len(tokens) + 10:,} tokens" in str(result), repr(result)
+
+
+def test_a_metadata_value_of_the_wrong_kind_names_its_key(llama, tmp_path):
+    """A count given as a word: the line named no key ('invalid literal for int() with base 10: ...'), so a user could
+    not tell which of the file's ~40 values was wrong."""
+    bad = llama.set("llama.feed_forward_length", V.STRING, "lots")
+    result = load_bounded(bad.write(tmp_path / "m.gguf"))
+    assert isinstance(result, ParleyError) and "wrong kind" in str(result), repr(result)
+    assert "llama.feed_forward_length" in str(result), str(result)
