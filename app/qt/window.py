@@ -5,11 +5,11 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtCore import QByteArray, QMargins, QRect, QSize, Qt, QTimer
 from PySide6.QtGui import QAction, QActionGroup, QGuiApplication, QIcon, QKeySequence
 from PySide6.QtWidgets import (
     QApplication, QFileDialog, QMainWindow, QMessageBox, QProgressBar, QPushButton, QSizePolicy, QSplitter,
-    QStackedWidget,
+    QStackedWidget, QStyle,
 )
 
 from app.core.app_settings import AppSettings
@@ -33,6 +33,8 @@ from engine.loading.default_model import DEFAULT_NAME
 UNDO_MS = 10_000  # how long a deleted chat can be brought back
 NOTICE_MS = 20_000  # a load's notices stay up as long as the start's
 DRAFT_SAVE_MS = 1500  # drafts reach settings.json this long after the last keystroke (a crash keeps them)
+FIRST_SIZE = QSize(1200, 780)  # a first launch's window, where the screen has room for it
+BORDER_GUESS = 4  # px a window manager's border may take on each side (unknown until the window is shown)
 
 
 class MainWindow(QMainWindow):
@@ -42,7 +44,7 @@ class MainWindow(QMainWindow):
         service.restore_edits(settings.edits)  # before a chat opens: it opens with its edit (saved by _save_drafts)
         self.setWindowTitle("Parley")
         self.setWindowIcon(icon("parley"))
-        self.resize(1200, 780)
+        self.resize(FIRST_SIZE)
         self._undo_timer = QTimer(self, singleShot=True, interval=UNDO_MS)
         self._undo_timer.timeout.connect(self._forget_trash)
         self._load_ticker = QTimer(self, interval=500)  # a load with no new progress still shows time passing
@@ -452,10 +454,17 @@ class MainWindow(QMainWindow):
             "%1", str(self.app_settings.file)).replace("%2", self.app_settings.save_error), 15000)
 
     def _restore_geometry(self) -> None:
-        """Size and place as the user left them, if that still fits a screen (Qt moves it onto one)."""
+        """Size and place as the user left them, if that still fits a screen (Qt moves it onto one); a first launch's
+        FIRST_SIZE, or the screen's room where that is less."""
         saved = self.app_settings.window
         if saved.get("geometry"):
             self.restoreGeometry(QByteArray.fromBase64(saved["geometry"].encode("ascii")))
+        elif self.screen() is not None:
+            title = self.style().pixelMetric(QStyle.PixelMetric.PM_TitleBarHeight)  # the frame is unknown until shown
+            frame = QMargins(BORDER_GUESS, title, BORDER_GUESS, BORDER_GUESS)
+            place = first_geometry(self.screen().availableGeometry(), FIRST_SIZE, frame)
+            if place is not None:
+                self.setGeometry(place)
         if isinstance(saved.get("sidebar"), int) and saved["sidebar"] > 0:
             self.splitter.setSizes([saved["sidebar"], max(1, self.width() - saved["sidebar"])])
 
@@ -541,3 +550,15 @@ class MainWindow(QMainWindow):
             page.composer.cancel_edit()
         else:
             self.stop()
+
+
+def first_geometry(available: QRect, wanted: QSize, frame: QMargins) -> QRect | None:
+    """A first window on a screen without room for `wanted` in its `frame`: the room there is, its frame centred on
+    the screen (a 1200×780 window ran off a 1024×600 screen). None where `wanted` fits: the window system places it."""
+    room = available.marginsRemoved(frame)
+    if wanted.width() <= room.width() and wanted.height() <= room.height():
+        return None
+    size = wanted.boundedTo(room.size())
+    outer = QRect(0, 0, size.width(), size.height()).marginsAdded(frame)
+    outer.moveCenter(available.center())
+    return outer.marginsRemoved(frame)

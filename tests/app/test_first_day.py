@@ -643,6 +643,30 @@ def test_window_size_and_place_are_restored(qtbot, qapp, tiny_models, tmp_path):
         again.close()
 
 
+def test_a_first_window_fits_a_small_screen(qtbot, qapp, tiny_models, tmp_path):
+    """No saved geometry: it opened 1200×780 on any screen, its right edge and bottom off the offscreen 800×600."""
+    app = start_app(qtbot, tmp_path / "data", tiny_models)
+    try:
+        room = app.window.screen().availableGeometry()
+        assert room.width() < 1200 and room.contains(app.window.frameGeometry())
+    finally:
+        app.close()
+
+
+def test_a_first_window_keeps_its_size_where_the_screen_has_room():
+    from PySide6.QtCore import QMargins, QRect
+
+    from app.qt.window import FIRST_SIZE, first_geometry
+
+    frame = QMargins(4, 24, 4, 4)
+    assert first_geometry(QRect(0, 0, 1920, 1040), FIRST_SIZE, frame) is None  # placed by the window system
+    assert first_geometry(QRect(0, 0, 1208, 808), FIRST_SIZE, frame) is None
+    laptop = first_geometry(QRect(0, 0, 1366, 728), FIRST_SIZE, frame)  # 768 less a 40 px panel
+    assert laptop == QRect(83, 24, 1200, 700)
+    netbook = first_geometry(QRect(1366, 0, 1024, 600), FIRST_SIZE, frame)  # a second screen, right of the first
+    assert netbook == QRect(1370, 24, 1016, 572)
+
+
 def test_the_chat_open_at_close_is_open_after_a_restart(qtbot, qapp, tiny_models, tmp_path):
     app = start_app(qtbot, tmp_path / "data", tiny_models)
     older = app.window.current()

@@ -127,6 +127,7 @@ def test_the_live_panel_gives_way_to_the_chat_title_in_a_small_window(parley, qt
     """At 800 px the open Live panel left the title 0 px: it read nothing. The title keeps a readable width (elided,
     the whole of it in its tooltip), the panel narrows first and takes its width back in a wide window."""
     w = parley.window
+    w.resize(1200, 780)  # from a wide window (a first one fits the 800 px offscreen screen)
     title = "Why is the sky blue? A long question about light"
     parley.service.rename(w.current(), title)
     w.live_panel.show()
