@@ -80,16 +80,16 @@ def _read_some(source: PromptFile, bound: PromptBound) -> str:
 
 def _read(source: PromptFile, bound: PromptBound) -> str:
     """The file's text without its final line break (as `echo` and editors end a file): the prompt's own ends."""
+    what = "The prompt on stdin" if source.path == STDIN else f"The prompt file {source.path}"
     try:
         if source.path == STDIN:  # text: counted in characters, never more than bytes
-            text = _strict(_bounded(sys.stdin, bound, "The prompt on stdin", "characters")).removeprefix("\ufeff")
+            text = _strict(_bounded(sys.stdin, bound, what, "characters")).removeprefix("\ufeff")
         else:
             with Path(source.path).open("rb") as file:
-                text = _decoded(_bounded(file, bound, f"The prompt file {source.path}", "bytes"))
+                text = _decoded(_bounded(file, bound, what, "bytes"))
     except FileNotFoundError:
         raise ParleyError(f"No such prompt file: {source.path}") from None
     except UnicodeDecodeError as exc:
-        what = "The prompt on stdin" if source.path == STDIN else f"The prompt file {source.path}"
         raise ParleyError(f"{what} is not {exc.encoding.upper().removesuffix('-SIG')} text (byte {exc.start:,}): save "
                           "it as UTF-8.") from None
     except OSError as exc:

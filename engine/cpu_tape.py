@@ -36,7 +36,8 @@ MAX_ROWS = 16  # decode steps of up to this many rows get a tape each (beyond, t
 ALIGN = 64  # bytes: each of a tape's tensors starts on a cache line of the arena, as torch's own allocations do
 # with this many sequences or more, a verify step's rows a multiple of it (the longest drafts' last tokens trimmed,
 # the least likely kept). It kept 8 sessions' widths within the tapes' old bound; with every width taped, trimming
-# still measured no worse (8 sessions: code_edit 1.72x / 1.73x untrimmed, summarise 1.43x / 1.39x, open chat 0.96x / 0.95x)
+# still measured no worse (8 sessions: code_edit 1.72x / 1.73x untrimmed, summarise 1.43x / 1.39x, open chat
+# 0.96x / 0.95x)
 ROW_STEP = 4
 # ops that only allocate or view: a step whose recording runs nothing else has all of its work in the library
 _FREE_OPS = frozenset({

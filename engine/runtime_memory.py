@@ -51,8 +51,8 @@ def layer_row_floats(args: ModelArgs) -> int:
 
 def tape_row_bytes(args: ModelArgs) -> int:
     """A taped row: every tensor its step allocated (in the arena all tapes share) but its logits, which go to one
-    buffer of MAX_ROWS rows all tapes share. With the logits, measured 1.96 MB a row on Gemma 3 270M (formula 1.93), 3.4 MB on a
-    Llama-1B shape (3.2)."""
+    buffer of MAX_ROWS rows all tapes share. With the logits, measured 1.96 MB a row on Gemma 3 270M (formula 1.93),
+    3.4 MB on a Llama-1B shape (3.2)."""
     return FLOAT * args.num_layers * layer_row_floats(args)
 
 
