@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 import re
@@ -100,7 +101,7 @@ class TurnRequest:
 
 def parse_json(body: bytes) -> dict:
     try:
-        data = json.loads(body)
+        data = _loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise APIError(400, f"The request body is not valid JSON: {exc}.") from None
     except ValueError:  # Python reads no integer of more than 4,300 digits (CVE-2020-10735): it was a 500
@@ -114,6 +115,18 @@ def parse_json(body: bytes) -> dict:
         raise APIError(400, f"The request body holds \\u{ord(lone):04x}, half of a surrogate pair and no character: "
                             "JSON writes a character past U+FFFF as both halves.")
     return data
+
+
+def _loads(body: bytes):
+    """json.loads with the cyclic collector paused: a body of millions of small arrays set off a full collection every
+    few hundred thousand, 4x the parse (an 8 MB body of [1] arrays: 1.6 s, every stream stalled); JSON makes no cycles."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return json.loads(body)
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _lone_surrogate(data) -> str | None:
@@ -172,7 +185,7 @@ def parse_chat(data: dict, context_limit: int, tool_format: str | None = None, m
 
 def parse_completion(data: dict, context_limit: int) -> TurnRequest:
     _reject_unsupported(data, chat=False)
-    prompts = completion_prompts(data.get("prompt"))
+    prompts = completion_prompts(data.get("prompt"), context_limit)
     echo = _typed(data, "echo", bool, False)
     data, prompt_only = echo_only(data, echo)
     req = _common(data, context_limit, raw=True)
