@@ -1,4 +1,5 @@
-"""Where `parley generate` takes its prompts from: --prompt TEXT, --prompt-file PATH ('-': stdin), or a piped stdin."""
+"""Where `parley generate` takes its prompts from: --prompt TEXT, --prompt-file PATH ('-': stdin), or a piped stdin;
+and `parley chat` its lines."""
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,21 @@ def read_prompts(args: argparse.Namespace, bound: PromptBound) -> list[str]:
     if sum(isinstance(g, PromptFile) and g.path == STDIN for g in given) > 1:
         raise ParleyError("stdin can be read once: give --prompt-file - only once.")
     return [_read_some(g, bound) if isinstance(g, PromptFile) else g for g in given]
+
+
+def read_line(bound: PromptBound) -> str:
+    """A chat's next line without its line break (EOFError past the last): typed at a terminal through input() (and
+    its line editing), or piped, read no further than a message of the bound's tokens could be (a 400 MB line took
+    1.5 GB, /dev/zero all there was)."""
+    if sys.stdin.isatty():
+        return input("> ")  # piped lines get no prompt: stdout holds the answers alone, one per turn
+    sys.stdout.flush()  # as input() does: each answer reaches a reader before the next line is read
+    line = sys.stdin.readline(bound.most + 1)
+    if not line:
+        raise EOFError
+    if len(line) > bound.most and not line.endswith("\n"):  # no line's end within the bound: the rest cannot fit
+        raise bound.refusal("A line on stdin", "characters")
+    return line.removesuffix("\n")
 
 
 def _read_some(source: PromptFile, bound: PromptBound) -> str:

@@ -9,7 +9,7 @@ import unicodedata
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Iterator
 
-from cli.prompts import PromptBound, add_prompt_options, read_prompts
+from cli.prompts import PromptBound, add_prompt_options, read_line, read_prompts
 from cli.options import (add_context_option, add_engine_options, add_sampling_options, context_capped, engine_config,
                          paths_of, sampling_params, session_tokens)
 from cli.signal_relay import handled_in_main_thread
@@ -207,13 +207,13 @@ def chat(args: argparse.Namespace) -> int:
     try:
         sid = cli.engine.open_session(model_id, overflow="truncate")
         print(f"Parley — {printable(loaded.name)}. /bye or Ctrl-D to quit.", file=sys.stderr)
-        prompt = "> " if sys.stdin.isatty() else ""  # lines piped in: stdout holds the answers alone, one per turn
+        bound = PromptBound(session_tokens(args))  # a piped line is read no further than a message could be
         while True:
             try:
                 with settings_kept(sys.stdin):  # readline's raw mode, were a signal to end the process there
-                    line = typed(input(prompt)).strip()
+                    line = typed(read_line(bound)).strip()
             except EOFError:  # Ctrl-D ends no line: the shell's prompt would follow "> " on the same one
-                print(end="\n" if prompt else "")
+                print(end="\n" if sys.stdin.isatty() else "")
                 return 0
             if not line:  # an Enter too many (llama.cpp and Ollama wait for text too): the chat is not thrown away
                 continue
