@@ -282,11 +282,12 @@ class CompareView(QWidget):
     def _relabel(self, *_key: str) -> None:
         if not self.columns or not all(self.service.store.has(c.conv_id) for c in self.columns):
             return
-        labels = self.labels()
-        for i, (column, label) in enumerate(zip(self.columns, labels)):
+        names = [c.model_name() for c in self.columns]
+        labels = column_labels(self.service.store, [c.conv_id for c in self.columns], names)
+        for i, (column, label, name) in enumerate(zip(self.columns, labels, names)):
             column.set_letter(chr(ord("A") + i))
             if not self.service.busy(column.conv_id):  # a model picked mid-answer is the next answer's: so is its name
-                column.set_label(label)
+                column.set_label(label, name_end=len(f"{column.letter}: {name}"))
 
     def labels(self) -> list[str]:
         ids = [c.conv_id for c in self.columns]

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QSizePolicy, QToolButton, QVBoxLayout
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QSizePolicy, QToolButton, QVBoxLayout
 
 from app.core.chats import ChatService
 from app.core.live import ChatStatus
@@ -13,7 +13,7 @@ from app.qt.chat_view import ChatView
 from app.qt.elided_label import ElidedLabel
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker, SettingsDialog, thinking_switch_of
-from app.qt.status_line import describe
+from app.qt.status_line import describe, shorter
 from app.qt.theme import icon
 
 # narrower and a column's answer wraps every few words; two still fit beside the sidebar of an 800 px window
@@ -43,8 +43,10 @@ class CompareColumn(QFrame):
         self.promote_button = QToolButton(text=self.tr("Make chat"))
         self.promote_button.setToolTip(self.tr("Move this column to the sidebar as a normal chat"))
         self.view = ChatView(service)
-        self.stats = QLabel(objectName="statusText", wordWrap=True)
-        self.stats.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        # one line, shorter where narrow (status_line.shorter): wrapped, a third column's line was cut to half lines
+        # and the answer's view jumped by a line as its figures came
+        self.stats = ElidedLabel(objectName="statusText", least_head="MMMM…")
+        self.stats.setMinimumHeight(self.stop_button.sizeHint().height())  # Stop coming and going moves nothing above
         head = QHBoxLayout()
         head.addWidget(self.picker, 1)
         head.addWidget(self.settings_button)
@@ -83,10 +85,12 @@ class CompareColumn(QFrame):
         self.promote_button.setAccessibleName(self.tr("Make column %1 a chat").replace("%1", letter))
         self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
         self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))
+        self.stats.setAccessibleName(self.tr("Column %1 status").replace("%1", letter))
 
-    def set_label(self, text: str) -> None:
-        self.label.setText(text)
-        self.label.setToolTip(text)
+    def set_label(self, text: str, name_end: int = 0) -> None:
+        """`name_end`: where the model's name ends in `text`; a narrow column shortens the name (the picker shows it),
+        not the settings after it that tell the columns apart ("A: Gemma 3 270M (embedded, base …" hid "T 0.8")."""
+        self.label.setText(text, head=name_end)  # the whole label in its tooltip
 
     def model_name(self, key: str | None = None) -> str:
         """A model (the column's own by default) by the name it is listed under, as the picker shows it: the
@@ -146,4 +150,4 @@ class CompareColumn(QFrame):
             s = ChatStatus(model=state.name)  # another model picked since: the figures were the other one's
         if s.model and (state is None or s.model in (state.name, state.entry.name) or self.service.busy(conv_id)):
             s = replace(s, model=self.model_name(self.answering_key()))  # the name the picker and label show
-        self.stats.setText(describe(s, loading))
+        self.stats.setText(describe(s, loading), shorter=shorter(s, loading))

@@ -321,7 +321,7 @@ def test_a_columns_line_says_its_model_was_unloaded_and_loads_when_sent(parley, 
     assert all("not loaded: loads when you send" in c.stats.text() for c in view.columns)  # read 'qwen3 · … tok/s'
     assert view.send("again")
     qtbot.waitUntil(lambda: not view.busy() and parley.models.model_id("default") is not None, timeout=60_000)
-    assert all("not loaded" not in c.stats.text() and "tok/s" in c.stats.text() for c in view.columns)
+    assert all("not loaded" not in c.stats.full_text() and "tok/s" in c.stats.text() for c in view.columns)
 
 
 def test_tab_goes_round_the_compare_view_through_named_stops_only(parley, qtbot):
@@ -352,10 +352,10 @@ def test_a_columns_line_names_the_model_picked_since_its_last_answer(parley, qtb
     view, convs = _short_answers(parley)
     assert view.send("hello")
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
-    assert view.columns[1].stats.text().startswith("qwen3") and "tok/s" in view.columns[1].stats.text()
+    assert view.columns[1].stats.full_text().startswith("qwen3") and "tok/s" in view.columns[1].stats.text()
     view.columns[1].set_model(imported_llama)  # loaded: the line read 'qwen3 · … tok/s' under 'B: llama'
-    assert view.columns[1].stats.text().startswith("llama") and "— tok/s" in view.columns[1].stats.text()
-    assert view.columns[0].stats.text().startswith("qwen3") and "— tok/s" not in view.columns[0].stats.text()
+    assert view.columns[1].stats.full_text().startswith("llama") and "— tok/s" in view.columns[1].stats.full_text()
+    assert view.columns[0].stats.full_text().startswith("qwen3") and "— tok/s" not in view.columns[0].stats.full_text()
 
 
 def test_a_copy_of_the_embedded_model_imported_before_its_first_load_is_the_embedded_model(qtbot, qapp, tiny_models,
@@ -449,7 +449,7 @@ def test_a_column_names_its_model_as_the_picker_lists_it(parley, qtbot):
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     column = view.columns[0]
     assert column.picker.currentText() == listed  # the file's own name ('qwen3') read differently
-    assert column.label.full_text() == f"A: {listed}" and column.stats.text().startswith(f"{listed}  · ")
+    assert column.label.full_text() == f"A: {listed}" and column.stats.full_text().startswith(f"{listed}  · ")
 
 
 def test_a_model_picked_mid_answer_renames_the_column_when_that_answer_ends(parley, qtbot, imported_llama):
@@ -459,7 +459,7 @@ def test_a_model_picked_mid_answer_renames_the_column_when_that_answer_ends(parl
     assert view.send("hello")
     qtbot.waitUntil(lambda: parley.service.live(convs[1]).turn.turn_id is not None, timeout=10_000)
     view.columns[1].set_model(imported_llama)  # the answer goes on from the old model
-    assert view.columns[1].label.full_text() == f"B: {old}" and view.columns[1].stats.text().startswith(old)
+    assert view.columns[1].label.full_text() == f"B: {old}" and view.columns[1].stats.full_text().startswith(old)
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert view.columns[1].label.full_text() == f"B: {new}"  # the next answer's model
 

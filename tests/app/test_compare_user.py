@@ -1,0 +1,70 @@
+"""The compare view as a user comparing models sees it: which column is which, and each column's figures, at any width."""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests.app.helpers import hold_engine, wait_idle
+
+LONG_NAME = "Meta-Llama-3.1-8B-Instruct-abliterated-Q4_K_M"  # as real files are named
+
+
+@pytest.fixture
+def long_named(parley, qtbot, tiny_models, tmp_path) -> str:
+    """The tiny Llama imported from a file with a real model's long name; its key."""
+    path = tmp_path / f"{LONG_NAME}.gguf"
+    shutil.copyfile(tiny_models["llama"].gguf_path, path)
+    key = parley.models.import_path(path)
+    qtbot.waitUntil(lambda: parley.models.registry.get(key) is not None, timeout=60_000)
+    return key
+
+
+def _two_columns(parley, key: str, width: int = 800):
+    """Two columns of one long-named model, greedy and drawn at T 0.8, in a window `width` px wide."""
+    w = parley.window
+    w.resize(width, 700)
+    w.show_compare()
+    view = w.compare
+    view.set_columns(2)
+    for column, temperature in zip(view.columns, (0.0, 0.8)):
+        settings = parley.store.get(column.conv_id).settings
+        parley.service.set_settings(column.conv_id, settings.copy(model=key, temperature=temperature, max_tokens=6))
+        column.picker.reload(key)
+    return view
+
+
+def _shown_whole(label) -> bool:
+    return label.fontMetrics().horizontalAdvance(label.text()) <= label.width()
+
+
+def test_a_narrow_column_keeps_the_settings_that_tell_it_apart(parley, qtbot, long_named):
+    """At 800 px both labels read "A: Meta-Llama-3.1-8B-Inst…" and "B: Meta-Llama-3.1-8B-Inst…": the T 0.8 that
+    was the whole point of the comparison was cut off; the name gives way now (the picker under it shows it)."""
+    view = _two_columns(parley, long_named)
+    qtbot.waitUntil(lambda: view.layout_mode == "row" and view.columns[1].label.width() < 300)
+    a, b = (c.label.text() for c in view.columns)
+    assert a.startswith("A: ") and a.endswith(" · T 0") and "…" in a, a
+    assert b.startswith("B: ") and b.endswith(" · T 0.8"), b
+    assert view.columns[1].label.full_text() == f"B: {LONG_NAME} · T 0.8"  # and whole in its tooltip
+
+
+def test_each_columns_figures_stay_on_one_line_that_holds_still(parley, qtbot, long_named):
+    """A column's speed line wrapped: a long name's line took three lines in a 256 px column, a third column's was
+    cut to half lines at 1400 px, and the answer above jumped as the figures and the Stop button came and went. It
+    is one line now, the name giving way before the tok/s and TTFT."""
+    view = _two_columns(parley, long_named)
+    qtbot.waitUntil(lambda: view.layout_mode == "row" and view.columns[1].stats.width() < 300)
+    idle = [c.view.height() for c in view.columns]
+    hold_engine(parley, 0.3)
+    assert view.send("hello")
+    assert all(c.stop_button.isVisibleTo(view) for c in view.columns)
+    qtbot.wait(10)  # a layout pass with the Stop buttons and "streaming" shown
+    assert [c.view.height() for c in view.columns] == idle
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+    qtbot.wait(10)
+    assert [c.view.height() for c in view.columns] == idle
+    for column in view.columns:
+        shown = column.stats.text()
+        assert _shown_whole(column.stats) and "tok/s" in shown and "TTFT" in shown, shown
+        assert column.stats.full_text().startswith(LONG_NAME)  # in the tooltip
