@@ -151,7 +151,7 @@ def assistant_calls(calls, i: int) -> list[dict]:
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except ValueError:
+            except (ValueError, RecursionError):  # nested past Python's parser (5,000 brackets): it was a 500
                 pass  # kept as the text it is: the template shows what the answer wrote
         out.append({"id": call.get("id"), "type": "function", "function": {"name": fn["name"], "arguments": arguments}})
     return out

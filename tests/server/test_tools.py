@@ -17,7 +17,7 @@ from server.app import _chat_deltas, _tail_deltas
 from server.bridge import ServerBridge
 from server.protocol import ReasoningSplit, chat_response, parse_chat
 from server.run import BackgroundServer
-from server.tools import StreamedCalls, request_tools
+from server.tools import StreamedCalls, assistant_calls, request_tools
 from tests.support.gguf_export import write_gguf
 
 HERMES_TEMPLATE = (
@@ -312,6 +312,14 @@ def test_the_turn_after_a_call_shows_its_arguments_and_result(tools_server, tool
     assert "<tool_response>\nsunny, 21 C\n</tool_response>" in text
     assert '"name": "get_time"' in text  # the tools shown in the system turn
     assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_arguments_nested_past_the_parser_are_kept_as_their_text():
+    """Arguments JSON text 5,000 brackets deep failed Python's parser with a RecursionError: a 500 and a traceback in
+    the server's log. Kept as text, as arguments that are no JSON are."""
+    deep = "[" * 5000 + "]" * 5000
+    calls = assistant_calls([{"id": "c", "type": "function", "function": {"name": "f", "arguments": deep}}], 1)
+    assert calls[0]["function"]["arguments"] == deep
 
 
 @pytest.mark.parametrize("fields,param,words", [
