@@ -304,6 +304,8 @@ def _logit_bias(data: dict) -> dict[int, float] | None:
     bias = _typed(data, "logit_bias", dict, None)
     if not bias:
         return None
+    if len(bias) > MAX_BIASED:  # before each entry is read: 600,000 of them took 0.4 s of the event loop
+        raise APIError(400, f"'logit_bias' may name at most {MAX_BIASED} tokens, not {len(bias)}.", "logit_bias")
     out = {}
     for key, value in bias.items():
         token = key.strip() if isinstance(key, str) else ""
@@ -313,8 +315,6 @@ def _logit_bias(data: dict) -> dict[int, float] | None:
             raise APIError(400, f"'logit_bias' values must be numbers from -{MAX_BIAS:g} to {MAX_BIAS:g}, not {value!r} "
                                 f"(token {token}).", "logit_bias")
         out[int(token)] = float(value)
-    if len(out) > MAX_BIASED:
-        raise APIError(400, f"'logit_bias' may name at most {MAX_BIASED} tokens, not {len(out)}.", "logit_bias")
     return out
 
 
@@ -390,7 +390,7 @@ def _stop(data: dict) -> list[str]:
     once)."""
     stop = data.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop) or len(stop) > MAX_STOP_STRINGS:
+    if not isinstance(stop, list) or len(stop) > MAX_STOP_STRINGS or not all(isinstance(s, str) for s in stop):
         raise APIError(400, f"'stop' must be a string or an array of at most {MAX_STOP_STRINGS} strings.", "stop")
     if any(len(s) > MAX_STOP_CHARS for s in stop):
         raise APIError(400, f"A stop string may hold at most {MAX_STOP_CHARS} characters.", "stop")
