@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from types import ModuleType
 
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
-from engine.loading.gguf_file import GGUFFile
+from engine.loading.gguf_file import GGUFFile, GGUFTensor
 from engine.models.args import GLOBAL, ModelArgs, RopeArgs
 from engine.quant.from_gguf import is_native, quantized_matrix, row_order
 from engine.quant.weight import QuantTensor
@@ -50,29 +51,44 @@ def read_gguf_weights(gf: GGUFFile, arch: ModuleType, args: ModelArgs, progress=
     total = len(gf.tensors)
     weights: dict[str, torch.Tensor | QuantTensor] = {}
     odd: dict[str, int] = {}
-    rope_target = getattr(arch, "gguf_rope_factors", _rope_freqs)
-    skip = getattr(arch, "gguf_skip", None)  # tensors the model does not run (GLM-4.5's next-token prediction layer)
-    for i, whole in enumerate(gf.tensors):
-        if skip is not None and skip(whole.name, args):
-            pass
-        elif (rope := rope_target(whole.name, args)) is not None:
-            _read_rope_factors(gf, whole, args, rope)
-        else:
-            for t in _parts(gf, whole, arch, args):
-                target = hf_name(t.name, arch)
-                if target is None:
-                    raise ModelLoadError(f"{t.file_name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
-                if quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
-                    weights[target] = _matrix(gf, t, arch, args, device)
-                    if not is_native(t.tensor_type.name) and not kept_as_is(weights[target]):
-                        odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
-                else:
-                    weights[target] = _fixed(gf, t, arch, args)
+    for i, parts in enumerate(planned_tensors(gf, arch, args)):
+        for t, target in parts:
+            if isinstance(target, RopeArgs):
+                target.factors = [float(x) for x in gf.tensor(t).flatten()]
+            elif quantized and len(t.shape) == 2 and t.tensor_type.name != "F32":  # F32 files stay exact
+                weights[target] = _matrix(gf, t, arch, args, device)
+                if not is_native(t.tensor_type.name) and not kept_as_is(weights[target]):
+                    odd[t.tensor_type.name] = odd.get(t.tensor_type.name, 0) + 1
+            else:
+                weights[target] = _fixed(gf, t, arch, args)
         if progress:
             progress("Decoding weights", (i + 1) / total)
     if notices is not None:
         notices.extend(requantized_notice(gf.path.name, q, n) for q, n in sorted(odd.items()))
     return weights
+
+
+def planned_tensors(gf: GGUFFile, arch: ModuleType,
+                    args: ModelArgs) -> Iterator[list[tuple[GGUFTensor, str | RopeArgs]]]:
+    """Per tensor of the file, from its header alone: what the model reads of it, each as (the tensor or a part of it,
+    its HF name or the rope its factors fill); none for a tensor the model skips. A name the architecture does not
+    know is an error."""
+    rope_target = getattr(arch, "gguf_rope_factors", _rope_freqs)
+    skip = getattr(arch, "gguf_skip", None)  # tensors the model does not run (GLM-4.5's next-token prediction layer)
+    for whole in gf.tensors:
+        if skip is not None and skip(whole.name, args):
+            yield []
+        elif (rope := rope_target(whole.name, args)) is not None:
+            _check_rope_factors(whole, args, rope)
+            yield [(whole, rope)]
+        else:
+            yield [(t, _target(t, arch)) for t in _parts(gf, whole, arch, args)]
+
+
+def _target(t: GGUFTensor, arch: ModuleType) -> str:
+    if (target := hf_name(t.name, arch)) is None:
+        raise ModelLoadError(f"{t.file_name}: unexpected tensor {t.name} for architecture {arch.ARCH}.")
+    return target
 
 
 def requantized_notice(source: str, type_name: str, count: int) -> str:
@@ -89,11 +105,10 @@ def _rope_freqs(name: str, args: ModelArgs) -> RopeArgs | None:
     return args.rope[GLOBAL] if name == "rope_freqs.weight" else None
 
 
-def _read_rope_factors(gf: GGUFFile, t, args: ModelArgs, rope: RopeArgs) -> None:
+def _check_rope_factors(t: GGUFTensor, args: ModelArgs, rope: RopeArgs) -> None:
     if tuple(t.shape) != (rope.pairs(args.head_dim),):  # one factor per rotary frequency, else wrong rope silently
         raise ModelLoadError(f"{t.file_name}: {t.name} has shape {list(t.shape)}, expected "
                              f"[{rope.pairs(args.head_dim)}].")
-    rope.factors = [float(x) for x in gf.tensor(t).flatten()]
 
 
 def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
@@ -110,16 +125,20 @@ def _parts(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> list:
         ranges = split(t.name, tuple(int(d) for d in reversed(t.shape)), args) if split else None
         return [t] if ranges is None else [t.rows(name, start, stop) for name, start, stop in ranges]
     except (ValueError, ModelLoadError) as exc:
-        raise ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
-                             f"metadata ({exc}).") from None
+        raise misfit(t, str(exc)) from None
 
 
 def _fixed(gf: GGUFFile, t, arch: ModuleType, args: ModelArgs) -> torch.Tensor:
     try:
         return arch.gguf_fix(t.name, gf.tensor(t), args)
     except RuntimeError as exc:  # e.g. Q rows that do not split into the metadata's head count
-        raise ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
-                             f"metadata ({str(exc).splitlines()[0]}).") from None
+        raise misfit(t, str(exc).splitlines()[0]) from None
+
+
+def misfit(t: GGUFTensor, detail: str) -> ModelLoadError:
+    """A tensor that the model's metadata cannot place, `detail` saying why."""
+    return ModelLoadError(f"{t.file_name}: tensor {t.name} of shape {list(t.shape)} does not fit the model's "
+                          f"metadata ({detail}).")
 
 
 def _expert(name: str) -> bool:

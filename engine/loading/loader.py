@@ -17,6 +17,7 @@ from engine.loading.gguf_file import GGUFFile, open_gguf
 from engine.loading.gguf_header import Span
 from engine.loading.gguf_split import files_name, model_file, shown_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
+from engine.loading.tensor_check import check_tensors, mismatch_message
 from engine.loading.tokenizer_cache import gguf_tokenizer, vocabulary_spans
 from engine.memory import (
     LOAD_SCRATCH, available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory,
@@ -200,7 +201,7 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
     missing = sorted(set(expected) - weights.keys())
     unexpected = sorted(weights.keys() - set(expected))
     if missing or unexpected:
-        raise ModelLoadError(_mismatch_message(missing, unexpected))
+        raise ModelLoadError(mismatch_message(missing, unexpected))
     state = {}
     for key, value in weights.items():
         if isinstance(value, QuantTensor):
@@ -215,7 +216,7 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
         raise ModelLoadError(f"The weights do not fit the architecture: {detail}") from exc
     left = [k for k in result.missing_keys if not _quantized_buffer(model, k)]
     if left or result.unexpected_keys:
-        raise ModelLoadError(_mismatch_message(left, result.unexpected_keys))
+        raise ModelLoadError(mismatch_message(left, result.unexpected_keys))
     model.reset_buffers(device)
     return model.eval().requires_grad_(False)
 
@@ -223,15 +224,6 @@ def build_model(args: ModelArgs, weights: dict[str, torch.Tensor | QuantTensor],
 def _quantized_buffer(model: CausalLM, key: str) -> bool:
     owner = model.get_submodule(key.rsplit(".", 1)[0]) if "." in key else model
     return isinstance(owner, QuantTensor)
-
-
-def _mismatch_message(missing: list[str], unexpected: list[str]) -> str:
-    parts = []
-    if missing:
-        parts.append(f"missing tensors: {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
-    if unexpected:
-        parts.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' …' if len(unexpected) > 4 else ''}")
-    return "The weights do not match the architecture (" + "; ".join(parts) + ")."
 
 
 def _check_hf_memory(folder: Path, args: ModelArgs, options: LoadOptions) -> None:
@@ -286,6 +278,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     try:
         arch = architecture(gf.architecture or "(none)")
         args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
+        check_tensors(gf, arch, args)
         _check_memory(gf, args, options, files_name(path))
         # a dequantized load's converted entry holds its tokenizer already: no second copy
         tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
