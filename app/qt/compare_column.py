@@ -13,7 +13,7 @@ from app.qt.chat_view import ChatView
 from app.qt.elided_label import ElidedLabel
 from app.qt.model_manager import ModelManager
 from app.qt.settings_dialog import ModelPicker, SettingsDialog, thinking_switch_of
-from app.qt.status_line import describe, shorter
+from app.qt.status_line import SecondsTicker, describe, shorter
 from app.qt.theme import icon
 
 # narrower and a column's answer wraps every few words; two still fit beside the sidebar of an 800 px window
@@ -47,6 +47,8 @@ class CompareColumn(QFrame):
         # and the answer's view jumped by a line as its figures came
         self.stats = ElidedLabel(objectName="statusText", least_head="MMMM…")
         self.stats.setMinimumHeight(self.stop_button.sizeHint().height())  # Stop coming and going moves nothing above
+        # "reading the prompt · 0 s" stood still until the first token, where the chat's line counted the seconds
+        self._ticker = SecondsTicker(self._on_models_changed, self)
         head = QHBoxLayout()
         head.addWidget(self.picker, 1)
         head.addWidget(self.settings_button)
@@ -128,7 +130,7 @@ class CompareColumn(QFrame):
         if conv_id == self.conv_id and self.service.store.has(conv_id):
             self.picker.follow(self.service.store.get(conv_id).settings.model)
 
-    def _on_models_changed(self, _key: str) -> None:
+    def _on_models_changed(self, _key: str = "") -> None:
         self._on_status(self.conv_id)
 
     def _on_status(self, conv_id: int) -> None:
@@ -151,3 +153,4 @@ class CompareColumn(QFrame):
         if s.model and (state is None or s.model in (state.name, state.entry.name) or self.service.busy(conv_id)):
             s = replace(s, model=self.model_name(self.answering_key()))  # the name the picker and label show
         self.stats.setText(describe(s, loading), shorter=shorter(s, loading))
+        self._ticker.follow(s)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from PySide6.QtCore import QCoreApplication, QTimer
+from PySide6.QtCore import QCoreApplication, QObject, QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
 from app.core.live import ChatStatus
@@ -12,6 +12,7 @@ from app.qt.elided_label import ElidedLabel
 
 TICKING = ("loading", "queued", "prefilling")  # phases with no other movement: the seconds count up
 TICK_MS = 1000
+TICK_SLACK_MS = 20  # just past the second: a timer may fire a little early, and "0.99 s" reads "0 s"
 
 
 def tr(text: str) -> str:
@@ -37,8 +38,7 @@ class StatusLine(QWidget):
         layout.addWidget(self.meter)
         self._shown: tuple[ChatStatus, str] = (ChatStatus(), "")
         self.capacity: tuple[int, int | None] = (0, None)  # the engine's chats at once and tokens per chat
-        self._ticker = QTimer(self, interval=TICK_MS)
-        self._ticker.timeout.connect(lambda: self._describe(*self._shown))
+        self._ticker = SecondsTicker(self._tick, self)
         self.show_status(ChatStatus())
 
     def show_status(self, s: ChatStatus, loading: str = "") -> None:
@@ -50,10 +50,11 @@ class StatusLine(QWidget):
         self._describe(s, loading)
         dropped = tr("; %1 oldest messages left out").replace("%1", str(s.dropped_messages)) if s.dropped_messages else ""
         self.meter.setToolTip(tr("This chat's share of the context window") + dropped + self._why_limit(s.context_limit))
-        if s.state in TICKING and not self._ticker.isActive():
-            self._ticker.start()
-        elif s.state not in TICKING:
-            self._ticker.stop()
+        self._ticker.follow(s)
+
+    def _tick(self) -> None:
+        self._describe(*self._shown)
+        self._ticker.follow(self._shown[0])
 
     def _describe(self, s: ChatStatus, loading: str) -> None:
         """A narrow line shortens the model's name, then drops the least useful parts (at 800 px with the Live panel it
@@ -89,6 +90,23 @@ class StatusLine(QWidget):
                              "`parley chat` holds one conversation, so it allows more.").replace(
                 "%1", f"{limit:,}").replace("%2", str(sessions))
         return "\n" + tr("Up to %1 tokens: the model's own context length.").replace("%1", f"{limit:,}")
+
+
+class SecondsTicker(QTimer):
+    """Calls back just after each whole second of a phase that counts them ("queued · 3 s"). A plain 1 s timer
+    started with the phase fired a few ms early, at 0.99 s, so the line read "0 s" for two seconds."""
+
+    def __init__(self, callback, parent: QObject):
+        super().__init__(parent, singleShot=True)
+        self.timeout.connect(callback)
+
+    def follow(self, s: ChatStatus) -> None:
+        """Armed for the next second while `s` counts them, else stopped."""
+        if s.state not in TICKING or s.since is None:
+            self.stop()
+            return
+        elapsed_ms = (time.perf_counter() - s.since) * 1000
+        self.start(int(TICK_MS - elapsed_ms % TICK_MS) + TICK_SLACK_MS)
 
 
 SEPARATOR = "  ·  "

@@ -68,3 +68,21 @@ def test_each_columns_figures_stay_on_one_line_that_holds_still(parley, qtbot, l
         shown = column.stats.text()
         assert _shown_whole(column.stats) and "tok/s" in shown and "TTFT" in shown, shown
         assert column.stats.full_text().startswith(LONG_NAME)  # in the tooltip
+
+
+def test_a_waiting_columns_seconds_count_up_as_the_chats_do(parley, qtbot):
+    """A column waiting for the engine (or reading a long prompt) read "queued · 0 s" until its first token, however
+    long that took; the chat's line counted, but its 1 s timer fired at 0.99 s and read "0 s" for two seconds."""
+    w = parley.window
+    hold_engine(parley, 1.8)  # the turns are submitted and wait for the engine thread
+    assert w.chat.send("hello")
+    w.show_compare()
+    column = w.compare.columns[0]
+    assert w.compare.send("hello")
+    lines = (column.stats.full_text, w.chat.status.text.full_text)
+    assert all("queued · 0 s" in line() for line in lines)
+    qtbot.waitUntil(lambda: all("queued · 1 s" in line() for line in lines), timeout=1500)
+    w.compare.stop()
+    w.chat.stop()
+    wait_idle(parley, qtbot, w.chat.conv_id, *(c.conv_id for c in w.compare.columns))
+    assert not column._ticker.isActive() and not w.chat.status._ticker.isActive()
