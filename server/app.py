@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine import events as ev
@@ -31,6 +31,7 @@ from server.bridge import ServerBridge, ServedModel
 from server.call_limit import CallLimit, call_limits
 from server.choices import Choices
 from server.logprobs import StreamedLogprobs
+from server.paced_stream import PacedStream
 from server.prompt_logprobs import SharedEcho, joined, prompt_alone, scored_echo, shared
 from server.tools import StreamedCalls
 
@@ -47,12 +48,15 @@ class ServerSettings:
 
     bound_host: str = "127.0.0.1"  # the address listened on; Host headers must name it
     max_body_bytes: int = 8 << 20  # a chat request is kilobytes; tens of MB only tie up the tokenizer
+    send_timeout_s: float = 60.0  # a stream whose client takes nothing this long is dropped (nginx's send_timeout)
     allowed_hosts: tuple[str, ...] = ()  # extra names for Host (e.g. a reverse proxy's)
     cors_origins: tuple[str, ...] = ()  # web page origins whose scripts may call the API ("*": any); none by default
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError(f"max_body_bytes must be at least 1024, not {self.max_body_bytes}")
+        if not self.send_timeout_s > 0:
+            raise ValueError(f"send_timeout_s must be more than 0, not {self.send_timeout_s}")
         for origin in self.cors_origins:
             parts = urlsplit(origin)
             if origin != "*" and not (parts.scheme and parts.netloc and not parts.path.strip("/")):
@@ -76,7 +80,7 @@ def build_app(bridge: ServerBridge, api_key: str | None = None, settings: Server
             try:
                 _check_origin(request, settings)
                 _authorize(request, api_key)
-                request.state.max_body = settings.max_body_bytes
+                request.state.max_body, request.state.send_timeout = settings.max_body_bytes, settings.send_timeout_s
                 return await handler(request, bridge)
             except api.APIError as exc:
                 return _error(exc)
@@ -156,7 +160,7 @@ async def _serve_turn(request: Request, bridge: ServerBridge, model: ServedModel
     turn = await _begin(client, bridge, model, req)
     if req.stream:
         body = _sse(client, turn, model.id, req, rid, model.tokenizer)
-        return StreamingResponse(body, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return PacedStream(body, request.state.send_timeout, headers={"Cache-Control": "no-cache"})
     logprobs = [[] for _ in range(turn.n)] if req.params.logprobs is not None or req.ranked else None
     limits = call_limits(req.tools, turn.n, req.prompt if req.continue_final else "")
     scored = [None] * turn.n if req.params.prompt_logprobs is not None else None  # each choice's prompt entries
