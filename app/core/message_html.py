@@ -53,9 +53,11 @@ class Names:
 
 
 def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRenderer, busy: bool,
-                 show_thought: bool = False, deadline: float | None = None, names: Names = Names()) -> Rendered:
+                 show_thought: bool = False, deadline: float | None = None, names: Names = Names(),
+                 narrow: bool = False) -> Rendered:
     """`version` is 1-based among `versions`; `busy` hides actions while the chat is answering; `show_thought` unfolds
-    a finished thought; past `deadline` (time.perf_counter()) a streaming answer renders no more new blocks."""
+    a finished thought; past `deadline` (time.perf_counter()) a streaming answer renders no more new blocks; `narrow`
+    puts an answer's links under its model's name (a compare column)."""
     complete = True
     if msg.role == "user":  # a user's text is shown as typed
         typed, blocks = renderer.render_typed(msg.content) if msg.content else ("", [])
@@ -74,7 +76,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         tail = f'<p style="color:#888">{CURSOR}</p>' + tail
     if body:  # the tail goes in with the last block: alone, Qt would end a list or table before it in another block
         body[-1] += tail
-    parts = (_header(msg, version, versions, busy, names), thought, *(body or [tail]))
+    parts = (_header(msg, version, versions, busy, names, narrow), thought, *(body or [tail]))
     return Rendered("".join(parts), blocks, parts, complete)
 
 
@@ -124,9 +126,11 @@ def message_actions(msg: Message, version: int, versions: int, busy: bool) -> li
     return actions
 
 
-def _header(msg: Message, version: int, versions: int, busy: bool, names: Names) -> str:
+def _header(msg: Message, version: int, versions: int, busy: bool, names: Names, narrow: bool = False) -> str:
     """Links right-aligned, those always there on the right: one appearing (Copy, Continue, the version
-    arrows) never moves Regenerate or Edit out from under the pointer."""
+    arrows) never moves Regenerate or Edit out from under the pointer. `narrow`: an answer's links on a row of their
+    own, under the name (beside it, in a 200 px column, the name and the links each wrapped: six lines before the
+    answer)."""
     who = "You" if msg.role == "user" else html.escape(_writer(msg, names))
     seed = (msg.stats or {}).get("seed")
     if isinstance(seed, int):
@@ -140,7 +144,8 @@ def _header(msg: Message, version: int, versions: int, busy: bool, names: Names)
         arrows = f'{_arrow("prev:", "‹", version > 1)} {version}/{versions} {_arrow("next:", "›", version < versions)}'
         links.insert(1 if links and links[0].startswith('<a href="continue:"') else 0, arrows)
     actions = " &nbsp; ".join(links)
-    return (f'<table width="100%" cellspacing="0" cellpadding="0"><tr><td><b>{who}</b></td>'
+    between = "</tr><tr>" if narrow and msg.role == "assistant" else ""
+    return (f'<table width="100%" cellspacing="0" cellpadding="0"><tr><td><b>{who}</b></td>{between}'
             f'<td align="right">{actions}</td></tr></table>')
 
 

@@ -125,6 +125,8 @@ class MessageDelegate(QStyledItemDelegate):
         self._drawn: set[int] = set()  # messages the view's last paint drew
         self._drawing: set[int] = set()  # those its paint under way has drawn so far
         self.shown_thoughts: set[int] = set()  # messages whose finished thought the user unfolded
+        # text width below which an answer's links go under its name (0: never; a chat's drag renders nothing again)
+        self.narrow_below = 0
         self.renders = 0  # documents built (tests and benchmarks read it)
         self.resizing = False  # set by the view while the user resizes it: long documents keep their width till it ends
 
@@ -148,7 +150,8 @@ class MessageDelegate(QStyledItemDelegate):
     def _key(self, msg: Message) -> tuple:
         versions = self.service.store.versions(msg)
         return (len(msg.content), msg.state, msg.error, versions.index(msg), len(versions), self.renderer.dark,
-                msg.id in self.shown_thoughts, names_of(self.service, msg), self.service.busy(msg.conversation_id))
+                msg.id in self.shown_thoughts, self.text_width() < self.narrow_below, names_of(self.service, msg),
+                self.service.busy(msg.conversation_id))
 
     def document(self, msg: Message) -> tuple[QTextDocument, list[str]]:
         width = self.text_width()
@@ -163,7 +166,7 @@ class MessageDelegate(QStyledItemDelegate):
         # busy: the chat's answer streams, and links it would refuse (Regenerate, Continue) are not shown
         rendered = message_html(msg, versions.index(msg) + 1, len(versions), self.renderer, busy=key[-1],
                                 show_thought=msg.id in self.shown_thoughts, deadline=time.perf_counter() + CATCH_UP_S,
-                                names=key[-2])
+                                names=key[-2], narrow=key[-3])
         stream = self._streams.get(msg.id) if hit is not None else None
         if stream is None or stream.doc is not hit[1]:
             stream = None

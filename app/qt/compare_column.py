@@ -18,6 +18,7 @@ from app.qt.theme import icon
 
 # narrower and a column's answer wraps every few words; two still fit beside the sidebar of an 800 px window
 COLUMN_MIN_WIDTH = 250
+NARROW_TEXT = 400  # px of an answer's text width below which its links go under its model's name
 
 
 class CompareColumn(QFrame):
@@ -43,6 +44,7 @@ class CompareColumn(QFrame):
         self.promote_button = QToolButton(text=self.tr("Make chat"))
         self.promote_button.setToolTip(self.tr("Move this column to the sidebar as a normal chat"))
         self.view = ChatView(service)
+        self.view.delegate.narrow_below = NARROW_TEXT
         # one line, shorter where narrow (status_line.shorter): wrapped, a third column's line was cut to half lines
         # and the answer's view jumped by a line as its figures came
         self.stats = ElidedLabel(objectName="statusText", least_head="MMMM…")

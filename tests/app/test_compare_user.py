@@ -86,3 +86,31 @@ def test_a_waiting_columns_seconds_count_up_as_the_chats_do(parley, qtbot):
     w.chat.stop()
     wait_idle(parley, qtbot, w.chat.conv_id, *(c.conv_id for c in w.compare.columns))
     assert not column._ticker.isActive() and not w.chat.status._ticker.isActive()
+
+
+def _body_top(column, msg) -> float:
+    """Where the answer's text starts in its document: below the header of name, seed and links."""
+    doc, _ = column.view.delegate.document(msg)
+    return doc.documentLayout().blockBoundingRect(doc.find(msg.content.split()[0]).block()).top()
+
+
+def test_a_narrow_columns_answer_puts_its_links_under_the_name(parley, qtbot, long_named):
+    """In a 200 px column the name and seed beside Continue · Copy · Regenerate each wrapped: 6 lines (88 px) before
+    the answer's first word at 800 px. The links take a row of their own under the name: the name's lines and one."""
+    from PySide6.QtGui import QTextDocument
+
+    view = _two_columns(parley, long_named)
+    assert view.send("hello")
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+    column = view.columns[1]
+    msg = parley.store.path(column.conv_id)[-1]
+    name = QTextDocument()  # the name and seed alone at the column's width
+    name.setDocumentMargin(0)
+    name.setDefaultFont(column.view.font())
+    name.setHtml(f"<b>{LONG_NAME}</b> · seed {msg.stats['seed']}")
+    name.setTextWidth(column.view.delegate.text_width())
+    line = column.view.fontMetrics().height()
+    assert _body_top(column, msg) <= name.size().height() + 1.5 * line
+    parley.window.resize(1400, 700)  # wide: the links beside the name again
+    qtbot.waitUntil(lambda: column.view.delegate.text_width() > 400)
+    assert _body_top(column, msg) <= name.size().height()
