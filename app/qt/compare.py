@@ -126,15 +126,25 @@ class CompareView(QWidget):
     def _add_column(self, conv_id: int) -> CompareColumn:
         column = CompareColumn(self.service, self.models, conv_id, presets=self.presets)
         column.promote_requested.connect(self.promote)
+        column.close_requested.connect(self.close_column)
         column.view.edit_requested.connect(lambda msg_id, c=column: self.begin_edit(c, msg_id))
         bar = column.view.verticalScrollBar()
         bar.actionTriggered.connect(lambda _action, c=column: QTimer.singleShot(0, lambda: self._sync_from(c)))
         self.columns.append(column)
         return column
 
+    def close_column(self, column: CompareColumn) -> None:
+        """One column taken away, whichever it is (its Close button); the others keep their settings and answers."""
+        if column in self.columns and len(self.columns) > MIN_COLUMNS:
+            self.columns.remove(column)
+            self._remove_column(column)
+            self.set_columns(len(self.columns))
+
     def _remove_column(self, column: CompareColumn) -> None:
         """A column taken away: an empty one goes; one with answers becomes a chat, so nothing is lost."""
         self._queue = [(c, text) for c, text in self._queue if c is not column]  # its turn would go to a gone chat
+        self.grid.removeWidget(column)  # out of its cell now: the next column moves into it before this one is deleted
+        column.hide()
         column.view.set_conversation(None)
         column.deleteLater()
         if not self.service.store.path(column.conv_id):
@@ -255,6 +265,7 @@ class CompareView(QWidget):
         self.layout_mode = mode
         for i, column in enumerate(self.columns):
             self.grid.addWidget(column, i // per_row, i % per_row)
+            column.close_button.setVisible(n > MIN_COLUMNS)  # two at the least
         for c in range(MAX_COLUMNS):
             self.grid.setColumnStretch(c, 1 if c < per_row else 0)
         for r in range(MAX_COLUMNS):

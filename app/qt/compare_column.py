@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSize, Qt, Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QSizePolicy, QToolButton, QVBoxLayout
 
 from app.core.chats import ChatService
@@ -25,6 +25,7 @@ class CompareColumn(QFrame):
     """One column: a hidden conversation shown with its own chat view, model picker and speed line."""
 
     promote_requested = Signal(object)
+    close_requested = Signal(object)
 
     def __init__(self, service: ChatService, models: ModelManager, conv_id: int, parent=None,
                  presets: Presets | None = None):
@@ -41,6 +42,11 @@ class CompareColumn(QFrame):
         self.stop_button = QToolButton(icon=icon("stop"))  # this column only; the composer's Stop stops them all
         self.stop_button.setToolTip(self.tr("Stop this column's answer; the others go on"))
         self.stop_button.hide()
+        # this column away, whichever it is: the column count takes the last one (a middle one's model was kept)
+        self.close_button = QToolButton(icon=icon("close"), autoRaise=True)
+        self.close_button.setToolTip(self.tr("Close this column; its answers become a chat in the sidebar"))
+        self.close_button.setIconSize(QSize(12, 12))
+        self.close_button.setSizePolicy(_kept_when_hidden(self.close_button.sizePolicy()))
         self.promote_button = QToolButton(text=self.tr("Make chat"))
         self.promote_button.setToolTip(self.tr("Move this column to the sidebar as a normal chat"))
         self.view = ChatView(service)
@@ -57,7 +63,10 @@ class CompareColumn(QFrame):
         head.addWidget(self.promote_button)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        layout.addWidget(self.label)
+        top = QHBoxLayout()
+        top.addWidget(self.label, 1)
+        top.addWidget(self.close_button)
+        layout.addLayout(top)
         layout.addLayout(head)
         layout.addWidget(self.view, 1)
         foot = QHBoxLayout()  # Stop beside the speed line: in the head it made a streaming column 30 px wider
@@ -68,6 +77,7 @@ class CompareColumn(QFrame):
         self.settings_button.clicked.connect(self.edit_settings)
         self.stop_button.clicked.connect(lambda: self.service.stop(self.conv_id))
         self.promote_button.clicked.connect(lambda: self.promote_requested.emit(self))
+        self.close_button.clicked.connect(lambda: self.close_requested.emit(self))
         service.status_changed.connect(self._on_status)
         service.settings_changed.connect(self._on_settings)  # set elsewhere (its settings dialog, a model removed)
         # loading progress, then its name; a bound slot, so a removed column stops listening when it is deleted
@@ -87,6 +97,7 @@ class CompareColumn(QFrame):
         self.stop_button.setAccessibleName(self.tr("Stop column %1").replace("%1", letter))
         # a screen reader read "Make chat" for every column, not which one moves to the sidebar
         self.promote_button.setAccessibleName(self.tr("Make column %1 a chat").replace("%1", letter))
+        self.close_button.setAccessibleName(self.tr("Close column %1").replace("%1", letter))
         self.view.setAccessibleName(self.tr("Column %1 messages").replace("%1", letter))
         self.picker.setAccessibleName(self.tr("Model of column %1").replace("%1", letter))
         self.stats.setAccessibleName(self.tr("Column %1 status").replace("%1", letter))
@@ -156,3 +167,8 @@ class CompareColumn(QFrame):
             s = replace(s, model=self.model_name(self.answering_key()))  # the name the picker and label show
         self.stats.setText(describe(s, loading), shorter=shorter(s, loading))
         self._ticker.follow(s)
+
+
+def _kept_when_hidden(policy: QSizePolicy) -> QSizePolicy:
+    policy.setRetainSizeWhenHidden(True)  # the label's row keeps its height where a column cannot close
+    return policy

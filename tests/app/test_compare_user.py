@@ -114,3 +114,27 @@ def test_a_narrow_columns_answer_puts_its_links_under_the_name(parley, qtbot, lo
     parley.window.resize(1400, 700)  # wide: the links beside the name again
     qtbot.waitUntil(lambda: column.view.delegate.text_width() > 400)
     assert _body_top(column, msg) <= name.size().height()
+
+
+def test_any_column_closes_and_the_others_keep_their_models_and_answers(parley, qtbot, imported_llama):
+    """Only the column count took a column away, and always the last: to drop B of A, B, C the user lost C's model
+    and settings. Each column's Close takes that one; its answers become a chat, the others move up a letter."""
+    view = parley.window.compare
+    parley.window.show_compare()
+    view.set_columns(3)
+    view.columns[2].set_model(imported_llama)
+    for column in view.columns:
+        settings = parley.store.get(column.conv_id).settings
+        parley.service.set_settings(column.conv_id, settings.copy(temperature=0.0, max_tokens=4))
+    assert view.send("hello")
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+    a, b, c = view.columns
+    keep = [a.conv_id, c.conv_id]
+    assert b.close_button.accessibleName() == "Close column B" and b.close_button.isVisibleTo(view)
+    b.close_button.click()
+    assert [col.conv_id for col in view.columns] == keep and view.count.value() == 2
+    assert view.columns[1].letter == "B" and view.columns[1].label.full_text().startswith("B: llama")
+    assert parley.service.store.compare_groups()[view.group_id] == keep  # what a restart opens
+    assert b.conv_id in parley.window.sidebar.ids() and "Column B had answers" in view.queued.text()
+    qtbot.waitUntil(lambda: view.grid.indexOf(b) == -1 and view.columns[1].geometry().left() > 0)
+    assert not any(col.close_button.isVisibleTo(view) for col in view.columns)  # two at the least
