@@ -68,8 +68,21 @@ def comparison_markdown(store: ConversationStore, conv_ids: list[int], labels: l
             lines += ["**You:**", "", _quote(prompt), ""]
         for label, path in zip(labels, paths):
             answer = path[2 * turn + 1] if len(path) > 2 * turn + 1 else None
-            lines += [f"### {label}", "", answer.content if answer and answer.content else "_(no answer)_", ""]
+            figures = _figures(answer.stats) if answer else ""
+            lines += [f"### {label}", "", *([figures, ""] if figures else []),
+                      answer.content if answer and answer.content else "_(no answer)_", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _figures(stats: dict | None) -> str:
+    """ "_48 tokens · 21.3 tok/s · TTFT 133 ms_": an answer's saved figures, which the columns' lines showed and an
+    export left out."""
+    stats = stats or {}
+    parts = [f"{stats['completion_tokens']:,} tokens" if stats.get("completion_tokens") else "",
+             f"{stats['tokens_per_s']:.1f} tok/s" if stats.get("tokens_per_s") else "",
+             f"TTFT {stats['ttft_s'] * 1000:.0f} ms" if stats.get("ttft_s") is not None else ""]
+    shown = " · ".join(filter(None, parts))
+    return f"_{shown}_" if shown else ""
 
 
 def _quote(text: str) -> str:

@@ -158,3 +158,20 @@ def test_an_answer_says_loading_the_model_only_while_it_loads(parley, qtbot):
     assert view.send("again")
     assert all("Loading the model" in t for t in texts()), texts()  # loading it again
     wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+
+
+def test_an_exported_comparison_keeps_each_answers_figures(parley, qtbot):
+    """The export had each column's answer but not its speed or wait: the figures a comparison of models is for."""
+    view = parley.window.compare
+    parley.window.show_compare()
+    for column in view.columns:
+        settings = parley.store.get(column.conv_id).settings
+        parley.service.set_settings(column.conv_id, settings.copy(temperature=0.0, max_tokens=4))
+    assert view.send("hello")
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
+    text = view.export_markdown()
+    for column in view.columns:
+        stats = parley.store.path(column.conv_id)[-1].stats
+        figures = (f"_{stats['completion_tokens']} tokens · {stats['tokens_per_s']:.1f} tok/s · "
+                   f"TTFT {stats['ttft_s'] * 1000:.0f} ms_")
+        assert f"### {column.label.full_text()}\n\n{figures}\n\n" in text, text
