@@ -37,6 +37,11 @@ def column_labels(store: ConversationStore, conv_ids: list[int], model_names: li
             for i, (name, diff) in enumerate(zip(model_names, differences(settings)))]
 
 
+def column_letters(store: ConversationStore) -> dict[int, str]:
+    """Every comparison's columns by their letter, as the compare view shows them (A, B, …)."""
+    return {c: chr(ord("A") + i) for members in store.compare_groups().values() for i, c in enumerate(members)}
+
+
 def left_behind(store: ConversationStore, conv_ids: list[int]) -> tuple[list[int], str]:
     """The columns still without the comparison's latest prompt (Parley closed while they waited their turn in
     one-at-a-time mode), and that prompt: each has every earlier prompt of the column furthest on, but not it."""

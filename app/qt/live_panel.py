@@ -8,6 +8,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.core.chats import ChatService
+from app.core.comparison import column_letters
 from app.qt.status_line import phase
 from app.qt.theme import icon
 
@@ -75,10 +76,14 @@ class LivePanel(QDockWidget):
         leaving Chat and Model 40 px and tok/s out of sight."""
         out = []
         store = self.service.store
+        # four columns of one model read alike ("Compare column: hello" four times); the letter first, where a narrow
+        # panel's cell still shows it ("A · Compare: h…")
+        letters = column_letters(store)
         for conv_id in self.service.live_chats():
             conv = store.get(conv_id)
             s = self.service.status(conv_id)
-            title = conv.title if not conv.hidden else self.tr("Compare column: %1").replace("%1", conv.title)
+            title = conv.title if not conv.hidden else (
+                self.tr("%1 · Compare: %2").replace("%1", letters.get(conv_id, "?")).replace("%2", conv.title))
             state = phase(s, brief=True) or s.state
             rate = f"{s.tokens_per_s:.1f}" if s.tokens_per_s else "—"
             out.append((conv_id, title, s.model or self._model_name(conv.settings.model), state, rate))

@@ -175,3 +175,17 @@ def test_an_exported_comparison_keeps_each_answers_figures(parley, qtbot):
         figures = (f"_{stats['completion_tokens']} tokens · {stats['tokens_per_s']:.1f} tok/s · "
                    f"TTFT {stats['ttft_s'] * 1000:.0f} ms_")
         assert f"### {column.label.full_text()}\n\n{figures}\n\n" in text, text
+
+
+def test_the_live_panel_tells_the_columns_of_a_comparison_apart(parley, qtbot):
+    """Every column of a comparison read 'Compare column: hello' in the Live panel: two columns of one model at two
+    temperatures were two identical rows. Each row starts with its column's letter, as the compare view's labels do."""
+    w = parley.window
+    w.show_compare()
+    view = w.compare
+    hold_engine(parley, 0.3)  # the columns are live while the panel is read
+    assert view.send("hello")
+    rows = sorted(title for _conv, title, *_ in w.live_panel.rows())
+    assert rows == ["A · Compare: hello", "B · Compare: hello"]
+    view.stop()
+    wait_idle(parley, qtbot, *(c.conv_id for c in view.columns))
