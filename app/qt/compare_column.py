@@ -42,7 +42,7 @@ class CompareColumn(QFrame):
         self.stop_button = QToolButton(icon=icon("stop"))  # this column only; the composer's Stop stops them all
         self.stop_button.setToolTip(self.tr("Stop this column's answer; the others go on"))
         self.stop_button.hide()
-        # this column away, whichever it is: the column count takes the last one (a middle one's model was kept)
+        # closes this column, whichever it is (the column count takes the last one)
         self.close_button = QToolButton(icon=icon("close"), autoRaise=True)
         self.close_button.setToolTip(self.tr("Close this column; its answers become a chat in the sidebar"))
         self.close_button.setIconSize(QSize(12, 12))
