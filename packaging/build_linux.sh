@@ -5,7 +5,9 @@
 #   dist/parley_VERSION_ARCH.deb               installs to /opt/parley, `parley` on PATH, menu entry + icon
 #   dist/Parley-VERSION-ARCH.AppImage          only when appimagetool is found ($APPIMAGETOOL or PATH)
 # then unpacks the tarball into an empty temp dir and runs its `--self-test` offscreen under `env -i`
-# (no virtual environment, no PYTHONPATH, only the system's libraries), and prints sizes and times.
+# (no virtual environment, no PYTHONPATH, only the system's libraries), then a user's first session with it
+# (packaging/check_bundle.py: the CLI, the CPU kernels' build and fallback, the server, the .deb's Depends), and
+# prints sizes and times.
 # Options: --skip-build (reuse dist/Parley), --no-deb, --no-tarball, --no-self-test, --python PY
 set -euo pipefail
 
@@ -19,7 +21,7 @@ while [ $# -gt 0 ]; do
         --no-tarball) TARBALL=0 ;;
         --no-self-test) SELFTEST=0 ;;
         --python) PY="$2"; shift ;;
-        -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "build_linux.sh: unknown option $1" >&2; exit 2 ;;
     esac
     shift
@@ -29,7 +31,8 @@ if [ -z "$PY" ]; then
 fi
 
 cd "$ROOT"
-VERSION="$("$PY" -c 'import sys; sys.path.insert(0, "packaging"); import config; print(config.version())')"
+config() { "$PY" -c "import sys; sys.path.insert(0, 'packaging'); import config; print($1)"; }
+VERSION="$(config 'config.version()')"
 ARCH="$(uname -m)"
 DEB_ARCH="$(dpkg --print-architecture 2>/dev/null || echo amd64)"
 DIST="$ROOT/dist"
@@ -90,8 +93,8 @@ Version: $VERSION
 Architecture: $DEB_ARCH
 Maintainer: Parley developers <parley@localhost>
 Installed-Size: $SIZE_KB
-Depends: libc6 (>= 2.31), libfontconfig1, libglib2.0-0, libegl1, libxkbcommon0, libxkbcommon-x11-0,
- libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1
+Depends: $(config '", ".join(config.DEB_DEPENDS)')
+Recommends: $(config '", ".join(config.DEB_RECOMMENDS)')
 Section: utils
 Priority: optional
 Description: Desktop chat app for local language models
@@ -129,6 +132,8 @@ if [ "$SELFTEST" = 1 ]; then
     (cd "$TMP" && env -i HOME="$TMP/home" QT_QPA_PLATFORM=offscreen PATH=/usr/bin:/bin \
         ./Parley/Parley --data-dir "$TMP/home/data" --self-test)
     echo "self-test (clean env, $FROM): ok in $(( $(date +%s) - t1 )) s"
+    if [ "$DEB" = 1 ]; then DEPENDS_ARG=(); else DEPENDS_ARG=(--no-depends); fi
+    "$PY" packaging/check_bundle.py "$TMP/Parley/Parley" --data-dir "$TMP/home/data" "${DEPENDS_ARG[@]}"
 fi
 
 echo "== Parley $VERSION ($ARCH)"

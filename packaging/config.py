@@ -75,3 +75,9 @@ def keep(dest: str) -> bool:
 DATAS = [("resources", "resources"), ("kernels/cpu", "kernels/cpu")]  # the CPU kernel's C source
 
 ICON_SVG = ROOT / "resources" / "icons" / "parley.svg"
+
+# The .deb's Depends: system libraries the bundle loads but does not ship (PyInstaller leaves out libGL, libEGL,
+# libxcb; the build machine lacked libxcb-icccm and -keysyms). packaging/check_bundle.py checks the list is whole.
+DEB_DEPENDS = ["libc6 (>= 2.31)", "libfontconfig1", "libglib2.0-0", "libgl1", "libegl1", "libxcb1", "libxkbcommon0",
+               "libxkbcommon-x11-0", "libxcb-cursor0", "libxcb-icccm4", "libxcb-keysyms1"]
+DEB_RECOMMENDS = ["libwayland-client0", "libwayland-cursor0", "libwayland-egl1"]  # Qt's Wayland platform; else xcb

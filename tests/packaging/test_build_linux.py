@@ -28,6 +28,7 @@ def test_build_linux_bundle_and_self_test():
     assert out.returncode == 0, (out.stdout[-4000:], out.stderr[-4000:])
     assert "parley self-test: ok" in out.stdout
     assert "self-test (clean env, unpacked tarball): ok in" in out.stdout
+    assert "bundle checks: ok" in out.stdout  # packaging/check_bundle.py: CLI, kernels, server, Depends
     internal = ROOT / "dist" / "Parley" / "_internal"
     for gone in ("transformers", "triton", "llama_cpp", "pytest", "tests", "torch/test", "torch/include", "mlx"):
         assert not (internal / gone).exists(), gone

@@ -20,6 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGING = ROOT / "packaging"
 sys.path.insert(0, str(PACKAGING))
+import check_bundle  # noqa: E402  (packaging/check_bundle.py)
 import config  # noqa: E402  (packaging/config.py)
 
 sys.path.remove(str(PACKAGING))
@@ -142,6 +143,12 @@ def test_runtime_hook_gives_children_the_users_library_path():
     users = {"LD_LIBRARY_PATH": "/opt/parley/_internal:/opt/mine", "LD_LIBRARY_PATH_ORIG": "/opt/mine"}
     hook["restore_library_path"](users)
     assert users == {"LD_LIBRARY_PATH": "/opt/mine"}
+
+
+@pytest.mark.parametrize("soname, package", [("libxcb-icccm.so.4", "libxcb-icccm4"), ("libGL.so.1", "libgl1"),
+                                             ("libxcb.so.1", "libxcb1"), ("libfoo2.so.3.1", "libfoo2-3")])
+def test_deb_package_named_for_a_library_not_installed(soname, package):
+    assert check_bundle.soname_package(soname) == package
 
 
 def test_desktop_entry_and_apprun():
