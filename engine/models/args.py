@@ -31,6 +31,9 @@ GLOBAL = "global"
 SLIDING = "sliding"
 NOPE = "nope"  # a global layer without rotary positions (SmolLM3's, Command-R7B's): its rotary has frequency 0
 MAX_COUNT = 1 << 20  # layers, heads, widths: far beyond any real model, far below what exhausts memory
+# a model's own context: allocates nothing (sessions hold what they are set to), so bounded only to stay a sane
+# number, above Llama 4 Scout's 10M and Llama-3-8B-Gradient's 4M (2**20 refused the latter)
+MAX_CONTEXT = 1 << 24
 
 
 @dataclass(slots=True)
@@ -116,8 +119,9 @@ class ModelArgs:
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "num_kv_heads",
-                     "head_dim", "max_position_embeddings"):
+                     "head_dim"):
             positive(getattr(self, name), name)
+        positive(self.max_position_embeddings, "max_position_embeddings", MAX_CONTEXT)
         if not 0 <= self.rms_norm_eps < 1:  # also NaN, which made every logit NaN and every token 0
             raise UnsupportedModelError(f"The norm epsilon must be a small number from 0 to 1, not {self.rms_norm_eps}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
