@@ -11,6 +11,7 @@ import hmac
 import json
 import time
 from dataclasses import dataclass
+from functools import partial
 from ipaddress import ip_address
 from typing import AsyncIterator
 from urllib.parse import urlsplit
@@ -255,18 +256,19 @@ def _new_text(text: str, req: api.TurnRequest) -> str:
 
 
 async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, req: api.TurnRequest) -> Choices:
-    """Opens a session per choice and submits; a request the engine refuses (e.g. longer than the context) is a 400
-    before any answer begins. A client that leaves while its prompt is tokenised or queued cancels it (`close`)."""
-    turn = Choices(bridge)
+    """Opens a session per choice and submits each prompt's first (the rest as the model's slots allow: `Choices`); a
+    request the engine refuses (e.g. longer than the context) is a 400 before any answer begins. A client that leaves
+    while its prompt is tokenised or queued cancels it (`close`)."""
+    turn = Choices(bridge, bridge.slots(model))
     try:
-        for k in range(req.prompt_count * req.made):  # prompt by prompt, its answers together: all in the same steps
-            p, i = divmod(k, req.made)
-            sid = turn.open(model, req.raw)
-            bridge.engine.submit(sid, req.messages(p), req.choice_params(i), req.system,
-                                 continue_final=req.continue_final, tools=list(req.tools.tools) if req.tools else None,
-                                 suffix=req.suffix or None, prompt_ids=req.prompt_ids(p))
+        sids = [turn.open(model, req.raw) for _ in range(req.prompt_count * req.made)]  # prompt by prompt, n each
+        for first in (True, False):  # a prompt's answers differ by their seeds alone: its first gets the verdict
+            for k, sid in enumerate(sids):
+                p, i = divmod(k, req.made)
+                if (i == 0) == first:
+                    turn.submit(sid, partial(_submit, bridge, sid, req, p, i), now=first)
         started: set[int] = set()
-        while len(started) < turn.n:
+        while len(started) < turn.submitted:
             e = await _poll(client, turn.queue)
             if e is None:
                 raise _left_early(client)
@@ -280,6 +282,13 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
     except BaseException:
         turn.close()
         raise
+
+
+def _submit(bridge: ServerBridge, sid: int, req: api.TurnRequest, p: int, i: int) -> None:
+    """Prompt `p`'s answer `i`, on session `sid`."""
+    bridge.engine.submit(sid, req.messages(p), req.choice_params(i), req.system, continue_final=req.continue_final,
+                         tools=list(req.tools.tools) if req.tools else None, suffix=req.suffix or None,
+                         prompt_ids=req.prompt_ids(p))
 
 
 def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False, prompt: int = 0) -> api.APIError:
@@ -316,6 +325,7 @@ async def _wait_ends(client: "_Client", turn: Choices, logprobs: list[list] | No
             turn.stop(turn.index(e.session_id))
         if isinstance(e, ev.Finished):
             ends[turn.index(e.session_id)] = e
+            turn.ended()
     return [ends[i] for i in range(turn.n)]
 
 
@@ -364,6 +374,7 @@ async def _sse(client: "_Client", turn: Choices, model: str, req: api.TurnReques
                     turn.stop(i)
                 continue
             ends[i] = prompt_alone([e], None)[0][0] if req.prompt_only else e
+            turn.ended()
             reason = ends[i].reason
             if not req.raw:
                 for delta in _tail_deltas(splits[i], calls[i]):

@@ -86,6 +86,10 @@ class ServerBridge:
             unique = f"{name} ({n})"
         return unique
 
+    def slots(self, model: ServedModel) -> int | None:
+        """The turns `model` answers at once: a local model's sessions; None for a remote one (its server decides)."""
+        return None if model.info.get("remote") else self._slots
+
     def find(self, name: str) -> ServedModel | None:
         return next((m for m in self.models if name == m.id or name in m.aliases), None)
 
@@ -108,6 +112,11 @@ class ServerBridge:
             self._routes.pop(sid, None)
             self._set_phase(sid, None)
             self._slot_model.pop(sid, None)
+
+    def hold(self, sid: int, held: bool) -> None:
+        """Counts a session whose turn the server keeps back (server/choices.py) as queued, or no longer."""
+        with self._lock:
+            self._set_phase(sid, "queued" if held else None)
 
     def busy(self) -> dict:
         """What /health says: requests open (a request's choices share one queue), answers decoding and waiting for a

@@ -163,3 +163,28 @@ os._exit(0)
 """
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
     assert run.stdout.strip() == "['Finished', 'Finished']", (run.stdout + run.stderr)[-800:]
+
+
+def test_a_request_of_many_answers_takes_the_slots_in_turn_with_others(two_slots):
+    """n=128 submitted whole took every slot until its last answer began: a request after it waited 65 s for 4 tokens
+    (8 slots, 255 tokens an answer; now 2.3-2.9 s). Its answers now take the slots in turn: on two slots, a request
+    sent while n=6 answers runs gets its first token once one of them has ended, not four."""
+    bridge = two_slots
+    since = len(bridge.seen)
+    out: list = []
+    with BackgroundServer(bridge) as server, slow_steps(bridge, 0.02):
+        many = threading.Thread(target=_post, args=(server.url, CHAT | {"max_tokens": 12, "n": 6}, out))
+        many.start()
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, ev.TokenDelta) for e in bridge.seen[since:]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _post(server.url, CHAT | {"max_tokens": 1}, out)
+        many.join(60)
+    assert [status for status, _ in out] == [200, 200], out
+    assert sorted(len(body["choices"]) for _, body in out) == [1, 6]
+    events = bridge.seen[since:]
+    alone = {e.session_id for e in events if isinstance(e, ev.Finished) and e.stats.completion_tokens == 1}
+    first_token = next(k for k, e in enumerate(events) if isinstance(e, ev.TokenDelta) and e.session_id in alone)
+    ended_before = sum(isinstance(e, ev.Finished) for e in events[:first_token])
+    assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
+    assert bridge.open_sessions() == 0
