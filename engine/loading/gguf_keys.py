@@ -1,12 +1,13 @@
-"""A GGUF file's size keys, checked by their own names before the architecture reads them: a count must be a whole
-number in range (int() made a bool a context of 1 token and 4096.5 one of 4096, and a 2**26 leading_dense_block_count
-a list of 67 million layers)."""
+"""A GGUF file's size keys, checked by their own names: before the architecture reads them (a count must be a whole
+number in range: int() made a bool a context of 1 token and 4096.5 one of 4096, and a 2**26 leading_dense_block_count
+a list of 67 million layers), and after, against the model read from them (a key the reader passes over must still
+describe it: llama.cpp builds its tensors from them)."""
 from __future__ import annotations
 
 from typing import Any
 
 from engine.errors import UnsupportedModelError
-from engine.models.args import MAX_CONTEXT, MAX_COUNT
+from engine.models.args import MAX_CONTEXT, MAX_COUNT, ModelArgs
 
 # key (after "<arch>.") -> (least, most) of a count. The least holds for a single value; a per-layer list's entries may
 # be 0 (a hybrid model's recurrent layers have no attention heads), which the architecture then refuses by name
@@ -62,3 +63,36 @@ def _count(value: Any, key: str, least: int, most: int, whole: Any) -> None:
 def _shown(value: Any, chars: int = 40) -> str:
     text = repr(value)
     return text if len(text) <= chars else text[:chars] + "…"
+
+
+def check_against_model(meta: dict[str, Any], arch: str, args: ModelArgs) -> None:
+    """Refuses size keys that the architecture's reader passed over but that say another model than the one it read:
+    llama.cpp would build (or refuse) that other model, so the two would not run the same file alike."""
+    _rotary_dims(meta.get(f"{arch}.rope.dimension_count"), arch, args)
+    _value_width(meta, arch, args)
+    vocab = meta.get(f"{arch}.vocab_size")
+    if vocab is not None and vocab != args.vocab_size:
+        raise UnsupportedModelError(
+            f"The GGUF metadata's {arch}.vocab_size is {vocab:,} but the model embeds {args.vocab_size:,} tokens.")
+
+
+def _rotary_dims(rotary: int | None, arch: str, args: ModelArgs) -> None:
+    """Most readers rotate the whole head whatever the key says (llama.cpp refuses a Llama whose key differs, and
+    rotates that many dims of the others); those of partial rotaries (Phi-3, GLM-4, StableLM) read it."""
+    runs = {args.head_dim if rope.rotary_dim is None else rope.rotary_dim
+            for rope in args.rope.values() if rope.rotary_dim != 0}  # 0: a layer kind without rotary positions
+    if rotary is not None and runs and rotary not in runs:
+        raise UnsupportedModelError(
+            f"The GGUF metadata's {arch}.rope.dimension_count says {rotary:,} dims of each {args.head_dim}-dim "
+            f"attention head rotate; Parley's {args.model_type} rotates {min(runs):,}.")
+
+
+def _value_width(meta: dict[str, Any], arch: str, args: ModelArgs) -> None:
+    """Every architecture here builds its values as wide as its keys, whatever value_length says."""
+    values = meta.get(f"{arch}.attention.value_length")
+    if values is not None and values != args.head_dim:
+        keys = f"{arch}.attention.key_length" if f"{arch}.attention.key_length" in meta else \
+            "embedding_length / head_count"
+        raise UnsupportedModelError(
+            f"The GGUF metadata gives values of {values:,} dims ({arch}.attention.value_length) but keys of "
+            f"{args.head_dim:,} ({keys}); Parley needs them alike.")

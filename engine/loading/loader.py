@@ -15,7 +15,7 @@ from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
 from engine.loading.gguf_file import GGUFFile, open_gguf
 from engine.loading.gguf_header import Span
-from engine.loading.gguf_keys import check_counts
+from engine.loading.gguf_keys import check_against_model, check_counts
 from engine.loading.gguf_split import files_name, model_file, shown_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
 from engine.loading.tensor_check import check_tensors, mismatch_message
@@ -280,6 +280,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
         arch = architecture(gf.architecture or "(none)")
         check_counts(gf.metadata, gf.architecture)
         args = arch.args_from_gguf(gf.metadata, tensor_shapes(gf))
+        check_against_model(gf.metadata, gf.architecture, args)
         check_tensors(gf, arch, args)
         _check_memory(gf, args, options, files_name(path))
         # a dequantized load's converted entry holds its tokenizer already: no second copy

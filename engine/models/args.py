@@ -122,6 +122,9 @@ class ModelArgs:
                      "head_dim"):
             positive(getattr(self, name), name)
         positive(self.max_position_embeddings, "max_position_embeddings", MAX_CONTEXT)
+        if self.head_dim % 2:  # the rotary turns pairs of dims: an odd head failed the first step's rope
+            raise UnsupportedModelError(f"The model's attention heads are {self.head_dim} dims wide; a rotary "
+                                        "embedding needs an even number.")
         if not 0 <= self.rms_norm_eps < 1:  # also NaN, which made every logit NaN and every token 0
             raise UnsupportedModelError(f"The norm epsilon must be a small number from 0 to 1, not {self.rms_norm_eps}.")
         if self.sliding_window is not None and self.sliding_window <= 0:
