@@ -318,7 +318,7 @@ def test_a_columns_line_says_its_model_was_unloaded_and_loads_when_sent(parley, 
     assert view.send("hello")
     qtbot.waitUntil(lambda: not view.busy(), timeout=60_000)
     assert parley.models.unload("default")  # Models > Unload
-    assert all("not loaded: loads when you send" in c.stats.text() for c in view.columns)  # read 'qwen3 · … tok/s'
+    assert all("not loaded: loads when you send" in c.stats.full_text() for c in view.columns)  # read 'qwen3 · … tok/s'
     assert view.send("again")
     qtbot.waitUntil(lambda: not view.busy() and parley.models.model_id("default") is not None, timeout=60_000)
     assert all("not loaded" not in c.stats.full_text() and "tok/s" in c.stats.text() for c in view.columns)
