@@ -22,6 +22,9 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+BACKLOG = 2048  # uvicorn's own default: connections waiting for an accept
+
+
 def make_server(bridge: ServerBridge, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
                 log_level: str = "warning", settings: ServerSettings | None = None) -> uvicorn.Server:
     settings = settings or ServerSettings(bound_host=host)
@@ -78,6 +81,13 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def open_for_clients(sock: socket.socket) -> str:
+    """Listens on `sock` (bound by `listening_socket`) and returns its URL: a client that connects on reading the URL
+    waits in the backlog for uvicorn's first accept, where a socket bound but not yet listening refused it."""
+    sock.listen(BACKLOG)
+    return listening_url(sock)
+
+
 def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | None,
                   settings: ServerSettings | None = None, sock: socket.socket | None = None) -> None:
     """Serves until interrupted, on `sock` (from `listening_socket`) or a socket of its own on host:port."""
@@ -85,7 +95,7 @@ def serve_forever(bridge: ServerBridge, host: str, port: int, api_key: str | Non
         say(f"parley: serving on {host} without --api-key: anyone who can reach it can use it.")
     server = make_server(bridge, host, port, api_key, log_level="info", settings=settings)
     if sock is not None:  # uvicorn names the address only of sockets it binds itself: --port 0's would be unknown
-        say(f"parley: listening on {listening_url(sock)}")
+        say(f"parley: listening on {open_for_clients(sock)}")
     server.run(sockets=[sock] if sock is not None else None)
 
 

@@ -87,6 +87,20 @@ def test_listening_socket_names_the_address_and_the_reason():
     sock.close()
 
 
+def test_a_client_that_connects_on_reading_the_url_is_not_refused():
+    """`parley: listening on URL` comes before uvicorn's first accept: the socket must already listen (a bound one
+    refuses connections)."""
+    import socket
+
+    from server.run import listening_socket, open_for_clients
+
+    with listening_socket("127.0.0.1", 0) as sock:
+        url = open_for_clients(sock)
+        assert url == f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+        with socket.create_connection(sock.getsockname()[:2], timeout=5):
+            pass
+
+
 def test_serve_says_where_it_listens_also_on_a_port_it_picked(tiny_models, tmp_path):
     """`--port 0` takes any free port: the URL printed is the only way a user learns which."""
     import queue
