@@ -54,7 +54,8 @@ def test_health_counts_a_request_of_several_choices_once(tiny_models):
             client = threading.Thread(target=_stream, args=(server.url, CHAT | {"max_tokens": 6, "n": 2}, out))
             client.start()
             deadline, seen = time.monotonic() + 20, {}
-            while time.monotonic() < deadline and seen.get("queued") != 1:
+            # the server holds the second choice back at once (server/choices.py): wait for the first to decode too
+            while time.monotonic() < deadline and (seen.get("queued"), seen.get("decoding")) != (1, 1):
                 seen = _health(server.url)[1]
             assert seen | {"status": "ok"} == {"status": "ok", "requests": 1, "decoding": 1, "queued": 1, "models": 1}
             client.join(60)
