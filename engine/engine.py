@@ -135,17 +135,19 @@ class Engine:
     def submit(self, session_id: int, messages: list[dict[str, str]], params: SamplingParams | None = None,
                system_prompt: str | None = None, continue_final: bool = False,
                tools: list[dict] | None = None, suffix: str | None = None,
-               prompt_ids: list[int] | None = None) -> int:
+               prompt_ids: list[int] | None = None, group: int | None = None) -> int:
         """A turn answering `messages` (user/assistant, ending with the user's; the caller owns the conversation).
         The session's cache keeps what it can of the previous turn's tokens. With `continue_final` the last
         message is an answer to generate more of: the new text streams, Finished carries the whole answer.
         The answer streams back as TokenDelta events and ends with Finished or Error. `tools`: OpenAI's tool objects,
         shown to the model by its chat template (the caller reads the calls back: engine/tool_calls.py). `suffix`, on a
         raw session: the text after the insertion point, the messages' text before it; the model fills in the middle.
-        `prompt_ids`, on a raw session with no messages: the whole prompt as token ids, sent to the model as they are."""
+        `prompt_ids`, on a raw session with no messages: the whole prompt as token ids, sent to the model as they are.
+        `group`: the turns one client sent together (a server request's answers) wait for a slot in turn with other
+        clients' turns, rather than all ahead of those sent after them (engine/scheduler.py)."""
         request = TurnRequest(tuple(dict(m) for m in messages), params or SamplingParams(), system_prompt, continue_final,
                               tuple(tools) if tools else None, suffix,
-                              tuple(prompt_ids) if prompt_ids is not None else None)
+                              tuple(prompt_ids) if prompt_ids is not None else None, group)
         turn_id = self._new_id()
         self._put(cmd.StartTurn(session_id=session_id, turn_id=turn_id, request=request))
         return turn_id

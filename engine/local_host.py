@@ -90,7 +90,7 @@ class LocalHost:
         ids, dropped, guide = rendered
         session.remember_cut(request, dropped)
         seq = self._prepare_sequence(session, ids)
-        seq.guide = guide
+        seq.guide, seq.group = guide, request.group
         context = ids[-CONTINUE_CONTEXT:] if turn.continues is not None else ()  # new text decodes as it would after the old
         if turn.continues is not None:
             turn.continues = as_prompted(turn.continues, rt.lm.tokenizer.decode(context))

@@ -31,6 +31,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self._arrived: dict[Sequence, float] = {}  # when a sequence's turn was asked for (`stamp`), until admitted
+        self._rank: dict[Sequence, int] = {}  # its group's sequences queued or running before it came, until admitted
+        self._groups: dict[int, set[Sequence]] = {}  # each group's sequences queued or running
         self._turn = 0  # rotates who goes first, so no sequence starves under a tight budget
 
     def stamp(self, seq: Sequence, arrived: float) -> None:
@@ -41,13 +43,23 @@ class Scheduler:
 
     def add(self, seq: Sequence) -> None:
         """Queues a sequence for a slot behind those that arrived before it: turns' prompts render on several
-        threads and get ready in any order, so the order they are added in is not the order they were sent in."""
+        threads and get ready in any order, so the order they are added in is not the order they were sent in. A
+        sequence of a group (`Sequence.group`) also goes behind every other group's earlier members: a request of 256
+        prompts took the slots until its last answer began, and a chat sent after it waited 23 s for its first token."""
         seq.status = Status.WAITING
-        at = self._arrived.setdefault(seq, time.perf_counter())
+        self._arrived.setdefault(seq, time.perf_counter())
+        if seq.group is not None:
+            members = self._groups.setdefault(seq.group, set())
+            members.discard(seq)
+            self._rank[seq] = len(members)
+            members.add(seq)
         i = len(self.waiting)
-        while i and self._arrived.get(self.waiting[i - 1], 0.0) > at:
+        while i and self._place(self.waiting[i - 1]) > self._place(seq):
             i -= 1
         self.waiting.insert(i, seq)
+
+    def _place(self, seq: Sequence) -> tuple[int, float]:
+        return self._rank.get(seq, 0), self._arrived.get(seq, 0.0)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -93,13 +105,13 @@ class Scheduler:
     def admit(self, seq: Sequence) -> None:
         """Runs a waiting sequence that was given a slot by other means (a copy of a cached prefix)."""
         self.waiting.remove(seq)
-        self._arrived.pop(seq, None)
+        self._forget(seq)
         self.adopt(seq)
 
     def _admit(self) -> None:
         while self.waiting and self.cache.book.free_slots:
             seq = self.waiting.popleft()
-            self._arrived.pop(seq, None)
+            self._forget(seq)
             seq.slot = self.cache.seq_new()
             seq.num_cached = 0
             seq.status = Status.RUNNING
@@ -114,7 +126,16 @@ class Scheduler:
                 self.release(seq)
         elif seq in self.waiting:
             self.waiting.remove(seq)
+        self._forget(seq)
+        members = self._groups.get(seq.group)
+        if members is not None:
+            members.discard(seq)
+            if not members:
+                del self._groups[seq.group]
+
+    def _forget(self, seq: Sequence) -> None:
         self._arrived.pop(seq, None)
+        self._rank.pop(seq, None)
 
     def release(self, seq: Sequence) -> None:
         if seq.slot is not None:

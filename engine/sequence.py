@@ -27,6 +27,7 @@ class Sequence:
     num_prompt: int = 0  # tokens that were there before this turn's generation
     num_reused: int = 0  # cached tokens this turn started from (its own, or copied from another slot)
     status: Status = Status.WAITING
+    group: int | None = None  # the turns one client sent together (a server request): admitted in turn with others'
     finish_reason: str | None = None
     generated: list[int] = field(default_factory=list)
     draft: list[int] = field(default_factory=list)  # tokens proposed to follow token_ids, verified by the next step

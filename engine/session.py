@@ -34,6 +34,7 @@ class TurnRequest:
     tools: tuple[dict, ...] | None = None
     suffix: str | None = None  # a raw turn's text after the insertion point: the model fills in the middle
     prompt_ids: tuple[int, ...] | None = None  # a raw turn's whole prompt as token ids, given as they are (no BOS added)
+    group: int | None = None  # turns one client sent together (`Sequence.group`)
 
     def check(self, raw: bool) -> None:
         """Raises ParleyError when the request cannot be answered as it stands."""

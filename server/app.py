@@ -266,7 +266,7 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
             for k, sid in enumerate(sids):
                 p, i = divmod(k, req.made)
                 if (i == 0) == first:
-                    turn.submit(sid, partial(_submit, bridge, sid, req, p, i), now=first)
+                    turn.submit(sid, partial(_submit, bridge, sid, req, p, i, sids[0]), now=first)
         started: set[int] = set()
         while len(started) < turn.submitted:
             e = await _poll(client, turn.queue)
@@ -284,11 +284,12 @@ async def _begin(client: "_Client", bridge: ServerBridge, model: ServedModel, re
         raise
 
 
-def _submit(bridge: ServerBridge, sid: int, req: api.TurnRequest, p: int, i: int) -> None:
-    """Prompt `p`'s answer `i`, on session `sid`."""
+def _submit(bridge: ServerBridge, sid: int, req: api.TurnRequest, p: int, i: int, group: int) -> None:
+    """Prompt `p`'s answer `i`, on session `sid`; the request's answers are one `group` (its first session's id): they
+    wait for a slot in turn with other requests' answers, not all ahead of them."""
     bridge.engine.submit(sid, req.messages(p), req.choice_params(i), req.system, continue_final=req.continue_final,
                          tools=list(req.tools.tools) if req.tools else None, suffix=req.suffix or None,
-                         prompt_ids=req.prompt_ids(p))
+                         prompt_ids=req.prompt_ids(p), group=group)
 
 
 def _turn_error(e: ev.Error, req: api.TurnRequest, refused: bool = False, prompt: int = 0) -> api.APIError:

@@ -126,3 +126,27 @@ def test_the_queue_keeps_no_stamp_of_a_turn_stopped_before_it_was_queued():
     held.status = Status.FINISHED  # what ModelRuntime.stop does to a follower
     sched.stamp(other, 2.0)
     assert held not in sched._arrived
+
+
+def test_a_groups_turns_wait_in_turn_with_other_clients_turns():
+    """A server request's answers are one group: its later members queue behind other groups' earlier ones (a request
+    of 256 prompts took every slot until its last answer began: a chat sent after it waited 23 s), while turns of no
+    group keep the order they were sent in, also when added out of that order."""
+    sched = Scheduler(SchedulerConfig(), cache=None)
+
+    def seq(i: int, sent: float, group: int | None = None) -> Sequence:
+        s = Sequence(i, [1, 2, 3], SamplerState(SHORT))
+        s.group = group
+        sched.stamp(s, sent)
+        return s
+
+    many = [seq(i, 1.0 + i / 100, group=7) for i in range(5)]
+    chat, later, other = seq(10, 2.0), seq(11, 1.5), seq(12, 3.0, group=8)
+    for s in (*many, chat, other, later):  # `later` was sent before `chat` but rendered after it
+        sched.add(s)
+    assert [s.seq_id for s in sched.waiting] == [0, 11, 10, 12, 1, 2, 3, 4]
+    sched.finish(many[0], "stop")
+    assert 7 in sched._groups and many[0] not in sched._groups[7]
+    for s in (*many[1:], other):
+        sched.finish(s, "stop")
+    assert not sched._groups and not sched._rank

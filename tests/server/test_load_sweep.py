@@ -188,3 +188,35 @@ def test_a_request_of_many_answers_takes_the_slots_in_turn_with_others(two_slots
     ended_before = sum(isinstance(e, ev.Finished) for e in events[:first_token])
     assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
     assert bridge.open_sessions() == 0
+
+
+def test_a_completion_of_many_prompts_takes_the_slots_in_turn_with_others(two_slots):
+    """Each prompt's first answer goes to the engine at once (a prompt it refuses is the request's 400), so a
+    completion of 256 prompts took the slots until its last answer began: a chat sent after it waited 23 s. Its
+    answers are now one group, which the engine's queue takes in turn with other requests' turns (engine/scheduler.py):
+    on two slots, a chat sent while six prompts' answers run gets its first token once one or two of them have ended."""
+    bridge = two_slots
+    since = len(bridge.seen)
+    out: list = []
+
+    def complete() -> None:
+        r = httpx.post(server.url + "/completions", json={"model": "tiny", "prompt": [f"count {i}" for i in range(6)],
+                                                         "max_tokens": 12, "temperature": 0}, timeout=60)
+        out.append((r.status_code, r.json()))
+
+    with BackgroundServer(bridge) as server, slow_steps(bridge, 0.02):
+        many = threading.Thread(target=complete)
+        many.start()
+        deadline = time.monotonic() + 30
+        while not any(isinstance(e, ev.TokenDelta) for e in bridge.seen[since:]) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _post(server.url, CHAT | {"max_tokens": 1}, out)
+        many.join(60)
+    assert sorted(status for status, _ in out) == [200, 200], out
+    assert sorted(len(body["choices"]) for _, body in out) == [1, 6]
+    events = bridge.seen[since:]
+    alone = {e.session_id for e in events if isinstance(e, ev.Finished) and e.stats.completion_tokens == 1}
+    first_token = next(k for k, e in enumerate(events) if isinstance(e, ev.TokenDelta) and e.session_id in alone)
+    ended_before = sum(isinstance(e, ev.Finished) for e in events[:first_token])
+    assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
+    assert bridge.open_sessions() == 0
