@@ -169,25 +169,30 @@ def test_a_request_of_many_answers_takes_the_slots_in_turn_with_others(two_slots
     """n=128 submitted whole took every slot until its last answer began: a request after it waited 65 s for 4 tokens
     (8 slots, 255 tokens an answer; now 2.3-2.9 s). Its answers now take the slots in turn: on two slots, a request
     sent while n=6 answers runs gets its first token once one of them has ended, not four."""
-    bridge = two_slots
+    out, ended_before = _chat_during(two_slots, lambda url, out: _post(url, CHAT | {"max_tokens": 12, "n": 6}, out))
+    assert [status for status, _ in out] == [200, 200], out
+    assert sorted(len(body["choices"]) for _, body in out) == [1, 6]
+    assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
+    assert two_slots.open_sessions() == 0
+
+
+def _chat_during(bridge, many) -> tuple[list, int]:
+    """Runs `many(url, out)` (a request of six 12-token answers) on slowed steps, and once its first token is out a
+    one-token chat: (status, body) of both in `out`, and how many answers had ended before the chat's first token."""
     since = len(bridge.seen)
     out: list = []
     with BackgroundServer(bridge) as server, slow_steps(bridge, 0.02):
-        many = threading.Thread(target=_post, args=(server.url, CHAT | {"max_tokens": 12, "n": 6}, out))
-        many.start()
+        first = threading.Thread(target=many, args=(server.url, out))
+        first.start()
         deadline = time.monotonic() + 30
         while not any(isinstance(e, ev.TokenDelta) for e in bridge.seen[since:]) and time.monotonic() < deadline:
             time.sleep(0.01)
         _post(server.url, CHAT | {"max_tokens": 1}, out)
-        many.join(60)
-    assert [status for status, _ in out] == [200, 200], out
-    assert sorted(len(body["choices"]) for _, body in out) == [1, 6]
+        first.join(60)
     events = bridge.seen[since:]
     alone = {e.session_id for e in events if isinstance(e, ev.Finished) and e.stats.completion_tokens == 1}
     first_token = next(k for k, e in enumerate(events) if isinstance(e, ev.TokenDelta) and e.session_id in alone)
-    ended_before = sum(isinstance(e, ev.Finished) for e in events[:first_token])
-    assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
-    assert bridge.open_sessions() == 0
+    return out, sum(isinstance(e, ev.Finished) for e in events[:first_token])
 
 
 def test_a_completion_of_many_prompts_takes_the_slots_in_turn_with_others(two_slots):
@@ -195,28 +200,13 @@ def test_a_completion_of_many_prompts_takes_the_slots_in_turn_with_others(two_sl
     completion of 256 prompts took the slots until its last answer began: a chat sent after it waited 23 s. Its
     answers are now one group, which the engine's queue takes in turn with other requests' turns (engine/scheduler.py):
     on two slots, a chat sent while six prompts' answers run gets its first token once one or two of them have ended."""
-    bridge = two_slots
-    since = len(bridge.seen)
-    out: list = []
-
-    def complete() -> None:
-        r = httpx.post(server.url + "/completions", json={"model": "tiny", "prompt": [f"count {i}" for i in range(6)],
-                                                         "max_tokens": 12, "temperature": 0}, timeout=60)
+    def complete(url: str, out: list) -> None:
+        r = httpx.post(url + "/completions", json={"model": "tiny", "prompt": [f"count {i}" for i in range(6)],
+                                                  "max_tokens": 12, "temperature": 0}, timeout=60)
         out.append((r.status_code, r.json()))
 
-    with BackgroundServer(bridge) as server, slow_steps(bridge, 0.02):
-        many = threading.Thread(target=complete)
-        many.start()
-        deadline = time.monotonic() + 30
-        while not any(isinstance(e, ev.TokenDelta) for e in bridge.seen[since:]) and time.monotonic() < deadline:
-            time.sleep(0.01)
-        _post(server.url, CHAT | {"max_tokens": 1}, out)
-        many.join(60)
+    out, ended_before = _chat_during(two_slots, complete)
     assert sorted(status for status, _ in out) == [200, 200], out
     assert sorted(len(body["choices"]) for _, body in out) == [1, 6]
-    events = bridge.seen[since:]
-    alone = {e.session_id for e in events if isinstance(e, ev.Finished) and e.stats.completion_tokens == 1}
-    first_token = next(k for k, e in enumerate(events) if isinstance(e, ev.TokenDelta) and e.session_id in alone)
-    ended_before = sum(isinstance(e, ev.Finished) for e in events[:first_token])
     assert ended_before <= 2, f"{ended_before} of the six answers ended before the other request's first token"
-    assert bridge.open_sessions() == 0
+    assert two_slots.open_sessions() == 0
