@@ -503,10 +503,12 @@ class ChatService:
         st.prompt_tokens, st.prefilled_tokens = stats.prompt_tokens, stats.prefilled_tokens
         st.tokens_per_step = stats.tokens_per_step
         seed = {"seed": live.turn.seed} if live.turn.seed is not None else {}
+        # the oldest messages the overflow policy left out: the answer says it was written without them, for good
+        unseen = {"dropped_messages": st.dropped_messages} if st.dropped_messages else {}
         # a session closed under a turn whose model is no longer loaded: the model went, not the user's Stop
         gone = reason == "closed" and self._model_gone(live)
         shown = {"ttft_s": st.ttft_s, "engine_ttft_s": stats.ttft_s}
-        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **shown, **seed},
+        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **shown, **seed, **unseen},
                                   model=st.model, error=UNLOADED_MID_ANSWER if gone else "")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
@@ -655,6 +657,7 @@ def _seeded(params: SamplingParams, turn: TurnInfo) -> SamplingParams:
 def _clear_figures(status: ChatStatus) -> None:
     status.tokens_per_s = status.ttft_s = status.tokens_per_step = None
     status.prompt_tokens = status.prefilled_tokens = 0  # else the last turn's "cached" note shows beside this TTFT
+    status.dropped_messages = 0  # this turn's ContextUsage, after its Started, says how many it leaves out
 
 
 def _enter(status: ChatStatus, state: str) -> None:
@@ -672,7 +675,13 @@ def _shown_status(path: list[Message], live: ChatStatus) -> ChatStatus:
                       context_limit=int(stats.get("context_limit") or live.context_limit), state=live.state,
                       prompt_tokens=int(stats.get("prompt_tokens") or 0),
                       prefilled_tokens=int(stats.get("prefilled_tokens") or 0),
-                      tokens_per_step=_tokens_per_step(stats))
+                      dropped_messages=unseen_messages(stats), tokens_per_step=_tokens_per_step(stats))
+
+
+def unseen_messages(stats: dict | None) -> int:
+    """How many of the chat's oldest messages the answer was written without (they did not fit the context)."""
+    dropped = (stats or {}).get("dropped_messages")
+    return dropped if isinstance(dropped, int) and not isinstance(dropped, bool) and dropped > 0 else 0
 
 
 def _tokens_per_step(stats: dict) -> float | None:

@@ -11,7 +11,7 @@ import html
 import re
 from dataclasses import dataclass
 
-from app.core.chats import AGAIN
+from app.core.chats import AGAIN, unseen_messages
 from app.core.conversations import Message, failed_unanswered
 from app.core.live import can_continue
 from app.core.markdown_render import QUOTE_TEXT, RULE_COLOR, MarkdownRenderer
@@ -71,7 +71,7 @@ def message_html(msg: Message, version: int, versions: int, renderer: MarkdownRe
         else:
             body, blocks = renderer.render_parts(reasoning.reply)
         thought = _thought(reasoning, msg.state == "streaming", show_thought, renderer.dark)
-    tail = _note(msg, renderer.dark, names)
+    tail = _note(msg, renderer.dark, names) + _unseen_note(msg, renderer.dark)
     if msg.state == "streaming":
         tail = f'<p style="color:#888">{CURSOR}</p>' + tail
     if body:  # the tail goes in with the last block: alone, Qt would end a list or table before it in another block
@@ -198,6 +198,19 @@ def _thought_hint(msg: Message) -> str:
     if can_continue(msg):
         return "Continue, or raise Max tokens or turn Thinking off in the chat settings"
     return "Turn Thinking off in the chat settings and Regenerate, or start a new chat"
+
+
+def _unseen_note(msg: Message, dark: bool) -> str:
+    """An answer written without the chat's oldest messages says so: the context meter read "63 / 4,096" under an
+    answer to a 600-message chat that the model had not seen a word of."""
+    dropped = unseen_messages(msg.stats)
+    if not dropped or msg.role != "assistant":
+        return ""
+    limit = (msg.stats or {}).get("context_limit")
+    fits = f" of {limit:,} tokens" if isinstance(limit, int) and limit > 0 else ""
+    which = "oldest message: it does" if dropped == 1 else f"{dropped:,} oldest messages: they do"
+    return (f'<p style="color:{NOTE_COLOR["muted"][dark]}"><i>Written without the chat\'s {which} not fit its '
+            f'context{fits}.</i></p>')
 
 
 def _note(msg: Message, dark: bool, names: Names = Names()) -> str:
