@@ -12,6 +12,7 @@ from typing import Callable
 
 import torch
 
+from engine.loading.file_stamp import Stamp, file_stamp
 from engine.loading.folder_lock import folder_lock, opened_folder
 from engine.loading.gguf_split import model_files
 from engine.loading.safetensors_read import read_safetensors
@@ -23,12 +24,14 @@ HASH_CHARS = 17  # "-" and 16 hex digits after the file's stem in an entry's nam
 TMP_PREFIX = ".tmp-"  # an entry being written
 ABANDONED_AFTER_S = 60.0  # an unlocked temporary folder this old was left by a writer that died (its lock went with it)
 SAMPLES, SAMPLE_BYTES = 16, 1 << 16  # pieces of a file read into its key: 1 MB, spread from its start to its end
+STAMP = "stamp"  # an entry's file: the stamp (file_stamp.py) of the model's files when their reading began
 
 
 def entry_dir(cache_dir: Path, gguf_path: Path, folder: str = "converted", version: str = str(FORMAT)) -> Path:
     """One folder per (path, size, mtime, sampled content, version) under `folder`: a replaced file gets a fresh
     entry, even one of the same size whose date was kept (cp -p, rsync -a, an unpacked archive). A split model's later
-    parts count as its first does: one replaced under the same first part left the old weights in use."""
+    parts count as its first does: one replaced under the same first part left the old weights in use. A file changed
+    in place outside the sampled bytes keeps its key: the entry's stamp tells (`current`)."""
     st = gguf_path.stat()
     key = f"{gguf_path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{_sampled_digest(gguf_path, st.st_size)}|{version}"
     for part in model_files(gguf_path)[1:]:  # none for a file of its own: its key is as it was
@@ -49,13 +52,14 @@ def _sampled_digest(path: Path, size: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
+def write_entry(d: Path, fill: Callable[[Path], None], stamp: Stamp | None = None) -> None:
     """`fill` writes an entry into a temporary folder, which is marked complete and renamed to `d`, so a crash never
     leaves a half entry; a full or read-only cache only costs speed next time. The folder is locked while written:
     those a killed writer left (a whole fp32 copy, at worst) are removed by the next writer. An entry another Parley
     wrote meanwhile (started at the same time) is kept: same key, same content, and replacing it took it away from
-    under a third one reading it, which then built its own."""
-    if (d / "complete").exists():
+    under a third one reading it, which then built its own. `stamp`: of the files as read, before the reading
+    began; an entry of another stamp (the file changed in place since) is replaced."""
+    if _kept(d, stamp):
         return
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
@@ -66,13 +70,68 @@ def write_entry(d: Path, fill: Callable[[Path], None]) -> None:
     try:
         with folder_lock(tmp):
             fill(tmp)
-            if (d / "complete").exists():  # written by another while this one filled
+            if stamp is not None:
+                (tmp / STAMP).write_text(json.dumps(stamp))
+            if _kept(d, stamp):  # written by another while this one filled
                 raise FileExistsError(d)
             (tmp / "complete").write_text("1")
-            shutil.rmtree(d, ignore_errors=True)  # an incomplete one
+            shutil.rmtree(d, ignore_errors=True)  # an incomplete one, or one of the file before it changed
             os.replace(tmp, d)
     except OSError:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _kept(d: Path, stamp: Stamp | None) -> bool:
+    return (d / "complete").exists() if stamp is None else current(d, stamp)
+
+
+def current(d: Path, stamp: Stamp) -> bool:
+    """Whether the complete entry `d` was made from the model's files as `stamp` finds them: a file changed in place
+    keeping its size and mtime (cp --preserve) has the same key, and its old entry served the old weights (or its
+    old tokenizer). An entry older Parleys wrote without a stamp is the files' if none changed after it was
+    completed; it gets their stamp."""
+    try:
+        saved = (d / STAMP).read_text()
+    except FileNotFoundError:
+        return _adopted(d, stamp)
+    except OSError:
+        return False
+    try:
+        return tuple(map(tuple, json.loads(saved))) == stamp and (d / "complete").exists()
+    except (ValueError, TypeError):
+        return False
+
+
+def _adopted(d: Path, stamp: Stamp) -> bool:
+    try:
+        completed = (d / "complete").stat().st_mtime_ns
+    except OSError:
+        return False
+    if any(ctime > completed for _, ctime in stamp):
+        return False
+    try:  # whole or not at all: another Parley may be reading it
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=".stamp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(stamp))
+        os.replace(tmp, d / STAMP)
+    except OSError:
+        pass  # a read-only cache: told by its times again next time
+    return True
+
+
+def fresh(d: Path, gguf_path: Path) -> bool:
+    """Whether `d` is a complete entry of the model's files as they are now; one of them before a change is removed
+    (its stamp never comes back), so a bad file is refused by its own checks, not answered from its old copy."""
+    if not (d / "complete").exists():
+        return False
+    try:
+        stamp = file_stamp(gguf_path)
+    except OSError:  # gone meanwhile: the load says so
+        return False
+    if current(d, stamp):
+        return True
+    shutil.rmtree(d, ignore_errors=True)
+    return False
 
 
 def drop_abandoned(folder: Path) -> None:
@@ -96,7 +155,7 @@ def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], No
     """(args, weights, tokenizer) from the cache, or None when absent or unreadable. `check(args, weights file)` runs
     before the weights are read: its error (a model that does not fit) is the caller's, the entry stays."""
     d = entry_dir(cache_dir, gguf_path)
-    if not (d / "complete").exists():
+    if not fresh(d, gguf_path):
         return None
     try:
         args = ModelArgs.from_dict(json.loads((d / "args.json").read_text()))
@@ -114,7 +173,9 @@ def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], No
     return args, weights, tok
 
 
-def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer) -> None:
+def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer,
+         stamp: Stamp) -> None:
+    """Writes the entry of the weights read from the files that had `stamp` when their reading began."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -130,7 +191,7 @@ def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, t
         (tmp / "source").write_bytes(source)
 
     d = entry_dir(cache_dir, gguf_path)
-    write_entry(d, fill)
+    write_entry(d, fill, stamp)
     drop_older(d, source)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
+from engine.loading.file_stamp import Stamp, file_stamp
 from engine.loading.gguf_header import Span, TensorInfo, read_header
 from engine.loading.gguf_split import mixed_quantization, read_parts
 from engine.quant.gguf_blocks import to_float32
@@ -117,6 +118,7 @@ class GGUFFile:
     notices: list[str] = field(default_factory=list)  # what the user should know about its files (gguf_split)
     spans: dict[str, Span] = field(default_factory=dict)  # where each metadata array lies in `path`
     skipped: frozenset[str] = frozenset()  # arrays not read (open_gguf's `skip`): absent from `metadata`
+    stamp: Stamp = ()  # of its files before their header was read (file_stamp.py): what an entry made of it holds
 
     def close(self) -> None:
         """Closes the files (a tensor's data cannot be read after this)."""
@@ -144,6 +146,7 @@ def open_gguf(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFFile
         raise ModelLoadError(f"Model file not found: {path}")
     if not path.is_file():
         raise ModelLoadError(f"Not a file: {path}")
+    stamp = file_stamp(path)
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
@@ -151,7 +154,7 @@ def open_gguf(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFFile
     mixed = mixed_quantization(parts)
     first = parts[0][1]
     gf = GGUFFile(path=parts[0][0], metadata=first.fields, tensors=[], notices=[mixed] if mixed else [],
-                  spans=first.spans, skipped=first.skipped)
+                  spans=first.spans, skipped=first.skipped, stamp=stamp)
     try:
         for part, header in parts:
             gf.sources.append(TensorSource(part))

@@ -13,6 +13,7 @@ import torch
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading import converted, hf_folder
 from engine.loading.default_model import expand_home
+from engine.loading.file_stamp import file_stamp
 from engine.loading.gguf_file import GGUFFile, open_gguf
 from engine.loading.gguf_header import Span
 from engine.loading.gguf_keys import check_against_model, check_counts
@@ -357,7 +358,8 @@ def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | Non
         hit = converted.load(cache_dir, path, lambda args, f: _check_converted(args, f, options, files_name(path)))
         if hit is not None:
             return (*hit, "converted-cache")
+    stamp = file_stamp(path)  # before the read: a change meanwhile makes the entry another's
     args, weights, tok = _read_gguf(path, progress, options, notices=notices, opened=opened)
     if cache_dir is not None:
-        converted.save(cache_dir, path, args, weights, tok)
+        converted.save(cache_dir, path, args, weights, tok, stamp)
     return args, weights, tok, "gguf"

@@ -1,8 +1,8 @@
 """A cache of the SentencePiece tokenizers built from GGUF `llama` vocabularies: building the model from the pieces and
 scores is a large part of a load (the embedded Gemma 3's 262,144 pieces: a load took 5.65-6.51 s building it, 3.11-3.71 s
-reading the saved 5.4 MB; docs/QUANTIZED.md). Keyed by the file (path, size, mtime) and by the code that builds
-tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds afresh; the entry it replaces is removed.
-`gpt2` vocabularies build their BPE at every load, from their arrays saved in the entry
+reading the saved 5.4 MB; docs/QUANTIZED.md). Keyed by the file (path, size, mtime; its stamp: converted.current) and
+by the code that builds tokenizers, so a changed file, or a Parley whose tokenizer code changed, builds afresh; the
+entry it replaces is removed. `gpt2` vocabularies build their BPE at every load, from their arrays saved in the entry
 (engine/loading/saved_vocabulary.py). An entry also says where the vocabulary's arrays lie in the file: a load that
 finds the tokenizer or the arrays reads the header without them (`vocabulary_spans`), where walking 262,144 token
 strings was ~0.3 s of Python beside the app's window."""
@@ -20,7 +20,8 @@ from typing import Any
 
 import engine.tokenizer
 from engine.errors import TokenizerError
-from engine.loading.converted import drop_older, entry_dir, write_entry
+from engine.loading.converted import current, drop_older, entry_dir, fresh, write_entry
+from engine.loading.file_stamp import file_stamp
 from engine.loading.gguf_file import GGUFFile
 from engine.loading.gguf_header import Span, read_header
 from engine.loading.saved_vocabulary import FILE as VOCABULARY_FILE, load_vocabulary, save_vocabulary
@@ -39,7 +40,8 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
     if cache_dir is None or model not in (SAVED_TOKENIZER, "gpt2"):
         return tokenizer_from_gguf(_metadata(gf))
     d = entry_dir(cache_dir, gf.path, FOLDER, _code_version())
-    if (d / "complete").exists():
+    stamp = getattr(gf, "stamp", None) or file_stamp(gf.path)  # of the header read, where open_gguf took it
+    if current(d, stamp):
         try:
             tok = _from_entry(d, gf, model)
             _add_spans(d, gf, model)
@@ -57,7 +59,7 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
             _write_spans(tmp, gf)
         (tmp / "source").write_bytes(source)
 
-    write_entry(d, fill)
+    write_entry(d, fill, stamp)
     drop_older(d, source)
     return tok
 
@@ -69,7 +71,7 @@ def vocabulary_spans(cache_dir: Path | None, path: Path) -> dict[str, Span]:
         return {}
     try:
         d = entry_dir(cache_dir, path, FOLDER, _code_version())
-        if not (d / "complete").exists():
+        if not fresh(d, path):  # spans of the file before it changed in place would not be its own
             return {}
         data = json.loads((d / SPANS_FILE).read_text(encoding="utf-8"))
         return {key: Span(*map(int, data[key])) for key in VOCABULARY if key in data}
