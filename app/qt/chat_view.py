@@ -66,6 +66,9 @@ class ChatModel(QAbstractListModel):
             return accessible_text(msg, versions.index(msg) + 1, len(versions), names_of(self.service, msg))
         return None
 
+    def row_of(self, msg_id: int) -> int | None:
+        return self._rows.get(msg_id)
+
     def message_at(self, row: int) -> Message:
         return self.service.store.message(self._ids[row])
 
@@ -301,6 +304,7 @@ class ChatView(QListView):
     """Links in messages: versions, edit, regenerate, copy. Keeps to the bottom while the answer streams."""
 
     edit_requested = Signal(int)  # user message id
+    _stick = True  # kept to the bottom; here too, as Qt lays the view out while __init__ builds its model
 
     def __init__(self, service: ChatService, parent=None):
         super().__init__(parent)
@@ -348,11 +352,41 @@ class ChatView(QListView):
         super().paintEvent(event)
 
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
+        anchor = None if self._stick else self._anchor()
         self.delegate.laying_out = True
         try:
             super().doItemsLayout()
         finally:
             self.delegate.laying_out = False
+        if anchor is not None:
+            self._keep_anchor(*anchor)
+
+    def _anchor(self) -> tuple[int, int] | None:
+        """(message, top) of the first message whose top is on screen (else the one at the top): messages above it
+        that take their real height once drawn (the estimate of a code-heavy answer is off by 1,000 px and more) leave
+        it where it is, as a streaming answer grows below its top. Found by the rows' tops: indexAt() misses while
+        a row's height has changed and the rows below it are not yet moved."""
+        rows = self.model().rowCount()
+        lo, hi = 0, rows
+        while lo < hi:  # the first row whose top is at or below the viewport's top
+            mid = (lo + hi) // 2
+            if self.visualRect(self.model().index(mid, 0)).top() < 0:
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == rows or lo > 0 and self.visualRect(self.model().index(lo, 0)).top() >= self.viewport().height():
+            lo -= 1  # none starts on screen: the one covering it
+        msg = self.model().index(lo, 0).data(MESSAGE_ROLE) if lo >= 0 else None
+        return (msg.id, self.visualRect(self.model().index(lo, 0)).top()) if msg is not None else None
+
+    def _keep_anchor(self, msg_id: int, top: int) -> None:
+        row = self.chat_model.row_of(msg_id)
+        if row is None:
+            return
+        moved = self.visualRect(self.model().index(row, 0)).top() - top
+        if moved:
+            bar = self.verticalScrollBar()
+            bar.setValue(bar.value() + moved)
 
     def _on_data_changed(self, top: QModelIndex, bottom: QModelIndex) -> None:
         if top == bottom:  # one message's text or state

@@ -45,3 +45,36 @@ def test_an_answer_that_saw_the_whole_chat_has_no_such_note(parley, qtbot):
     answer = parley.store.path(conv)[-1]
     assert "dropped_messages" not in answer.stats
     assert "Written without" not in parley.window.chat.view.delegate.document(answer)[0].toPlainText()
+
+
+def _code_answer(i: int) -> str:
+    code = "\n".join(f"    total_{j} = compute(values[{j}], scale={j}.5)  # step {j}" for j in range(40))
+    table = "\n".join(f"| item {j} | {j * 17} ms |" for j in range(8))
+    return f"Case {i}:\n\n```python\ndef run_{i}(values):\n{code}\n```\n\n| name | time |\n|---|---|\n{table}\n"
+
+
+def test_scrolling_up_a_long_chat_moves_the_text_by_the_step_only(parley, qtbot, qapp):
+    """Messages above the screen are laid out at an estimated height until drawn; a code-heavy answer's estimate was
+    off by hundreds of pixels (1,114-2,674 px in a 300-turn chat of the month's store), and the text being read jumped
+    by that much as each one scrolled into view. The message on screen now stays where the step put it."""
+    conv = parley.window.new_chat()
+    parent = None
+    for i in range(30):
+        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
+        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+    view = parley.window.chat.view
+    parley.window.open_chat(conv)
+    for _turn in range(5):  # laid out, the answers at the bottom drawn at their real heights
+        view.viewport().repaint()
+        qapp.processEvents()
+    bar, moves = view.verticalScrollBar(), []
+    for _ in range(60):  # ~4,300 px up: through several answers drawn for the first time
+        index = view.indexAt(view.viewport().rect().center())
+        before = view.visualRect(index).top()
+        bar.setValue(bar.value() - 72)  # a wheel step
+        view.viewport().repaint()
+        for _turn in range(3):  # the heights found at the paint, then the layout they ask for
+            qapp.processEvents()
+        moves.append(view.visualRect(index).top() - before)
+    assert view.delegate.renders > 6  # answers were drawn for the first time on the way
+    assert moves == [72] * len(moves)
