@@ -15,6 +15,7 @@ import os
 import platform
 import shlex
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -35,6 +36,7 @@ FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-f
 FULL_DISK_BYTES = 4 << 20  # a build that failed with less than this free where it builds: the disk filled
 DISABLE_ENV = "PARLEY_CPU_KERNEL"  # 0 (or off): never build or use the library (torch's formats and ops instead)
 AMX_ENV = "PARLEY_AMX"  # 0 (or off): byte-code matrices loaded from then on keep the vector kernels' layout
+TERMINATING = [getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT") if hasattr(signal, n)]
 NEEDS = ("AVX2", "FMA", "F16C")  # the instruction sets every source's intrinsics take: the AVX2 path's floor
 _P, _I64, _INT, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 SIGNATURES = {  # name: (restype, argtypes)
@@ -278,20 +280,57 @@ def _lacking(compiler: str) -> list[str]:
     return [] if probe.returncode else [isa for isa in NEEDS if f"#define __{isa}__ " not in macros]
 
 
-def build_library(compiler: str, out: str | Path, flags=FLAGS) -> None:
-    """The sources compiled into `out`: one compiler a source on every core, then the link (an idle 16-core Xeon:
-    2.3 s instead of 7.4 s as one command; 2 cores 4.1 s). A failure raises CalledProcessError with its stderr."""
+def build_library(compiler: str, out: str | Path, flags=FLAGS, jobs: int | None = None) -> None:
+    """The sources compiled into `out`: one compiler a source on `jobs` cores (all of them), then the link (an idle
+    16-core Xeon: 2.3 s instead of 7.4 s as one command; 2 cores 4.1 s). A failure raises CalledProcessError with its
+    stderr."""
     out, compile_flags = Path(out), [f for f in flags if f != "-shared"]
     with tempfile.TemporaryDirectory(dir=out.parent) as objects:
         objs = [Path(objects) / f"{src.stem}.o" for src in sources()]
-        with ThreadPoolExecutor(os.cpu_count() or 1) as pool:  # list(): the first failure, in order, raises
-            list(pool.map(_run, ([*_command(compiler), *compile_flags, "-c", str(src), "-o", str(obj)]
-                                 for src, obj in zip(sources(), objs))))
+        _run_all([[*_command(compiler), *compile_flags, "-c", str(src), "-o", str(obj)]
+                  for src, obj in zip(sources(), objs)], jobs or os.cpu_count() or 1)
         _run([*_command(compiler), *flags, *map(str, objs), "-o", str(out), "-lm"])
 
 
+def _run_all(commands: list[list[str]], jobs: int) -> None:
+    """Each command on a pool of `jobs`; once one fails none starts, and the first failure (in order) raises. A Ctrl-C
+    kills the compilers running: the pool went on with the other sources, and the process could not end before."""
+    failed = threading.Event()
+
+    def run(command: list[str]) -> None:
+        if failed.is_set():
+            return
+        try:
+            _run(command)
+        except BaseException:
+            failed.set()
+            raise
+
+    with ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(run, command) for command in commands]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    if errors:
+        raise errors[0]
+
+
 def _run(command: list[str]) -> None:
-    subprocess.run(command, check=True, capture_output=True, timeout=180)
+    with _signals_unblocked():
+        subprocess.run(command, check=True, capture_output=True, timeout=180)
+
+
+@contextmanager
+def _signals_unblocked() -> Iterator[None]:
+    """Ctrl-C and SIGTERM reach the compiler started inside: a child inherits its thread's signal mask, and the
+    engine's threads block them (engine/engine.py), so a first run stopped by Ctrl-C kept both compilers running to
+    the end of the build, the process waiting for them (a first run's window closed 18-21 s after Ctrl-C, 2 cores)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    before = signal.pthread_sigmask(signal.SIG_UNBLOCK, TERMINATING)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _library_path(compiler: str) -> Path:

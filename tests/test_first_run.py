@@ -1,0 +1,52 @@
+"""A new user's first run (`make run` on a fresh machine): the CPU kernels' build stopped by Ctrl-C, the embedded
+model's assembly on a disk without room for it."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from kernels import cpu_native
+
+
+def _logging_cc(tmp_path: Path, body: str = "exit 1") -> tuple[Path, Path]:
+    """A compiler that notes each call (with its blocked-signal mask, on Linux) in a log, then runs `body`."""
+    log, cc = tmp_path / "calls", tmp_path / "cc-logged"
+    cc.write_text(f'#!/bin/sh\necho "$(grep SigBlk /proc/$$/status 2>/dev/null) $*" >> "{log}"\n{body}\n')
+    cc.chmod(0o755)
+    return cc, log
+
+
+def test_a_failed_compile_starts_none_of_the_sources_queued_after_it(tmp_path):
+    """A Ctrl-C kills the compilers running: the pool went on compiling the other sources one after another, and
+    the process could not end until they were done."""
+    cc, log = _logging_cc(tmp_path)
+    with pytest.raises(subprocess.CalledProcessError):
+        cpu_native.build_library(str(cc), tmp_path / "lib.so", jobs=1)
+    assert len(log.read_text().splitlines()) == 1  # 12 before: every source, each failing in turn
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the mask from /proc")
+def test_the_compilers_take_ctrl_c_though_the_engine_thread_blocks_it(tmp_path):
+    """The engine's threads block SIGINT and SIGTERM so the main thread handles them; a child inherits its thread's
+    mask, so the compilers ran on to the end of the build after a Ctrl-C (the window closed 21 s later, 2 cores)."""
+    cc, log = _logging_cc(tmp_path, "exit 0")
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    seen: list[set[int]] = []
+
+    def engine_thread() -> None:
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # as engine/engine.py's threads
+        cpu_native.build_library(str(cc), tmp_path / "lib.so", jobs=2)
+        seen.append(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+    thread = threading.Thread(target=engine_thread)
+    thread.start()
+    thread.join()
+    masks = [int(line.split()[1], 16) for line in log.read_text().splitlines()]
+    assert len(masks) == len(cpu_native.sources()) + 1  # each source, then the link
+    assert all(mask & (1 << (signal.SIGINT - 1)) == 0 and mask & (1 << (signal.SIGTERM - 1)) == 0 for mask in masks)
+    assert blocked <= seen[0]  # the thread's own mask as it was
