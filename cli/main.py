@@ -107,9 +107,12 @@ def gui(args: argparse.Namespace) -> int:
         from app.qt.self_test import run
 
         return run(args.data_dir, args.theme)
-    from app.qt.main import run_gui
+    from app.qt.main import qt_app, run_gui
+    from cli.window_signals import closed_by_signals
 
-    return run_gui(args.data_dir, args.theme)
+    with closed_by_signals(qt_app()) as ending:  # Ctrl-C in `make run`'s terminal closes the window
+        code = run_gui(args.data_dir, args.theme)
+    return ending.exit_code or code
 
 
 if __name__ == "__main__":
