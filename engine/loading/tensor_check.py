@@ -12,13 +12,16 @@ from engine.errors import ModelLoadError
 from engine.loading.gguf_file import GGUFFile, GGUFTensor
 from engine.loading.gguf_weights import misfit, planned_tensors
 from engine.models.args import ModelArgs
+from engine.models.layers import CausalLM
 
 
-def check_tensors(gf: GGUFFile, arch: ModuleType, args: ModelArgs) -> None:
+def check_tensors(gf: GGUFFile, arch: ModuleType, args: ModelArgs) -> CausalLM:
     """Raises ModelLoadError naming the first tensor the model would not take (a missing or unknown one, or one whose
-    shape differs from the one its module has), as build_model would after reading them all."""
+    shape differs from the one its module has), as build_model would after reading them all. Returns the module it
+    built on the meta device, for build_model to fill (a 48-layer mixture of 128 experts builds in ~1.7 s)."""
     with torch.device("meta"):  # the modules' shapes without their memory
-        expected = {key: tuple(value.shape) for key, value in arch.Model(_without_pending(args)).state_dict().items()}
+        shell = arch.Model(_without_pending(args))
+    expected = {key: tuple(value.shape) for key, value in shell.state_dict().items()}
     found = {target: t for parts in planned_tensors(gf, arch, args) for t, target in parts if isinstance(target, str)}
     missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
     if missing or unexpected:
@@ -29,6 +32,7 @@ def check_tensors(gf: GGUFFile, arch: ModuleType, args: ModelArgs) -> None:
         more = f" (and {len(wrong) - 1:,} more tensors disagree)" if len(wrong) > 1 else ""
         raise ModelLoadError(f"{t.file_name} does not match its own metadata: tensor {t.name} has shape "
                              f"{list(t.shape)}, the metadata's sizes need {list(reversed(want))}{more}.")
+    return shell
 
 
 def _without_pending(args: ModelArgs) -> ModelArgs:
