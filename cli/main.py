@@ -108,7 +108,7 @@ def gui(args: argparse.Namespace) -> int:
 
         return run(args.data_dir, args.theme)
     from app.qt.main import qt_app, run_gui
-    from cli.window_signals import closed_by_signals
+    from app.qt.window_signals import closed_by_signals
 
     with closed_by_signals(qt_app()) as ending:  # Ctrl-C in `make run`'s terminal closes the window
         code = run_gui(args.data_dir, args.theme)

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator
 
+from PySide6.QtCore import QSocketNotifier, QTimer
+
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -36,8 +38,6 @@ def closed_by_signals(qapp) -> Iterator[Ending]:
     if threading.current_thread() is not threading.main_thread():
         yield ending
         return
-    from PySide6.QtCore import QSocketNotifier, QTimer
-
     read_end, write_end = socket.socketpair()
     for end in (read_end, write_end):
         end.setblocking(False)
