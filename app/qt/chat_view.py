@@ -26,6 +26,7 @@ from app.qt.stream_document import SafeDocument, StreamDocument
 MESSAGE_ROLE = Qt.ItemDataRole.UserRole + 1
 MARGIN, PAD = 10, 10
 CACHE_SIZE = 300
+ESTIMATES_KEPT = 20_000  # messages whose estimated height is kept (a few MB at most)
 LONG_DOCUMENT = 20_000  # characters: laying one out again takes ~100 ms here, so a resize reflows it once it settles
 RESIZE_SETTLE_MS = 150
 CATCH_UP_S = 0.010  # a streaming message's Markdown, then its document, take this long a turn of the event loop to catch
@@ -119,6 +120,7 @@ class MessageDelegate(QStyledItemDelegate):
         self.service, self.view = service, view
         self.renderer = self._renderer(view.palette().color(QPalette.ColorRole.Base).lightness() < 128)
         self._docs: OrderedDict[int, tuple[tuple, QTextDocument, list[str]]] = OrderedDict()
+        self._estimates: dict[int, tuple[int, int, int]] = {}  # message -> (its text's length, width, estimated height)
         self._streams: dict[int, StreamDocument] = {}  # the documents of streaming messages, edited in place
         self._partial: set[int] = set()  # messages whose document is still taking its parts, a slice a turn
         self._next_slices: set[int] = set()  # those of them drawn again at the next turn of the event loop
@@ -223,7 +225,8 @@ class MessageDelegate(QStyledItemDelegate):
         if msg is None:
             return QSize(0, 0)
         width = self.text_width()
-        hit, key = self._docs.get(msg.id), self._key(msg)
+        hit = self._docs.get(msg.id)
+        key = self._key(msg) if hit is not None else None  # a layout asks every row: only a drawn one needs its key
         if hit is not None and hit[0] == key and self._fits(hit[1], width):
             height = int(hit[1].size().height())
         elif hit is not None and self._grown(hit, key) and self._fits(hit[1], width):
@@ -231,10 +234,21 @@ class MessageDelegate(QStyledItemDelegate):
             # of all of it was a 34-row table 174 px short, which it jumped by when scrolled back into view)
             height = int(hit[1].size().height()) + _estimate_added(msg.content[hit[0][0]:], width)
         else:
-            height = _estimate(msg.content, width)
+            height = self._estimate(msg, width)
         if self.laying_out:
             self._reported[msg.id] = height
         return QSize(width, height + 2 * PAD + MARGIN)
+
+    def _estimate(self, msg: Message, width: int) -> int:
+        """_estimate's height, kept per message while its text and the width stay: a layout of a 600-message chat
+        split and measured every message's text again (~47 ms of each ~47 ms layout, every time one drawn anew took
+        its real height)."""
+        kept = self._estimates.get(msg.id)
+        if kept is None or kept[:2] != (len(msg.content), width):
+            if len(self._estimates) >= ESTIMATES_KEPT:
+                self._estimates.clear()
+            kept = self._estimates[msg.id] = (len(msg.content), width, _estimate(msg.content, width))
+        return kept[2]
 
     def _grown(self, hit: tuple, key: tuple) -> bool:
         """Whether a cached document is a streaming message's as it was a few tokens ago (its text grown since)."""

@@ -78,3 +78,25 @@ def test_scrolling_up_a_long_chat_moves_the_text_by_the_step_only(parley, qtbot,
         moves.append(view.visualRect(index).top() - before)
     assert view.delegate.renders > 6  # answers were drawn for the first time on the way
     assert moves == [72] * len(moves)
+
+
+def test_a_layout_of_a_long_chat_measures_no_text_it_measured_before(parley, qapp, monkeypatch):
+    """Every message drawn anew at a height other than its estimate lays the whole chat out again, and each layout
+    split and measured every message's text again: 15-24 ms of a 600-message chat's layout here, now ~4 ms."""
+    from app.qt import chat_view
+
+    conv = parley.window.new_chat()
+    parent = None
+    for i in range(100):
+        parent = parley.store.add_message(conv, parent, "user" if i % 2 == 0 else "assistant", _code_answer(i)).id
+    view = parley.window.chat.view
+    parley.window.open_chat(conv)
+    view.doItemsLayout()
+    measured = []
+    real = chat_view._estimate
+    monkeypatch.setattr(chat_view, "_estimate", lambda text, width: measured.append(text) or real(text, width))
+    view.doItemsLayout()
+    assert measured == []
+    parley.store.append_text(parent, " and more")  # a message's text that changed is measured again
+    view.doItemsLayout()
+    assert len(measured) <= 1
