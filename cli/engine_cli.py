@@ -1,6 +1,7 @@
 """A blocking client of the engine thread for the command line: load, run turns, stream text."""
 from __future__ import annotations
 
+import queue
 import sys
 from typing import Callable
 
@@ -21,10 +22,16 @@ class EngineCLI:
     def close(self) -> None:
         self.engine.shutdown()
 
-    def load(self, source, progress: Callable[[str, float], None] | None = None) -> tuple[int, ev.ModelLoaded]:
+    def load(self, source, progress: Callable[[str, float], None] | None = None,
+             idle: Callable[[], None] | None = None, idle_s: float = 1.0) -> tuple[int, ev.ModelLoaded]:
+        """Loads `source`; progress(stage, fraction) for each progress event, idle() each `idle_s` without one."""
         model_id = self.engine.load_model(source)
         while True:
-            e = self.engine.events.get()
+            try:
+                e = self.engine.events.get(timeout=idle_s if idle else None)
+            except queue.Empty:
+                idle()
+                continue
             if isinstance(e, ev.ModelProgress) and progress:
                 progress(e.stage, e.fraction)
             elif isinstance(e, ev.ModelFailed) and e.model_id == model_id:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Iterator
 from cli.prompts import PromptBound, add_prompt_options, read_line, read_prompts
 from cli.options import (add_context_option, add_engine_options, add_sampling_options, context_capped, engine_config,
                          paths_of, sampling_params, session_tokens)
+from cli.load_bar import TICK_S, LoadBar
 from cli.signal_relay import handled_in_main_thread
 from engine.errors import ParleyError
 
@@ -45,8 +46,6 @@ def add_terminal_parsers(sub) -> None:
 
 def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     """Starts the engine thread and loads the chosen model on it, with a progress bar on stderr."""
-    from tqdm import tqdm
-
     from cli.engine_cli import EngineCLI
     from cli.engine_flags import Target, check_engine_flags
     from engine.loading.default_model import resolve_model
@@ -56,19 +55,9 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     check_engine_flags(args, Target.of(args, [source]))  # a flag this model or machine ignores: before the load
     cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions,
                                    max_session_tokens=session_tokens(args)))
-    bar = tqdm(total=100, desc="Loading", file=sys.stderr, leave=False, disable=not sys.stderr.isatty())
-    shown = {"stage": None, "percent": -1}
-
-    def progress(stage: str, fraction: float) -> None:
-        percent = int(fraction * 100)
-        if (stage, percent) != (shown["stage"], shown["percent"]):
-            shown.update(stage=stage, percent=percent)
-            bar.set_description(stage, refresh=False)
-            bar.n = percent
-            bar.refresh()
-
+    bar = LoadBar(sys.stderr)
     try:
-        model_id, loaded = cli.load(source, progress)
+        model_id, loaded = cli.load(source, bar.show, idle=bar.tick, idle_s=TICK_S)
     except BaseException:
         cli.close()
         raise
