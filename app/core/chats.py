@@ -17,7 +17,7 @@ from app.core.conversations import ConversationStore, Message, failed_unanswered
 from app.core.live import ChatStatus, LiveChat, Refusal, TurnInfo, can_continue, engine_messages
 from app.core.signals import Signal
 from engine.errors import ContextOverflowError
-from engine.sampling import SamplingParams
+from engine.sampling import MAX_INT32, SamplingParams
 
 TITLE_CHARS = 48
 NEW_TITLE = "New chat"  # a chat's title until its first message names it
@@ -304,7 +304,9 @@ class ChatService:
 
     def regenerate(self, conv_id: int, msg_id: int | None = None, seed: int | None = None) -> bool:
         """A new version of an answer (the last one by default); earlier versions stay reachable. `seed`:
-        sample with this seed (an earlier version's, to get it again), whatever the chat's setting."""
+        sample with this seed (an earlier version's, to get it again), whatever the chat's setting. Without it, a chat
+        with a fixed seed draws the k-th version of an answer with seed + k - 1: Regenerate gives another answer (it
+        gave the same one again), and the chat repeats as a whole from its setting."""
         if self.busy(conv_id):
             return False
         path = self.store.path(conv_id)
@@ -319,8 +321,17 @@ class ChatService:
         else:
             return False
         base = self._path_to(conv_id, user.id)
-        self._begin(conv_id, base, None, "regenerate", user.id, seed)
+        self._begin(conv_id, base, None, "regenerate", user.id, seed if seed is not None else self._next_seed(user))
         return True
+
+    def _next_seed(self, user: Message) -> int | None:
+        """The chat's fixed seed advanced by the answers `user` already has; None: the chat draws a fresh seed."""
+        settings = self.store.get(user.conversation_id).settings
+        fixed = settings.seed
+        if fixed is None or settings.sampling().greedy:  # a greedy answer draws nothing: it names no seed
+            return None
+        answers = sum(m.role == "assistant" for m in self.store.children(user.conversation_id, user.id))
+        return (fixed + answers) % (MAX_INT32 + 1)  # inside the seed field's range
 
     def continue_answer(self, conv_id: int, msg_id: int) -> bool:
         """Generates more of the last answer in place (one stopped, cut short by max tokens, or interrupted)."""

@@ -272,21 +272,28 @@ def test_pinned_chats_show_the_pin_icon(parley):
     assert w.sidebar.model.index(0, 0).data(Qt.ItemDataRole.DecorationRole) is None
 
 
-# -- 9: a seed gives the same answer on Regenerate
-def test_regenerate_with_a_seed_repeats_the_answer(parley, qtbot):
+# -- 9: a fixed seed: Regenerate draws another answer, with the next seed, and the chat repeats as a whole
+def _seeded_answers(parley, qtbot, regenerations: int) -> list:
     w = parley.window
-    conv = w.current()
-    configure(parley, conv, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=16)
+    conv = w.new_chat()
+    configure(parley, conv, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0, seed=7, max_tokens=10)
     w.chat.send("roll the dice")
     wait_idle(parley, qtbot, conv)
-    first = last(parley, conv)
-    answers = [first.content]
-    for seed in (7, 8):
-        configure(parley, conv, seed=seed)
+    for _ in range(regenerations):
         w.chat.view.activate(last(parley, conv), "regen:")
         wait_idle(parley, qtbot, conv)
-        answers.append(last(parley, conv).content)
-    assert answers[1] == answers[0] and answers[2] != answers[0]
+    return parley.store.versions(last(parley, conv))
+
+
+def test_regenerate_with_a_fixed_seed_draws_the_next_seed(parley, qtbot):
+    """Regenerate under a fixed seed gave the same answer again, which is not what the button is pressed for: the k-th
+    version draws with seed + k - 1 and says so; another chat with that seed gives the same versions."""
+    answers = _seeded_answers(parley, qtbot, regenerations=1)
+    assert [a.stats["seed"] for a in answers] == [7, 8]
+    assert answers[0].content != answers[1].content
+    shown = parley.window.chat.view.delegate.document(answers[1])[0].toPlainText()
+    assert "seed 8" in shown
+    assert [a.content for a in _seeded_answers(parley, qtbot, regenerations=1)] == [a.content for a in answers]
 
 
 # -- 10: tables, math and block quotes

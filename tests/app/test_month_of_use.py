@@ -100,3 +100,14 @@ def test_a_layout_of_a_long_chat_measures_no_text_it_measured_before(parley, qap
     parley.store.append_text(parent, " and more")  # a message's text that changed is measured again
     view.doItemsLayout()
     assert len(measured) <= 1
+
+
+def test_a_greedy_regeneration_names_no_seed(parley, qtbot):
+    """A fixed seed advances for a sampled chat's Regenerate; a greedy answer draws nothing and names none."""
+    conv = parley.window.current()
+    configure(parley, conv, temperature=0.0, seed=7, max_tokens=4)
+    parley.window.chat.send("hello")
+    wait_idle(parley, qtbot, conv)
+    parley.service.regenerate(conv)
+    wait_idle(parley, qtbot, conv)
+    assert [a.stats.get("seed") for a in parley.store.versions(parley.store.path(conv)[-1])] == [None, None]
