@@ -50,3 +50,19 @@ def test_the_compilers_take_ctrl_c_though_the_engine_thread_blocks_it(tmp_path):
     assert len(masks) == len(cpu_native.sources()) + 1  # each source, then the link
     assert all(mask & (1 << (signal.SIGINT - 1)) == 0 and mask & (1 << (signal.SIGTERM - 1)) == 0 for mask in masks)
     assert blocked <= seen[0]  # the thread's own mask as it was
+
+
+def test_a_disk_without_room_for_the_model_is_told_before_a_byte_is_written(tmp_path, monkeypatch):
+    """The assembly wrote until the disk was full (a 50 MiB tmpfs at 100 %, every other program on it unable to
+    write meanwhile), then gave up. The disk here reports what a nearly full one does: 48 MiB free."""
+    import shutil
+
+    from engine.errors import ModelLoadError
+    from engine.loading.default_model import default_model_path
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=48 << 20))
+    said = r"\(its disk has 48 MiB free: the model needs 241 MiB\); choose a folder"
+    with pytest.raises(ModelLoadError, match=said):
+        default_model_path(tmp_path)
+    assert not list(tmp_path.iterdir())  # no partial file began

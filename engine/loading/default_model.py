@@ -5,6 +5,7 @@ import contextlib
 import errno
 import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Callable
 
@@ -36,6 +37,7 @@ def default_model_path(models_dir: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with folder_lock(target.parent):  # two first starts at once wrote one partial file: both could fail
             if not _is_whole(target, size, EXPECTED_SHA256):  # the other start assembled it while this one waited
+                _check_room(_partial(target), size)
                 _assemble(assemble, target)
     except Exception as exc:
         raise ModelLoadError(f"Could not write the embedded model to {target} ({_why(exc, target, size)}); choose a "
@@ -51,9 +53,26 @@ def _why(exc: Exception, target: Path, size: int) -> str:
         blocking = next((p for p in target.parents if p.is_file()), None)
         if blocking is not None:
             return f"{blocking} is a file, not a folder"
+    if isinstance(exc, NoRoom):
+        return f"its disk has {exc.free / 2**20:.0f} MiB free: the model needs {size / 2**20:.0f} MiB"
     if getattr(exc, "errno", None) == errno.ENOSPC:
         return f"the disk is full: the model needs {size / 2**20:.0f} MiB"
     return str(exc)
+
+
+class NoRoom(OSError):
+    def __init__(self, free: int):
+        super().__init__(errno.ENOSPC, "no room for the model")
+        self.free = free
+
+
+def _check_room(partial: Path, size: int) -> None:
+    """Refuses before a byte is written where the disk has no room for the model: the assembly wrote until the disk
+    was full (every other program on it then failed to write too) and only then gave up. A partial file left by a
+    start that was killed is written over, so its bytes count as room."""
+    free = shutil.disk_usage(partial.parent).free + (partial.stat().st_size if partial.is_file() else 0)
+    if free < size:
+        raise NoRoom(free)
 
 
 def _is_whole(target: Path, size: int, sha256: str) -> bool:
@@ -92,8 +111,12 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _partial(target: Path) -> Path:
+    return target.with_name(target.name + ".partial")
+
+
 def _assemble(assemble: Callable[..., Path], target: Path) -> None:
-    partial = target.with_name(target.name + ".partial")
+    partial = _partial(target)
     try:
         assemble(partial, overwrite=True)  # checks the sha256 it wrote
         os.replace(partial, target)
