@@ -12,6 +12,10 @@ TORCH_INDEX ?=
 LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF \
 	-DGGML_AVX512_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 
+# setuptools' notice on every editable install ("Please be careful with folders in your working directory...") was
+# ten lines of asterisks in a new user's first `make run`, about nothing they need to do
+EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q -e
+
 .PHONY: run test test-gpu setup setup-test clean package
 
 $(BIN)/activate:
@@ -20,11 +24,11 @@ $(BIN)/activate:
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH)"
 
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
-	$(BIN)/pip install -q -e .
+	$(EDITABLE) .
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed pyproject.toml
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install -q -e ".[test]"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(EDITABLE) ".[test]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -44,7 +48,7 @@ test-gpu:
 # Installers (packaging/): on Linux the PyInstaller folder, a tarball and a .deb, then the bundle's --self-test
 # in a clean environment; on macOS Parley.app and a .dmg (signed when PARLEY_CODESIGN_IDENTITY is set).
 package: $(VENV)/.installed
-	$(BIN)/pip install -q -e ".[package]"
+	$(EDITABLE) ".[package]"
 	if [ "$$(uname -s)" = Darwin ]; then packaging/build_macos.sh $(ARGS); else packaging/build_linux.sh $(ARGS); fi
 
 clean:

@@ -2,6 +2,8 @@
 model's assembly on a disk without room for it."""
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,8 +57,6 @@ def test_the_compilers_take_ctrl_c_though_the_engine_thread_blocks_it(tmp_path):
 def test_a_disk_without_room_for_the_model_is_told_before_a_byte_is_written(tmp_path, monkeypatch):
     """The assembly wrote until the disk was full (a 50 MiB tmpfs at 100 %, every other program on it unable to
     write meanwhile), then gave up. The disk here reports what a nearly full one does: 48 MiB free."""
-    import shutil
-
     from engine.errors import ModelLoadError
     from engine.loading.default_model import default_model_path
 
@@ -66,3 +66,19 @@ def test_a_disk_without_room_for_the_model_is_told_before_a_byte_is_written(tmp_
     with pytest.raises(ModelLoadError, match=said):
         default_model_path(tmp_path)
     assert not list(tmp_path.iterdir())  # no partial file began
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_runs_editable_installs_without_setuptools_notice(tmp_path):
+    """`make run` on a fresh clone printed setuptools' ten-line notice ("Please be careful with folders in your
+    working directory...") between pip's quiet lines: nothing the user has to do. Every editable install sets the
+    filter, and the filter, as Python reads it, silences that warning (the message pip re-raises from the backend)."""
+    root = Path(__file__).parents[1]
+    planned = subprocess.run(["make", "-n", "-B", "setup-test", "package", f"VENV={tmp_path / 'venv'}"], cwd=root,
+                             capture_output=True, text=True).stdout.splitlines()
+    editable = [line for line in planned if "pip install -q -e" in line]
+    assert len(editable) == 3 and all('PYTHONWARNINGS="ignore:Editable installation"' in line for line in editable)
+    warn = "import warnings; warnings.warn_explicit('Editable installation.\\n!!\\n', UserWarning, 'wheel.py', 354)"
+    shown = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True,
+                           env={**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"}).stderr
+    assert shown == ""
