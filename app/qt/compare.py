@@ -83,7 +83,7 @@ class CompareView(QWidget):
         layout.addWidget(self.scroll, 1)
         layout.addWidget(self.queued)
         layout.addWidget(self.composer)
-        self.layout_mode = "row"  # row, tiles (2×2) or scroll (one row wider than the view)
+        self.layout_mode = "row"  # row, tiles (2×2), stack (one above the other) or scroll (a row wider than the view)
         self.count.valueChanged.connect(self.set_columns)
         self.clear_button.clicked.connect(self.clear)
         self.composer.send_requested.connect(self.send)
@@ -260,6 +260,10 @@ class CompareView(QWidget):
             mode, per_row = "row", n
         elif n == 4 and fit >= 2 and height >= 2 * COLUMN_MIN_HEIGHT:
             mode, per_row = "tiles", 2
+        elif fit == 1 and self.scroll.height() >= n * COLUMN_MIN_HEIGHT:  # the area's height: a scroll bar may go
+            # one above the other: beside the Live panel an 800 px window had room for one column and a half, and
+            # the second was behind a sideways scroll bar
+            mode, per_row = "stack", 1
         else:
             mode, per_row = "scroll", n
         self.layout_mode = mode

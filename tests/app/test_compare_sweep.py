@@ -9,6 +9,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from app.core.comparison import similarity, word_diff_html
+from app.qt.compare_column import COLUMN_MIN_WIDTH
 from tests.app.helpers import hold_engine
 
 STRUCK = re.compile(r"<s>(.*?)</s>")
@@ -302,6 +303,20 @@ def test_two_columns_stand_side_by_side_in_an_800_px_window(parley, qtbot):
     qtbot.waitUntil(lambda: view.layout_mode == "row")
     assert all(c.geometry().right() < view.scroll.viewport().width() for c in view.columns)
     assert all(c.width() >= c.minimumSizeHint().width() for c in view.columns)
+
+
+def test_beside_the_live_panel_two_columns_in_an_800_px_window_stand_one_above_the_other(parley, qtbot):
+    """The Live panel left the comparison ~310 px: room for one column and a half, the second behind a sideways scroll
+    bar. With the height for both, they stand one above the other, each whole."""
+    parley.window.resize(800, 700)
+    parley.window.live_panel.toggleViewAction().trigger()
+    parley.window.show_compare()
+    view = parley.window.compare
+    qtbot.waitUntil(lambda: view.scroll.viewport().width() < 2 * COLUMN_MIN_WIDTH)
+    qtbot.waitUntil(lambda: view.layout_mode == "stack")
+    viewport = view.scroll.viewport().rect()
+    assert all(viewport.contains(c.geometry()) for c in view.columns)
+    assert view.scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
 
 
 def test_columns_that_no_longer_fit_a_window_narrowed_meanwhile_scroll_sideways(parley, qtbot):
