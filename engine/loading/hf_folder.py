@@ -83,9 +83,8 @@ def tensor_shapes(folder: Path) -> list[tuple[tuple[int, ...], float]]:
     return [shape for f in safetensor_files(folder) for shape in file_tensor_shapes(f)]
 
 
-def file_tensor_shapes(f: Path) -> list[tuple[tuple[int, ...], float]]:
-    """(shape, bytes per element) of every tensor in one safetensors file, from its header alone."""
-    out = []
+def file_header(f: Path) -> dict[str, dict[str, Any]]:
+    """Name -> {"dtype", "shape", "data_offsets"} of every tensor in one safetensors file, from its header alone."""
     with f.open("rb") as fh:
         size = int.from_bytes(fh.read(8), "little")
         if not 0 < size <= HEADER_LIMIT:
@@ -94,9 +93,15 @@ def file_tensor_shapes(f: Path) -> list[tuple[tuple[int, ...], float]]:
             header = json.loads(fh.read(size))
         except (ValueError, UnicodeDecodeError) as exc:
             raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: {exc})") from exc
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
+    if not isinstance(header, dict):
+        raise ModelLoadError(f"{f.name} could not be read (damaged safetensors header: not a JSON object)")
+    return {name: info for name, info in header.items() if name != "__metadata__"}
+
+
+def file_tensor_shapes(f: Path) -> list[tuple[tuple[int, ...], float]]:
+    """(shape, bytes per element) of every tensor in one safetensors file, from its header alone."""
+    out = []
+    for name, info in file_header(f).items():
         shape = tuple(int(d) for d in info["shape"])
         if name.endswith("_blocks") and info["dtype"] == "U8" and len(shape) >= 2:  # MXFP4 (gpt-oss): 2 per byte
             shape = (*shape[:-2], shape[-2] * shape[-1] * 2)

@@ -19,7 +19,7 @@ from engine.loading.gguf_header import Span
 from engine.loading.gguf_keys import check_against_model, check_counts
 from engine.loading.gguf_split import files_name, model_file, shown_name
 from engine.loading.gguf_weights import kept_as_is, read_gguf_weights, requantized_notice, tensor_shapes
-from engine.loading.tensor_check import check_tensors, mismatch_message
+from engine.loading.tensor_check import check_folder, check_tensors, mismatch_message
 from engine.loading.tokenizer_cache import gguf_tokenizer, vocabulary_spans
 from engine.memory import (
     LOAD_SCRATCH, available_bytes, check_fits, gguf_estimate, hf_estimate, return_freed_memory,
@@ -254,6 +254,7 @@ def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions, noti
         raise UnsupportedModelError(f"{folder.name}'s config.json does not describe a model Parley can build: "
                                     f"{type(exc).__name__}: {exc}") from exc
     args.name = folder.name
+    shell = check_folder(folder, arch, args)
     _check_hf_memory(folder, args, options)
     tok = tokenizer_from_hf_dir(folder)
     weights = arch.sanitize(hf_folder.read_weights(folder, progress), args)
@@ -264,7 +265,7 @@ def _read_hf(folder: Path, progress: Progress | None, options: LoadOptions, noti
             requantized += keep and not kept_as_is(weights[name])
     if requantized:  # torch's CPU kernels, or scales beyond CUDA's: as a file's MXFP4 says
         notices.append(requantized_notice(folder.name, "MXFP4", requantized))
-    return args, weights, tok, None
+    return args, weights, tok, shell
 
 
 def _keeps_mxfp4(options: LoadOptions) -> bool:

@@ -1,14 +1,17 @@
-"""A GGUF file's tensors against the model its metadata describes, from the header alone: a file whose metadata lies
-(token_embd wider than embedding_length, q rows that are not heads x head_dim) is refused before a weight is read, where
-build_model found it only once every weight was decoded (2-16 s and ~0.7 GB on Gemma 3 270M)."""
+"""A model's tensors against the model its metadata describes, from the headers alone: a GGUF file whose metadata
+lies (token_embd wider than embedding_length, q rows that are not heads x head_dim), or a Hugging Face folder whose
+config.json disagrees with its shards, is refused before a weight is read, where build_model found it only once every
+weight was decoded or read (2-16 s and ~0.7 GB on Gemma 3 270M)."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from types import ModuleType
 
 import torch
 
-from engine.errors import ModelLoadError
+from engine.errors import ModelLoadError, ParleyError
+from engine.loading import hf_folder
 from engine.loading.gguf_file import GGUFFile, GGUFTensor
 from engine.loading.gguf_weights import misfit, planned_tensors
 from engine.models.args import ModelArgs
@@ -35,6 +38,49 @@ def check_tensors(gf: GGUFFile, arch: ModuleType, args: ModelArgs) -> CausalLM:
     return shell
 
 
+def check_folder(folder: Path, arch: ModuleType, args: ModelArgs) -> CausalLM | None:
+    """check_tensors for a Hugging Face folder: its shards' headers, through the architecture's sanitize on tensors
+    without data, against the module config.json builds (that module is returned for build_model to fill). An
+    architecture whose sanitize needs the values is left to build_model (None)."""
+    with torch.device("meta"):
+        shell = arch.Model(args)
+    expected = {key: tuple(value.shape) for key, value in shell.state_dict().items()}
+    files, headers = {}, {}
+    for f in hf_folder.safetensor_files(folder):
+        for name, info in hf_folder.file_header(f).items():
+            files[name], headers[name] = f.name, info
+    try:
+        found = arch.sanitize({name: _meta_tensor(info) for name, info in headers.items()}, args)
+    except ParleyError:
+        raise
+    except Exception:  # noqa: BLE001 - a sanitize that reads values: the load finds any mismatch as before
+        return None
+    missing, unexpected = sorted(expected.keys() - found.keys()), sorted(found.keys() - expected.keys())
+    if missing or unexpected:
+        raise ModelLoadError(f"{folder.name}'s config.json does not match its weights "
+                             f"({_listed(missing, unexpected)}).")
+    shapes = {key: tuple(value.shape) for key, value in found.items() if hasattr(value, "shape")}
+    wrong = [(key, shapes[key], want) for key, want in expected.items() if shapes.get(key, want) != want]
+    if wrong:
+        key, shape, want = wrong[0]
+        more = f" (and {len(wrong) - 1:,} more tensors disagree)" if len(wrong) > 1 else ""
+        raise ModelLoadError(f"{folder.name}'s config.json does not match its weights: tensor {key}"
+                             f"{' in ' + files[key] if key in files else ''} has shape {list(shape)}, config.json's "
+                             f"sizes need {list(want)}{more}.")
+    return shell
+
+
+SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                      "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+                      "BOOL": torch.bool}
+
+
+def _meta_tensor(info: dict) -> torch.Tensor:
+    """A header's tensor without its data (an odd dtype as fp32: the shape is what is checked)."""
+    shape = tuple(int(d) for d in info["shape"])
+    return torch.empty(shape, dtype=SAFETENSORS_DTYPES.get(info.get("dtype"), torch.float32), device="meta")
+
+
 def _without_pending(args: ModelArgs) -> ModelArgs:
     """`args` without the rope factors still to be read from the file (an empty list until then: rope_freqs), which no
     shape depends on."""
@@ -53,9 +99,13 @@ def _shape(t: GGUFTensor, arch: ModuleType, args: ModelArgs) -> tuple[int, ...]:
 
 
 def mismatch_message(missing: list[str], unexpected: list[str]) -> str:
+    return f"The weights do not match the architecture ({_listed(missing, unexpected)})."
+
+
+def _listed(missing: list[str], unexpected: list[str]) -> str:
     parts = []
     if missing:
         parts.append(f"missing tensors: {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
     if unexpected:
         parts.append(f"unexpected tensors: {', '.join(unexpected[:4])}{' …' if len(unexpected) > 4 else ''}")
-    return "The weights do not match the architecture (" + "; ".join(parts) + ")."
+    return "; ".join(parts)
