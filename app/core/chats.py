@@ -519,8 +519,9 @@ class ChatService:
         # a session closed under a turn whose model is no longer loaded: the model went, not the user's Stop
         gone = reason == "closed" and self._model_gone(live)
         shown = {"ttft_s": st.ttft_s, "engine_ttft_s": stats.ttft_s}
-        self.store.update_message(msg_id, content=text, stats={"reason": reason, **_stats_dict(stats), **shown, **seed, **unseen},
-                                  model=st.model, error=UNLOADED_MID_ANSWER if gone else "")
+        saved = {"reason": reason, **_stats_dict(stats), **shown, **seed, **unseen}
+        self.store.update_message(msg_id, content=text, stats=saved, model=st.model,
+                                  error=UNLOADED_MID_ANSWER if gone else "")
         self._end(conv_id, live, "stopped" if reason in ("cancelled", "closed") else "done")
 
     def _on_failed(self, session_id: int, turn_id: object, message: str, code: str = "") -> None:

@@ -96,9 +96,9 @@ class SettingsForm(QWidget):
                                               "(0 = none)"))
         self.seed = _int(-1, MAX_INT32)
         self.seed.setSpecialValueText("random")
-        self.seed.setToolTip(self.tr("A message's first answer draws with this seed, each Regenerate with the next one "
-                                     "(seed + 1, + 2, …): another answer, and the same ones in any chat with this seed. "
-                                     "An answer's menu draws it again: Regenerate with seed N."))
+        self.seed.setToolTip(self.tr("A message's first answer draws with this seed, each Regenerate with the next "
+                                     "one (seed + 1, + 2, …): another answer, and the same ones in any chat with this "
+                                     "seed. An answer's menu draws it again: Regenerate with seed N."))
         self.max_tokens = _int(1, MAX_INT32)
         self.speculative = QCheckBox(self.tr("Draft ahead (the same answer; faster when it repeats the prompt)"))
         self.thinking = QComboBox()

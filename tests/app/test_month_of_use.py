@@ -111,3 +111,18 @@ def test_a_greedy_regeneration_names_no_seed(parley, qtbot):
     parley.service.regenerate(conv)
     wait_idle(parley, qtbot, conv)
     assert [a.stats.get("seed") for a in parley.store.versions(parley.store.path(conv)[-1])] == [None, None]
+
+
+def test_a_compare_view_gone_before_its_scroll_sync_settles_is_not_called(parley, qtbot):
+    """A column scrolled asks to be aligned again 60 ms later; a view deleted meanwhile (a closed window) was still
+    called, and its QAction's 'already deleted' error failed the next test's setup."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
+    from app.qt.compare import SYNC_SETTLE_MS, CompareView
+
+    view = CompareView(parley.service, parley.models)
+    view.ensure_columns()
+    view._sync_from(view.columns[0])  # as a scroll bar's step does
+    view.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    qtbot.wait(3 * SYNC_SETTLE_MS)  # past the moment it was due: pytest-qt fails the test on an error raised in it
