@@ -18,12 +18,16 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q 
 
 .PHONY: run test test-gpu setup setup-test clean package
 
-$(BIN)/activate:
+# A stamp written once torch is in: the venv's own bin/activate was the target, so a torch download that failed (or a
+# Ctrl-C) left it in place, and the next `make run` skipped to `pip install -e .`, whose "torch>=2.4" took PyPI's
+# default (on Linux a CUDA build of several GB) whatever TORCH and TORCH_INDEX said.
+$(VENV)/.torch:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH)"
+	touch $@
 
-$(VENV)/.installed: $(BIN)/activate pyproject.toml
+$(VENV)/.installed: $(VENV)/.torch pyproject.toml
 	$(EDITABLE) .
 	touch $@
 

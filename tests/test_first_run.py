@@ -82,3 +82,25 @@ def test_make_runs_editable_installs_without_setuptools_notice(tmp_path):
     shown = subprocess.run([sys.executable, "-c", warn], capture_output=True, text=True,
                            env={**os.environ, "PYTHONWARNINGS": "ignore:Editable installation"}).stderr
     assert shown == ""
+
+
+FAKE_PYTHON = """#!/bin/sh
+# `python3 -m venv DIR` as far as make sees it: a venv whose pip fails on torch (a download cut off)
+mkdir -p "$3/bin" && touch "$3/bin/activate"
+printf '#!/bin/sh\\ncase "$*" in *torch*) exit 1;; esac\\n' > "$3/bin/pip" && chmod +x "$3/bin/pip"
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_after_a_failed_torch_install_installs_torch_again(tmp_path):
+    """The venv's bin/activate was the target of the venv's recipe: after the torch download failed it was there,
+    so the next `make run` went straight to `pip install -e .`, whose "torch>=2.4" took PyPI's default (a CUDA build
+    of several GB on Linux) whatever TORCH and TORCH_INDEX said."""
+    python = tmp_path / "python3"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    make = ["make", "setup", f"PY={python}", f"VENV={tmp_path / 'venv'}", 'TORCH_INDEX=--index-url https://cpu.example']
+    root = Path(__file__).parents[1]
+    assert subprocess.run(make, cwd=root, capture_output=True).returncode != 0  # torch's install failed
+    again = subprocess.run([make[0], "-n", *make[1:]], cwd=root, capture_output=True, text=True).stdout
+    assert "pip install -q --index-url https://cpu.example \"torch==" in again
