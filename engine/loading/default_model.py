@@ -121,7 +121,7 @@ def _assemble(assemble: Callable[..., Path], target: Path) -> None:
         assemble(partial, overwrite=True)  # checks the sha256 it wrote
         os.replace(partial, target)
         _mark_verified(target)
-    except Exception:
+    except BaseException:  # Ctrl-C too: `parley generate` stopped mid-assembly left a 200 MB partial file
         with contextlib.suppress(OSError):
             partial.unlink(missing_ok=True)
         raise
