@@ -1,8 +1,10 @@
 """The embedded default model: Gemma 3 270M (base) Q4_K_M, shipped as a PyPI package."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
+import functools
 import hashlib
 import os
 import shutil
@@ -117,14 +119,24 @@ def _partial(target: Path) -> Path:
 
 def _assemble(assemble: Callable[..., Path], target: Path) -> None:
     partial = _partial(target)
+    drop = functools.partial(_drop, partial)
+    # the app assembles on a daemon thread, which a window closed meanwhile ends with no except run: the process's
+    # exit drops the file instead (it had left 180-253 MB behind)
+    atexit.register(drop)
     try:
         assemble(partial, overwrite=True)  # checks the sha256 it wrote
         os.replace(partial, target)
         _mark_verified(target)
     except BaseException:  # Ctrl-C too: `parley generate` stopped mid-assembly left a 200 MB partial file
-        with contextlib.suppress(OSError):
-            partial.unlink(missing_ok=True)
+        drop()
         raise
+    finally:
+        atexit.unregister(drop)
+
+
+def _drop(partial: Path) -> None:
+    with contextlib.suppress(OSError):
+        partial.unlink(missing_ok=True)
 
 
 def resolve_model(spec: str, models_dir: Path) -> Path:
