@@ -318,7 +318,10 @@ class ChatView(QListView):
     """Links in messages: versions, edit, regenerate, copy. Keeps to the bottom while the answer streams."""
 
     edit_requested = Signal(int)  # user message id
-    _stick = True  # kept to the bottom; here too, as Qt lays the view out while __init__ builds its model
+    # here too, as Qt lays the view out while __init__ builds its model
+    _stick = True  # kept to the bottom
+    _reset_anchor: tuple[int, int] | None = None  # the anchor as the messages were before a reset (a version switched)
+    _after_reset = False  # the next layout is the reset's: the rows' old places are gone, the anchor was kept before
 
     def __init__(self, service: ChatService, parent=None):
         super().__init__(parent)
@@ -328,6 +331,7 @@ class ChatView(QListView):
         self.delegate = MessageDelegate(service, self)
         self.setItemDelegate(self.delegate)
         self.chat_model.dataChanged.connect(self._on_data_changed)
+        self.chat_model.modelAboutToBeReset.connect(self._before_reset)
         self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.verticalScrollBar().setSingleStep(24)
         self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
@@ -365,8 +369,15 @@ class ChatView(QListView):
         self.delegate.frame_started()
         super().paintEvent(event)
 
+    def _before_reset(self) -> None:
+        self._reset_anchor = None if self._stick else self._anchor()
+        self._after_reset = True
+
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
-        anchor = None if self._stick else self._anchor()
+        if self._after_reset:
+            anchor, self._after_reset = self._reset_anchor, False
+        else:
+            anchor = None if self._stick else self._anchor()
         self.delegate.laying_out = True
         try:
             super().doItemsLayout()

@@ -126,3 +126,31 @@ def test_a_compare_view_gone_before_its_scroll_sync_settles_is_not_called(parley
     view.deleteLater()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
     qtbot.wait(3 * SYNC_SETTLE_MS)  # past the moment it was due: pytest-qt fails the test on an error raised in it
+
+
+def test_switching_a_version_in_the_middle_of_a_long_chat_keeps_the_place(parley, qtbot, qapp):
+    """A version switched resets the view's rows; the place the user read at stays where it was (laid out as a
+    fresh chat would be, it went to the bottom)."""
+    conv = parley.window.new_chat()
+    parent = None
+    for i in range(30):
+        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
+        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+        if i == 15:
+            question, first = user, parent
+    second = parley.store.add_message(conv, question.id, "assistant", _code_answer(99))  # a regenerated version
+    parley.store.select(first)  # its first version shown, the turns after it below
+    view = parley.window.chat.view
+    parley.window.open_chat(conv)
+    row = view.chat_model.row_of(question.id)
+    view.scrollTo(view.model().index(row, 0))
+    for _turn in range(5):
+        view.viewport().repaint()
+        qapp.processEvents()
+    before = view.visualRect(view.model().index(row, 0)).top()
+    parley.service.switch_version(first, 1)  # to the second version: the turns after the first are no longer shown
+    for _turn in range(5):
+        view.viewport().repaint()
+        qapp.processEvents()
+    assert parley.store.path(conv)[-1].id == second.id
+    assert view.visualRect(view.model().index(view.chat_model.row_of(question.id), 0)).top() == before
