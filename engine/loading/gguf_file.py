@@ -13,7 +13,7 @@ import torch
 
 from engine.errors import ModelLoadError, UnsupportedModelError
 from engine.loading.file_stamp import Stamp, file_stamp
-from engine.loading.gguf_header import Span, TensorInfo, read_header
+from engine.loading.gguf_header import Span, TensorInfo, not_gguf, read_header
 from engine.loading.gguf_split import mixed_quantization, read_parts
 from engine.quant.gguf_blocks import to_float32
 
@@ -149,7 +149,7 @@ def open_gguf(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFFile
     stamp = file_stamp(path)
     with path.open("rb") as f:
         if f.read(4) != GGUF_MAGIC:
-            raise ModelLoadError(f"{path.name} is not a GGUF file (wrong magic bytes).")
+            raise not_gguf(path, os.fstat(f.fileno()).st_size)
     parts = read_parts(path, partial(read_header, skip=skip))  # every count and offset checked against its file
     mixed = mixed_quantization(parts)
     first = parts[0][1]

@@ -178,14 +178,26 @@ def read_header(path: str | Path, skip: dict[str, Span] | None = None) -> GGUFHe
     return _read(Path(path), keep=True, skip=skip)
 
 
+def not_gguf(path: Path, size: int) -> ModelLoadError:
+    """The error for a file of `size` bytes that does not begin with GGUF's signature, in the words that help: an empty
+    one was never written (a copy or download that did not finish), a Hugging Face folder's file names its folder."""
+    if size == 0:
+        return ModelLoadError(f"{path.name} is empty (0 bytes), not a GGUF model file: a copy or download of it that "
+                              "did not finish?")
+    if path.suffix.lower() in (".safetensors", ".json") and (path.parent / "config.json").is_file():
+        return ModelLoadError(f"{path.name} is not a GGUF model file but a file of the Hugging Face model folder "
+                              f"{path.parent}: load the folder.")
+    return ModelLoadError(f"{path.name} is not a GGUF model file: it does not begin with GGUF's signature.")
+
+
 def _read(path: Path, keep: bool, skip: dict[str, Span] | None = None) -> GGUFHeader:
     import gguf
 
     skip = skip or {}
     with path.open("rb") as f:
         c = _Cursor(f, path.name)
-        if c.take("<4s") != b"GGUF":  # a text file or another format: not a damaged model, no model at all
-            raise ModelLoadError(f"{path.name} is not a GGUF model file: it does not begin with GGUF's signature.")
+        if c.size < 4 or c.take("<4s") != b"GGUF":  # a text file or another format: not a damaged model, none at all
+            raise not_gguf(path, c.size)
         header = GGUFHeader(version=c.take("<I"))
         if header.version not in (2, 3):
             raise c.fail(f"unsupported GGUF version {header.version}")

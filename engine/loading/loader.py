@@ -112,20 +112,13 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
         raise ModelLoadError(f"Model not found: {source}")
     source = model_file(source)
     notices: list[str] = []
-    if source.is_dir():
-        args, weights, tok, shell = _read_hf(source, progress, options, notices)
-        if options.quantize and options.device == "cpu":
-            weights = _quantized_at_load(weights, options.quantize)
-        elif options.weights == "quantized":  # the app's settings.json may ask it of every model
-            notices.append(f'Weights "quantized" {quantized_folders(source.name)}.')
-        kind = "hf"
-    else:
-        with _OpenOnce(source) as opened:
-            if (options := _resolve_weights(source, options, opened)).quantized:
-                args, weights, tok, shell = _read_gguf(source, progress, options, notices=notices, opened=opened)
-                kind = "gguf"
-            else:
-                args, weights, tok, shell, kind = _read_gguf_cached(source, options, progress, notices, opened)
+    try:
+        args, weights, tok, shell, kind = _read(source, options, progress, notices)
+    except FileNotFoundError as exc:  # the file checked a moment ago
+        if source.exists():
+            raise
+        gone = f"{source.name} was moved or removed while it loaded: load it from where it is now."
+        raise ModelLoadError(gone) from exc
     read_s = time.perf_counter() - start
     fitted = fit_context(args, options.context)
     model = build_model(fitted, weights, options.torch_dtype, options.device, shell if fitted is args else None)
@@ -136,6 +129,21 @@ def load_model(source: str | Path, options: LoadOptions | None = None, progress:
     timings = {"read_s": read_s, "total_s": time.perf_counter() - start}
     return LoadedModel(name=name, source=source, args=args, model=model, tokenizer=tok,
                        timings=timings | {"from": kind}, notices=notices)
+
+
+def _read(source: Path, options: LoadOptions, progress: Progress | None, notices: list[str]):
+    """(args, weights, tokenizer, the module to fill or None, where they came from) of a folder or a GGUF file."""
+    if source.is_dir():
+        args, weights, tok, shell = _read_hf(source, progress, options, notices)
+        if options.quantize and options.device == "cpu":
+            weights = _quantized_at_load(weights, options.quantize)
+        elif options.weights == "quantized":  # the app's settings.json may ask it of every model
+            notices.append(f'Weights "quantized" {quantized_folders(source.name)}.')
+        return args, weights, tok, shell, "hf"
+    with _OpenOnce(source) as opened:
+        if (options := _resolve_weights(source, options, opened)).quantized:
+            return *_read_gguf(source, progress, options, notices=notices, opened=opened), "gguf"
+        return _read_gguf_cached(source, options, progress, notices, opened)
 
 
 def quantized_folders(names: str, many: bool = False) -> str:
