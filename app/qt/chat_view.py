@@ -320,8 +320,8 @@ class ChatView(QListView):
     edit_requested = Signal(int)  # user message id
     # here too, as Qt lays the view out while __init__ builds its model
     _stick = True  # kept to the bottom
-    _reset_anchor: tuple[int, int] | None = None  # the anchor as the messages were before a reset (a version switched)
-    _after_reset = False  # the next layout is the reset's: the rows' old places are gone, the anchor was kept before
+    _reset_anchor: tuple[int, int] | None = None  # the anchor as the rows were before they changed (a version switched)
+    _after_reset = False  # the next layout follows rows reset, added or removed: their old places are gone
 
     def __init__(self, service: ChatService, parent=None):
         super().__init__(parent)
@@ -331,7 +331,9 @@ class ChatView(QListView):
         self.delegate = MessageDelegate(service, self)
         self.setItemDelegate(self.delegate)
         self.chat_model.dataChanged.connect(self._on_data_changed)
-        self.chat_model.modelAboutToBeReset.connect(self._before_reset)
+        for changing in (self.chat_model.modelAboutToBeReset, self.chat_model.rowsAboutToBeInserted,
+                         self.chat_model.rowsAboutToBeRemoved):  # each drops the rows' places until the next layout
+            changing.connect(self._before_rows_change)
         self.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
         self.verticalScrollBar().setSingleStep(24)
         self.setSelectionMode(QAbstractItemView.SelectionMode.NoSelection)
@@ -369,9 +371,10 @@ class ChatView(QListView):
         self.delegate.frame_started()
         super().paintEvent(event)
 
-    def _before_reset(self) -> None:
-        self._reset_anchor = None if self._stick else self._anchor()
-        self._after_reset = True
+    def _before_rows_change(self, *_rows) -> None:
+        if not self._after_reset:  # a second change before the layout: the rows' places are already gone
+            self._reset_anchor = None if self._stick else self._anchor()
+            self._after_reset = True
 
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
         if self._after_reset:

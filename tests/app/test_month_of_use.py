@@ -154,3 +154,28 @@ def test_switching_a_version_in_the_middle_of_a_long_chat_keeps_the_place(parley
         qapp.processEvents()
     assert parley.store.path(conv)[-1].id == second.id
     assert view.visualRect(view.model().index(view.chat_model.row_of(question.id), 0)).top() == before
+
+
+def test_a_turn_added_below_while_scrolled_up_keeps_the_place(parley, qtbot, qapp):
+    """Rows added (a queued message sent by itself while the user reads far up) drop the rows' places until the next
+    layout; the place read at stays (found after them, the anchor took the view to the bottom)."""
+    conv = parley.window.new_chat()
+    parent = None
+    for i in range(30):
+        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
+        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+    view = parley.window.chat.view
+    parley.window.open_chat(conv)
+    view.scrollTo(view.model().index(20, 0))
+    for _turn in range(5):
+        view.viewport().repaint()
+        qapp.processEvents()
+    before = view.visualRect(view.model().index(20, 0)).top()
+    user = parley.store.add_message(conv, parent, "user", "sent by itself")
+    parley.store.add_message(conv, user.id, "assistant", _code_answer(100))
+    parley.service.path_changed.emit(conv)
+    for _turn in range(5):
+        view.viewport().repaint()
+        qapp.processEvents()
+    assert view.model().rowCount() == 62
+    assert view.visualRect(view.model().index(20, 0)).top() == before
