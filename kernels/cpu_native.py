@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
@@ -285,32 +284,41 @@ def build_library(compiler: str, out: str | Path, flags=FLAGS, jobs: int | None 
     16-core Xeon: 2.3 s instead of 7.4 s as one command; 2 cores 4.1 s). A failure raises CalledProcessError with its
     stderr."""
     out, compile_flags = Path(out), [f for f in flags if f != "-shared"]
-    with tempfile.TemporaryDirectory(dir=out.parent) as objects:
-        objs = [Path(objects) / f"{src.stem}.o" for src in sources()]
+    # the objects and the library until it is whole: a process that ends mid-build removes the folder on its way out
+    with tempfile.TemporaryDirectory(dir=out.parent) as work:
+        objs, linked = [Path(work) / f"{src.stem}.o" for src in sources()], Path(work) / out.name
         _run_all([[*_command(compiler), *compile_flags, "-c", str(src), "-o", str(obj)]
                   for src, obj in zip(sources(), objs)], jobs or os.cpu_count() or 1)
-        _run([*_command(compiler), *flags, *map(str, objs), "-o", str(out), "-lm"])
+        _run([*_command(compiler), *flags, *map(str, objs), "-o", str(linked), "-lm"])
+        os.replace(linked, out)  # atomic: a process that did not wait (no lock here) gets one of the two, whole
 
 
 def _run_all(commands: list[list[str]], jobs: int) -> None:
-    """Each command on a pool of `jobs`; once one fails none starts, and the first failure (in order) raises. A Ctrl-C
-    kills the compilers running: the pool went on with the other sources, and the process could not end before."""
-    failed = threading.Event()
+    """Each command on one of `jobs` daemon threads; once one fails none starts, and the first failure (in order)
+    raises. A Ctrl-C kills the compilers running: a pool went on with the other sources. And a window closed mid-build
+    ended its process only once every queued source had compiled (22 s later, the work then thrown away): the
+    workers of a ThreadPoolExecutor are joined at exit, these are not."""
+    todo, failures, lock = iter(enumerate(commands)), {}, threading.Lock()
 
-    def run(command: list[str]) -> None:
-        if failed.is_set():
-            return
-        try:
-            _run(command)
-        except BaseException:
-            failed.set()
-            raise
+    def work() -> None:
+        while True:
+            with lock:
+                i, command = next(todo, (None, None)) if not failures else (None, None)
+            if command is None:
+                return
+            try:
+                _run(command)
+            except BaseException as exc:
+                with lock:
+                    failures[i] = exc
 
-    with ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(run, command) for command in commands]
-    errors = [f.exception() for f in futures if f.exception() is not None]
-    if errors:
-        raise errors[0]
+    threads = [threading.Thread(target=work, daemon=True, name="parley-cc") for _ in range(max(1, jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[min(failures)]
 
 
 def _run(command: list[str]) -> None:
@@ -393,17 +401,10 @@ def _elf_whole(f, size: int, head: bytes) -> bool:
 def _compile(compiler: str, path: Path) -> Path:
     """The library built and renamed to `path`, or, where its folder cannot be written, to a private temporary one."""
     try:
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
+        tempfile.TemporaryDirectory(dir=path.parent).cleanup()
     except OSError:  # a cache folder it cannot write (a read-only home, a hardened service): a build of its own
         path = Path(tempfile.mkdtemp(prefix="parley-kernels-")) / path.name
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=path.parent)
-    os.close(fd)
-    try:
-        build_library(compiler, tmp)
-        os.replace(tmp, path)  # atomic: a process that did not wait (no lock here) gets one of the two, whole
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    build_library(compiler, path)
     return path
 
 

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_a_failed_compile_starts_none_of_the_sources_queued_after_it(tmp_path):
 def test_the_compilers_take_ctrl_c_though_the_engine_thread_blocks_it(tmp_path):
     """The engine's threads block SIGINT and SIGTERM so the main thread handles them; a child inherits its thread's
     mask, so the compilers ran on to the end of the build after a Ctrl-C (the window closed 21 s later, 2 cores)."""
-    cc, log = _logging_cc(tmp_path, "exit 0")
+    cc, log = _logging_cc(tmp_path, 'for a; do [ "$p" = -o ] && : > "$a"; p=$a; done')  # writes what -o names
     blocked = {signal.SIGINT, signal.SIGTERM}
     seen: list[set[int]] = []
 
@@ -141,3 +142,29 @@ def test_a_process_ending_mid_assembly_leaves_no_partial_file(tmp_path):
     subprocess.run([sys.executable, "-c", EXIT_MID_ASSEMBLY, str(models)], check=True, timeout=60,
                    cwd=Path(__file__).parents[1])
     assert not list(models.glob("*.gguf*"))
+
+
+EXIT_MID_BUILD = """
+import sys, threading
+from pathlib import Path
+from kernels import cpu_native
+cc, out = sys.argv[1], Path(sys.argv[2])
+cpu_native.os.cpu_count = lambda: 1  # one source at a time
+threading.Thread(target=cpu_native._compile, args=(cc, out / "lib.so"), daemon=True).start()  # as the engine's
+while not (out / "calls").exists():  # the first source is compiling
+    pass
+sys.exit(0)  # the window closed: the process ends with the build under way
+"""
+
+
+def test_a_process_ending_mid_build_does_not_wait_for_the_queued_sources(tmp_path):
+    """A window closed during a first run's kernel build: the process lived on unseen for 22 s, compiling every
+    source left in the pool's queue (whose workers are joined at exit), then threw the work away, and left an empty
+    temporary .so in the cache folder. Each source takes 1 s here: 12 s before."""
+    cc, log = _logging_cc(tmp_path, "sleep 1")
+    started = time.monotonic()
+    subprocess.run([sys.executable, "-c", EXIT_MID_BUILD, str(cc), str(tmp_path)], check=True, timeout=60,
+                   cwd=Path(__file__).parents[1])
+    assert time.monotonic() - started < 6  # ~1.3 s here, most of it importing torch
+    assert len(log.read_text().splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calls", "cc-logged"]  # no half-built library or objects
