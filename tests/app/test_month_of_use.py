@@ -53,28 +53,38 @@ def _code_answer(i: int) -> str:
     return f"Case {i}:\n\n```python\ndef run_{i}(values):\n{code}\n```\n\n| name | time |\n|---|---|\n{table}\n"
 
 
+def _code_chat(parley, turns: int = 30) -> tuple[int, list]:
+    """A chat of `turns` questions and code-heavy answers, open in the window; its messages."""
+    conv = parley.window.new_chat()
+    parent = None
+    for i in range(turns):
+        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
+        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+    parley.window.open_chat(conv)
+    return conv, parley.store.path(conv)
+
+
+def _drawn(view, qapp, turns: int = 5) -> None:
+    """Paints and the turns of the event loop after them: the heights found at a paint, then their layout."""
+    for _turn in range(turns):
+        view.viewport().repaint()
+        qapp.processEvents()
+
+
 def test_scrolling_up_a_long_chat_moves_the_text_by_the_step_only(parley, qtbot, qapp):
     """Messages above the screen are laid out at an estimated height until drawn; a code-heavy answer's estimate was
     off by hundreds of pixels (1,114-2,674 px in a 300-turn chat of the month's store), and the text being read jumped
     by that much as each one scrolled into view. The message on screen now stays where the step put it."""
-    conv = parley.window.new_chat()
-    parent = None
-    for i in range(30):
-        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
-        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+    _code_chat(parley)
     view = parley.window.chat.view
-    parley.window.open_chat(conv)
-    for _turn in range(5):  # laid out, the answers at the bottom drawn at their real heights
-        view.viewport().repaint()
-        qapp.processEvents()
+    _drawn(view, qapp)  # laid out, the answers at the bottom drawn at their real heights
     bar, moves = view.verticalScrollBar(), []
     for _ in range(60):  # ~4,300 px up: through several answers drawn for the first time
         index = view.indexAt(view.viewport().rect().center())
         before = view.visualRect(index).top()
         bar.setValue(bar.value() - 72)  # a wheel step
-        view.viewport().repaint()
-        for _turn in range(3):  # the heights found at the paint, then the layout they ask for
-            qapp.processEvents()
+        _drawn(view, qapp, turns=1)
+        qapp.processEvents()
         moves.append(view.visualRect(index).top() - before)
     assert view.delegate.renders > 6  # answers were drawn for the first time on the way
     assert moves == [72] * len(moves)
@@ -131,27 +141,18 @@ def test_a_compare_view_gone_before_its_scroll_sync_settles_is_not_called(parley
 def test_switching_a_version_in_the_middle_of_a_long_chat_keeps_the_place(parley, qtbot, qapp):
     """A version switched resets the view's rows; the place the user read at stays where it was (laid out as a
     fresh chat would be, it went to the bottom)."""
-    conv = parley.window.new_chat()
-    parent = None
-    for i in range(30):
-        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
-        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
-        if i == 15:
-            question, first = user, parent
+    conv, path = _code_chat(parley)
+    question, first = path[30], path[31]
     second = parley.store.add_message(conv, question.id, "assistant", _code_answer(99))  # a regenerated version
-    parley.store.select(first)  # its first version shown, the turns after it below
-    view = parley.window.chat.view
+    parley.store.select(first.id)  # its first version shown, the turns after it below
     parley.window.open_chat(conv)
+    view = parley.window.chat.view
     row = view.chat_model.row_of(question.id)
     view.scrollTo(view.model().index(row, 0))
-    for _turn in range(5):
-        view.viewport().repaint()
-        qapp.processEvents()
+    _drawn(view, qapp)
     before = view.visualRect(view.model().index(row, 0)).top()
-    parley.service.switch_version(first, 1)  # to the second version: the turns after the first are no longer shown
-    for _turn in range(5):
-        view.viewport().repaint()
-        qapp.processEvents()
+    parley.service.switch_version(first.id, 1)  # to the second version: the turns after the first are no longer shown
+    _drawn(view, qapp)
     assert parley.store.path(conv)[-1].id == second.id
     assert view.visualRect(view.model().index(view.chat_model.row_of(question.id), 0)).top() == before
 
@@ -159,23 +160,14 @@ def test_switching_a_version_in_the_middle_of_a_long_chat_keeps_the_place(parley
 def test_a_turn_added_below_while_scrolled_up_keeps_the_place(parley, qtbot, qapp):
     """Rows added (a queued message sent by itself while the user reads far up) drop the rows' places until the next
     layout; the place read at stays (found after them, the anchor took the view to the bottom)."""
-    conv = parley.window.new_chat()
-    parent = None
-    for i in range(30):
-        user = parley.store.add_message(conv, parent, "user", f"Turn {i}: change step {i}.")
-        parent = parley.store.add_message(conv, user.id, "assistant", _code_answer(i)).id
+    conv, path = _code_chat(parley)
     view = parley.window.chat.view
-    parley.window.open_chat(conv)
     view.scrollTo(view.model().index(20, 0))
-    for _turn in range(5):
-        view.viewport().repaint()
-        qapp.processEvents()
+    _drawn(view, qapp)
     before = view.visualRect(view.model().index(20, 0)).top()
-    user = parley.store.add_message(conv, parent, "user", "sent by itself")
+    user = parley.store.add_message(conv, path[-1].id, "user", "sent by itself")
     parley.store.add_message(conv, user.id, "assistant", _code_answer(100))
     parley.service.path_changed.emit(conv)
-    for _turn in range(5):
-        view.viewport().repaint()
-        qapp.processEvents()
+    _drawn(view, qapp)
     assert view.model().rowCount() == 62
     assert view.visualRect(view.model().index(20, 0)).top() == before
