@@ -78,8 +78,9 @@ def _check_room(partial: Path, size: int) -> None:
 
 
 def _is_whole(target: Path, size: int, sha256: str) -> bool:
-    """The package's bytes, hashed once per change of the file (its size, date and inode noted beside it): one damaged
-    in place kept its size, so every start loaded it and failed ('not a GGUF file') or answered garbage."""
+    """The package's bytes, hashed once per change of the file (its size, dates and inode noted beside it): one damaged
+    in place kept its size, so every start loaded it and failed ('not a GGUF file') or answered garbage; one damaged
+    keeping its mtime too (cp --preserve, touch -r) has a new ctime (file_stamp.py)."""
     if not target.is_file() or target.stat().st_size != size:
         return False
     with contextlib.suppress(OSError):
@@ -97,7 +98,7 @@ def _verified_mark(target: Path) -> Path:
 
 def _stamp(target: Path) -> str:
     st = target.stat()
-    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino}"
+    return f"{st.st_size} {st.st_mtime_ns} {st.st_ino} {st.st_ctime_ns}"
 
 
 def _mark_verified(target: Path) -> None:

