@@ -377,10 +377,9 @@ class ChatView(QListView):
             self._after_reset = True
 
     def doItemsLayout(self) -> None:  # noqa: N802 - Qt's name
-        if self._after_reset:
-            anchor, self._after_reset = self._reset_anchor, False
-        else:
-            anchor = None if self._stick else self._anchor()
+        # after the rows changed: the place from before, unless the view was sent to the bottom since (a send)
+        anchor = None if self._stick else self._reset_anchor if self._after_reset else self._anchor()
+        self._after_reset = False
         self.delegate.laying_out = True
         try:
             super().doItemsLayout()
