@@ -20,8 +20,8 @@ class LoadBar:
 
         self.clock = clock
         self.stage, self.fraction, self.started, self.drawn = "", 0.0, clock(), ("", -1)
-        enabled = file.isatty() if enabled is None else enabled
-        self.bar = tqdm(total=100, desc=stage_text("", 0), file=file, leave=False, disable=not enabled,
+        self.shown = file.isatty() if enabled is None else enabled  # on a terminal
+        self.bar = tqdm(total=100, desc=stage_text("", 0), file=file, leave=False, disable=not self.shown,
                         bar_format="{desc}{percentage:3.0f}%|{bar}|")
 
     def show(self, stage: str, fraction: float) -> None:

@@ -105,6 +105,7 @@ def _check_distinct(specs: list[str], sources: list) -> None:
 
 def serve(args: argparse.Namespace) -> int:
     from cli.engine_flags import Target, check_engine_flags
+    from cli.first_run import kernel_build_note
     from cli.terminal import printable
     from engine.loading.default_model import resolve_model
     from server.app import ServerSettings
@@ -117,7 +118,8 @@ def serve(args: argparse.Namespace) -> int:
     specs = args.model or ([] if args.remote else ["default"])
     sources = [resolve_model(spec, paths.models) for spec in specs]
     _check_distinct(specs, sources)
-    check_engine_flags(args, Target.of(args, sources))  # a flag these models or this machine ignore: before the loads
+    target = Target.of(args, sources)
+    check_engine_flags(args, target)  # a flag these models or this machine ignore: before the loads
     try:  # checked before any model loads
         settings = ServerSettings(bound_host=args.host, max_body_bytes=int(args.max_body_mb * (1 << 20)),
                                   allowed_hosts=tuple(args.allow_host), cors_origins=tuple(args.cors_origin))
@@ -128,6 +130,8 @@ def serve(args: argparse.Namespace) -> int:
     config = engine_config(args, paths, max_sessions=args.max_sessions,
                            max_session_tokens=session_tokens(args))
     bridge = ServerBridge(config).start()
+    if note := kernel_build_note(args, target):
+        say(f"parley: {note}")
     try:
         for spec, source in zip(specs, sources):
             m = bridge.load(source, alias=spec)

@@ -48,14 +48,18 @@ def open_engine(args: argparse.Namespace, max_sessions: int = 8):
     """Starts the engine thread and loads the chosen model on it, with a progress bar on stderr."""
     from cli.engine_cli import EngineCLI
     from cli.engine_flags import Target, check_engine_flags
+    from cli.first_run import kernel_build_note
     from engine.loading.default_model import resolve_model
 
     paths = paths_of(args)
     source = resolve_model(args.model, paths.models)
-    check_engine_flags(args, Target.of(args, [source]))  # a flag this model or machine ignores: before the load
+    target = Target.of(args, [source])
+    check_engine_flags(args, target)  # a flag this model or machine ignores: before the load
     cli = EngineCLI(engine_config(args, paths, max_sessions=max_sessions,
                                    max_session_tokens=session_tokens(args)))
     bar = LoadBar(sys.stderr)
+    if not bar.shown and (note := kernel_build_note(args, target)):  # a terminal sees the build's stage instead
+        print(f"parley: {note}", file=sys.stderr)
     try:
         model_id, loaded = cli.load(source, bar.show, idle=bar.tick, idle_s=TICK_S)
     except BaseException:

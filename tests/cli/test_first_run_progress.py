@@ -3,6 +3,14 @@ with nothing to report) and after."""
 from __future__ import annotations
 
 import io
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 
 from cli.engine_cli import EngineCLI
 from cli.load_bar import LoadBar
@@ -41,3 +49,19 @@ def test_a_load_without_events_for_a_while_calls_idle(tiny_models):
     finally:
         cli.close()
     assert ticks  # the load took longer than 0.1 ms, and said nothing for at least that long
+
+
+GENERATE = "import sys; from cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="the kernels build on x86-64")
+def test_a_first_load_without_a_terminal_says_the_kernels_build_first(tiny_models_q8, tmp_path):
+    """stderr no terminal (a script, serve's log): no progress line, and the first load was 15-30 s of silence. The
+    compiler here fails at once (`false`): what is checked is the line before the build, not the build."""
+    env = {**os.environ, "CC": shutil.which("false") or "false", "PARLEY_KERNEL_CACHE": str(tmp_path / "kernels")}
+    env.pop("PARLEY_CPU_KERNEL", None)
+    run = subprocess.run([sys.executable, "-c", GENERATE, "--data-dir", str(tmp_path), "generate", "--model",
+                          str(tiny_models_q8["qwen3"].gguf_path), "--max-tokens", "2", "--prompt", "hi"],
+                         capture_output=True, text=True, env=env, timeout=120, cwd=Path(__file__).parents[2])
+    assert run.returncode == 0, run.stderr
+    assert run.stderr.startswith("parley: building Parley's CPU kernels before the first load"), run.stderr
