@@ -176,7 +176,8 @@ def accessible_text(msg: Message, version: int, versions: int, names: Names = Na
     notes = [STATE_NOTES.get(msg.state, "").split(" —")[0] if msg.state != "done" else "",
              _thought_note(reasoning, msg.state == "streaming"),
              f"version {version} of {versions}" if versions > 1 else "",
-             f"error: {error_text(msg, names)}" if msg.state == "error" else ""]
+             f"error: {error_text(msg, names)}" if msg.state == "error" else "",
+             _unseen_said(msg)]
     head = ", ".join([who, *filter(None, notes)])
     text = reasoning.reply if reasoning is not None else msg.content
     return f"{head}: {text}" if text else head
@@ -198,6 +199,12 @@ def _thought_hint(msg: Message) -> str:
     if can_continue(msg):
         return "Continue, or raise Max tokens or turn Thinking off in the chat settings"
     return "Turn Thinking off in the chat settings and Regenerate, or start a new chat"
+
+
+def _unseen_said(msg: Message) -> str:
+    """The note below for a screen reader, which reads the reply only."""
+    dropped = unseen_messages(msg.stats) if msg.role == "assistant" else 0
+    return f"written without the chat's {dropped:,} oldest message{'s' if dropped != 1 else ''}" if dropped else ""
 
 
 def _unseen_note(msg: Message, dark: bool) -> str:

@@ -1,6 +1,8 @@
-"""A month of daily use: long chats over the context, scrolling back through a long chat, deleting a big one,
-regenerating with a fixed seed."""
+"""A month of daily use: long chats over the context, scrolling back through a long chat, regenerating with a fixed
+seed, a comparison closed mid-scroll."""
 from __future__ import annotations
+
+from PySide6.QtCore import Qt
 
 from tests.app.helpers import configure, wait_idle
 
@@ -33,6 +35,9 @@ def test_an_answer_written_without_the_oldest_messages_says_so_and_keeps_saying_
     assert answer.stats["dropped_messages"] == left_out
     shown = parley.window.chat.view.delegate.document(answer)[0].toPlainText()
     assert f"Written without the chat's {left_out} oldest messages: they do not fit its context of 512 tokens" in shown
+    model = parley.window.chat.view.model()
+    said = model.index(model.rowCount() - 1, 0).data(Qt.ItemDataRole.AccessibleTextRole)
+    assert f"written without the chat's {left_out} oldest messages" in said  # a screen reader reads it too
     assert parley.service.status(conv).dropped_messages == left_out  # after the turn, from the answer's stats
     assert f"{left_out} oldest messages left out" in parley.window.chat.status.meter.toolTip()
 
