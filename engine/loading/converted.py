@@ -52,33 +52,36 @@ def _sampled_digest(path: Path, size: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def write_entry(d: Path, fill: Callable[[Path], None], stamp: Stamp | None = None) -> None:
+def write_entry(d: Path, fill: Callable[[Path], None], stamp: Stamp | None = None) -> bool:
     """`fill` writes an entry into a temporary folder, which is marked complete and renamed to `d`, so a crash never
     leaves a half entry; a full or read-only cache only costs speed next time. The folder is locked while written:
     those a killed writer left (a whole fp32 copy, at worst) are removed by the next writer. An entry another Parley
     wrote meanwhile (started at the same time) is kept: same key, same content, and replacing it took it away from
     under a third one reading it, which then built its own. `stamp`: of the files as read, before the reading
-    began; an entry of another stamp (the file changed in place since) is replaced."""
+    began; an entry of another stamp (the file changed in place since) is replaced. False where it could not be
+    written (a read-only or full cache)."""
     if _kept(d, stamp):
-        return
+        return True
     try:
         d.parent.mkdir(parents=True, exist_ok=True)
         drop_abandoned(d.parent)
         tmp = Path(tempfile.mkdtemp(dir=d.parent, prefix=TMP_PREFIX))
     except OSError:
-        return
+        return False
     try:
         with folder_lock(tmp):
             fill(tmp)
             if stamp is not None:
                 (tmp / STAMP).write_text(json.dumps(stamp))
-            if _kept(d, stamp):  # written by another while this one filled
-                raise FileExistsError(d)
-            (tmp / "complete").write_text("1")
-            shutil.rmtree(d, ignore_errors=True)  # an incomplete one, or one of the file before it changed
-            os.replace(tmp, d)
+            if not _kept(d, stamp):  # else written by another while this one filled
+                (tmp / "complete").write_text("1")
+                shutil.rmtree(d, ignore_errors=True)  # an incomplete one, or one of the file before it changed
+                os.replace(tmp, d)
+                return True
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
+        pass
+    shutil.rmtree(tmp, ignore_errors=True)
+    return _kept(d, stamp)
 
 
 def _kept(d: Path, stamp: Stamp | None) -> bool:
@@ -174,8 +177,9 @@ def load(cache_dir: Path, gguf_path: Path, check: Callable[[ModelArgs, Path], No
 
 
 def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, torch.Tensor], tok: Tokenizer,
-         stamp: Stamp) -> None:
-    """Writes the entry of the weights read from the files that had `stamp` when their reading began."""
+         stamp: Stamp) -> bool:
+    """Writes the entry of the weights read from the files that had `stamp` when their reading began; False where the
+    cache could not take it."""
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -191,8 +195,15 @@ def save(cache_dir: Path, gguf_path: Path, args: ModelArgs, weights: dict[str, t
         (tmp / "source").write_bytes(source)
 
     d = entry_dir(cache_dir, gguf_path)
-    write_entry(d, fill, stamp)
+    written = write_entry(d, fill, stamp)
     drop_older(d, source)
+    return written
+
+
+def unwritable(cache_dir: Path, what: str) -> str:
+    """The notice of a load whose cache entry could not be written: silent, every start paid for it again."""
+    return (f"Parley's cache folder {cache_dir} could not be written (read-only or full): {what} is made again at "
+            "every load, which takes longer.")
 
 
 def drop_older(d: Path, source: bytes) -> None:

@@ -301,7 +301,7 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
         shell = check_tensors(gf, arch, args)
         _check_memory(gf, args, options, files_name(path))
         # a dequantized load's converted entry holds its tokenizer already: no second copy
-        tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None)
+        tok = gguf_tokenizer(gf, options.cache_dir if options.quantized else None, notices)
         _check_vocabulary(tok, args, files_name(path))
         weights = read_gguf_weights(gf, arch, args, progress, quantized=options.quantized, notices=notices,
                                     device=options.device)
@@ -376,6 +376,6 @@ def _read_gguf_cached(path: Path, options: LoadOptions, progress: Progress | Non
             return (*hit, None, "converted-cache")
     stamp = file_stamp(path)  # before the read: a change meanwhile makes the entry another's
     args, weights, tok, shell = _read_gguf(path, progress, options, notices=notices, opened=opened)
-    if cache_dir is not None:
-        converted.save(cache_dir, path, args, weights, tok, stamp)
+    if cache_dir is not None and not converted.save(cache_dir, path, args, weights, tok, stamp):
+        notices.append(converted.unwritable(cache_dir, f"{files_name(path)}'s converted copy (weights dequantized)"))
     return args, weights, tok, shell, "gguf"

@@ -20,7 +20,7 @@ from typing import Any
 
 import engine.tokenizer
 from engine.errors import TokenizerError
-from engine.loading.converted import current, drop_older, entry_dir, fresh, write_entry
+from engine.loading.converted import current, drop_older, entry_dir, fresh, unwritable, write_entry
 from engine.loading.file_stamp import file_stamp
 from engine.loading.gguf_file import GGUFFile
 from engine.loading.gguf_header import Span, read_header
@@ -34,8 +34,9 @@ VOCABULARY = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.
 SAVED_TOKENIZER = "llama"  # the vocabulary whose entry holds the built tokenizer; `gpt2` entries hold its arrays
 
 
-def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
-    """The file's tokenizer: from the cache when an entry for it is there and reads, else built (and saved)."""
+def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None, notices: list[str] | None = None) -> Tokenizer:
+    """The file's tokenizer: from the cache when an entry for it is there and reads, else built (and saved; where it
+    cannot be, `notices` gets a line)."""
     model = gf.metadata.get("tokenizer.ggml.model")
     if cache_dir is None or model not in (SAVED_TOKENIZER, "gpt2"):
         return tokenizer_from_gguf(_metadata(gf))
@@ -59,7 +60,8 @@ def gguf_tokenizer(gf: GGUFFile, cache_dir: Path | None) -> Tokenizer:
             _write_spans(tmp, gf)
         (tmp / "source").write_bytes(source)
 
-    write_entry(d, fill, stamp)
+    if not write_entry(d, fill, stamp) and notices is not None and model == SAVED_TOKENIZER:  # a BPE builds anyway
+        notices.append(unwritable(cache_dir, f"{gf.path.name}'s tokenizer"))
     drop_older(d, source)
     return tok
 
