@@ -18,10 +18,13 @@ EDITABLE := PYTHONWARNINGS="ignore:Editable installation" $(BIN)/pip install -q 
 
 .PHONY: run test test-gpu setup setup-test clean package
 
-# A stamp written once torch is in: the venv's own bin/activate was the target, so a torch download that failed (or a
-# Ctrl-C) left it in place, and the next `make run` skipped to `pip install -e .`, whose "torch>=2.4" took PyPI's
-# default (on Linux a CUDA build of several GB) whatever TORCH and TORCH_INDEX said.
+# Python 3.11 or newer first: an older python3 (Ubuntu 22.04's 3.10) went on to download torch, then pip refused
+# `pip install -e .` on requires-python. A stamp written once torch is in: the venv's own bin/activate was the target,
+# so a torch download that failed (or a Ctrl-C) left it in place, and the next `make run` skipped to `pip install -e .`,
+# whose "torch>=2.4" took PyPI's default (on Linux a CUDA build of several GB) whatever TORCH and TORCH_INDEX said.
 $(VENV)/.torch:
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 11) and "Parley needs Python 3.11 or newer; $(PY) is " \
+		+ sys.version.split()[0] + ": make run PY=python3.11 (or newer)")'
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_INDEX) "$(TORCH)"

@@ -168,3 +168,18 @@ def test_a_process_ending_mid_build_does_not_wait_for_the_queued_sources(tmp_pat
     assert time.monotonic() - started < 6  # ~1.3 s here, most of it importing torch
     assert len(log.read_text().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["calls", "cc-logged"]  # no half-built library or objects
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_run_with_a_python_older_than_3_11_stops_before_the_venv(tmp_path):
+    """Ubuntu 22.04's python3 is 3.10: make run made the venv and installed torch (several GB on Linux) before pip
+    refused `pip install -e .` on requires-python. Here this interpreter answers the version check as a 3.10, and
+    makes no venv (exit 3)."""
+    as_310 = "import sys; sys.version_info = (3, 10, 13); sys.version = '3.10.13'; exec(sys.argv[1])"
+    python = tmp_path / "python3"
+    python.write_text(f'#!/bin/sh\n[ "$1" = -c ] && exec {sys.executable} -c "{as_310}" "$2"\nexit 3\n')
+    python.chmod(0o755)
+    run = subprocess.run(["make", "setup", f"PY={python}", f"VENV={tmp_path / 'venv'}"], cwd=Path(__file__).parents[1],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0 and "Parley needs Python 3.11 or newer" in run.stderr and "is 3.10.13" in run.stderr
+    assert not (tmp_path / "venv").exists()
