@@ -6,6 +6,19 @@ class ParleyError(Exception):
 
     code: str | None = None  # what an API client can branch on (OpenAI's error codes where one fits)
 
+    def __str__(self) -> str:
+        return readable(super().__str__())
+
+
+def readable(text: str) -> str:
+    """`text` with a file name's undecodable bytes (Python's surrogate escapes of a name not in the locale's encoding)
+    read as UTF-8, or shown as U+FFFD: a terminal printed them as '\\udcff', Qt dropped them from the name shown, and
+    UTF-8 cannot encode them at all (a JSON body)."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # a lone surrogate that escapes no byte
+        return text.encode("utf-8", "replace").decode("utf-8")
+
 
 class ModelLoadError(ParleyError):
     """A model file or folder that cannot be read: missing, truncated, corrupt or incomplete."""

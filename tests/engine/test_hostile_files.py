@@ -2,6 +2,7 @@
 folder given for the model. Each is one line saying what happened, not a raw OSError or 'wrong magic bytes'."""
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -39,3 +40,16 @@ def test_a_file_of_a_hugging_face_folder_names_the_folder(tiny_models, tmp_path,
     with pytest.raises(ModelLoadError, match=f"^{name} is not a GGUF model file but a file of the Hugging Face model "
                                              f"folder {folder}: load the folder."):
         load_model(folder / name)
+
+
+def test_a_name_that_is_not_utf8_is_shown_with_a_mark(tmp_path):
+    """Its undecodable byte reached the message as a surrogate escape: parley generate printed 'ze\\udcffro.gguf',
+    the app's Qt dropped it ('zero.gguf'), and UTF-8 (a JSON body) cannot encode it."""
+    path = tmp_path / os.fsdecode(b"ze\xffro.gguf")
+    try:
+        path.touch()
+    except OSError:  # a file system that takes UTF-8 names only
+        pytest.skip("no such name here")
+    with pytest.raises(ModelLoadError) as err:
+        load_model(path)
+    assert str(err.value).startswith("ze\ufffdro.gguf is empty") and str(err.value).encode("utf-8")
