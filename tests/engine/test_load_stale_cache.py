@@ -104,3 +104,19 @@ def test_the_embedded_model_damaged_in_place_is_assembled_again(tmp_path, monkey
     _edit_in_place(path, (bytes([7, 8, 9]), bytes([200, 201, 202])))
     assert path.read_bytes() != chunk.read_bytes()
     assert default_model_path(tmp_path / "models") == path and path.read_bytes() == chunk.read_bytes()
+
+
+def test_a_later_part_of_a_split_model_changed_in_place_is_read_again(tiny_models_q8, tmp_path, monkeypatch):
+    from tests.support.gguf_split_write import split_gguf
+
+    monkeypatch.setattr(converted, "SAMPLE_BYTES", 16)
+    parts = split_gguf(tiny_models_q8["llama"].gguf_path, tmp_path / "parts" / "tiny.gguf", 7)
+    options = LoadOptions(weights="dequantized", cache_dir=tmp_path / "cache")
+    entry = _cached_twice(parts[0], options)
+    st, data = parts[1].stat(), bytearray(parts[1].read_bytes())
+    data[-40:-8] = bytes(b ^ 1 for b in data[-40:-8])  # other low bits of its last weights
+    with parts[1].open("r+b") as f:
+        f.write(data)
+    os.utime(parts[1], ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert converted.entry_dir(options.cache_dir, parts[0]) == entry
+    assert load_model(parts[0], options).timings["from"] == "gguf"
