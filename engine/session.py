@@ -179,7 +179,8 @@ def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,
     turns that bring it under half the context, as llama.cpp's context shift halves it: a cut moved every turn made
     every turn past the context prefill its whole prompt again (90 s a turn at 8k on a CPU), and dropping only what
     kept the prompt under the limit left later answers cut by `context_full` a few tokens in. Where no cut reaches
-    half, the fewest that make the room; where none makes it, the fewest that fit."""
+    half, or where reaching it leaves the last message alone (a long last answer: "shorten it" went without the answer
+    it named), the fewest that make the room; where none makes it, the fewest that fit."""
     room = min(request.params.max_tokens, limit // ANSWER_ROOM_SHARE)
     if len(ids) + room <= limit:
         return ids, 0
@@ -187,7 +188,9 @@ def _truncated(request: TurnRequest, ids: list[int], tok: Tokenizer, limit: int,
         kept = _render(request, tok, resume)
         if len(kept) + room <= limit:
             return kept, resume
-    fitting = _fewest_dropped(request, tok, limit // 2) or _fewest_dropped(request, tok, limit - room + 1)
+    fitting = _fewest_dropped(request, tok, limit // 2)
+    if fitting is None or fitting[1] == len(request.messages) - 1:
+        fitting = _fewest_dropped(request, tok, limit - room + 1) or fitting
     if fitting is None and len(ids) < limit:
         return ids, 0
     return fitting or _fewest_dropped(request, tok, limit)

@@ -56,6 +56,23 @@ def test_truncating_a_long_chat_renders_it_a_few_times_not_once_per_message(toke
 
 
 
+def test_a_long_last_answer_stays_for_the_question_about_it(tokenizer):
+    """Under `truncate`, a last answer over half the context: the cut that brings the chat under half left the new
+    message alone ("shorten it" went without the answer it names; seen in a 600-message chat with 2,000-token code
+    answers). Where the answer and the question fit with the answer's room, they stay, the older turns go."""
+    rnd = random.Random(1)
+    words = "river lamp kettle window orange token cache memory".split()
+    long_answer = " ".join(rnd.choices(words, k=160))  # ~690 tokens of this tiny vocabulary
+    chat = ({"role": "user", "content": "hello there"}, {"role": "assistant", "content": " ".join(rnd.choices(words, k=60))},
+            {"role": "user", "content": "write a long story"}, {"role": "assistant", "content": long_answer},
+            {"role": "user", "content": "shorten it"})
+    request, limit = TurnRequest(chat, SamplingParams(max_tokens=100)), 1024
+    assert len(tokenizer.apply_chat_template(request.conversation())) > limit - 100  # the whole leaves no room
+    assert limit // 2 < len(tokenizer.apply_chat_template(request.conversation(2))) < limit - 100
+    ids, dropped = render_turn(request, False, "truncate", tokenizer, limit)
+    assert dropped == 2 and ids == tokenizer.apply_chat_template(request.conversation(2))  # before: 4, the question alone
+
+
 def _past_the_context(tiny_models, max_tokens: int, turns: int) -> tuple[list, list]:
     """A `truncate` chat of `turns` short questions on a 256-token context: each turn's end and ContextUsage."""
     client = Client(EngineConfig(max_sessions=2, max_session_tokens=256, step_tokens=64, chunk_tokens=32))
