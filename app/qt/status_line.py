@@ -149,17 +149,25 @@ def parts(s: ChatStatus, loading: str = "", brief: bool = False) -> Parts:
     speed = f"{s.tokens_per_s:.1f} tok/s" if s.tokens_per_s else "— tok/s"
     ttft = f"TTFT {s.ttft_s * 1000:.0f} ms" if s.ttft_s is not None else "TTFT …" if busy else "TTFT —"
     known = [f for f, has in ((speed, bool(s.tokens_per_s)), (ttft, s.ttft_s is not None or busy)) if has]
-    return Parts(model_label(s), [d for d in (loading, phase(s, brief)) if d], [speed, ttft], known, extras)
+    if brief and loading and s.state == "loading":  # the load's stage and its seconds: "loading" said once
+        doing = [loading + _seconds(s)]
+    else:
+        doing = [d for d in (loading, phase(s, brief)) if d]
+    return Parts(model_label(s), doing, [speed, ttft], known, extras)
 
 
 def model_label(s: ChatStatus) -> str:
     return s.model or tr("model not loaded yet")
 
 
+def _seconds(s: ChatStatus) -> str:
+    return f" · {int(time.perf_counter() - s.since)} s" if s.since is not None else ""
+
+
 def phase(s: ChatStatus, brief: bool = False) -> str:
     """What a busy chat is doing, with the seconds it has been at it: "reading the prompt (812 tokens) · 4 s"; `brief`
     in a word, for a narrow column: "reading · 4 s"."""
-    waited = f" · {int(time.perf_counter() - s.since)} s" if s.since is not None else ""
+    waited = _seconds(s)
     if s.state == "prefilling":
         size = tr(" (%1 tokens)").replace("%1", f"{s.context_used:,}") if s.context_used else ""
         return (tr("reading") if brief else tr("reading the prompt") + size) + waited

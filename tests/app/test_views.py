@@ -394,6 +394,22 @@ def test_links_the_chat_would_refuse_while_it_answers_are_not_shown(parley, monk
     assert 'href="regen:"' in w.chat.view.delegate.document(answer)[0].toHtml()
 
 
+def test_a_load_s_shorter_lines_name_its_stage_and_seconds_once():
+    """A first run's kernel build, in a narrow status line: the shorter lines read "loading: Building Parley's CPU
+    kernels (once for this computer) · loading · 0 …", the word twice and the seconds cut off; now the stage and its
+    seconds, the word once."""
+    import time
+
+    from app.core.live import ChatStatus
+    from app.qt.status_line import shorter
+
+    stage = "loading: Building Parley's CPU kernels (once for this computer)"
+    status = ChatStatus(model="Gemma 3 270m", state="loading", since=time.perf_counter() - 12)
+    lines = [text for text, _ in shorter(status, stage)[1:]]
+    assert lines[-1].startswith(f"{stage} · 12 s"), lines  # the shortest: the stage, its seconds (then "TTFT …")
+    assert all(text.count("loading") == 1 and "12 s" in text for text in lines), lines
+
+
 def test_a_narrow_status_line_shortens_a_long_model_name_before_its_figures(qtbot):
     from app.core.live import ChatStatus
     from app.qt.status_line import StatusLine
