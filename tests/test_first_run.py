@@ -183,3 +183,20 @@ def test_make_run_with_a_python_older_than_3_11_stops_before_the_venv(tmp_path):
                          capture_output=True, text=True, timeout=60)
     assert run.returncode != 0 and "Parley needs Python 3.11 or newer" in run.stderr and "is 3.10.13" in run.stderr
     assert not (tmp_path / "venv").exists()
+
+
+def test_the_first_build_reports_each_compiled_source_on_the_loading_thread(tmp_path, monkeypatch):
+    """The first run's kernel build showed only its seconds for 17-39 s (no fraction to report): the load's progress
+    now rises as each source compiles, reported on the thread that loads (the engine's progress is not thread-safe)."""
+    from engine.loading import loader
+
+    cc, _ = _logging_cc(tmp_path, 'for a; do [ "$p" = -o ] && : > "$a"; p=$a; done')  # writes what -o names
+    monkeypatch.setattr(cpu_native, "builds_first", lambda: True)
+    monkeypatch.setattr(cpu_native, "cpu_kernel", lambda: cpu_native.build_library(str(cc), tmp_path / "lib.so", jobs=2))
+    seen: list[tuple[str, float, int]] = []
+    loader._build_cpu_kernels(lambda stage, fraction: seen.append((stage, fraction, threading.get_ident())))
+    sources = len(cpu_native.sources())
+    assert [round(f * (sources + 1)) for _, f, _ in seen] == list(range(sources + 1))  # 0, then 1..12 of 13
+    assert {stage for stage, _, _ in seen} == {"Building Parley's CPU kernels (once for this computer)"}
+    assert {ident for _, _, ident in seen} == {threading.get_ident()}
+    assert (tmp_path / "lib.so").exists()

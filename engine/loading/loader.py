@@ -326,11 +326,13 @@ def _check_vocabulary(tok: Tokenizer, args: ModelArgs, name: str) -> None:
 def _build_cpu_kernels(progress: Progress) -> None:
     """The CPU library compiled up front on its first use here (15 s of CPU on this 2-core Xeon), under its own stage:
     otherwise the load shows 'Decoding weights' at 0 % meanwhile."""
-    from kernels.cpu_native import builds_first, cpu_kernel
+    from kernels.cpu_native import build_progress, builds_first, cpu_kernel
 
     if builds_first():
-        progress("Building Parley's CPU kernels (once for this computer)", 0.0)
-        cpu_kernel()
+        stage = "Building Parley's CPU kernels (once for this computer)"
+        progress(stage, 0.0)
+        with build_progress(lambda done, total: progress(stage, done / (total + 1))):  # + 1: the link after them
+            cpu_kernel()
 
 
 def _check_memory(gf, args: ModelArgs, options: LoadOptions, name: str) -> None:
