@@ -152,6 +152,13 @@ def missing_reason() -> str | None:
     return _load()[1]
 
 
+def built_privately() -> Path | None:
+    """The kernel cache folder this process could not build the library in (read-only, full), which makes every start
+    build it again; None when the library is cached there (or not built at all)."""
+    kernel = _load()[0]
+    return kernel_dir() if kernel is not None and kernel.path is None else None
+
+
 def builds_first() -> bool:
     """Whether this process's first use of the library compiles it (seconds, once a machine): for a progress line."""
     if _load.cache_info().currsize or not _wanted():

@@ -308,10 +308,13 @@ def _read_gguf(path: Path, progress: Progress | None, options: LoadOptions, noti
     finally:
         gf.close()
     if options.quantized and options.device == "cpu" and notices is not None:
-        from kernels.cpu_native import missing_reason
+        from kernels.cpu_native import built_privately, missing_reason
 
         if (reason := missing_reason()) is not None:
             notices.append(f"Parley's CPU kernels are not available: {reason}; torch's slower kernels run instead.")
+        elif (folder := built_privately()) is not None:  # a read-only home: ~10-30 s more at every start, unsaid
+            notices.append(f"Parley's kernel folder {folder} could not be written (read-only or full): its CPU kernels "
+                           "are built again at every start, which takes longer.")
     return args, weights, tok, shell
 
 

@@ -33,3 +33,23 @@ def test_a_converted_copy_it_cannot_save_is_told(tiny_models, tmp_path):
     lm = load_model(path, LoadOptions(weights="dequantized", cache_dir=blocker))
     assert SAYS.format(blocker, f"{path.name}'s converted copy (weights dequantized)") in lm.notices
     assert not any("cache folder" in n for n in load_model(path, LoadOptions(cache_dir=blocker)).notices)  # a BPE's
+
+
+def test_a_kernel_library_it_cannot_save_is_told(tiny_models, tmp_path, monkeypatch):
+    """A read-only home: the CPU kernels were built into a temporary folder at every start (~10 s here), unsaid."""
+    from kernels import cpu_native
+
+    monkeypatch.setenv("PARLEY_KERNEL_CACHE", str(tmp_path / "kernels"))
+    built = cpu_native.CpuKernel(lib=None, isa="avx2", path=None)  # what _load returns for a private build
+    monkeypatch.setattr(cpu_native, "_load", lambda: (built, None))
+    assert cpu_native.built_privately() == tmp_path / "kernels"
+    monkeypatch.setattr(cpu_native, "_load", lambda: (cpu_native.CpuKernel(None, "avx2", tmp_path / "k.so"), None))
+    assert cpu_native.built_privately() is None  # cached where it belongs
+    monkeypatch.setattr(cpu_native, "_load", lambda: (None, "no C compiler was found"))
+    assert cpu_native.built_privately() is None  # none at all: missing_reason's notice says that
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_native, "built_privately", lambda: tmp_path / "kernels")
+    monkeypatch.setattr(cpu_native, "missing_reason", lambda: None)
+    notices = load_model(tiny_models["llama"].gguf_path, LoadOptions(cache_dir=tmp_path / "cache")).notices
+    assert (f"Parley's kernel folder {tmp_path / 'kernels'} could not be written (read-only or full): its CPU kernels "
+            "are built again at every start, which takes longer.") in notices
