@@ -122,12 +122,19 @@ def _amx_granted() -> bool:
 def recording(tape: list[Call]) -> Iterator[None]:
     """Every library call this thread makes inside the block is made and appended to `tape` (engine/cpu_tape.py
     replays them)."""
-    previous = getattr(_thread, "tape", None)
-    _thread.tape = tape
+    with _on_this_thread("tape", tape):
+        yield
+
+
+@contextmanager
+def _on_this_thread(name: str, value) -> Iterator[None]:
+    """`_thread.<name>` is `value` inside the block, what it was after it."""
+    previous = getattr(_thread, name, None)
+    setattr(_thread, name, value)
     try:
         yield
     finally:
-        _thread.tape = previous
+        setattr(_thread, name, previous)
 
 
 class _Recorder:
@@ -306,12 +313,8 @@ def build_library(compiler: str, out: str | Path, flags=FLAGS, jobs: int | None 
 def build_progress(report: Callable[[int, int], None]) -> Iterator[None]:
     """A build this thread runs inside the block calls `report(done, total)` on this thread as each source compiles
     (the first run's build: 17-39 s with nothing to show but its seconds)."""
-    previous = getattr(_thread, "build_report", None)
-    _thread.build_report = report
-    try:
+    with _on_this_thread("build_report", report):
         yield
-    finally:
-        _thread.build_report = previous
 
 
 def _run_all(commands: list[list[str]], jobs: int, report: Callable[[int, int], None] = lambda done, total: None) -> None:
