@@ -317,7 +317,7 @@ def build_progress(report: Callable[[int, int], None]) -> Iterator[None]:
         yield
 
 
-def _run_all(commands: list[list[str]], jobs: int, report: Callable[[int, int], None] = lambda done, total: None) -> None:
+def _run_all(commands: list[list[str]], jobs: int, report: Callable[[int, int], None]) -> None:
     """Each command on one of `jobs` daemon threads; once one fails none starts, and the first failure (in order)
     raises. A Ctrl-C kills the compilers running: a pool went on with the other sources. And a window closed mid-build
     ended its process only once every queued source had compiled (22 s later, the work then thrown away): the

@@ -97,7 +97,7 @@ class NgramPool:
             for n, m in index.maps.items():  # its n-grams went with it
                 for key, end in m.items():
                     self.maps[n].setdefault(key, (index.serial << 32) | end)
-            self._trim(keep=index)
+            self._trim()
         self.lists.move_to_end(index.serial)
 
     def refresh(self) -> None:
@@ -121,12 +121,11 @@ class NgramPool:
                 if shared.get(key) == (index.serial << 32) | end:
                     del shared[key]
 
-    def _trim(self, keep: NgramIndex | None = None) -> None:
+    def _trim(self) -> None:
+        """The least recently used lists out past the budget; never the one just added (it is last)."""
         total = sum(len(index.tokens) for index in self.lists.values())
         while total > self.budget and len(self.lists) > 1:
             serial, index = next(iter(self.lists.items()))
-            if index is keep:
-                break
             del self.lists[serial]
             self.drop(index)
             total -= len(index.tokens)
